@@ -1,0 +1,98 @@
+"""Training events: plain dicts sent to an in-memory sink and appended to `events.jsonl` in the run folder.
+
+Training never blocks on a reader: sinks are unbounded queues or files, and the JSONL file lets a reloaded page
+(or `tail -f`) reattach to a run. Every event has `kind` and `time` (Unix seconds). Kinds and their fields:
+
+- run:    run_dir, config (dict), total_steps (may be null until known)
+- phase:  phase (resolving|loading_model|tokenizing|training|saving|done), message, progress (0..1 or null)
+- step:   step, total_steps, epoch, tokens, tokens_per_s, elapsed_s, eta_s, gpu_mem_gib?, peak_gib?
+          (one per optimizer step: drives the progress bar)
+- metrics: step, total_steps, epoch, loss, learning_rate, grad_norm (every `logging_steps`: drives the loss curve)
+- log:    message, level (info|warning)
+- done:   status (completed|stopped|failed), run_dir, adapter_dir?, summary (dict), message
+- error:  error_type (config|data|model|oom|other), message
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+EventSink = Callable[[dict[str, Any]], None]
+
+
+def make_event(kind: str, **data: Any) -> dict[str, Any]:
+    return {"kind": kind, "time": round(time.time(), 3), **data}
+
+
+class QueueSink:
+    """Unbounded queue: `put` never blocks, so a slow or absent reader cannot stall training."""
+
+    def __init__(self) -> None:
+        self.queue: "queue.Queue[dict[str, Any]]" = queue.Queue()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        self.queue.put(event)
+
+    def drain(self) -> list[dict[str, Any]]:
+        out = []
+        while True:
+            try:
+                out.append(self.queue.get_nowait())
+            except queue.Empty:
+                return out
+
+
+class JsonlSink:
+    """Appends each event as one JSON line and flushes, so readers see it at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        line = json.dumps(event, default=str, ensure_ascii=False)
+        with self._lock, self.path.open("a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
+
+def fan_out(*sinks: EventSink | None) -> EventSink:
+    targets = [s for s in sinks if s is not None]
+
+    def emit(event: dict[str, Any]) -> None:
+        for sink in targets:
+            sink(event)
+
+    return emit
+
+
+def read_events(path: Path, start_line: int = 0) -> list[dict[str, Any]]:
+    """Events from a JSONL file from line `start_line` on; a half-written last line is left for next time."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    with path.open("r", encoding="utf-8") as fh:
+        for i, line in enumerate(fh):
+            if i < start_line:
+                continue
+            if not line.endswith("\n"):
+                break
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return out
+
+
+def last_of(events: Iterable[dict[str, Any]], kind: str) -> dict[str, Any] | None:
+    found = None
+    for e in events:
+        if e.get("kind") == kind:
+            found = e
+    return found

@@ -1,0 +1,187 @@
+"""Turning a TrainConfig into a tokenizer, a (quantized) model and a LoRA-wrapped model.
+
+The small pure functions (`build_bnb_config`, `build_lora_config`, `compute_dtype`, `device_map`) are the
+config -> library-object mapping and are tested without a GPU. `load_model` and `prepare_for_training` do the
+heavy work.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.config import DEMO_MODEL, TrainConfig
+from core.events import EventSink, make_event
+
+
+class ModelError(RuntimeError):
+    """A model could not be found or loaded; the message says why and what to do."""
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def compute_dtype(cfg: TrainConfig) -> torch.dtype:
+    return DTYPES[cfg.precision]
+
+
+def use_cuda(cfg: TrainConfig) -> bool:
+    return cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+
+
+def device_map(cfg: TrainConfig) -> dict[str, Any] | str:
+    # One GPU holds the whole model: "auto" could spill layers to the CPU silently, which trains very slowly.
+    return {"": torch.cuda.current_device()} if use_cuda(cfg) else "cpu"
+
+
+def build_bnb_config(cfg: TrainConfig):
+    """The chapter's BitsAndBytesConfig (NF4, double quant, bf16 compute), or None without 4-bit."""
+    if not cfg.load_in_4bit:
+        return None
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=cfg.bnb_4bit_quant_type,
+        bnb_4bit_use_double_quant=cfg.bnb_4bit_use_double_quant,
+        bnb_4bit_compute_dtype=compute_dtype(cfg),
+    )
+
+
+def build_lora_config(cfg: TrainConfig):
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.lora_target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def hf_token() -> str | None:
+    # Read from the environment only: never logged, never written to a config or run folder.
+    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
+
+
+def resolve_model_path(cfg: TrainConfig, sink: EventSink | None = None) -> str:
+    """A local folder holding the model: the demo, a user folder, or the Hub snapshot (downloaded if needed)."""
+    if cfg.model == DEMO_MODEL:
+        from core.demo import ensure_demo_model
+
+        return str(ensure_demo_model())
+    local = Path(cfg.model).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise ModelError(f"The folder {local} has no config.json, so it is not a Hugging Face model folder. "
+                             "Point `model` at the folder that contains config.json and the weights.")
+        return str(local)
+    if cfg.model.startswith((".", "/", "~")) or cfg.model.count("/") > 1:
+        raise ModelError(f"The folder {cfg.model} does not exist. Check the path, or give a Hub id like "
+                         "meta-llama/Llama-3.1-8B.")
+    return _download(cfg.model, sink)
+
+
+def _download(repo_id: str, sink: EventSink | None) -> str:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (GatedRepoError, HFValidationError, LocalEntryNotFoundError,
+                                        OfflineModeIsEnabled, RepositoryNotFoundError)
+    from tqdm.auto import tqdm
+
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
+
+    class EventTqdm(tqdm):  # forwards the Hub's download progress to the event sink
+        def update(self, n=1):
+            out = super().update(n)
+            if sink is not None and self.total:
+                sink(make_event("phase", phase="downloading", progress=min(1.0, self.n / self.total),
+                                message=f"Downloading {repo_id}: {self.n / 2**30:.2f} / {self.total / 2**30:.2f} GiB"))
+            return out
+
+    try:
+        # Cached files first, so a model already on disk never needs the network.
+        return snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True, token=hf_token())
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled, FileNotFoundError):
+        pass
+    except HFValidationError:
+        raise ModelError(f"{repo_id!r} is neither an existing folder nor a valid Hub id (org/name).") from None
+    try:
+        if sink is not None:
+            sink(make_event("phase", phase="downloading", progress=0.0, message=f"Downloading {repo_id} from the Hub"))
+        return snapshot_download(repo_id, allow_patterns=patterns, token=hf_token(), tqdm_class=EventTqdm)
+    except GatedRepoError:
+        raise ModelError(
+            f"{repo_id} is a gated model. Accept its licence on its Hub page, create a read token at "
+            "https://huggingface.co/settings/tokens and set it in the environment before starting memtune, "
+            "e.g. `export HF_TOKEN=hf_...` (memtune never stores it).") from None
+    except RepositoryNotFoundError:
+        hint = "" if hf_token() else " If it is private or gated, set HF_TOKEN in the environment."
+        raise ModelError(f"No model {repo_id} on the Hub. Check the spelling (org/name).{hint}") from None
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled, OSError) as exc:
+        raise ModelError(
+            f"{repo_id} is not on this machine and the Hugging Face Hub cannot be reached ({type(exc).__name__}). "
+            "Download it once while online (`hf download " + repo_id + "`), or give the path of a local model "
+            "folder.") from None
+
+
+def load_tokenizer(cfg: TrainConfig, path: str | None = None):
+    from transformers import AutoTokenizer
+
+    path = path or resolve_model_path(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code, token=hf_token())
+    if tokenizer.pad_token is None:
+        # The chapter sets pad = eos; padded positions carry no loss, so this is safe for training.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(cfg: TrainConfig, path: str | None = None):
+    """Load the base model, quantized to 4 bits when the config asks for it."""
+    from transformers import AutoModelForCausalLM
+
+    path = path or resolve_model_path(cfg)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            quantization_config=build_bnb_config(cfg),
+            dtype=compute_dtype(cfg),
+            device_map=device_map(cfg),
+            trust_remote_code=cfg.trust_remote_code,
+            token=hf_token(),
+        )
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc):
+            raise ModelError(f"{cfg.model} ships its own Python code. Tick trust_remote_code only if you trust "
+                             "its author, then start again.") from None
+        raise
+    model.config.use_cache = False  # the KV cache is useless in training and warns with checkpointing
+    return model
+
+
+def prepare_for_training(model, cfg: TrainConfig):
+    """Freeze the base, apply the chapter's k-bit preparation (or memtune's lean variant) and wrap with LoRA."""
+    from peft import get_peft_model, prepare_model_for_kbit_training
+
+    if cfg.load_in_4bit and cfg.upcast_to_fp32:
+        # The chapter's recipe: peft upcasts every non-quantized parameter (embeddings, norms, lm_head) to fp32.
+        # Checkpointing itself is left to the Trainer (SFTConfig), which enables it with our kwargs.
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    else:
+        # Lean: the frozen base stays in its loaded dtype; only the LoRA weights train (in fp32, via peft).
+        for param in model.parameters():
+            param.requires_grad_(False)
+    if cfg.gradient_checkpointing:
+        # Checkpointed blocks need an input that requires grad, or no gradient reaches the LoRA weights.
+        model.enable_input_require_grads()
+    return get_peft_model(model, build_lora_config(cfg))
+
+
+def trainable_parameters(model) -> tuple[int, int]:
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return trainable, total

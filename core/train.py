@@ -1,0 +1,449 @@
+"""The training recipe: config -> data -> model -> LoRA -> SFTTrainer -> adapter, with events all the way.
+
+`run_training(cfg, sink, stop)` is the one entry point: the UI runs it in a background thread, the CLI in the
+foreground. It never raises for a user's mistake or an out-of-memory error: it returns a RunResult whose message
+says what went wrong and what to do, and it leaves saved adapters intact.
+
+CLI:
+    python -m core.train --config FILE.yaml [--set field=value ...]
+    python -m core.train --demo            # the offline demo, < 60 s on 2 CPU cores
+    python -m core.train --dump-config     # the default (chapter) configuration as YAML
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import json
+import math
+import os
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterator
+
+from core import checklist
+from core.config import ConfigError, TrainConfig, apply_overrides, check, demo_config
+from core.events import EventSink, JsonlSink, fan_out, make_event
+
+COMPLETE_MARKER = "COMPLETE"  # written last into a checkpoint folder: only these are offered for resume
+HEARTBEAT_S = 2.0  # no phase stays silent longer than this
+
+
+@dataclass
+class RunResult:
+    status: str  # completed | stopped | failed
+    run_dir: str | None = None
+    adapter_dir: str | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+    error_type: str | None = None  # config | data | model | oom | other
+
+
+# --- pure mappings: config -> library arguments ------------------------------------------------------------
+def checkpointing_args(cfg: TrainConfig, fields: set[str]) -> dict[str, Any]:
+    """transformers 5.2x renamed gradient_checkpointing to activation_checkpointing; speak whichever it knows."""
+    name = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+    args: dict[str, Any] = {name: cfg.gradient_checkpointing}
+    if cfg.gradient_checkpointing:
+        # Non-reentrant: works with frozen inputs and is what PyTorch recommends; same memory as reentrant.
+        args[f"{name}_kwargs"] = {"use_reentrant": False}
+    return args
+
+
+def build_sft_config(cfg: TrainConfig, output_dir: str | Path, console: bool = False):
+    """The chapter's TrainingArguments + SFTTrainer arguments, as one TRL SFTConfig."""
+    import torch
+    from trl import SFTConfig
+
+    known = {f.name for f in dataclasses.fields(SFTConfig)}
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    kwargs: dict[str, Any] = dict(
+        output_dir=str(output_dir),
+        num_train_epochs=cfg.num_train_epochs,
+        max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type=cfg.lr_scheduler_type,
+        warmup_steps=cfg.warmup_steps,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        optim=cfg.optim,
+        bf16=cfg.precision == "bf16",
+        fp16=cfg.precision == "fp16",
+        logging_steps=cfg.logging_steps,
+        save_strategy=cfg.save_strategy,
+        save_steps=cfg.save_steps,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        max_length=cfg.max_length,  # was SFTTrainer(max_seq_length=...) in the chapter
+        packing=cfg.packing,
+        use_liger_kernel=cfg.use_liger_kernel,
+        use_cpu=not cuda,
+        report_to="none",  # no wandb/tensorboard surprises; our events.jsonl is the log
+        disable_tqdm=not console,
+        include_num_input_tokens_seen="non_padding",  # trained-token counts for tokens/s
+        dataloader_num_workers=0,
+        save_only_model=False,  # optimizer state is needed to resume exactly
+        **checkpointing_args(cfg, known),
+    )
+    if cfg.packing:
+        # Best-fit-decreasing packing implies padding-free batches with per-row position ids (no cross-row attention).
+        kwargs["packing_strategy"] = "bfd"
+    return SFTConfig(**{k: v for k, v in kwargs.items() if k in known})
+
+
+def build_trainer(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir: str | Path,
+                  callbacks=(), console: bool = False):
+    from trl import SFTTrainer
+
+    return SFTTrainer(
+        model=model,
+        args=build_sft_config(cfg, output_dir, console=console),
+        train_dataset=train_dataset,
+        processing_class=tokenizer,  # was `tokenizer=` in the chapter
+        callbacks=list(callbacks),
+    )
+
+
+# --- run folder ---------------------------------------------------------------------------------------------
+def new_run_dir(cfg: TrainConfig) -> Path:
+    if cfg.resume_from:
+        return Path(cfg.resume_from)
+    root = Path(cfg.output_dir)
+    name = cfg.run_name or datetime.now().strftime("run-%Y%m%d-%H%M%S")
+    run_dir = root / name
+    suffix = 1
+    while run_dir.exists():  # never write into an earlier run's folder
+        suffix += 1
+        run_dir = root / f"{name}-{suffix}"
+    return run_dir
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoints whose COMPLETE marker exists, oldest first."""
+    ckpt_root = Path(run_dir) / "checkpoints"
+    found = [p for p in ckpt_root.glob("checkpoint-*") if (p / COMPLETE_MARKER).is_file()]
+    return sorted(found, key=lambda p: int(p.name.rsplit("-", 1)[-1]) if p.name.rsplit("-", 1)[-1].isdigit() else -1)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = complete_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def save_adapter(model, tokenizer, cfg: TrainConfig, run_dir: Path, summary: dict[str, Any]) -> Path:
+    """Write the adapter to a temporary folder, then rename it into place: a crash never leaves half an adapter."""
+    final = run_dir / "adapter"
+    tmp = run_dir / ".adapter.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)  # peft: adapter_model.safetensors + adapter_config.json
+    tokenizer.save_pretrained(tmp)
+    cfg.save(tmp / "memtune.yaml")
+    summary["adapter_bytes"] = dir_size(tmp)
+    (tmp / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    if final.exists():
+        old = run_dir / ".adapter.old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    return final
+
+
+# --- events during training -----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def phase(sink: EventSink, name: str, message: str) -> Iterator[None]:
+    """Announce a phase and keep saying it is alive every few seconds until it ends."""
+    sink(make_event("phase", phase=name, message=message, progress=None))
+    done = threading.Event()
+    start = time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_S):
+            sink(make_event("phase", phase=name, progress=None,
+                            message=f"{message} ({time.monotonic() - start:.0f} s)"))
+
+    thread = threading.Thread(target=beat, daemon=True, name=f"memtune-heartbeat-{name}")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def make_callback(sink: EventSink, stop: threading.Event, cuda: bool):
+    """A TrainerCallback that emits step events, honours Stop and marks checkpoints complete."""
+    from transformers import TrainerCallback
+
+    from core import vram
+
+    class EventCallback(TrainerCallback):
+        def __init__(self) -> None:
+            self.start = time.monotonic()
+            self.first_loss: float | None = None
+            self.last_loss: float | None = None
+            self.tokens_at_start = 0
+            self.steps_at_start = 0
+            self.nvml = vram.PeakTracker() if cuda else None
+            self.stopped = False
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.start = time.monotonic()
+            self.tokens_at_start = state.num_input_tokens_seen or 0
+            self.steps_at_start = state.global_step
+            if self.nvml:
+                self.nvml.start()
+            sink(make_event("phase", phase="training", progress=0.0,
+                            message=f"Training: {state.max_steps} optimizer steps"))
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            logs = logs or {}
+            if "loss" not in logs:
+                return
+            loss = float(logs["loss"])
+            self.first_loss = loss if self.first_loss is None else self.first_loss
+            self.last_loss = loss
+            lr, grad_norm = logs.get("learning_rate"), logs.get("grad_norm")
+            sink(make_event("metrics", step=state.global_step, total_steps=state.max_steps,
+                            epoch=round(state.epoch or 0.0, 4), loss=loss, learning_rate=lr,
+                            grad_norm=float(grad_norm) if grad_norm is not None else None))
+            sink(make_event("log", level="info", message=(
+                f"step {state.global_step}/{state.max_steps}  loss {loss:.4f}  lr {float(lr or 0):.2e}  "
+                f"grad_norm {float(grad_norm or 0):.3f}")))
+
+        def on_step_end(self, args, state, control, **kw):
+            elapsed = time.monotonic() - self.start
+            done = state.global_step - self.steps_at_start
+            remaining = max(0, state.max_steps - state.global_step)
+            tokens = (state.num_input_tokens_seen or 0) - self.tokens_at_start
+            mem = vram.torch_peaks() if cuda else None
+            sink(make_event(
+                "step", step=state.global_step, total_steps=state.max_steps, epoch=round(state.epoch or 0.0, 4),
+                tokens=int(state.num_input_tokens_seen or 0),
+                tokens_per_s=round(tokens / elapsed, 1) if elapsed > 0 else None,
+                elapsed_s=round(elapsed, 2),
+                eta_s=round(elapsed / done * remaining, 1) if done else None,
+                gpu_mem_gib=mem["allocated_gib"] if mem else None,
+                peak_gib=mem["peak_allocated_gib"] if mem else None,
+            ))
+            if stop.is_set():
+                self.stopped = True
+                control.should_training_stop = True
+                sink(make_event("log", level="info", message=f"Stop requested: ending after step {state.global_step}"))
+            return control
+
+        def on_save(self, args, state, control, **kw):
+            # Called after the Trainer has fully written the checkpoint: only now is it safe to resume from.
+            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if ckpt.is_dir():
+                (ckpt / COMPLETE_MARKER).write_text(str(time.time()), encoding="utf-8")
+                sink(make_event("log", level="info", message=f"Checkpoint saved: {ckpt}"))
+
+        def on_train_end(self, args, state, control, **kw):
+            if self.nvml:
+                self.nvml.stop()
+
+    return EventCallback()
+
+
+def oom_message(cfg: TrainConfig) -> str:
+    """Name the checklist items that are off, with what each would save at these settings when we can tell."""
+    tips = []
+    try:
+        from core.estimate import savings
+
+        by_key = {s.key: s for s in savings(cfg)}
+    except Exception:  # the estimator is advice only; never let it hide the real error
+        by_key = {}
+    for item in checklist.missing(cfg):
+        saved = by_key.get(item.key)
+        amount = f" (saves ~{saved.saved_gib:.1f} GiB here)" if saved and getattr(saved, "saved_gib", 0) > 0.05 else ""
+        tips.append(f"- {item.label}{amount}")
+    if not cfg.use_liger_kernel:
+        tips.append("- Fused loss (use_liger_kernel) avoids materialising the full logits")
+    advice = "\n".join(tips) if tips else "- Every checklist item is already on: lower max_length or pick a smaller model."
+    return ("The GPU ran out of memory. Nothing was lost: earlier checkpoints and adapters are intact, and the "
+            f"memory has been released. These would help at your settings:\n{advice}")
+
+
+# --- the recipe -----------------------------------------------------------------------------------------------
+def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threading.Event | None = None,
+                 callbacks=(), console: bool = False) -> RunResult:
+    import torch
+
+    stop = stop or threading.Event()
+    user_sink = sink or (lambda e: None)
+    try:
+        check(cfg)
+    except ConfigError as exc:
+        user_sink(make_event("error", error_type="config", message=str(exc)))
+        return RunResult("failed", message=str(exc), error_type="config")
+
+    run_dir = new_run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    emit = fan_out(user_sink, JsonlSink(run_dir / "events.jsonl"))
+    cfg.save(run_dir / "config.yaml")
+    resume_ckpt = latest_checkpoint(run_dir) if cfg.resume_from else None
+    emit(make_event("run", run_dir=str(run_dir), config=cfg.to_dict(), resume_from=str(resume_ckpt or "")))
+    if cfg.resume_from and resume_ckpt is None:
+        emit(make_event("log", level="warning", message=f"No complete checkpoint in {run_dir}: starting from step 0"))
+
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    model = trainer = None
+    started = time.monotonic()
+    try:
+        from core import data, model as model_lib
+
+        with phase(emit, "resolving", f"Finding {cfg.model}"):
+            path = model_lib.resolve_model_path(cfg, emit)
+            tokenizer = model_lib.load_tokenizer(cfg, path)
+        with phase(emit, "tokenizing", f"Loading and formatting {cfg.dataset} [{cfg.dataset_split}]"):
+            train_dataset, fmt = data.prepare_dataset(cfg, tokenizer)
+        emit(make_event("log", level="info", message=f"Dataset: {len(train_dataset)} rows, format {fmt}"))
+
+        what = "Loading and quantizing to 4-bit" if cfg.load_in_4bit else "Loading"
+        with phase(emit, "loading_model", f"{what} {cfg.model}"):
+            model = model_lib.load_model(cfg, path)
+            model = model_lib.prepare_for_training(model, cfg)
+        trainable, total = model_lib.trainable_parameters(model)
+        emit(make_event("log", level="info", message=f"LoRA: {trainable:,} trainable parameters of {total:,}"))
+
+        callback = make_callback(emit, stop, cuda)
+        with phase(emit, "tokenizing", "Tokenizing"):
+            trainer = build_trainer(cfg, model, tokenizer, train_dataset, run_dir / "checkpoints",
+                                    callbacks=[callback, *callbacks], console=console)
+        emit(make_event("run", run_dir=str(run_dir), config=cfg.to_dict(), total_steps=None,
+                        resume_from=str(resume_ckpt or "")))
+        output = trainer.train(resume_from_checkpoint=str(resume_ckpt) if resume_ckpt else None)
+
+        status = "stopped" if callback.stopped else "completed"
+        summary = {
+            "status": status,
+            "model": cfg.model,
+            "dataset": cfg.dataset,
+            "steps": trainer.state.global_step,
+            "max_steps": trainer.state.max_steps,
+            "epoch": trainer.state.epoch,
+            "first_loss": callback.first_loss,
+            "final_loss": callback.last_loss,
+            "train_loss": output.training_loss if not math.isnan(output.training_loss) else None,
+            "train_tokens": int(trainer.state.num_input_tokens_seen or 0),
+            "runtime_s": round(time.monotonic() - started, 2),
+            "train_runtime_s": output.metrics.get("train_runtime"),
+            "tokens_per_s": None,
+            "peak_allocated_gib": None,
+            "peak_reserved_gib": None,
+            "nvml_peak_gib": callback.nvml.peak_gib if callback.nvml else None,
+            "trainable_params": trainable,
+            "resumed_from": str(resume_ckpt) if resume_ckpt else None,
+            "finished_at": datetime.now().isoformat(timespec="seconds"),
+        }
+        if summary["train_runtime_s"]:
+            summary["tokens_per_s"] = round(summary["train_tokens"] / summary["train_runtime_s"], 1)
+        if cuda:
+            summary["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+            summary["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 3)
+
+        with phase(emit, "saving", f"Saving the adapter to {run_dir / 'adapter'}"):
+            adapter_dir = save_adapter(trainer.model, tokenizer, cfg, run_dir, summary)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        message = (f"{'Stopped' if status == 'stopped' else 'Finished'} after {summary['steps']} steps; "
+                   f"adapter saved to {adapter_dir} ({summary['adapter_bytes'] / 2**20:.1f} MiB)")
+        emit(make_event("done", status=status, run_dir=str(run_dir), adapter_dir=str(adapter_dir),
+                        summary=summary, message=message))
+        return RunResult(status, str(run_dir), str(adapter_dir), summary, message)
+    except torch.OutOfMemoryError:
+        error_type, message = "oom", oom_message(cfg)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the traceback goes to the log
+        error_type, message = classify(exc)
+        import traceback
+
+        emit(make_event("log", level="warning", message=traceback.format_exc(limit=8)))
+    finally:
+        # Drop references so a failed or finished run gives its memory back to the next one.
+        model = trainer = None
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    emit(make_event("error", error_type=error_type, message=message))
+    summary = {"status": "failed", "error_type": error_type, "message": message,
+               "finished_at": datetime.now().isoformat(timespec="seconds")}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    emit(make_event("done", status="failed", run_dir=str(run_dir), summary=summary, message=message))
+    return RunResult("failed", str(run_dir), None, summary, message, error_type)
+
+
+def classify(exc: Exception) -> tuple[str, str]:
+    from core.data import DataError
+    from core.model import ModelError
+
+    if isinstance(exc, DataError):
+        return "data", str(exc)
+    if isinstance(exc, ModelError):
+        return "model", str(exc)
+    if isinstance(exc, ConfigError):
+        return "config", str(exc)
+    return "other", f"{type(exc).__name__}: {exc}"
+
+
+# --- command line -------------------------------------------------------------------------------------------------
+def console_sink(event: dict[str, Any]) -> None:
+    """Phase messages and log lines on stderr; the Trainer's own progress bar shows steps, ETA and speed."""
+    kind = event["kind"]
+    if kind == "phase" and event.get("phase") != "training":
+        print(f"[memtune] {event['message']}", file=sys.stderr, flush=True)
+    elif kind == "log":
+        print(f"[memtune] {event['message']}", file=sys.stderr, flush=True)
+    elif kind in ("error",):
+        print(f"[memtune] ERROR ({event['error_type']}): {event['message']}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m core.train", description="Fine-tune with LoRA/QLoRA, headless.")
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", help="YAML file of settings (start from --dump-config)")
+    src.add_argument("--demo", action="store_true", help="train the offline demo (tiny model, shipped data)")
+    src.add_argument("--dump-config", action="store_true", help="print the default configuration as YAML")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override one setting; repeatable")
+    args = parser.parse_args(argv)
+    try:
+        if args.dump_config:
+            cfg = apply_overrides(TrainConfig(), args.overrides)
+            print(f"# memtune configuration: python -m core.train --config this.yaml\n{cfg.to_yaml()}", end="")
+            return 0
+        cfg = demo_config() if args.demo else TrainConfig.load(args.config)
+        cfg = apply_overrides(cfg, args.overrides)
+    except ConfigError as exc:
+        print(f"memtune: {exc}", file=sys.stderr)
+        return 2
+    result = run_training(cfg, console_sink, console=True)
+    if result.status == "failed":
+        print(f"memtune: training failed: {result.message}", file=sys.stderr)
+        return 1
+    s = result.summary
+    print(f"{result.message}\nfirst loss {s.get('first_loss')}, last loss {s.get('final_loss')}, "
+          f"{s.get('train_tokens')} tokens in {s.get('train_runtime_s')} s")
+    print(result.adapter_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
