@@ -38,7 +38,7 @@ TEMPLATES = [
 
 
 def demo_rows() -> list[dict[str, str]]:
-    """240 dolly-format rows (instruction, context, response, category), always the same."""
+    """200 dolly-format rows (instruction, context, response, category), always the same."""
     rng = random.Random(1234)
     rows = []
     for template in TEMPLATES:
@@ -46,7 +46,7 @@ def demo_rows() -> list[dict[str, str]]:
             rows.append({"instruction": template.format(w=en), "context": "", "response": fr,
                          "category": "translation"})
     rng.shuffle(rows)
-    return rows[:240]
+    return rows
 
 
 def write_demo_dataset(path: Path = DEMO_DATA) -> Path:

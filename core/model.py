@@ -181,6 +181,21 @@ def prepare_for_training(model, cfg: TrainConfig):
     return get_peft_model(model, build_lora_config(cfg))
 
 
+def load_with_adapter(cfg: TrainConfig, adapter_dir: str | Path, path: str | None = None):
+    """Base model + a saved adapter, with the same dtype policy as in training, ready for inference.
+
+    The model is loaded fresh on every call, so adapters never stack on a reused model.
+    """
+    from peft import PeftModel, prepare_model_for_kbit_training
+
+    model = load_model(cfg, path)
+    if cfg.load_in_4bit and cfg.upcast_to_fp32:
+        # Same fp32 norms/embeddings/head as the trained model had, so the logits match it.
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    model = PeftModel.from_pretrained(model, str(adapter_dir))
+    return model.eval()
+
+
 def trainable_parameters(model) -> tuple[int, int]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())

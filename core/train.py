@@ -199,15 +199,12 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool):
             self.last_loss: float | None = None
             self.tokens_at_start = 0
             self.steps_at_start = 0
-            self.nvml = vram.PeakTracker() if cuda else None
             self.stopped = False
 
         def on_train_begin(self, args, state, control, **kw):
             self.start = time.monotonic()
             self.tokens_at_start = state.num_input_tokens_seen or 0
             self.steps_at_start = state.global_step
-            if self.nvml:
-                self.nvml.start()
             sink(make_event("phase", phase="training", progress=0.0,
                             message=f"Training: {state.max_steps} optimizer steps"))
 
@@ -253,10 +250,6 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool):
             if ckpt.is_dir():
                 (ckpt / COMPLETE_MARKER).write_text(str(time.time()), encoding="utf-8")
                 sink(make_event("log", level="info", message=f"Checkpoint saved: {ckpt}"))
-
-        def on_train_end(self, args, state, control, **kw):
-            if self.nvml:
-                self.nvml.stop()
 
     return EventCallback()
 
@@ -308,6 +301,9 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         torch.cuda.reset_peak_memory_stats()
     model = trainer = None
     started = time.monotonic()
+    from core import vram
+
+    nvml = vram.PeakTracker().start() if cuda else None  # from before loading: the load can be the peak
     try:
         from core import data, model as model_lib
 
@@ -350,13 +346,16 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
             "tokens_per_s": None,
             "peak_allocated_gib": None,
             "peak_reserved_gib": None,
-            "nvml_peak_gib": callback.nvml.peak_gib if callback.nvml else None,
+            "nvml_peak_gib": None,
             "trainable_params": trainable,
             "resumed_from": str(resume_ckpt) if resume_ckpt else None,
             "finished_at": datetime.now().isoformat(timespec="seconds"),
         }
         if summary["train_runtime_s"]:
             summary["tokens_per_s"] = round(summary["train_tokens"] / summary["train_runtime_s"], 1)
+        if nvml:
+            nvml.stop()
+            summary["nvml_peak_gib"] = nvml.peak_gib
         if cuda:
             summary["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
             summary["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 3)
@@ -379,6 +378,8 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
     finally:
         # Drop references so a failed or finished run gives its memory back to the next one.
         model = trainer = None
+        if nvml:
+            nvml.stop()
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()

@@ -1,0 +1,396 @@
+"""core.data: loading, format detection, SFT conversion, preview and every bad-input message."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from core import data
+from core.config import DEMO_DATASET, TrainConfig, demo_config
+from core.data import DataError
+
+ROOT = Path(__file__).resolve().parent.parent
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+DOLLY = {"instruction": "Say hi", "context": "to Bob", "response": "Hi Bob", "category": "x"}
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Name?"},
+        {"role": "assistant", "content": "Ann"}]
+
+
+# --- fixtures --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory):
+    """MEMTUNE_HOME and the datasets cache in a temp dir, and the demo model built there."""
+    import datasets
+
+    from core.demo import ensure_demo_model
+
+    home = tmp_path_factory.mktemp("memtune_home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MEMTUNE_HOME", str(home))
+        mp.setattr(datasets.config, "HF_DATASETS_CACHE", str(home / "datasets"))  # read at call time
+        yield ensure_demo_model()
+
+
+@pytest.fixture(scope="session")
+def tok(demo_dir):
+    """The demo tokenizer: no chat template, adds BOS itself, eos </s>. Do not mutate (shared)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(demo_dir)
+
+
+@pytest.fixture
+def fresh_tok(demo_dir):
+    """A private copy of the demo tokenizer that a test may give a chat template."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(demo_dir)
+
+
+@pytest.fixture
+def chat_tok(fresh_tok):
+    fresh_tok.chat_template = CHATML
+    return fresh_tok
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def sft_rows(tmp_path, rows, tokenizer, fmt="auto", name="d.jsonl"):
+    cfg = TrainConfig(dataset=str(write_jsonl(tmp_path / name, rows)), dataset_split="train", dataset_format=fmt)
+    ds, detected = data.prepare_dataset(cfg, tokenizer)
+    return list(ds), detected
+
+
+def error_of(fn, *args) -> str:
+    with pytest.raises(DataError) as info:
+        fn(*args)
+    return str(info.value)
+
+
+# --- demo set --------------------------------------------------------------------------------------------
+def test_demo_set_loads_as_dolly(tok):
+    from core.demo import DEMO_DATA, demo_rows
+
+    raw = data.load_raw(DEMO_DATASET, "train")
+    n_lines = sum(1 for line in DEMO_DATA.read_text(encoding="utf-8").splitlines() if line.strip())
+    # docs say 240 rows; demo_rows() actually yields 4 templates x 50 words = 200 (reported to the lead)
+    assert len(raw) == n_lines == len(demo_rows())
+    assert data.detect_format(raw) == "dolly"
+    rows, fmt = data.prepare_dataset(demo_config(), tok)
+    assert fmt == "dolly" and len(rows) == len(raw) and rows.column_names == ["prompt", "completion"]
+
+
+# --- formats without a chat template (default Alpaca-style template) -------------------------------------
+def test_dolly_default_template(tmp_path, tok):
+    rows, fmt = sft_rows(tmp_path, [DOLLY, {**DOLLY, "context": ""}], tok)
+    assert fmt == "dolly"
+    assert rows[0] == {"prompt": "### Instruction:\nSay hi\n\n### Input:\nto Bob\n\n### Response:\n",
+                       "completion": "Hi Bob</s>"}
+    assert rows[1]["prompt"] == "### Instruction:\nSay hi\n\n### Response:\n"  # no Input section when empty
+
+
+def test_alpaca_default_template(tmp_path, tok):
+    rows, fmt = sft_rows(tmp_path, [{"instruction": "Add", "input": "2+2", "output": "4"},
+                                    {"instruction": "Add", "input": None, "output": "4"}], tok)
+    assert fmt == "alpaca"
+    assert rows[0] == {"prompt": "### Instruction:\nAdd\n\n### Input:\n2+2\n\n### Response:\n", "completion": "4</s>"}
+    assert rows[1]["prompt"] == "### Instruction:\nAdd\n\n### Response:\n"
+
+
+def test_text_format(tmp_path, tok):
+    rows, fmt = sft_rows(tmp_path, [{"text": "hello world"}, {"text": "done</s>"}, {"text": "  "}], tok)
+    assert fmt == "text"
+    assert rows == [{"text": "hello world</s>"}, {"text": "done</s>"}]  # EOS once; the blank row dropped
+
+
+def test_prompt_completion_passes_through(tmp_path, tok, chat_tok):
+    row = {"prompt": "The sky is", "completion": " blue"}
+    for tokenizer in (tok, chat_tok):  # TRL's own format: never templated
+        rows, fmt = sft_rows(tmp_path, [row], tokenizer)
+        assert fmt == "prompt_completion" and rows == [{"prompt": "The sky is", "completion": " blue</s>"}]
+
+
+def test_messages_multi_turn_default_template(tmp_path, tok):
+    rows, fmt = sft_rows(tmp_path, [{"messages": CHAT}], tok)
+    assert fmt == "messages"
+    assert rows == [{"prompt": "### Instruction:\nName?\n\n### Input:\nSystem: Be brief.\nUser: Hi\nAssistant: Hello"
+                               "\n\n### Response:\n", "completion": "Ann</s>"}]
+
+
+def test_messages_single_turn_with_system_default_template(tmp_path, tok):
+    rows, _ = sft_rows(tmp_path, [{"messages": CHAT[:3]}], tok)
+    assert rows == [{"prompt": "### Instruction:\nHi\n\n### Input:\nBe brief.\n\n### Response:\n",
+                     "completion": "Hello</s>"}]
+
+
+def test_sharegpt_default_template(tmp_path, tok):
+    conv = [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]
+    rows, fmt = sft_rows(tmp_path, [{"conversations": conv}], tok)
+    assert fmt == "sharegpt"
+    assert rows == [{"prompt": "### Instruction:\nHi\n\n### Response:\n", "completion": "Hello</s>"}]
+
+
+# --- formats with a chat template ------------------------------------------------------------------------
+def test_dolly_chat_template(tmp_path, chat_tok):
+    rows, _ = sft_rows(tmp_path, [DOLLY], chat_tok)
+    assert rows == [{"prompt": "<|im_start|>user\nSay hi\n\nto Bob<|im_end|>\n<|im_start|>assistant\n",
+                     "completion": "Hi Bob<|im_end|>\n</s>"}]
+
+
+def test_alpaca_chat_template(tmp_path, chat_tok):
+    rows, _ = sft_rows(tmp_path, [{"instruction": "Add", "input": "", "output": "4"}], chat_tok)
+    assert rows == [{"prompt": "<|im_start|>user\nAdd<|im_end|>\n<|im_start|>assistant\n",
+                     "completion": "4<|im_end|>\n</s>"}]
+
+
+def test_messages_multi_turn_chat_template(tmp_path, chat_tok):
+    rows, _ = sft_rows(tmp_path, [{"messages": CHAT + [{"role": "user", "content": "trailing, ignored"}]}], chat_tok)
+    assert rows == [{"prompt": "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                               "<|im_start|>assistant\nHello<|im_end|>\n<|im_start|>user\nName?<|im_end|>\n"
+                               "<|im_start|>assistant\n",
+                     "completion": "Ann<|im_end|>\n</s>"}]
+
+
+def test_sharegpt_chat_template(tmp_path, chat_tok):
+    conv = [{"from": "system", "value": "S"}, {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]
+    rows, _ = sft_rows(tmp_path, [{"conversations": conv}], chat_tok)
+    assert rows == [{"prompt": "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                               "<|im_start|>assistant\n", "completion": "Yo<|im_end|>\n</s>"}]
+
+
+def test_conversational_prompt_completion_uses_template(tmp_path, chat_tok):
+    row = {"prompt": [{"role": "user", "content": "Hi"}], "completion": [{"role": "assistant", "content": "Yo"}]}
+    rows, fmt = sft_rows(tmp_path, [row], chat_tok)
+    assert fmt == "prompt_completion"
+    assert rows == [{"prompt": "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+                     "completion": "Yo<|im_end|>\n</s>"}]
+
+
+def test_bos_from_template_is_stripped_only_when_tokenizer_adds_it(tmp_path, fresh_tok):
+    from tokenizers.processors import TemplateProcessing
+
+    fresh_tok.chat_template = "{{ bos_token }}" + CHATML
+    rows, _ = sft_rows(tmp_path, [DOLLY], fresh_tok)
+    assert rows[0]["prompt"].startswith("<|im_start|>user")  # the tokenizer adds <s> itself
+    ids = fresh_tok(rows[0]["prompt"])["input_ids"]
+    assert ids[0] == fresh_tok.bos_token_id and ids[1] != fresh_tok.bos_token_id
+
+    fresh_tok.backend_tokenizer.post_processor = TemplateProcessing(single="$A", pair="$A $B")  # no auto BOS
+    rows, _ = sft_rows(tmp_path, [DOLLY], fresh_tok, name="again.jsonl")
+    assert rows[0]["prompt"].startswith("<s><|im_start|>user")
+
+
+def test_template_ending_turns_with_eos_gets_no_second_eos(tmp_path, fresh_tok):
+    fresh_tok.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
+                               "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+    rows, _ = sft_rows(tmp_path, [DOLLY], fresh_tok)
+    assert rows == [{"prompt": "<|user|>\nSay hi\n\nto Bob</s>\n<|assistant|>\n", "completion": "Hi Bob</s>"}]
+
+
+def test_chat_template_error_names_the_row(tmp_path, fresh_tok):
+    fresh_tok.chat_template = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not "
+                               "supported') }}{% endif %}" + CHATML)
+    msg = error_of(sft_rows, tmp_path, [{"messages": CHAT[1:3]}, {"messages": CHAT}], fresh_tok)
+    assert "Row 1" in msg and "System role not supported" in msg
+
+
+# --- detection and forced formats ------------------------------------------------------------------------
+def test_structured_format_wins_over_text_column(tmp_path, tok):
+    ds = data.load_raw(str(write_jsonl(tmp_path / "a.jsonl", [{"instruction": "a", "input": "", "output": "b",
+                                                                "text": "a b"}])), "train")
+    assert data.detect_format(ds) == "alpaca"
+
+
+def test_unknown_columns_are_listed_with_accepted_formats(tmp_path, tok):
+    msg = error_of(sft_rows, tmp_path, [{"question": "q", "answer": "a"}], tok)
+    assert "['answer', 'question']" in msg
+    for expected in ("dolly (instruction, response; optional context)", "alpaca (instruction, output; optional input)",
+                     "prompt_completion (prompt, completion)", "messages (messages", "sharegpt (conversations",
+                     "text (text)"):
+        assert expected in msg
+
+
+def test_forced_format_must_fit_columns(tmp_path, tok):
+    msg = error_of(sft_rows, tmp_path, [DOLLY], tok, "alpaca")
+    assert "alpaca needs the columns instruction, output" in msg and "missing output" in msg
+    assert "auto (it detects dolly)" in msg
+    rows, fmt = sft_rows(tmp_path, [{**DOLLY, "text": "raw"}], tok, "text")  # forcing picks a non-default reading
+    assert fmt == "text" and rows == [{"text": "raw</s>"}]
+
+
+def test_unknown_speaker_is_reported(tmp_path, tok):
+    msg = error_of(sft_rows, tmp_path, [{"conversations": [{"from": "bot", "value": "x"}]}], tok)
+    assert "unknown speaker 'bot'" in msg and "human/gpt" in msg
+
+
+# --- dropped and empty rows ------------------------------------------------------------------------------
+def test_rows_with_empty_prompt_or_completion_are_dropped_and_counted(tmp_path, tok):
+    rows = [DOLLY, {**DOLLY, "response": ""}, {**DOLLY, "instruction": "  "}, {**DOLLY, "response": None},
+            {**DOLLY, "instruction": "Bye"}]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    preview = data.preview_dataset(TrainConfig(dataset=str(path), dataset_split="train"), tok)
+    assert (preview.n_rows, preview.n_dropped) == (2, 3)
+
+
+def test_conversation_without_assistant_reply_is_dropped(tmp_path, tok):
+    rows, _ = sft_rows(tmp_path, [{"messages": CHAT[:2]}, {"messages": CHAT[:3]}], tok)
+    assert len(rows) == 1
+
+
+def test_every_row_empty_is_an_error(tmp_path, tok):
+    msg = error_of(sft_rows, tmp_path, [{**DOLLY, "response": ""}, {**DOLLY, "response": " "}], tok)
+    assert "Every one of the 2 rows" in msg and "empty prompt and completion" in msg
+
+
+def test_empty_files(tmp_path):
+    (tmp_path / "e.jsonl").write_text("\n\n", encoding="utf-8")
+    assert "is empty" in error_of(data.load_raw, str(tmp_path / "e.jsonl"), "train")
+    (tmp_path / "h.csv").write_text("instruction,response\n", encoding="utf-8")
+    assert "has no rows" in error_of(data.load_raw, str(tmp_path / "h.csv"), "train")
+    (tmp_path / "l.json").write_text("[]", encoding="utf-8")
+    assert "empty JSON list" in error_of(data.load_raw, str(tmp_path / "l.json"), "train")
+
+
+# --- bad files -------------------------------------------------------------------------------------------
+def test_invalid_jsonl_reports_line_number(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "a"}\n\n{"text": "b"}\n{"text": "c",}\n{"text": "d"}\n', encoding="utf-8")
+    msg = error_of(data.load_raw, str(path), "train")
+    assert "line 4 is not valid JSON" in msg and str(path) in msg
+    path.write_text('{"text": "a"}\n["b"]\n', encoding="utf-8")
+    assert "line 2 is a JSON list, not an object" in error_of(data.load_raw, str(path), "train")
+
+
+def test_invalid_json_document_reports_line_and_column(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('[\n  {"text": "a"},\n  {"text": b}\n]\n', encoding="utf-8")
+    msg = error_of(data.load_raw, str(path), "train")
+    assert "invalid JSON at line 3, column 12" in msg
+    path.write_text('{"text": "a"}\n{"text": "b"\n', encoding="utf-8")  # JSON Lines named .json
+    assert "line 2 is not valid JSON" in error_of(data.load_raw, str(path), "train")
+    path.write_text('{"text": "a"}\n{"text": "b"}\n', encoding="utf-8")
+    assert len(data.load_raw(str(path), "train")) == 2
+
+
+def test_non_utf8_file_reports_offset_and_line(tmp_path):
+    path = tmp_path / "latin.jsonl"
+    path.write_bytes('{"text": "ok"}\n'.encode() + b'{"text": "caf\xe9"}\n')
+    msg = error_of(data.load_raw, str(path), "train")
+    assert "not UTF-8" in msg and "byte 0xe9 at byte offset 28 (line 2)" in msg and "latin.jsonl" in msg
+    csv = tmp_path / "latin.csv"
+    csv.write_bytes(b"text\ncaf\xe9\n")
+    assert "(line 2)" in error_of(data.load_raw, str(csv), "train")
+
+
+def test_missing_file_and_unsupported_extension(tmp_path):
+    assert "does not exist" in error_of(data.load_raw, str(tmp_path / "nope.jsonl"), "train")
+    assert "does not exist" in error_of(data.load_raw, "./nope/data", "train")
+    (tmp_path / "sheet.xlsx").write_bytes(b"PK")
+    msg = error_of(data.load_raw, str(tmp_path / "sheet.xlsx"), "train")
+    assert ".xlsx are not supported" in msg and "Accepted: .jsonl, .json, .csv, .parquet, .txt" in msg
+
+
+def test_hub_dataset_offline_fails_fast_with_advice(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    code = ("from core import data\ntry:\n    data.load_raw('databricks/databricks-dolly-15k', 'train[:10]')\n"
+            "except data.DataError as e:\n    print('DataError:', e)\n")
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - start < 30
+    assert "DataError: The dataset databricks/databricks-dolly-15k is not in the local cache" in out.stdout, out.stderr
+    assert "Hub cannot be reached" in out.stdout and "local .jsonl" in out.stdout
+
+
+# --- other file types and splits -------------------------------------------------------------------------
+def test_csv_keeps_text_and_drops_empty_cells(tmp_path, tok):
+    path = tmp_path / "d.csv"
+    path.write_text("instruction,context,response\nCode?,,007\nNone,,\n", encoding="utf-8")
+    rows, fmt = data.prepare_dataset(TrainConfig(dataset=str(path), dataset_split="train"), tok)
+    assert fmt == "dolly" and list(rows) == [{"prompt": "### Instruction:\nCode?\n\n### Response:\n",
+                                              "completion": "007</s>"}]
+
+
+def test_txt_and_parquet(tmp_path, tok):
+    import datasets
+
+    (tmp_path / "t.txt").write_text("first line\n\nsecond line\n", encoding="utf-8")
+    rows, fmt = data.prepare_dataset(TrainConfig(dataset=str(tmp_path / "t.txt"), dataset_split="train"), tok)
+    assert fmt == "text" and list(rows["text"]) == ["first line</s>", "second line</s>"]
+    datasets.Dataset.from_list([DOLLY] * 3).to_parquet(str(tmp_path / "d.parquet"))
+    assert len(data.load_raw(str(tmp_path / "d.parquet"), "train[:2]")) == 2
+
+
+def test_split_slicing(tmp_path):
+    path = str(write_jsonl(tmp_path / "n.jsonl", [{"text": str(i)} for i in range(50)]))
+    assert list(data.load_raw(path, "train[:5]")["text"]) == ["0", "1", "2", "3", "4"]
+    assert list(data.load_raw(path, "train[45:]")["text"]) == ["45", "46", "47", "48", "49"]
+    assert len(data.load_raw(path, "train[:10%]")) == 5
+    assert len(data.load_raw(DEMO_DATASET, "train[:7]")) == 7
+
+
+def test_split_errors(tmp_path):
+    msg = error_of(data.load_raw, DEMO_DATASET, "train[5000:]")
+    assert "selects no rows" in msg and "has 200 rows" in msg
+    msg = error_of(data.load_raw, DEMO_DATASET, "validation")
+    assert "no split 'validation'" in msg and "available splits: ['train']" in msg
+    assert "not valid split syntax" in error_of(data.load_raw, DEMO_DATASET, "train[:")
+    assert "selects no rows" in error_of(data.load_raw, DEMO_DATASET, "train[10:5]")
+
+
+# --- preview and TRL compatibility -----------------------------------------------------------------------
+def test_preview_on_demo_set(tok):
+    preview = data.preview_dataset(demo_config(max_length=22), tok, n=2)
+    assert preview.format == "dolly" and preview.n_rows == 200 and preview.n_dropped == 0
+    assert len(preview.examples) == 2 and set(preview.examples[0]) == {"prompt", "completion"}
+    ex = preview.examples[0]
+    assert preview.token_lengths[0] == len(tok(ex["prompt"] + ex["completion"])["input_ids"])
+    assert len(preview.token_lengths) == 200 and preview.max_length == 22
+    assert preview.n_over_max == sum(n > 22 for n in preview.token_lengths)
+    assert 0 < preview.n_over_max < 200
+    s = preview.stats
+    assert s["min"] == min(preview.token_lengths) and s["max"] == max(preview.token_lengths)
+    assert s["min"] <= s["median"] <= s["p95"] <= s["max"] and s["min"] <= s["mean"] <= s["max"]
+    assert data.preview_dataset(demo_config(max_length=512), tok).n_over_max == 0
+
+
+def test_preview_is_fast_for_thousands_of_rows(tmp_path, tok):
+    rows = [{"instruction": f"Question number {i}?", "context": "", "response": f"Answer {i}"} for i in range(3000)]
+    cfg = TrainConfig(dataset=str(write_jsonl(tmp_path / "big.jsonl", rows)), dataset_split="train[:2500]")
+    start = time.monotonic()
+    preview = data.preview_dataset(cfg, tok)
+    assert preview.n_rows == 2500 and len(preview.token_lengths) == 2500
+    assert time.monotonic() - start < 15
+
+
+def test_prompt_tokens_are_a_prefix_of_prompt_plus_completion(tok):
+    """TRL tokenizes prompt and prompt+completion separately and warns when the first is not a prefix."""
+    rows, _ = data.prepare_dataset(demo_config(), tok)
+    prompts = tok(list(rows["prompt"]))["input_ids"]
+    full = tok([p + c for p, c in zip(rows["prompt"], rows["completion"])])["input_ids"]
+    assert all(f[:len(p)] == p for p, f in zip(prompts, full))
+    assert all(p[0] == tok.bos_token_id and p[1] != tok.bos_token_id for p in prompts)  # exactly one BOS
+
+
+def test_trl_trains_on_the_completion_only(demo_dir, tok, tmp_path):
+    import trl
+    from transformers import AutoModelForCausalLM
+
+    rows, _ = data.prepare_dataset(demo_config(dataset_split="train[:8]"), tok)
+    args = trl.SFTConfig(output_dir=str(tmp_path / "out"), max_length=64, report_to=[], use_cpu=True)
+    trainer = trl.SFTTrainer(model=AutoModelForCausalLM.from_pretrained(demo_dir), args=args,
+                             train_dataset=rows, processing_class=tok)
+    first = trainer.train_dataset[0]
+    trained = [i for i, label in zip(first["input_ids"], first["labels"]) if label != -100]
+    assert tok.decode(trained) == rows[0]["completion"]
+    assert first["input_ids"] == tok(rows[0]["prompt"] + rows[0]["completion"])["input_ids"]
