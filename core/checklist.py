@@ -56,8 +56,8 @@ ITEMS: tuple[ChecklistItem, ...] = (
     ChecklistItem(
         "gradient_checkpointing", "Enable gradient checkpointing",
         "Recomputes each layer's activations in the backward pass instead of storing them. Saves activation "
-        "memory that grows with batch x length; costs ~25-35% more compute. At short rows and batch 1 it saves "
-        "almost nothing.",
+        "memory that grows with batch x length (the estimate beside this box says how much at your settings); "
+        "costs ~25-35% more compute per step.",
         ("gradient_checkpointing",),
         lambda c: c.gradient_checkpointing,
         lambda c: c.replace(gradient_checkpointing=True),

@@ -268,7 +268,7 @@ def oom_message(cfg: TrainConfig) -> str:
         amount = f" (saves ~{saved.saved_gib:.1f} GiB here)" if saved and getattr(saved, "saved_gib", 0) > 0.05 else ""
         tips.append(f"- {item.label}{amount}")
     if not cfg.use_liger_kernel:
-        tips.append("- Fused loss (use_liger_kernel) avoids materialising the full logits")
+        tips.append("- Fused kernels (use_liger_kernel, CUDA) recompute SwiGLU/RMSNorm activations instead of storing them")
     advice = "\n".join(tips) if tips else "- Every checklist item is already on: lower max_length or pick a smaller model."
     return ("The GPU ran out of memory. Nothing was lost: earlier checkpoints and adapters are intact, and the "
             f"memory has been released. These would help at your settings:\n{advice}")

@@ -1,0 +1,240 @@
+"""GPU memory as the driver and PyTorch see it: a snapshot per GPU, a background NVML peak sampler, torch peaks.
+
+No gradio here. NVML (the `nvidia-ml-py` package, imported as `pynvml`) is initialised once per process, under a
+lock; where there is no NVIDIA driver (a laptop, CI, this machine) every function answers "no NVIDIA GPU found"
+instead of raising, so the UI can show that as a plain message.
+
+Three numbers people confuse, and which one this module gives:
+- NVML "used": everything on the card (CUDA context, PyTorch's cache, other processes). What the UI gauge shows
+  and what decides an out-of-memory error. `snapshot()`, `PeakTracker`.
+- torch reserved: what PyTorch's caching allocator holds (allocated + cached free blocks). `torch_peaks()`.
+- torch allocated: live tensors only. `torch_peaks()`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 2**30
+NO_GPU = "no NVIDIA GPU found"
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {"tried": False, "ok": False, "error": ""}
+
+
+def _nvml():
+    """The initialised pynvml module, or None (with the reason in _state['error']). Initialises once."""
+    with _lock:
+        if not _state["tried"]:
+            _state["tried"] = True
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                _state["ok"] = True
+            except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded, ...
+                _state["ok"] = False
+                _state["error"] = f"{type(exc).__name__}: {exc}"
+        if not _state["ok"]:
+            return None
+    import pynvml
+
+    return pynvml
+
+
+def _reset() -> None:
+    """Forget the NVML initialisation (tests use it to simulate a machine without the driver)."""
+    with _lock:
+        _state.update(tried=False, ok=False, error="")
+
+
+def nvml_available() -> bool:
+    return _nvml() is not None
+
+
+# --- snapshot ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    used_bytes: int
+    total_bytes: int
+    process_bytes: int | None = None  # this process's share; None where the driver does not say (containers)
+
+    @property
+    def used_gib(self) -> float:
+        return self.used_bytes / GIB
+
+    @property
+    def total_gib(self) -> float:
+        return self.total_bytes / GIB
+
+    @property
+    def fraction(self) -> float:
+        return self.used_bytes / self.total_bytes if self.total_bytes else 0.0
+
+    @property
+    def label(self) -> str:
+        """e.g. 'GPU 0 NVIDIA H200: 10.9 / 139.8 GiB (8%)'."""
+        return f"GPU {self.index} {self.name}: {format_usage(self.used_bytes, self.total_bytes)}"
+
+    @property
+    def band(self) -> str:
+        return band(self.fraction)
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    gpus: list[GpuInfo] = field(default_factory=list)
+    message: str = ""  # empty when GPUs were read; otherwise why not (e.g. "no NVIDIA GPU found")
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.gpus)
+
+
+def snapshot() -> GpuSnapshot:
+    """Every visible NVIDIA GPU's name and memory now. Never raises."""
+    nv = _nvml()
+    if nv is None:
+        return GpuSnapshot([], NO_GPU)
+    try:
+        count = nv.nvmlDeviceGetCount()
+    except Exception as exc:
+        return GpuSnapshot([], f"{NO_GPU} ({type(exc).__name__})")
+    gpus = []
+    for i in range(count):
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(i)
+            name = nv.nvmlDeviceGetName(handle)
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            mem = nv.nvmlDeviceGetMemoryInfo(handle)
+            gpus.append(GpuInfo(i, name, int(mem.used), int(mem.total), _process_bytes(nv, handle)))
+        except Exception:  # a GPU that cannot be read (lost, MIG without access) is left out
+            continue
+    return GpuSnapshot(gpus, "" if gpus else NO_GPU)
+
+
+def _process_bytes(nv, handle) -> int | None:
+    """Memory this process holds on the device, or None when NVML does not report it for us."""
+    try:
+        procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)
+    except Exception:
+        return None
+    pid = os.getpid()
+    used = [p.usedGpuMemory for p in procs if getattr(p, "pid", None) == pid]
+    if not used or any(u is None for u in used):
+        return None  # not listed (another PID namespace) or the driver withholds the number
+    return int(sum(used))
+
+
+def device_used_bytes(index: int = 0) -> int | None:
+    nv = _nvml()
+    if nv is None:
+        return None
+    try:
+        return int(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(index)).used)
+    except Exception:
+        return None
+
+
+# --- formatting (the UI gauge) ----------------------------------------------------------------------------------
+def format_usage(used_bytes: int | float, total_bytes: int | float) -> str:
+    """'used / total GiB (pct)', e.g. '10.9 / 139.8 GiB (8%)'."""
+    pct = 100.0 * used_bytes / total_bytes if total_bytes else 0.0
+    return f"{used_bytes / GIB:.1f} / {total_bytes / GIB:.1f} GiB ({pct:.0f}%)"
+
+
+def band(fraction: float) -> str:
+    """Colour band of a gauge at `fraction` (0-1) full: green below 70%, amber below 90%, red from 90%."""
+    if fraction < 0.70:
+        return "green"
+    if fraction < 0.90:
+        return "amber"
+    return "red"
+
+
+# --- peaks ------------------------------------------------------------------------------------------------------
+class PeakTracker:
+    """Samples NVML 'used' memory of one GPU in a background thread and keeps the peak.
+
+    NVML sees what PyTorch does not (CUDA context, paged optimizer state, other libraries), so this is the number
+    to compare with the card's size. Sampling misses spikes shorter than `interval`; PyTorch's own peaks
+    (`torch_peaks`) do not, so report both. Without NVML, `peak_bytes` stays None.
+    """
+
+    def __init__(self, device: int = 0, interval: float = 0.2):
+        self.device = device
+        self.interval = interval
+        self.peak_bytes: int | None = None
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> int | None:
+        used = device_used_bytes(self.device)
+        if used is not None:
+            self.samples += 1
+            self.peak_bytes = used if self.peak_bytes is None else max(self.peak_bytes, used)
+        return used
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def start(self) -> "PeakTracker":
+        if self._thread is not None or not nvml_available():
+            return self
+        self._stop.clear()
+        self.sample()
+        self._thread = threading.Thread(target=self._run, name="memtune-nvml-peak", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> int | None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=max(1.0, 5 * self.interval))
+            self._thread = None
+            self.sample()  # one last reading at the end
+        return self.peak_bytes
+
+    @property
+    def peak_gib(self) -> float | None:
+        return None if self.peak_bytes is None else round(self.peak_bytes / GIB, 3)
+
+    def __enter__(self) -> "PeakTracker":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def torch_peaks(device: int | None = None) -> dict[str, float] | None:
+    """PyTorch's CUDA memory now and at its peak, in GiB; None without CUDA.
+
+    Keys: allocated_gib, reserved_gib, peak_allocated_gib, peak_reserved_gib.
+    """
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    dev = torch.cuda.current_device() if device is None else device
+    return {
+        "allocated_gib": round(torch.cuda.memory_allocated(dev) / GIB, 3),
+        "reserved_gib": round(torch.cuda.memory_reserved(dev) / GIB, 3),
+        "peak_allocated_gib": round(torch.cuda.max_memory_allocated(dev) / GIB, 3),
+        "peak_reserved_gib": round(torch.cuda.max_memory_reserved(dev) / GIB, 3),
+    }
+
+
+if __name__ == "__main__":
+    snap = snapshot()
+    print("\n".join(g.label for g in snap.gpus) if snap.ok else snap.message)
