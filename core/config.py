@@ -64,6 +64,13 @@ class TrainConfig:
     upcast_to_fp32: bool = field(default=True, metadata=_help(
         "What prepare_model_for_kbit_training does (the chapter's recipe): cast embeddings, norms and lm_head "
         "to float32. Costs ~4 GiB on an 8B Llama-3 for little gain; off keeps them in the compute dtype."))
+    offload_embeddings: bool = field(default=False, metadata=_help(
+        "Keep the frozen input embedding (vocabulary x hidden: ~1 GiB on Llama-3 8B) in CPU memory; only the "
+        "rows a batch looks up go to the GPU. Same results. No effect where the embedding is tied to the output "
+        "head (e.g. Llama-3.2 1B/3B) or without a GPU."))
+    expandable_segments: bool = field(default=False, metadata=_help(
+        "Let PyTorch's CUDA allocator grow memory segments in place (expandable_segments) instead of caching "
+        "many fixed blocks: less memory reserved but unused, so a lower GPU peak. Same results. CUDA only."))
 
     # --- LoRA --------------------------------------------------------------------------------------------
     lora_r: int = field(default=16, metadata=_help("LoRA rank.", min=1, max=512))

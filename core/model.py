@@ -145,6 +145,7 @@ def load_model(cfg: TrainConfig, path: str | None = None):
     from transformers import AutoModelForCausalLM
 
     path = path or resolve_model_path(cfg)
+    configure_cuda(cfg)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path,
@@ -175,6 +176,9 @@ def prepare_for_training(model, cfg: TrainConfig):
         # Lean: the frozen base stays in its loaded dtype; only the LoRA weights train (in fp32, via peft).
         for param in model.parameters():
             param.requires_grad_(False)
+    if cfg.offload_embeddings:
+        # After the upcast (if any), so the CPU copy has the dtype the chapter's recipe would compute with.
+        offload_input_embeddings(model)
     if cfg.gradient_checkpointing:
         # Checkpointed blocks need an input that requires grad, or no gradient reaches the LoRA weights.
         model.enable_input_require_grads()
@@ -194,6 +198,110 @@ def load_with_adapter(cfg: TrainConfig, adapter_dir: str | Path, path: str | Non
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     model = PeftModel.from_pretrained(model, str(adapter_dir))
     return model.eval()
+
+
+# --- memory levers (bench/RESULTS.md measures each) --------------------------------------------------------------
+def configure_cuda(cfg: TrainConfig) -> None:
+    """Process-wide CUDA allocator settings a config asks for; a no-op without CUDA.
+
+    expandable_segments lets the caching allocator grow a segment in place instead of caching many fixed-size
+    blocks, which cuts memory that is reserved but unused (fragmentation) and so the GPU peak. It applies to the
+    segments allocated from now on, so it is set before the model is loaded.
+    """
+    if not use_cuda(cfg):
+        return
+    setting = f"expandable_segments:{bool(cfg.expandable_segments)}"
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+    try:
+        setter(setting)
+    except (AttributeError, RuntimeError):  # an older torch, or a platform without expandable segments
+        pass
+
+
+class CpuEmbedding(torch.nn.Module):
+    """A frozen input embedding kept in CPU memory: rows are looked up there and only they go to the GPU.
+
+    The embedding matrix of a Llama-3 model is 128k x hidden (~1 GiB in bf16 at 8B, ~2 GiB at 70B), yet a batch
+    reads only a few thousand rows of it and, frozen, it needs no gradient. The wrapped module is kept out of
+    the module tree on purpose: `.to(device)` (Trainer/Accelerate placing the model) must not move it back, and
+    `model.device` must keep naming the GPU. The output equals the GPU embedding's bit for bit.
+    """
+
+    def __init__(self, embedding: torch.nn.Module, device: torch.device):
+        super().__init__()
+        embedding.to("cpu")
+        object.__setattr__(self, "cpu_embedding", embedding)  # not registered: invisible to .to()/parameters()
+        self.target_device = torch.device(device)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.cpu_embedding.weight
+
+    @property
+    def num_embeddings(self) -> int:
+        return self.cpu_embedding.weight.shape[0]
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.cpu_embedding.weight.shape[1]
+
+    @property
+    def padding_idx(self):
+        return getattr(self.cpu_embedding, "padding_idx", None)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():  # frozen: no graph on the CPU side
+            rows = self.cpu_embedding(input_ids.to("cpu"))  # scaled embeddings (e.g. Gemma) keep their scale
+        return rows.to(self.target_device, non_blocking=False)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, on cpu -> {self.target_device}"
+
+
+def embeddings_tied(model) -> bool:
+    inp, out = model.get_input_embeddings(), model.get_output_embeddings()
+    if out is None or getattr(inp, "weight", None) is None or getattr(out, "weight", None) is None:
+        return False
+    return inp.weight is out.weight or inp.weight.data_ptr() == out.weight.data_ptr()
+
+
+def offload_input_embeddings(model) -> bool:
+    """Move the input embedding to CPU memory (see CpuEmbedding). Returns whether it did.
+
+    Skipped where the output head shares the embedding's matrix (tied weights): the head needs it on the GPU
+    every step, so nothing would be saved.
+    """
+    emb = model.get_input_embeddings()
+    if isinstance(emb, CpuEmbedding):
+        return True
+    if emb is None or embeddings_tied(model):
+        return False
+    weight = getattr(emb, "weight", None)
+    if weight is None or weight.requires_grad:
+        return False  # a trained embedding must stay where the optimizer can update it
+    device = weight.device
+    model.set_input_embeddings(CpuEmbedding(emb, device))
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # hand the freed ~GiB back at once
+    return True
+
+
+def release_library_references() -> None:
+    """Drop what libraries keep of a finished run, so its GPU memory can really be freed. Call after each run.
+
+    - transformers' Trainer registers every nn.Embedding with bitsandbytes' process-wide GlobalOptimManager (to keep
+      that module's optimizer state in 32 bits) and nothing ever unregisters it: the manager keeps the module, so the
+      embedding matrix (1 GiB in bf16, 2 GiB after the fp32 upcast, on Llama-3 8B) outlives every run of a
+      long-lived process such as the UI. Its stale parameter ids could also match a later run's parameters.
+    (bitsandbytes' paged optimizer buffers are never freed either, but are left alone: moving them to the CPU with
+    bitsandbytes' own prefetch killed the process on CUDA 13 with "invalid device ordinal"; see bench/RESULTS.md.)
+    """
+    try:
+        from bitsandbytes.optim import GlobalOptimManager
+
+        GlobalOptimManager.get_instance().initialize()
+    except Exception:  # noqa: BLE001 - bitsandbytes missing or changed: nothing to release
+        pass
 
 
 def trainable_parameters(model) -> tuple[int, int]:

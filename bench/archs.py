@@ -1,0 +1,61 @@
+"""Architecture configs of the models the benchmark builds (values from each model's config.json on the Hub).
+
+Memory and speed depend on these shapes, not on the weights' values, so the benchmark builds each model with
+random weights. `tiny-llama` exists for dry runs on a CPU.
+"""
+
+from __future__ import annotations
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+
+ARCHS: dict[str, dict] = {
+    # meta-llama/Llama-3.1-8B
+    "llama-3.1-8b": dict(
+        model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE, hidden_act="silu",
+        attention_bias=False, mlp_bias=False, tie_word_embeddings=False, bos_token_id=128000,
+        eos_token_id=128001, initializer_range=0.02, torch_dtype="bfloat16",
+    ),
+    # Qwen/Qwen2.5-14B (q/k/v carry biases)
+    "qwen2.5-14b": dict(
+        model_type="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
+        num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=False, use_sliding_window=False,
+        sliding_window=131072, max_window_layers=48, bos_token_id=151643, eos_token_id=151643,
+        initializer_range=0.02, torch_dtype="bfloat16",
+    ),
+    # meta-llama/Llama-3.1-70B
+    "llama-3.1-70b": dict(
+        model_type="llama", vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE, hidden_act="silu",
+        attention_bias=False, mlp_bias=False, tie_word_embeddings=False, bos_token_id=128000,
+        eos_token_id=128001, initializer_range=0.02, torch_dtype="bfloat16",
+    ),
+    # CPU dry runs only
+    "tiny-llama": dict(
+        model_type="llama", vocab_size=9000, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+        rms_norm_eps=1e-5, rope_theta=500000.0, hidden_act="silu", attention_bias=False, mlp_bias=False,
+        tie_word_embeddings=False, bos_token_id=8000, eos_token_id=8001, initializer_range=0.02,
+        torch_dtype="bfloat16",
+    ),
+}
+
+
+def hf_config(name: str):
+    from transformers import AutoConfig
+
+    values = dict(ARCHS[name])
+    return AutoConfig.for_model(values.pop("model_type"), **values)
+
+
+def parameter_count(name: str) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config(name))
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,354 @@
+"""Taking an adapter elsewhere: a zip of the adapter, a merged full model in bf16, a push to the Hugging Face Hub.
+
+- `zip_adapter(adapter_dir)` zips the adapter folder (safetensors weights + adapter_config.json + tokenizer +
+  memtune.yaml). Small: MiBs.
+- `merge_adapter(adapter_dir, out_dir)` loads the base model UNquantized in bf16 (LoRA deltas cannot be added
+  into 4-bit NF4 weights without re-quantizing them), adds the adapter into its weights (peft's
+  merge_and_unload) and saves a plain transformers model folder that needs neither peft nor memtune.
+  Big: ~2 bytes per parameter on disk and in memory, so `merge_memory_check` runs first.
+- `push_to_hub(folder, repo_id)` uploads a folder with the token from the argument or $HF_TOKEN (never stored,
+  never logged, never put into an error message).
+
+Every folder or zip is written under a temporary name and renamed into place, so a crash or a full disk never
+leaves something that looks finished but is not.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import struct
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any, Callable
+
+from core.config import TrainConfig
+
+GiB = 2**30
+MERGE_OVERHEAD = 1.15  # loading + merging peaks a little above the bf16 weights (LoRA deltas, buffers)
+BF16_BYTES = 2
+Progress = Callable[..., Any]  # progress(fraction, message): gr.Progress fits (its 2nd argument is desc)
+
+
+class ExportError(RuntimeError):
+    """An export could not be done; the message says why and what to do."""
+
+
+# --- zip -------------------------------------------------------------------------------------------------------
+def zip_adapter(adapter_dir: str | Path, dest_dir: str | Path | None = None) -> Path:
+    """Zip the adapter folder's files (at the zip's root) into dest_dir/<run>-adapter.zip; return its path.
+
+    dest_dir defaults to a fresh temporary folder (a place Gradio may serve downloads from).
+    """
+    adapter_dir = Path(adapter_dir)
+    if not (adapter_dir / "adapter_config.json").is_file():
+        raise ExportError(f"{adapter_dir} is not an adapter folder (no adapter_config.json). Pick a run's "
+                          "adapter/ folder.")
+    dest = Path(dest_dir) if dest_dir else Path(tempfile.mkdtemp(prefix="memtune-export-"))
+    dest.mkdir(parents=True, exist_ok=True)
+    final = dest / f"{adapter_dir.resolve().parent.name or 'memtune'}-adapter.zip"
+    tmp = final.with_name(f".{final.name}.tmp")
+    try:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            for path in sorted(adapter_dir.rglob("*")):
+                if path.is_file() and not path.name.startswith("."):
+                    zf.write(path, path.relative_to(adapter_dir).as_posix())
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return final
+
+
+# --- merge: how big, does it fit --------------------------------------------------------------------------------
+def _local_model_dir(cfg: TrainConfig) -> Path | None:
+    """The model's folder if it is on this machine (demo, local folder, Hub cache); never downloads."""
+    from core.config import DEMO_MODEL
+
+    if cfg.model == DEMO_MODEL:
+        from core.demo import ensure_demo_model
+
+        return ensure_demo_model()
+    local = Path(cfg.model).expanduser()
+    if local.is_dir():
+        return local
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(cfg.model, "config.json")
+    except Exception:  # not a valid repo id
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def safetensors_params(folder: Path) -> int:
+    """Parameters in a folder's *.safetensors files, from their headers alone (no weights are read)."""
+    total = 0
+    for path in folder.glob("*.safetensors"):
+        with path.open("rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            n = 1
+            for dim in info.get("shape", []):
+                n *= int(dim)
+            total += n
+    return total
+
+
+def parameter_count(cfg: TrainConfig) -> int | None:
+    """The base model's parameter count: from its architecture (core.shapes), else its safetensors headers."""
+    try:
+        from core.shapes import get_shape
+
+        return int(get_shape(cfg.model).total_params)
+    except Exception:  # shapes unknown for this architecture, or core.shapes not there
+        pass
+    folder = _local_model_dir(cfg)
+    if folder is not None:
+        try:
+            return safetensors_params(folder) or None
+        except (OSError, ValueError, struct.error):
+            return None
+    return None
+
+
+def _cuda_free() -> int | None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return int(torch.cuda.mem_get_info()[0])
+    except Exception:
+        pass
+    return None
+
+
+def _ram_free() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def merge_plan(cfg: TrainConfig) -> dict[str, Any]:
+    """Where the merge would run and whether it fits: device (cuda|cpu|None), needed, available, params."""
+    params = parameter_count(cfg)
+    needed = int(params * BF16_BYTES * MERGE_OVERHEAD) if params else 0
+    ram, gpu = _ram_free(), _cuda_free()
+    if params is None:
+        return dict(device=None, params=None, needed=0, available=ram, gpu_free=gpu, ram_free=ram)
+    # A GPU merges much faster; the CPU is fine too (one pass over the weights). Prefer what fits.
+    if cfg.device != "cpu" and gpu is not None and gpu >= needed:
+        device, available = "cuda", gpu
+    elif ram >= needed:
+        device, available = "cpu", ram
+    else:
+        device, available = None, max(ram, gpu or 0)
+    return dict(device=device, params=params, needed=needed, available=available, gpu_free=gpu, ram_free=ram)
+
+
+def merge_memory_check(cfg: TrainConfig) -> tuple[int, int, bool, str]:
+    """(needed_bytes, available_bytes, ok, message) for merging an adapter of `cfg` into its bf16 base."""
+    plan = merge_plan(cfg)
+    needed, available = plan["needed"], plan["available"]
+    if plan["params"] is None:
+        return 0, available, False, (
+            f"The size of {cfg.model} is unknown here (no config.json or weights on this machine and not in "
+            "memtune's table), so memtune cannot tell whether merging fits in memory. Download the model first, "
+            "or merge on a machine where it is cached.")
+    if plan["device"] is None:
+        where = f"{plan['ram_free'] / GiB:.1f} GiB of free RAM"
+        if plan["gpu_free"] is not None:
+            where += f" and {plan['gpu_free'] / GiB:.1f} GiB of free GPU memory"
+        return needed, available, False, (
+            f"Merging needs about {needed / GiB:.1f} GiB of memory to hold {cfg.model} unquantized in bf16, but "
+            f"this machine has only {where}. Close other programs (or stop the training run), merge on a bigger "
+            "machine, or use the adapter as it is (the zip) with the base model loaded in 4 bits.")
+    where = "GPU memory" if plan["device"] == "cuda" else "RAM"
+    return needed, available, True, (
+        f"Merging needs about {needed / GiB:.1f} GiB of {where}; {available / GiB:.1f} GiB is free.")
+
+
+def merge_warning(cfg: TrainConfig, lang: str = "en") -> str:
+    """What a merge costs, for the page to show before the user confirms."""
+    from core.i18n import t
+
+    params = parameter_count(cfg)
+    if params is None:
+        return t("export.merge_warning_unknown", lang, model=cfg.model)
+    size = params * BF16_BYTES / GiB
+    return t("export.merge_warning", lang, model=cfg.model, params=f"{params / 1e9:.2f}", disk_gib=f"{size:.1f}",
+             mem_gib=f"{size * MERGE_OVERHEAD:.1f}")
+
+
+def default_merge_dir(adapter_dir: str | Path) -> Path:
+    """run_dir/merged: next to the adapter it came from."""
+    return Path(adapter_dir).resolve().parent / "merged"
+
+
+# --- merge ---------------------------------------------------------------------------------------------------------
+def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, progress: Progress | None = None,
+                  overwrite: bool = False) -> Path:
+    """Merge the adapter into its base model (loaded unquantized, bf16) and save the result into `out_dir`.
+
+    out_dir defaults to run_dir/merged. An existing out_dir is refused unless overwrite=True. Returns out_dir.
+    """
+    from core.infer import InferError, adapter_config
+    from core.model import ModelError, load_model, load_tokenizer, resolve_model_path
+
+    adapter_dir = Path(adapter_dir)
+    out = Path(out_dir) if out_dir else default_merge_dir(adapter_dir)
+
+    def step(fraction: float, message: str) -> None:
+        if progress is not None:
+            progress(fraction, message)
+
+    try:
+        cfg = adapter_config(adapter_dir)
+    except InferError as exc:
+        raise ExportError(str(exc)) from None
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"{out} already exists and is not empty. Choose another folder, or allow replacing it.")
+    needed, _, ok, message = merge_memory_check(cfg)
+    if not ok:
+        raise ExportError(message)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    disk_needed = int(needed / MERGE_OVERHEAD)
+    free_disk = shutil.disk_usage(out.parent).free
+    if free_disk < disk_needed * 1.05:
+        raise ExportError(f"The merged model takes about {disk_needed / GiB:.1f} GiB on disk, but {out.parent} has "
+                          f"only {free_disk / GiB:.1f} GiB free. Free some space or choose another folder.")
+
+    device = merge_plan(cfg)["device"]
+    # Unquantized bf16 on the device that fits; no fp32 upcast: the merged weights are saved in bf16.
+    mcfg = cfg.replace(load_in_4bit=False, precision="bf16", upcast_to_fp32=False, device=device or "cpu")
+    tmp = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model = None
+    try:
+        step(0.02, f"Loading {cfg.model} unquantized (bf16)")
+        path = resolve_model_path(mcfg)
+        model = load_model(mcfg, path)
+        step(0.45, "Adding the adapter")
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter_dir))
+        step(0.55, "Merging the LoRA weights into the base weights")
+        model = model.merge_and_unload()
+        model.config.use_cache = True  # load_model turned it off for training; a shipped model wants it on
+        step(0.65, f"Saving to {out}")
+        model.save_pretrained(tmp)
+        tok_src = str(adapter_dir) if (adapter_dir / "tokenizer_config.json").is_file() else path
+        load_tokenizer(cfg, tok_src).save_pretrained(tmp)
+        (tmp / "memtune-merge.json").write_text(json.dumps({
+            "base_model": cfg.model, "adapter": str(adapter_dir.resolve()), "dtype": "bfloat16",
+            "note": "LoRA adapter merged into the unquantized base; load with AutoModelForCausalLM.from_pretrained",
+        }, indent=2), encoding="utf-8")
+        if out.exists():
+            old = out.parent / f".{out.name}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+        step(1.0, f"Merged model saved to {out}")
+        return out
+    except ModelError as exc:
+        raise ExportError(str(exc)) from None
+    except Exception as exc:
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError) or isinstance(exc, MemoryError):
+            raise ExportError("Ran out of memory while merging. Stop any training run, close other programs, "
+                              "or merge on a machine with more memory.") from None
+        raise
+    finally:
+        model = None
+        shutil.rmtree(tmp, ignore_errors=True)
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
+
+
+# --- push to the Hub -------------------------------------------------------------------------------------------------
+def _offline() -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    try:
+        from huggingface_hub import constants
+
+        return bool(constants.HF_HUB_OFFLINE)
+    except ImportError:
+        return False
+
+
+def _scrub(text: str, token: str) -> str:
+    return text.replace(token, "hf_***") if token else text
+
+
+def push_to_hub(folder: str | Path, repo_id: str, token: str | None = None, private: bool = True) -> str:
+    """Upload `folder` (an adapter or a merged model) to the model repo `repo_id`; return the repo's URL.
+
+    The token comes from the argument or $HF_TOKEN; it is passed to huggingface_hub only and never stored.
+    """
+    from core.model import hf_token
+
+    folder = Path(folder)
+    if not folder.is_dir() or not ((folder / "config.json").is_file() or (folder / "adapter_config.json").is_file()):
+        raise ExportError(f"{folder} is neither an adapter folder nor a model folder. Pick a run's adapter/ or "
+                          "merged/ folder.")
+    repo_id = (repo_id or "").strip()
+    try:
+        from huggingface_hub.utils import validate_repo_id
+
+        validate_repo_id(repo_id)
+        if repo_id.count("/") != 1:
+            raise ValueError(repo_id)
+    except Exception:
+        raise ExportError(f"{repo_id!r} is not a Hub repository id. Write it as your-user-name/model-name (letters, "
+                          "digits, '-', '_' and '.').") from None
+    token = (token or "").strip() or hf_token()
+    if not token:
+        raise ExportError("No Hugging Face token: pushing needs a token with write access. Create one at "
+                          "https://huggingface.co/settings/tokens and start memtune with it in the environment "
+                          "(export HF_TOKEN=hf_...); memtune never stores it.")
+    if _offline():
+        raise ExportError("The Hugging Face Hub is switched off on this machine (HF_HUB_OFFLINE is set), so "
+                          "nothing can be pushed. Unset HF_HUB_OFFLINE and check the network, or download the "
+                          "zip / merged folder and upload it from elsewhere.")
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    try:
+        url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
+                          commit_message="Upload from memtune", ignore_patterns=[".*", "*.tmp"])
+    except Exception as exc:  # every failure becomes one message, with the token scrubbed from it
+        raise ExportError(_push_message(exc, repo_id, token)) from None
+    return str(url)
+
+
+def _push_message(exc: Exception, repo_id: str, token: str) -> str:
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    name = type(exc).__name__
+    if status == 401:
+        return ("The Hub refused the token (401): it is invalid or expired. Create a new token with write access "
+                "at https://huggingface.co/settings/tokens and restart memtune with HF_TOKEN set to it.")
+    if status == 403:
+        return (f"The token may not write to {repo_id} (403). Use a token with write access, and a repository "
+                "under your own user name or an organisation you can write to.")
+    if name in ("OfflineModeIsEnabled",) or isinstance(exc, (ConnectionError, TimeoutError)) or any(
+            k in name for k in ("Connect", "Timeout", "NameResolution")):
+        return ("The Hugging Face Hub cannot be reached (no network?). Check the connection and try again, or "
+                "download the zip / merged folder and upload it from elsewhere.")
+    return _scrub(f"Pushing to {repo_id} failed: {name}: {exc}", token)

@@ -1,0 +1,325 @@
+"""Try it: answer a prompt with the base model and with base + a saved adapter, side by side, streaming.
+
+- `format_prompt(tokenizer, text)` formats the user's text exactly as a training prompt was formatted: it runs
+  the text through core.data's own row formatter (chat template when the tokenizer has one, else the default
+  Alpaca-style template), so the two can never drift apart.
+- `generate_stream(model, tokenizer, prompt, ...)` yields the answer so far while `model.generate` runs in a
+  thread (transformers' TextIteratorStreamer). Closing the iterator (a Stop button, a closed tab) stops the
+  generation at the next token.
+- `Comparer` keeps ONE model in memory: the base + the adapter last asked for, loaded fresh by
+  core.model.load_with_adapter. Another adapter means: drop the old model (del, gc, empty the CUDA cache), load a
+  new base. The "base" answer comes from the same PeftModel with its adapter disabled, so LoRA layers never stack
+  on a reused model and the base is the very same (quantized) weights the adapter was trained on.
+
+The GPU is one: `COMPARER` (module level, shared by every browser tab) serialises its use with a lock.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from core.config import ConfigError, TrainConfig
+
+ADAPTER_CONFIG = "memtune.yaml"  # the TrainConfig that trained the adapter (written by core.train.save_adapter)
+DEFAULTS = dict(max_new_tokens=128, temperature=0.0, top_p=0.9, seed=0)  # greedy: answers are reproducible
+
+
+class InferError(RuntimeError):
+    """The model could not answer; the message says why and what to do."""
+
+
+# --- prompt formatting -------------------------------------------------------------------------------------------
+def format_prompt(tokenizer: Any, user_text: str, context: str = "") -> str:
+    """The prompt a training row with this instruction (and optional context) had, ready for generation.
+
+    One dolly row goes through core.data.to_sft, the function that formatted the training data, so the chat
+    template (or default template), the BOS handling and any later change there apply here too.
+    """
+    import datasets
+
+    from core import data
+
+    text = (user_text or "").strip()
+    if not text:
+        raise InferError("The prompt is empty: type a question or an instruction first.")
+    row = datasets.Dataset.from_dict({"instruction": [text], "context": [context or ""], "response": ["-"]})
+    try:
+        sft = data.to_sft(row, "dolly", tokenizer)
+    except data.DataError as exc:
+        raise InferError(str(exc)) from None
+    return sft["prompt"][0]
+
+
+# --- streaming generation ----------------------------------------------------------------------------------------
+StopSignal = threading.Event | Callable[[], bool] | None
+
+
+def _should_stop(stop: StopSignal) -> Callable[[], bool]:
+    if stop is None:
+        return lambda: False
+    if isinstance(stop, threading.Event):
+        return stop.is_set
+    return stop
+
+
+def _stop_criteria(should_stop: Callable[[], bool]):
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class StopFlag(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), bool(should_stop()), dtype=torch.bool,
+                              device=input_ids.device)
+
+    return StoppingCriteriaList([StopFlag()])
+
+
+def generate_stream(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0,
+                    top_p: float = 0.9, seed: int = 0, stop: StopSignal = None) -> Iterator[str]:
+    """Yield the generated text so far (without the prompt) as tokens arrive.
+
+    temperature 0 decodes greedily (top_p is then unused); otherwise samples with `seed`, so the same seed gives
+    the same answer. `prompt` is used as is: format it with `format_prompt` first. `stop` (an Event, or a
+    function returning True to stop) or closing the iterator ends the generation at the next token.
+    """
+    import torch
+    from transformers import TextIteratorStreamer
+
+    if max_new_tokens < 1:
+        raise InferError("max_new_tokens must be at least 1.")
+    inputs = tokenizer(prompt, return_tensors="pt")  # add_special_tokens as in training (TRL adds BOS the same way)
+    device = getattr(model, "device", None) or next(model.parameters()).device
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    flag = threading.Event()
+    user_stop = _should_stop(stop)
+    sample = temperature > 0
+    kwargs: dict[str, Any] = dict(
+        **inputs, streamer=streamer, max_new_tokens=int(max_new_tokens), do_sample=sample,
+        stopping_criteria=_stop_criteria(lambda: flag.is_set() or user_stop()),
+        use_cache=True,  # load_model turned the KV cache off for training
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    if sample:
+        kwargs.update(temperature=float(temperature), top_p=float(top_p))
+    else:  # silence "temperature is set but do_sample is False" from a model's own generation_config
+        kwargs.update(temperature=None, top_p=None, top_k=None)
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            torch.manual_seed(int(seed))
+            with torch.inference_mode():
+                model.generate(**kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the reading thread below
+            failure.append(exc)
+            streamer.end()  # unblock the reader
+
+    thread = threading.Thread(target=work, daemon=True, name="memtune-generate")
+    thread.start()
+    text = ""
+    try:
+        for piece in streamer:
+            if piece:
+                text += piece
+                yield text
+    finally:
+        flag.set()  # a no-op when generation already ended; otherwise it ends at the next token
+        thread.join()
+    if failure:
+        exc = failure[0]
+        if isinstance(exc, torch.OutOfMemoryError):
+            raise InferError("Out of GPU memory while generating. Lower max_new_tokens, or wait until no training "
+                             "run is using the GPU.") from None
+        raise InferError(f"Generation failed: {type(exc).__name__}: {exc}") from exc
+
+
+# --- base vs base + adapter --------------------------------------------------------------------------------------
+def adapter_config(adapter_dir: str | Path) -> TrainConfig:
+    """The TrainConfig an adapter was trained with (its memtune.yaml), or InferError saying what is missing."""
+    adapter_dir = Path(adapter_dir)
+    if not (adapter_dir / "adapter_config.json").is_file():
+        raise InferError(f"{adapter_dir} is not an adapter folder (no adapter_config.json). Pick a run's adapter/ "
+                         "folder, e.g. runs/run-20260101-120000/adapter.")
+    if not (adapter_dir / ADAPTER_CONFIG).is_file():
+        raise InferError(f"{adapter_dir} has no {ADAPTER_CONFIG}, so memtune does not know its base model and "
+                         "settings. Only adapters trained by memtune can be tried here.")
+    try:
+        return TrainConfig.load(adapter_dir / ADAPTER_CONFIG)
+    except ConfigError as exc:
+        raise InferError(f"{adapter_dir / ADAPTER_CONFIG} cannot be read: {exc}") from None
+
+
+def _runnable(cfg: TrainConfig) -> TrainConfig:
+    """A config trained on a GPU still loads here when the GPU is gone (4-bit NF4 runs on the CPU too)."""
+    import torch
+
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        return cfg.replace(device="cpu")
+    return cfg
+
+
+def _key(adapter_dir: Path) -> tuple[str, float]:
+    # The path and the weights' mtime: a run resumed to completion rewrites the same folder with new weights.
+    weights = adapter_dir / "adapter_model.safetensors"
+    return str(adapter_dir.resolve()), weights.stat().st_mtime if weights.is_file() else 0.0
+
+
+@dataclass
+class Loaded:
+    adapter_dir: Path
+    config: TrainConfig
+    model: Any  # peft.PeftModel (base + this adapter)
+    tokenizer: Any
+
+
+class Comparer:
+    """Holds at most one base + adapter in memory and answers with and without the adapter.
+
+    Thread-safe: one comparison (or load) at a time. The lock is a plain Lock, not an RLock, because Gradio may
+    advance a generator from a different worker thread at each step, and only a plain Lock may be released by
+    another thread. A caller that waits longer than `wait_s` gets an InferError instead of hanging.
+    """
+
+    def __init__(self, wait_s: float = 120.0) -> None:
+        self._lock = threading.Lock()
+        self._loaded: Loaded | None = None
+        self._key: tuple[str, float] | None = None
+        self._stop = threading.Event()
+        self.wait_s = wait_s
+
+    @property
+    def adapter_dir(self) -> Path | None:
+        loaded = self._loaded
+        return loaded.adapter_dir if loaded else None
+
+    def stop(self) -> None:
+        """End the comparison in progress (if any) at its next token; a Stop button's handler."""
+        self._stop.set()
+
+    def _acquire(self) -> None:
+        if not self._lock.acquire(timeout=self.wait_s):
+            raise InferError("The model is busy answering another prompt (maybe in another tab). Try again when "
+                             "it has finished.")
+
+    def load(self, adapter_dir: str | Path) -> Loaded:
+        """Base + adapter for `adapter_dir`: the cached one if it is the same adapter, else a fresh load."""
+        self._acquire()
+        try:
+            return self._load(Path(adapter_dir))
+        finally:
+            self._lock.release()
+
+    def unload(self) -> None:
+        """Drop the loaded model and give its memory back."""
+        self._acquire()
+        try:
+            self._unload()
+        finally:
+            self._lock.release()
+
+    def _load(self, adapter_dir: Path) -> Loaded:
+        from core import model as model_lib
+
+        cfg = _runnable(adapter_config(adapter_dir))
+        key = _key(adapter_dir)
+        if self._loaded is not None and self._key == key:
+            return self._loaded
+        self._unload()  # first free the old model: two models at once may not fit
+        try:
+            path = model_lib.resolve_model_path(cfg)
+            tok_src = str(adapter_dir) if (adapter_dir / "tokenizer_config.json").is_file() else path
+            tokenizer = model_lib.load_tokenizer(cfg, tok_src)
+            peft_model = model_lib.load_with_adapter(cfg, adapter_dir, path)
+        except model_lib.ModelError as exc:
+            raise InferError(str(exc)) from None
+        except Exception as exc:
+            import torch
+
+            if isinstance(exc, torch.OutOfMemoryError):
+                _free()
+                raise InferError("Out of GPU memory while loading the model. Wait until no training run is "
+                                 "using the GPU, then try again.") from None
+            raise
+        self._loaded = Loaded(adapter_dir, cfg, peft_model, tokenizer)
+        self._key = key
+        return self._loaded
+
+    def _unload(self) -> None:
+        if self._loaded is None:
+            return
+        self._loaded.model = None
+        self._loaded = None
+        self._key = None
+        _free()
+
+    def compare(self, adapter_dir: str | Path, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0,
+                top_p: float = 0.9, seed: int = 0, template: bool = True,
+                stop: StopSignal = None) -> Iterator[tuple[str, str]]:
+        """Yield (base answer so far, adapter answer so far): first the base streams, then base + adapter.
+
+        Both use the same prompt, settings and seed, so any difference comes from the adapter. template=False
+        sends the prompt as typed (for models trained on plain text). `stop()` or the `stop` argument ends it.
+        """
+        self._acquire()
+        self._stop.clear()
+        user_stop = _should_stop(stop)
+
+        def halted() -> bool:
+            return self._stop.is_set() or user_stop()
+
+        try:
+            loaded = self._load(Path(adapter_dir))
+            model, tokenizer = loaded.model, loaded.tokenizer
+            text = format_prompt(tokenizer, prompt) if template else prompt
+            if not text.strip():
+                raise InferError("The prompt is empty: type a question or an instruction first.")
+            settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                            stop=halted)
+            base = ""
+            with model.disable_adapter():  # the same weights minus LoRA: the plain base model
+                for base in generate_stream(model, tokenizer, text, **settings):
+                    yield base, ""
+            yield base, ""  # the base answer is final even if it was empty
+            if halted():
+                return
+            for tuned in generate_stream(model, tokenizer, text, **settings):
+                yield base, tuned
+        finally:
+            self._lock.release()
+
+    def answer(self, adapter_dir: str | Path, prompt: str, **settings: Any) -> tuple[str, str]:
+        """Both answers at once (no streaming): (base, base + adapter)."""
+        base = tuned = ""
+        for base, tuned in self.compare(adapter_dir, prompt, **settings):
+            pass
+        return base, tuned
+
+
+def _free() -> None:
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+
+
+def lora_adapter_names(model: Any) -> set[str]:
+    """Names of the LoRA adapters present in a model's layers (one set, "default", on a clean load)."""
+    names: set[str] = set()
+    for module in model.modules():
+        lora_a = getattr(module, "lora_A", None)
+        if lora_a is not None and hasattr(lora_a, "keys"):
+            names.update(lora_a.keys())
+    return names
+
+
+COMPARER = Comparer()  # process-wide: the GPU holds one model for every browser tab

@@ -1,0 +1,123 @@
+"""Regenerate the README screenshots of memtune's main states into assets/screenshots/.
+
+    python scripts/screenshots.py [--out assets/screenshots] [--width 1440]
+
+Starts `python app.py` on a free port in a temporary working folder (offline, CPU demo), drives it with
+Debian's chromium through Playwright, and saves: 01-idle.png (model & data with the data preview),
+02-checklist.png, 03-running.png (mid-run: progress, loss curve, log), 04-finished.png (adapter ready),
+05-code.png (the settings as a command and a script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(workdir: Path, port: int) -> subprocess.Popen:
+    env = dict(os.environ, MEMTUNE_HOME=str(workdir / "home"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               HF_HOME=str(workdir / "hf"), GRADIO_ANALYTICS_ENABLED="False", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=workdir, env=env,
+                            stdout=open(workdir / "app.log", "w"), stderr=subprocess.STDOUT)
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"app.py exited early:\n{(workdir / 'app.log').read_text()}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2)
+            return proc
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("app.py did not start within 90 s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "assets" / "screenshots"))
+    ap.add_argument("--width", type=int, default=1440)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory(prefix="memtune-shots-") as tmp:
+        workdir = Path(tmp)
+        port = free_port()
+        proc = start_app(workdir, port)
+        try:
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
+                page = browser.new_page(viewport={"width": args.width, "height": 1000}, device_scale_factor=1)
+                page.goto(f"http://127.0.0.1:{port}/")
+                page.wait_for_selector("#start-btn")
+                page.click("#preview-btn")
+                page.wait_for_selector("#mt-preview svg", timeout=60_000)
+                page.wait_for_timeout(800)
+                page.screenshot(path=str(out / "01-idle.png"), full_page=True)
+                print("01-idle.png")
+
+                # The checklist on the chapter's recipe (8B model): the per-item savings are worth reading there.
+                page.click("#preset-chapter")
+                page.wait_for_function("document.querySelector('#mt-summary [data-key=model]')"
+                                       ".textContent.includes('Llama-3.1-8B')")
+                page.get_by_role("tab", name="2 · Memory checklist").click()
+                page.wait_for_selector("#check-qlora")
+                page.wait_for_timeout(800)
+                page.screenshot(path=str(out / "02-checklist.png"), full_page=True)
+                print("02-checklist.png")
+                page.get_by_role("tab", name="1 · Model & data").click()
+                page.click("#preset-demo")
+                page.wait_for_function("document.querySelector('#mt-summary [data-key=model]')"
+                                       ".textContent.includes('demo-tiny-llama')")
+
+                page.get_by_role("tab", name="1 · Model & data").click()
+                page.click("#start-btn")
+                page.wait_for_function(
+                    "(() => { const p = document.querySelector('#run-progress .mt-progress');"
+                    " return p && (+p.dataset.step >= 60 || ['completed','stopped','failed'].includes(p.dataset.state)); })()",
+                    timeout=180_000, polling=250)
+                page.wait_for_timeout(300)
+                page.screenshot(path=str(out / "03-running.png"), full_page=True)
+                print("03-running.png")
+
+                page.wait_for_selector("#run-result .mt-result", timeout=300_000)
+                page.wait_for_timeout(1500)
+                page.screenshot(path=str(out / "04-finished.png"), full_page=True)
+                print("04-finished.png")
+
+                page.get_by_role("tab", name="4 · Settings & code").click()
+                page.wait_for_selector("#code-python")
+                page.wait_for_timeout(800)
+                page.screenshot(path=str(out / "05-code.png"), full_page=False)
+                print("05-code.png")
+                browser.close()
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

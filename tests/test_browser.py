@@ -1,0 +1,228 @@
+"""The app in a real browser: `python app.py` on localhost, driven through Debian's chromium with Playwright.
+
+Skipped when chromium or Playwright is missing, unless MEMTUNE_REQUIRE_BROWSER=1 (CI), where that fails.
+One server for the module (one job manager), tests in order: page, checklist, a full demo run, reload + Stop.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+REQUIRED = os.environ.get("MEMTUNE_REQUIRE_BROWSER") == "1"
+
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # pragma: no cover
+    sync_playwright = None
+
+if sync_playwright is None or not Path(CHROMIUM).exists() or not shutil.which(CHROMIUM):
+    if REQUIRED:
+        raise RuntimeError(f"browser tests need Playwright and {CHROMIUM} (MEMTUNE_REQUIRE_BROWSER=1)")
+    pytest.skip("Playwright or chromium missing", allow_module_level=True)
+
+PROGRESS = "#run-progress .mt-progress"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    work = tmp_path_factory.mktemp("app")
+    port = free_port()
+    env = dict(os.environ, MEMTUNE_HOME=str(work / "home"), HF_HOME=str(work / "hf"), HF_HUB_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", MEMTUNE_CONFIG_DIR=str(work / "configs"))
+    env.pop("MEMTUNE_AUTH", None)
+    log = open(work / "app.log", "w")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=work, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + 120
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"app.py exited: {(work / 'app.log').read_text()}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            break
+        except OSError:
+            if time.time() > deadline:
+                proc.kill()
+                pytest.fail("app.py did not answer within 120 s")
+            time.sleep(0.5)
+    yield {"url": url, "work": work, "port": port}
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                              args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    pg.set_default_timeout(30_000)
+    pg.errors = []
+    pg.foreign = []
+    pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda exc: pg.errors.append(str(exc)))
+    local = f"127.0.0.1:{server['port']}"
+    pg.on("request", lambda r: pg.foreign.append(r.url) if local not in r.url and not r.url.startswith(("data:", "blob:")) else None)
+    pg.goto(server["url"])
+    pg.wait_for_selector("#start-btn")
+    pg.wait_for_selector("#vram-gauge .mt-gauge")
+    yield pg
+    context.close()
+
+
+def state(pg) -> tuple[str, int]:
+    el = pg.locator(PROGRESS)
+    return el.get_attribute("data-state"), int(el.get_attribute("data-step") or 0)
+
+
+def summary_chip(pg, key: str) -> str:
+    return pg.locator(f"#mt-summary [data-key={key}]").inner_text()
+
+
+def set_number(pg, field: str, value: int) -> None:
+    pg.get_by_role("tab", name="3 · Training").click()
+    box = pg.locator(f"#field-{field} input")
+    box.fill(str(value))
+    box.press("Tab")
+    pg.wait_for_function(f"document.querySelector('#mt-summary [data-key=schedule]').textContent.includes('{value}')")
+
+
+def wait_state(pg, states, timeout=120_000):
+    cond = " || ".join(f"p.dataset.state === '{s}'" for s in states)
+    pg.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && ({cond}); }})()",
+                         timeout=timeout, polling=200)
+
+
+def test_page_loads_without_console_errors_or_outside_requests(page):
+    page.wait_for_timeout(2500)  # a couple of timer ticks
+    assert page.errors == []
+    assert page.foreign == []  # nothing from a CDN, font service or the Hub
+    assert "no NVIDIA GPU found" in page.locator("#vram-gauge").inner_text()
+    assert state(page) == ("idle", 0)
+    assert "memtune/demo-tiny-llama" in summary_chip(page, "model")
+
+
+def test_checklist_ticks_change_the_config_and_back(page):
+    page.get_by_role("tab", name="2 · Memory checklist").click()
+    box = page.locator("#check-gradient_checkpointing input[type=checkbox]")
+    assert not box.is_checked()
+    assert summary_chip(page, "checkpointing") == "checkpointing off"
+    box.click()
+    page.wait_for_function("document.querySelector('#mt-summary [data-key=checkpointing]').textContent === 'checkpointing on'")
+    page.get_by_role("tab", name="4 · Settings & code").click()
+    page.wait_for_function("document.querySelector('#code-cli').textContent.includes('gradient_checkpointing=true')")
+    page.get_by_role("tab", name="2 · Memory checklist").click()
+    box.click()
+    page.wait_for_function("document.querySelector('#mt-summary [data-key=checkpointing]').textContent === 'checkpointing off'")
+
+    # "Use smaller batches": batch 8 x 1 becomes 1 x 8 (same effective batch), and back.
+    small = page.locator("#check-small_batches input[type=checkbox]")
+    small.click()
+    page.wait_for_function("document.querySelector('#mt-summary [data-key=batch]').textContent.startsWith('batch 1 ')")
+    assert page.locator("#field-per_device_train_batch_size input[type=number]").input_value() == "1"
+    assert page.locator("#check-gradient_accumulation input[type=checkbox]").is_checked()  # followed the config
+    small.click()
+    page.wait_for_function("document.querySelector('#mt-summary [data-key=batch]').textContent.startsWith('batch 8 ')")
+    assert page.errors == []
+
+
+def test_bad_settings_are_listed_and_nothing_starts(page):
+    page.get_by_role("tab", name="3 · Training").click()
+    name = page.locator("#field-run_name input")
+    name.fill("my run/1")
+    name.press("Tab")
+    page.click("#start-btn")
+    page.wait_for_selector("#run-notice #mt-problems")
+    assert "run_name" in page.locator("#run-notice").inner_text()
+    # listed live under the summary too
+    page.wait_for_function("document.querySelector('#config-summary').textContent.includes('run_name')")
+    assert state(page) == ("idle", 0)
+    name.fill("")
+    name.press("Tab")
+    page.wait_for_function("!document.querySelector('#config-summary #mt-problems')")
+    assert page.errors == []
+
+
+def test_demo_run_streams_log_steps_curve_and_adapter(page, server):
+    set_number(page, "max_steps", 600)  # the demo's 250 steps pass in seconds here: a longer run to watch
+    page.click("#start-btn")
+    wait_state(page, ["running"], timeout=30_000)
+    seen = []
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        st, step = state(page)
+        seen.append(step)
+        if st not in ("running", "stopping"):
+            break
+        page.wait_for_timeout(400)
+    st, step = state(page)
+    assert st == "completed", page.locator("#run-result").inner_text()
+    rising = sorted(set(s for s in seen if s > 0))
+    assert len(rising) >= 2, seen  # the step count was seen rising, not only at the end
+    assert step == 600
+    assert "loss" in page.locator("#run-log").inner_text() and "finished: completed" in page.locator("#run-log").inner_text()
+    plot = page.locator("#loss-plot")
+    assert plot.is_visible() and plot.locator("canvas, svg").count() > 0
+    result = page.locator("#run-result").inner_text()
+    assert "Training finished" in result
+    adapter = page.locator("#mt-adapter-path").inner_text()
+    assert (server["work"] / adapter / "adapter_model.safetensors").is_file()
+    page.wait_for_selector("#adapter-download a[href*='.zip'], #adapter-download a[download]")
+    assert page.errors == []
+
+
+def test_reload_reattaches_and_stop_from_another_tab_saves_the_adapter(page, browser, server):
+    set_number(page, "max_steps", 100000)  # far more than the test waits for
+    page.click("#start-btn")
+    page.wait_for_function(f"+document.querySelector('{PROGRESS}').dataset.step >= 20", timeout=120_000, polling=200)
+    _, before = state(page)
+
+    page.reload()
+    page.errors.clear()
+    page.wait_for_selector("#start-btn")
+    page.wait_for_function(f"+document.querySelector('{PROGRESS}').dataset.step > {before}", timeout=90_000)
+    assert state(page)[0] == "running"
+    assert "Training" in page.locator("#run-log").inner_text()
+    assert page.locator("#loss-plot").is_visible()
+    assert page.locator("#start-btn").is_disabled()  # one run at a time
+
+    other = browser.new_context().new_page()
+    other.goto(server["url"])
+    other.wait_for_function(f"document.querySelector('{PROGRESS}')?.dataset.state === 'running'")
+    assert other.locator("#start-btn").is_disabled()
+    other.click("#stop-btn")
+    wait_state(other, ["stopped"], timeout=120_000)
+    assert "Stopped after step" in other.locator("#run-result").inner_text()
+    adapter = other.locator("#mt-adapter-path").inner_text()
+    assert (server["work"] / adapter / "adapter_model.safetensors").is_file()
+    wait_state(page, ["stopped"], timeout=20_000)  # the first tab sees it too
+    assert page.locator("#start-btn").is_enabled()
+    other.context.close()
+    assert [e for e in page.errors if "AbortError" not in e] == []  # aborts: the reload's own cancelled requests

@@ -1,0 +1,112 @@
+"""The string table: complete in every language, consistent with the engine's own texts, language detection."""
+
+import ast
+import re
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from core import checklist
+from core.config import TrainConfig, field_help
+from core.history import HEADERS
+from core.i18n import (EN, LANGUAGES, STRINGS, checklist_texts, detect_language, placeholders, request_language,
+                       t)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The checklist as the course chapter words it (shared/seeds: chapter 3 in Portuguese and in French).
+CHAPTER_PT = ["Use QLoRA (quantização em 4 bits)", "Ative gradient checkpointing", "Use gradient accumulation",
+              "Use otimizador 8 bits ou paginado", "Use precisão bfloat16", "Reduza o max_seq_length se possível",
+              "Use batches menores"]
+CHAPTER_FR = ["Utiliser QLoRA (quantification 4 bits)", "Activer le checkpointing de gradient",
+              "Utiliser l'accumulation de gradient", "Utiliser un optimiseur 8 bits ou paginé",
+              "Utiliser la précision bfloat16", "Réduire max_seq_length si possible",
+              "Utiliser des tailles de lot plus petites"]
+
+
+def test_every_key_exists_in_every_language_with_the_same_placeholders():
+    assert set(STRINGS) == set(LANGUAGES) == {"en", "pt", "fr"}
+    for lang, table in STRINGS.items():
+        assert set(table) == set(EN), (lang, sorted(set(table) ^ set(EN)))
+        for key, text in table.items():
+            assert isinstance(text, str) and text.strip(), (lang, key)
+            assert text == text.strip(), (lang, key)
+            assert placeholders(text) == placeholders(EN[key]), (lang, key)
+
+
+def test_translations_are_translated():
+    """A string identical to the English one is fine for names (Top-p, LoRA), not for sentences."""
+    for lang in ("pt", "fr"):
+        same = [k for k, v in STRINGS[lang].items()
+                if v == EN[k] and len(re.sub(r"\{[^}]*\}", "", v).split()) > 3]
+        assert not same, (lang, same)
+
+
+def test_english_checklist_is_the_engines_and_translations_follow_the_chapter():
+    for item in checklist.ITEMS:
+        assert t(f"checklist.{item.key}.label", "en") == item.label
+        assert t(f"checklist.{item.key}.tradeoff", "en") == item.tradeoff
+    assert [label for _, label, _ in checklist_texts("pt")] == CHAPTER_PT
+    assert [label for _, label, _ in checklist_texts("fr")] == CHAPTER_FR
+    assert t("checklist.title", "pt") == "Checklist de Memória"
+    assert t("checklist.title", "fr") == "Liste de vérification de la mémoire"
+    assert [key for key, _, _ in checklist_texts("fr")] == [item.key for item in checklist.ITEMS]
+
+
+def test_every_setting_has_a_label_and_help_and_english_help_is_the_configs():
+    for f in fields(TrainConfig):
+        assert f"field.{f.name}" in EN, f.name
+        assert t(f"help.{f.name}", "en") == field_help(f.name), f.name
+
+
+def test_the_pages_current_labels_are_covered():
+    """Every field the UI labels today (ui/fields.py LABELS, read without importing gradio) has a key."""
+    source = ROOT / "ui" / "fields.py"
+    if not source.is_file():
+        pytest.skip("no ui/fields.py")
+    labels = None
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "LABELS" for t in node.targets):
+            labels = ast.literal_eval(node.value)
+    if labels is None:
+        pytest.skip("ui/fields.py has no LABELS table (the UI reads core.i18n)")
+    assert not [name for name in labels if f"field.{name}" not in EN]
+
+
+def test_required_interface_texts_exist():
+    for key in ("field.model", "field.dataset", "field.dataset_split", "data.upload", "data.preview",
+                "checklist.title", "run.start", "run.stop", "run.progress", "run.log", "run.loss_curve",
+                "gauge.no_gpu", "config.save", "config.load", "code.show", "tab.try", "tab.export",
+                "tab.history", "history.delete_confirm", "msg.one_job", "msg.validation_failed", "msg.oom",
+                "msg.adapter_saved", "export.merge_warning", "export.no_token", "try.base", "try.tuned",
+                *(f"history.col.{c}" for c in HEADERS)):
+        assert key in EN, key
+    assert t("gauge.no_gpu", "en") == "No NVIDIA GPU found"
+
+
+def test_t_fills_placeholders_and_falls_back():
+    assert t("msg.adapter_saved", "en", path="runs/a/adapter") == "Adapter saved to runs/a/adapter"
+    assert t("msg.adapter_saved", "pt", path="x") == "Adaptador salvo em x"
+    assert t("msg.adapter_saved", "fr", path="x") == "Adaptateur enregistré dans x"
+    assert t("msg.adapter_saved", "pt-BR", path="x") == "Adaptador salvo em x"
+    assert t("msg.adapter_saved", "de", path="x") == "Adapter saved to x"  # unknown language: English
+    assert t("msg.adapter_saved", None) == "Adapter saved to {path}"  # a missing value stays visible
+    assert t("no.such.key", "fr") == "no.such.key"
+
+
+@pytest.mark.parametrize("header, lang", [
+    ("pt-BR,pt;q=0.9", "pt"), ("fr-FR", "fr"), ("de", "en"), ("", "en"), (None, "en"),
+    ("de-DE,fr;q=0.8,en;q=0.5", "fr"), ("en-US,en;q=0.9,pt;q=0.8", "en"), ("fr;q=0.3, pt;q=0.7", "pt"),
+    ("pt_PT", "pt"), ("*", "en"), ("fr;q=0", "en"), ("garbage;;;", "en"), ("FR-ca", "fr"),
+])
+def test_detect_language(header, lang):
+    assert detect_language(header) == lang
+
+
+def test_request_language_reads_the_header():
+    class Request:
+        headers = {"accept-language": "fr-FR,fr;q=0.9"}
+
+    assert request_language(Request()) == "fr"
+    assert request_language(None) == "en"

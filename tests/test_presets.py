@@ -1,0 +1,96 @@
+"""Presets: what they set, that they leave the user's choices alone, that the checklist still works item by item
+on top of each, and that every preset trains end to end on the CPU with the demo model."""
+
+import dataclasses
+
+import pytest
+
+from core import checklist
+from core.config import Hardware, TrainConfig, demo_config, validate
+from core.presets import CHAPTER, PRESETS, apply_preset, matching, overrides
+
+GPU = Hardware(cuda=True, bf16=True, bitsandbytes=True, liger=True)
+CPU = Hardware(cuda=False, bf16=True, bitsandbytes=True)
+FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def test_the_three_presets_exist_with_a_one_line_description():
+    assert list(PRESETS) == ["chapter", "lowest_memory", "fastest"]
+    for name, preset in PRESETS.items():
+        assert preset["description"] and "\n" not in preset["description"], name
+        assert set(preset["overrides"]) <= FIELDS, name
+
+
+def test_chapter_preset_is_the_default_config_exactly():
+    assert apply_preset(TrainConfig(), "chapter") == TrainConfig()
+    assert {k: getattr(TrainConfig(), k) for k in CHAPTER} == CHAPTER
+    assert matching(TrainConfig()) == "chapter"
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_presets_validate_and_keep_the_users_choices(name):
+    user = TrainConfig(model="Qwen/Qwen2.5-7B", dataset="my.jsonl", learning_rate=1e-4, max_length=1024,
+                       num_train_epochs=3.0, lora_r=32, lora_alpha=64, seed=7)
+    cfg = apply_preset(user, name)
+    assert validate(cfg, GPU) == []
+    for field in ("model", "dataset", "learning_rate", "max_length", "num_train_epochs", "lora_r", "lora_alpha",
+                  "seed"):
+        assert getattr(cfg, field) == getattr(user, field), field
+    assert matching(cfg) == name
+    assert TrainConfig.from_yaml(cfg.to_yaml()) == cfg
+
+
+def test_switching_presets_does_not_leak_levers():
+    cfg = apply_preset(apply_preset(TrainConfig(), "lowest_memory"), "fastest")
+    assert cfg == apply_preset(TrainConfig(), "fastest")
+    assert apply_preset(cfg, "chapter") == TrainConfig()
+
+
+def test_lean_presets_use_the_measured_levers():
+    low, fast = overrides("lowest_memory"), overrides("fastest")
+    assert low["upcast_to_fp32"] is False and low["offload_embeddings"] is True and low["packing"] is True
+    assert low["gradient_checkpointing"] is True and low["lora_dropout"] == 0.0
+    assert fast["upcast_to_fp32"] is False and fast["packing"] is True and fast["per_device_train_batch_size"] > 1
+
+
+def test_unknown_preset_names_the_known_ones():
+    with pytest.raises(KeyError, match="lowest_memory"):
+        apply_preset(TrainConfig(), "smallest")
+
+
+def test_cuda_only_levers_are_left_off_on_a_cpu_machine():
+    for name in PRESETS:
+        cfg = apply_preset(demo_config(device="cpu"), name, CPU)
+        assert cfg.use_liger_kernel is False
+        assert validate(cfg, CPU) == [], name
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("item", [i.key for i in checklist.ITEMS])
+def test_every_checklist_item_works_on_its_own_on_top_of_each_preset(name, item):
+    cfg = apply_preset(TrainConfig(), name)
+    governed = set(checklist.BY_KEY[item].fields)
+    for on in (True, False, True):
+        new = checklist.toggle(cfg, item, on)
+        assert checklist.active(new)[item] is on, (name, item, on)
+        assert validate(new, GPU) == [], (name, item, on)
+        changed = {f for f in FIELDS if getattr(new, f) != getattr(cfg, f)}
+        # batch and accumulation move together (the effective batch is kept); nothing else moves
+        assert changed <= governed | {"per_device_train_batch_size", "gradient_accumulation_steps"}, changed
+        cfg = new
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_trains_end_to_end_on_the_cpu(name, tmp_path, demo_model_path):
+    """The code paths each preset turns on (4-bit + LoRA, packing, no upcast, embedding on the CPU, checkpointing
+    on or off, paged 8-bit AdamW) run for real; liger is CUDA-only and dropped here by apply_preset(hw)."""
+    from core.train import run_training
+
+    cfg = apply_preset(demo_config(output_dir=str(tmp_path), run_name=name, device="cpu"), name, CPU)
+    cfg = cfg.replace(max_steps=3, logging_steps=1, learning_rate=1e-2)
+    events = []
+    result = run_training(cfg, events.append)
+    assert result.status == "completed", result.message
+    losses = [e["loss"] for e in events if e["kind"] == "metrics"]
+    assert len(losses) == 3 and all(loss == loss and loss > 0 for loss in losses)
+    assert result.summary["train_tokens"] > 0

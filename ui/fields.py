@@ -1,0 +1,191 @@
+"""TrainConfig fields <-> Gradio widgets, one widget per field, by name.
+
+`make_widget(name)` builds the widget for a field with its label, help text and bounds from
+`config.field_meta` (sliders and number boxes, never free text parsed later). `collect(values)` turns widget
+values (a dict field -> value) into a TrainConfig or the list of every problem; `to_values(cfg)` goes back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+import gradio as gr
+
+from core.config import (DEMO_DATASET, DEMO_MODEL, ConfigError, Problem, TrainConfig, coerce, field_meta,
+                         field_types)
+
+FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))
+
+LABELS = {
+    "model": "Model (Hub id or local folder)",
+    "trust_remote_code": "Trust remote code",
+    "load_in_4bit": "Load the base model in 4 bits (QLoRA)",
+    "bnb_4bit_quant_type": "4-bit data type",
+    "bnb_4bit_use_double_quant": "Double quantization",
+    "precision": "Compute precision",
+    "upcast_to_fp32": "Upcast norms and embeddings to fp32 (the chapter's recipe)",
+    "lora_r": "LoRA rank r",
+    "lora_alpha": "LoRA alpha",
+    "lora_dropout": "LoRA dropout",
+    "lora_target_modules": "LoRA target modules",
+    "dataset": "Dataset (Hub id, local file, or the demo)",
+    "dataset_split": "Split",
+    "dataset_format": "Row format",
+    "max_length": "Max length (tokens)",
+    "per_device_train_batch_size": "Micro-batch size",
+    "gradient_accumulation_steps": "Accumulation steps",
+    "packing": "Packing (padding-free batches)",
+    "num_train_epochs": "Epochs",
+    "max_steps": "Max steps (-1 = use epochs)",
+    "learning_rate": "Learning rate",
+    "lr_scheduler_type": "LR schedule",
+    "warmup_steps": "Warm-up steps",
+    "weight_decay": "Weight decay",
+    "max_grad_norm": "Gradient clipping (max norm)",
+    "optim": "Optimizer",
+    "gradient_checkpointing": "Gradient checkpointing",
+    "use_liger_kernel": "Fused loss kernels (liger, CUDA only)",
+    "seed": "Seed",
+    "logging_steps": "Log every N steps",
+    "save_strategy": "Save checkpoints",
+    "save_steps": "Save every N steps",
+    "output_dir": "Output folder",
+    "run_name": "Run name (empty = timestamp)",
+    "resume_from": "Resume from run folder",
+    "device": "Device",
+}
+
+SLIDERS = {  # field -> step; bounds come from field_meta
+    "lora_r": 1, "lora_alpha": 1, "lora_dropout": 0.01, "max_length": 16,
+    "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "weight_decay": 0.01,
+}
+RADIOS = {"precision", "bnb_4bit_quant_type", "save_strategy", "device"}
+NUMBER_STEP = {"num_train_epochs": 0.5, "learning_rate": 1e-5, "max_grad_norm": 0.1}
+
+
+def elem_id(name: str) -> str:
+    return f"field-{name}"
+
+
+def _name_errors(component: gr.components.Component, name: str) -> None:
+    """Make a bounds error name the field: 'LoRA rank r: value 0 is below the minimum 1'."""
+    original = component.preprocess
+
+    def preprocess(payload):
+        try:
+            return original(payload)
+        except gr.Error as exc:
+            raise gr.Error(f"{LABELS.get(name, name)} ({name}): {exc.message}") from None
+
+    component.preprocess = preprocess  # type: ignore[method-assign]
+
+
+def make_widget(name: str, value: Any, choices: list[str] | None = None, **kw: Any) -> gr.components.Component:
+    """The widget for one TrainConfig field, with its value."""
+    meta, tp = field_meta(name), field_types()[name]
+    common = dict(label=LABELS.get(name, name), info=meta.get("help"), elem_id=elem_id(name), **kw)
+    lo, hi = meta.get("min"), meta.get("max")
+    if tp is bool:
+        widget = gr.Checkbox(value=value, **common)
+    elif tp == list[str]:
+        widget = gr.CheckboxGroup(choices=list(meta["choices"]), value=list(value), **common)
+    elif meta.get("choices") and name in RADIOS:
+        widget = gr.Radio(choices=list(meta["choices"]), value=value, **common)
+    elif meta.get("choices"):
+        widget = gr.Dropdown(choices=list(meta["choices"]), value=value, **common)
+    elif choices is not None:  # a text field with suggestions (model, dataset): any value may be typed
+        widget = gr.Dropdown(choices=choices, value=value, allow_custom_value=True, filterable=True, **common)
+    elif name in SLIDERS and lo is not None and hi is not None:
+        widget = gr.Slider(minimum=lo, maximum=hi, step=SLIDERS[name], value=value, **common)
+        _name_errors(widget, name)
+    elif tp in (int, float):
+        widget = gr.Number(value=value, minimum=lo, maximum=hi, precision=0 if tp is int else None,
+                           step=NUMBER_STEP.get(name, 1), **common)
+        _name_errors(widget, name)
+    else:
+        widget = gr.Textbox(value=value, max_lines=1, **common)
+    return widget
+
+
+def collect(values: dict[str, Any]) -> tuple[TrainConfig | None, list[Problem]]:
+    """Widget values -> (config, []) or (None, every problem)."""
+    data, problems = {}, []
+    for name in FIELD_NAMES:
+        value = values.get(name)
+        tp = field_types()[name]
+        if value is None and tp in (int, float):
+            problems.append(Problem(name, "is empty", "enter a number"))
+            continue
+        if value is None and tp is str and field_meta(name).get("choices"):
+            problems.append(Problem(name, "nothing is selected", "pick one of the choices"))
+            continue
+        if value is None:
+            value = [] if tp == list[str] else ("" if tp is str else value)
+        if isinstance(value, str) and tp is str:
+            value = value.strip()
+        try:
+            data[name] = coerce(name, value)
+        except ValueError as exc:
+            problems.append(Problem(name, str(exc), "correct the value"))
+    if problems:
+        return None, problems
+    try:
+        return TrainConfig.from_dict(data), []
+    except ConfigError as exc:
+        return None, exc.problems
+
+
+def out_of_range(cfg: TrainConfig) -> list[Problem]:
+    """Values no widget can show: outside a field's bounds or choices (a loaded file is refused for these)."""
+    problems = []
+    for name in FIELD_NAMES:
+        meta, value = field_meta(name), getattr(cfg, name)
+        choices, lo, hi = meta.get("choices"), meta.get("min"), meta.get("max")
+        if choices and isinstance(value, str) and value not in choices:
+            problems.append(Problem(name, f"{value!r} is not one of the choices", "pick one of: " + ", ".join(choices)))
+        elif choices and isinstance(value, list) and set(value) - set(choices):
+            problems.append(Problem(name, f"unknown module(s) {', '.join(sorted(set(value) - set(choices)))}",
+                                    "pick from: " + ", ".join(choices)))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            if lo is not None and value < lo:
+                problems.append(Problem(name, f"{value} is below the minimum {lo}", f"use a value >= {lo}"))
+            elif hi is not None and value > hi:
+                problems.append(Problem(name, f"{value} is above the maximum {hi}", f"use a value <= {hi}"))
+    return problems
+
+
+def to_values(cfg: TrainConfig) -> dict[str, Any]:
+    return {name: (list(v) if isinstance(v := getattr(cfg, name), list) else v) for name in FIELD_NAMES}
+
+
+# --- suggestions ----------------------------------------------------------------------------------------------
+def cached_repos(repo_type: str) -> list[str]:
+    """Repos in the local Hugging Face cache (no network); empty when there is no cache."""
+    try:
+        from huggingface_hub import scan_cache_dir
+
+        info = scan_cache_dir()
+    except Exception:  # no cache folder, unreadable cache: just no suggestions
+        return []
+    return sorted(r.repo_id for r in info.repos if r.repo_type == repo_type)
+
+
+def model_choices(current: str = "") -> list[str]:
+    out = [DEMO_MODEL, *cached_repos("model")]
+    default = TrainConfig().model
+    if default not in out:
+        out.append(default)
+    if current and current not in out:
+        out.append(current)
+    return out
+
+
+def dataset_choices(current: str = "") -> list[str]:
+    out = [DEMO_DATASET, *cached_repos("dataset")]
+    default = TrainConfig().dataset
+    if default not in out:
+        out.append(default)
+    if current and current not in out:
+        out.append(current)
+    return out

@@ -1,0 +1,117 @@
+"""Look and feel: a Gradio theme with system fonts only (nothing fetched from a CDN) and the page's CSS."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+SANS = ["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "Helvetica Neue", "Arial", "sans-serif"]
+MONO = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "DejaVu Sans Mono", "monospace"]
+
+
+def make_theme() -> gr.themes.Base:
+    # Plain font names (str): gr.themes.GoogleFont would make every page load fetch fonts from Google.
+    return gr.themes.Soft(primary_hue="indigo", secondary_hue="sky", neutral_hue="slate",
+                          font=SANS, font_mono=MONO, radius_size="md").set(
+        block_title_text_weight="600",
+        button_primary_background_fill="*primary_600",
+        button_primary_background_fill_hover="*primary_700",
+    )
+
+
+CSS = """
+.gradio-container { max-width: 1500px !important; }
+#mt-header h1 { margin: 0 0 2px 0; font-size: 1.6rem; letter-spacing: -0.01em; }
+#mt-header p { margin: 0; color: var(--body-text-color-subdued); }
+#mt-hw { font-size: 0.9rem; }
+.mt-muted { color: var(--body-text-color-subdued); font-size: 0.85rem; }
+.mt-pre { white-space: pre-wrap; word-break: break-word; margin: 4px 0; font-family: var(--font-mono);
+          font-size: 0.82rem; background: transparent; border: none; padding: 0; }
+
+/* bars: gauge and progress */
+.mt-bar { position: relative; height: 14px; border-radius: 7px; background: var(--neutral-200);
+          overflow: visible; margin: 6px 0 4px 0; }
+.dark .mt-bar { background: var(--neutral-700); }
+.mt-bands { background: linear-gradient(90deg, rgba(34,197,94,.18) 0 70%, rgba(245,158,11,.22) 70% 90%,
+                                              rgba(239,68,68,.25) 90% 100%); }
+.mt-fill { height: 100%; border-radius: 7px; transition: width .6s ease; background: var(--primary-500); }
+.mt-fill.mt-ok { background: #16a34a; } .mt-fill.mt-warn { background: #d97706; } .mt-fill.mt-high { background: #dc2626; }
+.mt-peak { position: absolute; top: -4px; width: 3px; height: 22px; background: #7c3aed; border-radius: 2px; }
+.mt-predicted { position: absolute; top: -4px; width: 0; height: 22px; border-left: 3px dashed #0ea5e9; }
+.mt-peak-key, .mt-pred-key { display: inline-block; width: 10px; height: 10px; margin-right: 4px; border-radius: 2px;
+                             vertical-align: -1px; }
+.mt-peak-key { background: #7c3aed; } .mt-pred-key { background: #0ea5e9; }
+.mt-gauge { padding: 4px 2px; }
+.mt-gauge-head, .mt-progress-top { display: flex; justify-content: space-between; gap: 8px; font-size: 0.9rem;
+                                   align-items: center; }
+.mt-gauge-foot, .mt-stats { font-size: 0.82rem; color: var(--body-text-color-subdued); }
+.mt-nogpu { display: block; padding: 8px 10px; border-radius: 8px; background: var(--neutral-100); }
+.dark .mt-nogpu { background: var(--neutral-800); }
+.mt-dot { display: inline-block; width: 9px; height: 9px; border-radius: 50%; background: #94a3b8; margin-right: 6px; }
+.mt-indeterminate { background: repeating-linear-gradient(45deg, var(--primary-400) 0 10px, var(--primary-300) 10px 20px) !important;
+                    background-size: 28px 28px !important; animation: mt-stripes 1s linear infinite; }
+@keyframes mt-stripes { from { background-position: 0 0; } to { background-position: 28px 0; } }
+
+/* badges */
+.mt-badge { font-size: 0.75rem; font-weight: 600; padding: 2px 8px; border-radius: 999px; text-transform: uppercase;
+            letter-spacing: .03em; background: var(--neutral-200); color: var(--neutral-700); }
+.mt-badge-running { background: #e0e7ff; color: #3730a3; } .mt-badge-stopping { background: #fef3c7; color: #92400e; }
+.mt-badge-completed { background: #dcfce7; color: #166534; } .mt-badge-stopped { background: #fef3c7; color: #92400e; }
+.mt-badge-failed, .mt-badge-interrupted { background: #fee2e2; color: #991b1b; }
+
+/* summary chips */
+.mt-summary { display: flex; flex-wrap: wrap; gap: 6px; }
+.mt-chip { font-size: 0.8rem; padding: 3px 9px; border-radius: 999px; background: var(--neutral-100);
+           border: 1px solid var(--border-color-primary); white-space: nowrap; max-width: 100%;
+           overflow: hidden; text-overflow: ellipsis; }
+.dark .mt-chip { background: var(--neutral-800); }
+.mt-chip-strong { background: var(--primary-100); border-color: var(--primary-300); font-weight: 600; }
+.dark .mt-chip-strong { background: var(--primary-900); }
+
+/* problems, notes, results */
+.mt-problems { margin-top: 8px; padding: 8px 12px; border-radius: 8px; border: 1px solid #fca5a5; background: #fef2f2;
+               color: #7f1d1d; font-size: 0.88rem; }
+.mt-problems ul { margin: 4px 0 0 18px; padding: 0; } .mt-problems li { margin: 2px 0; }
+.dark .mt-problems { background: #450a0a; color: #fecaca; border-color: #7f1d1d; }
+.mt-note { padding: 6px 10px; border-radius: 8px; font-size: 0.88rem; border: 1px solid var(--border-color-primary); }
+.mt-note-ok { background: #f0fdf4; border-color: #86efac; color: #14532d; }
+.mt-note-warn { background: #fffbeb; border-color: #fcd34d; color: #78350f; }
+.mt-note-error { background: #fef2f2; border-color: #fca5a5; color: #7f1d1d; }
+.mt-result { padding: 10px 14px; border-radius: 10px; border: 1px solid var(--border-color-primary); }
+.mt-result-ok { background: #f0fdf4; border-color: #86efac; }
+.mt-result-stopped { background: #fffbeb; border-color: #fcd34d; }
+.mt-result-failed { background: #fef2f2; border-color: #fca5a5; color: #7f1d1d; }
+.dark .mt-result-ok, .dark .mt-result-stopped, .dark .mt-result-failed { background: var(--neutral-800); color: inherit; }
+.mt-kv { display: grid; grid-template-columns: max-content 1fr; gap: 3px 14px; margin-top: 6px; font-size: 0.88rem; }
+.mt-k { color: var(--body-text-color-subdued); white-space: nowrap; }
+.mt-v { word-break: break-all; }
+.mt-log { display: flex; flex-direction: column-reverse; height: 210px; overflow-y: auto; padding: 6px 10px;
+          border: 1px solid var(--border-color-primary); border-radius: 8px; background: var(--neutral-50); }
+.dark .mt-log { background: var(--neutral-900); }
+.mt-log .mt-pre { font-size: 0.76rem; line-height: 1.4; white-space: pre; word-break: normal; }
+.mt-warn-text { color: #b45309; font-weight: 600; }
+
+/* checklist */
+.mt-check-row { align-items: center !important; border-bottom: 1px solid var(--border-color-primary); padding: 2px 0 6px 0; }
+.mt-check-row:last-child { border-bottom: none; }
+.mt-check input[type=checkbox] { transform: scale(1.15); }
+.mt-check label span { font-weight: 600; }
+
+/* data preview */
+.mt-preview-head { font-size: 0.88rem; margin-bottom: 4px; }
+.mt-hist { width: 100%; height: auto; max-height: 170px; }
+.mt-hist-ok { fill: var(--primary-400); } .mt-hist-over { fill: #ef4444; }
+.mt-hist-axis { stroke: var(--neutral-400); stroke-width: 1; }
+.mt-hist-max { stroke: #dc2626; stroke-width: 2; stroke-dasharray: 5 3; }
+.mt-hist-label { fill: #dc2626; font-size: 12px; font-weight: 600; }
+.mt-hist-tick { fill: var(--body-text-color-subdued); font-size: 11px; }
+.mt-example { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 6px 10px; margin-top: 8px; }
+.mt-ex-num, .mt-ex-label { font-size: 0.72rem; text-transform: uppercase; letter-spacing: .04em;
+                           color: var(--body-text-color-subdued); }
+.mt-prompt { color: var(--body-text-color-subdued); }
+.mt-completion { font-weight: 600; }
+
+#mt-run-panel { position: sticky; top: 8px; }
+#start-btn, #stop-btn { min-height: 44px; font-size: 1rem; }
+.mt-small, .mt-small p, .mt-small li { font-size: 0.8rem !important; color: var(--body-text-color-subdued); }
+footer { display: none !important; }
+"""
