@@ -1,7 +1,12 @@
 """Benchmark: the chapter's recipe against memtune's engine and presets, on real architectures with random weights.
 
-    python -m bench.run --out DIR [--plan main|grid|all|dry] [--models llama-3.1-8b,qwen2.5-14b,llama-3.1-70b]
-                        [--only NAME,...] [--budget-s SECONDS]
+    python -m bench.run --out DIR [--plan all|main|followup|grid|dry]
+                        [--models llama-3.1-8b,qwen2.5-14b,llama-3.1-70b] [--only NAME,...] [--skip NAME,...]
+                        [--budget-s SECONDS]
+
+Plans: main = the 8B table (seed recipe, engine chapter preset, presets and variants); grid = issue 5's rows
+(8B, 14B, 70B; every micro-batch full); followup = what bench/RESULTS.md lists as not measured yet; all =
+everything (more than one 10-minute call); dry = a tiny model on the CPU.
 
 Every run builds its model afresh (bench.synth: 4-bit, layer by layer, fixed seed), trains a few optimizer steps
 and records: peak allocated / reserved (torch), NVML peak (device used memory, sampled every 5 ms), steady-state

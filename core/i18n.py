@@ -399,6 +399,100 @@ EN: dict[str, str] = {
     "history.status.running": "running",
     "history.status.interrupted": "interrupted",
     "history.status.unknown": "unknown",
+    # --- memory prediction, fit to the GPU, measured speed, after-training tabs (ui) ----------------------------
+    "tab.train": "Train",
+    "unit.gib": "GiB",
+    "preset.label": "Preset",
+    "preset.info": "Sets only the memory and speed levers; model, data, learning rate and max length stay yours.",
+    "preset.custom": "Custom mix",
+    "preset.chapter.label": "Chapter recipe (as written)",
+    "preset.chapter.description": ("The course chapter's QLoRA recipe exactly: fp32 upcast, batch 1 x 16, "
+                                   "checkpointing, paged 8-bit AdamW. For comparison."),
+    "preset.lowest_memory.label": "Lowest memory",
+    "preset.lowest_memory.description": (
+        "Smallest GPU footprint: no fp32 upcast, embedding in CPU memory, two 512-token packs per micro-step with "
+        "checkpointing. 8B: 5.4 GiB peak, 6.9 GiB on the GPU, 7.9x the chapter's speed."),
+    "preset.fastest.label": "Fastest within 24 GB",
+    "preset.fastest.description": (
+        "Most tokens per second within 24 GB: 8 packs (~4k tokens) per step, no checkpointing, fused kernels. 8B: "
+        "~9,000 tokens/s on an H200 (40x the chapter), 23.6 GiB on the GPU."),
+    "facts.memory": "Memory",
+    "facts.speed": "Speed",
+    "facts.saves": "saves {gib} GiB here",
+    "facts.saves_nothing": "saves nothing here",
+    "facts.no_estimate": "no estimate for this model",
+    "speed.pair": "{change} tokens/s with it ({on} vs {off} without), measured at {where}",
+    "speed.source_pair": "{file}, {run}: {on} vs {off} ({arch}, {gpu})",
+    "speed.source": "source: {source}",
+    "speed.where.length": "max length {n}",
+    "speed.where.batch": "batch {n}",
+    "speed.where.packs": "packing, {n} per micro-step",
+    "speed.where.bf16_base": "bf16 base (no 4-bit)",
+    "speed.fact.qlora": (
+        "Measured (8B, 6 packs of 512 tokens, checkpointing): 4,418 tokens/s with the 4-bit base vs 6,170 with a "
+        "bf16 base: NF4 dequantization takes ~30% of the time."),
+    "speed.fact.gradient_checkpointing": (
+        "Measured on the chapter's recipe (8B, 512 tokens, batch 1): ~25% slower (235 vs 315 tokens/s), and it "
+        "saved no memory there."),
+    "speed.fact.gradient_accumulation": (
+        "Not measured on its own: accumulating adds no work per token; the speed cost is that of small "
+        "micro-batches (see \"Use smaller batches\")."),
+    "speed.fact.efficient_optimizer": (
+        "No measurable cost: 235 tokens/s with paged_adamw_8bit vs 233 with adamw_torch (chapter's recipe, 8B)."),
+    "speed.fact.bf16": "Not measured: every benchmark run used bf16.",
+    "speed.fact.short_max_length": (
+        "Not measured as a cost: a shorter cap means fewer tokens per row; rows past it lose their ends."),
+    "speed.fact.small_batches": (
+        "Measured (8B): a batch-1 micro-step of ~165 tokens took ~0.6 s, mostly fixed overhead; 16 rows packed "
+        "into one micro-batch ran ~16x faster per token."),
+    "speed.not_measured": "Not measured.",
+    "gauge.cpu_prediction": "Predicted peak on a GPU for these settings: {gib} GiB",
+    "gauge.hypothetical": "hypothetical {gib} GiB card",
+    "gauge.fits_budget": "fits a {gib} GiB card (no GPU here: a prediction only)",
+    "gauge.over_budget": "does not fit a {gib} GiB card: try Fit to my GPU (no GPU here: a prediction only)",
+    "gauge.fits_free": "predicted peak {gib} GiB: fits in the {free} GiB free",
+    "gauge.over_free": "predicted peak {gib} GiB: does not fit in the {free} GiB free; try Fit to my GPU",
+    "peaks.predicted": "predicted",
+    "peaks.measured": "measured",
+    "peaks.allocated": "peak allocated (torch)",
+    "peaks.reserved": "peak reserved (torch)",
+    "peaks.nvml": "GPU memory used (NVML)",
+    "peaks.not_measured_cpu": "not measured on CPU",
+    "peaks.not_measured": "not measured",
+    "fit.button": "Fit to my GPU",
+    "fit.budget": "Hypothetical card (GiB)",
+    "fit.budget_info": "No GPU here: Fit to my GPU aims at a card with this much memory.",
+    "fit.gpu_free": "the {gib} GiB free on this GPU",
+    "fit.hypothetical": "a hypothetical {gib} GiB card",
+    "fit.no_budget": "Give the hypothetical card's memory in GiB first.",
+    "fit.changed": "Fitted to {where}: predicted peak now {gib} GiB (10% kept spare). Changed:",
+    "fit.unchanged": "Already fits {where}: predicted peak {gib} GiB (10% kept spare). Nothing changed.",
+    "fit.failed": "Does not fit {where}:",
+    "fit.unknown_model": "memtune cannot estimate {model} (its shape is unknown here):",
+    "fit.on": "on",
+    "fit.off": "off",
+    "try.refused_training": (
+        "A training run is in progress: Try it waits until it has finished (one model at a time; a second one "
+        "could run out of memory). Stop the run or wait, then send again."),
+    "try.done": "Done.",
+    "try.stopped": "Stopped.",
+    "export.busy_training": ("A training run is in progress: merge when it has finished (merging loads the full "
+                             "model)."),
+    "export.confirm_first": "Tick the confirmation first: merging writes a full copy of the model.",
+    "export.merge_first": "There is no merged folder yet: merge first, or push the adapter.",
+    "export.push": "Push to the Hub",
+    "export.token": "Hugging Face token (optional)",
+    "export.token_env_set": ("HF_TOKEN is set: leave this empty to use it. A token typed here is used for this push "
+                             "only, never stored or logged."),
+    "export.token_env_missing": ("HF_TOKEN is not set: paste a token with write access. It is used for this push "
+                                 "only, never stored or logged."),
+    "export.what": "What to push",
+    "export.what_adapter": "the adapter",
+    "export.what_merged": "the merged model",
+    "history.checkpoint": "Last complete checkpoint",
+    "history.message": "Message",
+    "history.unreadable": "The settings of {name} cannot be read.",
+    "history.yes": "yes",
 }
 
 PT: dict[str, str] = {
@@ -791,6 +885,104 @@ PT: dict[str, str] = {
     "history.status.running": "em execução",
     "history.status.interrupted": "interrompida",
     "history.status.unknown": "desconhecido",
+    # --- previsão de memória, ajuste à GPU, velocidade medida, abas pós-treinamento (ui) ------------------------
+    "tab.train": "Treinar",
+    "unit.gib": "GiB",
+    "preset.label": "Predefinição",
+    "preset.info": ("Altera apenas as alavancas de memória e velocidade; modelo, dados, taxa de aprendizado e "
+                    "comprimento máximo continuam seus."),
+    "preset.custom": "Combinação personalizada",
+    "preset.chapter.label": "Receita do capítulo (como escrita)",
+    "preset.chapter.description": ("A receita QLoRA do capítulo exatamente: upcast para fp32, batch 1 x 16, "
+                                   "checkpointing, AdamW paginado de 8 bits. Para comparação."),
+    "preset.lowest_memory.label": "Menor memória",
+    "preset.lowest_memory.description": (
+        "Menor ocupação da GPU: sem upcast para fp32, embedding na memória da CPU, dois pacotes de 512 tokens por "
+        "micro-passo com checkpointing. 8B: pico de 5,4 GiB, 6,9 GiB na GPU, 7,9x a velocidade do capítulo."),
+    "preset.fastest.label": "Mais rápido em 24 GB",
+    "preset.fastest.description": (
+        "Mais tokens por segundo em 24 GB: 8 pacotes (~4k tokens) por passo, sem checkpointing, kernels fundidos. "
+        "8B: ~9.000 tokens/s numa H200 (40x o capítulo), 23,6 GiB na GPU."),
+    "facts.memory": "Memória",
+    "facts.speed": "Velocidade",
+    "facts.saves": "economiza {gib} GiB aqui",
+    "facts.saves_nothing": "não economiza nada aqui",
+    "facts.no_estimate": "sem estimativa para este modelo",
+    "speed.pair": "{change} tokens/s com o item ({on} contra {off} sem ele), medido com {where}",
+    "speed.source_pair": "{file}, {run}: {on} contra {off} ({arch}, {gpu})",
+    "speed.source": "fonte: {source}",
+    "speed.where.length": "comprimento máximo {n}",
+    "speed.where.batch": "batch {n}",
+    "speed.where.packs": "packing, {n} por micro-passo",
+    "speed.where.bf16_base": "base em bf16 (sem 4 bits)",
+    "speed.fact.qlora": (
+        "Medido (8B, 6 pacotes de 512 tokens, checkpointing): 4.418 tokens/s com a base em 4 bits contra 6.170 "
+        "com a base em bf16: a desquantização NF4 ocupa ~30% do tempo."),
+    "speed.fact.gradient_checkpointing": (
+        "Medido na receita do capítulo (8B, 512 tokens, batch 1): ~25% mais lento (235 contra 315 tokens/s), e ali "
+        "não economizou memória."),
+    "speed.fact.gradient_accumulation": (
+        "Não medido isoladamente: acumular não acrescenta trabalho por token; o custo em velocidade é o dos "
+        "micro-batches pequenos (veja \"Use batches menores\")."),
+    "speed.fact.efficient_optimizer": (
+        "Sem custo mensurável: 235 tokens/s com paged_adamw_8bit contra 233 com adamw_torch (receita do capítulo, "
+        "8B)."),
+    "speed.fact.bf16": "Não medido: todas as execuções do benchmark usaram bf16.",
+    "speed.fact.short_max_length": (
+        "Não medido como custo: um limite menor significa menos tokens por linha; as linhas além dele perdem o "
+        "final."),
+    "speed.fact.small_batches": (
+        "Medido (8B): um micro-passo de batch 1 com ~165 tokens levou ~0,6 s, quase tudo custo fixo; 16 linhas "
+        "empacotadas num só micro-batch foram ~16x mais rápidas por token."),
+    "speed.not_measured": "Não medido.",
+    "gauge.cpu_prediction": "Pico previsto numa GPU com estas configurações: {gib} GiB",
+    "gauge.hypothetical": "placa hipotética de {gib} GiB",
+    "gauge.fits_budget": "cabe numa placa de {gib} GiB (sem GPU aqui: apenas uma previsão)",
+    "gauge.over_budget": ("não cabe numa placa de {gib} GiB: experimente Ajustar à minha GPU (sem GPU aqui: apenas "
+                          "uma previsão)"),
+    "gauge.fits_free": "pico previsto {gib} GiB: cabe nos {free} GiB livres",
+    "gauge.over_free": "pico previsto {gib} GiB: não cabe nos {free} GiB livres; experimente Ajustar à minha GPU",
+    "peaks.predicted": "previsto",
+    "peaks.measured": "medido",
+    "peaks.allocated": "pico alocado (torch)",
+    "peaks.reserved": "pico reservado (torch)",
+    "peaks.nvml": "memória da GPU usada (NVML)",
+    "peaks.not_measured_cpu": "não medido na CPU",
+    "peaks.not_measured": "não medido",
+    "fit.button": "Ajustar à minha GPU",
+    "fit.budget": "Placa hipotética (GiB)",
+    "fit.budget_info": "Sem GPU aqui: Ajustar à minha GPU mira uma placa com esta memória.",
+    "fit.gpu_free": "os {gib} GiB livres desta GPU",
+    "fit.hypothetical": "uma placa hipotética de {gib} GiB",
+    "fit.no_budget": "Informe primeiro a memória da placa hipotética em GiB.",
+    "fit.changed": "Ajustado a {where}: pico previsto agora {gib} GiB (10% de folga). Alterado:",
+    "fit.unchanged": "Já cabe em {where}: pico previsto {gib} GiB (10% de folga). Nada foi alterado.",
+    "fit.failed": "Não cabe em {where}:",
+    "fit.unknown_model": "O memtune não consegue estimar {model} (a arquitetura é desconhecida aqui):",
+    "fit.on": "ligado",
+    "fit.off": "desligado",
+    "try.refused_training": (
+        "Um treinamento está em andamento: o Experimentar espera ele terminar (um modelo por vez; um segundo "
+        "poderia esgotar a memória). Pare a execução ou aguarde, e envie de novo."),
+    "try.done": "Pronto.",
+    "try.stopped": "Parado.",
+    "export.busy_training": ("Um treinamento está em andamento: faça a fusão quando ele terminar (a fusão carrega o "
+                             "modelo completo)."),
+    "export.confirm_first": "Marque primeiro a confirmação: a fusão grava uma cópia completa do modelo.",
+    "export.merge_first": "Ainda não há pasta fundida: faça a fusão primeiro, ou publique o adaptador.",
+    "export.push": "Publicar no Hub",
+    "export.token": "Token do Hugging Face (opcional)",
+    "export.token_env_set": ("HF_TOKEN está definido: deixe vazio para usá-lo. Um token digitado aqui é usado só "
+                             "nesta publicação, nunca armazenado nem registrado."),
+    "export.token_env_missing": ("HF_TOKEN não está definido: cole um token com permissão de escrita. Ele é usado "
+                                 "só nesta publicação, nunca armazenado nem registrado."),
+    "export.what": "O que publicar",
+    "export.what_adapter": "o adaptador",
+    "export.what_merged": "o modelo fundido",
+    "history.checkpoint": "Último checkpoint completo",
+    "history.message": "Mensagem",
+    "history.unreadable": "As configurações de {name} não podem ser lidas.",
+    "history.yes": "sim",
 }
 
 FR: dict[str, str] = {
@@ -1190,6 +1382,105 @@ FR: dict[str, str] = {
     "history.status.running": "en cours",
     "history.status.interrupted": "interrompue",
     "history.status.unknown": "inconnu",
+    # --- prévision de mémoire, ajustement au GPU, vitesse mesurée, onglets après l'entraînement (ui) ------------
+    "tab.train": "Entraîner",
+    "unit.gib": "Gio",
+    "preset.label": "Préréglage",
+    "preset.info": ("Ne change que les leviers de mémoire et de vitesse ; modèle, données, taux d'apprentissage et "
+                    "longueur maximale restent les vôtres."),
+    "preset.custom": "Mélange personnalisé",
+    "preset.chapter.label": "Recette du chapitre (telle qu'écrite)",
+    "preset.chapter.description": ("La recette QLoRA du chapitre à l'identique : conversion en fp32, lot 1 x 16, "
+                                   "checkpointing, AdamW 8 bits paginé. Pour comparaison."),
+    "preset.lowest_memory.label": "Mémoire minimale",
+    "preset.lowest_memory.description": (
+        "La plus petite empreinte GPU : pas de conversion en fp32, embedding en mémoire CPU, deux paquets de 512 "
+        "tokens par micro-pas avec checkpointing. 8B : pic de 5,4 Gio, 6,9 Gio sur le GPU, 7,9x la vitesse du "
+        "chapitre."),
+    "preset.fastest.label": "Le plus rapide en 24 Go",
+    "preset.fastest.description": (
+        "Le plus de tokens par seconde en 24 Go : 8 paquets (~4k tokens) par pas, sans checkpointing, noyaux "
+        "fusionnés. 8B : ~9 000 tokens/s sur une H200 (40x le chapitre), 23,6 Gio sur le GPU."),
+    "facts.memory": "Mémoire",
+    "facts.speed": "Vitesse",
+    "facts.saves": "économise {gib} Gio ici",
+    "facts.saves_nothing": "n'économise rien ici",
+    "facts.no_estimate": "pas d'estimation pour ce modèle",
+    "speed.pair": "{change} tokens/s avec ({on} contre {off} sans), mesuré avec {where}",
+    "speed.source_pair": "{file}, {run} : {on} contre {off} ({arch}, {gpu})",
+    "speed.source": "source : {source}",
+    "speed.where.length": "longueur maximale {n}",
+    "speed.where.batch": "lot de {n}",
+    "speed.where.packs": "packing, {n} par micro-pas",
+    "speed.where.bf16_base": "base en bf16 (sans 4 bits)",
+    "speed.fact.qlora": (
+        "Mesuré (8B, 6 paquets de 512 tokens, checkpointing) : 4 418 tokens/s avec la base en 4 bits contre 6 170 "
+        "avec une base en bf16 : la déquantification NF4 prend ~30 % du temps."),
+    "speed.fact.gradient_checkpointing": (
+        "Mesuré sur la recette du chapitre (8B, 512 tokens, lot de 1) : ~25 % plus lent (235 contre 315 tokens/s), "
+        "et aucune mémoire économisée dans ce cas."),
+    "speed.fact.gradient_accumulation": (
+        "Pas mesuré seul : accumuler n'ajoute aucun travail par token ; le coût en vitesse est celui des petits "
+        "micro-lots (voir « Utiliser des tailles de lot plus petites »)."),
+    "speed.fact.efficient_optimizer": (
+        "Aucun coût mesurable : 235 tokens/s avec paged_adamw_8bit contre 233 avec adamw_torch (recette du "
+        "chapitre, 8B)."),
+    "speed.fact.bf16": "Pas mesuré : toutes les exécutions du benchmark utilisaient bf16.",
+    "speed.fact.short_max_length": (
+        "Pas mesuré comme un coût : une limite plus courte signifie moins de tokens par ligne ; les lignes plus "
+        "longues perdent leur fin."),
+    "speed.fact.small_batches": (
+        "Mesuré (8B) : un micro-pas de lot 1 d'environ 165 tokens prenait ~0,6 s, surtout du coût fixe ; 16 lignes "
+        "regroupées en un seul micro-lot allaient ~16x plus vite par token."),
+    "speed.not_measured": "Pas mesuré.",
+    "gauge.cpu_prediction": "Pic prévu sur un GPU pour ces réglages : {gib} Gio",
+    "gauge.hypothetical": "carte hypothétique de {gib} Gio",
+    "gauge.fits_budget": "tient sur une carte de {gib} Gio (pas de GPU ici : une prévision seulement)",
+    "gauge.over_budget": ("ne tient pas sur une carte de {gib} Gio : essayez Ajuster à mon GPU (pas de GPU ici : une "
+                          "prévision seulement)"),
+    "gauge.fits_free": "pic prévu {gib} Gio : tient dans les {free} Gio libres",
+    "gauge.over_free": "pic prévu {gib} Gio : ne tient pas dans les {free} Gio libres ; essayez Ajuster à mon GPU",
+    "peaks.predicted": "prévu",
+    "peaks.measured": "mesuré",
+    "peaks.allocated": "pic alloué (torch)",
+    "peaks.reserved": "pic réservé (torch)",
+    "peaks.nvml": "mémoire GPU utilisée (NVML)",
+    "peaks.not_measured_cpu": "non mesuré sur CPU",
+    "peaks.not_measured": "non mesuré",
+    "fit.button": "Ajuster à mon GPU",
+    "fit.budget": "Carte hypothétique (Gio)",
+    "fit.budget_info": "Pas de GPU ici : Ajuster à mon GPU vise une carte avec cette mémoire.",
+    "fit.gpu_free": "les {gib} Gio libres de ce GPU",
+    "fit.hypothetical": "une carte hypothétique de {gib} Gio",
+    "fit.no_budget": "Indiquez d'abord la mémoire de la carte hypothétique en Gio.",
+    "fit.changed": "Ajusté à {where} : pic prévu maintenant {gib} Gio (10 % de marge). Modifié :",
+    "fit.unchanged": "Tient déjà dans {where} : pic prévu {gib} Gio (10 % de marge). Rien n'a changé.",
+    "fit.failed": "Ne tient pas dans {where} :",
+    "fit.unknown_model": "memtune ne peut pas estimer {model} (son architecture est inconnue ici) :",
+    "fit.on": "activé",
+    "fit.off": "désactivé",
+    "try.refused_training": (
+        "Un entraînement est en cours : Essayer attend qu'il se termine (un modèle à la fois ; un second pourrait "
+        "manquer de mémoire). Arrêtez l'exécution ou patientez, puis renvoyez."),
+    "try.done": "Terminé.",
+    "try.stopped": "Arrêté.",
+    "export.busy_training": ("Un entraînement est en cours : fusionnez quand il sera terminé (la fusion charge le "
+                             "modèle complet)."),
+    "export.confirm_first": "Cochez d'abord la confirmation : la fusion écrit une copie complète du modèle.",
+    "export.merge_first": "Il n'y a pas encore de dossier fusionné : fusionnez d'abord, ou publiez l'adaptateur.",
+    "export.push": "Publier sur le Hub",
+    "export.token": "Jeton Hugging Face (facultatif)",
+    "export.token_env_set": ("HF_TOKEN est défini : laissez vide pour l'utiliser. Un jeton saisi ici ne sert qu'à "
+                             "cette publication, il n'est jamais enregistré ni journalisé."),
+    "export.token_env_missing": ("HF_TOKEN n'est pas défini : collez un jeton avec droit d'écriture. Il ne sert "
+                                 "qu'à cette publication, il n'est jamais enregistré ni journalisé."),
+    "export.what": "Que publier",
+    "export.what_adapter": "l'adaptateur",
+    "export.what_merged": "le modèle fusionné",
+    "history.checkpoint": "Dernier checkpoint complet",
+    "history.message": "Message",
+    "history.unreadable": "Les réglages de {name} ne peuvent pas être lus.",
+    "history.yes": "oui",
 }
 
 STRINGS: dict[str, dict[str, str]] = {"en": EN, "pt": PT, "fr": FR}

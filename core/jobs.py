@@ -13,7 +13,6 @@ data, so it is tested without a browser.
 from __future__ import annotations
 
 import itertools
-import re
 import shutil
 import tempfile
 import threading
@@ -67,6 +66,12 @@ class Job:
     @property
     def stopping(self) -> bool:
         return self.running and self.stop_event.is_set()
+
+    @property
+    def run_dir(self) -> str | None:
+        """The run folder, once the engine has announced it (its first `run` event)."""
+        with self._lock:
+            return next((e.get("run_dir") for e in self.events if e.get("kind") == "run" and e.get("run_dir")), None)
 
     def note_gpu_used(self, used_gib: float) -> None:
         if self.running:
@@ -128,6 +133,19 @@ class JobManager:
     def busy(self) -> bool:
         job = self._job
         return job is not None and job.running
+
+    def is_running(self, run_dir: str | Path) -> bool:
+        """Whether `run_dir` is the folder of the job running now (what history asks before deleting/listing)."""
+        job = self._job
+        if job is None or not job.running:
+            return False
+        mine = job.run_dir
+        if mine is None:  # started, folder not announced yet: it is a new folder, or the one it resumes
+            mine = job.config.resume_from or None
+        try:
+            return mine is not None and Path(mine).resolve() == Path(run_dir).resolve()
+        except OSError:
+            return False
 
     def load_run(self, run_dir: str | Path) -> Job | None:
         """Show an earlier run (from its events.jsonl) when this process has none of its own."""
@@ -234,11 +252,6 @@ def format_event(e: dict[str, Any]) -> str | None:
     return None
 
 
-# The engine's loss log line ("step 5/250  loss 8.5838  lr ..."): losses are read from it too, because the step
-# event of a logging step is sent before the Trainer computes that step's logged loss.
-LOSS_LINE = re.compile(r"^step (\d+)/\S+\s+loss ([-+0-9.eE]+|nan|inf)")
-
-
 def view(events: list[dict[str, Any]], running: bool = False, stopping: bool = False,
          from_disk: bool = False) -> JobView:
     v = JobView(state="idle" if not events else "running")
@@ -268,12 +281,10 @@ def view(events: list[dict[str, Any]], running: bool = False, stopping: bool = F
                     setattr(v, name, e[name])
             if e.get("peak_gib") is not None:
                 v.peak_gib = max(v.peak_gib or 0.0, float(e["peak_gib"]))
-            if e.get("loss") is not None:
-                losses[v.step] = v.last_loss = float(e["loss"])
-        elif kind == "log":
-            m = LOSS_LINE.match(str(e.get("message", "")))
-            if m and int(m.group(1)) not in losses:
-                losses[int(m.group(1))] = v.last_loss = float(m.group(2))
+        elif kind == "metrics":  # every logging_steps: the loss curve (step events never carry the loss)
+            loss = e.get("loss")
+            if isinstance(loss, (int, float)) and not isinstance(loss, bool) and e.get("step") is not None:
+                losses[int(e["step"])] = v.last_loss = float(loss)  # a resumed run logs a step again: latest wins
         elif kind == "error":
             v.error_type = e.get("error_type")
             v.message = e.get("message", "")

@@ -386,7 +386,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
             nvml.stop()
         from core.model import release_library_references
 
-        release_library_references()  # bitsandbytes keeps the embedding module and paged buffers otherwise
+        release_library_references()  # else bitsandbytes keeps this run's embedding module alive
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()

@@ -17,44 +17,21 @@ from core.config import (DEMO_DATASET, DEMO_MODEL, ConfigError, Problem, TrainCo
 
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))
 
-LABELS = {
-    "model": "Model (Hub id or local folder)",
-    "trust_remote_code": "Trust remote code",
-    "load_in_4bit": "Load the base model in 4 bits (QLoRA)",
-    "bnb_4bit_quant_type": "4-bit data type",
-    "bnb_4bit_use_double_quant": "Double quantization",
-    "precision": "Compute precision",
-    "upcast_to_fp32": "Upcast norms and embeddings to fp32 (the chapter's recipe)",
-    "lora_r": "LoRA rank r",
-    "lora_alpha": "LoRA alpha",
-    "lora_dropout": "LoRA dropout",
-    "lora_target_modules": "LoRA target modules",
-    "dataset": "Dataset (Hub id, local file, or the demo)",
-    "dataset_split": "Split",
-    "dataset_format": "Row format",
-    "max_length": "Max length (tokens)",
-    "per_device_train_batch_size": "Micro-batch size",
-    "gradient_accumulation_steps": "Accumulation steps",
-    "packing": "Packing (padding-free batches)",
-    "num_train_epochs": "Epochs",
-    "max_steps": "Max steps (-1 = use epochs)",
-    "learning_rate": "Learning rate",
-    "lr_scheduler_type": "LR schedule",
-    "warmup_steps": "Warm-up steps",
-    "weight_decay": "Weight decay",
-    "max_grad_norm": "Gradient clipping (max norm)",
-    "optim": "Optimizer",
-    "gradient_checkpointing": "Gradient checkpointing",
-    "use_liger_kernel": "Fused loss kernels (liger, CUDA only)",
-    "seed": "Seed",
-    "logging_steps": "Log every N steps",
-    "save_strategy": "Save checkpoints",
-    "save_steps": "Save every N steps",
-    "output_dir": "Output folder",
-    "run_name": "Run name (empty = timestamp)",
-    "resume_from": "Resume from run folder",
-    "device": "Device",
-}
+
+
+def label(name: str, lang: str = "en") -> str:
+    """A field's widget label in `lang` (core.i18n `field.<name>`; the field's name for a field added since)."""
+    from core.i18n import EN, t
+
+    return t(f"field.{name}", lang) if f"field.{name}" in EN else name
+
+
+def help_text(name: str, lang: str = "en") -> str:
+    """A field's help in `lang` (core.i18n `help.<name>`; the config's own English help for a new field)."""
+    from core.i18n import EN, t
+
+    return t(f"help.{name}", lang) if f"help.{name}" in EN else field_meta(name).get("help", "")
+
 
 SLIDERS = {  # field -> step; bounds come from field_meta
     "lora_r": 1, "lora_alpha": 1, "lora_dropout": 0.01, "max_length": 16,
@@ -76,15 +53,16 @@ def _name_errors(component: gr.components.Component, name: str) -> None:
         try:
             return original(payload)
         except gr.Error as exc:
-            raise gr.Error(f"{LABELS.get(name, name)} ({name}): {exc.message}") from None
+            raise gr.Error(f"{label(name)} ({name}): {exc.message}") from None
 
     component.preprocess = preprocess  # type: ignore[method-assign]
 
 
-def make_widget(name: str, value: Any, choices: list[str] | None = None, **kw: Any) -> gr.components.Component:
-    """The widget for one TrainConfig field, with its value."""
+def make_widget(name: str, value: Any, choices: list[str] | None = None, lang: str = "en",
+                **kw: Any) -> gr.components.Component:
+    """The widget for one TrainConfig field, with its value, labelled in `lang`."""
     meta, tp = field_meta(name), field_types()[name]
-    common = dict(label=LABELS.get(name, name), info=meta.get("help"), elem_id=elem_id(name), **kw)
+    common = dict(label=label(name, lang), info=help_text(name, lang), elem_id=elem_id(name), **kw)
     lo, hi = meta.get("min"), meta.get("max")
     if tp is bool:
         widget = gr.Checkbox(value=value, **common)

@@ -1,7 +1,9 @@
-"""HTML for the page's live parts: VRAM gauge, progress, result, config summary, data preview, problems.
+"""HTML for the page's live parts: VRAM gauge, progress, result, config summary, checklist facts, data preview,
+history details, problems and notices.
 
 Pure functions from data to HTML strings (every user-supplied string escaped), so they are tested without a
-browser. Styling lives in ui/theme.py's CSS (classes prefixed `mt-`).
+browser. Every text comes from core.i18n in the page's language (`lang`); engine messages (problems, errors)
+stay as the engine wrote them. Styling lives in ui/theme.py's CSS (classes prefixed `mt-`).
 """
 
 from __future__ import annotations
@@ -11,13 +13,16 @@ import math
 from typing import Any, Iterable
 
 from core.config import Problem, TrainConfig
+from core.i18n import normalize, t
 from core.jobs import JobView
 
 E = html.escape
 
 
-def _gib(x: float | None, digits: int = 1) -> str:
-    return "-" if x is None else f"{x:.{digits}f} GiB"
+def num(x: float, digits: int = 1, lang: str = "en") -> str:
+    """A decimal number as the language writes it: 5.4 (en), 5,4 (pt, fr)."""
+    text = f"{x:.{digits}f}"
+    return text.replace(".", ",") if normalize(lang) in ("pt", "fr") else text
 
 
 def _duration(s: float | None) -> str:
@@ -44,36 +49,74 @@ def band(fraction: float) -> str:
     return "ok" if fraction < 0.70 else ("warn" if fraction < 0.90 else "high")
 
 
+def _pct(x: float) -> float:
+    return max(0.0, min(100.0, 100.0 * x))
+
+
+def _prediction_bar(base: float, pred: float, total: float, lang: str, fits: bool) -> str:
+    """The predicted run drawn on a bar: a hatched segment from `base` (memory already used) to base + pred."""
+    left, width = _pct(base / total), _pct(pred / total)
+    width = min(width, 100.0 - left)
+    cls = "mt-pred-seg" + ("" if fits else " mt-pred-over")
+    title = E(t("gauge.predicted", lang, gib=num(pred, 1, lang)))
+    return (f'<div class="{cls}" style="left:{left:.1f}%;width:{max(width, 0.6):.1f}%" title="{title}"></div>'
+            f'<div class="mt-predicted" style="left:{min(100.0, left + width):.1f}%" title="{title}"></div>')
+
+
 def gauge_html(gpus: list[dict[str, Any]], message: str = "", run_peak_gib: float | None = None,
-               predicted_gib: float | None = None) -> str:
-    """gpus: [{index, name, used_gib, total_gib}]. run_peak_gib marks this run's highest use on GPU 0."""
+               predicted_gib: float | None = None, lang: str = "en", running: bool = False,
+               budget_gib: float | None = None) -> str:
+    """gpus: [{index, name, used_gib, total_gib}].
+
+    run_peak_gib marks this run's highest use on GPU 0. predicted_gib (core.estimate's NVML peak of the settings
+    on screen) is drawn on GPU 0: before a run as a segment on top of the memory already in use (does it fit in
+    what is free?), during a run as a marker. Without a GPU the prediction is drawn against a hypothetical card
+    of `budget_gib` (the "Fit to my GPU" budget), saying that there is no GPU here.
+    """
     if not gpus:
-        text = message or "No NVIDIA GPU found"
-        return (f'<div class="mt-gauge mt-nogpu" id="mt-gauge-none"><span class="mt-dot"></span><b>{E(text)}</b>'
-                '<div class="mt-muted">Training runs on the CPU: fine for the offline demo, far too slow for a '
-                'real model.</div></div>')
+        text = t("gauge.no_gpu", lang) if (not message or message.lower().startswith("no nvidia gpu")) else message
+        out = [f'<div class="mt-gauge mt-nogpu" id="mt-gauge-none"><span class="mt-dot"></span><b>{E(text)}</b>'
+               f'<div class="mt-muted">{E(t("gauge.cpu_note", lang))}</div>']
+        if predicted_gib:
+            budget = budget_gib if budget_gib and budget_gib > 0 else 8.0
+            fits = predicted_gib <= budget
+            out.append(
+                f'<div class="mt-cpu-pred" id="mt-gauge-prediction" data-predicted="{predicted_gib:.3f}">'
+                f'<div class="mt-gauge-head"><span>{E(t("gauge.cpu_prediction", lang, gib=num(predicted_gib, 1, lang)))}'
+                f'</span><span class="mt-muted">{E(t("gauge.hypothetical", lang, gib=num(budget, 0, lang)))}</span></div>'
+                f'<div class="mt-bar mt-bands">{_prediction_bar(0.0, predicted_gib, budget, lang, fits)}</div>'
+                f'<div class="mt-gauge-foot"><span class="mt-pred-key"></span>'
+                f'{E(t("gauge.fits_budget" if fits else "gauge.over_budget", lang, gib=num(budget, 0, lang)))}</div></div>')
+        out.append("</div>")
+        return "".join(out)
     parts = ['<div class="mt-gauges">']
     for i, g in enumerate(gpus):
         used, total = float(g.get("used_gib") or 0.0), float(g.get("total_gib") or 0.0)
         frac = used / total if total > 0 else 0.0
-        marks = []
+        free = max(0.0, total - used)
+        marks, foot = [], []
         if i == 0 and run_peak_gib and total:
-            left = min(100.0, 100 * run_peak_gib / total)
-            marks.append(f'<div class="mt-peak" style="left:{left:.1f}%" title="this run\'s peak: {run_peak_gib:.1f} GiB">'
-                         '</div>')
+            marks.append(f'<div class="mt-peak" style="left:{_pct(run_peak_gib / total):.1f}%" '
+                         f'title="{E(t("gauge.run_peak", lang, gib=num(run_peak_gib, 1, lang)))}"></div>')
+            foot.append(f'<span class="mt-peak-key"></span>{E(t("gauge.run_peak", lang, gib=num(run_peak_gib, 1, lang)))}')
         if i == 0 and predicted_gib and total:
-            left = min(100.0, 100 * predicted_gib / total)
-            marks.append(f'<div class="mt-predicted" style="left:{left:.1f}%" '
-                         f'title="predicted peak: {predicted_gib:.1f} GiB"></div>')
-        foot = []
-        if i == 0 and run_peak_gib:
-            foot.append(f'<span class="mt-peak-key"></span>this run\'s peak {run_peak_gib:.1f} GiB')
-        if i == 0 and predicted_gib:
-            foot.append(f'<span class="mt-pred-key"></span>predicted {predicted_gib:.1f} GiB')
+            if running:  # the run's own memory is in `used` already: mark where it should peak
+                marks.append(f'<div class="mt-predicted" style="left:{_pct(predicted_gib / total):.1f}%" '
+                             f'title="{E(t("gauge.predicted", lang, gib=num(predicted_gib, 1, lang)))}"></div>')
+                foot.append(f'<span class="mt-pred-key"></span>'
+                            f'{E(t("gauge.predicted", lang, gib=num(predicted_gib, 1, lang)))}')
+            else:
+                fits = predicted_gib <= free
+                marks.append(_prediction_bar(used, predicted_gib, total, lang, fits))
+                key = "gauge.fits_free" if fits else "gauge.over_free"
+                foot.append(f'<span class="mt-pred-key"></span><span id="mt-gauge-prediction" '
+                            f'data-predicted="{predicted_gib:.3f}" data-fits="{str(fits).lower()}">'
+                            f'{E(t(key, lang, gib=num(predicted_gib, 1, lang), free=num(free, 1, lang)))}</span>')
+        usage = t("gauge.usage", lang, used=num(used, 1, lang), total=num(total, 1, lang), percent=f"{100 * frac:.0f}")
         parts.append(
             f'<div class="mt-gauge" data-band="{band(frac)}">'
-            f'<div class="mt-gauge-head"><b>GPU {E(str(g.get("index", i)))} &middot; {E(str(g.get("name", "GPU")))}</b>'
-            f'<span>{used:.1f} / {total:.1f} GiB ({100 * frac:.0f}%)</span></div>'
+            f'<div class="mt-gauge-head"><b>{E(t("gauge.gpu", lang, index=g.get("index", i), name=g.get("name", "GPU")))}'
+            f'</b><span>{E(usage)}</span></div>'
             f'<div class="mt-bar mt-bands"><div class="mt-fill mt-{band(frac)}" style="width:{100 * frac:.1f}%"></div>'
             + "".join(marks) + "</div>"
             + (f'<div class="mt-gauge-foot">{" &nbsp; ".join(foot)}</div>' if foot else "")
@@ -83,125 +126,167 @@ def gauge_html(gpus: list[dict[str, Any]], message: str = "", run_peak_gib: floa
 
 
 # --- progress and result --------------------------------------------------------------------------------------------
-STATE_LABEL = {
-    "idle": "Idle", "running": "Running", "stopping": "Stopping", "completed": "Finished", "stopped": "Stopped",
-    "failed": "Failed", "interrupted": "Interrupted",
-}
-PHASE_LABEL = {
-    "resolving": "Finding the model", "downloading": "Downloading", "loading_model": "Loading the model",
-    "tokenizing": "Preparing the data", "training": "Training", "saving": "Saving the adapter", "done": "Done",
-}
-
-
-def progress_html(v: JobView) -> str:
+def progress_html(v: JobView, lang: str = "en") -> str:
     if v.state == "idle":
         return ('<div class="mt-progress" data-state="idle" data-step="0"><div class="mt-progress-top">'
-                '<span class="mt-badge mt-badge-idle">Idle</span><span class="mt-muted">No run yet: press Start.'
-                '</span></div><div class="mt-bar"><div class="mt-fill" style="width:0%"></div></div></div>')
+                f'<span class="mt-badge mt-badge-idle">{E(t("state.idle", lang))}</span><span class="mt-muted">'
+                f'{E(t("progress.idle", lang))}</span></div><div class="mt-bar"><div class="mt-fill" style="width:0%">'
+                '</div></div></div>')
     frac = v.fraction
-    label = STATE_LABEL.get(v.state, v.state)
+    label = t(f"state.{v.state}", lang)
     if v.state in ("running", "stopping") and v.phase and v.phase != "training" and not v.step:
-        where = PHASE_LABEL.get(v.phase, v.phase)
-        detail = E(v.phase_message or where)
+        detail = E(v.phase_message or t(f"phase.{v.phase}", lang))
     else:
-        total = v.total_steps or "?"
-        detail = f"step <b class='mt-step'>{v.step}</b> / {total}" + (f" &middot; {100 * frac:.0f}%" if frac is not None else "")
+        step = t("progress.step", lang, step="\x00", total=v.total_steps or "?")
+        detail = E(step).replace("\x00", f"<b class='mt-step'>{v.step}</b>")
+        if frac is not None:
+            detail += f" &middot; {100 * frac:.0f}%"
     width = f"{100 * frac:.1f}%" if frac is not None else "100%"
     indeterminate = " mt-indeterminate" if frac is None and v.state in ("running", "stopping") else ""
     stats = []
     if v.state in ("running", "stopping") and v.eta_s is not None:
-        stats.append(f"ETA {_duration(v.eta_s)}")
+        stats.append(t("progress.eta", lang, eta=_duration(v.eta_s)))
     if v.elapsed_s is not None:
-        stats.append(f"elapsed {_duration(v.elapsed_s)}")
+        stats.append(t("progress.elapsed", lang, elapsed=_duration(v.elapsed_s)))
     if v.tokens_per_s:
-        stats.append(f"{v.tokens_per_s:,.0f} tokens/s")
+        stats.append(t("progress.tokens_per_s", lang, n=f"{v.tokens_per_s:,.0f}"))
     if v.epoch is not None:
-        stats.append(f"epoch {v.epoch:.2f}")
+        stats.append(t("progress.epoch", lang, epoch=num(v.epoch, 2, lang)))
     if v.last_loss is not None:
-        stats.append(f"loss {v.last_loss:.4f}")
+        stats.append(t("progress.loss", lang, loss=num(v.last_loss, 4, lang)))
     return (f'<div class="mt-progress" data-state="{E(v.state)}" data-step="{v.step}" data-total="{v.total_steps or 0}">'
             f'<div class="mt-progress-top"><span class="mt-badge mt-badge-{E(v.state)}">{E(label)}</span>'
             f'<span>{detail}</span></div>'
             f'<div class="mt-bar"><div class="mt-fill mt-run{indeterminate}" style="width:{width}"></div></div>'
-            f'<div class="mt-stats">{" &middot; ".join(stats)}</div></div>')
+            f'<div class="mt-stats">{E(" · ".join(stats))}</div></div>')
 
 
-def result_html(v: JobView) -> str:
+def peaks_html(summary: dict[str, Any], predicted: dict[str, float] | None, lang: str = "en") -> str:
+    """Predicted (core.estimate) vs measured peak memory, side by side: torch allocated, torch reserved, NVML."""
+    measured = {"allocated": summary.get("peak_allocated_gib"), "reserved": summary.get("peak_reserved_gib"),
+                "nvml": summary.get("nvml_peak_gib")}
+    on_gpu = any(isinstance(x, (int, float)) for x in measured.values())
+    rows = []
+    for key in ("allocated", "reserved", "nvml"):
+        p = (predicted or {}).get(key)
+        m = measured[key]
+        unit = t("unit.gib", lang)
+        pred_cell = f"{num(p, 2, lang)} {unit}" if isinstance(p, (int, float)) else "-"
+        if isinstance(m, (int, float)):
+            meas_cell = f"<b>{num(m, 2, lang)} {unit}</b>"
+            if isinstance(p, (int, float)) and m > 0:
+                meas_cell += f' <span class="mt-muted">({100 * (p - m) / m:+.0f}%)</span>'
+        else:
+            meas_cell = f'<span class="mt-muted">{E(t("peaks.not_measured_cpu" if not on_gpu else "peaks.not_measured", lang))}</span>'
+        rows.append(f'<tr><th>{E(t(f"peaks.{key}", lang))}</th><td>{pred_cell}</td><td>{meas_cell}</td></tr>')
+    return (f'<table class="mt-peaks" id="mt-peaks"><thead><tr><th></th><th>{E(t("peaks.predicted", lang))}</th>'
+            f'<th>{E(t("peaks.measured", lang))}</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+
+
+def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None = None) -> str:
     if v.state in ("idle", "running", "stopping"):
         return ""
     s = v.summary or {}
     if v.state in ("failed", "interrupted") or not v.adapter_dir:
-        title = "The run failed" if v.state == "failed" else "The run was interrupted"
-        msg = v.message or ("The server stopped while this run was going; its checkpoints (if any) are in "
-                            f"{v.run_dir}." if v.state == "interrupted" else "No adapter was saved.")
+        title = t("result.failed" if v.state == "failed" else "result.interrupted", lang)
+        msg = v.message or (t("result.interrupted_message", lang, path=v.run_dir) if v.state == "interrupted"
+                            else t("result.no_adapter", lang))
         kind = f" ({E(v.error_type)})" if v.error_type else ""
-        return (f'<div class="mt-result mt-result-failed" id="mt-result-failed"><b>{title}{kind}</b>'
+        return (f'<div class="mt-result mt-result-failed" id="mt-result-failed"><b>{E(title)}{kind}</b>'
                 f'<pre class="mt-pre">{E(msg)}</pre>'
-                + (f'<div class="mt-muted">Run folder: <code>{E(v.run_dir)}</code></div>' if v.run_dir else "")
+                + (f'<div class="mt-muted">{E(t("result.run_folder", lang, path=v.run_dir))}</div>' if v.run_dir else "")
                 + "</div>")
-    head = "Training finished" if v.state == "completed" else f"Stopped after step {s.get('steps', v.step)}: adapter saved"
-    peak = []
-    if s.get("peak_allocated_gib") is not None:
-        peak.append(f"{s['peak_allocated_gib']:.2f} GiB allocated (torch)")
-    if s.get("nvml_peak_gib") is not None:
-        peak.append(f"{s['nvml_peak_gib']:.2f} GiB used (NVML)")
+    head = (t("result.finished", lang) if v.state == "completed"
+            else t("result.stopped", lang, step=s.get("steps", v.step)))
+    steps = str(s.get("steps", v.step))
+    if s.get("max_steps"):
+        steps = t("result.steps_of", lang, steps=steps, total=s["max_steps"])
     rows = [
-        ("Adapter", f'<code id="mt-adapter-path">{E(str(v.adapter_dir))}</code>'),
-        ("Size", _bytes(s.get("adapter_bytes"))),
-        ("Loss", (f"{s['first_loss']:.4f} &rarr; " if s.get("first_loss") is not None else "")
-         + (f"<b>{s['final_loss']:.4f}</b>" if s.get("final_loss") is not None else "-")),
-        ("Peak memory", " &middot; ".join(peak) if peak else "CPU run: no GPU memory used"),
-        ("Steps", f"{s.get('steps', v.step)}" + (f" of {s['max_steps']}" if s.get("max_steps") else "")),
-        ("Time", _duration(s.get("runtime_s"))
-         + (f" &middot; {s['tokens_per_s']:,.0f} tokens/s" if s.get("tokens_per_s") else "")),
+        (t("result.adapter", lang), f'<code id="mt-adapter-path">{E(str(v.adapter_dir))}</code>'),
+        (t("result.size", lang), _bytes(s.get("adapter_bytes"))),
+        (t("result.loss", lang), (f"{num(s['first_loss'], 4, lang)} &rarr; " if s.get("first_loss") is not None else "")
+         + (f"<b>{num(s['final_loss'], 4, lang)}</b>" if s.get("final_loss") is not None else "-")),
+        (t("result.steps", lang), E(steps)),
+        (t("result.time", lang), _duration(s.get("runtime_s"))
+         + (" &middot; " + E(t("progress.tokens_per_s", lang, n=f"{s['tokens_per_s']:,.0f}"))
+            if s.get("tokens_per_s") else "")),
     ]
-    table = "".join(f'<div class="mt-k">{k}</div><div class="mt-v">{val}</div>' for k, val in rows)
+    table = "".join(f'<div class="mt-k">{E(k)}</div><div class="mt-v">{val}</div>' for k, val in rows)
     cls = "mt-result-ok" if v.state == "completed" else "mt-result-stopped"
     return (f'<div class="mt-result {cls}" id="mt-result-{E(v.state)}"><b>{E(head)}</b>'
-            f'<div class="mt-kv">{table}</div></div>')
+            f'<div class="mt-kv">{table}</div>'
+            f'<div class="mt-peaks-title">{E(t("result.peak", lang))}</div>{peaks_html(s, predicted, lang)}</div>')
 
 
-def log_html(lines: list[str]) -> str:
+def log_html(lines: list[str], lang: str = "en") -> str:
     """The run log, newest line at the bottom; the box stays scrolled to the end (CSS column-reverse)."""
-    body = E("\n".join(lines)) if lines else '<span class="mt-muted">The run\'s log appears here.</span>'
+    body = E("\n".join(lines)) if lines else f'<span class="mt-muted">{E(t("run.log_empty", lang))}</span>'
     return f'<div class="mt-log" id="mt-log"><pre class="mt-pre">{body}</pre></div>'
 
 
-# --- config summary and problems -----------------------------------------------------------------------------------
+# --- config summary, checklist facts and problems ------------------------------------------------------------------
 def summary_html(cfg: TrainConfig | None, problems: list[Problem], checklist_on: dict[str, bool] | None = None,
-                 predicted_gib: float | None = None) -> str:
+                 predicted_gib: float | None = None, lang: str = "en") -> str:
     if cfg is None:
-        return problems_html(problems, "These settings cannot be read")
+        return problems_html(problems, t("summary.unreadable", lang))
+    quant = (t("summary.quant", lang, type=cfg.bnb_4bit_quant_type)
+             + (" " + t("summary.double_quant", lang) if cfg.bnb_4bit_use_double_quant else "")
+             if cfg.load_in_4bit else t("summary.no_quant", lang))
+    modules = ",".join(m.replace("_proj", "") for m in cfg.lora_target_modules)
     chips = [
         ("model", cfg.model),
         ("data", f"{cfg.dataset} [{cfg.dataset_split}]"),
-        ("quant", f"4-bit {cfg.bnb_4bit_quant_type}" + (" + double quant" if cfg.bnb_4bit_use_double_quant else "")
-         if cfg.load_in_4bit else "no quantization"),
+        ("quant", quant),
         ("precision", cfg.precision),
-        ("lora", f"LoRA r{cfg.lora_r} &alpha;{cfg.lora_alpha} on {','.join(m.replace('_proj', '') for m in cfg.lora_target_modules)}"),
-        ("batch", f"batch {cfg.per_device_train_batch_size} &times; accum {cfg.gradient_accumulation_steps} "
-                  f"= {cfg.effective_batch_size}"),
-        ("length", f"max length {cfg.max_length}"),
+        ("lora", t("summary.lora", lang, r=cfg.lora_r, alpha=cfg.lora_alpha, modules=modules)),
+        ("batch", t("summary.batch", lang, batch=cfg.per_device_train_batch_size,
+                    accum=cfg.gradient_accumulation_steps, effective=cfg.effective_batch_size)),
+        ("length", t("summary.max_length", lang, n=cfg.max_length)),
         ("optim", cfg.optim),
-        ("checkpointing", "checkpointing " + ("on" if cfg.gradient_checkpointing else "off")),
-        ("schedule", f"{cfg.max_steps} steps" if cfg.max_steps > 0 else f"{cfg.num_train_epochs:g} epochs"),
-        ("lr", f"lr {cfg.learning_rate:g}"),
+        ("checkpointing", t("summary.checkpointing_on" if cfg.gradient_checkpointing else "summary.checkpointing_off",
+                            lang)),
+        ("schedule", t("summary.steps", lang, n=cfg.max_steps) if cfg.max_steps > 0
+         else t("summary.epochs", lang, n=f"{cfg.num_train_epochs:g}")),
+        ("lr", t("summary.lr", lang, lr=f"{cfg.learning_rate:g}")),
     ]
     if cfg.packing:
-        chips.append(("packing", "packing"))
+        chips.append(("packing", t("summary.packing", lang)))
     if predicted_gib:
-        chips.append(("predicted", f"predicted peak &asymp; {predicted_gib:.1f} GiB"))
+        chips.append(("predicted", t("summary.predicted", lang, gib=num(predicted_gib, 1, lang))))
     out = ['<div class="mt-summary" id="mt-summary">']
     if checklist_on is not None:
         n = sum(checklist_on.values())
-        out.append(f'<span class="mt-chip mt-chip-strong" data-key="checklist">checklist {n}/{len(checklist_on)}</span>')
+        out.append(f'<span class="mt-chip mt-chip-strong" data-key="checklist">'
+                   f'{E(t("summary.checklist", lang, n=n, total=len(checklist_on)))}</span>')
     for key, text in chips:
-        safe = text if "&" in text and key in ("lora", "batch", "predicted") else E(text)
-        out.append(f'<span class="mt-chip" data-key="{key}">{safe}</span>')
+        out.append(f'<span class="mt-chip" data-key="{key}">{E(text)}</span>')
     out.append("</div>")
     if problems:
-        out.append(problems_html(problems, "Fix before starting"))
+        out.append(problems_html(problems, t("summary.fix_before", lang)))
     return "".join(out)
+
+
+def saving_text(saved_gib: float | None, lang: str = "en") -> str:
+    """What a checklist item saves at the current settings (core.estimate), in words."""
+    if saved_gib is None:
+        return t("facts.no_estimate", lang)
+    if saved_gib < 0.05:  # as core.estimate.ItemSaving.text: below the estimate's resolution
+        return t("facts.saves_nothing", lang)
+    return t("facts.saves", lang, gib=num(saved_gib, 1, lang))
+
+
+def facts_html(key: str, saved_gib: float | None, speed: list[tuple[str, str]], lang: str = "en") -> str:
+    """Beside a checklist item: what it saves here (GiB, predicted) and what it costs in speed (measured lines
+    of (text, source), from ui.speed)."""
+    zero = " mt-fact-zero" if saved_gib is None or saved_gib < 0.05 else ""
+    lines = "".join(f'<span class="mt-fact-line">{E(text)}'
+                    + (f' <span class="mt-src">{E(source)}</span>' if source else "") + "</span>"
+                    for text, source in speed)
+    return (f'<div class="mt-facts" id="facts-{E(key)}">'
+            f'<div class="mt-fact mt-fact-mem{zero}"><span class="mt-fact-k">{E(t("facts.memory", lang))}</span>'
+            f'<span class="mt-fact-v">{E(saving_text(saved_gib, lang))}</span></div>'
+            f'<div class="mt-fact mt-fact-speed"><span class="mt-fact-k">{E(t("facts.speed", lang))}</span>'
+            f'<span class="mt-fact-v">{lines}</span></div></div>')
 
 
 def problems_html(problems: Iterable[Problem | str], title: str = "Problems") -> str:
@@ -218,15 +303,16 @@ def problems_html(problems: Iterable[Problem | str], title: str = "Problems") ->
             f'<ul>{"".join(lis)}</ul></div>')
 
 
-def message_html(text: str, kind: str = "info") -> str:
+def message_html(text: str, kind: str = "info", elem_id: str | None = None) -> str:
     """A one-off notice in place (kind: info | ok | warn | error)."""
     if not text:
         return ""
-    return f'<div class="mt-note mt-note-{E(kind)}"><pre class="mt-pre">{E(text)}</pre></div>'
+    ident = f' id="{E(elem_id)}"' if elem_id else ""
+    return f'<div class="mt-note mt-note-{E(kind)}"{ident}><pre class="mt-pre">{E(text)}</pre></div>'
 
 
 # --- data preview ---------------------------------------------------------------------------------------------------
-def histogram_svg(lengths: list[int], max_length: int, bins: int = 32) -> str:
+def histogram_svg(lengths: list[int], max_length: int, bins: int = 32, lang: str = "en") -> str:
     if not lengths:
         return ""
     top = max(max(lengths), max_length) * 1.05
@@ -247,10 +333,10 @@ def histogram_svg(lengths: list[int], max_length: int, bins: int = 32) -> str:
         cls = "mt-hist-over" if over else "mt-hist-ok"
         lo, hi = int(i * width), int((i + 1) * width)
         bars.append(f'<rect class="{cls}" x="{x0 + 1:.1f}" y="{H - pad - h:.1f}" width="{bw - 2:.1f}" height="{h:.1f}">'
-                    f"<title>{lo}-{hi} tokens: {c} rows</title></rect>")
+                    f"<title>{lo}-{hi} tokens: {c}</title></rect>")
     xm = pad + (W - 2 * pad) * max_length / top
     return (f'<svg class="mt-hist" viewBox="0 0 {W:.0f} {H:.0f}" role="img" '
-            f'aria-label="token length histogram">'
+            f'aria-label="{E(t("preview.histogram", lang))}">'
             + "".join(bars)
             + f'<line class="mt-hist-axis" x1="{pad}" y1="{H - pad}" x2="{W - pad}" y2="{H - pad}"/>'
             f'<line class="mt-hist-max" x1="{xm:.1f}" y1="8" x2="{xm:.1f}" y2="{H - pad}"/>'
@@ -260,28 +346,58 @@ def histogram_svg(lengths: list[int], max_length: int, bins: int = 32) -> str:
             "</svg>")
 
 
-def preview_html(p: Any) -> str:
+def preview_html(p: Any, lang: str = "en") -> str:
     """p: core.data.DataPreview."""
     st = p.stats or {}
-    over = (f'<span class="mt-warn-text">{p.n_over_max} of {p.n_rows} rows are longer than max_length '
-            f'{p.max_length} and will be truncated</span>' if p.n_over_max
-            else f"every row fits in max_length {p.max_length}")
-    dropped = f" &middot; {p.n_dropped} empty rows dropped" if getattr(p, "n_dropped", 0) else ""
-    head = (f'<div class="mt-preview" id="mt-preview"><div class="mt-preview-head"><b>Format: {E(p.format)}</b>'
-            f' &middot; {p.n_rows} rows{dropped} &middot; tokens: median {st.get("median", 0):.0f}, '
-            f'p95 {st.get("p95", 0):.0f}, max {st.get("max", 0):.0f} &middot; {over}</div>')
+    over = (f'<span class="mt-warn-text">{E(t("preview.over", lang, n=p.n_over_max, rows=p.n_rows, max_length=p.max_length))}'
+            '</span>' if p.n_over_max else E(t("preview.fits", lang, max_length=p.max_length)))
+    dropped = (" &middot; " + E(t("preview.dropped", lang, n=p.n_dropped))) if getattr(p, "n_dropped", 0) else ""
+    tokens = t("preview.tokens", lang, median=f'{st.get("median", 0):.0f}', p95=f'{st.get("p95", 0):.0f}',
+               max=f'{st.get("max", 0):.0f}')
+    head = (f'<div class="mt-preview" id="mt-preview"><div class="mt-preview-head">'
+            f'<b>{E(t("preview.format", lang, format=p.format))}</b>'
+            f' &middot; {E(t("preview.rows", lang, n=p.n_rows))}{dropped} &middot; {E(tokens)} &middot; {over}</div>')
     examples = []
     for i, ex in enumerate(p.examples):
         if "text" in ex:
             body = f'<pre class="mt-pre mt-completion">{E(str(ex["text"]))}</pre>'
         else:
-            body = (f'<div class="mt-ex-label">prompt (not trained on)</div><pre class="mt-pre mt-prompt">'
-                    f'{E(str(ex.get("prompt", "")))}</pre><div class="mt-ex-label">completion (trained on)</div>'
-                    f'<pre class="mt-pre mt-completion">{E(str(ex.get("completion", "")))}</pre>')
-        examples.append(f'<div class="mt-example"><div class="mt-ex-num">example {i + 1}</div>{body}</div>')
-    return head + histogram_svg(p.token_lengths, p.max_length) + "".join(examples) + "</div>"
+            body = (f'<div class="mt-ex-label">{E(t("preview.prompt", lang))}</div><pre class="mt-pre mt-prompt">'
+                    f'{E(str(ex.get("prompt", "")))}</pre><div class="mt-ex-label">{E(t("preview.completion", lang))}'
+                    f'</div><pre class="mt-pre mt-completion">{E(str(ex.get("completion", "")))}</pre>')
+        examples.append(f'<div class="mt-example"><div class="mt-ex-num">{E(t("preview.example", lang, n=i + 1))}</div>'
+                        f'{body}</div>')
+    return head + histogram_svg(p.token_lengths, p.max_length, lang=lang) + "".join(examples) + "</div>"
 
 
 def error_box(title: str, message: str) -> str:
     return (f'<div class="mt-problems mt-data-error" id="mt-data-error"><b>{E(title)}</b>'
             f'<pre class="mt-pre">{E(message)}</pre></div>')
+
+
+# --- history ------------------------------------------------------------------------------------------------------------
+def run_detail_html(detail: Any, lang: str = "en", predicted: dict[str, float] | None = None) -> str:
+    """One run of the history (core.history.RunDetail): status, loss, steps, time, adapter, checkpoint, peaks."""
+    info, s = detail.info, detail.summary or {}
+    status = t(f"history.status.{info.status}", lang)
+    loss = ((f"{num(info.first_loss, 4, lang)} &rarr; " if info.first_loss is not None else "")
+            + (f"<b>{num(info.final_loss, 4, lang)}</b>" if info.final_loss is not None else "-"))
+    steps = str(info.steps if info.steps is not None else "-")
+    if info.max_steps:
+        steps = t("result.steps_of", lang, steps=steps, total=info.max_steps)
+    rows = [
+        (t("history.col.status", lang), f'<span class="mt-badge mt-badge-{E(info.status)}">{E(status)}</span>'),
+        (t("history.col.model", lang), E(info.model or "-")),
+        (t("history.col.dataset", lang), E(info.dataset or "-")),
+        (t("result.loss", lang), loss),
+        (t("result.steps", lang), E(steps)),
+        (t("history.col.duration", lang), E(_duration(info.duration_s))),
+        (t("result.adapter", lang), f"<code>{E(info.adapter_dir)}</code>" if info.adapter_dir else "-"),
+        (t("history.checkpoint", lang), f"<code>{E(info.checkpoint)}</code>" if info.checkpoint else "-"),
+    ]
+    if info.message and info.status == "failed":
+        rows.append((t("history.message", lang), f'<span class="mt-warn-text">{E(info.message)}</span>'))
+    table = "".join(f'<div class="mt-k">{E(k)}</div><div class="mt-v">{v}</div>' for k, v in rows)
+    return (f'<div class="mt-result mt-history-detail" id="mt-history-detail" data-run="{E(info.name)}">'
+            f'<b>{E(info.name)}</b><div class="mt-kv">{table}</div>'
+            f'<div class="mt-peaks-title">{E(t("result.peak", lang))}</div>{peaks_html(s, predicted, lang)}</div>')

@@ -110,6 +110,52 @@ CSS = """
 .mt-prompt { color: var(--body-text-color-subdued); }
 .mt-completion { font-weight: 600; }
 
+/* header and language picker */
+#mt-top { align-items: flex-start !important; }
+#lang-select { max-width: 200px; margin-left: auto; }
+
+/* predicted peak on the gauge */
+.mt-pred-seg { position: absolute; top: 0; height: 100%; border-radius: 7px;
+               background: repeating-linear-gradient(135deg, rgba(14,165,233,.55) 0 6px, rgba(14,165,233,.25) 6px 12px);
+               outline: 1px solid #0ea5e9; }
+.mt-pred-seg.mt-pred-over { background: repeating-linear-gradient(135deg, rgba(220,38,38,.55) 0 6px,
+                                                                  rgba(220,38,38,.25) 6px 12px); outline-color: #dc2626; }
+.mt-cpu-pred { margin-top: 10px; padding-top: 8px; border-top: 1px dashed var(--border-color-primary); }
+.mt-cpu-pred .mt-bar { margin-top: 6px; }
+
+/* checklist facts: what an item saves here, what it costs in speed */
+.mt-facts { display: flex; flex-direction: column; gap: 3px; margin: 2px 0 4px 30px; font-size: 0.8rem; }
+.mt-fact { display: flex; gap: 8px; align-items: baseline; }
+.mt-fact-k { flex: 0 0 72px; font-size: 0.68rem; font-weight: 700; text-transform: uppercase; letter-spacing: .04em;
+             padding: 1px 6px; border-radius: 999px; text-align: center; }
+.mt-fact-mem .mt-fact-k { background: #dcfce7; color: #166534; }
+.mt-fact-mem.mt-fact-zero .mt-fact-k { background: var(--neutral-200); color: var(--neutral-600); }
+.mt-fact-mem .mt-fact-v { font-weight: 600; }
+.mt-fact-mem.mt-fact-zero .mt-fact-v { font-weight: 400; color: var(--body-text-color-subdued); }
+.mt-fact-speed .mt-fact-k { background: #e0f2fe; color: #075985; }
+.mt-fact-v { display: flex; flex-direction: column; gap: 2px; }
+.mt-fact-line { line-height: 1.35; }
+.mt-src { display: inline; font-size: 0.7rem; color: var(--body-text-color-subdued); font-style: italic; }
+.dark .mt-fact-mem .mt-fact-k { background: #14532d; color: #dcfce7; }
+.dark .mt-fact-speed .mt-fact-k { background: #0c4a6e; color: #e0f2fe; }
+
+/* predicted vs measured peaks */
+.mt-peaks-title { margin-top: 8px; font-size: 0.8rem; font-weight: 600; color: var(--body-text-color-subdued); }
+.mt-peaks { border-collapse: collapse; font-size: 0.84rem; margin-top: 2px; width: 100%; }
+.mt-peaks th, .mt-peaks td { text-align: left; padding: 2px 10px 2px 0; border: none; background: transparent; }
+.mt-peaks thead th { font-size: 0.72rem; text-transform: uppercase; letter-spacing: .04em;
+                     color: var(--body-text-color-subdued); }
+.mt-peaks tbody th { font-weight: 400; color: var(--body-text-color-subdued); white-space: nowrap; }
+
+/* try it, history */
+.mt-answer textarea { font-size: 0.95rem !important; line-height: 1.45 !important; }
+.mt-answer-tuned textarea { background: #f0fdf4 !important; }
+.dark .mt-answer-tuned textarea { background: #052e16 !important; }
+.mt-history-detail { background: var(--neutral-50); }
+.dark .mt-history-detail { background: var(--neutral-900); }
+#history-confirm { padding: 8px; border: 1px solid #fca5a5 !important; border-radius: 8px; }
+.mt-note { margin: 4px 0; }
+
 #mt-run-panel { position: sticky; top: 8px; }
 #start-btn, #stop-btn { min-height: 44px; font-size: 1rem; }
 .mt-small, .mt-small p, .mt-small li { font-size: 0.8rem !important; color: var(--body-text-color-subdued); }
