@@ -4,26 +4,41 @@
     python -m core.estimate --config my.yaml --set max_length=1024 --json
     python -m core.estimate --set model=Qwen/Qwen2.5-7B --fit 24  # shrink batch/length to fit a 24 GiB card
 
-The model of memory, for the stack memtune runs (transformers 5 + peft + TRL's SFTTrainer + bitsandbytes):
+The model of memory, for the stack memtune runs (transformers 5 + peft + TRL's SFTTrainer + bitsandbytes). Every
+term is a tensor that exists on the GPU; `bench/validate_estimate.py` checks the sum against every measured run of
+bench/grid_measured.json (H200, torch 2.11) and bench/RESULTS.md shows the table.
 
   weights      NF4/FP4 decoder linears: 0.5 byte/param + absmax (fp32 per 64-block; with double quant 1 byte per
                block + fp32 per 256 blocks), as bitsandbytes' quantize_4bit stores them. Embeddings, lm_head, norms
                and biases stay unquantized: bf16, or fp32 after the recipe's upcast (prepare_model_for_kbit_training).
-  load spike   That upcast converts one matrix at a time, so for a moment the last one exists in bf16 and fp32:
-               on an 8B Llama-3 this, not training, is the recipe's peak (measured 8.22 GiB allocated).
+               `offload_embeddings` keeps the input embedding in CPU memory (not when tied to the head).
+  load spike   The upcast converts one matrix at a time, so for a moment the last one exists in bf16 and fp32:
+               on an 8B Llama-3 this, not training, is the recipe's peak (measured 8.22-8.31 GiB allocated). The
+               offloaded embedding is loaded to the GPU first, so loading is lowest_memory's peak too.
   LoRA         params + grads (bf16 on a 4-bit base, as TRL casts them; fp32 otherwise, as peft keeps them).
   optimizer    Adam's two moments: 8-bit = 2 bytes/param, 32-bit = 8; torch AdamW keeps the params' dtype.
-               Paged states live in CUDA managed memory: NVML counts them, torch's allocator does not.
-  activations  Per token per layer, from the tensors autograd keeps (see `layer_bytes_per_token`). With
-               checkpointing only each layer's input is kept, plus one layer recomputed during backward.
+               bitsandbytes pages (CUDA managed memory: NVML counts it, torch's allocator does not) only state
+               tensors of >= 1e5 elements: LoRA matrices of a 70B model, none of an 8B one at r=16.
+  activations  What autograd keeps per token and layer (`layer_bytes_per_token`): the RMSNorms' inputs, the
+               LoRA inputs, attention's q/k/v/output (k and v repeated to all heads when a mask is passed), the
+               MLP's gate/up (and act(gate) without liger's fused SwiGLU). 4-bit and frozen 16-bit linears keep
+               nothing. With checkpointing only each layer's input is kept, plus one layer recomputed in backward.
+  masks        With packing, transformers' SDPA path builds a block-diagonal [T, T] mask (T = tokens per
+               micro-batch) and SDPA turns it into a [T, T] compute-dtype bias that every layer keeps for its
+               backward: 2 T^2 bytes per layer (1.0 GiB at 4,096 tokens on 32 layers). Padded batches likewise
+               (batch x length^2). Per-row (varlen) attention has none.
   logits       TRL 1.16's SFTTrainer computes the loss with a chunked LM head (trl.kernels.chunked_logprob): only
-               a 4096 x 32768 tile of logits exists, never batch x length x vocab. A plain `model(labels=...)` loss (full_logits=True)
-               keeps the bf16 logits, their fp32 copy, log-softmax and its gradient: ~(2 + 12) bytes x vocab/token.
-  allocator    Cached free blocks (reserved - allocated) and the CUDA context (NVML - reserved) are calibrated on
-               the measurements in shared/gpu/BASELINE.md (H200, torch 2.11): context ~1.37 GiB.
+               a 4096 x 32768 tile of logits exists, never batch x length x vocab. A plain `model(labels=...)` loss
+               (full_logits=True) keeps the bf16 logits, their fp32 copy, log-softmax and its gradient.
+  allocator    Cached free blocks (reserved - allocated) grow with the working set; less with expandable
+               segments. The CUDA context + cuBLAS/cuDNN (NVML - reserved) is 1.37 GiB on an H200 with torch 2.11.
 
-Tokens per micro-batch = batch x longest row (rows pad to the longest in the batch; packing fills bins of
-max_length), so the peak is driven by max_length unless every row is shorter (`max_row_tokens`).
+Tokens per micro-batch = batch x max_length (rows pad to the longest in the batch; with packing a micro-batch is
+`batch` packs of up to max_length tokens), unless every row is shorter (`max_row_tokens`).
+
+The liger-kernel switch (`use_liger_kernel`) means its RMSNorm, SwiGLU and RoPE in the layers and its fused loss.
+`liger_layers=` overrides the first part: liger patches transformers' Llama module for the whole process, so a
+Llama model built after a liger run in the same process has liger's layers whatever its own setting.
 """
 
 from __future__ import annotations
@@ -38,13 +53,18 @@ from core.shapes import ModelShape, ShapeError, get_shape
 
 GIB = 2**30
 
-# --- calibration constants (shared/gpu/BASELINE.md, one H200, torch 2.11 + CUDA 13) ---------------------------------
-CUDA_CONTEXT = int(1.37 * GIB)  # NVML used - torch reserved, the same (+-0.02) in all eight measured runs
+# --- calibration constants (H200, torch 2.11 + CUDA 13; bench/RESULTS.md, shared/gpu/BASELINE.md) -------------------
+CUDA_CONTEXT = int(1.37 * GIB)  # NVML used - torch reserved - paged optimizer state: 1.36-1.39 in every clean run
+CUBLAS_WORKSPACE = 64 * 2**20  # cuBLAS + cuBLASLt workspaces (32 MiB each on Hopper), allocated on the first matmul
 LOAD_CACHE = int(0.26 * GIB)  # blocks the loader leaves cached: reserved - allocated right after from_pretrained
-CACHE_BASE = int(0.12 * GIB)  # reserved - allocated during training: a base ...
-CACHE_FRACTION = 0.14  # ... plus this share of the activation working set (measured 0.25-1.36 GiB)
+LOAD_CACHE_FRACTION = 0.05  # ... at most this share of what was loaded (8B: 0.26 of 5.3 GiB; a tiny model: ~0)
+CACHE_BASE = int(0.06 * GIB)  # reserved - allocated during training: a base ...
+CACHE_FRACTION = 0.075  # ... plus this share of the working set (activations, logits, temporaries)
+CACHE_FRACTION_EXPANDABLE = 0.04  # with expandable_segments (measured 0.04 on `fastest`, 0.05 on 70B)
 LM_HEAD_VOCAB_CHUNK = 32768  # trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE
 LM_HEAD_TOKEN_CHUNK = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE
+PAGED_MIN_NUMEL = 100_000  # bitsandbytes Optimizer8bit.get_state_buffer pages only tensors at least this large
+ATTENTIONS = ("sdpa", "varlen")
 
 
 @dataclass
@@ -56,13 +76,13 @@ class Estimate:
     """
 
     quantized_weights: int
-    unquantized_weights: int
+    unquantized_weights: int  # on the GPU (an offloaded input embedding is not)
     lora: int  # adapter params + grads
     optimizer: int  # all optimizer state (paged state counts in NVML only)
-    activations: int  # kept for the backward pass: layer inputs (checkpointing) or every layer's tensors
+    activations: int  # kept for the backward pass: layer inputs (checkpointing) or every layer's tensors + masks
     logits: int  # LM head + loss working memory
-    temporaries: int  # beyond `logits`: a recomputed layer, its gradients, a dequantized 4-bit weight
-    load_spike: int  # how far the GPU memory used while loading (fp32 upcast) exceeds training's; usually 0
+    temporaries: int  # beyond `logits`: a recomputed layer, its gradients, a dequantized 4-bit weight, cuBLAS
+    load_spike: int  # how far the GPU memory used while loading exceeds training's; 0 when training is the peak
     allocator_cache: int  # torch reserved - allocated during training (cached free blocks)
     cuda_context: int  # NVML used - torch reserved (CUDA context, cuBLAS workspaces, ...)
     peak_allocated: int
@@ -71,6 +91,7 @@ class Estimate:
     tokens: int  # per micro-batch
     peak_phase: str  # "training" or "loading"
     nvml_training: int = 0  # NVML peak of the training steps alone (what a sampler started after loading sees)
+    cpu_offloaded: int = 0  # bytes kept in CPU memory instead (offload_embeddings)
     notes: list[str] = field(default_factory=list)
 
     COMPONENTS = ("quantized_weights", "unquantized_weights", "lora", "optimizer", "activations", "logits",
@@ -101,7 +122,8 @@ class Estimate:
         out.update(peak_allocated_gib=round(self.peak_allocated_gib, 3),
                    peak_reserved_gib=round(self.peak_reserved_gib, 3), nvml_peak_gib=round(self.total_gib, 3),
                    nvml_training_gib=round(self.nvml_training / GIB, 3), tokens_per_micro_batch=self.tokens,
-                   peak_phase=self.peak_phase, notes=list(self.notes))
+                   cpu_offloaded_gib=round(self.cpu_offloaded / GIB, 3), peak_phase=self.peak_phase,
+                   notes=list(self.notes))
         return out
 
     def table(self) -> str:
@@ -112,8 +134,8 @@ class Estimate:
             "optimizer": "optimizer state",
             "activations": "activations kept for backward",
             "logits": "LM head + loss",
-            "temporaries": "backward temporaries",
-            "load_spike": "extra while loading (fp32 upcast)",
+            "temporaries": "backward temporaries, cuBLAS workspace",
+            "load_spike": "extra while loading",
             "allocator_cache": "PyTorch cache (reserved - allocated)",
             "cuda_context": "CUDA context + libraries",
         }
@@ -125,6 +147,8 @@ class Estimate:
         lines.append(f"  {'total (GPU memory used, NVML peak)':<42} {self.total_gib:7.2f} GiB")
         lines.append(f"  peak allocated {self.peak_allocated_gib:.2f} GiB, peak reserved {self.peak_reserved_gib:.2f} "
                      f"GiB (peak while {self.peak_phase}); {self.tokens} tokens per micro-batch")
+        if self.cpu_offloaded:
+            lines.append(f"  in CPU memory instead: {self.cpu_offloaded / GIB:.2f} GiB (input embedding)")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -148,48 +172,94 @@ def _upcast(cfg: TrainConfig) -> bool:
     return cfg.load_in_4bit and cfg.upcast_to_fp32 and cfg.precision != "fp32"
 
 
-def _optimizer_bytes(cfg: TrainConfig, n: int, param_bytes: int) -> tuple[int, bool]:
-    """(bytes of optimizer state for n trainable params, whether it is paged)."""
+def _lora_matrices(shape: ModelShape, cfg: TrainConfig) -> list[int]:
+    """Element counts of one layer's LoRA matrices (A: r x in, B: out x r) for the targeted modules."""
+    dims = shape.module_dims()
+    return [n for t in cfg.lora_target_modules if t in dims for n in (cfg.lora_r * dims[t][0], cfg.lora_r * dims[t][1])]
+
+
+def _optimizer_bytes(cfg: TrainConfig, shape: ModelShape, param_bytes: int) -> tuple[int, int]:
+    """(bytes of optimizer state for the LoRA params, how many of them bitsandbytes pages)."""
     _, eight_bit, paged = OPTIMIZERS.get(cfg.optim, (False, False, False))
+    matrices = _lora_matrices(shape, cfg)
+    n = shape.num_hidden_layers * sum(matrices)
     if cfg.optim == "sgd":
-        return 0, False
+        return 0, 0
     if cfg.optim == "adafactor":
-        return n // 4, False  # factored second moment: rows + columns, a small fraction of n
+        return n // 4, 0  # factored second moment: rows + columns, a small fraction of n
     if eight_bit:
-        return 2 * n + 2 * 4 * -(-n // 256), paged  # two uint8 moments + fp32 absmax per 256-block each
-    if paged:  # paged_adamw_32bit: bitsandbytes keeps fp32 moments
-        return 8 * n, True
-    return 2 * param_bytes * n, False  # torch AdamW: moments in the params' dtype
+        def per(m: int) -> int:
+            return 2 * m + 2 * 4 * -(-m // 256)  # two uint8 moments + fp32 absmax per 256-block each
+    elif paged:  # paged_adamw_32bit: bitsandbytes keeps fp32 moments
+        def per(m: int) -> int:
+            return 8 * m
+    else:  # torch AdamW: moments in the params' dtype
+        return 2 * param_bytes * n, 0
+    total = shape.num_hidden_layers * sum(per(m) for m in matrices)
+    paged_bytes = shape.num_hidden_layers * sum(per(m) for m in matrices if m >= PAGED_MIN_NUMEL) if paged else 0
+    return total, paged_bytes
 
 
-def layer_bytes_per_token(cfg: TrainConfig, shape: ModelShape) -> tuple[int, int]:
+@dataclass(frozen=True)
+class _Dtypes:
+    c: int  # compute dtype (autocast): what attention, LoRA and the logits tile use
+    s: int  # residual stream: fp32 after the upcast (the embedding output is fp32), else the compute dtype
+    o: int  # output of a decoder linear: bitsandbytes returns its input's dtype (so s); a 16-bit one, c
+
+
+def _dtypes(cfg: TrainConfig) -> _Dtypes:
+    c = _bytes(cfg.precision)
+    s = 4 if (_upcast(cfg) or cfg.precision == "fp32") else c
+    return _Dtypes(c=c, s=s, o=s if cfg.load_in_4bit else c)
+
+
+def _masked(cfg: TrainConfig, attention: str, batch: int, equal_length_rows: bool) -> bool:
+    """Whether attention gets an explicit mask (a packed or padded micro-batch under SDPA)."""
+    if attention == "varlen":
+        return False
+    return cfg.packing or (batch > 1 and not equal_length_rows)
+
+
+def layer_bytes_per_token(cfg: TrainConfig, shape: ModelShape, *, liger_layers: bool | None = None,
+                          kv_repeated: bool = False) -> tuple[int, int]:
     """(bytes one decoder layer keeps for backward per token, extra bytes its backward needs per token).
 
-    s = residual-stream dtype (fp32 after the upcast: the embedding output is fp32), c = compute dtype (autocast),
-    o = dtype of a 4-bit linear's output (bitsandbytes returns its input's dtype, so fp32 after the upcast).
+    `kv_repeated`: attention is called with a mask, so transformers repeats the key/value heads to all query
+    heads before SDPA (no native GQA) and k, v are kept at the query width (also what varlen ran with here).
     """
+    liger = cfg.use_liger_kernel if liger_layers is None else liger_layers
+    d = _dtypes(cfg)
     h, inter, q, kv = shape.hidden_size, shape.intermediate_size, shape.q_dim, shape.kv_dim
-    q4 = cfg.load_in_4bit
-    c = _bytes(cfg.precision)
-    s = 4 if (_upcast(cfg) or cfg.precision == "fp32") else 2
-    o = s if q4 else c
-    # RMSNorm keeps its fp32 input (a copy if the stream is 16-bit); a 16-bit nn.Linear also keeps its own input
-    # (the norm output), a 4-bit one does not (bitsandbytes' MatMul4Bit saves only the weight).
-    norm = 4 * h + (0 if q4 else c * h)
-    norms = 2 * norm + max(0, shape.norms_per_layer - 2) * 4 * h
-    # SDPA / flash attention keeps q, k, v, its output (and the reshaped copy a 16-bit o_proj keeps).
-    attn = c * (2 * q + 2 * kv) + (0 if q4 else c * q)
-    # SwiGLU keeps gate, act(gate), up; a 16-bit down_proj also keeps their product. Liger's fused SwiGLU
-    # recomputes act(gate) in the backward pass.
-    mlp = (2 if cfg.use_liger_kernel else 3) * o * inter + (0 if q4 else c * inter)
-    # LoRA keeps its dropout output (compute dtype) and the dropout mask (1 byte) for each adapted layer.
+    # RMSNorm: the eager one keeps an fp32 copy of its input (+ 1/rms); liger's keeps the input as it is.
+    norm = (d.s * h if liger else 4 * h) + 4
+    norms = shape.norms_per_layer * norm
+    # Attention (SDPA / FlashAttention) keeps q, k, v, its output (compute dtype) and fp32 log-sum-exp per head.
+    k_width = q if kv_repeated else kv
+    attn = d.c * (2 * q + 2 * k_width) + 4 * shape.num_attention_heads
+    # SwiGLU keeps gate and up (liger's fused kernel recomputes act(gate) in backward), the eager MLP act(gate) too.
+    mlp = (2 if liger else 3) * d.o * inter
+    # LoRA keeps its input: with dropout, each adapted layer its own dropout output (compute dtype) + 1-byte mask;
+    # without, the modules reading one tensor share it (q,k,v read the norm output; gate,up the second norm's) when
+    # it is already in the compute dtype, else each keeps its own autocast copy. o_proj's input is attention's
+    # output, which attention keeps anyway. Plus the r-wide LoRA intermediate of each adapted layer.
     dims = shape.module_dims()
-    per_in = c + (1 if cfg.lora_dropout > 0 else 0)
-    lora = sum(per_in * dims[t][0] for t in cfg.lora_target_modules if t in dims)
+    targets = [t for t in cfg.lora_target_modules if t in dims]
+    lora = 0
+    if cfg.lora_dropout > 0:
+        lora = sum((d.c + 1) * dims[t][0] for t in targets)
+    else:
+        groups = {"attn_in": ("q_proj", "k_proj", "v_proj"), "mlp_in": ("gate_proj", "up_proj")}
+        for members in groups.values():
+            n = sum(t in targets for t in members)
+            if n:
+                lora += d.c * h * (1 if d.s == d.c else n)
+        if "down_proj" in targets:
+            lora += d.c * inter
+    lora += sum(d.c * cfg.lora_r for _ in targets)
     saved = norms + attn + mlp + lora
-    # Backward of the MLP holds the gradients of the product, act(gate) and up at once (+ a compute-dtype copy),
-    # and the residual stream's gradient (two copies).
-    backward = (1 if cfg.use_liger_kernel else 2) * o * inter + c * inter + 2 * s * h
+    # Backward of the MLP holds the gradient of the gate*up product (and, unfused, the second gradient of the
+    # multiply at the same time) and the residual stream's gradient (two copies).
+    backward = (1 if liger else 2) * d.o * inter + 2 * d.s * h
     return saved, backward
 
 
@@ -198,16 +268,24 @@ def _resolve_shape(cfg: TrainConfig, shape: ModelShape | None) -> ModelShape:
 
 
 def estimate(cfg: TrainConfig, shape: ModelShape | None = None, *, max_row_tokens: int | None = None,
-             full_logits: bool = False) -> Estimate:
+             full_logits: bool = False, liger_layers: bool | None = None, attention: str | None = None,
+             equal_length_rows: bool = False) -> Estimate:
     """Predict the GPU memory of training `cfg` (peak allocated, peak reserved and NVML peak).
 
     `max_row_tokens`: the longest row of the dataset in tokens, when known (default: rows reach max_length).
     `full_logits`: the loss materialises batch x length x vocab logits (a plain loss; not TRL's SFTTrainer).
+    `liger_layers`: liger's RMSNorm/SwiGLU/RoPE are in the model (default: `cfg.use_liger_kernel`).
+    `attention`: "sdpa" (default; or the config's `attention` field where it has one) or "varlen" (per packed row).
+    `equal_length_rows`: every row of a micro-batch has the same length, so an unpacked batch needs no padding mask.
     """
     shape = _resolve_shape(cfg, shape)
+    attention = attention or getattr(cfg, "attention", None) or "sdpa"
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, not {attention!r}")
+    liger = cfg.use_liger_kernel if liger_layers is None else liger_layers
     notes: list[str] = []
     q4 = cfg.load_in_4bit
-    c = _bytes(cfg.precision)
+    d = _dtypes(cfg)
     upcast = _upcast(cfg)
     row = cfg.max_length if not max_row_tokens else max(1, min(cfg.max_length, max_row_tokens))
     batch = cfg.per_device_train_batch_size
@@ -216,75 +294,93 @@ def estimate(cfg: TrainConfig, shape: ModelShape | None = None, *, max_row_token
 
     # Weights
     dims = shape.module_dims()
+    other_dtype = 4 if (upcast or cfg.precision == "fp32") else d.c
     if q4:
         quantized = layers * sum(nf4_bytes(a * b, cfg.bnb_4bit_use_double_quant) for a, b in dims.values())
-        other_dtype = 4 if (upcast or cfg.precision == "fp32") else 2
         unquantized = other_dtype * shape.unquantized_params
     else:
         quantized = 0
-        unquantized = c * shape.total_params
-        other_dtype = c
+        unquantized = d.c * shape.total_params
+    # offload_embeddings: the frozen input embedding stays in CPU memory (core.model.CpuEmbedding), not when tied.
+    offloaded = other_dtype * shape.embed_params if (cfg.offload_embeddings and shape.head_params) else 0
+    if offloaded:
+        notes.append(f"the input embedding ({offloaded / GIB:.2f} GiB) is kept in CPU memory; it is on the GPU "
+                     "while loading")
 
     # LoRA: TRL casts the adapters of a quantized model to bf16; peft keeps them fp32 on a 16-bit base.
     n_lora = shape.lora_params(cfg.lora_r, cfg.lora_target_modules)
     lora_dtype = 2 if q4 else 4
     lora = 2 * lora_dtype * n_lora
-    if not q4 and c == 2:
+    if not q4 and d.c == 2:
         lora += 2 * n_lora  # autocast caches bf16 copies of the fp32 adapter weights during the step
-    optimizer, paged = _optimizer_bytes(cfg, n_lora, lora_dtype)
+    optimizer, paged_bytes = _optimizer_bytes(cfg, shape, lora_dtype)
 
     # Activations
-    saved, backward = layer_bytes_per_token(cfg, shape)
-    s = 4 if (upcast or cfg.precision == "fp32") else 2
-    dequant = c * shape.largest_linear if q4 else 0  # bitsandbytes dequantizes a whole weight per matmul
-    mask = batch * row * row if (batch > 1 and not cfg.packing) else 0  # padded batches carry a 4-D bool mask
+    masked = _masked(cfg, attention, batch, equal_length_rows)
+    saved, backward = layer_bytes_per_token(cfg, shape, liger_layers=liger, kv_repeated=masked or attention == "varlen")
+    dequant = d.c * shape.largest_linear if q4 else 0  # bitsandbytes dequantizes a whole weight per matmul
+    # An explicit mask: a bool [T, T] (packed; batch x [L, L] padded) shared by the layers, and the compute-dtype
+    # bias SDPA makes of it, kept by every layer that has run forward (one layer with checkpointing).
+    mask_elems = (tokens * tokens if cfg.packing else batch * row * row) if masked else 0
+    mask_kept = mask_elems + d.c * mask_elems * (1 if cfg.gradient_checkpointing else layers)
     if cfg.gradient_checkpointing:
-        activations = layers * s * h * tokens + mask
+        activations = layers * d.s * h * tokens + mask_kept
         layer_phase = (saved + backward) * tokens + dequant
     else:
-        activations = layers * saved * tokens + mask
+        activations = layers * saved * tokens + mask_kept
         layer_phase = backward * tokens + dequant
 
-    # LM head + loss
+    # LM head + loss: the final norm's kept input, its output, TRL's compact copy of the labelled positions and the
+    # fp32 gradient of it (+ its cast back), a logits tile, and the head cast to the compute dtype per vocab chunk.
+    final_norm = (d.s * h if liger else 4 * h) + 4
     if full_logits and not cfg.use_liger_kernel:
-        logits = tokens * vocab * (c + 12) + tokens * (s + 4) * h
+        logits = tokens * vocab * (d.c + 12) + tokens * (final_norm + (d.s + 4) * h)
         notes.append("full logits: the loss keeps batch x length x vocab logits in fp32")
     else:
-        tile = min(tokens, LM_HEAD_TOKEN_CHUNK) * min(vocab, LM_HEAD_VOCAB_CHUNK) * c
-        weight_cast = min(vocab, LM_HEAD_VOCAB_CHUNK) * h * c if other_dtype != c else 0
-        logits = tile + weight_cast + tokens * (s + 4) * h  # + the kept hidden states and their fp32 gradient
-    temporaries = max(0, layer_phase - logits)
+        tile = min(tokens, LM_HEAD_TOKEN_CHUNK) * min(vocab, LM_HEAD_VOCAB_CHUNK) * d.c
+        weight_cast = min(vocab, LM_HEAD_VOCAB_CHUNK) * h * d.c if other_dtype != d.c else 0
+        logits = tile + weight_cast + tokens * (final_norm + 3 * d.s * h + 4 * h)
+    temporaries = max(0, layer_phase - logits) + CUBLAS_WORKSPACE
 
-    optimizer_torch = 0 if paged else optimizer
-    static = quantized + unquantized + lora + optimizer_torch
-    working = activations + logits + temporaries
-    train_alloc = static + working
-    train_reserved = train_alloc + CACHE_BASE + int(CACHE_FRACTION * working)
+    optimizer_torch = optimizer - paged_bytes
+    static = quantized + unquantized - offloaded + lora + optimizer_torch
+    working = activations + logits + temporaries - CUBLAS_WORKSPACE
+    train_alloc = static + working + CUBLAS_WORKSPACE
+    fraction = CACHE_FRACTION_EXPANDABLE if cfg.expandable_segments else CACHE_FRACTION
+    train_reserved = train_alloc + CACHE_BASE + int(fraction * working)
 
     # Loading: the fp32 upcast converts one matrix at a time; the bf16 copy of the first is freed but stays cached.
+    # An offloaded embedding is loaded to the GPU first and moved afterwards.
+    base = quantized + unquantized + CUBLAS_WORKSPACE  # the workspace stays from an earlier run of the process
+    load_cache = min(LOAD_CACHE, int(LOAD_CACHE_FRACTION * (quantized + unquantized)))
     if upcast:
         big = [shape.embed_params] + ([shape.head_params] if shape.head_params else [])
-        load_alloc = quantized + unquantized + 2 * big[-1]
-        load_reserved = load_alloc + (2 * big[0] if len(big) > 1 else 0) + LOAD_CACHE
+        load_alloc = base + 2 * big[-1]
+        load_reserved = load_alloc + (2 * big[0] if len(big) > 1 else 0) + load_cache
     else:
-        load_alloc = quantized + unquantized
-        load_reserved = load_alloc + LOAD_CACHE
+        load_alloc = base
+        load_reserved = load_alloc + load_cache
     peak_allocated = max(train_alloc, load_alloc)
     peak_reserved = max(train_reserved, load_reserved)
-    paged_bytes = optimizer - optimizer_torch  # created with the optimizer: absent while loading
-    nvml_training = train_reserved + CUDA_CONTEXT + paged_bytes
+    nvml_training = train_reserved + CUDA_CONTEXT + paged_bytes  # paged state: created with the optimizer
     nvml = max(nvml_training, load_reserved + CUDA_CONTEXT)
     phase = "loading" if nvml > nvml_training else "training"
     if phase == "loading":
-        notes.append("the peak is the fp32 upcast while loading, not training: upcast_to_fp32=false avoids it")
+        if upcast:
+            notes.append("the peak is the fp32 upcast while loading, not training: upcast_to_fp32=false avoids it")
+        else:
+            notes.append("the peak is while loading the model, not training")
     if paged_bytes:
         notes.append("paged optimizer state lives in CUDA managed memory: it can spill to CPU RAM under pressure")
+    if masked and cfg.packing and not cfg.gradient_checkpointing and mask_elems:
+        notes.append(f"SDPA keeps a {tokens} x {tokens} mask per layer over a packed micro-batch "
+                     f"({d.c * mask_elems * layers / GIB:.2f} GiB here)")
     return Estimate(
-        quantized_weights=quantized, unquantized_weights=unquantized, lora=lora, optimizer=optimizer,
+        quantized_weights=quantized, unquantized_weights=unquantized - offloaded, lora=lora, optimizer=optimizer,
         activations=activations, logits=logits, temporaries=temporaries, load_spike=nvml - nvml_training,
         allocator_cache=train_reserved - train_alloc, cuda_context=CUDA_CONTEXT, peak_allocated=peak_allocated,
         peak_reserved=peak_reserved, nvml_peak=nvml, tokens=tokens, peak_phase=phase, notes=notes,
-        nvml_training=nvml_training)
+        nvml_training=nvml_training, cpu_offloaded=offloaded)
 
 
 # --- what each checklist item saves ---------------------------------------------------------------------------------

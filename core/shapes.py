@@ -141,6 +141,8 @@ def _gemma2(name, h, i, layers, heads, kv, head_dim) -> ModelShape:
 
 # name: vocab, hidden, intermediate, layers, heads, kv heads, (head_dim), tied, max positions
 SHAPES: dict[str, ModelShape] = {s.name: s for s in (
+    _llama("meta-llama/Llama-2-7b-hf", 32000, 4096, 11008, 32, 32, 32, 128, False, 4096),
+    _llama("meta-llama/Llama-2-13b-hf", 32000, 5120, 13824, 40, 40, 40, 128, False, 4096),
     _llama("meta-llama/Llama-3.2-1B", 128256, 2048, 8192, 16, 32, 8, 64, True, 131072),
     _llama("meta-llama/Llama-3.2-3B", 128256, 3072, 8192, 28, 24, 8, 128, True, 131072),
     _llama("meta-llama/Llama-3.1-8B", 128256, 4096, 14336, 32, 32, 8, 128, False, 131072),
@@ -159,7 +161,9 @@ SHAPES: dict[str, ModelShape] = {s.name: s for s in (
 )}
 
 _ALIASES = {"meta-llama/meta-llama-3.1-8b": "meta-llama/Llama-3.1-8B",
-            "meta-llama/meta-llama-3.1-70b": "meta-llama/Llama-3.1-70B"}
+            "meta-llama/meta-llama-3.1-70b": "meta-llama/Llama-3.1-70B",
+            "meta-llama/llama-2-7b-chat-hf": "meta-llama/Llama-2-7b-hf",
+            "meta-llama/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf"}
 _SUFFIXES = ("-instruct", "-it", "-chat")
 
 
@@ -168,7 +172,7 @@ def table_lookup(model_id: str) -> ModelShape | None:
     key = model_id.strip().lower()
     by_lower = {k.lower(): v for k, v in SHAPES.items()}
     for candidate in (key, *(key[: -len(s)] for s in _SUFFIXES if key.endswith(s))):
-        candidate = _ALIASES.get(candidate, candidate)
+        candidate = _ALIASES.get(candidate, candidate).lower()
         if candidate in by_lower:
             return by_lower[candidate]
     # A bare name without the organisation, e.g. "Llama-3.1-8B"

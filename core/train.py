@@ -186,6 +186,38 @@ def phase(sink: EventSink, name: str, message: str) -> Iterator[None]:
         thread.join()
 
 
+@contextlib.contextmanager
+def undo_module_patches(model) -> Iterator[None]:
+    """Put back whatever a run monkey-patched in the model's modeling module (functions and class attributes).
+
+    liger-kernel (use_liger_kernel) replaces e.g. LlamaRMSNorm, LlamaMLP and apply_rotary_pos_emb in
+    transformers' modeling_llama module for the whole process. In a long-lived process (the web app) every later
+    Llama model would silently get liger's layers whatever its config says; the benchmark saw exactly that.
+    """
+    base = getattr(model, "get_base_model", lambda: model)()
+    names = {type(base).__module__} | {type(m).__module__ for m in base.modules()}
+    modules = [sys.modules[n] for n in names if n in sys.modules and n.startswith("transformers.models.")]
+    saved = []
+    for mod in modules:
+        attrs = dict(vars(mod))
+        classes = {name: (obj, dict(vars(obj))) for name, obj in attrs.items()
+                   if isinstance(obj, type) and obj.__module__ == mod.__name__}
+        saved.append((mod, attrs, classes))
+    try:
+        yield
+    finally:
+        for mod, attrs, classes in saved:
+            for name, value in attrs.items():
+                if vars(mod).get(name) is not value:
+                    setattr(mod, name, value)
+            for cls, cdict in classes.values():
+                for name in [n for n in vars(cls) if n not in cdict]:
+                    delattr(cls, name)
+                for name, value in cdict.items():
+                    if name not in ("__dict__", "__weakref__") and vars(cls).get(name) is not value:
+                        setattr(cls, name, value)
+
+
 def make_callback(sink: EventSink, stop: threading.Event, cuda: bool):
     """A TrainerCallback that emits step events, honours Stop and marks checkpoints complete."""
     from transformers import TrainerCallback
@@ -331,7 +363,8 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
                                     callbacks=[callback, *callbacks], console=console)
         emit(make_event("run", run_dir=str(run_dir), config=cfg.to_dict(), total_steps=None,
                         resume_from=str(resume_ckpt or "")))
-        output = trainer.train(resume_from_checkpoint=str(resume_ckpt) if resume_ckpt else None)
+        with undo_module_patches(model):
+            output = trainer.train(resume_from_checkpoint=str(resume_ckpt) if resume_ckpt else None)
 
         status = "stopped" if callback.stopped else "completed"
         summary = {

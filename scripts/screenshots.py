@@ -3,9 +3,11 @@
     python scripts/screenshots.py [--out assets/screenshots] [--width 1440]
 
 Starts `python app.py` on a free port in a temporary working folder (offline, CPU demo), drives it with
-Debian's chromium through Playwright, and saves: 01-idle.png (model & data with the data preview),
-02-checklist.png, 03-running.png (mid-run: progress, loss curve, log), 04-finished.png (adapter ready),
-05-code.png (the settings as a command and a script).
+Debian's chromium through Playwright, and saves: 01-idle.png (model & data with the data preview, the predicted
+peak on the gauge), 02-checklist.png (the chapter's recipe: what each item saves and costs, Fit to my GPU),
+03-running.png (mid-run: progress, loss curve, log), 04-finished.png (adapter ready, predicted vs measured peak),
+05-code.png (the settings as a command and a script), 06-try-it.png (base vs fine-tuned answers),
+07-history.png (the runs, one opened), 08-export.png, 09-checklist-pt.png (the checklist in Portuguese).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                 page = browser.new_page(viewport={"width": args.width, "height": 1000}, device_scale_factor=1)
                 page.goto(f"http://127.0.0.1:{port}/")
                 page.wait_for_selector("#start-btn")
+                page.wait_for_selector("#mt-gauge-prediction", timeout=30_000)
                 page.click("#preview-btn")
                 page.wait_for_selector("#mt-preview svg", timeout=60_000)
                 page.wait_for_timeout(800)
@@ -81,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                                        ".textContent.includes('Llama-3.1-8B')")
                 page.get_by_role("tab", name="2 · Memory checklist").click()
                 page.wait_for_selector("#check-qlora")
+                page.wait_for_function("+document.querySelector('#mt-gauge-prediction')?.dataset.predicted > 5")
                 page.wait_for_timeout(800)
                 page.screenshot(path=str(out / "02-checklist.png"), full_page=True)
                 print("02-checklist.png")
@@ -109,6 +113,50 @@ def main(argv: list[str] | None = None) -> int:
                 page.wait_for_timeout(800)
                 page.screenshot(path=str(out / "05-code.png"), full_page=False)
                 print("05-code.png")
+
+                page.get_by_role("tab", name="Try it").click()
+                page.wait_for_selector("#try-adapter input")
+                page.click("#try-adapter input")
+                page.get_by_role("option").first.click()
+                page.locator("#try-prompt textarea").fill("Translate the word 'cat' into French.")
+                page.click("#try-send")
+                page.wait_for_function("document.querySelector('#try-status')?.textContent.includes('Done')",
+                                       timeout=180_000, polling=250)
+                page.wait_for_timeout(500)
+                page.screenshot(path=str(out / "06-try-it.png"), full_page=True)
+                print("06-try-it.png")
+
+                page.get_by_role("tab", name="History").click()
+                page.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=30_000)
+                page.click("#history-table [data-testid=cell-0-1]")
+                page.wait_for_selector("#mt-history-detail")
+                page.wait_for_selector("#history-plot canvas, #history-plot svg")
+                page.wait_for_timeout(1200)
+                page.screenshot(path=str(out / "07-history.png"), full_page=True)
+                print("07-history.png")
+
+                page.get_by_role("tab", name="Export").click()
+                page.wait_for_selector("#export-merge-warning .mt-note", timeout=30_000)
+                page.wait_for_timeout(800)
+                page.screenshot(path=str(out / "08-export.png"), full_page=True)
+                print("08-export.png")
+
+                # The checklist in Portuguese, on the chapter's recipe (as in 02).
+                page.get_by_role("tab", name="Train", exact=True).click()
+                page.get_by_role("tab", name="1 · Model & data").click()
+                page.click("#preset-chapter")
+                page.wait_for_function("document.querySelector('#mt-summary [data-key=model]')"
+                                       ".textContent.includes('Llama-3.1-8B')")
+                page.get_by_role("tab", name="2 · Memory checklist").click()
+                page.wait_for_selector("#check-qlora")
+                page.click("#lang-select input")
+                page.get_by_role("option", name="Português").click()
+                page.wait_for_function("document.querySelector('#check-gradient_checkpointing')"
+                                       ".textContent.includes('Ative gradient checkpointing')")
+                page.wait_for_function("+document.querySelector('#mt-gauge-prediction')?.dataset.predicted > 5")
+                page.wait_for_timeout(1500)
+                page.screenshot(path=str(out / "09-checklist-pt.png"), full_page=True)
+                print("09-checklist-pt.png")
                 browser.close()
         finally:
             proc.terminate()

@@ -26,6 +26,8 @@ class FakeRun:
         for step in range(1, self.steps + 1):
             sink(make_event("step", step=step, total_steps=self.steps, epoch=step / self.steps, tokens=10 * step,
                             tokens_per_s=100.0, elapsed_s=step, eta_s=self.steps - step))
+            sink(make_event("metrics", step=step, total_steps=self.steps, epoch=step / self.steps, loss=5.0 - step,
+                            learning_rate=1e-3, grad_norm=1.0))
             sink(make_event("log", level="info", message=f"step {step}/{self.steps}  loss {5.0 - step:.4f}  lr 1e-3"))
         self.started.set()
         while not (stop.is_set() or self.release.is_set()):
@@ -109,20 +111,40 @@ def test_view_reads_progress_losses_and_collapses_heartbeats():
         make_event("phase", phase="loading_model", message="Loading (4 s)"),
         make_event("run", run_dir="runs/x", config={}, total_steps=None),
         make_event("step", step=1, total_steps=10, tokens=5, tokens_per_s=50.0, elapsed_s=1.0, eta_s=9.0),
-        make_event("step", step=2, total_steps=10, loss=3.5, tokens=10, tokens_per_s=50.0, elapsed_s=2.0, eta_s=8.0),
+        make_event("step", step=2, total_steps=10, tokens=10, tokens_per_s=50.0, elapsed_s=2.0, eta_s=8.0),
+        make_event("metrics", step=2, total_steps=10, epoch=0.2, loss=3.5, learning_rate=1e-3, grad_norm=1.0),
         make_event("log", level="info", message="step 2/10  loss 3.5000  lr 1.00e-03"),
-        make_event("log", level="info", message="step 4/10  loss 2.2500  lr 1.00e-03  grad_norm 1.000"),
+        make_event("step", step=3, total_steps=10, tokens=15, tokens_per_s=50.0, elapsed_s=3.0, eta_s=7.0),
+        make_event("log", level="info", message="step 3/10  loss 9.9900  lr 1.00e-03"),  # a log line is not data
+        make_event("metrics", step=4, total_steps=10, epoch=0.4, loss=2.25, learning_rate=1e-3, grad_norm=None),
+        make_event("metrics", step=4, total_steps=10, epoch=0.4, loss=2.0, learning_rate=1e-3, grad_norm=1.0),
+        make_event("metrics", step=5, total_steps=10, epoch=0.5, loss=None, learning_rate=1e-3),  # no loss: skipped
         make_event("step", step=4, total_steps=10, tokens=20, tokens_per_s=50.0, elapsed_s=4.0, eta_s=6.0),
     ]
     v = view(events, running=True)
     assert v.state == "running" and v.step == 4 and v.total_steps == 10
-    assert v.losses == [(2, 3.5), (4, 2.25)]  # from step events, else from the engine's loss lines; no duplicates
+    assert v.losses == [(2, 3.5), (4, 2.0)]  # from metrics events only; a step logged twice (resume): the latest
+    assert v.last_loss == 2.0
     assert v.eta_s == 6.0 and v.tokens_per_s == 50.0 and v.fraction == pytest.approx(0.4)
     assert sum("loading_model" in line for line in v.log) == 1 and "(4 s)" in "\n".join(v.log)
     assert sum("run folder" in line for line in v.log) == 1
     assert view(events, running=True, stopping=True).state == "stopping"
     assert view(events, running=False, from_disk=True).state == "interrupted"
     assert view([]).state == "idle"
+
+
+def test_is_running_names_the_running_jobs_folder(tmp_path):
+    fake = FakeRun()
+    mgr = JobManager(runner=fake)
+    assert not mgr.is_running("/tmp/fake-run")
+    job = mgr.start(TrainConfig())
+    assert fake.started.wait(5)
+    assert job.run_dir == "/tmp/fake-run"
+    assert mgr.is_running("/tmp/fake-run") and mgr.is_running("/tmp/../tmp/fake-run")
+    assert not mgr.is_running(tmp_path)
+    fake.release.set()
+    assert job.wait(5)
+    assert not mgr.is_running("/tmp/fake-run")  # finished: deletable, resumable
 
 
 def test_format_event_covers_every_kind():
@@ -136,7 +158,8 @@ def test_an_earlier_run_is_shown_from_its_events_file(tmp_path):
     run = tmp_path / "runs" / "run-1"
     sink = JsonlSink(run / "events.jsonl")
     sink(make_event("run", run_dir=str(run), config=demo_config().to_dict(), total_steps=None))
-    sink(make_event("step", step=3, total_steps=9, loss=1.5))
+    sink(make_event("step", step=3, total_steps=9))
+    sink(make_event("metrics", step=3, total_steps=9, loss=1.5, learning_rate=1e-3, grad_norm=0.5))
     assert latest_run_dir(tmp_path / "runs") == run
     assert latest_run_dir(tmp_path / "nothing") is None
     mgr = JobManager(runner=FakeRun())

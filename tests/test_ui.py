@@ -88,18 +88,27 @@ def test_widget_values_are_coerced_and_bad_ones_all_reported():
     assert {p.field for p in problems} == {"learning_rate", "max_steps", "optim"}
 
 
+def split_derived(out):
+    """derived() outputs by name: summary, prediction, ticks, facts, preset, script, command."""
+    assert len(out) == blocks.N_DERIVED
+    k = len(checklist.ITEMS)
+    return dict(summary=out[0], prediction=out[1], ticks=out[2:2 + k], facts=out[2 + k:2 + 2 * k], preset=out[-3],
+                script=out[-2], command=out[-1])
+
+
 def test_checklist_ticks_change_the_config_and_back():
     base = TrainConfig()
     for item in checklist.ITEMS:
         for on in (False, True):
-            out = blocks.on_checklist(item.key, on, *widget_values(base))
+            out = blocks.on_checklist(item.key, "en", on, *widget_values(base))
             n = len(FIELD_NAMES)
             cfg = as_config(out[:n])
             assert cfg == checklist.toggle(base, item.key, on)
             assert checklist.active(cfg)[item.key] is on, item.key
-            ticks = [value_of(u) for u in out[n + 1:n + 1 + len(checklist.ITEMS)]]
+            d = split_derived(out[n:])
+            ticks = [value_of(u) for u in d["ticks"]]
             assert ticks == [checklist.active(cfg)[i.key] for i in checklist.ITEMS]
-            summary, code_py, cli = out[n], out[-2], out[-1]
+            summary, code_py, cli = d["summary"], d["script"], d["command"]
             assert "checklist" in summary
             compile(code_py, "generated.py", "exec")
             assert cli.startswith("python -m core.train")
@@ -109,15 +118,15 @@ def test_checklist_ticks_change_the_config_and_back():
 def test_summary_and_code_follow_a_field_change():
     values = widget_values(demo_config())
     values[FIELD_NAMES.index("gradient_checkpointing")] = True
-    summary, *rest = blocks.on_fields_changed(*values)
+    summary, *rest = blocks.on_fields_changed("en", *values)
     assert "checkpointing on" in summary
     assert "gradient_checkpointing=true" in rest[-1]
     assert "gradient_checkpointing=True" in rest[-2]
 
 
 def test_presets_load_the_demo_and_the_chapter():
-    assert as_config(blocks.on_start_from("demo")[:len(FIELD_NAMES)]) == demo_config()
-    assert as_config(blocks.on_start_from("chapter")[:len(FIELD_NAMES)]) == TrainConfig()
+    assert as_config(blocks.on_start_from("demo", "en")[:len(FIELD_NAMES)]) == demo_config()
+    assert as_config(blocks.on_start_from("chapter", "pt")[:len(FIELD_NAMES)]) == TrainConfig()
 
 
 # --- start / stop -------------------------------------------------------------------------------------------------
@@ -139,7 +148,7 @@ class Blocking:
 def test_start_lists_every_problem_at_once(monkeypatch):
     monkeypatch.setattr(blocks, "MANAGER", JobManager(runner=Blocking()))
     values = widget_values(demo_config(model="", dataset="", max_steps=0, run_name="../evil"))
-    notice, *_ = blocks.on_start(*values)
+    notice, *_ = blocks.on_start("en", *values)
     for name in ("model", "dataset", "max_steps", "run_name"):
         assert f"<code>{name}</code>" in notice
     assert not blocks.MANAGER.busy()
@@ -149,10 +158,10 @@ def test_start_lists_every_problem_at_once(monkeypatch):
 def test_second_start_is_refused_with_a_message(monkeypatch):
     runner = Blocking()
     monkeypatch.setattr(blocks, "MANAGER", JobManager(runner=runner))
-    first, *_ = blocks.on_start(*widget_values(demo_config()))
+    first, *_ = blocks.on_start("en", *widget_values(demo_config()))
     assert "started" in first
-    second, *_ = blocks.on_start(*widget_values(demo_config()))  # e.g. from another tab
-    assert "already running" in second
+    second, *_ = blocks.on_start("en", *widget_values(demo_config()))  # e.g. from another tab
+    assert "already in progress" in second
     assert "Stopping" in blocks.on_stop()
     assert blocks.MANAGER.current().wait(5)
     assert "No run" in blocks.on_stop()
@@ -187,20 +196,20 @@ def test_settings_save_and_load_with_safe_names(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMTUNE_CONFIG_DIR", str(tmp_path / "configs"))
     cfg = demo_config(lora_r=4, max_steps=33)
     for bad in ("../evil", "a b", "", "/abs", ".hidden"):
-        notice, _ = blocks.on_save_config(bad, *widget_values(cfg))
+        notice, _ = blocks.on_save_config("en", bad, *widget_values(cfg))
         assert "mt-note-error" in notice, bad
     assert not (tmp_path / "configs").exists() or not list((tmp_path / "configs").iterdir())
-    notice, listing = blocks.on_save_config("my-run.yaml", *widget_values(cfg))
+    notice, listing = blocks.on_save_config("en", "my-run.yaml", *widget_values(cfg))
     assert "Saved" in notice and listing["value"] == "my-run"
     assert TrainConfig.load(tmp_path / "configs" / "my-run.yaml") == cfg
-    out = blocks.on_load_config("my-run")
+    out = blocks.on_load_config("en", "my-run")
     assert as_config(out[:len(FIELD_NAMES)]) == cfg and "Loaded" in out[-1]
     (tmp_path / "configs" / "broken.yaml").write_text("lora_r: 0\noptim: adam_bogus\n")
-    out = blocks.on_load_config("broken")
+    out = blocks.on_load_config("en", "broken")
     assert "Not loaded" in out[-1] and "lora_r" in out[-1] and "optim" in out[-1]
     (tmp_path / "configs" / "typo.yaml").write_text("lora_rank: 8\n")
-    assert "lora_rank" in blocks.on_load_config("typo")[-1]
-    assert "Pick" in blocks.on_load_config("../../etc/passwd")[-1]
+    assert "lora_rank" in blocks.on_load_config("en", "typo")[-1]
+    assert "Pick" in blocks.on_load_config("en", "../../etc/passwd")[-1]
 
 
 def test_out_of_range_names_the_fields():
@@ -210,14 +219,14 @@ def test_out_of_range_names_the_fields():
 
 # --- data preview and upload --------------------------------------------------------------------------------------
 def test_preview_shows_examples_and_histogram(demo_model_path):
-    html = blocks.on_preview(*widget_values(demo_config()))
+    html = blocks.on_preview("en", *widget_values(demo_config()))
     assert "Format: dolly" in html and "<svg" in html and "max_length 64" in html
 
 
 def test_format_errors_are_shown_in_place(tmp_path, demo_model_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "a", "answer": "b"}\n')
-    html = blocks.on_preview(*widget_values(demo_config(dataset=str(bad))))
+    html = blocks.on_preview("en", *widget_values(demo_config(dataset=str(bad))))
     assert "mt-data-error" in html and "question" in html
 
 
@@ -225,19 +234,20 @@ def test_upload_sets_the_dataset_and_previews(tmp_path, monkeypatch, demo_model_
     monkeypatch.setenv("MEMTUNE_HOME", str(tmp_path / "home"))
     f = tmp_path / "my data.jsonl"
     f.write_text("\n".join('{"text": "hello world %d"}' % i for i in range(5)) + "\n")
-    out = blocks.on_upload(str(f), *widget_values(demo_config()))
+    out = blocks.on_upload("en", str(f), *widget_values(demo_config()))
     cfg = as_config(out[:len(FIELD_NAMES)])
     assert Path(cfg.dataset).name == "my_data.jsonl" and Path(cfg.dataset).is_file() and cfg.dataset_split == "train"
     assert "Format: text" in out[-1]
     exe = tmp_path / "x.exe"
     exe.write_text("MZ")
-    assert "Upload not used" in blocks.on_upload(str(exe), *widget_values(demo_config()))[-1]
+    assert "Upload not used" in blocks.on_upload("en", str(exe), *widget_values(demo_config()))[-1]
 
 
 # --- rendering ---------------------------------------------------------------------------------------------------
 def test_gauge_without_a_gpu_says_so_plainly():
     html = render.gauge_html([], "no NVIDIA GPU found")
-    assert "no NVIDIA GPU found" in html
+    assert "No NVIDIA GPU found" in html
+    assert "Nenhuma GPU NVIDIA encontrada" in render.gauge_html([], "no NVIDIA GPU found", lang="pt")
 
 
 def test_gauge_bands_and_peak_marker():
@@ -315,12 +325,12 @@ def test_script_names_what_it_does_not_reproduce():
 def test_preset_radio_applies_levers_and_follows_the_config():
     from core import presets
 
-    out = blocks.on_preset_lever("lowest_memory", *widget_values(TrainConfig()))
+    out = blocks.on_preset_lever("en", "lowest_memory", *widget_values(TrainConfig()))
     cfg = as_config(out[:len(FIELD_NAMES)])
     assert cfg == presets.apply_preset(TrainConfig(), "lowest_memory", blocks.hardware())
-    assert out[-3] == presets.matching(cfg) or out[-3] == "custom"
-    assert blocks.on_fields_changed(*widget_values(TrainConfig()))[-3] == "chapter"
-    assert blocks.on_fields_changed(*widget_values(TrainConfig(lora_dropout=0.3)))[-3] == "custom"
+    assert value_of(out[-3]) == (presets.matching(cfg) or "custom")
+    assert value_of(blocks.on_fields_changed("en", *widget_values(TrainConfig()))[-3]) == "chapter"
+    assert value_of(blocks.on_fields_changed("en", *widget_values(TrainConfig(lora_dropout=0.3)))[-3]) == "custom"
 
 
 def test_cli_lists_only_changed_fields():
@@ -383,3 +393,355 @@ def test_app_help_lists_the_flags():
     assert proc.returncode == 0
     for flag in ("--host", "--port", "--share", "--auth"):
         assert flag in proc.stdout
+
+
+# --- memory prediction: gauge, checklist facts, fit to the GPU, predicted vs measured ------------------------------
+def test_gauge_draws_the_prediction_against_free_memory_or_a_hypothetical_card():
+    gpu = [{"index": 0, "name": "RTX", "used_gib": 4.0, "total_gib": 24.0}]
+    fits = render.gauge_html(gpu, predicted_gib=10.0)
+    assert "mt-pred-seg" in fits and 'data-fits="true"' in fits and "fits in the 20.0 GiB free" in fits
+    over = render.gauge_html(gpu, predicted_gib=22.0)
+    assert "mt-pred-over" in over and 'data-fits="false"' in over and "does not fit" in over
+    running = render.gauge_html(gpu, predicted_gib=10.0, running=True, run_peak_gib=9.0)
+    assert "mt-pred-seg" not in running and "mt-predicted" in running and "mt-peak" in running
+    cpu = render.gauge_html([], "no NVIDIA GPU found", predicted_gib=10.9, budget_gib=8)
+    assert "No NVIDIA GPU found" in cpu and "10.9 GiB" in cpu and "hypothetical 8 GiB card" in cpu
+    assert "does not fit a 8 GiB card" in cpu and "no GPU here" in cpu
+    assert "10,9 Gio" in render.gauge_html([], "", predicted_gib=10.9, budget_gib=8, lang="fr")
+
+
+def test_checklist_facts_say_what_each_item_saves_and_costs_measured():
+    out = blocks.on_fields_changed("en", *widget_values(TrainConfig()))
+    d = split_derived(out)
+    assert d["prediction"]["gib"] > 5  # the chapter's recipe on an 8B model
+    facts = dict(zip([i.key for i in checklist.ITEMS], d["facts"]))
+    from core.estimate import savings
+
+    saved = {s.key: s.saved_gib for s in savings(TrainConfig())}
+    assert saved["gradient_checkpointing"] > 0.05  # the estimator's figure, shown as is
+    assert f"saves {saved['gradient_checkpointing']:.1f} GiB here" in facts["gradient_checkpointing"]
+    assert "saves nothing here" in facts["efficient_optimizer"]  # the truth for LoRA's small optimizer state
+    assert "tokens/s" in facts["gradient_checkpointing"]  # measured on the GPU machine (bench/), with its source
+    for html in facts.values():  # a measurement with its source, or an honest "not measured"
+        assert "Memory" in html and "Speed" in html
+        assert "mt-src" in html or "Not measured" in html
+
+
+def test_speed_costs_come_only_from_measured_pairs(tmp_path):
+    from ui import speed
+
+    base = TrainConfig(max_steps=4).to_dict()
+    rows = [dict(name="ckpt", source="r1", arch="a", tokens_per_s=100.0, config=dict(base)),
+            dict(name="no-ckpt", source="r1", arch="a", tokens_per_s=150.0,
+                 config=dict(base, gradient_checkpointing=False)),
+            dict(name="other-run", source="r2", arch="a", tokens_per_s=900.0,  # another run: never compared
+                 config=dict(base, gradient_checkpointing=False)),
+            dict(name="two-levers", source="r1", arch="a", tokens_per_s=10.0,  # checkpointing AND length differ
+                 config=dict(base, gradient_checkpointing=False, max_length=2048, lora_r=8))]
+    pairs = speed.find_pairs(rows, "bench/x.json", "H200")
+    assert [(p.key, p.on_name, p.off_name) for p in pairs] == [("gradient_checkpointing", "ckpt", "no-ckpt")]
+    assert round(pairs[0].change, 3) == -0.333
+    (tmp_path / "x.json").write_text(__import__("json").dumps({"rows": rows, "environment": {"gpu": "H200"}}))
+    found = speed.measured_pairs.__wrapped__(tmp_path)
+    lines = speed.speed_lines("gradient_checkpointing", TrainConfig(), "en", found, facts=None)  # no levers.json
+    assert lines[0][0] == "\u221233% tokens/s with it (100 vs 150 without)"
+    assert "bench/x.json" in lines[0][1] and "H200" in lines[0][1] and "ckpt vs no-ckpt" in lines[0][1]
+    assert speed.speed_lines("bf16", TrainConfig(), "en", found, facts=None) == [
+        ("Not measured: every benchmark run used bf16.", "")]
+
+
+def test_speed_costs_from_the_benchmarks_levers_file(tmp_path):
+    """bench/levers.json (python -m bench.assemble): the headline pair, tokens/s-is-not-a-cost, not measured."""
+    import json
+
+    from ui import speed
+
+    def row(name, tps, s_step, file="bench/results/r.json"):
+        return {"file": file, "run": "run9", "row": name, "tokens_per_s": tps, "s_per_step": s_step}
+
+    levers = {"checklist": {
+        "gradient_checkpointing": {"speed_ratio": 0.5, "measurements": [
+            {"speed_ratio": 0.5, "where": "8B, packed", "on": row("ck", 100.0, 2.0), "off": row("nock", 200.0, 1.0)},
+            {"speed_ratio": 0.75, "where": "8B, the seed recipe", "on": row("seed", 75, None, "shared/gpu/BASELINE.md"),
+             "off": row("seed-nock", 100, None, "shared/gpu/BASELINE.md")}]},
+        "short_max_length": {"speed_ratio": None, "measurements": [
+            {"speed_ratio": 0.25, "where": "8B, 512 vs 2048", "on": row("s512", 800.0, 1.23),
+             "off": row("s2048", 3200.0, 1.22)}]}},
+        "not_measured": {"bf16": "every run was bf16", "qlora": "not yet"}}
+    (tmp_path / "levers.json").write_text(json.dumps(levers))
+    facts = speed.lever_facts.__wrapped__(tmp_path / "levers.json")
+    ck = speed.speed_lines("gradient_checkpointing", TrainConfig(), "en", facts=facts)
+    assert ck[0] == ("\u221250% tokens/s with it (100 vs 200 without)", "8B, packed — bench/results/r.json: ck vs nock")
+    assert ck[1][0] == "\u221225% tokens/s with it (75 vs 100 without)"  # measured at the chapter's settings
+    assert len(speed.speed_lines("gradient_checkpointing", None, "en", facts=facts)) == 1  # the headline only
+    length = speed.speed_lines("short_max_length", TrainConfig(), "pt", facts=facts)
+    assert length[0][0].startswith("1.23 s por passo do otimizador com o item contra 1.22 s")  # not "-75%"
+    assert speed.speed_lines("bf16", None, "en", facts=facts)[0][0].startswith("Not measured")
+    assert speed.speed_lines("qlora", None, "en", facts=facts) == [("Not measured.", "source: bench/levers.json")]
+    (tmp_path / "broken.json").write_text('{"checklist": 3}')
+    assert speed.lever_facts.__wrapped__(tmp_path / "broken.json") is None  # then the grid and quoted facts
+
+
+@pytest.mark.filterwarnings("ignore:Does not fit")
+def test_fit_button_respects_the_budget():
+    from core.estimate import estimate
+
+    cfg = TrainConfig(upcast_to_fp32=False, per_device_train_batch_size=8, gradient_accumulation_steps=2,
+                      gradient_checkpointing=False, max_length=2048)
+    n = len(FIELD_NAMES)
+    if blocks.hardware().cuda:
+        pytest.skip("with a GPU the budget is the GPU's free memory (tested below with a fake GPU)")
+    for budget in (8, 12, 24):
+        out = blocks.on_fit("en", budget, *widget_values(cfg))
+        fitted = as_config(out[:n])
+        assert estimate(fitted).total_gib <= budget * 0.9
+        assert fitted.effective_batch_size >= cfg.effective_batch_size  # kept via accumulation
+        assert f"Fitted to a hypothetical {budget} GiB card" in out[-1] and "• " in out[-1]
+    assert "Micro-batch size: 8 → 1" in blocks.on_fit("en", 8, *widget_values(cfg))[-1]
+    small = blocks.on_fit("en", 6, *widget_values(cfg))
+    assert all(isinstance(x, dict) and x.get("__type__") == "update" for x in small[:n])  # nothing changed
+    assert "mt-note-error" in small[-1] and "Does not fit a hypothetical 6 GiB card" in small[-1]
+    assert "Nothing fits in 6.0 GiB" in small[-1]  # core.estimate's own explanation
+    same = blocks.on_fit("en", 80, *widget_values(TrainConfig()))
+    assert "Already fits" in same[-1]
+    assert "Ajustado a uma placa hipotética de 12 GiB" in blocks.on_fit("pt", 12, *widget_values(cfg))[-1]
+
+
+@pytest.mark.filterwarnings("ignore:Does not fit")
+def test_fit_button_uses_the_gpus_free_memory(monkeypatch):
+    from core.config import Hardware
+    from core.estimate import estimate
+
+    monkeypatch.setattr(blocks, "hardware", lambda: Hardware(cuda=True, bf16=True, bitsandbytes=True))
+    monkeypatch.setattr(blocks, "read_gpus", lambda: ([{"index": 0, "name": "X", "used_gib": 14.0,
+                                                         "total_gib": 24.0}], ""))
+    cfg = TrainConfig(upcast_to_fp32=False, per_device_train_batch_size=8, gradient_accumulation_steps=2,
+                      max_length=2048)
+    out = blocks.on_fit("en", 1000, *widget_values(cfg))  # the budget box is ignored with a GPU
+    assert estimate(as_config(out[:len(FIELD_NAMES)])).total_gib <= 10 * 0.9
+    assert "the 10 GiB free on this GPU" in out[-1]
+
+
+def test_result_shows_predicted_and_measured_peaks_side_by_side():
+    summary = {"adapter_bytes": 1, "steps": 5, "peak_allocated_gib": 5.0, "peak_reserved_gib": 5.5,
+               "nvml_peak_gib": 7.0}
+    v = JobView(state="completed", step=5, adapter_dir="a", run_dir="r", summary=summary)
+    html = render.result_html(v, predicted={"allocated": 5.25, "reserved": 5.75, "nvml": 7.7})
+    assert "mt-peaks" in html and "5.25 GiB" in html and "<b>5.00 GiB</b>" in html and "(+10%)" in html
+    cpu = render.result_html(JobView(state="completed", step=5, adapter_dir="a", summary={"steps": 5}),
+                             predicted={"allocated": 0.01, "reserved": 0.26, "nvml": 1.63})
+    assert "not measured on CPU" in cpu and "1.63 GiB" in cpu
+    assert "non mesuré sur CPU" in render.result_html(JobView(state="completed", adapter_dir="a"), "fr")
+
+
+def test_live_update_marks_the_prediction_on_the_gauge(monkeypatch):
+    monkeypatch.setattr(blocks, "MANAGER", JobManager(runner=Blocking()))
+    gauge = blocks.live_update({}, "pt", {"gib": 1.63}, 8)[0]
+    assert 'data-predicted="1.630"' in gauge and "placa hipotética de 8 GiB" in gauge
+
+
+# --- languages -----------------------------------------------------------------------------------------------------
+CHAPTER_PT = ["Use QLoRA (quantização em 4 bits)", "Ative gradient checkpointing", "Use gradient accumulation",
+              "Use otimizador 8 bits ou paginado", "Use precisão bfloat16", "Reduza o max_seq_length se possível",
+              "Use batches menores"]
+CHAPTER_FR = ["Utiliser QLoRA (quantification 4 bits)", "Activer le checkpointing de gradient",
+              "Utiliser l'accumulation de gradient", "Utiliser un optimiseur 8 bits ou paginé",
+              "Utiliser la précision bfloat16", "Réduire max_seq_length si possible",
+              "Utiliser des tailles de lot plus petites"]
+
+
+def test_language_switch_relabels_the_checklist_and_the_page():
+    from core.i18n import EN
+
+    for lang, labels in (("pt", CHAPTER_PT), ("fr", CHAPTER_FR), ("en", [i.label for i in checklist.ITEMS])):
+        d = split_derived(blocks.on_fields_changed(lang, *widget_values(demo_config())))
+        assert [u["label"] for u in d["ticks"]] == labels
+        assert all(u["info"] for u in d["ticks"])
+    fr = split_derived(blocks.on_fields_changed("fr", *widget_values(TrainConfig())))
+    assert "Mémoire" in fr["facts"][1] and "économise" in fr["facts"][1]
+    assert "pic prévu" in fr["summary"] and "Mélange personnalisé" in str(fr["preset"]["choices"])
+    demo = blocks.build_ui(demo_config())
+    tr = demo.memtune_translations
+    for lang in ("en", "pt", "fr"):
+        texts = [v for u in tr.updates(lang) for k, v in u.items() if k != "__type__" and isinstance(v, str)]
+        assert texts and not [x for x in texts if x in EN]  # no raw key shown
+    pt = " ".join(str(v) for u in tr.updates("pt") for v in u.values())
+    for text in ("Treinar", "Experimentar", "Exportar", "Histórico", "▶ Iniciar treinamento", "Ajustar à minha GPU",
+                 "Rank r do LoRA"):
+        assert text in pt, text
+
+
+def test_the_page_opens_in_the_browsers_language():
+    class Request:
+        headers = {"accept-language": "pt-BR,pt;q=0.9,en;q=0.5"}
+
+    assert blocks.browser_language(Request())["value"] == "pt"
+
+
+# --- after training: history, resume, try it, export ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def engine_run(tmp_path_factory, demo_model_path):
+    """A real demo run (10 steps, checkpoints at 5 and 10) in its own output folder."""
+    from core.train import run_training
+
+    out = tmp_path_factory.mktemp("runs")
+    result = run_training(demo_config(output_dir=str(out), run_name="hist", max_steps=10, save_strategy="steps",
+                                      save_steps=5, logging_steps=1))
+    assert result.status == "completed", result.message
+    return out, result
+
+
+def test_history_lists_runs_written_by_the_engine(engine_run):
+    from ui import after
+
+    out, result = engine_run
+    table, runs, empty = after.on_history_refresh("en", str(out))
+    assert runs == [result.run_dir] and empty == ""
+    row = table.iloc[0].to_dict()
+    assert row["Run"] == "hist" and row["Model"] == "memtune/demo-tiny-llama" and row["Dataset"] == "memtune/demo"
+    assert row["Status"] == "completed" and row["Final loss"] == f"{result.summary['final_loss']:.4f}"
+    assert row["Steps"] == "10" and row["Resumable"] == "yes"
+    fr, _, _ = after.on_history_refresh("fr", str(out))
+    assert list(fr.columns)[:5] == ["Date", "Exécution", "Modèle", "Jeu de données", "État"]
+    assert fr.iloc[0]["État"] == "terminée"
+    detail, plot, settings, load, resume, delete = after.history_open("en", result.run_dir)
+    assert "hist" in detail and "not measured on CPU" in detail and "checkpoint-10" in detail
+    assert plot["visible"] and list(plot["value"]["step"]) == list(range(1, 11))
+    assert settings["value"].startswith("model: memtune/demo-tiny-llama")
+    assert load["interactive"] and resume["interactive"] and delete["interactive"]
+    empty_table, runs, note = after.on_history_refresh("en", str(out / "nothing-here"))
+    assert runs == [] and "No runs yet" in note
+
+
+@pytest.mark.filterwarnings("ignore:Pick a run")
+def test_history_loads_settings_into_the_form(engine_run):
+    from ui import after
+
+    out, result = engine_run
+    res = after.on_history_load("en", result.run_dir)
+    n = len(FIELD_NAMES)
+    cfg = as_config(res[:n])
+    assert cfg.max_steps == 10 and cfg.run_name == "hist" and cfg.resume_from == ""
+    assert "loaded into the form" in res[-2] and res[-1].selected == "tab-train"
+    assert "Pick a run" in after.on_history_load("en", None)[-2]
+
+
+@pytest.mark.filterwarnings("ignore:.*no complete checkpoint")
+def test_resume_from_history_continues_the_step_count(tmp_path, monkeypatch, demo_model_path):
+    """Through core.jobs with the real engine: a run whose last complete checkpoint is step 5 goes on to 10."""
+    from core.events import read_events
+    from core.jobs import job_view
+    from core.train import COMPLETE_MARKER, run_training
+    from ui import after
+
+    result = run_training(demo_config(output_dir=str(tmp_path), run_name="cut", max_steps=10, save_strategy="steps",
+                                      save_steps=5, logging_steps=1))
+    assert result.status == "completed", result.message
+    (Path(result.run_dir) / "checkpoints" / "checkpoint-10" / COMPLETE_MARKER).unlink()  # as if it died after 5
+    manager = JobManager()
+    monkeypatch.setattr(after, "MANAGER", manager)
+    res = after.on_history_resume("en", result.run_dir)
+    assert "Resuming cut from checkpoint-5" in res[-2] and res[-1].selected == "tab-train"
+    assert as_config(res[:len(FIELD_NAMES)]).resume_from == result.run_dir  # the form shows what trains
+    job = manager.current()
+    assert job.wait(240)
+    v = job_view(job)
+    assert v.state == "completed", v.message
+    steps = [e["step"] for e in job.events_since(0) if e["kind"] == "step"]
+    assert steps == [6, 7, 8, 9, 10]  # continued, not restarted
+    assert [s for s, _ in v.losses] == [6, 7, 8, 9, 10]
+    assert sum(e["kind"] == "done" for e in read_events(Path(result.run_dir) / "events.jsonl")) == 2
+    for marker in (Path(result.run_dir) / "checkpoints").glob(f"checkpoint-*/{COMPLETE_MARKER}"):
+        marker.unlink()  # no complete checkpoint left: resuming is refused with core.history's reason
+    assert "no complete checkpoint" in after.on_history_resume("en", result.run_dir)[-2]
+
+
+@pytest.mark.filterwarnings("ignore:.*still running")
+def test_delete_asks_first_and_refuses_a_running_run(tmp_path, monkeypatch, engine_run):
+    import shutil
+
+    from ui import after
+
+    out = tmp_path / "runs"
+    shutil.copytree(engine_run[1].run_dir, out / "copy")
+    run = str(out / "copy")
+    row, text, _ = after.on_history_delete("en", run)
+    assert row["visible"] and "Delete copy?" in text and (out / "copy").is_dir()  # nothing deleted yet
+    monkeypatch.setattr(after.MANAGER, "is_running", lambda p: Path(p).resolve() == Path(run).resolve())
+    refused = after.on_history_delete_yes("en", run, str(out))
+    assert "still running" in refused[-1] and (out / "copy").is_dir()
+    monkeypatch.undo()
+    done = after.on_history_delete_yes("en", run, str(out))
+    assert not (out / "copy").exists() and "Deleted" in done[-1] and done[2] == [] and done[0]["visible"] is False
+
+
+@pytest.mark.filterwarnings("ignore:A training run is in progress", "ignore:Pick an adapter", "ignore:Type a prompt")
+def test_try_it_streams_two_answers_and_refuses_during_training(engine_run, monkeypatch):
+    from core.infer import COMPARER
+    from ui import after
+
+    out, result = engine_run
+    choices = after.adapter_dropdown(str(out))
+    assert choices["value"] == result.adapter_dir and len(choices["choices"]) == 1
+    assert after.adapter_dropdown(str(out / "none"))["info"] == "No saved adapter yet: train a run first."
+    steps = list(after.on_try("en", result.adapter_dir, "Translate the word 'cat' into French.", 12, 0.0, 0.9, 0,
+                              False))
+    base, tuned, status = steps[-1]
+    assert base.strip() and tuned.strip() and base != tuned and "Done" in status
+    assert any(b and not t for b, t, _ in steps[1:-1])  # the base streamed first
+    assert "Pick an adapter" in list(after.on_try("en", None, "hi", 8, 0, 0.9, 0, False))[-1][2]
+    assert "Type a prompt" in list(after.on_try("en", result.adapter_dir, "  ", 8, 0, 0.9, 0, False))[-1][2]
+    busy = JobManager(runner=Blocking())
+    monkeypatch.setattr(after, "MANAGER", busy)
+    busy.start(demo_config())
+    refused = list(after.on_try("en", result.adapter_dir, "hi", 8, 0, 0.9, 0, False))
+    assert len(refused) == 1 and "A training run is in progress" in refused[0][2]
+    busy.stop()
+    busy.current().wait(5)
+    assert "Stopped" in after.on_try_stop("en")
+    COMPARER.unload()
+
+
+@pytest.mark.filterwarnings("ignore:Tick the confirmation", "ignore:Export failed")
+def test_export_zip_merge_and_push_messages(engine_run, tmp_path, monkeypatch):
+    import zipfile
+
+    from ui import after
+
+    out, result = engine_run
+    warning, check, merge_dir = after.on_export_adapter("en", result.adapter_dir)
+    assert "Merging writes a full copy of memtune/demo-tiny-llama" in warning and "Memory check" in check
+    assert merge_dir["value"].endswith("hist/merged")
+    assert "La fusion écrit" in after.on_export_adapter("fr", result.adapter_dir)[0]
+    file, note = after.on_zip("en", result.adapter_dir)
+    assert file["visible"] and "adapter_model.safetensors" in zipfile.ZipFile(file["value"]).namelist()
+    assert "Tick the confirmation" in after.on_merge("en", result.adapter_dir, str(tmp_path / "m"), False, False,
+                                                     progress=None)
+    seen = []
+    merged = after.on_merge("en", result.adapter_dir, str(tmp_path / "m"), False, True,
+                            progress=lambda f, desc=None: seen.append(f))
+    assert "Merged model saved" in merged and (tmp_path / "m" / "config.json").is_file() and seen[-1] == 1.0
+    again = after.on_merge("en", result.adapter_dir, str(tmp_path / "m"), False, True, progress=None)
+    assert "already exists" in again  # core.export's own message
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    note, token = after.on_push("en", result.adapter_dir, "adapter", "", "me/x", True, "hf_secret_value")
+    assert "Export failed" in note and "hf_secret_value" not in note and token["value"] == ""  # offline here
+    note, _ = after.on_push("en", result.adapter_dir, "adapter", "", "not a repo id", True, "")
+    assert "not a Hub repository id" in note
+
+
+# --- the browser tests' CI switch -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("required, outcome", [("1", "failed"), ("", "skipped")])
+def test_a_missing_browser_fails_the_browser_tests_only_when_required(required, outcome, tmp_path):
+    import os
+
+    env = dict(os.environ, MEMTUNE_CHROMIUM=str(tmp_path / "no-chromium"), MEMTUNE_REQUIRE_BROWSER=required)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+                           str(ROOT / "tests" / "test_browser.py")], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    if outcome == "failed":
+        assert proc.returncode != 0 and "10 failed" in out and "no chromium at" in out, out[-2000:]
+    else:
+        assert proc.returncode in (0, 5) and "skipped" in out and "MEMTUNE_REQUIRE_BROWSER=1" in out, out[-2000:]  # 5: none ran

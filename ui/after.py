@@ -106,6 +106,14 @@ def _size(path: Path) -> str:
     return render._bytes(total)
 
 
+def _gib(n_bytes: int, lang: str) -> str:
+    """GiB with the precision a small model needs too: 12.3, 0.04, <0.01."""
+    gib = n_bytes / 2**30
+    if gib >= 1:
+        return render.num(gib, 1, lang)
+    return render.num(gib, 2, lang) if gib >= 0.01 else "<" + render.num(0.01, 2, lang)
+
+
 def token_info(lang: str) -> str:
     from core.model import hf_token
 
@@ -128,8 +136,8 @@ def on_export_adapter(lang: str, adapter: str | None) -> tuple[str, str, Any]:
     except Exception as exc:  # noqa: BLE001 - psutil missing or the like: say so, keep the tab usable
         needed, available, ok, message = 0, 0, False, f"{type(exc).__name__}: {exc}"
     if needed:
-        check = t("export.memory_ok" if ok else "export.memory_low", lang, needed=render.num(needed / 2**30, 1, lang),
-                  available=render.num(available / 2**30, 1, lang))
+        check = t("export.memory_ok" if ok else "export.memory_low", lang, needed=_gib(needed, lang),
+                  available=_gib(available, lang))
         check = check if ok else f"{check}\n{message}"
     else:
         check = message
@@ -350,7 +358,7 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
         tr.add(try_tab, label="tab.try")
         tr.add(gr.Markdown(f"### {L('try.title')}\n{L('try.intro')}", elem_id="try-intro"),
                value=lambda lg: f"### {t('try.title', lg)}\n{t('try.intro', lg)}")
-        with gr.Row(equal_height=True):
+        with gr.Row(equal_height=False, elem_classes=["mt-bottom-row"]):
             try_adapter = tr.add(gr.Dropdown(choices=[], value=None, label=L("try.adapter"), scale=5,
                                              elem_id="try-adapter", interactive=True), label="try.adapter")
             try_refresh = tr.add(gr.Button(L("try.refresh"), size="sm", scale=1, elem_id="try-refresh"),
@@ -375,9 +383,9 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
             stop = tr.add(gr.Button(L("try.stop"), variant="stop", elem_id="try-stop"), value="try.stop")
         try_note = gr.HTML(elem_id="try-status")
         with gr.Row(equal_height=True):
-            base_box = tr.add(gr.Textbox(label=L("try.base"), lines=10, max_lines=24, interactive=False,
+            base_box = tr.add(gr.Textbox(label=L("try.base"), lines=6, max_lines=24, interactive=False,
                                          elem_id="try-base", elem_classes=["mt-answer"]), label="try.base")
-            tuned_box = tr.add(gr.Textbox(label=L("try.tuned"), lines=10, max_lines=24, interactive=False,
+            tuned_box = tr.add(gr.Textbox(label=L("try.tuned"), lines=6, max_lines=24, interactive=False,
                                           elem_id="try-tuned", elem_classes=["mt-answer", "mt-answer-tuned"]),
                                label="try.tuned")
 
@@ -386,7 +394,7 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
         tr.add(export_tab, label="tab.export")
         tr.add(gr.Markdown(f"### {L('export.title')}", elem_id="export-title"),
                value=lambda lg: f"### {t('export.title', lg)}")
-        with gr.Row(equal_height=True):
+        with gr.Row(equal_height=False, elem_classes=["mt-bottom-row"]):
             exp_adapter = tr.add(gr.Dropdown(choices=[], value=None, label=L("export.adapter"), scale=5,
                                              elem_id="export-adapter", interactive=True), label="export.adapter")
             exp_refresh = tr.add(gr.Button(L("try.refresh"), size="sm", scale=1, elem_id="export-refresh"),
@@ -428,13 +436,14 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
     # ---------------- history ----------------
     with gr.Tab(L("tab.history"), id="tab-history", elem_id="tab-history") as history_tab:
         tr.add(history_tab, label="tab.history")
-        with gr.Row(equal_height=True):
+        with gr.Row(equal_height=False, elem_classes=["mt-bottom-row"]):
             tr.add(gr.Markdown(f"### {L('history.title')}"), value=lambda lg: f"### {t('history.title', lg)}")
             hist_refresh = tr.add(gr.Button(L("history.refresh"), size="sm", scale=0, min_width=140,
                                             elem_id="history-refresh"), value="history.refresh")
         history_note = gr.HTML(elem_id="history-status")
         table = gr.Dataframe(history_frame([], lang0), interactive=False, elem_id="history-table", wrap=True,
-                             max_height=360, show_label=False)
+                             max_height=360, show_label=False,
+                             column_widths=["12%", "15%", "17%", "12%", "9%", "8%", "8%", "7%", "6%", "6%"])
         runs_state = gr.State([])
         selected = gr.State(None)
         with gr.Row(equal_height=False):

@@ -662,12 +662,13 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                     with gr.Column(scale=2, min_width=380, elem_id="mt-run-panel"):
                         gauge = gr.HTML(render.gauge_html(*read_gpus(), predicted_gib=peak0, lang=lang0,
                                                           budget_gib=DEFAULT_BUDGET_GIB), elem_id="vram-gauge")
-                        with gr.Row(equal_height=True, elem_id="fit-row"):
+                        with gr.Row(equal_height=False, elem_id="fit-row"):
                             budget = gr.Number(value=DEFAULT_BUDGET_GIB, minimum=1, maximum=2048, step=1,
-                                               label=L("fit.budget"), info=L("fit.budget_info"), scale=2,
-                                               visible=not hardware().cuda, elem_id="fit-budget")
+                                               label=L("fit.budget"), info=L("fit.budget_info"), scale=3,
+                                               min_width=200, visible=not hardware().cuda, elem_id="fit-budget")
                             tr.add(budget, label="fit.budget", info="fit.budget_info")
-                            fit_btn = tr.add(gr.Button(L("fit.button"), scale=1, elem_id="fit-btn"), value="fit.button")
+                            fit_btn = tr.add(gr.Button(L("fit.button"), scale=2, min_width=150, elem_id="fit-btn"),
+                                             value="fit.button")
                         fit_note = gr.HTML(elem_id="fit-notice")
                         summary = gr.HTML(render.summary_html(cfg0, validate(cfg0, hardware()), on0,
                                                               predicted_gib=peak0, lang=lang0), elem_id="config-summary")
@@ -728,12 +729,14 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
 
         # Language: the browser's on load, the picker afterwards; everything written re-renders.
         relabel = tr.components
-        lang_out = relabel + derived_out + tabs.language_outputs
+        one_off = [notice, fit_note, cfg_notice]  # one-off notices written in the old language: cleared
+        lang_out = relabel + derived_out + tabs.language_outputs + one_off
 
         def on_language(lg: str, *values):
             lg = lg if lg in EN_LANGS else DEFAULT_LANGUAGE
             cfg, problems = read_config(values[:len(FIELD_NAMES)])
-            return tr.updates(lg) + derived(cfg, problems, lg) + tabs.language_updates(lg, *values[len(FIELD_NAMES):])
+            return (tr.updates(lg) + derived(cfg, problems, lg) + tabs.language_updates(lg, *values[len(FIELD_NAMES):])
+                    + [""] * len(one_off))
 
         lang.change(on_language, inputs=[lang, *inputs, *tabs.language_inputs], outputs=lang_out,
                     show_progress="hidden")

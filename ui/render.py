@@ -176,9 +176,15 @@ def peaks_html(summary: dict[str, Any], predicted: dict[str, float] | None, lang
             meas_cell = f"<b>{num(m, 2, lang)} {unit}</b>"
             if isinstance(p, (int, float)) and m > 0:
                 meas_cell += f' <span class="mt-muted">({100 * (p - m) / m:+.0f}%)</span>'
+        elif on_gpu:
+            meas_cell = f'<span class="mt-muted">{E(t("peaks.not_measured", lang))}</span>'
+        elif key == "allocated":  # a CPU run: one cell for the three rows
+            meas_cell = f'<span class="mt-muted">{E(t("peaks.not_measured_cpu", lang))}</span>'
         else:
-            meas_cell = f'<span class="mt-muted">{E(t("peaks.not_measured_cpu" if not on_gpu else "peaks.not_measured", lang))}</span>'
-        rows.append(f'<tr><th>{E(t(f"peaks.{key}", lang))}</th><td>{pred_cell}</td><td>{meas_cell}</td></tr>')
+            meas_cell = None
+        cell = ("" if meas_cell is None else
+                f'<td rowspan="3" class="mt-peaks-cpu">{meas_cell}</td>' if not on_gpu else f"<td>{meas_cell}</td>")
+        rows.append(f'<tr><th>{E(t(f"peaks.{key}", lang))}</th><td>{pred_cell}</td>{cell}</tr>')
     return (f'<table class="mt-peaks" id="mt-peaks"><thead><tr><th></th><th>{E(t("peaks.predicted", lang))}</th>'
             f'<th>{E(t("peaks.measured", lang))}</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
 

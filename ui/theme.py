@@ -124,7 +124,7 @@ CSS = """
 .mt-cpu-pred .mt-bar { margin-top: 6px; }
 
 /* checklist facts: what an item saves here, what it costs in speed */
-.mt-facts { display: flex; flex-direction: column; gap: 3px; margin: 2px 0 4px 30px; font-size: 0.8rem; }
+.mt-facts { display: flex; flex-direction: column; gap: 3px; margin: 0 0 4px 0; font-size: 0.8rem; }
 .mt-fact { display: flex; gap: 8px; align-items: baseline; }
 .mt-fact-k { flex: 0 0 72px; font-size: 0.68rem; font-weight: 700; text-transform: uppercase; letter-spacing: .04em;
              padding: 1px 6px; border-radius: 999px; text-align: center; }
@@ -135,14 +135,17 @@ CSS = """
 .mt-fact-speed .mt-fact-k { background: #e0f2fe; color: #075985; }
 .mt-fact-v { display: flex; flex-direction: column; gap: 2px; }
 .mt-fact-line { line-height: 1.35; }
-.mt-src { display: inline; font-size: 0.7rem; color: var(--body-text-color-subdued); font-style: italic; }
+.mt-src { display: block; font-size: 0.7rem; line-height: 1.3; color: var(--body-text-color-subdued); font-style: italic; }
 .dark .mt-fact-mem .mt-fact-k { background: #14532d; color: #dcfce7; }
 .dark .mt-fact-speed .mt-fact-k { background: #0c4a6e; color: #e0f2fe; }
 
 /* predicted vs measured peaks */
 .mt-peaks-title { margin-top: 8px; font-size: 0.8rem; font-weight: 600; color: var(--body-text-color-subdued); }
 .mt-peaks { border-collapse: collapse; font-size: 0.84rem; margin-top: 2px; width: 100%; }
-.mt-peaks th, .mt-peaks td { text-align: left; padding: 2px 10px 2px 0; border: none; background: transparent; }
+.mt-peaks, .mt-peaks thead, .mt-peaks tbody, .mt-peaks tr, .mt-peaks th, .mt-peaks td {
+    border: none !important; background: transparent !important; }
+.mt-peaks th, .mt-peaks td { text-align: left; padding: 2px 12px 2px 0 !important; white-space: nowrap; }
+.mt-peaks td.mt-peaks-cpu { vertical-align: middle; white-space: normal; }
 .mt-peaks thead th { font-size: 0.72rem; text-transform: uppercase; letter-spacing: .04em;
                      color: var(--body-text-color-subdued); }
 .mt-peaks tbody th { font-weight: 400; color: var(--body-text-color-subdued); white-space: nowrap; }
@@ -156,8 +159,16 @@ CSS = """
 #history-confirm { padding: 8px; border: 1px solid #fca5a5 !important; border-radius: 8px; }
 .mt-note { margin: 4px 0; }
 
+/* the settings tabs fit one line in every language (the hidden copy is what Gradio measures for overflow) */
+#settings-tabs .tab-container > button { padding-left: 8px !important; padding-right: 8px !important;
+                                         font-size: 0.9rem !important; }
+
 #mt-run-panel { position: sticky; top: 8px; }
 #start-btn, #stop-btn { min-height: 44px; font-size: 1rem; }
+#fit-row { align-items: flex-end !important; }
+#fit-btn { align-self: flex-end; max-height: 42px; margin-bottom: 2px; }
+.mt-bottom-row { align-items: flex-end !important; }
+.mt-bottom-row > button { align-self: flex-end; max-height: 42px; margin-bottom: 2px; }
 .mt-small, .mt-small p, .mt-small li { font-size: 0.8rem !important; color: var(--body-text-color-subdued); }
 footer { display: none !important; }
 """
