@@ -140,7 +140,7 @@ class TrainConfig:
         unknown = sorted(set(data) - set(known))
         if unknown:
             raise ConfigError([Problem(k, "is not a memtune setting",
-                                       f"remove it; known settings are listed by `python -m core.train --dump-config`")
+                                       "remove it; known settings are listed by `python -m core.train --dump-config`")
                                for k in unknown])
         values, problems = {}, []
         for name, value in data.items():

@@ -15,7 +15,6 @@ leaves something that looks finished but is not.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from core.config import TrainConfig
+from core.files import free_memory, move_into_place
 
 GiB = 2**30
 MERGE_OVERHEAD = 1.15  # loading + merging peaks a little above the bf16 weights (LoRA deltas, buffers)
@@ -248,14 +248,7 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
             "base_model": cfg.model, "adapter": str(adapter_dir.resolve()), "dtype": "bfloat16",
             "note": "LoRA adapter merged into the unquantized base; load with AutoModelForCausalLM.from_pretrained",
         }, indent=2), encoding="utf-8")
-        if out.exists():
-            old = out.parent / f".{out.name}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        move_into_place(tmp, out)
         step(1.0, f"Merged model saved to {out}")
         return out
     except ModelError as exc:
@@ -270,14 +263,7 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     finally:
         model = None
         shutil.rmtree(tmp, ignore_errors=True)
-        gc.collect()
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        except ImportError:
-            pass
+        free_memory()
 
 
 # --- push to the Hub -------------------------------------------------------------------------------------------------

@@ -16,13 +16,13 @@ The GPU is one: `COMPARER` (module level, shared by every browser tab) serialise
 
 from __future__ import annotations
 
-import gc
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from core.config import ConfigError, TrainConfig
+from core.files import free_memory
 
 ADAPTER_CONFIG = "memtune.yaml"  # the TrainConfig that trained the adapter (written by core.train.save_adapter)
 DEFAULTS = dict(max_new_tokens=128, temperature=0.0, top_p=0.9, seed=0)  # greedy: answers are reproducible
@@ -301,15 +301,7 @@ class Comparer:
         return base, tuned
 
 
-def _free() -> None:
-    gc.collect()
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:
-        pass
+_free = free_memory
 
 
 def lora_adapter_names(model: Any) -> set[str]:

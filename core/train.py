@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import gc
 import json
 import math
 import os
@@ -31,6 +30,7 @@ from typing import Any, Iterator
 from core import checklist
 from core.config import ConfigError, TrainConfig, apply_overrides, check, demo_config
 from core.events import EventSink, JsonlSink, fan_out, make_event
+from core.files import free_memory, move_into_place
 
 COMPLETE_MARKER = "COMPLETE"  # written last into a checkpoint folder: only these are offered for resume
 HEARTBEAT_S = 2.0  # no phase stays silent longer than this
@@ -153,15 +153,7 @@ def save_adapter(model, tokenizer, cfg: TrainConfig, run_dir: Path, summary: dic
     cfg.save(tmp / "memtune.yaml")
     summary["adapter_bytes"] = dir_size(tmp)
     (tmp / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    if final.exists():
-        old = run_dir / ".adapter.old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
-    return final
+    return move_into_place(tmp, final)
 
 
 # --- events during training -----------------------------------------------------------------------------------
@@ -420,9 +412,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         from core.model import release_library_references
 
         release_library_references()  # else bitsandbytes keeps this run's embedding module alive
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
+        free_memory()
     emit(make_event("error", error_type=error_type, message=message))
     summary = {"status": "failed", "error_type": error_type, "message": message,
                "finished_at": datetime.now().isoformat(timespec="seconds")}
