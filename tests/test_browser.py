@@ -6,7 +6,6 @@ prediction and fit, a full demo run, Try it on its adapter, history, reload + St
 """
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
