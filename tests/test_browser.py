@@ -217,7 +217,7 @@ def test_predicted_peak_on_the_gauge_and_fit_to_a_hypothetical_card(page):
 
 
 def test_demo_run_streams_log_steps_curve_and_adapter(page, server):
-    set_number(page, "max_steps", 600)  # the demo's 250 steps pass in seconds here: a longer run to watch
+    set_number(page, "max_steps", 600)  # a fixed-length run to watch, whatever the demo's default length
     page.click("#start-btn")
     wait_state(page, ["running"], timeout=30_000)
     seen = []

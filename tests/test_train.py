@@ -73,7 +73,7 @@ def test_demo_trains_with_real_4bit_lora_and_loss_falls(demo_run):
     assert len(losses) >= 10
     assert losses[-1] < losses[0] / 2, losses
     s = result.summary
-    assert s["steps"] == s["max_steps"] == 250
+    assert s["steps"] == s["max_steps"] == 750
     assert s["train_tokens"] > 10_000 and s["first_loss"] == losses[0] and s["final_loss"] == losses[-1]
 
 
@@ -84,8 +84,8 @@ def test_events_cover_every_phase_and_go_to_jsonl(demo_run):
     phases = {e["phase"] for e in events if e["kind"] == "phase"}
     assert {"resolving", "tokenizing", "loading_model", "training", "saving"} <= phases
     steps = [e for e in events if e["kind"] == "step"]
-    assert [e["step"] for e in steps] == list(range(1, 251))
-    assert all(e["total_steps"] == 250 and e["tokens_per_s"] > 0 and e["eta_s"] is not None for e in steps)
+    assert [e["step"] for e in steps] == list(range(1, 751))
+    assert all(e["total_steps"] == 750 and e["tokens_per_s"] > 0 and e["eta_s"] is not None for e in steps)
     on_disk = read_events(Path(result.run_dir) / "events.jsonl")
     assert [e["kind"] for e in on_disk] == kinds
 
