@@ -181,8 +181,9 @@ def merge_warning(cfg: TrainConfig, lang: str = "en") -> str:
     if params is None:
         return t("export.merge_warning_unknown", lang, model=cfg.model)
     size = params * BF16_BYTES / GiB
-    return t("export.merge_warning", lang, model=cfg.model, params=f"{params / 1e9:.2f}", disk_gib=f"{size:.1f}",
-             mem_gib=f"{size * MERGE_OVERHEAD:.1f}")
+    # Three significant digits: "8.03 billion ... 15 GiB" for an 8B model, and not "0.00" for the tiny demo.
+    return t("export.merge_warning", lang, model=cfg.model, params=f"{params / 1e9:.3g}", disk_gib=f"{size:.3g}",
+             mem_gib=f"{size * MERGE_OVERHEAD:.3g}")
 
 
 def default_merge_dir(adapter_dir: str | Path) -> Path:

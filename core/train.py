@@ -8,6 +8,7 @@ CLI:
     python -m core.train --config FILE.yaml [--set field=value ...]
     python -m core.train --demo            # the offline demo, < 60 s on 2 CPU cores
     python -m core.train --dump-config     # the default (chapter) configuration as YAML
+    python -m core.train --config FILE.yaml --preset lowest_memory   # a preset's levers, then any --set
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from core import checklist
-from core.config import ConfigError, TrainConfig, apply_overrides, check, demo_config
+from core.config import ConfigError, Hardware, TrainConfig, apply_overrides, check, demo_config
 from core.events import EventSink, JsonlSink, fan_out, make_event
 from core.files import free_memory, move_into_place
+from core.presets import PRESETS, apply_preset
 
 COMPLETE_MARKER = "COMPLETE"  # written last into a checkpoint folder: only these are offered for resume
 HEARTBEAT_S = 2.0  # no phase stays silent longer than this
@@ -452,19 +454,26 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--config", help="YAML file of settings (start from --dump-config)")
     src.add_argument("--demo", action="store_true", help="train the offline demo (tiny model, shipped data)")
     src.add_argument("--dump-config", action="store_true", help="print the default configuration as YAML")
+    parser.add_argument("--preset", choices=list(PRESETS), help="apply a preset's memory/speed levers first "
+                        "(chapter: the recipe as written; lowest_memory; fastest), then --set")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override one setting; repeatable")
     args = parser.parse_args(argv)
     try:
         if args.dump_config:
-            cfg = apply_overrides(TrainConfig(), args.overrides)
-            print(f"# memtune configuration: python -m core.train --config this.yaml\n{cfg.to_yaml()}", end="")
-            return 0
-        cfg = demo_config() if args.demo else TrainConfig.load(args.config)
+            cfg = TrainConfig()
+        else:
+            cfg = demo_config() if args.demo else TrainConfig.load(args.config)
+        if args.preset:
+            # A dumped file may be meant for another machine; a run here keeps CUDA-only levers off without CUDA.
+            cfg = apply_preset(cfg, args.preset, None if args.dump_config else Hardware.detect())
         cfg = apply_overrides(cfg, args.overrides)
     except ConfigError as exc:
         print(f"memtune: {exc}", file=sys.stderr)
         return 2
+    if args.dump_config:
+        print(f"# memtune configuration: python -m core.train --config this.yaml\n{cfg.to_yaml()}", end="")
+        return 0
     result = run_training(cfg, console_sink, console=True)
     if result.status == "failed":
         print(f"memtune: training failed: {result.message}", file=sys.stderr)

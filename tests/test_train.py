@@ -219,6 +219,12 @@ def test_cli_dump_config_and_errors(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(dumped.stdout)
     assert TrainConfig.load(path) == TrainConfig()
+    lean = run_cli("--dump-config", "--preset", "lowest_memory", "--set", "lora_r=8")
+    assert lean.returncode == 0
+    from core.presets import apply_preset
+
+    path.write_text(lean.stdout)
+    assert TrainConfig.load(path) == apply_preset(TrainConfig(), "lowest_memory").replace(lora_r=8)
     bad = run_cli("--config", str(path), "--set", "lora_r=zero", "--set", "optimizer=adam")
     assert bad.returncode == 2
     assert "lora_r" in bad.stderr and "optimizer: is not a memtune setting" in bad.stderr
