@@ -3,7 +3,7 @@
 Training never blocks on a reader: sinks are unbounded queues or files, and the JSONL file lets a reloaded page
 (or `tail -f`) reattach to a run. Every event has `kind` and `time` (Unix seconds). Kinds and their fields:
 
-- run:    run_dir, config (dict), total_steps (may be null until known)
+- run:    run_dir, config (dict), resume_from (the checkpoint resumed, or "")
 - phase:  phase (resolving|loading_model|tokenizing|training|saving|done), message, progress (0..1 or null)
 - step:   step, total_steps, epoch, tokens, tokens_per_s, elapsed_s, eta_s, gpu_mem_gib?, peak_gib?
           (one per optimizer step: drives the progress bar)

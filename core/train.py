@@ -355,8 +355,6 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         with phase(emit, "tokenizing", "Tokenizing"):
             trainer = build_trainer(cfg, model, tokenizer, train_dataset, run_dir / "checkpoints",
                                     callbacks=[callback, *callbacks], console=console)
-        emit(make_event("run", run_dir=str(run_dir), config=cfg.to_dict(), total_steps=None,
-                        resume_from=str(resume_ckpt or "")))
         with undo_module_patches(model):
             output = trainer.train(resume_from_checkpoint=str(resume_ckpt) if resume_ckpt else None)
 
