@@ -13,8 +13,6 @@ data, so it is tested without a browser.
 from __future__ import annotations
 
 import itertools
-import shutil
-import tempfile
 import threading
 import time
 import traceback
@@ -307,19 +305,3 @@ def job_view(job: Job | None) -> JobView:
     if job is None:
         return JobView()
     return view(job.events_since(0), running=job.running, stopping=job.stopping, from_disk=job.from_disk)
-
-
-# --- the download ------------------------------------------------------------------------------------------
-def folder_bytes(path: str | Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
-
-
-def zip_adapter(adapter_dir: str | Path, dest_dir: str | Path | None = None) -> Path:
-    """Zip the adapter folder into dest_dir (default: a fresh temporary folder) and return the zip's path."""
-    adapter_dir = Path(adapter_dir)
-    if not adapter_dir.is_dir():
-        raise FileNotFoundError(f"{adapter_dir} is not a folder")
-    dest = Path(dest_dir) if dest_dir else Path(tempfile.mkdtemp(prefix="memtune-adapter-"))
-    dest.mkdir(parents=True, exist_ok=True)
-    name = f"{adapter_dir.parent.name or 'adapter'}-adapter"
-    return Path(shutil.make_archive(str(dest / name), "zip", root_dir=adapter_dir))

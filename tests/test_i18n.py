@@ -11,17 +11,9 @@ from core.config import TrainConfig, field_help
 from core.history import HEADERS
 from core.i18n import (EN, LANGUAGES, STRINGS, checklist_texts, detect_language, placeholders, request_language,
                        t)
+from tests.chapter import CHAPTER_FR, CHAPTER_PT
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# The checklist as the course chapter words it (shared/seeds: chapter 3 in Portuguese and in French).
-CHAPTER_PT = ["Use QLoRA (quantização em 4 bits)", "Ative gradient checkpointing", "Use gradient accumulation",
-              "Use otimizador 8 bits ou paginado", "Use precisão bfloat16", "Reduza o max_seq_length se possível",
-              "Use batches menores"]
-CHAPTER_FR = ["Utiliser QLoRA (quantification 4 bits)", "Activer le checkpointing de gradient",
-              "Utiliser l'accumulation de gradient", "Utiliser un optimiseur 8 bits ou paginé",
-              "Utiliser la précision bfloat16", "Réduire max_seq_length si possible",
-              "Utiliser des tailles de lot plus petites"]
 
 
 def test_every_key_exists_in_every_language_with_the_same_placeholders():

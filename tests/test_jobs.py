@@ -1,6 +1,5 @@
 """The process-wide job manager: one run at a time, Stop, events kept for reattaching, and the page's view."""
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -9,7 +8,7 @@ import pytest
 
 from core.config import TrainConfig, demo_config
 from core.events import JsonlSink, make_event
-from core.jobs import JobBusy, JobManager, format_event, job_view, latest_run_dir, view, zip_adapter
+from core.jobs import JobBusy, JobManager, format_event, job_view, latest_run_dir, view
 
 
 class FakeRun:
@@ -169,20 +168,6 @@ def test_an_earlier_run_is_shown_from_its_events_file(tmp_path):
     assert v.state == "interrupted" and v.step == 3 and v.losses == [(3, 1.5)]
     assert mgr.load_run(run) is job  # never replaces what the manager already shows
     assert not mgr.busy()
-
-
-def test_zip_adapter(tmp_path):
-    adapter = tmp_path / "run-7" / "adapter"
-    adapter.mkdir(parents=True)
-    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8}))
-    (adapter / "adapter_model.safetensors").write_bytes(b"\0" * 100)
-    z = zip_adapter(adapter, tmp_path / "out")
-    import zipfile
-
-    assert sorted(zipfile.ZipFile(z).namelist()) == ["adapter_config.json", "adapter_model.safetensors"]
-    assert z.name == "run-7-adapter.zip"
-    with pytest.raises(FileNotFoundError):
-        zip_adapter(tmp_path / "missing")
 
 
 def test_the_real_engine_runs_through_the_manager(tmp_path, demo_model_path):

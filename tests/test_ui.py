@@ -6,7 +6,6 @@ from pathlib import Path
 
 import gradio as gr
 import pytest
-import yaml
 
 import app
 from core import checklist
@@ -16,6 +15,7 @@ from core.events import make_event
 from core.jobs import JobManager, JobView
 from ui import blocks, render
 from ui.fields import FIELD_NAMES, collect, out_of_range, to_values
+from tests.chapter import CHAPTER_FR, CHAPTER_PT
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -541,13 +541,6 @@ def test_live_update_marks_the_prediction_on_the_gauge(monkeypatch):
 
 
 # --- languages -----------------------------------------------------------------------------------------------------
-CHAPTER_PT = ["Use QLoRA (quantização em 4 bits)", "Ative gradient checkpointing", "Use gradient accumulation",
-              "Use otimizador 8 bits ou paginado", "Use precisão bfloat16", "Reduza o max_seq_length se possível",
-              "Use batches menores"]
-CHAPTER_FR = ["Utiliser QLoRA (quantification 4 bits)", "Activer le checkpointing de gradient",
-              "Utiliser l'accumulation de gradient", "Utiliser un optimiseur 8 bits ou paginé",
-              "Utiliser la précision bfloat16", "Réduire max_seq_length si possible",
-              "Utiliser des tailles de lot plus petites"]
 
 
 def test_language_switch_relabels_the_checklist_and_the_page():

@@ -263,20 +263,26 @@ def on_history_select(lang: str, runs: list[str], evt: gr.SelectData):
     return (run_dir, *history_open(lang, run_dir), gr.update(visible=False), "")
 
 
+def _form_refusal(text: str, kind: str = "warn"):
+    """History buttons that fill the form: leave the form as it is, say why, stay on this tab."""
+    from ui.blocks import skip_form
+
+    return skip_form() + [warn(text, "history-note", kind), gr.skip()]
+
+
 def on_history_load(lang: str, run_dir: str | None):
     """The run's settings into the form (then the Train tab is shown): form outputs + notice + tab switch."""
     from core.history import HistoryError, load_run
-    from ui.blocks import apply_config, skip_form
+    from ui.blocks import apply_config
 
     if not run_dir:
-        return skip_form() + [warn(t("history.pick", lang), "history-note"), gr.skip()]
+        return _form_refusal(t("history.pick", lang))
     try:
         detail = load_run(run_dir)
     except HistoryError as exc:
-        return skip_form() + [warn(str(exc), "history-note", "error"), gr.skip()]
+        return _form_refusal(str(exc), "error")
     if detail.config is None:
-        return skip_form() + [warn(t("history.unreadable", lang, name=detail.info.name), "history-note", "error"),
-                              gr.skip()]
+        return _form_refusal(t("history.unreadable", lang, name=detail.info.name), "error")
     cfg = detail.config.replace(resume_from="")
     return (apply_config(cfg, lang) + [note(t("history.settings_loaded", lang, name=detail.info.name), "ok",
                                             "history-note"), gr.Tabs(selected="tab-train")])
@@ -285,14 +291,14 @@ def on_history_load(lang: str, run_dir: str | None):
 def on_history_resume(lang: str, run_dir: str | None):
     """Resume from the newest complete checkpoint: a job through core.jobs; the form shows what trains."""
     from core.history import HistoryError, resume_config
-    from ui.blocks import apply_config, free_try_model, skip_form
+    from ui.blocks import apply_config, free_try_model
 
     if not run_dir:
-        return skip_form() + [warn(t("history.pick", lang), "history-note"), gr.skip()]
+        return _form_refusal(t("history.pick", lang))
     try:
         cfg = resume_config(run_dir)
     except HistoryError as exc:
-        return skip_form() + [warn(str(exc), "history-note", "error"), gr.skip()]
+        return _form_refusal(str(exc), "error")
     from core.train import latest_checkpoint
 
     checkpoint = latest_checkpoint(Path(run_dir))
@@ -301,8 +307,7 @@ def on_history_resume(lang: str, run_dir: str | None):
         MANAGER.start(cfg)
     except JobBusy:
         running = MANAGER.current()
-        msg = t("msg.one_job", lang, model=running.config.model if running else "?")
-        return skip_form() + [warn(msg, "history-note"), gr.skip()]
+        return _form_refusal(t("msg.one_job", lang, model=running.config.model if running else "?"))
     msg = t("history.resuming", lang, name=Path(run_dir).name, checkpoint=checkpoint.name if checkpoint else "-")
     return apply_config(cfg, lang) + [note(msg, "ok", "history-note"), gr.Tabs(selected="tab-train")]
 

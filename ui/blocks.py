@@ -29,7 +29,8 @@ from core import checklist, presets
 from core.codegen import cli_command, python_script
 from core.config import SAFE_NAME, ConfigError, Hardware, Problem, TrainConfig, demo_config, validate
 from core.i18n import DEFAULT_LANGUAGE, EN, language_choices, request_language, t
-from core.jobs import MANAGER, JobBusy, job_view, latest_run_dir, zip_adapter
+from core.export import ExportError, zip_adapter
+from core.jobs import MANAGER, JobBusy, job_view, latest_run_dir
 from ui import render
 from ui.fields import FIELD_NAMES, collect, dataset_choices, help_text, label, make_widget, model_choices, \
     out_of_range, to_values
@@ -422,7 +423,7 @@ def adapter_zip(job_id: int, adapter_dir: str) -> str | None:
     if job_id not in _zips:
         try:
             _zips[job_id] = str(zip_adapter(adapter_dir))
-        except OSError:
+        except (OSError, ExportError):
             return None
     return _zips[job_id]
 
@@ -535,7 +536,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
 
     with gr.Blocks(title=L("app.title"), analytics_enabled=False) as demo:
         with gr.Row(equal_height=False, elem_id="mt-top"):
-            header = tr.add(gr.HTML(header_html(lang0), elem_id="mt-header-box"), value=header_html)
+            tr.add(gr.HTML(header_html(lang0), elem_id="mt-header-box"), value=header_html)
             lang = gr.Dropdown(choices=language_choices(), value=lang0, label=L("app.language"), scale=0,
                                min_width=170, elem_id="lang-select", interactive=True)
             tr.add(lang, label="app.language")
