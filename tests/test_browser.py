@@ -297,6 +297,9 @@ def test_reload_reattaches_and_stop_from_another_tab_saves_the_adapter(page, bro
     adapter = other.locator("#mt-adapter-path").inner_text()
     assert (server["work"] / adapter / "adapter_model.safetensors").is_file()
     wait_state(page, ["stopped"], timeout=20_000)  # the first tab sees it too
+    # "stopped" shows as soon as the engine's done event arrives; the job's thread still frees memory before the
+    # manager takes a new Start, and the button follows on the next poll (1 s).
+    page.wait_for_function("!document.querySelector('#start-btn').disabled", timeout=10_000)
     assert page.locator("#start-btn").is_enabled()
     other.context.close()
     assert [e for e in page.errors if "AbortError" not in e] == []  # aborts: the reload's own cancelled requests
