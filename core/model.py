@@ -1,18 +1,18 @@
 """Turning a TrainConfig into a tokenizer, a (quantized) model and a LoRA-wrapped model.
 
-The small pure functions (`build_bnb_config`, `build_lora_config`, `compute_dtype`, `device_map`) are the
-config -> library-object mapping and are tested without a GPU. `load_model` and `prepare_for_training` do the
-heavy work.
+`build_bnb_config` and `build_lora_config` build the library objects from core/recipe.py's keyword dicts (the one
+config -> library mapping, which "Show code" writes into its script too). `load_model` and `prepare_for_training`
+do the heavy work.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from core import recipe
 from core.config import DEMO_MODEL, TrainConfig
 from core.events import EventSink, make_event
 
@@ -21,47 +21,24 @@ class ModelError(RuntimeError):
     """A model could not be found or loaded; the message says why and what to do."""
 
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def compute_dtype(cfg: TrainConfig) -> torch.dtype:
-    return DTYPES[cfg.precision]
-
-
 def use_cuda(cfg: TrainConfig) -> bool:
     return cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
 
 
-def device_map(cfg: TrainConfig) -> dict[str, Any] | str:
-    # One GPU holds the whole model: "auto" could spill layers to the CPU silently, which trains very slowly.
-    return {"": torch.cuda.current_device()} if use_cuda(cfg) else "cpu"
-
-
 def build_bnb_config(cfg: TrainConfig):
     """The chapter's BitsAndBytesConfig (NF4, double quant, bf16 compute), or None without 4-bit."""
-    if not cfg.load_in_4bit:
+    kwargs = recipe.bnb_kwargs(cfg)
+    if kwargs is None:
         return None
     from transformers import BitsAndBytesConfig
 
-    return BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type=cfg.bnb_4bit_quant_type,
-        bnb_4bit_use_double_quant=cfg.bnb_4bit_use_double_quant,
-        bnb_4bit_compute_dtype=compute_dtype(cfg),
-    )
+    return BitsAndBytesConfig(**kwargs)
 
 
 def build_lora_config(cfg: TrainConfig):
     from peft import LoraConfig
 
-    return LoraConfig(
-        r=cfg.lora_r,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
-        target_modules=list(cfg.lora_target_modules),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
+    return LoraConfig(**recipe.lora_kwargs(cfg))
 
 
 def hf_token() -> str | None:
@@ -150,10 +127,8 @@ def load_model(cfg: TrainConfig, path: str | None = None):
         model = AutoModelForCausalLM.from_pretrained(
             path,
             quantization_config=build_bnb_config(cfg),
-            dtype=compute_dtype(cfg),
-            device_map=device_map(cfg),
-            trust_remote_code=cfg.trust_remote_code,
             token=hf_token(),
+            **recipe.load_kwargs(cfg, torch.cuda.current_device() if use_cuda(cfg) else None),
         )
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
@@ -167,11 +142,13 @@ def load_model(cfg: TrainConfig, path: str | None = None):
 def prepare_for_training(model, cfg: TrainConfig):
     """Freeze the base, apply the chapter's k-bit preparation (or memtune's lean variant) and wrap with LoRA."""
     from peft import get_peft_model, prepare_model_for_kbit_training
+    from transformers import set_seed
 
-    if cfg.load_in_4bit and cfg.upcast_to_fp32:
+    kbit = recipe.kbit_kwargs(cfg)
+    if kbit is not None:
         # The chapter's recipe: peft upcasts every non-quantized parameter (embeddings, norms, lm_head) to fp32.
         # Checkpointing itself is left to the Trainer (SFTConfig), which enables it with our kwargs.
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        model = prepare_model_for_kbit_training(model, **kbit)
     else:
         # Lean: the frozen base stays in its loaded dtype; only the LoRA weights train (in fp32, via peft).
         for param in model.parameters():
@@ -182,6 +159,9 @@ def prepare_for_training(model, cfg: TrainConfig):
     if cfg.gradient_checkpointing:
         # Checkpointed blocks need an input that requires grad, or no gradient reaches the LoRA weights.
         model.enable_input_require_grads()
+    # LoRA's A matrices start random: seed them, or two runs of one seeded config differ from the second step on
+    # (the Trainer seeds only later, when it is built).
+    set_seed(cfg.seed)
     return get_peft_model(model, build_lora_config(cfg))
 
 
@@ -193,9 +173,10 @@ def load_with_adapter(cfg: TrainConfig, adapter_dir: str | Path, path: str | Non
     from peft import PeftModel, prepare_model_for_kbit_training
 
     model = load_model(cfg, path)
-    if cfg.load_in_4bit and cfg.upcast_to_fp32:
+    kbit = recipe.kbit_kwargs(cfg)
+    if kbit is not None:
         # Same fp32 norms/embeddings/head as the trained model had, so the logits match it.
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        model = prepare_model_for_kbit_training(model, **kbit)
     model = PeftModel.from_pretrained(model, str(adapter_dir))
     return model.eval()
 

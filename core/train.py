@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -48,58 +47,16 @@ class RunResult:
     error_type: str | None = None  # config | data | model | oom | other
 
 
-# --- pure mappings: config -> library arguments ------------------------------------------------------------
-def checkpointing_args(cfg: TrainConfig, fields: set[str]) -> dict[str, Any]:
-    """transformers 5.2x renamed gradient_checkpointing to activation_checkpointing; speak whichever it knows."""
-    name = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
-    args: dict[str, Any] = {name: cfg.gradient_checkpointing}
-    if cfg.gradient_checkpointing:
-        # Non-reentrant: works with frozen inputs and is what PyTorch recommends; same memory as reentrant.
-        args[f"{name}_kwargs"] = {"use_reentrant": False}
-    return args
-
-
+# --- config -> library arguments (core/recipe.py holds the mapping) -----------------------------------------
 def build_sft_config(cfg: TrainConfig, output_dir: str | Path, console: bool = False):
     """The chapter's TrainingArguments + SFTTrainer arguments, as one TRL SFTConfig."""
     import torch
     from trl import SFTConfig
 
-    known = {f.name for f in dataclasses.fields(SFTConfig)}
+    from core import recipe
+
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    kwargs: dict[str, Any] = dict(
-        output_dir=str(output_dir),
-        num_train_epochs=cfg.num_train_epochs,
-        max_steps=cfg.max_steps,
-        per_device_train_batch_size=cfg.per_device_train_batch_size,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-        learning_rate=cfg.learning_rate,
-        lr_scheduler_type=cfg.lr_scheduler_type,
-        warmup_steps=cfg.warmup_steps,
-        weight_decay=cfg.weight_decay,
-        max_grad_norm=cfg.max_grad_norm,
-        optim=cfg.optim,
-        bf16=cfg.precision == "bf16",
-        fp16=cfg.precision == "fp16",
-        logging_steps=cfg.logging_steps,
-        save_strategy=cfg.save_strategy,
-        save_steps=cfg.save_steps,
-        seed=cfg.seed,
-        data_seed=cfg.seed,
-        max_length=cfg.max_length,  # was SFTTrainer(max_seq_length=...) in the chapter
-        packing=cfg.packing,
-        use_liger_kernel=cfg.use_liger_kernel,
-        use_cpu=not cuda,
-        report_to="none",  # no wandb/tensorboard surprises; our events.jsonl is the log
-        disable_tqdm=not console,
-        include_num_input_tokens_seen="non_padding",  # trained-token counts for tokens/s
-        dataloader_num_workers=0,
-        save_only_model=False,  # optimizer state is needed to resume exactly
-        **checkpointing_args(cfg, known),
-    )
-    if cfg.packing:
-        # Best-fit-decreasing packing implies padding-free batches with per-row position ids (no cross-row attention).
-        kwargs["packing_strategy"] = "bfd"
-    return SFTConfig(**{k: v for k, v in kwargs.items() if k in known})
+    return SFTConfig(**recipe.installed_names(recipe.sft_kwargs(cfg, output_dir, cuda, console), SFTConfig))
 
 
 def build_trainer(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir: str | Path,
