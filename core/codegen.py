@@ -1,29 +1,40 @@
 """The settings as code: a standalone Python script and the equivalent `python -m core.train` command.
 
 `python_script(cfg)` writes the course chapter's script for the current settings, corrected for today's
-libraries (no gradio here, so the CLI can reuse it):
-- dolly-15k's real id is databricks/databricks-dolly-15k, and it has no `text` column: rows are formatted
-  into prompt + completion (completion-only loss) instead of `dataset_text_field="text"`;
-- `SFTConfig(max_length=...)` replaces SFTTrainer's removed `max_seq_length=`, `processing_class=` replaces
-  `tokenizer=`; `dtype=` replaces `torch_dtype=`;
-- the adapter is saved with the tokenizer.
+libraries. It is rendered from the engine's own mapping, so the two train the same thing (same first loss):
+- every library argument (BitsAndBytesConfig, from_pretrained, prepare_model_for_kbit_training, LoraConfig,
+  SFTConfig) is core/recipe.py's dict, written out keyword by keyword; `installed_names` (copied in) renames
+  gradient_checkpointing for the installed transformers at run time, as the engine does;
+- rows are formatted by core/data's functions (`to_sft`, `detect_format` and what they use), copied verbatim
+  into the script, so there is no second set of prompt templates;
+- the chapter's fixes stay visible: dolly-15k is formatted into prompt + completion (completion-only loss), not
+  `dataset_text_field="text"`; `max_length=` replaces `max_seq_length=`, `processing_class=` replaces
+  `tokenizer=`, `dtype=` replaces `torch_dtype=`; the adapter is saved with the tokenizer.
 
 `cli_command(cfg, ...)` lists only the settings that differ from the base (a saved file, the demo, or the
 defaults), each as one `--set field=value`.
+
+CLI:
+    python -m core.codegen --config FILE.yaml [--set field=value ...]   # prints the script
+    python -m core.codegen --demo --set max_steps=3 > train_demo.py
+    python -m core.codegen --config FILE.yaml --cli                      # the python -m core.train command
 """
 
 from __future__ import annotations
 
+import argparse
+import ast
+import functools
+import importlib
 import json
 import shlex
+import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from core import recipe
 from core.config import DEMO_DATASET, DEMO_MODEL, OPTIMIZERS, TrainConfig, demo_config
-
-DOLLY_IDS = ("databricks/databricks-dolly-15k", "databricks/dolly-15k")
-DATA_FILE_TYPES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
 
 
 # --- the CLI ----------------------------------------------------------------------------------------------
@@ -79,175 +90,134 @@ def cli_command(cfg: TrainConfig, config_path: str | Path | None = None, base: T
 
 
 # --- the Python script ------------------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent  # memtune's folder: the demo model and offload helper live there
+DATA_ENTRY_POINTS = ("to_sft", "detect_format")  # what the script calls in core/data, as the engine does
+
+
 def _py(value: Any) -> str:
     """Python source for a value, with double-quoted strings (as people write them)."""
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_py(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_py(k)}: {_py(v)}" for k, v in value.items()) + "}"
     return repr(value)
 
 
-def _data_source(cfg: TrainConfig) -> tuple[str, str]:
-    """(code that loads the dataset, format name) for the script."""
-    fmt = cfg.dataset_format
+def _either(on_gpu: Any, on_cpu: Any) -> str:
+    """Source for a value that depends on whether CUDA is there when the script runs (device auto)."""
+    if on_gpu == on_cpu:
+        return _py(on_gpu)
+    if (on_gpu, on_cpu) == (False, True):
+        return "not CUDA"
+    return f"{_py(on_gpu)} if CUDA else {_py(on_cpu)}"
+
+
+def _call(head: str, pair: tuple[dict[str, Any], dict[str, Any]], notes: dict[str, str],
+          first: tuple[str, ...] = (), indent: str = "    ") -> list[str]:
+    """`head(` + one `name=value,` line per keyword (from the engine's dicts for GPU and CPU) + `)`."""
+    gpu, cpu = pair
+    lines = [f"{indent}{head}("] + [f"{indent}    {arg}," for arg in first]
+    for name in gpu:
+        note = f"  # {notes[name]}" if notes.get(name) else ""
+        lines.append(f"{indent}    {name}={_either(gpu[name], cpu[name])},{note}")
+    return lines + [f"{indent})"]
+
+
+@functools.lru_cache(maxsize=None)
+def helper_source(module_name: str, roots: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """(import lines, source) of `roots` in a memtune module and of every module-level name they use.
+
+    The script carries these definitions verbatim, so it formats data exactly as the engine does (one definition,
+    no copy to keep in step). Definitions keep the module's order; comments between them are left out.
+    """
+    module = importlib.import_module(module_name)
+    text = Path(module.__file__).read_text(encoding="utf-8")
+    lines = text.splitlines()
+    tree = ast.parse(text)
+    defs: dict[str, ast.stmt] = {}
+    imports: dict[str, tuple[str | None, str, str | None]] = {}  # bound name -> (from module, name, as)
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defs[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Name):
+                    defs[target.id] = node
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                imports[a.asname or a.name.split(".")[0]] = (None, a.name, a.asname)
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            for a in node.names:
+                imports[a.asname or a.name] = (node.module, a.name, a.asname)
+    wanted: set[str] = set()
+    used_imports: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in imports:
+            used_imports.add(name)
+        elif name in defs and name not in wanted:
+            wanted.add(name)
+            todo += [n.id for n in ast.walk(defs[name]) if isinstance(n, ast.Name)]
+    import_lines = []
+    for name in sorted(used_imports):
+        source, real, alias = imports[name]
+        if source and source.split(".")[0] == "core":
+            raise ValueError(f"{module_name}.{'/'.join(roots)} needs {source}.{real}: the script could not run alone")
+        line = f"from {source} import {real}" if source else f"import {real}"
+        import_lines.append(line + (f" as {alias}" if alias else ""))
+    blocks, seen = [], set()
+    for node in tree.body:
+        if id(node) in seen or not any(n in wanted and defs[n] is node for n in defs):
+            continue
+        seen.add(id(node))
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        blocks.append("\n".join(lines[start - 1:node.end_lineno]))
+    return tuple(import_lines), "\n\n\n".join(blocks)
+
+
+def _data_loading(cfg: TrainConfig) -> tuple[str, tuple[str, ...]]:
+    """(the script's load_dataset line, core/data definitions it needs besides DATA_ENTRY_POINTS)."""
+    from core.data import LOADERS, is_local
+
+    split = _py(cfg.dataset_split)
     if cfg.dataset == DEMO_DATASET:
         from core.demo import DEMO_DATA
 
-        load = (f"# memtune's bundled demo data (dolly format)\n"
-                f"dataset = load_dataset(\"json\", data_files={_py(str(DEMO_DATA))}, split={_py(cfg.dataset_split)})")
-        return load, "dolly" if fmt == "auto" else fmt
-    suffix = Path(cfg.dataset).suffix.lower()
-    if suffix in DATA_FILE_TYPES:
-        load = (f"dataset = load_dataset({_py(DATA_FILE_TYPES[suffix])}, data_files={_py(cfg.dataset)}, "
-                f"split={_py(cfg.dataset_split)})")
-        if suffix == ".txt" and fmt == "auto":
-            fmt = "text"
-    else:
-        load = f"dataset = load_dataset({_py(cfg.dataset)}, split={_py(cfg.dataset_split)})"
-    if fmt == "auto" and cfg.dataset in DOLLY_IDS:
-        fmt = "dolly"
-    return load, fmt
+        return f"load_dataset(\"json\", data_files={_py(str(DEMO_DATA))}, split={split})  # memtune's demo data", ()
+    path = Path(cfg.dataset).expanduser()
+    if not is_local(cfg.dataset):
+        return f"load_dataset({_py(cfg.dataset)}, split={split})", ()
+    if path.is_dir():
+        return f"load_dataset({_py(str(path))}, split={split})", ()
+    builder = LOADERS.get(path.suffix.lower(), "json")
+    if builder == "csv":  # every column as text, as the engine reads CSV
+        return (f"load_dataset(\"csv\", data_files={_py(str(path))}, split={split}, "
+                f"features=_csv_features(Path({_py(str(path))})))", ("_csv_features",))
+    return f"load_dataset({_py(builder)}, data_files={_py(str(path))}, split={split})", ()
 
 
-# Prompt template for datasets without a chat template: the Alpaca layout (instruction, optional input, response).
-FORMATTERS = {
-    "dolly": '''
-def to_prompt_completion(row):
-    """dolly rows (instruction, context, response) -> prompt + completion: the loss falls on the response only."""
-    question = row["instruction"] + (f"\\n\\n{row['context']}" if row.get("context") else "")
-    if tokenizer.chat_template:  # chat models: TRL renders these messages with the model's chat template
-        return {"prompt": [{"role": "user", "content": question}],
-                "completion": [{"role": "assistant", "content": row["response"]}]}
-    prompt = f"### Instruction:\\n{row['instruction']}\\n\\n"
-    if row.get("context"):
-        prompt += f"### Input:\\n{row['context']}\\n\\n"
-    return {"prompt": prompt + "### Response:\\n", "completion": row["response"]}
-
-dataset = dataset.map(to_prompt_completion, remove_columns=dataset.column_names)
-''',
-    "alpaca": '''
-def to_prompt_completion(row):
-    """alpaca rows (instruction, input, output) -> prompt + completion: the loss falls on the output only."""
-    question = row["instruction"] + (f"\\n\\n{row['input']}" if row.get("input") else "")
-    if tokenizer.chat_template:  # chat models: TRL renders these messages with the model's chat template
-        return {"prompt": [{"role": "user", "content": question}],
-                "completion": [{"role": "assistant", "content": row["output"]}]}
-    prompt = f"### Instruction:\\n{row['instruction']}\\n\\n"
-    if row.get("input"):
-        prompt += f"### Input:\\n{row['input']}\\n\\n"
-    return {"prompt": prompt + "### Response:\\n", "completion": row["output"]}
-
-dataset = dataset.map(to_prompt_completion, remove_columns=dataset.column_names)
-''',
-    "text": '''
-# Plain text: the model learns every token of the `text` column.
-dataset = dataset.select_columns(["text"])
-''',
-    "prompt_completion": '''
-# prompt/completion rows train as they are: the loss falls on the completion only.
-dataset = dataset.select_columns(["prompt", "completion"])
-''',
-    "messages": '''
-# Chat rows: SFTTrainer applies the tokenizer's chat template to `messages`.
-dataset = dataset.select_columns(["messages"])
-''',
-    "sharegpt": '''
-ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
-
-def to_messages(row):
-    """ShareGPT rows (conversations: from/value) -> chat messages."""
-    return {"messages": [{"role": ROLES.get(turn["from"], turn["from"]), "content": turn["value"]}
-                         for turn in row["conversations"]]}
-
-dataset = dataset.map(to_messages, remove_columns=dataset.column_names)
-''',
-    "auto": '''
-def to_sft(row):
-    """Whatever the columns: plain text, dolly, alpaca or prompt/completion -> prompt + completion (or text)."""
-    if "prompt" in row and "completion" in row:
-        return {"prompt": row["prompt"], "completion": row["completion"]}
-    if "instruction" in row:
-        extra = row.get("context") or row.get("input") or ""
-        answer = row.get("response", row.get("output", ""))
-        prompt = f"### Instruction:\\n{row['instruction']}\\n\\n"
-        if extra:
-            prompt += f"### Input:\\n{extra}\\n\\n"
-        return {"prompt": prompt + "### Response:\\n", "completion": answer}
-    if "text" in row:
-        return {"prompt": "", "completion": row["text"]}
-    raise ValueError(f"unknown columns {sorted(row)}: expected text, instruction/response or prompt/completion")
-
-dataset = dataset.map(to_sft, remove_columns=dataset.column_names)
-''',
-}
-
-# Fields the script reproduces; a non-default value of any other field is listed in a comment instead.
-SCRIPTED = {
-    "model", "trust_remote_code", "load_in_4bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "precision",
-    "upcast_to_fp32", "offload_embeddings", "expandable_segments", "lora_r", "lora_alpha", "lora_dropout",
-    "lora_target_modules", "dataset", "dataset_split", "dataset_format", "max_length", "per_device_train_batch_size",
-    "gradient_accumulation_steps", "packing", "num_train_epochs", "max_steps", "learning_rate", "lr_scheduler_type",
-    "warmup_steps", "weight_decay", "max_grad_norm", "optim", "gradient_checkpointing", "use_liger_kernel", "seed",
-    "logging_steps", "save_strategy", "save_steps", "output_dir", "run_name", "device",
-}
-
-DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
-
-
-def sft_kwargs(cfg: TrainConfig, output_dir: str) -> list[tuple[str, str]]:
-    """SFTConfig arguments as (name, Python source) pairs, in the chapter's order, defaults left out."""
-    kw: list[tuple[str, str]] = [("output_dir", _py(output_dir))]
-    if cfg.max_steps > 0:
-        kw.append(("max_steps", _py(cfg.max_steps)))
-    else:
-        kw.append(("num_train_epochs", _py(cfg.num_train_epochs)))
-    kw += [
-        ("per_device_train_batch_size", _py(cfg.per_device_train_batch_size)),
-        ("gradient_accumulation_steps", _py(cfg.gradient_accumulation_steps)
-         + f",  # effective batch = {cfg.per_device_train_batch_size} x {cfg.gradient_accumulation_steps}"
-           f" = {cfg.effective_batch_size}"),
-        ("learning_rate", _py(cfg.learning_rate)),
-    ]
-    if cfg.lr_scheduler_type != "linear":
-        kw.append(("lr_scheduler_type", _py(cfg.lr_scheduler_type)))
-    if cfg.warmup_steps:
-        kw.append(("warmup_steps", _py(cfg.warmup_steps)))
-    if cfg.weight_decay:
-        kw.append(("weight_decay", _py(cfg.weight_decay)))
-    if cfg.max_grad_norm != 1.0:
-        kw.append(("max_grad_norm", _py(cfg.max_grad_norm)))
-    if cfg.precision == "bf16":
-        kw.append(("bf16", "True"))
-    elif cfg.precision == "fp16":
-        kw.append(("fp16", "True"))
-    kw.append(("gradient_checkpointing", _py(cfg.gradient_checkpointing)))
-    if cfg.gradient_checkpointing:
-        kw.append(("gradient_checkpointing_kwargs", '{"use_reentrant": False}'))
-    kw.append(("optim", _py(cfg.optim) + ("  # needs bitsandbytes" if OPTIMIZERS.get(cfg.optim, (False,))[0] else "")))
-    kw.append(("max_length", _py(cfg.max_length) + ",  # was SFTTrainer(max_seq_length=...)"))
-    if cfg.packing:
-        kw += [("packing", "True"), ("packing_strategy", '"bfd"  # padding-free: per-row position ids')]
-    if cfg.use_liger_kernel:
-        kw.append(("use_liger_kernel", "True"))
-    kw.append(("logging_steps", _py(cfg.logging_steps)))
-    kw.append(("save_strategy", _py(cfg.save_strategy)))
-    if cfg.save_strategy == "steps":
-        kw.append(("save_steps", _py(cfg.save_steps)))
-    if cfg.seed != 42:
-        kw.append(("seed", _py(cfg.seed)))
-    if cfg.device == "cpu":
-        kw.append(("use_cpu", "True"))
-    elif cfg.device == "auto":
-        kw.append(("use_cpu", "not torch.cuda.is_available()"))
-    kw.append(("report_to", '"none"'))
-    return kw
+def _pairs(cfg: TrainConfig, build) -> tuple[Any, Any]:
+    """`build(cuda)` for the GPU and the CPU case; with a fixed device both are that device's."""
+    options = {"cuda": (True, True), "cpu": (False, False)}.get(cfg.device, (True, False))
+    return build(options[0]), build(options[1])
 
 
 def python_script(cfg: TrainConfig) -> str:
-    """A standalone script (transformers 5, peft 0.21, trl 1.x) that trains what `cfg` describes."""
-    out_root = Path(cfg.output_dir) / (cfg.run_name or "qlora-output")
-    load_data, fmt = _data_source(cfg)
+    """A standalone script (transformers 5, peft 0.21, trl 1.x) that trains what `cfg` describes.
+
+    Every library argument comes from core/recipe.py's dicts, and the data is formatted by core/data's own
+    functions (copied in), so the script trains what the engine trains: same first loss for the same seed.
+    """
+    out_root = Path(cfg.resume_from) if cfg.resume_from else Path(cfg.output_dir) / (cfg.run_name or "qlora-output")
+    load_data, extra_roots = _data_loading(cfg)
+    data_imports, data_source = helper_source("core.data", DATA_ENTRY_POINTS + extra_roots)
+    recipe_imports, recipe_source = helper_source("core.recipe", ("installed_names",))
+    needs_memtune = cfg.model == DEMO_MODEL or cfg.offload_embeddings
+    bnb, kbit = recipe.bnb_kwargs(cfg), recipe.kbit_kwargs(cfg)
+
     lines: list[str] = []
     add = lines.append
     add(f'"""QLoRA fine-tuning, generated by memtune from your settings.\n\nSame run, headless:\n'
@@ -256,96 +226,125 @@ def python_script(cfg: TrainConfig) -> str:
         add("import os\n")
         add("# Let the CUDA allocator grow segments in place: less memory reserved but unused (set before torch loads)")
         add('os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")\n')
-    add("import torch")
+    imports = sorted(set(data_imports + recipe_imports + (("import sys",) if needs_memtune else ())
+                         + (("import torch",) if cfg.device == "auto" else ())),
+                     key=lambda line: (line.startswith("from"), line))
+    lines += imports
+    add("")
     add("from datasets import load_dataset")
-    add("from peft import LoraConfig, get_peft_model" + (", prepare_model_for_kbit_training"
-                                                         if cfg.load_in_4bit and cfg.upcast_to_fp32 else ""))
-    add("from transformers import AutoModelForCausalLM, AutoTokenizer" + (", BitsAndBytesConfig" if cfg.load_in_4bit else ""))
+    add("from peft import LoraConfig, get_peft_model" + (", prepare_model_for_kbit_training" if kbit else ""))
+    add("from transformers import AutoModelForCausalLM, AutoTokenizer" + (", BitsAndBytesConfig" if bnb else "")
+        + ", set_seed")
     add("from trl import SFTConfig, SFTTrainer\n")
+    if needs_memtune:
+        add(f"sys.path.insert(0, {_py(str(ROOT))})  # memtune's folder: its helpers below come from there")
     if cfg.model == DEMO_MODEL:
-        add("# memtune's offline demo model is built on this machine (run from the memtune folder).")
-        add("from core.demo import ensure_demo_model\n")
+        add("from core.demo import ensure_demo_model  # memtune's offline demo model, built on this machine\n")
         add("MODEL = str(ensure_demo_model())")
     else:
         add(f"MODEL = {_py(cfg.model)}")
-    add(f"OUTPUT_DIR = {_py(str(out_root))}\n")
+    add(f"OUTPUT_DIR = {_py(str(out_root))}")
+    if cfg.device == "auto":
+        add("CUDA = torch.cuda.is_available()")
+    add("\n")
+    add("def main():")
+    if bnb:
+        add("    # Quantization: the frozen base weights in 4 bits (QLoRA)")
+        lines += _call("bnb_config = BitsAndBytesConfig", (bnb, bnb), {})
+    add("    # Load model")
+    load = _pairs(cfg, lambda cuda: recipe.load_kwargs(cfg, 0 if cuda else None))
+    lines += _call("model = AutoModelForCausalLM.from_pretrained", load,
+                   {"dtype": "was torch_dtype=",
+                    "trust_remote_code": "runs Python code shipped with the model" if cfg.trust_remote_code else ""},
+                   first=("MODEL",) + (("quantization_config=bnb_config",) if bnb else ()))
+    add("    model.config.use_cache = False  # the KV cache is useless in training")
+    add(f"    tokenizer = AutoTokenizer.from_pretrained(MODEL, trust_remote_code={cfg.trust_remote_code!r})")
+    add("    if tokenizer.pad_token is None:")
+    add("        tokenizer.pad_token = tokenizer.eos_token  # padded positions carry no loss\n")
 
-    if cfg.load_in_4bit:
-        add("# Quantization: the frozen base weights in 4 bits (QLoRA)")
-        add("bnb_config = BitsAndBytesConfig(")
-        add("    load_in_4bit=True,")
-        add(f"    bnb_4bit_quant_type={_py(cfg.bnb_4bit_quant_type)},")
-        add(f"    bnb_4bit_compute_dtype={DTYPE[cfg.precision]},")
-        add(f"    bnb_4bit_use_double_quant={_py(cfg.bnb_4bit_use_double_quant)},")
-        add(")\n")
-    device_map = '"cpu"' if cfg.device == "cpu" else '"auto"'
-    add("# Load model")
-    add("model = AutoModelForCausalLM.from_pretrained(")
-    add("    MODEL,")
-    if cfg.load_in_4bit:
-        add("    quantization_config=bnb_config,")
-    add(f"    dtype={DTYPE[cfg.precision]},  # was torch_dtype=")
-    add(f"    device_map={device_map},")
-    if cfg.trust_remote_code:
-        add("    trust_remote_code=True,  # runs Python code shipped with the model")
-    add(")")
-    add("model.config.use_cache = False  # the KV cache is useless in training")
-    add("tokenizer = AutoTokenizer.from_pretrained(MODEL" + (", trust_remote_code=True" if cfg.trust_remote_code else "") + ")")
-    add("if tokenizer.pad_token is None:")
-    add("    tokenizer.pad_token = tokenizer.eos_token\n")
-
-    add("# Prepare for training")
-    if cfg.load_in_4bit and cfg.upcast_to_fp32:
-        add("model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)  # upcasts norms/embeddings to fp32")
+    add("    # Prepare for training")
+    if kbit:
+        add(f"    model = prepare_model_for_kbit_training(model, {', '.join(f'{k}={_py(v)}' for k, v in kbit.items())})"
+            "  # upcasts norms/embeddings to fp32")
     else:
-        add("for param in model.parameters():  # freeze the base; it stays in its loaded dtype")
-        add("    param.requires_grad_(False)")
+        add("    for param in model.parameters():  # freeze the base; it stays in its loaded dtype")
+        add("        param.requires_grad_(False)")
     if cfg.offload_embeddings:
-        add("# Keep the frozen input embedding in CPU memory; only looked-up rows go to the GPU (memtune's helper)")
-        add("from core.model import offload_input_embeddings\n")
-        add("offload_input_embeddings(model)")
+        add("    # Keep the frozen input embedding in CPU memory; only looked-up rows go to the GPU (memtune's helper)")
+        add("    from core.model import offload_input_embeddings\n")
+        add("    offload_input_embeddings(model)")
     if cfg.gradient_checkpointing:
-        add("model.enable_input_require_grads()  # checkpointed blocks need an input that requires grad")
-    add("")
-    add("# LoRA config")
-    add("lora_config = LoraConfig(")
-    add(f"    r={cfg.lora_r},")
-    add(f"    lora_alpha={cfg.lora_alpha},")
-    add(f"    target_modules={_py(list(cfg.lora_target_modules))},")
-    add(f"    lora_dropout={_py(cfg.lora_dropout)},")
-    add('    bias="none",')
-    add('    task_type="CAUSAL_LM",')
-    add(")")
-    add("model = get_peft_model(model, lora_config)")
-    add("model.print_trainable_parameters()\n")
+        add("    model.enable_input_require_grads()  # checkpointed blocks need an input that requires grad")
+    add(f"    set_seed({cfg.seed!r})  # LoRA's A matrices start random: seeded, a run repeats exactly")
+    lines += _call("lora_config = LoraConfig", (recipe.lora_kwargs(cfg),) * 2, {})
+    add("    model = get_peft_model(model, lora_config)")
+    add("    model.print_trainable_parameters()\n")
 
-    add("# Dataset")
-    add(load_data + "\n")
-    add(FORMATTERS.get(fmt, FORMATTERS["auto"]).strip("\n") + "\n")
+    add("    # Dataset: rows -> prompt + completion (loss on the completion only) or text, by memtune's core/data rules")
+    add(f"    dataset = {load_data}")
+    fmt = "detect_format(dataset)" if cfg.dataset_format == "auto" else _py(cfg.dataset_format)
+    add(f"    dataset = to_sft(dataset, {fmt}, tokenizer)\n")
 
-    add("# Memory-efficient training arguments (TRL's SFTConfig extends TrainingArguments)")
-    add("training_args = SFTConfig(")
-    for name, src in sft_kwargs(cfg, str(Path(out_root) / "checkpoints")):
-        if "  #" in src:
-            value, comment = src.split("  #", 1)
-            value = value.rstrip(",")
-            add(f"    {name}={value},  #{comment}")
-        else:
-            add(f"    {name}={src},")
-    add(")\n")
-    add("# Train")
-    add("trainer = SFTTrainer(")
-    add("    model=model,")
-    add("    args=training_args,")
-    add("    train_dataset=dataset,")
-    add("    processing_class=tokenizer,  # was tokenizer=")
-    add(")")
-    skipped = [f"{n}={format_value(getattr(cfg, n))}" for n in changed_fields(cfg, TrainConfig())
-               if n not in SCRIPTED]
-    if skipped:
-        add("# Not reproduced by this script (memtune settings): " + ", ".join(skipped))
-    add("trainer.train()")
-    add('model.save_pretrained(f"{OUTPUT_DIR}/adapter")')
-    add('tokenizer.save_pretrained(f"{OUTPUT_DIR}/adapter")')
-    add('print("adapter saved to", f"{OUTPUT_DIR}/adapter")')
+    add("    # Memory-efficient training arguments (TRL's SFTConfig extends TrainingArguments)")
+    notes = {
+        "gradient_accumulation_steps": f"effective batch = {cfg.per_device_train_batch_size} x "
+                                       f"{cfg.gradient_accumulation_steps} = {cfg.effective_batch_size}",
+        "optim": "needs bitsandbytes" if OPTIMIZERS.get(cfg.optim, (False,))[0] else "",
+        "gradient_checkpointing": "activation_checkpointing since transformers 5.2x: installed_names renames it",
+        "max_length": "was SFTTrainer(max_seq_length=...)",
+        "packing_strategy": "padding-free: per-row position ids",
+        "save_only_model": "optimizer state too: resumable",
+    }
+    lines += _call("sft_args = dict", _pairs(cfg, lambda cuda: recipe.sft_kwargs(
+        cfg, f"{out_root}/checkpoints", cuda)), notes)
+    add("    training_args = SFTConfig(**installed_names(sft_args, SFTConfig))\n")
+    add("    # Train")
+    add("    trainer = SFTTrainer(")
+    add("        model=model,")
+    add("        args=training_args,")
+    add("        train_dataset=dataset,")
+    add("        processing_class=tokenizer,  # was tokenizer=")
+    add("    )")
+    if cfg.resume_from:
+        add(f"    trainer.train(resume_from_checkpoint=True)  # continues from the last checkpoint in {cfg.resume_from}")
+    else:
+        add("    trainer.train()")
+    add('    model.save_pretrained(f"{OUTPUT_DIR}/adapter")')
+    add('    tokenizer.save_pretrained(f"{OUTPUT_DIR}/adapter")')
+    add('    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]')
+    add("    if losses:")
+    add('        print(f"first loss {losses[0]!r}, last loss {losses[-1]!r}")')
+    add('    print("adapter saved to", f"{OUTPUT_DIR}/adapter")\n\n')
+    add("# --- Helpers: memtune's own definitions (core/recipe.py, core/data.py), copied so this file runs alone ---")
+    add(recipe_source + "\n\n")
+    add(data_source + "\n\n")
+    add('if __name__ == "__main__":')
+    add("    main()")
     return "\n".join(lines) + "\n"
+
+
+# --- command line -------------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    from core.config import ConfigError, apply_overrides
+
+    parser = argparse.ArgumentParser(prog="python -m core.codegen",
+                                     description="Print the standalone Python script that trains a configuration "
+                                                 "(the app's Show code).")
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", help="YAML file of settings (python -m core.train --dump-config writes one)")
+    src.add_argument("--demo", action="store_true", help="the offline demo's settings")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override one setting; repeatable")
+    parser.add_argument("--cli", action="store_true", help="print the equivalent python -m core.train command instead")
+    args = parser.parse_args(argv)
+    try:
+        cfg = apply_overrides(demo_config() if args.demo else TrainConfig.load(args.config), args.overrides)
+    except ConfigError as exc:
+        print(f"memtune: {exc}", file=sys.stderr)
+        return 2
+    print(cli_command(cfg, config_path=args.config) + "\n" if args.cli else python_script(cfg), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -297,7 +297,8 @@ def test_generated_script_compiles_and_uses_current_apis(cfg):
 def test_chapter_script_formats_dolly_instead_of_a_missing_text_column():
     code = python_script(TrainConfig())
     assert 'load_dataset("databricks/databricks-dolly-15k", split="train[:1000]")' in code
-    assert 'row["response"]' in code and 'optim="paged_adamw_8bit"' in code
+    assert "dataset = to_sft(dataset, detect_format(dataset), tokenizer)" in code  # core/data's rules, copied in
+    assert "def to_sft(" in code and 'optim="paged_adamw_8bit"' in code
 
 
 @pytest.mark.parametrize("cfg", CONFIGS)
@@ -316,9 +317,9 @@ def test_cli_command_round_trips_through_the_engine_parser(cfg, tmp_path):
     assert apply_overrides(demo_config(), [args[i + 1] for i, a in enumerate(args) if a == "--set"]) == cfg
 
 
-def test_script_names_what_it_does_not_reproduce():
+def test_script_resumes_and_keeps_the_memory_levers():
     code = python_script(TrainConfig(resume_from="runs/old", expandable_segments=True, offload_embeddings=True))
-    assert "Not reproduced" in code and "resume_from=runs/old" in code
+    assert 'OUTPUT_DIR = "runs/old"' in code and "trainer.train(resume_from_checkpoint=True)" in code
     assert "expandable_segments:True" in code and "offload_input_embeddings(model)" in code
 
 
