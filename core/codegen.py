@@ -280,7 +280,8 @@ def python_script(cfg: TrainConfig) -> str:
     add("    model = get_peft_model(model, lora_config)")
     add("    model.print_trainable_parameters()\n")
 
-    add("    # Dataset: rows -> prompt + completion (loss on the completion only) or text, by memtune's core/data rules")
+    add("    # Dataset: rows -> prompt + completion (loss on the completion only) or text, by the functions at the end")
+    add("    # of this file: memtune's own (core/data.py), so the rows are exactly those the app trains on")
     add(f"    dataset = {load_data}")
     fmt = "detect_format(dataset)" if cfg.dataset_format == "auto" else _py(cfg.dataset_format)
     add(f"    dataset = to_sft(dataset, {fmt}, tokenizer)\n")

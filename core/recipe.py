@@ -89,6 +89,8 @@ def sft_kwargs(cfg: TrainConfig, output_dir: str | Path, cuda: bool, console: bo
         "bf16": cfg.precision == "bf16",
         "fp16": cfg.precision == "fp16",
         "gradient_checkpointing": cfg.gradient_checkpointing,
+        # Non-reentrant: works with frozen inputs and is what PyTorch recommends; same memory as reentrant.
+        **({"gradient_checkpointing_kwargs": {"use_reentrant": False}} if cfg.gradient_checkpointing else {}),
         "max_length": cfg.max_length,  # was SFTTrainer(max_seq_length=...) in the chapter
         "packing": cfg.packing,
         "use_liger_kernel": cfg.use_liger_kernel,
@@ -104,9 +106,6 @@ def sft_kwargs(cfg: TrainConfig, output_dir: str | Path, cuda: bool, console: bo
         "include_num_input_tokens_seen": "non_padding",  # trained-token counts for tokens/s
         "dataloader_num_workers": 0,
     }
-    if cfg.gradient_checkpointing:
-        # Non-reentrant: works with frozen inputs and is what PyTorch recommends; same memory as reentrant.
-        kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
     if cfg.packing:
         # Best-fit-decreasing packing implies padding-free batches with per-row position ids (no cross-row attention).
         kwargs["packing_strategy"] = "bfd"
