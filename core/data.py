@@ -21,18 +21,14 @@ Rows with an empty prompt or completion (or empty text) are dropped and counted,
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.config import DEMO_DATASET, TrainConfig
+from core.config import TrainConfig
+from core.datafiles import (FILE_LIKE, LOADERS, DataError, is_local, load_raw,  # noqa: F401 - the module's API
+                            scan_text_file)
 
-# Local file suffix -> the datasets builder that reads it.
-LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
-# Suffixes that mark a data file even when it does not exist (so "data.tsv" is not mistaken for a Hub id).
-FILE_LIKE = set(LOADERS) | {".tsv", ".xlsx", ".xls", ".gz", ".zip", ".arrow", ".xml", ".yaml", ".yml", ".md"}
 
 # Format -> (required columns, optional columns), in detection order: structured formats win over a `text`
 # column, since e.g. tatsu-lab/alpaca carries both and only the structure allows completion-only loss.
@@ -54,23 +50,6 @@ DEFAULT_TEMPLATE = "### Instruction:\n{instruction}\n\n{input_section}### Respon
 INPUT_SECTION = "### Input:\n{input}\n\n"
 
 
-class DataError(ValueError):
-    """A problem with the training data; the message says what was wrong and what to do."""
-
-
-@dataclass
-class DataPreview:
-    format: str
-    n_rows: int  # rows that will be trained on
-    n_dropped: int  # rows dropped for an empty prompt/completion/text
-    examples: list[dict[str, str]]  # the first rows as trained on
-    token_lengths: list[int]  # of every row, tokenized as TRL does
-    max_length: int
-    n_over_max: int  # rows TRL will truncate
-    stats: dict[str, float] = field(default_factory=dict)  # min, median, p95, max, mean of token_lengths
-
-
-# --- loading ---------------------------------------------------------------------------------------------
 def format_help() -> str:
     parts = []
     for name, (need, optional) in FORMATS.items():
@@ -79,208 +58,6 @@ def format_help() -> str:
         parts.append(f"{name} ({cols}{note})")
     return "; ".join(parts)
 
-
-def is_local(source: str) -> bool:
-    """A path rather than a Hub id (org/name): it exists, ends like a data file, or is written like a path."""
-    path = Path(source).expanduser()
-    return (path.exists() or path.suffix.lower() in FILE_LIKE or source.startswith(("/", ".", "~"))
-            or "\\" in source or source.count("/") > 1)
-
-
-def load_raw(source: str, split: str = "train") -> Any:
-    """Load `source` (DEMO_DATASET, a local data file or folder, or a Hub dataset id) and select `split`.
-
-    `split` accepts datasets' slicing syntax (train[:1000], train[10%:20%]) for Hub and local data alike.
-    """
-    import datasets
-
-    source, split = source.strip(), (split or "train").strip()
-    if not source:
-        raise DataError(f"No dataset given. Give a Hub dataset id, a local {'/'.join(LOADERS)} file, "
-                        f"or {DEMO_DATASET}.")
-    if source == DEMO_DATASET:
-        from core.demo import DEMO_DATA
-
-        return _load_file(DEMO_DATA, split)
-    if is_local(source):
-        path = Path(source).expanduser()
-        if path.is_dir():  # a folder of data files, e.g. a git clone of a Hub dataset
-            return _checked(lambda s: datasets.load_dataset(str(path), split=s), str(path), split)
-        return _load_file(path, split)
-    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
-        raise DataError(f"{source!r} is neither an existing local file nor a Hub dataset id (org/name). "
-                        "Check the spelling or the path.")
-    return _checked(lambda s: _load_hub(source, s), source, split)
-
-
-def _load_file(path: Path, split: str) -> Any:
-    import datasets
-
-    if not path.is_file():
-        raise DataError(f"The data file {path} does not exist. Check the path (relative paths start from "
-                        f"{Path.cwd()}).")
-    builder = LOADERS.get(path.suffix.lower())
-    if builder is None:
-        raise DataError(f"{path.name}: files ending in {path.suffix or '(no extension)'} are not supported. "
-                        f"Accepted: {', '.join(LOADERS)}; convert the file or rename it if it is one of these.")
-    if builder != "parquet":
-        scan_text_file(path)
-    kwargs: dict[str, Any] = {"features": _csv_features(path)} if builder == "csv" else {}
-    return _checked(lambda s: datasets.load_dataset(builder, data_files=str(path), split=s, **kwargs),
-                    str(path), split)
-
-
-def _csv_features(path: Path) -> Any:
-    """Every CSV column as text, so "007" stays "007" and "3" does not become 3.0 (pandas guesses numbers)."""
-    import csv
-
-    import datasets
-
-    with path.open(encoding="utf-8-sig", newline="") as fh:
-        header = next(csv.reader(fh), [])
-    if not header or len(set(header)) != len(header):  # no header or duplicate names: let pandas decide
-        return None
-    return datasets.Features({name: datasets.Value("string") for name in header})
-
-
-def _load_hub(source: str, split: str) -> Any:
-    import datasets
-
-    try:
-        return datasets.load_dataset(source, split=split)
-    except ValueError:
-        raise  # split problems: translated by _checked
-    except Exception as exc:
-        if _is_offline_error(exc):
-            raise DataError(
-                f"The dataset {source} is not in the local cache and the Hugging Face Hub cannot be reached "
-                f"({type(exc).__name__}). Download it first while online (python -c \"import datasets; "
-                f"datasets.load_dataset('{source}')\") or use a local .jsonl/.csv/.parquet file.") from None
-        if type(exc).__name__ in ("DatasetNotFoundError", "RepositoryNotFoundError", "GatedRepoError"):
-            raise DataError(f"The Hub has no dataset {source} you can access ({exc}). Check the id, or for a "
-                            "private/gated dataset accept its terms and set HF_TOKEN.") from None
-        raise DataError(f"Could not load the Hub dataset {source}: {type(exc).__name__}: {exc}") from None
-
-
-def _is_offline_error(exc: BaseException) -> bool:
-    """True when the Hub could not be reached (offline mode, no network, cache miss)."""
-    names = {"OfflineModeIsEnabled", "LocalEntryNotFoundError", "ConnectError", "ConnectTimeout", "ReadTimeout",
-             "Timeout", "NameResolutionError", "MaxRetryError"}
-    seen: BaseException | None = exc
-    for _ in range(10):  # datasets wraps the huggingface_hub error; look a few links down the chain
-        if seen is None:
-            return False
-        if isinstance(seen, (ConnectionError, TimeoutError)) or type(seen).__name__ in names:
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def _checked(load, where: str, split: str) -> Any:
-    """Run `load(split)`, translating datasets' split errors, and refuse an empty result."""
-    try:
-        ds = load(split)
-    except DataError:
-        raise
-    except ValueError as exc:
-        msg = str(exc)
-        if msg.startswith("Unknown split"):
-            found = re.search(r"one of (\[.*\])", msg)
-            raise DataError(f"{where} has no split {_split_name(split)!r}; available splits: "
-                            f"{found.group(1) if found else '(unknown)'}. Set dataset_split to one of them, "
-                            "e.g. train or train[:1000].") from None
-        if msg.startswith("Unrecognized instruction format") or "Unrecognized split format" in msg:
-            raise DataError(f"dataset_split {split!r} is not valid split syntax. Write e.g. train, train[:1000], "
-                            "train[100:200] or train[:10%].") from None
-        if "corresponds to no data" in msg:
-            ds = None
-        else:
-            raise DataError(f"Could not read {where}: {msg}") from None
-    except Exception as exc:
-        raise DataError(f"Could not read {where}: {type(exc).__name__}: {exc}") from None
-    if ds is None or len(ds) == 0:
-        raise DataError(_empty_message(load, where, split))
-    return ds
-
-
-def _split_name(split: str) -> str:
-    return re.split(r"[\[+]", split, maxsplit=1)[0].strip()
-
-
-def _empty_message(load, where: str, split: str) -> str:
-    name = _split_name(split)
-    if name != split:  # a slice: say how many rows the whole split has
-        try:
-            total = len(load(name))
-        except Exception:
-            total = 0
-        if total:
-            return (f"dataset_split {split!r} selects no rows: {name} of {where} has {total} rows. "
-                    f"Use a range inside it, e.g. {name}[:{min(total, 1000)}].")
-    return f"{where} has no rows (split {name!r} is empty). Add data to it or pick another dataset."
-
-
-def scan_text_file(path: Path) -> None:
-    """Check a text data file is UTF-8 (and, for .jsonl/.json, valid JSON) before datasets reads it.
-
-    datasets' own errors here name neither the line nor the fix, so we find the first bad line ourselves.
-    """
-    jsonl = path.suffix.lower() == ".jsonl"
-    offset, n_data = 0, 0
-    with path.open("rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:  # a line ends at b"\n", which never occurs inside a UTF-8 character
-                raise DataError(
-                    f"{path} is not UTF-8 text: byte 0x{raw[exc.start]:02x} at byte offset {offset + exc.start} "
-                    f"(line {number}) cannot be decoded. Save the file as UTF-8, e.g. "
-                    f"iconv -f latin1 -t utf-8 {path.name} > fixed{path.suffix}") from None
-            offset += len(raw)
-            if number == 1:
-                line = line.removeprefix("\ufeff")  # a UTF-8 byte-order mark is harmless
-            if not line.strip():
-                continue
-            n_data += 1
-            if jsonl:
-                _check_json_line(path, number, line)
-    if n_data == 0:
-        raise DataError(f"{path} is empty (no data lines). Add rows to it or pick another file.")
-    if path.suffix.lower() == ".json":
-        _check_json_document(path)
-
-
-def _check_json_line(path: Path, number: int, line: str) -> None:
-    try:
-        value = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}: line {number} is not valid JSON ({exc.msg}, column {exc.colno}): "
-                        f"{line.strip()[:80]!r}. Each line of a .jsonl file must be one JSON object; fix or "
-                        "delete that line.") from None
-    if not isinstance(value, dict):
-        raise DataError(f"{path}: line {number} is a JSON {type(value).__name__}, not an object "
-                        '({"column": value, ...}). Each line of a .jsonl file must be one JSON object.')
-
-
-def _check_json_document(path: Path) -> None:
-    """A .json file is either one document (a list of objects) or JSON Lines under another name."""
-    text = path.read_text(encoding="utf-8-sig")
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        if len(lines) > 1 and all(ln.lstrip().startswith("{") for ln in lines):  # JSON Lines
-            for number, line in enumerate(text.splitlines(), start=1):
-                if line.strip():
-                    _check_json_line(path, number, line)
-            return
-        raise DataError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg}). Fix the "
-                        "file: it must hold a list of objects, or one JSON object per line.") from None
-    if isinstance(value, list) and not all(isinstance(v, dict) for v in value):
-        raise DataError(f"{path} holds a JSON list whose items are not all objects. Each item must be one row "
-                        '({"column": value, ...}).')
-    if isinstance(value, list) and not value:
-        raise DataError(f"{path} is an empty JSON list. Add rows to it or pick another file.")
 
 
 # --- formats ---------------------------------------------------------------------------------------------
@@ -416,6 +193,15 @@ def to_sft(dataset: Any, fmt: str, tokenizer: Any = None) -> Any:
     """
     import datasets
 
+    columns, _ = render_rows(dataset, fmt, tokenizer)
+    return datasets.Dataset.from_dict(columns)
+
+
+def render_rows(dataset: Any, fmt: str, tokenizer: Any = None) -> tuple[dict[str, list[str]], list[int]]:
+    """({"prompt": [...], "completion": [...]} or {"text": [...]}, the index in `dataset` of each rendered row).
+
+    Rows with nothing to train on (an empty or null prompt, completion or text) are left out.
+    """
     check_format(dataset, fmt)
     template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
     eos = getattr(tokenizer, "eos_token", None) or ""
@@ -435,10 +221,16 @@ def to_sft(dataset: Any, fmt: str, tokenizer: Any = None) -> Any:
     columns = [c for c in dataset.column_names if c in FORMATS[fmt][0] + FORMATS[fmt][1]]
     data = {c: list(dataset[c]) for c in columns}  # column-wise reads are much faster than row dicts
     rows = (dict(zip(columns, values)) for values in zip(*data.values()))
+    kept: list[int] = []
 
     if fmt == "text":
-        texts = [strip_bos(t) for t in (_text(r["text"]) for r in rows) if t.strip()]
-        return datasets.Dataset.from_dict({"text": [finish(t) for t in texts]})
+        texts = []
+        for index, row in enumerate(rows):
+            text = _text(row["text"])
+            if text.strip():
+                texts.append(finish(strip_bos(text)))
+                kept.append(index)
+        return {"text": texts}, kept
 
     verbatim = fmt == "prompt_completion" and not any(isinstance(p, list) for p in data["prompt"][:1])
     prompts, completions = [], []
@@ -460,36 +252,324 @@ def to_sft(dataset: Any, fmt: str, tokenizer: Any = None) -> Any:
                                   else _render_default(messages))
         prompts.append(strip_bos(prompt))
         completions.append(finish(completion))
-    return datasets.Dataset.from_dict({"prompt": prompts, "completion": completions})
+        kept.append(index)
+    return {"prompt": prompts, "completion": completions}, kept
+
+
+# --- the plan: which rows train, and what each becomes ---------------------------------------------------
+REASONS = ("kept", "truncated", "prompt_cut", "dropped_long", "dropped_empty")
+REASON_TEXT = {
+    "kept": "kept whole",
+    "truncated": "answer cut at max_length",
+    "prompt_cut": "prompt shortened so the answer trains",
+    "dropped_long": "dropped: the prompt alone fills max_length",
+    "dropped_empty": "dropped: empty or null",
+}
+PREVIEW_CHARS = 2000  # the page gets at most the first and last this many characters of each shown text
+ANSWER_SHARE = 4  # with long_prompts=truncate_*, every row keeps at least max_length // 4 answer tokens (or all)
+
+
+@dataclass
+class DataPlan:
+    """What training will see, row by row: the trainer trains on exactly `train_dataset()`.
+
+    `lengths`, `reasons` and `rows` describe every row with something to train on (in file order): its token
+    count as TRL tokenizes it (prompt + completion, before any cut), what happens to it (REASONS) and its index
+    in the loaded split. Empty/null rows only count in `counts["dropped_empty"]`.
+    """
+
+    source: str
+    format: str
+    max_length: int
+    long_prompts: str
+    packing: bool
+    n_source: int  # rows in the loaded split
+    counts: dict[str, int]  # REASONS -> rows
+    lengths: list[int]
+    reasons: list[str]
+    rows: list[int]
+    input_ids: list[list[int]] = field(repr=False, default_factory=list)  # of each training row, <= max_length
+    labels: list[list[int]] = field(repr=False, default_factory=list)  # -100 on prompt tokens
+    n_packs: int | None = None  # packed sequences the trainer will see (packing only)
+    examples: list[dict[str, Any]] = field(default_factory=list)  # what the preview shows
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_train(self) -> int:
+        return self.counts["kept"] + self.counts["truncated"] + self.counts["prompt_cut"]
+
+    @property
+    def n_dropped(self) -> int:
+        return self.counts["dropped_long"] + self.counts["dropped_empty"]
+
+    @property
+    def stats(self) -> dict[str, float]:
+        return length_stats(self.lengths) if self.lengths else {}
+
+    @property
+    def longest_row(self) -> int:
+        return max(self.lengths, default=0)
+
+    # Names the preview used before the plan existed
+    n_rows = n_train
+    token_lengths = property(lambda self: self.lengths)
+    n_over_max = property(lambda self: sum(n > self.max_length for n in self.lengths))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The counts, as events.jsonl and summary.json carry them."""
+        return {"format": self.format, "rows_in_split": self.n_source, "train_rows": self.n_train,
+                **self.counts, "packs": self.n_packs, "max_length": self.max_length,
+                "long_prompts": self.long_prompts, "longest_row_tokens": self.longest_row}
+
+    def describe(self) -> str:
+        """One line for the run log: every row of the split, accounted for."""
+        parts = [f"{self.counts[r]} {REASON_TEXT[r]}" for r in REASONS if self.counts[r] or r == "kept"]
+        packs = f"; packed into {self.n_packs} sequences of up to {self.max_length} tokens" if self.packing else ""
+        return (f"Data: {self.n_source} rows in {self.source} ({self.format}), {self.n_train} train at max_length "
+                f"{self.max_length}: {', '.join(parts)}{packs}")
+
+    def train_dataset(self) -> Any:
+        """Tokenized rows (input_ids, labels) for SFTTrainer: it skips its own tokenizing, and since every row is
+        within max_length and has answer tokens, its truncation and its drop of fully masked rows change nothing."""
+        import datasets
+
+        return datasets.Dataset.from_dict({"input_ids": self.input_ids, "labels": self.labels})
+
+    def refusal(self) -> str | None:
+        """Why nothing would train, with the numbers and the fix; None when some row trains."""
+        if self.n_train:
+            return None
+        fit = suggest_max_length(self.lengths)
+        share = sum(n <= fit for n in self.lengths) / len(self.lengths)
+        empty = f", and {self.counts['dropped_empty']} are empty" if self.counts["dropped_empty"] else ""
+        return (f"Nothing would train: in all {self.counts['dropped_long']} non-empty rows of {self.source} the prompt "
+                f"alone fills max_length {self.max_length} (long_prompts is drop){empty}. Raise max_length to "
+                f"{fit}, which fits {share:.0%} of the rows whole (the longest is {self.longest_row:,} tokens), or "
+                "set long_prompts to truncate_middle, which shortens over-long prompts so the answers still train.")
+
+
+def suggest_max_length(lengths: list[int], step: int = 16, limit: int = 131072) -> int:
+    """A max_length (a multiple of `step`) that fits at least 90% of rows whole."""
+    if not lengths:
+        return step
+    ordered = sorted(lengths)
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+    return min(limit, -(-p90 // step) * step)
+
+
+def check_data(cfg: TrainConfig) -> tuple[Any, str]:
+    """Read the data and check its format, with no tokenizer: (raw dataset, format). Runs before the model is
+    resolved, so a broken file is reported as such whatever the model."""
+    raw = load_raw(cfg.dataset, cfg.dataset_split)
+    where = _where(cfg.dataset)
+    with _naming(where):
+        fmt = detect_format(raw) if cfg.dataset_format == "auto" else cfg.dataset_format
+        check_format(raw, fmt)
+    return raw, fmt
+
+
+def _where(source: str) -> str:
+    return str(Path(source).expanduser()) if is_local(source) else source
+
+
+class _naming:
+    """Prefix a DataError that does not name the data with its file or dataset id."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if isinstance(exc, DataError) and self.where not in str(exc):
+            raise DataError(f"{self.where}: {exc}") from None
+        return False
+
+
+def _tokenize(columns: dict[str, list[str]], tokenizer: Any) -> tuple[list[list[int]], list[int]]:
+    """(token ids of each row, how many of them are prompt) exactly as TRL's SFTTrainer tokenizes: text alone, or
+    prompt and prompt + completion separately, the completion starting where the two first differ."""
+    def encode(texts: list[str]) -> list[list[int]]:
+        out: list[list[int]] = []
+        for start in range(0, len(texts), 1000):  # batched: fast tokenizers encode a batch in parallel
+            # verbose=False: transformers' "longer than the model's maximum" warning names the wrong limit here
+            out += tokenizer(texts[start:start + 1000], verbose=False)["input_ids"]
+        return out
+
+    if "text" in columns:
+        ids = encode(columns["text"])
+        return ids, [0] * len(ids)
+    prompts = encode(columns["prompt"])
+    full = encode([p + c for p, c in zip(columns["prompt"], columns["completion"])])
+    return full, [_common_prefix(p, f) for p, f in zip(prompts, full)]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def cut_row(ids: list[int], prompt_len: int, max_length: int, long_prompts: str,
+            keep_first: bool = False) -> tuple[str, list[int], int]:
+    """What one row becomes: (reason, the token ids that train, how many of them are prompt).
+
+    Rows that fit are kept. Otherwise, as TRL would, the end is cut (the answer is partly lost) while the prompt
+    leaves room for the answer. With long_prompts=drop a prompt that alone fills max_length drops the row (TRL's
+    own behaviour); with truncate_left/truncate_middle a prompt that would leave the answer fewer than
+    max_length // 4 tokens (or fewer than all of them, when shorter) loses tokens from its start (keeping the
+    first, BOS, token when `keep_first`) or from its middle, so the answer still trains.
+    """
+    total = len(ids)
+    answer = total - prompt_len
+    if total <= max_length:
+        return "kept", ids, prompt_len
+    if prompt_len == 0:  # plain text: trained from the start
+        return "truncated", ids[:max_length], 0
+    floor = min(answer, max(1, max_length // ANSWER_SHARE))
+    if long_prompts == "drop" or prompt_len <= max_length - floor:
+        if prompt_len >= max_length:
+            return "dropped_long", [], 0
+        return "truncated", ids[:max_length], prompt_len
+    budget = max_length - floor  # prompt tokens kept
+    prompt, completion = ids[:prompt_len], ids[prompt_len:prompt_len + floor]
+    if long_prompts == "truncate_middle":
+        head = budget // 2
+        kept = prompt[:head] + prompt[prompt_len - (budget - head):]
+    else:  # truncate_left
+        first = 1 if keep_first and budget > 1 else 0
+        kept = prompt[:first] + prompt[prompt_len - (budget - first):]
+    return "prompt_cut", kept + completion, budget
+
+
+def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | None = None,
+              n_examples: int = 3) -> DataPlan:
+    """Decide, for `cfg`'s data (or `dataset` of format `fmt`, already read by check_data), which rows train and
+    what each becomes, tokenized and templated as the trainer does. Raises DataError when the data cannot be used
+    at all (unreadable, wrong columns, every row empty); a plan in which nothing trains has `refusal()`."""
+    if dataset is None:
+        dataset, fmt = check_data(cfg)
+    where = _where(cfg.dataset)
+    with _naming(where):
+        columns, kept_rows = render_rows(dataset, fmt, tokenizer)
+        if not kept_rows:
+            need = " and ".join(("text",) if fmt == "text" else ("prompt", "completion"))
+            raise DataError(f"Every one of the {len(dataset)} rows of {cfg.dataset} ({fmt} format) has an empty "
+                            f"{need}, so there is nothing to train on. Check the file's contents and dataset_format.")
+    all_ids, prompt_lens = _tokenize(columns, tokenizer)
+    keep_first = _adds_bos(tokenizer)
+    counts = dict.fromkeys(REASONS, 0)
+    counts["dropped_empty"] = len(dataset) - len(kept_rows)
+    plan = DataPlan(source=where, format=fmt, max_length=cfg.max_length, long_prompts=cfg.long_prompts,
+                    packing=cfg.packing, n_source=len(dataset), counts=counts,
+                    lengths=[len(ids) for ids in all_ids], reasons=[], rows=kept_rows)
+    cuts: list[tuple[list[int], int]] = []
+    for ids, prompt_len in zip(all_ids, prompt_lens):
+        reason, train_ids, n_prompt = cut_row(ids, prompt_len, cfg.max_length, cfg.long_prompts, keep_first)
+        plan.reasons.append(reason)
+        counts[reason] += 1
+        cuts.append((train_ids, n_prompt))
+        if train_ids:
+            plan.input_ids.append(train_ids)
+            plan.labels.append([-100] * n_prompt + train_ids[n_prompt:])
+    if cfg.packing and plan.input_ids:
+        plan.n_packs = count_packs(plan.input_ids, plan.labels, cfg.max_length)
+    longest = max(range(len(plan.lengths)), key=plan.lengths.__getitem__)
+    if plan.lengths[longest] > cfg.max_length:
+        plan.notes.append(f"The longest row (row {kept_rows[longest] + 1}) is {plan.lengths[longest]:,} tokens; "
+                          f"{REASON_TEXT[plan.reasons[longest]]} (max_length {cfg.max_length}).")
+    plan.examples = _examples(plan, columns, all_ids, prompt_lens, cuts, tokenizer, n_examples)
+    return plan
+
+
+def count_packs(input_ids: list[list[int]], labels: list[list[int]], max_length: int) -> int | None:
+    """How many sequences TRL's best-fit-decreasing packing makes of these rows (its own function)."""
+    import datasets
+
+    try:
+        from trl import pack_dataset
+    except ImportError:  # an older TRL: the count is then unknown, never guessed
+        return None
+    rows = datasets.Dataset.from_dict({"input_ids": input_ids, "labels": labels})
+    return len(pack_dataset(rows, max_length, "bfd"))
+
+
+def clip_text(text: str, limit: int = PREVIEW_CHARS) -> tuple[str, bool]:
+    """The first and last `limit` characters of a long text (and True), or the whole text (and False)."""
+    if len(text) <= 2 * limit:
+        return text, False
+    return f"{text[:limit]}\n[... {len(text) - 2 * limit:,} characters not shown ...]\n{text[-limit:]}", True
+
+
+def _examples(plan: DataPlan, columns, all_ids, prompt_lens, cuts, tokenizer, n: int) -> list[dict[str, Any]]:
+    """The first `n` rows, then the first row of each other outcome, as trained (cut parts marked)."""
+    picked = list(range(min(n, len(plan.reasons)))) if n else []
+    for reason in REASONS[1:]:
+        if n and reason in plan.reasons and reason not in {plan.reasons[i] for i in picked}:
+            picked.append(plan.reasons.index(reason))
+    bos = getattr(tokenizer, "bos_token_id", None) if _adds_bos(tokenizer) else None
+
+    def show(ids: list[int]) -> str:
+        return tokenizer.decode(ids[1:] if ids and ids[0] == bos else ids)
+
+    out = []
+    for i in picked:
+        ids, prompt_len, (train_ids, n_prompt), reason = all_ids[i], prompt_lens[i], cuts[i], plan.reasons[i]
+        ex: dict[str, Any] = {"row": plan.rows[i] + 1, "reason": reason, "tokens": len(ids),
+                              "trained_tokens": len(train_ids)}
+        if "text" in columns:
+            text = columns["text"][i] if reason == "kept" else show(train_ids) + f"\n[... {len(ids) - len(train_ids):,} tokens cut ...]"
+            ex["text"] = text
+        else:
+            prompt, completion = columns["prompt"][i], columns["completion"][i]
+            if reason == "truncated":
+                completion = show(train_ids[prompt_len:]) + f"\n[... {len(ids) - len(train_ids):,} answer tokens cut ...]"
+            elif reason == "prompt_cut":
+                gone = prompt_len - n_prompt
+                if plan.long_prompts == "truncate_middle":
+                    head = n_prompt // 2
+                    prompt = (show(train_ids[:head]) + f"\n[... {gone:,} prompt tokens cut ...]\n"
+                              + show(train_ids[head:n_prompt]))
+                else:
+                    prompt = f"[... {gone:,} prompt tokens cut ...]\n" + show(train_ids[:n_prompt])
+                kept_answer = len(train_ids) - n_prompt
+                completion = show(train_ids[n_prompt:])
+                if kept_answer < len(ids) - prompt_len:
+                    completion += f"\n[... {len(ids) - prompt_len - kept_answer:,} answer tokens cut ...]"
+            ex["prompt"], ex["completion"] = prompt, completion
+        clipped = False
+        for key in ("text", "prompt", "completion"):
+            if key in ex:
+                ex[key], was = clip_text(ex[key])
+                clipped |= was
+        if clipped:
+            ex["note"] = (f"row {ex['row']} is {len(ids):,} tokens; showing the first and last "
+                          f"{PREVIEW_CHARS:,} characters")
+        out.append(ex)
+    return out
 
 
 # --- entry points ----------------------------------------------------------------------------------------
-def _prepare(cfg: TrainConfig, tokenizer: Any) -> tuple[Any, str, int]:
-    raw = load_raw(cfg.dataset, cfg.dataset_split)
-    fmt = detect_format(raw) if cfg.dataset_format == "auto" else cfg.dataset_format
-    sft = to_sft(raw, fmt, tokenizer)
-    if len(sft) == 0:
-        need = " and ".join(("text",) if fmt == "text" else ("prompt", "completion"))
-        raise DataError(f"Every one of the {len(raw)} rows of {cfg.dataset} ({fmt} format) has an empty {need}, "
-                        "so there is nothing to train on. Check the file's contents and dataset_format.")
-    return sft, fmt, len(raw) - len(sft)
-
-
 def prepare_dataset(cfg: TrainConfig, tokenizer: Any) -> tuple[Any, str]:
-    """The SFT-ready dataset for `cfg` and its format (detected when cfg.dataset_format is auto)."""
-    sft, fmt, _ = _prepare(cfg, tokenizer)
-    return sft, fmt
+    """The SFT-ready string dataset for `cfg` (every non-empty row, before any max_length cut) and its format."""
+    raw, fmt = check_data(cfg)
+    with _naming(_where(cfg.dataset)):
+        columns, kept = render_rows(raw, fmt, tokenizer)
+        if not kept:
+            plan_rows(cfg, tokenizer, raw, fmt)  # raises the every-row-empty message
+    import datasets
+
+    return datasets.Dataset.from_dict(columns), fmt
 
 
 def token_lengths(sft: Any, tokenizer: Any) -> list[int]:
     """Token count of every row as TRL tokenizes it: tokenizer(prompt + completion) or tokenizer(text)."""
-    texts = (sft["text"] if "text" in sft.column_names
-             else [p + c for p, c in zip(sft["prompt"], sft["completion"])])
-    texts = list(texts)
-    lengths: list[int] = []
-    for start in range(0, len(texts), 1000):  # batched: fast tokenizers encode a batch in parallel
-        lengths += [len(ids) for ids in tokenizer(texts[start:start + 1000])["input_ids"]]
-    return lengths
+    ids, _ = _tokenize({c: list(sft[c]) for c in sft.column_names}, tokenizer)
+    return [len(x) for x in ids]
 
 
 def length_stats(lengths: list[int]) -> dict[str, float]:
@@ -500,12 +580,6 @@ def length_stats(lengths: list[int]) -> dict[str, float]:
             "max": int(a.max()), "mean": float(a.mean())}
 
 
-def preview_dataset(cfg: TrainConfig, tokenizer: Any, n: int = 3) -> DataPreview:
-    """What training will see: the format, the first `n` rows as trained on, and token-length statistics."""
-    sft, fmt, dropped = _prepare(cfg, tokenizer)
-    lengths = token_lengths(sft, tokenizer)
-    return DataPreview(
-        format=fmt, n_rows=len(sft), n_dropped=dropped, examples=list(sft.select(range(min(n, len(sft))))),
-        token_lengths=lengths, max_length=cfg.max_length, n_over_max=sum(x > cfg.max_length for x in lengths),
-        stats=length_stats(lengths),
-    )
+def preview_dataset(cfg: TrainConfig, tokenizer: Any, n: int = 3) -> DataPlan:
+    """What training will see (the same plan the trainer uses): counts per outcome, lengths and examples."""
+    return plan_rows(cfg, tokenizer, n_examples=n)
