@@ -357,6 +357,23 @@ def suggest_max_length(lengths: list[int], step: int = 16, limit: int = 131072) 
     return min(limit, -(-p90 // step) * step)
 
 
+_LONGEST: dict[tuple, int] = {}  # data + model -> the longest row in tokens, from the last plan made of it
+
+
+def _lengths_key(cfg: TrainConfig) -> tuple:
+    try:  # a file edited since is measured again
+        stamp = Path(cfg.dataset).expanduser().stat().st_mtime_ns if is_local(cfg.dataset) else None
+    except OSError:
+        stamp = None
+    return cfg.dataset, cfg.dataset_split, cfg.dataset_format, cfg.model, stamp
+
+
+def known_longest_row(cfg: TrainConfig) -> int | None:
+    """The longest row of cfg's data, in tokens of cfg's model, when this process has planned it (the preview
+    did); None otherwise. For memory estimates: unpadded micro-batches are never longer than this."""
+    return _LONGEST.get(_lengths_key(cfg))
+
+
 def check_data(cfg: TrainConfig) -> tuple[Any, str]:
     """Read the data and check its format, with no tokenizer: (raw dataset, format). Runs before the model is
     resolved, so a broken file is reported as such whatever the model."""
@@ -483,6 +500,7 @@ def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | 
         plan.notes.append(f"The longest row (row {kept_rows[longest] + 1}) is {plan.lengths[longest]:,} tokens; "
                           f"{REASON_TEXT[plan.reasons[longest]]} (max_length {cfg.max_length}).")
     plan.examples = _examples(plan, columns, all_ids, prompt_lens, cuts, tokenizer, n_examples)
+    _LONGEST[_lengths_key(cfg)] = plan.longest_row
     return plan
 
 

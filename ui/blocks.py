@@ -117,12 +117,21 @@ def read_config(values) -> tuple[TrainConfig | None, list[Problem]]:
     return cfg, validate(cfg, hardware())
 
 
+def row_tokens(cfg: TrainConfig) -> int | None:
+    """The dataset's longest row in tokens when the preview has measured it (estimates then use it), else None."""
+    from core.data import known_longest_row
+
+    return None if cfg.packing else known_longest_row(cfg)
+
+
 def prediction(cfg: TrainConfig) -> tuple[float | None, dict[str, float]]:
     """Predicted peak GPU memory (GiB, NVML) and the GiB each checklist item saves here; advice only."""
     try:
         from core.estimate import estimate, savings
 
-        return estimate(cfg).nvml_peak / 2**30, {s.key: s.saved_gib for s in savings(cfg)}
+        rows = row_tokens(cfg)
+        return (estimate(cfg, max_row_tokens=rows).nvml_peak / 2**30,
+                {s.key: s.saved_gib for s in savings(cfg, max_row_tokens=rows)})
     except Exception:  # unknown model shape, estimator missing: the page works without a prediction
         return None, {}
 
@@ -134,7 +143,7 @@ def predicted_peaks(cfg: TrainConfig | None) -> dict[str, float] | None:
     try:
         from core.estimate import estimate
 
-        est = estimate(cfg)
+        est = estimate(cfg, max_row_tokens=row_tokens(cfg))
     except Exception:  # noqa: BLE001 - a model the estimator does not know: no prediction shown
         return None
     return {"allocated": est.peak_allocated_gib, "reserved": est.peak_reserved_gib, "nvml": est.total_gib}
@@ -258,10 +267,12 @@ def on_fit(lang: str, budget: float | None, *values):
         return skip_form() + [render.message_html(msg, "warn", "mt-fit-note")]
     shown = render.num(gib, 0 if float(gib).is_integer() else 1, lang)
     where = t("fit.gpu_free" if real else "fit.hypothetical", lang, gib=shown)
+    rows = row_tokens(cfg)
+    sized = "\n" + (t("fit.lengths_known", lang, n=f"{rows:,}") if rows else t("fit.lengths_unknown", lang))
     try:
-        new, est = fit_to_gpu(cfg, int(gib * 2**30))
+        new, est = fit_to_gpu(cfg, int(gib * 2**30), max_row_tokens=rows)
     except FitError as exc:
-        msg = t("fit.failed", lang, where=where) + "\n" + str(exc)
+        msg = t("fit.failed", lang, where=where) + "\n" + str(exc) + sized
         gr.Warning(t("fit.failed", lang, where=where))
         return skip_form() + [render.message_html(msg, "error", "mt-fit-note")]
     except (ShapeError, ValueError, OSError) as exc:
@@ -271,10 +282,10 @@ def on_fit(lang: str, budget: float | None, *values):
     changes = describe_changes(cfg, new, lang)
     peak = render.num(est.total_gib, 1, lang)
     if not changes:
-        note = render.message_html(t("fit.unchanged", lang, gib=peak, where=where), "ok", "mt-fit-note")
+        note = render.message_html(t("fit.unchanged", lang, gib=peak, where=where) + sized, "ok", "mt-fit-note")
     else:
         note = render.message_html(t("fit.changed", lang, gib=peak, where=where) + "\n" + "\n".join(
-            f"• {c}" for c in changes), "ok", "mt-fit-note")
+            f"• {c}" for c in changes) + sized, "ok", "mt-fit-note")
     return apply_config(new, lang) + [note]
 
 
