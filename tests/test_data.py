@@ -563,3 +563,81 @@ def test_wrong_columns_and_row_errors_name_the_file(tmp_path, tok):
     path = write_jsonl(tmp_path / "who.jsonl", [{"conversations": [{"from": "bot", "value": "x"}]}])
     msg = error_of(data.plan_rows, TrainConfig(dataset=str(path), dataset_split="train"), tok)
     assert str(path) in msg and "unknown speaker" in msg
+
+
+# --- the page: preview, upload, fit ----------------------------------------------------------------------
+def widget_values(cfg):
+    from ui.fields import FIELD_NAMES, to_values
+
+    v = to_values(cfg)
+    return [v[n] for n in FIELD_NAMES]
+
+
+def test_preview_checks_the_file_before_the_tokenizer(tmp_path):
+    from ui import blocks
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n", encoding="utf-8")
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(b"instruction,response\ncaf\xe9,x\n")
+    for path, expected in ((empty, "is empty"), (latin, "not UTF-8")):
+        cfg = TrainConfig(model="nobody-has/this-model-cached", dataset=str(path), dataset_split="train")
+        html = blocks.on_preview("en", *widget_values(cfg))
+        assert "The data cannot be used as it is" in html and expected in html and str(path) in html
+        assert "tokenizer could not be loaded" not in html
+
+
+def test_preview_shows_the_plans_counts_and_a_bounded_page(tmp_path, demo_model_path):
+    from ui import blocks
+
+    path = write_jsonl(tmp_path / "mixed.jsonl", mixed_rows() + [{"instruction": "Huge", "context": "",
+                                                                  "response": "z" * 50_000}])
+    cfg = demo_config(dataset=str(path), max_length=32)
+    html = blocks.on_preview("en", *widget_values(cfg))
+    assert "9 of 13 rows train" not in html and "10 of 13 rows train" in html
+    for text in ("4 kept whole", "2 answer cut at max_length", "4 prompt shortened so the answer trains",
+                 "3 dropped: empty or null", "max_length 32", 'data-reason="prompt_cut"'):
+        assert text in html, text
+    for share in ("<b>40%</b> fit", "<b>20%</b> answer cut", "<b>40%</b> prompt shortened"):  # of 10 non-empty rows
+        assert share in html, share
+    assert len(html) < 40_000  # the 50,000-character row is not sent whole
+    assert "Nothing would train" not in html
+    long = write_jsonl(tmp_path / "long.jsonl", [{"instruction": "Summarise", "context": LONG, "response": "ok"}] * 3)
+    html = blocks.on_preview("en", *widget_values(cfg.replace(dataset=str(long), long_prompts="drop")))
+    assert "0 of 3 rows train" in html and "3 dropped: the prompt alone fills max_length" in html
+    assert "Nothing would train" in html and "Raise max_length to 64" in html and "<b>100%</b> dropped" in html
+
+
+def test_a_rejected_upload_keeps_the_previous_dataset(tmp_path, monkeypatch, demo_model_path):
+    from ui import blocks
+    from ui.fields import FIELD_NAMES
+
+    monkeypatch.setenv("MEMTUNE_HOME", str(tmp_path / "home"))
+    good = tmp_path / "in" / "rows.jsonl"
+    good.parent.mkdir()
+    write_jsonl(good, [DOLLY] * 3)
+    out = blocks.on_upload("en", str(good), *widget_values(demo_config()))
+    stored = out[FIELD_NAMES.index("dataset")]
+    assert Path(stored).name == "rows.jsonl" and "Format: dolly" in out[-1]
+    broken = tmp_path / "again" / "rows.jsonl"  # same name, broken: must not replace the stored good file
+    broken.parent.mkdir()
+    broken.write_text('{"instruction": "a", "response": "b"}\n{"instruction": "cut\n', encoding="utf-8")
+    out = blocks.on_upload("en", str(broken), *widget_values(demo_config(dataset=stored)))
+    skip = blocks.gr.skip()
+    assert all(o == skip for o in out[:-1])  # no field changes: the dataset stays the previous one
+    assert "Upload not used" in out[-1] and f"The dataset stays {stored}" in out[-1] and "rows.jsonl" in out[-1]
+    assert "line 2 is not valid JSON" in out[-1]
+    assert len(data.load_raw(stored, "train")) == 3  # the earlier upload is intact
+
+
+def test_fit_uses_the_previewed_lengths_and_says_so(tmp_path, demo_model_path):
+    from ui import blocks
+
+    cfg = demo_config(dataset=str(write_jsonl(tmp_path / "short.jsonl", [DOLLY] * 4)), max_length=2048)
+    assert "as if every row reached max_length" in blocks.on_fit("en", 8, *widget_values(cfg))[-1]
+    peak_before, _ = blocks.prediction(cfg)
+    blocks.on_preview("en", *widget_values(cfg))
+    longest = data.known_longest_row(cfg)
+    assert longest and longest < 64
+    assert f"real rows (the longest is {longest} tokens)" in blocks.on_fit("en", 8, *widget_values(cfg))[-1]
+    assert blocks.prediction(cfg)[0] < peak_before
