@@ -353,11 +353,11 @@ def histogram_svg(lengths: list[int], max_length: int, bins: int = 32, lang: str
             fill = f' fill="{HIST_FILL[cls]}"' if cls in HIST_FILL else ""
             bars.append(f'<rect class="{cls}"{fill} x="{pad + i * bw + 1:.1f}" y="{y:.1f}" width="{bw - 2:.1f}" '
                         f'height="{h:.1f}"><title>{lo}-{hi} tokens: {c} '
-                        f'{E(t("preview.legend." + reason, lang))}</title></rect>')
+                        f'{E(t(f"preview.legend.{reason}", lang))}</title></rect>')
     xm = pad + (W - 2 * pad) * max_length / top
     legend = " &middot; ".join(
         f'<span class="mt-legend {HIST_CLASS[r]}" data-reason="{r}"><b>{share:.0%}</b> '
-        f'{E(t("preview.legend." + r, lang))}</span>'
+        f'{E(t(f"preview.legend.{r}", lang))}</span>'
         for r in HIST_CLASS if (share := reasons.count(r) / len(reasons)) or r == "kept")
     return (f'<svg class="mt-hist" viewBox="0 0 {W:.0f} {H:.0f}" role="img" '
             f'aria-label="{E(t("preview.histogram", lang))}">'
