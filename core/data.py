@@ -288,8 +288,8 @@ class DataPlan:
     lengths: list[int]
     reasons: list[str]
     rows: list[int]
-    input_ids: list[list[int]] = field(repr=False, default_factory=list)  # of each training row, <= max_length
-    labels: list[list[int]] = field(repr=False, default_factory=list)  # -100 on prompt tokens
+    input_ids: list[Any] = field(repr=False, default_factory=list)  # int32 arrays: each training row, <= max_length
+    labels: list[Any] = field(repr=False, default_factory=list)  # the same with -100 on prompt tokens
     n_packs: int | None = None  # packed sequences the trainer will see (packing only)
     examples: list[dict[str, Any]] = field(default_factory=list)  # what the preview shows
     notes: list[str] = field(default_factory=list)
@@ -333,7 +333,9 @@ class DataPlan:
         within max_length and has answer tokens, its truncation and its drop of fully masked rows change nothing."""
         import datasets
 
-        return datasets.Dataset.from_dict({"input_ids": self.input_ids, "labels": self.labels})
+        ids = datasets.Sequence(datasets.Value("int64"))
+        return datasets.Dataset.from_dict({"input_ids": self.input_ids, "labels": self.labels},
+                                          features=datasets.Features({"input_ids": ids, "labels": ids}))
 
     def refusal(self) -> str | None:
         """Why nothing would train, with the numbers and the fix; None when some row trains."""
@@ -404,36 +406,43 @@ class _naming:
         return False
 
 
-def _tokenize(columns: dict[str, list[str]], tokenizer: Any) -> tuple[list[list[int]], list[int]]:
+def _tokenize(columns: dict[str, list[str]], tokenizer: Any) -> tuple[list[Any], list[int]]:
     """(token ids of each row, how many of them are prompt) exactly as TRL's SFTTrainer tokenizes: text alone, or
-    prompt and prompt + completion separately, the completion starting where the two first differ."""
-    def encode(texts: list[str]) -> list[list[int]]:
-        out: list[list[int]] = []
+    prompt and prompt + completion separately, the completion starting where the two first differ. The ids are
+    int32 arrays: a Python list of ints costs ~9x the memory, and the web app keeps the plan of its preview."""
+    import numpy as np
+
+    def encode(texts: list[str]) -> list[Any]:
+        out: list[Any] = []
         for start in range(0, len(texts), 1000):  # batched: fast tokenizers encode a batch in parallel
             # verbose=False: transformers' "longer than the model's maximum" warning names the wrong limit here
-            out += tokenizer(texts[start:start + 1000], verbose=False)["input_ids"]
+            batch = tokenizer(texts[start:start + 1000], verbose=False)["input_ids"]
+            out += [np.asarray(ids, dtype=np.int32) for ids in batch]
         return out
 
     if "text" in columns:
         ids = encode(columns["text"])
         return ids, [0] * len(ids)
-    prompts = encode(columns["prompt"])
     full = encode([p + c for p, c in zip(columns["prompt"], columns["completion"])])
+    prompts = encode(columns["prompt"])
     return full, [_common_prefix(p, f) for p, f in zip(prompts, full)]
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+def _common_prefix(a: Any, b: Any) -> int:
+    import numpy as np
+
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
 
 
-def cut_row(ids: list[int], prompt_len: int, max_length: int, long_prompts: str,
-            keep_first: bool = False) -> tuple[str, list[int], int]:
-    """What one row becomes: (reason, the token ids that train, how many of them are prompt).
+Spans = list[tuple[int, int]]
+
+
+def cut_row(n_tokens: int, prompt_len: int, max_length: int, long_prompts: str,
+            keep_first: bool = False) -> tuple[str, Spans, int]:
+    """What one row of `n_tokens` tokens (the first `prompt_len` of them prompt) becomes: (reason, the [start, end)
+    token ranges that train, in order, and how many of the kept tokens are prompt).
 
     Rows that fit are kept. Otherwise, as TRL would, the end is cut (the answer is partly lost) while the prompt
     leaves room for the answer. With long_prompts=drop a prompt that alone fills max_length drops the row (TRL's
@@ -441,26 +450,31 @@ def cut_row(ids: list[int], prompt_len: int, max_length: int, long_prompts: str,
     max_length // 4 tokens (or fewer than all of them, when shorter) loses tokens from its start (keeping the
     first, BOS, token when `keep_first`) or from its middle, so the answer still trains.
     """
-    total = len(ids)
-    answer = total - prompt_len
-    if total <= max_length:
-        return "kept", ids, prompt_len
+    answer = n_tokens - prompt_len
+    if n_tokens <= max_length:
+        return "kept", [(0, n_tokens)], prompt_len
     if prompt_len == 0:  # plain text: trained from the start
-        return "truncated", ids[:max_length], 0
+        return "truncated", [(0, max_length)], 0
     floor = min(answer, max(1, max_length // ANSWER_SHARE))
     if long_prompts == "drop" or prompt_len <= max_length - floor:
         if prompt_len >= max_length:
             return "dropped_long", [], 0
-        return "truncated", ids[:max_length], prompt_len
+        return "truncated", [(0, max_length)], prompt_len
     budget = max_length - floor  # prompt tokens kept
-    prompt, completion = ids[:prompt_len], ids[prompt_len:prompt_len + floor]
     if long_prompts == "truncate_middle":
         head = budget // 2
-        kept = prompt[:head] + prompt[prompt_len - (budget - head):]
     else:  # truncate_left
-        first = 1 if keep_first and budget > 1 else 0
-        kept = prompt[:first] + prompt[prompt_len - (budget - first):]
-    return "prompt_cut", kept + completion, budget
+        head = 1 if keep_first and budget > 1 else 0
+    tail = prompt_len - (budget - head)
+    spans = [(0, head)] if head else []
+    return "prompt_cut", spans + [(tail, prompt_len + floor)], budget
+
+
+def take(ids: Any, spans: Spans) -> Any:
+    """The tokens of `ids` in `spans`, as one int32 array."""
+    import numpy as np
+
+    return np.concatenate([np.asarray(ids[a:b], dtype=np.int32) for a, b in spans] or [np.zeros(0, np.int32)])
 
 
 def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | None = None,
@@ -468,6 +482,8 @@ def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | 
     """Decide, for `cfg`'s data (or `dataset` of format `fmt`, already read by check_data), which rows train and
     what each becomes, tokenized and templated as the trainer does. Raises DataError when the data cannot be used
     at all (unreadable, wrong columns, every row empty); a plan in which nothing trains has `refusal()`."""
+    import numpy as np
+
     if dataset is None:
         dataset, fmt = check_data(cfg)
     where = _where(cfg.dataset)
@@ -484,35 +500,33 @@ def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | 
     plan = DataPlan(source=where, format=fmt, max_length=cfg.max_length, long_prompts=cfg.long_prompts,
                     packing=cfg.packing, n_source=len(dataset), counts=counts,
                     lengths=[len(ids) for ids in all_ids], reasons=[], rows=kept_rows)
-    cuts: list[tuple[list[int], int]] = []
     for ids, prompt_len in zip(all_ids, prompt_lens):
-        reason, train_ids, n_prompt = cut_row(ids, prompt_len, cfg.max_length, cfg.long_prompts, keep_first)
+        reason, spans, n_prompt = cut_row(len(ids), prompt_len, cfg.max_length, cfg.long_prompts, keep_first)
         plan.reasons.append(reason)
         counts[reason] += 1
-        cuts.append((train_ids, n_prompt))
-        if train_ids:
+        if spans:
+            train_ids = take(ids, spans)
+            labels = train_ids.copy()
+            labels[:n_prompt] = -100  # the prompt is context only: TRL's completion-only loss
             plan.input_ids.append(train_ids)
-            plan.labels.append([-100] * n_prompt + train_ids[n_prompt:])
+            plan.labels.append(labels)
     if cfg.packing and plan.input_ids:
-        plan.n_packs = count_packs(plan.input_ids, plan.labels, cfg.max_length)
-    longest = max(range(len(plan.lengths)), key=plan.lengths.__getitem__)
+        plan.n_packs = count_packs(plan.train_dataset(), cfg.max_length)
+    longest = int(np.argmax(plan.lengths))
     if plan.lengths[longest] > cfg.max_length:
         plan.notes.append(f"The longest row (row {kept_rows[longest] + 1}) is {plan.lengths[longest]:,} tokens; "
                           f"{REASON_TEXT[plan.reasons[longest]]} (max_length {cfg.max_length}).")
-    plan.examples = _examples(plan, columns, all_ids, prompt_lens, cuts, tokenizer, n_examples)
+    plan.examples = _examples(plan, columns, all_ids, prompt_lens, tokenizer, n_examples, keep_first)
     _LONGEST[_lengths_key(cfg)] = plan.longest_row
     return plan
 
 
-def count_packs(input_ids: list[list[int]], labels: list[list[int]], max_length: int) -> int | None:
-    """How many sequences TRL's best-fit-decreasing packing makes of these rows (its own function)."""
-    import datasets
-
+def count_packs(rows: Any, max_length: int) -> int | None:
+    """How many sequences TRL's best-fit-decreasing packing makes of these tokenized rows (its own function)."""
     try:
         from trl import pack_dataset
     except ImportError:  # an older TRL: the count is then unknown, never guessed
         return None
-    rows = datasets.Dataset.from_dict({"input_ids": input_ids, "labels": labels})
     return len(pack_dataset(rows, max_length, "bfd"))
 
 
@@ -523,42 +537,43 @@ def clip_text(text: str, limit: int = PREVIEW_CHARS) -> tuple[str, bool]:
     return f"{text[:limit]}\n[... {len(text) - 2 * limit:,} characters not shown ...]\n{text[-limit:]}", True
 
 
-def _examples(plan: DataPlan, columns, all_ids, prompt_lens, cuts, tokenizer, n: int) -> list[dict[str, Any]]:
-    """The first `n` rows, then the first row of each other outcome, as trained (cut parts marked)."""
+def _examples(plan: DataPlan, columns, all_ids, prompt_lens, tokenizer, n: int,
+              keep_first: bool) -> list[dict[str, Any]]:
+    """The first `n` rows, then the first row of each other outcome, as they train (cut parts marked)."""
     picked = list(range(min(n, len(plan.reasons)))) if n else []
     for reason in REASONS[1:]:
         if n and reason in plan.reasons and reason not in {plan.reasons[i] for i in picked}:
             picked.append(plan.reasons.index(reason))
-    bos = getattr(tokenizer, "bos_token_id", None) if _adds_bos(tokenizer) else None
+    bos = getattr(tokenizer, "bos_token_id", None) if keep_first else None
 
-    def show(ids: list[int]) -> str:
+    def show(ids: Any) -> str:
+        ids = [int(x) for x in ids]
         return tokenizer.decode(ids[1:] if ids and ids[0] == bos else ids)
+
+    def cut(n_tokens: int, what: str) -> str:
+        return f"[... {n_tokens:,} {what} tokens cut ...]"
 
     out = []
     for i in picked:
-        ids, prompt_len, (train_ids, n_prompt), reason = all_ids[i], prompt_lens[i], cuts[i], plan.reasons[i]
+        ids, prompt_len, reason = all_ids[i], prompt_lens[i], plan.reasons[i]
+        _, spans, n_prompt = cut_row(len(ids), prompt_len, plan.max_length, plan.long_prompts, keep_first)
+        trained = take(ids, spans)
         ex: dict[str, Any] = {"row": plan.rows[i] + 1, "reason": reason, "tokens": len(ids),
-                              "trained_tokens": len(train_ids)}
+                              "trained_tokens": len(trained)}
+        gone = len(ids) - len(trained)
         if "text" in columns:
-            text = columns["text"][i] if reason == "kept" else show(train_ids) + f"\n[... {len(ids) - len(train_ids):,} tokens cut ...]"
-            ex["text"] = text
+            ex["text"] = columns["text"][i] if reason == "kept" else show(trained) + "\n" + cut(gone, "")
         else:
-            prompt, completion = columns["prompt"][i], columns["completion"][i]
+            ex["prompt"], ex["completion"] = columns["prompt"][i], columns["completion"][i]
             if reason == "truncated":
-                completion = show(train_ids[prompt_len:]) + f"\n[... {len(ids) - len(train_ids):,} answer tokens cut ...]"
+                ex["completion"] = show(trained[prompt_len:]) + "\n" + cut(gone, "answer")
             elif reason == "prompt_cut":
-                gone = prompt_len - n_prompt
-                if plan.long_prompts == "truncate_middle":
-                    head = n_prompt // 2
-                    prompt = (show(train_ids[:head]) + f"\n[... {gone:,} prompt tokens cut ...]\n"
-                              + show(train_ids[head:n_prompt]))
-                else:
-                    prompt = f"[... {gone:,} prompt tokens cut ...]\n" + show(train_ids[:n_prompt])
-                kept_answer = len(train_ids) - n_prompt
-                completion = show(train_ids[n_prompt:])
-                if kept_answer < len(ids) - prompt_len:
-                    completion += f"\n[... {len(ids) - prompt_len - kept_answer:,} answer tokens cut ...]"
-            ex["prompt"], ex["completion"] = prompt, completion
+                head = spans[0][1] if len(spans) > 1 else 0
+                marker = cut(prompt_len - n_prompt, "prompt")
+                lead = show(trained[:head])  # truncate_middle: the prompt's start; truncate_left: BOS or nothing
+                ex["prompt"] = (f"{lead}\n" if lead else "") + f"{marker}\n" + show(trained[head:n_prompt])
+                answer_cut = len(ids) - prompt_len - (len(trained) - n_prompt)
+                ex["completion"] = show(trained[n_prompt:]) + (f"\n{cut(answer_cut, 'answer')}" if answer_cut else "")
         clipped = False
         for key in ("text", "prompt", "completion"):
             if key in ex:

@@ -416,19 +416,25 @@ def mixed_rows() -> list[dict]:
 
 
 def test_cut_row_keeps_truncates_cuts_or_drops():
-    ids, prompt = list(range(100)), 80  # 80 prompt tokens + 20 answer tokens
-    assert data.cut_row(ids[:30], 20, 32, "drop") == ("kept", ids[:30], 20)
-    assert data.cut_row(ids, 20, 32, "drop") == ("truncated", ids[:32], 20)  # TRL's own cut: keep the start
-    assert data.cut_row(ids, prompt, 32, "drop") == ("dropped_long", [], 0)  # TRL would drop it (no label left)
-    reason, kept, n_prompt = data.cut_row(ids, prompt, 32, "truncate_middle")
+    ids = list(range(100))  # 80 prompt tokens + 20 answer tokens
+
+    def cut(n, prompt, max_length, mode, **kw):
+        reason, spans, n_prompt = data.cut_row(n, prompt, max_length, mode, **kw)
+        return reason, data.take(ids[:n], spans).tolist(), n_prompt
+
+    assert cut(30, 20, 32, "drop") == ("kept", ids[:30], 20)
+    assert cut(100, 20, 32, "drop") == ("truncated", ids[:32], 20)  # TRL's own cut: keep the start
+    assert cut(100, 80, 32, "drop") == ("dropped_long", [], 0)  # TRL would drop it (no label left)
+    reason, kept, n_prompt = cut(100, 80, 32, "truncate_middle")
     assert reason == "prompt_cut" and len(kept) == 32 and n_prompt == 24  # the answer keeps 32 // 4 tokens
     assert kept == ids[:12] + ids[68:80] + ids[80:88]  # prompt head + prompt tail (the answer header) + answer
-    reason, kept, n_prompt = data.cut_row(ids, prompt, 32, "truncate_left", keep_first=True)
+    reason, kept, n_prompt = cut(100, 80, 32, "truncate_left", keep_first=True)
     assert kept == ids[:1] + ids[57:80] + ids[80:88] and n_prompt == 24  # BOS kept, the start of the prompt cut
+    assert cut(100, 80, 32, "truncate_left")[1] == ids[56:88]
     # a short answer is kept whole; the prompt gives way
-    reason, kept, n_prompt = data.cut_row(ids[:83], prompt, 32, "truncate_middle")
-    assert reason == "prompt_cut" and kept[-3:] == ids[80:83] and n_prompt == 29
-    assert data.cut_row(ids, 0, 32, "drop") == ("truncated", ids[:32], 0)  # plain text: the start trains
+    reason, kept, n_prompt = cut(83, 80, 32, "truncate_middle")
+    assert reason == "prompt_cut" and kept[-3:] == ids[80:83] and n_prompt == 29 and len(kept) == 32
+    assert cut(100, 0, 32, "drop") == ("truncated", ids[:32], 0)  # plain text: the start trains
 
 
 def test_plan_counts_each_row_once(tmp_path, tok):
@@ -497,7 +503,8 @@ def test_run_trains_exactly_the_planned_rows_and_reports_the_counts(tmp_path, de
         if packing:
             assert len(seen.rows) == plan.n_packs and sum(map(len, seen.rows)) == sum(map(len, plan.input_ids))
         else:
-            assert sorted(seen.rows) == sorted(plan.input_ids)  # the trainer's rows are the plan's, token for token
+            planned = sorted(ids.tolist() for ids in plan.input_ids)
+            assert sorted(seen.rows) == planned  # the trainer's rows are the plan's, token for token
 
 
 def AutoTokenizerOf(path):
