@@ -136,8 +136,8 @@ def _checked(load, where: str, split: str) -> Any:
                             f"{found.group(1) if found else '(unknown)'}. Set dataset_split to one of them, "
                             "e.g. train or train[:1000].") from None
         if msg.startswith("Unrecognized instruction format") or "Unrecognized split format" in msg:
-            raise DataError(f"dataset_split {split!r} is not valid split syntax. Write e.g. train, train[:1000], "
-                            "train[100:200] or train[:10%].") from None
+            raise DataError(f"dataset_split {split!r} (for {where}) is not valid split syntax. Write e.g. train, "
+                            "train[:1000], train[100:200] or train[:10%].") from None
         if "corresponds to no data" in msg:
             ds = None
         else:
