@@ -294,8 +294,9 @@ def estimate(cfg: TrainConfig, shape: ModelShape | None = None, *, max_row_token
     batch = cfg.per_device_train_batch_size
     tokens = batch * row
     if max_row_tokens:
+        cut = ", cut to max_length" if max_row_tokens > cfg.max_length else ""
         notes.append(f"sized for the dataset's real rows: micro-batches of {batch} x {row} tokens (its longest "
-                     f"row is {max_row_tokens:,} tokens{', cut to max_length' if max_row_tokens > cfg.max_length else ''})")
+                     f"row is {max_row_tokens:,} tokens{cut})")
     else:
         notes.append(f"assumes every micro-batch is {batch} x max_length {cfg.max_length} tokens (the dataset's "
                      "lengths are unknown; shorter rows need less)")

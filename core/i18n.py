@@ -1553,7 +1553,8 @@ FR: dict[str, str] = {
     "preview.refused": "Rien ne serait entraîné",
     "preview.row": "ligne {n} · {tokens} tokens · {what}",
     "data.upload_kept": "Le jeu de données reste {dataset} : Démarrer utilise celui-ci, pas le fichier refusé.",
-    "fit.lengths_known": "Dimensionné pour les lignes réelles de ce jeu de données (la plus longue fait {n} tokens).",
+    "fit.lengths_known": (
+        "Dimensionné pour les lignes réelles de ce jeu de données (la plus longue fait {n} tokens)."),
     "fit.lengths_unknown": (
         "Dimensionné comme si chaque ligne atteignait max_length : prévisualisez les données pour "
         "dimensionner selon leurs lignes réelles."),

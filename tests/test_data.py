@@ -409,7 +409,8 @@ def mixed_rows() -> list[dict]:
     rows = [{"instruction": f"Say {w}", "context": "", "response": f"{w} back"} for w in ("hi", "yo", "ok", "up")]
     rows += [{"instruction": "Summarise", "context": LONG + str(i), "response": "done"} for i in range(3)]
     rows += [{"instruction": "Tell more", "context": "", "response": "long " * 40}]
-    rows += [{"instruction": None, "context": "", "response": "x"}, {"instruction": "q", "context": "", "response": None},
+    rows += [{"instruction": None, "context": "", "response": "x"},
+             {"instruction": "q", "context": "", "response": None},
              {"instruction": "  ", "context": "", "response": "y"}]
     rows += [{"instruction": "Huge", "context": "huge " * 4000, "response": "fine"}]
     return rows
