@@ -322,6 +322,7 @@ def message_html(text: str, kind: str = "info", elem_id: str | None = None) -> s
 HIST_CLASS = {"kept": "mt-hist-ok", "truncated": "mt-hist-trunc", "prompt_cut": "mt-hist-cut",
               "dropped_long": "mt-hist-over"}
 HIST_FILL = {"mt-hist-trunc": "#f59e0b", "mt-hist-cut": "#8b5cf6"}
+SWATCH = {"mt-hist-ok": "var(--primary-400)", "mt-hist-over": "#ef4444", **HIST_FILL}
 
 
 def histogram_svg(lengths: list[int], max_length: int, bins: int = 32, lang: str = "en",
@@ -356,7 +357,8 @@ def histogram_svg(lengths: list[int], max_length: int, bins: int = 32, lang: str
                         f'{E(t(f"preview.legend.{reason}", lang))}</title></rect>')
     xm = pad + (W - 2 * pad) * max_length / top
     legend = " &middot; ".join(
-        f'<span class="mt-legend {HIST_CLASS[r]}" data-reason="{r}"><b>{share:.0%}</b> '
+        f'<span class="mt-legend" data-reason="{r}"><span style="display:inline-block;width:.7em;height:.7em;'
+        f'background:{SWATCH[HIST_CLASS[r]]}"></span> <b>{share:.0%}</b> '
         f'{E(t(f"preview.legend.{r}", lang))}</span>'
         for r in HIST_CLASS if (share := reasons.count(r) / len(reasons)) or r == "kept")
     return (f'<svg class="mt-hist" viewBox="0 0 {W:.0f} {H:.0f}" role="img" '
