@@ -1028,7 +1028,7 @@ PT: dict[str, str] = {
     "preview.packs": "empacotadas em {n} sequências de até {max_length} tokens",
     "preview.refused": "Nada seria treinado",
     "preview.row": "linha {n} · {tokens} tokens · {what}",
-    "data.upload_kept": "O conjunto de dados continua sendo {dataset}: Iniciar usa ele, não o arquivo rejeitado.",
+    "data.upload_kept": "O conjunto de dados continua sendo {dataset}: Iniciar usará este, não o arquivo rejeitado.",
     "fit.lengths_known": "Dimensionado para as linhas reais deste conjunto de dados (a mais longa tem {n} tokens).",
     "fit.lengths_unknown": (
         "Dimensionado como se toda linha chegasse a max_length: pré-visualize os dados para dimensionar "
