@@ -201,17 +201,18 @@ def _check_json_line(path: Path, number: int, line: str) -> None:
         value = json.loads(line)
     except json.JSONDecodeError as exc:
         what = exc.msg.removesuffix(" at").removesuffix(" starting")  # "Invalid control character at" reads oddly
-        raise DataError(f"{path}: line {number} is not valid JSON ({what} at column {exc.colno}){_json_hint(line, exc)}"
+        hint = _json_hint(line, exc.colno - 1)
+        raise DataError(f"{path}: line {number} is not valid JSON ({what} at column {exc.colno}){hint}"
                         ". Each line of a .jsonl file must be one JSON object; fix or delete that line.") from None
     if not isinstance(value, dict):
         raise DataError(f"{path}: line {number} is a JSON {type(value).__name__}, not an object "
                         '({"column": value, ...}). Each line of a .jsonl file must be one JSON object.')
 
 
-def _json_hint(line: str, exc: json.JSONDecodeError, width: int = 40) -> str:
-    """The text around the failing column (marked), and whether the line ends inside a string."""
+def _json_hint(line: str, at: int, width: int = 40) -> str:
+    """The text around offset `at` of the line (marked), and whether the line ends inside a string."""
     line = line.rstrip("\r\n")
-    at = min(exc.pos, len(line))
+    at = min(at, len(line))
     before, after = line[max(0, at - width):at], line[at:at + width]
     excerpt = ("..." if at > width else "") + before + ">>>" + after + ("..." if at + width < len(line) else "")
     hint = f" (>>> marks it): {excerpt!r}"
@@ -245,7 +246,9 @@ def _check_json_document(path: Path) -> None:
                 if line.strip():
                     _check_json_line(path, number, line)
             return
-        raise DataError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg}). Fix the "
+        all_lines = text.splitlines()
+        hint = _json_hint(all_lines[exc.lineno - 1], exc.colno - 1) if exc.lineno <= len(all_lines) else ""
+        raise DataError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg}){hint}. Fix the "
                         "file: it must hold a list of objects, or one JSON object per line.") from None
     if isinstance(value, list) and not all(isinstance(v, dict) for v in value):
         raise DataError(f"{path} holds a JSON list whose items are not all objects. Each item must be one row "
