@@ -37,6 +37,7 @@ SAVE_STRATEGIES = ("no", "epoch", "steps")
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 DATASET_FORMATS = ("auto", "text", "dolly", "alpaca", "prompt_completion", "messages", "sharegpt")
 DEVICES = ("auto", "cuda", "cpu")
+LONG_PROMPTS = ("truncate_middle", "truncate_left", "drop")  # what a prompt too long for max_length becomes
 LORA_TARGET_CHOICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -88,6 +89,11 @@ class TrainConfig:
         "Row format; auto detects it from the columns.", choices=DATASET_FORMATS))
     max_length: int = field(default=512, metadata=_help(
         "Longest training sequence in tokens; longer rows are truncated.", min=16, max=131072))
+    long_prompts: str = field(default="truncate_middle", metadata=_help(
+        "A prompt that leaves the answer less than a quarter of max_length: truncate_middle cuts its middle "
+        "(keeping the instruction and the answer header), truncate_left its start, so the answer still trains; "
+        "drop skips the row when the prompt alone fills max_length (what TRL does). The preview counts each case.",
+        choices=LONG_PROMPTS))
 
     # --- batching (checklist: accumulation, smaller batches) ---------------------------------------------
     per_device_train_batch_size: int = field(default=1, metadata=_help("Rows per micro-batch.", min=1, max=512))

@@ -1,495 +1,371 @@
-"""Training data: load it, recognise its format, and turn it into what TRL's SFTTrainer trains on.
+"""Training data: which rows train, and what each becomes (`plan_rows`), for the trainer, the preview and the log.
 
-Every format becomes string columns `prompt` + `completion` (TRL then computes the loss on the completion only)
-or, for plain text, one `text` column. Formatting happens here, not inside TRL, so the preview shows exactly
-the strings that are trained on and every problem surfaces up front as a `DataError` that says what to do.
-
-How rows are rendered:
-- With a chat template (tokenizer.chat_template), a row becomes a conversation: instruction (+ context/input,
-  after a blank line) is the user turn, the response the assistant turn. prompt = the template applied to every
-  message before the last assistant turn with add_generation_prompt=True; completion = the full rendering minus
-  that prompt. Multi-turn conversations: earlier turns are context (inside the prompt, not trained on), the
-  last assistant turn is the completion; messages after it are ignored.
-- Without one, DEFAULT_TEMPLATE (Alpaca style). Conversations map onto it too: the last user turn is the
-  instruction, the system message and earlier turns (as "User: ..."/"Assistant: ..." lines) the input.
-- prompt_completion string rows are already TRL's own format and pass through verbatim (no template), like
-  plain text; prompt/completion given as message lists are rendered like `messages`.
-- The completion and text end with the tokenizer's EOS token (TRL would append it anyway; here it shows in the
-  preview and in the token counts), and a leading BOS text is removed where the tokenizer adds BOS itself.
-Rows with an empty prompt or completion (or empty text) are dropped and counted, never trained on.
+Reading files lives in core/datafiles.py, row formats and templates in core/formats.py; this module ties them to a
+config and a tokenizer. `plan_rows` tokenizes every row exactly as TRL's SFTTrainer does and decides its fate
+(kept, answer cut at max_length, prompt shortened per `long_prompts`, dropped) before any model is loaded; the
+trainer then gets exactly the plan's tokenized rows, so nothing disappears between the preview and training.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.config import DEMO_DATASET, TrainConfig
+from core.config import TrainConfig
+from core.datafiles import (FILE_LIKE, LOADERS, DataError, is_local, load_raw,  # noqa: F401 - the module's API
+                            scan_text_file)
+from core.formats import (FORMATS, _adds_bos, check_format, default_prompt, detect_format,  # noqa: F401
+                          render_rows, to_sft)
 
-# Local file suffix -> the datasets builder that reads it.
-LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
-# Suffixes that mark a data file even when it does not exist (so "data.tsv" is not mistaken for a Hub id).
-FILE_LIKE = set(LOADERS) | {".tsv", ".xlsx", ".xls", ".gz", ".zip", ".arrow", ".xml", ".yaml", ".yml", ".md"}
 
-# Format -> (required columns, optional columns), in detection order: structured formats win over a `text`
-# column, since e.g. tatsu-lab/alpaca carries both and only the structure allows completion-only loss.
-FORMATS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "messages": (("messages",), ()),
-    "sharegpt": (("conversations",), ()),
-    "prompt_completion": (("prompt", "completion"), ()),
-    "alpaca": (("instruction", "output"), ("input",)),
-    "dolly": (("instruction", "response"), ("context",)),
-    "text": (("text",), ()),
+# --- the plan: which rows train, and what each becomes ---------------------------------------------------
+REASONS = ("kept", "truncated", "prompt_cut", "dropped_long", "dropped_empty")
+REASON_TEXT = {
+    "kept": "kept whole",
+    "truncated": "answer cut at max_length",
+    "prompt_cut": "prompt shortened so the answer trains",
+    "dropped_long": "dropped: the prompt alone fills max_length",
+    "dropped_empty": "dropped: empty or null",
 }
-FORMAT_NOTES = {"messages": "a list of {role, content}", "sharegpt": "a list of {from, value}"}
-
-# ShareGPT speaker names (and the OpenAI ones, which some ShareGPT dumps use) -> chat-template roles.
-ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-         "model": "assistant", "bard": "assistant", "bing": "assistant", "system": "system", "tool": "tool"}
-
-DEFAULT_TEMPLATE = "### Instruction:\n{instruction}\n\n{input_section}### Response:\n"
-INPUT_SECTION = "### Input:\n{input}\n\n"
-
-
-class DataError(ValueError):
-    """A problem with the training data; the message says what was wrong and what to do."""
+PREVIEW_CHARS = 2000  # the page gets at most the first and last this many characters of each shown text
+ANSWER_SHARE = 4  # with long_prompts=truncate_*, every row keeps at least max_length // 4 answer tokens (or all)
 
 
 @dataclass
-class DataPreview:
+class DataPlan:
+    """What training will see, row by row: the trainer trains on exactly `train_dataset()`.
+
+    `lengths`, `reasons` and `rows` describe every row with something to train on (in file order): its token
+    count as TRL tokenizes it (prompt + completion, before any cut), what happens to it (REASONS) and its index
+    in the loaded split. Empty/null rows only count in `counts["dropped_empty"]`.
+    """
+
+    source: str
     format: str
-    n_rows: int  # rows that will be trained on
-    n_dropped: int  # rows dropped for an empty prompt/completion/text
-    examples: list[dict[str, str]]  # the first rows as trained on
-    token_lengths: list[int]  # of every row, tokenized as TRL does
     max_length: int
-    n_over_max: int  # rows TRL will truncate
-    stats: dict[str, float] = field(default_factory=dict)  # min, median, p95, max, mean of token_lengths
+    long_prompts: str
+    packing: bool
+    n_source: int  # rows in the loaded split
+    counts: dict[str, int]  # REASONS -> rows
+    lengths: list[int]
+    reasons: list[str]
+    rows: list[int]
+    input_ids: list[Any] = field(repr=False, default_factory=list)  # int32 arrays: each training row, <= max_length
+    labels: list[Any] = field(repr=False, default_factory=list)  # the same with -100 on prompt tokens
+    n_packs: int | None = None  # packed sequences the trainer will see (packing only)
+    examples: list[dict[str, Any]] = field(default_factory=list)  # what the preview shows
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_train(self) -> int:
+        return self.counts["kept"] + self.counts["truncated"] + self.counts["prompt_cut"]
+
+    @property
+    def n_dropped(self) -> int:
+        return self.counts["dropped_long"] + self.counts["dropped_empty"]
+
+    @property
+    def stats(self) -> dict[str, float]:
+        return length_stats(self.lengths) if self.lengths else {}
+
+    @property
+    def longest_row(self) -> int:
+        return max(self.lengths, default=0)
+
+    # Names the preview used before the plan existed
+    n_rows = n_train
+    token_lengths = property(lambda self: self.lengths)
+    n_over_max = property(lambda self: sum(n > self.max_length for n in self.lengths))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The counts, as events.jsonl and summary.json carry them."""
+        return {"format": self.format, "rows_in_split": self.n_source, "train_rows": self.n_train,
+                **self.counts, "packs": self.n_packs, "max_length": self.max_length,
+                "long_prompts": self.long_prompts, "longest_row_tokens": self.longest_row}
+
+    def describe(self) -> str:
+        """One line for the run log: every row of the split, accounted for."""
+        parts = [f"{self.counts[r]} {REASON_TEXT[r]}" for r in REASONS if self.counts[r] or r == "kept"]
+        packs = f"; packed into {self.n_packs} sequences of up to {self.max_length} tokens" if self.packing else ""
+        return (f"Data: {self.n_source} rows in {self.source} ({self.format}), {self.n_train} train at max_length "
+                f"{self.max_length}: {', '.join(parts)}{packs}")
+
+    def train_dataset(self) -> Any:
+        """Tokenized rows (input_ids, labels) for SFTTrainer: it skips its own tokenizing, and since every row is
+        within max_length and has answer tokens, its truncation and its drop of fully masked rows change nothing."""
+        import datasets
+
+        ids = datasets.Sequence(datasets.Value("int64"))
+        return datasets.Dataset.from_dict({"input_ids": self.input_ids, "labels": self.labels},
+                                          features=datasets.Features({"input_ids": ids, "labels": ids}))
+
+    def refusal(self) -> str | None:
+        """Why nothing would train, with the numbers and the fix; None when some row trains."""
+        if self.n_train:
+            return None
+        fit = suggest_max_length(self.lengths)
+        share = sum(n <= fit for n in self.lengths) / len(self.lengths)
+        empty = f", and {self.counts['dropped_empty']} are empty" if self.counts["dropped_empty"] else ""
+        return (f"Nothing would train: in all {self.counts['dropped_long']} non-empty rows of {self.source} the prompt "
+                f"alone fills max_length {self.max_length} (long_prompts is drop){empty}. Raise max_length to "
+                f"{fit}, which fits {share:.0%} of the rows whole (the longest is {self.longest_row:,} tokens), or "
+                "set long_prompts to truncate_middle, which shortens over-long prompts so the answers still train.")
 
 
-# --- loading ---------------------------------------------------------------------------------------------
-def format_help() -> str:
-    parts = []
-    for name, (need, optional) in FORMATS.items():
-        cols = ", ".join(need) + (f"; optional {', '.join(optional)}" if optional else "")
-        note = f": {FORMAT_NOTES[name]}" if name in FORMAT_NOTES else ""
-        parts.append(f"{name} ({cols}{note})")
-    return "; ".join(parts)
+def suggest_max_length(lengths: list[int], step: int = 16, limit: int = 131072) -> int:
+    """A max_length (a multiple of `step`) that fits at least 90% of rows whole."""
+    if not lengths:
+        return step
+    ordered = sorted(lengths)
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+    return min(limit, -(-p90 // step) * step)
 
 
-def is_local(source: str) -> bool:
-    """A path rather than a Hub id (org/name): it exists, ends like a data file, or is written like a path."""
-    path = Path(source).expanduser()
-    return (path.exists() or path.suffix.lower() in FILE_LIKE or source.startswith(("/", ".", "~"))
-            or "\\" in source or source.count("/") > 1)
+_LONGEST: dict[tuple, int] = {}  # data + model -> the longest row in tokens, from the last plan made of it
 
 
-def load_raw(source: str, split: str = "train") -> Any:
-    """Load `source` (DEMO_DATASET, a local data file or folder, or a Hub dataset id) and select `split`.
-
-    `split` accepts datasets' slicing syntax (train[:1000], train[10%:20%]) for Hub and local data alike.
-    """
-    import datasets
-
-    source, split = source.strip(), (split or "train").strip()
-    if not source:
-        raise DataError(f"No dataset given. Give a Hub dataset id, a local {'/'.join(LOADERS)} file, "
-                        f"or {DEMO_DATASET}.")
-    if source == DEMO_DATASET:
-        from core.demo import DEMO_DATA
-
-        return _load_file(DEMO_DATA, split)
-    if is_local(source):
-        path = Path(source).expanduser()
-        if path.is_dir():  # a folder of data files, e.g. a git clone of a Hub dataset
-            return _checked(lambda s: datasets.load_dataset(str(path), split=s), str(path), split)
-        return _load_file(path, split)
-    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
-        raise DataError(f"{source!r} is neither an existing local file nor a Hub dataset id (org/name). "
-                        "Check the spelling or the path.")
-    return _checked(lambda s: _load_hub(source, s), source, split)
+def _lengths_key(cfg: TrainConfig) -> tuple:
+    try:  # a file edited since is measured again
+        stamp = Path(cfg.dataset).expanduser().stat().st_mtime_ns if is_local(cfg.dataset) else None
+    except OSError:
+        stamp = None
+    return cfg.dataset, cfg.dataset_split, cfg.dataset_format, cfg.model, stamp
 
 
-def _load_file(path: Path, split: str) -> Any:
-    import datasets
-
-    if not path.is_file():
-        raise DataError(f"The data file {path} does not exist. Check the path (relative paths start from "
-                        f"{Path.cwd()}).")
-    builder = LOADERS.get(path.suffix.lower())
-    if builder is None:
-        raise DataError(f"{path.name}: files ending in {path.suffix or '(no extension)'} are not supported. "
-                        f"Accepted: {', '.join(LOADERS)}; convert the file or rename it if it is one of these.")
-    if builder != "parquet":
-        scan_text_file(path)
-    kwargs: dict[str, Any] = {"features": _csv_features(path)} if builder == "csv" else {}
-    return _checked(lambda s: datasets.load_dataset(builder, data_files=str(path), split=s, **kwargs),
-                    str(path), split)
+def known_longest_row(cfg: TrainConfig) -> int | None:
+    """The longest row of cfg's data, in tokens of cfg's model, when this process has planned it (the preview
+    did); None otherwise. For memory estimates: unpadded micro-batches are never longer than this."""
+    return _LONGEST.get(_lengths_key(cfg))
 
 
-def _csv_features(path: Path) -> Any:
-    """Every CSV column as text, so "007" stays "007" and "3" does not become 3.0 (pandas guesses numbers)."""
-    import csv
+def check_data(cfg: TrainConfig) -> tuple[Any, str]:
+    """Read the data and check its format, with no tokenizer: (raw dataset, format). Runs before the model is
+    resolved, so a broken file is reported as such whatever the model."""
+    raw = load_raw(cfg.dataset, cfg.dataset_split)
+    where = _where(cfg.dataset)
+    with _naming(where):
+        fmt = detect_format(raw) if cfg.dataset_format == "auto" else cfg.dataset_format
+        check_format(raw, fmt)
+    return raw, fmt
 
-    import datasets
 
-    with path.open(encoding="utf-8-sig", newline="") as fh:
-        header = next(csv.reader(fh), [])
-    if not header or len(set(header)) != len(header):  # no header or duplicate names: let pandas decide
+def _where(source: str) -> str:
+    return str(Path(source).expanduser()) if is_local(source) else source
+
+
+class _naming:
+    """Prefix a DataError that does not name the data with its file or dataset id."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __enter__(self) -> None:
         return None
-    return datasets.Features({name: datasets.Value("string") for name in header})
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if isinstance(exc, DataError) and self.where not in str(exc):
+            raise DataError(f"{self.where}: {exc}") from None
+        return False
 
 
-def _load_hub(source: str, split: str) -> Any:
-    import datasets
+def _tokenize(columns: dict[str, list[str]], tokenizer: Any) -> tuple[list[Any], list[int]]:
+    """(token ids of each row, how many of them are prompt) exactly as TRL's SFTTrainer tokenizes: text alone, or
+    prompt and prompt + completion separately, the completion starting where the two first differ. The ids are
+    int32 arrays: a Python list of ints costs ~9x the memory, and the web app keeps the plan of its preview."""
+    import numpy as np
 
-    try:
-        return datasets.load_dataset(source, split=split)
-    except ValueError:
-        raise  # split problems: translated by _checked
-    except Exception as exc:
-        if _is_offline_error(exc):
-            raise DataError(
-                f"The dataset {source} is not in the local cache and the Hugging Face Hub cannot be reached "
-                f"({type(exc).__name__}). Download it first while online (python -c \"import datasets; "
-                f"datasets.load_dataset('{source}')\") or use a local .jsonl/.csv/.parquet file.") from None
-        if type(exc).__name__ in ("DatasetNotFoundError", "RepositoryNotFoundError", "GatedRepoError"):
-            raise DataError(f"The Hub has no dataset {source} you can access ({exc}). Check the id, or for a "
-                            "private/gated dataset accept its terms and set HF_TOKEN.") from None
-        raise DataError(f"Could not load the Hub dataset {source}: {type(exc).__name__}: {exc}") from None
+    def encode(texts: list[str]) -> list[Any]:
+        out: list[Any] = []
+        for start in range(0, len(texts), 1000):  # batched: fast tokenizers encode a batch in parallel
+            # verbose=False: transformers' "longer than the model's maximum" warning names the wrong limit here
+            batch = tokenizer(texts[start:start + 1000], verbose=False)["input_ids"]
+            out += [np.asarray(ids, dtype=np.int32) for ids in batch]
+        return out
 
-
-def _is_offline_error(exc: BaseException) -> bool:
-    """True when the Hub could not be reached (offline mode, no network, cache miss)."""
-    names = {"OfflineModeIsEnabled", "LocalEntryNotFoundError", "ConnectError", "ConnectTimeout", "ReadTimeout",
-             "Timeout", "NameResolutionError", "MaxRetryError"}
-    seen: BaseException | None = exc
-    for _ in range(10):  # datasets wraps the huggingface_hub error; look a few links down the chain
-        if seen is None:
-            return False
-        if isinstance(seen, (ConnectionError, TimeoutError)) or type(seen).__name__ in names:
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    if "text" in columns:
+        ids = encode(columns["text"])
+        return ids, [0] * len(ids)
+    full = encode([p + c for p, c in zip(columns["prompt"], columns["completion"])])
+    prompts = encode(columns["prompt"])
+    return full, [_common_prefix(p, f) for p, f in zip(prompts, full)]
 
 
-def _checked(load, where: str, split: str) -> Any:
-    """Run `load(split)`, translating datasets' split errors, and refuse an empty result."""
-    try:
-        ds = load(split)
-    except DataError:
-        raise
-    except ValueError as exc:
-        msg = str(exc)
-        if msg.startswith("Unknown split"):
-            found = re.search(r"one of (\[.*\])", msg)
-            raise DataError(f"{where} has no split {_split_name(split)!r}; available splits: "
-                            f"{found.group(1) if found else '(unknown)'}. Set dataset_split to one of them, "
-                            "e.g. train or train[:1000].") from None
-        if msg.startswith("Unrecognized instruction format") or "Unrecognized split format" in msg:
-            raise DataError(f"dataset_split {split!r} is not valid split syntax. Write e.g. train, train[:1000], "
-                            "train[100:200] or train[:10%].") from None
-        if "corresponds to no data" in msg:
-            ds = None
-        else:
-            raise DataError(f"Could not read {where}: {msg}") from None
-    except Exception as exc:
-        raise DataError(f"Could not read {where}: {type(exc).__name__}: {exc}") from None
-    if ds is None or len(ds) == 0:
-        raise DataError(_empty_message(load, where, split))
-    return ds
+def _common_prefix(a: Any, b: Any) -> int:
+    import numpy as np
+
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
 
 
-def _split_name(split: str) -> str:
-    return re.split(r"[\[+]", split, maxsplit=1)[0].strip()
+Spans = list[tuple[int, int]]
 
 
-def _empty_message(load, where: str, split: str) -> str:
-    name = _split_name(split)
-    if name != split:  # a slice: say how many rows the whole split has
-        try:
-            total = len(load(name))
-        except Exception:
-            total = 0
-        if total:
-            return (f"dataset_split {split!r} selects no rows: {name} of {where} has {total} rows. "
-                    f"Use a range inside it, e.g. {name}[:{min(total, 1000)}].")
-    return f"{where} has no rows (split {name!r} is empty). Add data to it or pick another dataset."
+def cut_row(n_tokens: int, prompt_len: int, max_length: int, long_prompts: str,
+            keep_first: bool = False) -> tuple[str, Spans, int]:
+    """What one row of `n_tokens` tokens (the first `prompt_len` of them prompt) becomes: (reason, the [start, end)
+    token ranges that train, in order, and how many of the kept tokens are prompt).
 
-
-def scan_text_file(path: Path) -> None:
-    """Check a text data file is UTF-8 (and, for .jsonl/.json, valid JSON) before datasets reads it.
-
-    datasets' own errors here name neither the line nor the fix, so we find the first bad line ourselves.
+    Rows that fit are kept. Otherwise, as TRL would, the end is cut (the answer is partly lost) while the prompt
+    leaves room for the answer. With long_prompts=drop a prompt that alone fills max_length drops the row (TRL's
+    own behaviour); with truncate_left/truncate_middle a prompt that would leave the answer fewer than
+    max_length // 4 tokens (or fewer than all of them, when shorter) loses tokens from its start (keeping the
+    first, BOS, token when `keep_first`) or from its middle, so the answer still trains.
     """
-    jsonl = path.suffix.lower() == ".jsonl"
-    offset, n_data = 0, 0
-    with path.open("rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:  # a line ends at b"\n", which never occurs inside a UTF-8 character
-                raise DataError(
-                    f"{path} is not UTF-8 text: byte 0x{raw[exc.start]:02x} at byte offset {offset + exc.start} "
-                    f"(line {number}) cannot be decoded. Save the file as UTF-8, e.g. "
-                    f"iconv -f latin1 -t utf-8 {path.name} > fixed{path.suffix}") from None
-            offset += len(raw)
-            if number == 1:
-                line = line.removeprefix("\ufeff")  # a UTF-8 byte-order mark is harmless
-            if not line.strip():
-                continue
-            n_data += 1
-            if jsonl:
-                _check_json_line(path, number, line)
-    if n_data == 0:
-        raise DataError(f"{path} is empty (no data lines). Add rows to it or pick another file.")
-    if path.suffix.lower() == ".json":
-        _check_json_document(path)
+    answer = n_tokens - prompt_len
+    if n_tokens <= max_length:
+        return "kept", [(0, n_tokens)], prompt_len
+    if prompt_len == 0:  # plain text: trained from the start
+        return "truncated", [(0, max_length)], 0
+    floor = min(answer, max(1, max_length // ANSWER_SHARE))
+    if long_prompts == "drop" or prompt_len <= max_length - floor:
+        if prompt_len >= max_length:
+            return "dropped_long", [], 0
+        return "truncated", [(0, max_length)], prompt_len
+    budget = max_length - floor  # prompt tokens kept
+    if long_prompts == "truncate_middle":
+        head = budget // 2
+    else:  # truncate_left
+        head = 1 if keep_first and budget > 1 else 0
+    tail = prompt_len - (budget - head)
+    spans = [(0, head)] if head else []
+    return "prompt_cut", spans + [(tail, prompt_len + floor)], budget
 
 
-def _check_json_line(path: Path, number: int, line: str) -> None:
+def take(ids: Any, spans: Spans) -> Any:
+    """The tokens of `ids` in `spans`, as one int32 array."""
+    import numpy as np
+
+    return np.concatenate([np.asarray(ids[a:b], dtype=np.int32) for a, b in spans] or [np.zeros(0, np.int32)])
+
+
+def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | None = None,
+              n_examples: int = 3) -> DataPlan:
+    """Decide, for `cfg`'s data (or `dataset` of format `fmt`, already read by check_data), which rows train and
+    what each becomes, tokenized and templated as the trainer does. Raises DataError when the data cannot be used
+    at all (unreadable, wrong columns, every row empty); a plan in which nothing trains has `refusal()`."""
+    import numpy as np
+
+    if dataset is None:
+        dataset, fmt = check_data(cfg)
+    where = _where(cfg.dataset)
+    with _naming(where):
+        columns, kept_rows = render_rows(dataset, fmt, tokenizer)
+        if not kept_rows:
+            need = " and ".join(("text",) if fmt == "text" else ("prompt", "completion"))
+            raise DataError(f"Every one of the {len(dataset)} rows of {cfg.dataset} ({fmt} format) has an empty "
+                            f"{need}, so there is nothing to train on. Check the file's contents and dataset_format.")
+    all_ids, prompt_lens = _tokenize(columns, tokenizer)
+    keep_first = _adds_bos(tokenizer)
+    counts = dict.fromkeys(REASONS, 0)
+    counts["dropped_empty"] = len(dataset) - len(kept_rows)
+    plan = DataPlan(source=where, format=fmt, max_length=cfg.max_length, long_prompts=cfg.long_prompts,
+                    packing=cfg.packing, n_source=len(dataset), counts=counts,
+                    lengths=[len(ids) for ids in all_ids], reasons=[], rows=kept_rows)
+    for ids, prompt_len in zip(all_ids, prompt_lens):
+        reason, spans, n_prompt = cut_row(len(ids), prompt_len, cfg.max_length, cfg.long_prompts, keep_first)
+        plan.reasons.append(reason)
+        counts[reason] += 1
+        if spans:
+            train_ids = take(ids, spans)
+            labels = train_ids.copy()
+            labels[:n_prompt] = -100  # the prompt is context only: TRL's completion-only loss
+            plan.input_ids.append(train_ids)
+            plan.labels.append(labels)
+    if cfg.packing and plan.input_ids:
+        plan.n_packs = count_packs(plan.train_dataset(), cfg.max_length)
+    longest = int(np.argmax(plan.lengths))
+    if plan.lengths[longest] > cfg.max_length:
+        plan.notes.append(f"The longest row (row {kept_rows[longest] + 1}) is {plan.lengths[longest]:,} tokens; "
+                          f"{REASON_TEXT[plan.reasons[longest]]} (max_length {cfg.max_length}).")
+    plan.examples = _examples(plan, columns, all_ids, prompt_lens, tokenizer, n_examples, keep_first)
+    _LONGEST[_lengths_key(cfg)] = plan.longest_row
+    return plan
+
+
+def count_packs(rows: Any, max_length: int) -> int | None:
+    """How many sequences TRL's best-fit-decreasing packing makes of these tokenized rows (its own function)."""
     try:
-        value = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}: line {number} is not valid JSON ({exc.msg}, column {exc.colno}): "
-                        f"{line.strip()[:80]!r}. Each line of a .jsonl file must be one JSON object; fix or "
-                        "delete that line.") from None
-    if not isinstance(value, dict):
-        raise DataError(f"{path}: line {number} is a JSON {type(value).__name__}, not an object "
-                        '({"column": value, ...}). Each line of a .jsonl file must be one JSON object.')
+        from trl import pack_dataset
+    except ImportError:  # an older TRL: the count is then unknown, never guessed
+        return None
+    return len(pack_dataset(rows, max_length, "bfd"))
 
 
-def _check_json_document(path: Path) -> None:
-    """A .json file is either one document (a list of objects) or JSON Lines under another name."""
-    text = path.read_text(encoding="utf-8-sig")
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        if len(lines) > 1 and all(ln.lstrip().startswith("{") for ln in lines):  # JSON Lines
-            for number, line in enumerate(text.splitlines(), start=1):
-                if line.strip():
-                    _check_json_line(path, number, line)
-            return
-        raise DataError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg}). Fix the "
-                        "file: it must hold a list of objects, or one JSON object per line.") from None
-    if isinstance(value, list) and not all(isinstance(v, dict) for v in value):
-        raise DataError(f"{path} holds a JSON list whose items are not all objects. Each item must be one row "
-                        '({"column": value, ...}).')
-    if isinstance(value, list) and not value:
-        raise DataError(f"{path} is an empty JSON list. Add rows to it or pick another file.")
+def clip_text(text: str, limit: int = PREVIEW_CHARS) -> tuple[str, bool]:
+    """The first and last `limit` characters of a long text (and True), or the whole text (and False)."""
+    if len(text) <= 2 * limit:
+        return text, False
+    return f"{text[:limit]}\n[... {len(text) - 2 * limit:,} characters not shown ...]\n{text[-limit:]}", True
 
 
-# --- formats ---------------------------------------------------------------------------------------------
-def detect_format(dataset: Any) -> str:
-    """The first format in FORMATS whose required columns the dataset has, or DataError listing them all."""
-    columns = set(dataset.column_names)
-    for name, (need, _) in FORMATS.items():
-        if set(need) <= columns:
-            return name
-    raise DataError(f"The data has columns {sorted(columns)}, which match no known format. Accepted formats "
-                    f"and the columns each needs: {format_help()}. Rename the columns to fit one of them.")
+def _examples(plan: DataPlan, columns, all_ids, prompt_lens, tokenizer, n: int,
+              keep_first: bool) -> list[dict[str, Any]]:
+    """The first `n` rows, then the first row of each other outcome, as they train (cut parts marked)."""
+    picked = list(range(min(n, len(plan.reasons)))) if n else []
+    for reason in REASONS[1:]:
+        if n and reason in plan.reasons and reason not in {plan.reasons[i] for i in picked}:
+            picked.append(plan.reasons.index(reason))
+    bos = getattr(tokenizer, "bos_token_id", None) if keep_first else None
 
+    def show(ids: Any) -> str:
+        ids = [int(x) for x in ids]
+        return tokenizer.decode(ids[1:] if ids and ids[0] == bos else ids)
 
-def check_format(dataset: Any, fmt: str) -> None:
-    if fmt not in FORMATS:
-        raise DataError(f"Unknown dataset_format {fmt!r}. Use auto or one of: {', '.join(FORMATS)}.")
-    need, optional = FORMATS[fmt]
-    missing = [c for c in need if c not in dataset.column_names]
-    if missing:
-        try:
-            hint = f"set dataset_format to auto (it detects {detect_format(dataset)})"
-        except DataError:
-            hint = f"rename the columns (accepted formats: {format_help()})"
-        extra = f" (optional {', '.join(optional)})" if optional else ""
-        raise DataError(f"dataset_format {fmt} needs the columns {', '.join(need)}{extra}, but the data has "
-                        f"{sorted(dataset.column_names)} (missing {', '.join(missing)}). Either {hint}.")
+    def cut(n_tokens: int, what: str) -> str:
+        return f"[... {n_tokens:,} {what} tokens cut ...]"
 
-
-def _text(value: Any) -> str:
-    if value is None or (isinstance(value, float) and value != value):  # None or NaN: an empty cell
-        return ""
-    if isinstance(value, list):  # multimodal-style content parts: keep the text ones
-        return "".join(p.get("text") or "" for p in value if isinstance(p, dict))
-    return value if isinstance(value, str) else str(value)
-
-
-def _messages(turns: Any, row: int, column: str) -> list[dict[str, str]]:
-    """Normalise a role/content or from/value list into chat-template messages."""
-    if not isinstance(turns, list):
-        raise DataError(f"Row {row}: column {column!r} must be a list of messages, not {type(turns).__name__}.")
     out = []
-    for turn in turns:
-        if not isinstance(turn, dict):
-            raise DataError(f"Row {row}: each item of {column!r} must be an object like "
-                            '{"role": "user", "content": "..."}, not ' + f"{turn!r:.60}.")
-        speaker = turn.get("role") if turn.get("role") is not None else turn.get("from")
-        role = ROLES.get(str(speaker).strip().lower())
-        if role is None:
-            raise DataError(f"Row {row}: unknown speaker {speaker!r} in {column!r}. Use the roles "
-                            "system/user/assistant (or ShareGPT's system/human/gpt).")
-        content = turn.get("content") if "content" in turn and turn.get("content") is not None else turn.get("value")
-        out.append({"role": role, "content": _text(content)})
+    for i in picked:
+        ids, prompt_len, reason = all_ids[i], prompt_lens[i], plan.reasons[i]
+        _, spans, n_prompt = cut_row(len(ids), prompt_len, plan.max_length, plan.long_prompts, keep_first)
+        trained = take(ids, spans)
+        ex: dict[str, Any] = {"row": plan.rows[i] + 1, "reason": reason, "tokens": len(ids),
+                              "trained_tokens": len(trained)}
+        gone = len(ids) - len(trained)
+        if "text" in columns:
+            ex["text"] = columns["text"][i] if reason == "kept" else show(trained) + "\n" + cut(gone, "")
+        else:
+            ex["prompt"], ex["completion"] = columns["prompt"][i], columns["completion"][i]
+            if reason == "truncated":
+                ex["completion"] = show(trained[prompt_len:]) + "\n" + cut(gone, "answer")
+            elif reason == "prompt_cut":
+                head = spans[0][1] if len(spans) > 1 else 0
+                marker = cut(prompt_len - n_prompt, "prompt")
+                lead = show(trained[:head])  # truncate_middle: the prompt's start; truncate_left: BOS or nothing
+                ex["prompt"] = (f"{lead}\n" if lead else "") + f"{marker}\n" + show(trained[head:n_prompt])
+                answer_cut = len(ids) - prompt_len - (len(trained) - n_prompt)
+                ex["completion"] = show(trained[n_prompt:]) + (f"\n{cut(answer_cut, 'answer')}" if answer_cut else "")
+        clipped = False
+        for key in ("text", "prompt", "completion"):
+            if key in ex:
+                ex[key], was = clip_text(ex[key])
+                clipped |= was
+        if clipped:
+            ex["note"] = (f"row {ex['row']} is {len(ids):,} tokens; showing the first and last "
+                          f"{PREVIEW_CHARS:,} characters")
+        out.append(ex)
     return out
 
 
-def _fields(row: dict[str, Any], fmt: str) -> tuple[str, str, str]:
-    """(instruction, context, response) of a dolly or alpaca row."""
-    extra = row.get("context" if fmt == "dolly" else "input")
-    return (_text(row["instruction"]).strip(), _text(extra).strip(),
-            _text(row["response" if fmt == "dolly" else "output"]))
-
-
-def _conversation(row: dict[str, Any], fmt: str, index: int) -> list[dict[str, str]] | None:
-    """The row as messages ending on the assistant turn to train on, or None when it has nothing to train on."""
-    if fmt in ("dolly", "alpaca"):
-        user, extra, answer = _fields(row, fmt)
-        messages = [{"role": "user", "content": f"{user}\n\n{extra}" if extra else user},
-                    {"role": "assistant", "content": answer}]
-    elif fmt == "prompt_completion":
-        messages = _messages(row["prompt"], index, "prompt") + _messages(row["completion"], index, "completion")
-    else:
-        column = FORMATS[fmt][0][0]
-        messages = _messages(row[column], index, column)
-    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
-    if last is None or not messages[last]["content"].strip():
-        return None
-    if not any(m["content"].strip() for m in messages[:last]):
-        return None
-    return messages[: last + 1]
-
-
-def default_prompt(instruction: str, context: str = "") -> str:
-    section = INPUT_SECTION.format(input=context.strip()) if context.strip() else ""
-    return DEFAULT_TEMPLATE.format(instruction=instruction.strip(), input_section=section)
-
-
-def _render_default(messages: list[dict[str, str]]) -> tuple[str, str]:
-    """Alpaca-style prompt/completion: the last user turn is the instruction, everything before it the input."""
-    *history, answer = messages
-    user_at = max((i for i, m in enumerate(history) if m["role"] == "user"), default=None)
-    if user_at is None or len(history) == 1:
-        instruction, before = history[-1]["content"], history[:-1]
-    else:
-        instruction, before = history[user_at]["content"], history[:user_at] + history[user_at + 1:]
-    names = {"system": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
-    if len(before) == 1 and before[0]["role"] == "system":
-        context = before[0]["content"]
-    else:
-        context = "\n".join(f"{names[m['role']]}: {m['content']}" for m in before if m["content"].strip())
-    return default_prompt(instruction, context), answer["content"]
-
-
-def _render_chat(messages: list[dict[str, str]], tokenizer: Any, index: int) -> tuple[str, str]:
-    try:
-        prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
-        full = tokenizer.apply_chat_template(messages, tokenize=False)
-    except Exception as exc:  # e.g. templates that refuse a system turn or non-alternating roles
-        raise DataError(f"Row {index}: the tokenizer's chat template rejected the conversation "
-                        f"({type(exc).__name__}: {exc}). Fix the row's roles or use a model without this "
-                        "restriction.") from None
-    if not full.startswith(prompt):  # the template renders the prompt differently alone: split where they differ
-        common = 0
-        while common < min(len(prompt), len(full)) and prompt[common] == full[common]:
-            common += 1
-        prompt = full[:common]
-    return prompt, full[len(prompt):]
-
-
-def _adds_bos(tokenizer: Any) -> bool:
-    """Does encoding a string (as TRL does, with the default add_special_tokens) put BOS in front?"""
-    bos_id = getattr(tokenizer, "bos_token_id", None)
-    if bos_id is None:
-        return False
-    with_special = tokenizer("a")["input_ids"]
-    without = tokenizer("a", add_special_tokens=False)["input_ids"]
-    return len(with_special) > len(without) and with_special[0] == bos_id
-
-
-def to_sft(dataset: Any, fmt: str, tokenizer: Any = None) -> Any:
-    """Turn `dataset` (of format `fmt`) into string columns prompt + completion, or text for plain text.
-
-    Rows with nothing to train on are dropped (len(result) < len(dataset) tells how many).
-    """
+# --- entry points ----------------------------------------------------------------------------------------
+def prepare_dataset(cfg: TrainConfig, tokenizer: Any) -> tuple[Any, str]:
+    """The SFT-ready string dataset for `cfg` (every non-empty row, before any max_length cut) and its format."""
+    raw, fmt = check_data(cfg)
+    with _naming(_where(cfg.dataset)):
+        columns, kept = render_rows(raw, fmt, tokenizer)
+        if not kept:
+            plan_rows(cfg, tokenizer, raw, fmt)  # raises the every-row-empty message
     import datasets
 
-    check_format(dataset, fmt)
-    template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
-    eos = getattr(tokenizer, "eos_token", None) or ""
-    # TRL tokenizes prompt strings with add_special_tokens on: a BOS rendered by the template would double it.
-    bos = tokenizer.bos_token if tokenizer is not None and _adds_bos(tokenizer) else ""
-
-    def finish(text: str) -> str:
-        # Ending exactly on EOS makes TRL skip its own EOS, so the template's end-of-turn is not followed by a
-        # second one (ChatML renders "<|im_end|>\n").
-        if eos and text.rstrip().endswith(eos):
-            return text.rstrip()
-        return text + eos
-
-    def strip_bos(text: str) -> str:
-        return text[len(bos):] if bos and text.startswith(bos) else text
-
-    columns = [c for c in dataset.column_names if c in FORMATS[fmt][0] + FORMATS[fmt][1]]
-    data = {c: list(dataset[c]) for c in columns}  # column-wise reads are much faster than row dicts
-    rows = (dict(zip(columns, values)) for values in zip(*data.values()))
-
-    if fmt == "text":
-        texts = [strip_bos(t) for t in (_text(r["text"]) for r in rows) if t.strip()]
-        return datasets.Dataset.from_dict({"text": [finish(t) for t in texts]})
-
-    verbatim = fmt == "prompt_completion" and not any(isinstance(p, list) for p in data["prompt"][:1])
-    prompts, completions = [], []
-    for index, row in enumerate(rows):
-        if verbatim:  # already TRL's format: trained exactly as written
-            prompt, completion = _text(row["prompt"]), _text(row["completion"])
-            if not prompt.strip() or not completion.strip():
-                continue
-        elif fmt in ("dolly", "alpaca") and not template:  # keeps the Input section the conversation would merge
-            instruction, context, completion = _fields(row, fmt)
-            if not instruction or not completion.strip():
-                continue
-            prompt = default_prompt(instruction, context)
-        else:
-            messages = _conversation(row, fmt, index)
-            if messages is None:
-                continue
-            prompt, completion = (_render_chat(messages, tokenizer, index) if template
-                                  else _render_default(messages))
-        prompts.append(strip_bos(prompt))
-        completions.append(finish(completion))
-    return datasets.Dataset.from_dict({"prompt": prompts, "completion": completions})
-
-
-# --- entry points ----------------------------------------------------------------------------------------
-def _prepare(cfg: TrainConfig, tokenizer: Any) -> tuple[Any, str, int]:
-    raw = load_raw(cfg.dataset, cfg.dataset_split)
-    fmt = detect_format(raw) if cfg.dataset_format == "auto" else cfg.dataset_format
-    sft = to_sft(raw, fmt, tokenizer)
-    if len(sft) == 0:
-        need = " and ".join(("text",) if fmt == "text" else ("prompt", "completion"))
-        raise DataError(f"Every one of the {len(raw)} rows of {cfg.dataset} ({fmt} format) has an empty {need}, "
-                        "so there is nothing to train on. Check the file's contents and dataset_format.")
-    return sft, fmt, len(raw) - len(sft)
-
-
-def prepare_dataset(cfg: TrainConfig, tokenizer: Any) -> tuple[Any, str]:
-    """The SFT-ready dataset for `cfg` and its format (detected when cfg.dataset_format is auto)."""
-    sft, fmt, _ = _prepare(cfg, tokenizer)
-    return sft, fmt
+    return datasets.Dataset.from_dict(columns), fmt
 
 
 def token_lengths(sft: Any, tokenizer: Any) -> list[int]:
     """Token count of every row as TRL tokenizes it: tokenizer(prompt + completion) or tokenizer(text)."""
-    texts = (sft["text"] if "text" in sft.column_names
-             else [p + c for p, c in zip(sft["prompt"], sft["completion"])])
-    texts = list(texts)
-    lengths: list[int] = []
-    for start in range(0, len(texts), 1000):  # batched: fast tokenizers encode a batch in parallel
-        lengths += [len(ids) for ids in tokenizer(texts[start:start + 1000])["input_ids"]]
-    return lengths
+    ids, _ = _tokenize({c: list(sft[c]) for c in sft.column_names}, tokenizer)
+    return [len(x) for x in ids]
 
 
 def length_stats(lengths: list[int]) -> dict[str, float]:
@@ -500,12 +376,6 @@ def length_stats(lengths: list[int]) -> dict[str, float]:
             "max": int(a.max()), "mean": float(a.mean())}
 
 
-def preview_dataset(cfg: TrainConfig, tokenizer: Any, n: int = 3) -> DataPreview:
-    """What training will see: the format, the first `n` rows as trained on, and token-length statistics."""
-    sft, fmt, dropped = _prepare(cfg, tokenizer)
-    lengths = token_lengths(sft, tokenizer)
-    return DataPreview(
-        format=fmt, n_rows=len(sft), n_dropped=dropped, examples=list(sft.select(range(min(n, len(sft))))),
-        token_lengths=lengths, max_length=cfg.max_length, n_over_max=sum(x > cfg.max_length for x in lengths),
-        stats=length_stats(lengths),
-    )
+def preview_dataset(cfg: TrainConfig, tokenizer: Any, n: int = 3) -> DataPlan:
+    """What training will see (the same plan the trainer uses): counts per outcome, lengths and examples."""
+    return plan_rows(cfg, tokenizer, n_examples=n)

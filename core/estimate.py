@@ -3,6 +3,7 @@
     python -m core.estimate                                   # the chapter's recipe (the defaults)
     python -m core.estimate --config my.yaml --set max_length=1024 --json
     python -m core.estimate --set model=Qwen/Qwen2.5-7B --fit 24  # shrink batch/length to fit a 24 GiB card
+    python -m core.estimate --config my.yaml --preset lowest_memory --data  # sized for the dataset's real rows
 
 The model of memory, for the stack memtune runs (transformers 5 + peft + TRL's SFTTrainer + bitsandbytes). Every
 term is a tensor that exists on the GPU; `bench/validate_estimate.py` checks the sum against every measured run of
@@ -48,7 +49,9 @@ import json
 import sys
 from dataclasses import dataclass, field
 
-from core.config import OPTIMIZERS, ConfigError, TrainConfig, apply_overrides
+from core.config import OPTIMIZERS, ConfigError, Hardware, TrainConfig, apply_overrides
+from core.datafiles import DataError
+from core.presets import PRESETS, apply_preset
 from core.shapes import ModelShape, ShapeError, get_shape
 
 GIB = 2**30
@@ -290,6 +293,13 @@ def estimate(cfg: TrainConfig, shape: ModelShape | None = None, *, max_row_token
     row = cfg.max_length if not max_row_tokens else max(1, min(cfg.max_length, max_row_tokens))
     batch = cfg.per_device_train_batch_size
     tokens = batch * row
+    if max_row_tokens:
+        cut = ", cut to max_length" if max_row_tokens > cfg.max_length else ""
+        notes.append(f"sized for the dataset's real rows: micro-batches of {batch} x {row} tokens (its longest "
+                     f"row is {max_row_tokens:,} tokens{cut})")
+    else:
+        notes.append(f"assumes every micro-batch is {batch} x max_length {cfg.max_length} tokens (the dataset's "
+                     "lengths are unknown; shorter rows need less)")
     h, layers, vocab = shape.hidden_size, shape.num_hidden_layers, shape.vocab_size
 
     # Weights
@@ -472,6 +482,24 @@ def fit_to_gpu(cfg: TrainConfig, budget_bytes: int, margin: float = 0.1, shape: 
         f"{'on' if cand.gradient_checkpointing else 'off'}, {cand.optim}) needs {est.total_gib:.1f} GiB, so a GPU with at least {need / GIB:.1f} GiB. {advice}")
 
 
+# --- the dataset's real lengths -------------------------------------------------------------------------------------
+def measured_row_tokens(cfg: TrainConfig) -> int | None:
+    """The longest row of cfg's dataset in tokens (read and tokenized as training will), for `max_row_tokens`;
+    None with packing, where a micro-batch is packs of up to max_length whatever the rows."""
+    if cfg.packing:
+        return None
+    from core import data
+    from core.model import load_tokenizer
+
+    raw, fmt = data.check_data(cfg)
+    try:
+        tokenizer = load_tokenizer(cfg)
+    except Exception as exc:  # noqa: BLE001 - an uncached or gated model: the estimate itself needs no tokenizer
+        raise DataError(f"Measuring {cfg.dataset} needs the tokenizer of {cfg.model}, which could not be loaded "
+                        f"({type(exc).__name__}: {exc}). Leave out --data, or give --max-row-tokens.") from None
+    return data.plan_rows(cfg, tokenizer, raw, fmt, n_examples=0).longest_row or None
+
+
 # --- CLI ------------------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m core.estimate",
@@ -480,18 +508,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a setting")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--fit", type=float, metavar="GIB", help="shrink batch/length/... to fit this many GiB")
+    parser.add_argument("--preset", choices=list(PRESETS), help="apply a preset's memory/speed levers first "
+                        "(chapter, lowest_memory, fastest), then --set; as python -m core.train does")
     parser.add_argument("--max-row-tokens", type=int, help="the dataset's longest row in tokens, if known")
+    parser.add_argument("--data", action="store_true", help="measure the config's dataset (reads it and the "
+                        "model's tokenizer) and size micro-batches for its longest row instead of max_length")
     args = parser.parse_args(argv)
     try:
         cfg = TrainConfig.load(args.config) if args.config else TrainConfig()
+        if args.preset:
+            cfg = apply_preset(cfg, args.preset, Hardware.detect())
         cfg = apply_overrides(cfg, args.set)
         shape = get_shape(cfg.model)
-        kw = {"max_row_tokens": args.max_row_tokens}
+        kw = {"max_row_tokens": args.max_row_tokens or (measured_row_tokens(cfg) if args.data else None)}
         if args.fit is not None:
             cfg, est = fit_to_gpu(cfg, int(args.fit * GIB), shape=shape, **kw)
         else:
             est = estimate(cfg, shape, **kw)
-    except (ConfigError, ShapeError, FitError) as exc:
+    except (ConfigError, ShapeError, FitError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:

@@ -9,6 +9,8 @@ Training never blocks on a reader: sinks are unbounded queues or files, and the 
           (one per optimizer step: drives the progress bar)
 - metrics: step, total_steps, epoch, loss, learning_rate, grad_norm (every `logging_steps`: drives the loss curve)
 - log:    message, level (info|warning)
+- data:   message + core.data.DataPlan.to_dict(): format, rows_in_split, train_rows, kept, truncated,
+          prompt_cut, dropped_long, dropped_empty, packs, max_length, long_prompts, longest_row_tokens
 - done:   status (completed|stopped|failed), run_dir, adapter_dir?, summary (dict), message
 - error:  error_type (config|data|model|oom|other), message
 """

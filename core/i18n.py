@@ -495,6 +495,28 @@ EN: dict[str, str] = {
     "history.message": "Message",
     "history.unreadable": "The settings of {name} cannot be read.",
     "history.yes": "yes",
+    "field.long_prompts": "Over-long prompts",
+    "help.long_prompts": (
+        "A prompt that leaves the answer less than a quarter of max_length: truncate_middle cuts its middle "
+        "(keeping the instruction and the answer header), truncate_left its start, so the answer still "
+        "trains; drop skips the row when the prompt alone fills max_length (what TRL does). The preview "
+        "counts each case."),
+    "preview.train": "{n} of {rows} rows train",
+    "preview.reason.kept": "{n} kept whole",
+    "preview.reason.truncated": "{n} answer cut at max_length",
+    "preview.reason.prompt_cut": "{n} prompt shortened so the answer trains",
+    "preview.reason.dropped_long": "{n} dropped: the prompt alone fills max_length",
+    "preview.reason.dropped_empty": "{n} dropped: empty or null",
+    "preview.legend.kept": "fit",
+    "preview.legend.truncated": "answer cut",
+    "preview.legend.prompt_cut": "prompt shortened",
+    "preview.legend.dropped_long": "dropped",
+    "preview.packs": "packed into {n} sequences of up to {max_length} tokens",
+    "preview.refused": "Nothing would train",
+    "preview.row": "row {n} · {tokens} tokens · {what}",
+    "data.upload_kept": "The dataset stays {dataset}: Start uses it, not the rejected file.",
+    "fit.lengths_known": "Sized for this dataset's real rows (the longest is {n} tokens).",
+    "fit.lengths_unknown": "Sized as if every row reached max_length: preview the data to size for its real rows.",
 }
 
 PT: dict[str, str] = {
@@ -987,6 +1009,30 @@ PT: dict[str, str] = {
     "history.message": "Mensagem",
     "history.unreadable": "As configurações de {name} não podem ser lidas.",
     "history.yes": "sim",
+    "field.long_prompts": "Prompts longos demais",
+    "help.long_prompts": (
+        "Um prompt que deixa para a resposta menos de um quarto de max_length: truncate_middle corta o meio "
+        "dele (mantendo a instrução e o cabeçalho da resposta), truncate_left o início, para que a resposta "
+        "ainda seja treinada; drop descarta a linha quando o prompt sozinho preenche max_length (o que o TRL "
+        "faz). A pré-visualização conta cada caso."),
+    "preview.train": "{n} de {rows} linhas são treinadas",
+    "preview.reason.kept": "{n} mantidas inteiras",
+    "preview.reason.truncated": "{n} com a resposta cortada em max_length",
+    "preview.reason.prompt_cut": "{n} com o prompt encurtado para que a resposta seja treinada",
+    "preview.reason.dropped_long": "{n} descartadas: o prompt sozinho preenche max_length",
+    "preview.reason.dropped_empty": "{n} descartadas: vazias ou nulas",
+    "preview.legend.kept": "cabem",
+    "preview.legend.truncated": "resposta cortada",
+    "preview.legend.prompt_cut": "prompt encurtado",
+    "preview.legend.dropped_long": "descartadas",
+    "preview.packs": "empacotadas em {n} sequências de até {max_length} tokens",
+    "preview.refused": "Nada seria treinado",
+    "preview.row": "linha {n} · {tokens} tokens · {what}",
+    "data.upload_kept": "O conjunto de dados continua sendo {dataset}: Iniciar usará este, não o arquivo rejeitado.",
+    "fit.lengths_known": "Dimensionado para as linhas reais deste conjunto de dados (a mais longa tem {n} tokens).",
+    "fit.lengths_unknown": (
+        "Dimensionado como se toda linha chegasse a max_length: pré-visualize os dados para dimensionar "
+        "pelas linhas reais."),
 }
 
 FR: dict[str, str] = {
@@ -1487,6 +1533,31 @@ FR: dict[str, str] = {
     "history.message": "Message",
     "history.unreadable": "Les réglages de {name} ne peuvent pas être lus.",
     "history.yes": "oui",
+    "field.long_prompts": "Prompts trop longs",
+    "help.long_prompts": (
+        "Un prompt qui laisse à la réponse moins d'un quart de max_length : truncate_middle en coupe le milieu "
+        "(en gardant l'instruction et l'en-tête de la réponse), truncate_left le début, pour que la réponse soit "
+        "encore entraînée ; drop écarte la ligne quand le prompt seul remplit max_length (ce que fait TRL). La "
+        "prévisualisation compte chaque cas."),
+    "preview.train": "{n} lignes sur {rows} sont entraînées",
+    "preview.reason.kept": "{n} gardées entières",
+    "preview.reason.truncated": "{n} avec la réponse coupée à max_length",
+    "preview.reason.prompt_cut": "{n} avec le prompt raccourci pour que la réponse soit entraînée",
+    "preview.reason.dropped_long": "{n} écartées : le prompt seul remplit max_length",
+    "preview.reason.dropped_empty": "{n} écartées : vides ou nulles",
+    "preview.legend.kept": "tiennent",
+    "preview.legend.truncated": "réponse coupée",
+    "preview.legend.prompt_cut": "prompt raccourci",
+    "preview.legend.dropped_long": "écartées",
+    "preview.packs": "regroupées en {n} séquences d'au plus {max_length} tokens",
+    "preview.refused": "Rien ne serait entraîné",
+    "preview.row": "ligne {n} · {tokens} tokens · {what}",
+    "data.upload_kept": "Le jeu de données reste {dataset} : Démarrer utilise celui-ci, pas le fichier refusé.",
+    "fit.lengths_known": (
+        "Dimensionné pour les lignes réelles de ce jeu de données (la plus longue fait {n} tokens)."),
+    "fit.lengths_unknown": (
+        "Dimensionné comme si chaque ligne atteignait max_length : prévisualisez les données pour "
+        "dimensionner selon leurs lignes réelles."),
 }
 
 STRINGS: dict[str, dict[str, str]] = {"en": EN, "pt": PT, "fr": FR}

@@ -286,7 +286,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         # Leave one core to the web server and the browser: on 2 cores, a fully busy CPU made steps ~40x slower
         # whenever anything else ran. Measured cost for the demo alone: 3.4 s -> 3.7 s of training.
         torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
-    model = trainer = None
+    model = trainer = plan = None
     started = time.monotonic()
     from core import vram
 
@@ -294,12 +294,20 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
     try:
         from core import data, model as model_lib
 
+        # The data first: a broken file is reported as such before any model is looked up or downloaded.
+        with phase(emit, "tokenizing", f"Reading {cfg.dataset} [{cfg.dataset_split}]"):
+            raw, fmt = data.check_data(cfg)
         with phase(emit, "resolving", f"Finding {cfg.model}"):
             path = model_lib.resolve_model_path(cfg, emit)
             tokenizer = model_lib.load_tokenizer(cfg, path)
-        with phase(emit, "tokenizing", f"Loading and formatting {cfg.dataset} [{cfg.dataset_split}]"):
-            train_dataset, fmt = data.prepare_dataset(cfg, tokenizer)
-        emit(make_event("log", level="info", message=f"Dataset: {len(train_dataset)} rows, format {fmt}"))
+        with phase(emit, "tokenizing", f"Formatting and tokenizing {len(raw)} rows ({fmt})"):
+            plan = data.plan_rows(cfg, tokenizer, raw, fmt, n_examples=0)
+        emit(make_event("data", message=plan.describe(), **plan.to_dict()))
+        for line in [plan.describe(), *plan.notes]:
+            emit(make_event("log", level="info", message=line))
+        if plan.refusal():
+            raise data.DataError(plan.refusal())
+        train_dataset = plan.train_dataset()  # exactly the plan's training rows, already tokenized and cut
 
         what = "Loading and quantizing to 4-bit" if cfg.load_in_4bit else "Loading"
         with phase(emit, "loading_model", f"{what} {cfg.model}"):
@@ -335,6 +343,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
             "nvml_peak_gib": None,
             "trainable_params": trainable,
             "resumed_from": str(resume_ckpt) if resume_ckpt else None,
+            "data": plan.to_dict(),  # every row of the split, accounted for (core.data.plan_rows)
             "finished_at": datetime.now().isoformat(timespec="seconds"),
         }
         if summary["train_runtime_s"]:
@@ -373,6 +382,8 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
     emit(make_event("error", error_type=error_type, message=message))
     summary = {"status": "failed", "error_type": error_type, "message": message,
                "finished_at": datetime.now().isoformat(timespec="seconds")}
+    if plan is not None:
+        summary["data"] = plan.to_dict()
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     emit(make_event("done", status="failed", run_dir=str(run_dir), summary=summary, message=message))
     return RunResult("failed", str(run_dir), None, summary, message, error_type)

@@ -352,9 +352,13 @@ def test_split_errors(tmp_path):
 def test_preview_on_demo_set(tok):
     preview = data.preview_dataset(demo_config(max_length=22), tok, n=2)
     assert preview.format == "dolly" and preview.n_rows == 200 and preview.n_dropped == 0
-    assert len(preview.examples) == 2 and set(preview.examples[0]) == {"prompt", "completion"}
-    ex = preview.examples[0]
-    assert preview.token_lengths[0] == len(tok(ex["prompt"] + ex["completion"])["input_ids"])
+    # the first 2 rows, then the first row of each other outcome
+    assert [ex["row"] for ex in preview.examples[:2]] == [1, 2]
+    assert [ex["reason"] for ex in preview.examples[2:]] == [r for r in data.REASONS if r in preview.reasons
+                                                             and r not in {e["reason"] for e in preview.examples[:2]}]
+    assert set(preview.examples[1]) == {"row", "reason", "tokens", "trained_tokens", "prompt", "completion"}
+    ex = preview.examples[1]
+    assert ex["reason"] == "kept" and preview.token_lengths[1] == len(tok(ex["prompt"] + ex["completion"])["input_ids"])
     assert len(preview.token_lengths) == 200 and preview.max_length == 22
     assert preview.n_over_max == sum(n > 22 for n in preview.token_lengths)
     assert 0 < preview.n_over_max < 200
@@ -394,3 +398,254 @@ def test_trl_trains_on_the_completion_only(demo_dir, tok, tmp_path):
     trained = [i for i, label in zip(first["input_ids"], first["labels"]) if label != -100]
     assert tok.decode(trained) == rows[0]["completion"]
     assert first["input_ids"] == tok(rows[0]["prompt"] + rows[0]["completion"])["input_ids"]
+
+
+# --- every row accounted for: the plan, the preview, the run log, summary.json and the trainer agree ------------
+LONG = "word " * 30  # 30+ tokens of prompt: with max_length 32 the prompt alone fills it
+
+
+def mixed_rows() -> list[dict]:
+    """Short rows, prompt-too-long rows, rows with a long answer, null/empty rows and one huge row."""
+    rows = [{"instruction": f"Say {w}", "context": "", "response": f"{w} back"} for w in ("hi", "yo", "ok", "up")]
+    rows += [{"instruction": "Summarise", "context": LONG + str(i), "response": "done"} for i in range(3)]
+    rows += [{"instruction": "Tell more", "context": "", "response": "long " * 40}]
+    rows += [{"instruction": None, "context": "", "response": "x"},
+             {"instruction": "q", "context": "", "response": None},
+             {"instruction": "  ", "context": "", "response": "y"}]
+    rows += [{"instruction": "Huge", "context": "huge " * 4000, "response": "fine"}]
+    return rows
+
+
+def test_cut_row_keeps_truncates_cuts_or_drops():
+    ids = list(range(100))  # 80 prompt tokens + 20 answer tokens
+
+    def cut(n, prompt, max_length, mode, **kw):
+        reason, spans, n_prompt = data.cut_row(n, prompt, max_length, mode, **kw)
+        return reason, data.take(ids[:n], spans).tolist(), n_prompt
+
+    assert cut(30, 20, 32, "drop") == ("kept", ids[:30], 20)
+    assert cut(100, 20, 32, "drop") == ("truncated", ids[:32], 20)  # TRL's own cut: keep the start
+    assert cut(100, 80, 32, "drop") == ("dropped_long", [], 0)  # TRL would drop it (no label left)
+    reason, kept, n_prompt = cut(100, 80, 32, "truncate_middle")
+    assert reason == "prompt_cut" and len(kept) == 32 and n_prompt == 24  # the answer keeps 32 // 4 tokens
+    assert kept == ids[:12] + ids[68:80] + ids[80:88]  # prompt head + prompt tail (the answer header) + answer
+    reason, kept, n_prompt = cut(100, 80, 32, "truncate_left", keep_first=True)
+    assert kept == ids[:1] + ids[57:80] + ids[80:88] and n_prompt == 24  # BOS kept, the start of the prompt cut
+    assert cut(100, 80, 32, "truncate_left")[1] == ids[56:88]
+    # a short answer is kept whole; the prompt gives way
+    reason, kept, n_prompt = cut(83, 80, 32, "truncate_middle")
+    assert reason == "prompt_cut" and kept[-3:] == ids[80:83] and n_prompt == 29 and len(kept) == 32
+    assert cut(100, 0, 32, "drop") == ("truncated", ids[:32], 0)  # plain text: the start trains
+
+
+def test_plan_counts_each_row_once(tmp_path, tok):
+    path = write_jsonl(tmp_path / "mixed.jsonl", mixed_rows())
+    for mode, expected in (("truncate_middle", dict(kept=4, truncated=1, prompt_cut=4, dropped_long=0)),
+                           ("drop", dict(kept=4, truncated=1, prompt_cut=0, dropped_long=4))):
+        plan = data.plan_rows(TrainConfig(dataset=str(path), dataset_split="train", max_length=32,
+                                          long_prompts=mode), tok)
+        assert plan.counts == {**expected, "dropped_empty": 3}, mode
+        assert plan.n_source == 12 and sum(plan.counts.values()) == 12 and plan.n_train == len(plan.input_ids)
+        assert all(len(ids) <= 32 and len(ids) == len(lab) for ids, lab in zip(plan.input_ids, plan.labels))
+        assert all(any(x != -100 for x in lab) for lab in plan.labels)  # every training row has answer tokens
+        assert str(path) in plan.describe() and "3 dropped: empty or null" in plan.describe()
+        assert "row 12" in plan.notes[0] and "tokens" in plan.notes[0]
+
+
+def test_preview_sends_a_bounded_text_per_row(tmp_path, tok):
+    rows = [{"instruction": "Huge", "context": "", "response": "é" * 9000}, DOLLY]
+    path = write_jsonl(tmp_path / "huge.jsonl", rows)
+    plan = data.preview_dataset(TrainConfig(dataset=str(path), dataset_split="train", max_length=131072), tok)
+    huge = plan.examples[0]
+    assert huge["row"] == 1 and huge["reason"] == "kept" and len(huge["completion"]) < 2 * data.PREVIEW_CHARS + 100
+    assert huge["note"] == f"row 1 is {huge['tokens']:,} tokens; showing the first and last 2,000 characters"
+    assert "note" not in plan.examples[1]
+
+
+def test_nothing_to_train_is_explained_with_the_max_length_that_fits(tmp_path, tok):
+    path = write_jsonl(tmp_path / "long.jsonl", [{"instruction": "Summarise", "context": LONG * (1 + i % 3),
+                                                  "response": "ok"} for i in range(10)])
+    plan = data.plan_rows(TrainConfig(dataset=str(path), dataset_split="train", max_length=32, long_prompts="drop"),
+                          tok)
+    fit = data.suggest_max_length(plan.lengths)
+    assert plan.n_train == 0 and fit % 16 == 0 and sum(n <= fit for n in plan.lengths) >= 9
+    msg = plan.refusal()
+    assert f"Raise max_length to {fit}, which fits " in msg and "long_prompts to truncate_middle" in msg
+    assert "all 10 non-empty rows" in msg and str(path) in msg
+    assert data.plan_rows(TrainConfig(dataset=str(path), dataset_split="train", max_length=32), tok).n_train == 10
+
+
+def test_run_trains_exactly_the_planned_rows_and_reports_the_counts(tmp_path, demo_model_path, capsys):
+    from transformers import TrainerCallback
+
+    from core.events import read_events
+    from core.train import console_sink, run_training
+
+    class Seen(TrainerCallback):
+        def on_train_begin(self, args, state, control, train_dataloader=None, **kw):
+            self.rows = [list(r["input_ids"]) for r in train_dataloader.dataset]
+
+    path = write_jsonl(tmp_path / "mixed.jsonl", mixed_rows())
+    for packing in (False, True):
+        cfg = demo_config(dataset=str(path), max_length=32, max_steps=2, output_dir=str(tmp_path / "runs"),
+                          packing=packing, run_name=f"mixed-{packing}")
+        plan = data.preview_dataset(cfg, AutoTokenizerOf(demo_model_path))
+        seen = Seen()
+        result = run_training(cfg, console_sink, callbacks=[seen])
+        assert result.status == "completed", result.message
+        counts = plan.to_dict()
+        assert counts["train_rows"] == 9 and counts["prompt_cut"] == 4 and counts["dropped_empty"] == 3
+        events = read_events(Path(result.run_dir) / "events.jsonl")
+        (event,) = [e for e in events if e["kind"] == "data"]
+        assert {k: event[k] for k in counts} == counts
+        summary = json.loads((Path(result.run_dir) / "summary.json").read_text())
+        assert summary["data"] == counts == result.summary["data"]
+        assert plan.describe() in capsys.readouterr().err  # the CLI prints the same line
+        if packing:
+            assert len(seen.rows) == plan.n_packs and sum(map(len, seen.rows)) == sum(map(len, plan.input_ids))
+        else:
+            planned = sorted(ids.tolist() for ids in plan.input_ids)
+            assert sorted(seen.rows) == planned  # the trainer's rows are the plan's, token for token
+
+
+def AutoTokenizerOf(path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def test_run_refuses_before_loading_the_model_when_nothing_would_train(tmp_path, demo_model_path):
+    from core.train import run_training
+
+    path = write_jsonl(tmp_path / "long.jsonl", [{"instruction": "Summarise", "context": LONG, "response": "ok"}] * 4)
+    events: list = []
+    cfg = demo_config(dataset=str(path), max_length=32, long_prompts="drop", output_dir=str(tmp_path / "runs"))
+    result = run_training(cfg, events.append)
+    assert result.status == "failed" and result.error_type == "data"
+    fit = data.suggest_max_length([len(AutoTokenizerOf(demo_model_path)(
+        data.default_prompt("Summarise", LONG) + "ok</s>")["input_ids"])])
+    assert f"Raise max_length to {fit}" in result.message and "truncate_middle" in result.message
+    assert "loading_model" not in {e.get("phase") for e in events}
+    assert result.summary["data"]["dropped_long"] == 4
+
+
+def test_data_is_checked_before_the_model_is_looked_up(tmp_path):
+    from core.train import run_training
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"instruction": "a", "response": "b"}\n{"instruction": "cut off\n', encoding="utf-8")
+    events: list = []
+    cfg = demo_config(model="nobody-has/this-model-cached", dataset=str(bad), output_dir=str(tmp_path / "runs"))
+    result = run_training(cfg, events.append)
+    assert result.error_type == "data", result.message
+    assert "line 2 is not valid JSON" in result.message and "ends inside a string" in result.message
+    assert "resolving" not in {e.get("phase") for e in events}
+
+
+def test_cli_refuses_an_all_too_long_file_fast(tmp_path):
+    path = write_jsonl(tmp_path / "long.jsonl", [{"instruction": "Summarise", "context": LONG, "response": "ok"}] * 4)
+    env = {**os.environ, "MEMTUNE_HOME": str(tmp_path / "home")}
+    out = subprocess.run([sys.executable, "-m", "core.train", "--demo", "--set", f"dataset={path}", "--set",
+                          "max_length=32", "--set", "long_prompts=drop", "--set", f"output_dir={tmp_path / 'runs'}"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "Raise max_length to" in out.stderr
+
+
+# --- messages --------------------------------------------------------------------------------------------
+def test_bad_json_shows_the_failing_column_and_a_line_cut_inside_a_string(tmp_path):
+    path = tmp_path / "cut.jsonl"
+    path.write_text('{"instruction": "a", "response": "b"}\n{"instruction": "' + "x" * 150 + '\tz", "response": "q"}\n'
+                    '{"instruction": "never closed\n', encoding="utf-8")
+    msg = error_of(data.load_raw, str(path), "train")
+    assert "line 2 is not valid JSON (Invalid control character at column 168)" in msg
+    assert "xxx>>>\\tz" in msg  # the text around column 168, not the line's first 80 characters
+    path.write_text('{"instruction": "a", "response": "b"}\n{"instruction": "never closed\n', encoding="utf-8")
+    msg = error_of(data.load_raw, str(path), "train")
+    assert "line 2" in msg and "ends inside a string" in msg and str(path) in msg
+
+
+def test_wrong_columns_and_row_errors_name_the_file(tmp_path, tok):
+    path = write_jsonl(tmp_path / "qa.jsonl", [{"question": "q", "answer": "a"}])
+    msg = error_of(data.check_data, TrainConfig(dataset=str(path), dataset_split="train"))
+    assert msg.startswith(f"{path}: The data has columns")
+    path = write_jsonl(tmp_path / "who.jsonl", [{"conversations": [{"from": "bot", "value": "x"}]}])
+    msg = error_of(data.plan_rows, TrainConfig(dataset=str(path), dataset_split="train"), tok)
+    assert str(path) in msg and "unknown speaker" in msg
+
+
+# --- the page: preview, upload, fit ----------------------------------------------------------------------
+def widget_values(cfg):
+    from ui.fields import FIELD_NAMES, to_values
+
+    v = to_values(cfg)
+    return [v[n] for n in FIELD_NAMES]
+
+
+def test_preview_checks_the_file_before_the_tokenizer(tmp_path):
+    from ui import blocks
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n", encoding="utf-8")
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(b"instruction,response\ncaf\xe9,x\n")
+    for path, expected in ((empty, "is empty"), (latin, "not UTF-8")):
+        cfg = TrainConfig(model="nobody-has/this-model-cached", dataset=str(path), dataset_split="train")
+        html = blocks.on_preview("en", *widget_values(cfg))
+        assert "The data cannot be used as it is" in html and expected in html and str(path) in html
+        assert "tokenizer could not be loaded" not in html
+
+
+def test_preview_shows_the_plans_counts_and_a_bounded_page(tmp_path, demo_model_path):
+    from ui import blocks
+
+    path = write_jsonl(tmp_path / "mixed.jsonl", mixed_rows() + [{"instruction": "Huge", "context": "",
+                                                                  "response": "z" * 50_000}])
+    cfg = demo_config(dataset=str(path), max_length=32)
+    html = blocks.on_preview("en", *widget_values(cfg))
+    assert "9 of 13 rows train" not in html and "10 of 13 rows train" in html
+    for text in ("4 kept whole", "2 answer cut at max_length", "4 prompt shortened so the answer trains",
+                 "3 dropped: empty or null", "max_length 32", 'data-reason="prompt_cut"'):
+        assert text in html, text
+    for share in ("<b>40%</b> fit", "<b>20%</b> answer cut", "<b>40%</b> prompt shortened"):  # of 10 non-empty rows
+        assert share in html, share
+    assert len(html) < 40_000  # the 50,000-character row is not sent whole
+    assert "Nothing would train" not in html
+    long = write_jsonl(tmp_path / "long.jsonl", [{"instruction": "Summarise", "context": LONG, "response": "ok"}] * 3)
+    html = blocks.on_preview("en", *widget_values(cfg.replace(dataset=str(long), long_prompts="drop")))
+    assert "0 of 3 rows train" in html and "3 dropped: the prompt alone fills max_length" in html
+    assert "Nothing would train" in html and "Raise max_length to 64" in html and "<b>100%</b> dropped" in html
+
+
+def test_a_rejected_upload_keeps_the_previous_dataset(tmp_path, monkeypatch, demo_model_path):
+    from ui import blocks
+    from ui.fields import FIELD_NAMES
+
+    monkeypatch.setenv("MEMTUNE_HOME", str(tmp_path / "home"))
+    good = tmp_path / "in" / "rows.jsonl"
+    good.parent.mkdir()
+    write_jsonl(good, [DOLLY] * 3)
+    out = blocks.on_upload("en", str(good), *widget_values(demo_config()))
+    stored = out[FIELD_NAMES.index("dataset")]
+    assert Path(stored).name == "rows.jsonl" and "Format: dolly" in out[-1]
+    broken = tmp_path / "again" / "rows.jsonl"  # same name, broken: must not replace the stored good file
+    broken.parent.mkdir()
+    broken.write_text('{"instruction": "a", "response": "b"}\n{"instruction": "cut\n', encoding="utf-8")
+    out = blocks.on_upload("en", str(broken), *widget_values(demo_config(dataset=stored)))
+    skip = blocks.gr.skip()
+    assert all(o == skip for o in out[:-1])  # no field changes: the dataset stays the previous one
+    assert "Upload not used" in out[-1] and f"The dataset stays {stored}" in out[-1] and "rows.jsonl" in out[-1]
+    assert "line 2 is not valid JSON" in out[-1]
+    assert len(data.load_raw(stored, "train")) == 3  # the earlier upload is intact
+
+
+def test_fit_uses_the_previewed_lengths_and_says_so(tmp_path, demo_model_path):
+    from ui import blocks
+
+    cfg = demo_config(dataset=str(write_jsonl(tmp_path / "short.jsonl", [DOLLY] * 4)), max_length=2048)
+    assert "as if every row reached max_length" in blocks.on_fit("en", 8, *widget_values(cfg))[-1]
+    peak_before, _ = blocks.prediction(cfg)
+    blocks.on_preview("en", *widget_values(cfg))
+    longest = data.known_longest_row(cfg)
+    assert longest and longest < 64
+    assert f"real rows (the longest is {longest} tokens)" in blocks.on_fit("en", 8, *widget_values(cfg))[-1]
+    assert blocks.prediction(cfg)[0] < peak_before

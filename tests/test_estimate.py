@@ -363,3 +363,35 @@ def test_cli_as_a_module():
                          text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["total_gib"] == pytest.approx(estimate(SEED, L8B).total_gib, abs=0.01)
+
+
+def test_cli_accepts_a_preset_like_core_train(capsys):
+    from core.config import Hardware
+
+    assert main(["--json", "--preset", "lowest_memory"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    expected = estimate(apply_preset(SEED, "lowest_memory", Hardware.detect()), L8B)
+    assert out["total_gib"] == pytest.approx(expected.total_gib, abs=0.001)
+    assert out["total_gib"] < estimate(SEED, L8B).total_gib
+    with pytest.raises(SystemExit):  # argparse refuses an unknown preset
+        main(["--preset", "no_such_preset"])
+
+
+def test_the_output_says_which_length_assumption_it_used(demo_model_path, capsys):
+    from core import data
+    from core.config import demo_config
+
+    base = ["--set", f"model={DEMO_MODEL}", "--set", "dataset=memtune/demo", "--set", "dataset_split=train",
+            "--set", "per_device_train_batch_size=8", "--set", "max_length=256", "--json"]
+    assert main(base) == 0
+    assumed = json.loads(capsys.readouterr().out)
+    assert assumed["tokens_per_micro_batch"] == 8 * 256 and "assumes every micro-batch is 8 x max_length 256" in \
+        assumed["notes"][0]
+    assert main(base + ["--data"]) == 0
+    measured = json.loads(capsys.readouterr().out)
+    from transformers import AutoTokenizer
+
+    longest = data.plan_rows(demo_config(max_length=256), AutoTokenizer.from_pretrained(demo_model_path)).longest_row
+    assert 10 < longest < 256 and measured["tokens_per_micro_batch"] == 8 * longest
+    assert f"sized for the dataset's real rows: micro-batches of 8 x {longest} tokens" in measured["notes"][0]
+    assert measured["total_gib"] < assumed["total_gib"]

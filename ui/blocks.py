@@ -46,9 +46,9 @@ GOVERNS = {  # checklist item -> the non-checkbox fields it governs, shown besid
     "short_max_length": ["max_length"], "small_batches": ["per_device_train_batch_size"],
 }
 BEYOND = ["packing", "upcast_to_fp32", "offload_embeddings", "attention", "expandable_segments", "use_liger_kernel"]
-PLACED = ["model", "dataset", "dataset_split", "dataset_format", "lora_r", "lora_alpha", "lora_dropout",
-          "lora_target_modules", "learning_rate", "num_train_epochs", "max_steps", "save_strategy", "save_steps",
-          "output_dir", "run_name"]
+PLACED = ["model", "dataset", "dataset_split", "dataset_format", "long_prompts", "lora_r", "lora_alpha",
+          "lora_dropout", "lora_target_modules", "learning_rate", "num_train_epochs", "max_steps", "save_strategy",
+          "save_steps", "output_dir", "run_name"]
 FIT_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "gradient_checkpointing",
               "optim")  # what core.estimate.fit_to_gpu may change
 CUSTOM = "custom"
@@ -117,12 +117,21 @@ def read_config(values) -> tuple[TrainConfig | None, list[Problem]]:
     return cfg, validate(cfg, hardware())
 
 
+def row_tokens(cfg: TrainConfig) -> int | None:
+    """The dataset's longest row in tokens when the preview has measured it (estimates then use it), else None."""
+    from core.data import known_longest_row
+
+    return None if cfg.packing else known_longest_row(cfg)
+
+
 def prediction(cfg: TrainConfig) -> tuple[float | None, dict[str, float]]:
     """Predicted peak GPU memory (GiB, NVML) and the GiB each checklist item saves here; advice only."""
     try:
         from core.estimate import estimate, savings
 
-        return estimate(cfg).nvml_peak / 2**30, {s.key: s.saved_gib for s in savings(cfg)}
+        rows = row_tokens(cfg)
+        return (estimate(cfg, max_row_tokens=rows).nvml_peak / 2**30,
+                {s.key: s.saved_gib for s in savings(cfg, max_row_tokens=rows)})
     except Exception:  # unknown model shape, estimator missing: the page works without a prediction
         return None, {}
 
@@ -134,7 +143,7 @@ def predicted_peaks(cfg: TrainConfig | None) -> dict[str, float] | None:
     try:
         from core.estimate import estimate
 
-        est = estimate(cfg)
+        est = estimate(cfg, max_row_tokens=row_tokens(cfg))
     except Exception:  # noqa: BLE001 - a model the estimator does not know: no prediction shown
         return None
     return {"allocated": est.peak_allocated_gib, "reserved": est.peak_reserved_gib, "nvml": est.total_gib}
@@ -258,10 +267,12 @@ def on_fit(lang: str, budget: float | None, *values):
         return skip_form() + [render.message_html(msg, "warn", "mt-fit-note")]
     shown = render.num(gib, 0 if float(gib).is_integer() else 1, lang)
     where = t("fit.gpu_free" if real else "fit.hypothetical", lang, gib=shown)
+    rows = row_tokens(cfg)
+    sized = "\n" + (t("fit.lengths_known", lang, n=f"{rows:,}") if rows else t("fit.lengths_unknown", lang))
     try:
-        new, est = fit_to_gpu(cfg, int(gib * 2**30))
+        new, est = fit_to_gpu(cfg, int(gib * 2**30), max_row_tokens=rows)
     except FitError as exc:
-        msg = t("fit.failed", lang, where=where) + "\n" + str(exc)
+        msg = t("fit.failed", lang, where=where) + "\n" + str(exc) + sized
         gr.Warning(t("fit.failed", lang, where=where))
         return skip_form() + [render.message_html(msg, "error", "mt-fit-note")]
     except (ShapeError, ValueError, OSError) as exc:
@@ -271,10 +282,10 @@ def on_fit(lang: str, budget: float | None, *values):
     changes = describe_changes(cfg, new, lang)
     peak = render.num(est.total_gib, 1, lang)
     if not changes:
-        note = render.message_html(t("fit.unchanged", lang, gib=peak, where=where), "ok", "mt-fit-note")
+        note = render.message_html(t("fit.unchanged", lang, gib=peak, where=where) + sized, "ok", "mt-fit-note")
     else:
         note = render.message_html(t("fit.changed", lang, gib=peak, where=where) + "\n" + "\n".join(
-            f"• {c}" for c in changes), "ok", "mt-fit-note")
+            f"• {c}" for c in changes) + sized, "ok", "mt-fit-note")
     return apply_config(new, lang) + [note]
 
 
@@ -362,19 +373,28 @@ def _tokenizer(model: str, trust_remote_code: bool):
 
 
 def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
-    """Formatted examples + token-length histogram, or the engine's message in place."""
-    from core.data import DataError, preview_dataset
+    """The data plan (counts per outcome, histogram, rows as they train), or the engine's message in place.
+
+    The file is read and checked first, without a tokenizer: an empty, non-UTF-8 or malformed file is reported
+    as such even when the model's tokenizer cannot be loaded."""
+    from core.data import DataError, check_data, plan_rows
     from core.model import ModelError
 
+    try:
+        raw, fmt = check_data(cfg)
+    except DataError as exc:
+        return render.error_box(t("preview.data_error", lang), str(exc))
+    except Exception as exc:  # noqa: BLE001 - keep the page alive whatever the data holds
+        return render.error_box(t("preview.read_error", lang), f"{type(exc).__name__}: {exc}")
     try:
         tokenizer = _tokenizer(cfg.model, cfg.trust_remote_code)
     except (ModelError, OSError, ValueError) as exc:
         return render.error_box(t("preview.tokenizer_error", lang), str(exc))
     try:
-        return render.preview_html(preview_dataset(cfg, tokenizer, n=3), lang)
+        return render.preview_html(plan_rows(cfg, tokenizer, raw, fmt, n_examples=3), lang)
     except DataError as exc:
         return render.error_box(t("preview.data_error", lang), str(exc))
-    except Exception as exc:  # noqa: BLE001 - keep the page alive whatever the data holds
+    except Exception as exc:  # noqa: BLE001
         return render.error_box(t("preview.read_error", lang), f"{type(exc).__name__}: {exc}")
 
 
@@ -397,15 +417,27 @@ def store_upload(file_path: str) -> Path:
 
 
 def on_upload(lang: str, file_path, *values):
+    """Use an uploaded data file, or, when it is unusable, say why and keep the dataset that was selected."""
     if not file_path:
         return skip_form() + [gr.skip()]
+    from core.data import DataError, check_data
+
+    previous = values_dict(values).get("dataset") or ""
+
+    def rejected(msg: str) -> list[Any]:
+        kept = t("data.upload_kept", lang, dataset=previous)
+        return skip_form() + [render.error_box(t("data.upload_not_used", lang), f"{msg}\n\n{kept}")]
+
     if Path(file_path).suffix.lower() not in DATA_TYPES:
-        msg = t("data.bad_type", lang, name=Path(file_path).name, types=", ".join(DATA_TYPES))
-        return skip_form() + [render.error_box(t("data.upload_not_used", lang), msg)]
+        return rejected(t("data.bad_type", lang, name=Path(file_path).name, types=", ".join(DATA_TYPES)))
+    try:  # checked where Gradio put it, before it is copied over an earlier upload of the same name
+        check_data(TrainConfig(dataset=str(file_path), dataset_split="train", dataset_format="auto"))
+    except DataError as exc:
+        return rejected(str(exc).replace(str(file_path), Path(file_path).name))
     try:
         dest = store_upload(file_path)
     except (OSError, ValueError) as exc:
-        return skip_form() + [render.error_box(t("data.upload_not_used", lang), str(exc))]
+        return rejected(str(exc))
     vals = values_dict(values)
     vals.update(dataset=str(dest), dataset_split="train", dataset_format="auto")
     cfg, problems = collect(vals)
@@ -564,6 +596,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                                     w("dataset", choices=dataset_choices(cfg0.dataset), scale=3)
                                     w("dataset_split", scale=1)
                                     w("dataset_format", scale=1)
+                                    w("long_prompts", scale=1)
                                 types = ", ".join(DATA_TYPES)
                                 upload = tr.add(gr.File(label=t("data.upload", lang0, types=types),
                                                         file_types=DATA_TYPES, type="filepath", elem_id="data-upload",

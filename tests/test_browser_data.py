@@ -1,0 +1,36 @@
+"""The data tab in a real browser: a rejected upload leaves the previous dataset selected and says so."""
+
+import json
+
+# The same app (python app.py on a free port, offline, its own MEMTUNE_HOME) and chromium set-up as the main browser
+# tests; importing them also skips this module, with the reason, where chromium or Playwright is missing.
+from tests.test_browser import browser, page, server  # noqa: F401 - pytest fixtures
+
+
+def dataset_value(pg) -> str:
+    return pg.locator("#field-dataset input").input_value()
+
+
+def test_a_broken_upload_leaves_the_previous_dataset_selected(page, tmp_path):
+    page.click("#preset-demo")  # the demo: a model whose tokenizer is on this machine
+    page.wait_for_function("document.querySelector('#field-dataset input').value === 'memtune/demo'")
+    good = tmp_path / "good" / "pairs.jsonl"
+    good.parent.mkdir()
+    good.write_text("".join(json.dumps({"instruction": f"Say {w}", "response": w}) + "\n" for w in ("a", "b", "c")),
+                    encoding="utf-8")
+    page.set_input_files("#data-upload input[type=file]", str(good))
+    page.wait_for_function("document.querySelector('#field-dataset input').value.endsWith('pairs.jsonl')")
+    page.wait_for_selector("#mt-preview")
+    chosen = dataset_value(page)
+    assert "3 of 3 rows train" in page.locator("#mt-preview").inner_text()
+
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"instruction": "a", "response": "b"}\n{"instruction": "cut off\n', encoding="utf-8")
+    page.click("#data-upload button[aria-label=Clear]")  # the upload box holds the first file until cleared
+    page.set_input_files("#data-upload input[type=file]", str(broken))
+    page.wait_for_selector("#mt-data-error")
+    notice = page.locator("#mt-data-error").inner_text()
+    assert "Upload not used" in notice and "line 2 is not valid JSON" in notice and "broken.jsonl" in notice
+    assert f"The dataset stays {chosen}" in notice
+    assert dataset_value(page) == chosen  # still the earlier upload, which Start would use
+    assert not page.errors, page.errors
