@@ -286,13 +286,12 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
         return out
     except ModelError as exc:
         raise ExportError(str(exc)) from None
-    except OSError as exc:
+    except Exception as exc:
+        import torch
+
         message = storage_message(exc, out.parent)
         if message:  # disk full while saving: the temporary folder goes (finally), an earlier merge stays
             raise ExportError(message) from None
-        raise
-    except Exception as exc:
-        import torch
 
         if isinstance(exc, torch.OutOfMemoryError) or isinstance(exc, MemoryError):
             raise ExportError("Ran out of memory while merging. Stop any training run, close other programs, "

@@ -16,6 +16,7 @@ import errno
 import gc
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -70,16 +71,27 @@ def require_marker(folder: str | Path, kinds: str | Iterable[str], action: str) 
     path = real(folder)
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
     if not has_marker(path, kinds):
-        what = " or ".join(kinds)
-        raise RefusedError(f"{path} was not made by memtune (it has no {MARKER} marker of a {what} folder), so "
-                           f"memtune will not {action} it. Choose a folder memtune created, or a new folder.")
+        what, found = " or ".join(kinds), marker(path)
+        why = (f"is memtune's {found['kind']} folder, not a {what} folder" if found else
+               f"was not made by memtune (it has no {MARKER} marker)")
+        raise RefusedError(f"{path} {why}, so memtune will not {action} it. Choose a folder memtune made for "
+                           "this, or a new folder.")
     return path
 
 
 # --- writing ---------------------------------------------------------------------------------------------------
-def storage_message(exc: OSError, folder: str | Path) -> str | None:
-    """A plain sentence for the OSErrors a user can fix, naming the folder; None for anything else."""
-    code = getattr(exc, "errno", None)
+def _errno(exc: BaseException) -> int | None:
+    """The OS error number of an OSError, or of a library error that wraps one in its text (safetensors writes
+    through Rust and raises SafetensorError("... No space left on device (os error 28)"))."""
+    if isinstance(exc, OSError):
+        return exc.errno
+    found = re.search(r"\(os error (\d+)\)", str(exc))
+    return int(found.group(1)) if found else None
+
+
+def storage_message(exc: BaseException, folder: str | Path) -> str | None:
+    """A plain sentence for the write errors a user can fix, naming the folder; None for anything else."""
+    code = _errno(exc)
     if code in (errno.ENOSPC, errno.EDQUOT):
         return f"No space left in {folder}: free some disk space (or choose another output folder) and try again."
     if code == errno.EROFS:
@@ -89,10 +101,10 @@ def storage_message(exc: OSError, folder: str | Path) -> str | None:
     return None
 
 
-def storage_error(exc: OSError, folder: str | Path) -> OSError:
+def storage_error(exc: BaseException, folder: str | Path) -> BaseException:
     """StorageError with the plain message when there is one, else the original error."""
     message = storage_message(exc, folder)
-    return StorageError(getattr(exc, "errno", None) or 0, message) if message else exc
+    return StorageError(_errno(exc) or 0, message) if message else exc
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:

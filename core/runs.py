@@ -216,8 +216,11 @@ def save_adapter(model, tokenizer, cfg: "TrainConfig", run_dir: Path, summary: d
         summary["adapter_bytes"] = dir_size(tmp)
         atomic_write_text(tmp / "summary.json", json.dumps(summary, indent=2))
         return move_into_place(tmp, final)
-    except OSError as exc:
-        raise storage_error(exc, run_dir) from None
+    except Exception as exc:  # safetensors reports a full disk as its own error type
+        error = storage_error(exc, run_dir)
+        if error is exc:
+            raise
+        raise error from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
