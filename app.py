@@ -5,6 +5,9 @@
     python app.py --host 0.0.0.0 --auth me:secret   # reachable from the network: a password is required
     MEMTUNE_AUTH=me:secret python app.py --share    # public gradio.live link: a password is required
 
+Prefer MEMTUNE_AUTH to --auth: a command-line argument is visible to every user of the machine in `ps`, an
+environment variable is not. A wrong login waits a second before the answer, to slow down guessing.
+
 Listening on anything but loopback, or a share link, without --auth (or MEMTUNE_AUTH) is refused: the page can
 start training jobs and write files. On a Hugging Face Space (SPACE_ID set) the Space's own front end is the
 exposure, so the app listens on 0.0.0.0 there as Spaces require.
@@ -43,9 +46,31 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
     if text is None or text == "":
         return None
     user, sep, password = text.partition(":")
-    if not sep or not user.strip() or not password:
-        raise ValueError("--auth / MEMTUNE_AUTH must look like user:password (both non-empty)")
+    if not sep or not user.strip() or not password.strip():
+        raise ValueError("--auth / MEMTUNE_AUTH must look like user:password (both non-empty, the password not "
+                         "just spaces)")
     return user.strip(), password
+
+
+FAILED_LOGIN_DELAY_S = 1.0  # slows password guessing to about one try per second per connection
+
+
+def auth_check(auth: tuple[str, str], delay_s: float = FAILED_LOGIN_DELAY_S):
+    """Gradio's login callback: constant-time comparison, and a pause after a wrong guess (without blocking the
+    server: Gradio awaits a coroutine function)."""
+    import asyncio
+    import hmac
+
+    user, password = auth
+
+    async def check(username: str, typed: str) -> bool:
+        ok = hmac.compare_digest(username.encode(), user.encode()) & hmac.compare_digest(typed.encode(),
+                                                                                         password.encode())
+        if not ok:
+            await asyncio.sleep(delay_s)
+        return bool(ok)
+
+    return check
 
 
 def exposure_problem(host: str, share: bool, auth: tuple[str, str] | None, space: bool = False) -> str | None:
@@ -91,6 +116,19 @@ def warm_demo_model() -> None:
     threading.Thread(target=build, name="memtune-demo-warmup", daemon=True).start()
 
 
+def tidy_runs() -> None:
+    """Finish or undo what a crash left in the default output folder (an adapter replace cut in half, temp
+    folders): only in folders carrying memtune's marker. Runs before any job can start."""
+    try:
+        from core.config import TrainConfig
+        from core.history import tidy
+
+        for line in tidy(TrainConfig().output_dir):  # a run written to recently (e.g. a CLI run) is left alone
+            print(f"memtune: {line}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - tidying is a courtesy; never stop the app for it
+        print(f"memtune: could not tidy the runs folder ({exc})", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -105,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ui import CSS, build_ui, make_theme
 
+    tidy_runs()
     warm_demo_model()
     demo = build_ui()
     demo.queue(default_concurrency_limit=1)
@@ -112,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         server_name=args.host,
         server_port=args.port,
         share=args.share,
-        auth=auth,
+        auth=auth_check(auth) if auth else None,
         auth_message="memtune: log in with the user:password given to --auth / MEMTUNE_AUTH." if auth else None,
         theme=make_theme(),
         css=CSS,
