@@ -397,3 +397,24 @@ def test_config_error_names_the_refused_resume_folder(tmp_path):
         from core.config import check
 
         check(demo_config(resume_from=str(v)))
+
+
+# --- login -----------------------------------------------------------------------------------------------------
+def test_auth_refuses_blank_passwords_and_pauses_after_a_wrong_login(monkeypatch):
+    import asyncio
+
+    import app
+
+    for bad in ("me:", "me:   ", ":pw", "me"):
+        with pytest.raises(ValueError):
+            app.parse_auth(bad)
+    pauses = []
+
+    async def sleep(seconds):
+        pauses.append(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    check = app.auth_check(("me", "s3cret:x"))
+    assert asyncio.run(check("me", "s3cret:x")) is True and pauses == []
+    assert asyncio.run(check("me", "wrong")) is False and pauses == [app.FAILED_LOGIN_DELAY_S]
+    assert asyncio.run(check("you", "s3cret:x")) is False and len(pauses) == 2
