@@ -380,6 +380,9 @@ def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
     if cfg.use_liger_kernel and (device != "cuda" or not hw.liger):
         bad("use_liger_kernel", "liger kernels need a CUDA GPU and the liger-kernel package",
             "turn it off, or pip install liger-kernel on a CUDA machine")
+    from core.public import public_problems
+
+    p.extend(public_problems(cfg))  # public mode: no local paths, no remote code, runs in the app's folder
     if cfg.lora_alpha and cfg.lora_r and cfg.lora_alpha / cfg.lora_r > 16:
         bad("lora_alpha", f"alpha/r = {cfg.lora_alpha / cfg.lora_r:g} scales updates very strongly",
             "keep lora_alpha at 1-4x lora_r")
