@@ -418,3 +418,105 @@ def test_auth_refuses_blank_passwords_and_pauses_after_a_wrong_login(monkeypatch
     assert asyncio.run(check("me", "s3cret:x")) is True and pauses == []
     assert asyncio.run(check("me", "wrong")) is False and pauses == [app.FAILED_LOGIN_DELAY_S]
     assert asyncio.run(check("you", "s3cret:x")) is False and len(pauses) == 2
+
+
+# --- trust_remote_code needs the user's own tick ---------------------------------------------------------------------
+def _form(res):
+    from ui.fields import FIELD_NAMES, collect
+
+    cfg, problems = collect(dict(zip(FIELD_NAMES, res[:len(FIELD_NAMES)])))
+    assert cfg is not None, problems
+    return cfg
+
+
+def test_a_loaded_config_never_turns_trust_remote_code_on_by_itself(run, tmp_path, monkeypatch):
+    from core.jobs import JobManager
+    from ui import after, blocks
+
+    monkeypatch.setenv("MEMTUNE_CONFIG_DIR", str(tmp_path / "configs"))
+    demo_config(trust_remote_code=True).save(tmp_path / "configs" / "remote.yaml")
+    res = blocks.on_load_config("en", "remote")
+    assert _form(res).trust_remote_code is False and "trust_remote_code" in res[-1] and "OFF" in res[-1]
+
+    mine = copy_run(run, tmp_path / "mine")
+    cfg = demo_config(output_dir=str(tmp_path), run_name="mine", max_steps=4, trust_remote_code=True)
+    cfg.save(mine / "config.yaml")
+    res = after.on_history_load("en", str(mine))
+    assert _form(res).trust_remote_code is False and "OFF" in res[-2]
+    manager = JobManager()
+    monkeypatch.setattr(after, "MANAGER", manager)
+    res = after.on_history_resume("fr", str(mine))
+    assert manager.current() is None  # nothing started: the user confirms by ticking, then presses Start
+    form = _form(res)
+    assert form.trust_remote_code is False and form.resume_from == str(mine) and "DÉSACTIVÉ" in res[-2]
+
+
+# --- public mode -----------------------------------------------------------------------------------------------------
+@pytest.fixture
+def public(monkeypatch, tmp_path):
+    root = tmp_path / "app-runs"
+    root.mkdir()
+    monkeypatch.setenv("MEMTUNE_PUBLIC", "1")
+    monkeypatch.setenv("MEMTUNE_PUBLIC_RUNS", str(root))
+    return root
+
+
+def test_public_mode_reads_no_server_path_a_visitor_types(public, run, tmp_path, demo_model_path):
+    from core.data import DataError, load_raw
+    from core.model import ModelError, load_tokenizer
+    from core.public import upload_root
+
+    secret = victim(tmp_path, "secret")
+    bad = demo_config(dataset=str(secret / "config.yaml"), output_dir=str(tmp_path), trust_remote_code=True)
+    fields = {p.field for p in validate(bad)}
+    assert {"dataset", "output_dir", "trust_remote_code"} <= fields
+    assert [p.field for p in validate(demo_config(model=str(demo_model_path), output_dir=str(public)))] == ["model"]
+    assert validate(demo_config(output_dir=str(public))) == []  # the demo, the app's own folder: fine
+    assert validate(demo_config(output_dir=str(public / ".." / "app-runs" / "sub"))) == []
+    with pytest.raises(DataError, match="path on the server"):
+        load_raw(str(secret / "config.yaml"))
+    with pytest.raises(DataError, match="path on the server"):
+        load_raw("../../etc/passwd")
+    with pytest.raises(ModelError, match="path on the server"):
+        load_tokenizer(demo_config(model=str(demo_model_path)))  # what Preview calls
+    with pytest.raises(ModelError, match="trust_remote_code is not available"):
+        load_tokenizer(demo_config(trust_remote_code=True))
+    from core.public import dataset_problem
+
+    assert dataset_problem(str(upload_root() / "mine.jsonl")) is None  # uploads are the way in
+
+
+def test_public_history_and_export_act_only_inside_the_apps_folder(public, run, tmp_path, monkeypatch):
+    from core.jobs import JobManager
+    from ui import after, blocks
+
+    monkeypatch.setattr(after, "MANAGER", JobManager())
+    copy_run(run, public / "visitor-run")
+    outside = copy_run(run, tmp_path / "elsewhere")  # a memtune run, but not in the app's folder
+    before = tree_hash(outside)
+    table, dirs, _ = after.on_history_refresh("en", str(tmp_path))  # the typed folder is ignored
+    assert dirs == [str(public / "visitor-run")]
+    res = after.on_history_delete_yes("en", str(outside), str(tmp_path))
+    assert "not a run folder inside" in res[-1]
+    assert "public server" in after.on_history_load("en", str(outside))[-2]
+    assert "public server" in after.on_history_resume("en", str(outside))[-2]
+    assert "public server" in after.on_zip("en", str(outside / "adapter"))[1]
+    assert "public server" in after.on_merge("en", str(public / "visitor-run" / "adapter"), str(tmp_path / "m"),
+                                             False, True, progress=None)
+    assert tree_hash(outside) == before and not (tmp_path / "m").exists()
+    assert 'id="mt-public"' in blocks.header_html("pt") and "Modo público" in blocks.header_html("pt")
+
+
+def test_only_public_mode_listens_on_all_interfaces_without_a_password(monkeypatch):
+    import app
+
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    args = app.parse_args(["--public"])
+    assert args.public and args.host == "0.0.0.0"
+    assert app.exposure_problem("0.0.0.0", False, None, space=args.public) is None
+    plain = app.parse_args([])
+    assert not plain.public and plain.host == "127.0.0.1"
+    assert app.exposure_problem("0.0.0.0", False, None, space=plain.public) is not None
+    assert app.exposure_problem("127.0.0.1", True, None, space=plain.public) is not None
+    monkeypatch.setenv("SPACE_ID", "someone/memtune")
+    assert app.parse_args([]).public

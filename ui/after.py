@@ -265,6 +265,8 @@ def history_open(lang: str, run_dir: str | None):
     if not run_dir:
         return "", gr.update(value=_empty_plot(), visible=False), gr.update(value=""), off, off, off
     try:
+        if (refusal := _public_refusal((run_dir, "the run"))):
+            raise HistoryError(refusal)
         detail = load_run(run_dir, is_running=MANAGER.is_running)
     except HistoryError as exc:
         return warn(str(exc), "history-note"), gr.update(visible=False), gr.update(value=""), off, off, off
@@ -300,6 +302,8 @@ def on_history_load(lang: str, run_dir: str | None):
 
     if not run_dir:
         return _form_refusal(t("history.pick", lang))
+    if (refusal := _public_refusal((run_dir, "the run"))):
+        return _form_refusal(refusal, "error")
     try:
         detail = load_run(run_dir)
     except HistoryError as exc:
