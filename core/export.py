@@ -16,11 +16,13 @@ Replace deletes only such a folder, after resolving `..` and links, never any ot
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import struct
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 from typing import Any, Callable
@@ -30,6 +32,7 @@ from core.files import (RefusedError, free_memory, make_tmp, marker, move_into_p
                         storage_message, write_marker)
 
 GiB = 2**30
+ZIP_KEEP_S = 3600  # download zips older than this are removed when the next one is made
 MERGE_OVERHEAD = 1.15  # loading + merging peaks a little above the bf16 weights (LoRA deltas, buffers)
 BF16_BYTES = 2
 Progress = Callable[..., Any]  # progress(fraction, message): gr.Progress fits (its 2nd argument is desc)
@@ -53,6 +56,10 @@ def zip_dir() -> Path:
     if not path.exists():
         path.mkdir(mode=0o700)
         write_marker(path, "export")
+    for old in path.glob("*.zip"):  # Gradio has long copied them to its own cache: don't let adapters pile up
+        with contextlib.suppress(OSError):
+            if time.time() - old.stat().st_mtime > ZIP_KEEP_S:
+                old.unlink()
     return path
 
 

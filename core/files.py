@@ -86,13 +86,38 @@ def _errno(exc: BaseException) -> int | None:
     if isinstance(exc, OSError):
         return exc.errno
     found = re.search(r"\(os error (\d+)\)", str(exc))
-    return int(found.group(1)) if found else None
+    if found:
+        return int(found.group(1))
+    return errno.ENOSPC if "No space left on device" in str(exc) else None
+
+
+LOW_DISK_BYTES = 16 * 2**20  # a failed write with less free space than this was, in practice, a full disk
+
+
+WRITE_FAILURES = ("write failed", "iostream error", "unexpected pos")  # what torch.save says, without an errno
+
+
+def _chain(exc: BaseException | None):
+    seen = 0
+    while exc is not None and seen < 8:
+        yield exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+
+
+def _full_disk(exc: BaseException, folder: str | Path) -> bool:
+    """torch.save reports a full disk without an errno: call it that when it failed writing and the disk is full."""
+    if not any(s in str(e) for e in _chain(exc) for s in WRITE_FAILURES):
+        return False
+    try:
+        return shutil.disk_usage(folder).free < LOW_DISK_BYTES
+    except OSError:
+        return False
 
 
 def storage_message(exc: BaseException, folder: str | Path) -> str | None:
     """A plain sentence for the write errors a user can fix, naming the folder; None for anything else."""
-    code = _errno(exc)
-    if code in (errno.ENOSPC, errno.EDQUOT):
+    code = next((c for c in map(_errno, _chain(exc)) if c is not None), None)
+    if code in (errno.ENOSPC, errno.EDQUOT) or (code is None and _full_disk(exc, folder)):
         return f"No space left in {folder}: free some disk space (or choose another output folder) and try again."
     if code == errno.EROFS:
         return f"{folder} is on a read-only file system: choose an output folder you can write to."

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 from core import checklist
 from core.config import ConfigError, Hardware, TrainConfig, apply_overrides, check, demo_config
 from core.events import EventSink, JsonlSink, fan_out, make_event
-from core.files import StorageError, free_memory
+from core.files import StorageError, free_memory, storage_message
 from core.presets import PRESETS, apply_preset
 from core.runs import (COMPLETE_MARKER, complete_checkpoints, create_run_dir, dir_size, finish_run,  # noqa: F401
                        latest_checkpoint, new_run_dir, resume_point, save_adapter)
@@ -355,7 +355,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
     except torch.OutOfMemoryError:
         error_type, message = "oom", oom_message(cfg)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the traceback goes to the log
-        error_type, message = classify(exc)
+        error_type, message = classify(exc, run_dir)
         import traceback
 
         emit(make_event("log", level="warning", message=traceback.format_exc(limit=8)))
@@ -377,7 +377,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
     return RunResult("failed", str(run_dir), None, summary, message, error_type)
 
 
-def classify(exc: Exception) -> tuple[str, str]:
+def classify(exc: Exception, run_dir: Path | None = None) -> tuple[str, str]:
     from core.data import DataError
     from core.model import ModelError
 
@@ -389,6 +389,8 @@ def classify(exc: Exception) -> tuple[str, str]:
         return "config", str(exc)
     if isinstance(exc, StorageError):  # h2: disk full / read-only: "No space left in FOLDER ..."
         return "disk", str(exc)
+    if run_dir is not None and (message := storage_message(exc, run_dir)):  # e.g. a checkpoint save, in the Trainer
+        return "disk", message
     return "other", f"{type(exc).__name__}: {exc}"
 
 

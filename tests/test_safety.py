@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -379,6 +380,9 @@ def test_zips_replace_each_other_instead_of_piling_up_temp_folders(run):
     assert first == second and first.parent == zip_dir()
     assert set(tmp.glob("memtune-export-*")) == before
     assert sorted(p.name for p in zip_dir().iterdir()) == [".memtune.json", "ok-adapter.zip"]
+    old = time.time() - 2 * 3600  # served long ago (Gradio keeps its own copy): removed with the next zip
+    os.utime(first, (old, old))
+    assert not first.exists() if zip_dir() else False
 
 
 def test_the_zip_folder_refuses_a_lookalike(monkeypatch, tmp_path):
@@ -520,3 +524,17 @@ def test_only_public_mode_listens_on_all_interfaces_without_a_password(monkeypat
     assert app.exposure_problem("127.0.0.1", True, None, space=plain.public) is not None
     monkeypatch.setenv("SPACE_ID", "someone/memtune")
     assert app.parse_args([]).public
+
+
+def test_disk_full_while_writing_a_checkpoint(tmp_path, demo_model_path):
+    with small_disk(tmp_path / "disk", "400k") as disk:
+        if disk is None:
+            pytest.skip("cannot mount a tmpfs here (needs root)")
+        result = run_training(demo_config(output_dir=str(disk), run_name="ck", max_steps=3, save_strategy="steps",
+                                          save_steps=1))
+        assert result.status == "failed" and result.error_type == "disk", result.message
+        run_dir = disk / "ck"
+        assert result.message.startswith(f"No space left in {run_dir}")
+        assert not any((run_dir / "checkpoints").glob("checkpoint-*"))  # the half-written one is removed
+        events = read_events(run_dir / "events.jsonl")
+        assert events[-1]["kind"] == "done" and json.loads((run_dir / "summary.json").read_text())["status"] == "failed"

@@ -426,7 +426,7 @@ _job_predictions: dict[int, dict[str, float] | None] = {}
 
 
 def adapter_zip(job_id: int, adapter_dir: str) -> str | None:
-    if job_id not in _zips:
+    if job_id not in _zips or not Path(_zips[job_id]).is_file():  # h2: zips older than an hour are pruned
         try:
             _zips[job_id] = str(zip_adapter(adapter_dir))
         except (OSError, ExportError):
