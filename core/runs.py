@@ -153,15 +153,22 @@ def new_run_dir(cfg: "TrainConfig") -> Path:
     return run_dir
 
 
-def create_run_dir(cfg: "TrainConfig") -> Path:
+def create_run_dir(cfg: "TrainConfig", prepared: str | Path | None = None) -> Path:
     """Make (or, to resume, check) the run folder, mark it memtune's and write config.yaml into it.
 
-    Raises ConfigError (field resume_from / output_dir) naming the folder when it is not memtune's, has nothing to
-    resume from, or cannot be created or written; nothing is written in that case.
+    `prepared`: a run folder an earlier create_run_dir made for this run (a job manager makes the folder, then
+    starts the trainer in a child process that continues in it); it must carry the run marker and hold no
+    checkpoint yet. Raises ConfigError (field resume_from / output_dir) naming the folder when it is not
+    memtune's, has nothing to resume from, or cannot be created or written; nothing is written in that case.
     """
     from core.config import ConfigError, Problem
 
-    if cfg.resume_from:
+    if prepared is not None and not cfg.resume_from:
+        run_dir = real(prepared)
+        if not has_marker(run_dir, "run") or any((run_dir / "checkpoints").glob("checkpoint-*")):
+            raise ConfigError([Problem("output_dir", f"{run_dir} is not a fresh run folder made by memtune",
+                                       "let memtune create the run folder")])
+    elif cfg.resume_from:
         why = resume_problem(cfg.resume_from)
         if why:
             raise ConfigError([Problem("resume_from", why, "give a memtune run folder that has a checkpoint")])

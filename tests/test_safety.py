@@ -146,6 +146,24 @@ def test_a_run_from_an_older_memtune_without_marker_still_counts(run, tmp_path):
     renamed = tmp_path / "renamed"  # events name another folder: not provably memtune's
     shutil.copytree(old, renamed)
     assert "not a memtune run" in resume_problem(renamed)
+    result = run_training(demo_config(resume_from=str(old), max_steps=5))
+    assert result.status == "completed", result.message
+    assert files.marker(old)["migrated"] is True  # marked from now on
+
+
+def test_a_job_manager_can_prepare_the_run_folder(tmp_path):
+    from core.runs import create_run_dir
+
+    cfg = demo_config(output_dir=str(tmp_path), run_name="job")
+    run_dir = create_run_dir(cfg)
+    assert files.marker(run_dir)["kind"] == "run" and (run_dir / "config.yaml").is_file()
+    assert create_run_dir(cfg, prepared=run_dir) == run_dir  # the child continues in it
+    assert create_run_dir(cfg).name == "job-2"  # a second run never reuses the folder
+    v = victim(tmp_path)
+    before = tree_hash(v)
+    with pytest.raises(ConfigError, match="not a fresh run folder"):
+        create_run_dir(cfg, prepared=v)
+    assert tree_hash(v) == before
 
 
 # --- merge → Replace ---------------------------------------------------------------------------------------------------
