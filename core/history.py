@@ -2,8 +2,9 @@
 
 A run folder (see core.runs) holds .memtune.json (memtune's marker), config.yaml, events.jsonl, summary.json (at
 the end), adapter/ and checkpoints/checkpoint-N/ (complete ones carry a COMPLETE marker). A folder without
-memtune's marker (or, from an older memtune, events naming it) is not a memtune run: never listed or deleted. Half-written files (a run still going, a crash, a foreign file) are
-read as far as they make sense; nothing here raises for a damaged run folder, it shows what is known.
+memtune's marker (or, from an older memtune, events naming it) is not a memtune run: never listed or deleted.
+Half-written files (a run still going, a crash, a foreign file) are read as far as they make sense; nothing here
+raises for a damaged run folder, it shows what is known.
 
 - `list_runs(output_dir)` -> [RunInfo], newest first: one row of the history table each.
 - `load_run(run_dir)` -> RunDetail: settings, loss curve, summary.

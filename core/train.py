@@ -33,6 +33,7 @@ from core.files import StorageError, free_memory, storage_message
 from core.presets import PRESETS, apply_preset
 from core.runs import (COMPLETE_MARKER, complete_checkpoints, create_run_dir, dir_size, finish_run,  # noqa: F401
                        latest_checkpoint, new_run_dir, resume_point, save_adapter)
+
 HEARTBEAT_S = 2.0  # no phase stays silent longer than this
 
 
