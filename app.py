@@ -5,9 +5,14 @@
     python app.py --host 0.0.0.0 --auth me:secret   # reachable from the network: a password is required
     MEMTUNE_AUTH=me:secret python app.py --share    # public gradio.live link: a password is required
 
+Prefer MEMTUNE_AUTH to --auth: a command-line argument is visible to every user of the machine in `ps`, an
+environment variable is not. A wrong login waits a second before the answer, to slow down guessing.
+
 Listening on anything but loopback, or a share link, without --auth (or MEMTUNE_AUTH) is refused: the page can
-start training jobs and write files. On a Hugging Face Space (SPACE_ID set) the Space's own front end is the
-exposure, so the app listens on 0.0.0.0 there as Spaces require.
+start training jobs and write files. Public mode (--public, implied on a Hugging Face Space where SPACE_ID is set)
+is the one exception, made explicit: the app listens on 0.0.0.0, the page shows a banner, the server reads no
+local path a visitor types (datasets from uploads or the Hub, runs only in ./runs, History and Export only there)
+and trust_remote_code is unavailable (core.public).
 """
 
 from __future__ import annotations
@@ -43,9 +48,31 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
     if text is None or text == "":
         return None
     user, sep, password = text.partition(":")
-    if not sep or not user.strip() or not password:
-        raise ValueError("--auth / MEMTUNE_AUTH must look like user:password (both non-empty)")
+    if not sep or not user.strip() or not password.strip():
+        raise ValueError("--auth / MEMTUNE_AUTH must look like user:password (both non-empty, the password not "
+                         "just spaces)")
     return user.strip(), password
+
+
+FAILED_LOGIN_DELAY_S = 1.0  # slows password guessing to about one try per second per connection
+
+
+def auth_check(auth: tuple[str, str], delay_s: float = FAILED_LOGIN_DELAY_S):
+    """Gradio's login callback: constant-time comparison, and a pause after a wrong guess (without blocking the
+    server: Gradio awaits a coroutine function)."""
+    import asyncio
+    import hmac
+
+    user, password = auth
+
+    async def check(username: str, typed: str) -> bool:
+        ok = hmac.compare_digest(username.encode(), user.encode()) & hmac.compare_digest(typed.encode(),
+                                                                                         password.encode())
+        if not ok:
+            await asyncio.sleep(delay_s)
+        return bool(ok)
+
+    return check
 
 
 def exposure_problem(host: str, share: bool, auth: tuple[str, str] | None, space: bool = False) -> str | None:
@@ -63,16 +90,20 @@ def exposure_problem(host: str, share: bool, auth: tuple[str, str] | None, space
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    space = on_space()
     p = argparse.ArgumentParser(prog="python app.py", description="memtune: QLoRA fine-tuning in the browser.")
-    p.add_argument("--host", default="0.0.0.0" if space else "127.0.0.1",
-                   help="interface to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--public", action="store_true", default=on_space(),
+                   help="public mode for anyone on the internet, without a password (implied on a Hugging Face "
+                        "Space): listens on 0.0.0.0, reads no server paths typed by visitors, keeps runs in ./runs, "
+                        "no trust_remote_code")
+    p.add_argument("--host", default=None,
+                   help="interface to listen on (default 127.0.0.1: this machine only; 0.0.0.0 in public mode)")
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)),
                    help="port (default 7860)")
     p.add_argument("--share", action="store_true", help="also create a public gradio.live link (needs --auth)")
     p.add_argument("--auth", default=None, metavar="USER:PASSWORD",
                    help="require this login (default: the MEMTUNE_AUTH environment variable)")
     args = p.parse_args(argv)
+    args.host = args.host or ("0.0.0.0" if args.public else "127.0.0.1")
     if not 1 <= args.port <= 65535:
         p.error(f"--port {args.port} is not a port number (1-65535)")
     return args
@@ -91,6 +122,19 @@ def warm_demo_model() -> None:
     threading.Thread(target=build, name="memtune-demo-warmup", daemon=True).start()
 
 
+def tidy_runs() -> None:
+    """Finish or undo what a crash left in the default output folder (an adapter replace cut in half, temp
+    folders): only in folders carrying memtune's marker. Runs before any job can start."""
+    try:
+        from core.config import TrainConfig
+        from core.history import tidy
+
+        for line in tidy(TrainConfig().output_dir):  # a run written to recently (e.g. a CLI run) is left alone
+            print(f"memtune: {line}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - tidying is a courtesy; never stop the app for it
+        print(f"memtune: could not tidy the runs folder ({exc})", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -98,13 +142,20 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"memtune: {exc}", file=sys.stderr)
         return 2
-    problem = exposure_problem(args.host, args.share, auth, space=on_space())
+    problem = exposure_problem(args.host, args.share, auth, space=args.public)
     if problem:
         print(f"memtune: {problem}", file=sys.stderr)
         return 2
+    if args.public:
+        from core.public import PUBLIC_ENV, public_root
+
+        os.environ[PUBLIC_ENV] = "1"  # core.public reads it: validation and the loaders refuse visitors' paths
+        print(f"memtune: PUBLIC MODE on {args.host}:{args.port}: anyone who reaches it can train. Visitors' server "
+              f"paths are refused, runs stay in {public_root()}, trust_remote_code is off.", file=sys.stderr)
 
     from ui import CSS, build_ui, make_theme
 
+    tidy_runs()
     warm_demo_model()
     demo = build_ui()
     demo.queue(default_concurrency_limit=1)
@@ -112,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         server_name=args.host,
         server_port=args.port,
         share=args.share,
-        auth=auth,
+        auth=auth_check(auth) if auth else None,
         auth_message="memtune: log in with the user:password given to --auth / MEMTUNE_AUTH." if auth else None,
         theme=make_theme(),
         css=CSS,

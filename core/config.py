@@ -11,6 +11,8 @@ what is wrong and how to fix it.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -116,7 +118,8 @@ class TrainConfig:
         "Recompute activations in the backward pass instead of keeping them."))
     use_liger_kernel: bool = field(default=False, metadata=_help(
         "Fused Triton kernels (liger-kernel): chunked linear + cross-entropy so the full logits never exist. CUDA only."))
-    seed: int = field(default=42, metadata=_help("Random seed for data order, LoRA init and dropout.", min=0))
+    seed: int = field(default=42, metadata=_help("Random seed for data order, LoRA init and dropout.", min=0,
+                                                 max=2**32 - 1))  # numpy's seeds are 32-bit
 
     # --- logging and saving ------------------------------------------------------------------------------
     logging_steps: int = field(default=10, metadata=_help("Log loss every N optimizer steps.", min=1))
@@ -172,10 +175,12 @@ class TrainConfig:
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> Path:
+        """Write the YAML through a temp file and a rename: a full disk never leaves a 0-byte config.yaml."""
+        from core.files import atomic_write_text
+
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_yaml(), encoding="utf-8")
-        return path
+        return atomic_write_text(path, self.to_yaml())
 
     @classmethod
     def load(cls, path: str | Path) -> "TrainConfig":
@@ -336,7 +341,9 @@ def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
                 bad(f.name, f"unknown module(s) {', '.join(wrong)}", "pick from: " + ", ".join(choices))
             if not value:
                 bad(f.name, "is empty", "name at least one layer, e.g. q_proj,v_proj")
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, float) and not math.isfinite(value):
+            bad(f.name, f"{value} is not a finite number", "give an ordinary number")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
             lo, hi = meta.get("min"), meta.get("max")
             if lo is not None and value < lo:
                 bad(f.name, f"{value} is below the minimum {lo}", f"use a value >= {lo}")
@@ -352,8 +359,16 @@ def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
     if cfg.run_name and not SAFE_NAME.match(cfg.run_name):
         bad("run_name", f"{cfg.run_name!r} has characters outside A-Z a-z 0-9 . _ -",
             "use letters, digits, dots, dashes and underscores (at most 64)")
-    if cfg.resume_from and not Path(cfg.resume_from).is_dir():
-        bad("resume_from", f"{cfg.resume_from} is not a folder", "give a run folder under output_dir, or leave it empty")
+    if cfg.resume_from:
+        from core.runs import resume_problem
+
+        why = resume_problem(cfg.resume_from)
+        if why:
+            bad("resume_from", why, "give a memtune run folder that has a checkpoint, or leave it empty")
+    elif cfg.output_dir.strip():
+        why = output_problem(cfg.output_dir)
+        if why:
+            bad("output_dir", why, "choose a folder you can write to")
 
     device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and hw.cuda) else "cpu"
     if cfg.device == "cuda" and not hw.cuda:
@@ -371,10 +386,34 @@ def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
     if cfg.use_liger_kernel and (device != "cuda" or not hw.liger):
         bad("use_liger_kernel", "liger kernels need a CUDA GPU and the liger-kernel package",
             "turn it off, or pip install liger-kernel on a CUDA machine")
+    from core.public import public_problems
+
+    p.extend(public_problems(cfg))  # public mode: no local paths, no remote code, runs in the app's folder
     if cfg.lora_alpha and cfg.lora_r and cfg.lora_alpha / cfg.lora_r > 16:
         bad("lora_alpha", f"alpha/r = {cfg.lora_alpha / cfg.lora_r:g} scales updates very strongly",
             "keep lora_alpha at 1-4x lora_r")
     return p
+
+
+def output_problem(folder: str) -> str | None:
+    """Why runs cannot be written under `folder` (checked without creating anything), or None."""
+    from core.files import real
+
+    path = real(folder)
+    if path.exists() and not path.is_dir():
+        return f"{path} is a file, not a folder"
+    if path.parts[:2] in (("/", "proc"), ("/", "sys"), ("/", "dev")):
+        return f"{path} is a system folder ({'/'.join(path.parts[:2])[1:]}), not a place for files"
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{path} cannot be created: {existing} is a file"
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        return f"{path} is on a read-only file system"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{path} cannot be created or written: no permission to write in {existing}"
+    return None
 
 
 def check(cfg: TrainConfig, hw: Hardware | None = None) -> TrainConfig:

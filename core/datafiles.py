@@ -48,6 +48,10 @@ def load_raw(source: str, split: str = "train") -> Any:
         from core.demo import DEMO_DATA
 
         return _load_file(DEMO_DATA, split)
+    from core.public import dataset_problem
+
+    if (why := dataset_problem(source)):  # public mode: a visitor's typed path is never read
+        raise DataError(why)
     if is_local(source):
         path = Path(source).expanduser()
         if path.is_dir():  # a folder of data files, e.g. a git clone of a Hub dataset

@@ -17,7 +17,9 @@ Training never blocks on a reader: sinks are unbounded queues or files, and the 
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import queue
 import threading
 import time
@@ -56,11 +58,22 @@ class JsonlSink:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self.dropped = 0  # events that could not be written (disk full)
 
     def __call__(self, event: dict[str, Any]) -> None:
-        line = json.dumps(event, default=str, ensure_ascii=False)
-        with self._lock, self.path.open("a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
+        data = (json.dumps(event, default=str, ensure_ascii=False) + "\n").encode("utf-8")
+        with self._lock:
+            try:  # h2: one unbuffered write; on a full disk the cut line is taken back and the event dropped,
+                with open(self.path, "ab", buffering=0) as fh:  # so later events (after space is freed) still parse
+                    start = fh.seek(0, os.SEEK_END)
+                    try:
+                        if fh.write(data) != len(data):
+                            raise OSError(errno.ENOSPC, "short write")
+                    except OSError:
+                        fh.truncate(start)
+                        raise
+            except OSError:  # a full disk must not turn a handled failure into a traceback
+                self.dropped += 1
 
 
 def fan_out(*sinks: EventSink | None) -> EventSink:

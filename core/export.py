@@ -10,24 +10,29 @@
   never logged, never put into an error message).
 
 Every folder or zip is written under a temporary name and renamed into place, so a crash or a full disk never
-leaves something that looks finished but is not.
+leaves something that looks finished but is not. A merged folder carries memtune's marker (kind "merged"):
+Replace deletes only such a folder, after resolving `..` and links, never any other folder typed in.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import struct
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
 from core.config import TrainConfig
-from core.files import free_memory, move_into_place
+from core.files import (RefusedError, free_memory, make_tmp, marker, move_into_place, real, recover, require_marker,
+                        storage_message, write_marker)
 
 GiB = 2**30
+ZIP_KEEP_S = 3600  # download zips older than this are removed when the next one is made
 MERGE_OVERHEAD = 1.15  # loading + merging peaks a little above the bf16 weights (LoRA deltas, buffers)
 BF16_BYTES = 2
 Progress = Callable[..., Any]  # progress(fraction, message): gr.Progress fits (its 2nd argument is desc)
@@ -38,25 +43,47 @@ class ExportError(RuntimeError):
 
 
 # --- zip -------------------------------------------------------------------------------------------------------
+def zip_dir() -> Path:
+    """One folder of download zips per user (not one temporary folder per click): each run's zip replaces the last.
+
+    It lives in the system temp folder because Gradio serves downloads from there. A folder of that name that
+    memtune did not make (or a link to one) is refused rather than written into.
+    """
+    path = Path(tempfile.gettempdir()) / f"memtune-zips-{os.getuid()}"
+    if path.is_symlink() or (path.exists() and (not path.is_dir() or marker(path) is None)):
+        raise ExportError(f"{path} exists but was not made by memtune; memtune will not write into it. Remove it "
+                          "or set TMPDIR to another folder.")
+    if not path.exists():
+        path.mkdir(mode=0o700)
+        write_marker(path, "export")
+    for old in path.glob("*.zip"):  # Gradio has long copied them to its own cache: don't let adapters pile up
+        with contextlib.suppress(OSError):
+            if time.time() - old.stat().st_mtime > ZIP_KEEP_S:
+                old.unlink()
+    return path
+
+
 def zip_adapter(adapter_dir: str | Path, dest_dir: str | Path | None = None) -> Path:
     """Zip the adapter folder's files (at the zip's root) into dest_dir/<run>-adapter.zip; return its path.
 
-    dest_dir defaults to a fresh temporary folder (a place Gradio may serve downloads from).
+    dest_dir defaults to `zip_dir()`: repeated zips replace each other instead of piling up temporary folders.
     """
-    adapter_dir = Path(adapter_dir)
+    adapter_dir = real(adapter_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
         raise ExportError(f"{adapter_dir} is not an adapter folder (no adapter_config.json). Pick a run's "
                           "adapter/ folder.")
-    dest = Path(dest_dir) if dest_dir else Path(tempfile.mkdtemp(prefix="memtune-export-"))
-    dest.mkdir(parents=True, exist_ok=True)
-    final = dest / f"{adapter_dir.resolve().parent.name or 'memtune'}-adapter.zip"
+    dest = real(dest_dir) if dest_dir else zip_dir()
+    final = dest / f"{adapter_dir.parent.name or 'memtune'}-adapter.zip"
     tmp = final.with_name(f".{final.name}.tmp")
     try:
+        dest.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
             for path in sorted(adapter_dir.rglob("*")):
                 if path.is_file() and not path.name.startswith("."):
                     zf.write(path, path.relative_to(adapter_dir).as_posix())
         os.replace(tmp, final)
+    except OSError as exc:
+        raise ExportError(storage_message(exc, dest) or f"Could not write the zip in {dest}: {exc}") from None
     finally:
         tmp.unlink(missing_ok=True)
     return final
@@ -188,7 +215,7 @@ def merge_warning(cfg: TrainConfig, lang: str = "en") -> str:
 
 def default_merge_dir(adapter_dir: str | Path) -> Path:
     """run_dir/merged: next to the adapter it came from."""
-    return Path(adapter_dir).resolve().parent / "merged"
+    return real(adapter_dir).parent / "merged"
 
 
 # --- merge ---------------------------------------------------------------------------------------------------------
@@ -201,8 +228,8 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     from core.infer import InferError, adapter_config
     from core.model import ModelError, load_model, load_tokenizer, resolve_model_path
 
-    adapter_dir = Path(adapter_dir)
-    out = Path(out_dir) if out_dir else default_merge_dir(adapter_dir)
+    adapter_dir = real(adapter_dir)
+    out = real(out_dir) if out_dir else default_merge_dir(adapter_dir)
 
     def step(fraction: float, message: str) -> None:
         if progress is not None:
@@ -212,8 +239,18 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
         cfg = adapter_config(adapter_dir)
     except InferError as exc:
         raise ExportError(str(exc)) from None
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ExportError(f"{out} already exists and is not empty. Choose another folder, or allow replacing it.")
+    recover(out)  # an earlier merge into `out` that crashed half-way
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} is a file, not a folder. Choose another folder for the merged model.")
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise ExportError(f"{out} already exists and is not empty. Choose another folder, or allow replacing it.")
+        try:  # Replace deletes the folder: only ever a merged model memtune wrote
+            require_marker(out, "merged", "replace")
+        except RefusedError as exc:
+            raise ExportError(str(exc)) from None
+    if out == adapter_dir or out in adapter_dir.parents:
+        raise ExportError(f"{out} holds the adapter itself. Choose another folder for the merged model.")
     needed, _, ok, message = merge_memory_check(cfg)
     if not ok:
         raise ExportError(message)
@@ -227,8 +264,10 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     device = merge_plan(cfg)["device"]
     # Unquantized bf16 on the device that fits; no fp32 upcast: the merged weights are saved in bf16.
     mcfg = cfg.replace(load_in_4bit=False, precision="bf16", upcast_to_fp32=False, device=device or "cpu")
-    tmp = out.parent / f".{out.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp = make_tmp(out, "merged")  # marked first: a crash leaves a folder the next start may remove
+    except RefusedError as exc:
+        raise ExportError(str(exc)) from None
     model = None
     try:
         step(0.02, f"Loading {cfg.model} unquantized (bf16)")
@@ -256,6 +295,10 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
         raise ExportError(str(exc)) from None
     except Exception as exc:
         import torch
+
+        message = storage_message(exc, out.parent)
+        if message:  # disk full while saving: the temporary folder goes (finally), an earlier merge stays
+            raise ExportError(message) from None
 
         if isinstance(exc, torch.OutOfMemoryError) or isinstance(exc, MemoryError):
             raise ExportError("Ran out of memory while merging. Stop any training run, close other programs, "

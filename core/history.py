@@ -1,20 +1,21 @@
 """Run history: every run folder under output_dir, read back from what the engine wrote.
 
-A run folder (see core.train) holds config.yaml, events.jsonl, summary.json (at the end), adapter/ and
-checkpoints/checkpoint-N/ (complete ones carry a COMPLETE marker). A folder without config.yaml is not a
-memtune run and is never listed or deleted. Half-written files (a run still going, a crash, a foreign file) are
-read as far as they make sense; nothing here raises for a damaged run folder, it shows what is known.
+A run folder (see core.runs) holds .memtune.json (memtune's marker), config.yaml, events.jsonl, summary.json (at
+the end), adapter/ and checkpoints/checkpoint-N/ (complete ones carry a COMPLETE marker). A folder without
+memtune's marker (or, from an older memtune, events naming it) is not a memtune run: never listed or deleted.
+Half-written files (a run still going, a crash, a foreign file) are read as far as they make sense; nothing here
+raises for a damaged run folder, it shows what is known.
 
 - `list_runs(output_dir)` -> [RunInfo], newest first: one row of the history table each.
 - `load_run(run_dir)` -> RunDetail: settings, loss curve, summary.
 - `resume_config(run_dir)` -> the run's TrainConfig with resume_from set (training continues its step count).
 - `delete_run(run_dir, output_dir, is_running)` -> removes a run folder, after refusing anything risky.
+- `tidy(output_dir)` -> at start-up, finishes or undoes what a crash left (core.files.recover) in memtune's runs.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from typing import Any, Callable
 
 from core.config import ConfigError, TrainConfig
 from core.events import read_events
+from core.files import real, remove_tree
+from core.runs import complete_checkpoints, is_memtune_run, resume_point, resume_problem, tidy_run_dir
 
 RUNNING_GRACE_S = 300.0  # without a job manager's word: events written this recently mean "maybe still running"
 IsRunning = Callable[[Path], bool]
@@ -94,7 +97,7 @@ def format_duration(seconds: float | None) -> str:
 
 # --- reading one folder ----------------------------------------------------------------------------------------------
 def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and not path.name.startswith(".") and (path / "config.yaml").is_file()
+    return not path.name.startswith(".") and (path / "config.yaml").is_file() and is_memtune_run(path)
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -146,8 +149,6 @@ def _looks_running(run_dir: Path, summary: dict[str, Any]) -> bool:
 
 def run_info(run_dir: str | Path, is_running: IsRunning | None = None) -> RunInfo:
     """What the history table shows about one run folder."""
-    from core.train import latest_checkpoint
-
     run_dir = Path(run_dir)
     cfg, text = _config(run_dir)
     summary = _json(run_dir / "summary.json")
@@ -180,7 +181,7 @@ def run_info(run_dir: str | Path, is_running: IsRunning | None = None) -> RunInf
         _fill_from_events(info, read_events(events_path))
     info.adapter_dir = _adapter(run_dir)
     try:
-        ckpt = latest_checkpoint(run_dir)
+        ckpt = resume_point(run_dir)[0] if cfg is not None else None  # None: Resume could only fail
     except OSError:
         ckpt = None
     info.checkpoint = str(ckpt) if ckpt else None
@@ -238,11 +239,9 @@ def adapter_choices(output_dir: str | Path) -> list[tuple[str, str]]:
 
 def load_run(run_dir: str | Path, is_running: IsRunning | None = None) -> RunDetail:
     """One run in full: its settings, loss curve and summary."""
-    from core.train import complete_checkpoints
-
     run_dir = Path(run_dir)
     if not is_run_dir(run_dir):
-        raise HistoryError(f"{run_dir} is not a memtune run folder (it has no config.yaml).")
+        raise HistoryError(f"{run_dir} is not a memtune run folder (it has no config.yaml or no memtune marker).")
     cfg, text = _config(run_dir)
     losses: dict[int, float] = {}
     lrs: dict[int, float] = {}
@@ -271,18 +270,16 @@ def resume_config(run_dir: str | Path) -> TrainConfig:
 
     Change max_steps / num_train_epochs on the result to train further than the run was set to.
     """
-    from core.train import latest_checkpoint
-
-    run_dir = Path(run_dir)
+    run_dir = real(run_dir)
     if not is_run_dir(run_dir):
-        raise HistoryError(f"{run_dir} is not a memtune run folder (it has no config.yaml).")
+        raise HistoryError(f"{run_dir} is not a memtune run folder (it has no config.yaml or no memtune marker).")
     cfg, _ = _config(run_dir)
     if cfg is None:
         raise HistoryError(f"{run_dir / 'config.yaml'} cannot be read as memtune settings, so the run cannot be "
                            "resumed. Start a new run instead.")
-    if latest_checkpoint(run_dir) is None:
-        raise HistoryError(f"{run_dir.name} has no complete checkpoint to resume from. Checkpoints are written when "
-                           "save_strategy is steps or epoch; this run can only be started again from step 0.")
+    why = resume_problem(run_dir)
+    if why:
+        raise HistoryError(f"Cannot resume: {why}.")
     return cfg.replace(resume_from=str(run_dir))
 
 
@@ -292,19 +289,37 @@ def delete_run(run_dir: str | Path, output_dir: str | Path, is_running: IsRunnin
     is_running(run_dir) is asked first (the job manager knows); without it, a run with no summary whose events
     were written in the last few minutes counts as running. Returns the deleted path.
     """
-    root = Path(output_dir).resolve()
+    root = real(output_dir)
     raw = Path(run_dir)
     if raw.is_symlink():
         raise HistoryError(f"{raw} is a link, not a run folder: memtune deletes only real run folders.")
-    target = raw.resolve()
+    target = real(raw)
     if target.parent != root or target == root:
         raise HistoryError(f"{raw} is not a run folder inside {root}: memtune deletes only its own runs there.")
     if not is_run_dir(target):
-        raise HistoryError(f"{target} is not a memtune run (it has no config.yaml): not deleted.")
+        raise HistoryError(f"{target} is not a memtune run (no .memtune.json marker of a run folder): not deleted.")
     summary = _json(target / "summary.json")
     if (is_running(target) if is_running is not None else _looks_running(target, summary)):
         raise HistoryError(f"{target.name} is still running: stop it first, then delete it.")
-    trash = root / f".deleting-{target.name}-{os.getpid()}"
-    os.replace(target, trash)  # gone from the list at once; a failure below leaves only a hidden folder
-    shutil.rmtree(trash, ignore_errors=True)
+    remove_tree(target)  # gone from the list at once; a failure part-way leaves only a hidden folder
     return target
+
+
+def tidy(output_dir: str | Path, is_running: IsRunning | None = None) -> list[str]:
+    """At start-up: finish what crashes left in memtune's run folders (interrupted adapter/merged replaces,
+    temporary folders, half-written checkpoints, half-deleted runs). Returns what was done, for the log."""
+    root = real(output_dir)
+    done: list[str] = []
+    if not root.is_dir():
+        return done
+    for path in root.iterdir():
+        try:
+            if path.name.endswith(".deleting") and path.is_dir() and is_memtune_run(path):
+                shutil.rmtree(path, ignore_errors=True)
+                done.append(f"removed the half-deleted {path.name}")
+            elif is_run_dir(path) and not (is_running(path) if is_running else _looks_running(
+                    path, _json(path / "summary.json"))):
+                tidy_run_dir(path)
+        except OSError as exc:
+            done.append(f"{path}: {exc}")
+    return done

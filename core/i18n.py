@@ -517,6 +517,13 @@ EN: dict[str, str] = {
     "data.upload_kept": "The dataset stays {dataset}: Start uses it, not the rejected file.",
     "fit.lengths_known": "Sized for this dataset's real rows (the longest is {n} tokens).",
     "fit.lengths_unknown": "Sized as if every row reached max_length: preview the data to size for its real rows.",
+    "public.banner": ("Public mode: anyone who can reach this page can use it. Datasets come from uploads or the Hugging "
+                      "Face Hub, runs stay in {root}, and trust_remote_code is off."),
+    "config.trust_off": ("This configuration turns on trust_remote_code, which runs Python code shipped with {model} on this "
+                         "server. It was left OFF: tick trust_remote_code yourself only if you trust the model's author."),
+    "history.trust_confirm": ("{name} was trained with trust_remote_code, which runs Python code shipped with {model} on this "
+                              "server. Its settings are in the form with trust_remote_code OFF and resume_from set: tick "
+                              "trust_remote_code if you trust the model's author, then press Start to resume."),
 }
 
 PT: dict[str, str] = {
@@ -1033,6 +1040,15 @@ PT: dict[str, str] = {
     "fit.lengths_unknown": (
         "Dimensionado como se toda linha chegasse a max_length: pré-visualize os dados para dimensionar "
         "pelas linhas reais."),
+    "public.banner": ("Modo público: qualquer pessoa que alcance esta página pode usá-la. Os datasets vêm de uploads ou do "
+                      "Hugging Face Hub, as execuções ficam em {root} e trust_remote_code está desligado."),
+    "config.trust_off": ("Esta configuração liga trust_remote_code, que executa neste servidor código Python distribuído com "
+                         "{model}. Ele foi mantido DESLIGADO: marque trust_remote_code você mesmo apenas se confiar no autor "
+                         "do modelo."),
+    "history.trust_confirm": ("{name} foi treinado com trust_remote_code, que executa neste servidor código Python distribuído com "
+                              "{model}. As configurações estão no formulário com trust_remote_code DESLIGADO e resume_from "
+                              "preenchido: marque trust_remote_code se confiar no autor do modelo e depois clique em Iniciar para "
+                              "retomar."),
 }
 
 FR: dict[str, str] = {
@@ -1558,6 +1574,16 @@ FR: dict[str, str] = {
     "fit.lengths_unknown": (
         "Dimensionné comme si chaque ligne atteignait max_length : prévisualisez les données pour "
         "dimensionner selon leurs lignes réelles."),
+    "public.banner": ("Mode public : toute personne qui atteint cette page peut l'utiliser. Les jeux de données viennent "
+                      "d'envois de fichiers ou du Hugging Face Hub, les entraînements restent dans {root}, et "
+                      "trust_remote_code est désactivé."),
+    "config.trust_off": ("Cette configuration active trust_remote_code, qui exécute sur ce serveur du code Python fourni avec "
+                         "{model}. Il a été laissé DÉSACTIVÉ : cochez trust_remote_code vous-même seulement si vous faites "
+                         "confiance à l'auteur du modèle."),
+    "history.trust_confirm": ("{name} a été entraîné avec trust_remote_code, qui exécute sur ce serveur du code Python fourni avec "
+                              "{model}. Ses réglages sont dans le formulaire avec trust_remote_code DÉSACTIVÉ et resume_from rempli"
+                              " : cochez trust_remote_code si vous faites confiance à l'auteur du modèle, puis appuyez sur Démarrer"
+                              " pour reprendre."),
 }
 
 STRINGS: dict[str, dict[str, str]] = {"en": EN, "pt": PT, "fr": FR}

@@ -48,6 +48,10 @@ def hf_token() -> str | None:
 
 def resolve_model_path(cfg: TrainConfig, sink: EventSink | None = None) -> str:
     """A local folder holding the model: the demo, a user folder, or the Hub snapshot (downloaded if needed)."""
+    from core.public import model_problem
+
+    if (why := model_problem(cfg)):  # public mode: no local folders, no remote code (Preview comes here too)
+        raise ModelError(why)
     if cfg.model == DEMO_MODEL:
         from core.demo import ensure_demo_model
 

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
-import shutil
 import sys
 import threading
 import time
@@ -30,10 +28,11 @@ from typing import Any, Iterator
 from core import checklist
 from core.config import ConfigError, Hardware, TrainConfig, apply_overrides, check, demo_config
 from core.events import EventSink, JsonlSink, fan_out, make_event
-from core.files import free_memory, move_into_place
+from core.files import StorageError, free_memory, storage_message
 from core.presets import PRESETS, apply_preset
+from core.runs import (COMPLETE_MARKER, complete_checkpoints, create_run_dir, dir_size, finish_run,  # noqa: F401
+                       latest_checkpoint, new_run_dir, resume_point, save_adapter)
 
-COMPLETE_MARKER = "COMPLETE"  # written last into a checkpoint folder: only these are offered for resume
 HEARTBEAT_S = 2.0  # no phase stays silent longer than this
 
 
@@ -44,7 +43,7 @@ class RunResult:
     adapter_dir: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
     message: str = ""
-    error_type: str | None = None  # config | data | model | oom | other
+    error_type: str | None = None  # config | data | model | oom | disk | other
 
 
 # --- config -> library arguments (core/recipe.py holds the mapping) -----------------------------------------
@@ -72,49 +71,7 @@ def build_trainer(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir:
     )
 
 
-# --- run folder ---------------------------------------------------------------------------------------------
-def new_run_dir(cfg: TrainConfig) -> Path:
-    if cfg.resume_from:
-        return Path(cfg.resume_from)
-    root = Path(cfg.output_dir)
-    name = cfg.run_name or datetime.now().strftime("run-%Y%m%d-%H%M%S")
-    run_dir = root / name
-    suffix = 1
-    while run_dir.exists():  # never write into an earlier run's folder
-        suffix += 1
-        run_dir = root / f"{name}-{suffix}"
-    return run_dir
-
-
-def complete_checkpoints(run_dir: Path) -> list[Path]:
-    """Checkpoints whose COMPLETE marker exists, oldest first."""
-    ckpt_root = Path(run_dir) / "checkpoints"
-    found = [p for p in ckpt_root.glob("checkpoint-*") if (p / COMPLETE_MARKER).is_file()]
-    return sorted(found, key=lambda p: int(p.name.rsplit("-", 1)[-1]) if p.name.rsplit("-", 1)[-1].isdigit() else -1)
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    found = complete_checkpoints(run_dir)
-    return found[-1] if found else None
-
-
-def dir_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
-
-
-def save_adapter(model, tokenizer, cfg: TrainConfig, run_dir: Path, summary: dict[str, Any]) -> Path:
-    """Write the adapter to a temporary folder, then rename it into place: a crash never leaves half an adapter."""
-    final = run_dir / "adapter"
-    tmp = run_dir / ".adapter.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)  # peft: adapter_model.safetensors + adapter_config.json
-    tokenizer.save_pretrained(tmp)
-    cfg.save(tmp / "memtune.yaml")
-    summary["adapter_bytes"] = dir_size(tmp)
-    (tmp / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    return move_into_place(tmp, final)
-
-
+# --- run folder: core.runs (markers, checkpoints, atomic writes); names kept here for existing callers ---------
 # --- events during training -----------------------------------------------------------------------------------
 @contextlib.contextmanager
 def phase(sink: EventSink, name: str, message: str) -> Iterator[None]:
@@ -266,18 +223,16 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
     user_sink = sink or (lambda e: None)
     try:
         check(cfg)
+        run_dir = create_run_dir(cfg)  # h2: marked folder + config.yaml; refuses foreign/unwritable folders
     except ConfigError as exc:
         user_sink(make_event("error", error_type="config", message=str(exc)))
         return RunResult("failed", message=str(exc), error_type="config")
 
-    run_dir = new_run_dir(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
     emit = fan_out(user_sink, JsonlSink(run_dir / "events.jsonl"))
-    cfg.save(run_dir / "config.yaml")
-    resume_ckpt = latest_checkpoint(run_dir) if cfg.resume_from else None
+    resume_ckpt, skipped = resume_point(run_dir) if cfg.resume_from else (None, [])
     emit(make_event("run", run_dir=str(run_dir), config=cfg.to_dict(), resume_from=str(resume_ckpt or "")))
-    if cfg.resume_from and resume_ckpt is None:
-        emit(make_event("log", level="warning", message=f"No complete checkpoint in {run_dir}: starting from step 0"))
+    for why in skipped:  # h2: a damaged newer checkpoint is named, and the previous intact one is used
+        emit(make_event("log", level="warning", message=f"Not resuming from it: {why}"))
 
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cuda:
@@ -357,7 +312,8 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
 
         with phase(emit, "saving", f"Saving the adapter to {run_dir / 'adapter'}"):
             adapter_dir = save_adapter(trainer.model, tokenizer, cfg, run_dir, summary)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        if (problem := finish_run(run_dir, summary)):  # h2: atomic summary.json; a full disk is reported
+            emit(make_event("log", level="warning", message=problem))
         message = (f"{'Stopped' if status == 'stopped' else 'Finished'} after {summary['steps']} steps; "
                    f"adapter saved to {adapter_dir} ({summary['adapter_bytes'] / 2**20:.1f} MiB)")
         emit(make_event("done", status=status, run_dir=str(run_dir), adapter_dir=str(adapter_dir),
@@ -366,7 +322,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
     except torch.OutOfMemoryError:
         error_type, message = "oom", oom_message(cfg)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the traceback goes to the log
-        error_type, message = classify(exc)
+        error_type, message = classify(exc, run_dir)
         import traceback
 
         emit(make_event("log", level="warning", message=traceback.format_exc(limit=8)))
@@ -384,12 +340,13 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
                "finished_at": datetime.now().isoformat(timespec="seconds")}
     if plan is not None:
         summary["data"] = plan.to_dict()
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    if (problem := finish_run(run_dir, summary)):  # never a 0-byte summary.json; temp folders removed
+        emit(make_event("log", level="warning", message=problem))
     emit(make_event("done", status="failed", run_dir=str(run_dir), summary=summary, message=message))
     return RunResult("failed", str(run_dir), None, summary, message, error_type)
 
 
-def classify(exc: Exception) -> tuple[str, str]:
+def classify(exc: Exception, run_dir: Path | None = None) -> tuple[str, str]:
     from core.data import DataError
     from core.model import ModelError
 
@@ -399,6 +356,10 @@ def classify(exc: Exception) -> tuple[str, str]:
         return "model", str(exc)
     if isinstance(exc, ConfigError):
         return "config", str(exc)
+    if isinstance(exc, StorageError):  # h2: disk full / read-only: "No space left in FOLDER ..."
+        return "disk", str(exc)
+    if run_dir is not None and (message := storage_message(exc, run_dir)):  # e.g. a checkpoint save, in the Trainer
+        return "disk", message
     return "other", f"{type(exc).__name__}: {exc}"
 
 

@@ -79,3 +79,22 @@ def test_bad_yaml_and_unknown_keys(tmp_path):
         TrainConfig.load(tmp_path / "missing.yaml")
     with pytest.raises(ConfigError, match="lora_r: 'x' is not a whole number"):
         TrainConfig.from_yaml("lora_r: x\n")
+
+
+def test_nan_seeds_and_folders_are_checked(tmp_path):
+    problems = validate(TrainConfig(learning_rate=float("nan"), weight_decay=float("inf"), seed=2**32), GPU)
+    assert [p.field for p in problems] == ["weight_decay", "learning_rate", "seed"] or \
+        {p.field for p in problems} == {"weight_decay", "learning_rate", "seed"}
+    assert validate(TrainConfig(seed=2**32 - 1), GPU) == []
+    c = apply_overrides(TrainConfig(), ["learning_rate=nan"])
+    assert [p.field for p in validate(c, GPU)] == ["learning_rate"]
+    assert [p.field for p in validate(TrainConfig(output_dir="/proc/self"), GPU)] == ["output_dir"]
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "config.yaml").write_text("x")
+    resume = validate(TrainConfig(resume_from=str(tmp_path / "notes")), GPU)
+    assert [p.field for p in resume] == ["resume_from"] and "not a memtune run folder" in resume[0].message
+
+
+def test_saving_a_config_never_leaves_a_half_file(tmp_path):
+    path = TrainConfig().save(tmp_path / "c.yaml")
+    assert TrainConfig.load(path) == TrainConfig() and sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]

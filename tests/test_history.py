@@ -9,6 +9,7 @@ import pytest
 
 from core.config import TrainConfig, demo_config
 from core.events import read_events
+from core.files import write_marker
 from core.history import (HistoryError, adapter_choices, delete_run, list_runs, load_run, resume_config,
                           run_info)
 from core.train import run_training
@@ -26,6 +27,9 @@ def runs(tmp_path_factory, demo_model_path):
     (out / "stray-file.txt").write_text("not a folder")
     broken = out / "broken"  # a crash while writing: garbage config, a cut-off events line, no summary
     broken.mkdir()
+    write_marker(broken, "run")  # memtune marks a run folder first, before anything else is written
+    (out / "lookalike").mkdir()  # not memtune's: a config.yaml is a common name
+    (out / "lookalike" / "config.yaml").write_text("x\n")
     (broken / "config.yaml").write_text("model: [unclosed\n")
     (broken / "events.jsonl").write_text('{"kind": "run", "time": 1.0}\n{"kind": "step", "st')
     (broken / "summary.json").write_text("{not json")

@@ -28,7 +28,23 @@ PLOT_COLUMNS = ("step", "loss")
 
 
 def _output_dir(output_dir: str | None) -> str:
+    from core.public import is_public, public_root
+
+    if is_public():  # a visitor's typed folder is never listed, loaded or deleted from
+        return str(public_root())
     return (output_dir or "").strip() or "runs"
+
+
+def _public_refusal(*folders: tuple[str | None, str]) -> str | None:
+    """Public mode: why one of these (folder, what) lies outside the app's runs folder, or None."""
+    from core.public import check_folder
+
+    try:
+        for folder, what in folders:
+            check_folder(folder, what)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _empty_plot() -> pd.DataFrame:
@@ -149,6 +165,9 @@ def on_zip(lang: str, adapter: str | None) -> tuple[Any, str]:
 
     if not adapter:
         return gr.update(value=None, visible=False), warn(t("try.pick_adapter", lang), "export-note")
+    if (refusal := _public_refusal((adapter, "the adapter"))):
+        return gr.update(value=None, visible=False), warn(t("export.failed", lang, message=refusal), "export-note",
+                                                          "error")
     try:
         path = zip_adapter(adapter)
     except (ExportError, OSError) as exc:
@@ -168,6 +187,8 @@ def on_merge(lang: str, adapter: str | None, out_dir: str, replace: bool, confir
         return warn(t("export.confirm_first", lang), "export-note")
     if MANAGER.busy():
         return warn(t("export.busy_training", lang), "export-note")
+    if (refusal := _public_refusal((adapter, "the adapter"), ((out_dir or "").strip() or None, "the merged folder"))):
+        return warn(t("export.failed", lang, message=refusal), "export-note", "error")
 
     def report(fraction: float, message: str) -> None:
         if progress is not None:
@@ -193,6 +214,8 @@ def on_push(lang: str, adapter: str | None, what: str, merged_dir: str, repo_id:
     folder = adapter if what != "merged" else ((merged_dir or "").strip())
     if what == "merged" and not (folder and Path(folder).is_dir()):
         return warn(t("export.merge_first", lang), "export-note"), clear
+    if (refusal := _public_refusal((folder, "the folder to push"))):
+        return warn(t("export.failed", lang, message=refusal), "export-note", "error"), clear
     try:
         url = push_to_hub(folder, repo_id, token=(token or "").strip() or None, private=bool(private))
     except ExportError as exc:
@@ -242,6 +265,8 @@ def history_open(lang: str, run_dir: str | None):
     if not run_dir:
         return "", gr.update(value=_empty_plot(), visible=False), gr.update(value=""), off, off, off
     try:
+        if (refusal := _public_refusal((run_dir, "the run"))):
+            raise HistoryError(refusal)
         detail = load_run(run_dir, is_running=MANAGER.is_running)
     except HistoryError as exc:
         return warn(str(exc), "history-note"), gr.update(visible=False), gr.update(value=""), off, off, off
@@ -277,15 +302,22 @@ def on_history_load(lang: str, run_dir: str | None):
 
     if not run_dir:
         return _form_refusal(t("history.pick", lang))
+    if (refusal := _public_refusal((run_dir, "the run"))):
+        return _form_refusal(refusal, "error")
     try:
         detail = load_run(run_dir)
     except HistoryError as exc:
         return _form_refusal(str(exc), "error")
     if detail.config is None:
         return _form_refusal(t("history.unreadable", lang, name=detail.info.name), "error")
-    cfg = detail.config.replace(resume_from="")
-    return (apply_config(cfg, lang) + [note(t("history.settings_loaded", lang, name=detail.info.name), "ok",
-                                            "history-note"), gr.Tabs(selected="tab-train")])
+    from core.public import without_remote_code
+
+    cfg, asked = without_remote_code(detail.config.replace(resume_from=""))  # the user ticks it to confirm
+    text = t("history.settings_loaded", lang, name=detail.info.name)
+    if asked:
+        text += " " + t("config.trust_off", lang, model=cfg.model)
+    return apply_config(cfg, lang) + [note(text, "warn" if asked else "ok", "history-note"),
+                                      gr.Tabs(selected="tab-train")]
 
 
 def on_history_resume(lang: str, run_dir: str | None):
@@ -295,10 +327,18 @@ def on_history_resume(lang: str, run_dir: str | None):
 
     if not run_dir:
         return _form_refusal(t("history.pick", lang))
+    if (refusal := _public_refusal((run_dir, "the run"))):
+        return _form_refusal(refusal, "error")
     try:
         cfg = resume_config(run_dir)
     except HistoryError as exc:
         return _form_refusal(str(exc), "error")
+    if cfg.trust_remote_code:  # never run a model's code without the user's own tick: the form asks, Start resumes
+        from core.public import without_remote_code
+
+        cfg, _ = without_remote_code(cfg)
+        msg = t("history.trust_confirm", lang, name=Path(run_dir).name, model=cfg.model)
+        return apply_config(cfg, lang) + [note(msg, "warn", "history-note"), gr.Tabs(selected="tab-train")]
     from core.train import latest_checkpoint
 
     checkpoint = latest_checkpoint(Path(run_dir))

@@ -362,6 +362,12 @@ def on_load_config(lang: str, name: str):
     problems = out_of_range(cfg)
     if problems:  # values a widget cannot even show: refuse, keep what is on screen
         return skip_form() + [render.problems_html(problems, t("config.out_of_range", lang, path=path))]
+    from core.public import without_remote_code
+
+    cfg, asked = without_remote_code(cfg)  # h2: a file never turns trust_remote_code on by itself
+    if asked:
+        msg = f'{t("config.loaded", lang, path=path)} {t("config.trust_off", lang, model=cfg.model)}'
+        return apply_config(cfg, lang) + [render.message_html(msg, "warn")]
     return apply_config(cfg, lang) + [render.message_html(t("config.loaded", lang, path=path), "ok")]
 
 
@@ -452,7 +458,7 @@ _job_predictions: dict[int, dict[str, float] | None] = {}
 
 
 def adapter_zip(job_id: int, adapter_dir: str) -> str | None:
-    if job_id not in _zips:
+    if job_id not in _zips or not Path(_zips[job_id]).is_file():  # h2: zips older than an hour are pruned
         try:
             _zips[job_id] = str(zip_adapter(adapter_dir))
         except (OSError, ExportError):
@@ -545,8 +551,12 @@ def header_html(lang: str = DEFAULT_LANGUAGE) -> str:
         line = render.E(t("app.gpu_line", lang, gpus=where))
     else:
         line = render.E(t("app.no_gpu_line", lang))
+    from core.public import is_public, public_root
+
+    banner = (f'<p id="mt-public" class="mt-warn"><b>{render.E(t("public.banner", lang, root=public_root()))}</b></p>'
+              if is_public() else "")  # h2: public mode says so on every page
     return (f'<div id="mt-header"><h1>memtune</h1><p>{render.E(t("app.tagline", lang))}</p>'
-            f'<p id="mt-hw">{line}</p></div>')
+            f'<p id="mt-hw">{line}</p>{banner}</div>')
 
 
 def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:

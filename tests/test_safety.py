@@ -1,0 +1,560 @@
+"""memtune only deletes or overwrites what it made; faults end in a plain message, never a half-written file.
+
+Every path attack below points a memtune action (History Delete, resume_from, merge Replace) at a folder memtune
+did not make, spelled plainly, with `..`, or through a symlink, and checks that the victim's files are
+byte-for-byte the same afterwards (a hash of the whole tree) and that the refusal names the folder.
+A full disk is a real tmpfs of a few hundred KiB when this process may mount one (root); otherwise the test
+simulates ENOSPC at memtune's own write call and says so in its skip/notes.
+"""
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from core import files
+from core.config import ConfigError, demo_config, validate
+from core.events import read_events
+from core.export import ExportError, merge_adapter, zip_adapter, zip_dir
+from core.files import RefusedError, move_into_place, recover, write_marker
+from core.history import HistoryError, delete_run, list_runs, resume_config, run_info, tidy
+from core.runs import checkpoint_problem, finish_run, resume_point, resume_problem, save_adapter
+from core.train import run_training
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tree_hash(path: Path) -> str:
+    """Every file's relative name and bytes, every link's target, every folder's name: one digest."""
+    h = hashlib.sha256()
+    for p in sorted(Path(path).rglob("*")):
+        h.update(str(p.relative_to(path)).encode())
+        if p.is_symlink():
+            h.update(b"L" + os.readlink(p).encode())
+        elif p.is_file():
+            h.update(b"F" + p.read_bytes())
+        else:
+            h.update(b"D")
+    return h.hexdigest()
+
+
+def victim(base: Path, name: str = "victim") -> Path:
+    """Somebody's folder that happens to look a bit like a run: a config.yaml, a summary.json, an adapter/."""
+    v = base / name
+    (v / "adapter").mkdir(parents=True)
+    (v / "config.yaml").write_text("my: precious settings\n")
+    (v / "summary.json").write_text('{"mine": true}')
+    (v / "adapter" / "weights.bin").write_bytes(os.urandom(256))
+    return v
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, demo_model_path):
+    """A real memtune run with complete checkpoints at steps 2 and 4."""
+    out = tmp_path_factory.mktemp("runs")
+    result = run_training(demo_config(output_dir=str(out), run_name="ok", max_steps=4, save_strategy="steps",
+                                      save_steps=2, logging_steps=1))
+    assert result.status == "completed", result.message
+    return Path(result.run_dir)
+
+
+def copy_run(run: Path, dest: Path) -> Path:
+    shutil.copytree(run, dest)
+    return dest
+
+
+# --- markers ---------------------------------------------------------------------------------------------------------
+def test_every_folder_memtune_makes_carries_its_marker(run):
+    assert files.marker(run)["kind"] == "run"
+    assert files.marker(run / "adapter")["kind"] == "adapter"
+    assert {"created", "memtune"} <= set(files.marker(run))
+    assert not list(run.glob(".*.tmp")) and not list(run.glob(".*.old"))
+
+
+# --- History → Delete ------------------------------------------------------------------------------------------------
+def test_delete_refuses_every_folder_memtune_did_not_make(run, tmp_path):
+    out = tmp_path / "v"
+    out.mkdir()
+    proj = victim(out, "proj")  # the issue's case: a folder with a config.yaml under the output folder
+    outside = victim(tmp_path, "outside")
+    (out / "link").symlink_to(outside)
+    copy_run(run, out / "mine")
+    before = {p: tree_hash(p) for p in (proj, outside)}
+    attacks = [proj, out / "mine" / ".." / "proj", out / "link", out / "link" / ".." / "outside",
+               tmp_path / "v" / "." / "proj", outside, out]
+    for target in attacks:
+        with pytest.raises(HistoryError) as err:
+            delete_run(target, out, is_running=lambda p: False)
+        assert "memtune" in str(err.value) or "link" in str(err.value)
+    assert {p: tree_hash(p) for p in (proj, outside)} == before
+    assert [r.name for r in list_runs(out)] == ["mine"]  # the look-alike is not even listed
+    delete_run(out / "link" / ".." / "v" / "mine", out, is_running=lambda p: False)  # resolved: it is ours
+    assert not (out / "mine").exists() and sorted(p.name for p in out.iterdir()) == ["link", "proj"]
+
+
+# --- resume_from -----------------------------------------------------------------------------------------------------
+def test_resume_from_a_foreign_folder_writes_nothing(tmp_path):
+    v = victim(tmp_path)
+    (tmp_path / "alias").symlink_to(v)
+    before = tree_hash(v)
+    for spelling in (v, tmp_path / "alias", v / ".." / "victim", v / "adapter" / ".."):
+        events = []
+        result = run_training(demo_config(resume_from=str(spelling), max_steps=3), events.append)
+        assert result.status == "failed" and result.error_type == "config"
+        assert "not a memtune run folder" in result.message and str(v) in result.message
+        assert [e["kind"] for e in events] == ["error"]
+    assert tree_hash(v) == before
+    assert sorted(p.name for p in v.iterdir()) == ["adapter", "config.yaml", "summary.json"]
+
+
+def test_cli_resume_from_a_foreign_folder_exits_nonzero_and_changes_nothing(tmp_path, demo_model_path):
+    v = victim(tmp_path)
+    before = tree_hash(v)
+    proc = subprocess.run([sys.executable, "-m", "core.train", "--demo", "--set", f"resume_from={v}",
+                           "--set", "max_steps=3"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "MEMTUNE_HOME": os.environ["MEMTUNE_HOME"]})
+    assert proc.returncode != 0
+    assert "not a memtune run folder" in proc.stderr and "Traceback" not in proc.stderr
+    assert tree_hash(v) == before
+
+
+def test_resume_refuses_a_run_without_a_complete_checkpoint(run, tmp_path):
+    mine = copy_run(run, tmp_path / "mine")
+    shutil.rmtree(mine / "checkpoints")
+    before = tree_hash(mine)
+    result = run_training(demo_config(resume_from=str(mine), max_steps=6))
+    assert result.status == "failed" and "no complete checkpoint" in result.message and str(mine) in result.message
+    assert tree_hash(mine) == before  # not silently retrained from step 0
+    with pytest.raises(HistoryError, match="no complete checkpoint"):
+        resume_config(mine)
+
+
+def test_a_run_from_an_older_memtune_without_marker_still_counts(run, tmp_path):
+    old = copy_run(run, tmp_path / "ok")  # same name as its `run` event names: an older memtune's run
+    (old / ".memtune.json").unlink()
+    assert [r.name for r in list_runs(tmp_path)] == ["ok"]
+    assert resume_problem(old) is None
+    renamed = tmp_path / "renamed"  # events name another folder: not provably memtune's
+    shutil.copytree(old, renamed)
+    assert "not a memtune run" in resume_problem(renamed)
+    result = run_training(demo_config(resume_from=str(old), max_steps=5))
+    assert result.status == "completed", result.message
+    assert files.marker(old)["migrated"] is True  # marked from now on
+
+
+def test_a_job_manager_can_prepare_the_run_folder(tmp_path):
+    from core.runs import create_run_dir
+
+    cfg = demo_config(output_dir=str(tmp_path), run_name="job")
+    run_dir = create_run_dir(cfg)
+    assert files.marker(run_dir)["kind"] == "run" and (run_dir / "config.yaml").is_file()
+    assert create_run_dir(cfg, prepared=run_dir) == run_dir  # the child continues in it
+    assert create_run_dir(cfg).name == "job-2"  # a second run never reuses the folder
+    v = victim(tmp_path)
+    before = tree_hash(v)
+    with pytest.raises(ConfigError, match="not a fresh run folder"):
+        create_run_dir(cfg, prepared=v)
+    assert tree_hash(v) == before
+
+
+# --- merge → Replace ---------------------------------------------------------------------------------------------------
+def test_merge_replace_refuses_folders_memtune_did_not_merge(run, tmp_path):
+    adapter = run / "adapter"
+    v = victim(tmp_path)
+    runs_root = run.parent
+    (tmp_path / "alias").symlink_to(v)
+    before = {p: tree_hash(p) for p in (v, runs_root)}
+    for target in (v, v / ".." / "victim", tmp_path / "alias", runs_root, run, adapter):
+        with pytest.raises(ExportError) as err:
+            merge_adapter(adapter, target, overwrite=True)
+        assert "memtune will not replace it" in str(err.value) and str(Path(os.path.realpath(target))) in str(err.value)
+    assert {p: tree_hash(p) for p in (v, runs_root)} == before
+
+
+def test_merge_replace_works_for_any_spelling_of_its_own_folder(run, tmp_path):
+    base = tmp_path / "x"
+    first = merge_adapter(run / "adapter", base)
+    assert files.marker(first)["kind"] == "merged"
+    again = merge_adapter(run / "adapter", tmp_path / "x" / ".." / "x", overwrite=True)  # the issue's spelling
+    assert again == base and (base / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]  # no .x.old / .x.tmp left
+
+
+# --- the atomic move ---------------------------------------------------------------------------------------------------
+def _folder(path: Path, text: str, kind: str | None = "merged") -> Path:
+    path.mkdir(parents=True)
+    (path / "f.txt").write_text(text)
+    if kind:
+        write_marker(path, kind)
+    return path
+
+
+def test_move_into_place_through_dotdot_and_crash_recovery(tmp_path):
+    final = _folder(tmp_path / "x", "old")
+    _folder(tmp_path / ".x.tmp", "new")
+    assert move_into_place(tmp_path / ".x.tmp", tmp_path / "x" / ".." / "x") == final
+    assert (final / "f.txt").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["x"]
+
+    # A crash between the two renames: .x.old holds the last good folder, x is gone, .x.tmp half written.
+    os.replace(final, tmp_path / ".x.old")
+    _folder(tmp_path / ".x.tmp", "half")
+    assert "restored" in recover(tmp_path / "x")
+    assert (final / "f.txt").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["x"]
+    # A crash after the second rename: only the .old is left over.
+    _folder(tmp_path / ".x.old", "older")
+    recover(tmp_path / "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]
+
+
+def test_a_failed_second_rename_puts_the_old_folder_back(tmp_path, monkeypatch):
+    final = _folder(tmp_path / "x", "old")
+    _folder(tmp_path / ".x.tmp", "new")
+    real_replace, calls = os.replace, []
+
+    def flaky(src, dst):
+        calls.append(src)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", flaky)
+    with pytest.raises(OSError):
+        move_into_place(tmp_path / ".x.tmp", final)
+    assert (final / "f.txt").read_text() == "old"
+
+
+def test_recovery_never_touches_unmarked_lookalikes(tmp_path):
+    final = _folder(tmp_path / "x", "mine")
+    foreign_old = _folder(tmp_path / ".x.old", "theirs", kind=None)
+    foreign_tmp = _folder(tmp_path / ".x.tmp", "theirs too", kind=None)
+    before = {p: tree_hash(p) for p in (foreign_old, foreign_tmp)}
+    assert recover(final) is None
+    with pytest.raises(RefusedError, match="not made by memtune"):
+        move_into_place(tmp_path / ".x.tmp", final)
+    assert {p: tree_hash(p) for p in (foreign_old, foreign_tmp)} == before
+
+
+def test_startup_tidy_restores_an_adapter_a_crash_left_aside(run, tmp_path):
+    mine = copy_run(run, tmp_path / "mine")
+    os.replace(mine / "adapter", mine / ".adapter.old")  # died between the renames of an adapter save
+    (mine / "checkpoints" / "checkpoint-9").mkdir()  # a checkpoint whose save never completed
+    assert run_info(mine, is_running=lambda p: False).adapter_dir is None
+    tidy(tmp_path, is_running=lambda p: False)
+    assert run_info(mine, is_running=lambda p: False).adapter_dir == str(mine / "adapter")
+    assert not (mine / ".adapter.old").exists() and not (mine / "checkpoints" / "checkpoint-9").exists()
+
+
+# --- damaged checkpoints -----------------------------------------------------------------------------------------------
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_a_damaged_newest_checkpoint_is_named_and_the_previous_one_used(run, tmp_path):
+    mine = copy_run(run, tmp_path / "mine")
+    bad = mine / "checkpoints" / "checkpoint-4" / "adapter_model.safetensors"
+    _truncate(bad)
+    assert str(bad) in checkpoint_problem(bad.parent)
+    ckpt, skipped = resume_point(mine)
+    assert ckpt.name == "checkpoint-2" and str(bad) in skipped[0]
+    events = []
+    result = run_training(demo_config(resume_from=str(mine), max_steps=5, logging_steps=1), events.append)
+    assert result.status == "completed", result.message
+    assert result.summary["resumed_from"].endswith("checkpoint-2")
+    assert any(e["kind"] == "log" and str(bad) in e["message"] for e in events)
+    assert [e["step"] for e in events if e["kind"] == "step"] == [3, 4, 5]
+
+
+def test_no_usable_checkpoint_means_no_resume_button(run, tmp_path):
+    mine = copy_run(run, tmp_path / "mine")
+    for n in (2, 4):
+        _truncate(mine / "checkpoints" / f"checkpoint-{n}" / "optimizer.pt")
+    assert not run_info(mine, is_running=lambda p: False).resumable
+    with pytest.raises(HistoryError, match="optimizer.pt is damaged"):
+        resume_config(mine)
+
+
+# --- full disk -------------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def small_disk(path: Path, size: str, *options: str):
+    """A real tmpfs of `size` at path, or None where this process may not mount (not root, no CAP_SYS_ADMIN)."""
+    path.mkdir(parents=True, exist_ok=True)
+    opts = ",".join((f"size={size}", *options))
+    may_mount = os.geteuid() == 0 and not os.environ.get("MEMTUNE_TEST_NO_MOUNT")  # the latter tests the fallback
+    mounted = may_mount and subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)],
+                                           capture_output=True).returncode == 0
+    try:
+        yield path if mounted else None
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _fill(disk: Path, leave: int, name: str = "filler") -> None:
+    """Fill the disk so that only about `leave` bytes stay free."""
+    free = shutil.disk_usage(disk).free
+    with open(disk / name, "wb") as fh:
+        fh.write(b"\0" * max(0, free - leave))
+
+
+def test_disk_full_while_saving_keeps_the_previous_adapter(run, tmp_path, monkeypatch, demo_model_path):
+    from core.model import load_tokenizer, load_with_adapter
+
+    cfg = demo_config()
+    with small_disk(tmp_path / "disk", "2m") as disk:
+        mine = (disk or tmp_path) / "mine"
+        shutil.copytree(run, mine, ignore=shutil.ignore_patterns("checkpoints"))
+        before = {n: tree_hash(mine / n) if (mine / n).is_dir() else (mine / n).read_bytes()
+                  for n in ("adapter", "summary.json", "config.yaml")}
+        model = load_with_adapter(cfg, mine / "adapter")
+        tokenizer = load_tokenizer(cfg)
+        if disk:
+            _fill(disk, 16 * 1024)
+        else:  # no tmpfs here: the disk "fills up" at memtune's own write call, after the weights were written
+            import core.runs
+
+            def full(path):
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            monkeypatch.setattr(core.runs, "dir_size", full)
+            monkeypatch.setattr(core.runs, "atomic_write_text", lambda path, text: full(path))
+        with pytest.raises(OSError) as err:
+            save_adapter(model, tokenizer, cfg, mine, {"status": "completed"})
+        assert str(err.value).startswith(f"No space left in {mine}")
+        if disk:
+            _fill(disk, 0, "filler2")  # the failed save freed its temporary folder: full again
+        problem = finish_run(mine, {"status": "completed", "final_loss": 1.0})
+        if disk:  # the config file too: no 0-byte config.yaml
+            with pytest.raises(OSError, match="No space left"):
+                cfg.save(mine / "config.yaml")
+            assert problem and "No space left" in problem
+        after = {n: tree_hash(mine / n) if (mine / n).is_dir() else (mine / n).read_bytes()
+                 for n in ("adapter", "summary.json", "config.yaml")}
+        assert after == before  # previous adapter, summary and settings intact, none 0 bytes
+        assert sorted(p.name for p in mine.iterdir() if p.name.startswith(".")) == [".memtune.json"]
+
+
+def test_disk_full_during_a_run_ends_in_a_plain_message_and_a_done_event(tmp_path, demo_model_path):
+    with small_disk(tmp_path / "disk", "160k") as disk:
+        if disk is None:
+            pytest.skip("cannot mount a tmpfs here (needs root); the save path is covered by the simulated test above")
+        result = run_training(demo_config(output_dir=str(disk), run_name="full", max_steps=2))
+        assert result.status == "failed" and result.error_type == "disk", result.message
+        assert result.message.startswith(f"No space left in {disk / 'full'}")
+        run_dir = disk / "full"
+        assert not (run_dir / "adapter").exists() and not list(run_dir.glob(".*.tmp"))
+        events = read_events(run_dir / "events.jsonl")
+        assert events[-1]["kind"] == "done" and events[-1]["status"] == "failed"
+        assert json.loads((run_dir / "summary.json").read_text())["error_type"] == "disk"
+
+
+# --- unwritable output, bad numbers ------------------------------------------------------------------------------------
+def test_an_output_folder_that_cannot_be_written_fails_before_loading(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for bad in ("/proc/self", "/proc/self/runs", str(tmp_path / "file"), str(tmp_path / "file" / "runs")):
+        events = []
+        result = run_training(demo_config(output_dir=bad, max_steps=2), events.append)
+        assert result.status == "failed" and result.error_type == "config" and "output_dir" in result.message
+        assert [e["kind"] for e in events] == ["error"]  # nothing loaded, nothing written
+    with small_disk(tmp_path / "ro", "64k", "ro") as ro:
+        if ro is not None:
+            assert "read-only" in str(validate(demo_config(output_dir=str(ro / "runs")))[0])
+    proc = subprocess.run([sys.executable, "-m", "core.train", "--demo", "--set", "output_dir=/proc/self"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "output_dir" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_nan_and_infinity_are_refused_for_every_float_field():
+    from dataclasses import fields
+
+    from core.config import TrainConfig
+
+    float_fields = [f.name for f in fields(TrainConfig) if f.type in ("float", float)]
+    assert {"learning_rate", "lora_dropout", "num_train_epochs", "weight_decay", "max_grad_norm"} <= set(float_fields)
+    for name in float_fields:
+        for value in (float("nan"), float("inf"), float("-inf")):
+            problems = validate(demo_config(**{name: value}))
+            assert [p.field for p in problems] == [name], (name, value)
+            assert "not a finite number" in problems[0].message
+    for seed, ok in ((0, True), (2**32 - 1, True), (2**32, False), (-1, False)):
+        assert (validate(demo_config(seed=seed)) == []) is ok
+
+
+# --- exports leave nothing in /tmp ---------------------------------------------------------------------------------
+def test_zips_replace_each_other_instead_of_piling_up_temp_folders(run, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's own temp folder
+    tmp = Path(tempfile.gettempdir())
+    before = set(tmp.glob("memtune-export-*"))
+    first = zip_adapter(run / "adapter")
+    second = zip_adapter(run / "adapter")
+    assert first == second and first.parent == zip_dir()
+    assert set(tmp.glob("memtune-export-*")) == before
+    assert sorted(p.name for p in zip_dir().iterdir()) == [".memtune.json", "ok-adapter.zip"]
+    old = time.time() - 2 * 3600  # served long ago (Gradio keeps its own copy): removed with the next zip
+    os.utime(first, (old, old))
+    zip_dir()
+    assert not first.exists()
+
+
+def test_the_zip_folder_refuses_a_lookalike(monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    squat = tmp_path / f"memtune-zips-{os.getuid()}"
+    victim(tmp_path, squat.name)
+    before = tree_hash(squat)
+    with pytest.raises(ExportError, match="not made by memtune"):
+        zip_dir()
+    assert tree_hash(squat) == before
+
+
+def test_config_error_names_the_refused_resume_folder(tmp_path):
+    v = victim(tmp_path)
+    with pytest.raises(ConfigError, match="resume_from"):
+        from core.config import check
+
+        check(demo_config(resume_from=str(v)))
+
+
+# --- login -----------------------------------------------------------------------------------------------------
+def test_auth_refuses_blank_passwords_and_pauses_after_a_wrong_login(monkeypatch):
+    import asyncio
+
+    import app
+
+    for bad in ("me:", "me:   ", ":pw", "me"):
+        with pytest.raises(ValueError):
+            app.parse_auth(bad)
+    pauses = []
+
+    async def sleep(seconds):
+        pauses.append(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    check = app.auth_check(("me", "s3cret:x"))
+    assert asyncio.run(check("me", "s3cret:x")) is True and pauses == []
+    assert asyncio.run(check("me", "wrong")) is False and pauses == [app.FAILED_LOGIN_DELAY_S]
+    assert asyncio.run(check("you", "s3cret:x")) is False and len(pauses) == 2
+
+
+# --- trust_remote_code needs the user's own tick ---------------------------------------------------------------------
+def _form(res):
+    from ui.fields import FIELD_NAMES, collect
+
+    cfg, problems = collect(dict(zip(FIELD_NAMES, res[:len(FIELD_NAMES)])))
+    assert cfg is not None, problems
+    return cfg
+
+
+def test_a_loaded_config_never_turns_trust_remote_code_on_by_itself(run, tmp_path, monkeypatch):
+    from core.jobs import JobManager
+    from ui import after, blocks
+
+    monkeypatch.setenv("MEMTUNE_CONFIG_DIR", str(tmp_path / "configs"))
+    demo_config(trust_remote_code=True).save(tmp_path / "configs" / "remote.yaml")
+    res = blocks.on_load_config("en", "remote")
+    assert _form(res).trust_remote_code is False and "trust_remote_code" in res[-1] and "OFF" in res[-1]
+
+    mine = copy_run(run, tmp_path / "mine")
+    cfg = demo_config(output_dir=str(tmp_path), run_name="mine", max_steps=4, trust_remote_code=True)
+    cfg.save(mine / "config.yaml")
+    res = after.on_history_load("en", str(mine))
+    assert _form(res).trust_remote_code is False and "OFF" in res[-2]
+    manager = JobManager()
+    monkeypatch.setattr(after, "MANAGER", manager)
+    res = after.on_history_resume("fr", str(mine))
+    assert manager.current() is None  # nothing started: the user confirms by ticking, then presses Start
+    form = _form(res)
+    assert form.trust_remote_code is False and form.resume_from == str(mine) and "DÉSACTIVÉ" in res[-2]
+
+
+# --- public mode -----------------------------------------------------------------------------------------------------
+@pytest.fixture
+def public(monkeypatch, tmp_path):
+    root = tmp_path / "app-runs"
+    root.mkdir()
+    monkeypatch.setenv("MEMTUNE_PUBLIC", "1")
+    monkeypatch.setenv("MEMTUNE_PUBLIC_RUNS", str(root))
+    return root
+
+
+def test_public_mode_reads_no_server_path_a_visitor_types(public, run, tmp_path, demo_model_path):
+    from core.data import DataError, load_raw
+    from core.model import ModelError, load_tokenizer
+    from core.public import upload_root
+
+    secret = victim(tmp_path, "secret")
+    bad = demo_config(dataset=str(secret / "config.yaml"), output_dir=str(tmp_path), trust_remote_code=True)
+    fields = {p.field for p in validate(bad)}
+    assert {"dataset", "output_dir", "trust_remote_code"} <= fields
+    assert [p.field for p in validate(demo_config(model=str(demo_model_path), output_dir=str(public)))] == ["model"]
+    assert validate(demo_config(output_dir=str(public))) == []  # the demo, the app's own folder: fine
+    assert validate(demo_config(output_dir=str(public / ".." / "app-runs" / "sub"))) == []
+    with pytest.raises(DataError, match="path on the server"):
+        load_raw(str(secret / "config.yaml"))
+    with pytest.raises(DataError, match="path on the server"):
+        load_raw("../../etc/passwd")
+    with pytest.raises(ModelError, match="path on the server"):
+        load_tokenizer(demo_config(model=str(demo_model_path)))  # what Preview calls
+    with pytest.raises(ModelError, match="trust_remote_code is not available"):
+        load_tokenizer(demo_config(trust_remote_code=True))
+    from core.public import dataset_problem
+
+    assert dataset_problem(str(upload_root() / "mine.jsonl")) is None  # uploads are the way in
+
+
+def test_public_history_and_export_act_only_inside_the_apps_folder(public, run, tmp_path, monkeypatch):
+    from core.jobs import JobManager
+    from ui import after, blocks
+
+    monkeypatch.setattr(after, "MANAGER", JobManager())
+    copy_run(run, public / "visitor-run")
+    outside = copy_run(run, tmp_path / "elsewhere")  # a memtune run, but not in the app's folder
+    before = tree_hash(outside)
+    table, dirs, _ = after.on_history_refresh("en", str(tmp_path))  # the typed folder is ignored
+    assert dirs == [str(public / "visitor-run")]
+    res = after.on_history_delete_yes("en", str(outside), str(tmp_path))
+    assert "not a run folder inside" in res[-1]
+    assert "public server" in after.on_history_load("en", str(outside))[-2]
+    assert "public server" in after.on_history_resume("en", str(outside))[-2]
+    assert "public server" in after.on_zip("en", str(outside / "adapter"))[1]
+    assert "public server" in after.on_merge("en", str(public / "visitor-run" / "adapter"), str(tmp_path / "m"),
+                                             False, True, progress=None)
+    assert tree_hash(outside) == before and not (tmp_path / "m").exists()
+    assert 'id="mt-public"' in blocks.header_html("pt") and "Modo público" in blocks.header_html("pt")
+
+
+def test_only_public_mode_listens_on_all_interfaces_without_a_password(monkeypatch):
+    import app
+
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    args = app.parse_args(["--public"])
+    assert args.public and args.host == "0.0.0.0"
+    assert app.exposure_problem("0.0.0.0", False, None, space=args.public) is None
+    plain = app.parse_args([])
+    assert not plain.public and plain.host == "127.0.0.1"
+    assert app.exposure_problem("0.0.0.0", False, None, space=plain.public) is not None
+    assert app.exposure_problem("127.0.0.1", True, None, space=plain.public) is not None
+    monkeypatch.setenv("SPACE_ID", "someone/memtune")
+    assert app.parse_args([]).public
+
+
+def test_disk_full_while_writing_a_checkpoint(tmp_path, demo_model_path):
+    with small_disk(tmp_path / "disk", "400k") as disk:
+        if disk is None:
+            pytest.skip("cannot mount a tmpfs here (needs root)")
+        result = run_training(demo_config(output_dir=str(disk), run_name="ck", max_steps=3, save_strategy="steps",
+                                          save_steps=1))
+        assert result.status == "failed" and result.error_type == "disk", result.message
+        run_dir = disk / "ck"
+        assert result.message.startswith(f"No space left in {run_dir}")
+        assert not any((run_dir / "checkpoints").glob("checkpoint-*"))  # the half-written one is removed
+        events = read_events(run_dir / "events.jsonl")
+        assert events[-1]["kind"] == "done" and json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
