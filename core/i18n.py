@@ -495,6 +495,22 @@ EN: dict[str, str] = {
     "history.message": "Message",
     "history.unreadable": "The settings of {name} cannot be read.",
     "history.yes": "yes",
+    "gguf.title": "GGUF for llama.cpp, Ollama and LM Studio",
+    "gguf.intro": ("Merges the adapter into its base model and writes one .gguf file per format, an Ollama Modelfile "
+                   "and a README with the commands, into the run's gguf/ folder. Supported: Llama (incl. 3.x), "
+                   "Mistral, Qwen2."),
+    "gguf.formats": "Formats (several at once)",
+    "gguf.format_f16": "f16: full quality",
+    "gguf.format_bf16": "bf16: full quality, for bf16 hardware",
+    "gguf.format_q8_0": "q8_0: half the size, near full quality",
+    "gguf.replace": "Replace an earlier GGUF export",
+    "gguf.export": "Export to GGUF",
+    "gguf.commands": "Run it",
+    "gguf.no_format": "Choose at least one format.",
+    "gguf.plan": ("Needs about {ram} of memory and {disk} of disk ({files}); free here: {ram_free} of memory, "
+                  "{disk_free} of disk. Written to {path}."),
+    "gguf.not_enough": "Not enough room: {message}",
+    "gguf.done": "GGUF export done in {path}: {files}",
 }
 
 PT: dict[str, str] = {
@@ -987,6 +1003,22 @@ PT: dict[str, str] = {
     "history.message": "Mensagem",
     "history.unreadable": "As configurações de {name} não podem ser lidas.",
     "history.yes": "sim",
+    "gguf.title": "GGUF para llama.cpp, Ollama e LM Studio",
+    "gguf.intro": ("Mescla o adaptador ao modelo base e grava um arquivo .gguf por formato, um Modelfile do Ollama "
+                   "e um README com os comandos, na pasta gguf/ da execução. Suportados: Llama (incl. 3.x), "
+                   "Mistral, Qwen2."),
+    "gguf.formats": "Formatos (vários de uma vez)",
+    "gguf.format_f16": "f16: qualidade total",
+    "gguf.format_bf16": "bf16: qualidade total, para hardware com bf16",
+    "gguf.format_q8_0": "q8_0: metade do tamanho, qualidade quase total",
+    "gguf.replace": "Substituir uma exportação GGUF anterior",
+    "gguf.export": "Exportar para GGUF",
+    "gguf.commands": "Para executar",
+    "gguf.no_format": "Escolha pelo menos um formato.",
+    "gguf.plan": ("Precisa de cerca de {ram} de memória e {disk} de disco ({files}); livres aqui: {ram_free} de "
+                  "memória, {disk_free} de disco. Gravado em {path}."),
+    "gguf.not_enough": "Espaço insuficiente: {message}",
+    "gguf.done": "Exportação GGUF concluída em {path}: {files}",
 }
 
 FR: dict[str, str] = {
@@ -1487,6 +1519,22 @@ FR: dict[str, str] = {
     "history.message": "Message",
     "history.unreadable": "Les réglages de {name} ne peuvent pas être lus.",
     "history.yes": "oui",
+    "gguf.title": "GGUF pour llama.cpp, Ollama et LM Studio",
+    "gguf.intro": ("Fusionne l'adaptateur dans son modèle de base et écrit un fichier .gguf par format, un Modelfile "
+                   "Ollama et un README avec les commandes, dans le dossier gguf/ de l'entraînement. Pris en charge : "
+                   "Llama (y compris 3.x), Mistral, Qwen2."),
+    "gguf.formats": "Formats (plusieurs à la fois)",
+    "gguf.format_f16": "f16 : qualité complète",
+    "gguf.format_bf16": "bf16 : qualité complète, pour le matériel bf16",
+    "gguf.format_q8_0": "q8_0 : moitié de la taille, qualité presque complète",
+    "gguf.replace": "Remplacer un export GGUF précédent",
+    "gguf.export": "Exporter en GGUF",
+    "gguf.commands": "Pour l'exécuter",
+    "gguf.no_format": "Choisissez au moins un format.",
+    "gguf.plan": ("Il faut environ {ram} de mémoire et {disk} de disque ({files}) ; libres ici : {ram_free} de "
+                  "mémoire, {disk_free} de disque. Écrit dans {path}."),
+    "gguf.not_enough": "Pas assez de place : {message}",
+    "gguf.done": "Export GGUF terminé dans {path} : {files}",
 }
 
 STRINGS: dict[str, dict[str, str]] = {"en": EN, "pt": PT, "fr": FR}

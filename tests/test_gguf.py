@@ -324,3 +324,22 @@ def test_llama_cpp_generates_from_the_q8_0_file(exported):
     out = llm("### Instruction:\nTranslate the word 'cat' into French.\n\n### Response:\n", max_tokens=4,
               temperature=0.0)
     assert out["usage"]["completion_tokens"] >= 1
+
+
+def test_export_tab_handlers(adapter, tmp_path):
+    """The page's GGUF handlers: the plan before, refusals, and the files + commands after (no browser)."""
+    import shutil
+
+    from ui.gguf import on_gguf_export, on_gguf_plan
+
+    adapter = Path(shutil.copytree(adapter, tmp_path / "run-copy" / "adapter"))  # its own gguf/ folder
+    plan = on_gguf_plan("pt", str(adapter), ["f16", "q8_0"])
+    assert "Precisa de cerca de" in plan and "mt-note-ok" in plan and "q8_0" in plan
+    assert "Choisissez au moins un format" in on_gguf_plan("fr", str(adapter), [])
+    assert on_gguf_plan("en", None, ["f16"]) == ""
+    status, commands = on_gguf_export("en", None, ["f16"], False, progress=None)
+    assert "Pick" in status or "pick" in status
+    status, commands = on_gguf_export("en", str(adapter), ["q8_0"], True, progress=None)
+    assert "GGUF export done" in status and "-q8_0.gguf" in status and "Modelfile" in status
+    assert commands["visible"] and commands["value"].startswith("ollama create ")
+    assert "llama-cli -m " in commands["value"]
