@@ -317,10 +317,10 @@ def tokenizer_metadata(model_dir: Path, vocab_size: int) -> dict[str, Any]:
             types.append(TOKEN_UNUSED)
         else:
             tokens.append(token)
-            if token in added:
-                types.append(TOKEN_CONTROL if added[token].get("special") else TOKEN_USER_DEFINED)
-            elif ggml_model == "llama" and token == model.get("unk_token"):
+            if ggml_model == "llama" and i == tok.unk_token_id:
                 types.append(TOKEN_UNKNOWN)
+            elif token in added:
+                types.append(TOKEN_CONTROL if added[token].get("special") else TOKEN_USER_DEFINED)
             elif ggml_model == "llama" and len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
                 types.append(TOKEN_BYTE)
             else:

@@ -59,14 +59,48 @@ def start_app(workdir: Path, port: int) -> subprocess.Popen:
     raise RuntimeError("app.py did not start within 90 s")
 
 
-def readme_shots(browser, url: str, out: Path, width: int) -> None:
-    """The README's screenshots (English)."""
-    page = browser.new_page(viewport={"width": width, "height": 1000}, device_scale_factor=1)
+RUNNING = ("(() => { const p = document.querySelector('#run-progress .mt-progress');"
+           " return p && (+p.dataset.step >= 60 || ['completed','stopped','failed'].includes(p.dataset.state)); })()")
+
+
+def open_demo(page, url: str) -> None:
+    """Load the page (on the demo) and preview its data."""
     page.goto(url)
     page.wait_for_selector("#start-btn")
     page.wait_for_selector("#mt-gauge-prediction", timeout=30_000)
     page.click("#preview-btn")
     page.wait_for_selector("#mt-preview svg", timeout=60_000)
+
+
+def start_run(page) -> None:
+    """Start the demo run and wait until it is well under way (or over)."""
+    page.click("#start-btn")
+    page.wait_for_function(RUNNING, timeout=180_000, polling=250)
+
+
+def try_it(page, prompt: str, done: str) -> None:
+    """Ask the newest adapter `prompt` in Try it and wait for the status line saying `done`."""
+    page.wait_for_selector("#try-adapter input")
+    page.click("#try-adapter input")
+    page.get_by_role("option").first.click()
+    page.locator("#try-prompt textarea").fill(prompt)
+    page.click("#try-send")
+    page.wait_for_function(f"document.querySelector('#try-status')?.textContent.includes({done!r})",
+                           timeout=180_000, polling=250)
+
+
+def open_newest_run(page) -> None:
+    """In History, open the newest run and wait for its curve."""
+    page.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=30_000)
+    page.click("#history-table [data-testid=cell-0-1]")
+    page.wait_for_selector("#mt-history-detail")
+    page.wait_for_selector("#history-plot canvas, #history-plot svg")
+
+
+def readme_shots(browser, url: str, out: Path, width: int) -> None:
+    """The README's screenshots (English)."""
+    page = browser.new_page(viewport={"width": width, "height": 1000}, device_scale_factor=1)
+    open_demo(page, url)
     page.wait_for_timeout(800)
     page.screenshot(path=str(out / "01-idle.png"), full_page=True)
     print("01-idle.png")
@@ -87,11 +121,7 @@ def readme_shots(browser, url: str, out: Path, width: int) -> None:
                            ".textContent.includes('demo-tiny-llama')")
 
     page.get_by_role("tab", name="1 · Model & data").click()
-    page.click("#start-btn")
-    page.wait_for_function(
-        "(() => { const p = document.querySelector('#run-progress .mt-progress');"
-        " return p && (+p.dataset.step >= 60 || ['completed','stopped','failed'].includes(p.dataset.state)); })()",
-        timeout=180_000, polling=250)
+    start_run(page)
     page.wait_for_timeout(300)
     page.screenshot(path=str(out / "03-running.png"), full_page=True)
     print("03-running.png")
@@ -108,22 +138,13 @@ def readme_shots(browser, url: str, out: Path, width: int) -> None:
     print("05-code.png")
 
     page.get_by_role("tab", name="Try it").click()
-    page.wait_for_selector("#try-adapter input")
-    page.click("#try-adapter input")
-    page.get_by_role("option").first.click()
-    page.locator("#try-prompt textarea").fill("Translate the word 'cat' into French.")
-    page.click("#try-send")
-    page.wait_for_function("document.querySelector('#try-status')?.textContent.includes('Done')",
-                           timeout=180_000, polling=250)
+    try_it(page, "Translate the word 'cat' into French.", "Done")
     page.wait_for_timeout(500)
     page.screenshot(path=str(out / "06-try-it.png"), full_page=True)
     print("06-try-it.png")
 
     page.get_by_role("tab", name="History").click()
-    page.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=30_000)
-    page.click("#history-table [data-testid=cell-0-1]")
-    page.wait_for_selector("#mt-history-detail")
-    page.wait_for_selector("#history-plot canvas, #history-plot svg")
+    open_newest_run(page)
     page.wait_for_timeout(1200)
     page.screenshot(path=str(out / "07-history.png"), full_page=True)
     print("07-history.png")
@@ -173,33 +194,19 @@ def tutorial_pass(browser, url: str, lang: str, width: int) -> None:
         page.screenshot(path=str(img / name), full_page=full_page)
         print(name, flush=True)
 
-    page.goto(url)
-    page.wait_for_selector("#start-btn")
+    open_demo(page, url)
     page.wait_for_function(f"document.querySelector('#start-btn').textContent.includes({t('run.start', lang)!r})")
-    page.wait_for_selector("#mt-gauge-prediction", timeout=30_000)
-    page.click("#preview-btn")
-    page.wait_for_selector("#mt-preview svg", timeout=60_000)
     shot("start")
     tab("tab.checklist")
     page.wait_for_selector("#check-qlora")
     shot("checklist")
     tab("tab.data")
-    page.click("#start-btn")
-    page.wait_for_function(
-        "(() => { const p = document.querySelector('#run-progress .mt-progress');"
-        " return p && (+p.dataset.step >= 60 || ['completed','stopped','failed'].includes(p.dataset.state)); })()",
-        timeout=180_000, polling=250)
+    start_run(page)
     shot("training")
     page.wait_for_selector("#run-result .mt-result", timeout=300_000)
     shot("finished")
     tab("tab.try")
-    page.wait_for_selector("#try-adapter input")
-    page.click("#try-adapter input")
-    page.get_by_role("option").first.click()
-    page.locator("#try-prompt textarea").fill(DEMO_PROMPT)
-    page.click("#try-send")
-    page.wait_for_function(f"document.querySelector('#try-status')?.textContent.includes({t('try.done', lang)!r})",
-                           timeout=180_000, polling=250)
+    try_it(page, DEMO_PROMPT, t("try.done", lang))
     shot("try")
     tab("tab.export")
     page.wait_for_selector("#export-merge-warning .mt-note", timeout=30_000)
@@ -209,10 +216,7 @@ def tutorial_pass(browser, url: str, lang: str, width: int) -> None:
     page.wait_for_selector("#gguf-commands")
     shot("export")
     tab("tab.history")
-    page.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=30_000)
-    page.click("#history-table [data-testid=cell-0-1]")
-    page.wait_for_selector("#mt-history-detail")
-    page.wait_for_selector("#history-plot canvas, #history-plot svg")
+    open_newest_run(page)
     shot("history")
     context.close()
     print(write_tutorial(lang), flush=True)

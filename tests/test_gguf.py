@@ -343,3 +343,41 @@ def test_export_tab_handlers(adapter, tmp_path):
     assert "GGUF export done" in status and "-q8_0.gguf" in status and "Modelfile" in status
     assert commands["visible"] and commands["value"].startswith("ollama create ")
     assert "llama-cli -m " in commands["value"]
+
+
+def test_sentencepiece_style_tokenizer_round_trips(tmp_path):
+    """Llama-2 / Mistral-7B style vocabularies (BPE with byte fallback and '▁' for spaces) become llama.cpp's
+    "llama" tokenizer: tokens, scores (earlier pieces merge first), types (unknown, control, byte) and merges;
+    transformers' GGUF loader rebuilds a tokenizer that encodes exactly as the original."""
+    from gguf import GGUFReader
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, LlamaTokenizer
+
+    from core.demo import demo_rows
+
+    corpus = [f"### Instruction:\n{r['instruction']}\n\n### Response:\n{r['response']}" for r in demo_rows()]
+    specials = ["<unk>", "<s>", "</s>", *(f"<0x{i:02X}>" for i in range(256))]
+    bpe = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    bpe.train_from_iterator(corpus, trainer=trainers.BpeTrainer(vocab_size=600, special_tokens=specials,
+                                                                show_progress=False))
+    spec = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in spec["merges"]]
+    tok = LlamaTokenizer(vocab=spec["vocab"], merges=merges, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    folder = tmp_path / "tiny-llama2"
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    path = export_gguf(model_dir=folder, formats=["f32"]).files["f32"]
+    fields = GGUFReader(path).fields
+    assert fields["tokenizer.ggml.model"].contents() == "llama"
+    assert fields["tokenizer.ggml.token_type"].contents()[:5] == [2, 3, 3, 6, 6]  # <unk>, <s>, </s>, <0x00>, <0x01>
+    assert fields["tokenizer.ggml.scores"].contents()[:3] == [0.0, -1.0, -2.0]
+    back = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    reference = AutoTokenizer.from_pretrained(folder)
+    for text in [*corpus[:3], "  odd   spacing\n\nand ünïcödé ✓"]:
+        assert back(text)["input_ids"] == reference(text)["input_ids"], text
+    diff = _max_diff(_logits(*_reference(folder)), _logits(*_gguf_model(path)))
+    assert diff < 1e-4

@@ -102,7 +102,7 @@ def build_section(lang0: str, tr: Any, lang: gr.Dropdown, adapter: gr.Dropdown) 
                     value="gguf.export")
     status = gr.HTML(elem_id="gguf-status")
     commands = tr.add(gr.Code("", language="shell", label=t("gguf.commands", lang0), interactive=False,
-                              wrap_lines=True, visible=False, elem_id="gguf-commands"), label="gguf.commands")
+                              visible=False, elem_id="gguf-commands"), label="gguf.commands")
     for trigger in (adapter.change, formats.change):
         trigger(on_gguf_plan, inputs=[lang, adapter, formats], outputs=[plan], show_progress="hidden")
     button.click(on_gguf_export, inputs=[lang, adapter, formats, replace], outputs=[status, commands])
