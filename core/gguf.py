@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import struct
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 

@@ -95,7 +95,7 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
     inputs that cannot be exported at all (no model, unsupported architecture, unknown format)."""
     import psutil
 
-    from core.export import ExportError, _local_model_dir, merge_plan
+    from core.export import _local_model_dir, merge_plan
 
     fmts = parse_formats(formats)
     if bool(adapter_dir) == bool(model_dir):
