@@ -524,6 +524,22 @@ EN: dict[str, str] = {
     "history.trust_confirm": ("{name} was trained with trust_remote_code, which runs Python code shipped with {model} on this "
                               "server. Its settings are in the form with trust_remote_code OFF and resume_from set: tick "
                               "trust_remote_code if you trust the model's author, then press Start to resume."),
+    "gguf.title": "GGUF for llama.cpp, Ollama and LM Studio",
+    "gguf.intro": ("Merges the adapter into its base model and writes one .gguf file per format, an Ollama Modelfile "
+                   "and a README with the commands, into the run's gguf/ folder. Supported: Llama (incl. 3.x), "
+                   "Mistral, Qwen2."),
+    "gguf.formats": "Formats (several at once)",
+    "gguf.format_f16": "f16: full quality",
+    "gguf.format_bf16": "bf16: full quality, for bf16 hardware",
+    "gguf.format_q8_0": "q8_0: half the size, near full quality",
+    "gguf.replace": "Replace an earlier GGUF export",
+    "gguf.export": "Export to GGUF",
+    "gguf.commands": "Run it",
+    "gguf.no_format": "Choose at least one format.",
+    "gguf.plan": ("Needs about {ram} of memory and {disk} of disk ({files}); free here: {ram_free} of memory, "
+                  "{disk_free} of disk. Written to {path}."),
+    "gguf.not_enough": "Not enough room: {message}",
+    "gguf.done": "GGUF export done in {path}: {files}",
 }
 
 PT: dict[str, str] = {
@@ -1049,6 +1065,22 @@ PT: dict[str, str] = {
                               "{model}. As configurações estão no formulário com trust_remote_code DESLIGADO e resume_from "
                               "preenchido: marque trust_remote_code se confiar no autor do modelo e depois clique em Iniciar para "
                               "retomar."),
+    "gguf.title": "GGUF para llama.cpp, Ollama e LM Studio",
+    "gguf.intro": ("Mescla o adaptador ao modelo base e grava um arquivo .gguf por formato, um Modelfile do Ollama "
+                   "e um README com os comandos, na pasta gguf/ da execução. Suportados: Llama (incl. 3.x), "
+                   "Mistral, Qwen2."),
+    "gguf.formats": "Formatos (vários de uma vez)",
+    "gguf.format_f16": "f16: qualidade total",
+    "gguf.format_bf16": "bf16: qualidade total, para hardware com bf16",
+    "gguf.format_q8_0": "q8_0: metade do tamanho, qualidade quase total",
+    "gguf.replace": "Substituir uma exportação GGUF anterior",
+    "gguf.export": "Exportar para GGUF",
+    "gguf.commands": "Para executar",
+    "gguf.no_format": "Escolha pelo menos um formato.",
+    "gguf.plan": ("Precisa de cerca de {ram} de memória e {disk} de disco ({files}); livres aqui: {ram_free} de "
+                  "memória, {disk_free} de disco. Gravado em {path}."),
+    "gguf.not_enough": "Espaço insuficiente: {message}",
+    "gguf.done": "Exportação GGUF concluída em {path}: {files}",
 }
 
 FR: dict[str, str] = {
@@ -1584,6 +1616,22 @@ FR: dict[str, str] = {
                               "{model}. Ses réglages sont dans le formulaire avec trust_remote_code DÉSACTIVÉ et resume_from rempli"
                               " : cochez trust_remote_code si vous faites confiance à l'auteur du modèle, puis appuyez sur Démarrer"
                               " pour reprendre."),
+    "gguf.title": "GGUF pour llama.cpp, Ollama et LM Studio",
+    "gguf.intro": ("Fusionne l'adaptateur dans son modèle de base et écrit un fichier .gguf par format, un Modelfile "
+                   "Ollama et un README avec les commandes, dans le dossier gguf/ de l'entraînement. Pris en charge : "
+                   "Llama (y compris 3.x), Mistral, Qwen2."),
+    "gguf.formats": "Formats (plusieurs à la fois)",
+    "gguf.format_f16": "f16 : qualité complète",
+    "gguf.format_bf16": "bf16 : qualité complète, pour le matériel bf16",
+    "gguf.format_q8_0": "q8_0 : moitié de la taille, qualité presque complète",
+    "gguf.replace": "Remplacer un export GGUF précédent",
+    "gguf.export": "Exporter en GGUF",
+    "gguf.commands": "Pour l'exécuter",
+    "gguf.no_format": "Choisissez au moins un format.",
+    "gguf.plan": ("Il faut environ {ram} de mémoire et {disk} de disque ({files}) ; libres ici : {ram_free} de "
+                  "mémoire, {disk_free} de disque. Écrit dans {path}."),
+    "gguf.not_enough": "Pas assez de place : {message}",
+    "gguf.done": "Export GGUF terminé dans {path} : {files}",
 }
 
 STRINGS: dict[str, dict[str, str]] = {"en": EN, "pt": PT, "fr": FR}

@@ -8,6 +8,12 @@ peak on the gauge), 02-checklist.png (the chapter's recipe: what each item saves
 03-running.png (mid-run: progress, loss curve, log), 04-finished.png (adapter ready, predicted vs measured peak),
 05-code.png (the settings as a command and a script), 06-try-it.png (base vs fine-tuned answers),
 07-history.png (the runs, one opened), 08-export.png, 09-checklist-pt.png (the checklist in Portuguese).
+
+It also writes the tutorial, docs/tutorial/{en,pt,fr}.md with one screenshot per step in that language
+(docs/tutorial/img/), and docs/tutorial/manifest.json (texts and rules: scripts/tutorial.py):
+
+    python scripts/screenshots.py                                # everything
+    python scripts/screenshots.py --only tutorial --languages en # one language's tutorial
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
+if str(ROOT) not in sys.path:  # scripts.tutorial and core.i18n, when run as a file
+    sys.path.insert(0, str(ROOT))
 BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
@@ -51,10 +59,176 @@ def start_app(workdir: Path, port: int) -> subprocess.Popen:
     raise RuntimeError("app.py did not start within 90 s")
 
 
+RUNNING = ("(() => { const p = document.querySelector('#run-progress .mt-progress');"
+           " return p && (+p.dataset.step >= 60 || ['completed','stopped','failed'].includes(p.dataset.state)); })()")
+
+
+def open_demo(page, url: str) -> None:
+    """Load the page (on the demo) and preview its data."""
+    page.goto(url)
+    page.wait_for_selector("#start-btn")
+    page.wait_for_selector("#mt-gauge-prediction", timeout=30_000)
+    page.click("#preview-btn")
+    page.wait_for_selector("#mt-preview svg", timeout=60_000)
+
+
+def start_run(page) -> None:
+    """Start the demo run and wait until it is well under way (or over)."""
+    page.click("#start-btn")
+    page.wait_for_function(RUNNING, timeout=180_000, polling=250)
+
+
+def try_it(page, prompt: str, done: str) -> None:
+    """Ask the newest adapter `prompt` in Try it and wait for the status line saying `done`."""
+    page.wait_for_selector("#try-adapter input")
+    page.click("#try-adapter input")
+    page.get_by_role("option").first.click()
+    page.locator("#try-prompt textarea").fill(prompt)
+    page.click("#try-send")
+    page.wait_for_function(f"document.querySelector('#try-status')?.textContent.includes({done!r})",
+                           timeout=180_000, polling=250)
+
+
+def open_newest_run(page) -> None:
+    """In History, open the newest run and wait for its curve."""
+    page.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=30_000)
+    page.click("#history-table [data-testid=cell-0-1]")
+    page.wait_for_selector("#mt-history-detail")
+    page.wait_for_selector("#history-plot canvas, #history-plot svg")
+
+
+def readme_shots(browser, url: str, out: Path, width: int) -> None:
+    """The README's screenshots (English)."""
+    page = browser.new_page(viewport={"width": width, "height": 1000}, device_scale_factor=1)
+    open_demo(page, url)
+    page.wait_for_timeout(800)
+    page.screenshot(path=str(out / "01-idle.png"), full_page=True)
+    print("01-idle.png")
+
+    # The checklist on the chapter's recipe (8B model): the per-item savings are worth reading there.
+    page.click("#preset-chapter")
+    page.wait_for_function("document.querySelector('#mt-summary [data-key=model]')"
+                           ".textContent.includes('Llama-3.1-8B')")
+    page.get_by_role("tab", name="2 · Memory checklist").click()
+    page.wait_for_selector("#check-qlora")
+    page.wait_for_function("+document.querySelector('#mt-gauge-prediction')?.dataset.predicted > 5")
+    page.wait_for_timeout(800)
+    page.screenshot(path=str(out / "02-checklist.png"), full_page=True)
+    print("02-checklist.png")
+    page.get_by_role("tab", name="1 · Model & data").click()
+    page.click("#preset-demo")
+    page.wait_for_function("document.querySelector('#mt-summary [data-key=model]')"
+                           ".textContent.includes('demo-tiny-llama')")
+
+    page.get_by_role("tab", name="1 · Model & data").click()
+    start_run(page)
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(out / "03-running.png"), full_page=True)
+    print("03-running.png")
+
+    page.wait_for_selector("#run-result .mt-result", timeout=300_000)
+    page.wait_for_timeout(1500)
+    page.screenshot(path=str(out / "04-finished.png"), full_page=True)
+    print("04-finished.png")
+
+    page.get_by_role("tab", name="4 · Settings & code").click()
+    page.wait_for_selector("#code-python")
+    page.wait_for_timeout(800)
+    page.screenshot(path=str(out / "05-code.png"), full_page=False)
+    print("05-code.png")
+
+    page.get_by_role("tab", name="Try it").click()
+    try_it(page, "Translate the word 'cat' into French.", "Done")
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(out / "06-try-it.png"), full_page=True)
+    print("06-try-it.png")
+
+    page.get_by_role("tab", name="History").click()
+    open_newest_run(page)
+    page.wait_for_timeout(1200)
+    page.screenshot(path=str(out / "07-history.png"), full_page=True)
+    print("07-history.png")
+
+    page.get_by_role("tab", name="Export").click()
+    page.wait_for_selector("#export-merge-warning .mt-note", timeout=30_000)
+    page.wait_for_timeout(800)
+    page.screenshot(path=str(out / "08-export.png"), full_page=True)
+    print("08-export.png")
+
+    # The checklist in Portuguese, on the chapter's recipe (as in 02).
+    page.get_by_role("tab", name="Train", exact=True).click()
+    page.get_by_role("tab", name="1 · Model & data").click()
+    page.click("#preset-chapter")
+    page.wait_for_function("document.querySelector('#mt-summary [data-key=model]')"
+                           ".textContent.includes('Llama-3.1-8B')")
+    page.get_by_role("tab", name="2 · Memory checklist").click()
+    page.wait_for_selector("#check-qlora")
+    page.click("#lang-select input")
+    page.get_by_role("option", name="Português").click()
+    page.wait_for_function("document.querySelector('#check-gradient_checkpointing')"
+                           ".textContent.includes('Ative gradient checkpointing')")
+    page.wait_for_function("+document.querySelector('#mt-gauge-prediction')?.dataset.predicted > 5")
+    page.wait_for_timeout(1500)
+    page.screenshot(path=str(out / "09-checklist-pt.png"), full_page=True)
+    print("09-checklist-pt.png")
+    page.close()
+
+
+def tutorial_pass(browser, url: str, lang: str, width: int) -> None:
+    """One language's tutorial: a fresh page whose browser asks for `lang`, the demo from start to GGUF export."""
+    from core.i18n import t
+    from scripts.tutorial import LOCALES, STEPS, TUTORIAL_DIR, DEMO_PROMPT, image_name, write_tutorial
+
+    img = TUTORIAL_DIR / "img"
+    img.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(locale=LOCALES[lang], viewport={"width": width, "height": 1000},
+                                  device_scale_factor=1)
+    page = context.new_page()
+
+    def tab(key: str) -> None:
+        page.get_by_role("tab", name=t(key, lang), exact=True).click()
+
+    def shot(step: str, full_page: bool = True) -> None:
+        page.wait_for_timeout(800)
+        name = image_name(lang, STEPS.index(step), step)
+        page.screenshot(path=str(img / name), full_page=full_page)
+        print(name, flush=True)
+
+    open_demo(page, url)
+    page.wait_for_function(f"document.querySelector('#start-btn').textContent.includes({t('run.start', lang)!r})")
+    shot("start")
+    tab("tab.checklist")
+    page.wait_for_selector("#check-qlora")
+    shot("checklist")
+    tab("tab.data")
+    start_run(page)
+    shot("training")
+    page.wait_for_selector("#run-result .mt-result", timeout=300_000)
+    shot("finished")
+    tab("tab.try")
+    try_it(page, DEMO_PROMPT, t("try.done", lang))
+    shot("try")
+    tab("tab.export")
+    page.wait_for_selector("#export-merge-warning .mt-note", timeout=30_000)
+    page.wait_for_selector("#gguf-plan .mt-note", timeout=30_000)
+    page.click("#gguf-export-btn")
+    page.wait_for_selector("#gguf-status .mt-note-ok", timeout=300_000)
+    page.wait_for_selector("#gguf-commands")
+    shot("export")
+    tab("tab.history")
+    open_newest_run(page)
+    shot("history")
+    context.close()
+    print(write_tutorial(lang), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "assets" / "screenshots"))
     ap.add_argument("--width", type=int, default=1440)
+    ap.add_argument("--only", choices=["readme", "tutorial"], default=None, help="only the README screenshots or "
+                    "only the tutorial (default: both)")
+    ap.add_argument("--languages", default="en,pt,fr", help="tutorial languages, comma-separated")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -68,95 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
-                page = browser.new_page(viewport={"width": args.width, "height": 1000}, device_scale_factor=1)
-                page.goto(f"http://127.0.0.1:{port}/")
-                page.wait_for_selector("#start-btn")
-                page.wait_for_selector("#mt-gauge-prediction", timeout=30_000)
-                page.click("#preview-btn")
-                page.wait_for_selector("#mt-preview svg", timeout=60_000)
-                page.wait_for_timeout(800)
-                page.screenshot(path=str(out / "01-idle.png"), full_page=True)
-                print("01-idle.png")
-
-                # The checklist on the chapter's recipe (8B model): the per-item savings are worth reading there.
-                page.click("#preset-chapter")
-                page.wait_for_function("document.querySelector('#mt-summary [data-key=model]')"
-                                       ".textContent.includes('Llama-3.1-8B')")
-                page.get_by_role("tab", name="2 · Memory checklist").click()
-                page.wait_for_selector("#check-qlora")
-                page.wait_for_function("+document.querySelector('#mt-gauge-prediction')?.dataset.predicted > 5")
-                page.wait_for_timeout(800)
-                page.screenshot(path=str(out / "02-checklist.png"), full_page=True)
-                print("02-checklist.png")
-                page.get_by_role("tab", name="1 · Model & data").click()
-                page.click("#preset-demo")
-                page.wait_for_function("document.querySelector('#mt-summary [data-key=model]')"
-                                       ".textContent.includes('demo-tiny-llama')")
-
-                page.get_by_role("tab", name="1 · Model & data").click()
-                page.click("#start-btn")
-                page.wait_for_function(
-                    "(() => { const p = document.querySelector('#run-progress .mt-progress');"
-                    " return p && (+p.dataset.step >= 60 || ['completed','stopped','failed'].includes(p.dataset.state)); })()",
-                    timeout=180_000, polling=250)
-                page.wait_for_timeout(300)
-                page.screenshot(path=str(out / "03-running.png"), full_page=True)
-                print("03-running.png")
-
-                page.wait_for_selector("#run-result .mt-result", timeout=300_000)
-                page.wait_for_timeout(1500)
-                page.screenshot(path=str(out / "04-finished.png"), full_page=True)
-                print("04-finished.png")
-
-                page.get_by_role("tab", name="4 · Settings & code").click()
-                page.wait_for_selector("#code-python")
-                page.wait_for_timeout(800)
-                page.screenshot(path=str(out / "05-code.png"), full_page=False)
-                print("05-code.png")
-
-                page.get_by_role("tab", name="Try it").click()
-                page.wait_for_selector("#try-adapter input")
-                page.click("#try-adapter input")
-                page.get_by_role("option").first.click()
-                page.locator("#try-prompt textarea").fill("Translate the word 'cat' into French.")
-                page.click("#try-send")
-                page.wait_for_function("document.querySelector('#try-status')?.textContent.includes('Done')",
-                                       timeout=180_000, polling=250)
-                page.wait_for_timeout(500)
-                page.screenshot(path=str(out / "06-try-it.png"), full_page=True)
-                print("06-try-it.png")
-
-                page.get_by_role("tab", name="History").click()
-                page.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=30_000)
-                page.click("#history-table [data-testid=cell-0-1]")
-                page.wait_for_selector("#mt-history-detail")
-                page.wait_for_selector("#history-plot canvas, #history-plot svg")
-                page.wait_for_timeout(1200)
-                page.screenshot(path=str(out / "07-history.png"), full_page=True)
-                print("07-history.png")
-
-                page.get_by_role("tab", name="Export").click()
-                page.wait_for_selector("#export-merge-warning .mt-note", timeout=30_000)
-                page.wait_for_timeout(800)
-                page.screenshot(path=str(out / "08-export.png"), full_page=True)
-                print("08-export.png")
-
-                # The checklist in Portuguese, on the chapter's recipe (as in 02).
-                page.get_by_role("tab", name="Train", exact=True).click()
-                page.get_by_role("tab", name="1 · Model & data").click()
-                page.click("#preset-chapter")
-                page.wait_for_function("document.querySelector('#mt-summary [data-key=model]')"
-                                       ".textContent.includes('Llama-3.1-8B')")
-                page.get_by_role("tab", name="2 · Memory checklist").click()
-                page.wait_for_selector("#check-qlora")
-                page.click("#lang-select input")
-                page.get_by_role("option", name="Português").click()
-                page.wait_for_function("document.querySelector('#check-gradient_checkpointing')"
-                                       ".textContent.includes('Ative gradient checkpointing')")
-                page.wait_for_function("+document.querySelector('#mt-gauge-prediction')?.dataset.predicted > 5")
-                page.wait_for_timeout(1500)
-                page.screenshot(path=str(out / "09-checklist-pt.png"), full_page=True)
-                print("09-checklist-pt.png")
+                if args.only != "tutorial":
+                    readme_shots(browser, f"http://127.0.0.1:{port}/", out, args.width)
+                if args.only != "readme":
+                    for lang in [code.strip() for code in args.languages.split(",") if code.strip()]:
+                        tutorial_pass(browser, f"http://127.0.0.1:{port}/", lang, args.width)
                 browser.close()
         finally:
             proc.terminate()

@@ -476,6 +476,9 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                                  label="export.merge_confirm")
                 merge_btn = tr.add(gr.Button(L("export.merge"), variant="primary", elem_id="export-merge-btn"),
                                    value="export.merge")
+        from ui.gguf import build_section as gguf_section  # GGUF files for llama.cpp / Ollama (ui/gguf.py)
+
+        gguf_section(lang0, tr, lang, exp_adapter)
 
     # ---------------- history ----------------
     with gr.Tab(L("tab.history"), id="tab-history", elem_id="tab-history") as history_tab:

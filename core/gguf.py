@@ -1,0 +1,400 @@
+"""GGUF export: a transformers model folder (or a memtune adapter merged into its base) -> .gguf files for llama.cpp,
+Ollama and LM Studio, in several formats in one go, with an Ollama Modelfile and a README of the exact commands.
+
+The file format, the quantizers and llama.cpp's tensor names come from the `gguf` package (llama.cpp's own
+gguf-py). Which tensors and metadata a transformers model becomes is ours, following llama.cpp's converter
+(convert_hf_to_gguf.py) for the architectures below:
+
+- Llama (and Mistral, which llama.cpp runs as `llama`): q/k projection rows are permuted from transformers'
+  rotate-half layout to llama.cpp's interleaved RoPE layout (`permute_qk`; transformers' GGUF loader undoes it);
+  Llama-3.1+ "llama3" RoPE scaling becomes the `rope_freqs` tensor llama.cpp multiplies the frequencies by.
+- Qwen2: same tensors (plus q/k/v biases), no permutation (llama.cpp runs it with NEOX RoPE, like transformers).
+
+Tensors are converted and written one at a time from the safetensors files (the GGUF writer's streaming API), so
+converting needs little memory beyond one tensor; merging the adapter first is what needs RAM (core.export).
+`export_gguf` writes everything into a temporary folder and renames it into place; a `memtune-gguf.json`
+marker says the folder is memtune's, the only kind it will replace.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+GiB = 2**30
+MiB = 2**20
+MARKER = "memtune-gguf.json"
+Progress = Callable[[float, str], Any]
+
+# memtune format name -> (GGML tensor type for 2-D weights, llama.cpp file type). 1-D tensors stay F32.
+FORMATS = {"f16": ("F16", "MOSTLY_F16"), "bf16": ("BF16", "MOSTLY_BF16"), "q8_0": ("Q8_0", "MOSTLY_Q8_0"),
+           "f32": ("F32", "ALL_F32")}
+# transformers architecture -> (llama.cpp architecture, whether q/k rows are permuted for llama.cpp's RoPE)
+ARCHITECTURES = {"LlamaForCausalLM": ("LLAMA", True), "MistralForCausalLM": ("LLAMA", True),
+                 "Qwen2ForCausalLM": ("QWEN2", False)}
+# Byte-level BPE pre-tokenizer regexes (tokenizer.json Split patterns) -> llama.cpp's `tokenizer.ggml.pre` names
+PRE_TOKENIZERS = {
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+":
+        "llama-bpe",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+":
+        "qwen2",
+}
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
+
+
+class GGUFError(RuntimeError):
+    """A GGUF export could not be done; the message says why and what to do."""
+
+
+def supported_text() -> str:
+    return "Llama (incl. Llama 3.x), Mistral and Qwen2 models (" + ", ".join(ARCHITECTURES) + ")"
+
+
+def parse_formats(formats: str | list[str] | tuple[str, ...]) -> list[str]:
+    """'f16,q8_0' or ['f16', 'q8_0'] -> the known format names in order, once each; GGUFError for unknown ones."""
+    items = formats.split(",") if isinstance(formats, str) else list(formats)
+    names = [f.strip().lower() for f in items if f and f.strip()]
+    bad = [f for f in names if f not in FORMATS]
+    if bad or not names:
+        raise GGUFError(f"Unknown GGUF format(s) {', '.join(bad) or '(none chosen)'}: choose one or more of "
+                        f"{', '.join(FORMATS)} (f16 = full quality, q8_0 = half the size, near full quality).")
+    return list(dict.fromkeys(names))
+
+
+# --- model folder: config, architecture, tensor shapes ----------------------------------------------------------
+def read_config(model_dir: Path) -> dict[str, Any]:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise GGUFError(f"{model_dir} has no config.json: it is not a transformers model folder.")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def architecture(config: dict[str, Any]) -> tuple[str, bool]:
+    """(llama.cpp architecture name, permute q/k) for a config.json, or GGUFError naming what is supported."""
+    import gguf
+
+    archs = config.get("architectures") or []
+    for name in archs:
+        if name in ARCHITECTURES:
+            arch, permute = ARCHITECTURES[name]
+            return gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch)], permute
+    if config.get("vision_config") or config.get("text_config"):
+        what = "a multimodal model"
+    else:
+        what = ", ".join(archs) or config.get("model_type", "an unknown architecture")
+    raise GGUFError(f"GGUF export supports {supported_text()}; this model is {what}. Use the merged model folder "
+                    "or the adapter zip instead, or llama.cpp's own convert_hf_to_gguf.py on the merged folder.")
+
+
+def safetensors_shapes(model_dir: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape from the folder's safetensors headers (no weights read)."""
+    shapes: dict[str, list[int]] = {}
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with path.open("rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        shapes.update({k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+    return shapes
+
+
+def _tied(config: dict[str, Any]) -> bool:
+    return bool(config.get("tie_word_embeddings", False))
+
+
+def tensor_type(fmt: str, gguf_name: str, shape: list[int]) -> str:
+    """The GGML type a tensor gets in format `fmt`: 1-D (norms, biases, rope_freqs) stay F32, as in llama.cpp; a
+    row not a multiple of the 32-value Q8_0 block falls back to F16."""
+    kind = FORMATS[fmt][0]
+    if len(shape) < 2 or gguf_name == "rope_freqs.weight":
+        return "F32"
+    if kind == "Q8_0" and shape[-1] % 32:
+        return "F16"
+    return kind
+
+
+def tensor_nbytes(kind: str, shape: list[int]) -> int:
+    import gguf
+
+    qtype = getattr(gguf.GGMLQuantizationType, kind)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    return math.prod(shape[:-1]) * (shape[-1] // block) * size
+
+
+# --- tensors --------------------------------------------------------------------------------------------------------
+def permute_qk(weights: np.ndarray, n_head: int) -> np.ndarray:
+    """transformers' rotate-half q/k rows -> llama.cpp's interleaved pairs (convert_hf_to_gguf's LlamaModel.permute);
+    n_head is the key/value head count for k_proj."""
+    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def rope_params(config: dict[str, Any]) -> dict[str, Any]:
+    """RoPE settings from either transformers 5's `rope_parameters` or the older `rope_theta` + `rope_scaling`."""
+    params = dict(config.get("rope_scaling") or {})
+    params.update(config.get("rope_parameters") or {})
+    params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+    params["rope_type"] = params.get("rope_type", params.get("type", "default")) or "default"
+    return params
+
+
+def head_dim(config: dict[str, Any]) -> int:
+    return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+
+
+def llama3_rope_factors(config: dict[str, Any]) -> np.ndarray:
+    """Per-frequency divisors of Llama-3.1's "llama3" RoPE scaling (llama.cpp reads them from `rope_freqs`)."""
+    rp = rope_params(config)
+    dim = head_dim(config)
+    freqs = 1.0 / (float(rp["rope_theta"]) ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    factor, low, high = float(rp.get("factor", 8.0)), float(rp.get("low_freq_factor", 1.0)), \
+        float(rp.get("high_freq_factor", 4.0))
+    old_ctx = float(rp.get("original_max_position_embeddings", 8192))
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_ctx / high:
+            out.append(1.0)
+        elif wavelen > old_ctx / low:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
+def tensor_plan(model_dir: Path, config: dict[str, Any]) -> list[tuple[str, str | None, list[int]]]:
+    """[(gguf name, source safetensors name or None for generated, shape)] in file order; GGUFError if a weight
+    has no llama.cpp name (an architecture variant we do not map)."""
+    import gguf
+
+    arch, _ = architecture(config)
+    arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    names = gguf.get_tensor_name_map(arch_enum, int(config["num_hidden_layers"]))
+    plan: list[tuple[str, str | None, list[int]]] = []
+    for src, shape in safetensors_shapes(model_dir).items():
+        if src.endswith("rotary_emb.inv_freq") or (src == "lm_head.weight" and _tied(config)):
+            continue  # recomputed from the metadata / the same matrix as token_embd
+        dst = names.get_name(src, try_suffixes=(".weight", ".bias"))
+        if dst is None:
+            raise GGUFError(f"The weight {src} has no GGUF name for {arch}: this model variant is not supported. "
+                            f"GGUF export supports {supported_text()}.")
+        plan.append((dst, src, shape))
+    if not plan:
+        raise GGUFError(f"{model_dir} has no .safetensors weights to convert.")
+    if rope_params(config)["rope_type"] == "llama3":
+        plan.append(("rope_freqs.weight", None, [head_dim(config) // 2]))
+    return plan
+
+
+def file_bytes(plan: list[tuple[str, str | None, list[int]]], fmt: str) -> int:
+    return sum(tensor_nbytes(tensor_type(fmt, name, shape), shape) for name, _, shape in plan)
+
+
+def _tensor_data(model_dir: Path, config: dict[str, Any], plan) -> Iterator[np.ndarray]:
+    """float32 arrays in plan order, read one at a time from the safetensors files."""
+    from safetensors import safe_open
+
+    _, permute = architecture(config)
+    where = {}
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as fh:
+            where.update({k: path for k in fh.keys()})
+    n_head, n_kv = int(config["num_attention_heads"]), int(config.get("num_key_value_heads") or
+                                                         config["num_attention_heads"])
+    for _, src, _ in plan:
+        if src is None:
+            yield llama3_rope_factors(config)
+            continue
+        with safe_open(str(where[src]), framework="pt") as fh:
+            data = fh.get_tensor(src).float().numpy()
+        if permute and (src.endswith("q_proj.weight") or src.endswith("q_proj.bias")):
+            data = permute_qk(data, n_head)
+        elif permute and (src.endswith("k_proj.weight") or src.endswith("k_proj.bias")):
+            data = permute_qk(data, n_kv)
+        yield data
+
+
+def _encode(data: np.ndarray, kind: str) -> np.ndarray:
+    import gguf
+
+    if kind == "F32":
+        return data.astype(np.float32)
+    if kind == "F16":
+        return data.astype(np.float16)
+    return gguf.quants.quantize(data.astype(np.float32), getattr(gguf.GGMLQuantizationType, kind))
+
+
+# --- metadata ---------------------------------------------------------------------------------------------------------
+def write_model_metadata(writer, config: dict[str, Any], name: str, fmt: str) -> None:
+    import gguf
+
+    writer.add_name(name)
+    writer.add_file_type(getattr(gguf.LlamaFileType, FORMATS[fmt][1]))
+    if fmt == "q8_0":
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    n_head = int(config["num_attention_heads"])
+    writer.add_context_length(int(config.get("max_position_embeddings", 2048)))
+    writer.add_embedding_length(int(config["hidden_size"]))
+    writer.add_block_count(int(config["num_hidden_layers"]))
+    writer.add_feed_forward_length(int(config["intermediate_size"]))
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(int(config.get("num_key_value_heads") or n_head))
+    writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
+    writer.add_vocab_size(int(config["vocab_size"]))
+    dim = head_dim(config)
+    writer.add_rope_dimension_count(dim)
+    if dim != int(config["hidden_size"]) // n_head:  # e.g. Mistral Nemo: heads narrower than hidden/heads
+        writer.add_key_length(dim)
+        writer.add_value_length(dim)
+    rp = rope_params(config)
+    writer.add_rope_freq_base(float(rp["rope_theta"]))
+    kind = rp["rope_type"]
+    if kind == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(rp["factor"]))
+    elif kind == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(float(rp["factor"]))
+        if rp.get("original_max_position_embeddings"):
+            writer.add_rope_scaling_orig_ctx_len(int(rp["original_max_position_embeddings"]))
+    elif kind not in ("default", "llama3"):  # llama3 is the rope_freqs tensor
+        raise GGUFError(f"RoPE scaling {kind!r} has no GGUF mapping here (supported: none, linear, yarn, llama3).")
+
+
+def _token_text(token: Any) -> str:
+    return token if isinstance(token, str) else " ".join(token)  # merges: "a b" strings or [a, b] pairs
+
+
+def tokenizer_metadata(model_dir: Path, vocab_size: int) -> dict[str, Any]:
+    """Everything llama.cpp needs to tokenize like transformers: model, pre-tokenizer, tokens + types, merges,
+    special token ids, add_bos/eos, chat template. GGUFError for tokenizers llama.cpp cannot reproduce."""
+    from transformers import AutoTokenizer
+
+    path = Path(model_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise GGUFError(f"{model_dir} has no tokenizer.json (a fast tokenizer), which GGUF export reads the "
+                        "vocabulary from. Save the tokenizer with transformers (tokenizer.save_pretrained).")
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE":
+        raise GGUFError(f"The tokenizer is {model.get('type')!r}; GGUF export supports BPE tokenizers (byte-level "
+                        "like Llama 3 and Qwen2, or SentencePiece-style like Llama 2 and Mistral).")
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    text = json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
+    byte_level = '"ByteLevel"' in text
+    if byte_level:
+        patterns = [p.get("pattern", {}).get("Regex") for p in _walk(spec.get("pre_tokenizer"))
+                    if p.get("type") == "Split"]
+        patterns = [p for p in patterns if p]
+        if not patterns:
+            pre = "gpt-2"  # ByteLevel with its built-in GPT-2 regex
+        elif patterns[0] in PRE_TOKENIZERS:
+            pre = PRE_TOKENIZERS[patterns[0]]
+        else:
+            raise GGUFError("The tokenizer splits text with a pattern llama.cpp does not know (supported: GPT-2, "
+                            "Llama 3, Qwen2), so llama.cpp would tokenize differently from training.")
+        ggml_model = "gpt2"
+    elif model.get("byte_fallback"):
+        ggml_model, pre = "llama", "default"  # SentencePiece BPE as exported to tokenizer.json
+    else:
+        raise GGUFError("The tokenizer is neither byte-level BPE nor SentencePiece BPE with byte fallback; "
+                        "llama.cpp could not reproduce it.")
+    vocab = tok.get_vocab()
+    by_id = {i: t for t, i in vocab.items()}
+    added = {a["content"]: a for a in spec.get("added_tokens", [])}
+    tokens, types, scores = [], [], []
+    for i in range(max(vocab_size, len(by_id))):
+        token = by_id.get(i)
+        if token is None:  # embedding rows past the tokenizer (padding): llama.cpp's [PAD{i}] convention
+            tokens.append(f"[PAD{i}]")
+            types.append(TOKEN_UNUSED)
+        else:
+            tokens.append(token)
+            if ggml_model == "llama" and i == tok.unk_token_id:
+                types.append(TOKEN_UNKNOWN)
+            elif token in added:
+                types.append(TOKEN_CONTROL if added[token].get("special") else TOKEN_USER_DEFINED)
+            elif ggml_model == "llama" and len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+                types.append(TOKEN_BYTE)
+            else:
+                types.append(TOKEN_NORMAL)
+        scores.append(-float(i))  # SentencePiece BPE: earlier pieces merge first
+    ids = tok("a")["input_ids"]
+    meta = dict(model=ggml_model, pre=pre, tokens=tokens, token_types=types, scores=scores,
+                merges=[_token_text(m) for m in model.get("merges", [])],
+                bos=tok.bos_token_id, eos=tok.eos_token_id, unk=tok.unk_token_id, pad=tok.pad_token_id,
+                add_bos=bool(ids) and ids[0] == tok.bos_token_id,
+                add_eos=bool(ids) and ids[-1] == tok.eos_token_id and len(ids) > 1,
+                chat_template=tok.chat_template if isinstance(tok.chat_template, str) else None,
+                eos_text=tok.eos_token, bos_text=tok.bos_token)
+    if len(tokens) > vocab_size:
+        raise GGUFError(f"The tokenizer has {len(tokens)} tokens but the model's embedding only {vocab_size} rows.")
+    return meta
+
+
+def _walk(node: Any) -> Iterator[dict]:
+    if isinstance(node, dict):
+        yield node
+        for child in node.get("pretokenizers", []) or []:
+            yield from _walk(child)
+
+
+def write_tokenizer_metadata(writer, meta: dict[str, Any]) -> None:
+    writer.add_tokenizer_model(meta["model"])
+    writer.add_tokenizer_pre(meta["pre"])
+    writer.add_token_list(meta["tokens"])
+    writer.add_token_types(meta["token_types"])
+    if meta["model"] == "llama":
+        writer.add_token_scores(meta["scores"])
+    if meta["merges"]:
+        writer.add_token_merges(meta["merges"])
+    for key, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id),
+                     ("unk", writer.add_unk_token_id), ("pad", writer.add_pad_token_id)):
+        if meta[key] is not None:
+            add(int(meta[key]))
+    writer.add_add_bos_token(meta["add_bos"])
+    writer.add_add_eos_token(meta["add_eos"])
+    if meta["chat_template"]:
+        writer.add_chat_template(meta["chat_template"])
+
+
+# --- one file ---------------------------------------------------------------------------------------------------------
+def write_gguf(model_dir: Path, path: Path, fmt: str, name: str, progress: Progress | None = None) -> Path:
+    """Convert the transformers model folder `model_dir` into the GGUF file `path` in format `fmt`, one tensor at
+    a time (the GGUF writer's streaming API: tensor infos first, then each tensor's data)."""
+    import gguf
+
+    model_dir, path = Path(model_dir), Path(path)
+    config = read_config(model_dir)
+    arch, _ = architecture(config)
+    plan = tensor_plan(model_dir, config)
+    tok_meta = tokenizer_metadata(model_dir, int(config["vocab_size"]))
+    writer = gguf.GGUFWriter(str(path), arch)
+    try:
+        write_model_metadata(writer, config, name, fmt)
+        write_tokenizer_metadata(writer, tok_meta)
+        kinds = [tensor_type(fmt, dst, shape) for dst, _, shape in plan]
+        for (dst, _, shape), kind in zip(plan, kinds):
+            qtype = getattr(gguf.GGMLQuantizationType, kind)
+            if kind in ("F32", "F16"):
+                writer.add_tensor_info(dst, shape, np.dtype(np.float32 if kind == "F32" else np.float16),
+                                       tensor_nbytes(kind, shape))
+            else:
+                byte_shape = list(gguf.quants.quant_shape_to_byte_shape(tuple(shape), qtype))
+                writer.add_tensor_info(dst, byte_shape, np.dtype(np.uint8), tensor_nbytes(kind, shape),
+                                       raw_dtype=qtype)
+        writer.write_header_to_file(path)
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for i, (data, kind) in enumerate(zip(_tensor_data(model_dir, config, plan), kinds)):
+            writer.write_tensor_data(_encode(data, kind))
+            if progress is not None and (i % 8 == 0 or i == len(plan) - 1):
+                progress((i + 1) / len(plan), f"{path.name}: tensor {i + 1}/{len(plan)}")
+    finally:
+        writer.close()
+    return path

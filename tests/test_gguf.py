@@ -1,0 +1,383 @@
+"""GGUF export, end to end on the CPU: a tiny demo adapter is trained, merged and written as f16 and q8_0 in one
+call; the files are read back with the `gguf` package's reader and loaded with transformers' GGUF loader, whose
+logits must match the merged model's (f16: up to float16 rounding of the bf16 merged weights; q8_0: within the
+tolerance stated in test_q8_0_logits). Tiny Qwen2 and Mistral models check the other mappings the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from core.gguf import GGUFError, llama3_rope_factors, parse_formats
+from core.gguf_export import export_gguf, plan_gguf
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = ["### Instruction:\nTranslate the word 'cat' into French.\n\n### Response:\nchat",
+           "### Instruction:\nWhat is the French word for 'sun'?\n\n### Response:\n"]
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory, demo_model_path) -> Path:
+    from core.config import demo_config
+    from core.train import run_training
+
+    result = run_training(demo_config(max_steps=6, output_dir=str(tmp_path_factory.mktemp("runs"))))
+    assert result.status == "completed", result.message
+    return Path(result.adapter_dir)
+
+
+@pytest.fixture(scope="module")
+def exported(adapter):
+    events = []
+    result = export_gguf(adapter_dir=adapter, formats="f16,q8_0", progress=lambda f, m: events.append((f, m)))
+    return result, events
+
+
+@pytest.fixture(scope="module")
+def merged(adapter, tmp_path_factory) -> Path:
+    from core.export import merge_adapter
+
+    return merge_adapter(adapter, tmp_path_factory.mktemp("merged") / "m")
+
+
+def _logits(model, tokenizer) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [model(tokenizer(p, return_tensors="pt")["input_ids"]).logits[0] for p in PROMPTS]
+
+
+def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max((x - y).abs().max().item() for x, y in zip(a, b))
+
+
+def _gguf_model(path: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def _reference(folder: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(folder)
+
+
+def test_one_call_writes_both_files_modelfile_readme_and_no_temp(exported, adapter):
+    result, events = exported
+    run_dir = adapter.parent
+    assert result.out_dir == run_dir / "gguf"
+    assert sorted(result.files) == ["f16", "q8_0"]
+    names = sorted(p.name for p in result.out_dir.iterdir())
+    assert names == sorted([*(p.name for p in result.files.values()), "Modelfile", "README.md",
+                            "memtune-gguf.json"])
+    assert result.files["q8_0"].stat().st_size < 0.65 * result.files["f16"].stat().st_size
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".")], "a temporary folder was left behind"
+    modelfile = result.modelfile.read_text()
+    assert f"FROM ./{result.files['q8_0'].name}" in modelfile  # the smallest file
+    assert "### Instruction:\n{{ .Prompt }}" in modelfile  # the demo has no chat template: memtune's prompt
+    assert 'PARAMETER stop "</s>"' in modelfile
+    readme = result.readme.read_text()
+    for command in result.commands:
+        assert command in readme
+    assert result.commands[0].startswith("ollama create ") and result.commands[0].endswith("/Modelfile")
+    assert any(c.startswith("llama-cli -m ") and result.files["f16"].name in c for c in result.commands)
+    # progress: starts with the RAM/disk plan, only goes forward, ends at 100 %
+    assert events[0][1].startswith("Needs about") and "RAM" in events[0][1] and "disk" in events[0][1]
+    fractions = [f for f, _ in events]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    marker = json.loads((result.out_dir / "memtune-gguf.json").read_text())
+    assert marker["formats"] == ["f16", "q8_0"]
+    assert result.commands[0].startswith(f"ollama create {marker['ollama_name']} -f ")
+
+
+def test_reader_sees_names_shapes_dtypes_and_metadata(exported, demo_model_path):
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFReader
+
+    result, _ = exported
+    config = json.loads((demo_model_path / "config.json").read_text())
+    spec = json.loads((demo_model_path / "tokenizer.json").read_text())
+    per_layer = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "attn_norm",
+                 "ffn_norm"]
+    expected = {"token_embd.weight", "output_norm.weight", "output.weight"} | {
+        f"blk.{i}.{n}.weight" for i in range(config["num_hidden_layers"]) for n in per_layer}
+    hidden, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    kv = config["num_key_value_heads"] * hidden // config["num_attention_heads"]
+    shapes = {"token_embd.weight": [hidden, vocab], "output.weight": [hidden, vocab], "blk.0.attn_k.weight": [hidden, kv],
+              "blk.0.ffn_down.weight": [inter, hidden], "blk.1.attn_norm.weight": [hidden]}  # GGUF lists ne: cols first
+    for fmt, matrix_type in (("f16", Q.F16), ("q8_0", Q.Q8_0)):
+        reader = GGUFReader(result.files[fmt])
+        tensors = {t.name: t for t in reader.tensors}
+        assert set(tensors) == expected
+        for name, shape in shapes.items():
+            assert list(tensors[name].shape) == shape, name
+        for name, tensor in tensors.items():
+            assert tensor.tensor_type == (Q.F32 if name.endswith("norm.weight") else matrix_type), name
+
+        def field(key):
+            f = reader.fields[key]
+            return f.contents()
+
+        assert field("general.architecture") == "llama"
+        assert field("llama.block_count") == config["num_hidden_layers"]
+        assert field("llama.context_length") == config["max_position_embeddings"]
+        assert field("llama.embedding_length") == hidden and field("llama.feed_forward_length") == inter
+        assert field("llama.attention.head_count") == config["num_attention_heads"]
+        assert field("llama.attention.head_count_kv") == config["num_key_value_heads"]
+        assert field("llama.rope.dimension_count") == hidden // config["num_attention_heads"]
+        assert field("llama.attention.layer_norm_rms_epsilon") == pytest.approx(config["rms_norm_eps"])
+        assert field("tokenizer.ggml.model") == "gpt2" and field("tokenizer.ggml.pre") == "gpt-2"
+        tokens = field("tokenizer.ggml.tokens")
+        assert len(tokens) == vocab and tokens[:3] == ["<s>", "</s>", "<pad>"]
+        assert field("tokenizer.ggml.token_type")[:4] == [3, 3, 3, 1]  # the specials are CONTROL
+        assert len(field("tokenizer.ggml.merges")) == len(spec["model"]["merges"])
+        assert (field("tokenizer.ggml.bos_token_id"), field("tokenizer.ggml.eos_token_id")) == (0, 1)
+        assert field("tokenizer.ggml.add_bos_token") is True
+        assert field("general.file_type") == (1 if fmt == "f16" else 7)
+
+
+def test_transformers_gguf_tokenizer_matches_the_demo_tokenizer(exported, demo_tokenizer):
+    from transformers import AutoTokenizer
+
+    path = exported[0].files["f16"]
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    for text in [*PROMPTS, "  odd   spacing\n\nand ünïcödé ✓"]:
+        assert tok(text)["input_ids"] == demo_tokenizer(text)["input_ids"], text
+        assert tok.decode(tok(text)["input_ids"], skip_special_tokens=True) == text
+
+
+def test_f16_logits_match_the_merged_model(exported, merged):
+    """The merged weights are bf16; every bf16 value in the normal range is exact in f16, so the GGUF model is the
+    merged model up to the rare subnormal: logits agree to float32 round-off."""
+    ref = _logits(*_reference(merged))
+    got = _logits(*_gguf_model(exported[0].files["f16"]))
+    diff = _max_diff(ref, got)
+    print(f"f16 max |logit difference| = {diff:.3g}")
+    assert diff < 1e-3
+
+
+def test_q8_0_logits_within_stated_tolerance(exported, merged):
+    """Q8_0 keeps 8 bits per weight and one f16 scale per block of 32 (weight error <= 1/254 of the block's
+    largest). Two checks:
+    - exact: the file is the merged model with every matrix quantized by the gguf package's Q8_0 quantizer
+      (logits equal those of that model to float32 round-off, 1e-4);
+    - stated tolerance against the unquantized merged model: mean |logit difference| <= 5 % of the logits'
+      standard deviation, max <= 10 % of their range, and the same top token wherever the reference's top two
+      are further apart than that max. (Measured on the demo: mean 3.3 % of std, max 5.7 % of range; the demo's
+      deliberately large random weights, init 0.3, amplify rounding more than a pretrained model does.)"""
+    import gguf
+
+    model, tokenizer = _reference(merged)
+    ref = _logits(model, tokenizer)
+    got = _logits(*_gguf_model(exported[0].files["q8_0"]))
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(p.numpy(), q8), q8)))
+    simulated = _logits(model, tokenizer)
+    assert _max_diff(simulated, got) < 1e-4
+    diff = _max_diff(ref, got)
+    mean = max((r - g).abs().mean().item() for r, g in zip(ref, got))
+    std = min(r.std().item() for r in ref)
+    span = min((r.max() - r.min()).item() for r in ref)
+    print(f"q8_0 |logit difference|: max {diff:.3g} ({diff / span:.1%} of range), mean {mean:.3g} "
+          f"({mean / std:.1%} of std)")
+    assert mean <= 0.05 * std and diff <= 0.10 * span
+    for r, g in zip(ref, got):
+        top2 = r.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > diff
+        assert torch.equal(r.argmax(-1)[clear], g.argmax(-1)[clear])
+
+
+def _tiny_model(folder: Path, arch: str, demo_model_path: Path, **extra) -> Path:
+    import transformers
+    from transformers import AutoTokenizer
+
+    config_cls = {"qwen2": transformers.Qwen2Config, "mistral": transformers.MistralConfig,
+                  "llama": transformers.LlamaConfig}[arch]
+    model_cls = {"qwen2": transformers.Qwen2ForCausalLM, "mistral": transformers.MistralForCausalLM,
+                 "llama": transformers.LlamaForCausalLM}[arch]
+    tok = AutoTokenizer.from_pretrained(demo_model_path)
+    config = config_cls(vocab_size=len(tok) + 8, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                        bos_token_id=0, eos_token_id=1, tie_word_embeddings=arch == "qwen2", **extra)
+    torch.manual_seed(0)
+    model = model_cls(config)
+    for p in model.parameters():  # biases too (Qwen2 has q/k/v biases): non-zero so their mapping shows
+        torch.nn.init.normal_(p, std=0.2)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "mistral"])
+def test_other_architectures_round_trip_in_f32(arch, tmp_path, demo_model_path):
+    """Qwen2 (biases, tied embeddings, no q/k permutation) and Mistral (llama.cpp's llama): lossless f32 files
+    load back with identical logits, so the tensor mapping is exact; 8 padding rows become [PAD] tokens."""
+    from gguf import GGUFReader
+
+    folder = _tiny_model(tmp_path / f"tiny-{arch}", arch, demo_model_path)
+    result = export_gguf(model_dir=folder, formats=["f32"])
+    path = result.files["f32"]
+    reader = GGUFReader(path)
+    names = {t.name for t in reader.tensors}
+    assert reader.fields["general.architecture"].contents() == ("qwen2" if arch == "qwen2" else "llama")
+    assert ("blk.0.attn_q.bias" in names) == (arch == "qwen2")
+    assert ("output.weight" in names) == (arch != "qwen2")  # tied: llama.cpp reuses token_embd
+    assert reader.fields["tokenizer.ggml.tokens"].contents()[-1].startswith("[PAD")
+    diff = _max_diff(_logits(*_reference(folder)), _logits(*_gguf_model(path)))
+    print(f"{arch} f32 max |logit difference| = {diff:.3g}")
+    assert diff < 1e-4
+
+
+def test_llama3_rope_scaling_becomes_rope_freqs(tmp_path, demo_model_path):
+    """Llama-3.1's rope scaling: llama.cpp divides each frequency by rope_freqs; they must be transformers' own
+    default/scaled inverse-frequency ratios."""
+    from gguf import GGUFReader
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    folder = _tiny_model(tmp_path / "tiny-llama3", "llama", demo_model_path, rope_parameters=rope)
+    config = LlamaConfig.from_pretrained(folder)
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    dim = 64 // 4
+    default = 1.0 / (500000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    expected = (default / scaled.double()).numpy()
+    ours = llama3_rope_factors(json.loads((folder / "config.json").read_text()))
+    np.testing.assert_allclose(ours, expected, rtol=1e-5)
+    assert len(set(np.round(ours, 4))) > 2  # the test range hits all three branches (1, smooth, factor)
+    path = export_gguf(model_dir=folder, formats=["f16"]).files["f16"]
+    tensors = {t.name: t for t in GGUFReader(path).tensors}
+    np.testing.assert_allclose(np.asarray(tensors["rope_freqs.weight"].data), ours)
+
+
+def test_refusals_say_what_is_supported(tmp_path, adapter):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, bos_token_id=0, eos_token_id=0)).save_pretrained(folder)
+    with pytest.raises(GGUFError, match="supports Llama.*Mistral.*Qwen2.*GPT2LMHeadModel"):
+        export_gguf(model_dir=folder, formats="f16")
+    with pytest.raises(GGUFError, match="q4_k.*choose one or more of f16, bf16, q8_0"):
+        parse_formats("f16,q4_k")
+    assert parse_formats(" Q8_0 ,f16,q8_0") == ["q8_0", "f16"]
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(GGUFError, match="not made by memtune"):
+        export_gguf(adapter_dir=adapter, formats="q8_0", out_dir=foreign, overwrite=True)
+    assert (foreign / "notes.txt").read_text() == "keep me"
+    with pytest.raises(GGUFError, match="already exists"):
+        export_gguf(adapter_dir=adapter, formats="q8_0", out_dir=foreign)
+
+
+def test_not_enough_disk_is_refused_before_anything_is_written(tmp_path, adapter, monkeypatch):
+    import shutil
+
+    import core.gguf_export as ge
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(ge.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+    plan = plan_gguf(adapter_dir=adapter, formats="f16,q8_0", out_dir=tmp_path / "out")
+    assert not plan.ok and "Not enough disk" in plan.message and plan.file_bytes["q8_0"] < plan.file_bytes["f16"]
+    with pytest.raises(GGUFError, match="Not enough disk"):
+        export_gguf(adapter_dir=adapter, formats="f16,q8_0", out_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_cli_help_and_export(tmp_path, adapter):
+    env_cmd = [sys.executable, "-m", "core.export"]
+    out = subprocess.run([*env_cmd, "--help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert "gguf" in out and "Ollama" in out
+    out = subprocess.run([*env_cmd, "gguf", "--help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert "q8_0" in out and "--formats" in out
+    done = subprocess.run([*env_cmd, "gguf", str(adapter), "--formats", "q8_0", "--out", str(tmp_path / "g")],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "[100.0%]" in done.stdout and "ollama create" in done.stdout and "llama-cli" in done.stdout
+    assert len(list((tmp_path / "g").glob("*-q8_0.gguf"))) == 1
+    bad = subprocess.run([*env_cmd, "gguf", str(adapter), "--formats", "q3"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "Unknown GGUF format" in bad.stderr and "Traceback" not in bad.stderr
+
+
+LLAMA_CPP_SKIP = ("llama-cpp-python has no binary wheel for this platform (`pip download --no-deps "
+                  "--only-binary=:all: llama-cpp-python` finds no version; PyPI ships only the source) and "
+                  "compiling llama.cpp on this shared 2-core machine is not reasonable; install it (e.g. "
+                  "CMAKE_ARGS=-DGGML_NATIVE=off pip install llama-cpp-python) to run this test.")
+
+
+@pytest.mark.slow
+def test_llama_cpp_generates_from_the_q8_0_file(exported):
+    llama_cpp = pytest.importorskip("llama_cpp", reason=LLAMA_CPP_SKIP)
+    llm = llama_cpp.Llama(model_path=str(exported[0].files["q8_0"]), n_ctx=128, verbose=False, seed=0)
+    out = llm("### Instruction:\nTranslate the word 'cat' into French.\n\n### Response:\n", max_tokens=4,
+              temperature=0.0)
+    assert out["usage"]["completion_tokens"] >= 1
+
+
+def test_export_tab_handlers(adapter, tmp_path):
+    """The page's GGUF handlers: the plan before, refusals, and the files + commands after (no browser)."""
+    import shutil
+
+    from ui.gguf import on_gguf_export, on_gguf_plan
+
+    adapter = Path(shutil.copytree(adapter, tmp_path / "run-copy" / "adapter"))  # its own gguf/ folder
+    plan = on_gguf_plan("pt", str(adapter), ["f16", "q8_0"])
+    assert "Precisa de cerca de" in plan and "mt-note-ok" in plan and "q8_0" in plan
+    assert "Choisissez au moins un format" in on_gguf_plan("fr", str(adapter), [])
+    assert on_gguf_plan("en", None, ["f16"]) == ""
+    status, commands = on_gguf_export("en", None, ["f16"], False, progress=None)
+    assert "Pick" in status or "pick" in status
+    status, commands = on_gguf_export("en", str(adapter), ["q8_0"], True, progress=None)
+    assert "GGUF export done" in status and "-q8_0.gguf" in status and "Modelfile" in status
+    assert commands["visible"] and commands["value"].startswith("ollama create ")
+    assert "llama-cli -m " in commands["value"]
+
+
+def test_sentencepiece_style_tokenizer_round_trips(tmp_path):
+    """Llama-2 / Mistral-7B style vocabularies (BPE with byte fallback and '▁' for spaces) become llama.cpp's
+    "llama" tokenizer: tokens, scores (earlier pieces merge first), types (unknown, control, byte) and merges;
+    transformers' GGUF loader rebuilds a tokenizer that encodes exactly as the original."""
+    from gguf import GGUFReader
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, LlamaTokenizer
+
+    from core.demo import demo_rows
+
+    corpus = [f"### Instruction:\n{r['instruction']}\n\n### Response:\n{r['response']}" for r in demo_rows()]
+    specials = ["<unk>", "<s>", "</s>", *(f"<0x{i:02X}>" for i in range(256))]
+    bpe = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    bpe.train_from_iterator(corpus, trainer=trainers.BpeTrainer(vocab_size=600, special_tokens=specials,
+                                                                show_progress=False))
+    spec = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in spec["merges"]]
+    tok = LlamaTokenizer(vocab=spec["vocab"], merges=merges, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    folder = tmp_path / "tiny-llama2"
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    path = export_gguf(model_dir=folder, formats=["f32"]).files["f32"]
+    fields = GGUFReader(path).fields
+    assert fields["tokenizer.ggml.model"].contents() == "llama"
+    assert fields["tokenizer.ggml.token_type"].contents()[:5] == [2, 3, 3, 6, 6]  # <unk>, <s>, </s>, <0x00>, <0x01>
+    assert fields["tokenizer.ggml.scores"].contents()[:3] == [0.0, -1.0, -2.0]
+    back = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    reference = AutoTokenizer.from_pretrained(folder)
+    for text in [*corpus[:3], "  odd   spacing\n\nand ünïcödé ✓"]:
+        assert back(text)["input_ids"] == reference(text)["input_ids"], text
+    diff = _max_diff(_logits(*_reference(folder)), _logits(*_gguf_model(path)))
+    assert diff < 1e-4

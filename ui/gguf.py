@@ -1,0 +1,109 @@
+"""The GGUF part of the Export tab: pick formats, see the RAM and disk it needs, export with a progress bar, then the
+written files and the exact `ollama` / `llama-cli` commands (core.gguf_export does the work; this is Gradio only).
+`build_section` is called by ui.after.build_tabs inside the Export tab.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+from core.i18n import t
+from core.jobs import MANAGER
+from ui import render
+
+FORMAT_KEYS = {"f16": "gguf.format_f16", "bf16": "gguf.format_bf16", "q8_0": "gguf.format_q8_0"}
+DEFAULT_FORMATS = ["f16", "q8_0"]
+
+
+def _note(text: str, kind: str = "info", elem_id: str = "gguf-plan-note") -> str:
+    return render.message_html(text, kind, elem_id)
+
+
+def _warn(text: str, kind: str = "warn") -> str:
+    gr.Warning(text)
+    return _note(text, kind, "gguf-status-note")
+
+
+def _size(n_bytes: int) -> str:
+    return render._bytes(n_bytes)
+
+
+def format_choices(lang: str) -> list[tuple[str, str]]:
+    return [(t(key, lang), fmt) for fmt, key in FORMAT_KEYS.items()]
+
+
+def on_gguf_plan(lang: str, adapter: str | None, formats: list[str] | None) -> str:
+    """What the export would need (RAM, disk, each file's size) and whether this machine has it."""
+    from core.gguf import GGUFError
+    from core.gguf_export import plan_gguf
+
+    if not adapter:
+        return ""
+    if not formats:
+        return _note(t("gguf.no_format", lang), "warn")
+    try:
+        plan = plan_gguf(adapter_dir=adapter, formats=formats)
+    except GGUFError as exc:
+        return _note(str(exc), "error")
+    except Exception as exc:  # noqa: BLE001 - an unreadable adapter or the like: say so, keep the tab usable
+        return _note(f"{type(exc).__name__}: {exc}", "error")
+    files = ", ".join(f"{fmt} {_size(n)}" for fmt, n in plan.file_bytes.items())
+    text = t("gguf.plan", lang, ram=_size(plan.ram_bytes), disk=_size(plan.merge_bytes + sum(plan.file_bytes.values())),
+             files=files, ram_free=_size(plan.ram_free), disk_free=_size(plan.disk_free), path=plan.out_dir)
+    if not plan.ok:
+        text += "\n" + t("gguf.not_enough", lang, message=plan.message)
+    return _note(text, "ok" if plan.ok else "error")
+
+
+def on_gguf_export(lang: str, adapter: str | None, formats: list[str] | None, replace: bool,
+                   progress: Any = gr.Progress()) -> tuple[str, Any]:
+    """Export with a progress bar; (notice with the files written, the commands to run them)."""
+    from core.gguf import GGUFError
+    from core.gguf_export import export_gguf
+
+    no_commands = gr.update(value="", visible=False)
+    if not adapter:
+        return _warn(t("try.pick_adapter", lang)), no_commands
+    if not formats:
+        return _warn(t("gguf.no_format", lang)), no_commands
+    if MANAGER.busy():
+        return _warn(t("export.busy_training", lang)), no_commands
+
+    def report(fraction: float, message: str) -> None:
+        if progress is not None:
+            progress(fraction, desc=message)
+
+    try:
+        result = export_gguf(adapter_dir=adapter, formats=formats, progress=report, overwrite=bool(replace))
+    except GGUFError as exc:
+        return _warn(t("export.failed", lang, message=exc), "error"), no_commands
+    except Exception as exc:  # noqa: BLE001 - nothing crashes the page
+        return _warn(t("export.failed", lang, message=f"{type(exc).__name__}: {exc}"), "error"), no_commands
+    files = [*result.files.values(), result.modelfile, result.readme]
+    listing = ", ".join(f"{p.name} ({_size(p.stat().st_size)})" for p in files)
+    return (_note(t("gguf.done", lang, path=result.out_dir, files=listing), "ok", "gguf-status-note"),
+            gr.update(value="\n".join(result.commands), visible=True))
+
+
+def build_section(lang0: str, tr: Any, lang: gr.Dropdown, adapter: gr.Dropdown) -> list[Any]:
+    """The GGUF widgets and their events; returns the components a language switch re-renders."""
+    tr.add(gr.Markdown(f"#### {t('gguf.title', lang0)}\n{t('gguf.intro', lang0)}", elem_id="gguf-title"),
+           value=lambda lg: f"#### {t('gguf.title', lg)}\n{t('gguf.intro', lg)}")
+    with gr.Row(equal_height=False):
+        formats = tr.add(gr.CheckboxGroup(choices=format_choices(lang0), value=DEFAULT_FORMATS,
+                                          label=t("gguf.formats", lang0), elem_id="gguf-formats", scale=3),
+                         label="gguf.formats", choices=format_choices)
+        replace = tr.add(gr.Checkbox(value=False, label=t("gguf.replace", lang0), elem_id="gguf-replace", scale=1),
+                         label="gguf.replace")
+    plan = gr.HTML(elem_id="gguf-plan")
+    button = tr.add(gr.Button(t("gguf.export", lang0), variant="primary", elem_id="gguf-export-btn"),
+                    value="gguf.export")
+    status = gr.HTML(elem_id="gguf-status")
+    commands = tr.add(gr.Code("", language="shell", label=t("gguf.commands", lang0), interactive=False,
+                              visible=False, elem_id="gguf-commands"), label="gguf.commands")
+    for trigger in (adapter.change, formats.change):
+        trigger(on_gguf_plan, inputs=[lang, adapter, formats], outputs=[plan], show_progress="hidden")
+    button.click(on_gguf_export, inputs=[lang, adapter, formats, replace], outputs=[status, commands])
+    return [formats, plan]
