@@ -12,8 +12,8 @@ gguf-py). Which tensors and metadata a transformers model becomes is ours, follo
 
 Tensors are converted and written one at a time from the safetensors files (the GGUF writer's streaming API), so
 converting needs little memory beyond one tensor; merging the adapter first is what needs RAM (core.export).
-`export_gguf` writes everything into a temporary folder and renames it into place; a `memtune-gguf.json`
-marker says the folder is memtune's, the only kind it will replace.
+`export_gguf` writes everything into a temporary folder and renames it into place; memtune's `.memtune.json`
+marker (kind export) says the folder is memtune's, the only kind it will replace.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import numpy as np
 
 GiB = 2**30
 MiB = 2**20
-MARKER = "memtune-gguf.json"
 Progress = Callable[[float, str], Any]
 
 # memtune format name -> (GGML tensor type for 2-D weights, llama.cpp file type). 1-D tensors stay F32.

@@ -6,7 +6,7 @@ Layout of the result (default: the run's folder/gguf):
     <name>-f16.gguf, <name>-q8_0.gguf, ...   one file per format
     Modelfile                                 Ollama: FROM the smallest file, TEMPLATE, stop tokens
     README.md                                 ollama create / ollama run / llama-cli commands
-    memtune-gguf.json                         marker: what this is and where it came from (written last)
+    .memtune.json                             memtune's marker (kind export): formats, files, source
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.gguf import (FORMATS, MARKER, GiB, MiB, GGUFError, Progress, architecture, file_bytes, parse_formats,
+from core.gguf import (FORMATS, GiB, MiB, GGUFError, Progress, architecture, file_bytes, parse_formats,
                        read_config, tensor_plan, tokenizer_metadata, write_gguf)
 
 DEMO_PROMPT = "Translate the word 'cat' into French."
@@ -163,7 +163,7 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
                 progress: Progress | None = None, overwrite: bool = False) -> GGUFResult:
     """Export an adapter (merged into its base) or a model folder to GGUF files + Modelfile + README."""
     from core.export import ExportError, merge_adapter
-    from core.files import move_into_place
+    from core.files import RefusedError, make_tmp, move_into_place, recover, require_marker
 
     plan = plan_gguf(adapter_dir, model_dir, formats, out_dir)
 
@@ -178,13 +178,16 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
     if out.exists() and any(out.iterdir()):
         if not overwrite:
             raise GGUFError(f"{out} already exists and is not empty. Choose another folder, or allow replacing it.")
-        if not (out / MARKER).is_file():
-            raise GGUFError(f"{out} was not made by memtune's GGUF export (no {MARKER}), so memtune will not "
-                            "replace it. Choose another folder.")
+        try:
+            require_marker(out, "export", "replace")  # memtune only replaces what it made
+        except RefusedError as exc:
+            raise GGUFError(str(exc)) from None
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    recover(out)  # what an interrupted earlier export left
+    try:
+        tmp = make_tmp(out, "export")  # marked first: a crash leaves a folder a later start may remove
+    except RefusedError as exc:
+        raise GGUFError(str(exc)) from None
     try:
         source, start = plan.source, 0.0
         if plan.adapter_dir is not None:
@@ -266,8 +269,9 @@ def _write_extras(tmp: Path, out: Path, plan: GGUFPlan, files: dict[str, Path], 
               "## llama.cpp\n\n```sh\n" + "\n".join(commands[2:]) + "\n```\n\n"
               "## LM Studio\n\nCopy or import a .gguf file (`lms import <file>`), then load it in the chat tab.\n")
     (tmp / "README.md").write_text(readme, encoding="utf-8")
-    (tmp / MARKER).write_text(json.dumps({
-        "made_by": "memtune", "source": source, "formats": list(files), "files": [p.name for p in files.values()],
-        "ollama_name": plan.name}, indent=2), encoding="utf-8")
+    from core.files import write_marker
+
+    write_marker(tmp, "export", what="gguf", source=source, formats=list(files),
+                 files=[p.name for p in files.values()], ollama_name=plan.name)
     return GGUFResult(out_dir=out, files={f: out / p.name for f, p in files.items()}, modelfile=out / "Modelfile",
                       readme=out / "README.md", commands=commands)

@@ -76,10 +76,10 @@ def test_one_call_writes_both_files_modelfile_readme_and_no_temp(exported, adapt
     assert result.out_dir == run_dir / "gguf"
     assert sorted(result.files) == ["f16", "q8_0"]
     names = sorted(p.name for p in result.out_dir.iterdir())
-    assert names == sorted([*(p.name for p in result.files.values()), "Modelfile", "README.md",
-                            "memtune-gguf.json"])
+    assert names == sorted([*(p.name for p in result.files.values()), "Modelfile", "README.md", ".memtune.json"])
     assert result.files["q8_0"].stat().st_size < 0.65 * result.files["f16"].stat().st_size
-    assert not [p for p in run_dir.iterdir() if p.name.startswith(".")], "a temporary folder was left behind"
+    leftovers = [p for p in run_dir.iterdir() if p.name.startswith(".") and p.name != ".memtune.json"]
+    assert not leftovers, "a temporary folder was left behind"
     modelfile = result.modelfile.read_text()
     assert f"FROM ./{result.files['q8_0'].name}" in modelfile  # the smallest file
     assert "### Instruction:\n{{ .Prompt }}" in modelfile  # the demo has no chat template: memtune's prompt
@@ -93,7 +93,8 @@ def test_one_call_writes_both_files_modelfile_readme_and_no_temp(exported, adapt
     assert events[0][1].startswith("Needs about") and "RAM" in events[0][1] and "disk" in events[0][1]
     fractions = [f for f, _ in events]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
-    marker = json.loads((result.out_dir / "memtune-gguf.json").read_text())
+    marker = json.loads((result.out_dir / ".memtune.json").read_text())
+    assert marker["kind"] == "export" and marker["what"] == "gguf"
     assert marker["formats"] == ["f16", "q8_0"]
     assert result.commands[0].startswith(f"ollama create {marker['ollama_name']} -f ")
 
