@@ -182,6 +182,11 @@ def prepare_for_training(model, cfg: TrainConfig):
     if cfg.gradient_checkpointing:
         # Checkpointed blocks need an input that requires grad, or no gradient reaches the LoRA weights.
         model.enable_input_require_grads()
+    # LoRA's A matrices are drawn from the global RNG here, before the Trainer seeds it: without this, a run's
+    # losses depended on whatever the process had drawn before (a second run in the same process differed).
+    from transformers import set_seed
+
+    set_seed(cfg.seed)
     return get_peft_model(model, build_lora_config(cfg))
 
 
