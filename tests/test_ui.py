@@ -573,15 +573,9 @@ def test_the_page_opens_in_the_browsers_language():
 
 # --- after training: history, resume, try it, export ----------------------------------------------------------------
 @pytest.fixture(scope="module")
-def engine_run(tmp_path_factory, demo_model_path):
-    """A real demo run (10 steps, checkpoints at 5 and 10) in its own output folder."""
-    from core.train import run_training
-
-    out = tmp_path_factory.mktemp("runs")
-    result = run_training(demo_config(output_dir=str(out), run_name="hist", max_steps=10, save_strategy="steps",
-                                      save_steps=5, logging_steps=1))
-    assert result.status == "completed", result.message
-    return out, result
+def engine_run(finished_run):
+    """conftest's shared real demo run (20 steps, checkpoints at 10 and 20): its output folder and result."""
+    return finished_run.out, finished_run.result
 
 
 def test_history_lists_runs_written_by_the_engine(engine_run):
@@ -591,15 +585,15 @@ def test_history_lists_runs_written_by_the_engine(engine_run):
     table, runs, empty = after.on_history_refresh("en", str(out))
     assert runs == [result.run_dir] and empty == ""
     row = table.iloc[0].to_dict()
-    assert row["Run"] == "hist" and row["Model"] == "memtune/demo-tiny-llama" and row["Dataset"] == "memtune/demo"
+    assert row["Run"] == "finished" and row["Model"] == "memtune/demo-tiny-llama" and row["Dataset"] == "memtune/demo"
     assert row["Status"] == "completed" and row["Final loss"] == f"{result.summary['final_loss']:.4f}"
-    assert row["Steps"] == "10" and row["Resumable"] == "yes"
+    assert row["Steps"] == "20" and row["Resumable"] == "yes"
     fr, _, _ = after.on_history_refresh("fr", str(out))
     assert list(fr.columns)[:5] == ["Date", "Exécution", "Modèle", "Jeu de données", "État"]
     assert fr.iloc[0]["État"] == "terminée"
     detail, plot, settings, load, resume, delete = after.history_open("en", result.run_dir)
-    assert "hist" in detail and "not measured on CPU" in detail and "checkpoint-10" in detail
-    assert plot["visible"] and list(plot["value"]["step"]) == list(range(1, 11))
+    assert "finished" in detail and "not measured on CPU" in detail and "checkpoint-20" in detail
+    assert plot["visible"] and list(plot["value"]["step"]) == list(range(1, 21))
     assert settings["value"].startswith("model: memtune/demo-tiny-llama")
     assert load["interactive"] and resume["interactive"] and delete["interactive"]
     empty_table, runs, note = after.on_history_refresh("en", str(out / "nothing-here"))
@@ -614,7 +608,7 @@ def test_history_loads_settings_into_the_form(engine_run):
     res = after.on_history_load("en", result.run_dir)
     n = len(FIELD_NAMES)
     cfg = as_config(res[:n])
-    assert cfg.max_steps == 10 and cfg.run_name == "hist" and cfg.resume_from == ""
+    assert cfg.max_steps == 20 and cfg.run_name == "finished" and cfg.resume_from == ""
     assert "loaded into the form" in res[-2] and res[-1].selected == "tab-train"
     assert "Pick a run" in after.on_history_load("en", None)[-2]
 
@@ -704,7 +698,7 @@ def test_export_zip_merge_and_push_messages(engine_run, tmp_path, monkeypatch):
     out, result = engine_run
     warning, check, merge_dir = after.on_export_adapter("en", result.adapter_dir)
     assert "Merging writes a full copy of memtune/demo-tiny-llama" in warning and "Memory check" in check
-    assert merge_dir["value"].endswith("hist/merged")
+    assert merge_dir["value"].endswith("finished/merged")
     assert "La fusion écrit" in after.on_export_adapter("fr", result.adapter_dir)[0]
     file, note = after.on_zip("en", result.adapter_dir)
     assert file["visible"] and "adapter_model.safetensors" in zipfile.ZipFile(file["value"]).namelist()
