@@ -39,7 +39,11 @@ def one_run(out: Path) -> dict:
     events = [json.loads(line) for line in (adapter.parent / "events.jsonl").read_text().splitlines()]
     first_step = next(e["time"] for e in events if e["kind"] == "step")
     losses = [e["loss"] for e in events if e["kind"] == "metrics"]
+    from transformers.utils import logging
+
     from core.demo import score_adapter
+
+    logging.disable_progress_bar()
 
     right, total = score_adapter(adapter)
     return {"wall_s": round(wall, 1), "first_step_s": round(first_step - launched, 1), "exact": right,
