@@ -35,6 +35,7 @@ from ui import render
 from ui.fields import FIELD_NAMES, collect, dataset_choices, help_text, label, make_widget, model_choices, \
     out_of_range, to_values
 from ui.live import read_gpus
+from ui.theme import TABS_KW
 from ui.speed import speed_lines
 
 DATA_TYPES = [".jsonl", ".json", ".csv", ".parquet", ".txt"]
@@ -542,13 +543,13 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
             tr.add(lang, label="app.language")
         tab_state = gr.State({})
         pred_state = gr.State({"gib": prediction(cfg0)[0]})
-        with gr.Tabs(elem_id="main-tabs") as main_tabs:
+        with gr.Tabs(elem_id="main-tabs", **TABS_KW) as main_tabs:
             with gr.Tab(L("tab.train"), id="tab-train", elem_id="tab-train") as train_tab:
                 tr.add(train_tab, label="tab.train")
                 with gr.Row(equal_height=False):
                     # ---------------- settings ----------------
                     with gr.Column(scale=3, min_width=480):
-                        with gr.Tabs(elem_id="settings-tabs"):
+                        with gr.Tabs(elem_id="settings-tabs", **TABS_KW):
                             with gr.Tab(L("tab.data"), id="tab-data", elem_id="tab-data") as tab_data:
                                 tr.add(tab_data, label="tab.data")
                                 with gr.Row():

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
+
 import gradio as gr
 
 SANS = ["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "Helvetica Neue", "Arial", "sans-serif"]
 MONO = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "DejaVu Sans Mono", "monospace"]
+
+
+# Tabs that do not fit one line wrap onto a second instead of hiding in Gradio's "..." menu, where nobody finds
+# them (French once hid "4 · Réglages et code" at 1280 px). Older Gradio 6 releases lack the option.
+TABS_KW = {"overflow_behavior": "wrap"} if "overflow_behavior" in inspect.signature(gr.Tabs.__init__).parameters else {}
 
 
 def make_theme() -> gr.themes.Base:
