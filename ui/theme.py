@@ -94,7 +94,8 @@ CSS = """
 .mt-log { display: flex; flex-direction: column-reverse; height: 210px; overflow-y: auto; padding: 6px 10px;
           border: 1px solid var(--border-color-primary); border-radius: 8px; background: var(--neutral-50); }
 .dark .mt-log { background: var(--neutral-900); }
-.mt-log .mt-pre { font-size: 0.76rem; line-height: 1.4; white-space: pre; word-break: normal; }
+/* log lines wrap (long paths and tracebacks were cut off at the panel's edge); indentation is kept */
+.mt-log .mt-pre { font-size: 0.76rem; line-height: 1.4; white-space: pre-wrap; overflow-wrap: anywhere; }
 .mt-warn-text { color: #b45309; font-weight: 600; }
 
 /* checklist */
@@ -162,6 +163,9 @@ CSS = """
 .mt-answer-tuned textarea { background: #f0fdf4 !important; }
 .dark .mt-answer-tuned textarea { background: #052e16 !important; }
 .mt-history-detail { background: var(--neutral-50); }
+/* column headers break between words only ("Resumable", not "Resuma|ble") */
+#history-table th, #history-table th * { word-break: normal !important; overflow-wrap: normal !important;
+                                         hyphens: none !important; }
 .dark .mt-history-detail { background: var(--neutral-900); }
 #history-confirm { padding: 8px; border: 1px solid #fca5a5 !important; border-radius: 8px; }
 .mt-note { margin: 4px 0; }
