@@ -28,7 +28,7 @@ EN: dict[str, str] = {
     "app.tagline": "QLoRA fine-tuning on your own GPU, with the memory checklist in front of you.",
     "app.gpu_line": "GPU: {gpus}. Opened on the chapter's recipe (QLoRA on Llama-3.1-8B).",
     "app.no_gpu_line": ("No CUDA GPU here: opened on the offline demo (a tiny model that learns English → French "
-                        "words in about a minute on the CPU). Press Start to try it."),
+                        "words in under a minute on the CPU). Press Start to try it."),
     "app.language": "Language",
     "tab.data": "1 · Model & data",
     "tab.checklist": "2 · Memory checklist",
@@ -302,7 +302,10 @@ EN: dict[str, str] = {
     # --- try it --------------------------------------------------------------------------------------------------
     "try.title": "Try it: base model vs base + adapter",
     "try.intro": ("Ask the same question to the base model and to the base model with your adapter, side by "
-                  "side. Prompts are formatted with the same template as in training."),
+                  "side. Prompts are formatted with the same template as in training. The offline demo's base model "
+                  "has random weights, so its own answers are noise: only the adapter's answers mean something "
+                  "(after the full demo run it answers its 100 training prompts, e.g. \"Translate the word 'cat' "
+                  "into French.\" → chat)."),
     "try.adapter": "Adapter",
     "try.refresh": "↻ Refresh",
     "try.prompt": "Prompt",
@@ -503,7 +506,7 @@ PT: dict[str, str] = {
     "app.tagline": "Fine-tuning com QLoRA na sua própria GPU, com o checklist de memória à sua frente.",
     "app.gpu_line": "GPU: {gpus}. Aberto com a receita do capítulo (QLoRA no Llama-3.1-8B).",
     "app.no_gpu_line": ("Nenhuma GPU CUDA aqui: aberto com a demo offline (um modelo minúsculo que aprende palavras "
-                        "inglês → francês em cerca de um minuto na CPU). Pressione Iniciar para experimentar."),
+                        "inglês → francês em menos de um minuto na CPU). Pressione Iniciar para experimentar."),
     "app.language": "Idioma",
     "tab.data": "1 · Modelo e dados",
     "tab.checklist": "2 · Checklist de Memória",
@@ -787,7 +790,10 @@ PT: dict[str, str] = {
     # --- experimentar --------------------------------------------------------------------------------------------
     "try.title": "Experimentar: modelo base vs base + adaptador",
     "try.intro": ("Faça a mesma pergunta ao modelo base e ao modelo base com o seu adaptador, lado a lado. Os "
-                  "prompts são formatados com o mesmo template do treinamento."),
+                  "prompts são formatados com o mesmo template do treinamento. O modelo base da demo offline tem pesos "
+                  "aleatórios, então as respostas dele são ruído: só as respostas do adaptador têm significado "
+                  "(depois da execução completa da demo, ele responde aos 100 prompts de treino, por exemplo "
+                  "\"Translate the word 'cat' into French.\" → chat)."),
     "try.adapter": "Adaptador",
     "try.refresh": "↻ Atualizar",
     "try.prompt": "Prompt",
@@ -996,7 +1002,7 @@ FR: dict[str, str] = {
                     "les yeux."),
     "app.gpu_line": "GPU : {gpus}. Ouvert sur la recette du chapitre (QLoRA sur Llama-3.1-8B).",
     "app.no_gpu_line": ("Pas de GPU CUDA ici : ouvert sur la démo hors ligne (un tout petit modèle qui apprend des "
-                        "mots anglais → français en une minute environ sur le CPU). Appuyez sur Démarrer pour "
+                        "mots anglais → français en moins d’une minute sur le CPU). Appuyez sur Démarrer pour "
                         "l'essayer."),
     "app.language": "Langue",
     "tab.data": "1 · Modèle et données",
@@ -1286,7 +1292,10 @@ FR: dict[str, str] = {
     # --- essayer -------------------------------------------------------------------------------------------------
     "try.title": "Essayer : modèle de base vs base + adaptateur",
     "try.intro": ("Posez la même question au modèle de base et au modèle de base avec votre adaptateur, côte à "
-                  "côte. Les prompts sont formatés avec le même modèle de prompt qu'à l'entraînement."),
+                  "côte. Les prompts sont formatés avec le même modèle de prompt qu'à l'entraînement. Le modèle de base "
+                  "de la démo hors ligne a des poids aléatoires : ses propres réponses sont du bruit, seules celles de "
+                  "l'adaptateur ont un sens (après l'exécution complète de la démo, il répond à ses 100 prompts "
+                  "d'entraînement, par exemple « Translate the word 'cat' into French. » → chat)."),
     "try.adapter": "Adaptateur",
     "try.refresh": "↻ Actualiser",
     "try.prompt": "Prompt",
