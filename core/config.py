@@ -300,15 +300,40 @@ class Hardware:
     def detect(cls) -> "Hardware":
         import importlib.util
 
-        import torch
+        if no_gpu_driver():  # spares the app's start-up the ~2 s import of torch on a machine without a GPU
+            cuda = False
+        else:
+            import torch
 
-        cuda = torch.cuda.is_available()
+            cuda = torch.cuda.is_available()
         return cls(
             cuda=cuda,
-            bf16=(torch.cuda.is_bf16_supported() if cuda else True),  # CPUs emulate bf16 via autocast
+            bf16=(_torch_bf16() if cuda else True),  # CPUs emulate bf16 via autocast
             bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None,
             liger=importlib.util.find_spec("liger_kernel") is not None,
         )
+
+
+def no_gpu_driver() -> bool:
+    """True when this machine surely has no GPU torch could use: Linux without the NVIDIA driver (/proc/driver/nvidia,
+    /dev/nvidia*), ROCm (/dev/kfd) or WSL's GPU bridge (/dev/dxg), or a Mac (no CUDA). Elsewhere, ask torch."""
+    import sys
+
+    if "torch" in sys.modules:  # already paid for: torch's own answer is the authority
+        return False
+    if sys.platform == "darwin":
+        return True
+    if sys.platform.startswith("linux"):
+        dev = Path("/dev")
+        return not (Path("/proc/driver/nvidia").exists() or (dev / "kfd").exists() or (dev / "dxg").exists()
+                    or any(dev.glob("nvidia*")))
+    return False
+
+
+def _torch_bf16() -> bool:
+    import torch
+
+    return torch.cuda.is_bf16_supported()
 
 
 def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
