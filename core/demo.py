@@ -135,35 +135,37 @@ def ensure_demo_model(target: Path | None = None) -> Path:
     return target
 
 
-def score_adapter(adapter_dir: str | Path, rows: list[dict[str, str]] | None = None,
-                  max_new_tokens: int = 8) -> tuple[int, int]:
-    """(exact answers, prompts): greedy answers of base + adapter to the demo's training prompts, as Try it asks.
-
-    Each prompt is formatted by core.infer.format_prompt (the training formatter) and decoded greedily; an answer
-    counts when it equals the row's response exactly (surrounding spaces ignored).
-    """
+def demo_answers(adapter_dir: str | Path, rows: list[dict[str, str]] | None = None,
+                 max_new_tokens: int = 8) -> list[str]:
+    """Greedy answers of base + adapter to `rows`' instructions (default: the demo's 100), as Try it asks them:
+    each prompt formatted by core.infer.format_prompt (the training formatter), special tokens dropped."""
     import torch
+    from transformers import AutoTokenizer
 
     from core import infer
     from core.model import load_with_adapter
 
     cfg = infer.adapter_config(adapter_dir)
     model = load_with_adapter(infer._runnable(cfg), adapter_dir)
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir))  # save_adapter writes it beside the weights
-    rows = rows if rows is not None else demo_rows()
-    right = 0
+    answers = []
     with torch.inference_mode():
-        for row in rows:
+        for row in demo_rows() if rows is None else rows:
             prompt = infer.format_prompt(tokenizer, row["instruction"], row.get("context", ""))
             inputs = tokenizer(prompt, return_tensors="pt")
             out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
                                  temperature=None, top_p=None, top_k=None,
                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-            answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
-            right += answer.strip() == row["response"].strip()
-    return right, len(rows)
+            answers.append(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
+    return answers
+
+
+def score_adapter(adapter_dir: str | Path, rows: list[dict[str, str]] | None = None) -> tuple[int, int]:
+    """(exact answers, prompts): how many of `rows` (default: the demo's 100 training prompts) the adapter answers
+    exactly, greedily (surrounding spaces ignored)."""
+    rows = demo_rows() if rows is None else rows
+    answers = demo_answers(adapter_dir, rows)
+    return sum(a.strip() == r["response"].strip() for a, r in zip(answers, rows)), len(rows)
 
 
 if __name__ == "__main__":
