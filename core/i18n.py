@@ -498,6 +498,8 @@ EN: dict[str, str] = {
     "history.message": "Message",
     "history.unreadable": "The settings of {name} cannot be read.",
     "history.yes": "yes",
+    "facts.at_chapter": "at the chapter's 8B settings (Llama-3.1-8B): saves {gib} GiB",
+    "facts.at_chapter_nothing": "at the chapter's 8B settings (Llama-3.1-8B): saves nothing",
 }
 
 PT: dict[str, str] = {
@@ -993,6 +995,8 @@ PT: dict[str, str] = {
     "history.message": "Mensagem",
     "history.unreadable": "As configurações de {name} não podem ser lidas.",
     "history.yes": "sim",
+    "facts.at_chapter": "nas configurações 8B do capítulo (Llama-3.1-8B): economiza {gib} GiB",
+    "facts.at_chapter_nothing": "nas configurações 8B do capítulo (Llama-3.1-8B): não economiza nada",
 }
 
 FR: dict[str, str] = {
@@ -1496,6 +1500,8 @@ FR: dict[str, str] = {
     "history.message": "Message",
     "history.unreadable": "Les réglages de {name} ne peuvent pas être lus.",
     "history.yes": "oui",
+    "facts.at_chapter": "aux réglages 8B du chapitre (Llama-3.1-8B) : économise {gib} Gio",
+    "facts.at_chapter_nothing": "aux réglages 8B du chapitre (Llama-3.1-8B) : n'économise rien",
 }
 
 STRINGS: dict[str, dict[str, str]] = {"en": EN, "pt": PT, "fr": FR}

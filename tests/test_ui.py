@@ -427,6 +427,21 @@ def test_checklist_facts_say_what_each_item_saves_and_costs_measured():
         assert "mt-src" in html or "Not measured" in html
 
 
+def test_checklist_shows_the_chapters_8b_figure_beside_the_demos_own():
+    from core.estimate import savings
+
+    saved = {s.key: s.saved_gib for s in savings(TrainConfig())}
+    for lang, words in (("en", "at the chapter's 8B settings (Llama-3.1-8B): saves {} GiB"),
+                        ("fr", "aux réglages 8B du chapitre (Llama-3.1-8B) : économise {} Gio")):
+        facts = dict(zip([i.key for i in checklist.ITEMS],
+                         split_derived(blocks.on_fields_changed(lang, *widget_values(demo_config())))["facts"]))
+        qlora = render.E(words.format(render.num(saved["qlora"], 1, lang)))
+        assert saved["qlora"] > 1 and qlora in facts["qlora"]
+        assert render.E(render.saving_text(0.0, lang)) in facts["qlora"]  # the demo's own figure stays, first
+    chapter = split_derived(blocks.on_fields_changed("en", *widget_values(TrainConfig())))["facts"]
+    assert not any("chapter's 8B settings" in render.E(html) or "mt-fact-chapter" in html for html in chapter)
+
+
 def test_speed_costs_come_only_from_measured_pairs(tmp_path):
     from ui import speed
 

@@ -128,6 +128,17 @@ def prediction(cfg: TrainConfig) -> tuple[float | None, dict[str, float]]:
         return None, {}
 
 
+@lru_cache(maxsize=1)
+def chapter_savings() -> dict[str, float]:
+    """What each checklist item saves at the chapter's own settings (TrainConfig(): Llama-3.1-8B), shown beside
+    the figure for another model: on the tiny demo six of seven items save nothing, which hides the point."""
+    return prediction(TrainConfig())[1]
+
+
+def chapter_gib(cfg: TrainConfig, key: str) -> float | None:
+    return None if cfg.model == TrainConfig().model else chapter_savings().get(key)
+
+
 def predicted_peaks(cfg: TrainConfig | None) -> dict[str, float] | None:
     """core.estimate's peaks for a config, as the result panel compares them: allocated, reserved, nvml (GiB)."""
     if cfg is None:
@@ -174,8 +185,8 @@ def derived(cfg: TrainConfig | None, problems: list[Problem], lang: str = DEFAUL
                    gr.skip(), gr.skip()])
     on = checklist.active(cfg)
     peak, saves = prediction(cfg)
-    facts = [render.facts_html(item.key, saves.get(item.key), speed_lines(item.key, cfg, lang), lang)
-             for item in checklist.ITEMS]
+    facts = [render.facts_html(item.key, saves.get(item.key), speed_lines(item.key, cfg, lang), lang,
+                               chapter_gib(cfg, item.key)) for item in checklist.ITEMS]
     return ([render.summary_html(cfg, problems, on, predicted_gib=peak, lang=lang), {"gib": peak}]
             + [check_update(item, lang, value=on[item.key]) for item in checklist.ITEMS] + facts
             + [gr.update(value=preset_of(cfg), choices=preset_choices(lang), label=t("preset.label", lang),
@@ -597,7 +608,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                                                 elem_id=f"check-{item.key}", elem_classes=["mt-check"]))
                                             facts.append(gr.HTML(render.facts_html(
                                                 item.key, saves0.get(item.key), speed_lines(item.key, cfg0, lang0),
-                                                lang0), elem_id=f"check-facts-{item.key}", padding=False))
+                                                lang0, chapter_gib(cfg0, item.key)), elem_id=f"check-facts-{item.key}", padding=False))
                                         with gr.Column(scale=2, min_width=220):
                                             for name in GOVERNS.get(item.key, []):
                                                 w(name)

@@ -281,16 +281,24 @@ def saving_text(saved_gib: float | None, lang: str = "en") -> str:
     return t("facts.saves", lang, gib=num(saved_gib, 1, lang))
 
 
-def facts_html(key: str, saved_gib: float | None, speed: list[tuple[str, str]], lang: str = "en") -> str:
+def facts_html(key: str, saved_gib: float | None, speed: list[tuple[str, str]], lang: str = "en",
+               chapter_gib: float | None = None) -> str:
     """Beside a checklist item: what it saves here (GiB, predicted) and what it costs in speed (measured lines
-    of (text, source), from ui.speed)."""
+    of (text, source), from ui.speed). `chapter_gib`: what it saves at the chapter's 8B settings, shown as a
+    second, labelled line when the form is on another model (on the tiny demo most items save nothing)."""
     zero = " mt-fact-zero" if saved_gib is None or saved_gib < 0.05 else ""
+    chapter = ""
+    if chapter_gib is not None:
+        text = (t("facts.at_chapter", lang, gib=num(chapter_gib, 1, lang)) if chapter_gib >= 0.05
+                else t("facts.at_chapter_nothing", lang))
+        chapter = f'<span class="mt-fact-line mt-fact-chapter">{E(text)}</span>'
     lines = "".join(f'<span class="mt-fact-line">{E(text)}'
                     + (f' <span class="mt-src">{E(source)}</span>' if source else "") + "</span>"
                     for text, source in speed)
     return (f'<div class="mt-facts" id="facts-{E(key)}">'
             f'<div class="mt-fact mt-fact-mem{zero}"><span class="mt-fact-k">{E(t("facts.memory", lang))}</span>'
-            f'<span class="mt-fact-v">{E(saving_text(saved_gib, lang))}</span></div>'
+            f'<span class="mt-fact-v"><span class="mt-fact-line">{E(saving_text(saved_gib, lang))}</span>{chapter}'
+            '</span></div>'
             f'<div class="mt-fact mt-fact-speed"><span class="mt-fact-k">{E(t("facts.speed", lang))}</span>'
             f'<span class="mt-fact-v">{lines}</span></div></div>')
 

@@ -143,6 +143,7 @@ CSS = """
 .mt-fact-speed .mt-fact-k { background: #e0f2fe; color: #075985; }
 .mt-fact-v { display: flex; flex-direction: column; gap: 2px; }
 .mt-fact-line { line-height: 1.35; }
+.mt-fact-mem .mt-fact-v .mt-fact-chapter { font-weight: 600; color: var(--body-text-color); }  /* the 8B figure */
 .mt-src { display: block; font-size: 0.7rem; line-height: 1.3; color: var(--body-text-color-subdued); font-style: italic; }
 .dark .mt-fact-mem .mt-fact-k { background: #14532d; color: #dcfce7; }
 .dark .mt-fact-speed .mt-fact-k { background: #0c4a6e; color: #e0f2fe; }
