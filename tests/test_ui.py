@@ -747,3 +747,13 @@ def test_a_missing_browser_fails_the_browser_tests_only_when_required(required, 
         assert proc.returncode != 0 and "10 failed" in out and "no chromium at" in out, out[-2000:]
     else:
         assert proc.returncode in (0, 5) and "skipped" in out and "MEMTUNE_REQUIRE_BROWSER=1" in out, out[-2000:]  # 5: none ran
+
+
+def test_numbers_and_sizes_are_written_as_each_language_writes_them():
+    assert [render.integer(1698, lang) for lang in ("en", "pt", "fr")] == ["1,698", "1.698", "1\u202f698"]
+    assert render.size(369_000, "en") == "360.4 KiB"  # a tiny model: KiB, not 0.000344 GiB
+    assert render.size(3 * 2**20 + 2**19, "pt") == "3,5 MiB" and render.size(5 * 2**30, "fr") == "5,0 Gio"
+    assert render.size(512, "en") == "512 B" and render.size(None) == "-"
+    v = JobView(state="running", step=1698, total_steps=2000, tokens_per_s=12345.6, phase="training")
+    html = render.progress_html(v, "en")
+    assert "1,698" in html and "2,000" in html and "12,346 tokens/s" in html and 'data-step="1698"' in html
