@@ -100,12 +100,12 @@ def test_checklist_ticks_change_the_config_and_back():
     base = TrainConfig()
     for item in checklist.ITEMS:
         for on in (False, True):
-            out = blocks.on_checklist(item.key, "en", on, *widget_values(base))
+            out = blocks.on_checklist(item.key, "en", on, {}, *widget_values(base))
             n = len(FIELD_NAMES)
             cfg = as_config(out[:n])
             assert cfg == checklist.toggle(base, item.key, on)
             assert checklist.active(cfg)[item.key] is on, item.key
-            d = split_derived(out[n:])
+            d = split_derived(out[n:-1])
             ticks = [value_of(u) for u in d["ticks"]]
             assert ticks == [checklist.active(cfg)[i.key] for i in checklist.ITEMS]
             summary, code_py, cli = d["summary"], d["script"], d["command"]
@@ -113,6 +113,32 @@ def test_checklist_ticks_change_the_config_and_back():
             compile(code_py, "generated.py", "exec")
             assert cli.startswith("python -m core.train")
             base = cfg
+
+
+def test_unticking_and_reticking_gives_back_the_users_own_values():
+    n = len(FIELD_NAMES)
+
+    def click(cfg, key, on, memory):
+        out = blocks.on_checklist(key, "en", on, memory, *widget_values(cfg))
+        return as_config(out[:n]), out[-1]
+
+    mine = demo_config(max_length=384)  # short: "Reduce max_seq_length" is on
+    off, memory = click(mine, "short_max_length", False, {})
+    assert off.max_length == checklist.LONG_MAX_LENGTH
+    on, memory = click(off, "short_max_length", True, memory)
+    assert on.max_length == 384  # not the item's default 512
+    long = mine.replace(max_length=1000)
+    on, memory = click(long, "short_max_length", True, memory)
+    assert on.max_length == checklist.SHORT_MAX_LENGTH
+    edited = on.replace(max_length=300)  # the user typed another value since: that one counts, no undo
+    off, memory = click(edited, "short_max_length", False, memory)
+    assert off.max_length == checklist.LONG_MAX_LENGTH
+    back, _ = click(off, "short_max_length", True, memory)
+    assert back.max_length == 300
+    batch, memory = click(TrainConfig(per_device_train_batch_size=4, gradient_accumulation_steps=4), "small_batches",
+                          True, {})
+    again, _ = click(batch, "small_batches", False, memory)
+    assert (again.per_device_train_batch_size, again.gradient_accumulation_steps) == (4, 4)
 
 
 def test_summary_and_code_follow_a_field_change():

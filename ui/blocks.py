@@ -213,13 +213,28 @@ def on_fields_changed(lang: str, *values):
     return derived(cfg, problems, lang)
 
 
-def on_checklist(key: str, lang: str, on: bool, *values):
+def toggled(cfg: TrainConfig, key: str, on: bool, memory: dict[str, Any]) -> TrainConfig:
+    """checklist.toggle, except that undoing this item's last tick or untick (its fields untouched since) gives
+    back the user's values from before it: untick and re-tick "Reduce max_seq_length" and 384 stays 384."""
+    last = (memory or {}).get(key)
+    if last and all(getattr(cfg, f) == v for f, v in last["after"].items()):
+        back = cfg.replace(**last["before"])
+        if bool(checklist.BY_KEY[key].is_on(back)) == on:
+            return back
+    return checklist.toggle(cfg, key, on)
+
+
+def on_checklist(key: str, lang: str, on: bool, memory: dict[str, Any], *values):
     """Tick or untick one checklist item: the governed fields change, then everything derived."""
     cfg, problems = collect(values_dict(values))
     if cfg is None:
         gr.Warning(t("checklist.needs_readable", lang))
-        return [gr.skip()] * len(FIELD_NAMES) + derived(None, problems, lang)
-    return apply_config(checklist.toggle(cfg, key, bool(on)), lang)
+        return [gr.skip()] * len(FIELD_NAMES) + derived(None, problems, lang) + [memory]
+    new = toggled(cfg, key, bool(on), memory)
+    fields = checklist.BY_KEY[key].fields
+    memory = {**(memory or {}), key: {"before": {f: getattr(cfg, f) for f in fields},
+                                      "after": {f: getattr(new, f) for f in fields}}}
+    return apply_config(new, lang) + [memory]
 
 
 def on_preset_lever(lang: str, name: str, *values):
@@ -716,8 +731,10 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                 comp.blur(on_fields_changed, inputs=[lang, *inputs], outputs=derived_out, **quiet)
                 if isinstance(comp, gr.Textbox):
                     comp.submit(on_fields_changed, inputs=[lang, *inputs], outputs=derived_out, **quiet)
+        check_memory = gr.State({})  # per page: what each checklist box changed last, so unticking can undo it
         for item, box in zip(checklist.ITEMS, checks):
-            box.input(partial(on_checklist, item.key), inputs=[lang, box, *inputs], outputs=form_out, **quiet)
+            box.input(partial(on_checklist, item.key), inputs=[lang, box, check_memory, *inputs],
+                      outputs=form_out + [check_memory], **quiet)
         preset.input(on_preset_lever, inputs=[lang, preset, *inputs], outputs=form_out, **quiet)
         demo_btn.click(partial(on_start_from, "demo"), inputs=[lang], outputs=form_out, **quiet)
         chapter_btn.click(partial(on_start_from, "chapter"), inputs=[lang], outputs=form_out, **quiet)
