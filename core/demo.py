@@ -15,6 +15,7 @@ import os
 import random
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,6 +117,14 @@ def build_model(vocab_size: int, seed: int = 0):
 def ensure_demo_model(target: Path | None = None) -> Path:
     """Build the demo model folder once (atomically) and return its path."""
     target = target or demo_model_dir()
+    with _BUILD_LOCK:  # the app's warm-up thread and a page's first prediction may ask at once: build once
+        return _ensure(target)
+
+
+_BUILD_LOCK = threading.Lock()
+
+
+def _ensure(target: Path) -> Path:
     if (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
