@@ -500,6 +500,8 @@ EN: dict[str, str] = {
     "history.yes": "yes",
     "facts.at_chapter": "at the chapter's 8B settings (Llama-3.1-8B): saves {gib} GiB",
     "facts.at_chapter_nothing": "at the chapter's 8B settings (Llama-3.1-8B): saves nothing",
+    "preset.dropped": ("{preset}: applied without {levers}, which needs a CUDA GPU (and liger-kernel); there is "
+                       "none here."),
 }
 
 PT: dict[str, str] = {
@@ -997,6 +999,8 @@ PT: dict[str, str] = {
     "history.yes": "sim",
     "facts.at_chapter": "nas configurações 8B do capítulo (Llama-3.1-8B): economiza {gib} GiB",
     "facts.at_chapter_nothing": "nas configurações 8B do capítulo (Llama-3.1-8B): não economiza nada",
+    "preset.dropped": ("{preset}: aplicado sem {levers}, que precisa de uma GPU CUDA (e do liger-kernel); não há "
+                       "nenhuma aqui."),
 }
 
 FR: dict[str, str] = {
@@ -1502,6 +1506,8 @@ FR: dict[str, str] = {
     "history.yes": "oui",
     "facts.at_chapter": "aux réglages 8B du chapitre (Llama-3.1-8B) : économise {gib} Gio",
     "facts.at_chapter_nothing": "aux réglages 8B du chapitre (Llama-3.1-8B) : n'économise rien",
+    "preset.dropped": ("{preset} : appliqué sans {levers}, qui demande un GPU CUDA (et liger-kernel) ; il n'y en "
+                       "a pas ici."),
 }
 
 STRINGS: dict[str, dict[str, str]] = {"en": EN, "pt": PT, "fr": FR}

@@ -359,6 +359,25 @@ def test_preset_radio_applies_levers_and_follows_the_config():
     assert value_of(blocks.on_fields_changed("en", *widget_values(TrainConfig(lora_dropout=0.3)))[-3]) == "custom"
 
 
+@pytest.mark.filterwarnings("ignore:Fastest within 24 GB")
+def test_fastest_without_a_gpu_says_which_levers_it_left_off(monkeypatch):
+    from core import presets
+    from core.config import Hardware
+
+    monkeypatch.setattr(blocks, "hardware", lambda: Hardware(cuda=False, bf16=True, bitsandbytes=True))
+    said = []
+    monkeypatch.setattr(gr, "Info", lambda message, *a, **k: said.append(message))
+    out = blocks.on_preset_lever("en", "fastest", *widget_values(TrainConfig()))
+    cfg = as_config(out[:len(FIELD_NAMES)])
+    assert not cfg.use_liger_kernel and presets.overrides("fastest")["use_liger_kernel"]
+    assert said == ["Fastest within 24 GB: applied without use_liger_kernel, which needs a CUDA GPU (and "
+                    "liger-kernel); there is none here."]
+    assert value_of(out[-3]) == "fastest"  # the radio stays on what was chosen, not "Custom mix"
+    said.clear()
+    blocks.on_preset_lever("en", "lowest_memory", *widget_values(TrainConfig()))
+    assert said == []  # nothing CUDA-only in it: nothing to say
+
+
 def test_cli_lists_only_changed_fields():
     assert cli_command(demo_config()) == "python -m core.train --demo"
     assert cli_command(demo_config(lora_r=4)) == "python -m core.train --demo --set lora_r=4"

@@ -169,7 +169,11 @@ def preset_descriptions(lang: str = DEFAULT_LANGUAGE) -> str:
 
 
 def preset_of(cfg: TrainConfig) -> str:
-    return presets.matching(cfg) or CUSTOM
+    """The preset the form has, as this machine applies it (without CUDA, "fastest" minus its CUDA-only levers
+    is still "fastest", not a custom mix)."""
+    hw = hardware()
+    return presets.matching(cfg) or next((n for n in presets.PRESETS if presets.apply_preset(cfg, n, hw) == cfg),
+                                         CUSTOM)
 
 
 def check_update(item: checklist.ChecklistItem, lang: str, **kw: Any) -> dict:
@@ -245,7 +249,11 @@ def on_preset_lever(lang: str, name: str, *values):
     if cfg is None:
         gr.Warning(t("checklist.needs_readable", lang))
         return [gr.skip()] * len(FIELD_NAMES) + derived(None, problems, lang)
-    return apply_config(presets.apply_preset(cfg, name, hardware()), lang)
+    applied = presets.apply_preset(cfg, name, hardware())
+    dropped = [k for k, v in presets.overrides(name).items() if getattr(applied, k) != v]
+    if dropped:  # say so, rather than leave the user wondering why the form differs from the preset
+        gr.Info(t("preset.dropped", lang, preset=t(f"preset.{name}.label", lang), levers=", ".join(dropped)))
+    return apply_config(applied, lang)
 
 
 def on_start_from(kind: str, lang: str = DEFAULT_LANGUAGE):
