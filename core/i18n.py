@@ -502,6 +502,10 @@ EN: dict[str, str] = {
     "facts.at_chapter_nothing": "at the chapter's 8B settings (Llama-3.1-8B): saves nothing",
     "preset.dropped": ("{preset}: applied without {levers}, which needs a CUDA GPU (and liger-kernel); there is "
                        "none here."),
+    "model.unreachable": ("⚠ {model} is not on this machine and the Hugging Face Hub cannot be reached, so Start "
+                          "would fail. Download it once while online (hf download {model}) or pick a local folder."),
+    "model.not_on_hub": "⚠ The Hugging Face Hub has no model {model}: check the spelling (org/name).",
+    "model.no_folder": "⚠ The folder {model} does not exist: check the path.",
 }
 
 PT: dict[str, str] = {
@@ -1001,6 +1005,11 @@ PT: dict[str, str] = {
     "facts.at_chapter_nothing": "nas configurações 8B do capítulo (Llama-3.1-8B): não economiza nada",
     "preset.dropped": ("{preset}: aplicado sem {levers}, que precisa de uma GPU CUDA (e do liger-kernel); não há "
                        "nenhuma aqui."),
+    "model.unreachable": ("⚠ {model} não está nesta máquina e o Hugging Face Hub não pode ser acessado, então "
+                          "Iniciar falharia. Baixe-o uma vez com internet (hf download {model}) ou escolha uma pasta "
+                          "local."),
+    "model.not_on_hub": "⚠ O Hugging Face Hub não tem o modelo {model}: confira a grafia (org/nome).",
+    "model.no_folder": "⚠ A pasta {model} não existe: confira o caminho.",
 }
 
 FR: dict[str, str] = {
@@ -1508,6 +1517,11 @@ FR: dict[str, str] = {
     "facts.at_chapter_nothing": "aux réglages 8B du chapitre (Llama-3.1-8B) : n'économise rien",
     "preset.dropped": ("{preset} : appliqué sans {levers}, qui demande un GPU CUDA (et liger-kernel) ; il n'y en "
                        "a pas ici."),
+    "model.unreachable": ("⚠ {model} n'est pas sur cette machine et le Hub Hugging Face est injoignable : Démarrer "
+                          "échouerait. Téléchargez-le une fois en ligne (hf download {model}) ou choisissez un dossier "
+                          "local."),
+    "model.not_on_hub": "⚠ Le Hub Hugging Face n'a pas de modèle {model} : vérifiez l'orthographe (org/nom).",
+    "model.no_folder": "⚠ Le dossier {model} n'existe pas : vérifiez le chemin.",
 }
 
 STRINGS: dict[str, dict[str, str]] = {"en": EN, "pt": PT, "fr": FR}

@@ -378,6 +378,15 @@ def test_fastest_without_a_gpu_says_which_levers_it_left_off(monkeypatch):
     assert said == []  # nothing CUDA-only in it: nothing to say
 
 
+def test_a_model_neither_here_nor_reachable_is_flagged_beside_the_field(tmp_path, demo_model_path):
+    """Offline (the conftest sets HF_HUB_OFFLINE): a Hub id that is not cached cannot be loaded."""
+    assert blocks.on_model_check("en", DEMO_MODEL)["info"] == blocks.help_text("model", "en")
+    assert blocks.on_model_check("en", str(demo_model_path))["info"] == blocks.help_text("model", "en")
+    flagged = blocks.on_model_check("fr", "someone/not-cached-model")["info"]
+    assert flagged.startswith("⚠ someone/not-cached-model n'est pas sur cette machine") and "hf download" in flagged
+    assert "does not exist" in blocks.on_model_check("en", str(tmp_path / "nope" / "x" / "y"))["info"]
+
+
 def test_cli_lists_only_changed_fields():
     assert cli_command(demo_config()) == "python -m core.train --demo"
     assert cli_command(demo_config(lora_r=4)) == "python -m core.train --demo --set lora_r=4"

@@ -33,7 +33,7 @@ from core.export import ExportError, zip_adapter
 from core.jobs import MANAGER, JobBusy, job_view, latest_run_dir
 from ui import render
 from ui.fields import FIELD_NAMES, collect, dataset_choices, help_text, label, make_widget, model_choices, \
-    out_of_range, to_values
+    model_problem, out_of_range, to_values
 from ui.live import read_gpus
 from ui.theme import TABS_KW
 from ui.speed import speed_lines
@@ -239,6 +239,12 @@ def on_checklist(key: str, lang: str, on: bool, memory: dict[str, Any], *values)
     memory = {**(memory or {}), key: {"before": {f: getattr(cfg, f) for f in fields},
                                       "after": {f: getattr(new, f) for f in fields}}}
     return apply_config(new, lang) + [memory]
+
+
+def on_model_check(lang: str, model: str) -> dict:
+    """Beside the model field, before Start: a model neither on this machine nor reachable is flagged."""
+    problem = model_problem(model)
+    return gr.update(info=help_text("model", lang) if problem is None else t(problem[0], lang, **problem[1]))
 
 
 def on_preset_lever(lang: str, name: str, *values):
@@ -739,6 +745,8 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                 comp.blur(on_fields_changed, inputs=[lang, *inputs], outputs=derived_out, **quiet)
                 if isinstance(comp, gr.Textbox):
                     comp.submit(on_fields_changed, inputs=[lang, *inputs], outputs=derived_out, **quiet)
+        FIELDS["model"].change(on_model_check, inputs=[lang, FIELDS["model"]], outputs=[FIELDS["model"]],
+                               show_progress="hidden")
         check_memory = gr.State({})  # per page: what each checklist box changed last, so unticking can undo it
         for item, box in zip(checklist.ITEMS, checks):
             box.input(partial(on_checklist, item.key), inputs=[lang, box, check_memory, *inputs],
