@@ -39,3 +39,34 @@ def test_every_tab_is_visible_without_an_overflow_menu_at_1280px(lang, browser, 
         menu = page.locator(f"{tabs} > .tab-wrapper > .overflow-menu")
         assert menu.count() == 0 or not menu.is_visible(), (lang, tabs, "tabs hidden in an overflow menu")
     context.close()
+
+
+def test_notices_about_old_settings_clear_when_the_settings_change(browser, server):  # noqa: F811
+    """The data preview and the Fit notice describe the settings they saw: the Chapter recipe button, or a new
+    max length typed in, clears them instead of leaving them describing the old settings."""
+    context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(server["url"])
+    page.wait_for_selector("#vram-gauge .mt-gauge")
+    page.click("#preview-btn")
+    page.wait_for_selector("#data-preview #mt-preview")
+    budget = page.locator("#fit-budget input")
+    budget.fill("1")
+    budget.press("Tab")
+    page.click("#fit-btn")
+    page.wait_for_selector("#fit-notice .mt-note-error")
+    page.click("#preset-chapter")
+    page.wait_for_function("document.querySelector('#mt-summary [data-key=model]')?.textContent.includes('Llama')")
+    page.wait_for_function("!document.querySelector('#data-preview #mt-preview')"
+                           " && !document.querySelector('#fit-notice .mt-note')")
+    page.click("#preset-demo")
+    page.wait_for_function("document.querySelector('#mt-summary [data-key=model]')?.textContent.includes('demo')")
+    page.click("#preview-btn")
+    page.wait_for_selector("#data-preview #mt-preview")
+    page.get_by_role("tab", name="2 · Memory checklist").click()  # max length sits beside its checklist item
+    length = page.locator("#field-max_length input[type=number]")
+    length.fill("48")
+    length.press("Tab")
+    page.wait_for_function("!document.querySelector('#data-preview #mt-preview')")
+    context.close()

@@ -267,6 +267,14 @@ def on_start_from(kind: str, lang: str = DEFAULT_LANGUAGE):
     return apply_config(cfg, lang)
 
 
+STALE_NOTICES = 3  # the Fit notice, the data preview and the run notice: they describe the settings they saw
+
+
+def on_load_preset_clearing(kind: str, lang: str = DEFAULT_LANGUAGE):
+    """Demo / Chapter recipe buttons: the new settings, and the notices about the old ones cleared."""
+    return on_start_from(kind, lang) + [""] * STALE_NOTICES
+
+
 def fit_budget_gib(budget: float | None) -> tuple[float | None, bool]:
     """(GiB to fit, whether it is a real GPU's free memory). Without a GPU: the hypothetical card's budget."""
     if hardware().cuda:
@@ -752,8 +760,14 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
             box.input(partial(on_checklist, item.key), inputs=[lang, box, check_memory, *inputs],
                       outputs=form_out + [check_memory], **quiet)
         preset.input(on_preset_lever, inputs=[lang, preset, *inputs], outputs=form_out, **quiet)
-        demo_btn.click(partial(on_start_from, "demo"), inputs=[lang], outputs=form_out, **quiet)
-        chapter_btn.click(partial(on_start_from, "chapter"), inputs=[lang], outputs=form_out, **quiet)
+        stale = [fit_note, preview_out, notice]
+        assert len(stale) == STALE_NOTICES
+        demo_btn.click(partial(on_load_preset_clearing, "demo"), inputs=[lang], outputs=form_out + stale, **quiet)
+        chapter_btn.click(partial(on_load_preset_clearing, "chapter"), inputs=[lang], outputs=form_out + stale,
+                          **quiet)
+        for name in ("model", "dataset", "dataset_split", "dataset_format", "max_length"):
+            # A user's edit (not a handler's own update, e.g. Fit or an upload): what described the old value goes.
+            FIELDS[name].input(lambda: [""] * STALE_NOTICES, outputs=stale, show_progress="hidden")
         refresh_btn.click(lambda m, d: (gr.update(choices=model_choices(m)), gr.update(choices=dataset_choices(d))),
                           inputs=[FIELDS["model"], FIELDS["dataset"]], outputs=[FIELDS["model"], FIELDS["dataset"]])
         preview_btn.click(on_preview, inputs=[lang, *inputs], outputs=[preview_out])
