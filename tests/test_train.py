@@ -47,7 +47,8 @@ def out(tmp_path):
 
 # The first losses of the seeded 20-step demo run (finished_run), as torchtune's recipe tests pin theirs: a change
 # of data, template, tokenizer, model, LoRA init, learning rate or schedule moves them. Step 1 does not depend on
-# the update rule (LoRA B starts at zero); steps 2-5 do. Tolerance: other CPUs' bf16 kernels may round differently.
+# the update rule (LoRA B starts at zero); steps 2-5 do. Tolerance: other CPUs' bf16 kernels may round differently;
+# 0.01 is still ten times below what an unseeded LoRA init changed at step 2 (8.32 vs 8.42).
 EXPECTED_FIRST_LOSSES = [8.6248, 9.0096, 8.4019, 8.6437, 8.2754]
 
 
@@ -66,7 +67,7 @@ def test_demo_trains_with_real_4bit_lora_and_loss_falls(finished_run):
 
 
 def test_first_losses_of_the_seeded_demo_are_pinned(finished_run):
-    assert finished_run.losses[:5] == pytest.approx(EXPECTED_FIRST_LOSSES, abs=2e-3), finished_run.losses[:5]
+    assert finished_run.losses[:5] == pytest.approx(EXPECTED_FIRST_LOSSES, abs=1e-2), finished_run.losses[:5]
 
 
 def test_every_trainable_parameter_changed_and_no_frozen_one_did(finished_run):
