@@ -173,7 +173,16 @@ def main(argv: list[str] | None = None) -> int:
         ssr_mode=False,
         pwa=False,
         mcp_server=False,
+        quiet=True,  # Gradio's own hint says "set share=True in launch()": memtune's line below says how here
+        prevent_thread_lock=True,
     )
+    print(f"memtune: running on {demo.local_url}", flush=True)
+    if demo.share_url:
+        print(f"memtune: public link {demo.share_url} (log in with the --auth user:password)", flush=True)
+    else:
+        print("memtune: to open it from another machine, start with --share --auth user:password "
+              "(a public gradio.live link) or --host 0.0.0.0 --auth user:password", flush=True)
+    demo.block_thread()
     return 0
 
 

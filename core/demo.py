@@ -2,7 +2,10 @@
 
 Nothing here touches the network. The model has random weights drawn with a fixed seed, so every machine builds
 the same one; the tokenizer is a byte-level BPE trained on the shipped demo data. The task (English word ->
-French word, in dolly format) is one a 2-layer model visibly learns in well under a minute on 2 CPU cores.
+French word, in dolly format: 50 words x 2 phrasings = 100 prompts) is one a 2-layer model learns in under a
+minute on 2 CPU cores: `score_adapter` counts the adapter's exact greedy answers (scripts/demo_bench.py).
+
+The base model's weights are random, so its own answers are noise: only the adapter's answers mean something.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ import os
 import random
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_DATA = ROOT / "assets" / "demo" / "demo.jsonl"
-DEMO_VERSION = "v2"  # bump when the builder below changes, so old caches are not reused
+DEMO_VERSION = "v3"  # bump when the builder below changes, so old caches are not reused
 
 WORDS = {
     "cat": "chat", "dog": "chien", "house": "maison", "water": "eau", "bread": "pain", "apple": "pomme",
@@ -37,11 +41,14 @@ TEMPLATES = [
 ]
 
 
+N_TEMPLATES = 2  # 50 words x 2 phrasings = 100 training prompts
+
+
 def demo_rows() -> list[dict[str, str]]:
-    """200 dolly-format rows (instruction, context, response, category), always the same."""
+    """100 dolly-format rows (instruction, context, response, category), always the same."""
     rng = random.Random(1234)
     rows = []
-    for template in TEMPLATES:
+    for template in TEMPLATES[:N_TEMPLATES]:
         for en, fr in WORDS.items():
             rows.append({"instruction": template.format(w=en), "context": "", "response": fr,
                          "category": "translation"})
@@ -89,18 +96,20 @@ def build_tokenizer():
                                    model_max_length=512)
 
 
+ARCH = dict(
+    hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    # Wider than the usual 0.02: with a small hidden size and RMSNorm, small head weights cap the logits so low
+    # that LoRA could barely move the loss. 0.3 behaves like a (bad) pretrained model.
+    initializer_range=0.3,
+)
+
+
 def build_model(vocab_size: int, seed: int = 0):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False,
-        # Wider than the usual 0.02: with hidden size 64 and RMSNorm, small head weights cap the logits so low
-        # that LoRA on attention alone could barely move the loss. 0.3 behaves like a (bad) pretrained model.
-        initializer_range=0.3,
-    )
+    config = LlamaConfig(vocab_size=vocab_size, max_position_embeddings=512, bos_token_id=0, eos_token_id=1,
+                         pad_token_id=2, tie_word_embeddings=False, **ARCH)
     torch.manual_seed(seed)
     return LlamaForCausalLM(config)
 
@@ -108,6 +117,14 @@ def build_model(vocab_size: int, seed: int = 0):
 def ensure_demo_model(target: Path | None = None) -> Path:
     """Build the demo model folder once (atomically) and return its path."""
     target = target or demo_model_dir()
+    with _BUILD_LOCK:  # the app's warm-up thread and a page's first prediction may ask at once: build once
+        return _ensure(target)
+
+
+_BUILD_LOCK = threading.Lock()
+
+
+def _ensure(target: Path) -> Path:
     if (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -125,6 +142,39 @@ def ensure_demo_model(target: Path | None = None) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def demo_answers(adapter_dir: str | Path, rows: list[dict[str, str]] | None = None,
+                 max_new_tokens: int = 8) -> list[str]:
+    """Greedy answers of base + adapter to `rows`' instructions (default: the demo's 100), as Try it asks them:
+    each prompt formatted by core.infer.format_prompt (the training formatter), special tokens dropped."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from core import infer
+    from core.model import load_with_adapter
+
+    cfg = infer.adapter_config(adapter_dir)
+    model = load_with_adapter(infer._runnable(cfg), adapter_dir)
+    tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir))  # save_adapter writes it beside the weights
+    answers = []
+    with torch.inference_mode():
+        for row in demo_rows() if rows is None else rows:
+            prompt = infer.format_prompt(tokenizer, row["instruction"], row.get("context", ""))
+            inputs = tokenizer(prompt, return_tensors="pt")
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
+                                 temperature=None, top_p=None, top_k=None,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+            answers.append(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
+    return answers
+
+
+def score_adapter(adapter_dir: str | Path, rows: list[dict[str, str]] | None = None) -> tuple[int, int]:
+    """(exact answers, prompts): how many of `rows` (default: the demo's 100 training prompts) the adapter answers
+    exactly, greedily (surrounding spaces ignored)."""
+    rows = demo_rows() if rows is None else rows
+    answers = demo_answers(adapter_dir, rows)
+    return sum(a.strip() == r["response"].strip() for a, r in zip(answers, rows)), len(rows)
 
 
 if __name__ == "__main__":

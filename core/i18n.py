@@ -28,7 +28,7 @@ EN: dict[str, str] = {
     "app.tagline": "QLoRA fine-tuning on your own GPU, with the memory checklist in front of you.",
     "app.gpu_line": "GPU: {gpus}. Opened on the chapter's recipe (QLoRA on Llama-3.1-8B).",
     "app.no_gpu_line": ("No CUDA GPU here: opened on the offline demo (a tiny model that learns English → French "
-                        "words in about a minute on the CPU). Press Start to try it."),
+                        "words in under a minute on the CPU). Press Start to try it."),
     "app.language": "Language",
     "tab.data": "1 · Model & data",
     "tab.checklist": "2 · Memory checklist",
@@ -302,7 +302,10 @@ EN: dict[str, str] = {
     # --- try it --------------------------------------------------------------------------------------------------
     "try.title": "Try it: base model vs base + adapter",
     "try.intro": ("Ask the same question to the base model and to the base model with your adapter, side by "
-                  "side. Prompts are formatted with the same template as in training."),
+                  "side. Prompts are formatted with the same template as in training. The offline demo's base model "
+                  "has random weights, so its own answers are noise: only the adapter's answers mean something "
+                  "(after the full demo run it answers its 100 training prompts, e.g. \"Translate the word 'cat' "
+                  "into French.\" → chat)."),
     "try.adapter": "Adapter",
     "try.refresh": "↻ Refresh",
     "try.prompt": "Prompt",
@@ -540,6 +543,14 @@ EN: dict[str, str] = {
                   "{disk_free} of disk. Written to {path}."),
     "gguf.not_enough": "Not enough room: {message}",
     "gguf.done": "GGUF export done in {path}: {files}",
+    "facts.at_chapter": "at the chapter's 8B settings (Llama-3.1-8B): saves {gib} GiB",
+    "facts.at_chapter_nothing": "at the chapter's 8B settings (Llama-3.1-8B): saves nothing",
+    "preset.dropped": ("{preset}: applied without {levers}, which needs a CUDA GPU (and liger-kernel); there is "
+                       "none here."),
+    "model.unreachable": ("⚠ {model} is not on this machine and the Hugging Face Hub cannot be reached, so Start "
+                          "would fail. Download it once while online (hf download {model}) or pick a local folder."),
+    "model.not_on_hub": "⚠ The Hugging Face Hub has no model {model}: check the spelling (org/name).",
+    "model.no_folder": "⚠ The folder {model} does not exist: check the path.",
 }
 
 PT: dict[str, str] = {
@@ -548,12 +559,12 @@ PT: dict[str, str] = {
     "app.tagline": "Fine-tuning com QLoRA na sua própria GPU, com o checklist de memória à sua frente.",
     "app.gpu_line": "GPU: {gpus}. Aberto com a receita do capítulo (QLoRA no Llama-3.1-8B).",
     "app.no_gpu_line": ("Nenhuma GPU CUDA aqui: aberto com a demo offline (um modelo minúsculo que aprende palavras "
-                        "inglês → francês em cerca de um minuto na CPU). Pressione Iniciar para experimentar."),
+                        "inglês → francês em menos de um minuto na CPU). Pressione Iniciar para experimentar."),
     "app.language": "Idioma",
     "tab.data": "1 · Modelo e dados",
     "tab.checklist": "2 · Checklist de Memória",
     "tab.training": "3 · Treinamento",
-    "tab.code": "4 · Configurações e código",
+    "tab.code": "4 · Ajustes e código",
     "tab.try": "Experimentar",
     "tab.export": "Exportar",
     "tab.history": "Histórico",
@@ -832,7 +843,10 @@ PT: dict[str, str] = {
     # --- experimentar --------------------------------------------------------------------------------------------
     "try.title": "Experimentar: modelo base vs base + adaptador",
     "try.intro": ("Faça a mesma pergunta ao modelo base e ao modelo base com o seu adaptador, lado a lado. Os "
-                  "prompts são formatados com o mesmo template do treinamento."),
+                  "prompts são formatados com o mesmo template do treinamento. O modelo base da demo offline tem pesos "
+                  "aleatórios, então as respostas dele são ruído: só as respostas do adaptador têm significado "
+                  "(depois da execução completa da demo, ele responde aos 100 prompts de treino, por exemplo "
+                  "\"Translate the word 'cat' into French.\" → chat)."),
     "try.adapter": "Adaptador",
     "try.refresh": "↻ Atualizar",
     "try.prompt": "Prompt",
@@ -1081,6 +1095,15 @@ PT: dict[str, str] = {
                   "memória, {disk_free} de disco. Gravado em {path}."),
     "gguf.not_enough": "Espaço insuficiente: {message}",
     "gguf.done": "Exportação GGUF concluída em {path}: {files}",
+    "facts.at_chapter": "nas configurações 8B do capítulo (Llama-3.1-8B): economiza {gib} GiB",
+    "facts.at_chapter_nothing": "nas configurações 8B do capítulo (Llama-3.1-8B): não economiza nada",
+    "preset.dropped": ("{preset}: aplicado sem {levers}, que precisa de uma GPU CUDA (e do liger-kernel); não há "
+                       "nenhuma aqui."),
+    "model.unreachable": ("⚠ {model} não está nesta máquina e o Hugging Face Hub não pode ser acessado, então "
+                          "Iniciar falharia. Baixe-o uma vez com internet (hf download {model}) ou escolha uma pasta "
+                          "local."),
+    "model.not_on_hub": "⚠ O Hugging Face Hub não tem o modelo {model}: confira a grafia (org/nome).",
+    "model.no_folder": "⚠ A pasta {model} não existe: confira o caminho.",
 }
 
 FR: dict[str, str] = {
@@ -1090,11 +1113,11 @@ FR: dict[str, str] = {
                     "les yeux."),
     "app.gpu_line": "GPU : {gpus}. Ouvert sur la recette du chapitre (QLoRA sur Llama-3.1-8B).",
     "app.no_gpu_line": ("Pas de GPU CUDA ici : ouvert sur la démo hors ligne (un tout petit modèle qui apprend des "
-                        "mots anglais → français en une minute environ sur le CPU). Appuyez sur Démarrer pour "
+                        "mots anglais → français en moins d’une minute sur le CPU). Appuyez sur Démarrer pour "
                         "l'essayer."),
     "app.language": "Langue",
     "tab.data": "1 · Modèle et données",
-    "tab.checklist": "2 · Liste de vérification de la mémoire",
+    "tab.checklist": "2 · Check-list mémoire",
     "tab.training": "3 · Entraînement",
     "tab.code": "4 · Réglages et code",
     "tab.try": "Essayer",
@@ -1380,7 +1403,10 @@ FR: dict[str, str] = {
     # --- essayer -------------------------------------------------------------------------------------------------
     "try.title": "Essayer : modèle de base vs base + adaptateur",
     "try.intro": ("Posez la même question au modèle de base et au modèle de base avec votre adaptateur, côte à "
-                  "côte. Les prompts sont formatés avec le même modèle de prompt qu'à l'entraînement."),
+                  "côte. Les prompts sont formatés avec le même modèle de prompt qu'à l'entraînement. Le modèle de base "
+                  "de la démo hors ligne a des poids aléatoires : ses propres réponses sont du bruit, seules celles de "
+                  "l'adaptateur ont un sens (après l'exécution complète de la démo, il répond à ses 100 prompts "
+                  "d'entraînement, par exemple « Translate the word 'cat' into French. » → chat)."),
     "try.adapter": "Adaptateur",
     "try.refresh": "↻ Actualiser",
     "try.prompt": "Prompt",
@@ -1632,6 +1658,15 @@ FR: dict[str, str] = {
                   "mémoire, {disk_free} de disque. Écrit dans {path}."),
     "gguf.not_enough": "Pas assez de place : {message}",
     "gguf.done": "Export GGUF terminé dans {path} : {files}",
+    "facts.at_chapter": "aux réglages 8B du chapitre (Llama-3.1-8B) : économise {gib} Gio",
+    "facts.at_chapter_nothing": "aux réglages 8B du chapitre (Llama-3.1-8B) : n'économise rien",
+    "preset.dropped": ("{preset} : appliqué sans {levers}, qui demande un GPU CUDA (et liger-kernel) ; il n'y en "
+                       "a pas ici."),
+    "model.unreachable": ("⚠ {model} n'est pas sur cette machine et le Hub Hugging Face est injoignable : Démarrer "
+                          "échouerait. Téléchargez-le une fois en ligne (hf download {model}) ou choisissez un dossier "
+                          "local."),
+    "model.not_on_hub": "⚠ Le Hub Hugging Face n'a pas de modèle {model} : vérifiez l'orthographe (org/nom).",
+    "model.no_folder": "⚠ Le dossier {model} n'existe pas : vérifiez le chemin.",
 }
 
 STRINGS: dict[str, dict[str, str]] = {"en": EN, "pt": PT, "fr": FR}

@@ -28,3 +28,44 @@ def demo_tokenizer(demo_model_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(demo_model_path)
+
+
+class FinishedRun:
+    """A short real demo run: its config, RunResult, events, and the model before and after training."""
+
+    def __init__(self, cfg, result, events, before, model):
+        self.cfg, self.result, self.events, self.before, self.model = cfg, result, events, before, model
+        self.out = Path(cfg.output_dir)
+
+    @property
+    def losses(self):
+        return [e["loss"] for e in self.events if e["kind"] == "metrics"]
+
+
+def snapshot(model) -> dict:
+    """Every parameter by name, copied (4-bit weights as their packed bytes), with whether it trains."""
+    return {name: (p.detach().clone(), p.requires_grad) for name, p in model.named_parameters()}
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory, demo_model_path) -> FinishedRun:
+    """ONE real demo run (20 steps, a loss every step, checkpoints at 10 and 20) shared by every test that only
+    needs "a finished run". Tests must not write into its folder: copy it first."""
+    from transformers import TrainerCallback
+
+    from core.config import demo_config
+    from core.train import run_training
+
+    class Keep(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kw):
+            self.before = snapshot(model)
+
+        def on_train_end(self, args, state, control, model=None, **kw):
+            self.model = model
+
+    keep, events = Keep(), []
+    cfg = demo_config(output_dir=str(tmp_path_factory.mktemp("finished")), run_name="finished", max_steps=20,
+                      logging_steps=1, save_strategy="steps", save_steps=10)
+    result = run_training(cfg, events.append, callbacks=[keep])
+    assert result.status == "completed", result.message
+    return FinishedRun(cfg, result, events, keep.before, keep.model)

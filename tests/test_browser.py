@@ -166,14 +166,14 @@ def test_checklist_ticks_change_the_config_and_back(page):
     box.click()
     page.wait_for_function("document.querySelector('#mt-summary [data-key=checkpointing]').textContent === 'checkpointing off'")
 
-    # "Use smaller batches": batch 8 x 1 becomes 1 x 8 (same effective batch), and back.
+    # "Use smaller batches": the demo's batch 20 x 1 becomes 1 x 20 (same effective batch), and back.
     small = page.locator("#check-small_batches input[type=checkbox]")
     small.click()
     page.wait_for_function("document.querySelector('#mt-summary [data-key=batch]').textContent.startsWith('batch 1 ')")
     assert page.locator("#field-per_device_train_batch_size input[type=number]").input_value() == "1"
     assert page.locator("#check-gradient_accumulation input[type=checkbox]").is_checked()  # followed the config
     small.click()
-    page.wait_for_function("document.querySelector('#mt-summary [data-key=batch]').textContent.startsWith('batch 8 ')")
+    page.wait_for_function("document.querySelector('#mt-summary [data-key=batch]').textContent.startsWith('batch 20 ')")
     assert page.errors == []
 
 

@@ -84,7 +84,7 @@ def test_demo_set_loads_as_dolly(tok):
 
     raw = data.load_raw(DEMO_DATASET, "train")
     n_lines = sum(1 for line in DEMO_DATA.read_text(encoding="utf-8").splitlines() if line.strip())
-    # docs say 240 rows; demo_rows() actually yields 4 templates x 50 words = 200 (reported to the lead)
+    # 2 phrasings x 50 words = 100 rows (core.demo)
     assert len(raw) == n_lines == len(demo_rows())
     assert data.detect_format(raw) == "dolly"
     rows, fmt = data.prepare_dataset(demo_config(), tok)
@@ -341,7 +341,7 @@ def test_split_slicing(tmp_path):
 
 def test_split_errors(tmp_path):
     msg = error_of(data.load_raw, DEMO_DATASET, "train[5000:]")
-    assert "selects no rows" in msg and "has 200 rows" in msg
+    assert "selects no rows" in msg and "has 100 rows" in msg
     msg = error_of(data.load_raw, DEMO_DATASET, "validation")
     assert "no split 'validation'" in msg and "available splits: ['train']" in msg
     assert "not valid split syntax" in error_of(data.load_raw, DEMO_DATASET, "train[:")
@@ -351,7 +351,7 @@ def test_split_errors(tmp_path):
 # --- preview and TRL compatibility -----------------------------------------------------------------------
 def test_preview_on_demo_set(tok):
     preview = data.preview_dataset(demo_config(max_length=22), tok, n=2)
-    assert preview.format == "dolly" and preview.n_rows == 200 and preview.n_dropped == 0
+    assert preview.format == "dolly" and preview.n_rows == 100 and preview.n_dropped == 0
     # the first 2 rows, then the first row of each other outcome
     assert [ex["row"] for ex in preview.examples[:2]] == [1, 2]
     assert [ex["reason"] for ex in preview.examples[2:]] == [r for r in data.REASONS if r in preview.reasons
@@ -359,9 +359,9 @@ def test_preview_on_demo_set(tok):
     assert set(preview.examples[1]) == {"row", "reason", "tokens", "trained_tokens", "prompt", "completion"}
     ex = preview.examples[1]
     assert ex["reason"] == "kept" and preview.token_lengths[1] == len(tok(ex["prompt"] + ex["completion"])["input_ids"])
-    assert len(preview.token_lengths) == 200 and preview.max_length == 22
+    assert len(preview.token_lengths) == 100 and preview.max_length == 22
     assert preview.n_over_max == sum(n > 22 for n in preview.token_lengths)
-    assert 0 < preview.n_over_max < 200
+    assert 0 < preview.n_over_max < 100
     s = preview.stats
     assert s["min"] == min(preview.token_lengths) and s["max"] == max(preview.token_lengths)
     assert s["min"] <= s["median"] <= s["p95"] <= s["max"] and s["min"] <= s["mean"] <= s["max"]

@@ -100,12 +100,12 @@ def test_checklist_ticks_change_the_config_and_back():
     base = TrainConfig()
     for item in checklist.ITEMS:
         for on in (False, True):
-            out = blocks.on_checklist(item.key, "en", on, *widget_values(base))
+            out = blocks.on_checklist(item.key, "en", on, {}, *widget_values(base))
             n = len(FIELD_NAMES)
             cfg = as_config(out[:n])
             assert cfg == checklist.toggle(base, item.key, on)
             assert checklist.active(cfg)[item.key] is on, item.key
-            d = split_derived(out[n:])
+            d = split_derived(out[n:-1])
             ticks = [value_of(u) for u in d["ticks"]]
             assert ticks == [checklist.active(cfg)[i.key] for i in checklist.ITEMS]
             summary, code_py, cli = d["summary"], d["script"], d["command"]
@@ -113,6 +113,32 @@ def test_checklist_ticks_change_the_config_and_back():
             compile(code_py, "generated.py", "exec")
             assert cli.startswith("python -m core.train")
             base = cfg
+
+
+def test_unticking_and_reticking_gives_back_the_users_own_values():
+    n = len(FIELD_NAMES)
+
+    def click(cfg, key, on, memory):
+        out = blocks.on_checklist(key, "en", on, memory, *widget_values(cfg))
+        return as_config(out[:n]), out[-1]
+
+    mine = demo_config(max_length=384)  # short: "Reduce max_seq_length" is on
+    off, memory = click(mine, "short_max_length", False, {})
+    assert off.max_length == checklist.LONG_MAX_LENGTH
+    on, memory = click(off, "short_max_length", True, memory)
+    assert on.max_length == 384  # not the item's default 512
+    long = mine.replace(max_length=1000)
+    on, memory = click(long, "short_max_length", True, memory)
+    assert on.max_length == checklist.SHORT_MAX_LENGTH
+    edited = on.replace(max_length=300)  # the user typed another value since: that one counts, no undo
+    off, memory = click(edited, "short_max_length", False, memory)
+    assert off.max_length == checklist.LONG_MAX_LENGTH
+    back, _ = click(off, "short_max_length", True, memory)
+    assert back.max_length == 300
+    batch, memory = click(TrainConfig(per_device_train_batch_size=4, gradient_accumulation_steps=4), "small_batches",
+                          True, {})
+    again, _ = click(batch, "small_batches", False, memory)
+    assert (again.per_device_train_batch_size, again.gradient_accumulation_steps) == (4, 4)
 
 
 def test_summary_and_code_follow_a_field_change():
@@ -334,6 +360,34 @@ def test_preset_radio_applies_levers_and_follows_the_config():
     assert value_of(blocks.on_fields_changed("en", *widget_values(TrainConfig(lora_dropout=0.3)))[-3]) == "custom"
 
 
+@pytest.mark.filterwarnings("ignore:Fastest within 24 GB")
+def test_fastest_without_a_gpu_says_which_levers_it_left_off(monkeypatch):
+    from core import presets
+    from core.config import Hardware
+
+    monkeypatch.setattr(blocks, "hardware", lambda: Hardware(cuda=False, bf16=True, bitsandbytes=True))
+    said = []
+    monkeypatch.setattr(gr, "Info", lambda message, *a, **k: said.append(message))
+    out = blocks.on_preset_lever("en", "fastest", *widget_values(TrainConfig()))
+    cfg = as_config(out[:len(FIELD_NAMES)])
+    assert not cfg.use_liger_kernel and presets.overrides("fastest")["use_liger_kernel"]
+    assert said == ["Fastest within 24 GB: applied without use_liger_kernel, which needs a CUDA GPU (and "
+                    "liger-kernel); there is none here."]
+    assert value_of(out[-3]) == "fastest"  # the radio stays on what was chosen, not "Custom mix"
+    said.clear()
+    blocks.on_preset_lever("en", "lowest_memory", *widget_values(TrainConfig()))
+    assert said == []  # nothing CUDA-only in it: nothing to say
+
+
+def test_a_model_neither_here_nor_reachable_is_flagged_beside_the_field(tmp_path, demo_model_path):
+    """Offline (the conftest sets HF_HUB_OFFLINE): a Hub id that is not cached cannot be loaded."""
+    assert blocks.on_model_check("en", DEMO_MODEL)["info"] == blocks.help_text("model", "en")
+    assert blocks.on_model_check("en", str(demo_model_path))["info"] == blocks.help_text("model", "en")
+    flagged = blocks.on_model_check("fr", "someone/not-cached-model")["info"]
+    assert flagged.startswith("⚠ someone/not-cached-model n'est pas sur cette machine") and "hf download" in flagged
+    assert "does not exist" in blocks.on_model_check("en", str(tmp_path / "nope" / "x" / "y"))["info"]
+
+
 def test_cli_lists_only_changed_fields():
     assert cli_command(demo_config()) == "python -m core.train --demo"
     assert cli_command(demo_config(lora_r=4)) == "python -m core.train --demo --set lora_r=4"
@@ -426,6 +480,21 @@ def test_checklist_facts_say_what_each_item_saves_and_costs_measured():
     for html in facts.values():  # a measurement with its source, or an honest "not measured"
         assert "Memory" in html and "Speed" in html
         assert "mt-src" in html or "Not measured" in html
+
+
+def test_checklist_shows_the_chapters_8b_figure_beside_the_demos_own():
+    from core.estimate import savings
+
+    saved = {s.key: s.saved_gib for s in savings(TrainConfig())}
+    for lang, words in (("en", "at the chapter's 8B settings (Llama-3.1-8B): saves {} GiB"),
+                        ("fr", "aux réglages 8B du chapitre (Llama-3.1-8B) : économise {} Gio")):
+        facts = dict(zip([i.key for i in checklist.ITEMS],
+                         split_derived(blocks.on_fields_changed(lang, *widget_values(demo_config())))["facts"]))
+        qlora = render.E(words.format(render.num(saved["qlora"], 1, lang)))
+        assert saved["qlora"] > 1 and qlora in facts["qlora"]
+        assert render.E(render.saving_text(0.0, lang)) in facts["qlora"]  # the demo's own figure stays, first
+    chapter = split_derived(blocks.on_fields_changed("en", *widget_values(TrainConfig())))["facts"]
+    assert not any("chapter's 8B settings" in render.E(html) or "mt-fact-chapter" in html for html in chapter)
 
 
 def test_speed_costs_come_only_from_measured_pairs(tmp_path):
@@ -574,15 +643,9 @@ def test_the_page_opens_in_the_browsers_language():
 
 # --- after training: history, resume, try it, export ----------------------------------------------------------------
 @pytest.fixture(scope="module")
-def engine_run(tmp_path_factory, demo_model_path):
-    """A real demo run (10 steps, checkpoints at 5 and 10) in its own output folder."""
-    from core.train import run_training
-
-    out = tmp_path_factory.mktemp("runs")
-    result = run_training(demo_config(output_dir=str(out), run_name="hist", max_steps=10, save_strategy="steps",
-                                      save_steps=5, logging_steps=1))
-    assert result.status == "completed", result.message
-    return out, result
+def engine_run(finished_run):
+    """conftest's shared real demo run (20 steps, checkpoints at 10 and 20): its output folder and result."""
+    return finished_run.out, finished_run.result
 
 
 def test_history_lists_runs_written_by_the_engine(engine_run):
@@ -592,15 +655,15 @@ def test_history_lists_runs_written_by_the_engine(engine_run):
     table, runs, empty = after.on_history_refresh("en", str(out))
     assert runs == [result.run_dir] and empty == ""
     row = table.iloc[0].to_dict()
-    assert row["Run"] == "hist" and row["Model"] == "memtune/demo-tiny-llama" and row["Dataset"] == "memtune/demo"
+    assert row["Run"] == "finished" and row["Model"] == "memtune/demo-tiny-llama" and row["Dataset"] == "memtune/demo"
     assert row["Status"] == "completed" and row["Final loss"] == f"{result.summary['final_loss']:.4f}"
-    assert row["Steps"] == "10" and row["Resumable"] == "yes"
+    assert row["Steps"] == "20" and row["Resumable"] == "yes"
     fr, _, _ = after.on_history_refresh("fr", str(out))
     assert list(fr.columns)[:5] == ["Date", "Exécution", "Modèle", "Jeu de données", "État"]
     assert fr.iloc[0]["État"] == "terminée"
     detail, plot, settings, load, resume, delete = after.history_open("en", result.run_dir)
-    assert "hist" in detail and "not measured on CPU" in detail and "checkpoint-10" in detail
-    assert plot["visible"] and list(plot["value"]["step"]) == list(range(1, 11))
+    assert "finished" in detail and "not measured on CPU" in detail and "checkpoint-20" in detail
+    assert plot["visible"] and list(plot["value"]["step"]) == list(range(1, 21))
     assert settings["value"].startswith("model: memtune/demo-tiny-llama")
     assert load["interactive"] and resume["interactive"] and delete["interactive"]
     empty_table, runs, note = after.on_history_refresh("en", str(out / "nothing-here"))
@@ -615,7 +678,7 @@ def test_history_loads_settings_into_the_form(engine_run):
     res = after.on_history_load("en", result.run_dir)
     n = len(FIELD_NAMES)
     cfg = as_config(res[:n])
-    assert cfg.max_steps == 10 and cfg.run_name == "hist" and cfg.resume_from == ""
+    assert cfg.max_steps == 20 and cfg.run_name == "finished" and cfg.resume_from == ""
     assert "loaded into the form" in res[-2] and res[-1].selected == "tab-train"
     assert "Pick a run" in after.on_history_load("en", None)[-2]
 
@@ -705,7 +768,7 @@ def test_export_zip_merge_and_push_messages(engine_run, tmp_path, monkeypatch):
     out, result = engine_run
     warning, check, merge_dir = after.on_export_adapter("en", result.adapter_dir)
     assert "Merging writes a full copy of memtune/demo-tiny-llama" in warning and "Memory check" in check
-    assert merge_dir["value"].endswith("hist/merged")
+    assert merge_dir["value"].endswith("finished/merged")
     assert "La fusion écrit" in after.on_export_adapter("fr", result.adapter_dir)[0]
     file, note = after.on_zip("en", result.adapter_dir)
     assert file["visible"] and "adapter_model.safetensors" in zipfile.ZipFile(file["value"]).namelist()
@@ -739,3 +802,13 @@ def test_a_missing_browser_fails_the_browser_tests_only_when_required(required, 
         assert proc.returncode != 0 and "10 failed" in out and "no chromium at" in out, out[-2000:]
     else:
         assert proc.returncode in (0, 5) and "skipped" in out and "MEMTUNE_REQUIRE_BROWSER=1" in out, out[-2000:]  # 5: none ran
+
+
+def test_numbers_and_sizes_are_written_as_each_language_writes_them():
+    assert [render.integer(1698, lang) for lang in ("en", "pt", "fr")] == ["1,698", "1.698", "1\u202f698"]
+    assert render.size(369_000, "en") == "360.4 KiB"  # a tiny model: KiB, not 0.000344 GiB
+    assert render.size(3 * 2**20 + 2**19, "pt") == "3,5 MiB" and render.size(5 * 2**30, "fr") == "5,0 Gio"
+    assert render.size(512, "en") == "512 B" and render.size(None) == "-"
+    v = JobView(state="running", step=1698, total_steps=2000, tokens_per_s=12345.6, phase="training")
+    html = render.progress_html(v, "en")
+    assert "1,698" in html and "2,000" in html and "12,346 tokens/s" in html and 'data-step="1698"' in html

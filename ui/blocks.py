@@ -33,8 +33,9 @@ from core.export import ExportError, zip_adapter
 from core.jobs import MANAGER, JobBusy, job_view, latest_run_dir
 from ui import render
 from ui.fields import FIELD_NAMES, collect, dataset_choices, help_text, label, make_widget, model_choices, \
-    out_of_range, to_values
+    model_problem, out_of_range, to_values
 from ui.live import read_gpus
+from ui.theme import TABS_KW
 from ui.speed import speed_lines
 
 DATA_TYPES = [".jsonl", ".json", ".csv", ".parquet", ".txt"]
@@ -136,6 +137,17 @@ def prediction(cfg: TrainConfig) -> tuple[float | None, dict[str, float]]:
         return None, {}
 
 
+@lru_cache(maxsize=1)
+def chapter_savings() -> dict[str, float]:
+    """What each checklist item saves at the chapter's own settings (TrainConfig(): Llama-3.1-8B), shown beside
+    the figure for another model: on the tiny demo six of seven items save nothing, which hides the point."""
+    return prediction(TrainConfig())[1]
+
+
+def chapter_gib(cfg: TrainConfig, key: str) -> float | None:
+    return None if cfg.model == TrainConfig().model else chapter_savings().get(key)
+
+
 def predicted_peaks(cfg: TrainConfig | None) -> dict[str, float] | None:
     """core.estimate's peaks for a config, as the result panel compares them: allocated, reserved, nvml (GiB)."""
     if cfg is None:
@@ -166,7 +178,11 @@ def preset_descriptions(lang: str = DEFAULT_LANGUAGE) -> str:
 
 
 def preset_of(cfg: TrainConfig) -> str:
-    return presets.matching(cfg) or CUSTOM
+    """The preset the form has, as this machine applies it (without CUDA, "fastest" minus its CUDA-only levers
+    is still "fastest", not a custom mix)."""
+    hw = hardware()
+    return presets.matching(cfg) or next((n for n in presets.PRESETS if presets.apply_preset(cfg, n, hw) == cfg),
+                                         CUSTOM)
 
 
 def check_update(item: checklist.ChecklistItem, lang: str, **kw: Any) -> dict:
@@ -182,8 +198,8 @@ def derived(cfg: TrainConfig | None, problems: list[Problem], lang: str = DEFAUL
                    gr.skip(), gr.skip()])
     on = checklist.active(cfg)
     peak, saves = prediction(cfg)
-    facts = [render.facts_html(item.key, saves.get(item.key), speed_lines(item.key, cfg, lang), lang)
-             for item in checklist.ITEMS]
+    facts = [render.facts_html(item.key, saves.get(item.key), speed_lines(item.key, cfg, lang), lang,
+                               chapter_gib(cfg, item.key)) for item in checklist.ITEMS]
     return ([render.summary_html(cfg, problems, on, predicted_gib=peak, lang=lang), {"gib": peak}]
             + [check_update(item, lang, value=on[item.key]) for item in checklist.ITEMS] + facts
             + [gr.update(value=preset_of(cfg), choices=preset_choices(lang), label=t("preset.label", lang),
@@ -210,13 +226,34 @@ def on_fields_changed(lang: str, *values):
     return derived(cfg, problems, lang)
 
 
-def on_checklist(key: str, lang: str, on: bool, *values):
+def toggled(cfg: TrainConfig, key: str, on: bool, memory: dict[str, Any]) -> TrainConfig:
+    """checklist.toggle, except that undoing this item's last tick or untick (its fields untouched since) gives
+    back the user's values from before it: untick and re-tick "Reduce max_seq_length" and 384 stays 384."""
+    last = (memory or {}).get(key)
+    if last and all(getattr(cfg, f) == v for f, v in last["after"].items()):
+        back = cfg.replace(**last["before"])
+        if bool(checklist.BY_KEY[key].is_on(back)) == on:
+            return back
+    return checklist.toggle(cfg, key, on)
+
+
+def on_checklist(key: str, lang: str, on: bool, memory: dict[str, Any], *values):
     """Tick or untick one checklist item: the governed fields change, then everything derived."""
     cfg, problems = collect(values_dict(values))
     if cfg is None:
         gr.Warning(t("checklist.needs_readable", lang))
-        return [gr.skip()] * len(FIELD_NAMES) + derived(None, problems, lang)
-    return apply_config(checklist.toggle(cfg, key, bool(on)), lang)
+        return [gr.skip()] * len(FIELD_NAMES) + derived(None, problems, lang) + [memory]
+    new = toggled(cfg, key, bool(on), memory)
+    fields = checklist.BY_KEY[key].fields
+    memory = {**(memory or {}), key: {"before": {f: getattr(cfg, f) for f in fields},
+                                      "after": {f: getattr(new, f) for f in fields}}}
+    return apply_config(new, lang) + [memory]
+
+
+def on_model_check(lang: str, model: str) -> dict:
+    """Beside the model field, before Start: a model neither on this machine nor reachable is flagged."""
+    problem = model_problem(model)
+    return gr.update(info=help_text("model", lang) if problem is None else t(problem[0], lang, **problem[1]))
 
 
 def on_preset_lever(lang: str, name: str, *values):
@@ -227,12 +264,24 @@ def on_preset_lever(lang: str, name: str, *values):
     if cfg is None:
         gr.Warning(t("checklist.needs_readable", lang))
         return [gr.skip()] * len(FIELD_NAMES) + derived(None, problems, lang)
-    return apply_config(presets.apply_preset(cfg, name, hardware()), lang)
+    applied = presets.apply_preset(cfg, name, hardware())
+    dropped = [k for k, v in presets.overrides(name).items() if getattr(applied, k) != v]
+    if dropped:  # say so, rather than leave the user wondering why the form differs from the preset
+        gr.Info(t("preset.dropped", lang, preset=t(f"preset.{name}.label", lang), levers=", ".join(dropped)))
+    return apply_config(applied, lang)
 
 
 def on_start_from(kind: str, lang: str = DEFAULT_LANGUAGE):
     cfg = demo_config() if kind == "demo" else TrainConfig()
     return apply_config(cfg, lang)
+
+
+STALE_NOTICES = 3  # the Fit notice, the data preview and the run notice: they describe the settings they saw
+
+
+def on_load_preset_clearing(kind: str, lang: str = DEFAULT_LANGUAGE):
+    """Demo / Chapter recipe buttons: the new settings, and the notices about the old ones cleared."""
+    return on_start_from(kind, lang) + [""] * STALE_NOTICES
 
 
 def fit_budget_gib(budget: float | None) -> tuple[float | None, bool]:
@@ -584,13 +633,13 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
             tr.add(lang, label="app.language")
         tab_state = gr.State({})
         pred_state = gr.State({"gib": prediction(cfg0)[0]})
-        with gr.Tabs(elem_id="main-tabs") as main_tabs:
+        with gr.Tabs(elem_id="main-tabs", **TABS_KW) as main_tabs:
             with gr.Tab(L("tab.train"), id="tab-train", elem_id="tab-train") as train_tab:
                 tr.add(train_tab, label="tab.train")
                 with gr.Row(equal_height=False):
                     # ---------------- settings ----------------
                     with gr.Column(scale=3, min_width=480):
-                        with gr.Tabs(elem_id="settings-tabs"):
+                        with gr.Tabs(elem_id="settings-tabs", **TABS_KW):
                             with gr.Tab(L("tab.data"), id="tab-data", elem_id="tab-data") as tab_data:
                                 tr.add(tab_data, label="tab.data")
                                 with gr.Row():
@@ -639,7 +688,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                                                 elem_id=f"check-{item.key}", elem_classes=["mt-check"]))
                                             facts.append(gr.HTML(render.facts_html(
                                                 item.key, saves0.get(item.key), speed_lines(item.key, cfg0, lang0),
-                                                lang0), elem_id=f"check-facts-{item.key}", padding=False))
+                                                lang0, chapter_gib(cfg0, item.key)), elem_id=f"check-facts-{item.key}", padding=False))
                                         with gr.Column(scale=2, min_width=220):
                                             for name in GOVERNS.get(item.key, []):
                                                 w(name)
@@ -747,11 +796,21 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                 comp.blur(on_fields_changed, inputs=[lang, *inputs], outputs=derived_out, **quiet)
                 if isinstance(comp, gr.Textbox):
                     comp.submit(on_fields_changed, inputs=[lang, *inputs], outputs=derived_out, **quiet)
+        FIELDS["model"].change(on_model_check, inputs=[lang, FIELDS["model"]], outputs=[FIELDS["model"]],
+                               show_progress="hidden")
+        check_memory = gr.State({})  # per page: what each checklist box changed last, so unticking can undo it
         for item, box in zip(checklist.ITEMS, checks):
-            box.input(partial(on_checklist, item.key), inputs=[lang, box, *inputs], outputs=form_out, **quiet)
+            box.input(partial(on_checklist, item.key), inputs=[lang, box, check_memory, *inputs],
+                      outputs=form_out + [check_memory], **quiet)
         preset.input(on_preset_lever, inputs=[lang, preset, *inputs], outputs=form_out, **quiet)
-        demo_btn.click(partial(on_start_from, "demo"), inputs=[lang], outputs=form_out, **quiet)
-        chapter_btn.click(partial(on_start_from, "chapter"), inputs=[lang], outputs=form_out, **quiet)
+        stale = [fit_note, preview_out, notice]
+        assert len(stale) == STALE_NOTICES
+        demo_btn.click(partial(on_load_preset_clearing, "demo"), inputs=[lang], outputs=form_out + stale, **quiet)
+        chapter_btn.click(partial(on_load_preset_clearing, "chapter"), inputs=[lang], outputs=form_out + stale,
+                          **quiet)
+        for name in ("model", "dataset", "dataset_split", "dataset_format", "max_length"):
+            # A user's edit (not a handler's own update, e.g. Fit or an upload): what described the old value goes.
+            FIELDS[name].input(lambda: [""] * STALE_NOTICES, outputs=stale, show_progress="hidden")
         refresh_btn.click(lambda m, d: (gr.update(choices=model_choices(m)), gr.update(choices=dataset_choices(d))),
                           inputs=[FIELDS["model"], FIELDS["dataset"]], outputs=[FIELDS["model"], FIELDS["dataset"]])
         preview_btn.click(on_preview, inputs=[lang, *inputs], outputs=[preview_out])

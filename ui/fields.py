@@ -167,3 +167,34 @@ def dataset_choices(current: str = "") -> list[str]:
     if current and current not in out:
         out.append(current)
     return out
+
+
+# --- is the model there? (flagged beside the model field before Start) ---------------------------------------------
+def model_problem(model: str, timeout_s: float = 3.0) -> tuple[str, dict[str, str]] | None:
+    """None when `model` can be loaded: the demo, a local folder, a Hub id in the local cache, or one the Hub
+    knows (gated and private models included: Start then says what token is needed). Otherwise an i18n key and its
+    arguments: not on this machine and the Hub unreachable, or no such model on the Hub. Asks the Hub for at most
+    `timeout_s` seconds; never downloads."""
+    from pathlib import Path
+
+    model = (model or "").strip()
+    if not model or model == DEMO_MODEL or Path(model).expanduser().exists():
+        return None  # empty: validate() says so; a local path: the engine checks its contents
+    if model.startswith((".", "/", "~")) or model.count("/") > 1:
+        return "model.no_folder", {"model": model}
+    from huggingface_hub import model_info, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+
+    try:
+        if isinstance(try_to_load_from_cache(model, "config.json"), str):
+            return None
+        model_info(model, timeout=timeout_s)
+        return None
+    except GatedRepoError:
+        return None
+    except RepositoryNotFoundError:
+        return "model.not_on_hub", {"model": model}
+    except HFValidationError:
+        return "model.not_on_hub", {"model": model}
+    except Exception:  # offline, timeout, DNS: the Hub cannot be reached from here
+        return "model.unreachable", {"model": model}

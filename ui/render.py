@@ -34,14 +34,33 @@ def _duration(s: float | None) -> str:
     return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
 
-def _bytes(n: int | None) -> str:
+def integer(n: int | float | None, lang: str = "en") -> str:
+    """A count as the language groups digits: 1,698 (en), 1.698 (pt), 1 698 (fr, narrow no-break space)."""
     if n is None:
         return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
+    text = f"{round(n):,}"
+    return text.replace(",", {"pt": ".", "fr": "\u202f"}.get(normalize(lang), ","))
+
+
+# One unit system for sizes: binary (KiB, MiB, GiB), as the GPU memory figures everywhere on the page; French
+# writes the octet (Kio, Mio, Gio). A tiny model's size reads 352 KiB, never 0.000352 GiB.
+BYTE_UNITS = {"fr": ("o", "Kio", "Mio", "Gio", "Tio")}
+IEC_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def size(n: int | float | None, lang: str = "en") -> str:
+    if n is None:
+        return "-"
+    units = BYTE_UNITS.get(normalize(lang), IEC_UNITS)
+    value, i = float(n), 0
+    while value >= 1024 and i < len(units) - 1:
+        value /= 1024
+        i += 1
+    return f"{value:.0f} {units[0]}" if i == 0 else f"{num(value, 1, lang)} {units[i]}"
+
+
+def _bytes(n: int | None, lang: str = "en") -> str:
+    return size(n, lang)
 
 
 # --- VRAM gauge -------------------------------------------------------------------------------------------------
@@ -137,8 +156,8 @@ def progress_html(v: JobView, lang: str = "en") -> str:
     if v.state in ("running", "stopping") and v.phase and v.phase != "training" and not v.step:
         detail = E(v.phase_message or t(f"phase.{v.phase}", lang))
     else:
-        step = t("progress.step", lang, step="\x00", total=v.total_steps or "?")
-        detail = E(step).replace("\x00", f"<b class='mt-step'>{v.step}</b>")
+        step = t("progress.step", lang, step="\x00", total=integer(v.total_steps, lang) if v.total_steps else "?")
+        detail = E(step).replace("\x00", f"<b class='mt-step'>{E(integer(v.step, lang))}</b>")
         if frac is not None:
             detail += f" &middot; {100 * frac:.0f}%"
     width = f"{100 * frac:.1f}%" if frac is not None else "100%"
@@ -149,7 +168,7 @@ def progress_html(v: JobView, lang: str = "en") -> str:
     if v.elapsed_s is not None:
         stats.append(t("progress.elapsed", lang, elapsed=_duration(v.elapsed_s)))
     if v.tokens_per_s:
-        stats.append(t("progress.tokens_per_s", lang, n=f"{v.tokens_per_s:,.0f}"))
+        stats.append(t("progress.tokens_per_s", lang, n=integer(v.tokens_per_s, lang)))
     if v.epoch is not None:
         stats.append(t("progress.epoch", lang, epoch=num(v.epoch, 2, lang)))
     if v.last_loss is not None:
@@ -204,17 +223,17 @@ def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None
                 + "</div>")
     head = (t("result.finished", lang) if v.state == "completed"
             else t("result.stopped", lang, step=s.get("steps", v.step)))
-    steps = str(s.get("steps", v.step))
+    steps = integer(s.get("steps", v.step), lang)
     if s.get("max_steps"):
-        steps = t("result.steps_of", lang, steps=steps, total=s["max_steps"])
+        steps = t("result.steps_of", lang, steps=steps, total=integer(s["max_steps"], lang))
     rows = [
         (t("result.adapter", lang), f'<code id="mt-adapter-path">{E(str(v.adapter_dir))}</code>'),
-        (t("result.size", lang), _bytes(s.get("adapter_bytes"))),
+        (t("result.size", lang), size(s.get("adapter_bytes"), lang)),
         (t("result.loss", lang), (f"{num(s['first_loss'], 4, lang)} &rarr; " if s.get("first_loss") is not None else "")
          + (f"<b>{num(s['final_loss'], 4, lang)}</b>" if s.get("final_loss") is not None else "-")),
         (t("result.steps", lang), E(steps)),
         (t("result.time", lang), _duration(s.get("runtime_s"))
-         + (" &middot; " + E(t("progress.tokens_per_s", lang, n=f"{s['tokens_per_s']:,.0f}"))
+         + (" &middot; " + E(t("progress.tokens_per_s", lang, n=integer(s["tokens_per_s"], lang)))
             if s.get("tokens_per_s") else "")),
     ]
     table = "".join(f'<div class="mt-k">{E(k)}</div><div class="mt-v">{val}</div>' for k, val in rows)
@@ -281,16 +300,24 @@ def saving_text(saved_gib: float | None, lang: str = "en") -> str:
     return t("facts.saves", lang, gib=num(saved_gib, 1, lang))
 
 
-def facts_html(key: str, saved_gib: float | None, speed: list[tuple[str, str]], lang: str = "en") -> str:
+def facts_html(key: str, saved_gib: float | None, speed: list[tuple[str, str]], lang: str = "en",
+               chapter_gib: float | None = None) -> str:
     """Beside a checklist item: what it saves here (GiB, predicted) and what it costs in speed (measured lines
-    of (text, source), from ui.speed)."""
+    of (text, source), from ui.speed). `chapter_gib`: what it saves at the chapter's 8B settings, shown as a
+    second, labelled line when the form is on another model (on the tiny demo most items save nothing)."""
     zero = " mt-fact-zero" if saved_gib is None or saved_gib < 0.05 else ""
+    chapter = ""
+    if chapter_gib is not None:
+        text = (t("facts.at_chapter", lang, gib=num(chapter_gib, 1, lang)) if chapter_gib >= 0.05
+                else t("facts.at_chapter_nothing", lang))
+        chapter = f'<span class="mt-fact-line mt-fact-chapter">{E(text)}</span>'
     lines = "".join(f'<span class="mt-fact-line">{E(text)}'
                     + (f' <span class="mt-src">{E(source)}</span>' if source else "") + "</span>"
                     for text, source in speed)
     return (f'<div class="mt-facts" id="facts-{E(key)}">'
             f'<div class="mt-fact mt-fact-mem{zero}"><span class="mt-fact-k">{E(t("facts.memory", lang))}</span>'
-            f'<span class="mt-fact-v">{E(saving_text(saved_gib, lang))}</span></div>'
+            f'<span class="mt-fact-v"><span class="mt-fact-line">{E(saving_text(saved_gib, lang))}</span>{chapter}'
+            '</span></div>'
             f'<div class="mt-fact mt-fact-speed"><span class="mt-fact-k">{E(t("facts.speed", lang))}</span>'
             f'<span class="mt-fact-v">{lines}</span></div></div>')
 

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
+
 import gradio as gr
 
 SANS = ["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "Helvetica Neue", "Arial", "sans-serif"]
 MONO = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "DejaVu Sans Mono", "monospace"]
+
+
+# Tabs that do not fit one line wrap onto a second instead of hiding in Gradio's "..." menu, where nobody finds
+# them (French once hid "4 · Réglages et code" at 1280 px). Older Gradio 6 releases lack the option.
+TABS_KW = {"overflow_behavior": "wrap"} if "overflow_behavior" in inspect.signature(gr.Tabs.__init__).parameters else {}
 
 
 def make_theme() -> gr.themes.Base:
@@ -87,7 +94,8 @@ CSS = """
 .mt-log { display: flex; flex-direction: column-reverse; height: 210px; overflow-y: auto; padding: 6px 10px;
           border: 1px solid var(--border-color-primary); border-radius: 8px; background: var(--neutral-50); }
 .dark .mt-log { background: var(--neutral-900); }
-.mt-log .mt-pre { font-size: 0.76rem; line-height: 1.4; white-space: pre; word-break: normal; }
+/* log lines wrap (long paths and tracebacks were cut off at the panel's edge); indentation is kept */
+.mt-log .mt-pre { font-size: 0.76rem; line-height: 1.4; white-space: pre-wrap; overflow-wrap: anywhere; }
 .mt-warn-text { color: #b45309; font-weight: 600; }
 
 /* checklist */
@@ -135,6 +143,7 @@ CSS = """
 .mt-fact-speed .mt-fact-k { background: #e0f2fe; color: #075985; }
 .mt-fact-v { display: flex; flex-direction: column; gap: 2px; }
 .mt-fact-line { line-height: 1.35; }
+.mt-fact-mem .mt-fact-v .mt-fact-chapter { font-weight: 600; color: var(--body-text-color); }  /* the 8B figure */
 .mt-src { display: block; font-size: 0.7rem; line-height: 1.3; color: var(--body-text-color-subdued); font-style: italic; }
 .dark .mt-fact-mem .mt-fact-k { background: #14532d; color: #dcfce7; }
 .dark .mt-fact-speed .mt-fact-k { background: #0c4a6e; color: #e0f2fe; }
@@ -155,6 +164,9 @@ CSS = """
 .mt-answer-tuned textarea { background: #f0fdf4 !important; }
 .dark .mt-answer-tuned textarea { background: #052e16 !important; }
 .mt-history-detail { background: var(--neutral-50); }
+/* column headers break between words only ("Resumable", not "Resuma|ble") */
+#history-table th, #history-table th * { word-break: normal !important; overflow-wrap: normal !important;
+                                         hyphens: none !important; }
 .dark .mt-history-detail { background: var(--neutral-900); }
 #history-confirm { padding: 8px; border: 1px solid #fca5a5 !important; border-radius: 8px; }
 .mt-note { margin: 4px 0; }

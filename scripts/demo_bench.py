@@ -1,0 +1,77 @@
+"""The demo's bars, measured on the product's own CLI path: `python -m core.train --demo`, run twice.
+
+    python scripts/demo_bench.py [--runs 2] [--out DIR]
+
+For each run: wall time from launching the process to the finished adapter, time from launch to the first
+optimizer step (the first `step` event in the run's events.jsonl), and the adapter's exact answers to the 100
+training prompts (core.demo.score_adapter, greedy). Then whether every run logged identical losses. The bars
+(issue 14): under 45 s wall, first step within 10 s, at least 90/100 exact, identical losses. Exit status 1 when a
+bar is missed. Timings depend on the machine and its load, so they live here and not in the test suite; the load
+average is printed alongside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+BARS = {"wall_s": 45.0, "first_step_s": 10.0, "exact": 90}
+
+
+def one_run(out: Path) -> dict:
+    launched = time.time()
+    proc = subprocess.run([sys.executable, "-m", "core.train", "--demo", "--set", f"output_dir={out}"],
+                          cwd=ROOT, capture_output=True, text=True)
+    wall = time.time() - launched
+    if proc.returncode != 0:
+        raise SystemExit(f"the demo failed:\n{proc.stderr[-3000:]}")
+    adapter = Path(proc.stdout.strip().splitlines()[-1])
+    events = [json.loads(line) for line in (adapter.parent / "events.jsonl").read_text().splitlines()]
+    first_step = next(e["time"] for e in events if e["kind"] == "step")
+    losses = [e["loss"] for e in events if e["kind"] == "metrics"]
+    from transformers.utils import logging
+
+    from core.demo import score_adapter
+
+    logging.disable_progress_bar()
+
+    right, total = score_adapter(adapter)
+    return {"wall_s": round(wall, 1), "first_step_s": round(first_step - launched, 1), "exact": right,
+            "prompts": total, "final_loss": losses[-1], "losses": losses}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--out", default=None, help="where the runs go (default: a temporary folder)")
+    args = parser.parse_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix="memtune-demo-bench-"))
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    runs = []
+    for i in range(args.runs):
+        r = one_run(out)
+        runs.append(r)
+        print(f"run {i + 1}: {r['wall_s']} s wall, first step at {r['first_step_s']} s, "
+              f"{r['exact']}/{r['prompts']} exact, final loss {r['final_loss']:.4f}", flush=True)
+    same = all(r["losses"] == runs[0]["losses"] for r in runs)
+    print(f"identical losses across runs: {same}; load average after: "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    ok = same and all(r["wall_s"] < BARS["wall_s"] and r["first_step_s"] <= BARS["first_step_s"]
+                      and r["exact"] >= BARS["exact"] for r in runs)
+    print("all bars met" if ok else f"a bar was missed (bars: {BARS})")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The page's layout in a real browser at a laptop's width: every tab reachable in every language.
+
+Same set-up as tests/test_browser.py (`python app.py` on localhost, Debian's chromium through Playwright; skipped
+with the reason when either is missing, unless MEMTUNE_REQUIRE_BROWSER=1). The page is opened in each language
+through the browser's Accept-Language, as a visitor's browser would.
+"""
+
+import pytest
+
+from tests.test_browser import MISSING, REQUIRED, browser, server  # noqa: F401 - the shared fixtures
+
+if MISSING and not REQUIRED:
+    pytest.skip(f"browser tests skipped: {MISSING}; set MEMTUNE_REQUIRE_BROWSER=1 to make this a failure",
+                allow_module_level=True)
+
+LOCALES = {"en": "en-US", "pt": "pt-BR", "fr": "fr-FR"}
+SETTINGS_TABS = ("tab.data", "tab.checklist", "tab.training", "tab.code")
+MAIN_TABS = ("tab.train", "tab.try", "tab.export", "tab.history")
+
+
+@pytest.mark.parametrize("lang", list(LOCALES))
+def test_every_tab_is_visible_without_an_overflow_menu_at_1280px(lang, browser, server):  # noqa: F811
+    from core.i18n import t
+
+    assert MISSING is None, f"MEMTUNE_REQUIRE_BROWSER=1 but {MISSING}"
+    context = browser.new_context(locale=LOCALES[lang], viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(server["url"])
+    start = t("run.start", lang)
+    page.wait_for_function(f"document.querySelector('#start-btn')?.textContent.includes({start!r})")
+    for tabs, keys in (("#settings-tabs", SETTINGS_TABS), ("#main-tabs", MAIN_TABS)):
+        bar = page.locator(f"{tabs} > .tab-wrapper [role=tablist]")  # not the hidden copy Gradio measures
+        for key in keys:
+            button = bar.get_by_role("tab", name=t(key, lang), exact=True)
+            assert button.count() == 1 and button.is_visible(), (lang, tabs, t(key, lang))
+            box = button.bounding_box()
+            assert box["x"] >= 0 and box["x"] + box["width"] <= 1280, (lang, key, box)
+        menu = page.locator(f"{tabs} > .tab-wrapper > .overflow-menu")
+        assert menu.count() == 0 or not menu.is_visible(), (lang, tabs, "tabs hidden in an overflow menu")
+    context.close()
+
+
+def test_notices_about_old_settings_clear_when_the_settings_change(browser, server):  # noqa: F811
+    """The data preview and the Fit notice describe the settings they saw: the Chapter recipe button, or a new
+    max length typed in, clears them instead of leaving them describing the old settings."""
+    context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(server["url"])
+    page.wait_for_selector("#vram-gauge .mt-gauge")
+    page.click("#preview-btn")
+    page.wait_for_selector("#data-preview #mt-preview")
+    budget = page.locator("#fit-budget input")
+    budget.fill("1")
+    budget.press("Tab")
+    page.click("#fit-btn")
+    page.wait_for_selector("#fit-notice .mt-note-error")
+    page.click("#preset-chapter")
+    page.wait_for_function("document.querySelector('#mt-summary [data-key=model]')?.textContent.includes('Llama')")
+    page.wait_for_function("!document.querySelector('#data-preview #mt-preview')"
+                           " && !document.querySelector('#fit-notice .mt-note')")
+    page.click("#preset-demo")
+    page.wait_for_function("document.querySelector('#mt-summary [data-key=model]')?.textContent.includes('demo')")
+    page.click("#preview-btn")
+    page.wait_for_selector("#data-preview #mt-preview")
+    page.get_by_role("tab", name="2 · Memory checklist").click()  # max length sits beside its checklist item
+    length = page.locator("#field-max_length input[type=number]")
+    length.fill("48")
+    length.press("Tab")
+    page.wait_for_function("!document.querySelector('#data-preview #mt-preview')")
+    context.close()
