@@ -323,7 +323,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
     cfg.save(run_dir / "config.yaml")
     resume_ckpt = latest_checkpoint(run_dir) if cfg.resume_from else None
     emit(make_event("run", run_dir=str(run_dir), config=cfg.to_dict(), resume_from=str(resume_ckpt or ""),
-                    pid=os.getpid()))
+                    pid=os.getpid(), threads=torch.get_num_threads()))
     if cfg.resume_from and resume_ckpt is None:
         emit(make_event("log", level="warning", message=f"No complete checkpoint in {run_dir}: starting from step 0"))
 
@@ -456,10 +456,13 @@ def set_threads_from_env() -> None:
         torch.set_num_threads(int(value))
 
 
-def stop_on_signals(stop: threading.Event) -> None:
-    """SIGTERM / Ctrl-C: finish the current step and save the adapter. The same signal again ends at once."""
+def stop_on_signals(stop: threading.Event, run_dir: str | None = None) -> None:
+    """SIGTERM / Ctrl-C: finish the current step and save the adapter. A signal after a Stop was already asked for
+    (this flag, or the run folder's stop file: the app's second Stop) ends the process at once."""
+    stop_file = Path(run_dir) / STOP_FILE if run_dir else None
+
     def handler(signum, frame):  # only sets a flag: never write or lock inside a signal handler
-        if stop.is_set():
+        if stop.is_set() or (stop_file is not None and stop_file.exists()):
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
         stop.set()
@@ -512,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     set_threads_from_env()
     stop = threading.Event()
-    stop_on_signals(stop)
+    stop_on_signals(stop, args.run_dir)
     stop_when_orphaned(stop)
     try:
         # A progress bar only on a terminal: in a log file (the app's RUN/train.log, a pipe) it is kilobytes of \r.
