@@ -91,6 +91,20 @@ def warm_demo_model() -> None:
     threading.Thread(target=build, name="memtune-demo-warmup", daemon=True).start()
 
 
+def end_training_on_exit() -> None:
+    """Ctrl-C, SIGTERM or a normal exit: stop the training child (it saves after its step), then end its group."""
+    import atexit
+    import signal
+
+    from core.jobs import MANAGER
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt  # gradio closes the server on it; atexit then ends the child
+
+    signal.signal(signal.SIGTERM, on_term)
+    atexit.register(MANAGER.shutdown)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -105,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ui import CSS, build_ui, make_theme
 
+    end_training_on_exit()
     warm_demo_model()
     demo = build_ui()
     demo.queue(default_concurrency_limit=1)

@@ -495,6 +495,7 @@ EN: dict[str, str] = {
     "history.message": "Message",
     "history.unreadable": "The settings of {name} cannot be read.",
     "history.yes": "yes",
+    "msg.stop_now": "Second Stop: ending the training process now, without saving an adapter (complete checkpoints remain).",
 }
 
 PT: dict[str, str] = {
@@ -987,6 +988,7 @@ PT: dict[str, str] = {
     "history.message": "Mensagem",
     "history.unreadable": "As configurações de {name} não podem ser lidas.",
     "history.yes": "sim",
+    "msg.stop_now": "Parar de novo: encerrando o processo de treino agora, sem salvar o adaptador (os checkpoints completos ficam).",
 }
 
 FR: dict[str, str] = {
@@ -1487,6 +1489,7 @@ FR: dict[str, str] = {
     "history.message": "Message",
     "history.unreadable": "Les réglages de {name} ne peuvent pas être lus.",
     "history.yes": "oui",
+    "msg.stop_now": "Arrêter une seconde fois : le processus d'entraînement est terminé tout de suite, sans enregistrer d'adaptateur (les checkpoints complets restent).",
 }
 
 STRINGS: dict[str, dict[str, str]] = {"en": EN, "pt": PT, "fr": FR}
