@@ -3,14 +3,15 @@
 Training never blocks on a reader: sinks are unbounded queues or files, and the JSONL file lets a reloaded page
 (or `tail -f`) reattach to a run. Every event has `kind` and `time` (Unix seconds). Kinds and their fields:
 
-- run:    run_dir, config (dict), resume_from (the checkpoint resumed, or "")
+- run:    run_dir, config (dict), resume_from (the checkpoint resumed, or ""), pid, threads (torch CPU threads)
 - phase:  phase (resolving|loading_model|tokenizing|training|saving|done), message, progress (0..1 or null)
 - step:   step, total_steps, epoch, tokens, tokens_per_s, elapsed_s, eta_s, gpu_mem_gib?, peak_gib?
           (one per optimizer step: drives the progress bar)
 - metrics: step, total_steps, epoch, loss, learning_rate, grad_norm (every `logging_steps`: drives the loss curve)
 - log:    message, level (info|warning), ack? ("stop": the run has seen a Stop and ends after the current step)
 - done:   status (completed|stopped|failed), run_dir, adapter_dir?, summary (dict), message
-- error:  error_type (config|data|model|oom|other), message
+- error:  error_type (config|data|model|oom|other), message, traceback? (for bug reports), exit_code? (the
+          job manager's, for a child that died)
 """
 
 from __future__ import annotations
