@@ -147,7 +147,7 @@ class JobManager:
             else:
                 try:
                     tail = self._spawn(job)
-                except OSError as exc:
+                except Exception as exc:  # noqa: BLE001 - e.g. a folder that cannot be made: a failed run, not a crash
                     message = f"Could not start the training process: {exc}"
                     job.emit(make_event("error", error_type="other", message=message))
                     job.emit(make_event("done", status="failed", run_dir=job.folder, summary={}, message=message))

@@ -310,8 +310,11 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         check(cfg)
     except ConfigError as exc:
         user_sink(make_event("error", error_type="config", message=str(exc)))
-        if run_dir is not None:
-            user_sink(make_event("done", status="failed", run_dir=str(run_dir), summary={}, message=str(exc)))
+        if run_dir is not None:  # the manager's folder: History lists it as a failed run
+            summary = {"status": "failed", "error_type": "config", "message": str(exc),
+                       "finished_at": datetime.now().isoformat(timespec="seconds")}
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+            user_sink(make_event("done", status="failed", run_dir=str(run_dir), summary=summary, message=str(exc)))
         return RunResult("failed", str(run_dir) if run_dir else None, message=str(exc), error_type="config")
 
     if run_dir is None:

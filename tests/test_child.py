@@ -158,6 +158,27 @@ def test_a_child_whose_app_died_stops_and_saves(tmp_path, demo_model_path):
     assert summary["status"] == "stopped" and (run / "adapter" / "adapter_model.safetensors").is_file()
 
 
+def test_sigterm_to_the_app_ends_its_training_child(tmp_path, demo_model_path):
+    """app.py's exit wiring (SIGTERM -> KeyboardInterrupt -> atexit -> MANAGER.shutdown), without the web server."""
+    script = (
+        "import os, signal, time\n"
+        "import app\n"
+        "from core.config import demo_config\n"
+        "from core.jobs import MANAGER\n"
+        "app.end_training_on_exit()\n"
+        f"job = MANAGER.start(demo_config(max_steps=100000, output_dir={str(tmp_path / 'runs')!r}, run_name='app'))\n"
+        "print(job.pid, flush=True)\n"
+        "while not any(e['kind'] == 'step' for e in job.events_since(0)):\n"
+        "    time.sleep(0.1)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(600)\n")
+    app = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=WAIT)
+    child = int(app.stdout.split()[0])
+    assert group_members(child) == []  # gone by the time the app has exited
+    summary = json.loads((tmp_path / "runs" / "app" / "summary.json").read_text())
+    assert summary["status"] == "stopped"  # it was asked to stop and saved, not just killed
+
+
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "core.train", *args], cwd=cwd, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=WAIT)
