@@ -122,6 +122,16 @@ def test_a_killed_child_is_a_failed_run_and_the_next_start_works(tmp_path, demo_
     assert job_view(again).state == "completed", job_view(again).message
 
 
+def test_settings_the_child_refuses_are_a_failed_run_with_the_reason(tmp_path):
+    mgr = JobManager()
+    job = mgr.start(demo_config(max_steps=-3, output_dir=str(tmp_path / "runs"), run_name="bad"))
+    assert job.wait(WAIT)
+    v = job_view(job)
+    assert v.state == "failed" and v.error_type == "config" and "max_steps" in v.message
+    assert "died" not in v.message  # the child said why itself; the manager added nothing
+    assert json.loads((tmp_path / "runs" / "bad" / "summary.json").read_text())["error_type"] == "config"
+
+
 def test_shutdown_stops_then_ends_the_child(tmp_path, demo_model_path):
     """What app.py calls on Ctrl-C, SIGTERM and exit: no trainer outlives the app."""
     mgr = JobManager()
