@@ -496,6 +496,7 @@ EN: dict[str, str] = {
     "history.unreadable": "The settings of {name} cannot be read.",
     "history.yes": "yes",
     "msg.stop_now": "Second Stop: ending the training process now, without saving an adapter (complete checkpoints remain).",
+    "phase.starting": "Starting the training process",
 }
 
 PT: dict[str, str] = {
@@ -989,6 +990,7 @@ PT: dict[str, str] = {
     "history.unreadable": "As configurações de {name} não podem ser lidas.",
     "history.yes": "sim",
     "msg.stop_now": "Parar de novo: encerrando o processo de treino agora, sem salvar o adaptador (os checkpoints completos ficam).",
+    "phase.starting": "Iniciando o processo de treino",
 }
 
 FR: dict[str, str] = {
@@ -1490,6 +1492,7 @@ FR: dict[str, str] = {
     "history.unreadable": "Les réglages de {name} ne peuvent pas être lus.",
     "history.yes": "oui",
     "msg.stop_now": "Arrêter une seconde fois : le processus d'entraînement est terminé tout de suite, sans enregistrer d'adaptateur (les checkpoints complets restent).",
+    "phase.starting": "Démarrage du processus d'entraînement",
 }
 
 STRINGS: dict[str, dict[str, str]] = {"en": EN, "pt": PT, "fr": FR}

@@ -249,15 +249,21 @@ class JobManager:
         job.folder = str(run_dir)
         config_path = job.config.save(run_dir / "config.yaml")
         (run_dir / STOP_FILE).unlink(missing_ok=True)  # a resumed run's folder may keep one from its last Stop
+        command = [sys.executable, "-m", "core.train", "--config", str(config_path), "--run-dir", str(run_dir)]
+        # Said at once (the child needs seconds to import torch): a new Start never shows the previous run's state.
+        starting = make_event("phase", phase="starting", progress=None,
+                              message=f"Starting the training process: python -m core.train --config {config_path}")
         events = run_dir / "events.jsonl"
+        JsonlSink(events)(starting)
+        job.emit(starting)
         tail = EventTail(events)
-        tail.offset = events.stat().st_size if events.is_file() else 0  # a resumed run: only its own events
+        tail.offset = events.stat().st_size  # what follows is the child's (a resumed run's older events are not)
         env = dict(os.environ, MEMTUNE_PARENT_PID=str(os.getpid()), PYTHONUNBUFFERED="1",
                    PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
         env.setdefault("MEMTUNE_NUM_THREADS", str(max(1, _cores() - 1)))  # one core for the web server + browser
         with open(run_dir / LOG_FILE, "ab") as log:
             job._proc = subprocess.Popen(
-                [sys.executable, "-m", "core.train", "--config", str(config_path), "--run-dir", str(run_dir)],
+                command,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True)  # its own process group: Stop can end it and everything it started
         job.pid = job._proc.pid

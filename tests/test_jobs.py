@@ -55,6 +55,7 @@ def test_is_running_names_the_running_jobs_folder_from_the_start(tmp_path):
     job = mgr.start(demo_config(output_dir=str(tmp_path / "runs"), run_name="mine"))
     run = tmp_path / "runs" / "mine"
     assert job.run_dir == str(run)  # chosen by the manager, before the child says anything
+    assert job_view(job).state == "running" and job_view(job).phase == "starting"  # not the previous run's view
     assert mgr.is_running(run) and mgr.is_running(tmp_path / "runs" / ".." / "runs" / "mine")
     assert not mgr.is_running(tmp_path)
     stop_at_once(mgr, job)
