@@ -144,9 +144,11 @@ def choose(pg, dropdown: str, option_text: str) -> None:
 
 
 def wait_idle(pg, timeout=240_000):
-    """Until no run is going (an earlier test's run may still be saving)."""
+    """Until no run is going: an earlier test's run may still be saving, or its process exiting after its `done`
+    (Start comes back, and Try it accepts, only once the training process has ended)."""
     pg.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}');"
-                         " return p && !['running', 'stopping'].includes(p.dataset.state); })()",
+                         " return p && !['running', 'stopping'].includes(p.dataset.state)"
+                         " && !document.querySelector('#start-btn').disabled; })()",
                          timeout=timeout, polling=250)
 
 
