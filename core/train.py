@@ -260,7 +260,8 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
                 stop.set()
                 self.stopped = True
                 control.should_training_stop = True
-                sink(make_event("log", level="info", message=f"Stop requested: ending after step {state.global_step}"))
+                sink(make_event("log", level="info", ack="stop",
+                                message=f"Stop requested: ending after step {state.global_step}"))
             return control
 
         def on_save(self, args, state, control, **kw):
