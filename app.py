@@ -135,6 +135,20 @@ def tidy_runs() -> None:
         print(f"memtune: could not tidy the runs folder ({exc})", file=sys.stderr)
 
 
+def end_training_on_exit() -> None:
+    """Ctrl-C, SIGTERM or a normal exit: stop the training child (it saves after its step), then end its group."""
+    import atexit
+    import signal
+
+    from core.jobs import MANAGER
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt  # gradio closes the server on it; atexit then ends the child
+
+    signal.signal(signal.SIGTERM, on_term)
+    atexit.register(MANAGER.shutdown)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -156,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     from ui import CSS, build_ui, make_theme
 
     tidy_runs()
+    end_training_on_exit()
     warm_demo_model()
     demo = build_ui()
     demo.queue(default_concurrency_limit=1)

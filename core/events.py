@@ -3,16 +3,17 @@
 Training never blocks on a reader: sinks are unbounded queues or files, and the JSONL file lets a reloaded page
 (or `tail -f`) reattach to a run. Every event has `kind` and `time` (Unix seconds). Kinds and their fields:
 
-- run:    run_dir, config (dict), resume_from (the checkpoint resumed, or "")
-- phase:  phase (resolving|loading_model|tokenizing|training|saving|done), message, progress (0..1 or null)
+- run:    run_dir, config (dict), resume_from (the checkpoint resumed, or ""), pid, threads (torch CPU threads)
+- phase:  phase (starting|resolving|loading_model|tokenizing|training|saving|done; starting: the job manager's), message, progress (0..1 or null)
 - step:   step, total_steps, epoch, tokens, tokens_per_s, elapsed_s, eta_s, gpu_mem_gib?, peak_gib?
           (one per optimizer step: drives the progress bar)
 - metrics: step, total_steps, epoch, loss, learning_rate, grad_norm (every `logging_steps`: drives the loss curve)
-- log:    message, level (info|warning)
+- log:    message, level (info|warning), ack? ("stop": the run has seen a Stop and ends after the current step)
 - data:   message + core.data.DataPlan.to_dict(): format, rows_in_split, train_rows, kept, truncated,
           prompt_cut, dropped_long, dropped_empty, packs, max_length, long_prompts, longest_row_tokens
 - done:   status (completed|stopped|failed), run_dir, adapter_dir?, summary (dict), message
-- error:  error_type (config|data|model|oom|other), message
+- error:  error_type (config|data|model|oom|other), message, traceback? (for bug reports), exit_code? (the
+          job manager's, for a child that died)
 """
 
 from __future__ import annotations
@@ -103,6 +104,35 @@ def read_events(path: Path, start_line: int = 0) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 break
     return out
+
+
+class EventTail:
+    """Reads an events.jsonl incrementally: each `read()` returns only the complete lines added since the last one.
+
+    Remembers a byte offset, so following a long run costs one small read per poll, not a re-parse of the file.
+    A half-written last line (the writer is mid-append) is left for the next read.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.offset = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n") + 1  # only complete lines
+        out = []
+        for line in chunk[:end].splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a damaged line (e.g. a crash mid-write before a later append): skip it, keep reading
+        self.offset += end
+        return out
 
 
 def last_of(events: Iterable[dict[str, Any]], kind: str) -> dict[str, Any] | None:

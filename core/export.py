@@ -224,6 +224,8 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     """Merge the adapter into its base model (loaded unquantized, bf16) and save the result into `out_dir`.
 
     out_dir defaults to run_dir/merged. An existing out_dir is refused unless overwrite=True. Returns out_dir.
+    Runs in the caller's process (the app's): a one-off load-merge-save with no optimizer or patched modules, and
+    its memory is freed at the end (free_memory).
     """
     from core.infer import InferError, adapter_config
     from core.model import ModelError, load_model, load_tokenizer, resolve_model_path

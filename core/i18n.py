@@ -551,6 +551,8 @@ EN: dict[str, str] = {
                           "would fail. Download it once while online (hf download {model}) or pick a local folder."),
     "model.not_on_hub": "⚠ The Hugging Face Hub has no model {model}: check the spelling (org/name).",
     "model.no_folder": "⚠ The folder {model} does not exist: check the path.",
+    "msg.stop_now": "Second Stop: ending the training process now, without saving an adapter (complete checkpoints remain).",
+    "phase.starting": "Starting the training process",
 }
 
 PT: dict[str, str] = {
@@ -1104,6 +1106,8 @@ PT: dict[str, str] = {
                           "local."),
     "model.not_on_hub": "⚠ O Hugging Face Hub não tem o modelo {model}: confira a grafia (org/nome).",
     "model.no_folder": "⚠ A pasta {model} não existe: confira o caminho.",
+    "msg.stop_now": "Parar de novo: encerrando o processo de treino agora, sem salvar o adaptador (os checkpoints completos ficam).",
+    "phase.starting": "Iniciando o processo de treino",
 }
 
 FR: dict[str, str] = {
@@ -1667,6 +1671,8 @@ FR: dict[str, str] = {
                           "local."),
     "model.not_on_hub": "⚠ Le Hub Hugging Face n'a pas de modèle {model} : vérifiez l'orthographe (org/nom).",
     "model.no_folder": "⚠ Le dossier {model} n'existe pas : vérifiez le chemin.",
+    "msg.stop_now": "Arrêter une seconde fois : le processus d'entraînement est terminé tout de suite, sans enregistrer d'adaptateur (les checkpoints complets restent).",
+    "phase.starting": "Démarrage du processus d'entraînement",
 }
 
 STRINGS: dict[str, dict[str, str]] = {"en": EN, "pt": PT, "fr": FR}

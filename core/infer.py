@@ -12,6 +12,8 @@
   on a reused model and the base is the very same (quantized) weights the adapter was trained on.
 
 The GPU is one: `COMPARER` (module level, shared by every browser tab) serialises its use with a lock.
+Try it stays in the app's process (unlike training): it keeps one model loaded between prompts and streams
+tokens to the page, it trains nothing (no optimizer state, no library patches) and it is refused while a run goes.
 """
 
 from __future__ import annotations

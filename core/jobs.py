@@ -1,29 +1,56 @@
-"""One training job at a time for the whole process, shared by every browser tab (no gradio here).
+"""One training job at a time for the whole app, each in its own child process (no gradio here).
 
 The GPU is one, so the manager holds at most one running job behind a lock: a second `start()` from any tab
-raises `JobBusy`. The job runs `core.train.run_training` in a daemon thread with two sinks: an in-memory list
-(what the UI polls) and the run folder's `events.jsonl` (written by the engine), so closing or reloading a page
-never touches the run, and a reloaded page reattaches by reading the same list. A run from an earlier server
-process can still be shown from its `events.jsonl` (`load_run`).
+raises `JobBusy`. A job is the same command a user runs, `python -m core.train --config RUN/config.yaml`, started
+as a child process in its own session (process group): the manager chooses the run folder, writes config.yaml
+there, and sends the child's stdout/stderr to RUN/train.log (a file, never an unread pipe). A thread per job follows
+RUN/events.jsonl incrementally (by byte offset) into the job's in-memory event list, which every tab polls, so
+closing or reloading a page never touches the run and a reloaded page reattaches by reading the same list.
 
-`view(events)` turns an event list into what a page shows (progress, loss curve, log lines, result) as plain
-data, so it is tested without a browser.
+Stop writes RUN/STOP; the child's callback ends after the current optimizer step and saves the adapter, and says at
+once that it saw the Stop (an `ack` event). A second Stop, no answer within STOP_ACK_S, or no end within
+STOP_FINISH_S after answering, kills the process group (SIGTERM, then SIGKILL). A child that dies without a `done`
+event becomes a failed run (events.jsonl and summary.json say how it died, with the end of train.log).
+`shutdown()` (app exit) stops, then kills, the child: the app never leaves an orphan behind.
+
+What a page shows of a job is core.jobview (re-exported here).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
 from core.config import TrainConfig
-from core.events import make_event, read_events
+from core.events import EventTail, JsonlSink, make_event, read_events
+from core.jobview import JobView, _Fold, format_event, job_view, view  # noqa: F401 - the UI's imports
 
-Runner = Callable[..., Any]  # run_training(cfg, sink=..., stop=...) -> RunResult
+Runner = Callable[..., Any]  # an in-process stand-in for the child: runner(cfg, sink=..., stop=...) (UI tests only)
+
+ROOT = Path(__file__).resolve().parent.parent  # the child imports `core` from here, whatever the app's cwd
+STOP_FILE = "STOP"  # = core.train.STOP_FILE (not imported: core.train is the child's module)
+LOG_FILE = "train.log"
+POLL_S = 0.25  # how often the manager reads events.jsonl and checks the child
+# A healthy child answers a Stop within about a second (a thread watches for the stop file), even mid-step or while
+# loading a model; no answer in 30 s means it is hung (a stuck CUDA call, a deadlock): end it.
+STOP_ACK_S = 30.0
+# After answering, it finishes one optimizer step and saves the adapter: minutes at most, even for 8B on one GPU.
+STOP_FINISH_S = 600.0
+KILL_GRACE_S = 5.0  # between SIGTERM and SIGKILL to the process group
+SHUTDOWN_GRACE_S = 10.0  # app exit: time for the child to finish its step and save before it is killed
+TAIL_LINES = 15  # lines of train.log quoted when a child dies
 
 
 class JobBusy(RuntimeError):
@@ -37,12 +64,19 @@ class Job:
     started: float = field(default_factory=time.time)
     stop_event: threading.Event = field(default_factory=threading.Event)
     events: list[dict[str, Any]] = field(default_factory=list)
-    result: Any = None
     finished: float | None = None
     from_disk: bool = False  # loaded from an events.jsonl of an earlier server process
     gpu_peak_gib: float = 0.0  # highest NVML "used" seen while this job ran (sampled by the gauge)
+    folder: str | None = None  # the run folder, known from the start for a child job
+    pid: int | None = None  # the child process (its process group has the same id)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
+    _proc: subprocess.Popen | None = field(default=None, repr=False)
+    _stop_at: float | None = field(default=None, repr=False)  # when the first Stop was asked
+    _acked: bool = field(default=False, repr=False)  # the child said it saw the Stop
+    _kill_reason: str | None = field(default=None, repr=False)
+    _kill_at: float | None = field(default=None, repr=False)
+    _view: _Fold | None = field(default=None, repr=False)  # job_view's running fold
 
     def emit(self, event: dict[str, Any]) -> None:
         with self._lock:
@@ -67,7 +101,9 @@ class Job:
 
     @property
     def run_dir(self) -> str | None:
-        """The run folder, once the engine has announced it (its first `run` event)."""
+        """The run folder: chosen by the manager, or announced by the engine's first `run` event."""
+        if self.folder:
+            return self.folder
         with self._lock:
             return next((e.get("run_dir") for e in self.events if e.get("kind") == "run" and e.get("run_dir")), None)
 
@@ -81,24 +117,22 @@ class Job:
         return not self.running
 
 
-def _default_runner(cfg: TrainConfig, sink=None, stop=None):
-    from core.train import run_training  # heavy import (torch, transformers), only when a job starts
-
-    return run_training(cfg, sink=sink, stop=stop)
-
-
 class JobManager:
-    """Process-wide: use `MANAGER` below. Thread-safe."""
+    """App-wide: use `MANAGER` below. Thread-safe. `runner`: an in-process stand-in for the child (UI tests)."""
 
     def __init__(self, runner: Runner | None = None) -> None:
-        self._runner = runner or _default_runner
+        self._runner = runner
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._job: Job | None = None  # the running job, or the last one
 
     # --- control ----------------------------------------------------------------------------------------
     def start(self, cfg: TrainConfig, runner: Runner | None = None) -> Job:
-        """Start `cfg` in a background thread, or raise JobBusy if a job is running (from any tab)."""
+        """Start `cfg` as a child process, or raise JobBusy if a job is running (from any tab).
+
+        A run that cannot even be started (its folder cannot be made, Python cannot be run) is returned as a
+        failed job whose message says why, like any other failed run.
+        """
         with self._lock:
             if self._job is not None and self._job.running:
                 job = self._job
@@ -107,22 +141,62 @@ class JobManager:
                               "one run at a time uses the GPU. Wait for it to finish or press Stop.")
             job = Job(id=next(self._ids), config=cfg)
             self._job = job
-            thread = threading.Thread(target=self._run, args=(job, runner or self._runner),
-                                      name=f"memtune-job-{job.id}", daemon=True)
-            job._thread = thread
-            thread.start()
+            runner = runner or self._runner
+            if runner is not None:
+                target, args = self._run_inline, (job, runner)
+            else:
+                try:
+                    tail = self._spawn(job)
+                except Exception as exc:  # noqa: BLE001 - e.g. a folder that cannot be made: a failed run, not a crash
+                    message = f"Could not start the training process: {exc}"
+                    job.emit(make_event("error", error_type="other", message=message))
+                    job.emit(make_event("done", status="failed", run_dir=job.folder, summary={}, message=message))
+                    job.finished = time.time()
+                    return job
+                target, args = self._follow, (job, tail)
+            job._thread = threading.Thread(target=target, args=args, name=f"memtune-job-{job.id}", daemon=True)
+            job._thread.start()
             return job
 
     def stop(self) -> Job | None:
-        """Ask the running job to stop after its current step (it then saves the adapter); None if idle."""
+        """First Stop: the run ends after its current step and saves the adapter. Second Stop: ended at once.
+
+        None if nothing is running.
+        """
         job = self._job
         if job is None or not job.running:
             return None
+        if job._proc is None:  # in-process stand-in
+            job.stop_event.set()
+            return job
         if not job.stop_event.is_set():
             job.stop_event.set()
-            job.emit(make_event("log", message="Stop requested: finishing the current step, then saving "
-                                               "the adapter.", level="info"))
+            job._stop_at = time.monotonic()
+            try:
+                (Path(job.folder) / STOP_FILE).write_text("stop requested from the app\n", encoding="utf-8")
+            except OSError:  # cannot write the folder: the child cannot answer either, so end it
+                self._kill(job, "unwritable")
+        else:
+            self._kill(job, "second_stop")
         return job
+
+    def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """App exit: ask the child to stop (it saves after its step), then kill its process group; never orphan it."""
+        job = self._job
+        if job is None or job._proc is None or job._proc.poll() is not None:
+            return
+        if not job.stop_event.is_set():
+            self.stop()
+        try:
+            job._proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            self._kill(job, "shutdown")
+            try:
+                job._proc.wait(KILL_GRACE_S)
+            except subprocess.TimeoutExpired:
+                _signal_group(job.pid, signal.SIGKILL)
+                job._proc.wait()
+        job.wait(10)  # the follower records how it ended
 
     def current(self) -> Job | None:
         """The running job, or the last one this process ran or loaded."""
@@ -138,7 +212,7 @@ class JobManager:
         if job is None or not job.running:
             return False
         mine = job.run_dir
-        if mine is None:  # started, folder not announced yet: it is a new folder, or the one it resumes
+        if mine is None:  # an in-process stand-in that has not announced its folder yet
             mine = job.config.resume_from or None
         try:
             return mine is not None and Path(mine).resolve() == Path(run_dir).resolve()
@@ -165,24 +239,153 @@ class JobManager:
             self._job = job
             return job
 
-    # --- the thread -------------------------------------------------------------------------------------
-    def _run(self, job: Job, runner: Runner) -> None:
+    # --- the child process ------------------------------------------------------------------------------
+    def _spawn(self, job: Job) -> EventTail:
+        """Make the run folder, write config.yaml, start the CLI on it; returns a reader of its events.jsonl."""
+        from core.runs import create_run_dir  # light: no torch
+
+        # Marked, config.yaml written, resume_from and output_dir checked: a refusal (ConfigError) fails the job
+        # before any child starts, and the child continues in exactly this folder.
+        run_dir = create_run_dir(job.config)
+        job.folder = str(run_dir)
+        config_path = run_dir / "config.yaml"
+        (run_dir / STOP_FILE).unlink(missing_ok=True)  # a resumed run's folder may keep one from its last Stop
+        command = [sys.executable, "-m", "core.train", "--config", str(config_path), "--run-dir", str(run_dir)]
+        # Said at once (the child needs seconds to import torch): a new Start never shows the previous run's state.
+        starting = make_event("phase", phase="starting", progress=None,
+                              message=f"Starting the training process: python -m core.train --config {config_path}")
+        events = run_dir / "events.jsonl"
+        JsonlSink(events)(starting)
+        job.emit(starting)
+        tail = EventTail(events)
+        tail.offset = events.stat().st_size  # what follows is the child's (a resumed run's older events are not)
+        env = dict(os.environ, MEMTUNE_PARENT_PID=str(os.getpid()), PYTHONUNBUFFERED="1",
+                   PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+        env.setdefault("MEMTUNE_NUM_THREADS", str(max(1, _cores() - 1)))  # one core for the web server + browser
+        with open(run_dir / LOG_FILE, "ab") as log:
+            job._proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True)  # its own process group: Stop can end it and everything it started
+        job.pid = job._proc.pid
+        return tail
+
+    def _follow(self, job: Job, tail: EventTail) -> None:
+        """Copy the child's new events into the job until it exits; enforce Stop's deadlines; record a death."""
+        proc = job._proc
         try:
-            job.result = runner(job.config, sink=job.emit, stop=job.stop_event)
-        except BaseException as exc:  # run_training should never raise; if it does, the UI still gets told
-            job.emit(make_event("error", error_type="other", message=f"{type(exc).__name__}: {exc}",
-                                traceback=traceback.format_exc(limit=8)))
-            job.emit(make_event("done", status="failed", run_dir=None, summary={},
-                                message=f"The run crashed: {type(exc).__name__}: {exc}"))
+            while proc.poll() is None:
+                self._take(job, tail.read())
+                self._enforce_deadlines(job)
+                time.sleep(POLL_S)
+            self._take(job, tail.read())
+            _signal_group(job.pid, signal.SIGKILL)  # anything the child left in its group
+            if not any(e.get("kind") == "done" for e in job.events_since(0)):
+                self._record_death(job, proc.returncode)
+                self._take(job, tail.read())
+        except Exception:  # noqa: BLE001 - the follower must always end the job, or Start stays refused forever
+            job.emit(make_event("error", error_type="other", message=traceback.format_exc(limit=4)))
+            job.emit(make_event("done", status="failed", run_dir=job.folder, summary={},
+                                message="memtune lost track of the training process."))
+        finally:
+            with contextlib.suppress(OSError):
+                (Path(job.folder) / STOP_FILE).unlink(missing_ok=True)
+            job.finished = time.time()
+
+    def _take(self, job: Job, events: list[dict[str, Any]]) -> None:
+        for e in events:
+            if e.get("ack") == "stop":
+                job._acked = True
+            job.emit(e)
+
+    def _enforce_deadlines(self, job: Job) -> None:
+        now = time.monotonic()
+        if job._kill_at is not None:
+            if now - job._kill_at > KILL_GRACE_S:
+                _signal_group(job.pid, signal.SIGKILL)
+        elif job._stop_at is not None:
+            if now - job._stop_at > (STOP_FINISH_S if job._acked else STOP_ACK_S):
+                self._kill(job, "no_end" if job._acked else "no_answer")
+
+    def _kill(self, job: Job, reason: str) -> None:
+        """End the child's whole process group now: SIGTERM, then SIGKILL after KILL_GRACE_S (the follower)."""
+        if job._kill_at is not None or job._proc is None:
+            return
+        job._kill_reason, job._kill_at = reason, time.monotonic()
+        job.stop_event.set()
+        _signal_group(job.pid, signal.SIGTERM)
+
+    def _record_death(self, job: Job, code: int | None) -> None:
+        """A child that ended without its `done` event: a failed run, in events.jsonl and summary.json too."""
+        run_dir = Path(job.folder)
+        how = _exit_text(code)
+        why = {
+            "second_stop": f"Ended at once by a second Stop ({how}); this run saved no adapter.",
+            "no_answer": f"The training process did not answer Stop within {STOP_ACK_S:.0f} s and was ended ({how}).",
+            "no_end": f"The training process did not finish within {STOP_FINISH_S:.0f} s of Stop and was ended ({how}).",
+            "shutdown": f"The app was shut down during the run, which was ended ({how}).",
+            "unwritable": f"The run folder could not be written, so the run was ended ({how}).",
+        }.get(job._kill_reason or "", f"The training process died unexpectedly ({how}).")
+        if job._kill_reason is None and code is not None and code < 0 and -code == signal.SIGKILL:
+            why += " SIGKILL often means the system ran out of memory (the kernel's OOM killer)."
+        tail = _log_tail(run_dir / LOG_FILE)
+        message = why + (" Complete checkpoints, if any, remain for Resume in History." if job._kill_reason else "")
+        if tail and job._kill_reason is None:
+            message += f"\nLast lines of {run_dir / LOG_FILE}:\n{tail}"
+        sink = JsonlSink(run_dir / "events.jsonl")
+        sink(make_event("error", error_type="other", message=message, exit_code=code))
+        summary = {"status": "failed", "error_type": "other", "message": message, "exit_code": code,
+                   "finished_at": datetime.now().isoformat(timespec="seconds")}
+        if not (run_dir / "summary.json").is_file():
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        sink(make_event("done", status="failed", run_dir=str(run_dir), summary=summary, message=message))
+
+    # --- an in-process stand-in (UI tests) --------------------------------------------------------------
+    def _run_inline(self, job: Job, runner: Runner) -> None:
+        try:
+            runner(job.config, sink=job.emit, stop=job.stop_event)
+        except BaseException as exc:  # noqa: BLE001 - the UI still gets told
+            job.emit(make_event("error", error_type="other", message=f"{type(exc).__name__}: {exc}"))
         finally:
             if not any(e.get("kind") == "done" for e in job.events_since(0)):
-                r = job.result
-                job.emit(make_event("done", status=getattr(r, "status", "failed"),
-                                    run_dir=str(getattr(r, "run_dir", "") or "") or None,
-                                    adapter_dir=str(getattr(r, "adapter_dir", "") or "") or None,
-                                    summary=getattr(r, "summary", {}) or {},
-                                    message=getattr(r, "message", "") or "The run ended."))
+                job.emit(make_event("done", status="failed", run_dir=None, summary={}, message="The run ended."))
             job.finished = time.time()
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _signal_group(pgid: int | None, sig: int) -> None:
+    if pgid:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "no exit status"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _log_tail(path: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 16384))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    text = text.replace("\r", "\n")  # progress bars
+    return "\n".join([ln for ln in text.splitlines() if ln.strip()][-lines:])
 
 
 MANAGER = JobManager()
@@ -195,113 +398,3 @@ def latest_run_dir(output_dir: str | Path) -> Path | None:
         return None
     runs = [p.parent for p in root.glob("*/events.jsonl")]
     return max(runs, key=lambda p: (p / "events.jsonl").stat().st_mtime, default=None)
-
-
-# --- what a page shows -------------------------------------------------------------------------------------
-@dataclass
-class JobView:
-    state: str = "idle"  # idle | running | stopping | completed | stopped | failed | interrupted
-    phase: str = ""
-    phase_message: str = ""
-    step: int = 0
-    total_steps: int | None = None
-    epoch: float | None = None
-    eta_s: float | None = None
-    elapsed_s: float | None = None
-    tokens_per_s: float | None = None
-    tokens: int | None = None
-    last_loss: float | None = None
-    peak_gib: float | None = None
-    losses: list[tuple[int, float]] = field(default_factory=list)
-    log: list[str] = field(default_factory=list)
-    run_dir: str | None = None
-    adapter_dir: str | None = None
-    summary: dict[str, Any] = field(default_factory=dict)
-    message: str = ""
-    error_type: str | None = None
-
-    @property
-    def fraction(self) -> float | None:
-        if self.state == "completed":
-            return 1.0
-        if self.total_steps:
-            return min(1.0, self.step / self.total_steps)
-        return None
-
-
-def _clock(t: float | None) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "--:--:--"
-
-
-def format_event(e: dict[str, Any]) -> str | None:
-    """One log line for an event, or None for events that only feed the progress view."""
-    kind, t = e.get("kind"), _clock(e.get("time"))
-    if kind == "run":
-        return f"{t}  run folder {e.get('run_dir')}"
-    if kind == "phase":
-        return f"{t}  [{e.get('phase')}] {e.get('message') or ''}".rstrip()
-    if kind == "log":
-        tag = "WARNING " if e.get("level") == "warning" else ""
-        return f"{t}  {tag}{e.get('message', '')}"
-    if kind == "error":
-        return f"{t}  ERROR ({e.get('error_type', 'other')}): {e.get('message', '')}"
-    if kind == "done":
-        return f"{t}  finished: {e.get('status')} - {e.get('message', '')}"
-    return None
-
-
-def view(events: list[dict[str, Any]], running: bool = False, stopping: bool = False,
-         from_disk: bool = False) -> JobView:
-    v = JobView(state="idle" if not events else "running")
-    losses: dict[int, float] = {}
-    last_phase = None  # a phase's heartbeats replace its previous line instead of piling up
-    for e in events:
-        kind = e.get("kind")
-        line = format_event(e)
-        if kind == "run" and e.get("run_dir") and e.get("run_dir") == v.run_dir:
-            line = None  # the engine announces the run again once the step count is known
-        if line:
-            if kind == "phase" and last_phase == e.get("phase") and v.log:
-                v.log[-1] = line
-            else:
-                v.log.append(line)
-            last_phase = e.get("phase") if kind == "phase" else None
-        if kind == "run":
-            v.run_dir = e.get("run_dir") or v.run_dir
-            v.total_steps = e.get("total_steps") or v.total_steps
-        elif kind == "phase":
-            v.phase, v.phase_message = e.get("phase", ""), e.get("message", "") or ""
-        elif kind == "step":
-            v.step = int(e.get("step") or v.step)
-            v.total_steps = e.get("total_steps") or v.total_steps
-            for name in ("epoch", "eta_s", "elapsed_s", "tokens_per_s", "tokens"):
-                if e.get(name) is not None:
-                    setattr(v, name, e[name])
-            if e.get("peak_gib") is not None:
-                v.peak_gib = max(v.peak_gib or 0.0, float(e["peak_gib"]))
-        elif kind == "metrics":  # every logging_steps: the loss curve (step events never carry the loss)
-            loss = e.get("loss")
-            if isinstance(loss, (int, float)) and not isinstance(loss, bool) and e.get("step") is not None:
-                losses[int(e["step"])] = v.last_loss = float(loss)  # a resumed run logs a step again: latest wins
-        elif kind == "error":
-            v.error_type = e.get("error_type")
-            v.message = e.get("message", "")
-        elif kind == "done":
-            v.state = e.get("status") or "failed"
-            v.run_dir = e.get("run_dir") or v.run_dir
-            v.adapter_dir = e.get("adapter_dir") or v.adapter_dir
-            v.summary = e.get("summary") or {}
-            v.message = e.get("message", "") or v.message
-    v.losses = sorted(losses.items())
-    if v.state == "running":
-        if stopping:
-            v.state = "stopping"
-        elif not running:
-            v.state = "interrupted" if from_disk else v.state
-    return v
-
-
-def job_view(job: Job | None) -> JobView:
-    if job is None:
-        return JobView()
-    return view(job.events_since(0), running=job.running, stopping=job.stopping, from_disk=job.from_disk)

@@ -1,8 +1,9 @@
 """The training recipe: config -> data -> model -> LoRA -> SFTTrainer -> adapter, with events all the way.
 
-`run_training(cfg, sink, stop)` is the one entry point: the UI runs it in a background thread, the CLI in the
-foreground. It never raises for a user's mistake or an out-of-memory error: it returns a RunResult whose message
-says what went wrong and what to do, and it leaves saved adapters intact.
+`run_training(cfg, sink, stop)` is the one entry point. The CLI below calls it; the app's job manager runs that same
+CLI as a child process (one run = one process), and tests and the benchmark may call it in-process. It never raises
+for a user's mistake or an out-of-memory error: it returns a RunResult whose message says what went wrong and what
+to do, and it leaves saved adapters intact.
 
 CLI:
     python -m core.train --config FILE.yaml [--set field=value ...]
@@ -17,6 +18,7 @@ import argparse
 import contextlib
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -28,11 +30,12 @@ from typing import Any, Iterator
 from core import checklist
 from core.config import ConfigError, Hardware, TrainConfig, apply_overrides, check, demo_config
 from core.events import EventSink, JsonlSink, fan_out, make_event
-from core.files import StorageError, free_memory, storage_message
+from core.files import StorageError, free_memory, has_marker, real, storage_message
 from core.presets import PRESETS, apply_preset
 from core.runs import (COMPLETE_MARKER, complete_checkpoints, create_run_dir, dir_size, finish_run,  # noqa: F401
                        latest_checkpoint, new_run_dir, resume_point, save_adapter)
 
+STOP_FILE = "STOP"  # in a run folder: asks the run to end after its current step and save the adapter
 HEARTBEAT_S = 2.0  # no phase stays silent longer than this
 
 
@@ -94,40 +97,29 @@ def phase(sink: EventSink, name: str, message: str) -> Iterator[None]:
         thread.join()
 
 
-@contextlib.contextmanager
-def undo_module_patches(model) -> Iterator[None]:
-    """Put back whatever a run monkey-patched in the model's modeling module (functions and class attributes).
+def watch_stop(emit: EventSink, stop: threading.Event, stop_file: Path) -> threading.Event:
+    """Until the returned event is set: turn a stop file into the stop flag, and say at once that Stop was seen.
 
-    liger-kernel (use_liger_kernel) replaces e.g. LlamaRMSNorm, LlamaMLP and apply_rotary_pos_emb in
-    transformers' modeling_llama module for the whole process. In a long-lived process (the web app) every later
-    Llama model would silently get liger's layers whatever its config says; the benchmark saw exactly that.
+    The stop file (written by the app's job manager, or `touch RUN/STOP` by hand) and a signal (SIGTERM sets the
+    flag in `main`) are the two ways to ask; the `ack` event tells the manager the run is alive and ending, so it
+    waits for the current step instead of killing the run.
     """
-    base = getattr(model, "get_base_model", lambda: model)()
-    names = {type(base).__module__} | {type(m).__module__ for m in base.modules()}
-    modules = [sys.modules[n] for n in names if n in sys.modules and n.startswith("transformers.models.")]
-    saved = []
-    for mod in modules:
-        attrs = dict(vars(mod))
-        classes = {name: (obj, dict(vars(obj))) for name, obj in attrs.items()
-                   if isinstance(obj, type) and obj.__module__ == mod.__name__}
-        saved.append((mod, attrs, classes))
-    try:
-        yield
-    finally:
-        for mod, attrs, classes in saved:
-            for name, value in attrs.items():
-                if vars(mod).get(name) is not value:
-                    setattr(mod, name, value)
-            for cls, cdict in classes.values():
-                for name in [n for n in vars(cls) if n not in cdict]:
-                    delattr(cls, name)
-                for name, value in cdict.items():
-                    if name not in ("__dict__", "__weakref__") and vars(cls).get(name) is not value:
-                        setattr(cls, name, value)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.5):
+            if stop.is_set() or stop_file.exists():
+                stop.set()
+                emit(make_event("log", level="info", ack="stop",
+                                message="Stop requested: finishing the current step, then saving the adapter."))
+                return
+
+    threading.Thread(target=watch, daemon=True, name="memtune-stop-watch").start()
+    return done
 
 
-def make_callback(sink: EventSink, stop: threading.Event, cuda: bool):
-    """A TrainerCallback that emits step events, honours Stop and marks checkpoints complete."""
+def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file: Path | None = None):
+    """A TrainerCallback that emits step events, honours Stop (flag or stop file) and marks checkpoints complete."""
     from transformers import TrainerCallback
 
     from core import vram
@@ -178,10 +170,12 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool):
                 gpu_mem_gib=mem["allocated_gib"] if mem else None,
                 peak_gib=mem["peak_allocated_gib"] if mem else None,
             ))
-            if stop.is_set():
+            if stop.is_set() or (stop_file is not None and stop_file.exists()):
+                stop.set()
                 self.stopped = True
                 control.should_training_stop = True
-                sink(make_event("log", level="info", message=f"Stop requested: ending after step {state.global_step}"))
+                sink(make_event("log", level="info", ack="stop",
+                                message=f"Stop requested: ending after step {state.global_step}"))
             return control
 
         def on_save(self, args, state, control, **kw):
@@ -216,31 +210,42 @@ def oom_message(cfg: TrainConfig) -> str:
 
 # --- the recipe -----------------------------------------------------------------------------------------------
 def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threading.Event | None = None,
-                 callbacks=(), console: bool = False) -> RunResult:
+                 callbacks=(), console: bool = False, run_dir: str | Path | None = None) -> RunResult:
+    """Train `cfg` in this process. `run_dir`: use exactly this folder (the app's job manager made it and wrote
+    config.yaml there) instead of choosing a new one; a config error then lands in its events.jsonl too."""
     import torch
 
     stop = stop or threading.Event()
     user_sink = sink or (lambda e: None)
+    prepared = Path(run_dir) if run_dir is not None else None
+    attached = prepared is not None and has_marker(prepared, "run")
+    if attached:
+        # The manager's folder (marked by create_run_dir): even a config error lands in the events.jsonl it follows.
+        user_sink = fan_out(user_sink, JsonlSink(prepared / "events.jsonl"))
     try:
         check(cfg)
-        run_dir = create_run_dir(cfg)  # h2: marked folder + config.yaml; refuses foreign/unwritable folders
+        run_dir = create_run_dir(cfg, prepared=prepared)  # marked folder + config.yaml; refuses foreign folders
     except ConfigError as exc:
         user_sink(make_event("error", error_type="config", message=str(exc)))
-        return RunResult("failed", message=str(exc), error_type="config")
+        if attached:  # History lists it as a failed run
+            summary = {"status": "failed", "error_type": "config", "message": str(exc),
+                       "finished_at": datetime.now().isoformat(timespec="seconds")}
+            finish_run(prepared, summary)
+            user_sink(make_event("done", status="failed", run_dir=str(prepared), summary=summary, message=str(exc)))
+        return RunResult("failed", str(prepared) if prepared else None, message=str(exc), error_type="config")
 
-    emit = fan_out(user_sink, JsonlSink(run_dir / "events.jsonl"))
+    emit = user_sink if attached and real(prepared) == run_dir else fan_out(user_sink, JsonlSink(run_dir / "events.jsonl"))
     resume_ckpt, skipped = resume_point(run_dir) if cfg.resume_from else (None, [])
-    emit(make_event("run", run_dir=str(run_dir), config=cfg.to_dict(), resume_from=str(resume_ckpt or "")))
-    for why in skipped:  # h2: a damaged newer checkpoint is named, and the previous intact one is used
+    emit(make_event("run", run_dir=str(run_dir), config=cfg.to_dict(), resume_from=str(resume_ckpt or ""),
+                    pid=os.getpid(), threads=torch.get_num_threads()))
+    for why in skipped:  # a damaged newer checkpoint is named, and the previous intact one is used
         emit(make_event("log", level="warning", message=f"Not resuming from it: {why}"))
 
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    else:
-        # Leave one core to the web server and the browser: on 2 cores, a fully busy CPU made steps ~40x slower
-        # whenever anything else ran. Measured cost for the demo alone: 3.4 s -> 3.7 s of training.
-        torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
+    stop_file = run_dir / STOP_FILE
+    watching = watch_stop(emit, stop, stop_file)
     model = trainer = plan = None
     started = time.monotonic()
     from core import vram
@@ -271,12 +276,11 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         trainable, total = model_lib.trainable_parameters(model)
         emit(make_event("log", level="info", message=f"LoRA: {trainable:,} trainable parameters of {total:,}"))
 
-        callback = make_callback(emit, stop, cuda)
+        callback = make_callback(emit, stop, cuda, stop_file)
         with phase(emit, "tokenizing", "Tokenizing"):
             trainer = build_trainer(cfg, model, tokenizer, train_dataset, run_dir / "checkpoints",
                                     callbacks=[callback, *callbacks], console=console)
-        with undo_module_patches(model):
-            output = trainer.train(resume_from_checkpoint=str(resume_ckpt) if resume_ckpt else None)
+        output = trainer.train(resume_from_checkpoint=str(resume_ckpt) if resume_ckpt else None)
 
         status = "stopped" if callback.stopped else "completed"
         summary = {
@@ -320,22 +324,22 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
                         summary=summary, message=message))
         return RunResult(status, str(run_dir), str(adapter_dir), summary, message)
     except torch.OutOfMemoryError:
-        error_type, message = "oom", oom_message(cfg)
-    except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the traceback goes to the log
-        error_type, message = classify(exc, run_dir)
+        error_type, message, trace = "oom", oom_message(cfg), None
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the traceback goes to events.jsonl
         import traceback
 
-        emit(make_event("log", level="warning", message=traceback.format_exc(limit=8)))
+        error_type, message = classify(exc, run_dir)
+        trace = traceback.format_exc(limit=12)
     finally:
-        # Drop references so a failed or finished run gives its memory back to the next one.
+        watching.set()
+        with contextlib.suppress(OSError):
+            stop_file.unlink(missing_ok=True)  # ours: a later resume into this folder must not stop at once
+        # Drop references so a failed run's memory is free for the error path (the CLI process ends right after).
         model = trainer = None
         if nvml:
             nvml.stop()
-        from core.model import release_library_references
-
-        release_library_references()  # else bitsandbytes keeps this run's embedding module alive
         free_memory()
-    emit(make_event("error", error_type=error_type, message=message))
+    emit(make_event("error", error_type=error_type, message=message, traceback=trace))
     summary = {"status": "failed", "error_type": error_type, "message": message,
                "finished_at": datetime.now().isoformat(timespec="seconds")}
     if plan is not None:
@@ -365,14 +369,51 @@ def classify(exc: Exception, run_dir: Path | None = None) -> tuple[str, str]:
 
 # --- command line -------------------------------------------------------------------------------------------------
 def console_sink(event: dict[str, Any]) -> None:
-    """Phase messages and log lines on stderr; the Trainer's own progress bar shows steps, ETA and speed."""
+    """Phase messages and log lines on stderr; the Trainer's own progress bar shows steps, ETA and speed.
+
+    Errors are not printed here: `main` prints the failure once, and the traceback stays in events.jsonl.
+    """
     kind = event["kind"]
-    if kind == "phase" and event.get("phase") != "training":
+    if (kind == "phase" and event.get("phase") != "training") or kind == "log":
         print(f"[memtune] {event['message']}", file=sys.stderr, flush=True)
-    elif kind == "log":
-        print(f"[memtune] {event['message']}", file=sys.stderr, flush=True)
-    elif kind in ("error",):
-        print(f"[memtune] ERROR ({event['error_type']}): {event['message']}", file=sys.stderr, flush=True)
+
+
+def set_threads_from_env() -> None:
+    """MEMTUNE_NUM_THREADS (the app sets it to cores - 1 for its child, leaving a core to the page); else all cores."""
+    value = os.environ.get("MEMTUNE_NUM_THREADS", "").strip()
+    if value.isdigit() and int(value) > 0:
+        import torch
+
+        torch.set_num_threads(int(value))
+
+
+def stop_on_signals(stop: threading.Event, run_dir: str | None = None) -> None:
+    """SIGTERM / Ctrl-C: finish the current step and save the adapter. A signal after a Stop was already asked for
+    (this flag, or the run folder's stop file: the app's second Stop) ends the process at once."""
+    stop_file = Path(run_dir) / STOP_FILE if run_dir else None
+
+    def handler(signum, frame):  # only sets a flag: never write or lock inside a signal handler
+        if stop.is_set() or (stop_file is not None and stop_file.exists()):
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+
+
+def stop_when_orphaned(stop: threading.Event) -> None:
+    """Started by the app (MEMTUNE_PARENT_PID): if the app dies without stopping us, stop and save, never linger."""
+    parent = os.environ.get("MEMTUNE_PARENT_PID", "")
+    if not parent.isdigit():
+        return
+
+    def watch() -> None:
+        while not stop.wait(1.0):
+            if os.getppid() != int(parent):
+                stop.set()
+
+    threading.Thread(target=watch, daemon=True, name="memtune-parent-watch").start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -385,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(chapter: the recipe as written; lowest_memory; fastest), then --set")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override one setting; repeatable")
+    # Internal (the app's job manager): train into exactly this folder, which it made and wrote config.yaml into.
+    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         if args.dump_config:
@@ -401,9 +444,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.dump_config:
         print(f"# memtune configuration: python -m core.train --config this.yaml\n{cfg.to_yaml()}", end="")
         return 0
-    result = run_training(cfg, console_sink, console=True)
+    set_threads_from_env()
+    stop = threading.Event()
+    stop_on_signals(stop, args.run_dir)
+    stop_when_orphaned(stop)
+    try:
+        # A progress bar only on a terminal: in a log file (the app's RUN/train.log, a pipe) it is kilobytes of \r.
+        result = run_training(cfg, console_sink, stop=stop, console=sys.stderr.isatty(), run_dir=args.run_dir)
+    except OSError as exc:  # e.g. an output folder that cannot be created: the user's to fix, not a bug report
+        what = f"{exc.strerror}: {exc.filename}" if exc.filename and exc.strerror else str(exc)
+        print(f"memtune: cannot write the run folder ({what}); choose an output_dir you can write to",
+              file=sys.stderr)
+        return 1
     if result.status == "failed":
-        print(f"memtune: training failed: {result.message}", file=sys.stderr)
+        where = f" (details in {Path(result.run_dir) / 'events.jsonl'})" if result.run_dir else ""
+        kind = f" ({result.error_type})" if result.error_type else ""
+        print(f"memtune: training failed{kind}: {result.message}{where if result.error_type == 'other' else ''}",
+              file=sys.stderr)
         return 1
     s = result.summary
     print(f"{result.message}\nfirst loss {s.get('first_loss')}, last loss {s.get('final_loss')}, "
@@ -413,4 +470,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is written and closed by now. Skipping the interpreter's teardown (seconds, once torch is loaded)
+    # ends the process at once, so the app can take the next Start (and the GPU is free) as soon as "done" shows.
+    os._exit(code)

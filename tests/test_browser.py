@@ -5,6 +5,7 @@ every test here fails instead. One server for the module (one job manager), test
 prediction and fit, a full demo run, Try it on its adapter, history, reload + Stop, languages.
 """
 
+import json
 import os
 import socket
 import subprocess
@@ -72,13 +73,18 @@ def server(tmp_path_factory):
                 proc.kill()
                 pytest.fail("app.py did not answer within 120 s")
             time.sleep(0.5)
-    yield {"url": url, "work": work, "port": port}
-    proc.terminate()
+    yield {"url": url, "work": work, "port": port, "pid": proc.pid}
+    import psutil
+
+    children = psutil.Process(proc.pid).children(recursive=True)  # a training child, if one still runs
+    proc.terminate()  # SIGTERM: the app stops (then kills) its training child before it exits
     try:
-        proc.wait(timeout=20)
+        proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
     log.close()
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, f"app.py left processes behind: {alive}"
 
 
 @pytest.fixture(scope="module")
@@ -138,9 +144,11 @@ def choose(pg, dropdown: str, option_text: str) -> None:
 
 
 def wait_idle(pg, timeout=240_000):
-    """Until no run is going (an earlier test's run may still be saving)."""
+    """Until no run is going: an earlier test's run may still be saving, or its process exiting after its `done`
+    (Start comes back, and Try it accepts, only once the training process has ended)."""
     pg.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}');"
-                         " return p && !['running', 'stopping'].includes(p.dataset.state); })()",
+                         " return p && !['running', 'stopping'].includes(p.dataset.state)"
+                         " && !document.querySelector('#start-btn').disabled; })()",
                          timeout=timeout, polling=250)
 
 
@@ -240,6 +248,9 @@ def test_demo_run_streams_log_steps_curve_and_adapter(page, server):
     assert "Training finished" in result
     adapter = page.locator("#mt-adapter-path").inner_text()
     assert (server["work"] / adapter / "adapter_model.safetensors").is_file()
+    events = [json.loads(x) for x in (server["work"] / adapter).parent.joinpath("events.jsonl").read_text().splitlines()]
+    run_event = next(e for e in events if e["kind"] == "run")
+    assert run_event["pid"] != server["pid"]  # trained in a child process
     page.wait_for_selector("#adapter-download a[href*='.zip'], #adapter-download a[download]")
     assert page.errors == []
 
@@ -274,15 +285,20 @@ def test_history_lists_the_run_and_opens_it(page):
 
 def test_reload_reattaches_and_stop_from_another_tab_saves_the_adapter(page, browser, server):
     set_number(page, "max_steps", 100000)  # far more than the test waits for
+    previous = page.locator(PROGRESS).get_attribute("data-run") or ""
     page.click("#start-btn")
-    page.wait_for_function(f"+document.querySelector('{PROGRESS}').dataset.step >= 20", timeout=120_000, polling=200)
+    # Until the next poll the page still shows the previous run (its step 600): wait for the new run's own steps.
+    page.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && p.dataset.run"
+                           f" && p.dataset.run !== {json.dumps(previous)} && +p.dataset.step >= 20; }})()",
+                           timeout=120_000, polling=200)
     _, before = state(page)
+    new_run = page.locator(PROGRESS).get_attribute("data-run")
 
     page.reload()
     page.errors.clear()
     page.wait_for_selector("#start-btn")
     page.wait_for_function(f"+document.querySelector('{PROGRESS}').dataset.step > {before}", timeout=90_000)
-    assert state(page)[0] == "running"
+    assert state(page)[0] == "running" and page.locator(PROGRESS).get_attribute("data-run") == new_run
     assert "Training" in page.locator("#run-log").inner_text()
     assert page.locator("#loss-plot").is_visible()
     assert page.locator("#start-btn").is_disabled()  # one run at a time
@@ -297,8 +313,8 @@ def test_reload_reattaches_and_stop_from_another_tab_saves_the_adapter(page, bro
     adapter = other.locator("#mt-adapter-path").inner_text()
     assert (server["work"] / adapter / "adapter_model.safetensors").is_file()
     wait_state(page, ["stopped"], timeout=20_000)  # the first tab sees it too
-    # "stopped" shows as soon as the engine's done event arrives; the job's thread still frees memory before the
-    # manager takes a new Start, and the button follows on the next poll (1 s).
+    # "stopped" shows as soon as the child's done event arrives; the manager takes a new Start once the child has
+    # exited, and the button follows on the next poll (1 s).
     page.wait_for_function("!document.querySelector('#start-btn').disabled", timeout=10_000)
     assert page.locator("#start-btn").is_enabled()
     other.context.close()

@@ -1,67 +1,42 @@
-"""The process-wide job manager: one run at a time, Stop, events kept for reattaching, and the page's view."""
+"""The app-wide job manager: one run (child process) at a time, events followed for reattaching, the page's view.
+
+Stop, a second Stop, a killed child and the training itself are in test_child.py."""
 
 import threading
-import time
-from pathlib import Path
 
 import pytest
 
-from core.config import TrainConfig, demo_config
-from core.events import JsonlSink, make_event
+from core.config import demo_config
+from core.events import EventTail, JsonlSink, make_event
 from core.jobs import JobBusy, JobManager, format_event, job_view, latest_run_dir, view
 
 
-class FakeRun:
-    """Stands in for run_training: emits a few events, then waits for Stop (or `release`)."""
-
-    def __init__(self, steps: int = 3):
-        self.steps = steps
-        self.release = threading.Event()
-        self.started = threading.Event()
-
-    def __call__(self, cfg, sink=None, stop=None):
-        sink(make_event("run", run_dir="/tmp/fake-run", config=cfg.to_dict(), total_steps=None))
-        sink(make_event("phase", phase="training", message="Training", progress=0.0))
-        for step in range(1, self.steps + 1):
-            sink(make_event("step", step=step, total_steps=self.steps, epoch=step / self.steps, tokens=10 * step,
-                            tokens_per_s=100.0, elapsed_s=step, eta_s=self.steps - step))
-            sink(make_event("metrics", step=step, total_steps=self.steps, epoch=step / self.steps, loss=5.0 - step,
-                            learning_rate=1e-3, grad_norm=1.0))
-            sink(make_event("log", level="info", message=f"step {step}/{self.steps}  loss {5.0 - step:.4f}  lr 1e-3"))
-        self.started.set()
-        while not (stop.is_set() or self.release.is_set()):
-            time.sleep(0.01)
-        status = "stopped" if stop.is_set() else "completed"
-        sink(make_event("done", status=status, run_dir="/tmp/fake-run", adapter_dir="/tmp/fake-run/adapter",
-                        summary={"final_loss": 2.0}, message=status))
-        return None
+def stop_at_once(mgr: JobManager, job) -> None:
+    """Two Stops: the child's process group ends now (these tests need no adapter)."""
+    mgr.stop()
+    mgr.stop()
+    assert job.wait(120)
 
 
-def test_second_start_is_refused_while_a_job_runs():
-    fake = FakeRun()
-    mgr = JobManager(runner=fake)
-    job = mgr.start(TrainConfig())
-    assert fake.started.wait(5)
-    assert mgr.busy()
+def test_second_start_is_refused_while_a_job_runs(tmp_path):
+    mgr = JobManager()
+    job = mgr.start(demo_config(output_dir=str(tmp_path)))
+    assert mgr.busy() and job.pid
     with pytest.raises(JobBusy, match="already running"):
-        mgr.start(demo_config())
-    fake.release.set()
-    assert job.wait(5)
+        mgr.start(demo_config(output_dir=str(tmp_path)))
+    stop_at_once(mgr, job)
     assert not mgr.busy()
-    again = mgr.start(demo_config())  # free again once the first has ended
-    fake.release.set()
-    assert again.wait(5) and again.id == job.id + 1
+    assert job_view(job).state == "failed" and "second Stop" in job_view(job).message
 
 
-def test_concurrent_starts_from_many_tabs_start_exactly_one():
-    fake = FakeRun()
-    mgr = JobManager(runner=fake)
+def test_concurrent_starts_from_many_tabs_start_exactly_one(tmp_path):
+    mgr = JobManager()
     results, barrier = [], threading.Barrier(8)
 
     def tab():
         barrier.wait()
         try:
-            results.append(mgr.start(TrainConfig()))
+            results.append(mgr.start(demo_config(output_dir=str(tmp_path))))
         except JobBusy as exc:
             results.append(exc)
 
@@ -71,35 +46,60 @@ def test_concurrent_starts_from_many_tabs_start_exactly_one():
     for t in threads:
         t.join()
     assert sum(not isinstance(r, JobBusy) for r in results) == 1
-    fake.release.set()
-    mgr.current().wait(5)
+    assert len(list(tmp_path.iterdir())) == 1  # one run folder, one child
+    stop_at_once(mgr, mgr.current())
 
 
-def test_stop_ends_the_run_and_is_logged():
-    fake = FakeRun()
-    mgr = JobManager(runner=fake)
-    assert mgr.stop() is None  # nothing to stop
-    job = mgr.start(TrainConfig())
-    assert fake.started.wait(5)
-    assert mgr.stop() is job
-    assert job.wait(5)
+def test_is_running_names_the_running_jobs_folder_from_the_start(tmp_path):
+    mgr = JobManager()
+    job = mgr.start(demo_config(output_dir=str(tmp_path / "runs"), run_name="mine"))
+    run = tmp_path / "runs" / "mine"
+    assert job.run_dir == str(run)  # chosen by the manager, before the child says anything
+    assert job_view(job).state == "running" and job_view(job).phase == "starting"  # not the previous run's view
+    assert mgr.is_running(run) and mgr.is_running(tmp_path / "runs" / ".." / "runs" / "mine")
+    assert not mgr.is_running(tmp_path)
+    stop_at_once(mgr, job)
+    assert not mgr.is_running(run)  # finished: deletable, resumable
+
+
+def test_an_unstartable_run_is_a_failed_job_not_an_exception(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    mgr = JobManager()
+    job = mgr.start(demo_config(output_dir=str(blocker / "runs")))
     v = job_view(job)
-    assert v.state == "stopped"
-    assert any("Stop requested" in line for line in v.log)
-
-
-def test_a_crashing_runner_becomes_a_failed_job_not_a_dead_thread():
-    def boom(cfg, sink=None, stop=None):
-        sink(make_event("phase", phase="resolving", message="Finding"))
-        raise RuntimeError("kaput")
-
-    mgr = JobManager(runner=boom)
-    job = mgr.start(TrainConfig())
-    assert job.wait(5)
-    v = job_view(job)
-    assert v.state == "failed"
-    assert "kaput" in v.message
+    assert not job.running and v.state == "failed" and "Could not start" in v.message
     assert not mgr.busy()
+
+
+def test_events_are_read_incrementally_and_only_whole_lines(tmp_path):
+    path = tmp_path / "events.jsonl"
+    tail = EventTail(path)
+    assert tail.read() == []  # no file yet
+    sink = JsonlSink(path)
+    sink(make_event("step", step=1))
+    with path.open("a") as fh:
+        fh.write('{"kind": "step", "st')  # the writer is mid-line
+    assert [e["step"] for e in tail.read()] == [1]
+    with path.open("a") as fh:
+        fh.write('ep": 2}\n')
+    sink(make_event("step", step=3))
+    assert [e["step"] for e in tail.read()] == [2, 3]
+    assert tail.read() == [] and tail.offset == path.stat().st_size
+
+
+def test_job_view_folds_only_new_events(tmp_path):
+    from core.jobs import Job
+
+    job = Job(id=1, config=demo_config())
+    job.emit(make_event("step", step=1, total_steps=4))
+    first = job_view(job)
+    job.emit(make_event("metrics", step=2, loss=1.5))
+    job.emit(make_event("step", step=2, total_steps=4))
+    second = job_view(job)
+    assert (first.step, first.losses) == (1, [])  # a snapshot: later events do not change it
+    assert (second.step, second.losses) == (2, [(2, 1.5)])
+    assert job_view(job) == second == view(job.events_since(0), running=True)
 
 
 def test_view_reads_progress_losses_and_collapses_heartbeats():
@@ -132,20 +132,6 @@ def test_view_reads_progress_losses_and_collapses_heartbeats():
     assert view([]).state == "idle"
 
 
-def test_is_running_names_the_running_jobs_folder(tmp_path):
-    fake = FakeRun()
-    mgr = JobManager(runner=fake)
-    assert not mgr.is_running("/tmp/fake-run")
-    job = mgr.start(TrainConfig())
-    assert fake.started.wait(5)
-    assert job.run_dir == "/tmp/fake-run"
-    assert mgr.is_running("/tmp/fake-run") and mgr.is_running("/tmp/../tmp/fake-run")
-    assert not mgr.is_running(tmp_path)
-    fake.release.set()
-    assert job.wait(5)
-    assert not mgr.is_running("/tmp/fake-run")  # finished: deletable, resumable
-
-
 def test_format_event_covers_every_kind():
     assert "ERROR (oom)" in format_event(make_event("error", error_type="oom", message="out of memory"))
     assert "WARNING" in format_event(make_event("log", level="warning", message="careful"))
@@ -161,21 +147,10 @@ def test_an_earlier_run_is_shown_from_its_events_file(tmp_path):
     sink(make_event("metrics", step=3, total_steps=9, loss=1.5, learning_rate=1e-3, grad_norm=0.5))
     assert latest_run_dir(tmp_path / "runs") == run
     assert latest_run_dir(tmp_path / "nothing") is None
-    mgr = JobManager(runner=FakeRun())
+    mgr = JobManager()
     job = mgr.load_run(run)
     assert job.config == demo_config() and not job.running
     v = job_view(job)
     assert v.state == "interrupted" and v.step == 3 and v.losses == [(3, 1.5)]
     assert mgr.load_run(run) is job  # never replaces what the manager already shows
     assert not mgr.busy()
-
-
-def test_the_real_engine_runs_through_the_manager(tmp_path, demo_model_path):
-    """No fakes: the demo trains a few steps in the background thread and its events reach the view."""
-    mgr = JobManager()
-    job = mgr.start(demo_config(max_steps=10, output_dir=str(tmp_path / "runs"), run_name="ui-job"))
-    assert job.wait(240)
-    v = job_view(job)
-    assert v.state == "completed", v.message
-    assert v.step == 10 and v.losses and Path(v.adapter_dir, "adapter_config.json").is_file()
-    assert (tmp_path / "runs" / "ui-job" / "events.jsonl").is_file()

@@ -371,10 +371,12 @@ def free_try_model() -> None:
 
 
 def on_stop(lang: str = DEFAULT_LANGUAGE):
+    """First Stop: end after the current step and save. Pressed again while stopping: end the process now."""
+    was_stopping = (job := MANAGER.current()) is not None and job.stopping
     job = MANAGER.stop()
     if job is None:
         return render.message_html(t("msg.no_run", lang), "info")
-    return render.message_html(t("msg.stopping", lang), "warn")
+    return render.message_html(t("msg.stop_now" if was_stopping else "msg.stopping", lang), "warn")
 
 
 def on_save_config(lang: str, name: str, *values):

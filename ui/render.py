@@ -173,7 +173,8 @@ def progress_html(v: JobView, lang: str = "en") -> str:
         stats.append(t("progress.epoch", lang, epoch=num(v.epoch, 2, lang)))
     if v.last_loss is not None:
         stats.append(t("progress.loss", lang, loss=num(v.last_loss, 4, lang)))
-    return (f'<div class="mt-progress" data-state="{E(v.state)}" data-step="{v.step}" data-total="{v.total_steps or 0}">'
+    return (f'<div class="mt-progress" data-state="{E(v.state)}" data-step="{v.step}" data-total="{v.total_steps or 0}" '
+            f'data-run="{E(v.run_dir or "")}">'
             f'<div class="mt-progress-top"><span class="mt-badge mt-badge-{E(v.state)}">{E(label)}</span>'
             f'<span>{detail}</span></div>'
             f'<div class="mt-bar"><div class="mt-fill mt-run{indeterminate}" style="width:{width}"></div></div>'
