@@ -17,6 +17,7 @@ On a CPU-only machine `num_gpus` counts CPU processes (gloo backend): that is ho
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
@@ -255,3 +256,70 @@ def fsdp_wrap_policy(trainer) -> None:
     from peft.utils.other import fsdp_auto_wrap_policy
 
     plugin.auto_wrap_policy = fsdp_auto_wrap_policy(trainer.model)
+
+
+# --- the launching parent ---------------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """In the launcher child, before exec: its own session (a terminal's Ctrl-C reaches only memtune's parent, which
+    turns it into a graceful Stop) and SIGTERM when the parent dies (killed by the app or by hand: no orphans)."""
+    os.setsid()
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's own handlers still end the group
+        pass
+
+
+def launch_workers(argv: list[str], stop_file, log=None, env: dict[str, str] | None = None,
+                   kill_after_s: float = 600.0) -> int:
+    """Run `accelerate launch` (argv from worker_argv) and wait. First Ctrl-C/SIGTERM: write the stop file (every rank
+    ends after the same step and rank 0 saves the adapter). Second, or no end `kill_after_s` after the first: end the
+    launcher's process group. Returns the launcher's exit code (negative: killed by that signal)."""
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
+                            preexec_fn=_die_with_parent)
+    asked: list[float] = []
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        if not asked:
+            asked.append(time.monotonic())
+            with contextlib.suppress(OSError):
+                Path(stop_file).write_text("stop\n", encoding="utf-8")
+        else:
+            _end_group(proc)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while proc.poll() is None:
+            if asked and time.monotonic() - asked[0] > kill_after_s:
+                _end_group(proc)
+            time.sleep(0.2)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if proc.poll() is None:
+            _end_group(proc)
+    return proc.returncode
+
+
+def _end_group(proc, grace_s: float = 5.0) -> None:
+    import signal
+    import subprocess
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
