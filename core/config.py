@@ -131,6 +131,23 @@ class TrainConfig:
         "A run folder to continue from its newest complete checkpoint; empty starts fresh."))
     device: str = field(default="auto", metadata=_help("auto (CUDA if present), cuda or cpu.", choices=DEVICES))
 
+    # --- past one GPU (core/distributed.py: accelerate launch, DDP or FSDP) -----------------------------
+    num_gpus: str = field(default="1", metadata=_help(
+        "GPUs this machine uses: a number or all. More than 1 starts one process per GPU through accelerate. "
+        "On a CPU-only machine it counts CPU processes (gloo), for testing."))
+    distributed_strategy: str = field(default="auto", metadata=_help(
+        "With several GPUs: ddp (each GPU holds the 4-bit model, the data is split; faster), fsdp (the model is "
+        "sharded across GPUs, FSDP-QLoRA; for models that do not fit one GPU), or auto (ddp if it fits one GPU).",
+        choices=("auto", "ddp", "fsdp")))
+    num_machines: int = field(default=1, metadata=_help(
+        "Machines taking part; every machine runs the same config with its own machine_rank.", min=1, max=1024))
+    machine_rank: int = field(default=0, metadata=_help(
+        "This machine's rank: 0 on the main machine (which writes the run folder), then 1, 2, ...", min=0))
+    main_process_ip: str = field(default="", metadata=_help(
+        "Address of the main machine (rank 0) as the others reach it; needed with more than one machine."))
+    main_process_port: int = field(default=29500, metadata=_help(
+        "A free TCP port on the main machine for the processes to meet.", min=1024, max=65535))
+
     # -----------------------------------------------------------------------------------------------------
     @property
     def effective_batch_size(self) -> int:
@@ -306,6 +323,11 @@ class Hardware:
     bitsandbytes: bool
     bnb_4bit_on_cpu: bool = True  # bitsandbytes >= 0.45 runs NF4 on the CPU
     liger: bool = False
+    gpus: int = 0  # visible CUDA devices; 0 with cuda=True means "one, count not read" (tests build it by hand)
+
+    @property
+    def n_gpus(self) -> int:
+        return self.gpus or (1 if self.cuda else 0)
 
     @classmethod
     def detect(cls) -> "Hardware":
@@ -322,6 +344,7 @@ class Hardware:
             bf16=(_torch_bf16() if cuda else True),  # CPUs emulate bf16 via autocast
             bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None,
             liger=importlib.util.find_spec("liger_kernel") is not None,
+            gpus=torch.cuda.device_count() if cuda else 0,
         )
 
 
@@ -417,6 +440,10 @@ def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
     if cfg.lora_alpha and cfg.lora_r and cfg.lora_alpha / cfg.lora_r > 16:
         bad("lora_alpha", f"alpha/r = {cfg.lora_alpha / cfg.lora_r:g} scales updates very strongly",
             "keep lora_alpha at 1-4x lora_r")
+    from core import distributed
+
+    for name, message, fix in distributed.problems(cfg, hw.n_gpus):
+        bad(name, message, fix)
     return p
 
 
