@@ -29,7 +29,14 @@ def bnb_kwargs(cfg: TrainConfig) -> dict[str, Any] | None:
         "bnb_4bit_quant_type": cfg.bnb_4bit_quant_type,
         "bnb_4bit_use_double_quant": cfg.bnb_4bit_use_double_quant,
         "bnb_4bit_compute_dtype": dtype_name(cfg),
+        # FSDP-QLoRA flattens parameters of one dtype: store the packed 4-bit weights in the compute dtype's width
+        **({"bnb_4bit_quant_storage": dtype_name(cfg)} if sharded(cfg) else {}),
     }
+
+
+def sharded(cfg: TrainConfig) -> bool:
+    """An FSDP run over several processes (the launcher writes the resolved strategy into the workers' config)."""
+    return cfg.distributed_strategy == "fsdp" and (cfg.num_gpus != "1" or cfg.num_machines > 1)
 
 
 def load_kwargs(cfg: TrainConfig, cuda_device: int | None) -> dict[str, Any]:
@@ -40,7 +47,8 @@ def load_kwargs(cfg: TrainConfig, cuda_device: int | None) -> dict[str, Any]:
     """
     return {
         "dtype": dtype_name(cfg),  # was torch_dtype= in the chapter
-        "device_map": "cpu" if cuda_device is None else {"": cuda_device},
+        # FSDP places the shards itself (rank 0 reads the weights, the others receive them): no device_map
+        **({} if sharded(cfg) else {"device_map": "cpu" if cuda_device is None else {"": cuda_device}}),
         "trust_remote_code": cfg.trust_remote_code,
     }
 

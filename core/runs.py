@@ -204,7 +204,8 @@ def dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
-def save_adapter(model, tokenizer, cfg: "TrainConfig", run_dir: Path, summary: dict[str, Any]) -> Path:
+def save_adapter(model, tokenizer, cfg: "TrainConfig", run_dir: Path, summary: dict[str, Any],
+                 state_dict: dict | None = None) -> Path:
     """Write the adapter to a temporary folder, then rename it into place: a crash never leaves half an adapter.
 
     A full disk raises StorageError ("No space left in RUN_DIR ..."); the previous adapter stays as it was and the
@@ -217,7 +218,8 @@ def save_adapter(model, tokenizer, cfg: "TrainConfig", run_dir: Path, summary: d
     except OSError as exc:
         raise storage_error(exc, run_dir) from None
     try:
-        model.save_pretrained(tmp)  # peft: adapter_model.safetensors + adapter_config.json
+        # peft: adapter_model.safetensors + adapter_config.json (state_dict: gathered from FSDP shards)
+        model.save_pretrained(tmp, **({"state_dict": state_dict} if state_dict is not None else {}))
         tokenizer.save_pretrained(tmp)
         cfg.save(tmp / "memtune.yaml")
         summary["adapter_bytes"] = dir_size(tmp)

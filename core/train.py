@@ -122,7 +122,7 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
     """A TrainerCallback that emits step events, honours Stop (flag or stop file) and marks checkpoints complete."""
     from transformers import TrainerCallback
 
-    from core import vram
+    from core import distributed, vram
 
     class EventCallback(TrainerCallback):
         def __init__(self) -> None:
@@ -170,7 +170,10 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
                 gpu_mem_gib=mem["allocated_gib"] if mem else None,
                 peak_gib=mem["peak_allocated_gib"] if mem else None,
             ))
-            if stop.is_set() or (stop_file is not None and stop_file.exists()):
+            wanted = stop.is_set() or (stop_file is not None and stop_file.exists())
+            if distributed.world_size() > 1:
+                wanted = distributed.any_rank(wanted)  # every process ends after the same step
+            if wanted:
                 stop.set()
                 self.stopped = True
                 control.should_training_stop = True
@@ -181,7 +184,7 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
         def on_save(self, args, state, control, **kw):
             # Called after the Trainer has fully written the checkpoint: only now is it safe to resume from.
             ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if ckpt.is_dir():
+            if ckpt.is_dir() and distributed.is_main():
                 (ckpt / COMPLETE_MARKER).write_text(str(time.time()), encoding="utf-8")
                 sink(make_event("log", level="info", message=f"Checkpoint saved: {ckpt}"))
 
@@ -215,8 +218,15 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
     config.yaml there) instead of choosing a new one; a config error then lands in its events.jsonl too."""
     import torch
 
+    from core import distributed
+
     stop = stop or threading.Event()
     user_sink = sink or (lambda e: None)
+    if distributed.in_worker():  # one of several processes (accelerate launch): only global rank 0 writes the run
+        if torch.cuda.is_available() and cfg.device != "cpu":
+            torch.cuda.set_device(distributed.local_rank())  # before loading: each process its own GPU
+        if not distributed.is_main():
+            return run_other_rank(cfg, stop, callbacks)
     prepared = Path(run_dir) if run_dir is not None else None
     attached = prepared is not None and has_marker(prepared, "run")
     if attached:
@@ -280,6 +290,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         with phase(emit, "tokenizing", "Tokenizing"):
             trainer = build_trainer(cfg, model, tokenizer, train_dataset, run_dir / "checkpoints",
                                     callbacks=[callback, *callbacks], console=console)
+            distributed.fsdp_wrap_policy(trainer)  # FSDP-QLoRA: LoRA layers wrapped on their own (no-op otherwise)
         output = trainer.train(resume_from_checkpoint=str(resume_ckpt) if resume_ckpt else None)
 
         status = "stopped" if callback.stopped else "completed"
@@ -314,8 +325,10 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
             summary["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
             summary["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 3)
 
+        summary.update(distributed_summary(cfg, trainer, cuda))
+        state_dict = full_state_dict(cfg, trainer)
         with phase(emit, "saving", f"Saving the adapter to {run_dir / 'adapter'}"):
-            adapter_dir = save_adapter(trainer.model, tokenizer, cfg, run_dir, summary)
+            adapter_dir = save_adapter(trainer.model, tokenizer, cfg, run_dir, summary, state_dict=state_dict)
         if (problem := finish_run(run_dir, summary)):  # h2: atomic summary.json; a full disk is reported
             emit(make_event("log", level="warning", message=problem))
         message = (f"{'Stopped' if status == 'stopped' else 'Finished'} after {summary['steps']} steps; "
@@ -348,6 +361,77 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         emit(make_event("log", level="warning", message=problem))
     emit(make_event("done", status="failed", run_dir=str(run_dir), summary=summary, message=message))
     return RunResult("failed", str(run_dir), None, summary, message, error_type)
+
+
+# --- several processes (core/distributed.py launches them) -------------------------------------------------------
+def distributed_summary(cfg: TrainConfig, trainer, cuda: bool) -> dict[str, Any]:
+    """World size, strategy and every process's peak (a collective: every rank calls it). Tokens/s in the summary
+    is already over all processes: the Trainer gathers the token count across ranks."""
+    import torch
+
+    from core import distributed
+
+    if cuda:
+        mine = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+    else:
+        import psutil
+
+        mine = round(psutil.Process().memory_info().rss / 2**30, 3)
+    peaks = distributed.gather(mine)
+    return {"world_size": distributed.world_size(), "num_machines": cfg.num_machines,
+            "strategy": cfg.distributed_strategy if distributed.world_size() > 1 else "single",
+            "per_process_peak_gib": peaks, "per_process_peak_kind": "cuda_allocated" if cuda else "cpu_rss"}
+
+
+def full_state_dict(cfg: TrainConfig, trainer):
+    """Under FSDP the LoRA weights are sharded: gather them (every rank calls this) so rank 0 saves one adapter."""
+    from core import distributed
+
+    if distributed.world_size() == 1 or cfg.distributed_strategy != "fsdp":
+        return None
+    trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+    return trainer.accelerator.get_state_dict(trainer.model)
+
+
+def run_other_rank(cfg: TrainConfig, stop: threading.Event, callbacks=()) -> RunResult:
+    """Ranks other than 0 run the same recipe but write nothing of the run folder: their Trainer's output goes to a
+    private temporary folder, their events nowhere; Stop reaches them through rank 0 (distributed.any_rank)."""
+    import tempfile
+
+    import torch
+
+    from core import data, model as model_lib
+
+    scratch = Path(tempfile.mkdtemp(prefix="memtune-rank-"))
+    quiet: EventSink = lambda e: None  # noqa: E731
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    try:
+        raw, fmt = data.check_data(cfg)
+        path = model_lib.resolve_model_path(cfg, quiet)
+        tokenizer = model_lib.load_tokenizer(cfg, path)
+        plan = data.plan_rows(cfg, tokenizer, raw, fmt, n_examples=0)
+        if plan.refusal():
+            raise data.DataError(plan.refusal())
+        model = model_lib.prepare_for_training(model_lib.load_model(cfg, path), cfg)
+        callback = make_callback(quiet, stop, cuda, None)
+        trainer = build_trainer(cfg, model, tokenizer, plan.train_dataset(), scratch / "checkpoints",
+                                callbacks=[callback, *callbacks])
+        from core import distributed
+
+        distributed.fsdp_wrap_policy(trainer)
+        resume = latest_checkpoint(Path(cfg.resume_from)) if cfg.resume_from else None
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        distributed_summary(cfg, trainer, cuda)  # the collectives rank 0 makes
+        full_state_dict(cfg, trainer)
+        return RunResult("stopped" if callback.stopped else "completed")
+    except Exception as exc:  # noqa: BLE001 - rank 0 and the launcher report the run; this process's log has it
+        error_type, message = classify(exc)
+        print(f"memtune (rank {os.environ.get('RANK')}): {message}", file=sys.stderr)
+        return RunResult("failed", message=message, error_type=error_type)
+    finally:
+        import shutil
+
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def classify(exc: Exception, run_dir: Path | None = None) -> tuple[str, str]:
@@ -444,6 +528,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.dump_config:
         print(f"# memtune configuration: python -m core.train --config this.yaml\n{cfg.to_yaml()}", end="")
         return 0
+    from core import distributed
+
+    if distributed.plan(cfg).distributed and not distributed.in_worker():
+        return distributed.run_launcher(cfg, args.run_dir)  # accelerate launch: this machine's workers
     set_threads_from_env()
     stop = threading.Event()
     stop_on_signals(stop, args.run_dir)
