@@ -249,7 +249,7 @@ def run_one(v: Variant, tokenizer, datasets, nvml, cuda: bool, workdir: Path) ->
             torch.manual_seed(cfg.seed)  # LoRA A init: the same draw as the seed recipe's
             model = model_lib.prepare_for_training(model, cfg)
             if v.varlen:
-                from bench import varlen
+                from core import attention as varlen
 
                 varlen.use_varlen_attention(model.get_base_model())
         rec["allocated_after_prepare_gib"] = gib(torch.cuda.memory_allocated()) if cuda else None
@@ -266,7 +266,7 @@ def run_one(v: Variant, tokenizer, datasets, nvml, cuda: bool, workdir: Path) ->
             trainer = train_lib.build_trainer(cfg, model, tokenizer, dataset, workdir / v.name, callbacks=callbacks)
         rec["setup_s"] = round(time.perf_counter() - t0, 1)
         if v.varlen:
-            from bench import varlen
+            from core import attention as varlen
 
             varlen.VARLEN_CALLS.update(varlen=0, sdpa=0)
         trainer.train()

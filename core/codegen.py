@@ -81,12 +81,22 @@ def cli_command(cfg: TrainConfig, config_path: str | Path | None = None, base: T
                 base = TrainConfig.load(config_path)
             except ValueError:
                 base = TrainConfig()
-        return _join(head + ["--config", str(config_path)] + set_flags(cfg, base))
+        return _join(head + ["--config", str(config_path)] + set_flags(cfg, base)) + accelerate_note(cfg, config_path)
     if is_demo(cfg):
-        return _join(head + ["--demo"] + set_flags(cfg, demo_config()))
+        return _join(head + ["--demo"] + set_flags(cfg, demo_config())) + accelerate_note(cfg)
     flags = set_flags(cfg, TrainConfig())
     return (_join(head + ["--dump-config"] + flags) + " > memtune.yaml\n"
-            + _join(head + ["--config", "memtune.yaml"]))
+            + _join(head + ["--config", "memtune.yaml"]) + accelerate_note(cfg))
+
+
+def accelerate_note(cfg: TrainConfig, config_path: str | Path = "memtune.yaml") -> str:
+    """With several GPUs or machines: the `accelerate launch` line memtune runs for you, for those who keep one."""
+    from core.distributed import launch_command_text
+
+    text = launch_command_text(cfg, str(config_path))
+    if not text:
+        return ""
+    return "\n# memtune starts this for you (one process per GPU); the same by hand:\n# " + text.replace("\n", "\n# ")
 
 
 # --- the Python script ------------------------------------------------------------------------------------------

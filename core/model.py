@@ -8,7 +8,9 @@ do the heavy work.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -127,19 +129,92 @@ def load_model(cfg: TrainConfig, path: str | None = None):
 
     path = path or resolve_model_path(cfg)
     configure_cuda(cfg)
+    kwargs = dict(quantization_config=build_bnb_config(cfg), token=hf_token(),
+                  **recipe.load_kwargs(cfg, torch.cuda.current_device() if use_cuda(cfg) else None))
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path,
-            quantization_config=build_bnb_config(cfg),
-            token=hf_token(),
-            **recipe.load_kwargs(cfg, torch.cuda.current_device() if use_cuda(cfg) else None),
-        )
+        model = None
+        if cfg.offload_embeddings and use_cuda(cfg):
+            try:
+                model = _load_embedding_on_cpu(path, cfg, kwargs)
+            except Exception as exc:  # noqa: BLE001 - a model or library this path does not know: load as before
+                if "trust_remote_code" in str(exc):
+                    raise
+                print(f"[memtune] loading the embedding straight to CPU memory failed ({type(exc).__name__}: "
+                      f"{exc}); loading it on the GPU and moving it afterwards", file=sys.stderr, flush=True)
+                model = None
+                torch.cuda.empty_cache()
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
             raise ModelError(f"{cfg.model} ships its own Python code. Tick trust_remote_code only if you trust "
                              "its author, then start again.") from None
         raise
     model.config.use_cache = False  # the KV cache is useless in training and warns with checkpointing
+    return model
+
+
+def _embedding_device_map(path: str, cfg: TrainConfig, gpu: int) -> dict[str, Any] | None:
+    """A device map that puts every module on `gpu` except the input embedding (on "cpu"); None where the
+    embedding is tied to the output head or cannot be found (then nothing is offloaded)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code, token=hf_token())
+    if getattr(config, "tie_word_embeddings", False) or getattr(config.get_text_config(), "tie_word_embeddings", False):
+        return None
+    with torch.device("meta"):  # the module tree only: no memory, ~1 s for 8B
+        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
+    target = skeleton.get_input_embeddings()
+    name = next((n for n, m in skeleton.named_modules() if m is target), None)
+    if not name:
+        return None
+    # Every child along the path to the embedding gets its own entry; everything else stays whole on the GPU.
+    result: dict[str, Any] = {}
+    module, prefix = skeleton, ""
+    for part in name.split("."):
+        for child_name, _ in module.named_children():
+            full = prefix + child_name
+            if child_name != part:
+                result[full] = gpu
+        for pname, _ in module.named_parameters(recurse=False):
+            result[prefix + pname] = gpu
+        module, prefix = getattr(module, part), prefix + part + "."
+    result[name] = "cpu"
+    return result
+
+
+def _load_embedding_on_cpu(path: str, cfg: TrainConfig, kwargs: dict[str, Any]):
+    """offload_embeddings: load the input embedding straight into CPU memory, so it never takes GPU memory (loading
+    it on the GPU and moving it afterwards made loading the 8B peak: +1 GiB). None where it does not apply.
+
+    transformers loads each weight to its device in the map and accelerate then hooks the "cpu" module to copy its
+    weight to the GPU at every forward; removing the hooks puts the weight back in CPU memory, and CpuEmbedding
+    (prepare_for_training) then looks rows up there. The model is then exactly what a one-device load gives.
+    """
+    from accelerate.hooks import remove_hook_from_module, remove_hook_from_submodules
+    from transformers import AutoModelForCausalLM
+
+    gpu = torch.cuda.current_device()
+    dmap = _embedding_device_map(path, cfg, gpu)
+    if dmap is None:
+        return None
+    kwargs = dict(kwargs, device_map=dmap)
+    if kwargs.get("quantization_config") is not None:
+        # bitsandbytes refuses a "cpu" entry unless told the CPU modules stay unquantized (the embedding always is).
+        kwargs["quantization_config"].llm_int8_enable_fp32_cpu_offload = True
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    emb = model.get_input_embeddings()
+    remove_hook_from_module(emb)  # the hook's detach puts the weight back on its original device: the CPU
+    remove_hook_from_submodules(model)  # the other hooks only move inputs between devices that are now one
+    for attr in ("to", "cuda"):  # accelerate's guards against moving a model with offloaded modules
+        model.__dict__.pop(attr, None)
+    if emb.weight.device.type != "cpu":
+        raise RuntimeError(f"input embedding ended on {emb.weight.device}, expected the CPU")
+    emb.weight.requires_grad_(False)  # frozen in every memtune recipe; CpuEmbedding never trains it
+    model.set_input_embeddings(CpuEmbedding(emb, torch.device("cuda", gpu)))  # model.device names the GPU again
+    model.hf_device_map = {"": gpu}
+    if model.config.quantization_config is not None and hasattr(model.config.quantization_config, "llm_int8_enable_fp32_cpu_offload"):
+        model.config.quantization_config.llm_int8_enable_fp32_cpu_offload = False  # saved configs stay as asked
     return model
 
 
@@ -159,10 +234,17 @@ def prepare_for_training(model, cfg: TrainConfig):
             param.requires_grad_(False)
     if cfg.offload_embeddings:
         # After the upcast (if any), so the CPU copy has the dtype the chapter's recipe would compute with.
+        emb = model.get_input_embeddings()
+        if isinstance(emb, CpuEmbedding) and cfg.load_in_4bit and cfg.upcast_to_fp32:
+            emb.cpu_embedding.float()  # loaded on the CPU already (hidden from the upcast): same fp32 rows
         offload_input_embeddings(model)
     if cfg.gradient_checkpointing:
         # Checkpointed blocks need an input that requires grad, or no gradient reaches the LoRA weights.
         model.enable_input_require_grads()
+    if cfg.attention == "varlen":
+        from core.attention import use_varlen_attention
+
+        use_varlen_attention(model)  # per packed row on CUDA; elsewhere SDPA with a row mask (same results)
     # LoRA's A matrices start random: seed them, or two runs of one seeded config differ from the second step on
     # (the Trainer seeds only later, when it is built).
     set_seed(cfg.seed)

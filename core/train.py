@@ -526,7 +526,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"memtune: {exc}", file=sys.stderr)
         return 2
     if args.dump_config:
-        print(f"# memtune configuration: python -m core.train --config this.yaml\n{cfg.to_yaml()}", end="")
+        from core.codegen import accelerate_note
+
+        print(f"# memtune configuration: python -m core.train --config this.yaml{accelerate_note(cfg, 'this.yaml')}"
+              f"\n{cfg.to_yaml()}", end="")
         return 0
     from core import distributed
 

@@ -7,7 +7,7 @@ inert on the CPU (bench/RESULTS.md measures them on an H200).
 import pytest
 import torch
 
-from bench import varlen
+from core import attention as varlen
 from core import model as model_lib
 from core.config import Hardware, TrainConfig, demo_config, validate
 from core.presets import apply_preset
@@ -121,7 +121,7 @@ def test_liger_validates_on_a_cuda_gpu():  # pragma: no cover - CPU CI never run
     assert not [p for p in validate(TrainConfig(use_liger_kernel=True), hw) if p.field == "use_liger_kernel"]
 
 
-# --- varlen attention: a benchmark experiment (bench/varlen.py), not an engine lever yet ----------------------------
+# --- varlen attention (core/attention.py, TrainConfig.attention) -------------------------------------------------
 def _packed_pair(seed=1):
     g = torch.Generator().manual_seed(seed)
     a, b = torch.randint(3, 500, (1, 7), generator=g), torch.randint(3, 500, (1, 11), generator=g)

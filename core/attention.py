@@ -1,13 +1,14 @@
-"""Experiment (not in the engine yet): attention per packed row with torch.nn.attention.varlen (FlashAttention).
+"""Per-row attention for packed micro-batches (TrainConfig.attention = "varlen"): FlashAttention per packed row.
 
 With padding-free packing, transformers' SDPA path attends over the whole flattened micro-batch under a
-block-diagonal mask, so attention costs grow with the square of the micro-batch's tokens (23% of the GPU time of
-a 6-pack micro-step in bench/RESULTS.md). This attention function runs each packed row on its own instead.
+block-diagonal mask: attention costs grow with the square of the micro-batch's tokens (a third of the GPU time of
+an 8-pack micro-step, bench/RESULTS.md), every layer keeps a [T, T] bias (-1.0 GiB at 4k tokens when gone), and
+cuDNN builds a new attention plan for each new micro-batch length. This attention function runs each packed row
+on its own with torch.nn.attention.varlen (FlashAttention) instead; anything it cannot take (CPU, padded batches,
+dropout, fp32) goes to SDPA with an explicit row-and-padding mask, so results are the same everywhere.
 
-Status: measured once and it did not run. torch 2.11's varlen_attn has `window_size` but no `enable_gqa` (an API
-between 2.10's `is_causal` and 2.13's), the call raised TypeError and every layer fell back to SDPA. `_run_varlen`
-below now passes only the arguments the installed signature has and repeats key/value heads itself when there is
-no `enable_gqa`. It needs one more GPU run (`python -m bench.run --plan followup`) before it can be a lever.
+`_run_varlen` passes only the arguments the installed signature has (torch 2.10 `is_causal`; 2.11 `window_size`
+without `enable_gqa`, so it repeats key/value heads itself; 2.13 `enable_gqa` and `scale`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,357 @@
+"""Benchmark on the product path: one process per variant, `python -m core.train --config F` as a user runs it.
+
+    python -m bench.product --out DIR [--plan call1|call2|smoke] [--only NAME,...] [--budget-s SECONDS]
+
+Per call: a model folder with random bf16 weights of the architecture (bench/archs.py) is saved with
+`save_pretrained` (in a child process, so this parent never holds GPU memory) and a dolly-format jsonl with
+lognormal lengths (bench/synth.py) is written, once. Then every variant runs as its own process: the chapter's
+script (bench/chapter_script.py) or `python -m core.train --config F --preset P --set ...`. This parent samples
+NVML every 10 ms from outside (device used memory; GPU utilisation every 100 ms) and reads tokens and times from
+the run's own events.jsonl (step events: cumulative tokens, seconds since training began).
+
+Reported per variant: peak allocated (the run's summary.json), NVML peak (device used, minus nothing: the card
+is idle between runs; the idle floor is recorded), steady tokens/s over the steps after the first `warm` steps,
+and the warm-up apart: process start to the first step's end, time to training start, first-step time, median
+steady step. Raw files (events, summary, log, NVML trace) go to DIR/runs/NAME/; DIR/results.json and DIR/table.md
+sum them up; the table is printed last. `--plan smoke` runs the tiny model on the CPU (checks the code paths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Variant:
+    name: str
+    preset: str = ""  # "" = the chapter's script (bench/chapter_script.py); else core.train --preset
+    sets: list[str] = field(default_factory=list)  # --set field=value on top of the preset
+    steps: int = 20
+    warm: int = 3  # steady window = steps after this many
+    timeout_s: int = 180
+    note: str = ""
+
+    @property
+    def script(self) -> bool:
+        return not self.preset
+
+
+def plan(name: str) -> list[Variant]:
+    if name == "smoke":
+        return [Variant("chapter-script", steps=3, warm=1), Variant("chapter", "chapter", steps=3, warm=1),
+                Variant("lowest_memory", "lowest_memory", steps=3, warm=1),
+                Variant("lowest_memory-varlen", "lowest_memory", ["attention=varlen"], steps=3, warm=1),
+                Variant("fastest", "fastest", steps=3, warm=1)]
+    if name == "call1":  # baseline rows of issue 12, then one lever each (levers chosen from the earlier profiles)
+        return [
+            Variant("chapter-script", steps=5, warm=2, timeout_s=170, note="the chapter's script as written"),
+            Variant("fastest", "fastest", steps=25, timeout_s=120),
+            Variant("lowest_memory", "lowest_memory", steps=18, timeout_s=140),
+            Variant("fastest-varlen", "fastest", ["attention=varlen"], steps=25, timeout_s=120),
+            Variant("lowest_memory-varlen", "lowest_memory", ["attention=varlen"], steps=18, timeout_s=140),
+            Variant("fastest-varlen-ckpt-24packs", "fastest",
+                    ["attention=varlen", "gradient_checkpointing=true", "per_device_train_batch_size=24"],
+                    steps=15, timeout_s=140),
+            Variant("lowest_memory-varlen-liger-4packs", "lowest_memory",
+                    ["attention=varlen", "use_liger_kernel=true", "per_device_train_batch_size=4",
+                     "gradient_accumulation_steps=2"], steps=15, timeout_s=140),
+            Variant("chapter", "chapter", steps=4, warm=1, timeout_s=150, note="engine, chapter preset"),
+        ]
+    if name == "call2":  # the new presets side by side with the chapter's script; levers alone
+        return [
+            Variant("chapter-script", steps=5, warm=2, timeout_s=170, note="the chapter's script as written"),
+            Variant("fastest", "fastest", steps=25, timeout_s=120),
+            Variant("lowest_memory", "lowest_memory", steps=20, timeout_s=140),
+        ]
+    raise SystemExit(f"unknown plan {name}")
+
+
+# --- model folder and data (built once per call) ------------------------------------------------------------------
+def build_model_folder(arch: str, folder: Path) -> None:
+    """Random bf16 weights of `arch` (on the GPU when there is one: seconds for 8B), saved like a Hub download."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from bench.archs import hf_config
+    from bench.synth import make_tokenizer
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(1234)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(hf_config(arch), dtype=torch.bfloat16)
+    model.save_pretrained(folder, max_shard_size="5GB")
+    make_tokenizer().save_pretrained(folder)
+
+
+def write_dolly(path: Path, n: int, seed: int = 0) -> dict:
+    """Dolly-format rows (instruction, context, response) whose token counts follow synth.dolly_lengths."""
+    from bench.synth import dolly_lengths, texts_of
+
+    lengths = dolly_lengths(n, seed)
+    words = texts_of(lengths, seed)
+    with path.open("w", encoding="utf-8") as f:
+        for i, text in enumerate(words):
+            w = text.split()
+            cut = max(1, len(w) // 4)  # a quarter of the row is the instruction, the rest the answer
+            context = " ".join(w[cut:2 * cut]) if i % 3 == 0 else ""  # a third of dolly rows have context
+            rest = w[2 * cut:] if context else w[cut:]
+            f.write(json.dumps({"instruction": " ".join(w[:cut]), "context": context,
+                                "response": " ".join(rest) or "w1", "category": "open_qa"}) + "\n")
+    return {"rows": n, "median_tokens": float(statistics.median(lengths)), "mean_tokens": float(lengths.mean())}
+
+
+# --- NVML sampler (outside the measured process) -------------------------------------------------------------------
+class Sampler:
+    def __init__(self, interval: float = 0.01):
+        self.interval = interval
+        self.samples: list[tuple[float, int, int]] = []  # (time, used bytes, gpu util %)
+        self.nv = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            if pynvml.nvmlDeviceGetCount() > 0:
+                self.nv, self.handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:  # noqa: BLE001 - no GPU (smoke run): no samples
+            self.nv = None
+        self._stop = threading.Event()
+        self._thread = None
+
+    def used(self) -> int | None:
+        return self.nv.nvmlDeviceGetMemoryInfo(self.handle).used if self.nv else None
+
+    def start(self) -> "Sampler":
+        self.samples = []
+        self._stop.clear()
+        if self.nv:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        util, n = 0, 0
+        while not self._stop.is_set():
+            if n % 10 == 0:
+                try:
+                    util = self.nv.nvmlDeviceGetUtilizationRates(self.handle).gpu
+                except Exception:  # noqa: BLE001
+                    util = -1
+            self.samples.append((time.time(), self.nv.nvmlDeviceGetMemoryInfo(self.handle).used, util))
+            n += 1
+            time.sleep(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+
+
+# --- one variant ----------------------------------------------------------------------------------------------------
+def command(v: Variant, model_dir: Path, data: Path, run_dir: Path, smoke: bool) -> list[str]:
+    if v.script:
+        return [sys.executable, "-m", "bench.chapter_script", "--model", str(model_dir), "--data", str(data),
+                "--out", str(run_dir), "--max-steps", str(v.steps)]
+    from core.config import TrainConfig
+
+    cfg = TrainConfig(model=str(model_dir), dataset=str(data), dataset_split="train", max_length=512,
+                      max_steps=v.steps, save_strategy="no", output_dir=str(run_dir.parent), run_name=run_dir.name)
+    if smoke:
+        cfg = cfg.replace(device="cpu")
+    cfg_path = run_dir.parent / f"{run_dir.name}.yaml"
+    cfg.save(cfg_path)
+    cmd = [sys.executable, "-m", "core.train", "--config", str(cfg_path), "--preset", v.preset]
+    for s in v.sets:
+        cmd += ["--set", s]
+    return cmd
+
+
+def read_events(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
+def speeds(steps: list[dict], warm: int, started: float) -> dict:
+    """Steady tokens/s (steps after `warm`) and the warm-up, from step events (cumulative tokens, elapsed_s)."""
+    if not steps:
+        return {}
+    el = [s["elapsed_s"] for s in steps]
+    tok = [s["tokens"] for s in steps]
+    dur = [el[0]] + [b - a for a, b in zip(el, el[1:])]
+    res = {"steps_done": len(steps), "first_step_s": round(dur[0], 3),
+           "to_first_step_s": round(steps[0]["time"] - started, 2),
+           "to_train_start_s": round(steps[0]["time"] - el[0] - started, 2),
+           "tokens_per_step": round(tok[-1] / len(steps), 1), "step_s": [round(d, 3) for d in dur]}
+    k = min(warm, len(steps) - 1)
+    if len(steps) - k >= 1 and el[-1] > el[k - 1 if k else 0]:
+        base_t, base_n = (el[k - 1], tok[k - 1]) if k else (0.0, 0)
+        res["steady_tokens_per_s"] = round((tok[-1] - base_n) / (el[-1] - base_t), 1)
+        res["steady_window"] = f"steps {k + 1}-{len(steps)}"
+        res["steady_step_s_median"] = round(statistics.median(dur[k:]), 3)
+        res["first_over_steady"] = round(dur[0] / res["steady_step_s_median"], 2)
+    res["overall_tokens_per_s"] = round(tok[-1] / el[-1], 1) if el[-1] else None
+    return res
+
+
+def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: Sampler, smoke: bool) -> dict:
+    run_dir = root / "runs" / v.name
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    cmd = command(v, model_dir, data, run_dir, smoke)
+    floor = sampler.used()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    log = (root / "runs" / f"{v.name}.log").open("w", encoding="utf-8")
+    log.write(" ".join(cmd) + "\n")
+    log.flush()
+    sampler.start()
+    started = time.time()
+    proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        rc = proc.wait(timeout=v.timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = proc.wait()
+        rc = f"timeout after {v.timeout_s} s (killed)"
+    wall = time.time() - started
+    sampler.stop()
+    log.close()
+    events = read_events(run_dir / "events.jsonl")
+    steps = [e for e in events if e.get("kind") == "step"]
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    row = {"name": v.name, "variant": asdict(v), "command": " ".join(cmd[1:]), "rc": rc, "wall_s": round(wall, 1),
+           "peak_allocated_gib": summary.get("peak_allocated_gib"), "peak_reserved_gib": summary.get("peak_reserved_gib"),
+           "status": summary.get("status"), "final_loss": summary.get("final_loss"),
+           "nvml_floor_gib": round(floor / 2**30, 3) if floor is not None else None}
+    samples = sampler.samples
+    if samples:
+        row["nvml_peak_gib"] = round(max(s[1] for s in samples) / 2**30, 3)
+        row["nvml_samples"] = len(samples)
+        if steps:  # where in the run the NVML peak fell, and how busy the GPU was in the steady window
+            t_peak = max(samples, key=lambda s: s[1])[0]
+            t_train = steps[0]["time"] - steps[0]["elapsed_s"]
+            row["nvml_peak_phase"] = "loading" if t_peak < t_train else "training"
+            row["nvml_peak_loading_gib"] = round(max([s[1] for s in samples if s[0] < t_train] or [0]) / 2**30, 3)
+            row["nvml_peak_training_gib"] = round(max([s[1] for s in samples if s[0] >= t_train] or [0]) / 2**30, 3)
+            k = min(v.warm, len(steps) - 1)
+            t0 = steps[k - 1]["time"] if k else t_train
+            utils = [s[2] for s in samples if t0 <= s[0] <= steps[-1]["time"] and s[2] >= 0]
+            row["gpu_util_steady_pct"] = round(sum(utils) / len(utils), 1) if utils else None
+        with (root / "runs" / f"{v.name}.nvml.csv").open("w") as f:
+            f.write("t_s,used_mib,util_pct\n")
+            for t, used, util in samples[::5]:  # every 50 ms: the file stays small; the peak above uses all
+                f.write(f"{t - started:.3f},{used / 2**20:.0f},{util}\n")
+    row.update(speeds(steps, v.warm, started))
+    return row
+
+
+# --- the call ---------------------------------------------------------------------------------------------------------
+def versions() -> dict:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for name in ("torch", "transformers", "peft", "trl", "bitsandbytes", "accelerate", "datasets", "liger-kernel"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def fmt(x, nd=2, unit=""):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:,.{nd}f}{unit}" if isinstance(x, (int, float)) else str(x)
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| run | peak allocated | NVML peak (phase) | steady tokens/s (window) | median step | to first step | "
+            "first step | first/steady | GPU busy | rc |\n|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {fmt(r.get('peak_allocated_gib'), 2, ' GiB')} | "
+            f"{fmt(r.get('nvml_peak_gib'), 2, ' GiB')} ({r.get('nvml_peak_phase', '-')}) | "
+            f"{fmt(r.get('steady_tokens_per_s'), 0)} ({r.get('steady_window', '-')}) | "
+            f"{fmt(r.get('steady_step_s_median'), 2, ' s')} | {fmt(r.get('to_first_step_s'), 1, ' s')} | "
+            f"{fmt(r.get('first_step_s'), 2, ' s')} | {fmt(r.get('first_over_steady'), 1, 'x')} | "
+            f"{fmt(r.get('gpu_util_steady_pct'), 0, '%')} | {r.get('rc')} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.product")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--plan", default="call1")
+    ap.add_argument("--arch", default=None, help="default: llama-3.1-8b (tiny-llama for --plan smoke)")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--rows", type=int, default=3000)
+    ap.add_argument("--budget-s", type=float, default=540.0, help="skip variants that would end past this")
+    ap.add_argument("--build-only", metavar="DIR", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    smoke = args.plan == "smoke"
+    arch = args.arch or ("tiny-llama" if smoke else "llama-3.1-8b")
+    if args.build_only:  # child process: build the model folder
+        build_model_folder(arch, Path(args.build_only))
+        return 0
+    t0 = time.time()
+    root = Path(args.out)
+    (root / "runs").mkdir(parents=True, exist_ok=True)
+    work = Path(os.environ.get("BENCH_WORK", "/tmp/memtune-bench"))
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir, data = work / f"model-{arch}", work / "dolly.jsonl"
+    info = {"date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "arch": arch, "plan": args.plan,
+            "versions": versions(), "data": write_dolly(data, args.rows)}
+    if not (model_dir / "config.json").is_file():
+        b = time.time()
+        subprocess.run([sys.executable, "-m", "bench.product", "--out", str(root), "--arch", arch,
+                        "--build-only", str(model_dir)], cwd=str(ROOT), check=True)
+        info["model_build_s"] = round(time.time() - b, 1)
+    info["model_bytes"] = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
+    sampler = Sampler()
+    if sampler.nv:
+        info["gpu"] = sampler.nv.nvmlDeviceGetName(sampler.handle)
+        info["driver"] = sampler.nv.nvmlSystemGetDriverVersion()
+    print(json.dumps(info), flush=True)
+    only = {s for s in args.only.split(",") if s}
+    rows = []
+    for v in plan(args.plan):
+        if only and v.name not in only:
+            continue
+        left = args.budget_s - (time.time() - t0)
+        if left < min(v.timeout_s, 60):
+            rows.append({"name": v.name, "rc": f"skipped: {left:.0f} s left of the budget"})
+            continue
+        v.timeout_s = int(min(v.timeout_s, left))
+        row = run_variant(v, model_dir, data, root, sampler, smoke)
+        rows.append(row)
+        print(json.dumps({k: row.get(k) for k in ("name", "rc", "wall_s", "peak_allocated_gib", "nvml_peak_gib",
+                                                  "steady_tokens_per_s", "to_first_step_s", "first_step_s",
+                                                  "steady_step_s_median", "gpu_util_steady_pct")}), flush=True)
+        (root / "results.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1), encoding="utf-8")
+    (root / "results.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1), encoding="utf-8")
+    (root / "table.md").write_text(table(rows) + "\n", encoding="utf-8")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
