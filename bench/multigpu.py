@@ -1,0 +1,139 @@
+"""Data-parallel on the product path: one GPU vs two, same per-GPU micro-batch, each variant one process tree.
+
+    python -m bench.multigpu --out OUT [--steps 20] [--smoke]
+
+Each variant is `python -m core.train --config F --preset P --set num_gpus=N ...` (memtune launches the workers
+through accelerate itself); NVML is sampled every 10 ms for every GPU from this process; tokens/s come from the
+run's own step events (the Trainer counts tokens over all processes). The 2-GPU run keeps the per-GPU micro-batch
+and halves the accumulation, so the effective batch, and so the loss curve, is the 1-GPU run's.
+--smoke runs the same on the CPU with the tiny demo model and 2 CPU processes (gloo), to check the script here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bench.product import ROOT, build_model_folder, read_events, speeds, versions, write_dolly
+
+
+class AllGpus:
+    """Peak NVML 'used' per GPU while started (a thread; nothing inside the measured processes)."""
+
+    def __init__(self, interval: float = 0.01):
+        self.interval, self.peaks, self._stop = interval, [], threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nv = pynvml
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except Exception:  # noqa: BLE001 - no NVML (the CPU smoke run)
+            self.nv, self.handles = None, []
+
+    def used(self) -> list[int]:
+        return [self.nv.nvmlDeviceGetMemoryInfo(h).used for h in self.handles] if self.nv else []
+
+    def __enter__(self):
+        self.peaks = self.used()
+        self._stop.clear()
+
+        def loop():
+            while not self._stop.wait(self.interval):
+                self.peaks = [max(a, b) for a, b in zip(self.peaks, self.used())]
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+VARIANTS = [  # (name, preset, processes, extra --set); accumulation halves with two processes
+    ("lowest_memory-1gpu", "lowest_memory", 1),
+    ("lowest_memory-2gpu", "lowest_memory", 2),
+    ("fastest-1gpu", "fastest", 1),
+    ("fastest-2gpu", "fastest", 2),
+]
+
+
+def run(name: str, preset: str, n: int, model: Path, data: Path, root: Path, steps: int, smoke: bool) -> dict:
+    from core.config import TrainConfig
+    from core.presets import apply_preset
+
+    base = apply_preset(TrainConfig(model=str(model), dataset=str(data), dataset_split="train", max_length=512,
+                                    save_strategy="no", logging_steps=1, output_dir=str(root / "runs"), run_name=name),
+                        preset, None)
+    accumulation = max(1, base.gradient_accumulation_steps // n)
+    sets = [f"num_gpus={n}", f"gradient_accumulation_steps={accumulation}", f"max_steps={steps}",
+            "distributed_strategy=ddp", f"main_process_port={29500 + len(name)}"]
+    if smoke:
+        sets += ["device=cpu", "use_liger_kernel=false", "attention=sdpa", "offload_embeddings=false",
+                 "expandable_segments=false"]
+    cfg_path = root / f"{name}.yaml"
+    base.save(cfg_path)
+    cmd = [sys.executable, "-m", "core.train", "--config", str(cfg_path)] + [a for s in sets for a in ("--set", s)]
+    log = (root / f"{name}.log").open("w")
+    started = time.time()
+    with AllGpus() as gpus:
+        code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                              env=dict(os.environ, PYTHONUNBUFFERED="1")).returncode
+    run_dir = root / "runs" / name
+    events = read_events(run_dir / "events.jsonl")
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    steps_ev = [e for e in events if e.get("kind") == "step"]
+    row = {"name": name, "rc": code, "processes": n, "accumulation": accumulation,
+           "micro_batch": base.per_device_train_batch_size, "wall_s": round(time.time() - started, 1),
+           "nvml_peak_gib": [round(b / 2**30, 3) for b in gpus.peaks],
+           "per_process_peak_allocated_gib": summary.get("per_process_peak_gib"),
+           "losses": [e["loss"] for e in events if e.get("kind") == "metrics"], "status": summary.get("status"),
+           "world_size": summary.get("world_size")}
+    row.update({k: v for k, v in speeds(steps_ev, 3, started).items() if k != "step_s"})
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.multigpu")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--only", default="")
+    args = ap.parse_args(argv)
+    root = Path(args.out)
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(os.environ.get("BENCH_WORK", "/tmp/memtune-bench"))
+    work.mkdir(parents=True, exist_ok=True)
+    arch = "tiny-llama" if args.smoke else "llama-3.1-8b"
+    model, data = work / f"model-{arch}", work / "dolly.jsonl"
+    info = {"date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "arch": arch, "versions": versions(),
+            "data": write_dolly(data, 3000)}
+    if not (model / "config.json").is_file():
+        build_model_folder(arch, model)
+    rows = []
+    for name, preset, n in VARIANTS:
+        if args.only and name not in args.only.split(","):
+            continue
+        rows.append(run(name, preset, n, model, data, root, args.steps, args.smoke))
+        print(json.dumps({k: rows[-1].get(k) for k in ("name", "rc", "nvml_peak_gib", "steady_tokens_per_s",
+                                                          "to_first_step_s", "losses")}), flush=True)
+        (root / "multigpu.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1))
+    for preset in ("lowest_memory", "fastest"):
+        one = next((r for r in rows if r["name"] == f"{preset}-1gpu"), None)
+        two = next((r for r in rows if r["name"] == f"{preset}-2gpu"), None)
+        if one and two and one.get("steady_tokens_per_s") and two.get("steady_tokens_per_s"):
+            k = min(len(one["losses"]), len(two["losses"]), 5)
+            print(f"{preset}: 2 GPUs / 1 GPU = {two['steady_tokens_per_s'] / one['steady_tokens_per_s']:.2f}x; "
+                  f"first {k} losses 1 GPU {one['losses'][:k]} vs 2 GPUs {two['losses'][:k]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
