@@ -78,12 +78,13 @@ def main(argv=None) -> int:
     if args.smoke:
         cfg = demo_config(device="cpu", output_dir=str(runs))
     else:
-        from bench.product import build_model_folder, write_dolly
+        from bench.product import write_dolly
 
         model, data = work / "model-llama-3.1-8b", work / "dolly.jsonl"
         write_dolly(data, 3000)
-        if not (model / "config.json").is_file():
-            build_model_folder("llama-3.1-8b", model)
+        if not (model / "config.json").is_file():  # in another process: this one must hold no GPU memory
+            subprocess.run([sys.executable, "-m", "bench.product", "--out", str(out), "--arch", "llama-3.1-8b",
+                            "--build-only", str(model)], cwd=ROOT, check=True)
         cfg = apply_preset(TrainConfig(model=str(model), dataset=str(data), dataset_split="train",
                                        save_strategy="no", logging_steps=1, output_dir=str(runs)), "lowest_memory", None)
     port = free_port()

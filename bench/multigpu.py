@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.product import ROOT, build_model_folder, read_events, speeds, versions, write_dolly
+from bench.product import ROOT, read_events, speeds, versions, write_dolly
 
 
 class AllGpus:
@@ -83,6 +83,7 @@ def run(name: str, preset: str, n: int, model: Path, data: Path, root: Path, ste
     cmd = [sys.executable, "-m", "core.train", "--config", str(cfg_path)] + [a for s in sets for a in ("--set", s)]
     log = (root / f"{name}.log").open("w")
     started = time.time()
+    floor = AllGpus().used()  # what is in use before the run (CUDA contexts of nobody else: should be ~0)
     with AllGpus() as gpus:
         code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                               env=dict(os.environ, PYTHONUNBUFFERED="1")).returncode
@@ -93,6 +94,7 @@ def run(name: str, preset: str, n: int, model: Path, data: Path, root: Path, ste
     row = {"name": name, "rc": code, "processes": n, "accumulation": accumulation,
            "micro_batch": base.per_device_train_batch_size, "wall_s": round(time.time() - started, 1),
            "nvml_peak_gib": [round(b / 2**30, 3) for b in gpus.peaks],
+           "nvml_floor_gib": [round(b / 2**30, 3) for b in floor],
            "per_process_peak_allocated_gib": summary.get("per_process_peak_gib"),
            "losses": [e["loss"] for e in events if e.get("kind") == "metrics"], "status": summary.get("status"),
            "world_size": summary.get("world_size")}
@@ -115,8 +117,9 @@ def main(argv=None) -> int:
     model, data = work / f"model-{arch}", work / "dolly.jsonl"
     info = {"date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "arch": arch, "versions": versions(),
             "data": write_dolly(data, 3000)}
-    if not (model / "config.json").is_file():
-        build_model_folder(arch, model)
+    if not (model / "config.json").is_file():  # in another process: this one must hold no GPU memory
+        subprocess.run([sys.executable, "-m", "bench.product", "--out", str(root), "--arch", arch,
+                        "--build-only", str(model)], cwd=ROOT, check=True)
     rows = []
     for name, preset, n in VARIANTS:
         if args.only and name not in args.only.split(","):

@@ -59,6 +59,35 @@ def visible_gpus() -> int:
         return 0
 
 
+def nvml_gpu_count() -> int:
+    """Visible GPUs without initialising CUDA (NVML, honouring CUDA_VISIBLE_DEVICES' count); 0 without NVML."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetCount()
+    except Exception:  # noqa: BLE001 - no driver: no GPU
+        return 0
+
+
+def pin_one_gpu(cfg) -> str | None:
+    """A one-process run on a machine with several GPUs uses one of them: call before CUDA is initialised.
+
+    Otherwise the Trainer wraps the model in nn.DataParallel over every visible GPU, which SFTTrainer refuses (and
+    which would be slower than one GPU for QLoRA). Returns the device it pinned, or None when nothing was needed.
+    """
+    single = str(cfg.num_gpus).strip() == "1" and cfg.num_machines <= 1
+    if not single or in_worker() or cfg.device == "cpu" or "CUDA_VISIBLE_DEVICES" in os.environ:
+        return None
+    if nvml_gpu_count() <= 1:
+        return None
+    os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+    return "0"
+
+
 def runs_on_cpu(cfg, n_gpus: int) -> bool:
     return cfg.device == "cpu" or (cfg.device == "auto" and n_gpus == 0)
 

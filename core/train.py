@@ -533,6 +533,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from core import distributed
 
+    if distributed.pin_one_gpu(cfg):  # one process, several GPUs visible: use GPU 0, not nn.DataParallel
+        print("[memtune] several GPUs are visible and num_gpus is 1: training on GPU 0 "
+              "(set num_gpus to use more)", file=sys.stderr, flush=True)
     if distributed.plan(cfg).distributed and not distributed.in_worker():
         return distributed.run_launcher(cfg, args.run_dir)  # accelerate launch: this machine's workers
     set_threads_from_env()
