@@ -21,35 +21,16 @@ from __future__ import annotations
 import errno
 import json
 import os
-import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 EventSink = Callable[[dict[str, Any]], None]
 
 
 def make_event(kind: str, **data: Any) -> dict[str, Any]:
     return {"kind": kind, "time": round(time.time(), 3), **data}
-
-
-class QueueSink:
-    """Unbounded queue: `put` never blocks, so a slow or absent reader cannot stall training."""
-
-    def __init__(self) -> None:
-        self.queue: "queue.Queue[dict[str, Any]]" = queue.Queue()
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        self.queue.put(event)
-
-    def drain(self) -> list[dict[str, Any]]:
-        out = []
-        while True:
-            try:
-                out.append(self.queue.get_nowait())
-            except queue.Empty:
-                return out
 
 
 class JsonlSink:
@@ -133,11 +114,3 @@ class EventTail:
                 continue  # a damaged line (e.g. a crash mid-write before a later append): skip it, keep reading
         self.offset += end
         return out
-
-
-def last_of(events: Iterable[dict[str, Any]], kind: str) -> dict[str, Any] | None:
-    found = None
-    for e in events:
-        if e.get("kind") == kind:
-            found = e
-    return found

@@ -83,10 +83,6 @@ def names() -> list[str]:
     return list(PRESETS)
 
 
-def describe(name: str) -> str:
-    return PRESETS[name]["description"]
-
-
 def overrides(name: str) -> dict[str, Any]:
     if name not in PRESETS:
         raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")

@@ -65,7 +65,10 @@ def _bytes(n: int | None, lang: str = "en") -> str:
 
 # --- VRAM gauge -------------------------------------------------------------------------------------------------
 def band(fraction: float) -> str:
-    return "ok" if fraction < 0.70 else ("warn" if fraction < 0.90 else "high")
+    """The gauge's CSS band: core.vram's thresholds (one definition), named as the page's style sheet names them."""
+    from core import vram
+
+    return {"green": "ok", "amber": "warn"}.get(vram.band(fraction), "high")
 
 
 def _pct(x: float) -> float:
