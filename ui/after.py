@@ -295,19 +295,29 @@ def _form_refusal(text: str, kind: str = "warn"):
     return skip_form() + [warn(text, "history-note", kind), gr.skip()]
 
 
-def on_history_load(lang: str, run_dir: str | None):
-    """The run's settings into the form (then the Train tab is shown): form outputs + notice + tab switch."""
-    from core.history import HistoryError, load_run
-    from ui.blocks import apply_config
+def _picked(lang: str, run_dir: str | None, read):
+    """What History's form buttons check first: a run is picked, allowed here (public mode), and `read` takes it.
+    Returns (what read returned, None) or (None, the refusal to return)."""
+    from core.history import HistoryError
 
     if not run_dir:
-        return _form_refusal(t("history.pick", lang))
+        return None, _form_refusal(t("history.pick", lang))
     if (refusal := _public_refusal((run_dir, "the run"))):
-        return _form_refusal(refusal, "error")
+        return None, _form_refusal(refusal, "error")
     try:
-        detail = load_run(run_dir)
+        return read(run_dir), None
     except HistoryError as exc:
-        return _form_refusal(str(exc), "error")
+        return None, _form_refusal(str(exc), "error")
+
+
+def on_history_load(lang: str, run_dir: str | None):
+    """The run's settings into the form (then the Train tab is shown): form outputs + notice + tab switch."""
+    from core.history import load_run
+    from ui.blocks import apply_config
+
+    detail, refusal = _picked(lang, run_dir, load_run)
+    if refusal:
+        return refusal
     if detail.config is None:
         return _form_refusal(t("history.unreadable", lang, name=detail.info.name), "error")
     from core.public import without_remote_code
@@ -322,17 +332,12 @@ def on_history_load(lang: str, run_dir: str | None):
 
 def on_history_resume(lang: str, run_dir: str | None):
     """Resume from the newest complete checkpoint: a job through core.jobs; the form shows what trains."""
-    from core.history import HistoryError, resume_config
+    from core.history import resume_config
     from ui.blocks import apply_config, free_try_model
 
-    if not run_dir:
-        return _form_refusal(t("history.pick", lang))
-    if (refusal := _public_refusal((run_dir, "the run"))):
-        return _form_refusal(refusal, "error")
-    try:
-        cfg = resume_config(run_dir)
-    except HistoryError as exc:
-        return _form_refusal(str(exc), "error")
+    cfg, refusal = _picked(lang, run_dir, resume_config)
+    if refusal:
+        return refusal
     if cfg.trust_remote_code:  # never run a model's code without the user's own tick: the form asks, Start resumes
         from core.public import without_remote_code
 
