@@ -63,15 +63,38 @@ def build_sft_config(cfg: TrainConfig, output_dir: str | Path, console: bool = F
 
 def build_trainer(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir: str | Path,
                   callbacks=(), console: bool = False):
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import SFTTrainer
 
-    return SFTTrainer(
+    trainer = SFTTrainer(
         model=model,
         args=build_sft_config(cfg, output_dir, console=console),
         train_dataset=train_dataset,
         processing_class=tokenizer,  # was `tokenizer=` in the chapter
         callbacks=list(callbacks),
     )
+    # memtune's own "step N/M  loss ..." lines carry the metrics: the Trainer printing every log dict again (as a
+    # dict after each bar update, or PrinterCallback's lines in a log file) only buries them.
+    trainer.remove_callback(PrinterCallback)
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(BarOnly())
+    return trainer
+
+
+def _bar_only():
+    from transformers.trainer_callback import ProgressCallback
+
+    class BarOnly(ProgressCallback):
+        """The Trainer's progress bar on a terminal, without its copy of every log dict."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            return None
+
+    return BarOnly
+
+
+def BarOnly():  # noqa: N802 - built lazily: transformers is imported only when a trainer is built
+    return _bar_only()()
 
 
 # --- run folder: core.runs (markers, checkpoints, atomic writes); names kept here for existing callers ---------
@@ -462,6 +485,21 @@ def console_sink(event: dict[str, Any]) -> None:
         print(f"[memtune] {event['message']}", file=sys.stderr, flush=True)
 
 
+def quiet_libraries(console: bool) -> None:
+    """A clean command line: memtune's own progress lines, not the libraries' noise.
+
+    peft itself reads `is_gradient_checkpointing` (deprecated in transformers 5) on every run, so that FutureWarning
+    says nothing about the user's settings; datasets' per-map progress bars are kilobytes of \r in a log file.
+    """
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    if not console:
+        import datasets
+
+        datasets.disable_progress_bars()
+
+
 def set_threads_from_env() -> None:
     """MEMTUNE_NUM_THREADS (the app sets it to cores - 1 for its child, leaving a core to the page); else all cores."""
     value = os.environ.get("MEMTUNE_NUM_THREADS", "").strip()
@@ -539,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     if distributed.plan(cfg).distributed and not distributed.in_worker():
         return distributed.run_launcher(cfg, args.run_dir)  # accelerate launch: this machine's workers
     set_threads_from_env()
+    quiet_libraries(console=sys.stderr.isatty())
     stop = threading.Event()
     stop_on_signals(stop, args.run_dir)
     stop_when_orphaned(stop)
