@@ -494,10 +494,16 @@ def quiet_libraries(console: bool) -> None:
     import warnings
 
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    import logging
+
+    # bitsandbytes on a CPU without its optional `kernels` package says so on every load; it falls back by itself.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     if not console:
         import datasets
+        from transformers.utils import logging as hf_logging
 
         datasets.disable_progress_bars()
+        hf_logging.disable_progress_bar()
 
 
 def set_threads_from_env() -> None:
