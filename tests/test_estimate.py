@@ -214,14 +214,16 @@ def test_packing_means_batch_packs_of_max_length_tokens():
 
 
 def test_sdpa_over_a_packed_batch_keeps_a_square_mask_per_layer_that_varlen_does_not():
-    sdpa, varlen = estimate(FAST, L8B), estimate(FAST, L8B, attention="varlen")
+    sdpa_cfg = FAST.replace(attention="sdpa")  # the fastest preset itself now uses varlen
+    assert estimate(FAST, L8B).activations == estimate(sdpa_cfg, L8B, attention="varlen").activations
+    sdpa, varlen = estimate(sdpa_cfg, L8B), estimate(sdpa_cfg, L8B, attention="varlen")
     t = sdpa.tokens
     # the bool [T, T] mask + the bf16 bias every layer keeps: 1.0 GiB at 4,096 tokens on 32 layers
     assert sdpa.activations - varlen.activations == t * t + 2 * t * t * L8B.num_hidden_layers
     # measured (run 3): 20.83 GiB allocated with SDPA, 19.83 with varlen; the estimate: within 0.15 GiB of both
     assert close(sdpa.peak_allocated_gib, 20.83, 0.01) and close(varlen.peak_allocated_gib, 19.83, 0.01)
     # with checkpointing only the recomputed layer holds the bias
-    ckpt = FAST.replace(gradient_checkpointing=True)
+    ckpt = sdpa_cfg.replace(gradient_checkpointing=True)
     assert estimate(ckpt, L8B).activations - estimate(ckpt, L8B, attention="varlen").activations == 3 * t * t
     with pytest.raises(ValueError, match="attention"):
         estimate(FAST, L8B, attention="flash")
