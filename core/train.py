@@ -234,6 +234,47 @@ def oom_message(cfg: TrainConfig) -> str:
             f"memory has been released. These would help at your settings:\n{advice}")
 
 
+# --- the recipe's steps, shared by rank 0 (run_training) and the other ranks (run_other_rank) --------------------
+def plan_data(cfg: TrainConfig, emit: EventSink):
+    """Read and check the data, find the model and its tokenizer, plan every row: (plan, tokenizer, model path).
+
+    The data comes first: a broken file is reported as such before any model is looked up or downloaded.
+    The caller refuses a plan with nothing to train (plan.refusal()) before loading the model, keeping the plan for
+    the failed run's summary."""
+    from core import data, model as model_lib
+
+    with phase(emit, "tokenizing", f"Reading {cfg.dataset} [{cfg.dataset_split}]"):
+        raw, fmt = data.check_data(cfg)
+    with phase(emit, "resolving", f"Finding {cfg.model}"):
+        path = model_lib.resolve_model_path(cfg, emit)
+        tokenizer = model_lib.load_tokenizer(cfg, path)
+    with phase(emit, "tokenizing", f"Formatting and tokenizing {len(raw)} rows ({fmt})"):
+        plan = data.plan_rows(cfg, tokenizer, raw, fmt, n_examples=0)
+    emit(make_event("data", message=plan.describe(), **plan.to_dict()))
+    for line in [plan.describe(), *plan.notes]:
+        emit(make_event("log", level="info", message=line))
+    return plan, tokenizer, path
+
+
+def build_run(cfg: TrainConfig, emit: EventSink, plan, tokenizer, path: str, stop: threading.Event, cuda: bool,
+              stop_file: Path | None, output_dir: Path, callbacks=(), console: bool = False):
+    """Load and prepare the model, then the trainer over exactly the plan's rows: (trainer, callback, trainable)."""
+    from core import distributed, model as model_lib
+
+    what = "Loading and quantizing to 4-bit" if cfg.load_in_4bit else "Loading"
+    with phase(emit, "loading_model", f"{what} {cfg.model}"):
+        model = model_lib.prepare_for_training(model_lib.load_model(cfg, path), cfg)
+    trainable, total = model_lib.trainable_parameters(model)
+    emit(make_event("log", level="info", message=f"LoRA: {trainable:,} trainable parameters of {total:,}"))
+    callback = make_callback(emit, stop, cuda, stop_file)
+    with phase(emit, "tokenizing", "Tokenizing"):
+        # plan.train_dataset(): exactly the plan's training rows, already tokenized and cut
+        trainer = build_trainer(cfg, model, tokenizer, plan.train_dataset(), output_dir,
+                                callbacks=[callback, *callbacks], console=console)
+        distributed.fsdp_wrap_policy(trainer)  # FSDP-QLoRA: LoRA layers wrapped on their own (no-op otherwise)
+    return trainer, callback, trainable
+
+
 # --- the recipe -----------------------------------------------------------------------------------------------
 def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threading.Event | None = None,
                  callbacks=(), console: bool = False, run_dir: str | Path | None = None) -> RunResult:
@@ -279,41 +320,19 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         torch.cuda.reset_peak_memory_stats()
     stop_file = run_dir / STOP_FILE
     watching = watch_stop(emit, stop, stop_file)
-    model = trainer = plan = None
+    trainer = plan = None
     started = time.monotonic()
     from core import vram
 
     nvml = vram.PeakTracker().start() if cuda else None  # from before loading: the load can be the peak
     try:
-        from core import data, model as model_lib
+        from core.data import DataError
 
-        # The data first: a broken file is reported as such before any model is looked up or downloaded.
-        with phase(emit, "tokenizing", f"Reading {cfg.dataset} [{cfg.dataset_split}]"):
-            raw, fmt = data.check_data(cfg)
-        with phase(emit, "resolving", f"Finding {cfg.model}"):
-            path = model_lib.resolve_model_path(cfg, emit)
-            tokenizer = model_lib.load_tokenizer(cfg, path)
-        with phase(emit, "tokenizing", f"Formatting and tokenizing {len(raw)} rows ({fmt})"):
-            plan = data.plan_rows(cfg, tokenizer, raw, fmt, n_examples=0)
-        emit(make_event("data", message=plan.describe(), **plan.to_dict()))
-        for line in [plan.describe(), *plan.notes]:
-            emit(make_event("log", level="info", message=line))
+        plan, tokenizer, path = plan_data(cfg, emit)
         if plan.refusal():
-            raise data.DataError(plan.refusal())
-        train_dataset = plan.train_dataset()  # exactly the plan's training rows, already tokenized and cut
-
-        what = "Loading and quantizing to 4-bit" if cfg.load_in_4bit else "Loading"
-        with phase(emit, "loading_model", f"{what} {cfg.model}"):
-            model = model_lib.load_model(cfg, path)
-            model = model_lib.prepare_for_training(model, cfg)
-        trainable, total = model_lib.trainable_parameters(model)
-        emit(make_event("log", level="info", message=f"LoRA: {trainable:,} trainable parameters of {total:,}"))
-
-        callback = make_callback(emit, stop, cuda, stop_file)
-        with phase(emit, "tokenizing", "Tokenizing"):
-            trainer = build_trainer(cfg, model, tokenizer, train_dataset, run_dir / "checkpoints",
-                                    callbacks=[callback, *callbacks], console=console)
-            distributed.fsdp_wrap_policy(trainer)  # FSDP-QLoRA: LoRA layers wrapped on their own (no-op otherwise)
+            raise DataError(plan.refusal())
+        trainer, callback, trainable = build_run(cfg, emit, plan, tokenizer, path, stop, cuda, stop_file,
+                                                 run_dir / "checkpoints", callbacks, console)
         output = trainer.train(resume_from_checkpoint=str(resume_ckpt) if resume_ckpt else None)
 
         status = "stopped" if callback.stopped else "completed"
@@ -371,7 +390,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         with contextlib.suppress(OSError):
             stop_file.unlink(missing_ok=True)  # ours: a later resume into this folder must not stop at once
         # Drop references so a failed run's memory is free for the error path (the CLI process ends right after).
-        model = trainer = None
+        trainer = None
         if nvml:
             nvml.stop()
         free_memory()
@@ -423,26 +442,18 @@ def run_other_rank(cfg: TrainConfig, stop: threading.Event, callbacks=()) -> Run
 
     import torch
 
-    from core import data, model as model_lib
-
     scratch = Path(tempfile.mkdtemp(prefix="memtune-rank-"))
     quiet: EventSink = lambda e: None  # noqa: E731
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    try:
-        raw, fmt = data.check_data(cfg)
-        path = model_lib.resolve_model_path(cfg, quiet)
-        tokenizer = model_lib.load_tokenizer(cfg, path)
-        plan = data.plan_rows(cfg, tokenizer, raw, fmt, n_examples=0)
-        if plan.refusal():
-            raise data.DataError(plan.refusal())
-        model = model_lib.prepare_for_training(model_lib.load_model(cfg, path), cfg)
-        callback = make_callback(quiet, stop, cuda, None)
-        trainer = build_trainer(cfg, model, tokenizer, plan.train_dataset(), scratch / "checkpoints",
-                                callbacks=[callback, *callbacks])
-        from core import distributed
+    from core.data import DataError
 
-        distributed.fsdp_wrap_policy(trainer)
-        resume = latest_checkpoint(Path(cfg.resume_from)) if cfg.resume_from else None
+    try:
+        plan, tokenizer, path = plan_data(cfg, quiet)
+        if plan.refusal():
+            raise DataError(plan.refusal())
+        trainer, callback, _ = build_run(cfg, quiet, plan, tokenizer, path, stop, cuda, None, scratch / "checkpoints",
+                                         callbacks)
+        resume, _ = resume_point(cfg.resume_from) if cfg.resume_from else (None, [])  # the checkpoint rank 0 takes
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         distributed_summary(cfg, trainer, cuda)  # the collectives rank 0 makes
         full_state_dict(cfg, trainer)
