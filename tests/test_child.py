@@ -13,25 +13,14 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from core.config import demo_config
 from core.jobs import JobManager, job_view
+from tests.helpers import group_members
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT = 240  # generous bounds for a busy 2-core machine; never a timing assert
-
-
-def group_members(pgid: int) -> list[int]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc.pid)
-        except (ProcessLookupError, psutil.Error):
-            pass
-    return found
 
 
 def wait_for(predicate, timeout: float = WAIT, what: str = "condition"):

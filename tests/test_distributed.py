@@ -158,14 +158,9 @@ def test_stop_during_a_two_process_run_saves_the_adapter_and_leaves_no_process(t
     view = job_view(job)
     assert view.state == "stopped", view.message
     assert (Path(view.adapter_dir) / "adapter_model.safetensors").is_file()
-    left = []
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                left.append(p.pid)
-        except (ProcessLookupError, psutil.Error):
-            pass
-    assert not left
+    from tests.helpers import group_members
+
+    assert not group_members(pgid)
     # the workers' own sessions too: no core.train process of this run is left anywhere
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if str(tmp_path) in " ".join(p.info["cmdline"] or [])]

@@ -7,21 +7,20 @@ import time
 
 import pytest
 
-from core.config import TrainConfig, demo_config
+from core.config import TrainConfig
 from core.events import read_events
 from core.files import write_marker
 from core.history import (HistoryError, adapter_choices, delete_run, list_runs, load_run, resume_config,
                           run_info)
 from core.train import run_training
+from tests.helpers import checkpointed_run
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, demo_model_path):
     """output_dir with one engine run (5 steps, checkpoint at 5) next to foreign and half-written folders."""
     out = tmp_path_factory.mktemp("runs")
-    result = run_training(demo_config(output_dir=str(out), run_name="five", max_steps=5, save_strategy="steps",
-                                      save_steps=5, logging_steps=1))
-    assert result.status == "completed", result.message
+    result = checkpointed_run(out, "five", max_steps=5, save_steps=5)
     (out / "foreign").mkdir()  # not a memtune run: no config.yaml
     (out / "foreign" / "notes.txt").write_text("hello")
     (out / "stray-file.txt").write_text("not a folder")

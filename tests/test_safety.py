@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import checkpointed_run
+
 from core import files
 from core.config import ConfigError, demo_config, validate
 from core.events import read_events
@@ -60,11 +62,7 @@ def victim(base: Path, name: str = "victim") -> Path:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, demo_model_path):
     """A real memtune run with complete checkpoints at steps 2 and 4."""
-    out = tmp_path_factory.mktemp("runs")
-    result = run_training(demo_config(output_dir=str(out), run_name="ok", max_steps=4, save_strategy="steps",
-                                      save_steps=2, logging_steps=1))
-    assert result.status == "completed", result.message
-    return Path(result.run_dir)
+    return Path(checkpointed_run(tmp_path_factory.mktemp("runs"), "ok", max_steps=4, save_steps=2).run_dir)
 
 
 def copy_run(run: Path, dest: Path) -> Path:

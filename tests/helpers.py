@@ -1,0 +1,31 @@
+"""Small helpers several test files share (not fixtures: plain functions)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group: what a run left behind."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return found
+
+
+def checkpointed_run(out: Path, name: str, max_steps: int, save_steps: int):
+    """A real demo run in `out`, logging every step and checkpointing every `save_steps` (its RunResult)."""
+    from core.config import demo_config
+    from core.train import run_training
+
+    result = run_training(demo_config(output_dir=str(out), run_name=name, max_steps=max_steps,
+                                      save_strategy="steps", save_steps=save_steps, logging_steps=1))
+    assert result.status == "completed", result.message
+    return result
