@@ -377,12 +377,11 @@ def run_launcher(cfg, run_dir: str | None = None) -> int:
     """The parent of a multi-process run: resolve the plan, make the run folder (main machine), start this machine's
     workers through accelerate and wait; a run whose workers died without a `done` event is recorded as failed."""
     import tempfile
-    from datetime import datetime
     from pathlib import Path
 
     from core.config import ConfigError, check
     from core.events import JsonlSink, make_event, read_events
-    from core.runs import create_run_dir, finish_run
+    from core.runs import create_run_dir, record_failure
 
     fits = _fits_one_gpu(cfg) if cfg.distributed_strategy == "auto" else None
     p = plan(cfg, fits_one_gpu=fits)
@@ -415,13 +414,7 @@ def run_launcher(cfg, run_dir: str | None = None) -> int:
     if done is None:  # a worker died (killed, out of memory, a collective that timed out): say so, like one GPU
         message = (f"A training process of this {p.world_size}-process run ended without finishing (launcher exit "
                    f"code {code}); the run log above the error has each process's last lines.")
-        summary = {"status": "failed", "error_type": "other", "message": message, "world_size": p.world_size,
-                   "strategy": p.strategy, "finished_at": datetime.now().isoformat(timespec="seconds")}
-        sink = JsonlSink(run / "events.jsonl")
-        sink(make_event("error", error_type="other", message=message, exit_code=code))
-        if not (run / "summary.json").is_file():
-            finish_run(run, summary)
-        sink(make_event("done", status="failed", run_dir=str(run), summary=summary, message=message))
+        record_failure(run, message, exit_code=code, world_size=p.world_size, strategy=p.strategy)
         print(f"memtune: training failed: {message}", file=sys.stderr)
         return 1
     if done.get("status") == "failed":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import signal
 import subprocess
@@ -29,7 +28,6 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -332,13 +330,9 @@ class JobManager:
         message = why + (" Complete checkpoints, if any, remain for Resume in History." if job._kill_reason else "")
         if tail and job._kill_reason is None:
             message += f"\nLast lines of {run_dir / LOG_FILE}:\n{tail}"
-        sink = JsonlSink(run_dir / "events.jsonl")
-        sink(make_event("error", error_type="other", message=message, exit_code=code))
-        summary = {"status": "failed", "error_type": "other", "message": message, "exit_code": code,
-                   "finished_at": datetime.now().isoformat(timespec="seconds")}
-        if not (run_dir / "summary.json").is_file():
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-        sink(make_event("done", status="failed", run_dir=str(run_dir), summary=summary, message=message))
+        from core.runs import record_failure
+
+        record_failure(run_dir, message, exit_code=code)
 
     # --- an in-process stand-in (UI tests) --------------------------------------------------------------
     def _run_inline(self, job: Job, runner: Runner) -> None:

@@ -255,3 +255,20 @@ def finish_run(run_dir: str | Path, summary: dict[str, Any]) -> str | None:
     except OSError as exc:
         return f"summary.json could not be written in {run_dir}: {exc}"
     return None
+
+
+def record_failure(run_dir: str | Path, message: str, **details: Any) -> dict[str, Any]:
+    """A run whose process ended without its own `done` event (killed, crashed, a worker died): append `error` and
+    `done` to its events.jsonl and write a failed summary.json if it has none, so the page and History show why.
+    `details` (e.g. exit_code, world_size) go into both. Returns the summary."""
+    from core.events import JsonlSink, make_event
+
+    run_dir = Path(run_dir)
+    summary = {"status": "failed", "error_type": "other", "message": message, **details,
+               "finished_at": datetime.now().isoformat(timespec="seconds")}
+    sink = JsonlSink(run_dir / "events.jsonl")
+    sink(make_event("error", error_type="other", message=message, **details))
+    if not (run_dir / "summary.json").is_file():
+        finish_run(run_dir, summary)
+    sink(make_event("done", status="failed", run_dir=str(run_dir), summary=summary, message=message))
+    return summary
