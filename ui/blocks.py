@@ -653,8 +653,8 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                                     w("model", choices=model_choices(cfg0.model), scale=4)
                                     refresh_btn = tr.add(gr.Button(L("data.rescan"), size="sm", scale=1,
                                                                    elem_id="rescan-btn"), value="data.rescan")
-                                with gr.Row():
-                                    w("dataset", choices=dataset_choices(cfg0.dataset), scale=3)
+                                w("dataset", choices=dataset_choices(cfg0.dataset))
+                                with gr.Row():  # a row of their own: four columns left long_prompts' box too narrow
                                     w("dataset_split", scale=1)
                                     w("dataset_format", scale=1)
                                     w("long_prompts", scale=1)
