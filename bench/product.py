@@ -37,12 +37,14 @@ ROOT = Path(__file__).resolve().parent.parent
 @dataclass
 class Variant:
     name: str
-    preset: str = ""  # "" = the chapter's script (bench/chapter_script.py); else core.train --preset
+    preset: str = ""  # "" = a script (the chapter's, or the peer's: `peer`); else core.train --preset
     sets: list[str] = field(default_factory=list)  # --set field=value on top of the preset
     steps: int = 20
     warm: int = 3  # steady window = steps after this many
     timeout_s: int = 180
     note: str = ""
+    peer: bool = False  # Unsloth's script (bench/unsloth_script.py) with its own wheels (UNSLOTH_SITE)
+    profile: bool = False  # the CLI run through bench/stepprof.py (step timings + cProfile of step 1)
 
     @property
     def script(self) -> bool:
@@ -54,7 +56,8 @@ def plan(name: str) -> list[Variant]:
         return [Variant("chapter-script", steps=3, warm=1), Variant("chapter", "chapter", steps=3, warm=1),
                 Variant("lowest_memory", "lowest_memory", steps=3, warm=1),
                 Variant("lowest_memory-varlen", "lowest_memory", ["attention=varlen"], steps=3, warm=1),
-                Variant("fastest", "fastest", steps=3, warm=1)]
+                Variant("fastest", "fastest", steps=3, warm=1),
+                Variant("prof-lowest_memory", "lowest_memory", steps=3, warm=1, profile=True)]
     if name == "call1":  # baseline rows of issue 12, then one lever each (levers chosen from the earlier profiles)
         return [
             Variant("chapter-script", steps=5, warm=2, timeout_s=170, note="the chapter's script as written"),
@@ -70,6 +73,45 @@ def plan(name: str) -> list[Variant]:
                      "gradient_accumulation_steps=2"], steps=15, timeout_s=140),
             Variant("chapter", "chapter", steps=4, warm=1, timeout_s=150, note="engine, chapter preset"),
         ]
+    if name == "call3":  # 2026-12-01: the first step, lowest_memory's last 0.04 GiB, the peer; 8B
+        return [
+            Variant("chapter-script", steps=4, warm=1, timeout_s=150, note="the chapter's script as written"),
+            Variant("lowest_memory", "lowest_memory", steps=16, timeout_s=110),
+            Variant("lowest_memory-liger", "lowest_memory", ["use_liger_kernel=true"], steps=16, timeout_s=110),
+            Variant("fastest", "fastest", steps=25, timeout_s=100),
+            Variant("fastest-again", "fastest", steps=25, timeout_s=100, note="same, second process: warm caches"),
+            Variant("prof-fastest", "fastest", steps=8, warm=2, timeout_s=90, profile=True),
+            Variant("prof-lowest_memory-liger", "lowest_memory", ["use_liger_kernel=true"], steps=8, warm=2,
+                    timeout_s=90, profile=True),
+            Variant("unsloth", steps=6, warm=2, timeout_s=170, peer=True, note="Unsloth 2026.10.9, 2 x 8"),
+        ]
+    if name == "call4":  # 2026-12-01: what the first step pays for (profiles) and the optimizer's share of it
+        return [
+            Variant("prof-fastest", "fastest", steps=6, warm=2, timeout_s=80, profile=True),
+            Variant("prof-lowest_memory", "lowest_memory", steps=6, warm=2, timeout_s=80, profile=True),
+            Variant("fastest-adamw8", "fastest", ["optim=adamw_8bit"], steps=15, timeout_s=80),
+            Variant("lowest_memory-adamw8", "lowest_memory", ["optim=adamw_8bit"], steps=12, timeout_s=90),
+            Variant("prof-fastest-adamw8", "fastest", ["optim=adamw_8bit"], steps=6, warm=2, timeout_s=80,
+                    profile=True),
+        ]
+    if name == "call70b":  # the 70B's last GiB: one pack per micro-step (the same 6 packs per optimizer step)
+        return [
+            Variant("lowest_memory-1pack", "lowest_memory",
+                    ["per_device_train_batch_size=1", "gradient_accumulation_steps=6"], steps=6, warm=2, timeout_s=170),
+        ]
+    if name == "firststep":  # after the varlen kernel moved to loading: fastest on a cold, then a warm Triton cache
+        return [
+            Variant("fastest", "fastest", steps=15, timeout_s=80, note="first liger run of this machine"),
+            Variant("fastest-again", "fastest", steps=15, timeout_s=80, note="second process: warm caches"),
+            Variant("lowest_memory", "lowest_memory", steps=12, timeout_s=90),
+        ]
+    if name == "call70":  # the 70B shape, model saved already in 4-bit (bf16 storage)
+        return [
+            Variant("chapter-script", steps=2, warm=1, timeout_s=200, note="the chapter's script as written"),
+            Variant("lowest_memory", "lowest_memory", steps=6, warm=2, timeout_s=150),
+            Variant("lowest_memory-noliger", "lowest_memory", ["use_liger_kernel=false"], steps=6, warm=2,
+                    timeout_s=150),
+        ]
     if name == "call2":  # the new presets side by side with the chapter's script; levers alone
         return [
             Variant("chapter-script", steps=5, warm=2, timeout_s=170, note="the chapter's script as written"),
@@ -80,18 +122,25 @@ def plan(name: str) -> list[Variant]:
 
 
 # --- model folder and data (built once per call) ------------------------------------------------------------------
-def build_model_folder(arch: str, folder: Path) -> None:
-    """Random bf16 weights of `arch` (on the GPU when there is one: seconds for 8B), saved like a Hub download."""
+def build_model_folder(arch: str, folder: Path, quantized: bool = False) -> None:
+    """Random bf16 weights of `arch` (on the GPU when there is one: seconds for 8B), saved like a Hub download.
+
+    quantized: saved already in 4-bit NF4 (double quant, data packed in bf16 so FSDP can shard it), like the Hub's
+    "-bnb-nf4" repositories: a bf16 70B is 141 GB, more than the GPU machines' disks; in 4-bit it is ~40 GB. It is
+    built straight into 4-bit one Linear at a time (bench/synth.py), never existing in bf16."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from bench.archs import hf_config
-    from bench.synth import make_tokenizer
+    from bench.synth import build_model, make_tokenizer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(1234)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(hf_config(arch), dtype=torch.bfloat16)
+    if quantized:
+        model = build_model(arch, device, quantize=True, quant_storage=torch.bfloat16)
+    else:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(hf_config(arch), dtype=torch.bfloat16)
     model.save_pretrained(folder, max_shard_size="5GB")
     make_tokenizer().save_pretrained(folder)
 
@@ -162,7 +211,8 @@ class Sampler:
 # --- one variant ----------------------------------------------------------------------------------------------------
 def command(v: Variant, model_dir: Path, data: Path, run_dir: Path, smoke: bool) -> list[str]:
     if v.script:
-        return [sys.executable, "-m", "bench.chapter_script", "--model", str(model_dir), "--data", str(data),
+        script = "bench.unsloth_script" if v.peer else "bench.chapter_script"
+        return [sys.executable, "-m", script, "--model", str(model_dir), "--data", str(data),
                 "--out", str(run_dir), "--max-steps", str(v.steps)]
     from core.config import TrainConfig
 
@@ -173,6 +223,8 @@ def command(v: Variant, model_dir: Path, data: Path, run_dir: Path, smoke: bool)
     cfg_path = run_dir.parent / f"{run_dir.name}.yaml"
     cfg.save(cfg_path)
     cmd = [sys.executable, "-m", "core.train", "--config", str(cfg_path), "--preset", v.preset]
+    if v.profile:
+        cmd[1:3] = ["-m", "bench.stepprof", "--out", str(run_dir.parent / f"{run_dir.name}.steps.json"), "--"]
     for s in v.sets:
         cmd += ["--set", s]
     return cmd
@@ -218,6 +270,8 @@ def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: Sa
     cmd = command(v, model_dir, data, run_dir, smoke)
     floor = sampler.used()
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    if v.peer:  # the peer's own pins (trl<=1.15, datasets<5) ahead of the bench's wheels
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("UNSLOTH_SITE", ""), str(ROOT)) if p)
     log = (root / "runs" / f"{v.name}.log").open("w", encoding="utf-8")
     log.write(" ".join(cmd) + "\n")
     log.flush()
@@ -305,25 +359,27 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="")
     ap.add_argument("--rows", type=int, default=3000)
     ap.add_argument("--budget-s", type=float, default=540.0, help="skip variants that would end past this")
+    ap.add_argument("--quantized", action="store_true", help="save the model already in 4-bit (70B: disk)")
     ap.add_argument("--build-only", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     smoke = args.plan == "smoke"
     arch = args.arch or ("tiny-llama" if smoke else "llama-3.1-8b")
     if args.build_only:  # child process: build the model folder
-        build_model_folder(arch, Path(args.build_only))
+        build_model_folder(arch, Path(args.build_only), args.quantized)
         return 0
     t0 = time.time()
     root = Path(args.out)
     (root / "runs").mkdir(parents=True, exist_ok=True)
     work = Path(os.environ.get("BENCH_WORK", "/tmp/memtune-bench"))
     work.mkdir(parents=True, exist_ok=True)
-    model_dir, data = work / f"model-{arch}", work / "dolly.jsonl"
+    model_dir, data = work / f"model-{arch}{'-nf4' if args.quantized else ''}", work / "dolly.jsonl"
     info = {"date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "arch": arch, "plan": args.plan,
             "versions": versions(), "data": write_dolly(data, args.rows)}
     if not (model_dir / "config.json").is_file():
         b = time.time()
         subprocess.run([sys.executable, "-m", "bench.product", "--out", str(root), "--arch", arch,
-                        "--build-only", str(model_dir)], cwd=str(ROOT), check=True)
+                        *(["--quantized"] if args.quantized else []), "--build-only", str(model_dir)],
+                       cwd=str(ROOT), check=True)
         info["model_build_s"] = round(time.time() - b, 1)
     info["model_bytes"] = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
     sampler = Sampler()

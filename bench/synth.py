@@ -23,11 +23,13 @@ N_WORDS = 8000  # word-level vocabulary: ids 0..7999, then <bos> <eos> <unk>; al
 
 
 # --- model ---------------------------------------------------------------------------------------------------
-def bnb_config(quant_type: str = "nf4", double_quant: bool = True, compute_dtype=torch.bfloat16):
+def bnb_config(quant_type: str = "nf4", double_quant: bool = True, compute_dtype=torch.bfloat16,
+               quant_storage=torch.uint8):
     from transformers import BitsAndBytesConfig
 
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
-                              bnb_4bit_use_double_quant=double_quant, bnb_4bit_compute_dtype=compute_dtype)
+                              bnb_4bit_use_double_quant=double_quant, bnb_4bit_compute_dtype=compute_dtype,
+                              bnb_4bit_quant_storage=quant_storage)
 
 
 def _quantized_linear(linear: nn.Linear, cfg, device, gen, std: float, dtype):
@@ -36,11 +38,11 @@ def _quantized_linear(linear: nn.Linear, cfg, device, gen, std: float, dtype):
     out_f, in_f = linear.out_features, linear.in_features
     new = bnb.nn.Linear4bit(in_f, out_f, bias=linear.bias is not None, compute_dtype=cfg.bnb_4bit_compute_dtype,
                             compress_statistics=cfg.bnb_4bit_use_double_quant, quant_type=cfg.bnb_4bit_quant_type,
-                            quant_storage=torch.uint8, device="meta")
+                            quant_storage=cfg.bnb_4bit_quant_storage, device="meta")
     data = torch.empty(out_f, in_f, device=device, dtype=dtype).normal_(0.0, std, generator=gen)
     new.weight = bnb.nn.Params4bit(data, requires_grad=False, compress_statistics=cfg.bnb_4bit_use_double_quant,
-                                   quant_type=cfg.bnb_4bit_quant_type, quant_storage=torch.uint8,
-                                   module=new).to(device)
+                                   quant_type=cfg.bnb_4bit_quant_type,
+                                   quant_storage=cfg.bnb_4bit_quant_storage, module=new).to(device)
     del data
     if linear.bias is not None:
         new.bias = nn.Parameter(torch.zeros(out_f, device=device, dtype=dtype), requires_grad=False)
@@ -48,8 +50,11 @@ def _quantized_linear(linear: nn.Linear, cfg, device, gen, std: float, dtype):
 
 
 def build_model(arch: str, device: str | torch.device = "cuda", quantize: bool = True, seed: int = 1234,
-                dtype=torch.bfloat16, quant_type: str = "nf4", double_quant: bool = True):
-    """A causal LM of architecture `arch` with random weights, 4-bit quantized layer by layer when `quantize`."""
+                dtype=torch.bfloat16, quant_type: str = "nf4", double_quant: bool = True, quant_storage=torch.uint8):
+    """A causal LM of architecture `arch` with random weights, 4-bit quantized layer by layer when `quantize`.
+
+    quant_storage=dtype packs the 4-bit data in that dtype, as FSDP-QLoRA needs (FSDP flattens tensors of one
+    dtype); saved with save_pretrained, such a model loads pre-quantized on one GPU or sharded by FSDP."""
     from transformers import AutoModelForCausalLM
 
     device = torch.device(device)
@@ -61,7 +66,7 @@ def build_model(arch: str, device: str | torch.device = "cuda", quantize: bool =
     model.to(dtype)
     std = float(getattr(config, "initializer_range", 0.02))
     gen = torch.Generator(device=device).manual_seed(seed)
-    qcfg = bnb_config(quant_type, double_quant, dtype) if quantize else None
+    qcfg = bnb_config(quant_type, double_quant, dtype, quant_storage) if quantize else None
 
     # 1. Decoder Linears: quantized one at a time (or materialised in bf16 without quantization).
     for _, parent in list(model.named_modules()):

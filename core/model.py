@@ -183,6 +183,27 @@ def _embedding_device_map(path: str, cfg: TrainConfig, gpu: int) -> dict[str, An
     return result
 
 
+def offload_kwargs(path: str, cfg: TrainConfig, kwargs: dict[str, Any], dmap: dict[str, Any]) -> dict[str, Any]:
+    """from_pretrained's keywords for a load with the input embedding on "cpu" in `dmap`.
+
+    bitsandbytes refuses a "cpu" entry unless told the CPU modules stay unquantized (the embedding always is). A
+    checkpoint saved already in 4-bit (a "-bnb-4bit" repository) brings its own quantization config, and transformers
+    then ignores the flag on the config passed in: it is set on the checkpoint's config instead."""
+    from transformers import AutoConfig
+
+    kwargs = dict(kwargs, device_map=dmap)
+    if kwargs.get("quantization_config") is None:
+        return kwargs
+    config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code, token=hf_token())
+    saved = getattr(config, "quantization_config", None)
+    if saved is not None:
+        saved = dict(saved) if isinstance(saved, dict) else saved.to_dict()
+        config.quantization_config = {**saved, "llm_int8_enable_fp32_cpu_offload": True}
+        kwargs["config"] = config
+    kwargs["quantization_config"].llm_int8_enable_fp32_cpu_offload = True
+    return kwargs
+
+
 def _load_embedding_on_cpu(path: str, cfg: TrainConfig, kwargs: dict[str, Any]):
     """offload_embeddings: load the input embedding straight into CPU memory, so it never takes GPU memory (loading
     it on the GPU and moving it afterwards made loading the 8B peak: +1 GiB). None where it does not apply.
@@ -198,11 +219,7 @@ def _load_embedding_on_cpu(path: str, cfg: TrainConfig, kwargs: dict[str, Any]):
     dmap = _embedding_device_map(path, cfg, gpu)
     if dmap is None:
         return None
-    kwargs = dict(kwargs, device_map=dmap)
-    if kwargs.get("quantization_config") is not None:
-        # bitsandbytes refuses a "cpu" entry unless told the CPU modules stay unquantized (the embedding always is).
-        kwargs["quantization_config"].llm_int8_enable_fp32_cpu_offload = True
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, **offload_kwargs(path, cfg, kwargs, dmap))
     emb = model.get_input_embeddings()
     remove_hook_from_module(emb)  # the hook's detach puts the weight back on its original device: the CPU
     remove_hook_from_submodules(model)  # the other hooks only move inputs between devices that are now one

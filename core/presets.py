@@ -56,6 +56,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "per_device_train_batch_size": 2,  # ~1,000 tokens per micro-step: training peak stays under loading's
             "gradient_accumulation_steps": 3,  # 6 packs ~ the chapter's 16 rows per optimizer step
             "gradient_checkpointing": True,
+            "use_liger_kernel": True,  # fused linear cross-entropy: no 128k-wide logits; -0.06 GiB, 1.1x (2026-12-01)
             "optim": "paged_adamw_8bit",
         },
     },
