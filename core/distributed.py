@@ -379,6 +379,7 @@ def run_launcher(cfg, run_dir: str | None = None) -> int:
     import tempfile
     from pathlib import Path
 
+    from core.callbacks import STOP_FILE
     from core.config import ConfigError, check
     from core.events import JsonlSink, make_event, read_events
     from core.runs import create_run_dir, record_failure
@@ -403,7 +404,7 @@ def run_launcher(cfg, run_dir: str | None = None) -> int:
     threads = int(os.environ.get("MEMTUNE_NUM_THREADS", "0") or 0) or (os.cpu_count() or 1)
     env["MEMTUNE_NUM_THREADS"] = str(max(1, threads // p.processes_per_machine))  # share this machine's cores
     argv = worker_argv(p, resolved, str(config_path), ["--run-dir", str(run)] if run else [])
-    code = launch_workers(argv, (run or scratch) / "STOP", env=env)
+    code = launch_workers(argv, (run or scratch) / STOP_FILE, env=env)
     import shutil
 
     shutil.rmtree(scratch, ignore_errors=True)
