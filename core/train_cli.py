@@ -1,7 +1,7 @@
 """The command line of the training recipe: `python -m core.train` (usage in core/train.py's docstring) runs `run()`.
 
 Argument parsing, the process around one run (torch threads, quiet libraries, signals, a parent that died) and, when
-the config asks for several processes, the hand-off to accelerate's launcher (core/distributed.py). The recipe itself,
+the config asks for several processes, the hand-off to accelerate's launcher (core/launcher.py). The recipe itself,
 `run_training`, stays in core/train.py (imported when a run starts: core.train re-exports `main` for older callers).
 """
 
@@ -120,14 +120,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# memtune configuration: python -m core.train --config this.yaml{accelerate_note(cfg, 'this.yaml')}"
               f"\n{cfg.to_yaml()}", end="")
         return 0
-    from core import distributed
+    from core import distributed, launcher
     from core.train import run_training
 
     if distributed.pin_one_gpu(cfg):  # one process, several GPUs visible: use GPU 0, not nn.DataParallel
         print("[memtune] several GPUs are visible and num_gpus is 1: training on GPU 0 "
               "(set num_gpus to use more)", file=sys.stderr, flush=True)
     if distributed.plan(cfg).distributed and not distributed.in_worker():
-        return distributed.run_launcher(cfg, args.run_dir)  # accelerate launch: this machine's workers
+        return launcher.run_launcher(cfg, args.run_dir)  # accelerate launch: this machine's workers
     set_threads_from_env()
     quiet_libraries(console=sys.stderr.isatty())
     stop = threading.Event()
