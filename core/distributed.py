@@ -23,7 +23,6 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-STRATEGIES = ("auto", "ddp", "fsdp")
 MAX_MACHINES = 1024
 
 
@@ -236,25 +235,6 @@ def accelerate_flags(p: Plan, cfg) -> list[str]:
     else:
         flags += ["--multi_gpu"]  # torchrun launcher; on a CPU-only machine the workers use gloo
     return flags
-
-
-def accelerate_config(p: Plan, cfg) -> dict[str, Any]:
-    """The equivalent `accelerate config` file, for users who keep one (shown by --dump-config / Show code)."""
-    config: dict[str, Any] = {
-        "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": "FSDP" if p.strategy == "fsdp" else ("MULTI_CPU" if p.cpu else "MULTI_GPU"),
-        "num_processes": p.world_size, "num_machines": p.num_machines, "machine_rank": p.machine_rank,
-        "main_process_ip": p.main_process_ip, "main_process_port": p.main_process_port,
-        "mixed_precision": "no", "use_cpu": p.cpu,
-    }
-    if p.strategy == "fsdp":
-        config["fsdp_config"] = {
-            "fsdp_version": 1, "fsdp_sharding_strategy": "FULL_SHARD",
-            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_backward_prefetch": "BACKWARD_PRE",
-            "fsdp_state_dict_type": "SHARDED_STATE_DICT", "fsdp_offload_params": False,
-            "fsdp_cpu_ram_efficient_loading": True, "fsdp_sync_module_states": True, "fsdp_use_orig_params": False,
-        }
-    return config
 
 
 def worker_argv(p: Plan, cfg, config_path: str, extra: list[str] | None = None) -> list[str]:
