@@ -16,6 +16,10 @@ LLAMA31 = dict(
     torch_dtype="bfloat16",
 )
 
+# The Hub model each architecture is (a run's TrainConfig names it; its estimate reads the shape by this id)
+HUB_IDS = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B", "qwen2.5-14b": "Qwen/Qwen2.5-14B",
+           "llama-3.1-70b": "meta-llama/Llama-3.1-70B", "tiny-llama": "bench/tiny-llama"}
+
 ARCHS: dict[str, dict] = {
     # meta-llama/Llama-3.1-8B
     "llama-3.1-8b": dict(LLAMA31, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,

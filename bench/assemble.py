@@ -42,6 +42,7 @@ from pathlib import Path
 
 import yaml
 
+from bench.archs import HUB_IDS
 from core.config import OPTIMIZERS, TrainConfig
 from core.presets import matching, overrides
 
@@ -52,8 +53,7 @@ SOURCES = (("run1", "2026-11-29-run1-results.json"), ("run2", "2026-11-29-run2-r
            ("run3", "2026-11-29-run3-results.json"))
 CLEAN_LOAD_GIB = {"llama-3.1-8b": 5.374}  # allocated after building the 4-bit model, after a first run
 CLEAN_FLOOR_GIB = 1.512  # NVML before a run, after a first run (CUDA context, cuBLAS workspace; run 2)
-HUB = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B", "qwen2.5-14b": "Qwen/Qwen2.5-14B",
-       "llama-3.1-70b": "meta-llama/Llama-3.1-70B"}
+HUB = {arch: hub for arch, hub in HUB_IDS.items() if arch != "tiny-llama"}  # the GPU rows (tiny-llama: dry runs)
 LLAMA = {"llama-3.1-8b", "llama-3.1-70b", "tiny-llama"}  # built from transformers' modeling_llama
 KNOWN = set(TrainConfig().to_dict())
 VARLEN_DUPLICATES = {("run2", "lowest_memory"), ("run2", "fastest"), ("run2", "fastest-6packs")}

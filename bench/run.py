@@ -34,8 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-HUB_IDS = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B", "qwen2.5-14b": "Qwen/Qwen2.5-14B",
-           "llama-3.1-70b": "meta-llama/Llama-3.1-70B", "tiny-llama": "bench/tiny-llama"}
+from bench.archs import HUB_IDS
 
 
 @dataclass
