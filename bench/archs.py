@@ -8,16 +8,22 @@ from __future__ import annotations
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
+# What Llama 3.1's sizes share (vocabulary, GQA with 8 KV heads of 128, RoPE scaling, token ids); each adds its widths.
+LLAMA31 = dict(
+    model_type="llama", vocab_size=128256, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+    rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE, hidden_act="silu", attention_bias=False,
+    mlp_bias=False, tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001, initializer_range=0.02,
+    torch_dtype="bfloat16",
+)
+
+# The Hub model each architecture is (a run's TrainConfig names it; its estimate reads the shape by this id)
+HUB_IDS = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B", "qwen2.5-14b": "Qwen/Qwen2.5-14B",
+           "llama-3.1-70b": "meta-llama/Llama-3.1-70B", "tiny-llama": "bench/tiny-llama"}
 
 ARCHS: dict[str, dict] = {
     # meta-llama/Llama-3.1-8B
-    "llama-3.1-8b": dict(
-        model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
-        rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE, hidden_act="silu",
-        attention_bias=False, mlp_bias=False, tie_word_embeddings=False, bos_token_id=128000,
-        eos_token_id=128001, initializer_range=0.02, torch_dtype="bfloat16",
-    ),
+    "llama-3.1-8b": dict(LLAMA31, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32),
     # Qwen/Qwen2.5-14B (q/k/v carry biases)
     "qwen2.5-14b": dict(
         model_type="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
@@ -27,13 +33,8 @@ ARCHS: dict[str, dict] = {
         initializer_range=0.02, torch_dtype="bfloat16",
     ),
     # meta-llama/Llama-3.1-70B
-    "llama-3.1-70b": dict(
-        model_type="llama", vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-        num_attention_heads=64, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
-        rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE, hidden_act="silu",
-        attention_bias=False, mlp_bias=False, tie_word_embeddings=False, bos_token_id=128000,
-        eos_token_id=128001, initializer_range=0.02, torch_dtype="bfloat16",
-    ),
+    "llama-3.1-70b": dict(LLAMA31, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                          num_attention_heads=64),
     # CPU dry runs only
     "tiny-llama": dict(
         model_type="llama", vocab_size=9000, hidden_size=64, intermediate_size=192, num_hidden_layers=2,

@@ -2,6 +2,8 @@
 
     python -m bench.assemble   # writes bench/grid_measured.json and bench/levers.json, prints rows and coverage
 
+bench/levers.json compares the pairs of runs that bench/lever_pairs.yaml names (what each lever saves and costs).
+
 Every row is one measured training run with its full TrainConfig (`config`, ready for core.estimate), its peaks
 and the facts about the process it ran in that a reader (and bench/validate_estimate.py) needs:
 
@@ -38,17 +40,20 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import yaml
+
+from bench.archs import HUB_IDS
 from core.config import OPTIMIZERS, TrainConfig
 from core.presets import matching, overrides
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+BASELINE_FILE = "shared/gpu/BASELINE.md"  # lever_pairs.yaml's `baseline` rows
 SOURCES = (("run1", "2026-11-29-run1-results.json"), ("run2", "2026-11-29-run2-results.json"),
            ("run3", "2026-11-29-run3-results.json"))
 CLEAN_LOAD_GIB = {"llama-3.1-8b": 5.374}  # allocated after building the 4-bit model, after a first run
 CLEAN_FLOOR_GIB = 1.512  # NVML before a run, after a first run (CUDA context, cuBLAS workspace; run 2)
-HUB = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B", "qwen2.5-14b": "Qwen/Qwen2.5-14B",
-       "llama-3.1-70b": "meta-llama/Llama-3.1-70B"}
+HUB = {arch: hub for arch, hub in HUB_IDS.items() if arch != "tiny-llama"}  # the GPU rows (tiny-llama: dry runs)
 LLAMA = {"llama-3.1-8b", "llama-3.1-70b", "tiny-llama"}  # built from transformers' modeling_llama
 KNOWN = set(TrainConfig().to_dict())
 VARLEN_DUPLICATES = {("run2", "lowest_memory"), ("run2", "fastest"), ("run2", "fastest-6packs")}
@@ -139,21 +144,35 @@ def build_row(r: dict, run: str, position: int, liger_patched: bool, leftover: f
     return row
 
 
-def process_rows(run: str, data: dict) -> list[dict]:
-    """Every ok, non-profile run of one process, with what earlier runs of the process left behind."""
-    rows, liger_patched, leftover = [], False, 0.0
-    leaks_at_floor: dict[float, float] = {}  # run 1: the leaked allocation seen at each NVML floor (4-bit runs)
-    for position, r in enumerate(data["results"]):
-        ok = r.get("status") == "ok"
-        if ok and r.get("config", {}).get("load_in_4bit", True) and r["arch"] in CLEAN_LOAD_GIB and position:
-            leaks_at_floor[round(r["nvml_floor_gib"], 2)] = r["allocated_after_load_gib"] - CLEAN_LOAD_GIB[r["arch"]]
-        if ok and r.get("group") != "profile" and r["arch"] in HUB and (run, r["name"]) not in VARLEN_DUPLICATES:
-            rows.append(build_row(r, run, position, liger_patched, leftover, leaks_at_floor))
+def process_walk(results: list[dict]):
+    """Each record of one process in order, with what earlier runs of that process left behind:
+    (position, record, liger_patched, paged optimizer buffers left in GiB)."""
+    liger_patched, leftover = False, 0.0
+    for position, r in enumerate(results):
+        yield position, r, liger_patched, leftover
         if r.get("config", {}).get("use_liger_kernel") and r["arch"] in LLAMA and r.get("status") in ("ok", "failed"):
             liger_patched = True
-        if ok:
+        if r.get("status") == "ok":
             leftover += (r.get("breakdown") or {}).get("cpu: optimizer state (paged)", 0.0)
-    return rows
+
+
+def leaks_at_floor(results: list[dict]) -> dict[float, float]:
+    """Run 1: the leaked allocation seen at each NVML floor, from its 4-bit runs after the first."""
+    leaks: dict[float, float] = {}
+    for position, r in enumerate(results):
+        if (r.get("status") == "ok" and r.get("config", {}).get("load_in_4bit", True) and r["arch"] in CLEAN_LOAD_GIB
+                and position):
+            leaks[round(r["nvml_floor_gib"], 2)] = r["allocated_after_load_gib"] - CLEAN_LOAD_GIB[r["arch"]]
+    return leaks
+
+
+def process_rows(run: str, data: dict) -> list[dict]:
+    """Every ok, non-profile run of one process, with what earlier runs of the process left behind."""
+    leaks = leaks_at_floor(data["results"])
+    return [build_row(r, run, position, liger_patched, leftover, leaks)
+            for position, r, liger_patched, leftover in process_walk(data["results"])
+            if r.get("status") == "ok" and r.get("group") != "profile" and r["arch"] in HUB
+            and (run, r["name"]) not in VARLEN_DUPLICATES]
 
 
 def main() -> None:
@@ -224,113 +243,26 @@ def coverage(rows: list[dict]) -> list[str]:
 
 
 # --- bench/levers.json: what each lever saves and costs, measured -------------------------------------------------
-# shared/gpu/BASELINE.md (one process per row, real from_pretrained load, Llama-3.1-8B shape, max length 512):
-BASELINE_ROWS = {
-    "seed recipe": dict(peak_allocated_gib=8.22, peak_reserved_gib=9.48, nvml_peak_gib=10.87, tokens_per_s=235),
-    "same, adamw_torch": dict(peak_allocated_gib=8.25, peak_reserved_gib=9.51, nvml_peak_gib=10.89, tokens_per_s=233),
-    "same, gradient checkpointing off": dict(peak_allocated_gib=8.22, peak_reserved_gib=9.48, nvml_peak_gib=10.87,
-                                             tokens_per_s=315),
-    "no quantization (bf16 LoRA), no checkpointing, adamw_torch": dict(
-        peak_allocated_gib=18.17, peak_reserved_gib=18.42, nvml_peak_gib=19.80, tokens_per_s=607),
-}
-BASELINE_FILE = "shared/gpu/BASELINE.md"
-
-# (key, on = (run, name), off = (run, name), where, note). "run" is run1|run2|run3 or "baseline".
-CHECKLIST_MEASUREMENTS = [
-    ("gradient_checkpointing", ("run3", "+liger"), ("run3", "+no-ckpt"),
-     "8B, 4-bit, one packed micro-batch of <= 512 tokens, liger, embedding in CPU memory, accumulation 4",
-     "the lever chain's last step: checkpointing on vs off, nothing else changed"),
-    ("gradient_checkpointing", ("run1", "+packing"), ("run1", "+packing-ckpt"),
-     "8B, 4-bit, one packed micro-batch of <= 512 tokens, liger's layers, embedding in CPU memory",
-     "run 1: memory corrected for its leak (bench/assemble.py)"),
-    ("gradient_checkpointing", ("baseline", "seed recipe"), ("baseline", "same, gradient checkpointing off"),
-     "8B, the seed recipe: batch 1, rows of ~165 tokens (<= 512), fp32 upcast",
-     "the seed recipe's peak is loading's (fp32 upcast), so checkpointing cannot lower it here"),
-    ("efficient_optimizer", ("baseline", "seed recipe"), ("baseline", "same, adamw_torch"),
-     "8B, the seed recipe (paged_adamw_8bit vs adamw_torch), LoRA r=16 on q,k,v,o",
-     "LoRA's optimizer state is tens of MiB: 0.026 vs 0.051 GiB on 8B, 0.125 vs 0.244 GiB on 70B (measured state "
-     "sizes, bench/grid_measured.json breakdown_gib)"),
-    ("qlora", ("baseline", "same, gradient checkpointing off"),
-     ("baseline", "no quantization (bf16 LoRA), no checkpointing, adamw_torch"),
-     "8B, batch 1, no checkpointing; 4-bit with the seed's fp32 upcast and paged 8-bit AdamW vs a bf16 base "
-     "with adamw_torch", "two settings differ besides 4-bit (upcast and optimizer); the optimizer is worth 0.03 GiB"),
-    ("qlora", ("run1", "fastest+ckpt"), ("run1", "fastest-bf16+ckpt"),
-     "8B, 6 packs of <= 512 tokens per micro-batch, checkpointing, no fp32 upcast, liger's layers",
-     "run 1: memory corrected for its leak (bench/assemble.py)"),
-    ("small_batches", ("run2", "lowest_memory-1pack"), ("run2", "lowest_memory"),
-     "8B, lowest_memory: 1 pack (<= 512 tokens) x 6 vs 2 packs x 3 per optimizer step",
-     "both ran the varlen experiment's SDPA fallback (same memory as SDPA, 20-30% slower); the ratio is like for "
-     "like. The peak is loading's in both, so the smaller micro-batch saves nothing at the peak"),
-    ("small_batches", ("run1", "+packing"), ("run1", "lowest_memory-b2"),
-     "8B, lowest_memory's levers: 1 pack x accumulation 4 vs 2 packs x 3, liger's layers",
-     "run 1: memory corrected for its leak; accumulation differs (4 vs 3)"),
-    ("short_max_length", ("run3", "g8-seed-512"), ("run3", "g8-seed-2048"),
-     "8B, the seed recipe, batch 1, rows longer than max_length: 512 vs 2048",
-     "tokens/s is not a cost here: a shorter max_length trains fewer tokens per row (time per optimizer step: "
-     "1.23 s vs 1.22 s). The seed recipe's peak at 512 is loading's"),
-    ("short_max_length", ("run3", "g8-low-512"), ("run3", "g8-low-2048"),
-     "8B, lowest_memory (2 packs), max_length 512 vs 2048", "tokens/s is not a cost here (see above)"),
-    ("short_max_length", ("run3", "g70-low-512"), ("run3", "g70-low-2048"),
-     "70B, lowest_memory (2 packs), max_length 512 vs 2048", "tokens/s is not a cost here (see above)"),
-]
-LEVER_MEASUREMENTS = [
-    ("no_fp32_upcast", ("run3", "+no-upcast"), ("run3", "chapter-acc4"),
-     "8B, chapter settings, accumulation 4 (upcast_to_fp32: false)",
-     "chapter-acc4's sampled NVML missed its loading transient (its twin g8-seed-512 caught 11.17 GiB)"),
-    ("lora_dropout_0", ("run3", "+dropout0"), ("run3", "+no-upcast"), "8B, as above + no upcast", ""),
-    ("offload_embeddings", ("run3", "+embed-on-cpu"), ("run3", "+dropout0"), "8B, as above + dropout 0",
-     "the peak moves to loading (the embedding is loaded to the GPU, then moved); in training -0.98 GiB"),
-    ("expandable_segments", ("run3", "+expandable"), ("run3", "+embed-on-cpu"), "8B, as above + embedding on CPU",
-     "the peak is loading's; in training NVML 6.67 vs 7.25 GiB"),
-    ("expandable_segments", ("run3", "fastest+expandable"), ("run3", "fastest (profile)"),
-     "8B, fastest (8 packs, no checkpointing, liger)",
-     "ONE run: 2 of its 7 steady steps took 2.3-2.6 s (others 0.45-0.58 s vs 0.43 s); the other run's speed is its "
-     "one unprofiled steady step and its NVML includes profiler buffers (reserved: 22.24 vs 21.46 GiB)"),
-    ("packing", ("run3", "+packing"), ("run3", "+expandable"), "8B, as above + expandable segments",
-     "one pack of <= 512 tokens (~3 dolly rows) per micro-step instead of one row"),
-    ("use_liger_kernel", ("run3", "+liger"), ("run3", "+packing"), "8B, as above + packing",
-     "liger's layers were already active in this process (see grid_measured.json `liger_layers`): this is the "
-     "Trainer-level part (fused loss) only"),
-    ("use_liger_kernel", ("run1", "fastest+liger"), ("run1", "fastest"),
-     "8B, 6 packs of <= 512 tokens, no checkpointing, no upcast", "clean: the first liger run of its process; "
-     "run 1's memory corrected for its leak"),
-    ("no_gradient_checkpointing", ("run3", "+no-ckpt"), ("run3", "+liger"), "8B, as above + liger", ""),
-    ("varlen_attention", ("run3", "fastest+varlen"), ("run3", "fastest (profile)"),
-     "8B, fastest (8 packs, no checkpointing, liger); bench/varlen.py, not an engine setting yet",
-     "the other run's speed is its one unprofiled steady step; NVML vs g8-fast-512 (same settings, full rows): "
-     "22.96 vs 23.76 GiB"),
-]
-SPEED_NOT_A_COST = {
-    "short_max_length": "no speed cost per optimizer step (8B seed recipe, batch 1: 1.23 s at 512 vs 1.22 s at 2048); "
-                        "tokens/s is lower only because rows are cut to fewer tokens",
-}
-NOT_MEASURED = {
-    "bf16": "every benchmark run computed in bf16; no fp32 run was measured",
-    "gradient_accumulation": "no pair of runs differs only in accumulation at the same micro-batch",
-}
+PAIRS = HERE / "lever_pairs.yaml"  # which measured runs answer what each lever saves and costs (data, hand-kept)
 
 
 def raw_index() -> dict[tuple[str, str], dict]:
     """(run, name) -> the raw record + what earlier runs of its process left (paged buffers, liger patch)."""
     out = {}
     for run, path in SOURCES:
-        liger_patched, leftover = False, 0.0
-        for position, r in enumerate(json.loads((RESULTS / path).read_text())["results"]):
+        results = json.loads((RESULTS / path).read_text())["results"]
+        for position, r, liger_patched, leftover in process_walk(results):
             out[(run, r["name"])] = dict(r, _leftover=leftover, _position=position,
                                          _liger_layers=bool(r.get("config", {}).get("use_liger_kernel")) or
                                          (liger_patched and r["arch"] in LLAMA))
-            if r.get("config", {}).get("use_liger_kernel") and r["arch"] in LLAMA:
-                liger_patched = True
-            if r.get("status") == "ok":
-                leftover += (r.get("breakdown") or {}).get("cpu: optimizer state (paged)", 0.0)
     return out
 
 
-def measured_side(ref: tuple[str, str], index: dict, leaks: dict) -> dict:
+def measured_side(ref: list[str], index: dict, leaks: dict, baseline: dict) -> dict:
     run, name = ref
     if run == "baseline":
-        return {"file": BASELINE_FILE, "row": name, **BASELINE_ROWS[name]}
-    r = index[ref]
+        return {"file": BASELINE_FILE, "row": name, **baseline[name]}
+    r = index[(run, name)]
     side = {"file": f"bench/results/{dict(SOURCES)[run]}", "run": run, "row": name}
     for k in ("peak_allocated_gib", "peak_reserved_gib", "nvml_peak_gib", "tokens_per_s", "s_per_step",
               "largest_micro_batch_tokens", "train_peak_allocated_gib", "train_peak_nvml_gib"):
@@ -353,32 +285,34 @@ def saving(on: dict, off: dict, key: str) -> float | None:
     return round(a - b, 3)
 
 
-def measurement(spec: tuple, index: dict, leaks: dict) -> dict:
-    _, on_ref, off_ref, where, note = spec
-    on, off = measured_side(on_ref, index, leaks), measured_side(off_ref, index, leaks)
+def measurement(pair: dict, index: dict, leaks: dict, baseline: dict) -> dict:
+    """One pair of lever_pairs.yaml: what the lever saved and cost between its two measured runs."""
+    on, off = (measured_side(pair[side], index, leaks, baseline) for side in ("with", "without"))
     out = {
         "memory_saved_gib": {"peak_allocated": saving(on, off, "peak_allocated_gib"),
                              "nvml_peak": saving(on, off, "nvml_peak_gib")},
         "speed_ratio": round(on["tokens_per_s"] / off["tokens_per_s"], 3),
-        "where": where, "on": on, "off": off,
+        "where": pair["where"], "on": on, "off": off,
     }
     if on.get("s_per_step") and off.get("s_per_step"):
         out["step_time_ratio"] = round(on["s_per_step"] / off["s_per_step"], 3)  # seconds per optimizer step
     train = saving(on, off, "train_peak_allocated_gib")
     if train is not None and train != out["memory_saved_gib"]["peak_allocated"]:
         out["memory_saved_gib"]["training_peak_allocated"] = train
-    if note:
-        out["note"] = note
+    if pair.get("note"):
+        out["note"] = pair["note"]
     return out
 
 
 def write_levers(rows: list[dict]) -> dict:
+    pairs = yaml.safe_load(PAIRS.read_text(encoding="utf-8"))
     index = raw_index()
     leaks = {(r["source"], r["name"]): {"raw": r["raw"], "correction": r["correction"]} for r in rows if "raw" in r}
+    run1_leaks = leaks_at_floor(json.loads((RESULTS / dict(SOURCES)["run1"]).read_text())["results"])
     for (run, name), rec in index.items():  # run-1 rows left out of the grid: correct them the same way
         if run == "run1" and (run, name) not in leaks and rec.get("status") == "ok" and rec["_position"] and \
                 rec.get("group") != "profile":
-            built = build_row(rec, run, rec["_position"], False, 0.0, _run1_leaks())
+            built = build_row(rec, run, rec["_position"], False, 0.0, run1_leaks)
             if "raw" in built:
                 leaks[(run, name)] = {"raw": built["raw"], "correction": built["correction"]}
                 for k in ("peak_allocated_gib", "peak_reserved_gib", "nvml_peak_gib"):
@@ -388,18 +322,17 @@ def write_levers(rows: list[dict]) -> dict:
             for k in ("peak_allocated_gib", "peak_reserved_gib", "nvml_peak_gib"):
                 rec[k] = next((r[k] for r in rows if r["source"] == run and r["name"] == name), rec[k])
 
-    def collect(specs):
+    def collect(section: str) -> dict[str, dict]:
         out: dict[str, dict] = {}
-        for spec in specs:
-            m = measurement(spec, index, leaks)
-            entry = out.setdefault(spec[0], {"measurements": []})
-            entry["measurements"].append(m)
+        for pair in pairs[section]:
+            m = measurement(pair, index, leaks, pairs["baseline_rows"])
+            out.setdefault(pair["key"], {"measurements": []})["measurements"].append(m)
         for key, entry in out.items():  # the first measurement is the headline
             entry["memory_saved_gib"] = entry["measurements"][0]["memory_saved_gib"]
             entry["speed_ratio"] = entry["measurements"][0]["speed_ratio"]
-            if key in SPEED_NOT_A_COST:
+            if key in pairs["speed_not_a_cost"]:
                 entry["speed_ratio"] = None
-                entry["speed_note"] = SPEED_NOT_A_COST[key]
+                entry["speed_note"] = pairs["speed_not_a_cost"][key]
         return out
 
     doc = {
@@ -409,20 +342,12 @@ def write_levers(rows: list[dict]) -> dict:
                  "tokens/s with the lever on / off (0.6 = 40% slower, 2.0 = twice as fast). Each measurement names "
                  "its two rows and file; the first is the headline. `checklist` is keyed by core.checklist item "
                  "keys, `levers` by engine setting. Written by `python -m bench.assemble` from the raw results.",
-        "checklist": collect(CHECKLIST_MEASUREMENTS),
-        "levers": collect(LEVER_MEASUREMENTS),
-        "not_measured": NOT_MEASURED,
+        "checklist": collect("checklist"),
+        "levers": collect("levers"),
+        "not_measured": pairs["not_measured"],
     }
     (HERE / "levers.json").write_text(json.dumps(doc, indent=1) + "\n")
     return doc
-
-
-def _run1_leaks() -> dict[float, float]:
-    leaks: dict[float, float] = {}
-    for position, r in enumerate(json.loads((RESULTS / dict(SOURCES)["run1"]).read_text())["results"]):
-        if r.get("status") == "ok" and r.get("config", {}).get("load_in_4bit", True) and position:
-            leaks[round(r["nvml_floor_gib"], 2)] = r["allocated_after_load_gib"] - CLEAN_LOAD_GIB[r["arch"]]
-    return leaks
 
 
 if __name__ == "__main__":

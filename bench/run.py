@@ -16,6 +16,7 @@ DIR/profiles.txt, DIR/table.md and prints the table last. Runs run one after ano
 released between them (the NVML floor before each run is recorded).
 
 `--plan dry` runs a tiny model on the CPU: it checks the code paths, not the numbers.
+The plans are in bench/plans.py, what is written from the results in bench/run_report.py.
 """
 
 from __future__ import annotations
@@ -29,160 +30,13 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-HUB_IDS = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B", "qwen2.5-14b": "Qwen/Qwen2.5-14B",
-           "llama-3.1-70b": "meta-llama/Llama-3.1-70B", "tiny-llama": "bench/tiny-llama"}
-
-
-@dataclass
-class Variant:
-    name: str
-    arch: str
-    recipe: str  # "seed": bench/seed_recipe.py (the chapter as written) | "engine": core.model + core.train
-    preset: str = "chapter"  # engine runs start from this preset (core/presets.py)
-    changes: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides on top of the preset
-    data: str = "dolly"  # dolly: lognormal lengths | full: every row longer than max_length
-    steps: int = 5
-    profile: bool = False
-    grid: bool = False  # also a row of grid_measured.json (issue 5)
-    group: str = "main"
-    note: str = ""
-    est_s: float = 30.0  # rough wall time, for the --budget-s guard
-    varlen: bool = False  # experiment: bench/varlen.py attention per packed row (not an engine lever yet)
-
-
-def gpu_plan() -> list[Variant]:
-    """Everything, in the order of a full rerun (~9 min on an H200 + the 70B rows)."""
-    return main_plan() + [v for v in grid_plan() if v.arch != "llama-3.1-8b"] + lever_plan() + \
-        [v for v in grid_plan() if v.arch == "llama-3.1-8b"] + experiment_plan() + profile_plan()
-
-
-def followup_plan() -> list[Variant]:
-    """What the 2026-11-29 session could not measure cleanly (see bench/RESULTS.md, "Not measured yet")."""
-    return [v for v in grid_plan() if v.arch == "llama-3.1-70b"] + experiment_plan() + lever_plan() + \
-        [v for v in grid_plan() if v.arch == "llama-3.1-8b"] + profile_plan()
-
-
-def main_plan() -> list[Variant]:
-    v8 = "llama-3.1-8b"
-    return [
-        # --- 8B: the chapter as written, then the same settings through memtune's engine ---------------------
-        Variant("seed", v8, "seed", steps=3, est_s=45,
-                note="chapter script as written: batch 1 x 16, checkpointing, paged 8-bit, fp32 upcast"),
-        Variant("engine-chapter", v8, "engine", "chapter", steps=3, est_s=38,
-                note="memtune engine, chapter preset: same settings as the seed row"),
-        # --- 8B: presets and their alternatives ----------------------------------------------------------------
-        Variant("lowest_memory", v8, "engine", "lowest_memory", steps=4, group="preset", est_s=14),
-        Variant("lowest_memory-1pack", v8, "engine", "lowest_memory",
-                {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 6}, steps=4, group="preset",
-                est_s=16),
-        Variant("fastest", v8, "engine", "fastest", steps=8, group="preset", est_s=10),
-        Variant("fastest-6packs", v8, "engine", "fastest", {"per_device_train_batch_size": 6}, steps=8,
-                group="preset", est_s=10),
-        Variant("fastest-16packs+ckpt", v8, "engine", "fastest", {"per_device_train_batch_size": 16,
-                "gradient_checkpointing": True}, steps=6, group="preset",
-                note="~3x the chapter's tokens per optimizer step", est_s=12),
-    ]
-
-
-def lever_plan() -> list[Variant]:
-    """8B: one lever at a time, cumulative from the chapter's settings (accumulation 4 to keep runs short)."""
-    v8 = "llama-3.1-8b"
-    acc4 = {"gradient_accumulation_steps": 4}
-    lean = {**acc4, "upcast_to_fp32": False}
-    lean2 = {**lean, "lora_dropout": 0.0}
-    lean3 = {**lean2, "offload_embeddings": True}
-    lean4 = {**lean3, "expandable_segments": True}
-    lean5 = {**lean4, "packing": True}
-    lean6 = {**lean5, "use_liger_kernel": True}
-    return [
-        Variant("chapter-acc4", v8, "engine", "chapter", acc4, group="lever", steps=4, est_s=14),
-        Variant("+no-upcast", v8, "engine", "chapter", lean, group="lever", steps=4, est_s=12),
-        Variant("+dropout0", v8, "engine", "chapter", lean2, group="lever", steps=4, est_s=12),
-        Variant("+embed-on-cpu", v8, "engine", "chapter", lean3, group="lever", steps=4, est_s=12),
-        Variant("+expandable", v8, "engine", "chapter", lean4, group="lever", steps=4, est_s=12),
-        Variant("+packing", v8, "engine", "chapter", lean5, group="lever", steps=4, est_s=12),
-        Variant("+liger", v8, "engine", "chapter", lean6, group="lever", steps=4, est_s=12),
-        Variant("+no-ckpt", v8, "engine", "chapter", {**lean6, "gradient_checkpointing": False}, group="lever",
-                steps=4, est_s=10),
-    ]
-
-
-def experiment_plan() -> list[Variant]:
-    v8 = "llama-3.1-8b"
-    return [
-        Variant("fastest+varlen", v8, "engine", "fastest", steps=8, group="experiment", varlen=True, est_s=10),
-        Variant("fastest+expandable", v8, "engine", "fastest", {"expandable_segments": True}, steps=8,
-                group="experiment", est_s=10),
-        Variant("lowest_memory+varlen", v8, "engine", "lowest_memory", steps=4, group="experiment", varlen=True,
-                est_s=14),
-    ]
-
-
-def profile_plan() -> list[Variant]:
-    """Profiles last: the profiler's CUPTI buffers stay on the GPU and would inflate later NVML peaks."""
-    v8 = "llama-3.1-8b"
-    return [
-        Variant("seed (profile)", v8, "seed", changes={"gradient_accumulation_steps": 3}, steps=2, profile=True,
-                group="profile", est_s=12),
-        Variant("engine-chapter (profile)", v8, "engine", "chapter", {"gradient_accumulation_steps": 3}, steps=2,
-                profile=True, group="profile", est_s=12),
-        Variant("lowest_memory (profile)", v8, "engine", "lowest_memory", steps=2, profile=True, group="profile",
-                est_s=10),
-        Variant("fastest (profile)", v8, "engine", "fastest", steps=3, profile=True, group="profile", est_s=8),
-    ]
-
-
-def grid_plan() -> list[Variant]:
-    v8, v14, v70 = "llama-3.1-8b", "qwen2.5-14b", "llama-3.1-70b"
-    g = dict(data="full", steps=2, grid=True, group="grid")
-    acc2 = {"gradient_accumulation_steps": 2}
-    return [
-        Variant("g8-seed-512", v8, "seed", changes={**acc2}, est_s=8, **g),
-        Variant("g8-seed-2048", v8, "seed", changes={**acc2, "max_length": 2048}, est_s=9, **g),
-        Variant("g8-seed-256-b8-adamw", v8, "seed", changes={**acc2, "max_length": 256,
-                "per_device_train_batch_size": 8, "optim": "adamw_torch"}, est_s=8, **g),
-        Variant("g8-chapter-1024-b4-nockpt-paged32", v8, "engine", "chapter", {**acc2, "max_length": 1024,
-                "per_device_train_batch_size": 4, "gradient_checkpointing": False, "optim": "paged_adamw_32bit"},
-                est_s=9, **g),
-        Variant("g8-low-512", v8, "engine", "lowest_memory", {**acc2}, est_s=8, **g),
-        Variant("g8-low-2048", v8, "engine", "lowest_memory", {**acc2, "max_length": 2048}, est_s=9, **g),
-        Variant("g8-fast-512", v8, "engine", "fastest", {**acc2}, est_s=8, **g),
-        Variant("g8-fast-1024-b2-adamw", v8, "engine", "fastest", {**acc2, "max_length": 1024,
-                "per_device_train_batch_size": 2, "optim": "adamw_torch"}, est_s=8, **g),
-        Variant("g8-chapter-256-b8-nockpt-8bit", v8, "engine", "chapter", {**acc2, "max_length": 256,
-                "per_device_train_batch_size": 8, "gradient_checkpointing": False, "optim": "adamw_8bit"},
-                est_s=8, **g),
-        Variant("g14-seed-512", v14, "seed", changes={**acc2}, est_s=20, **g),
-        Variant("g14-low-512", v14, "engine", "lowest_memory", {**acc2}, est_s=20, **g),
-        Variant("g70-seed-512", v70, "seed", changes={**acc2}, est_s=35, **g),
-        Variant("g70-low-512", v70, "engine", "lowest_memory", {**acc2}, est_s=35, **g),
-        Variant("g70-low-2048", v70, "engine", "lowest_memory", {**acc2, "max_length": 2048}, est_s=35, **g),
-        Variant("g70-low-1024-b2-adamw", v70, "engine", "lowest_memory", {**acc2, "max_length": 1024,
-                "per_device_train_batch_size": 2, "optim": "adamw_torch"}, est_s=35, **g),
-    ]
-
-
-def dry_plan() -> list[Variant]:
-    """The same code paths on a tiny model on the CPU (liger and NVML need CUDA and are skipped there)."""
-    t = "tiny-llama"
-    return [
-        Variant("seed", t, "seed", changes={"gradient_accumulation_steps": 2}, steps=2, profile=True),
-        Variant("engine-chapter", t, "engine", "chapter", {"gradient_accumulation_steps": 2}, steps=2),
-        Variant("lowest_memory", t, "engine", "lowest_memory", {"gradient_accumulation_steps": 2}, steps=2,
-                profile=True),
-        Variant("fastest", t, "engine", "fastest", steps=2, profile=True),
-        Variant("fastest-bf16", t, "engine", "fastest", {"load_in_4bit": False}, steps=2),
-        Variant("fastest+varlen", t, "engine", "fastest", steps=2, varlen=True),
-        Variant("g-seed-256-b8-adamw", t, "seed", changes={"gradient_accumulation_steps": 2, "max_length": 256,
-                "per_device_train_batch_size": 8, "optim": "adamw_torch"}, data="full", steps=2, grid=True),
-        Variant("g-low-1024", t, "engine", "lowest_memory", {"gradient_accumulation_steps": 2,
-                "max_length": 1024}, data="full", steps=2, grid=True),
-    ]
+from bench.archs import HUB_IDS
+from bench.plans import Variant, dry_plan, followup_plan, gpu_plan, grid_plan, main_plan
+from bench.run_report import grid_rows, math_check, profile_text, table
 
 
 # --- one run ----------------------------------------------------------------------------------------------------
@@ -240,7 +94,6 @@ def run_one(v: Variant, tokenizer, datasets, nvml, cuda: bool, workdir: Path) ->
         model = synth.build_model(v.arch, device, quantize=cfg.load_in_4bit)
         rec["build_s"] = round(time.perf_counter() - t0, 1)
         rec["allocated_after_load_gib"] = gib(torch.cuda.memory_allocated()) if cuda else None
-        meter_cb = []
         if v.recipe == "seed":
             model = seed_recipe.prepare(model, tokenizer, lora_seed=cfg.seed)
             args = seed_recipe.training_args(str(workdir / v.name), v.steps, **seed_changes(v, cuda))
@@ -381,91 +234,6 @@ def environment(cuda: bool, argv: list[str]) -> dict[str, Any]:
         "versions": versions,
         "command": "python -m bench.run " + " ".join(argv),
     }
-
-
-def table(results: list[dict]) -> str:
-    seeds = {r["arch"]: r for r in results if r["name"] in ("seed", "g14-seed-512", "g70-seed-512")
-             and r.get("tokens_per_s")}
-    results = [r for r in results if r.get("group") != "profile"]
-    lines = ["| run | arch | peak alloc GiB | peak reserved GiB | NVML GiB | tokens/s | s/step | tok/step | x seed | "
-             "first loss |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        if r.get("status") != "ok":
-            lines.append(f"| {r['name']} | {r['arch']} | {r.get('peak_allocated_gib')} | "
-                         f"{r.get('peak_reserved_gib')} | {r.get('nvml_peak_gib')} | FAILED: "
-                         f"{r.get('error', '')[:60]} | | | | |")
-            continue
-        seed = seeds.get(r["arch"])
-        ratio = (r["tokens_per_s"] / seed["tokens_per_s"]) if (seed and r.get("tokens_per_s")) else None
-        first = r["losses"][0] if r.get("losses") else None
-        lines.append(
-            f"| {r['name']} | {r['arch'].replace('llama-3.1-', '').replace('qwen2.5-', 'q')} | "
-            f"{r['peak_allocated_gib']} | {r['peak_reserved_gib']} | {r['nvml_peak_gib']} | "
-            f"{r['tokens_per_s']} | {r['s_per_step']} | {r.get('tokens_per_step')} | "
-            f"{ratio and round(ratio, 2)} | {first and round(first, 4)} |")
-    return "\n".join(lines)
-
-
-def math_check(results: list[dict]) -> dict[str, Any]:
-    by = {r["name"]: r for r in results if r.get("status") == "ok"}
-    out: dict[str, Any] = {}
-    seed = by.get("seed")
-    if not seed or not seed.get("losses"):
-        return out
-    for name, r in by.items():
-        if name == "seed" or r["arch"] != seed["arch"] or r["data"] != "dolly" or not r.get("losses"):
-            continue
-        n = min(len(seed["losses"]), len(r["losses"]))
-        rel = [abs(a - b) / abs(a) for a, b in zip(seed["losses"][:n], r["losses"][:n])]
-        out[name] = {"first_loss_rel_diff": round(rel[0], 6), "max_curve_rel_diff": round(max(rel), 6),
-                     "first_loss_within_1pct": rel[0] <= 0.01}
-    # Same batches, one setting apart: the loss curves should agree to bf16 noise.
-    for a, b in (("fastest+varlen", "fastest"), ("lowest_memory+varlen", "lowest_memory")):
-        if a in by and b in by and by[a].get("losses") and by[b].get("losses"):
-            n = min(len(by[a]["losses"]), len(by[b]["losses"]))
-            rel = [abs(x - y) / abs(y) for x, y in zip(by[a]["losses"][:n], by[b]["losses"][:n])]
-            out[f"{a} vs {b}"] = {"first_loss_rel_diff": round(rel[0], 6), "max_curve_rel_diff": round(max(rel), 6)}
-    return out
-
-
-def grid_rows(results: list[dict], env: dict) -> list[dict]:
-    rows = []
-    for r in results:
-        if not r.get("grid"):
-            continue
-        rows.append({
-            "name": r["name"], "arch": r["arch"], "hub_id": HUB_IDS[r["arch"]], "recipe": r["recipe"],
-            "preset": r["preset"], "status": r.get("status"),
-            "peak_allocated_gib": r.get("peak_allocated_gib"), "peak_reserved_gib": r.get("peak_reserved_gib"),
-            "nvml_peak_gib": r.get("nvml_peak_gib"), "nvml_floor_gib": r.get("nvml_floor_gib"),
-            "allocated_after_load_gib": r.get("allocated_after_load_gib"),
-            "largest_micro_batch_tokens": r.get("largest_micro_batch_tokens"),
-            "tokens_per_s": r.get("tokens_per_s"),
-            "data": "every row longer than max_length: each micro-batch is batch x max_length tokens",
-            "config": r["config"],
-            "breakdown": r.get("breakdown"),
-        })
-    return rows
-
-
-def profile_text(results: list[dict]) -> str:
-    out = []
-    for r in results:
-        p = r.get("profile")
-        if not p:
-            continue
-        out.append(f"## {r['name']} ({r['arch']}): {p['micro_steps']} micro-steps, wall {p['wall_s']:.3f} s, "
-                   f"CPU self {p['cpu_self_s']:.3f} s, GPU kernels {p['gpu_kernel_s']:.3f} s "
-                   f"(busy {100 * (p['gpu_busy_fraction'] or 0):.0f}%), {p['kernel_launches']} kernels")
-        out.append(f"calls: {json.dumps(p['calls'])}")
-        out.append(f"GPU time by kind (s): {json.dumps(p['gpu_by_kind_s'])}")
-        out.append("top GPU ops (self ms, calls):")
-        out += [f"  {ms:9.2f}  {n:6d}  {k}" for k, ms, n in p["top_gpu"]]
-        out.append("top CPU ops (self ms, calls):")
-        out += [f"  {ms:9.2f}  {n:6d}  {k}" for k, ms, n in p["top_cpu"]]
-        out.append("")
-    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:

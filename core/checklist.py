@@ -43,25 +43,25 @@ def _accumulate(cfg: TrainConfig) -> TrainConfig:
     return cfg.replace(per_device_train_batch_size=1, gradient_accumulation_steps=effective)
 
 
+def _switch(key: str, label: str, tradeoff: str, name: str) -> ChecklistItem:
+    """An item that is one boolean config field: on is True, off is False."""
+    return ChecklistItem(key, label, tradeoff, (name,), lambda c: getattr(c, name),
+                         lambda c: c.replace(**{name: True}), lambda c: c.replace(**{name: False}))
+
+
 ITEMS: tuple[ChecklistItem, ...] = (
-    ChecklistItem(
+    _switch(
         "qlora", "Use QLoRA (4-bit quantization)",
         "Stores the frozen base weights in 4-bit NF4: ~4x less weight memory (an 8B model: ~15 GiB -> ~5.4 GiB "
         "with bf16 embeddings). Costs dequantization work every step and a little accuracy.",
-        ("load_in_4bit",),
-        lambda c: c.load_in_4bit,
-        lambda c: c.replace(load_in_4bit=True),
-        lambda c: c.replace(load_in_4bit=False),
+        "load_in_4bit",
     ),
-    ChecklistItem(
+    _switch(
         "gradient_checkpointing", "Enable gradient checkpointing",
         "Recomputes each layer's activations in the backward pass instead of storing them. Saves activation "
         "memory that grows with batch x length (the estimate beside this box says how much at your settings); "
         "costs ~25-35% more compute per step.",
-        ("gradient_checkpointing",),
-        lambda c: c.gradient_checkpointing,
-        lambda c: c.replace(gradient_checkpointing=True),
-        lambda c: c.replace(gradient_checkpointing=False),
+        "gradient_checkpointing",
     ),
     ChecklistItem(
         "gradient_accumulation", "Use gradient accumulation",

@@ -9,6 +9,8 @@
 - `push_to_hub(folder, repo_id)` uploads a folder with the token from the argument or $HF_TOKEN (never stored,
   never logged, never put into an error message).
 
+The same on the command line: `python -m core.export gguf|merge|zip` (core/export_cli.py).
+
 Every folder or zip is written under a temporary name and renamed into place, so a crash or a full disk never
 leaves something that looks finished but is not. A merged folder carries memtune's marker (kind "merged"):
 Replace deletes only such a folder, after resolving `..` and links, never any other folder typed in.
@@ -386,65 +388,7 @@ def _push_message(exc: Exception, repo_id: str, token: str) -> str:
     return _scrub(f"Pushing to {repo_id} failed: {name}: {exc}", token)
 
 
-# --- command line (python -m core.export) ---------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    """`python -m core.export gguf|merge|zip ...`: the Export tab's actions on the command line."""
-    import argparse
-    import sys
+if __name__ == "__main__":  # the command line lives in core/export_cli.py
+    from core.export_cli import main
 
-    parser = argparse.ArgumentParser(
-        prog="python -m core.export", description="Take a memtune adapter elsewhere: GGUF files for llama.cpp / "
-        "Ollama / LM Studio (several formats in one go), a merged bf16 model, or a zip of the adapter.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    gg = sub.add_parser("gguf", help="merge the adapter into its base and write GGUF files + Ollama Modelfile",
-                        description="Merge a memtune adapter into its base model (or take a model folder) and write "
-                        "one GGUF file per format, an Ollama Modelfile and a README with the ollama / llama-cli "
-                        "commands. Supported: Llama (incl. 3.x), Mistral, Qwen2.")
-    gg.add_argument("source", help="a run's adapter folder (runs/<run>/adapter), or a transformers model folder "
-                    "with --model")
-    gg.add_argument("--model", action="store_true", help="SOURCE is a model folder (already merged), not an adapter")
-    gg.add_argument("--formats", default="f16,q8_0", help="comma-separated, from: f16, bf16, q8_0, f32 "
-                    "(default: f16,q8_0)")
-    gg.add_argument("--out", default=None, help="output folder (default: the run's gguf/ folder)")
-    gg.add_argument("--replace", action="store_true", help="replace an earlier GGUF export in --out")
-    gg.add_argument("--plan", action="store_true", help="only say how much RAM and disk it needs, write nothing")
-    mg = sub.add_parser("merge", help="merge the adapter into its base model (bf16 transformers folder)")
-    mg.add_argument("adapter")
-    mg.add_argument("--out", default=None, help="output folder (default: the run's merged/ folder)")
-    mg.add_argument("--replace", action="store_true")
-    zp = sub.add_parser("zip", help="zip the adapter folder")
-    zp.add_argument("adapter")
-    zp.add_argument("--out", default=None, help="folder for the zip (default: a temporary folder)")
-    args = parser.parse_args(argv)
-
-    def show(fraction: float, message: str) -> None:
-        print(f"[{fraction * 100:5.1f}%] {message}", flush=True)
-
-    from core.gguf import GGUFError
-
-    try:
-        if args.command == "gguf":
-            from core.gguf_export import export_gguf, plan_gguf
-
-            src = dict(model_dir=args.source) if args.model else dict(adapter_dir=args.source)
-            if args.plan:
-                plan = plan_gguf(formats=args.formats, out_dir=args.out, **src)
-                print(plan.message)
-                return 0 if plan.ok else 1
-            result = export_gguf(formats=args.formats, out_dir=args.out, progress=show, overwrite=args.replace, **src)
-            print(f"\nWritten to {result.out_dir}:")
-            for path in [*result.files.values(), result.modelfile, result.readme]:
-                print(f"  {path.name}")
-            print("\nRun it:\n  " + "\n  ".join(result.commands))
-        elif args.command == "merge":
-            print(merge_adapter(args.adapter, args.out, progress=show, overwrite=args.replace))
-        else:
-            print(zip_adapter(args.adapter, args.out))
-    except (ExportError, GGUFError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
     raise SystemExit(main())

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from core.callbacks import STOP_FILE
 from core.config import TrainConfig
 from core.events import EventTail, JsonlSink, make_event, read_events
 from core.jobview import JobView, _Fold, format_event, job_view, view  # noqa: F401 - the UI's imports
@@ -38,7 +39,6 @@ from core.jobview import JobView, _Fold, format_event, job_view, view  # noqa: F
 Runner = Callable[..., Any]  # an in-process stand-in for the child: runner(cfg, sink=..., stop=...) (UI tests only)
 
 ROOT = Path(__file__).resolve().parent.parent  # the child imports `core` from here, whatever the app's cwd
-STOP_FILE = "STOP"  # = core.train.STOP_FILE (not imported: core.train is the child's module)
 LOG_FILE = "train.log"
 POLL_S = 0.25  # how often the manager reads events.jsonl and checks the child
 # A healthy child answers a Stop within about a second (a thread watches for the stop file), even mid-step or while

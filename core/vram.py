@@ -13,7 +13,6 @@ Three numbers people confuse, and which one this module gives:
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,12 +44,6 @@ def _nvml():
     return pynvml
 
 
-def _reset() -> None:
-    """Forget the NVML initialisation (tests use it to simulate a machine without the driver)."""
-    with _lock:
-        _state.update(tried=False, ok=False, error="")
-
-
 def nvml_available() -> bool:
     return _nvml() is not None
 
@@ -62,7 +55,6 @@ class GpuInfo:
     name: str
     used_bytes: int
     total_bytes: int
-    process_bytes: int | None = None  # this process's share; None where the driver does not say (containers)
 
     @property
     def used_gib(self) -> float:
@@ -73,17 +65,9 @@ class GpuInfo:
         return self.total_bytes / GIB
 
     @property
-    def fraction(self) -> float:
-        return self.used_bytes / self.total_bytes if self.total_bytes else 0.0
-
-    @property
     def label(self) -> str:
         """e.g. 'GPU 0 NVIDIA H200: 10.9 / 139.8 GiB (8%)'."""
         return f"GPU {self.index} {self.name}: {format_usage(self.used_bytes, self.total_bytes)}"
-
-    @property
-    def band(self) -> str:
-        return band(self.fraction)
 
 
 @dataclass(frozen=True)
@@ -112,23 +96,10 @@ def snapshot() -> GpuSnapshot:
             name = nv.nvmlDeviceGetName(handle)
             name = name.decode() if isinstance(name, bytes) else str(name)
             mem = nv.nvmlDeviceGetMemoryInfo(handle)
-            gpus.append(GpuInfo(i, name, int(mem.used), int(mem.total), _process_bytes(nv, handle)))
+            gpus.append(GpuInfo(i, name, int(mem.used), int(mem.total)))
         except Exception:  # a GPU that cannot be read (lost, MIG without access) is left out
             continue
     return GpuSnapshot(gpus, "" if gpus else NO_GPU)
-
-
-def _process_bytes(nv, handle) -> int | None:
-    """Memory this process holds on the device, or None when NVML does not report it for us."""
-    try:
-        procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)
-    except Exception:
-        return None
-    pid = os.getpid()
-    used = [p.usedGpuMemory for p in procs if getattr(p, "pid", None) == pid]
-    if not used or any(u is None for u in used):
-        return None  # not listed (another PID namespace) or the driver withholds the number
-    return int(sum(used))
 
 
 def device_used_bytes(index: int = 0) -> int | None:

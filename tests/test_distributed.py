@@ -58,17 +58,14 @@ def test_quant_storage_matches_the_compute_dtype_only_for_fsdp():
     assert distributed.quant_storage(ddp, distributed.plan(ddp, n_gpus=2)) is None
 
 
-def test_the_equivalent_accelerate_command_and_config_are_shown():
+def test_the_equivalent_accelerate_command_is_shown():
     cfg = TrainConfig(num_gpus="2", num_machines=2, machine_rank=0, main_process_ip="10.0.0.1",
                       main_process_port=29555, distributed_strategy="ddp")
     text = distributed.launch_command_text(cfg, "my.yaml", n_gpus=2)
     assert text.startswith("accelerate launch --num_processes 4 --num_machines 2 --machine_rank 0")
     assert "--main_process_ip 10.0.0.1 --main_process_port 29555" in text and "-m core.train --config my.yaml" in text
-    conf = distributed.accelerate_config(distributed.plan(cfg, n_gpus=2), cfg)
-    assert conf["distributed_type"] == "MULTI_GPU" and conf["num_processes"] == 4
     fsdp = cfg.replace(distributed_strategy="fsdp", num_machines=1)
-    conf = distributed.accelerate_config(distributed.plan(fsdp, n_gpus=2), fsdp)
-    assert conf["distributed_type"] == "FSDP" and conf["fsdp_config"]["fsdp_cpu_ram_efficient_loading"] is True
+    assert "--fsdp_cpu_ram_efficient_loading true" in distributed.launch_command_text(fsdp, "my.yaml", n_gpus=2)
 
 
 # --- real multi-process runs of the demo on the CPU (gloo): accelerate launch, no fakes -------------------------------

@@ -9,13 +9,16 @@ import pytest
 from core import vram
 
 
+def fresh_nvml_state(monkeypatch):
+    """NVML not yet initialised in this process (the real state comes back after the test)."""
+    monkeypatch.setattr(vram, "_state", {"tried": False, "ok": False, "error": ""})
+
+
 @pytest.fixture
 def no_pynvml(monkeypatch):
     """Simulate a machine without the NVML package (mocking its absence only)."""
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    vram._reset()
-    yield
-    vram._reset()
+    fresh_nvml_state(monkeypatch)
 
 
 def test_snapshot_never_raises_and_says_why():
@@ -45,17 +48,14 @@ def test_nvml_is_initialised_once_across_threads(monkeypatch):
         raise RuntimeError("NVML Shared Library Not Found")
 
     monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=failing_init))
-    vram._reset()
-    try:
-        threads = [threading.Thread(target=vram.snapshot) for _ in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert len(calls) == 1
-        assert vram.snapshot().message == vram.NO_GPU
-    finally:
-        vram._reset()
+    fresh_nvml_state(monkeypatch)
+    threads = [threading.Thread(target=vram.snapshot) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert vram.snapshot().message == vram.NO_GPU
 
 
 def test_peak_tracker_without_nvml_reports_none(no_pynvml):
@@ -87,8 +87,8 @@ def test_torch_peaks_is_none_without_cuda():
 def test_format_usage():
     assert vram.format_usage(int(10.87 * vram.GIB), 140 * vram.GIB) == "10.9 / 140.0 GiB (8%)"
     assert vram.format_usage(0, 0) == "0.0 / 0.0 GiB (0%)"
-    g = vram.GpuInfo(0, "NVIDIA H200", 70 * vram.GIB, 100 * vram.GIB, None)
-    assert g.label == "GPU 0 NVIDIA H200: 70.0 / 100.0 GiB (70%)" and g.band == "amber"
+    g = vram.GpuInfo(0, "NVIDIA H200", 70 * vram.GIB, 100 * vram.GIB)
+    assert g.label == "GPU 0 NVIDIA H200: 70.0 / 100.0 GiB (70%)"
 
 
 @pytest.mark.parametrize("fraction, colour", [

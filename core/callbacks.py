@@ -1,0 +1,152 @@
+"""What a run says while it trains, and how it hears Stop: the phases, the Trainer callback, the stop watch.
+
+core/train.py's recipe uses these; none of them decides anything about training. Every one reports through an
+event sink (core/events.py): `phase` keeps a long step (a download, a load) audibly alive, `make_callback` turns the
+Trainer's steps and logs into `step`/`metrics` events and ends the run after the current step when Stop is asked,
+`watch_stop` answers a Stop at once, and `BarOnly` keeps the Trainer's terminal progress bar without its log dicts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+from core.events import EventSink, make_event
+from core.runs import COMPLETE_MARKER
+
+STOP_FILE = "STOP"  # in a run folder: asks the run to end after its current step and save the adapter
+HEARTBEAT_S = 2.0  # no phase stays silent longer than this
+
+
+@contextlib.contextmanager
+def phase(sink: EventSink, name: str, message: str) -> Iterator[None]:
+    """Announce a phase and keep saying it is alive every few seconds until it ends."""
+    sink(make_event("phase", phase=name, message=message, progress=None))
+    done = threading.Event()
+    start = time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_S):
+            sink(make_event("phase", phase=name, progress=None,
+                            message=f"{message} ({time.monotonic() - start:.0f} s)"))
+
+    thread = threading.Thread(target=beat, daemon=True, name=f"memtune-heartbeat-{name}")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def watch_stop(emit: EventSink, stop: threading.Event, stop_file: Path) -> threading.Event:
+    """Until the returned event is set: turn a stop file into the stop flag, and say at once that Stop was seen.
+
+    The stop file (written by the app's job manager, or `touch RUN/STOP` by hand) and a signal (SIGTERM sets the
+    flag in `main`) are the two ways to ask; the `ack` event tells the manager the run is alive and ending, so it
+    waits for the current step instead of killing the run.
+    """
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.5):
+            if stop.is_set() or stop_file.exists():
+                stop.set()
+                emit(make_event("log", level="info", ack="stop",
+                                message="Stop requested: finishing the current step, then saving the adapter."))
+                return
+
+    threading.Thread(target=watch, daemon=True, name="memtune-stop-watch").start()
+    return done
+
+
+def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file: Path | None = None):
+    """A TrainerCallback that emits step events, honours Stop (flag or stop file) and marks checkpoints complete."""
+    from transformers import TrainerCallback
+
+    from core import distributed, vram
+
+    class EventCallback(TrainerCallback):
+        def __init__(self) -> None:
+            self.start = time.monotonic()
+            self.first_loss: float | None = None
+            self.last_loss: float | None = None
+            self.tokens_at_start = 0
+            self.steps_at_start = 0
+            self.stopped = False
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.start = time.monotonic()
+            self.tokens_at_start = state.num_input_tokens_seen or 0
+            self.steps_at_start = state.global_step
+            sink(make_event("phase", phase="training", progress=0.0,
+                            message=f"Training: {state.max_steps} optimizer steps"))
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            logs = logs or {}
+            if "loss" not in logs:
+                return
+            loss = float(logs["loss"])
+            self.first_loss = loss if self.first_loss is None else self.first_loss
+            self.last_loss = loss
+            lr, grad_norm = logs.get("learning_rate"), logs.get("grad_norm")
+            sink(make_event("metrics", step=state.global_step, total_steps=state.max_steps,
+                            epoch=round(state.epoch or 0.0, 4), loss=loss, learning_rate=lr,
+                            grad_norm=float(grad_norm) if grad_norm is not None else None))
+            sink(make_event("log", level="info", message=(
+                f"step {state.global_step}/{state.max_steps}  loss {loss:.4f}  lr {float(lr or 0):.2e}  "
+                f"grad_norm {float(grad_norm or 0):.3f}")))
+
+        def on_step_end(self, args, state, control, **kw):
+            elapsed = time.monotonic() - self.start
+            done = state.global_step - self.steps_at_start
+            remaining = max(0, state.max_steps - state.global_step)
+            tokens = (state.num_input_tokens_seen or 0) - self.tokens_at_start
+            mem = vram.torch_peaks() if cuda else None
+            sink(make_event(
+                "step", step=state.global_step, total_steps=state.max_steps, epoch=round(state.epoch or 0.0, 4),
+                tokens=int(state.num_input_tokens_seen or 0),
+                tokens_per_s=round(tokens / elapsed, 1) if elapsed > 0 else None,
+                elapsed_s=round(elapsed, 2),
+                eta_s=round(elapsed / done * remaining, 1) if done else None,
+                gpu_mem_gib=mem["allocated_gib"] if mem else None,
+                peak_gib=mem["peak_allocated_gib"] if mem else None,
+            ))
+            wanted = stop.is_set() or (stop_file is not None and stop_file.exists())
+            if distributed.world_size() > 1:
+                wanted = distributed.any_rank(wanted)  # every process ends after the same step
+            if wanted:
+                stop.set()
+                self.stopped = True
+                control.should_training_stop = True
+                sink(make_event("log", level="info", ack="stop",
+                                message=f"Stop requested: ending after step {state.global_step}"))
+            return control
+
+        def on_save(self, args, state, control, **kw):
+            # Called after the Trainer has fully written the checkpoint: only now is it safe to resume from.
+            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if ckpt.is_dir() and distributed.is_main():
+                (ckpt / COMPLETE_MARKER).write_text(str(time.time()), encoding="utf-8")
+                sink(make_event("log", level="info", message=f"Checkpoint saved: {ckpt}"))
+
+    return EventCallback()
+
+
+def _bar_only():
+    from transformers.trainer_callback import ProgressCallback
+
+    class BarOnly(ProgressCallback):
+        """The Trainer's progress bar on a terminal, without its copy of every log dict."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            return None
+
+    return BarOnly
+
+
+def BarOnly():  # noqa: N802 - built lazily: transformers is imported only when a trainer is built
+    return _bar_only()()
