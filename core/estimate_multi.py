@@ -31,7 +31,6 @@ was not profiled (it is within 10% either way).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable
 
 from core.config import TrainConfig
@@ -51,9 +50,8 @@ class Layout:
     reason: str
 
 
-@lru_cache(maxsize=1)
 def machine_gpus() -> tuple[int, int | None]:
-    """(visible GPUs, the smallest one's memory in bytes or None), from NVML: no CUDA initialised, cached."""
+    """(visible GPUs, the smallest one's memory in bytes or None), from NVML: no CUDA initialised."""
     from core.distributed import nvml_gpu_count
     from core.vram import snapshot
 

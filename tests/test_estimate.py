@@ -1,5 +1,6 @@
 """The memory estimator: shapes, storage arithmetic, calibration on measured H200 runs, the engine's levers,
-the validation against every measured row of bench/grid_measured.json, fit-to-GPU, the per-GPU estimate of multi-GPU runs (measured: run 5) and the CLI."""
+the validation against every measured row of bench/grid_measured.json, fit-to-GPU, the CLI, and the per-GPU
+estimate of multi-GPU runs (DDP measured in run 5; FSDP's terms)."""
 
 import json
 import subprocess
