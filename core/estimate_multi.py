@@ -96,15 +96,13 @@ def _fsdp(t: Terms, cfg: TrainConfig, shape: ModelShape, world: int) -> None:
     other = other_weight_bytes(cfg) if cfg.load_in_4bit else (4 if cfg.precision == "fp32" else 2)
     if cfg.load_in_4bit:  # the packed 4-bit data is the flat parameter; the quantization constants are not
         layer_linear = sum((a * b + 1) // 2 for a, b in shape.module_dims().values())
-        constants = t.quantized - layers * layer_linear
-    else:
-        layer_linear, constants = other * shape.linear_params_per_layer, 0
-    unquantized = t.unquantized + t.offloaded  # FSDP shards the embedding itself (validation refuses the offload)
-    layer_small = (shape.small_params - h) // layers  # one layer's norms and biases
+        t.quantized = -(-layers * layer_linear // world) + t.quantized - layers * layer_linear
+    else:  # a 16-bit model: its linears are among the unquantized weights
+        layer_linear = other * shape.linear_params_per_layer
+    # FSDP shards the embedding itself (validation refuses offload_embeddings with fsdp)
+    t.unquantized, t.offloaded = -(-(t.unquantized + t.offloaded) // world), 0
     root = other * (shape.embed_params + shape.head_params + h)
-    layer = layer_linear + other * layer_small
-    t.quantized = -(-layers * layer_linear // world) + constants
-    t.unquantized, t.offloaded = -(-unquantized // world), 0
+    layer = layer_linear + other * (shape.small_params - h) // layers  # + one layer's norms and biases
     t.gathered = root + min(2, layers) * layer
     # LoRA: each matrix its own flat parameter, upcast to fp32 by accelerate, sharded with its grad and state
     n_lora = shape.lora_params(cfg.lora_r, cfg.lora_target_modules)

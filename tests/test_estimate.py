@@ -493,3 +493,14 @@ def test_cli_says_per_gpu_with_world_size_and_strategy(capsys):
     assert main(sets + ["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["world_size"], out["strategy"]) == (2, "fsdp") and out["gathered_weights_gib"] > 4
+
+
+def test_fsdp_of_a_16_bit_model_shards_all_of_it():
+    cfg = SEED.replace(load_in_4bit=False, upcast_to_fp32=False, optim="adamw_torch", num_gpus="2",
+                       distributed_strategy="fsdp")
+    one, two = estimate(cfg.replace(num_gpus="1"), L8B), estimate(cfg, L8B)
+    assert two.quantized_weights == 0 and two.unquantized_weights == -(-one.unquantized_weights // 2)
+    assert two.nvml_peak < one.nvml_peak - 2 * GIB  # half of 15 GiB of bf16 weights, less what FSDP gathers
+    # loading: each unit arrives whole on the GPU and is flattened (twice at once) before it is sharded
+    root = 2 * (L8B.embed_params + L8B.head_params + L8B.hidden_size)  # embeddings, head, final norm in bf16
+    assert two.peak_allocated >= two.unquantized_weights + 2 * root
