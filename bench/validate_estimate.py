@@ -311,8 +311,10 @@ class GpuCheck:
 
 def multigpu_config(row: dict, info: dict) -> TrainConfig:
     """The row's TrainConfig: recorded, or rebuilt as bench/multigpu.py builds it (see the module docstring)."""
-    if row.get("config"):
-        return TrainConfig.from_dict(row["config"])
+    if row.get("config"):  # as configured; `strategy` is what the launcher resolved `auto` to (summary.json)
+        cfg = TrainConfig.from_dict(row["config"])
+        auto = cfg.distributed_strategy == "auto" and row.get("strategy") in ("ddp", "fsdp")
+        return cfg.replace(distributed_strategy=row["strategy"]) if auto else cfg
     preset = row.get("preset") or row["name"].rsplit("-", 1)[0]
     if preset not in PRESETS:
         raise ValueError(f"row {row['name']!r} records no config and names no preset: add `config` "
@@ -322,7 +324,7 @@ def multigpu_config(row: dict, info: dict) -> TrainConfig:
     if info.get("date", "") < VARLEN_PRESET_SINCE:
         cfg = cfg.replace(attention="sdpa")
     cfg = cfg.replace(num_gpus=str(row["processes"]), gradient_accumulation_steps=row["accumulation"],
-                      per_device_train_batch_size=row["micro_batch"], distributed_strategy=row.get("strategy", "ddp"))
+                      per_device_train_batch_size=row["micro_batch"], distributed_strategy=row.get("strategy") if row.get("strategy") in ("ddp", "fsdp") else "ddp")
     return apply_overrides(cfg, row.get("sets", []))
 
 
