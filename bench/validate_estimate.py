@@ -323,8 +323,9 @@ def multigpu_config(row: dict, info: dict) -> TrainConfig:
     cfg = apply_preset(TrainConfig(model=ARCH_HUB[arch], max_length=row.get("max_length", 512)), preset, None)
     if info.get("date", "") < VARLEN_PRESET_SINCE:
         cfg = cfg.replace(attention="sdpa")
+    strategy = row.get("strategy") if row.get("strategy") in ("ddp", "fsdp") else "ddp"
     cfg = cfg.replace(num_gpus=str(row["processes"]), gradient_accumulation_steps=row["accumulation"],
-                      per_device_train_batch_size=row["micro_batch"], distributed_strategy=row.get("strategy") if row.get("strategy") in ("ddp", "fsdp") else "ddp")
+                      per_device_train_batch_size=row["micro_batch"], distributed_strategy=strategy)
     return apply_overrides(cfg, row.get("sets", []))
 
 
