@@ -243,7 +243,11 @@ def fit_to_gpu(cfg: TrainConfig, budget_bytes: int, margin: float = 0.1, shape: 
                 last = (cand, est)
     cand, est = last  # the smallest setting: batch 1, the shortest length, checkpointing, 8-bit optimizer
     need = est.nvml_peak / (1.0 - margin)
-    if cfg.load_in_4bit and cfg.upcast_to_fp32 and est.peak_phase == "loading":
+    if est.strategy == "fsdp" and est.peak_phase == "loading":
+        advice = "The peak is loading: each GPU holds the whole 4-bit model before FSDP shards it."
+    elif est.strategy == "ddp":
+        advice = "Every GPU holds the whole model under ddp: distributed_strategy fsdp shards it across the GPUs."
+    elif cfg.load_in_4bit and cfg.upcast_to_fp32 and est.peak_phase == "loading":
         advice = "The peak is the fp32 upcast while loading: turn upcast_to_fp32 off, or pick a smaller model."
     elif not cfg.load_in_4bit:
         advice = "Turn on load_in_4bit (QLoRA), or pick a smaller model."
@@ -252,7 +256,8 @@ def fit_to_gpu(cfg: TrainConfig, budget_bytes: int, margin: float = 0.1, shape: 
     raise FitError(
         f"Nothing fits in {budget_bytes / GIB:.1f} GiB with a {margin:.0%} margin. The smallest setting tried "
         f"(batch 1, max_length {cand.max_length}, gradient checkpointing "
-        f"{'on' if cand.gradient_checkpointing else 'off'}, {cand.optim}) needs {est.total_gib:.1f} GiB, so a GPU with at least {need / GIB:.1f} GiB. {advice}")
+        f"{'on' if cand.gradient_checkpointing else 'off'}, {cand.optim}) needs {est.total_gib:.1f} GiB{' per GPU' if est.world_size > 1 else ''}, so a GPU with at "
+        f"least {need / GIB:.1f} GiB. {advice}")
 
 
 # --- the dataset's real lengths -------------------------------------------------------------------------------------

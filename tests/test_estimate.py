@@ -504,3 +504,11 @@ def test_fsdp_of_a_16_bit_model_shards_all_of_it():
     # loading: each unit arrives whole on the GPU and is flattened (twice at once) before it is sharded
     root = 2 * (L8B.embed_params + L8B.head_params + L8B.hidden_size)  # embeddings, head, final norm in bf16
     assert two.peak_allocated >= two.unquantized_weights + 2 * root
+
+
+def test_fit_says_what_else_can_help_several_gpus():
+    ddp = LOW.replace(offload_embeddings=False, num_gpus="2", distributed_strategy="ddp")
+    with pytest.raises(FitError, match="GiB per GPU.*distributed_strategy fsdp shards it"):
+        fit_to_gpu(ddp, 24 * GIB, shape=L70B)
+    with pytest.raises(FitError, match="each GPU holds the whole 4-bit model before FSDP shards it"):
+        fit_to_gpu(ddp.replace(distributed_strategy="fsdp"), 24 * GIB, shape=L70B)
