@@ -66,7 +66,7 @@ VARIANTS = [  # (name, preset, processes, extra --set); accumulation halves with
 
 
 def run(name: str, preset: str, n: int, model: Path, data: Path, root: Path, steps: int, smoke: bool) -> dict:
-    from core.config import TrainConfig
+    from core.config import TrainConfig, apply_overrides
     from core.presets import apply_preset
 
     base = apply_preset(TrainConfig(model=str(model), dataset=str(data), dataset_split="train", max_length=512,
@@ -97,7 +97,9 @@ def run(name: str, preset: str, n: int, model: Path, data: Path, root: Path, ste
            "nvml_floor_gib": [round(b / 2**30, 3) for b in floor],
            "per_process_peak_allocated_gib": summary.get("per_process_peak_gib"),
            "losses": [e["loss"] for e in events if e.get("kind") == "metrics"], "status": summary.get("status"),
-           "world_size": summary.get("world_size")}
+           "world_size": summary.get("world_size"), "strategy": summary.get("strategy"),
+           "arch": model.name.removeprefix("model-"),
+           "config": apply_overrides(base, sets).to_dict()}  # what the workers ran: bench.validate_estimate reads it
     row.update({k: v for k, v in speeds(steps_ev, 3, started).items() if k != "step_s"})
     return row
 

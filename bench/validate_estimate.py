@@ -19,6 +19,15 @@ more than MISSED_MARGIN_GIB below what torch's own reserved peak implies (peak r
 non-PyTorch memory + paged buffers, `implied_nvml`), the sampler missed a transient and that lower bound is the
 reference; the table marks those rows with `*` and `--strict` ignores this rule. A row passes within TOLERANCE of
 its reference.
+
+Several GPUs (`--multigpu FILE ...`, default: MULTIGPU): rows of `python -m bench.multigpu` (one process tree per row,
+NVML sampled for every GPU from the bench process). Each row's per-GPU estimate (core.estimate for the row's config,
+world size and strategy) against the NVML peak of every GPU the run used: device-level "used" memory, the figure
+the one-GPU calibration uses too (it includes the driver's ~0.60 GiB floor). The config is the row's `config`
+(TrainConfig.to_dict()) when it records one, else rebuilt the way bench/multigpu.py builds it: the preset named by
+the row (`preset`, or the name before its last "-"), max_length 512, `micro_batch`, `accumulation`, `processes`,
+`strategy` (default ddp) and `sets` ("field=value"); rows measured before the fastest preset switched to varlen
+attention (VARLEN_PRESET_SINCE) ran with SDPA.
 """
 
 from __future__ import annotations
@@ -30,8 +39,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.config import TrainConfig
+from core.config import TrainConfig, apply_overrides
 from core.estimate import GIB, estimate
+from core.presets import PRESETS, apply_preset
 from core.shapes import SHAPES
 
 HERE = Path(__file__).resolve().parent
@@ -42,6 +52,10 @@ MISSED_MARGIN_GIB = 0.05  # a sampled NVML peak this far below what torch's rese
 BEGIN, END = "<!-- validate_estimate: begin -->", "<!-- validate_estimate: end -->"
 CHAPTER_MD = HERE / "CHAPTER_TABLE.md"
 CHAPTER_BEGIN, CHAPTER_END = "<!-- chapter_table: begin -->", "<!-- chapter_table: end -->"
+MULTIGPU = [HERE / "results" / "2026-12-01-multigpu.json"]  # bench/RESULTS.md run 5 (DDP, 2x H200)
+VARLEN_PRESET_SINCE = "2026-12-01 01:51"  # from this commit on, the fastest preset uses varlen attention
+ARCH_HUB = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B", "qwen2.5-14b": "Qwen/Qwen2.5-14B",
+            "llama-3.1-70b": "meta-llama/Llama-3.1-70B"}
 
 
 @dataclass
@@ -274,11 +288,88 @@ def reading(seed: TrainConfig, low: TrainConfig, by: dict) -> str:
         f"{low70['nvml_peak_gib']:.1f} GiB.")
 
 
+# --- several GPUs: rows of bench/multigpu.py ------------------------------------------------------------------------
+@dataclass
+class GpuCheck:
+    name: str
+    world_size: int
+    strategy: str
+    predicted: float  # NVML per GPU, GiB
+    measured: list[float]  # NVML peak of each GPU the run used, GiB
+    pred_alloc: float
+    measured_alloc: list[float] | None  # torch peak allocated of each process, GiB
+
+    @property
+    def error(self) -> float:
+        """Against the fullest GPU of the run."""
+        return (self.predicted - max(self.measured)) / max(self.measured)
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.error) <= TOLERANCE
+
+
+def multigpu_config(row: dict, info: dict) -> TrainConfig:
+    """The row's TrainConfig: recorded, or rebuilt as bench/multigpu.py builds it (see the module docstring)."""
+    if row.get("config"):  # as configured; `strategy` is what the launcher resolved `auto` to (summary.json)
+        cfg = TrainConfig.from_dict(row["config"])
+        auto = cfg.distributed_strategy == "auto" and row.get("strategy") in ("ddp", "fsdp")
+        return cfg.replace(distributed_strategy=row["strategy"]) if auto else cfg
+    preset = row.get("preset") or row["name"].rsplit("-", 1)[0]
+    if preset not in PRESETS:
+        raise ValueError(f"row {row['name']!r} records no config and names no preset: add `config` "
+                         "(TrainConfig.to_dict()) to the row")
+    arch = row.get("arch") or info["arch"]
+    cfg = apply_preset(TrainConfig(model=ARCH_HUB[arch], max_length=row.get("max_length", 512)), preset, None)
+    if info.get("date", "") < VARLEN_PRESET_SINCE:
+        cfg = cfg.replace(attention="sdpa")
+    strategy = row.get("strategy") if row.get("strategy") in ("ddp", "fsdp") else "ddp"
+    cfg = cfg.replace(num_gpus=str(row["processes"]), gradient_accumulation_steps=row["accumulation"],
+                      per_device_train_batch_size=row["micro_batch"], distributed_strategy=strategy)
+    return apply_overrides(cfg, row.get("sets", []))
+
+
+def check_gpu_row(row: dict, info: dict) -> GpuCheck:
+    cfg = multigpu_config(row, info)
+    arch = row.get("arch") or info["arch"]
+    gpus = len(row["nvml_peak_gib"])
+    est = estimate(cfg, SHAPES[ARCH_HUB[arch]], n_gpus=gpus, gpu_bytes=info.get("gpu_total_bytes"))
+    used = row["nvml_peak_gib"][:max(1, est.world_size)]
+    return GpuCheck(row["name"], est.world_size, est.strategy, est.total_gib, used, est.peak_allocated_gib,
+                    row.get("per_process_peak_allocated_gib"))
+
+
+def validate_multigpu(paths: list[Path] | None = None) -> list[GpuCheck]:
+    out = []
+    for path in paths or MULTIGPU:
+        data = json.loads(Path(path).read_text())
+        out += [check_gpu_row(r, data["info"]) for r in data["rows"] if r.get("rc", 0) == 0]
+    return out
+
+
+def multigpu_table(checks: list[GpuCheck]) -> str:
+    lines = ["| run | GPUs | strategy | NVML per GPU predicted | NVML per GPU measured | error | allocated predicted | "
+             "allocated measured |", "|---|---|---|---|---|---|---|---|"]
+    for c in checks:
+        alloc = " / ".join(f"{a:.2f}" for a in c.measured_alloc) if c.measured_alloc else "-"
+        err = f"{100 * c.error:+.1f}%"
+        lines.append(f"| {c.name} | {c.world_size} | {c.strategy} | {c.predicted:.2f} | "
+                     f"{' / '.join(f'{m:.2f}' for m in c.measured)} | {err if c.ok else f'**{err}**'} | "
+                     f"{c.pred_alloc:.2f} | {alloc} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.validate_estimate")
     ap.add_argument("--no-write", action="store_true", help="do not update bench/RESULTS.md")
     ap.add_argument("--strict", action="store_true", help="reference = the sampled NVML peak, always")
+    ap.add_argument("--multigpu", nargs="+", type=Path, metavar="FILE",
+                    help="only the per-GPU check of these bench/multigpu.py result files")
     args = ap.parse_args(argv)
+    if args.multigpu:
+        gpu_checks = validate_multigpu(args.multigpu)
+        print(multigpu_table(gpu_checks))
+        return 0 if all(c.ok for c in gpu_checks) else 1
     checks = validate(strict=args.strict)
     body = (table(checks) + "\n\n" + summary(checks) + "\n\n"
             "`L`: liger's layers were active although the config has use_liger_kernel false (an earlier run of the "
@@ -294,11 +385,16 @@ def main(argv: list[str] | None = None) -> int:
         write_results(body)
         write_results(chapter, RESULTS_MD, CHAPTER_BEGIN, CHAPTER_END)
         CHAPTER_MD.write_text("## The chapter's memory table, reproduced\n\n" + chapter + "\n")
+    gpu_checks = validate_multigpu()
+    print("\nSeveral GPUs (per GPU):\n" + multigpu_table(gpu_checks))
     misses = [c for c in checks if not c.ok]
+    for c in [c for c in gpu_checks if not c.ok]:
+        print(f"MISS: {c.name}: predicted {c.predicted:.2f} GiB per GPU, measured {max(c.measured):.2f} GiB "
+              f"({100 * c.error:+.1f}%)", file=sys.stderr)
     for c in misses:
         print(f"MISS: {c.row['name']} ({c.row['source']}): predicted {c.pred_nvml_here:.2f} GiB, reference "
               f"{c.reference:.2f} GiB ({100 * c.nvml_error:+.1f}%)", file=sys.stderr)
-    return 1 if misses else 0
+    return 1 if misses or not all(c.ok for c in gpu_checks) else 0
 
 
 if __name__ == "__main__":

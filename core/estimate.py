@@ -4,42 +4,11 @@
     python -m core.estimate --config my.yaml --set max_length=1024 --json
     python -m core.estimate --set model=Qwen/Qwen2.5-7B --fit 24  # shrink batch/length to fit a 24 GiB card
     python -m core.estimate --config my.yaml --preset lowest_memory --data  # sized for the dataset's real rows
+    python -m core.estimate --set num_gpus=2 --set distributed_strategy=fsdp  # per GPU of a 2-GPU FSDP run
 
-The model of memory, for the stack memtune runs (transformers 5 + peft + TRL's SFTTrainer + bitsandbytes). Every
-term is a tensor that exists on the GPU; `bench/validate_estimate.py` checks the sum against every measured run of
-bench/grid_measured.json (H200, torch 2.11) and bench/RESULTS.md shows the table.
-
-  weights      NF4/FP4 decoder linears: 0.5 byte/param + absmax (fp32 per 64-block; with double quant 1 byte per
-               block + fp32 per 256 blocks), as bitsandbytes' quantize_4bit stores them. Embeddings, lm_head, norms
-               and biases stay unquantized: bf16, or fp32 after the recipe's upcast (prepare_model_for_kbit_training).
-               `offload_embeddings` keeps the input embedding in CPU memory (not when tied to the head).
-  load spike   The upcast converts one matrix at a time, so for a moment the last one exists in bf16 and fp32:
-               on an 8B Llama-3 this, not training, is the recipe's peak (measured 8.22-8.31 GiB allocated). The
-               offloaded embedding is loaded to the GPU first, so loading is lowest_memory's peak too.
-  LoRA         params + grads (bf16 on a 4-bit base, as TRL casts them; fp32 otherwise, as peft keeps them).
-  optimizer    Adam's two moments: 8-bit = 2 bytes/param, 32-bit = 8; torch AdamW keeps the params' dtype.
-               bitsandbytes pages (CUDA managed memory: NVML counts it, torch's allocator does not) only state
-               tensors of >= 1e5 elements: LoRA matrices of a 70B model, none of an 8B one at r=16.
-  activations  What autograd keeps per token and layer (`layer_bytes_per_token`): the RMSNorms' inputs, the
-               LoRA inputs, attention's q/k/v/output (k and v repeated to all heads when a mask is passed), the
-               MLP's gate/up (and act(gate) without liger's fused SwiGLU). 4-bit and frozen 16-bit linears keep
-               nothing. With checkpointing only each layer's input is kept, plus one layer recomputed in backward.
-  masks        With packing, transformers' SDPA path builds a block-diagonal [T, T] mask (T = tokens per
-               micro-batch) and SDPA turns it into a [T, T] compute-dtype bias that every layer keeps for its
-               backward: 2 T^2 bytes per layer (1.0 GiB at 4,096 tokens on 32 layers). Padded batches likewise
-               (batch x length^2). Per-row (varlen) attention has none.
-  logits       TRL 1.16's SFTTrainer computes the loss with a chunked LM head (trl.kernels.chunked_logprob): only
-               a 4096 x 32768 tile of logits exists, never batch x length x vocab. A plain `model(labels=...)` loss
-               (full_logits=True) keeps the bf16 logits, their fp32 copy, log-softmax and its gradient.
-  allocator    Cached free blocks (reserved - allocated) grow with the working set; less with expandable
-               segments. The CUDA context + cuBLAS/cuDNN (NVML - reserved) is 1.37 GiB on an H200 with torch 2.11.
-
-Tokens per micro-batch = batch x max_length (rows pad to the longest in the batch; with packing a micro-batch is
-`batch` packs of up to max_length tokens), unless every row is shorter (`max_row_tokens`).
-
-The liger-kernel switch (`use_liger_kernel`) means its RMSNorm, SwiGLU and RoPE in the layers and its fused loss.
-`liger_layers=` overrides the first part: liger patches transformers' Llama module for the whole process, so a
-Llama model built after a liger run in the same process has liger's layers whatever its own setting.
+The figure is per GPU: a config with several GPUs (num_gpus, num_machines) is resolved as the launcher resolves it
+(core/distributed.py's plan(): ddp, fsdp, or auto), and each GPU's share is estimated (core/estimate_multi.py).
+What each term is and why: core/memory_terms.py. `bench/validate_estimate.py` compares with every measured run.
 """
 
 from __future__ import annotations
@@ -49,33 +18,28 @@ import json
 import sys
 from dataclasses import dataclass, field
 
+from core import estimate_multi
 from core.config import OPTIMIZERS, ConfigError, Hardware, TrainConfig, apply_overrides
 from core.datafiles import DataError
+from core.memory_terms import (ATTENTIONS, CACHE_BASE, CACHE_FRACTION, CACHE_FRACTION_EXPANDABLE,  # noqa: F401
+                               CUBLAS_WORKSPACE, CUDA_CONTEXT, GIB, LM_HEAD_TOKEN_CHUNK, LM_HEAD_VOCAB_CHUNK,
+                               LOAD_CACHE, LOAD_CACHE_FRACTION, PAGED_MIN_NUMEL, layer_bytes_per_token, nf4_bytes,
+                               single_gpu_terms)
 from core.presets import PRESETS, apply_preset
 from core.shapes import ModelShape, ShapeError, get_shape
 
-GIB = 2**30
 
-# --- calibration constants (H200, torch 2.11 + CUDA 13; bench/RESULTS.md, shared/gpu/BASELINE.md) -------------------
-CUDA_CONTEXT = int(1.37 * GIB)  # NVML used - torch reserved - paged optimizer state: 1.36-1.39 in every clean run
-CUBLAS_WORKSPACE = 64 * 2**20  # cuBLAS + cuBLASLt workspaces (32 MiB each on Hopper), allocated on the first matmul
-LOAD_CACHE = int(0.26 * GIB)  # blocks the loader leaves cached: reserved - allocated right after from_pretrained
-LOAD_CACHE_FRACTION = 0.05  # ... at most this share of what was loaded (8B: 0.26 of 5.3 GiB; a tiny model: ~0)
-CACHE_BASE = int(0.06 * GIB)  # reserved - allocated during training: a base ...
-CACHE_FRACTION = 0.075  # ... plus this share of the working set (activations, logits, temporaries)
-CACHE_FRACTION_EXPANDABLE = 0.04  # with expandable_segments (measured 0.04 on `fastest`, 0.05 on 70B)
-LM_HEAD_VOCAB_CHUNK = 32768  # trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE
-LM_HEAD_TOKEN_CHUNK = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE
-PAGED_MIN_NUMEL = 100_000  # bitsandbytes Optimizer8bit.get_state_buffer pages only tensors at least this large
-ATTENTIONS = ("sdpa", "varlen")
+def _gib(name: str) -> property:
+    return property(lambda self: getattr(self, name) / GIB, doc=f"{name} in GiB")
 
 
 @dataclass
 class Estimate:
-    """Predicted GPU memory at the peak, in bytes. The components sum to `nvml_peak` (= `total_gib`).
+    """Predicted memory of one GPU at its peak, in bytes. The components sum to `nvml_peak` (= `total_gib`).
 
     Everything up to `cuda_context` is the training peak (= `nvml_training`); `load_spike` is what loading needs
     beyond it. `peak_allocated` / `peak_reserved` are what torch.cuda.max_memory_* report over the whole run.
+    With several GPUs (`world_size` > 1) every figure is one GPU's (`strategy` ddp or fsdp).
     """
 
     quantized_weights: int
@@ -96,25 +60,36 @@ class Estimate:
     nvml_training: int = 0  # NVML peak of the training steps alone (what a sampler started after loading sees)
     cpu_offloaded: int = 0  # bytes kept in CPU memory instead (offload_embeddings)
     notes: list[str] = field(default_factory=list)
+    communication: int = 0  # several GPUs: DDP's gradient buckets, broadcast buffers, NCCL's buffers
+    gathered_weights: int = 0  # FSDP: the unsharded weights of the units being computed
+    world_size: int = 1  # processes (GPUs) of the run; the figures are per GPU
+    strategy: str = "single"  # single | ddp | fsdp
+    strategy_reason: str = ""
 
     COMPONENTS = ("quantized_weights", "unquantized_weights", "lora", "optimizer", "activations", "logits",
-                  "temporaries", "allocator_cache", "cuda_context", "load_spike")
+                  "temporaries", "gathered_weights", "communication", "allocator_cache", "cuda_context", "load_spike")
+    LABELS = {
+        "quantized_weights": "4-bit weights (decoder linears)",
+        "unquantized_weights": "other weights (embeddings, head, norms)",
+        "lora": "LoRA params + grads",
+        "optimizer": "optimizer state",
+        "activations": "activations kept for backward",
+        "logits": "LM head + loss",
+        "temporaries": "backward temporaries, cuBLAS workspace",
+        "gathered_weights": "FSDP: full weights being computed",
+        "communication": "DDP buckets, broadcast + NCCL buffers",
+        "load_spike": "extra while loading",
+        "allocator_cache": "PyTorch cache (reserved - allocated)",
+        "cuda_context": "CUDA context + libraries",
+    }
+
+    total_gib = _gib("nvml_peak")
+    peak_allocated_gib = _gib("peak_allocated")
+    peak_reserved_gib = _gib("peak_reserved")
 
     @property
     def total(self) -> int:
         return self.nvml_peak
-
-    @property
-    def total_gib(self) -> float:
-        return self.nvml_peak / GIB
-
-    @property
-    def peak_allocated_gib(self) -> float:
-        return self.peak_allocated / GIB
-
-    @property
-    def peak_reserved_gib(self) -> float:
-        return self.peak_reserved / GIB
 
     def components(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.COMPONENTS}
@@ -126,28 +101,17 @@ class Estimate:
                    peak_reserved_gib=round(self.peak_reserved_gib, 3), nvml_peak_gib=round(self.total_gib, 3),
                    nvml_training_gib=round(self.nvml_training / GIB, 3), tokens_per_micro_batch=self.tokens,
                    cpu_offloaded_gib=round(self.cpu_offloaded / GIB, 3), peak_phase=self.peak_phase,
-                   notes=list(self.notes))
+                   world_size=self.world_size, strategy=self.strategy, notes=list(self.notes))
         return out
 
     def table(self) -> str:
-        labels = {
-            "quantized_weights": "4-bit weights (decoder linears)",
-            "unquantized_weights": "other weights (embeddings, head, norms)",
-            "lora": "LoRA params + grads",
-            "optimizer": "optimizer state",
-            "activations": "activations kept for backward",
-            "logits": "LM head + loss",
-            "temporaries": "backward temporaries, cuBLAS workspace",
-            "load_spike": "extra while loading",
-            "allocator_cache": "PyTorch cache (reserved - allocated)",
-            "cuda_context": "CUDA context + libraries",
-        }
-        lines = [f"  {labels[k]:<42} {v / GIB:7.2f} GiB" for k, v in self.components().items()
+        lines = [f"  {self.LABELS[k]:<42} {v / GIB:7.2f} GiB" for k, v in self.components().items()
                  if k != "load_spike" and (v or k in ("unquantized_weights", "activations"))]
         if self.load_spike:
             lines.append(f"  {'= training peak':<42} {self.nvml_training / GIB:7.2f} GiB")
-            lines.append(f"  {labels['load_spike']:<42} {self.load_spike / GIB:7.2f} GiB")
-        lines.append(f"  {'total (GPU memory used, NVML peak)':<42} {self.total_gib:7.2f} GiB")
+            lines.append(f"  {self.LABELS['load_spike']:<42} {self.load_spike / GIB:7.2f} GiB")
+        what = "total (GPU memory used, NVML peak)" if self.world_size == 1 else "total per GPU (NVML peak)"
+        lines.append(f"  {what:<42} {self.total_gib:7.2f} GiB")
         lines.append(f"  peak allocated {self.peak_allocated_gib:.2f} GiB, peak reserved {self.peak_reserved_gib:.2f} "
                      f"GiB (peak while {self.peak_phase}); {self.tokens} tokens per micro-batch")
         if self.cpu_offloaded:
@@ -156,241 +120,50 @@ class Estimate:
         return "\n".join(lines)
 
 
-# --- the arithmetic -------------------------------------------------------------------------------------------------
-def nf4_bytes(n: int, double_quant: bool, blocksize: int = 64) -> int:
-    """Bytes bitsandbytes stores for one n-element 4-bit weight (packed data + quantization constants)."""
-    blocks = -(-n // blocksize)
-    packed = (n + 1) // 2
-    if double_quant:  # absmax quantized to 8 bits in blocks of 256, + fp32 absmax per block, code table, offset
-        return packed + blocks + 4 * -(-blocks // 256) + 4 * 256 + 4 + 64
-    return packed + 4 * blocks + 64
-
-
-def _bytes(precision: str) -> int:
-    return 4 if precision == "fp32" else 2
-
-
-def _upcast(cfg: TrainConfig) -> bool:
-    """memtune's engine upcasts (prepare_model_for_kbit_training) only a 4-bit model, and only when asked."""
-    return cfg.load_in_4bit and cfg.upcast_to_fp32 and cfg.precision != "fp32"
-
-
-def _lora_matrices(shape: ModelShape, cfg: TrainConfig) -> list[int]:
-    """Element counts of one layer's LoRA matrices (A: r x in, B: out x r) for the targeted modules."""
-    dims = shape.module_dims()
-    return [n for t in cfg.lora_target_modules if t in dims for n in (cfg.lora_r * dims[t][0], cfg.lora_r * dims[t][1])]
-
-
-def _optimizer_bytes(cfg: TrainConfig, shape: ModelShape, param_bytes: int) -> tuple[int, int]:
-    """(bytes of optimizer state for the LoRA params, how many of them bitsandbytes pages)."""
-    _, eight_bit, paged = OPTIMIZERS.get(cfg.optim, (False, False, False))
-    matrices = _lora_matrices(shape, cfg)
-    n = shape.num_hidden_layers * sum(matrices)
-    if cfg.optim == "sgd":
-        return 0, 0
-    if cfg.optim == "adafactor":
-        return n // 4, 0  # factored second moment: rows + columns, a small fraction of n
-    if eight_bit:
-        def per(m: int) -> int:
-            return 2 * m + 2 * 4 * -(-m // 256)  # two uint8 moments + fp32 absmax per 256-block each
-    elif paged:  # paged_adamw_32bit: bitsandbytes keeps fp32 moments
-        def per(m: int) -> int:
-            return 8 * m
-    else:  # torch AdamW: moments in the params' dtype
-        return 2 * param_bytes * n, 0
-    total = shape.num_hidden_layers * sum(per(m) for m in matrices)
-    paged_bytes = shape.num_hidden_layers * sum(per(m) for m in matrices if m >= PAGED_MIN_NUMEL) if paged else 0
-    return total, paged_bytes
-
-
-@dataclass(frozen=True)
-class _Dtypes:
-    c: int  # compute dtype (autocast): what attention, LoRA and the logits tile use
-    s: int  # residual stream: fp32 after the upcast (the embedding output is fp32), else the compute dtype
-    o: int  # output of a decoder linear: bitsandbytes returns its input's dtype (so s); a 16-bit one, c
-
-
-def _dtypes(cfg: TrainConfig) -> _Dtypes:
-    c = _bytes(cfg.precision)
-    s = 4 if (_upcast(cfg) or cfg.precision == "fp32") else c
-    return _Dtypes(c=c, s=s, o=s if cfg.load_in_4bit else c)
-
-
-def _masked(cfg: TrainConfig, attention: str, batch: int, equal_length_rows: bool) -> bool:
-    """Whether attention gets an explicit mask (a packed or padded micro-batch under SDPA)."""
-    if attention == "varlen":
-        return False
-    return cfg.packing or (batch > 1 and not equal_length_rows)
-
-
-def layer_bytes_per_token(cfg: TrainConfig, shape: ModelShape, *, liger_layers: bool | None = None,
-                          kv_repeated: bool = False) -> tuple[int, int]:
-    """(bytes one decoder layer keeps for backward per token, extra bytes its backward needs per token).
-
-    `kv_repeated`: attention is called with a mask, so transformers repeats the key/value heads to all query
-    heads before SDPA (no native GQA) and k, v are kept at the query width (also what varlen ran with here).
-    """
-    liger = cfg.use_liger_kernel if liger_layers is None else liger_layers
-    d = _dtypes(cfg)
-    h, inter, q, kv = shape.hidden_size, shape.intermediate_size, shape.q_dim, shape.kv_dim
-    # RMSNorm: the eager one keeps an fp32 copy of its input (+ 1/rms); liger's keeps the input as it is.
-    norm = (d.s * h if liger else 4 * h) + 4
-    norms = shape.norms_per_layer * norm
-    # Attention (SDPA / FlashAttention) keeps q, k, v, its output (compute dtype) and fp32 log-sum-exp per head.
-    k_width = q if kv_repeated else kv
-    attn = d.c * (2 * q + 2 * k_width) + 4 * shape.num_attention_heads
-    # SwiGLU keeps gate and up (liger's fused kernel recomputes act(gate) in backward), the eager MLP act(gate) too.
-    mlp = (2 if liger else 3) * d.o * inter
-    # LoRA keeps its input: with dropout, each adapted layer its own dropout output (compute dtype) + 1-byte mask;
-    # without, the modules reading one tensor share it (q,k,v read the norm output; gate,up the second norm's) when
-    # it is already in the compute dtype, else each keeps its own autocast copy. o_proj's input is attention's
-    # output, which attention keeps anyway. Plus the r-wide LoRA intermediate of each adapted layer.
-    dims = shape.module_dims()
-    targets = [t for t in cfg.lora_target_modules if t in dims]
-    lora = 0
-    if cfg.lora_dropout > 0:
-        lora = sum((d.c + 1) * dims[t][0] for t in targets)
-    else:
-        groups = {"attn_in": ("q_proj", "k_proj", "v_proj"), "mlp_in": ("gate_proj", "up_proj")}
-        for members in groups.values():
-            n = sum(t in targets for t in members)
-            if n:
-                lora += d.c * h * (1 if d.s == d.c else n)
-        if "down_proj" in targets:
-            lora += d.c * inter
-    lora += sum(d.c * cfg.lora_r for _ in targets)
-    saved = norms + attn + mlp + lora
-    # Backward of the MLP holds the gradient of the gate*up product (and, unfused, the second gradient of the
-    # multiply at the same time) and the residual stream's gradient (two copies).
-    backward = (1 if liger else 2) * d.o * inter + 2 * d.s * h
-    return saved, backward
-
-
 def _resolve_shape(cfg: TrainConfig, shape: ModelShape | None) -> ModelShape:
     return shape if shape is not None else get_shape(cfg.model)
 
 
 def estimate(cfg: TrainConfig, shape: ModelShape | None = None, *, max_row_tokens: int | None = None,
              full_logits: bool = False, liger_layers: bool | None = None, attention: str | None = None,
-             equal_length_rows: bool = False) -> Estimate:
-    """Predict the GPU memory of training `cfg` (peak allocated, peak reserved and NVML peak).
+             equal_length_rows: bool = False, n_gpus: int | None = None, gpu_bytes: int | None = None) -> Estimate:
+    """Predict one GPU's memory while training `cfg` (peak allocated, peak reserved and NVML peak).
 
     `max_row_tokens`: the longest row of the dataset in tokens, when known (default: rows reach max_length).
     `full_logits`: the loss materialises batch x length x vocab logits (a plain loss; not TRL's SFTTrainer).
     `liger_layers`: liger's RMSNorm/SwiGLU/RoPE are in the model (default: `cfg.use_liger_kernel`).
     `attention`: "sdpa" (default; or the config's `attention` field where it has one) or "varlen" (per packed row).
     `equal_length_rows`: every row of a micro-batch has the same length, so an unpacked batch needs no padding mask.
+    `n_gpus`, `gpu_bytes`: this machine's GPU count and smallest GPU, for num_gpus "all" and strategy auto
+    (default: what NVML sees here).
     """
     shape = _resolve_shape(cfg, shape)
     attention = attention or getattr(cfg, "attention", None) or "sdpa"
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, not {attention!r}")
-    liger = cfg.use_liger_kernel if liger_layers is None else liger_layers
-    notes: list[str] = []
-    q4 = cfg.load_in_4bit
-    d = _dtypes(cfg)
-    upcast = _upcast(cfg)
-    row = cfg.max_length if not max_row_tokens else max(1, min(cfg.max_length, max_row_tokens))
-    batch = cfg.per_device_train_batch_size
-    tokens = batch * row
-    if max_row_tokens:
-        cut = ", cut to max_length" if max_row_tokens > cfg.max_length else ""
-        notes.append(f"sized for the dataset's real rows: micro-batches of {batch} x {row} tokens (its longest "
-                     f"row is {max_row_tokens:,} tokens{cut})")
-    else:
-        notes.append(f"assumes every micro-batch is {batch} x max_length {cfg.max_length} tokens (the dataset's "
-                     "lengths are unknown; shorter rows need less)")
-    h, layers, vocab = shape.hidden_size, shape.num_hidden_layers, shape.vocab_size
-
-    # Weights
-    dims = shape.module_dims()
-    other_dtype = 4 if (upcast or cfg.precision == "fp32") else d.c
-    if q4:
-        quantized = layers * sum(nf4_bytes(a * b, cfg.bnb_4bit_use_double_quant) for a, b in dims.values())
-        unquantized = other_dtype * shape.unquantized_params
-    else:
-        quantized = 0
-        unquantized = d.c * shape.total_params
-    # offload_embeddings: the frozen input embedding stays in CPU memory (core.model.CpuEmbedding), not when tied.
-    offloaded = other_dtype * shape.embed_params if (cfg.offload_embeddings and shape.head_params) else 0
-    if offloaded:
-        notes.append(f"the input embedding ({offloaded / GIB:.2f} GiB) is kept in CPU memory; it is on the GPU "
-                     "while loading")
-
-    # LoRA: TRL casts the adapters of a quantized model to bf16; peft keeps them fp32 on a 16-bit base.
-    n_lora = shape.lora_params(cfg.lora_r, cfg.lora_target_modules)
-    lora_dtype = 2 if q4 else 4
-    lora = 2 * lora_dtype * n_lora
-    if not q4 and d.c == 2:
-        lora += 2 * n_lora  # autocast caches bf16 copies of the fp32 adapter weights during the step
-    optimizer, paged_bytes = _optimizer_bytes(cfg, shape, lora_dtype)
-
-    # Activations
-    masked = _masked(cfg, attention, batch, equal_length_rows)
-    saved, backward = layer_bytes_per_token(cfg, shape, liger_layers=liger, kv_repeated=masked or attention == "varlen")
-    dequant = d.c * shape.largest_linear if q4 else 0  # bitsandbytes dequantizes a whole weight per matmul
-    # An explicit mask: a bool [T, T] (packed; batch x [L, L] padded) shared by the layers, and the compute-dtype
-    # bias SDPA makes of it, kept by every layer that has run forward (one layer with checkpointing).
-    mask_elems = (tokens * tokens if cfg.packing else batch * row * row) if masked else 0
-    mask_kept = mask_elems + d.c * mask_elems * (1 if cfg.gradient_checkpointing else layers)
-    if cfg.gradient_checkpointing:
-        activations = layers * d.s * h * tokens + mask_kept
-        layer_phase = (saved + backward) * tokens + dequant
-    else:
-        activations = layers * saved * tokens + mask_kept
-        layer_phase = backward * tokens + dequant
-
-    # LM head + loss: the final norm's kept input, its output, TRL's compact copy of the labelled positions and the
-    # fp32 gradient of it (+ its cast back), a logits tile, and the head cast to the compute dtype per vocab chunk.
-    final_norm = (d.s * h if liger else 4 * h) + 4
-    if full_logits and not cfg.use_liger_kernel:
-        logits = tokens * vocab * (d.c + 12) + tokens * (final_norm + (d.s + 4) * h)
-        notes.append("full logits: the loss keeps batch x length x vocab logits in fp32")
-    else:
-        tile = min(tokens, LM_HEAD_TOKEN_CHUNK) * min(vocab, LM_HEAD_VOCAB_CHUNK) * d.c
-        weight_cast = min(vocab, LM_HEAD_VOCAB_CHUNK) * h * d.c if other_dtype != d.c else 0
-        logits = tile + weight_cast + tokens * (final_norm + 3 * d.s * h + 4 * h)
-    temporaries = max(0, layer_phase - logits) + CUBLAS_WORKSPACE
-
-    optimizer_torch = optimizer - paged_bytes
-    static = quantized + unquantized - offloaded + lora + optimizer_torch
-    working = activations + logits + temporaries - CUBLAS_WORKSPACE
-    train_alloc = static + working + CUBLAS_WORKSPACE
-    fraction = CACHE_FRACTION_EXPANDABLE if cfg.expandable_segments else CACHE_FRACTION
-    train_reserved = train_alloc + CACHE_BASE + int(fraction * working)
-
-    # Loading: the fp32 upcast converts one matrix at a time; the bf16 copy of the first is freed but stays cached.
-    # An offloaded embedding is loaded to the GPU first and moved afterwards.
-    base = quantized + unquantized + CUBLAS_WORKSPACE  # the workspace stays from an earlier run of the process
-    load_cache = min(LOAD_CACHE, int(LOAD_CACHE_FRACTION * (quantized + unquantized)))
-    if upcast:
-        big = [shape.embed_params] + ([shape.head_params] if shape.head_params else [])
-        load_alloc = base + 2 * big[-1]
-        load_reserved = load_alloc + (2 * big[0] if len(big) > 1 else 0) + load_cache
-    else:
-        load_alloc = base
-        load_reserved = load_alloc + load_cache
-    peak_allocated = max(train_alloc, load_alloc)
-    peak_reserved = max(train_reserved, load_reserved)
-    nvml_training = train_reserved + CUDA_CONTEXT + paged_bytes  # paged state: created with the optimizer
-    nvml = max(nvml_training, load_reserved + CUDA_CONTEXT)
-    phase = "loading" if nvml > nvml_training else "training"
+    t = single_gpu_terms(cfg, shape, max_row_tokens=max_row_tokens, full_logits=full_logits,
+                         liger_layers=liger_layers, attention=attention, equal_length_rows=equal_length_rows)
+    lay = estimate_multi.layout(cfg, lambda: max(t.nvml_training, t.nvml_setup), n_gpus, gpu_bytes)
+    estimate_multi.apply(t, cfg, shape, lay)
+    notes = ([f"per GPU: {lay.world_size} processes, {lay.strategy} ({lay.reason})"] if lay.world_size > 1 else [])
+    notes += t.notes
+    nvml = max(t.nvml_training, t.nvml_setup)
+    phase = "loading" if nvml > t.nvml_training else "training"
     if phase == "loading":
-        if upcast:
+        if cfg.load_in_4bit and cfg.upcast_to_fp32 and cfg.precision != "fp32":
             notes.append("the peak is the fp32 upcast while loading, not training: upcast_to_fp32=false avoids it")
         else:
             notes.append("the peak is while loading the model, not training")
-    if paged_bytes:
+    if t.paged:
         notes.append("paged optimizer state lives in CUDA managed memory: it can spill to CPU RAM under pressure")
-    if masked and cfg.packing and not cfg.gradient_checkpointing and mask_elems:
-        notes.append(f"SDPA keeps a {tokens} x {tokens} mask per layer over a packed micro-batch "
-                     f"({d.c * mask_elems * layers / GIB:.2f} GiB here)")
     return Estimate(
-        quantized_weights=quantized, unquantized_weights=unquantized - offloaded, lora=lora, optimizer=optimizer,
-        activations=activations, logits=logits, temporaries=temporaries, load_spike=nvml - nvml_training,
-        allocator_cache=train_reserved - train_alloc, cuda_context=CUDA_CONTEXT, peak_allocated=peak_allocated,
-        peak_reserved=peak_reserved, nvml_peak=nvml, tokens=tokens, peak_phase=phase, notes=notes,
-        nvml_training=nvml_training, cpu_offloaded=offloaded)
+        quantized_weights=t.quantized, unquantized_weights=t.unquantized, lora=t.lora, optimizer=t.optimizer,
+        activations=t.activations, logits=t.logits, temporaries=t.temporaries, load_spike=nvml - t.nvml_training,
+        allocator_cache=t.train_reserved - t.train_alloc - t.kept, cuda_context=CUDA_CONTEXT,
+        peak_allocated=max(t.train_alloc, t.load_alloc), peak_reserved=max(t.train_reserved, t.load_reserved),
+        nvml_peak=nvml, tokens=t.tokens, peak_phase=phase, notes=notes + t.last_notes,
+        nvml_training=t.nvml_training, cpu_offloaded=t.offloaded, communication=t.buckets + t.kept + t.comm,
+        gathered_weights=t.gathered, world_size=lay.world_size, strategy=lay.strategy, strategy_reason=lay.reason)
 
 
 # --- what each checklist item saves ---------------------------------------------------------------------------------
@@ -470,7 +243,11 @@ def fit_to_gpu(cfg: TrainConfig, budget_bytes: int, margin: float = 0.1, shape: 
                 last = (cand, est)
     cand, est = last  # the smallest setting: batch 1, the shortest length, checkpointing, 8-bit optimizer
     need = est.nvml_peak / (1.0 - margin)
-    if cfg.load_in_4bit and cfg.upcast_to_fp32 and est.peak_phase == "loading":
+    if est.strategy == "fsdp" and est.peak_phase == "loading":
+        advice = "The peak is loading: each GPU holds the whole 4-bit model before FSDP shards it."
+    elif est.strategy == "ddp":
+        advice = "Every GPU holds the whole model under ddp: distributed_strategy fsdp shards it across the GPUs."
+    elif cfg.load_in_4bit and cfg.upcast_to_fp32 and est.peak_phase == "loading":
         advice = "The peak is the fp32 upcast while loading: turn upcast_to_fp32 off, or pick a smaller model."
     elif not cfg.load_in_4bit:
         advice = "Turn on load_in_4bit (QLoRA), or pick a smaller model."
@@ -479,7 +256,8 @@ def fit_to_gpu(cfg: TrainConfig, budget_bytes: int, margin: float = 0.1, shape: 
     raise FitError(
         f"Nothing fits in {budget_bytes / GIB:.1f} GiB with a {margin:.0%} margin. The smallest setting tried "
         f"(batch 1, max_length {cand.max_length}, gradient checkpointing "
-        f"{'on' if cand.gradient_checkpointing else 'off'}, {cand.optim}) needs {est.total_gib:.1f} GiB, so a GPU with at least {need / GIB:.1f} GiB. {advice}")
+        f"{'on' if cand.gradient_checkpointing else 'off'}, {cand.optim}) needs {est.total_gib:.1f} GiB{' per GPU' if est.world_size > 1 else ''}, so a GPU with at "
+        f"least {need / GIB:.1f} GiB. {advice}")
 
 
 # --- the dataset's real lengths -------------------------------------------------------------------------------------
@@ -536,9 +314,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
         return 0
     what = "4-bit " + cfg.bnb_4bit_quant_type if cfg.load_in_4bit else cfg.precision
+    gpus = f", per GPU of {est.world_size} ({est.strategy})" if est.world_size > 1 else ""
     print(f"{cfg.model} ({what}, LoRA r={cfg.lora_r}), batch {cfg.per_device_train_batch_size} x max_length "
           f"{cfg.max_length}{' packed' if cfg.packing else ''}, optim {cfg.optim}, "
-          f"checkpointing {'on' if cfg.gradient_checkpointing else 'off'}:")
+          f"checkpointing {'on' if cfg.gradient_checkpointing else 'off'}{gpus}:")
     print(est.table())
     if args.fit is not None:
         print(f"  fits {args.fit:g} GiB with: batch {cfg.per_device_train_batch_size} x accumulation "

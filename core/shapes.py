@@ -40,13 +40,9 @@ class ModelShape:
     norms_per_layer: int = 2  # Gemma 2 has four (pre/post attention and MLP)
 
     # --- derived sizes ------------------------------------------------------------------------------------------
-    @property
-    def q_dim(self) -> int:
-        return self.num_attention_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.num_key_value_heads * self.head_dim
+    q_dim = property(lambda self: self.num_attention_heads * self.head_dim, doc="width of the query projection")
+    kv_dim = property(lambda self: self.num_key_value_heads * self.head_dim, doc="width of the key/value projections")
+    embed_params = property(lambda self: self.vocab_size * self.hidden_size, doc="the input embedding's parameters")
 
     def module_dims(self) -> dict[str, tuple[int, int]]:
         """(in_features, out_features) of each linear layer in one decoder block."""
@@ -62,10 +58,6 @@ class ModelShape:
     def linear_params(self) -> int:
         """Parameters of the decoder blocks' linear layers: what bitsandbytes quantizes to 4 bits."""
         return self.num_hidden_layers * self.linear_params_per_layer
-
-    @property
-    def embed_params(self) -> int:
-        return self.vocab_size * self.hidden_size
 
     @property
     def head_params(self) -> int:

@@ -1,5 +1,6 @@
 """The memory estimator: shapes, storage arithmetic, calibration on measured H200 runs, the engine's levers,
-the validation against every measured row of bench/grid_measured.json, fit-to-GPU and the CLI."""
+the validation against every measured row of bench/grid_measured.json, fit-to-GPU, the CLI, and the per-GPU
+estimate of multi-GPU runs (DDP measured in run 5; FSDP's terms)."""
 
 import json
 import subprocess
@@ -398,3 +399,116 @@ def test_the_output_says_which_length_assumption_it_used(demo_model_path, capsys
     assert 10 < longest < 256 and measured["tokens_per_micro_batch"] == 8 * longest
     assert f"sized for the dataset's real rows: micro-batches of 8 x {longest} tokens" in measured["notes"][0]
     assert measured["total_gib"] < assumed["total_gib"]
+
+
+# --- several GPUs (issue 11): per GPU, resolved as the launcher resolves it ------------------------------------------
+def _run5(preset: str, gpus: int) -> TrainConfig:
+    """bench/multigpu.py's config for run 5 (bench/results/2026-12-01-multigpu.json): the preset as it was then
+    (fastest with SDPA), max length 512, the 1-GPU accumulation halved for 2 GPUs, ddp."""
+    base = apply_preset(TrainConfig(model="meta-llama/Llama-3.1-8B", max_length=512), preset, None)
+    return base.replace(attention="sdpa", num_gpus=str(gpus), distributed_strategy="ddp",
+                        gradient_accumulation_steps=max(1, base.gradient_accumulation_steps // gpus))
+
+
+# NVML "used" peak of each GPU of the run (device-level, sampled every 10 ms by the bench; the one-GPU calibration's
+# figure, driver floor included), GiB
+RUN5 = [("lowest_memory", 1, [6.506]), ("lowest_memory", 2, [8.166, 8.166]), ("fastest", 1, [23.562]),
+        ("fastest", 2, [24.242, 24.238])]
+
+
+@pytest.mark.parametrize("preset, gpus, nvml", RUN5)
+def test_measured_multi_gpu_rows_within_ten_percent_per_gpu(preset, gpus, nvml):
+    est = estimate(_run5(preset, gpus), L8B, n_gpus=2)
+    assert (est.world_size, est.strategy) == (gpus, "ddp" if gpus > 1 else "single")
+    assert all(close(est.total_gib, n, 0.10) for n in nvml), (est.total_gib, nvml)
+
+
+def test_the_validator_reads_run5_as_these_configs():
+    from bench.validate_estimate import validate_multigpu
+
+    checks = {c.name: c for c in validate_multigpu()}
+    assert set(checks) == {f"{p}-{n}gpu" for p, n, _ in RUN5} and all(c.ok for c in checks.values())
+    for preset, gpus, nvml in RUN5:
+        c = checks[f"{preset}-{gpus}gpu"]
+        assert c.measured == nvml and c.predicted == pytest.approx(estimate(_run5(preset, gpus), L8B).total_gib)
+
+
+def test_ddp_adds_buckets_broadcast_and_nccl_buffers_to_a_whole_model_per_gpu():
+    from core.estimate_multi import BROADCAST_BUCKET, NCCL_BUFFERS
+
+    one, two = estimate(FAST, L8B), estimate(FAST.replace(num_gpus="2", distributed_strategy="ddp"), L8B)
+    grads = 2 * L8B.lora_params(FAST.lora_r, FAST.lora_target_modules)  # bf16 LoRA grads: one bucket copy
+    assert two.communication == grads + 2 * BROADCAST_BUCKET + NCCL_BUFFERS
+    assert two.nvml_training - one.nvml_training == two.communication
+    for name in ("quantized_weights", "unquantized_weights", "lora", "optimizer", "activations", "logits"):
+        assert getattr(two, name) == getattr(one, name), name
+    assert sum(two.components().values()) == two.nvml_peak
+    # more machines change the world size, not what one GPU holds
+    four = estimate(FAST.replace(num_gpus="2", num_machines=2, distributed_strategy="ddp"), L8B)
+    assert four.world_size == 4 and four.nvml_peak == two.nvml_peak
+
+
+def test_fsdp_shards_the_weights_and_gathers_the_root_and_two_layers():
+    cfg = LOW.replace(offload_embeddings=False, distributed_strategy="fsdp")
+    one, two, four = (estimate(cfg.replace(num_gpus=str(n)), L70B) for n in (1, 2, 4))
+    assert (two.world_size, two.strategy, four.strategy) == (2, "fsdp", "fsdp") and one.strategy == "single"
+    packed = L70B.num_hidden_layers * sum((a * b + 1) // 2 for a, b in L70B.module_dims().values())
+    constants = one.quantized_weights - packed  # bitsandbytes' absmax etc.: no parameter, every GPU keeps them
+    assert two.quantized_weights == -(-packed // 2) + constants
+    assert two.unquantized_weights == -(-one.unquantized_weights // 2)
+    root = 2 * (L70B.embed_params + L70B.head_params + L70B.hidden_size)
+    layer = packed // L70B.num_hidden_layers + 2 * (L70B.small_params - L70B.hidden_size) // L70B.num_hidden_layers
+    assert two.gathered_weights == four.gathered_weights == root + 2 * layer
+    assert two.lora == 8 * -(-L70B.lora_params(cfg.lora_r, cfg.lora_target_modules) // 2)  # fp32, sharded
+    assert two.activations == one.activations and two.logits == one.logits
+    assert four.nvml_training < two.nvml_training < one.nvml_training
+    assert sum(two.components().values()) == two.nvml_peak
+    # loading: a 4-bit model lands whole on every GPU before FSDP shards it
+    assert two.peak_phase == "loading" and two.peak_allocated > one.quantized_weights + one.unquantized_weights
+    assert any("whole 4-bit model" in n for n in two.notes)
+
+
+def test_auto_and_all_resolve_as_the_launcher_does():
+    cfg = LOW.replace(offload_embeddings=False, num_gpus="all")
+    assert estimate(cfg, L8B, n_gpus=4, gpu_bytes=140 * GIB).world_size == 4
+    assert estimate(cfg, L8B, n_gpus=1, gpu_bytes=140 * GIB).strategy == "single"
+    fits, big = estimate(cfg, L8B, n_gpus=2, gpu_bytes=24 * GIB), estimate(cfg, L70B, n_gpus=2, gpu_bytes=24 * GIB)
+    assert (fits.strategy, big.strategy) == ("ddp", "fsdp")
+    assert "does not fit one GPU" in big.strategy_reason and big.notes[0].startswith("per GPU: 2 processes, fsdp")
+    unknown = estimate(cfg.replace(num_gpus="2"), L70B, n_gpus=2)  # no GPU here: ddp, and it says why
+    assert unknown.strategy == "ddp" and "unknown" in unknown.strategy_reason
+
+
+def test_fit_to_gpu_fits_each_gpu_of_a_multi_gpu_run():
+    greedy = FAST.replace(num_gpus="2", distributed_strategy="ddp", per_device_train_batch_size=16)
+    cfg, est = fit_to_gpu(greedy, 24 * GIB, shape=L8B)
+    assert est.world_size == 2 and est.nvml_peak <= 0.9 * 24 * GIB and est == estimate(cfg, L8B)
+
+
+def test_cli_says_per_gpu_with_world_size_and_strategy(capsys):
+    sets = ["--set", "model=meta-llama/Llama-3.1-70B", "--set", "num_gpus=2", "--set", "distributed_strategy=fsdp"]
+    assert main(sets + ["--preset", "lowest_memory", "--set", "offload_embeddings=false"]) == 0
+    text = capsys.readouterr().out
+    assert "per GPU of 2 (fsdp)" in text and "total per GPU (NVML peak)" in text and "FSDP: full weights" in text
+    assert main(sets + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["world_size"], out["strategy"]) == (2, "fsdp") and out["gathered_weights_gib"] > 4
+
+
+def test_fsdp_of_a_16_bit_model_shards_all_of_it():
+    cfg = SEED.replace(load_in_4bit=False, upcast_to_fp32=False, optim="adamw_torch", num_gpus="2",
+                       distributed_strategy="fsdp")
+    one, two = estimate(cfg.replace(num_gpus="1"), L8B), estimate(cfg, L8B)
+    assert two.quantized_weights == 0 and two.unquantized_weights == -(-one.unquantized_weights // 2)
+    assert two.nvml_peak < one.nvml_peak - 2 * GIB  # half of 15 GiB of bf16 weights, less what FSDP gathers
+    # loading: each unit arrives whole on the GPU and is flattened (twice at once) before it is sharded
+    root = 2 * (L8B.embed_params + L8B.head_params + L8B.hidden_size)  # embeddings, head, final norm in bf16
+    assert two.peak_allocated >= two.unquantized_weights + 2 * root
+
+
+def test_fit_says_what_else_can_help_several_gpus():
+    ddp = LOW.replace(offload_embeddings=False, num_gpus="2", distributed_strategy="ddp")
+    with pytest.raises(FitError, match="GiB per GPU.*distributed_strategy fsdp shards it"):
+        fit_to_gpu(ddp, 24 * GIB, shape=L70B)
+    with pytest.raises(FitError, match="each GPU holds the whole 4-bit model before FSDP shards it"):
+        fit_to_gpu(ddp.replace(distributed_strategy="fsdp"), 24 * GIB, shape=L70B)
