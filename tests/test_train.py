@@ -241,7 +241,11 @@ def test_cli_dump_config_and_errors(tmp_path, capsys):
     code, _, err = run_cli(capsys, "--config", str(path), "--set", "lora_r=zero", "--set", "optimizer=adam")
     assert code == 2
     assert "lora_r" in err and "optimizer: is not a memtune setting" in err
-    code, _, err = run_cli(capsys, "--config", str(path), "--set", "dataset=/nowhere/x.jsonl",
-                           "--set", f"output_dir={tmp_path}", "--set", "model=memtune/demo-tiny-llama")
+    run = ("--config", str(path), "--set", "dataset=/nowhere/x.jsonl", "--set", f"output_dir={tmp_path}",
+           "--set", "model=memtune/demo-tiny-llama")
+    if not torch.cuda.is_available():  # the dumped lowest_memory asks for liger's kernels: refused, with the fix
+        code, _, err = run_cli(capsys, *run)
+        assert code == 1 and "use_liger_kernel" in err and "turn it off" in err
+    code, _, err = run_cli(capsys, *run, "--set", "use_liger_kernel=false")
     assert code == 1 and "x.jsonl" in err
 
