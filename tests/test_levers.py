@@ -227,3 +227,28 @@ def test_release_library_references_forgets_the_trainers_embedding_registration(
     model_lib.release_library_references()
     gc.collect()
     assert ref() is None and manager.module_weight_config_triple == []
+
+
+def test_embedding_offload_keywords_for_a_checkpoint_saved_in_4bit(demo_model_path, tmp_path):
+    """A "-bnb-4bit" checkpoint brings its own quantization config, and transformers ignores the CPU-offload flag
+    on the config passed in: bitsandbytes then refused lowest_memory's device map (found on the GPU, run 6)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.quantizers.auto import AutoHfQuantizer
+
+    cfg = demo_config().replace(model=str(tmp_path / "nf4"))
+    saved = AutoModelForCausalLM.from_pretrained(demo_model_path, quantization_config=model_lib.build_bnb_config(cfg),
+                                                 device_map="cpu")
+    saved.save_pretrained(tmp_path / "nf4")
+    dmap = {"model.embed_tokens": "cpu", "model.layers": 0, "model.norm": 0, "model.rotary_emb": 0, "lm_head": 0}
+
+    def validate(config) -> None:
+        merged = AutoHfQuantizer.merge_quantization_configs(config, model_lib.build_bnb_config(cfg))
+        AutoHfQuantizer.from_config(merged, pre_quantized=True).validate_environment(device_map=dmap)
+
+    with pytest.raises(ValueError, match="dispatched on the CPU"):  # what transformers does with the flag passed in
+        validate(AutoConfig.from_pretrained(tmp_path / "nf4").quantization_config)
+    kwargs = model_lib.offload_kwargs(cfg.model, cfg, {"quantization_config": model_lib.build_bnb_config(cfg)}, dmap)
+    assert kwargs["device_map"] is dmap and kwargs["quantization_config"].llm_int8_enable_fp32_cpu_offload
+    validate(kwargs["config"].quantization_config)  # the checkpoint's own config now carries the flag
+    plain = model_lib.offload_kwargs(str(demo_model_path), demo_config(), {"quantization_config": None}, dmap)
+    assert "config" not in plain  # a bf16 checkpoint: nothing to change
