@@ -156,6 +156,10 @@ def problems(cfg, n_gpus: int | None = None) -> list[tuple[str, str, str]]:
         if cfg.offload_embeddings:
             out.append(("offload_embeddings", "cannot be combined with fsdp (FSDP shards the embedding itself)",
                         "turn offload_embeddings off"))
+        if cfg.load_in_4bit and cfg.upcast_to_fp32:  # FSDP flattens each layer into one tensor of one dtype
+            out.append(("upcast_to_fp32", "cannot be combined with fsdp: it makes the norms float32 next to the "
+                        "4-bit weights FSDP stores in the compute dtype, and FSDP shards each layer as one dtype",
+                        "turn upcast_to_fp32 off (the lowest_memory and fastest presets do)"))
     if cfg.resume_from and world > 1 and cfg.distributed_strategy == "fsdp":
         out.append(("resume_from", "memtune does not resume sharded (fsdp) checkpoints yet", "start a new run, or use ddp"))
     return out
