@@ -5,7 +5,8 @@
 Each variant is `python -m core.train --config F --preset P --set num_gpus=N ...` (memtune launches the workers
 through accelerate itself); NVML is sampled every 10 ms for every GPU from this process; tokens/s come from the
 run's own step events (the Trainer counts tokens over all processes). The 2-GPU run keeps the per-GPU micro-batch
-and halves the accumulation, so the effective batch, and so the loss curve, is the 1-GPU run's.
+and splits the accumulation (the preset's, rounded up to an even number), so the effective batch, and so the loss
+curve, is the 1-GPU run's.
 --smoke runs the same on the CPU with the tiny demo model and 2 CPU processes (gloo), to check the script here.
 """
 
@@ -57,7 +58,7 @@ class AllGpus:
         self._thread.join()
 
 
-VARIANTS = [  # (name, preset, processes, extra --set); accumulation halves with two processes
+VARIANTS = [  # (name, preset, processes); the effective batch is the same for 1 and 2 processes
     ("lowest_memory-1gpu", "lowest_memory", 1),
     ("lowest_memory-2gpu", "lowest_memory", 2),
     ("fastest-1gpu", "fastest", 1),
@@ -72,7 +73,9 @@ def run(name: str, preset: str, n: int, model: Path, data: Path, root: Path, ste
     base = apply_preset(TrainConfig(model=str(model), dataset=str(data), dataset_split="train", max_length=512,
                                     save_strategy="no", logging_steps=1, output_dir=str(root / "runs"), run_name=name),
                         preset, None)
-    accumulation = max(1, base.gradient_accumulation_steps // n)
+    # The same effective batch on 1 and 2 GPUs (rows per optimizer step): the preset's accumulation rounded up to
+    # an even number, split over the processes, so the loss curves are comparable step for step.
+    accumulation = (base.gradient_accumulation_steps + base.gradient_accumulation_steps % 2) // n
     sets = [f"num_gpus={n}", f"gradient_accumulation_steps={accumulation}", f"max_steps={steps}",
             "distributed_strategy=ddp", f"main_process_port={29500 + len(name)}"]
     if smoke:
