@@ -41,7 +41,8 @@ def step_callback(events_path: Path):
     return StepEvents()
 
 
-def main(argv=None) -> int:
+def script_args(argv=None) -> tuple[argparse.Namespace, Path, float]:
+    """The benchmark scripts' common arguments (also bench/unsloth_script.py): args, the run folder, the start."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--data", required=True)
@@ -50,14 +51,46 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
+    return args, out, time.monotonic()
+
+
+def texts(data: str):
+    """The dolly rows as one `text` column: the prompt with memtune's default template, then the response."""
+    from datasets import load_dataset
+
+    from core.data import default_prompt
+
+    dataset = load_dataset("json", data_files=data, split="train")
+    return dataset.map(lambda r: {"text": default_prompt(r["instruction"], r.get("context") or "") + r["response"]},
+                       remove_columns=dataset.column_names)
+
+
+def write_summary(out: Path, trainer, output, started: float) -> None:
+    """summary.json in the engine's format (torch's memory peaks, tokens, times), printed too."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    summary = {
+        "status": "completed",
+        "steps": trainer.state.global_step,
+        "train_tokens": int(trainer.state.num_input_tokens_seen or 0),
+        "train_runtime_s": output.metrics.get("train_runtime"),
+        "runtime_s": round(time.monotonic() - started, 2),
+        "final_loss": next((h["loss"] for h in reversed(trainer.state.log_history) if "loss" in h), None),
+        "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None,
+        "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 3) if cuda else None,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    print(json.dumps(summary))
+
+
+def main(argv=None) -> int:
+    args, out, started = script_args(argv)
 
     import torch
-    from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
     from bench import seed_recipe
-    from core.data import default_prompt
 
     cuda = torch.cuda.is_available()
     if cuda:
@@ -72,25 +105,13 @@ def main(argv=None) -> int:
     model = AutoModelForCausalLM.from_pretrained(args.model, quantization_config=bnb_config, device_map="auto")
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = seed_recipe.prepare(model, tokenizer)  # pad = eos, prepare_model_for_kbit_training, LoRA r16 q,k,v,o
-    dataset = load_dataset("json", data_files=args.data, split="train")
-    dataset = dataset.map(lambda r: {"text": default_prompt(r["instruction"], r.get("context") or "") + r["response"]},
-                          remove_columns=dataset.column_names)
+    dataset = texts(args.data)
     training_args = seed_recipe.training_args(str(out / "qlora-output"), args.max_steps, logging_steps=10,
                                               include_num_input_tokens_seen="non_padding", use_cpu=not cuda)
     trainer = seed_recipe.trainer(model, tokenizer, dataset, training_args, callbacks=[step_callback(out / "events.jsonl")])
     output = trainer.train()
     # --- end of the chapter's script (it then saves the adapter: skipped, as in seed_recipe) ---
-    summary = {
-        "status": "completed",
-        "steps": trainer.state.global_step,
-        "train_tokens": int(trainer.state.num_input_tokens_seen or 0),
-        "train_runtime_s": output.metrics.get("train_runtime"),
-        "runtime_s": round(time.monotonic() - started, 2),
-        "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None,
-        "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 3) if cuda else None,
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    print(json.dumps(summary))
+    write_summary(out, trainer, output, started)
     return 0
 
 

@@ -13,33 +13,19 @@ the same text per row as the chapter's script. Step events and summary.json are 
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import time
-from pathlib import Path
+
+from bench.chapter_script import script_args, step_callback, texts, write_summary
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--max-steps", type=int, default=5)
-    args = ap.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
+    args, out, started = script_args(argv)
     os.environ.setdefault("UNSLOTH_DISABLE_STATISTICS", "1")  # no network on the GPU machine
 
     from unsloth import FastLanguageModel  # first: it patches transformers/trl on import
 
     import torch
-    from datasets import load_dataset
     from trl import SFTConfig, SFTTrainer
-
-    from bench.chapter_script import step_callback
-    from core.data import default_prompt
 
     torch.cuda.reset_peak_memory_stats()
     model, tokenizer = FastLanguageModel.from_pretrained(model_name=args.model, max_seq_length=512,
@@ -48,29 +34,14 @@ def main(argv=None) -> int:
     model = FastLanguageModel.get_peft_model(model, r=16, lora_alpha=32, lora_dropout=0.0,
                                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                                              use_gradient_checkpointing="unsloth", random_state=3407)
-    dataset = load_dataset("json", data_files=args.data, split="train")
-    dataset = dataset.map(lambda r: {"text": default_prompt(r["instruction"], r.get("context") or "") + r["response"]},
-                          remove_columns=dataset.column_names)
     config = SFTConfig(output_dir=str(out / "unsloth-output"), per_device_train_batch_size=2,
                        gradient_accumulation_steps=8, learning_rate=2e-4, max_steps=args.max_steps, bf16=True,
                        optim="adamw_8bit", max_length=512, dataset_text_field="text", packing=False,
                        logging_steps=1, save_strategy="no", report_to="none", seed=3407,
                        include_num_input_tokens_seen="non_padding")
-    trainer = SFTTrainer(model=model, processing_class=tokenizer, train_dataset=dataset, args=config,
+    trainer = SFTTrainer(model=model, processing_class=tokenizer, train_dataset=texts(args.data), args=config,
                          callbacks=[step_callback(out / "events.jsonl")])
-    output = trainer.train()
-    summary = {
-        "status": "completed",
-        "steps": trainer.state.global_step,
-        "train_tokens": int(trainer.state.num_input_tokens_seen or 0),
-        "train_runtime_s": output.metrics.get("train_runtime"),
-        "runtime_s": round(time.monotonic() - started, 2),
-        "final_loss": next((h["loss"] for h in reversed(trainer.state.log_history) if "loss" in h), None),
-        "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),
-        "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 3),
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    print(json.dumps(summary))
+    write_summary(out, trainer, trainer.train(), started)
     return 0
 
 
