@@ -26,6 +26,7 @@ class AfterTabs:
     language_inputs: list[Any] = field(default_factory=list)
     language_outputs: list[Any] = field(default_factory=list)
     update: Callable[..., dict[Any, Any]] | None = None
+    history: HistoryTab | None = None  # the History tab's components (for tests)
 
     def language_updates(self, lang: str, *values: Any) -> dict[Any, Any]:
         return self.update(lang, *values) if self.update else {}
@@ -213,4 +214,4 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
 
     return AfterTabs(language_inputs=[output_dir, selected, exp_adapter],
                      language_outputs=[table, runs_state, detail, merge_warning, merge_check],
-                     update=language_updates)
+                     update=language_updates, history=h)

@@ -312,6 +312,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
         demo.load(browser_language, inputs=None, outputs=[lang], show_progress="hidden")
     demo.memtune_form = form
     demo.memtune_live = live
+    demo.memtune_history = tabs.history
     demo.memtune_fields = FIELDS  # for tests: field name -> component
     demo.memtune_translations = tr
     return demo
