@@ -677,6 +677,63 @@ def test_live_update_marks_the_prediction_on_the_gauge(monkeypatch, page):
     assert 'data-predicted="1.630"' in gauge and "placa hipotética de 8 GiB" in gauge
 
 
+def test_gauge_shows_every_gpu_and_marks_the_runs():
+    gpus = [{"index": i, "name": f"H{i}", "used_gib": 2.0, "total_gib": 80.0} for i in range(3)]
+    two = render.gauge_html(gpus, predicted_gib=10.0, run_gpus=2)
+    assert two.count('data-run=') == 3 and two.count('data-run="true"') == 2  # one bar per GPU
+    assert two.count("mt-pred-seg") == 2 and "per GPU" in two and two.count("used by these settings") == 2
+    one = render.gauge_html(gpus, predicted_gib=10.0, run_gpus=1)
+    assert one.count('data-run="true"') == 1 and one.count("mt-pred-seg") == 1 and "per GPU" not in one
+    running = render.gauge_html(gpus, predicted_gib=10.0, running=True, run_gpus=2, run_peak_gib=[9.0, 8.5])
+    assert running.count("mt-peak\"") == 2 and "8.5 GiB" in running and running.count("used by this run") == 2
+    assert "por GPU" in render.gauge_html(gpus, predicted_gib=10.0, run_gpus=2, lang="pt")
+
+
+def test_live_gauge_draws_the_settings_gpus(monkeypatch, page):
+    p = page.memtune_live
+    monkeypatch.setattr(live, "MANAGER", JobManager(runner=Blocking()))
+    monkeypatch.setattr(live, "read_gpus", lambda: ([{"index": i, "name": "G", "used_gib": 1.0, "total_gib": 24.0}
+                                                     for i in range(4)], ""))
+    gauge = live.live_update(p, {}, "en", {"gib": 5.0, "gpus": 2}, 8)[p.gauge]
+    assert gauge.count('data-run="true"') == 2 and gauge.count("mt-pred-seg") == 2 and "per GPU" in gauge
+
+
+@pytest.mark.filterwarnings("ignore:Does not fit")
+def test_estimate_and_fit_speak_per_gpu_when_the_run_uses_several(monkeypatch, form):
+    import core.estimate
+
+    real = core.estimate.fit_to_gpu
+
+    def two_gpus(*args, **kwargs):  # the real fit, for a run of two processes (what core.estimate reports then)
+        new, est = real(*args, **kwargs)
+        est.world_size = 2
+        return new, est
+
+    cfg = TrainConfig(upcast_to_fp32=False, per_device_train_batch_size=8, gradient_accumulation_steps=2,
+                      max_length=2048)
+    monkeypatch.setattr(handlers, "hardware", lambda: __import__("core.config").config.Hardware(
+        cuda=False, bf16=True, bitsandbytes=True))
+    assert "per GPU" not in handlers.on_fit(form, "en", 12, *widget_values(cfg))[form.fit_note]
+    monkeypatch.setattr(core.estimate, "fit_to_gpu", two_gpus)
+    note = handlers.on_fit(form, "en", 12, *widget_values(cfg))[form.fit_note]
+    assert "uses 2 GPUs: the budget and the predicted peak are per GPU" in note
+    assert "par GPU" in handlers.on_fit(form, "fr", 12, *widget_values(cfg))[form.fit_note]
+    summary = render.summary_html(cfg, [], predicted_gib=7.0, gpus=2)
+    assert "7.0 GiB per GPU (× 2 GPUs)" in summary and "per GPU" not in render.summary_html(cfg, [], predicted_gib=7.0)
+
+
+def test_the_gpus_control_is_always_shown_with_what_this_machine_has(monkeypatch, page):
+    from core.config import Hardware
+    from ui import layout
+
+    fields = page.memtune_fields
+    assert fields["num_gpus"].visible is not False and fields["distributed_strategy"].visible is not False
+    for n, words in ((0, "No GPU on this machine"), (1, "This machine has one GPU"), (4, "This machine has 4 GPUs")):
+        monkeypatch.setattr(layout, "hardware", lambda n=n: Hardware(cuda=n > 0, bf16=True, bitsandbytes=True, gpus=n))
+        assert words in layout.gpus_note("en"), n
+    assert "Esta máquina tem 4 GPUs" in layout.gpus_note("pt")
+
+
 # --- languages -----------------------------------------------------------------------------------------------------
 
 
