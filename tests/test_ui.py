@@ -757,6 +757,13 @@ def test_language_switch_relabels_the_checklist_and_the_page(form, page):
         assert text in pt, text
 
 
+def test_updates_for_one_component_are_combined(form):
+    from ui.form import merged
+
+    out = merged({form.code_py: gr.update(label="Script Python")}, {form.code_py: "print(1)", form.summary: "x"})
+    assert out[form.code_py] == gr.update(label="Script Python", value="print(1)") and out[form.summary] == "x"
+
+
 def test_the_page_opens_in_the_browsers_language():
     class Request:
         headers = {"accept-language": "pt-BR,pt;q=0.9,en;q=0.5"}

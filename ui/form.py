@@ -65,6 +65,19 @@ class Form:
         return [self.fit_note, self.preview, self.run_notice]
 
 
+def merged(*parts: Updates) -> Updates:
+    """Several {component: update} in one; two for the same component are combined (e.g. a label and a value)."""
+    out: Updates = {}
+    for part in parts:
+        for comp, update in part.items():
+            if comp in out:
+                old, new = (u if isinstance(u, dict) and u.get("__type__") == "update" else gr.update(value=u)
+                            for u in (out[comp], update))
+                update = {**old, **new}
+            out[comp] = update
+    return out
+
+
 def values_dict(values) -> dict[str, Any]:
     return dict(zip(FIELD_NAMES, values))
 

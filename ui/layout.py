@@ -33,7 +33,7 @@ from ui.after import build_tabs
 from ui.data import DATA_TYPES, on_preview, on_upload
 from ui.derive import hardware, initial_config, prediction, preset_choices, preset_descriptions, preset_of
 from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
-from ui.form import Form, facts_for, derived, prediction_state, read_config
+from ui.form import Form, derived, facts_for, merged, prediction_state, read_config
 from ui.live import LivePanel, live_update, read_gpus
 from ui.theme import TABS_KW
 
@@ -122,6 +122,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                                min_width=170, elem_id="lang-select", interactive=True)
             tr.add(lang, label="app.language")
         tab_state = gr.State({})
+        check_memory = gr.State({})  # per page: what each checklist box changed last, so unticking can undo it
         pred0 = prediction(cfg0)
         peak0 = pred0.gib
         pred_state = gr.State(prediction_state(cfg0, pred0))
@@ -283,7 +284,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
             form = Form(fields=FIELDS, summary=summary, prediction=pred_state, checks=checks, facts=facts,
                         preset=preset, code_py=code_py, code_cli=code_cli, fit_note=fit_note, preview=preview_out,
                         run_notice=notice, config_notice=cfg_notice, config_list=cfg_list, start=start_btn,
-                        stop=stop_btn, check_memory=gr.State({}))
+                        stop=stop_btn, check_memory=check_memory)
             tabs = build_tabs(lang0, tr, main_tabs, lang, FIELDS["output_dir"], form)
         wire_form(form, lang, budget, demo_btn, chapter_btn, refresh_btn, preview_btn, upload, save_btn, cfg_name,
                   load_btn, fit_btn)
@@ -304,8 +305,8 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
         def on_language(lg: str, *values):
             lg = lg if lg in EN_LANGS else DEFAULT_LANGUAGE
             cfg, problems = read_config(values[:n])
-            return {**tr.updates(lg), **derived(form, cfg, problems, lg),
-                    **tabs.language_updates(lg, *values[n:]), **dict.fromkeys(one_off, "")}
+            return merged(tr.updates(lg), derived(form, cfg, problems, lg), tabs.language_updates(lg, *values[n:]),
+                          dict.fromkeys(one_off, ""))
 
         lang.change(on_language, inputs=[lang, *form.inputs, *tabs.language_inputs], outputs=lang_out,
                     show_progress="hidden")
