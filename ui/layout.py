@@ -352,7 +352,8 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
                    outputs=[form.config_notice, form.config_list])
     load_btn.click(partial(handlers.on_load_config, form), inputs=[lang, form.config_list],
                    outputs=form.outputs + [form.config_notice])
-    fit_btn.click(partial(handlers.on_fit, form), inputs=[lang, budget, *inputs], outputs=form.outputs + [form.fit_note])
+    fit_btn.click(partial(handlers.on_fit, form), inputs=[lang, budget, *inputs],
+                  outputs=form.outputs + [form.fit_note])
     form.start.click(partial(handlers.on_start, form), inputs=[lang, *inputs],
                      outputs=[form.run_notice, form.start, form.stop])
     form.stop.click(handlers.on_stop, inputs=[lang], outputs=[form.run_notice])
