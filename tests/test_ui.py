@@ -657,6 +657,12 @@ def test_fit_button_uses_the_gpus_free_memory(monkeypatch, form):
     out = handlers.on_fit(form, "en", 1000, *widget_values(cfg))  # the budget box is ignored with a GPU
     assert estimate(as_config(form, out)).total_gib <= 10 * 0.9
     assert "the 10 GiB free on this GPU" in out[form.fit_note]
+    monkeypatch.setattr(derive, "hardware", lambda: Hardware(cuda=True, bf16=True, bitsandbytes=True, gpus=2))
+    monkeypatch.setattr(handlers, "read_gpus", lambda: ([{"index": i, "name": "X", "used_gib": used,
+                                                           "total_gib": 24.0} for i, used in enumerate((4.0, 16.0))],
+                                                         ""))
+    two = handlers.on_fit(form, "en", 1000, *widget_values(cfg.replace(num_gpus="2")))  # the fuller GPU bounds it
+    assert estimate(as_config(form, two)).total_gib <= 8 * 0.9 and "the 8 GiB free on this GPU" in two[form.fit_note]
 
 
 def test_result_shows_predicted_and_measured_peaks_side_by_side():

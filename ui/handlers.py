@@ -18,7 +18,7 @@ from core.config import SAFE_NAME, ConfigError, TrainConfig, demo_config, field_
 from core.i18n import DEFAULT_LANGUAGE, t
 from core.jobs import MANAGER, JobBusy
 from ui import render
-from ui.derive import CUSTOM, hardware, row_tokens, world_size
+from ui.derive import CUSTOM, hardware, row_tokens, run_gpus, world_size
 from ui.fields import collect, help_text, label, model_problem
 from ui.form import Form, Updates, apply_config, derived, read_config, values_dict
 from ui.live import read_gpus
@@ -94,12 +94,14 @@ def on_start_from(form: Form, kind: str, lang: str = DEFAULT_LANGUAGE) -> Update
 
 
 # --- fit to my GPU -----------------------------------------------------------------------------------------------
-def fit_budget_gib(budget: float | None) -> tuple[float | None, bool]:
-    """(GiB to fit, whether it is a real GPU's free memory). Without a GPU: the hypothetical card's budget."""
+def fit_budget_gib(budget: float | None, cfg: TrainConfig | None = None) -> tuple[float | None, bool]:
+    """(GiB to fit, whether it is a real GPU's free memory): the least free memory among the GPUs the run uses (the
+    figures are per GPU). Without a GPU: the hypothetical card's budget."""
     if hardware().cuda:
         gpus, _ = read_gpus()
         if gpus:
-            return max(0.0, gpus[0]["total_gib"] - gpus[0]["used_gib"]), True
+            used = gpus[:max(1, run_gpus(cfg))]
+            return max(0.0, min(g["total_gib"] - g["used_gib"] for g in used)), True
     return (float(budget) if budget and budget > 0 else None), False
 
 
@@ -123,7 +125,7 @@ def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
     cfg, problems = collect(values_dict(values))
     if cfg is None:
         return {form.fit_note: render.problems_html(problems, t("summary.unreadable", lang))}
-    gib, real = fit_budget_gib(budget)
+    gib, real = fit_budget_gib(budget, cfg)
     if gib is None:
         gr.Warning(t("fit.no_budget", lang))
         return fit_note(t("fit.no_budget", lang), "warn")
