@@ -21,7 +21,6 @@ from functools import partial
 from typing import Any, Callable
 
 import gradio as gr
-import pandas as pd
 
 from core import checklist
 from core.codegen import cli_command, python_script
@@ -34,7 +33,7 @@ from ui.data import DATA_TYPES, on_preview, on_upload
 from ui.derive import hardware, initial_config, prediction, preset_choices, preset_descriptions, preset_of
 from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
 from ui.form import Form, derived, facts_for, merged, prediction_state, read_config
-from ui.live import LivePanel, live_update, read_gpus
+from ui.live import LivePanel, live_update, loss_frame, read_gpus
 from ui.theme import TABS_KW
 
 # Where fields are shown (everything else goes to Training > Advanced):
@@ -101,7 +100,8 @@ def gpus_note(lang: str = DEFAULT_LANGUAGE) -> str:
 
 def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
     """Build the page without launching it. For tests it carries `memtune_form` (ui.form.Form), `memtune_live`
-    (ui.live.LivePanel), `memtune_fields` (field name -> widget) and `memtune_translations`."""
+    (ui.live.LivePanel), `memtune_history` (ui.history.HistoryTab), `memtune_fields` (field name -> widget) and
+    `memtune_translations`."""
     cfg0 = initial or initial_config()
     v0 = to_values(cfg0)
     lang0 = DEFAULT_LANGUAGE
@@ -270,7 +270,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                                                         interactive=False), value="run.stop")
                         notice = gr.HTML(elem_id="run-notice")
                         progress = gr.HTML(render.progress_html(job_view(None), lang0), elem_id="run-progress")
-                        loss_plot = gr.LinePlot(pd.DataFrame({"step": [], "loss": []}), x="step", y="loss",
+                        loss_plot = gr.LinePlot(loss_frame([]), x="step", y="loss",
                                                 title=None, y_title=L("run.loss_axis"), x_title=L("run.step_axis"),
                                                 height=230, elem_id="loss-plot", label=L("run.loss_curve"),
                                                 show_label=False, visible=False)
@@ -281,6 +281,8 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                                                   elem_id="adapter-download"), label="run.download")
 
             assert set(FIELDS) == set(FIELD_NAMES), set(FIELD_NAMES) ^ set(FIELDS)
+            # No component is created here: one more child of the top-level Tabs (even a gr.State) shifts the tab
+            # labels the browser shows ("Try it" over "Export").
             form = Form(fields=FIELDS, summary=summary, prediction=pred_state, checks=checks, facts=facts,
                         preset=preset, code_py=code_py, code_cli=code_cli, fit_note=fit_note, preview=preview_out,
                         run_notice=notice, config_notice=cfg_notice, config_list=cfg_list, start=start_btn,
