@@ -877,24 +877,30 @@ def test_delete_asks_first_and_refuses_a_running_run(tmp_path, monkeypatch, engi
 
 
 @pytest.mark.filterwarnings("ignore:A training run is in progress", "ignore:Pick an adapter", "ignore:Type a prompt")
-def test_try_it_streams_two_answers_and_refuses_during_training(engine_run, monkeypatch):
+def test_try_it_streams_two_answers_and_refuses_during_training(engine_run, monkeypatch, page):
     from core.infer import COMPARER
+
+    x = page.memtune_try_export
+
+    def ask(adapter, prompt, *rest):
+        """(base, tuned, notice) at each step of the stream; None where a step leaves one as it is."""
+        return [(u.get(x.base), u.get(x.tuned), u.get(x.try_note)) for u in tryexport.on_try(x, "en", adapter, prompt,
+                                                                                               *rest)]
 
     out, result = engine_run
     choices = tryexport.adapter_dropdown(str(out))
     assert choices["value"] == result.adapter_dir and len(choices["choices"]) == 1
     assert tryexport.adapter_dropdown(str(out / "none"))["info"] == "No saved adapter yet: train a run first."
-    steps = list(tryexport.on_try("en", result.adapter_dir, "Translate the word 'cat' into French.", 12, 0.0, 0.9, 0,
-                              False))
+    steps = ask(result.adapter_dir, "Translate the word 'cat' into French.", 12, 0.0, 0.9, 0, False)
     base, tuned, status = steps[-1]
     assert base.strip() and tuned.strip() and base != tuned and "Done" in status
     assert any(b and not t for b, t, _ in steps[1:-1])  # the base streamed first
-    assert "Pick an adapter" in list(tryexport.on_try("en", None, "hi", 8, 0, 0.9, 0, False))[-1][2]
-    assert "Type a prompt" in list(tryexport.on_try("en", result.adapter_dir, "  ", 8, 0, 0.9, 0, False))[-1][2]
+    assert "Pick an adapter" in ask(None, "hi", 8, 0, 0.9, 0, False)[-1][2]
+    assert "Type a prompt" in ask(result.adapter_dir, "  ", 8, 0, 0.9, 0, False)[-1][2]
     busy = JobManager(runner=Blocking())
     monkeypatch.setattr(tryexport, "MANAGER", busy)
     busy.start(demo_config())
-    refused = list(tryexport.on_try("en", result.adapter_dir, "hi", 8, 0, 0.9, 0, False))
+    refused = ask(result.adapter_dir, "hi", 8, 0, 0.9, 0, False)
     assert len(refused) == 1 and "A training run is in progress" in refused[0][2]
     busy.stop()
     busy.current().wait(5)
@@ -903,15 +909,18 @@ def test_try_it_streams_two_answers_and_refuses_during_training(engine_run, monk
 
 
 @pytest.mark.filterwarnings("ignore:Tick the confirmation", "ignore:Export failed")
-def test_export_zip_merge_and_push_messages(engine_run, tmp_path, monkeypatch):
+def test_export_zip_merge_and_push_messages(engine_run, tmp_path, monkeypatch, page):
     import zipfile
 
+    x = page.memtune_try_export
     out, result = engine_run
-    warning, check, merge_dir = tryexport.on_export_adapter("en", result.adapter_dir)
+    picked = tryexport.on_export_adapter(x, "en", result.adapter_dir)
+    warning, check, merge_dir = picked[x.merge_warning], picked[x.merge_check], picked[x.merge_dir]
     assert "Merging writes a full copy of memtune/demo-tiny-llama" in warning and "Memory check" in check
-    assert merge_dir["value"].endswith("finished/merged")
-    assert "La fusion écrit" in tryexport.on_export_adapter("fr", result.adapter_dir)[0]
-    file, note = tryexport.on_zip("en", result.adapter_dir)
+    assert merge_dir.endswith("finished/merged")
+    assert "La fusion écrit" in tryexport.on_export_adapter(x, "fr", result.adapter_dir)[x.merge_warning]
+    zipped = tryexport.on_zip(x, "en", result.adapter_dir)
+    file = zipped[x.zip_file]
     assert file["visible"] and "adapter_model.safetensors" in zipfile.ZipFile(file["value"]).namelist()
     assert "Tick the confirmation" in tryexport.on_merge("en", result.adapter_dir, str(tmp_path / "m"), False, False,
                                                      progress=None)
@@ -923,9 +932,10 @@ def test_export_zip_merge_and_push_messages(engine_run, tmp_path, monkeypatch):
     assert "already exists" in again  # core.export's own message
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
-    note, token = tryexport.on_push("en", result.adapter_dir, "adapter", "", "me/x", True, "hf_secret_value")
-    assert "Export failed" in note and "hf_secret_value" not in note and token["value"] == ""  # offline here
-    note, _ = tryexport.on_push("en", result.adapter_dir, "adapter", "", "not a repo id", True, "")
+    pushed = tryexport.on_push(x, "en", result.adapter_dir, "adapter", "", "me/x", True, "hf_secret_value")
+    note, token = pushed[x.export_note], pushed[x.token]
+    assert "Export failed" in note and "hf_secret_value" not in note and token == ""  # offline here
+    note = tryexport.on_push(x, "en", result.adapter_dir, "adapter", "", "not a repo id", True, "")[x.export_note]
     assert "not a Hub repository id" in note
 
 

@@ -15,8 +15,8 @@ from ui.form import Form
 from ui.history import (HistoryTab, history_frame, history_open, on_history_delete, on_history_delete_yes,
                         on_history_load, on_history_refresh, on_history_resume, on_history_select)
 from ui.live import loss_frame
-from ui.tryexport import (adapter_dropdown, on_export_adapter, on_merge, on_push, on_try, on_try_stop, on_zip,
-                          token_info)
+from ui.tryexport import (TryExportTab, adapter_dropdown, on_export_adapter, on_merge, on_push, on_try, on_try_stop,
+                          on_zip, token_info)
 
 
 @dataclass
@@ -27,6 +27,7 @@ class AfterTabs:
     language_outputs: list[Any] = field(default_factory=list)
     update: Callable[..., dict[Any, Any]] | None = None
     history: HistoryTab | None = None  # the History tab's components (for tests)
+    try_export: TryExportTab | None = None  # the Try it and Export tabs' (for tests)
 
     def language_updates(self, lang: str, *values: Any) -> dict[Any, Any]:
         return self.update(lang, *values) if self.update else {}
@@ -168,17 +169,19 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
     for tab, dd, btn in ((try_tab, try_adapter, try_refresh), (export_tab, exp_adapter, exp_refresh)):
         tab.select(refresh_adapters, inputs=[dd, output_dir, lang], outputs=[dd], **quiet)
         btn.click(refresh_adapters, inputs=[dd, output_dir, lang], outputs=[dd], **quiet)
-    send.click(on_try, inputs=[lang, try_adapter, prompt, max_new, temperature, top_p, seed, raw],
-               outputs=[base_box, tuned_box, try_note], show_progress="hidden")
-    prompt.submit(on_try, inputs=[lang, try_adapter, prompt, max_new, temperature, top_p, seed, raw],
-                  outputs=[base_box, tuned_box, try_note], show_progress="hidden")
+    x = TryExportTab(try_note=try_note, base=base_box, tuned=tuned_box, export_note=export_note, zip_file=zip_file,
+                     merge_warning=merge_warning, merge_check=merge_check, merge_dir=merge_dir, token=token)
+    asked = [lang, try_adapter, prompt, max_new, temperature, top_p, seed, raw]
+    for event in (send.click, prompt.submit):
+        event(partial(on_try, x), inputs=asked, outputs=[base_box, tuned_box, try_note], show_progress="hidden")
     stop.click(on_try_stop, inputs=[lang], outputs=[try_note], concurrency_limit=None, **quiet)
 
-    exp_adapter.change(on_export_adapter, inputs=[lang, exp_adapter], outputs=[merge_warning, merge_check, merge_dir],
+    exp_adapter.change(partial(on_export_adapter, x), inputs=[lang, exp_adapter],
+                       outputs=[merge_warning, merge_check, merge_dir],
                        **quiet)
-    zip_btn.click(on_zip, inputs=[lang, exp_adapter], outputs=[zip_file, export_note])
+    zip_btn.click(partial(on_zip, x), inputs=[lang, exp_adapter], outputs=[zip_file, export_note])
     merge_btn.click(on_merge, inputs=[lang, exp_adapter, merge_dir, replace, confirm], outputs=[export_note])
-    push_btn.click(on_push, inputs=[lang, exp_adapter, what, merge_dir, repo_id, private, token],
+    push_btn.click(partial(on_push, x), inputs=[lang, exp_adapter, what, merge_dir, repo_id, private, token],
                    outputs=[export_note, token])
 
     h = HistoryTab(table=table, runs=runs_state, selected=selected, note=history_note, detail=detail,
@@ -209,9 +212,10 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
         if sel:
             out[detail] = history_open(h, lg, sel)[detail]
         if exp:
-            out[merge_warning], out[merge_check], _ = on_export_adapter(lg, exp)
+            picked = on_export_adapter(x, lg, exp)
+            out[merge_warning], out[merge_check] = picked[merge_warning], picked[merge_check]
         return out
 
     return AfterTabs(language_inputs=[output_dir, selected, exp_adapter],
                      language_outputs=[table, runs_state, detail, merge_warning, merge_check],
-                     update=language_updates, history=h)
+                     update=language_updates, history=h, try_export=x)

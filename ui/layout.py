@@ -316,6 +316,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
     demo.memtune_form = form
     demo.memtune_live = live
     demo.memtune_history = tabs.history
+    demo.memtune_try_export = tabs.try_export
     demo.memtune_fields = FIELDS  # for tests: field name -> component
     demo.memtune_translations = tr
     return demo

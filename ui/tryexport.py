@@ -1,4 +1,5 @@
-"""The "Try it" and "Export" tabs' handlers (tested without a browser; their layout is ui/after.py's).
+"""The "Try it" and "Export" tabs' handlers (tested without a browser; their layout is ui/after.py's). They take
+the `TryExportTab` first and return (or, for Try it, stream) updates keyed by its components.
 
 - Try it: base vs base + adapter side by side, streaming (a generator over core.infer.COMPARER.compare). One
   model for the process; refused while a training run uses the machine. Stop ends the answer at the next token.
@@ -9,6 +10,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,6 +20,23 @@ from core.i18n import DEFAULT_LANGUAGE, t
 from core.jobs import MANAGER
 from ui import render
 from ui.notices import note, public_refusal, runs_folder, warn
+
+Updates = dict[Any, Any]  # component -> new value or gr.update(...)
+
+
+@dataclass(eq=False)
+class TryExportTab:
+    """The components the Try it and Export handlers write (ui/after.py builds them); handlers key updates by them."""
+
+    try_note: Any  # Try it's notice
+    base: Any  # the base model's answer
+    tuned: Any  # the base + adapter answer
+    export_note: Any  # Export's notice
+    zip_file: Any  # the zipped adapter to download
+    merge_warning: Any  # what a merge costs
+    merge_check: Any  # whether the memory is there
+    merge_dir: Any  # the merged model's folder
+    token: Any  # the typed Hub token (cleared after each push)
 
 
 # --- try it ---------------------------------------------------------------------------------------------------------
@@ -32,39 +51,44 @@ def adapter_dropdown(output_dir: str | None, current: str | None = None, lang: s
                      info=None if choices else t("try.no_adapters", lang))
 
 
-def on_try(lang: str, adapter: str | None, prompt: str, max_new_tokens: float, temperature: float, top_p: float,
-           seed: float, raw: bool) -> Iterator[tuple[Any, Any, str]]:
-    """Stream (base answer, base + adapter answer, status) for one prompt; refusals and errors as messages."""
+def on_try(x: TryExportTab, lang: str, adapter: str | None, prompt: str, max_new_tokens: float, temperature: float,
+           top_p: float, seed: float, raw: bool) -> Iterator[Updates]:
+    """Stream the base answer and the base + adapter answer for one prompt; refusals and errors as the notice."""
     from core.infer import COMPARER, InferError, adapter_config
 
+    def refused(text: str, kind: str = "warn") -> Updates:
+        return {x.try_note: warn(text, "try-note", kind)}
+
     if MANAGER.busy():
-        yield gr.skip(), gr.skip(), warn(t("try.refused_training", lang), "try-note")
+        yield refused(t("try.refused_training", lang))
         return
     if not adapter:
-        yield gr.skip(), gr.skip(), warn(t("try.pick_adapter", lang), "try-note")
+        yield refused(t("try.pick_adapter", lang))
         return
     if not (prompt or "").strip():
-        yield gr.skip(), gr.skip(), warn(t("try.empty_prompt", lang), "try-note")
+        yield refused(t("try.empty_prompt", lang))
         return
     try:
         model = adapter_config(adapter).model
     except InferError as exc:
-        yield gr.skip(), gr.skip(), warn(str(exc), "try-note", "error")
+        yield refused(str(exc), "error")
         return
-    yield "", "", note(t("try.loading", lang, model=model, path=adapter), "info", "try-note")
+    yield {x.base: "", x.tuned: "", x.try_note: note(t("try.loading", lang, model=model, path=adapter), "info",
+                                                     "try-note")}
     base = tuned = ""
     try:
         for base, tuned in COMPARER.compare(adapter, prompt, max_new_tokens=int(max_new_tokens),
                                             temperature=float(temperature), top_p=float(top_p), seed=int(seed or 0),
                                             template=not raw):
-            yield base, tuned, gr.skip()
+            yield {x.base: base, x.tuned: tuned}
     except InferError as exc:
-        yield base, tuned, warn(str(exc), "try-note", "error")
+        yield {x.base: base, x.tuned: tuned, **refused(str(exc), "error")}
         return
     except Exception as exc:  # noqa: BLE001 - a crash in generation must not take the page with it
-        yield base, tuned, warn(t("msg.error", lang, message=f"{type(exc).__name__}: {exc}"), "try-note", "error")
+        yield {x.base: base, x.tuned: tuned,
+               **refused(t("msg.error", lang, message=f"{type(exc).__name__}: {exc}"), "error")}
         return
-    yield base, tuned, note(t("try.done", lang), "ok", "try-note")
+    yield {x.base: base, x.tuned: tuned, x.try_note: note(t("try.done", lang), "ok", "try-note")}
 
 
 def on_try_stop(lang: str = DEFAULT_LANGUAGE) -> str:
@@ -123,17 +147,17 @@ def merge_warning(cfg: Any, lang: str) -> str:
              mem_gib=f"{memory / 2**30:.3g}")
 
 
-def on_export_adapter(lang: str, adapter: str | None) -> tuple[str, str, Any]:
-    """An adapter was picked: (the merge warning, the memory check, the default merged folder)."""
+def on_export_adapter(x: TryExportTab, lang: str, adapter: str | None) -> Updates:
+    """An adapter was picked: the merge warning, the memory check, the default merged folder."""
     from core.export import default_merge_dir, merge_memory_check
     from core.infer import InferError, adapter_config
 
     if not adapter:
-        return note(t("try.no_adapters", lang), "info"), "", gr.update(value="")
+        return {x.merge_warning: note(t("try.no_adapters", lang), "info"), x.merge_check: "", x.merge_dir: ""}
     try:
         cfg = adapter_config(adapter)
     except InferError as exc:
-        return note(str(exc), "error"), "", gr.update(value="")
+        return {x.merge_warning: note(str(exc), "error"), x.merge_check: "", x.merge_dir: ""}
     try:
         needed, available, ok, message = merge_memory_check(cfg)
     except Exception as exc:  # noqa: BLE001 - psutil missing or the like: say so, keep the tab usable
@@ -144,24 +168,27 @@ def on_export_adapter(lang: str, adapter: str | None) -> tuple[str, str, Any]:
         check = check if ok else f"{check}\n{message}"
     else:
         check = message
-    return (note(merge_warning(cfg, lang), "warn", "merge-warning"), note(check, "ok" if ok else "error", "merge-check"),
-            gr.update(value=str(default_merge_dir(adapter))))
+    return {x.merge_warning: note(merge_warning(cfg, lang), "warn", "merge-warning"),
+            x.merge_check: note(check, "ok" if ok else "error", "merge-check"),
+            x.merge_dir: str(default_merge_dir(adapter))}
 
 
-def on_zip(lang: str, adapter: str | None) -> tuple[Any, str]:
+def on_zip(x: TryExportTab, lang: str, adapter: str | None) -> Updates:
     from core.export import ExportError, zip_adapter
 
+    def refused(text: str, kind: str = "warn") -> Updates:
+        return {x.zip_file: gr.update(value=None, visible=False), x.export_note: warn(text, "export-note", kind)}
+
     if not adapter:
-        return gr.update(value=None, visible=False), warn(t("try.pick_adapter", lang), "export-note")
+        return refused(t("try.pick_adapter", lang))
     if (refusal := public_refusal((adapter, "the adapter"))):
-        return gr.update(value=None, visible=False), warn(t("export.failed", lang, message=refusal), "export-note",
-                                                          "error")
+        return refused(t("export.failed", lang, message=refusal), "error")
     try:
         path = zip_adapter(adapter)
     except (ExportError, OSError) as exc:
-        return gr.update(value=None, visible=False), warn(t("export.failed", lang, message=exc), "export-note", "error")
-    return (gr.update(value=str(path), visible=True),
-            note(t("export.zip_ready", lang, path=path.name, size=_size(path)), "ok", "export-note"))
+        return refused(t("export.failed", lang, message=exc), "error")
+    return {x.zip_file: gr.update(value=str(path), visible=True),
+            x.export_note: note(t("export.zip_ready", lang, path=path.name, size=_size(path)), "ok", "export-note")}
 
 
 def on_merge(lang: str, adapter: str | None, out_dir: str, replace: bool, confirmed: bool,
@@ -191,26 +218,28 @@ def on_merge(lang: str, adapter: str | None, out_dir: str, replace: bool, confir
     return note(t("export.merged", lang, path=path, size=_size(path)), "ok", "export-note")
 
 
-def on_push(lang: str, adapter: str | None, what: str, merged_dir: str, repo_id: str, private: bool,
-            token: str | None) -> tuple[str, Any]:
+def on_push(x: TryExportTab, lang: str, adapter: str | None, what: str, merged_dir: str, repo_id: str,
+            private: bool, token: str | None) -> Updates:
     """Push the adapter or the merged folder; the typed token is used for this call only, then cleared."""
     from core.export import ExportError, push_to_hub
 
-    clear = gr.update(value="")
+    def said(html: str) -> Updates:
+        return {x.export_note: html, x.token: ""}
+
     if not adapter:
-        return warn(t("try.pick_adapter", lang), "export-note"), clear
+        return said(warn(t("try.pick_adapter", lang), "export-note"))
     folder = adapter if what != "merged" else ((merged_dir or "").strip())
     if what == "merged" and not (folder and Path(folder).is_dir()):
-        return warn(t("export.merge_first", lang), "export-note"), clear
+        return said(warn(t("export.merge_first", lang), "export-note"))
     if (refusal := public_refusal((folder, "the folder to push"))):
-        return warn(t("export.failed", lang, message=refusal), "export-note", "error"), clear
+        return said(warn(t("export.failed", lang, message=refusal), "export-note", "error"))
     try:
         url = push_to_hub(folder, repo_id, token=(token or "").strip() or None, private=bool(private))
     except ExportError as exc:
-        return warn(t("export.failed", lang, message=exc), "export-note", "error"), clear
+        return said(warn(t("export.failed", lang, message=exc), "export-note", "error"))
     except Exception as exc:  # noqa: BLE001 - push_to_hub scrubs the token from its own messages; be safe here too
         message = f"{type(exc).__name__}: {exc}"
         if token:
             message = message.replace(token.strip(), "hf_***")
-        return warn(t("export.failed", lang, message=message), "export-note", "error"), clear
-    return note(t("export.pushed", lang, url=url), "ok", "export-note"), clear
+        return said(warn(t("export.failed", lang, message=message), "export-note", "error"))
+    return said(note(t("export.pushed", lang, url=url), "ok", "export-note"))
