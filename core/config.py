@@ -5,20 +5,25 @@
 (QLoRA on Llama-3.1-8B, dolly-15k first 1,000 rows, batch 1 x accumulation 16, paged 8-bit AdamW, ...).
 
 `validate()` checks a config before any heavy work and reports every problem at once, each naming the field,
-what is wrong and how to fix it.
+what is wrong and how to fix it; `field_problems()` is its check of each field against its metadata.
+
+About 410 lines: a third of them is the field table itself (help, bounds, choices and widget kind per field),
+which stays in one place; machine detection is in core/hardware.py, value coercion in core/values.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
 import yaml
+
+from core.hardware import Hardware, no_gpu_driver, output_problem  # noqa: F401 - re-exported: callers import them here
+from core.values import coerce_to, type_label
 
 DEMO_MODEL = "memtune/demo-tiny-llama"  # built locally by core.demo, never downloaded
 DEMO_DATASET = "memtune/demo"  # shipped in assets/demo/
@@ -46,6 +51,9 @@ SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def _help(text: str, **kw: Any) -> dict[str, Any]:
+    """A field's metadata: help (English; the UI's other languages are in core/locales), min/max, choices, and for
+    the UI the widget kind ("slider" with `step`, "radio"; otherwise a number box, dropdown, checkbox or text box
+    by type) and a number box's `step`."""
     return {"help": text, **kw}
 
 
@@ -59,12 +67,14 @@ class TrainConfig:
 
     # --- quantization (checklist: QLoRA) -----------------------------------------------------------------
     load_in_4bit: bool = field(default=True, metadata=_help("QLoRA: store the frozen base weights in 4 bits."))
-    bnb_4bit_quant_type: str = field(default="nf4", metadata=_help("4-bit data type: nf4 or fp4.", choices=QUANT_TYPES))
+    bnb_4bit_quant_type: str = field(default="nf4", metadata=_help(
+        "4-bit data type: nf4 or fp4.", choices=QUANT_TYPES, widget="radio"))
     bnb_4bit_use_double_quant: bool = field(default=True, metadata=_help(
         "Quantize the quantization constants too (~0.4 bit/parameter saved)."))
 
     # --- precision (checklist: bf16) ---------------------------------------------------------------------
-    precision: str = field(default="bf16", metadata=_help("Compute dtype: bf16, fp16 or fp32.", choices=PRECISIONS))
+    precision: str = field(default="bf16", metadata=_help(
+        "Compute dtype: bf16, fp16 or fp32.", choices=PRECISIONS, widget="radio"))
     upcast_to_fp32: bool = field(default=True, metadata=_help(
         "What prepare_model_for_kbit_training does (the chapter's recipe): cast embeddings, norms and lm_head "
         "to float32. Costs ~4 GiB on an 8B Llama-3 for little gain; off keeps them in the compute dtype."))
@@ -77,9 +87,12 @@ class TrainConfig:
         "many fixed blocks: less memory reserved but unused, so a lower GPU peak. Same results. CUDA only."))
 
     # --- LoRA --------------------------------------------------------------------------------------------
-    lora_r: int = field(default=16, metadata=_help("LoRA rank.", min=1, max=512))
-    lora_alpha: int = field(default=32, metadata=_help("LoRA scaling numerator (scale = alpha / r).", min=1, max=1024))
-    lora_dropout: float = field(default=0.05, metadata=_help("Dropout on the LoRA input.", min=0.0, max=0.5))
+    lora_r: int = field(default=16, metadata=_help(
+        "LoRA rank.", min=1, max=512, widget="slider", step=1))
+    lora_alpha: int = field(default=32, metadata=_help(
+        "LoRA scaling numerator (scale = alpha / r).", min=1, max=1024, widget="slider", step=1))
+    lora_dropout: float = field(default=0.05, metadata=_help(
+        "Dropout on the LoRA input.", min=0.0, max=0.5, widget="slider", step=0.01))
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         metadata=_help("Linear layers that get LoRA adapters.", choices=LORA_TARGET_CHOICES))
@@ -91,7 +104,8 @@ class TrainConfig:
     dataset_format: str = field(default="auto", metadata=_help(
         "Row format; auto detects it from the columns.", choices=DATASET_FORMATS))
     max_length: int = field(default=512, metadata=_help(
-        "Longest training sequence in tokens; longer rows are truncated.", min=16, max=131072))
+        "Longest training sequence in tokens; longer rows are truncated.", min=16, max=131072, widget="slider",
+        step=16))
     long_prompts: str = field(default="truncate_middle", metadata=_help(
         "A prompt that leaves the answer less than a quarter of max_length: truncate_middle cuts its middle "
         "(keeping the instruction and the answer header), truncate_left its start, so the answer still trains; "
@@ -99,20 +113,25 @@ class TrainConfig:
         choices=LONG_PROMPTS))
 
     # --- batching (checklist: accumulation, smaller batches) ---------------------------------------------
-    per_device_train_batch_size: int = field(default=1, metadata=_help("Rows per micro-batch.", min=1, max=512))
+    per_device_train_batch_size: int = field(default=1, metadata=_help(
+        "Rows per micro-batch.", min=1, max=512, widget="slider", step=1))
     gradient_accumulation_steps: int = field(default=16, metadata=_help(
-        "Micro-batches summed before each optimizer step (effective batch = batch x accumulation).", min=1, max=1024))
+        "Micro-batches summed before each optimizer step (effective batch = batch x accumulation).", min=1, max=1024,
+        widget="slider", step=1))
     packing: bool = field(default=False, metadata=_help(
         "Padding-free batches: rows are concatenated with per-row position ids, so no compute goes to padding."))
 
     # --- optimization ------------------------------------------------------------------------------------
-    num_train_epochs: float = field(default=1.0, metadata=_help("Passes over the data.", min=0.01, max=100.0))
+    num_train_epochs: float = field(default=1.0, metadata=_help(
+        "Passes over the data.", min=0.01, max=100.0, step=0.5))
     max_steps: int = field(default=-1, metadata=_help("Stop after this many optimizer steps; -1 uses epochs.", min=-1))
-    learning_rate: float = field(default=2e-4, metadata=_help("Peak learning rate.", min=1e-7, max=1.0))
+    learning_rate: float = field(default=2e-4, metadata=_help("Peak learning rate.", min=1e-7, max=1.0, step=1e-5))
     lr_scheduler_type: str = field(default="linear", metadata=_help("Learning-rate schedule.", choices=SCHEDULERS))
     warmup_steps: int = field(default=0, metadata=_help("Linear warm-up, in optimizer steps.", min=0))
-    weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay.", min=0.0, max=1.0))
-    max_grad_norm: float = field(default=1.0, metadata=_help("Gradient clipping norm; 0 disables.", min=0.0))
+    weight_decay: float = field(default=0.0, metadata=_help(
+        "AdamW weight decay.", min=0.0, max=1.0, widget="slider", step=0.01))
+    max_grad_norm: float = field(default=1.0, metadata=_help(
+        "Gradient clipping norm; 0 disables.", min=0.0, step=0.1))
     optim: str = field(default="paged_adamw_8bit", metadata=_help(
         "Optimizer; the 8-bit and paged ones need bitsandbytes.", choices=tuple(OPTIMIZERS)))
     gradient_checkpointing: bool = field(default=True, metadata=_help(
@@ -128,13 +147,15 @@ class TrainConfig:
 
     # --- logging and saving ------------------------------------------------------------------------------
     logging_steps: int = field(default=10, metadata=_help("Log loss every N optimizer steps.", min=1))
-    save_strategy: str = field(default="epoch", metadata=_help("When to write checkpoints.", choices=SAVE_STRATEGIES))
+    save_strategy: str = field(default="epoch", metadata=_help(
+        "When to write checkpoints.", choices=SAVE_STRATEGIES, widget="radio"))
     save_steps: int = field(default=500, metadata=_help("Checkpoint interval when save_strategy is steps.", min=1))
     output_dir: str = field(default="runs", metadata=_help("Folder holding one sub-folder per run."))
     run_name: str = field(default="", metadata=_help("Run folder name; empty picks a timestamped name."))
     resume_from: str = field(default="", metadata=_help(
         "A run folder to continue from its newest complete checkpoint; empty starts fresh."))
-    device: str = field(default="auto", metadata=_help("auto (CUDA if present), cuda or cpu.", choices=DEVICES))
+    device: str = field(default="auto", metadata=_help(
+        "auto (CUDA if present), cuda or cpu.", choices=DEVICES, widget="radio"))
 
     # --- past one GPU (core/distributed.py: accelerate launch, DDP or FSDP) -----------------------------
     num_gpus: str = field(default="1", metadata=_help(
@@ -226,56 +247,9 @@ def field_meta(name: str) -> dict[str, Any]:
     return dict({f.name: f.metadata for f in fields(TrainConfig)}[name])
 
 
-def type_label(tp: Any) -> str:
-    if tp is bool:
-        return "true/false"
-    if tp is int:
-        return "whole number"
-    if tp is float:
-        return "number"
-    if tp == list[str]:
-        return "list of names (comma separated on the command line)"
-    return "text"
-
-
 def coerce(name: str, value: Any) -> Any:
     """Turn a YAML or command-line value into the field's type, or raise ValueError saying why not."""
-    tp = field_types()[name]
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lower() in ("true", "yes", "on", "1"):
-            return True
-        if isinstance(value, str) and value.strip().lower() in ("false", "no", "off", "0"):
-            return False
-        raise ValueError(f"{value!r} is not true or false")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ValueError(f"{value!r} is not a whole number")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        try:
-            return int(str(value).strip())
-        except ValueError:
-            raise ValueError(f"{value!r} is not a whole number") from None
-    if tp is float:
-        if isinstance(value, bool):
-            raise ValueError(f"{value!r} is not a number")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{value!r} is not a number") from None
-    if tp == list[str]:
-        if isinstance(value, str):
-            return [v.strip() for v in value.split(",") if v.strip()]
-        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-            return list(value)
-        raise ValueError(f"{value!r} is not a list of names")
-    if value is None:
-        return ""
-    return str(value)
+    return coerce_to(field_types()[name], value)
 
 
 def apply_overrides(cfg: TrainConfig, assignments: list[str]) -> TrainConfig:
@@ -319,60 +293,30 @@ class ConfigError(ValueError):
         super().__init__(f"{len(self.problems)} problem(s) in the configuration:\n{lines}")
 
 
-@dataclass(frozen=True)
-class Hardware:
-    """What the machine can do, as far as validation cares. `detect()` reads it; tests build it by hand."""
-
-    cuda: bool
-    bf16: bool
-    bitsandbytes: bool
-    bnb_4bit_on_cpu: bool = True  # bitsandbytes >= 0.45 runs NF4 on the CPU
-    liger: bool = False
-    gpus: int = 0  # visible CUDA devices; 0 with cuda=True means "one, count not read" (tests build it by hand)
-
-    @property
-    def n_gpus(self) -> int:
-        return self.gpus or (1 if self.cuda else 0)
-
-    @classmethod
-    def detect(cls) -> "Hardware":
-        import importlib.util
-
-        if no_gpu_driver():  # spares the app's start-up the ~2 s import of torch on a machine without a GPU
-            cuda = False
-        else:
-            import torch
-
-            cuda = torch.cuda.is_available()
-        return cls(
-            cuda=cuda,
-            bf16=(_torch_bf16() if cuda else True),  # CPUs emulate bf16 via autocast
-            bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None,
-            liger=importlib.util.find_spec("liger_kernel") is not None,
-            gpus=torch.cuda.device_count() if cuda else 0,
-        )
-
-
-def no_gpu_driver() -> bool:
-    """True when this machine surely has no GPU torch could use: Linux without the NVIDIA driver (/proc/driver/nvidia,
-    /dev/nvidia*), ROCm (/dev/kfd) or WSL's GPU bridge (/dev/dxg), or a Mac (no CUDA). Elsewhere, ask torch."""
-    import sys
-
-    if "torch" in sys.modules:  # already paid for: torch's own answer is the authority
-        return False
-    if sys.platform == "darwin":
-        return True
-    if sys.platform.startswith("linux"):
-        dev = Path("/dev")
-        return not (Path("/proc/driver/nvidia").exists() or (dev / "kfd").exists() or (dev / "dxg").exists()
-                    or any(dev.glob("nvidia*")))
-    return False
-
-
-def _torch_bf16() -> bool:
-    import torch
-
-    return torch.cuda.is_bf16_supported()
+def field_problems(cfg: TrainConfig) -> list[Problem]:
+    """Each field against its own metadata: a choice not offered, a number outside its bounds or not finite. What a
+    widget cannot show: the app refuses to load a file with these (validate() reports them with the rest)."""
+    p: list[Problem] = []
+    for f in fields(TrainConfig):
+        meta, value, name = f.metadata, getattr(cfg, f.name), f.name
+        choices = meta.get("choices")
+        if choices and isinstance(value, str) and value not in choices:
+            p.append(Problem(name, f"{value!r} is not one of the choices", "pick one of: " + ", ".join(choices)))
+        if choices and isinstance(value, list):
+            wrong = [v for v in value if v not in choices]
+            if wrong:
+                p.append(Problem(name, f"unknown module(s) {', '.join(wrong)}", "pick from: " + ", ".join(choices)))
+            if not value:
+                p.append(Problem(name, "is empty", "name at least one layer, e.g. q_proj,v_proj"))
+        if isinstance(value, float) and not math.isfinite(value):
+            p.append(Problem(name, f"{value} is not a finite number", "give an ordinary number"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            lo, hi = meta.get("min"), meta.get("max")
+            if lo is not None and value < lo:
+                p.append(Problem(name, f"{value} is below the minimum {lo}", f"use a value >= {lo}"))
+            elif hi is not None and value > hi:
+                p.append(Problem(name, f"{value} is above the maximum {hi}", f"use a value <= {hi}"))
+    return p
 
 
 def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
@@ -383,26 +327,7 @@ def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
     def bad(name: str, message: str, fix: str) -> None:
         p.append(Problem(name, message, fix))
 
-    for f in fields(TrainConfig):
-        meta, value = f.metadata, getattr(cfg, f.name)
-        choices = meta.get("choices")
-        if choices and isinstance(value, str) and value not in choices:
-            bad(f.name, f"{value!r} is not one of the choices", "pick one of: " + ", ".join(choices))
-        if choices and isinstance(value, list):
-            wrong = [v for v in value if v not in choices]
-            if wrong:
-                bad(f.name, f"unknown module(s) {', '.join(wrong)}", "pick from: " + ", ".join(choices))
-            if not value:
-                bad(f.name, "is empty", "name at least one layer, e.g. q_proj,v_proj")
-        if isinstance(value, float) and not math.isfinite(value):
-            bad(f.name, f"{value} is not a finite number", "give an ordinary number")
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            lo, hi = meta.get("min"), meta.get("max")
-            if lo is not None and value < lo:
-                bad(f.name, f"{value} is below the minimum {lo}", f"use a value >= {lo}")
-            elif hi is not None and value > hi:
-                bad(f.name, f"{value} is above the maximum {hi}", f"use a value <= {hi}")
-
+    p.extend(field_problems(cfg))
     if not cfg.model.strip():
         bad("model", "is empty", f"give a Hub id like meta-llama/Llama-3.1-8B, a local folder, or {DEMO_MODEL}")
     if not cfg.dataset.strip():
@@ -450,27 +375,6 @@ def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
     for name, message, fix in distributed.problems(cfg, hw.n_gpus):
         bad(name, message, fix)
     return p
-
-
-def output_problem(folder: str) -> str | None:
-    """Why runs cannot be written under `folder` (checked without creating anything), or None."""
-    from core.files import real
-
-    path = real(folder)
-    if path.exists() and not path.is_dir():
-        return f"{path} is a file, not a folder"
-    if path.parts[:2] in (("/", "proc"), ("/", "sys"), ("/", "dev")):
-        return f"{path} is a system folder ({'/'.join(path.parts[:2])[1:]}), not a place for files"
-    existing = path
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{path} cannot be created: {existing} is a file"
-    if os.statvfs(existing).f_flag & os.ST_RDONLY:
-        return f"{path} is on a read-only file system"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{path} cannot be created or written: no permission to write in {existing}"
-    return None
 
 
 def check(cfg: TrainConfig, hw: Hardware | None = None) -> TrainConfig:

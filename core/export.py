@@ -202,17 +202,14 @@ def merge_memory_check(cfg: TrainConfig) -> tuple[int, int, bool, str]:
         f"Merging needs about {needed / GiB:.1f} GiB of {where}; {available / GiB:.1f} GiB is free.")
 
 
-def merge_warning(cfg: TrainConfig, lang: str = "en") -> str:
-    """What a merge costs, for the page to show before the user confirms."""
-    from core.i18n import t
-
+def merge_size(cfg: TrainConfig) -> tuple[int, int, int] | None:
+    """What a merge costs: (parameters, bytes on disk in bf16, bytes of RAM or GPU memory to merge), or None when
+    the model's size cannot be told here. The page words it (ui.tryexport.merge_warning)."""
     params = parameter_count(cfg)
     if params is None:
-        return t("export.merge_warning_unknown", lang, model=cfg.model)
-    size = params * BF16_BYTES / GiB
-    # Three significant digits: "8.03 billion ... 15 GiB" for an 8B model, and not "0.00" for the tiny demo.
-    return t("export.merge_warning", lang, model=cfg.model, params=f"{params / 1e9:.3g}", disk_gib=f"{size:.3g}",
-             mem_gib=f"{size * MERGE_OVERHEAD:.3g}")
+        return None
+    disk = params * BF16_BYTES
+    return params, disk, int(disk * MERGE_OVERHEAD)
 
 
 def default_merge_dir(adapter_dir: str | Path) -> Path:

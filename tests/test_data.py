@@ -582,7 +582,7 @@ def widget_values(cfg):
 
 
 def test_preview_checks_the_file_before_the_tokenizer(tmp_path):
-    from ui import blocks
+    from ui.data import on_preview
 
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n", encoding="utf-8")
@@ -590,18 +590,18 @@ def test_preview_checks_the_file_before_the_tokenizer(tmp_path):
     latin.write_bytes(b"instruction,response\ncaf\xe9,x\n")
     for path, expected in ((empty, "is empty"), (latin, "not UTF-8")):
         cfg = TrainConfig(model="nobody-has/this-model-cached", dataset=str(path), dataset_split="train")
-        html = blocks.on_preview("en", *widget_values(cfg))
+        html = on_preview("en", *widget_values(cfg))
         assert "The data cannot be used as it is" in html and expected in html and str(path) in html
         assert "tokenizer could not be loaded" not in html
 
 
 def test_preview_shows_the_plans_counts_and_a_bounded_page(tmp_path, demo_model_path):
-    from ui import blocks
+    from ui.data import on_preview
 
     path = write_jsonl(tmp_path / "mixed.jsonl", mixed_rows() + [{"instruction": "Huge", "context": "",
                                                                   "response": "z" * 50_000}])
     cfg = demo_config(dataset=str(path), max_length=32)
-    html = blocks.on_preview("en", *widget_values(cfg))
+    html = on_preview("en", *widget_values(cfg))
     assert "9 of 13 rows train" not in html and "10 of 13 rows train" in html
     for text in ("4 kept whole", "2 answer cut at max_length", "4 prompt shortened so the answer trains",
                  "3 dropped: empty or null", "max_length 32", 'data-reason="prompt_cut"'):
@@ -611,41 +611,46 @@ def test_preview_shows_the_plans_counts_and_a_bounded_page(tmp_path, demo_model_
     assert len(html) < 40_000  # the 50,000-character row is not sent whole
     assert "Nothing would train" not in html
     long = write_jsonl(tmp_path / "long.jsonl", [{"instruction": "Summarise", "context": LONG, "response": "ok"}] * 3)
-    html = blocks.on_preview("en", *widget_values(cfg.replace(dataset=str(long), long_prompts="drop")))
+    html = on_preview("en", *widget_values(cfg.replace(dataset=str(long), long_prompts="drop")))
     assert "0 of 3 rows train" in html and "3 dropped: the prompt alone fills max_length" in html
     assert "Nothing would train" in html and "Raise max_length to 64" in html and "<b>100%</b> dropped" in html
 
 
 def test_a_rejected_upload_keeps_the_previous_dataset(tmp_path, monkeypatch, demo_model_path):
-    from ui import blocks
-    from ui.fields import FIELD_NAMES
+    from ui.data import on_upload
+    from ui.layout import build_ui
 
+    form = build_ui(demo_config()).memtune_form
     monkeypatch.setenv("MEMTUNE_HOME", str(tmp_path / "home"))
     good = tmp_path / "in" / "rows.jsonl"
     good.parent.mkdir()
     write_jsonl(good, [DOLLY] * 3)
-    out = blocks.on_upload("en", str(good), *widget_values(demo_config()))
-    stored = out[FIELD_NAMES.index("dataset")]
-    assert Path(stored).name == "rows.jsonl" and "Format: dolly" in out[-1]
+    out = on_upload(form, "en", str(good), *widget_values(demo_config()))
+    stored = out[form.fields["dataset"]]
+    assert Path(stored).name == "rows.jsonl" and "Format: dolly" in out[form.preview]
     broken = tmp_path / "again" / "rows.jsonl"  # same name, broken: must not replace the stored good file
     broken.parent.mkdir()
     broken.write_text('{"instruction": "a", "response": "b"}\n{"instruction": "cut\n', encoding="utf-8")
-    out = blocks.on_upload("en", str(broken), *widget_values(demo_config(dataset=stored)))
-    skip = blocks.gr.skip()
-    assert all(o == skip for o in out[:-1])  # no field changes: the dataset stays the previous one
-    assert "Upload not used" in out[-1] and f"The dataset stays {stored}" in out[-1] and "rows.jsonl" in out[-1]
-    assert "line 2 is not valid JSON" in out[-1]
+    out = on_upload(form, "en", str(broken), *widget_values(demo_config(dataset=stored)))
+    assert list(out) == [form.preview]  # no field changes: the dataset stays the previous one
+    note = out[form.preview]
+    assert "Upload not used" in note and f"The dataset stays {stored}" in note and "rows.jsonl" in note
+    assert "line 2 is not valid JSON" in note
     assert len(data.load_raw(stored, "train")) == 3  # the earlier upload is intact
 
 
 def test_fit_uses_the_previewed_lengths_and_says_so(tmp_path, demo_model_path):
-    from ui import blocks
+    from ui.data import on_preview
+    from ui.derive import prediction
+    from ui.handlers import on_fit
+    from ui.layout import build_ui
 
+    form = build_ui(demo_config()).memtune_form
     cfg = demo_config(dataset=str(write_jsonl(tmp_path / "short.jsonl", [DOLLY] * 4)), max_length=2048)
-    assert "as if every row reached max_length" in blocks.on_fit("en", 8, *widget_values(cfg))[-1]
-    peak_before, _ = blocks.prediction(cfg)
-    blocks.on_preview("en", *widget_values(cfg))
+    assert "as if every row reached max_length" in on_fit(form, "en", 8, *widget_values(cfg))[form.fit_note]
+    peak_before = prediction(cfg).gib
+    on_preview("en", *widget_values(cfg))
     longest = data.known_longest_row(cfg)
     assert longest and longest < 64
-    assert f"real rows (the longest is {longest} tokens)" in blocks.on_fit("en", 8, *widget_values(cfg))[-1]
-    assert blocks.prediction(cfg)[0] < peak_before
+    assert f"real rows (the longest is {longest} tokens)" in on_fit(form, "en", 8, *widget_values(cfg))[form.fit_note]
+    assert prediction(cfg).gib < peak_before

@@ -443,34 +443,40 @@ def test_auth_refuses_blank_passwords_and_pauses_after_a_wrong_login(monkeypatch
 
 
 # --- trust_remote_code needs the user's own tick ---------------------------------------------------------------------
-def _form(res):
+def _form(form, res):
+    """The config a handler's {component: update} puts into the settings form."""
     from ui.fields import FIELD_NAMES, collect
 
-    cfg, problems = collect(dict(zip(FIELD_NAMES, res[:len(FIELD_NAMES)])))
+    cfg, problems = collect({n: res[form.fields[n]] for n in FIELD_NAMES})
     assert cfg is not None, problems
     return cfg
 
 
 def test_a_loaded_config_never_turns_trust_remote_code_on_by_itself(run, tmp_path, monkeypatch):
     from core.jobs import JobManager
-    from ui import after, blocks
+    from ui import history
+    from ui.handlers import on_load_config
+    from ui.layout import build_ui
 
+    page = build_ui(demo_config())
+    form, h = page.memtune_form, page.memtune_history
     monkeypatch.setenv("MEMTUNE_CONFIG_DIR", str(tmp_path / "configs"))
     demo_config(trust_remote_code=True).save(tmp_path / "configs" / "remote.yaml")
-    res = blocks.on_load_config("en", "remote")
-    assert _form(res).trust_remote_code is False and "trust_remote_code" in res[-1] and "OFF" in res[-1]
+    res = on_load_config(form, "en", "remote")
+    notice = res[form.config_notice]
+    assert _form(form, res).trust_remote_code is False and "trust_remote_code" in notice and "OFF" in notice
 
     mine = copy_run(run, tmp_path / "mine")
     cfg = demo_config(output_dir=str(tmp_path), run_name="mine", max_steps=4, trust_remote_code=True)
     cfg.save(mine / "config.yaml")
-    res = after.on_history_load("en", str(mine))
-    assert _form(res).trust_remote_code is False and "OFF" in res[-2]
+    res = history.on_history_load(form, h, "en", str(mine))
+    assert _form(form, res).trust_remote_code is False and "OFF" in res[h.note]
     manager = JobManager()
-    monkeypatch.setattr(after, "MANAGER", manager)
-    res = after.on_history_resume("fr", str(mine))
+    monkeypatch.setattr(history, "MANAGER", manager)
+    res = history.on_history_resume(form, h, "fr", str(mine))
     assert manager.current() is None  # nothing started: the user confirms by ticking, then presses Start
-    form = _form(res)
-    assert form.trust_remote_code is False and form.resume_from == str(mine) and "DÉSACTIVÉ" in res[-2]
+    cfg = _form(form, res)
+    assert cfg.trust_remote_code is False and cfg.resume_from == str(mine) and "DÉSACTIVÉ" in res[h.note]
 
 
 # --- public mode -----------------------------------------------------------------------------------------------------
@@ -510,23 +516,27 @@ def test_public_mode_reads_no_server_path_a_visitor_types(public, run, tmp_path,
 
 def test_public_history_and_export_act_only_inside_the_apps_folder(public, run, tmp_path, monkeypatch):
     from core.jobs import JobManager
-    from ui import after, blocks
+    from ui import history, tryexport
+    from ui.layout import build_ui, header_html
 
-    monkeypatch.setattr(after, "MANAGER", JobManager())
+    page = build_ui(demo_config())
+    form, h = page.memtune_form, page.memtune_history
+    monkeypatch.setattr(history, "MANAGER", JobManager())
     copy_run(run, public / "visitor-run")
     outside = copy_run(run, tmp_path / "elsewhere")  # a memtune run, but not in the app's folder
     before = tree_hash(outside)
-    table, dirs, _ = after.on_history_refresh("en", str(tmp_path))  # the typed folder is ignored
+    dirs = history.on_history_refresh(h, "en", str(tmp_path))[h.runs]  # the typed folder is ignored
     assert dirs == [str(public / "visitor-run")]
-    res = after.on_history_delete_yes("en", str(outside), str(tmp_path))
-    assert "not a run folder inside" in res[-1]
-    assert "public server" in after.on_history_load("en", str(outside))[-2]
-    assert "public server" in after.on_history_resume("en", str(outside))[-2]
-    assert "public server" in after.on_zip("en", str(outside / "adapter"))[1]
-    assert "public server" in after.on_merge("en", str(public / "visitor-run" / "adapter"), str(tmp_path / "m"),
+    res = history.on_history_delete_yes(h, "en", str(outside), str(tmp_path))
+    assert "not a run folder inside" in res[h.note]
+    assert "public server" in history.on_history_load(form, h, "en", str(outside))[h.note]
+    assert "public server" in history.on_history_resume(form, h, "en", str(outside))[h.note]
+    x = page.memtune_try_export
+    assert "public server" in tryexport.on_zip(x, "en", str(outside / "adapter"))[x.export_note]
+    assert "public server" in tryexport.on_merge("en", str(public / "visitor-run" / "adapter"), str(tmp_path / "m"),
                                              False, True, progress=None)
     assert tree_hash(outside) == before and not (tmp_path / "m").exists()
-    assert 'id="mt-public"' in blocks.header_html("pt") and "Modo público" in blocks.header_html("pt")
+    assert 'id="mt-public"' in header_html("pt") and "Modo público" in header_html("pt")
 
 
 def test_only_public_mode_listens_on_all_interfaces_without_a_password(monkeypatch):

@@ -10,11 +10,13 @@ import pytest
 import app
 from core import checklist
 from core.codegen import cli_command, python_script
-from core.config import (DEMO_MODEL, LORA_TARGET_CHOICES, TrainConfig, apply_overrides, demo_config, field_meta)
+from core.config import (DEMO_MODEL, LORA_TARGET_CHOICES, TrainConfig, apply_overrides, demo_config, field_meta,
+                         field_problems)
 from core.events import make_event
 from core.jobs import JobManager, JobView
-from ui import blocks, render
-from ui.fields import FIELD_NAMES, collect, out_of_range, to_values
+from ui import data, derive, handlers, history, live, render, tryexport
+from ui.fields import FIELD_NAMES, collect, to_values
+from ui.layout import browser_language, build_ui
 from tests.chapter import CHAPTER_FR, CHAPTER_PT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,19 +27,35 @@ def widget_values(cfg):
     return [v[n] for n in FIELD_NAMES]
 
 
-def as_config(field_outputs):
-    cfg, problems = collect(dict(zip(FIELD_NAMES, field_outputs)))
-    assert not problems, problems
-    return cfg
-
-
 def value_of(update):
     return update["value"] if isinstance(update, dict) else update
 
 
+@pytest.fixture(scope="module")
+def page():
+    return build_ui(demo_config())
+
+
+@pytest.fixture(scope="module")
+def form(page):
+    return page.memtune_form
+
+
+def as_config(form, out):
+    """The config a handler's {component: update} puts into the form (every field must be there)."""
+    cfg, problems = collect({n: value_of(out[form.fields[n]]) for n in FIELD_NAMES})
+    assert not problems, problems
+    return cfg
+
+
+def unchanged(form, out):
+    """No field of the form is touched by this output."""
+    return out == gr.skip() or not set(out) & set(form.inputs)
+
+
 # --- building ----------------------------------------------------------------------------------------------------
-def test_build_ui_builds_without_launching():
-    demo = blocks.build_ui(demo_config())
+def test_build_ui_builds_without_launching(page):
+    demo = page
     assert isinstance(demo, gr.Blocks)
     assert not getattr(demo, "is_running", False)
     fields = demo.memtune_fields
@@ -45,8 +63,8 @@ def test_build_ui_builds_without_launching():
     assert all(c.elem_id == f"field-{n}" for n, c in fields.items())
 
 
-def test_number_widgets_are_bounded_from_field_meta():
-    fields = blocks.build_ui(demo_config()).memtune_fields
+def test_number_widgets_are_bounded_from_field_meta(page):
+    fields = page.memtune_fields
     for name, comp in fields.items():
         meta = field_meta(name)
         if isinstance(comp, (gr.Slider, gr.Number)):
@@ -54,15 +72,53 @@ def test_number_widgets_are_bounded_from_field_meta():
         assert not (isinstance(comp, gr.Textbox) and ("min" in meta or "max" in meta)), f"{name} is free text"
     assert isinstance(fields["lora_target_modules"], gr.CheckboxGroup)
     assert isinstance(fields["max_length"], gr.Slider)
+    for name, comp in fields.items():  # the kind and step are the field's metadata, nowhere else
+        meta = field_meta(name)
+        if meta.get("widget") == "slider":
+            assert isinstance(comp, gr.Slider) and comp.step == meta["step"], name
+        if meta.get("widget") == "radio":
+            assert isinstance(comp, gr.Radio), name
+        if isinstance(comp, gr.Number):
+            assert comp.step == meta.get("step", 1), name
     with pytest.raises(gr.Error, match="LoRA rank r .lora_r.*minimum"):  # a bounds error names the field
         fields["lora_r"].preprocess(0)
 
 
 def test_initial_config_is_the_demo_without_a_gpu():
-    if blocks.hardware().cuda:
-        assert blocks.initial_config() == TrainConfig()
+    if derive.hardware().cuda:
+        assert derive.initial_config() == TrainConfig()
     else:
-        assert blocks.initial_config() == demo_config()
+        assert derive.initial_config() == demo_config()
+
+
+def test_no_module_of_ui_imports_one_that_imports_it_back():
+    """Every import between ui/ modules, function-level ones included, goes one way (ui/__init__ aside)."""
+    import ast
+
+    modules = {p.stem: p for p in (ROOT / "ui").glob("*.py") if p.stem != "__init__"}
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "ui":
+                deps |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ui."):
+                deps.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("ui.")}
+        graph[name] = deps - {name}
+    assert "blocks" not in graph and graph["layout"]  # the page is built by ui.layout
+
+    def reach(start, seen):
+        for dep in graph.get(start, ()):
+            if dep not in seen:
+                seen.add(dep)
+                reach(dep, seen)
+        return seen
+
+    circles = sorted(name for name in graph if name in reach(name, set()))
+    assert circles == [], {n: sorted(graph[n]) for n in circles}
+    assert not [n for n in graph if "layout" in graph[n]]  # nothing below the page imports it
 
 
 # --- widgets <-> config ------------------------------------------------------------------------------------------
@@ -74,7 +130,8 @@ def test_initial_config_is_the_demo_without_a_gpu():
                 run_name="my.run-1", precision="fp32", optim="sgd", device="cpu", upcast_to_fp32=False),
 ])
 def test_widgets_round_trip(cfg):
-    assert as_config(widget_values(cfg)) == cfg
+    got, problems = collect(dict(zip(FIELD_NAMES, widget_values(cfg))))
+    assert got == cfg and not problems
 
 
 def test_widget_values_are_coerced_and_bad_ones_all_reported():
@@ -88,24 +145,23 @@ def test_widget_values_are_coerced_and_bad_ones_all_reported():
     assert {p.field for p in problems} == {"learning_rate", "max_steps", "optim"}
 
 
-def split_derived(out):
+def split_derived(form, out):
     """derived() outputs by name: summary, prediction, ticks, facts, preset, script, command."""
-    assert len(out) == blocks.N_DERIVED
-    k = len(checklist.ITEMS)
-    return dict(summary=out[0], prediction=out[1], ticks=out[2:2 + k], facts=out[2 + k:2 + 2 * k], preset=out[-3],
-                script=out[-2], command=out[-1])
+    keys = [i.key for i in checklist.ITEMS]
+    return dict(summary=out[form.summary], prediction=out[form.prediction], ticks=[out[form.checks[k]] for k in keys],
+                facts=[out[form.facts[k]] for k in keys], preset=out[form.preset], script=out[form.code_py],
+                command=out[form.code_cli])
 
 
-def test_checklist_ticks_change_the_config_and_back():
+def test_checklist_ticks_change_the_config_and_back(form):
     base = TrainConfig()
     for item in checklist.ITEMS:
         for on in (False, True):
-            out = blocks.on_checklist(item.key, "en", on, {}, *widget_values(base))
-            n = len(FIELD_NAMES)
-            cfg = as_config(out[:n])
+            out = handlers.on_checklist(form, item.key, "en", on, {}, *widget_values(base))
+            cfg = as_config(form, out)
             assert cfg == checklist.toggle(base, item.key, on)
             assert checklist.active(cfg)[item.key] is on, item.key
-            d = split_derived(out[n:-1])
+            d = split_derived(form, out)
             ticks = [value_of(u) for u in d["ticks"]]
             assert ticks == [checklist.active(cfg)[i.key] for i in checklist.ITEMS]
             summary, code_py, cli = d["summary"], d["script"], d["command"]
@@ -115,12 +171,10 @@ def test_checklist_ticks_change_the_config_and_back():
             base = cfg
 
 
-def test_unticking_and_reticking_gives_back_the_users_own_values():
-    n = len(FIELD_NAMES)
-
+def test_unticking_and_reticking_gives_back_the_users_own_values(form):
     def click(cfg, key, on, memory):
-        out = blocks.on_checklist(key, "en", on, memory, *widget_values(cfg))
-        return as_config(out[:n]), out[-1]
+        out = handlers.on_checklist(form, key, "en", on, memory, *widget_values(cfg))
+        return as_config(form, out), out[form.check_memory]
 
     mine = demo_config(max_length=384)  # short: "Reduce max_seq_length" is on
     off, memory = click(mine, "short_max_length", False, {})
@@ -141,18 +195,19 @@ def test_unticking_and_reticking_gives_back_the_users_own_values():
     assert (again.per_device_train_batch_size, again.gradient_accumulation_steps) == (4, 4)
 
 
-def test_summary_and_code_follow_a_field_change():
+def test_summary_and_code_follow_a_field_change(form):
     values = widget_values(demo_config())
     values[FIELD_NAMES.index("gradient_checkpointing")] = True
-    summary, *rest = blocks.on_fields_changed("en", *values)
-    assert "checkpointing on" in summary
-    assert "gradient_checkpointing=true" in rest[-1]
-    assert "gradient_checkpointing=True" in rest[-2]
+    out = handlers.on_fields_changed(form, "en", *values)
+    assert "checkpointing on" in out[form.summary]
+    assert "gradient_checkpointing=true" in out[form.code_cli]
+    assert "gradient_checkpointing=True" in out[form.code_py]
 
 
-def test_presets_load_the_demo_and_the_chapter():
-    assert as_config(blocks.on_start_from("demo", "en")[:len(FIELD_NAMES)]) == demo_config()
-    assert as_config(blocks.on_start_from("chapter", "pt")[:len(FIELD_NAMES)]) == TrainConfig()
+def test_presets_load_the_demo_and_the_chapter(form):
+    assert as_config(form, handlers.on_start_from(form, "demo", "en")) == demo_config()
+    out = handlers.on_start_from(form, "chapter", "pt")
+    assert as_config(form, out) == TrainConfig() and all(out[c] == "" for c in form.stale)
 
 
 # --- start / stop -------------------------------------------------------------------------------------------------
@@ -171,102 +226,109 @@ class Blocking:
 
 
 @pytest.mark.filterwarnings("ignore:Not started")
-def test_start_lists_every_problem_at_once(monkeypatch):
-    monkeypatch.setattr(blocks, "MANAGER", JobManager(runner=Blocking()))
+def test_start_lists_every_problem_at_once(monkeypatch, form):
+    monkeypatch.setattr(handlers, "MANAGER", JobManager(runner=Blocking()))
     values = widget_values(demo_config(model="", dataset="", max_steps=0, run_name="../evil"))
-    notice, *_ = blocks.on_start("en", *values)
+    notice = handlers.on_start(form, "en", *values)[form.run_notice]
     for name in ("model", "dataset", "max_steps", "run_name"):
         assert f"<code>{name}</code>" in notice
-    assert not blocks.MANAGER.busy()
+    assert not handlers.MANAGER.busy()
 
 
 @pytest.mark.filterwarnings("ignore:A training run is already")
-def test_second_start_is_refused_with_a_message(monkeypatch):
+def test_second_start_is_refused_with_a_message(monkeypatch, form):
     runner = Blocking()
-    monkeypatch.setattr(blocks, "MANAGER", JobManager(runner=runner))
-    first, *_ = blocks.on_start("en", *widget_values(demo_config()))
-    assert "started" in first
-    second, *_ = blocks.on_start("en", *widget_values(demo_config()))  # e.g. from another tab
-    assert "already in progress" in second
-    assert "Stopping" in blocks.on_stop()
-    assert blocks.MANAGER.current().wait(5)
-    assert "No run" in blocks.on_stop()
+    monkeypatch.setattr(handlers, "MANAGER", JobManager(runner=runner))
+    first = handlers.on_start(form, "en", *widget_values(demo_config()))
+    assert "started" in first[form.run_notice] and first[form.start]["interactive"] is False
+    second = handlers.on_start(form, "en", *widget_values(demo_config()))  # e.g. from another tab
+    assert "already in progress" in second[form.run_notice]
+    assert "Stopping" in handlers.on_stop()
+    assert handlers.MANAGER.current().wait(5)
+    assert "No run" in handlers.on_stop()
 
 
-def test_live_update_reattaches_and_skips_when_nothing_changed(monkeypatch):
+def test_live_update_reattaches_and_skips_when_nothing_changed(monkeypatch, page):
     runner = Blocking()
-    monkeypatch.setattr(blocks, "MANAGER", JobManager(runner=runner))
-    blocks.MANAGER.start(demo_config())
-    out = blocks.live_update({})
-    gauge, progress, plot, log, result, download, start, stop, state = out
+    p = page.memtune_live
+    monkeypatch.setattr(live, "MANAGER", JobManager(runner=runner))
+    live.MANAGER.start(demo_config())
+    out = live.live_update(p, {})
+    progress, log, state = out[p.progress], out[p.log], out[p.state]
     assert 'data-state="running"' in progress and "run folder" in log
-    assert start["interactive"] is False and stop["interactive"] is True
-    again = blocks.live_update(state)  # same events: nothing re-sent
-    assert all(isinstance(x, dict) and x.get("__type__") == "update" and len(x) == 1 for x in again[1:8])
-    fresh = blocks.live_update({})  # a reloaded page: everything again
-    assert 'data-state="running"' in fresh[1]
+    assert out[p.start]["interactive"] is False and out[p.stop]["interactive"] is True
+    again = live.live_update(p, state)  # same events: nothing re-sent
+    assert not set(again) & {p.progress, p.plot, p.log, p.result, p.download, p.start, p.stop}
+    fresh = live.live_update(p, {})  # a reloaded page: everything again
+    assert 'data-state="running"' in fresh[p.progress]
     runner.go.set()
-    blocks.MANAGER.current().wait(5)
-    assert 'data-state="completed"' in blocks.live_update(state)[1]
+    live.MANAGER.current().wait(5)
+    assert 'data-state="completed"' in live.live_update(p, state)[p.progress]
 
 
 def test_long_runs_are_thinned_for_the_plot():
     pts = [(i, 1.0 / i) for i in range(1, 5001)]
-    out = blocks.thin(pts, 400)
+    out = live.thin(pts, 400)
     assert len(out) <= 401 and out[0] == pts[0] and out[-1] == pts[-1]
-    assert blocks.thin(pts[:10], 400) == pts[:10]
+    assert live.thin(pts[:10], 400) == pts[:10]
 
 
 # --- save / load settings ---------------------------------------------------------------------------------------
-def test_settings_save_and_load_with_safe_names(tmp_path, monkeypatch):
+def test_settings_save_and_load_with_safe_names(tmp_path, monkeypatch, form):
     monkeypatch.setenv("MEMTUNE_CONFIG_DIR", str(tmp_path / "configs"))
     cfg = demo_config(lora_r=4, max_steps=33)
     for bad in ("../evil", "a b", "", "/abs", ".hidden"):
-        notice, _ = blocks.on_save_config("en", bad, *widget_values(cfg))
+        notice = handlers.on_save_config(form, "en", bad, *widget_values(cfg))[form.config_notice]
         assert "mt-note-error" in notice, bad
     assert not (tmp_path / "configs").exists() or not list((tmp_path / "configs").iterdir())
-    notice, listing = blocks.on_save_config("en", "my-run.yaml", *widget_values(cfg))
-    assert "Saved" in notice and listing["value"] == "my-run"
+    out = handlers.on_save_config(form, "en", "my-run.yaml", *widget_values(cfg))
+    assert "Saved" in out[form.config_notice] and out[form.config_list]["value"] == "my-run"
     assert TrainConfig.load(tmp_path / "configs" / "my-run.yaml") == cfg
-    out = blocks.on_load_config("en", "my-run")
-    assert as_config(out[:len(FIELD_NAMES)]) == cfg and "Loaded" in out[-1]
+    out = handlers.on_load_config(form, "en", "my-run")
+    assert as_config(form, out) == cfg and "Loaded" in out[form.config_notice]
     (tmp_path / "configs" / "broken.yaml").write_text("lora_r: 0\noptim: adam_bogus\n")
-    out = blocks.on_load_config("en", "broken")
-    assert "Not loaded" in out[-1] and "lora_r" in out[-1] and "optim" in out[-1]
+    out = handlers.on_load_config(form, "en", "broken")
+    assert unchanged(form, out)
+    assert "Not loaded" in out[form.config_notice] and "lora_r" in out[form.config_notice]
+    assert "optim" in out[form.config_notice]
     (tmp_path / "configs" / "typo.yaml").write_text("lora_rank: 8\n")
-    assert "lora_rank" in blocks.on_load_config("en", "typo")[-1]
-    assert "Pick" in blocks.on_load_config("en", "../../etc/passwd")[-1]
+    assert "lora_rank" in handlers.on_load_config(form, "en", "typo")[form.config_notice]
+    assert "Pick" in handlers.on_load_config(form, "en", "../../etc/passwd")[form.config_notice]
 
 
-def test_out_of_range_names_the_fields():
+def test_field_problems_name_the_fields():
+    """The range check the app refuses a loaded file for is validate()'s own field check."""
+    from core.config import validate
+
     bad = TrainConfig(lora_r=0, optim="nope", lora_target_modules=["q_proj", "zz"])
-    assert {p.field for p in out_of_range(bad)} == {"lora_r", "optim", "lora_target_modules"}
+    assert {p.field for p in field_problems(bad)} == {"lora_r", "optim", "lora_target_modules"}
+    assert set(field_problems(bad)) <= set(validate(bad))
 
 
 # --- data preview and upload --------------------------------------------------------------------------------------
 def test_preview_shows_examples_and_histogram(demo_model_path):
-    html = blocks.on_preview("en", *widget_values(demo_config()))
+    html = data.on_preview("en", *widget_values(demo_config()))
     assert "Format: dolly" in html and "<svg" in html and "max_length 64" in html
 
 
 def test_format_errors_are_shown_in_place(tmp_path, demo_model_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "a", "answer": "b"}\n')
-    html = blocks.on_preview("en", *widget_values(demo_config(dataset=str(bad))))
+    html = data.on_preview("en", *widget_values(demo_config(dataset=str(bad))))
     assert "mt-data-error" in html and "question" in html
 
 
-def test_upload_sets_the_dataset_and_previews(tmp_path, monkeypatch, demo_model_path):
+def test_upload_sets_the_dataset_and_previews(tmp_path, monkeypatch, demo_model_path, form):
     monkeypatch.setenv("MEMTUNE_HOME", str(tmp_path / "home"))
     f = tmp_path / "my data.jsonl"
     f.write_text("\n".join('{"text": "hello world %d"}' % i for i in range(5)) + "\n")
-    out = blocks.on_upload("en", str(f), *widget_values(demo_config()))
-    cfg = as_config(out[:len(FIELD_NAMES)])
+    out = data.on_upload(form, "en", str(f), *widget_values(demo_config()))
+    cfg = as_config(form, out)
     assert Path(cfg.dataset).name == "my_data.jsonl" and Path(cfg.dataset).is_file() and cfg.dataset_split == "train"
-    assert "Format: text" in out[-1]
+    assert "Format: text" in out[form.preview]
     exe = tmp_path / "x.exe"
     exe.write_text("MZ")
-    assert "Upload not used" in blocks.on_upload("en", str(exe), *widget_values(demo_config()))[-1]
+    assert "Upload not used" in data.on_upload(form, "en", str(exe), *widget_values(demo_config()))[form.preview]
 
 
 # --- rendering ---------------------------------------------------------------------------------------------------
@@ -349,43 +411,46 @@ def test_script_resumes_and_keeps_the_memory_levers():
     assert "expandable_segments:True" in code and "offload_input_embeddings(model)" in code
 
 
-def test_preset_radio_applies_levers_and_follows_the_config():
+def test_preset_radio_applies_levers_and_follows_the_config(form):
     from core import presets
 
-    out = blocks.on_preset_lever("en", "lowest_memory", *widget_values(TrainConfig()))
-    cfg = as_config(out[:len(FIELD_NAMES)])
-    assert cfg == presets.apply_preset(TrainConfig(), "lowest_memory", blocks.hardware())
-    assert value_of(out[-3]) == (presets.matching(cfg) or "custom")
-    assert value_of(blocks.on_fields_changed("en", *widget_values(TrainConfig()))[-3]) == "chapter"
-    assert value_of(blocks.on_fields_changed("en", *widget_values(TrainConfig(lora_dropout=0.3)))[-3]) == "custom"
+    out = handlers.on_preset_lever(form, "en", "lowest_memory", *widget_values(TrainConfig()))
+    cfg = as_config(form, out)
+    assert cfg == presets.apply_preset(TrainConfig(), "lowest_memory", derive.hardware())
+    assert value_of(out[form.preset]) == (presets.matching(cfg) or "custom")
+    assert value_of(handlers.on_fields_changed(form, "en", *widget_values(TrainConfig()))[form.preset]) == "chapter"
+    custom = handlers.on_fields_changed(form, "en", *widget_values(TrainConfig(lora_dropout=0.3)))
+    assert value_of(custom[form.preset]) == "custom"
+    assert handlers.on_preset_lever(form, "en", "custom", *widget_values(TrainConfig())) == gr.skip()
 
 
 @pytest.mark.filterwarnings("ignore:Fastest within 24 GB")
-def test_fastest_without_a_gpu_says_which_levers_it_left_off(monkeypatch):
+def test_fastest_without_a_gpu_says_which_levers_it_left_off(monkeypatch, form):
     from core import presets
     from core.config import Hardware
 
-    monkeypatch.setattr(blocks, "hardware", lambda: Hardware(cuda=False, bf16=True, bitsandbytes=True))
+    for module in (handlers, derive):
+        monkeypatch.setattr(module, "hardware", lambda: Hardware(cuda=False, bf16=True, bitsandbytes=True))
     said = []
     monkeypatch.setattr(gr, "Info", lambda message, *a, **k: said.append(message))
-    out = blocks.on_preset_lever("en", "fastest", *widget_values(TrainConfig()))
-    cfg = as_config(out[:len(FIELD_NAMES)])
+    out = handlers.on_preset_lever(form, "en", "fastest", *widget_values(TrainConfig()))
+    cfg = as_config(form, out)
     assert not cfg.use_liger_kernel and presets.overrides("fastest")["use_liger_kernel"]
     assert said == ["Fastest within 24 GB: applied without use_liger_kernel, which needs a CUDA GPU (and "
                     "liger-kernel); there is none here."]
-    assert value_of(out[-3]) == "fastest"  # the radio stays on what was chosen, not "Custom mix"
+    assert value_of(out[form.preset]) == "fastest"  # the radio stays on what was chosen, not "Custom mix"
     said.clear()
-    blocks.on_preset_lever("en", "lowest_memory", *widget_values(TrainConfig()))
+    handlers.on_preset_lever(form, "en", "lowest_memory", *widget_values(TrainConfig()))
     assert said == []  # nothing CUDA-only in it: nothing to say
 
 
 def test_a_model_neither_here_nor_reachable_is_flagged_beside_the_field(tmp_path, demo_model_path):
     """Offline (the conftest sets HF_HUB_OFFLINE): a Hub id that is not cached cannot be loaded."""
-    assert blocks.on_model_check("en", DEMO_MODEL)["info"] == blocks.help_text("model", "en")
-    assert blocks.on_model_check("en", str(demo_model_path))["info"] == blocks.help_text("model", "en")
-    flagged = blocks.on_model_check("fr", "someone/not-cached-model")["info"]
+    assert handlers.on_model_check("en", DEMO_MODEL)["info"] == handlers.help_text("model", "en")
+    assert handlers.on_model_check("en", str(demo_model_path))["info"] == handlers.help_text("model", "en")
+    flagged = handlers.on_model_check("fr", "someone/not-cached-model")["info"]
     assert flagged.startswith("⚠ someone/not-cached-model n'est pas sur cette machine") and "hf download" in flagged
-    assert "does not exist" in blocks.on_model_check("en", str(tmp_path / "nope" / "x" / "y"))["info"]
+    assert "does not exist" in handlers.on_model_check("en", str(tmp_path / "nope" / "x" / "y"))["info"]
 
 
 def test_cli_lists_only_changed_fields():
@@ -465,9 +530,9 @@ def test_gauge_draws_the_prediction_against_free_memory_or_a_hypothetical_card()
     assert "10,9 Gio" in render.gauge_html([], "", predicted_gib=10.9, budget_gib=8, lang="fr")
 
 
-def test_checklist_facts_say_what_each_item_saves_and_costs_measured():
-    out = blocks.on_fields_changed("en", *widget_values(TrainConfig()))
-    d = split_derived(out)
+def test_checklist_facts_say_what_each_item_saves_and_costs_measured(form):
+    out = handlers.on_fields_changed(form, "en", *widget_values(TrainConfig()))
+    d = split_derived(form, out)
     assert d["prediction"]["gib"] > 5  # the chapter's recipe on an 8B model
     facts = dict(zip([i.key for i in checklist.ITEMS], d["facts"]))
     from core.estimate import savings
@@ -482,18 +547,19 @@ def test_checklist_facts_say_what_each_item_saves_and_costs_measured():
         assert "mt-src" in html or "Not measured" in html
 
 
-def test_checklist_shows_the_chapters_8b_figure_beside_the_demos_own():
+def test_checklist_shows_the_chapters_8b_figure_beside_the_demos_own(form):
     from core.estimate import savings
 
     saved = {s.key: s.saved_gib for s in savings(TrainConfig())}
     for lang, words in (("en", "at the chapter's 8B settings (Llama-3.1-8B): saves {} GiB"),
                         ("fr", "aux réglages 8B du chapitre (Llama-3.1-8B) : économise {} Gio")):
         facts = dict(zip([i.key for i in checklist.ITEMS],
-                         split_derived(blocks.on_fields_changed(lang, *widget_values(demo_config())))["facts"]))
+                         split_derived(form, handlers.on_fields_changed(form, lang, *widget_values(demo_config())))[
+                             "facts"]))
         qlora = render.E(words.format(render.num(saved["qlora"], 1, lang)))
         assert saved["qlora"] > 1 and qlora in facts["qlora"]
         assert render.E(render.saving_text(0.0, lang)) in facts["qlora"]  # the demo's own figure stays, first
-    chapter = split_derived(blocks.on_fields_changed("en", *widget_values(TrainConfig())))["facts"]
+    chapter = split_derived(form, handlers.on_fields_changed(form, "en", *widget_values(TrainConfig())))["facts"]
     assert not any("chapter's 8B settings" in render.E(html) or "mt-fact-chapter" in html for html in chapter)
 
 
@@ -553,43 +619,50 @@ def test_speed_costs_from_the_benchmarks_levers_file(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:Does not fit")
-def test_fit_button_respects_the_budget():
+def test_fit_button_respects_the_budget(form):
     from core.estimate import estimate
 
     cfg = TrainConfig(upcast_to_fp32=False, per_device_train_batch_size=8, gradient_accumulation_steps=2,
                       gradient_checkpointing=False, max_length=2048)
-    n = len(FIELD_NAMES)
-    if blocks.hardware().cuda:
+    if derive.hardware().cuda:
         pytest.skip("with a GPU the budget is the GPU's free memory (tested below with a fake GPU)")
     for budget in (8, 12, 24):
-        out = blocks.on_fit("en", budget, *widget_values(cfg))
-        fitted = as_config(out[:n])
+        out = handlers.on_fit(form, "en", budget, *widget_values(cfg))
+        fitted, note = as_config(form, out), out[form.fit_note]
         assert estimate(fitted).total_gib <= budget * 0.9
         assert fitted.effective_batch_size >= cfg.effective_batch_size  # kept via accumulation
-        assert f"Fitted to a hypothetical {budget} GiB card" in out[-1] and "• " in out[-1]
-    assert "Micro-batch size: 8 → 1" in blocks.on_fit("en", 8, *widget_values(cfg))[-1]
-    small = blocks.on_fit("en", 6, *widget_values(cfg))
-    assert all(isinstance(x, dict) and x.get("__type__") == "update" for x in small[:n])  # nothing changed
-    assert "mt-note-error" in small[-1] and "Does not fit a hypothetical 6 GiB card" in small[-1]
-    assert "Nothing fits in 6.0 GiB" in small[-1]  # core.estimate's own explanation
-    same = blocks.on_fit("en", 80, *widget_values(TrainConfig()))
-    assert "Already fits" in same[-1]
-    assert "Ajustado a uma placa hipotética de 12 GiB" in blocks.on_fit("pt", 12, *widget_values(cfg))[-1]
+        assert f"Fitted to a hypothetical {budget} GiB card" in note and "• " in note and "per GPU" not in note
+    assert "Micro-batch size: 8 → 1" in handlers.on_fit(form, "en", 8, *widget_values(cfg))[form.fit_note]
+    small = handlers.on_fit(form, "en", 6, *widget_values(cfg))
+    assert unchanged(form, small)  # nothing changed
+    note = small[form.fit_note]
+    assert "mt-note-error" in note and "Does not fit a hypothetical 6 GiB card" in note
+    assert "Nothing fits in 6.0 GiB" in note  # core.estimate's own explanation
+    same = handlers.on_fit(form, "en", 80, *widget_values(TrainConfig()))
+    assert "Already fits" in same[form.fit_note]
+    pt = handlers.on_fit(form, "pt", 12, *widget_values(cfg))[form.fit_note]
+    assert "Ajustado a uma placa hipotética de 12 GiB" in pt
 
 
 @pytest.mark.filterwarnings("ignore:Does not fit")
-def test_fit_button_uses_the_gpus_free_memory(monkeypatch):
+def test_fit_button_uses_the_gpus_free_memory(monkeypatch, form):
     from core.config import Hardware
     from core.estimate import estimate
 
-    monkeypatch.setattr(blocks, "hardware", lambda: Hardware(cuda=True, bf16=True, bitsandbytes=True))
-    monkeypatch.setattr(blocks, "read_gpus", lambda: ([{"index": 0, "name": "X", "used_gib": 14.0,
+    monkeypatch.setattr(handlers, "hardware", lambda: Hardware(cuda=True, bf16=True, bitsandbytes=True))
+    monkeypatch.setattr(handlers, "read_gpus", lambda: ([{"index": 0, "name": "X", "used_gib": 14.0,
                                                          "total_gib": 24.0}], ""))
     cfg = TrainConfig(upcast_to_fp32=False, per_device_train_batch_size=8, gradient_accumulation_steps=2,
                       max_length=2048)
-    out = blocks.on_fit("en", 1000, *widget_values(cfg))  # the budget box is ignored with a GPU
-    assert estimate(as_config(out[:len(FIELD_NAMES)])).total_gib <= 10 * 0.9
-    assert "the 10 GiB free on this GPU" in out[-1]
+    out = handlers.on_fit(form, "en", 1000, *widget_values(cfg))  # the budget box is ignored with a GPU
+    assert estimate(as_config(form, out)).total_gib <= 10 * 0.9
+    assert "the 10 GiB free on this GPU" in out[form.fit_note]
+    monkeypatch.setattr(derive, "hardware", lambda: Hardware(cuda=True, bf16=True, bitsandbytes=True, gpus=2))
+    monkeypatch.setattr(handlers, "read_gpus", lambda: ([{"index": i, "name": "X", "used_gib": used,
+                                                           "total_gib": 24.0} for i, used in enumerate((4.0, 16.0))],
+                                                         ""))
+    two = handlers.on_fit(form, "en", 1000, *widget_values(cfg.replace(num_gpus="2")))  # the fuller GPU bounds it
+    assert estimate(as_config(form, two)).total_gib <= 8 * 0.9 and "the 8 GiB free on this GPU" in two[form.fit_note]
 
 
 def test_result_shows_predicted_and_measured_peaks_side_by_side():
@@ -604,41 +677,104 @@ def test_result_shows_predicted_and_measured_peaks_side_by_side():
     assert "non mesuré sur CPU" in render.result_html(JobView(state="completed", adapter_dir="a"), "fr")
 
 
-def test_live_update_marks_the_prediction_on_the_gauge(monkeypatch):
-    monkeypatch.setattr(blocks, "MANAGER", JobManager(runner=Blocking()))
-    gauge = blocks.live_update({}, "pt", {"gib": 1.63}, 8)[0]
+def test_live_update_marks_the_prediction_on_the_gauge(monkeypatch, page):
+    monkeypatch.setattr(live, "MANAGER", JobManager(runner=Blocking()))
+    gauge = live.live_update(page.memtune_live, {}, "pt", {"gib": 1.63}, 8)[page.memtune_live.gauge]
     assert 'data-predicted="1.630"' in gauge and "placa hipotética de 8 GiB" in gauge
+
+
+def test_gauge_shows_every_gpu_and_marks_the_runs():
+    gpus = [{"index": i, "name": f"H{i}", "used_gib": 2.0, "total_gib": 80.0} for i in range(3)]
+    two = render.gauge_html(gpus, predicted_gib=10.0, run_gpus=2)
+    assert two.count('data-run=') == 3 and two.count('data-run="true"') == 2  # one bar per GPU
+    assert two.count("mt-pred-seg") == 2 and "per GPU" in two and two.count("used by these settings") == 2
+    one = render.gauge_html(gpus, predicted_gib=10.0, run_gpus=1)
+    assert one.count('data-run="true"') == 1 and one.count("mt-pred-seg") == 1 and "per GPU" not in one
+    running = render.gauge_html(gpus, predicted_gib=10.0, running=True, run_gpus=2, run_peak_gib=[9.0, 8.5])
+    assert running.count("mt-peak\"") == 2 and "8.5 GiB" in running and running.count("used by this run") == 2
+    assert "por GPU" in render.gauge_html(gpus, predicted_gib=10.0, run_gpus=2, lang="pt")
+
+
+def test_live_gauge_draws_the_settings_gpus(monkeypatch, page):
+    p = page.memtune_live
+    monkeypatch.setattr(live, "MANAGER", JobManager(runner=Blocking()))
+    monkeypatch.setattr(live, "read_gpus", lambda: ([{"index": i, "name": "G", "used_gib": 1.0, "total_gib": 24.0}
+                                                     for i in range(4)], ""))
+    gauge = live.live_update(p, {}, "en", {"gib": 5.0, "gpus": 2}, 8)[p.gauge]
+    assert gauge.count('data-run="true"') == 2 and gauge.count("mt-pred-seg") == 2 and "per GPU" in gauge
+
+
+@pytest.mark.filterwarnings("ignore:Does not fit")
+def test_estimate_and_fit_speak_per_gpu_when_the_run_uses_several(monkeypatch, form):
+    import core.estimate
+
+    real = core.estimate.fit_to_gpu
+
+    def two_gpus(*args, **kwargs):  # the real fit, for a run of two processes (what core.estimate reports then)
+        new, est = real(*args, **kwargs)
+        est.world_size = 2
+        return new, est
+
+    cfg = TrainConfig(upcast_to_fp32=False, per_device_train_batch_size=8, gradient_accumulation_steps=2,
+                      max_length=2048)
+    monkeypatch.setattr(handlers, "hardware", lambda: __import__("core.config").config.Hardware(
+        cuda=False, bf16=True, bitsandbytes=True))
+    assert "per GPU" not in handlers.on_fit(form, "en", 12, *widget_values(cfg))[form.fit_note]
+    monkeypatch.setattr(core.estimate, "fit_to_gpu", two_gpus)
+    note = handlers.on_fit(form, "en", 12, *widget_values(cfg))[form.fit_note]
+    assert "uses 2 GPUs: the budget and the predicted peak are per GPU" in note
+    assert "par GPU" in handlers.on_fit(form, "fr", 12, *widget_values(cfg))[form.fit_note]
+    summary = render.summary_html(cfg, [], predicted_gib=7.0, gpus=2)
+    assert "7.0 GiB per GPU (× 2 GPUs)" in summary and "per GPU" not in render.summary_html(cfg, [], predicted_gib=7.0)
+
+
+def test_the_gpus_control_is_always_shown_with_what_this_machine_has(monkeypatch, page):
+    from core.config import Hardware
+    from ui import layout
+
+    fields = page.memtune_fields
+    assert fields["num_gpus"].visible is not False and fields["distributed_strategy"].visible is not False
+    for n, words in ((0, "No GPU on this machine"), (1, "This machine has one GPU"), (4, "This machine has 4 GPUs")):
+        monkeypatch.setattr(layout, "hardware", lambda n=n: Hardware(cuda=n > 0, bf16=True, bitsandbytes=True, gpus=n))
+        assert words in layout.gpus_note("en"), n
+    assert "Esta máquina tem 4 GPUs" in layout.gpus_note("pt")
 
 
 # --- languages -----------------------------------------------------------------------------------------------------
 
 
-def test_language_switch_relabels_the_checklist_and_the_page():
+def test_language_switch_relabels_the_checklist_and_the_page(form, page):
     from core.i18n import EN
 
     for lang, labels in (("pt", CHAPTER_PT), ("fr", CHAPTER_FR), ("en", [i.label for i in checklist.ITEMS])):
-        d = split_derived(blocks.on_fields_changed(lang, *widget_values(demo_config())))
+        d = split_derived(form, handlers.on_fields_changed(form, lang, *widget_values(demo_config())))
         assert [u["label"] for u in d["ticks"]] == labels
         assert all(u["info"] for u in d["ticks"])
-    fr = split_derived(blocks.on_fields_changed("fr", *widget_values(TrainConfig())))
+    fr = split_derived(form, handlers.on_fields_changed(form, "fr", *widget_values(TrainConfig())))
     assert "Mémoire" in fr["facts"][1] and "économise" in fr["facts"][1]
     assert "pic prévu" in fr["summary"] and "Mélange personnalisé" in str(fr["preset"]["choices"])
-    demo = blocks.build_ui(demo_config())
-    tr = demo.memtune_translations
+    tr = page.memtune_translations
     for lang in ("en", "pt", "fr"):
-        texts = [v for u in tr.updates(lang) for k, v in u.items() if k != "__type__" and isinstance(v, str)]
+        texts = [v for u in tr.updates(lang).values() for k, v in u.items() if k != "__type__" and isinstance(v, str)]
         assert texts and not [x for x in texts if x in EN]  # no raw key shown
-    pt = " ".join(str(v) for u in tr.updates("pt") for v in u.values())
+    pt = " ".join(str(v) for u in tr.updates("pt").values() for v in u.values())
     for text in ("Treinar", "Experimentar", "Exportar", "Histórico", "▶ Iniciar treinamento", "Ajustar à minha GPU",
                  "Rank r do LoRA"):
         assert text in pt, text
+
+
+def test_updates_for_one_component_are_combined(form):
+    from ui.form import merged
+
+    out = merged({form.code_py: gr.update(label="Script Python")}, {form.code_py: "print(1)", form.summary: "x"})
+    assert out[form.code_py] == gr.update(label="Script Python", value="print(1)") and out[form.summary] == "x"
 
 
 def test_the_page_opens_in_the_browsers_language():
     class Request:
         headers = {"accept-language": "pt-BR,pt;q=0.9,en;q=0.5"}
 
-    assert blocks.browser_language(Request())["value"] == "pt"
+    assert browser_language(Request())["value"] == "pt"
 
 
 # --- after training: history, resume, try it, export ----------------------------------------------------------------
@@ -648,58 +784,66 @@ def engine_run(finished_run):
     return finished_run.out, finished_run.result
 
 
-def test_history_lists_runs_written_by_the_engine(engine_run):
-    from ui import after
+def history_of(page, handler, *args):
+    """A History handler's updates by name (table, runs, note, detail, plot, settings, load, resume, delete, ...)."""
+    h = page.memtune_history
+    out = handler(h, *args)
+    return {name: out[comp] for name, comp in vars(h).items() if comp in out}
 
+
+def test_history_lists_runs_written_by_the_engine(engine_run, page):
     out, result = engine_run
-    table, runs, empty = after.on_history_refresh("en", str(out))
+    got = history_of(page, history.on_history_refresh, "en", str(out))
+    table, runs, empty = got["table"], got["runs"], got["note"]
     assert runs == [result.run_dir] and empty == ""
     row = table.iloc[0].to_dict()
     assert row["Run"] == "finished" and row["Model"] == "memtune/demo-tiny-llama" and row["Dataset"] == "memtune/demo"
     assert row["Status"] == "completed" and row["Final loss"] == f"{result.summary['final_loss']:.4f}"
     assert row["Steps"] == "20" and row["Resumable"] == "yes"
-    fr, _, _ = after.on_history_refresh("fr", str(out))
+    fr = history_of(page, history.on_history_refresh, "fr", str(out))["table"]
     assert list(fr.columns)[:5] == ["Date", "Exécution", "Modèle", "Jeu de données", "État"]
     assert fr.iloc[0]["État"] == "terminée"
-    detail, plot, settings, load, resume, delete = after.history_open("en", result.run_dir)
+    got = history_of(page, history.history_open, "en", result.run_dir)
+    detail, plot, settings, load, resume, delete = (got[k] for k in ("detail", "plot", "settings", "load", "resume",
+                                                                     "delete"))
     assert "finished" in detail and "not measured on CPU" in detail and "checkpoint-20" in detail
     assert plot["visible"] and list(plot["value"]["step"]) == list(range(1, 21))
     assert settings["value"].startswith("model: memtune/demo-tiny-llama")
     assert load["interactive"] and resume["interactive"] and delete["interactive"]
-    empty_table, runs, note = after.on_history_refresh("en", str(out / "nothing-here"))
+    got = history_of(page, history.on_history_refresh, "en", str(out / "nothing-here"))
+    runs, note = got["runs"], got["note"]
     assert runs == [] and "No runs yet" in note
 
 
 @pytest.mark.filterwarnings("ignore:Pick a run")
-def test_history_loads_settings_into_the_form(engine_run):
-    from ui import after
-
+def test_history_loads_settings_into_the_form(engine_run, page, form):
     out, result = engine_run
-    res = after.on_history_load("en", result.run_dir)
-    n = len(FIELD_NAMES)
-    cfg = as_config(res[:n])
+    h = page.memtune_history
+    res = history.on_history_load(form, h, "en", result.run_dir)
+    cfg = as_config(form, res)
     assert cfg.max_steps == 20 and cfg.run_name == "finished" and cfg.resume_from == ""
-    assert "loaded into the form" in res[-2] and res[-1].selected == "tab-train"
-    assert "Pick a run" in after.on_history_load("en", None)[-2]
+    assert "loaded into the form" in res[h.note] and res[h.main_tabs].selected == "tab-train"
+    refused = history.on_history_load(form, h, "en", None)
+    assert "Pick a run" in refused[h.note] and unchanged(form, refused) and h.main_tabs not in refused
 
 
 @pytest.mark.filterwarnings("ignore:.*no complete checkpoint")
-def test_resume_from_history_continues_the_step_count(tmp_path, monkeypatch, demo_model_path):
+def test_resume_from_history_continues_the_step_count(tmp_path, monkeypatch, demo_model_path, page, form):
     """Through core.jobs with the real engine: a run whose last complete checkpoint is step 5 goes on to 10."""
     from core.events import read_events
     from core.jobs import job_view
     from core.train import COMPLETE_MARKER, run_training
-    from ui import after
 
     result = run_training(demo_config(output_dir=str(tmp_path), run_name="cut", max_steps=10, save_strategy="steps",
                                       save_steps=5, logging_steps=1))
     assert result.status == "completed", result.message
     (Path(result.run_dir) / "checkpoints" / "checkpoint-10" / COMPLETE_MARKER).unlink()  # as if it died after 5
     manager = JobManager()
-    monkeypatch.setattr(after, "MANAGER", manager)
-    res = after.on_history_resume("en", result.run_dir)
-    assert "Resuming cut from checkpoint-5" in res[-2] and res[-1].selected == "tab-train"
-    assert as_config(res[:len(FIELD_NAMES)]).resume_from == result.run_dir  # the form shows what trains
+    monkeypatch.setattr(history, "MANAGER", manager)
+    h = page.memtune_history
+    res = history.on_history_resume(form, h, "en", result.run_dir)
+    assert "Resuming cut from checkpoint-5" in res[h.note] and res[h.main_tabs].selected == "tab-train"
+    assert as_config(form, res).resume_from == result.run_dir  # the form shows what trains
     job = manager.current()
     assert job.wait(240)
     v = job_view(job)
@@ -710,81 +854,88 @@ def test_resume_from_history_continues_the_step_count(tmp_path, monkeypatch, dem
     assert sum(e["kind"] == "done" for e in read_events(Path(result.run_dir) / "events.jsonl")) == 2
     for marker in (Path(result.run_dir) / "checkpoints").glob(f"checkpoint-*/{COMPLETE_MARKER}"):
         marker.unlink()  # no complete checkpoint left: resuming is refused with core.history's reason
-    assert "no complete checkpoint" in after.on_history_resume("en", result.run_dir)[-2]
+    assert "no complete checkpoint" in history.on_history_resume(form, h, "en", result.run_dir)[h.note]
 
 
 @pytest.mark.filterwarnings("ignore:.*still running")
-def test_delete_asks_first_and_refuses_a_running_run(tmp_path, monkeypatch, engine_run):
+def test_delete_asks_first_and_refuses_a_running_run(tmp_path, monkeypatch, engine_run, page):
     import shutil
-
-    from ui import after
 
     out = tmp_path / "runs"
     shutil.copytree(engine_run[1].run_dir, out / "copy")
     run = str(out / "copy")
-    row, text, _ = after.on_history_delete("en", run)
+    asked = history_of(page, history.on_history_delete, "en", run)
+    row, text = asked["confirm_row"], asked["confirm_text"]
     assert row["visible"] and "Delete copy?" in text and (out / "copy").is_dir()  # nothing deleted yet
-    monkeypatch.setattr(after.MANAGER, "is_running", lambda p: Path(p).resolve() == Path(run).resolve())
-    refused = after.on_history_delete_yes("en", run, str(out))
-    assert "still running" in refused[-1] and (out / "copy").is_dir()
+    monkeypatch.setattr(history.MANAGER, "is_running", lambda p: Path(p).resolve() == Path(run).resolve())
+    refused = history_of(page, history.on_history_delete_yes, "en", run, str(out))
+    assert "still running" in refused["note"] and (out / "copy").is_dir()
     monkeypatch.undo()
-    done = after.on_history_delete_yes("en", run, str(out))
-    assert not (out / "copy").exists() and "Deleted" in done[-1] and done[2] == [] and done[0]["visible"] is False
+    done = history_of(page, history.on_history_delete_yes, "en", run, str(out))
+    assert not (out / "copy").exists() and "Deleted" in done["note"] and done["runs"] == []
+    assert done["confirm_row"]["visible"] is False
 
 
 @pytest.mark.filterwarnings("ignore:A training run is in progress", "ignore:Pick an adapter", "ignore:Type a prompt")
-def test_try_it_streams_two_answers_and_refuses_during_training(engine_run, monkeypatch):
+def test_try_it_streams_two_answers_and_refuses_during_training(engine_run, monkeypatch, page):
     from core.infer import COMPARER
-    from ui import after
+
+    x = page.memtune_try_export
+
+    def ask(adapter, prompt, *rest):
+        """(base, tuned, notice) at each step of the stream; None where a step leaves one as it is."""
+        return [(u.get(x.base), u.get(x.tuned), u.get(x.try_note)) for u in tryexport.on_try(x, "en", adapter, prompt,
+                                                                                               *rest)]
 
     out, result = engine_run
-    choices = after.adapter_dropdown(str(out))
+    choices = tryexport.adapter_dropdown(str(out))
     assert choices["value"] == result.adapter_dir and len(choices["choices"]) == 1
-    assert after.adapter_dropdown(str(out / "none"))["info"] == "No saved adapter yet: train a run first."
-    steps = list(after.on_try("en", result.adapter_dir, "Translate the word 'cat' into French.", 12, 0.0, 0.9, 0,
-                              False))
+    assert tryexport.adapter_dropdown(str(out / "none"))["info"] == "No saved adapter yet: train a run first."
+    steps = ask(result.adapter_dir, "Translate the word 'cat' into French.", 12, 0.0, 0.9, 0, False)
     base, tuned, status = steps[-1]
     assert base.strip() and tuned.strip() and base != tuned and "Done" in status
     assert any(b and not t for b, t, _ in steps[1:-1])  # the base streamed first
-    assert "Pick an adapter" in list(after.on_try("en", None, "hi", 8, 0, 0.9, 0, False))[-1][2]
-    assert "Type a prompt" in list(after.on_try("en", result.adapter_dir, "  ", 8, 0, 0.9, 0, False))[-1][2]
+    assert "Pick an adapter" in ask(None, "hi", 8, 0, 0.9, 0, False)[-1][2]
+    assert "Type a prompt" in ask(result.adapter_dir, "  ", 8, 0, 0.9, 0, False)[-1][2]
     busy = JobManager(runner=Blocking())
-    monkeypatch.setattr(after, "MANAGER", busy)
+    monkeypatch.setattr(tryexport, "MANAGER", busy)
     busy.start(demo_config())
-    refused = list(after.on_try("en", result.adapter_dir, "hi", 8, 0, 0.9, 0, False))
+    refused = ask(result.adapter_dir, "hi", 8, 0, 0.9, 0, False)
     assert len(refused) == 1 and "A training run is in progress" in refused[0][2]
     busy.stop()
     busy.current().wait(5)
-    assert "Stopped" in after.on_try_stop("en")
+    assert "Stopped" in tryexport.on_try_stop("en")
     COMPARER.unload()
 
 
 @pytest.mark.filterwarnings("ignore:Tick the confirmation", "ignore:Export failed")
-def test_export_zip_merge_and_push_messages(engine_run, tmp_path, monkeypatch):
+def test_export_zip_merge_and_push_messages(engine_run, tmp_path, monkeypatch, page):
     import zipfile
 
-    from ui import after
-
+    x = page.memtune_try_export
     out, result = engine_run
-    warning, check, merge_dir = after.on_export_adapter("en", result.adapter_dir)
+    picked = tryexport.on_export_adapter(x, "en", result.adapter_dir)
+    warning, check, merge_dir = picked[x.merge_warning], picked[x.merge_check], picked[x.merge_dir]
     assert "Merging writes a full copy of memtune/demo-tiny-llama" in warning and "Memory check" in check
-    assert merge_dir["value"].endswith("finished/merged")
-    assert "La fusion écrit" in after.on_export_adapter("fr", result.adapter_dir)[0]
-    file, note = after.on_zip("en", result.adapter_dir)
+    assert merge_dir.endswith("finished/merged")
+    assert "La fusion écrit" in tryexport.on_export_adapter(x, "fr", result.adapter_dir)[x.merge_warning]
+    zipped = tryexport.on_zip(x, "en", result.adapter_dir)
+    file = zipped[x.zip_file]
     assert file["visible"] and "adapter_model.safetensors" in zipfile.ZipFile(file["value"]).namelist()
-    assert "Tick the confirmation" in after.on_merge("en", result.adapter_dir, str(tmp_path / "m"), False, False,
+    assert "Tick the confirmation" in tryexport.on_merge("en", result.adapter_dir, str(tmp_path / "m"), False, False,
                                                      progress=None)
     seen = []
-    merged = after.on_merge("en", result.adapter_dir, str(tmp_path / "m"), False, True,
+    merged = tryexport.on_merge("en", result.adapter_dir, str(tmp_path / "m"), False, True,
                             progress=lambda f, desc=None: seen.append(f))
     assert "Merged model saved" in merged and (tmp_path / "m" / "config.json").is_file() and seen[-1] == 1.0
-    again = after.on_merge("en", result.adapter_dir, str(tmp_path / "m"), False, True, progress=None)
+    again = tryexport.on_merge("en", result.adapter_dir, str(tmp_path / "m"), False, True, progress=None)
     assert "already exists" in again  # core.export's own message
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
-    note, token = after.on_push("en", result.adapter_dir, "adapter", "", "me/x", True, "hf_secret_value")
-    assert "Export failed" in note and "hf_secret_value" not in note and token["value"] == ""  # offline here
-    note, _ = after.on_push("en", result.adapter_dir, "adapter", "", "not a repo id", True, "")
+    pushed = tryexport.on_push(x, "en", result.adapter_dir, "adapter", "", "me/x", True, "hf_secret_value")
+    note, token = pushed[x.export_note], pushed[x.token]
+    assert "Export failed" in note and "hf_secret_value" not in note and token == ""  # offline here
+    note = tryexport.on_push(x, "en", result.adapter_dir, "adapter", "", "not a repo id", True, "")[x.export_note]
     assert "not a Hub repository id" in note
 
 

@@ -1,6 +1,6 @@
 """memtune's Gradio interface. `build_ui()` returns the Blocks; app.py launches it."""
 
-from ui.blocks import build_ui
+from ui.layout import build_ui
 from ui.theme import CSS, make_theme
 
 __all__ = ["build_ui", "CSS", "make_theme"]

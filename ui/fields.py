@@ -1,8 +1,9 @@
 """TrainConfig fields <-> Gradio widgets, one widget per field, by name.
 
-`make_widget(name)` builds the widget for a field with its label, help text and bounds from
-`config.field_meta` (sliders and number boxes, never free text parsed later). `collect(values)` turns widget
-values (a dict field -> value) into a TrainConfig or the list of every problem; `to_values(cfg)` goes back.
+`make_widget(name)` builds the widget for a field with its label and help text; its kind (slider, radio, number
+box, ...), step and bounds come from the field's metadata (`config.field_meta`): sliders and number boxes, never free
+text parsed later. `collect(values)` turns widget values (a dict field -> value) into a TrainConfig or the list of
+every problem; `to_values(cfg)` goes back.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from core.config import (DEMO_DATASET, DEMO_MODEL, ConfigError, Problem, TrainCo
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))
 
 
-
 def label(name: str, lang: str = "en") -> str:
     """A field's widget label in `lang` (core.i18n `field.<name>`; the field's name for a field added since)."""
     from core.i18n import EN, t
@@ -31,14 +31,6 @@ def help_text(name: str, lang: str = "en") -> str:
     from core.i18n import EN, t
 
     return t(f"help.{name}", lang) if f"help.{name}" in EN else field_meta(name).get("help", "")
-
-
-SLIDERS = {  # field -> step; bounds come from field_meta
-    "lora_r": 1, "lora_alpha": 1, "lora_dropout": 0.01, "max_length": 16,
-    "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "weight_decay": 0.01,
-}
-RADIOS = {"precision", "bnb_4bit_quant_type", "save_strategy", "device"}
-NUMBER_STEP = {"num_train_epochs": 0.5, "learning_rate": 1e-5, "max_grad_norm": 0.1}
 
 
 def elem_id(name: str) -> str:
@@ -68,18 +60,18 @@ def make_widget(name: str, value: Any, choices: list[str] | None = None, lang: s
         widget = gr.Checkbox(value=value, **common)
     elif tp == list[str]:
         widget = gr.CheckboxGroup(choices=list(meta["choices"]), value=list(value), **common)
-    elif meta.get("choices") and name in RADIOS:
+    elif meta.get("choices") and meta.get("widget") == "radio":
         widget = gr.Radio(choices=list(meta["choices"]), value=value, **common)
     elif meta.get("choices"):
         widget = gr.Dropdown(choices=list(meta["choices"]), value=value, **common)
     elif choices is not None:  # a text field with suggestions (model, dataset): any value may be typed
         widget = gr.Dropdown(choices=choices, value=value, allow_custom_value=True, filterable=True, **common)
-    elif name in SLIDERS and lo is not None and hi is not None:
-        widget = gr.Slider(minimum=lo, maximum=hi, step=SLIDERS[name], value=value, **common)
+    elif meta.get("widget") == "slider" and lo is not None and hi is not None:
+        widget = gr.Slider(minimum=lo, maximum=hi, step=meta.get("step", 1), value=value, **common)
         _name_errors(widget, name)
     elif tp in (int, float):
         widget = gr.Number(value=value, minimum=lo, maximum=hi, precision=0 if tp is int else None,
-                           step=NUMBER_STEP.get(name, 1), **common)
+                           step=meta.get("step", 1), **common)
         _name_errors(widget, name)
     else:
         widget = gr.Textbox(value=value, max_lines=1, **common)
@@ -114,25 +106,6 @@ def collect(values: dict[str, Any]) -> tuple[TrainConfig | None, list[Problem]]:
         return None, exc.problems
 
 
-def out_of_range(cfg: TrainConfig) -> list[Problem]:
-    """Values no widget can show: outside a field's bounds or choices (a loaded file is refused for these)."""
-    problems = []
-    for name in FIELD_NAMES:
-        meta, value = field_meta(name), getattr(cfg, name)
-        choices, lo, hi = meta.get("choices"), meta.get("min"), meta.get("max")
-        if choices and isinstance(value, str) and value not in choices:
-            problems.append(Problem(name, f"{value!r} is not one of the choices", "pick one of: " + ", ".join(choices)))
-        elif choices and isinstance(value, list) and set(value) - set(choices):
-            problems.append(Problem(name, f"unknown module(s) {', '.join(sorted(set(value) - set(choices)))}",
-                                    "pick from: " + ", ".join(choices)))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            if lo is not None and value < lo:
-                problems.append(Problem(name, f"{value} is below the minimum {lo}", f"use a value >= {lo}"))
-            elif hi is not None and value > hi:
-                problems.append(Problem(name, f"{value} is above the maximum {hi}", f"use a value <= {hi}"))
-    return problems
-
-
 def to_values(cfg: TrainConfig) -> dict[str, Any]:
     return {name: (list(v) if isinstance(v := getattr(cfg, name), list) else v) for name in FIELD_NAMES}
 
@@ -149,24 +122,20 @@ def cached_repos(repo_type: str) -> list[str]:
     return sorted(r.repo_id for r in info.repos if r.repo_type == repo_type)
 
 
-def model_choices(current: str = "") -> list[str]:
-    out = [DEMO_MODEL, *cached_repos("model")]
-    default = TrainConfig().model
-    if default not in out:
-        out.append(default)
-    if current and current not in out:
-        out.append(current)
+def _suggestions(first: str, repo_type: str, default: str, current: str) -> list[str]:
+    out = [first, *cached_repos(repo_type)]
+    for extra in (default, current):
+        if extra and extra not in out:
+            out.append(extra)
     return out
+
+
+def model_choices(current: str = "") -> list[str]:
+    return _suggestions(DEMO_MODEL, "model", TrainConfig().model, current)
 
 
 def dataset_choices(current: str = "") -> list[str]:
-    out = [DEMO_DATASET, *cached_repos("dataset")]
-    default = TrainConfig().dataset
-    if default not in out:
-        out.append(default)
-    if current and current not in out:
-        out.append(current)
-    return out
+    return _suggestions(DEMO_DATASET, "dataset", TrainConfig().dataset, current)
 
 
 # --- is the model there? (flagged beside the model field before Start) ---------------------------------------------

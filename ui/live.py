@@ -1,8 +1,26 @@
-"""What the page polls every second: the GPUs' memory and the job manager's current job."""
+"""The run panel's live parts, polled every second by one gr.Timer per page: the GPUs' memory (the gauge) and the
+job manager's current job (progress, loss curve, log, result, download, Start/Stop). Nothing about the run lives in
+the page, so a reload reattaches; what is computed once per job is cached here, process-wide, by job id."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from core.i18n import DEFAULT_LANGUAGE
+from core.jobs import MANAGER, job_view, latest_run_dir
+from ui import render
+from ui.derive import predicted_peaks, run_gpus
+
+LOG_LINES = 400
+PLOT_POINTS = 400
+_zips: dict[int, str] = {}
+_job_predictions: dict[int, dict[str, float] | None] = {}
+_gpu_peaks: dict[int, dict[int, float]] = {}  # job id -> GPU index -> highest "used" seen while it ran
 
 
 def read_gpus() -> tuple[list[dict[str, Any]], str]:
@@ -10,14 +28,126 @@ def read_gpus() -> tuple[list[dict[str, Any]], str]:
     from core import vram
 
     try:
-        return _from_vram(vram)
+        snap = vram.snapshot()
     except Exception as exc:  # the gauge is informational: never break the page
         return [], f"GPU monitor unavailable ({type(exc).__name__}: {exc})"
-
-
-def _from_vram(vram: Any) -> tuple[list[dict[str, Any]], str]:
-    snap = vram.snapshot()
-    gpus = [{"index": g.index, "name": g.name, "used_gib": g.used_gib, "total_gib": g.total_gib}
-            for g in snap.gpus]
+    gpus = [{"index": g.index, "name": g.name, "used_gib": g.used_gib, "total_gib": g.total_gib} for g in snap.gpus]
     return gpus, (getattr(snap, "message", "") or ("" if gpus else "No NVIDIA GPU found"))
 
+
+def thin(points: list[tuple[int, float]], limit: int = PLOT_POINTS) -> list[tuple[int, float]]:
+    """At most ~limit points for the plot (every k-th, always the last): a long run must not slow the page."""
+    if len(points) <= limit:
+        return points
+    k = -(-len(points) // limit)
+    return points[::k] + ([points[-1]] if (len(points) - 1) % k else [])
+
+
+def loss_frame(losses: list[tuple[int, float]]) -> pd.DataFrame:
+    points = thin(losses)
+    return pd.DataFrame({"step": [p[0] for p in points], "loss": [p[1] for p in points]})
+
+
+def adapter_zip(job_id: int, adapter_dir: str) -> str | None:
+    from core.export import ExportError, zip_adapter
+
+    if job_id not in _zips or not Path(_zips[job_id]).is_file():  # h2: zips older than an hour are pruned
+        try:
+            _zips[job_id] = str(zip_adapter(adapter_dir))
+        except (OSError, ExportError):
+            return None
+    return _zips[job_id]
+
+
+def job_prediction(job) -> dict[str, float] | None:
+    """What core.estimate predicted for a job's settings (computed once per job)."""
+    if job.id not in _job_predictions:
+        _job_predictions[job.id] = predicted_peaks(job.config)
+    return _job_predictions[job.id]
+
+
+def run_peaks(job, gpus: list[dict[str, Any]], n_run: int) -> list[float]:
+    """The highest memory use seen on each of the run's GPUs while it ran (sampled by this poll)."""
+    peaks = _gpu_peaks.setdefault(job.id, {})
+    for g in gpus[:n_run]:
+        if job.running:
+            peaks[g["index"]] = max(peaks.get(g["index"], 0.0), g["used_gib"])
+    if gpus and job.running:
+        job.note_gpu_used(gpus[0]["used_gib"])
+    return [peaks.get(g["index"], 0.0) for g in gpus[:n_run]]
+
+
+@dataclass(eq=False)
+class LivePanel:
+    gauge: Any
+    progress: Any
+    plot: Any
+    log: Any
+    result: Any
+    download: Any
+    start: Any
+    stop: Any
+    state: Any  # gr.State: what this page was last sent (fingerprints), so unchanged parts are not re-sent
+
+    @property
+    def outputs(self) -> list[Any]:
+        return [self.gauge, self.progress, self.plot, self.log, self.result, self.download, self.start, self.stop,
+                self.state]
+
+
+def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUAGE, pred: dict | None = None,
+                budget: float | None = None, output_dir: str | None = None) -> dict[Any, Any]:
+    """One poll: {component: update} for the run panel.
+
+    Each part is sent only when it changed since this page's last poll (the state keeps a fingerprint of each,
+    including the language), so a long run costs the browser one small progress update a second, not a redraw.
+    `pred` is the page's prediction state ({"gib": predicted NVML peak per GPU of the settings on screen}).
+    The gauge draws one bar per GPU and marks those the run (or the settings on screen) uses.
+    """
+    state = dict(state or {})
+    sent = dict(state.get("sent") or {})
+    job = MANAGER.current()
+    if job is None and output_dir and not state.get("looked_for_old"):
+        state["looked_for_old"] = True
+        last = latest_run_dir(output_dir)
+        job = MANAGER.load_run(last) if last else None
+    gpus, message = read_gpus()
+    running = job is not None and job.running
+    predicted = (pred or {}).get("gib")
+    if running:  # during a run, mark what was predicted for the run, not for whatever the form shows now
+        predicted = (job_prediction(job) or {}).get("nvml")
+    n_run = (run_gpus(job.config) if running else (pred or {}).get("gpus", 1)) if gpus else 0
+    n_run = max(1, n_run) if gpus else 0  # the prediction is drawn on GPU 0 at least
+    peaks = run_peaks(job, gpus, n_run) if job is not None else []
+    v = job_view(job)
+    outputs: dict[Any, tuple[Any, Any]] = {
+        panel.gauge: (render.gauge_html(gpus, message, run_peak_gib=[p or None for p in peaks] or None,
+                                        predicted_gib=predicted, lang=lang, running=running, budget_gib=budget,
+                                        run_gpus=n_run), None)}
+    outputs[panel.plot] = (gr.update(value=loss_frame(v.losses), visible=True) if v.losses else
+                           gr.update(visible=False), (job.id if job else None, len(v.losses),
+                                                      v.losses[-1] if v.losses else None))
+    tail = v.log[-LOG_LINES:]
+    outputs[panel.progress] = (render.progress_html(v, lang), None)
+    outputs[panel.log] = (render.log_html(tail, lang), (lang, job.id if job else None, len(v.log),
+                                                        tail[-1] if tail else None))
+    done = v.state in ("completed", "stopped", "failed", "interrupted")
+    outputs[panel.result] = (render.result_html(v, lang, job_prediction(job) if done and job else None), None)
+    download = gr.update(value=None, visible=False)
+    if job is not None and v.adapter_dir and v.state in ("completed", "stopped") and Path(v.adapter_dir).is_dir():
+        path = adapter_zip(job.id, v.adapter_dir)
+        if path:
+            download = gr.update(value=path, visible=True)
+    outputs[panel.download] = (download, (job.id if job else None, v.state, v.adapter_dir))
+    outputs[panel.start] = (gr.update(interactive=not running), ("start", running))
+    outputs[panel.stop] = (gr.update(interactive=running), ("stop", running))
+
+    result: dict[Any, Any] = {}
+    for comp, (value, fingerprint) in outputs.items():
+        key = comp.elem_id or str(comp._id)
+        fingerprint = repr(fingerprint if fingerprint is not None else value)
+        if sent.get(key) != fingerprint:
+            result[comp] = value
+        sent[key] = fingerprint
+    state["sent"] = sent
+    return {**result, panel.state: state}

@@ -85,66 +85,80 @@ def _prediction_bar(base: float, pred: float, total: float, lang: str, fits: boo
             f'<div class="mt-predicted" style="left:{min(100.0, left + width):.1f}%" title="{title}"></div>')
 
 
-def gauge_html(gpus: list[dict[str, Any]], message: str = "", run_peak_gib: float | None = None,
+def gauge_html(gpus: list[dict[str, Any]], message: str = "", run_peak_gib: float | list[float | None] | None = None,
                predicted_gib: float | None = None, lang: str = "en", running: bool = False,
-               budget_gib: float | None = None) -> str:
-    """gpus: [{index, name, used_gib, total_gib}].
+               budget_gib: float | None = None, run_gpus: int = 1) -> str:
+    """gpus: [{index, name, used_gib, total_gib}]: one bar each.
 
-    run_peak_gib marks this run's highest use on GPU 0. predicted_gib (core.estimate's NVML peak of the settings
-    on screen) is drawn on GPU 0: before a run as a segment on top of the memory already in use (does it fit in
-    what is free?), during a run as a marker. Without a GPU the prediction is drawn against a hypothetical card
-    of `budget_gib` (the "Fit to my GPU" budget), saying that there is no GPU here.
+    The first `run_gpus` bars are the run's (or, before a run, the settings on screen's: one process per GPU) and
+    say so when there are several GPUs. predicted_gib (core.estimate's NVML peak of the settings, per GPU) is drawn
+    on each of them: before a run as a segment on top of the memory already in use (does it fit in what is free?),
+    during a run as a marker. run_peak_gib marks the run's highest use: one figure (GPU 0) or one per run GPU.
+    Without a GPU the prediction is drawn against a hypothetical card of `budget_gib` (the "Fit to my GPU" budget),
+    saying that there is no GPU here.
     """
     if not gpus:
-        text = t("gauge.no_gpu", lang) if (not message or message.lower().startswith("no nvidia gpu")) else message
-        out = [f'<div class="mt-gauge mt-nogpu" id="mt-gauge-none"><span class="mt-dot"></span><b>{E(text)}</b>'
-               f'<div class="mt-muted">{E(t("gauge.cpu_note", lang))}</div>']
-        if predicted_gib:
-            budget = budget_gib if budget_gib and budget_gib > 0 else 8.0
-            fits = predicted_gib <= budget
-            out.append(
-                f'<div class="mt-cpu-pred" id="mt-gauge-prediction" data-predicted="{predicted_gib:.3f}">'
-                f'<div class="mt-gauge-head"><span>{E(t("gauge.cpu_prediction", lang, gib=num(predicted_gib, 1, lang)))}'
-                f'</span><span class="mt-muted">{E(t("gauge.hypothetical", lang, gib=num(budget, 0, lang)))}</span></div>'
-                f'<div class="mt-bar mt-bands">{_prediction_bar(0.0, predicted_gib, budget, lang, fits)}</div>'
-                f'<div class="mt-gauge-foot"><span class="mt-pred-key"></span>'
-                f'{E(t("gauge.fits_budget" if fits else "gauge.over_budget", lang, gib=num(budget, 0, lang)))}</div></div>')
-        out.append("</div>")
-        return "".join(out)
+        return _no_gpu_html(message, predicted_gib, lang, budget_gib)
+    peaks = run_peak_gib if isinstance(run_peak_gib, list) else [run_peak_gib]
+    per_gpu = " " + t("gauge.per_gpu", lang) if run_gpus > 1 else ""
     parts = ['<div class="mt-gauges">']
     for i, g in enumerate(gpus):
         used, total = float(g.get("used_gib") or 0.0), float(g.get("total_gib") or 0.0)
         frac = used / total if total > 0 else 0.0
         free = max(0.0, total - used)
         marks, foot = [], []
-        if i == 0 and run_peak_gib and total:
-            marks.append(f'<div class="mt-peak" style="left:{_pct(run_peak_gib / total):.1f}%" '
-                         f'title="{E(t("gauge.run_peak", lang, gib=num(run_peak_gib, 1, lang)))}"></div>')
-            foot.append(f'<span class="mt-peak-key"></span>{E(t("gauge.run_peak", lang, gib=num(run_peak_gib, 1, lang)))}')
-        if i == 0 and predicted_gib and total:
+        ours = i < max(1, run_gpus)
+        peak = peaks[i] if ours and i < len(peaks) else None
+        if peak and total:
+            text = E(t("gauge.run_peak", lang, gib=num(peak, 1, lang)))
+            marks.append(f'<div class="mt-peak" style="left:{_pct(peak / total):.1f}%" title="{text}"></div>')
+            foot.append(f'<span class="mt-peak-key"></span>{text}')
+        if ours and predicted_gib and total:
+            said = t("gauge.predicted", lang, gib=num(predicted_gib, 1, lang)) + per_gpu
             if running:  # the run's own memory is in `used` already: mark where it should peak
                 marks.append(f'<div class="mt-predicted" style="left:{_pct(predicted_gib / total):.1f}%" '
-                             f'title="{E(t("gauge.predicted", lang, gib=num(predicted_gib, 1, lang)))}"></div>')
-                foot.append(f'<span class="mt-pred-key"></span>'
-                            f'{E(t("gauge.predicted", lang, gib=num(predicted_gib, 1, lang)))}')
+                             f'title="{E(said)}"></div>')
+                foot.append(f'<span class="mt-pred-key"></span>{E(said)}')
             else:
                 fits = predicted_gib <= free
                 marks.append(_prediction_bar(used, predicted_gib, total, lang, fits))
                 key = "gauge.fits_free" if fits else "gauge.over_free"
-                foot.append(f'<span class="mt-pred-key"></span><span id="mt-gauge-prediction" '
+                ident = ' id="mt-gauge-prediction"' if i == 0 else ""
+                foot.append(f'<span class="mt-pred-key"></span><span{ident} class="mt-gauge-pred" '
                             f'data-predicted="{predicted_gib:.3f}" data-fits="{str(fits).lower()}">'
-                            f'{E(t(key, lang, gib=num(predicted_gib, 1, lang), free=num(free, 1, lang)))}</span>')
+                            f'{E(t(key, lang, gib=num(predicted_gib, 1, lang), free=num(free, 1, lang)))}'
+                            f'{E(" (" + per_gpu.strip() + ")" if per_gpu else "")}</span>')
         usage = t("gauge.usage", lang, used=num(used, 1, lang), total=num(total, 1, lang), percent=f"{100 * frac:.0f}")
+        name = t("gauge.gpu", lang, index=g.get("index", i), name=g.get("name", "GPU"))
+        mine = (f' <span class="mt-run-gpu-tag">{E(t("gauge.run_gpu" if running else "gauge.settings_gpu", lang))}'
+                '</span>' if ours and len(gpus) > 1 else "")
         parts.append(
-            f'<div class="mt-gauge" data-band="{band(frac)}">'
-            f'<div class="mt-gauge-head"><b>{E(t("gauge.gpu", lang, index=g.get("index", i), name=g.get("name", "GPU")))}'
-            f'</b><span>{E(usage)}</span></div>'
-            f'<div class="mt-bar mt-bands"><div class="mt-fill mt-{band(frac)}" style="width:{100 * frac:.1f}%"></div>'
-            + "".join(marks) + "</div>"
+            f'<div class="mt-gauge{" mt-run-gpu" if ours else ""}" data-band="{band(frac)}" '
+            f'data-run="{str(ours).lower()}"><div class="mt-gauge-head"><b>{E(name)}</b>{mine}<span>{E(usage)}</span>'
+            f'</div><div class="mt-bar mt-bands"><div class="mt-fill mt-{band(frac)}" style="width:{100 * frac:.1f}%">'
+            "</div>" + "".join(marks) + "</div>"
             + (f'<div class="mt-gauge-foot">{" &nbsp; ".join(foot)}</div>' if foot else "")
             + "</div>")
     parts.append("</div>")
     return "".join(parts)
+
+
+def _no_gpu_html(message: str, predicted_gib: float | None, lang: str, budget_gib: float | None) -> str:
+    text = t("gauge.no_gpu", lang) if (not message or message.lower().startswith("no nvidia gpu")) else message
+    out = [f'<div class="mt-gauge mt-nogpu" id="mt-gauge-none"><span class="mt-dot"></span><b>{E(text)}</b>'
+           f'<div class="mt-muted">{E(t("gauge.cpu_note", lang))}</div>']
+    if predicted_gib:
+        budget = budget_gib if budget_gib and budget_gib > 0 else 8.0
+        fits = predicted_gib <= budget
+        fit_text = t("gauge.fits_budget" if fits else "gauge.over_budget", lang, gib=num(budget, 0, lang))
+        out.append(
+            f'<div class="mt-cpu-pred" id="mt-gauge-prediction" data-predicted="{predicted_gib:.3f}">'
+            f'<div class="mt-gauge-head"><span>{E(t("gauge.cpu_prediction", lang, gib=num(predicted_gib, 1, lang)))}'
+            f'</span><span class="mt-muted">{E(t("gauge.hypothetical", lang, gib=num(budget, 0, lang)))}</span></div>'
+            f'<div class="mt-bar mt-bands">{_prediction_bar(0.0, predicted_gib, budget, lang, fits)}</div>'
+            f'<div class="mt-gauge-foot"><span class="mt-pred-key"></span>{E(fit_text)}</div></div>')
+    out.append("</div>")
+    return "".join(out)
 
 
 # --- progress and result --------------------------------------------------------------------------------------------
@@ -255,7 +269,8 @@ def log_html(lines: list[str], lang: str = "en") -> str:
 
 # --- config summary, checklist facts and problems ------------------------------------------------------------------
 def summary_html(cfg: TrainConfig | None, problems: list[Problem], checklist_on: dict[str, bool] | None = None,
-                 predicted_gib: float | None = None, lang: str = "en") -> str:
+                 predicted_gib: float | None = None, lang: str = "en", gpus: int = 1) -> str:
+    """The settings at a glance, with every problem. `gpus`: the run's processes; above 1 the peak is per GPU."""
     if cfg is None:
         return problems_html(problems, t("summary.unreadable", lang))
     quant = (t("summary.quant", lang, type=cfg.bnb_4bit_quant_type)
@@ -281,7 +296,8 @@ def summary_html(cfg: TrainConfig | None, problems: list[Problem], checklist_on:
     if cfg.packing:
         chips.append(("packing", t("summary.packing", lang)))
     if predicted_gib:
-        chips.append(("predicted", t("summary.predicted", lang, gib=num(predicted_gib, 1, lang))))
+        chips.append(("predicted", t("summary.predicted", lang, gib=num(predicted_gib, 1, lang))
+                      + (" " + t("summary.per_gpu", lang, n=gpus) if gpus > 1 else "")))
     out = ['<div class="mt-summary" id="mt-summary">']
     if checklist_on is not None:
         n = sum(checklist_on.values())
@@ -346,101 +362,6 @@ def message_html(text: str, kind: str = "info", elem_id: str | None = None) -> s
         return ""
     ident = f' id="{E(elem_id)}"' if elem_id else ""
     return f'<div class="mt-note mt-note-{E(kind)}"{ident}><pre class="mt-pre">{E(text)}</pre></div>'
-
-
-# --- data preview ---------------------------------------------------------------------------------------------------
-# Bar colour per outcome (core.data.REASONS); kept/dropped reuse the theme's classes.
-HIST_CLASS = {"kept": "mt-hist-ok", "truncated": "mt-hist-trunc", "prompt_cut": "mt-hist-cut",
-              "dropped_long": "mt-hist-over"}
-HIST_FILL = {"mt-hist-trunc": "#f59e0b", "mt-hist-cut": "#8b5cf6"}
-SWATCH = {"mt-hist-ok": "var(--primary-400)", "mt-hist-over": "#ef4444", **HIST_FILL}
-
-
-def histogram_svg(lengths: list[int], max_length: int, bins: int = 32, lang: str = "en",
-                  reasons: list[str] | None = None) -> str:
-    """Token lengths as stacked bars (one colour per outcome), max_length marked, the share of each outcome."""
-    if not lengths:
-        return ""
-    reasons = reasons or ["kept" if n <= max_length else "truncated" for n in lengths]
-    ordered = sorted(lengths)
-    # One huge row must not squash every other bar into the first one: rows beyond p99 share the last bin.
-    top = max(ordered[int(0.99 * (len(ordered) - 1))], max_length) * 1.05
-    width = top / bins
-    counts = [dict.fromkeys(HIST_CLASS, 0) for _ in range(bins)]
-    for n, reason in zip(lengths, reasons):
-        counts[min(bins - 1, int(n / width))][reason] += 1
-    peak = max(sum(c.values()) for c in counts) or 1
-    W, H, pad = 600.0, 150.0, 22.0
-    bw = (W - 2 * pad) / bins
-    bars = []
-    for i, per in enumerate(counts):
-        y = H - pad
-        lo, hi = int(i * width), int((i + 1) * width)
-        for reason, c in per.items():
-            if not c:
-                continue
-            h = (H - 2 * pad) * c / peak
-            y -= h
-            cls = HIST_CLASS[reason]
-            fill = f' fill="{HIST_FILL[cls]}"' if cls in HIST_FILL else ""
-            bars.append(f'<rect class="{cls}"{fill} x="{pad + i * bw + 1:.1f}" y="{y:.1f}" width="{bw - 2:.1f}" '
-                        f'height="{h:.1f}"><title>{lo}-{hi} tokens: {c} '
-                        f'{E(t(f"preview.legend.{reason}", lang))}</title></rect>')
-    xm = pad + (W - 2 * pad) * max_length / top
-    legend = " &middot; ".join(
-        f'<span class="mt-legend" data-reason="{r}"><span style="display:inline-block;width:.7em;height:.7em;'
-        f'background:{SWATCH[HIST_CLASS[r]]}"></span> <b>{share:.0%}</b> '
-        f'{E(t(f"preview.legend.{r}", lang))}</span>'
-        for r in HIST_CLASS if (share := reasons.count(r) / len(reasons)) or r == "kept")
-    return (f'<svg class="mt-hist" viewBox="0 0 {W:.0f} {H:.0f}" role="img" '
-            f'aria-label="{E(t("preview.histogram", lang))}">'
-            + "".join(bars)
-            + f'<line class="mt-hist-axis" x1="{pad}" y1="{H - pad}" x2="{W - pad}" y2="{H - pad}"/>'
-            f'<line class="mt-hist-max" x1="{xm:.1f}" y1="8" x2="{xm:.1f}" y2="{H - pad}"/>'
-            f'<text class="mt-hist-label" x="{min(xm + 4, W - 120):.1f}" y="16">max_length {max_length}</text>'
-            f'<text class="mt-hist-tick" x="{pad}" y="{H - 6}">0</text>'
-            f'<text class="mt-hist-tick" x="{W - pad}" y="{H - 6}" text-anchor="end">'
-            f'{"≥ " if ordered[-1] > top else ""}{int(top)} tokens</text>'
-            f'</svg><div class="mt-hist-legend" id="mt-hist-legend">{legend}</div>')
-
-
-def preview_html(p: Any, lang: str = "en") -> str:
-    """p: core.data.DataPlan: the counts per outcome, the histogram and the first rows as they train."""
-    st = p.stats or {}
-    tokens = t("preview.tokens", lang, median=f'{st.get("median", 0):.0f}', p95=f'{st.get("p95", 0):.0f}',
-               max=f'{st.get("max", 0):.0f}')
-    counts = [(r, t(f"preview.reason.{r}", lang, n=n)) for r, n in p.counts.items() if n or r == "kept"]
-    if p.packing and p.n_packs is not None:
-        counts.append(("packs", t("preview.packs", lang, n=p.n_packs, max_length=p.max_length)))
-    counts_html = " &middot; ".join(f'<span data-reason="{r}">{E(text)}</span>' for r, text in counts)
-    train = t("preview.train", lang, n=p.n_train, rows=p.n_source)
-    head = (f'<div class="mt-preview" id="mt-preview" data-train="{p.n_train}"><div class="mt-preview-head">'
-            f'<b>{E(t("preview.format", lang, format=p.format))}</b> &middot; <b>{E(train)}</b> &middot; {E(tokens)}'
-            f'</div><div class="mt-preview-counts" id="mt-preview-counts">{counts_html}</div>')
-    refusal = p.refusal()
-    if refusal:
-        head += error_box(t("preview.refused", lang), refusal)
-    notes = "".join(f'<div class="mt-small mt-warn-text">{E(n)}</div>' for n in p.notes)
-    examples = []
-    for ex in p.examples:
-        label = t("preview.row", lang, n=ex["row"], tokens=f'{ex["tokens"]:,}',
-                  what=t(f"preview.legend.{ex['reason']}", lang))
-        note = f'<div class="mt-small mt-warn-text">{E(ex["note"])}</div>' if ex.get("note") else ""
-        if "text" in ex:
-            body = f'<pre class="mt-pre mt-completion">{E(str(ex["text"]))}</pre>'
-        else:
-            body = (f'<div class="mt-ex-label">{E(t("preview.prompt", lang))}</div><pre class="mt-pre mt-prompt">'
-                    f'{E(str(ex.get("prompt", "")))}</pre><div class="mt-ex-label">{E(t("preview.completion", lang))}'
-                    f'</div><pre class="mt-pre mt-completion">{E(str(ex.get("completion", "")))}</pre>')
-        examples.append(f'<div class="mt-example" data-reason="{E(ex["reason"])}"><div class="mt-ex-num">'
-                        f'{E(label)}</div>{note}{body}</div>')
-    return (head + notes + histogram_svg(p.lengths, p.max_length, lang=lang, reasons=p.reasons)
-            + "".join(examples) + "</div>")
-
-
-def error_box(title: str, message: str) -> str:
-    return (f'<div class="mt-problems mt-data-error" id="mt-data-error"><b>{E(title)}</b>'
-            f'<pre class="mt-pre">{E(message)}</pre></div>')
 
 
 # --- history ------------------------------------------------------------------------------------------------------------

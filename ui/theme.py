@@ -48,6 +48,8 @@ CSS = """
                              vertical-align: -1px; }
 .mt-peak-key { background: #7c3aed; } .mt-pred-key { background: #0ea5e9; }
 .mt-gauge { padding: 4px 2px; }
+.mt-run-gpu-tag { font-size: .78em; padding: 0 6px; margin-left: 6px; border-radius: 8px;
+  background: var(--primary-100); color: var(--primary-700); }
 .mt-gauge-head, .mt-progress-top { display: flex; justify-content: space-between; gap: 8px; font-size: 0.9rem;
                                    align-items: center; }
 .mt-gauge-foot, .mt-stats { font-size: 0.82rem; color: var(--body-text-color-subdued); }

@@ -1,0 +1,113 @@
+"""What the page derives from a config, without components: the machine, the memory prediction (core.estimate),
+the preset the settings match, and how many GPUs a run of them uses. Pure, so handlers and tests share it."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+from core import presets
+from core.config import Hardware, TrainConfig, demo_config
+from core.i18n import DEFAULT_LANGUAGE, EN, t
+
+CUSTOM = "custom"  # the preset radio's value when the settings match no preset
+
+
+@lru_cache(maxsize=1)
+def hardware() -> Hardware:
+    return Hardware.detect()
+
+
+def initial_config() -> TrainConfig:
+    """With a CUDA GPU: the chapter's recipe. Without: the offline demo, so a visitor can train in a minute."""
+    return TrainConfig() if hardware().cuda else demo_config()
+
+
+def row_tokens(cfg: TrainConfig) -> int | None:
+    """The dataset's longest row in tokens when the preview has measured it (estimates then use it), else None."""
+    from core.data import known_longest_row
+
+    return None if cfg.packing else known_longest_row(cfg)
+
+
+def run_gpus(cfg: TrainConfig | None) -> int:
+    """How many of this machine's GPUs a run of `cfg` uses (0 on a CPU run): one process per GPU."""
+    from core.distributed import processes_per_machine, runs_on_cpu
+
+    n = hardware().n_gpus
+    if cfg is None or runs_on_cpu(cfg, n):
+        return 0
+    return min(n, processes_per_machine(cfg, n) or 1)
+
+
+def world_size(est: Any) -> int:
+    """Processes of the run an estimate is for; the estimate's figures are per GPU (an older Estimate: one)."""
+    return int(getattr(est, "world_size", 1) or 1)
+
+
+class Prediction(NamedTuple):
+    gib: float | None  # predicted NVML peak per GPU
+    saves: dict[str, float]  # checklist item -> GiB it saves here
+    gpus: int = 1  # the run's processes (world size): >1 means the figures are per GPU
+
+
+def prediction(cfg: TrainConfig) -> Prediction:
+    """Predicted peak GPU memory (GiB, NVML) and the GiB each checklist item saves here; advice only."""
+    try:
+        from core.estimate import estimate, savings
+
+        rows = row_tokens(cfg)
+        est = estimate(cfg, max_row_tokens=rows)
+        return Prediction(est.nvml_peak / 2**30, {s.key: s.saved_gib for s in savings(cfg, max_row_tokens=rows)},
+                          world_size(est))
+    except Exception:  # unknown model shape, estimator missing: the page works without a prediction
+        return Prediction(None, {})
+
+
+@lru_cache(maxsize=1)
+def chapter_savings() -> dict[str, float]:
+    """What each checklist item saves at the chapter's own settings (TrainConfig(): Llama-3.1-8B), shown beside
+    the figure for another model: on the tiny demo six of seven items save nothing, which hides the point."""
+    return prediction(TrainConfig()).saves
+
+
+def chapter_gib(cfg: TrainConfig, key: str) -> float | None:
+    return None if cfg.model == TrainConfig().model else chapter_savings().get(key)
+
+
+def predicted_peaks(cfg: TrainConfig | None) -> dict[str, float] | None:
+    """core.estimate's peaks for a config, as the result panel compares them: allocated, reserved, nvml (GiB)."""
+    if cfg is None:
+        return None
+    try:
+        from core.estimate import estimate
+
+        est = estimate(cfg, max_row_tokens=row_tokens(cfg))
+    except Exception:  # noqa: BLE001 - a model the estimator does not know: no prediction shown
+        return None
+    return {"allocated": est.peak_allocated_gib, "reserved": est.peak_reserved_gib, "nvml": est.total_gib}
+
+
+# --- presets ---------------------------------------------------------------------------------------------------------
+def preset_text(name: str, what: str, lang: str) -> str:
+    """A preset's label or description: core/presets.py in English, core.i18n otherwise (English if missing)."""
+    english = presets.PRESETS[name]["label" if what == "label" else "description"]
+    key = f"preset.{name}.{what}"
+    return english if lang == DEFAULT_LANGUAGE or key not in EN else t(key, lang)
+
+
+def preset_choices(lang: str = DEFAULT_LANGUAGE) -> list[tuple[str, str]]:
+    return [(preset_text(n, "label", lang), n) for n in presets.names()] + [(t("preset.custom", lang), CUSTOM)]
+
+
+def preset_descriptions(lang: str = DEFAULT_LANGUAGE) -> str:
+    return "\n".join(f"- **{preset_text(n, 'label', lang)}**: {preset_text(n, 'description', lang)}"
+                     for n in presets.names())
+
+
+def preset_of(cfg: TrainConfig) -> str:
+    """The preset the form has, as this machine applies it (without CUDA, "fastest" minus its CUDA-only levers
+    is still "fastest", not a custom mix)."""
+    hw = hardware()
+    return presets.matching(cfg) or next((n for n in presets.PRESETS if presets.apply_preset(cfg, n, hw) == cfg),
+                                         CUSTOM)

@@ -1,0 +1,132 @@
+"""The settings form as handlers see it: `Form` holds the Train tab's components by role (one widget per TrainConfig
+field, the outputs derived from the config, the notices), and `derived` / `apply_config` return updates keyed by
+those components ({component: update}); Gradio leaves every output a handler's dict does not name as it is.
+
+ui.layout builds the components and the Form; handlers (ui.handlers, ui.data, ui.history) take it as their first
+argument, bound with functools.partial when the events are wired.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from core import checklist
+from core.codegen import cli_command, python_script
+from core.config import Problem, TrainConfig, validate
+from core.i18n import DEFAULT_LANGUAGE, t
+from ui import render
+from ui.derive import chapter_gib, hardware, prediction, preset_choices, preset_of, run_gpus
+from ui.fields import FIELD_NAMES, collect, to_values
+from ui.speed import speed_lines
+
+Updates = dict[Any, Any]  # component -> new value or gr.update(...)
+
+
+@dataclass(eq=False)
+class Form:
+    fields: dict[str, Any]  # TrainConfig field name -> its widget
+    summary: Any  # gr.HTML: the settings at a glance, with every problem
+    prediction: Any  # gr.State: prediction_state()
+    checks: dict[str, Any]  # checklist item key -> its checkbox
+    facts: dict[str, Any]  # checklist item key -> what it saves and costs (gr.HTML)
+    preset: Any  # gr.Radio
+    code_py: Any  # gr.Code: the equivalent Python script
+    code_cli: Any  # gr.Code: the equivalent command
+    fit_note: Any  # "Fit to my GPU"'s notice
+    preview: Any  # the data preview
+    run_notice: Any  # Start / Stop's notice
+    config_notice: Any  # save / load settings' notice
+    config_list: Any  # the saved settings' dropdown
+    start: Any  # the Start button
+    stop: Any  # the Stop button
+    check_memory: Any  # gr.State: what each checklist box changed last (so unticking undoes it)
+
+    @property
+    def inputs(self) -> list[Any]:
+        """The field widgets in FIELD_NAMES order: every handler that reads the config takes these last."""
+        return [self.fields[n] for n in FIELD_NAMES]
+
+    @property
+    def derived_outputs(self) -> list[Any]:
+        return [self.summary, self.prediction, *self.checks.values(), *self.facts.values(), self.preset,
+                self.code_py, self.code_cli]
+
+    @property
+    def outputs(self) -> list[Any]:
+        """Everything a handler that changes the settings may write."""
+        return self.inputs + self.derived_outputs
+
+    @property
+    def stale(self) -> list[Any]:
+        """The notices that describe the settings they saw: cleared when the settings are replaced."""
+        return [self.fit_note, self.preview, self.run_notice]
+
+
+def merged(*parts: Updates) -> Updates:
+    """Several {component: update} in one; two for the same component are combined (e.g. a label and a value)."""
+    out: Updates = {}
+    for part in parts:
+        for comp, update in part.items():
+            if comp in out:
+                old, new = (u if isinstance(u, dict) and u.get("__type__") == "update" else gr.update(value=u)
+                            for u in (out[comp], update))
+                update = {**old, **new}
+            out[comp] = update
+    return out
+
+
+def values_dict(values) -> dict[str, Any]:
+    return dict(zip(FIELD_NAMES, values))
+
+
+def read_config(values) -> tuple[TrainConfig | None, list[Problem]]:
+    """Widget values -> (config, problems): problems are unreadable values or failed validation."""
+    cfg, problems = collect(values_dict(values))
+    if cfg is None:
+        return None, problems
+    return cfg, validate(cfg, hardware())
+
+
+def check_update(item: checklist.ChecklistItem, lang: str, **kw: Any) -> dict:
+    return gr.update(label=t(f"checklist.{item.key}.label", lang), info=t(f"checklist.{item.key}.tradeoff", lang), **kw)
+
+
+def preset_update(lang: str, **kw: Any) -> dict:
+    return gr.update(choices=preset_choices(lang), label=t("preset.label", lang), info=t("preset.info", lang), **kw)
+
+
+def facts_for(cfg: TrainConfig, key: str, saves: dict[str, float], lang: str) -> str:
+    return render.facts_html(key, saves.get(key), speed_lines(key, cfg, lang), lang, chapter_gib(cfg, key))
+
+
+def prediction_state(cfg: TrainConfig, pred: Any) -> dict[str, Any]:
+    """The page's prediction state, read by the live gauge: the peak per GPU, and the GPUs here the run uses."""
+    return {"gib": pred.gib, "gpus": run_gpus(cfg)}
+
+
+def derived(form: Form, cfg: TrainConfig | None, problems: list[Problem], lang: str = DEFAULT_LANGUAGE) -> Updates:
+    """What follows from the config: summary, prediction, checklist ticks and facts, preset, script, command."""
+    checks = checklist.ITEMS
+    if cfg is None:  # unreadable values: say which; ticks and facts keep what they showed
+        return {form.summary: render.summary_html(None, problems, lang=lang), form.preset: preset_update(lang),
+                **{form.checks[i.key]: check_update(i, lang) for i in checks}}
+    on = checklist.active(cfg)
+    pred = prediction(cfg)
+    return {form.summary: render.summary_html(cfg, problems, on, predicted_gib=pred.gib, lang=lang, gpus=pred.gpus),
+            form.prediction: prediction_state(cfg, pred),
+            **{form.checks[i.key]: check_update(i, lang, value=on[i.key]) for i in checks},
+            **{form.facts[i.key]: facts_for(cfg, i.key, pred.saves, lang) for i in checks},
+            form.preset: preset_update(lang, value=preset_of(cfg)),
+            form.code_py: python_script(cfg), form.code_cli: cli_command(cfg)}
+
+
+def field_updates(form: Form, cfg: TrainConfig) -> Updates:
+    return {form.fields[name]: value for name, value in to_values(cfg).items()}
+
+
+def apply_config(form: Form, cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> Updates:
+    """Put a config into the form: every field, and everything derived from it."""
+    return {**field_updates(form, cfg), **derived(form, cfg, validate(cfg, hardware()), lang)}

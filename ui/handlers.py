@@ -1,0 +1,234 @@
+"""The settings form's handlers (Train tab): a field edited, a checklist box ticked, a preset, the Demo / Chapter
+buttons, "Fit to my GPU", Start and Stop, save and load settings. The data tab's are in ui/data.py.
+
+Each takes the `Form` (bound by ui.layout), the page's language, then its own inputs, and the field values last
+(FIELD_NAMES order); it returns {component: update} for what it changes (ui.form). Tested without a browser.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from core import checklist, presets
+from core.config import SAFE_NAME, ConfigError, TrainConfig, demo_config, field_problems
+from core.i18n import DEFAULT_LANGUAGE, t
+from core.jobs import MANAGER, JobBusy
+from ui import render
+from ui.derive import CUSTOM, hardware, row_tokens, run_gpus, world_size
+from ui.fields import collect, help_text, label, model_problem
+from ui.form import Form, Updates, apply_config, derived, read_config, values_dict
+from ui.live import read_gpus
+from ui.tryexport import free_try_model
+
+FIT_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "gradient_checkpointing",
+              "optim")  # what core.estimate.fit_to_gpu may change
+
+
+def config_dir() -> Path:
+    return Path(os.environ.get("MEMTUNE_CONFIG_DIR", "configs"))
+
+
+def saved_configs() -> list[str]:
+    d = config_dir()
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
+def on_fields_changed(form: Form, lang: str, *values) -> Updates:
+    cfg, problems = read_config(values)
+    return derived(form, cfg, problems, lang)
+
+
+def toggled(cfg: TrainConfig, key: str, on: bool, memory: dict[str, Any]) -> TrainConfig:
+    """checklist.toggle, except that undoing this item's last tick or untick (its fields untouched since) gives
+    back the user's values from before it: untick and re-tick "Reduce max_seq_length" and 384 stays 384."""
+    last = (memory or {}).get(key)
+    if last and all(getattr(cfg, f) == v for f, v in last["after"].items()):
+        back = cfg.replace(**last["before"])
+        if bool(checklist.BY_KEY[key].is_on(back)) == on:
+            return back
+    return checklist.toggle(cfg, key, on)
+
+
+def on_checklist(form: Form, key: str, lang: str, on: bool, memory: dict[str, Any], *values) -> Updates:
+    """Tick or untick one checklist item: the governed fields change, then everything derived."""
+    cfg, problems = collect(values_dict(values))
+    if cfg is None:
+        gr.Warning(t("checklist.needs_readable", lang))
+        return derived(form, None, problems, lang)
+    new = toggled(cfg, key, bool(on), memory)
+    fields = checklist.BY_KEY[key].fields
+    memory = {**(memory or {}), key: {"before": {f: getattr(cfg, f) for f in fields},
+                                      "after": {f: getattr(new, f) for f in fields}}}
+    return {**apply_config(form, new, lang), form.check_memory: memory}
+
+
+def on_model_check(lang: str, model: str) -> dict:
+    """Beside the model field, before Start: a model neither on this machine nor reachable is flagged."""
+    problem = model_problem(model)
+    return gr.update(info=help_text("model", lang) if problem is None else t(problem[0], lang, **problem[1]))
+
+
+def on_preset_lever(form: Form, lang: str, name: str, *values) -> Updates:
+    """Apply a memory/speed preset to the current settings (CUDA-only levers left off without CUDA)."""
+    if name == CUSTOM:
+        return gr.skip()
+    cfg, problems = collect(values_dict(values))
+    if cfg is None:
+        gr.Warning(t("checklist.needs_readable", lang))
+        return derived(form, None, problems, lang)
+    applied = presets.apply_preset(cfg, name, hardware())
+    dropped = [k for k, v in presets.overrides(name).items() if getattr(applied, k) != v]
+    if dropped:  # say so, rather than leave the user wondering why the form differs from the preset
+        gr.Info(t("preset.dropped", lang, preset=t(f"preset.{name}.label", lang), levers=", ".join(dropped)))
+    return apply_config(form, applied, lang)
+
+
+def on_start_from(form: Form, kind: str, lang: str = DEFAULT_LANGUAGE) -> Updates:
+    """Demo / Chapter recipe buttons: the new settings, and the notices about the old ones cleared."""
+    cfg = demo_config() if kind == "demo" else TrainConfig()
+    return {**apply_config(form, cfg, lang), **dict.fromkeys(form.stale, "")}
+
+
+# --- fit to my GPU -----------------------------------------------------------------------------------------------
+def fit_budget_gib(budget: float | None, cfg: TrainConfig | None = None) -> tuple[float | None, bool]:
+    """(GiB to fit, whether it is a real GPU's free memory): the least free memory among the GPUs the run uses (the
+    figures are per GPU). Without a GPU: the hypothetical card's budget."""
+    if hardware().cuda:
+        gpus, _ = read_gpus()
+        if gpus:
+            used = gpus[:max(1, run_gpus(cfg))]
+            return max(0.0, min(g["total_gib"] - g["used_gib"] for g in used)), True
+    return (float(budget) if budget and budget > 0 else None), False
+
+
+def describe_changes(old: TrainConfig, new: TrainConfig, lang: str) -> list[str]:
+    def show(value: Any) -> str:
+        return t("fit.on", lang) if value is True else t("fit.off", lang) if value is False else str(value)
+
+    return [f"{label(n, lang)}: {show(getattr(old, n))} → {show(getattr(new, n))}" for n in FIT_FIELDS
+            if getattr(old, n) != getattr(new, n)]
+
+
+def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
+    """"Fit to my GPU": core.estimate.fit_to_gpu on the GPU's free memory (or the hypothetical card's budget).
+    With several GPUs the budget and the peak are per GPU (core.estimate's figures are)."""
+    from core.estimate import FitError, fit_to_gpu
+    from core.shapes import ShapeError
+
+    def fit_note(text: str, kind: str) -> Updates:
+        return {form.fit_note: render.message_html(text, kind, "mt-fit-note")}
+
+    cfg, problems = collect(values_dict(values))
+    if cfg is None:
+        return {form.fit_note: render.problems_html(problems, t("summary.unreadable", lang))}
+    gib, real = fit_budget_gib(budget, cfg)
+    if gib is None:
+        gr.Warning(t("fit.no_budget", lang))
+        return fit_note(t("fit.no_budget", lang), "warn")
+    shown = render.num(gib, 0 if float(gib).is_integer() else 1, lang)
+    where = t("fit.gpu_free" if real else "fit.hypothetical", lang, gib=shown)
+    rows = row_tokens(cfg)
+    sized = "\n" + (t("fit.lengths_known", lang, n=f"{rows:,}") if rows else t("fit.lengths_unknown", lang))
+    try:
+        new, est = fit_to_gpu(cfg, int(gib * 2**30), max_row_tokens=rows)
+    except FitError as exc:
+        gr.Warning(t("fit.failed", lang, where=where))
+        return fit_note(t("fit.failed", lang, where=where) + "\n" + str(exc) + sized, "error")
+    except (ShapeError, ValueError, OSError) as exc:
+        gr.Warning(t("fit.unknown_model", lang, model=cfg.model))
+        return fit_note(t("fit.unknown_model", lang, model=cfg.model) + "\n" + str(exc), "error")
+    changes = describe_changes(cfg, new, lang)
+    n = world_size(est)
+    per_gpu = "\n" + t("fit.per_gpu", lang, n=n) if n > 1 else ""
+    peak = render.num(est.total_gib, 1, lang)
+    if not changes:
+        text = t("fit.unchanged", lang, gib=peak, where=where) + per_gpu + sized
+    else:
+        text = (t("fit.changed", lang, gib=peak, where=where) + per_gpu + "\n"
+                + "\n".join(f"• {c}" for c in changes) + sized)
+    return {**apply_config(form, new, lang), **fit_note(text, "ok")}
+
+
+# --- start / stop ------------------------------------------------------------------------------------------------
+def on_start(form: Form, lang: str, *values) -> Updates:
+    """Validate (every problem at once), then start the run in the background, or say why not."""
+    cfg, problems = read_config(values)
+    if cfg is None or problems:
+        gr.Warning(t("msg.not_started", lang, n=len(problems)))
+        return {form.run_notice: render.problems_html(problems, t("msg.not_started_title", lang))}
+    free_try_model()
+    try:
+        job = MANAGER.start(cfg)
+    except JobBusy:
+        running = MANAGER.current()
+        msg = t("msg.one_job", lang, model=running.config.model if running else "?")
+        gr.Warning(msg)
+        return {form.run_notice: render.message_html(msg, "warn")}
+    return {form.run_notice: render.message_html(t("msg.started", lang, id=job.id, model=cfg.model,
+                                                   dataset=cfg.dataset), "ok"),
+            form.start: gr.update(interactive=False), form.stop: gr.update(interactive=True)}
+
+
+def on_stop(lang: str = DEFAULT_LANGUAGE) -> str:
+    """First Stop: end after the current step and save. Pressed again while stopping: end the process now."""
+    was_stopping = (job := MANAGER.current()) is not None and job.stopping
+    job = MANAGER.stop()
+    if job is None:
+        return render.message_html(t("msg.no_run", lang), "info")
+    return render.message_html(t("msg.stop_now" if was_stopping else "msg.stopping", lang), "warn")
+
+
+# --- save / load settings ----------------------------------------------------------------------------------------
+def on_save_config(form: Form, lang: str, name: str, *values) -> Updates:
+    def notice(html: str) -> Updates:
+        return {form.config_notice: html}
+
+    name = (name or "").strip()
+    if name.endswith((".yaml", ".yml")):
+        name = name.rsplit(".", 1)[0]
+    if not SAFE_NAME.match(name):
+        return notice(render.message_html(t("config.bad_name", lang, name=repr(name)) if name
+                                          else t("config.give_name", lang), "error"))
+    cfg, problems = collect(values_dict(values))
+    if cfg is None:
+        return notice(render.problems_html(problems, t("config.not_saved", lang)))
+    path = config_dir() / f"{name}.yaml"
+    existed = path.exists()
+    try:
+        cfg.save(path)
+    except OSError as exc:
+        return notice(render.message_html(f"{path}: {exc}", "error"))
+    msg = t("config.replaced" if existed else "config.saved", lang, path=path,
+            command=f"python -m core.train --config {path}")
+    return {**notice(render.message_html(msg, "ok")), form.config_list: gr.update(choices=saved_configs(), value=name)}
+
+
+def on_load_config(form: Form, lang: str, name: str) -> Updates:
+    """Saved settings into the form. A file with values no widget can show (core.config.field_problems: outside a
+    field's bounds or choices) is refused, and what is on screen stays."""
+    def notice(html: str) -> Updates:
+        return {form.config_notice: html}
+
+    if not name or not SAFE_NAME.match(name):
+        return notice(render.message_html(t("config.pick", lang), "warn"))
+    path = config_dir() / f"{name}.yaml"
+    try:
+        cfg = TrainConfig.load(path)
+    except OSError as exc:
+        return notice(render.message_html(f"{path}: {exc}", "error"))
+    except ConfigError as exc:
+        return notice(render.problems_html(exc.problems, t("config.not_loaded", lang, path=path)))
+    problems = field_problems(cfg)
+    if problems:
+        return notice(render.problems_html(problems, t("config.out_of_range", lang, path=path)))
+    from core.public import without_remote_code
+
+    cfg, asked = without_remote_code(cfg)  # h2: a file never turns trust_remote_code on by itself
+    if asked:
+        msg = f'{t("config.loaded", lang, path=path)} {t("config.trust_off", lang, model=cfg.model)}'
+        return {**apply_config(form, cfg, lang), **notice(render.message_html(msg, "warn"))}
+    return {**apply_config(form, cfg, lang), **notice(render.message_html(t("config.loaded", lang, path=path), "ok"))}

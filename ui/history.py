@@ -1,0 +1,189 @@
+"""The History tab's handlers: every run under the form's output folder (core.history); pick one to see its loss
+curve, settings and predicted vs measured peak; load its settings into the form, resume it (a job through
+core.jobs), delete it after a confirmation. Tested without a browser; the layout is ui/after.py's.
+
+Handlers take the `HistoryTab` (and, for those that fill the settings, the `Form`) first and return updates keyed
+by component.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from core.i18n import t
+from core.jobs import MANAGER, JobBusy
+from ui import render
+from ui.derive import predicted_peaks
+from ui.form import Form, Updates, apply_config
+from ui.live import loss_frame
+from ui.notices import note, public_refusal, runs_folder, warn
+from ui.tryexport import free_try_model
+
+COLUMNS = ("date", "name", "model", "dataset", "status", "final_loss", "peak", "duration", "steps", "resumable")
+
+
+@dataclass(eq=False)
+class HistoryTab:
+    table: Any  # gr.Dataframe of the runs
+    runs: Any  # gr.State: run folders in table order
+    selected: Any  # gr.State: the picked run's folder
+    note: Any  # the tab's notice
+    detail: Any  # the picked run, in HTML
+    plot: Any  # its loss curve
+    settings: Any  # its config.yaml
+    load: Any  # buttons: load settings, resume, delete
+    resume: Any
+    delete: Any
+    confirm_row: Any  # the delete confirmation (hidden until asked)
+    confirm_text: Any
+    main_tabs: Any  # the page's top-level tabs (load and resume show the Train tab)
+
+
+def history_rows(output_dir: str | None) -> list[Any]:
+    """core.history.RunInfo of every run, newest first; the running job (if any) asked through the job manager."""
+    from core.history import list_runs
+
+    return list_runs(runs_folder(output_dir), is_running=MANAGER.is_running)
+
+
+def history_frame(runs: list[Any], lang: str) -> pd.DataFrame:
+    from core.history import format_duration
+
+    rows = [[r.date, r.name, r.model, r.dataset, t(f"history.status.{r.status}", lang),
+             "" if r.final_loss is None else f"{r.final_loss:.4f}",
+             "" if r.peak_gib is None else render.num(r.peak_gib, 2, lang),
+             format_duration(r.duration_s), "" if r.steps is None else str(r.steps),
+             t("history.yes", lang) if r.resumable else ""] for r in runs]
+    return pd.DataFrame(rows, columns=[t(f"history.col.{c}", lang) for c in COLUMNS])
+
+
+def on_history_refresh(h: HistoryTab, lang: str, output_dir: str | None) -> Updates:
+    """The table, the run folders in table order, and a notice when there is nothing to show."""
+    runs = history_rows(output_dir)
+    empty = note(t("history.empty", lang, dir=runs_folder(output_dir)), "info", "history-note") if not runs else ""
+    return {h.table: history_frame(runs, lang), h.runs: [r.run_dir for r in runs], h.note: empty}
+
+
+def history_open(h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
+    """One run's detail, loss plot and settings, and whether load / resume / delete apply to it."""
+    from core.history import HistoryError, load_run
+
+    off = gr.update(interactive=False)
+    closed = {h.plot: gr.update(value=loss_frame([]), visible=False), h.settings: gr.update(value=""),
+              h.load: off, h.resume: off, h.delete: off}
+    if not run_dir:
+        return {h.detail: "", **closed}
+    try:
+        if (refusal := public_refusal((run_dir, "the run"))):
+            raise HistoryError(refusal)
+        detail = load_run(run_dir, is_running=MANAGER.is_running)
+    except HistoryError as exc:
+        return {h.detail: warn(str(exc), "history-note"), **closed}
+    running = detail.info.status == "running"
+    return {h.detail: render.run_detail_html(detail, lang, predicted_peaks(detail.config)),
+            h.plot: gr.update(value=loss_frame(detail.losses), visible=bool(detail.losses)),
+            h.settings: gr.update(value=detail.config_text),
+            h.load: gr.update(interactive=detail.config is not None),
+            h.resume: gr.update(interactive=detail.info.resumable and not running and detail.config is not None),
+            h.delete: gr.update(interactive=not running)}
+
+
+def on_history_select(h: HistoryTab, lang: str, runs: list[str], evt: gr.SelectData) -> Updates:
+    row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+    run_dir = runs[row] if runs and isinstance(row, int) and 0 <= row < len(runs) else None
+    return {h.selected: run_dir, **history_open(h, lang, run_dir), h.confirm_row: gr.update(visible=False),
+            h.note: ""}
+
+
+def _picked(h: HistoryTab, lang: str, run_dir: str | None, read):
+    """What History's form buttons check first: a run is picked, allowed here (public mode), and `read` takes it.
+    Returns (what read returned, None) or (None, the refusal: the notice alone; the form stays as it is)."""
+    from core.history import HistoryError
+
+    if not run_dir:
+        return None, {h.note: warn(t("history.pick", lang), "history-note")}
+    if (refusal := public_refusal((run_dir, "the run"))):
+        return None, {h.note: warn(refusal, "history-note", "error")}
+    try:
+        return read(run_dir), None
+    except HistoryError as exc:
+        return None, {h.note: warn(str(exc), "history-note", "error")}
+
+
+def to_train_tab(form: Form, h: HistoryTab, cfg: Any, lang: str, text: str, kind: str) -> Updates:
+    return {**apply_config(form, cfg, lang), h.note: note(text, kind, "history-note"),
+            h.main_tabs: gr.Tabs(selected="tab-train")}
+
+
+def on_history_load(form: Form, h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
+    """The run's settings into the form, then the Train tab is shown."""
+    from core.history import load_run
+
+    detail, refusal = _picked(h, lang, run_dir, load_run)
+    if refusal:
+        return refusal
+    if detail.config is None:
+        return {h.note: warn(t("history.unreadable", lang, name=detail.info.name), "history-note", "error")}
+    from core.public import without_remote_code
+
+    cfg, asked = without_remote_code(detail.config.replace(resume_from=""))  # the user ticks it to confirm
+    text = t("history.settings_loaded", lang, name=detail.info.name)
+    if asked:
+        text += " " + t("config.trust_off", lang, model=cfg.model)
+    return to_train_tab(form, h, cfg, lang, text, "warn" if asked else "ok")
+
+
+def on_history_resume(form: Form, h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
+    """Resume from the newest complete checkpoint: a job through core.jobs; the form shows what trains."""
+    from core.history import resume_config
+
+    cfg, refusal = _picked(h, lang, run_dir, resume_config)
+    if refusal:
+        return refusal
+    if cfg.trust_remote_code:  # never run a model's code without the user's own tick: the form asks, Start resumes
+        from core.public import without_remote_code
+
+        cfg, _ = without_remote_code(cfg)
+        msg = t("history.trust_confirm", lang, name=Path(run_dir).name, model=cfg.model)
+        return to_train_tab(form, h, cfg, lang, msg, "warn")
+    from core.train import latest_checkpoint
+
+    checkpoint = latest_checkpoint(Path(run_dir))
+    free_try_model()
+    try:
+        MANAGER.start(cfg)
+    except JobBusy:
+        running = MANAGER.current()
+        return {h.note: warn(t("msg.one_job", lang, model=running.config.model if running else "?"), "history-note")}
+    msg = t("history.resuming", lang, name=Path(run_dir).name, checkpoint=checkpoint.name if checkpoint else "-")
+    return to_train_tab(form, h, cfg, lang, msg, "ok")
+
+
+def on_history_delete(h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
+    """First step of deleting: show the confirmation (its text, and the row with Yes / Cancel)."""
+    if not run_dir:
+        return {h.confirm_row: gr.update(visible=False), h.confirm_text: "",
+                h.note: warn(t("history.pick", lang), "history-note")}
+    msg = note(t("history.delete_confirm", lang, name=Path(run_dir).name), "warn", "history-confirm-text")
+    return {h.confirm_row: gr.update(visible=True), h.confirm_text: msg, h.note: ""}
+
+
+def on_history_delete_yes(h: HistoryTab, lang: str, run_dir: str | None, output_dir: str | None) -> Updates:
+    """Delete for real; the table is read again and the detail closed."""
+    from core.history import HistoryError, delete_run
+
+    hide = {h.confirm_row: gr.update(visible=False)}
+    if not run_dir:
+        return {**hide, h.note: warn(t("history.pick", lang), "history-note")}
+    try:
+        path = delete_run(run_dir, runs_folder(output_dir), is_running=MANAGER.is_running)
+    except HistoryError as exc:
+        return {**hide, **on_history_refresh(h, lang, output_dir),
+                h.note: warn(t("history.delete_refused", lang, message=exc), "history-note", "error")}
+    return {**hide, **on_history_refresh(h, lang, output_dir), h.selected: None, **history_open(h, lang, None),
+            h.note: note(t("history.deleted", lang, path=path), "ok", "history-note")}

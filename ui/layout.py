@@ -1,0 +1,362 @@
+"""The memtune page: `build_ui()` returns the Blocks (app.py launches it): the layout, and the events wired to the
+handlers (ui/handlers.py and ui/data.py for the settings, ui/live.py for the 1 s poller, ui/after.py for the tabs
+after training).
+
+Layout: a header with the language picker, then four top-level tabs. "Train" holds the settings tabs on the
+left (model and data, the memory checklist, training, settings and code) and the run panel on the right (GPU
+gauge with the predicted peak, "Fit to my GPU", summary, Start/Stop, progress, loss curve, log, result).
+"Try it", "Export" and "History" (ui/after.py) work on the runs under the form's output folder.
+
+Every TrainConfig field has exactly one widget (`Form.fields[name]`), and every handler reads the config from the
+widgets, so what is on screen is what trains. Live parts are driven by one gr.Timer per page polling the
+process-wide job manager; nothing about the run lives in the page, so reloading it reattaches.
+
+Every text comes from core.i18n in the page's language (the `lang` dropdown, first input of every handler that
+writes text); switching it relabels every component (`Translations`) and re-renders the derived parts.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable
+
+import gradio as gr
+
+from core import checklist
+from core.codegen import cli_command, python_script
+from core.config import TrainConfig, validate
+from core.i18n import DEFAULT_LANGUAGE, language_choices, request_language, t
+from core.jobs import job_view
+from ui import handlers, render
+from ui.after import build_tabs
+from ui.data import DATA_TYPES, on_preview, on_upload
+from ui.derive import hardware, initial_config, prediction, preset_choices, preset_descriptions, preset_of
+from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
+from ui.form import Form, derived, facts_for, merged, prediction_state, read_config
+from ui.live import LivePanel, live_update, loss_frame, read_gpus
+from ui.theme import TABS_KW
+
+# Where fields are shown (everything else goes to Training > Advanced):
+GOVERNS = {  # checklist item -> the non-checkbox fields it governs, shown beside it
+    "qlora": ["bnb_4bit_quant_type", "bnb_4bit_use_double_quant"],
+    "gradient_accumulation": ["gradient_accumulation_steps"],
+    "efficient_optimizer": ["optim"], "bf16": ["precision"],
+    "short_max_length": ["max_length"], "small_batches": ["per_device_train_batch_size"],
+}
+BEYOND = ["packing", "upcast_to_fp32", "offload_embeddings", "attention", "expandable_segments", "use_liger_kernel"]
+PLACED = ["model", "dataset", "dataset_split", "dataset_format", "long_prompts", "lora_r", "lora_alpha",
+          "lora_dropout", "lora_target_modules", "learning_rate", "num_train_epochs", "max_steps", "save_strategy",
+          "save_steps", "output_dir", "run_name", "num_gpus", "distributed_strategy"]
+DEFAULT_BUDGET_GIB = 8.0  # the hypothetical card "Fit to my GPU" aims at where there is no GPU
+EN_LANGS = {code for _, code in language_choices()}
+
+
+class Translations:
+    """Components whose texts follow the language: (component, {property: i18n key or fn(lang) -> text})."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[Any, dict[str, str | Callable[[str], Any]]]] = []
+
+    def add(self, component: Any, **props: str | Callable[[str], Any]) -> Any:
+        self.items.append((component, props))
+        return component
+
+    @property
+    def components(self) -> list[Any]:
+        return [c for c, _ in self.items]
+
+    def updates(self, lang: str) -> dict[Any, Any]:
+        return {c: gr.update(**{p: (v(lang) if callable(v) else t(v, lang)) for p, v in props.items()})
+                for c, props in self.items}
+
+
+# --- the page -------------------------------------------------------------------------------------------------------
+def browser_language(request: gr.Request):
+    """On page load: the language picker follows the browser's Accept-Language (en, pt or fr)."""
+    return gr.update(value=request_language(request))
+
+
+def header_html(lang: str = DEFAULT_LANGUAGE) -> str:
+    hw = hardware()
+    if hw.cuda:
+        gpus, _ = read_gpus()
+        where = ", ".join(f"{g['name']} ({g['total_gib']:.0f} GiB)" for g in gpus) or "CUDA GPU"
+        line = render.E(t("app.gpu_line", lang, gpus=where))
+    else:
+        line = render.E(t("app.no_gpu_line", lang))
+    from core.public import is_public, public_root
+
+    banner = (f'<p id="mt-public" class="mt-warn"><b>{render.E(t("public.banner", lang, root=public_root()))}</b></p>'
+              if is_public() else "")  # h2: public mode says so on every page
+    return (f'<div id="mt-header"><h1>memtune</h1><p>{render.E(t("app.tagline", lang))}</p>'
+            f'<p id="mt-hw">{line}</p>{banner}</div>')
+
+
+def gpus_note(lang: str = DEFAULT_LANGUAGE) -> str:
+    """Beside the GPUs control: how many GPUs this machine has, and what the control does with that many."""
+    n = hardware().n_gpus
+    return t("training.gpus_many", lang, n=n) if n > 1 else t("training.gpus_one" if n else "training.gpus_none", lang)
+
+
+def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
+    """Build the page without launching it. For tests it carries `memtune_form` (ui.form.Form), `memtune_live`
+    (ui.live.LivePanel), `memtune_history` (ui.history.HistoryTab), `memtune_fields` (field name -> widget) and
+    `memtune_translations`."""
+    cfg0 = initial or initial_config()
+    v0 = to_values(cfg0)
+    lang0 = DEFAULT_LANGUAGE
+    L = partial(t, lang=lang0)
+    FIELDS: dict[str, gr.components.Component] = {}
+    tr = Translations()
+
+    def w(name: str, **kw: Any) -> gr.components.Component:
+        assert name not in FIELDS, name
+        FIELDS[name] = tr.add(make_widget(name, v0[name], **kw),
+                              label=partial(label, name), info=partial(help_text, name))
+        return FIELDS[name]
+
+    with gr.Blocks(title=L("app.title"), analytics_enabled=False) as demo:
+        with gr.Row(equal_height=False, elem_id="mt-top"):
+            tr.add(gr.HTML(header_html(lang0), elem_id="mt-header-box"), value=header_html)
+            lang = gr.Dropdown(choices=language_choices(), value=lang0, label=L("app.language"), scale=0,
+                               min_width=170, elem_id="lang-select", interactive=True)
+            tr.add(lang, label="app.language")
+        tab_state = gr.State({})
+        check_memory = gr.State({})  # per page: what each checklist box changed last, so unticking can undo it
+        pred0 = prediction(cfg0)
+        peak0 = pred0.gib
+        pred_state = gr.State(prediction_state(cfg0, pred0))
+        with gr.Tabs(elem_id="main-tabs", **TABS_KW) as main_tabs:
+            with gr.Tab(L("tab.train"), id="tab-train", elem_id="tab-train") as train_tab:
+                tr.add(train_tab, label="tab.train")
+                with gr.Row(equal_height=False):
+                    # ---------------- settings ----------------
+                    with gr.Column(scale=3, min_width=480):
+                        with gr.Tabs(elem_id="settings-tabs", **TABS_KW):
+                            with gr.Tab(L("tab.data"), id="tab-data", elem_id="tab-data") as tab_data:
+                                tr.add(tab_data, label="tab.data")
+                                with gr.Row():
+                                    demo_btn = tr.add(gr.Button(L("preset.demo"), size="sm", elem_id="preset-demo"),
+                                                      value="preset.demo")
+                                    chapter_btn = tr.add(gr.Button(L("preset.chapter"), size="sm",
+                                                                   elem_id="preset-chapter"), value="preset.chapter")
+                                with gr.Row():
+                                    w("model", choices=model_choices(cfg0.model), scale=4)
+                                    refresh_btn = tr.add(gr.Button(L("data.rescan"), size="sm", scale=1,
+                                                                   elem_id="rescan-btn"), value="data.rescan")
+                                w("dataset", choices=dataset_choices(cfg0.dataset))
+                                with gr.Row():  # a row of their own: four columns left long_prompts' box too narrow
+                                    w("dataset_split", scale=1)
+                                    w("dataset_format", scale=1)
+                                    w("long_prompts", scale=1)
+                                types = ", ".join(DATA_TYPES)
+                                upload = tr.add(gr.File(label=t("data.upload", lang0, types=types),
+                                                        file_types=DATA_TYPES, type="filepath", elem_id="data-upload",
+                                                        height=120),
+                                                label=lambda lg: t("data.upload", lg, types=types))
+                                preview_btn = tr.add(gr.Button(L("data.preview"), elem_id="preview-btn"),
+                                                     value="data.preview")
+                                preview_out = gr.HTML(elem_id="data-preview")
+
+                            with gr.Tab(L("tab.checklist"), id="tab-checklist", elem_id="tab-checklist") as tab_check:
+                                tr.add(tab_check, label="tab.checklist")
+                                tr.add(gr.Markdown(L("checklist.intro"), elem_id="checklist-intro"),
+                                       value="checklist.intro")
+                                with gr.Row():
+                                    preset = gr.Radio(choices=preset_choices(lang0), value=preset_of(cfg0),
+                                                      label=L("preset.label"), info=L("preset.info"),
+                                                      elem_id="preset-radio")
+                                tr.add(gr.Markdown(preset_descriptions(lang0), elem_classes=["mt-small"],
+                                                   elem_id="preset-descriptions"), value=preset_descriptions)
+                                on0 = checklist.active(cfg0)
+                                checks: dict[str, gr.Checkbox] = {}
+                                facts: dict[str, gr.HTML] = {}
+                                for item in checklist.ITEMS:
+                                    with gr.Row(elem_classes=["mt-check-row"], equal_height=False):
+                                        with gr.Column(scale=3, min_width=260):
+                                            checks[item.key] = gr.Checkbox(
+                                                value=on0[item.key], label=L(f"checklist.{item.key}.label"),
+                                                info=L(f"checklist.{item.key}.tradeoff"),
+                                                elem_id=f"check-{item.key}", elem_classes=["mt-check"])
+                                            facts[item.key] = gr.HTML(facts_for(cfg0, item.key, pred0.saves, lang0),
+                                                                      elem_id=f"check-facts-{item.key}", padding=False)
+                                        with gr.Column(scale=2, min_width=220):
+                                            for name in GOVERNS.get(item.key, []):
+                                                w(name)
+                                with gr.Accordion(L("checklist.beyond"), open=False, elem_id="beyond-acc") as beyond:
+                                    tr.add(beyond, label="checklist.beyond")
+                                    for name in BEYOND:
+                                        if name in v0:
+                                            w(name)
+
+                            with gr.Tab(L("tab.training"), id="tab-training", elem_id="tab-training") as tab_train:
+                                tr.add(tab_train, label="tab.training")
+                                with gr.Row():
+                                    w("lora_r")
+                                    w("lora_alpha")
+                                    w("lora_dropout")
+                                w("lora_target_modules")
+                                with gr.Row():
+                                    w("learning_rate")
+                                    w("num_train_epochs")
+                                    w("max_steps")
+                                with gr.Row():
+                                    w("save_strategy")
+                                    w("save_steps")
+                                with gr.Row():
+                                    w("output_dir")
+                                    w("run_name")
+                                with gr.Row(elem_id="gpus-row"):  # issue 11: always shown, with what this machine has
+                                    w("num_gpus")
+                                    w("distributed_strategy")
+                                tr.add(gr.Markdown(gpus_note(lang0), elem_id="gpus-note", elem_classes=["mt-small"]),
+                                       value=gpus_note)
+                                with gr.Accordion(L("training.advanced"), open=False, elem_id="advanced-acc") as adv:
+                                    tr.add(adv, label="training.advanced")
+                                    # Every field not shown elsewhere, so a new TrainConfig field always gets a widget.
+                                    elsewhere = set(PLACED) | set(BEYOND) | {n for ns in GOVERNS.values() for n in ns}
+                                    rest = [n for n in FIELD_NAMES if n not in elsewhere]
+                                    for i in range(0, len(rest), 3):
+                                        with gr.Row():
+                                            for name in rest[i:i + 3]:
+                                                w(name, **({"placeholder": L("training.resume_placeholder")}
+                                                           if name == "resume_from" else {}))
+
+                            with gr.Tab(L("tab.code"), id="tab-code", elem_id="tab-code") as tab_code:
+                                tr.add(tab_code, label="tab.code")
+                                with gr.Row():
+                                    cfg_name = gr.Textbox(label=L("config.name"), placeholder=L("config.name_placeholder"),
+                                                          max_lines=1, scale=2, elem_id="config-name",
+                                                          info=t("config.name_info", lang0, dir=handlers.config_dir()))
+                                    tr.add(cfg_name, label="config.name", placeholder="config.name_placeholder",
+                                           info=lambda lg: t("config.name_info", lg, dir=handlers.config_dir()))
+                                    save_btn = tr.add(gr.Button(L("config.save"), scale=1, elem_id="save-config-btn"),
+                                                      value="config.save")
+                                with gr.Row():
+                                    cfg_list = tr.add(gr.Dropdown(choices=handlers.saved_configs(), value=None,
+                                                                  label=L("config.saved_list"), scale=2,
+                                                                  elem_id="config-list"), label="config.saved_list")
+                                    load_btn = tr.add(gr.Button(L("config.load"), scale=1, elem_id="load-config-btn"),
+                                                      value="config.load")
+                                cfg_notice = gr.HTML(elem_id="config-notice")
+                                tr.add(gr.Markdown(L("code.intro"), elem_id="code-intro"), value="code.intro")
+                                code_cli = tr.add(gr.Code(cli_command(cfg0), language="shell", label=L("code.cli"),
+                                                          interactive=False, elem_id="code-cli", lines=2),
+                                                  label="code.cli")
+                                code_py = tr.add(gr.Code(python_script(cfg0), language="python", label=L("code.python"),
+                                                         interactive=False, elem_id="code-python", max_lines=40),
+                                                 label="code.python")
+
+                    # ---------------- run panel ----------------
+                    with gr.Column(scale=2, min_width=380, elem_id="mt-run-panel"):
+                        gauge = gr.HTML(render.gauge_html(*read_gpus(), predicted_gib=peak0, lang=lang0,
+                                                          budget_gib=DEFAULT_BUDGET_GIB,
+                                                          run_gpus=prediction_state(cfg0, pred0)["gpus"]),
+                                        elem_id="vram-gauge")
+                        with gr.Row(equal_height=False, elem_id="fit-row"):
+                            budget = gr.Number(value=DEFAULT_BUDGET_GIB, minimum=1, maximum=2048, step=1,
+                                               label=L("fit.budget"), info=L("fit.budget_info"), scale=3,
+                                               min_width=200, visible=not hardware().cuda, elem_id="fit-budget")
+                            tr.add(budget, label="fit.budget", info="fit.budget_info")
+                            fit_btn = tr.add(gr.Button(L("fit.button"), scale=2, min_width=150, elem_id="fit-btn"),
+                                             value="fit.button")
+                        fit_note = gr.HTML(elem_id="fit-notice")
+                        summary = gr.HTML(render.summary_html(cfg0, validate(cfg0, hardware()), on0, predicted_gib=peak0,
+                                                              lang=lang0, gpus=pred0.gpus), elem_id="config-summary")
+                        with gr.Row():
+                            start_btn = tr.add(gr.Button(L("run.start"), variant="primary", elem_id="start-btn"),
+                                               value="run.start")
+                            stop_btn = tr.add(gr.Button(L("run.stop"), variant="stop", elem_id="stop-btn",
+                                                        interactive=False), value="run.stop")
+                        notice = gr.HTML(elem_id="run-notice")
+                        progress = gr.HTML(render.progress_html(job_view(None), lang0), elem_id="run-progress")
+                        loss_plot = gr.LinePlot(loss_frame([]), x="step", y="loss",
+                                                title=None, y_title=L("run.loss_axis"), x_title=L("run.step_axis"),
+                                                height=230, elem_id="loss-plot", label=L("run.loss_curve"),
+                                                show_label=False, visible=False)
+                        tr.add(loss_plot, y_title="run.loss_axis", x_title="run.step_axis", label="run.loss_curve")
+                        log = gr.HTML(render.log_html([], lang0), elem_id="run-log", padding=False)
+                        result = gr.HTML(elem_id="run-result")
+                        download = tr.add(gr.File(label=L("run.download"), visible=False, interactive=False,
+                                                  elem_id="adapter-download"), label="run.download")
+
+            assert set(FIELDS) == set(FIELD_NAMES), set(FIELD_NAMES) ^ set(FIELDS)
+            # No component is created here: one more child of the top-level Tabs (even a gr.State) shifts the tab
+            # labels the browser shows ("Try it" over "Export").
+            form = Form(fields=FIELDS, summary=summary, prediction=pred_state, checks=checks, facts=facts,
+                        preset=preset, code_py=code_py, code_cli=code_cli, fit_note=fit_note, preview=preview_out,
+                        run_notice=notice, config_notice=cfg_notice, config_list=cfg_list, start=start_btn,
+                        stop=stop_btn, check_memory=check_memory)
+            tabs = build_tabs(lang0, tr, main_tabs, lang, FIELDS["output_dir"], form)
+        wire_form(form, lang, budget, demo_btn, chapter_btn, refresh_btn, preview_btn, upload, save_btn, cfg_name,
+                  load_btn, fit_btn)
+        live = LivePanel(gauge=gauge, progress=progress, plot=loss_plot, log=log, result=result, download=download,
+                         start=start_btn, stop=stop_btn, state=tab_state)
+        poll = partial(live_update, live, output_dir=cfg0.output_dir)
+        timer = gr.Timer(1.0)
+        timer.tick(poll, inputs=[tab_state, lang, pred_state, budget], outputs=live.outputs, show_progress="hidden",
+                   concurrency_limit=None)
+        demo.load(lambda s, lg, p, b: poll({}, lg, p, b), inputs=[tab_state, lang, pred_state, budget],
+                  outputs=live.outputs, show_progress="hidden")
+
+        # Language: the browser's on load, the picker afterwards; everything written re-renders.
+        one_off = [notice, fit_note, cfg_notice]  # one-off notices written in the old language: cleared
+        lang_out = tr.components + form.derived_outputs + tabs.language_outputs + one_off
+        n = len(FIELD_NAMES)
+
+        def on_language(lg: str, *values):
+            lg = lg if lg in EN_LANGS else DEFAULT_LANGUAGE
+            cfg, problems = read_config(values[:n])
+            return merged(tr.updates(lg), derived(form, cfg, problems, lg), tabs.language_updates(lg, *values[n:]),
+                          dict.fromkeys(one_off, ""))
+
+        lang.change(on_language, inputs=[lang, *form.inputs, *tabs.language_inputs], outputs=lang_out,
+                    show_progress="hidden")
+        demo.load(browser_language, inputs=None, outputs=[lang], show_progress="hidden")
+    demo.memtune_form = form
+    demo.memtune_live = live
+    demo.memtune_history = tabs.history
+    demo.memtune_try_export = tabs.try_export
+    demo.memtune_fields = FIELDS  # for tests: field name -> component
+    demo.memtune_translations = tr
+    return demo
+
+
+def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: Any, refresh_btn: Any, preview_btn: Any,
+              upload: Any, save_btn: Any, cfg_name: Any, load_btn: Any, fit_btn: Any) -> None:
+    """The settings' events: each handler bound to the form, the fields' values as its last inputs."""
+    inputs, FIELDS = form.inputs, form.fields
+    quiet = dict(show_progress="hidden", queue=True)
+    changed = partial(handlers.on_fields_changed, form)
+    for comp in inputs:
+        comp.input(changed, inputs=[lang, *inputs], outputs=form.derived_outputs, **quiet)
+        if isinstance(comp, (gr.Textbox, gr.Dropdown)):  # a paste may not fire `input`; leaving the box does
+            comp.blur(changed, inputs=[lang, *inputs], outputs=form.derived_outputs, **quiet)
+            if isinstance(comp, gr.Textbox):
+                comp.submit(changed, inputs=[lang, *inputs], outputs=form.derived_outputs, **quiet)
+    FIELDS["model"].change(handlers.on_model_check, inputs=[lang, FIELDS["model"]], outputs=[FIELDS["model"]],
+                           show_progress="hidden")
+    for key, box in form.checks.items():
+        box.input(partial(handlers.on_checklist, form, key), inputs=[lang, box, form.check_memory, *inputs],
+                  outputs=form.outputs + [form.check_memory], **quiet)
+    form.preset.input(partial(handlers.on_preset_lever, form), inputs=[lang, form.preset, *inputs],
+                      outputs=form.outputs, **quiet)
+    for btn, kind in ((demo_btn, "demo"), (chapter_btn, "chapter")):
+        btn.click(partial(handlers.on_start_from, form, kind), inputs=[lang], outputs=form.outputs + form.stale,
+                  **quiet)
+    for name in ("model", "dataset", "dataset_split", "dataset_format", "max_length"):
+        # A user's edit (not a handler's own update, e.g. Fit or an upload): what described the old value goes.
+        FIELDS[name].input(lambda: dict.fromkeys(form.stale, ""), outputs=form.stale, show_progress="hidden")
+    refresh_btn.click(lambda m, d: (gr.update(choices=model_choices(m)), gr.update(choices=dataset_choices(d))),
+                      inputs=[FIELDS["model"], FIELDS["dataset"]], outputs=[FIELDS["model"], FIELDS["dataset"]])
+    preview_btn.click(on_preview, inputs=[lang, *inputs], outputs=[form.preview])
+    upload.upload(partial(on_upload, form), inputs=[lang, upload, *inputs], outputs=form.outputs + [form.preview])
+    save_btn.click(partial(handlers.on_save_config, form), inputs=[lang, cfg_name, *inputs],
+                   outputs=[form.config_notice, form.config_list])
+    load_btn.click(partial(handlers.on_load_config, form), inputs=[lang, form.config_list],
+                   outputs=form.outputs + [form.config_notice])
+    fit_btn.click(partial(handlers.on_fit, form), inputs=[lang, budget, *inputs],
+                  outputs=form.outputs + [form.fit_note])
+    form.start.click(partial(handlers.on_start, form), inputs=[lang, *inputs],
+                     outputs=[form.run_notice, form.start, form.stop])
+    form.stop.click(handlers.on_stop, inputs=[lang], outputs=[form.run_notice])

@@ -1,0 +1,245 @@
+"""The "Try it" and "Export" tabs' handlers (tested without a browser; their layout is ui/after.py's). They take
+the `TryExportTab` first and return (or, for Try it, stream) updates keyed by its components.
+
+- Try it: base vs base + adapter side by side, streaming (a generator over core.infer.COMPARER.compare). One
+  model for the process; refused while a training run uses the machine. Stop ends the answer at the next token.
+- Export: the adapter as a zip; a merged bf16 model (warning, memory check, a confirmation tick, progress);
+  a push to the Hub with a token from $HF_TOKEN or typed into a password box (used for that push only: never
+  kept in the page state, written anywhere or logged).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import gradio as gr
+
+from core.i18n import DEFAULT_LANGUAGE, t
+from core.jobs import MANAGER
+from ui import render
+from ui.notices import note, public_refusal, runs_folder, warn
+
+Updates = dict[Any, Any]  # component -> new value or gr.update(...)
+
+
+@dataclass(eq=False)
+class TryExportTab:
+    """The components the Try it and Export handlers write (ui/after.py builds them); handlers key updates by them."""
+
+    try_note: Any  # Try it's notice
+    base: Any  # the base model's answer
+    tuned: Any  # the base + adapter answer
+    export_note: Any  # Export's notice
+    zip_file: Any  # the zipped adapter to download
+    merge_warning: Any  # what a merge costs
+    merge_check: Any  # whether the memory is there
+    merge_dir: Any  # the merged model's folder
+    token: Any  # the typed Hub token (cleared after each push)
+
+
+# --- try it ---------------------------------------------------------------------------------------------------------
+def adapter_dropdown(output_dir: str | None, current: str | None = None, lang: str = DEFAULT_LANGUAGE) -> dict:
+    """The adapters of every run under output_dir, newest first; keeps the current pick if it is still there."""
+    from core.history import adapter_choices
+
+    choices = adapter_choices(runs_folder(output_dir))
+    paths = [p for _, p in choices]
+    value = current if current in paths else (paths[0] if paths else None)
+    return gr.update(choices=choices, value=value,
+                     info=None if choices else t("try.no_adapters", lang))
+
+
+def on_try(x: TryExportTab, lang: str, adapter: str | None, prompt: str, max_new_tokens: float, temperature: float,
+           top_p: float, seed: float, raw: bool) -> Iterator[Updates]:
+    """Stream the base answer and the base + adapter answer for one prompt; refusals and errors as the notice."""
+    from core.infer import COMPARER, InferError, adapter_config
+
+    def refused(text: str, kind: str = "warn") -> Updates:
+        return {x.try_note: warn(text, "try-note", kind)}
+
+    if MANAGER.busy():
+        yield refused(t("try.refused_training", lang))
+        return
+    if not adapter:
+        yield refused(t("try.pick_adapter", lang))
+        return
+    if not (prompt or "").strip():
+        yield refused(t("try.empty_prompt", lang))
+        return
+    try:
+        model = adapter_config(adapter).model
+    except InferError as exc:
+        yield refused(str(exc), "error")
+        return
+    yield {x.base: "", x.tuned: "", x.try_note: note(t("try.loading", lang, model=model, path=adapter), "info",
+                                                     "try-note")}
+    base = tuned = ""
+    try:
+        for base, tuned in COMPARER.compare(adapter, prompt, max_new_tokens=int(max_new_tokens),
+                                            temperature=float(temperature), top_p=float(top_p), seed=int(seed or 0),
+                                            template=not raw):
+            yield {x.base: base, x.tuned: tuned}
+    except InferError as exc:
+        yield {x.base: base, x.tuned: tuned, **refused(str(exc), "error")}
+        return
+    except Exception as exc:  # noqa: BLE001 - a crash in generation must not take the page with it
+        yield {x.base: base, x.tuned: tuned,
+               **refused(t("msg.error", lang, message=f"{type(exc).__name__}: {exc}"), "error")}
+        return
+    yield {x.base: base, x.tuned: tuned, x.try_note: note(t("try.done", lang), "ok", "try-note")}
+
+
+def on_try_stop(lang: str = DEFAULT_LANGUAGE) -> str:
+    from core.infer import COMPARER
+
+    COMPARER.stop()
+    return note(t("try.stopped", lang), "warn", "try-note")
+
+
+def free_try_model() -> None:
+    """Before a GPU run: drop the model "Try it" holds, so the run has the memory the gauge predicted for."""
+    from ui.derive import hardware
+
+    if not hardware().cuda:
+        return  # the demo model in RAM costs nothing worth a wait
+    from core.infer import COMPARER
+
+    if COMPARER.adapter_dir is not None:
+        COMPARER.stop()
+        try:
+            COMPARER.unload()
+        except Exception:  # noqa: BLE001 - busy or failed: training still starts, the gauge shows the truth
+            pass
+
+
+# --- export ---------------------------------------------------------------------------------------------------------
+def _size(path: Path) -> str:
+    total = path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return render._bytes(total)
+
+
+def _gib(n_bytes: int, lang: str) -> str:
+    """GiB with the precision a small model needs too: 12.3, 0.04, <0.01."""
+    gib = n_bytes / 2**30
+    if gib >= 1:
+        return render.num(gib, 1, lang)
+    return render.num(gib, 2, lang) if gib >= 0.01 else "<" + render.num(0.01, 2, lang)
+
+
+def token_info(lang: str) -> str:
+    from core.model import hf_token
+
+    return t("export.token_env_set" if hf_token() else "export.token_env_missing", lang)
+
+
+def merge_warning(cfg: Any, lang: str) -> str:
+    """What a merge costs (core.export.merge_size), in words, for the page to show before the user confirms."""
+    from core.export import merge_size
+
+    size = merge_size(cfg)
+    if size is None:
+        return t("export.merge_warning_unknown", lang, model=cfg.model)
+    params, disk, memory = size
+    # Three significant digits: "8.03 billion ... 15 GiB" for an 8B model, and not "0.00" for the tiny demo.
+    return t("export.merge_warning", lang, model=cfg.model, params=f"{params / 1e9:.3g}", disk_gib=f"{disk / 2**30:.3g}",
+             mem_gib=f"{memory / 2**30:.3g}")
+
+
+def on_export_adapter(x: TryExportTab, lang: str, adapter: str | None) -> Updates:
+    """An adapter was picked: the merge warning, the memory check, the default merged folder."""
+    from core.export import default_merge_dir, merge_memory_check
+    from core.infer import InferError, adapter_config
+
+    if not adapter:
+        return {x.merge_warning: note(t("try.no_adapters", lang), "info"), x.merge_check: "", x.merge_dir: ""}
+    try:
+        cfg = adapter_config(adapter)
+    except InferError as exc:
+        return {x.merge_warning: note(str(exc), "error"), x.merge_check: "", x.merge_dir: ""}
+    try:
+        needed, available, ok, message = merge_memory_check(cfg)
+    except Exception as exc:  # noqa: BLE001 - psutil missing or the like: say so, keep the tab usable
+        needed, available, ok, message = 0, 0, False, f"{type(exc).__name__}: {exc}"
+    if needed:
+        check = t("export.memory_ok" if ok else "export.memory_low", lang, needed=_gib(needed, lang),
+                  available=_gib(available, lang))
+        check = check if ok else f"{check}\n{message}"
+    else:
+        check = message
+    return {x.merge_warning: note(merge_warning(cfg, lang), "warn", "merge-warning"),
+            x.merge_check: note(check, "ok" if ok else "error", "merge-check"),
+            x.merge_dir: str(default_merge_dir(adapter))}
+
+
+def on_zip(x: TryExportTab, lang: str, adapter: str | None) -> Updates:
+    from core.export import ExportError, zip_adapter
+
+    def refused(text: str, kind: str = "warn") -> Updates:
+        return {x.zip_file: gr.update(value=None, visible=False), x.export_note: warn(text, "export-note", kind)}
+
+    if not adapter:
+        return refused(t("try.pick_adapter", lang))
+    if (refusal := public_refusal((adapter, "the adapter"))):
+        return refused(t("export.failed", lang, message=refusal), "error")
+    try:
+        path = zip_adapter(adapter)
+    except (ExportError, OSError) as exc:
+        return refused(t("export.failed", lang, message=exc), "error")
+    return {x.zip_file: gr.update(value=str(path), visible=True),
+            x.export_note: note(t("export.zip_ready", lang, path=path.name, size=_size(path)), "ok", "export-note")}
+
+
+def on_merge(lang: str, adapter: str | None, out_dir: str, replace: bool, confirmed: bool,
+             progress: Any = gr.Progress()) -> str:
+    """Merge with a progress bar, after the confirmation tick; refused while a training run is going."""
+    from core.export import ExportError, merge_adapter
+
+    if not adapter:
+        return warn(t("try.pick_adapter", lang), "export-note")
+    if not confirmed:
+        return warn(t("export.confirm_first", lang), "export-note")
+    if MANAGER.busy():
+        return warn(t("export.busy_training", lang), "export-note")
+    if (refusal := public_refusal((adapter, "the adapter"), ((out_dir or "").strip() or None, "the merged folder"))):
+        return warn(t("export.failed", lang, message=refusal), "export-note", "error")
+
+    def report(fraction: float, message: str) -> None:
+        if progress is not None:
+            progress(fraction, desc=message)
+
+    try:
+        path = merge_adapter(adapter, (out_dir or "").strip() or None, progress=report, overwrite=bool(replace))
+    except ExportError as exc:
+        return warn(t("export.failed", lang, message=exc), "export-note", "error")
+    except Exception as exc:  # noqa: BLE001 - nothing crashes the page
+        return warn(t("export.failed", lang, message=f"{type(exc).__name__}: {exc}"), "export-note", "error")
+    return note(t("export.merged", lang, path=path, size=_size(path)), "ok", "export-note")
+
+
+def on_push(x: TryExportTab, lang: str, adapter: str | None, what: str, merged_dir: str, repo_id: str,
+            private: bool, token: str | None) -> Updates:
+    """Push the adapter or the merged folder; the typed token is used for this call only, then cleared."""
+    from core.export import ExportError, push_to_hub
+
+    def said(html: str) -> Updates:
+        return {x.export_note: html, x.token: ""}
+
+    if not adapter:
+        return said(warn(t("try.pick_adapter", lang), "export-note"))
+    folder = adapter if what != "merged" else ((merged_dir or "").strip())
+    if what == "merged" and not (folder and Path(folder).is_dir()):
+        return said(warn(t("export.merge_first", lang), "export-note"))
+    if (refusal := public_refusal((folder, "the folder to push"))):
+        return said(warn(t("export.failed", lang, message=refusal), "export-note", "error"))
+    try:
+        url = push_to_hub(folder, repo_id, token=(token or "").strip() or None, private=bool(private))
+    except ExportError as exc:
+        return said(warn(t("export.failed", lang, message=exc), "export-note", "error"))
+    except Exception as exc:  # noqa: BLE001 - push_to_hub scrubs the token from its own messages; be safe here too
+        message = f"{type(exc).__name__}: {exc}"
+        if token:
+            message = message.replace(token.strip(), "hf_***")
+        return said(warn(t("export.failed", lang, message=message), "export-note", "error"))
+    return said(note(t("export.pushed", lang, url=url), "ok", "export-note"))
