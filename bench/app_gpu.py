@@ -109,17 +109,16 @@ def main(argv=None) -> int:
     from gradio_client import Client
 
     client = Client(url, verbose=False)
-    api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
-    poll_name = next(n for n, ep in api.items() if [p.get("parameter_name") for p in ep["parameters"]] == ["lg", "b"])
 
-    def poll():
-        gauge, progress, plot, log, result, *_ = client.predict("en", None, api_name=poll_name)
+    def poll():  # the page's 1 s poll (ui/layout.py names its endpoints start, stop and poll)
+        gauge, progress, plot, log, result, *_ = client.predict("en", None, api_name="/poll")
         return gauge or "", result or ""
 
     def start(c: TrainConfig) -> Path:
         before = {p.name for p in runs.glob("*")}
         values = to_values(c)
-        notice = client.predict("en", *[values[n] for n in FIELD_NAMES], api_name="/on_start")[0]
+        notice = client.predict("en", *[values[n] for n in FIELD_NAMES], api_name="/start")
+        notice = notice[0] if isinstance(notice, (list, tuple)) else notice  # one visible output: a bare value
         deadline = time.time() + 60
         while (run := newest_run(runs, before)) is None:
             if time.time() > deadline:
@@ -166,7 +165,7 @@ def main(argv=None) -> int:
                                               (run / "events.jsonl").read_text().splitlines()):
         time.sleep(0.5)
     pressed = time.time()
-    client.predict("en", api_name="/on_stop")
+    client.predict("en", api_name="/stop")
     done = wait_done(run)
     report["stop"] = {"status": done["summary"].get("status"), "steps": done["summary"].get("steps"),
                       "stop_to_summary_s": round(time.time() - pressed, 1),

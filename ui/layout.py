@@ -295,7 +295,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
         poll = partial(live_update, live, output_dir=cfg0.output_dir)
         timer = gr.Timer(1.0)
         timer.tick(poll, inputs=[tab_state, lang, pred_state, budget], outputs=live.outputs, show_progress="hidden",
-                   concurrency_limit=None)
+                   concurrency_limit=None, api_name="poll")  # named: scripts drive the app over its API
         demo.load(lambda s, lg, p, b: poll({}, lg, p, b), inputs=[tab_state, lang, pred_state, budget],
                   outputs=live.outputs, show_progress="hidden")
 
@@ -358,5 +358,5 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
     fit_btn.click(partial(handlers.on_fit, form), inputs=[lang, budget, *inputs],
                   outputs=form.outputs + [form.fit_note])
     form.start.click(partial(handlers.on_start, form), inputs=[lang, *inputs],
-                     outputs=[form.run_notice, form.start, form.stop])
-    form.stop.click(handlers.on_stop, inputs=[lang], outputs=[form.run_notice])
+                     outputs=[form.run_notice, form.start, form.stop], api_name="start")
+    form.stop.click(handlers.on_stop, inputs=[lang], outputs=[form.run_notice], api_name="stop")
