@@ -8,12 +8,41 @@ import pytest
 
 # Set before any test imports transformers/datasets/huggingface_hub: no test may reach the network.
 _HOME = Path(tempfile.mkdtemp(prefix="memtune-test-home-"))
-os.environ.setdefault("MEMTUNE_HOME", str(_HOME))
+# A MEMTUNE_HOME given by the user is kept. One this file set in pytest-xdist's controller (MEMTUNE_TEST_HOME) is not:
+# each worker gets its own, so no test sees another worker's runs, configs or half-built demo model.
+if os.environ.get("MEMTUNE_HOME", os.environ.get("MEMTUNE_TEST_HOME")) == os.environ.get("MEMTUNE_TEST_HOME"):
+    os.environ["MEMTUNE_HOME"] = os.environ["MEMTUNE_TEST_HOME"] = str(_HOME)
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HOME"] = str(_HOME / "hf")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+
+# tests/run.sh runs the suite in pytest-xdist workers, one per core (up to 4). Each worker then trains with one torch
+# thread, and so does every process it starts (OMP_NUM_THREADS), instead of each asking for every core at once.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
+# The browser tests' app server and chromium: one per session for all three browser modules (tests/browser_app.py).
+from tests.browser_app import browser, page, server  # noqa: E402, F401 - pytest fixtures
+
+
+# Tests that must run in one worker, in file order: a module's tests that share a module-scoped fixture costing
+# seconds (one build per module, not one per worker), and the browser modules, which share one app server and go in
+# order (a run, then Try it on its adapter...). Every other test is scheduled on its own (--dist loadgroup).
+XDIST_GROUPS = {"test_browser": "browser", "test_browser_data": "browser", "test_browser_layout": "browser",
+                "test_infer": "infer", "test_export": "export", "test_gguf": "gguf", "test_history": "history",
+                "test_safety": "safety", "test_data": "data", "test_ui": "ui"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = XDIST_GROUPS.get(item.module.__name__.rpartition(".")[2])
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

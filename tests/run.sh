@@ -13,4 +13,18 @@ memtune: no Chromium at $CHROMIUM, so the browser tests (tests/test_browser*.py)
                  export MEMTUNE_CHROMIUM=\$(ls ~/.cache/ms-playwright/chromium-*/chrome-linux*/chrome | head -1)
 HINT
 fi
-exec python3 -m pytest -q -p no:cacheprovider "$@"
+# One pytest-xdist worker per core, at most 4 (each holds the libraries and a demo model, ~1 GiB);
+# MEMTUNE_TEST_WORKERS overrides, and 1 runs everything in this process.
+CORES="$(python3 -c 'import os; print(len(os.sched_getaffinity(0)))')"
+WORKERS="${MEMTUNE_TEST_WORKERS:-$(( CORES < 4 ? CORES : 4 ))}"
+PARALLEL=()
+if (( WORKERS > 1 )); then
+  PARALLEL=(-n "$WORKERS" --dist loadgroup)   # groups: tests/conftest.py XDIST_GROUPS
+fi
+START=$SECONDS
+set +e
+python3 -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" "$@"
+CODE=$?
+set -e
+echo "memtune: test suite took $(( SECONDS - START )) s wall time with ${WORKERS} worker(s) on ${CORES} core(s)"
+exit "$CODE"
