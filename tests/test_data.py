@@ -14,6 +14,7 @@ import pytest
 from core import data
 from core.config import DEMO_DATASET, TrainConfig, demo_config
 from core.data import DataError
+from tests.helpers import train_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -542,13 +543,12 @@ def test_data_is_checked_before_the_model_is_looked_up(tmp_path):
     assert "resolving" not in {e.get("phase") for e in events}
 
 
-def test_cli_refuses_an_all_too_long_file_fast(tmp_path):
+def test_cli_refuses_an_all_too_long_file_fast(tmp_path, capfd, monkeypatch):
     path = write_jsonl(tmp_path / "long.jsonl", [{"instruction": "Summarise", "context": LONG, "response": "ok"}] * 4)
-    env = {**os.environ, "MEMTUNE_HOME": str(tmp_path / "home")}
-    out = subprocess.run([sys.executable, "-m", "core.train", "--demo", "--set", f"dataset={path}", "--set",
-                          "max_length=32", "--set", "long_prompts=drop", "--set", f"output_dir={tmp_path / 'runs'}"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode != 0 and "Raise max_length to" in out.stderr
+    monkeypatch.setenv("MEMTUNE_HOME", str(tmp_path / "home"))
+    code, _, err = train_cli(capfd, "--demo", "--set", f"dataset={path}", "--set", "max_length=32", "--set",
+                             "long_prompts=drop", "--set", f"output_dir={tmp_path / 'runs'}")
+    assert code != 0 and "Raise max_length to" in err
 
 
 # --- messages --------------------------------------------------------------------------------------------
