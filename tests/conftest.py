@@ -18,16 +18,18 @@ os.environ["HF_HOME"] = str(_HOME / "hf")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
-# tests/run.sh runs the suite in pytest-xdist workers, one per core (up to 4). Each worker then trains with one torch
-# thread, and so does every process it starts (OMP_NUM_THREADS), instead of each asking for every core at once.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ["OMP_NUM_THREADS"] = "1"
-    import torch
-
-    torch.set_num_threads(1)
-
 # The browser tests' app server and chromium: one per session for all three browser modules (tests/browser_app.py).
 from tests.browser_app import browser, page, server  # noqa: E402, F401 - pytest fixtures
+
+
+def pytest_configure(config):
+    """tests/run.sh runs the suite in pytest-xdist workers, one per core (up to 4). Each worker then trains with one
+    torch thread, and so does every process it starts (OMP_NUM_THREADS), instead of each asking for every core."""
+    if hasattr(config, "workerinput"):  # an xdist worker (not a pytest that a test starts, which inherits the env)
+        os.environ["OMP_NUM_THREADS"] = "1"
+        import torch
+
+        torch.set_num_threads(1)
 
 
 # Tests that must run in one worker, in file order: a module's tests that share a module-scoped fixture costing

@@ -12,7 +12,6 @@ from core.config import DEMO_DATASET, TrainConfig, demo_config
 from core.data import DataError
 from tests.helpers import train_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 DOLLY = {"instruction": "Say hi", "context": "to Bob", "response": "Hi Bob", "category": "x"}
