@@ -1,7 +1,7 @@
 """The browser tests' shared set-up: ONE `python app.py` (offline, its own MEMTUNE_HOME, a free port) and ONE headless
-Debian chromium per test session (per pytest-xdist worker), which tests/conftest.py makes every test module's fixtures.
-Starting the app and the browser costs seconds each; tests/conftest.py puts every browser module in one xdist group,
-so they meet this one server, in file order.
+Debian chromium for all the browser modules, which tests/conftest.py makes every module's fixtures. Starting the app
+and the browser costs seconds each; tests/conftest.py puts the browser modules in one xdist group, so they run one
+after the other, in file order, on this one server, and stops both after the last of them.
 """
 
 import os
@@ -37,8 +37,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
+def app_server(tmp_path_factory):
+    """`python app.py` on a free port, offline, in its own MEMTUNE_HOME: yields its address, then stops it and checks
+    that it left no process behind."""
     work = tmp_path_factory.mktemp("app")
     port = free_port()
     env = dict(os.environ, MEMTUNE_HOME=str(work / "home"), HF_HOME=str(work / "hf"), HF_HUB_OFFLINE="1",
@@ -74,13 +75,54 @@ def server(tmp_path_factory):
     assert not alive, f"app.py left processes behind: {alive}"
 
 
-@pytest.fixture(scope="session")
-def browser():
+def chromium():
+    """Headless Debian chromium through Playwright: yields the browser, then closes it and Playwright."""
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True,
                               args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
         yield b
         b.close()
+
+
+class Shared:
+    """The app server and the browser, started by the first test that asks and kept for the next ones; close() runs
+    the rest of each generator. tests/conftest.py closes them after the last of a run of browser tests, not at the
+    end of the session: Playwright's sync API keeps an event loop running in this thread, and a later test's
+    asyncio.run() would meet it."""
+
+    def __init__(self):
+        self.running = {}
+
+    def get(self, name: str, start):
+        if name not in self.running:
+            started = start()
+            self.running[name] = (next(started), started)
+        return self.running[name][0]
+
+    def close(self) -> None:
+        problems = []
+        for name in ("browser", "server"):
+            if name in self.running:
+                _, started = self.running.pop(name)
+                try:
+                    next(started, None)
+                except Exception as exc:  # noqa: BLE001 - close the other one too, then report
+                    problems.append(exc)
+        if problems:
+            raise problems[0]
+
+
+SHARED = Shared()
+
+
+@pytest.fixture
+def server(tmp_path_factory):
+    return SHARED.get("server", lambda: app_server(tmp_path_factory))
+
+
+@pytest.fixture
+def browser():
+    return SHARED.get("browser", chromium)
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ os.environ["HF_HOME"] = str(_HOME / "hf")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
-# The browser tests' app server and chromium: one per session for all three browser modules (tests/browser_app.py).
-from tests.browser_app import browser, page, server  # noqa: E402, F401 - pytest fixtures
+# The browser tests' app server and chromium: one for all three browser modules (tests/browser_app.py).
+from tests.browser_app import SHARED, browser, page, server  # noqa: E402, F401 - pytest fixtures
 
 
 def pytest_configure(config):
@@ -40,11 +40,28 @@ XDIST_GROUPS = {"test_browser": "browser", "test_browser_data": "browser", "test
                 "test_safety": "safety", "test_data": "data", "test_ui": "ui"}
 
 
+def xdist_group(item) -> str | None:
+    module = getattr(item, "module", None)
+    return XDIST_GROUPS.get(module.__name__.rpartition(".")[2]) if module else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        group = XDIST_GROUPS.get(item.module.__name__.rpartition(".")[2])
+        group = xdist_group(item)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures (its page) are torn down
+def pytest_runtest_teardown(item, nextitem):
+    """The last of a run of browser tests stops the shared app server and chromium."""
+    if xdist_group(item) == "browser" and (nextitem is None or xdist_group(nextitem) != "browser"):
+        SHARED.close()
+
+
+def pytest_sessionfinish(session):
+    SHARED.close()
 
 
 @pytest.fixture(scope="session")
