@@ -45,12 +45,24 @@ def xdist_group(item) -> str | None:
     return XDIST_GROUPS.get(module.__name__.rpartition(".")[2]) if module else None
 
 
+# In xdist workers the longest chains go first (tests/run.sh keeps this order: --no-loadscope-reorder), so that no
+# worker starts the 2-minute browser group, or a slow multi-process test, while the other has nothing left to do.
+FIRST = ("test_browser", "test_browser_data", "test_browser_layout", "test_distributed", "test_child", "test_codegen")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
         group = xdist_group(item)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput"):  # every worker sorts alike: they must report the same collection
+        def rank(item) -> int:
+            module = getattr(item, "module", None)
+            name = module.__name__.rpartition(".")[2] if module else ""
+            return FIRST.index(name) if name in FIRST else len(FIRST)
+
+        items.sort(key=rank)
 
 
 @pytest.hookimpl(trylast=True)  # after the test's own fixtures (its page) are torn down

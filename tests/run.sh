@@ -19,7 +19,8 @@ CORES="$(python3 -c 'import os; print(len(os.sched_getaffinity(0)))')"
 WORKERS="${MEMTUNE_TEST_WORKERS:-$(( CORES < 4 ? CORES : 4 ))}"
 PARALLEL=()
 if (( WORKERS > 1 )); then
-  PARALLEL=(-n "$WORKERS" --dist loadgroup)   # groups: tests/conftest.py XDIST_GROUPS
+  # groups and order: tests/conftest.py (XDIST_GROUPS, FIRST)
+  PARALLEL=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder)
 fi
 START=$SECONDS
 set +e
