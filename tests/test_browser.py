@@ -140,7 +140,7 @@ def test_demo_run_streams_log_steps_curve_and_adapter(page, server):
     page.click("#start-btn")
     wait_state(page, ["running"], timeout=30_000)
     seen = []
-    deadline = time.time() + 600  # a bound for a busy machine (the suite runs a test beside this one), not a timing assert
+    deadline = time.time() + 600  # a bound for a busy machine (xdist runs a test beside this), not a timing assert
     while time.time() < deadline:
         st, step = state(page)
         seen.append(step)
