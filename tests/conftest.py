@@ -75,6 +75,7 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 def pytest_sessionfinish(session):
+    """A session cut short (Ctrl-C, -x) still stops the app server and chromium; a normal one has already."""
     SHARED.close()
 
 
