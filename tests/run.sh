@@ -15,7 +15,7 @@ HINT
 fi
 # One pytest-xdist worker per core, at most 4 (each holds the libraries and a demo model, ~1 GiB);
 # MEMTUNE_TEST_WORKERS overrides, and 1 runs everything in this process.
-CORES="$(python3 -c 'import os; print(len(os.sched_getaffinity(0)))')"
+CORES="$(python3 -c 'import os; print(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)')"
 WORKERS="${MEMTUNE_TEST_WORKERS:-$(( CORES < 4 ? CORES : 4 ))}"
 PARALLEL=()
 if (( WORKERS > 1 )); then
