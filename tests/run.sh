@@ -24,7 +24,7 @@ if (( WORKERS > 1 )); then
 fi
 START=$SECONDS
 set +e
-python3 -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" "$@"
+python3 -m pytest -q -p no:cacheprovider ${PARALLEL[@]+"${PARALLEL[@]}"} "$@"  # (bash 3.2: an empty array is unset)
 CODE=$?
 set -e
 echo "memtune: test suite took $(( SECONDS - START )) s wall time with ${WORKERS} worker(s) on ${CORES} core(s)"
