@@ -8,12 +8,75 @@ import pytest
 
 # Set before any test imports transformers/datasets/huggingface_hub: no test may reach the network.
 _HOME = Path(tempfile.mkdtemp(prefix="memtune-test-home-"))
-os.environ.setdefault("MEMTUNE_HOME", str(_HOME))
+# A MEMTUNE_HOME given by the user is kept. One this file set in pytest-xdist's controller (MEMTUNE_TEST_HOME) is not:
+# each worker gets its own, so no test sees another worker's runs, configs or half-built demo model.
+if os.environ.get("MEMTUNE_HOME", os.environ.get("MEMTUNE_TEST_HOME")) == os.environ.get("MEMTUNE_TEST_HOME"):
+    os.environ["MEMTUNE_HOME"] = os.environ["MEMTUNE_TEST_HOME"] = str(_HOME)
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HOME"] = str(_HOME / "hf")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+
+# The browser tests' app server and chromium: one for all three browser modules (tests/browser_app.py).
+from tests.browser_app import SHARED, browser, page, server  # noqa: E402, F401 - pytest fixtures
+
+
+def pytest_configure(config):
+    """tests/run.sh runs the suite in pytest-xdist workers, one per core (up to 4). Each worker then trains with one
+    torch thread, and so does every process it starts (OMP_NUM_THREADS), instead of each asking for every core."""
+    if hasattr(config, "workerinput"):  # an xdist worker (not a pytest that a test starts, which inherits the env)
+        os.environ["OMP_NUM_THREADS"] = "1"
+        import torch
+
+        torch.set_num_threads(1)
+
+
+# Tests that must run in one worker, in file order: a module's tests that share a module-scoped fixture costing
+# seconds (one build per module, not one per worker), and the browser modules, which share one app server and go in
+# order (a run, then Try it on its adapter...). Every other test is scheduled on its own (--dist loadgroup).
+XDIST_GROUPS = {"test_browser": "browser", "test_browser_data": "browser", "test_browser_layout": "browser",
+                "test_infer": "infer", "test_export": "export", "test_gguf": "gguf", "test_history": "history",
+                "test_safety": "safety", "test_data": "data", "test_ui": "ui"}
+
+
+def xdist_group(item) -> str | None:
+    module = getattr(item, "module", None)
+    return XDIST_GROUPS.get(module.__name__.rpartition(".")[2]) if module else None
+
+
+# In xdist workers the longest chains go first (tests/run.sh keeps this order: --no-loadscope-reorder), so that no
+# worker starts the 2-minute browser group, a long group or a slow multi-process test while the other has nothing
+# left to do; the many short tests come last and even the load out.
+FIRST = ("test_browser", "test_browser_data", "test_browser_layout", "test_ui", "test_distributed", "test_child",
+         "test_safety", "test_data", "test_codegen", "test_gguf", "test_infer")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = xdist_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput"):  # every worker sorts alike: they must report the same collection
+        def rank(item) -> int:
+            module = getattr(item, "module", None)
+            name = module.__name__.rpartition(".")[2] if module else ""
+            return FIRST.index(name) if name in FIRST else len(FIRST)
+
+        items.sort(key=rank)
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures (its page) are torn down
+def pytest_runtest_teardown(item, nextitem):
+    """The last of a run of browser tests stops the shared app server and chromium."""
+    if xdist_group(item) == "browser" and (nextitem is None or xdist_group(nextitem) != "browser"):
+        SHARED.close()
+
+
+def pytest_sessionfinish(session):
+    """A session cut short (Ctrl-C, -x) still stops the app server and chromium; a normal one has already."""
+    SHARED.close()
 
 
 @pytest.fixture(scope="session")

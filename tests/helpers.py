@@ -29,3 +29,22 @@ def checkpointed_run(out: Path, name: str, max_steps: int, save_steps: int):
                                       save_strategy="steps", save_steps=save_steps, logging_steps=1))
     assert result.status == "completed", result.message
     return result
+
+
+def train_cli(capfd, *argv: str) -> tuple[int, str, str]:
+    """`python -m core.train ARGV` run in this process (a fresh one spends seconds importing torch and the training
+    libraries): its exit code and what it wrote to stdout and stderr, caught at the file descriptors. Puts back the
+    SIGTERM/SIGINT handlers main() installs for a run."""
+    import signal
+
+    from core.train import main
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    capfd.readouterr()
+    try:
+        code = main(list(argv))
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    out, err = capfd.readouterr()
+    return code, out, err

@@ -2,9 +2,10 @@
 
 import json
 
-# The same app (python app.py on a free port, offline, its own MEMTUNE_HOME) and chromium set-up as the main browser
-# tests; importing them also skips this module, with the reason, where chromium or Playwright is missing.
-from tests.test_browser import browser, page, server  # noqa: F401 - pytest fixtures
+# The same app (python app.py on a free port, offline, its own MEMTUNE_HOME) and chromium as the main browser tests
+# (the fixtures: tests/browser_app.py); importing test_browser also skips this module, with the reason, where chromium
+# or Playwright is missing.
+import tests.test_browser  # noqa: F401
 
 
 def dataset_value(pg) -> str:

@@ -7,7 +7,7 @@ through the browser's Accept-Language, as a visitor's browser would.
 
 import pytest
 
-from tests.test_browser import MISSING, REQUIRED, browser, server  # noqa: F401 - the shared fixtures
+from tests.browser_app import MISSING, REQUIRED  # the fixtures browser and server: tests/browser_app.py
 
 if MISSING and not REQUIRED:
     pytest.skip(f"browser tests skipped: {MISSING}; set MEMTUNE_REQUIRE_BROWSER=1 to make this a failure",
@@ -19,7 +19,7 @@ MAIN_TABS = ("tab.train", "tab.try", "tab.export", "tab.history")
 
 
 @pytest.mark.parametrize("lang", list(LOCALES))
-def test_every_tab_is_visible_without_an_overflow_menu_at_1280px(lang, browser, server):  # noqa: F811
+def test_every_tab_is_visible_without_an_overflow_menu_at_1280px(lang, browser, server):
     from core.i18n import t
 
     assert MISSING is None, f"MEMTUNE_REQUIRE_BROWSER=1 but {MISSING}"
@@ -41,7 +41,7 @@ def test_every_tab_is_visible_without_an_overflow_menu_at_1280px(lang, browser, 
     context.close()
 
 
-def test_notices_about_old_settings_clear_when_the_settings_change(browser, server):  # noqa: F811
+def test_notices_about_old_settings_clear_when_the_settings_change(browser, server):
     """The data preview and the Fit notice describe the settings they saw: the Chapter recipe button, or a new
     max length typed in, clears them instead of leaving them describing the old settings."""
     context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})

@@ -17,7 +17,7 @@ import pytest
 
 from core.config import demo_config
 from core.jobs import JobManager, job_view
-from tests.helpers import group_members
+from tests.helpers import group_members, train_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT = 240  # generous bounds for a busy 2-core machine; never a timing assert
@@ -42,17 +42,15 @@ def long_demo(tmp_path, name: str):
     return demo_config(max_steps=100000, output_dir=str(tmp_path / "runs"), run_name=name)
 
 
-def test_a_started_run_is_a_child_process_in_its_own_folder(tmp_path, demo_model_path):
-    mgr = JobManager()
-    job = mgr.start(demo_config(max_steps=3, output_dir=str(tmp_path / "runs"), run_name="child"))
-    run = tmp_path / "runs" / "child"
+def check_a_finished_child(mgr: JobManager, job, run: Path, steps: int) -> None:
+    """A started run: a child process in its own folder, chosen and written before it runs, followed to the end."""
     assert job.folder == str(run) and (run / "config.yaml").is_file()  # chosen and written before the child runs
     assert job.pid and job.pid != os.getpid()
     assert mgr.is_running(run)
     assert job.wait(WAIT)
     v = job_view(job)
     assert v.state == "completed", v.message
-    assert v.step == 3 and Path(v.adapter_dir, "adapter_config.json").is_file()
+    assert v.step == steps and Path(v.adapter_dir, "adapter_config.json").is_file()
     announced = [e for e in job.events_since(0) if e["kind"] == "run"]
     assert announced[0]["pid"] == job.pid  # the engine ran in that child
     assert announced[0]["threads"] == max(1, len(os.sched_getaffinity(0)) - 1)  # a core left for the page
@@ -92,7 +90,7 @@ def test_a_second_stop_ends_the_process_group_at_once(tmp_path, demo_model_path)
     assert group_members(job.pid) == []
 
 
-def test_a_killed_child_is_a_failed_run_and_the_next_start_works(tmp_path, demo_model_path):
+def test_a_killed_child_is_a_failed_run_and_the_next_start_is_a_child_process_in_its_own_folder(tmp_path, demo_model_path):
     mgr = JobManager()
     job = mgr.start(long_demo(tmp_path, "killed"))
     first_step(job)
@@ -106,9 +104,9 @@ def test_a_killed_child_is_a_failed_run_and_the_next_start_works(tmp_path, demo_
     assert json.loads(Path(job.folder, "summary.json").read_text())["exit_code"] == -signal.SIGKILL
     assert not mgr.busy() and group_members(job.pid) == []
 
-    again = mgr.start(demo_config(max_steps=2, output_dir=str(tmp_path / "runs"), run_name="after"))
-    assert again.wait(WAIT)
-    assert job_view(again).state == "completed", job_view(again).message
+    # The next Start works, and is an ordinary run from start to end (one child process less than a test of its own).
+    again = mgr.start(demo_config(max_steps=3, output_dir=str(tmp_path / "runs"), run_name="child"))
+    check_a_finished_child(mgr, again, tmp_path / "runs" / "child", steps=3)
 
 
 def test_settings_the_child_refuses_are_a_failed_run_with_the_reason(tmp_path):
@@ -178,23 +176,22 @@ def test_sigterm_to_the_app_ends_its_training_child(tmp_path, demo_model_path):
     assert summary["status"] == "stopped"  # it was asked to stop and saved, not just killed
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "core.train", *args], cwd=cwd, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=WAIT)
-
-
-def test_cli_user_errors_are_one_message_without_a_traceback(tmp_path, demo_model_path):
+def test_cli_user_errors_are_one_message_without_a_traceback(tmp_path, demo_model_path, capfd, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "no instruction or response columns"}\n' * 5, encoding="utf-8")
     out = str(tmp_path / "runs")
-    data = cli("--demo", "--set", f"dataset={bad}", "--set", f"output_dir={out}", "--set", "max_steps=2",
-               cwd=tmp_path)
-    assert data.returncode != 0
-    assert "Traceback" not in data.stderr and "(data)" in data.stderr
-    assert data.stderr.count("match no known format") == 1, data.stderr  # said once, not three times
+    code, _, err = train_cli(capfd, "--demo", "--set", f"dataset={bad}", "--set", f"output_dir={out}",
+                             "--set", "max_steps=2")
+    assert code != 0
+    assert "Traceback" not in err and "(data)" in err
+    assert err.count("match no known format") == 1, err  # said once, not three times
     logged = (next((tmp_path / "runs").glob("*")) / "events.jsonl").read_text()
     assert "Traceback" in logged  # kept for a bug report, in the run's own log
-    config = cli("--demo", "--set", "max_steps=-3", "--set", f"output_dir={out}", cwd=tmp_path)
-    assert config.returncode != 0 and "Traceback" not in config.stderr and "max_steps" in config.stderr
-    missing = cli("--config", str(tmp_path / "nope.yaml"), cwd=tmp_path)
+    code, _, err = train_cli(capfd, "--demo", "--set", "max_steps=-3", "--set", f"output_dir={out}")
+    assert code != 0 and "Traceback" not in err and "max_steps" in err
+    # The real entry point once (`python -m core.train`: its exit status), on a mistake it sees before any import.
+    missing = subprocess.run([sys.executable, "-m", "core.train", "--config", str(tmp_path / "nope.yaml")],
+                             cwd=tmp_path, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                             timeout=WAIT)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr and "nope.yaml" in missing.stderr

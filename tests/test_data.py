@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +10,8 @@ import pytest
 from core import data
 from core.config import DEMO_DATASET, TrainConfig, demo_config
 from core.data import DataError
+from tests.helpers import train_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 DOLLY = {"instruction": "Say hi", "context": "to Bob", "response": "Hi Bob", "category": "x"}
@@ -301,15 +297,25 @@ def test_missing_file_and_unsupported_extension(tmp_path):
     assert ".xlsx are not supported" in msg and "Accepted: .jsonl, .json, .csv, .parquet, .txt" in msg
 
 
-def test_hub_dataset_offline_fails_fast_with_advice(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    code = ("from core import data\ntry:\n    data.load_raw('databricks/databricks-dolly-15k', 'train[:10]')\n"
-            "except data.DataError as e:\n    print('DataError:', e)\n")
-    start = time.monotonic()
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert time.monotonic() - start < 30
-    assert "DataError: The dataset databricks/databricks-dolly-15k is not in the local cache" in out.stdout, out.stderr
-    assert "Hub cannot be reached" in out.stdout and "local .jsonl" in out.stdout
+def test_hub_dataset_offline_fails_fast_with_advice(monkeypatch):
+    """Offline (conftest: HF_HUB_OFFLINE=1, an empty HF_HOME), a Hub dataset is refused at once: not one connection
+    is tried (so no retries to wait for; a count, not a stopwatch), and the message says what to do."""
+    import socket
+
+    tried = []
+
+    def refuse(*args, **kwargs):
+        tried.append(args[:2])
+        raise OSError("no network in the tests")
+
+    for owner, name in ((socket, "getaddrinfo"), (socket, "create_connection"), (socket.socket, "connect")):
+        monkeypatch.setattr(owner, name, refuse)
+    with pytest.raises(DataError) as refused:
+        data.load_raw("databricks/databricks-dolly-15k", "train[:10]")
+    message = str(refused.value)
+    assert "The dataset databricks/databricks-dolly-15k is not in the local cache" in message
+    assert "Hub cannot be reached" in message and "local .jsonl" in message
+    assert tried == []
 
 
 # --- other file types and splits -------------------------------------------------------------------------
@@ -368,13 +374,30 @@ def test_preview_on_demo_set(tok):
     assert data.preview_dataset(demo_config(max_length=512), tok).n_over_max == 0
 
 
+class CountingTokenizer:
+    """The tokenizer, counting its calls (texts per call): the proxy's attributes are the tokenizer's."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.calls = tokenizer, []
+
+    def __call__(self, text, *args, **kwargs):
+        self.calls.append(1 if isinstance(text, str) else len(text))
+        return self.tokenizer(text, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
 def test_preview_is_fast_for_thousands_of_rows(tmp_path, tok):
+    """Fast = the rows are tokenized in batches, not one call per row (counted, not timed: the suite runs on busy
+    machines too)."""
     rows = [{"instruction": f"Question number {i}?", "context": "", "response": f"Answer {i}"} for i in range(3000)]
     cfg = TrainConfig(dataset=str(write_jsonl(tmp_path / "big.jsonl", rows)), dataset_split="train[:2500]")
-    start = time.monotonic()
-    preview = data.preview_dataset(cfg, tok)
+    counting = CountingTokenizer(tok)
+    preview = data.preview_dataset(cfg, counting)
     assert preview.n_rows == 2500 and len(preview.token_lengths) == 2500
-    assert time.monotonic() - start < 15
+    assert sum(counting.calls) >= 2 * 2500  # every row's prompt and prompt + response went through it...
+    assert len(counting.calls) <= 20, counting.calls  # ...in a handful of batched calls
 
 
 def test_prompt_tokens_are_a_prefix_of_prompt_plus_completion(tok):
@@ -542,13 +565,12 @@ def test_data_is_checked_before_the_model_is_looked_up(tmp_path):
     assert "resolving" not in {e.get("phase") for e in events}
 
 
-def test_cli_refuses_an_all_too_long_file_fast(tmp_path):
+def test_cli_refuses_an_all_too_long_file_fast(tmp_path, capfd, monkeypatch):
     path = write_jsonl(tmp_path / "long.jsonl", [{"instruction": "Summarise", "context": LONG, "response": "ok"}] * 4)
-    env = {**os.environ, "MEMTUNE_HOME": str(tmp_path / "home")}
-    out = subprocess.run([sys.executable, "-m", "core.train", "--demo", "--set", f"dataset={path}", "--set",
-                          "max_length=32", "--set", "long_prompts=drop", "--set", f"output_dir={tmp_path / 'runs'}"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode != 0 and "Raise max_length to" in out.stderr
+    monkeypatch.setenv("MEMTUNE_HOME", str(tmp_path / "home"))
+    code, _, err = train_cli(capfd, "--demo", "--set", f"dataset={path}", "--set", "max_length=32", "--set",
+                             "long_prompts=drop", "--set", f"output_dir={tmp_path / 'runs'}")
+    assert code != 0 and "Raise max_length to" in err
 
 
 # --- messages --------------------------------------------------------------------------------------------

@@ -9,19 +9,15 @@ import pytest
 import torch
 
 from core import export
-from core.config import demo_config
 from core.export import (ExportError, merge_adapter, merge_memory_check, merge_size, push_to_hub,
                          safetensors_params, zip_adapter)
 from core.infer import adapter_config
-from core.train import run_training
 
 
 @pytest.fixture(scope="module")
-def adapter_dir(tmp_path_factory, demo_model_path):
-    out = tmp_path_factory.mktemp("runs")
-    result = run_training(demo_config(output_dir=str(out), run_name="exp", max_steps=12))
-    assert result.status == "completed", result.message
-    return result.adapter_dir
+def adapter_dir(finished_run):
+    """The session's finished demo run's adapter (run "finished"): every test here only reads it."""
+    return finished_run.result.adapter_dir
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +30,7 @@ def merged(adapter_dir, tmp_path_factory):
 
 def test_zip_holds_the_adapter(adapter_dir, tmp_path):
     path = zip_adapter(adapter_dir, tmp_path)
-    assert path.parent == tmp_path and path.name == "exp-adapter.zip"
+    assert path.parent == tmp_path and path.name == "finished-adapter.zip"
     with zipfile.ZipFile(path) as zf:
         names = set(zf.namelist())
         assert {"adapter_model.safetensors", "adapter_config.json", "memtune.yaml"} <= names

@@ -24,13 +24,13 @@ PROMPTS = ["### Instruction:\nTranslate the word 'cat' into French.\n\n### Respo
 
 
 @pytest.fixture(scope="module")
-def adapter(tmp_path_factory, demo_model_path) -> Path:
-    from core.config import demo_config
-    from core.train import run_training
+def adapter(tmp_path_factory, finished_run) -> Path:
+    """A copy of the session's finished demo run (the export writes its gguf/ folder into the run's folder)."""
+    import shutil
 
-    result = run_training(demo_config(max_steps=6, output_dir=str(tmp_path_factory.mktemp("runs"))))
-    assert result.status == "completed", result.message
-    return Path(result.adapter_dir)
+    run = Path(finished_run.result.run_dir)
+    copy = Path(shutil.copytree(run, tmp_path_factory.mktemp("runs") / run.name))
+    return copy / Path(finished_run.result.adapter_dir).relative_to(run)
 
 
 @pytest.fixture(scope="module")
@@ -297,18 +297,21 @@ def test_not_enough_disk_is_refused_before_anything_is_written(tmp_path, adapter
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
 
 
-def test_cli_help_and_export(tmp_path, adapter):
-    env_cmd = [sys.executable, "-m", "core.export"]
-    out = subprocess.run([*env_cmd, "--help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    assert "gguf" in out and "Ollama" in out
-    out = subprocess.run([*env_cmd, "gguf", "--help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    assert "q8_0" in out and "--formats" in out
-    done = subprocess.run([*env_cmd, "gguf", str(adapter), "--formats", "q8_0", "--out", str(tmp_path / "g")],
-                          cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "[100.0%]" in done.stdout and "ollama create" in done.stdout and "llama-cli" in done.stdout
+def test_cli_help_and_export(tmp_path, adapter, capsys):
+    from core.export import main  # in this process: a fresh one would spend seconds importing torch again
+
+    for argv, expected in ((["--help"], ("gguf", "Ollama")), (["gguf", "--help"], ("q8_0", "--formats"))):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        out = capsys.readouterr().out
+        assert exit_.value.code == 0 and all(word in out for word in expected), out
+    assert main(["gguf", str(adapter), "--formats", "q8_0", "--out", str(tmp_path / "g")]) == 0
+    done = capsys.readouterr()
+    assert "[100.0%]" in done.out and "ollama create" in done.out and "llama-cli" in done.out, done.err[-2000:]
     assert len(list((tmp_path / "g").glob("*-q8_0.gguf"))) == 1
-    bad = subprocess.run([*env_cmd, "gguf", str(adapter), "--formats", "q3"], cwd=ROOT, capture_output=True, text=True)
+    # The real entry point once: `python -m core.export`'s exit status and its one-line error.
+    bad = subprocess.run([sys.executable, "-m", "core.export", "gguf", str(adapter), "--formats", "q3"], cwd=ROOT,
+                         capture_output=True, text=True)
     assert bad.returncode == 2 and "Unknown GGUF format" in bad.stderr and "Traceback" not in bad.stderr
 
 

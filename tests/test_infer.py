@@ -20,13 +20,12 @@ PROMPT = "Translate the word 'cat' into French."
 
 
 @pytest.fixture(scope="module")
-def adapters(tmp_path_factory, demo_model_path):
-    """Two adapters of the demo: A trained 40 steps, B 3 steps with another seed (other weights)."""
-    out = tmp_path_factory.mktemp("runs")
-    a = run_training(demo_config(output_dir=str(out), run_name="a", max_steps=40))
-    b = run_training(demo_config(output_dir=str(out), run_name="b", max_steps=3, seed=7))
-    assert a.status == b.status == "completed", (a.message, b.message)
-    return a.adapter_dir, b.adapter_dir
+def adapters(tmp_path_factory, finished_run):
+    """Two adapters of the demo: A the session's finished run (20 steps; only read here), B 3 steps with another seed
+    (other weights)."""
+    b = run_training(demo_config(output_dir=str(tmp_path_factory.mktemp("runs")), run_name="b", max_steps=3, seed=7))
+    assert b.status == "completed", b.message
+    return finished_run.result.adapter_dir, b.adapter_dir
 
 
 @pytest.fixture

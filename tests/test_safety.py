@@ -14,14 +14,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import checkpointed_run
+from tests.helpers import checkpointed_run, train_cli
 
 from core import files
 from core.config import ConfigError, demo_config, validate
@@ -114,14 +113,12 @@ def test_resume_from_a_foreign_folder_writes_nothing(tmp_path):
     assert sorted(p.name for p in v.iterdir()) == ["adapter", "config.yaml", "summary.json"]
 
 
-def test_cli_resume_from_a_foreign_folder_exits_nonzero_and_changes_nothing(tmp_path, demo_model_path):
+def test_cli_resume_from_a_foreign_folder_exits_nonzero_and_changes_nothing(tmp_path, demo_model_path, capfd):
     v = victim(tmp_path)
     before = tree_hash(v)
-    proc = subprocess.run([sys.executable, "-m", "core.train", "--demo", "--set", f"resume_from={v}",
-                           "--set", "max_steps=3"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "MEMTUNE_HOME": os.environ["MEMTUNE_HOME"]})
-    assert proc.returncode != 0
-    assert "not a memtune run folder" in proc.stderr and "Traceback" not in proc.stderr
+    code, _, err = train_cli(capfd, "--demo", "--set", f"resume_from={v}", "--set", "max_steps=3")
+    assert code != 0
+    assert "not a memtune run folder" in err and "Traceback" not in err
     assert tree_hash(v) == before
 
 
@@ -356,7 +353,7 @@ def test_disk_full_during_a_run_ends_in_a_plain_message_and_a_done_event(tmp_pat
 
 
 # --- unwritable output, bad numbers ------------------------------------------------------------------------------------
-def test_an_output_folder_that_cannot_be_written_fails_before_loading(tmp_path):
+def test_an_output_folder_that_cannot_be_written_fails_before_loading(tmp_path, capfd):
     (tmp_path / "file").write_text("x")
     for bad in ("/proc/self", "/proc/self/runs", str(tmp_path / "file"), str(tmp_path / "file" / "runs")):
         events = []
@@ -366,9 +363,8 @@ def test_an_output_folder_that_cannot_be_written_fails_before_loading(tmp_path):
     with small_disk(tmp_path / "ro", "64k", "ro") as ro:
         if ro is not None:
             assert "read-only" in str(validate(demo_config(output_dir=str(ro / "runs")))[0])
-    proc = subprocess.run([sys.executable, "-m", "core.train", "--demo", "--set", "output_dir=/proc/self"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "output_dir" in proc.stderr and "Traceback" not in proc.stderr
+    code, _, err = train_cli(capfd, "--demo", "--set", "output_dir=/proc/self")
+    assert code != 0 and "output_dir" in err and "Traceback" not in err
 
 
 def test_nan_and_infinity_are_refused_for_every_float_field():

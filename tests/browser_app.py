@@ -1,0 +1,143 @@
+"""The browser tests' shared set-up: ONE `python app.py` (offline, its own MEMTUNE_HOME, a free port) and ONE headless
+Debian chromium for all the browser modules, which tests/conftest.py makes every module's fixtures. Starting the app
+and the browser costs seconds each; tests/conftest.py puts the browser modules in one xdist group, so they run one
+after the other, in file order, on this one server, and stops both after the last of them.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = os.environ.get("MEMTUNE_CHROMIUM", "/usr/bin/chromium")
+REQUIRED = os.environ.get("MEMTUNE_REQUIRE_BROWSER") == "1"
+
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # pragma: no cover
+    sync_playwright = None
+
+if sync_playwright is None:
+    MISSING = "Playwright is not installed (pip install playwright)"
+elif not (Path(CHROMIUM).is_file() and os.access(CHROMIUM, os.X_OK)):
+    MISSING = f"no chromium at {CHROMIUM} (apt-get install chromium)"
+else:
+    MISSING = None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def app_server(tmp_path_factory):
+    """`python app.py` on a free port, offline, in its own MEMTUNE_HOME: yields its address, then stops it and checks
+    that it left no process behind."""
+    work = tmp_path_factory.mktemp("app")
+    port = free_port()
+    env = dict(os.environ, MEMTUNE_HOME=str(work / "home"), HF_HOME=str(work / "hf"), HF_HUB_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", MEMTUNE_CONFIG_DIR=str(work / "configs"))
+    env.pop("MEMTUNE_AUTH", None)
+    log = open(work / "app.log", "w")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=work, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + 120
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"app.py exited: {(work / 'app.log').read_text()}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            break
+        except OSError:
+            if time.time() > deadline:
+                proc.kill()
+                pytest.fail("app.py did not answer within 120 s")
+            time.sleep(0.5)
+    yield {"url": url, "work": work, "port": port, "pid": proc.pid}
+    import psutil
+
+    children = psutil.Process(proc.pid).children(recursive=True)  # a training child, if one still runs
+    proc.terminate()  # SIGTERM: the app stops (then kills) its training child before it exits
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, f"app.py left processes behind: {alive}"
+
+
+def chromium():
+    """Headless Debian chromium through Playwright: yields the browser, then closes it and Playwright."""
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                              args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield b
+        b.close()
+
+
+class Shared:
+    """The app server and the browser, started by the first test that asks and kept for the next ones; close() runs
+    the rest of each generator. tests/conftest.py closes them after the last of a run of browser tests, not at the
+    end of the session: Playwright's sync API keeps an event loop running in this thread, and a later test's
+    asyncio.run() would meet it."""
+
+    def __init__(self):
+        self.running = {}
+
+    def get(self, name: str, start):
+        if name not in self.running:
+            started = start()
+            self.running[name] = (next(started), started)
+        return self.running[name][0]
+
+    def close(self) -> None:
+        problems = []
+        for name in ("browser", "server"):
+            if name in self.running:
+                _, started = self.running.pop(name)
+                try:
+                    next(started, None)
+                except Exception as exc:  # noqa: BLE001 - close the other one too, then report
+                    problems.append(exc)
+        if problems:
+            raise problems[0]
+
+
+SHARED = Shared()
+
+
+@pytest.fixture
+def server(tmp_path_factory):
+    return SHARED.get("server", lambda: app_server(tmp_path_factory))
+
+
+@pytest.fixture
+def browser():
+    return SHARED.get("browser", chromium)
+
+
+@pytest.fixture
+def page(browser, server):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    pg.set_default_timeout(30_000)
+    pg.errors = []
+    pg.foreign = []
+    pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda exc: pg.errors.append(str(exc)))
+    local = f"127.0.0.1:{server['port']}"
+    pg.on("request", lambda r: pg.foreign.append(r.url) if local not in r.url and not r.url.startswith(("data:", "blob:")) else None)
+    pg.goto(server["url"])
+    pg.wait_for_selector("#start-btn")
+    pg.wait_for_selector("#vram-gauge .mt-gauge")
+    yield pg
+    context.close()
