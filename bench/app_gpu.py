@@ -112,7 +112,9 @@ def main(argv=None) -> int:
 
     def poll():  # the page's 1 s poll (ui/layout.py names its endpoints start, stop and poll)
         gauge, progress, plot, log, result, *_ = client.predict("en", None, api_name="/poll")
-        return gauge or "", result or ""
+        # a handler's update (gr.update(...)) arrives as a dict; a plain value as itself; gr.skip() as None-ish
+        text = [(v.get("value") if isinstance(v, dict) else v) or "" for v in (gauge, result)]
+        return str(text[0]), str(text[1])
 
     def start(c: TrainConfig) -> Path:
         before = {p.name for p in runs.glob("*")}

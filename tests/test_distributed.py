@@ -109,8 +109,10 @@ def test_two_processes_over_loopback_train_one_adapter_and_rank_0_alone_writes(t
     config = tmp_path / "two.yaml"
     from core.config import demo_config
 
-    demo_config(device="cpu", num_gpus="1", num_machines=2, main_process_ip="127.0.0.1", main_process_port=port,
-                max_steps=8, logging_steps=1, num_train_epochs=1).save(config)
+    # 10 rows per process and step: the 1-process run below takes the same 20 rows per step as 10 x 2 accumulation.
+    cfg = demo_config(device="cpu", num_gpus="1", num_machines=2, main_process_ip="127.0.0.1", main_process_port=port,
+                      max_steps=8, logging_steps=1, num_train_epochs=1, per_device_train_batch_size=10)
+    cfg.save(config)
     # Both "machines" are this one: each takes one of its threads, not all of them.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MEMTUNE_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-m", "core.train", "--config", str(config),
@@ -130,6 +132,15 @@ def test_two_processes_over_loopback_train_one_adapter_and_rank_0_alone_writes(t
     losses = [e["loss"] for e in map(json.loads, (runs[0] / "events.jsonl").read_text().splitlines())
               if e["kind"] == "metrics"]
     assert len(losses) == 8 and losses[-1] < losses[0], losses
+    # The same effective batch on one process (10 rows x 2 accumulation) sees the same rows in every optimizer step
+    # (accelerate hands rank r every other batch of the one seeded order): the loss curves must agree, step by step.
+    from core.train import run_training
+
+    one = run_training(cfg.replace(num_machines=1, main_process_ip="", gradient_accumulation_steps=2,
+                                   output_dir=str(tmp_path / "one")))
+    one_losses = [e["loss"] for e in map(json.loads, (Path(one.run_dir) / "events.jsonl").read_text().splitlines())
+                  if e["kind"] == "metrics"]
+    assert one_losses == pytest.approx(losses, rel=1e-4), (one_losses, losses)
 
 
 def test_stop_during_a_two_process_run_saves_the_adapter_and_leaves_no_process(tmp_path, demo_model_path):
