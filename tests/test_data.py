@@ -1,4 +1,7 @@
-"""core.data: loading, format detection, SFT conversion, preview and every bad-input message."""
+"""core.data: loading, format detection, SFT conversion, preview and every bad-input message.
+
+Longer than ~400 lines: one test per bad input (each with its message) is the point of this file, and they
+share the tokenizer and data fixtures."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The memory estimator: shapes, storage arithmetic, calibration on measured H200 runs, the engine's levers,
 the validation against every measured row of bench/grid_measured.json, fit-to-GPU, the CLI, and the per-GPU
-estimate of multi-GPU runs (DDP measured in run 5; FSDP's terms)."""
+estimate of multi-GPU runs (DDP measured in run 5; FSDP's terms).
+
+Longer than ~400 lines: every measured row is a case here, and they share the calibration fixtures."""
 
 import json
 import subprocess

@@ -5,6 +5,8 @@ did not make, spelled plainly, with `..`, or through a symlink, and checks that 
 byte-for-byte the same afterwards (a hash of the whole tree) and that the refusal names the folder.
 A full disk is a real tmpfs of a few hundred KiB when this process may mount one (root); otherwise the test
 simulates ENOSPC at memtune's own write call and says so in its skip/notes.
+
+Longer than ~400 lines: each attack is its own test, spelled out, so a failure names the attack.
 """
 
 import contextlib

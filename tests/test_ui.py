@@ -1,4 +1,7 @@
-"""The Gradio app without a browser: building, widget <-> config mapping, handlers, launch flags, generated code."""
+"""The Gradio app without a browser: building, widget <-> config mapping, handlers, launch flags, generated code.
+
+Longer than ~400 lines on purpose: its module fixtures (the page built once, a finished run) serve every
+handler test, and a second module would build them again on another test worker."""
 
 import subprocess
 import sys
