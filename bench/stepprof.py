@@ -102,7 +102,8 @@ def main(argv=None) -> int:
     from core import distributed
     from core.config import Hardware, TrainConfig, apply_overrides
     from core.presets import apply_preset
-    from core.train import console_sink, quiet_libraries, run_training, set_threads_from_env
+    from core.train import run_training
+    from core.train_cli import console_sink, quiet_libraries, set_threads_from_env
 
     cfg = TrainConfig.load(targs.config)
     if targs.preset:

@@ -29,12 +29,14 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from core.callbacks import STOP_FILE
 from core.config import TrainConfig
 from core.events import EventTail, JsonlSink, make_event, read_events
-from core.jobview import JobView, _Fold, format_event, job_view, view  # noqa: F401 - the UI's imports
+
+if TYPE_CHECKING:  # the page's view of a job (core.jobview) folds its events; only its type is named here
+    from core.jobview import _Fold
 
 Runner = Callable[..., Any]  # an in-process stand-in for the child: runner(cfg, sink=..., stop=...) (UI tests only)
 

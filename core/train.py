@@ -34,9 +34,8 @@ from core.config import ConfigError, TrainConfig, check
 from core.events import EventSink, JsonlSink, fan_out, make_event
 from core.files import StorageError, free_memory, has_marker, real, storage_message
 from core.runs import create_run_dir, finish_run, resume_point, save_adapter
-# Importable from here too (callers in tests/ and ui/): two run-folder names and the command line's.
+# Importable from here too (callers in tests/ and ui/): two run-folder names.
 from core.runs import COMPLETE_MARKER, latest_checkpoint  # noqa: F401
-from core.train_cli import console_sink, main  # noqa: F401
 
 
 @dataclass

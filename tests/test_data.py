@@ -505,7 +505,8 @@ def test_run_trains_exactly_the_planned_rows_and_reports_the_counts(tmp_path, de
     from transformers import TrainerCallback
 
     from core.events import read_events
-    from core.train import console_sink, run_training
+    from core.train import run_training
+    from core.train_cli import console_sink
 
     class Seen(TrainerCallback):
         def on_train_begin(self, args, state, control, train_dataloader=None, **kw):

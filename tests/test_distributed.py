@@ -149,7 +149,8 @@ def test_stop_during_a_two_process_run_saves_the_adapter_and_leaves_no_process(t
     import psutil
 
     from core.config import demo_config
-    from core.jobs import JobManager, job_view
+    from core.jobs import JobManager
+    from core.jobview import job_view
 
     mgr = JobManager()
     job = mgr.start(demo_config(device="cpu", num_gpus="2", main_process_port=free_port(), max_steps=100000,

@@ -8,7 +8,8 @@ import pytest
 
 from core.config import demo_config
 from core.events import EventTail, JsonlSink, make_event
-from core.jobs import JobBusy, JobManager, format_event, job_view, latest_run_dir, view
+from core.jobs import JobBusy, JobManager, latest_run_dir
+from core.jobview import format_event, job_view, view
 
 
 def stop_at_once(mgr: JobManager, job) -> None:

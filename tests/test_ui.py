@@ -16,7 +16,8 @@ from core.codegen import cli_command, python_script
 from core.config import (DEMO_MODEL, LORA_TARGET_CHOICES, TrainConfig, apply_overrides, demo_config, field_meta,
                          field_problems)
 from core.events import make_event
-from core.jobs import JobManager, JobView
+from core.jobs import JobManager
+from core.jobview import JobView
 from ui import data, derive, handlers, history, live, render, tryexport
 from ui.fields import FIELD_NAMES, collect, to_values
 from ui.layout import browser_language, build_ui
@@ -834,7 +835,7 @@ def test_history_loads_settings_into_the_form(engine_run, page, form):
 def test_resume_from_history_continues_the_step_count(tmp_path, monkeypatch, demo_model_path, page, form):
     """Through core.jobs with the real engine: a run whose last complete checkpoint is step 5 goes on to 10."""
     from core.events import read_events
-    from core.jobs import job_view
+    from core.jobview import job_view
     from core.train import COMPLETE_MARKER, run_training
 
     result = run_training(demo_config(output_dir=str(tmp_path), run_name="cut", max_steps=10, save_strategy="steps",

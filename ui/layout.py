@@ -26,7 +26,7 @@ from core import checklist
 from core.codegen import cli_command, python_script
 from core.config import TrainConfig, validate
 from core.i18n import DEFAULT_LANGUAGE, language_choices, request_language, t
-from core.jobs import job_view
+from core.jobview import job_view
 from ui import handlers, render
 from ui.after import build_tabs
 from ui.data import DATA_TYPES, on_preview, on_upload

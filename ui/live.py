@@ -12,7 +12,8 @@ import gradio as gr
 import pandas as pd
 
 from core.i18n import DEFAULT_LANGUAGE
-from core.jobs import MANAGER, job_view, latest_run_dir
+from core.jobs import MANAGER, latest_run_dir
+from core.jobview import job_view
 from ui import render
 from ui.derive import predicted_peaks, run_gpus
 

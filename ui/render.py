@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from core.config import Problem, TrainConfig
 from core.i18n import normalize, t
-from core.jobs import JobView
+from core.jobview import JobView
 
 E = html.escape
 
