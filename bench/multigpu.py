@@ -58,15 +58,19 @@ class AllGpus:
         self._thread.join()
 
 
-VARIANTS = [  # (name, preset, processes); the effective batch is the same for 1 and 2 processes
-    ("lowest_memory-1gpu", "lowest_memory", 1),
-    ("lowest_memory-2gpu", "lowest_memory", 2),
-    ("fastest-1gpu", "fastest", 1),
-    ("fastest-2gpu", "fastest", 2),
+VARIANTS = [  # (name, preset, processes, strategy, model); the effective batch is the same for 1 and 2 processes
+    ("lowest_memory-1gpu", "lowest_memory", 1, "ddp", "llama-3.1-8b"),
+    ("lowest_memory-2gpu", "lowest_memory", 2, "ddp", "llama-3.1-8b"),
+    ("fastest-1gpu", "fastest", 1, "ddp", "llama-3.1-8b"),
+    ("fastest-2gpu", "fastest", 2, "ddp", "llama-3.1-8b"),
+    # FSDP-QLoRA: the 70B saved in 4-bit with bf16 storage (bench/product.py --quantized), sharded over 2 GPUs;
+    # the embedding stays on the GPU (FSDP shards it). Its 1-GPU reference is run 6's lowest_memory 70B row.
+    ("fsdp-70b-lowest_memory-2gpu", "lowest_memory", 2, "fsdp", "llama-3.1-70b-nf4"),
 ]
 
 
-def run(name: str, preset: str, n: int, model: Path, data: Path, root: Path, steps: int, smoke: bool) -> dict:
+def run(name: str, preset: str, n: int, strategy: str, model: Path, data: Path, root: Path, steps: int,
+        smoke: bool) -> dict:
     from core.config import TrainConfig, apply_overrides
     from core.presets import apply_preset
 
@@ -77,7 +81,9 @@ def run(name: str, preset: str, n: int, model: Path, data: Path, root: Path, ste
     # an even number, split over the processes, so the loss curves are comparable step for step.
     accumulation = (base.gradient_accumulation_steps + base.gradient_accumulation_steps % 2) // n
     sets = [f"num_gpus={n}", f"gradient_accumulation_steps={accumulation}", f"max_steps={steps}",
-            "distributed_strategy=ddp", f"main_process_port={29500 + len(name)}"]
+            f"distributed_strategy={strategy}", f"main_process_port={29500 + len(name)}"]
+    if strategy == "fsdp":
+        sets += ["offload_embeddings=false"]
     if smoke:
         sets += ["device=cpu", "use_liger_kernel=false", "attention=sdpa", "offload_embeddings=false",
                  "expandable_segments=false"]
@@ -118,18 +124,20 @@ def main(argv=None) -> int:
     root.mkdir(parents=True, exist_ok=True)
     work = Path(os.environ.get("BENCH_WORK", "/tmp/memtune-bench"))
     work.mkdir(parents=True, exist_ok=True)
-    arch = "tiny-llama" if args.smoke else "llama-3.1-8b"
-    model, data = work / f"model-{arch}", work / "dolly.jsonl"
-    info = {"date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "arch": arch, "versions": versions(),
+    data = work / "dolly.jsonl"
+    info = {"date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "versions": versions(),
             "data": write_dolly(data, 3000)}
-    if not (model / "config.json").is_file():  # in another process: this one must hold no GPU memory
-        subprocess.run([sys.executable, "-m", "bench.product", "--out", str(root), "--arch", arch,
-                        "--build-only", str(model)], cwd=ROOT, check=True)
     rows = []
-    for name, preset, n in VARIANTS:
-        if args.only and name not in args.only.split(","):
-            continue
-        rows.append(run(name, preset, n, model, data, root, args.steps, args.smoke))
+    for name, preset, n, strategy, arch in VARIANTS:
+        if (args.only and name not in args.only.split(",")) or (args.smoke and strategy == "fsdp"):
+            continue  # FSDP needs CUDA: no CPU smoke of it
+        arch = "tiny-llama" if args.smoke else arch
+        model = work / f"model-{arch}"
+        if not (model / "config.json").is_file():  # in another process: this one must hold no GPU memory
+            subprocess.run([sys.executable, "-m", "bench.product", "--out", str(root),
+                            "--arch", arch.removesuffix("-nf4"), *(["--quantized"] if arch.endswith("-nf4") else []),
+                            "--build-only", str(model)], cwd=ROOT, check=True)
+        rows.append(run(name, preset, n, strategy, model, data, root, args.steps, args.smoke))
         print(json.dumps({k: rows[-1].get(k) for k in ("name", "rc", "nvml_peak_gib", "steady_tokens_per_s",
                                                           "to_first_step_s", "losses")}), flush=True)
         (root / "multigpu.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1))

@@ -55,7 +55,7 @@ CHAPTER_BEGIN, CHAPTER_END = "<!-- chapter_table: begin -->", "<!-- chapter_tabl
 MULTIGPU = [HERE / "results" / "2026-12-01-multigpu.json"]  # bench/RESULTS.md run 5 (DDP, 2x H200)
 VARLEN_PRESET_SINCE = "2026-12-01 01:51"  # from this commit on, the fastest preset uses varlen attention
 ARCH_HUB = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B", "qwen2.5-14b": "Qwen/Qwen2.5-14B",
-            "llama-3.1-70b": "meta-llama/Llama-3.1-70B"}
+            "llama-3.1-70b": "meta-llama/Llama-3.1-70B", "llama-3.1-70b-nf4": "meta-llama/Llama-3.1-70B"}
 
 
 @dataclass

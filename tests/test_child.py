@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from core.config import demo_config
-from core.jobs import JobManager, job_view
+from core.jobs import JobManager
+from core.jobview import job_view
 from tests.helpers import group_members, train_cli
 
 ROOT = Path(__file__).resolve().parent.parent
