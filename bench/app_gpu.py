@@ -130,14 +130,14 @@ def main(argv=None) -> int:
 
     def wait_done(run: Path, limit: float = 420) -> dict:
         deadline = time.time() + limit
-        gauge = ""
+        gauge = result = ""
         while time.time() < deadline:
-            g, _ = poll()
-            gauge = g or gauge
+            g, r = poll()  # an unchanged panel comes back empty (the page skips it): keep the last one shown
+            gauge, result = g or gauge, r or result
             summary = run / "summary.json"
             if summary.is_file():
                 time.sleep(1.5)  # the next poll shows the finished run
-                return {"summary": json.loads(summary.read_text()), "gauge": gauge, "result": poll()[1]}
+                return {"summary": json.loads(summary.read_text()), "gauge": gauge, "result": poll()[1] or result}
             time.sleep(1.0)
         raise SystemExit(f"{run} did not finish in {limit} s")
 
