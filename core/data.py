@@ -374,8 +374,3 @@ def length_stats(lengths: list[int]) -> dict[str, float]:
     a = np.asarray(lengths)
     return {"min": int(a.min()), "median": float(np.median(a)), "p95": float(np.percentile(a, 95)),
             "max": int(a.max()), "mean": float(a.mean())}
-
-
-def preview_dataset(cfg: TrainConfig, tokenizer: Any, n: int = 3) -> DataPlan:
-    """What training will see (the same plan the trainer uses): counts per outcome, lengths and examples."""
-    return plan_rows(cfg, tokenizer, n_examples=n)

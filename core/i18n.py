@@ -112,12 +112,3 @@ def request_language(request: Any) -> str:
 def language_choices() -> list[tuple[str, str]]:
     """(name, code) pairs for a language picker."""
     return [(name, code) for code, name in LANGUAGES.items()]
-
-
-def checklist_texts(lang: str) -> list[tuple[str, str, str]]:
-    """(item key, label, trade-off) of the seven checklist items, in the chapter's order, in `lang`."""
-    from core.checklist import ITEMS
-
-    return [(item.key, t(f"checklist.{item.key}.label", lang), t(f"checklist.{item.key}.tradeoff", lang))
-            for item in ITEMS]
-

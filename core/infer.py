@@ -27,7 +27,6 @@ from core.config import ConfigError, TrainConfig
 from core.files import free_memory
 
 ADAPTER_CONFIG = "memtune.yaml"  # the TrainConfig that trained the adapter (written by core.train.save_adapter)
-DEFAULTS = dict(max_new_tokens=128, temperature=0.0, top_p=0.9, seed=0)  # greedy: answers are reproducible
 
 
 class InferError(RuntimeError):
@@ -304,16 +303,6 @@ class Comparer:
 
 
 _free = free_memory
-
-
-def lora_adapter_names(model: Any) -> set[str]:
-    """Names of the LoRA adapters present in a model's layers (one set, "default", on a clean load)."""
-    names: set[str] = set()
-    for module in model.modules():
-        lora_a = getattr(module, "lora_A", None)
-        if lora_a is not None and hasattr(lora_a, "keys"):
-            names.update(lora_a.keys())
-    return names
 
 
 COMPARER = Comparer()  # process-wide: the GPU holds one model for every browser tab

@@ -48,3 +48,12 @@ def train_cli(capfd, *argv: str) -> tuple[int, str, str]:
             signal.signal(sig, handler)
     out, err = capfd.readouterr()
     return code, out, err
+
+
+def checklist_texts(lang: str) -> list[tuple[str, str, str]]:
+    """(item key, label, trade-off) of the seven checklist items, in the chapter's order, in `lang`."""
+    from core.checklist import ITEMS
+    from core.i18n import t
+
+    return [(item.key, t(f"checklist.{item.key}.label", lang), t(f"checklist.{item.key}.tradeoff", lang))
+            for item in ITEMS]

@@ -233,7 +233,8 @@ def test_reload_reattaches_and_stop_from_another_tab_saves_the_adapter(page, bro
 
 
 def test_language_switch_shows_the_checklist_in_portuguese_and_french(page, browser, server):
-    from core.i18n import checklist_texts, t
+    from core.i18n import t
+    from tests.helpers import checklist_texts
 
     wait_idle(page)
     page.get_by_role("tab", name="2 · Memory checklist").click()

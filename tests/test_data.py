@@ -238,7 +238,7 @@ def test_rows_with_empty_prompt_or_completion_are_dropped_and_counted(tmp_path, 
     rows = [DOLLY, {**DOLLY, "response": ""}, {**DOLLY, "instruction": "  "}, {**DOLLY, "response": None},
             {**DOLLY, "instruction": "Bye"}]
     path = write_jsonl(tmp_path / "d.jsonl", rows)
-    preview = data.preview_dataset(TrainConfig(dataset=str(path), dataset_split="train"), tok)
+    preview = data.plan_rows(TrainConfig(dataset=str(path), dataset_split="train"), tok, n_examples=3)
     assert (preview.n_rows, preview.n_dropped) == (2, 3)
 
 
@@ -359,7 +359,7 @@ def test_split_errors(tmp_path):
 
 # --- preview and TRL compatibility -----------------------------------------------------------------------
 def test_preview_on_demo_set(tok):
-    preview = data.preview_dataset(demo_config(max_length=22), tok, n=2)
+    preview = data.plan_rows(demo_config(max_length=22), tok, n_examples=2)
     assert preview.format == "dolly" and preview.n_rows == 100 and preview.n_dropped == 0
     # the first 2 rows, then the first row of each other outcome
     assert [ex["row"] for ex in preview.examples[:2]] == [1, 2]
@@ -374,7 +374,7 @@ def test_preview_on_demo_set(tok):
     s = preview.stats
     assert s["min"] == min(preview.token_lengths) and s["max"] == max(preview.token_lengths)
     assert s["min"] <= s["median"] <= s["p95"] <= s["max"] and s["min"] <= s["mean"] <= s["max"]
-    assert data.preview_dataset(demo_config(max_length=512), tok).n_over_max == 0
+    assert data.plan_rows(demo_config(max_length=512), tok, n_examples=3).n_over_max == 0
 
 
 class CountingTokenizer:
@@ -397,7 +397,7 @@ def test_preview_is_fast_for_thousands_of_rows(tmp_path, tok):
     rows = [{"instruction": f"Question number {i}?", "context": "", "response": f"Answer {i}"} for i in range(3000)]
     cfg = TrainConfig(dataset=str(write_jsonl(tmp_path / "big.jsonl", rows)), dataset_split="train[:2500]")
     counting = CountingTokenizer(tok)
-    preview = data.preview_dataset(cfg, counting)
+    preview = data.plan_rows(cfg, counting, n_examples=3)
     assert preview.n_rows == 2500 and len(preview.token_lengths) == 2500
     assert sum(counting.calls) >= 2 * 2500  # every row's prompt and prompt + response went through it...
     assert len(counting.calls) <= 20, counting.calls  # ...in a handful of batched calls
@@ -481,7 +481,7 @@ def test_plan_counts_each_row_once(tmp_path, tok):
 def test_preview_sends_a_bounded_text_per_row(tmp_path, tok):
     rows = [{"instruction": "Huge", "context": "", "response": "é" * 9000}, DOLLY]
     path = write_jsonl(tmp_path / "huge.jsonl", rows)
-    plan = data.preview_dataset(TrainConfig(dataset=str(path), dataset_split="train", max_length=131072), tok)
+    plan = data.plan_rows(TrainConfig(dataset=str(path), dataset_split="train", max_length=131072), tok, n_examples=3)
     huge = plan.examples[0]
     assert huge["row"] == 1 and huge["reason"] == "kept" and len(huge["completion"]) < 2 * data.PREVIEW_CHARS + 100
     assert huge["note"] == f"row 1 is {huge['tokens']:,} tokens; showing the first and last 2,000 characters"
@@ -516,7 +516,7 @@ def test_run_trains_exactly_the_planned_rows_and_reports_the_counts(tmp_path, de
     for packing in (False, True):
         cfg = demo_config(dataset=str(path), max_length=32, max_steps=2, output_dir=str(tmp_path / "runs"),
                           packing=packing, run_name=f"mixed-{packing}")
-        plan = data.preview_dataset(cfg, AutoTokenizerOf(demo_model_path))
+        plan = data.plan_rows(cfg, AutoTokenizerOf(demo_model_path), n_examples=3)
         seen = Seen()
         result = run_training(cfg, console_sink, callbacks=[seen])
         assert result.status == "completed", result.message

@@ -9,9 +9,10 @@ import pytest
 from core import checklist
 from core.config import TrainConfig, field_help
 from core.history import HEADERS
-from core.i18n import (EN, LANGUAGES, STRINGS, checklist_texts, detect_language, placeholders, request_language,
+from core.i18n import (EN, LANGUAGES, STRINGS, detect_language, placeholders, request_language,
                        t)
 from tests.chapter import CHAPTER_FR, CHAPTER_PT
+from tests.helpers import checklist_texts
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,11 +12,16 @@ from safetensors.torch import load_file
 
 from core.config import demo_config
 from core.data import load_raw, prepare_dataset
-from core.infer import (Comparer, InferError, adapter_config, format_prompt, generate_stream,
-                        lora_adapter_names)
+from core.infer import Comparer, InferError, adapter_config, format_prompt, generate_stream
 from core.train import run_training
 
 PROMPT = "Translate the word 'cat' into French."
+
+
+def lora_adapter_names(model) -> set[str]:
+    """Names of the LoRA adapters present in a model's layers (one set, "default", on a clean load)."""
+    return {name for module in model.modules() if hasattr(getattr(module, "lora_A", None), "keys")
+            for name in module.lora_A.keys()}
 
 
 @pytest.fixture(scope="module")
