@@ -2,9 +2,10 @@
 
     python -m bench.stepprof --out PROFILE.json [--cprofile-step 1] -- --config F --preset P [--set ...]
 
-The arguments after `--` are `python -m core.train`'s. The run is the CLI's (same config, preset, overrides, run
-folder, events), plus a TrainerCallback that synchronizes CUDA at each step's boundaries (so a profiled run is a
-little slower than a measured one: never use its speed) and records, per optimizer step:
+The arguments after `--` are `python -m core.train`'s. The run is the CLI's own (`core.train_cli.main`: same
+config, preset, overrides, run folder, events; one process), plus a TrainerCallback that synchronizes CUDA at
+each step's boundaries (so a profiled run is a little slower than a measured one: never use its speed) and
+records, per optimizer step:
 - forward+backward of all micro-batches (step begin -> before the optimizer step), the optimizer step, the rest
   (clipping, scheduler, logging, callbacks) and the gap before the next step (the data loader);
 - the CUDA caching allocator's segment count and cudaMalloc calls (first-touch allocations show there);
@@ -93,28 +94,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--cprofile-step", type=int, default=1)
     args = ap.parse_args(ours)
-    tp = argparse.ArgumentParser()
-    tp.add_argument("--config", required=True)
-    tp.add_argument("--preset")
-    tp.add_argument("--set", dest="overrides", action="append", default=[])
-    targs = tp.parse_args(train_args)
+    from core.train_cli import main as train_main  # the CLI itself: same config, preset, overrides and run
 
-    from core import distributed
-    from core.config import Hardware, TrainConfig, apply_overrides
-    from core.presets import apply_preset
-    from core.train import run_training
-    from core.train_cli import console_sink, quiet_libraries, set_threads_from_env
-
-    cfg = TrainConfig.load(targs.config)
-    if targs.preset:
-        cfg = apply_preset(cfg, targs.preset, Hardware.detect())
-    cfg = apply_overrides(cfg, targs.overrides)
-    distributed.pin_one_gpu(cfg)
-    set_threads_from_env()
-    quiet_libraries(console=False)
-    result = run_training(cfg, console_sink, callbacks=[timing_callback(Path(args.out), args.cprofile_step)])
-    print(result.message)
-    return 0 if result.status == "completed" else 1
+    return train_main(train_args, callbacks=[timing_callback(Path(args.out), args.cprofile_step)])
 
 
 if __name__ == "__main__":

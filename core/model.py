@@ -154,12 +154,11 @@ def load_model(cfg: TrainConfig, path: str | None = None):
     return model
 
 
-def _embedding_device_map(path: str, cfg: TrainConfig, gpu: int) -> dict[str, Any] | None:
-    """A device map that puts every module on `gpu` except the input embedding (on "cpu"); None where the
-    embedding is tied to the output head or cannot be found (then nothing is offloaded)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def _embedding_device_map(config: Any, cfg: TrainConfig, gpu: int) -> dict[str, Any] | None:
+    """A device map that puts every module of the model `config` describes on `gpu` except the input embedding (on
+    "cpu"); None where the embedding is tied to the output head or cannot be found (then nothing is offloaded)."""
+    from transformers import AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code, token=hf_token())
     if getattr(config, "tie_word_embeddings", False) or getattr(config.get_text_config(), "tie_word_embeddings", False):
         return None
     with torch.device("meta"):  # the module tree only: no memory, ~1 s for 8B
@@ -183,18 +182,16 @@ def _embedding_device_map(path: str, cfg: TrainConfig, gpu: int) -> dict[str, An
     return result
 
 
-def offload_kwargs(path: str, cfg: TrainConfig, kwargs: dict[str, Any], dmap: dict[str, Any]) -> dict[str, Any]:
-    """from_pretrained's keywords for a load with the input embedding on "cpu" in `dmap`.
+def offload_kwargs(config: Any, kwargs: dict[str, Any], dmap: dict[str, Any]) -> dict[str, Any]:
+    """from_pretrained's keywords for a load with the input embedding on "cpu" in `dmap`; `config` is the
+    checkpoint's (AutoConfig), changed in place where it is a 4-bit checkpoint's.
 
     bitsandbytes refuses a "cpu" entry unless told the CPU modules stay unquantized (the embedding always is). A
     checkpoint saved already in 4-bit (a "-bnb-4bit" repository) brings its own quantization config, and transformers
     then ignores the flag on the config passed in: it is set on the checkpoint's config instead."""
-    from transformers import AutoConfig
-
     kwargs = dict(kwargs, device_map=dmap)
     if kwargs.get("quantization_config") is None:
         return kwargs
-    config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code, token=hf_token())
     saved = getattr(config, "quantization_config", None)
     if saved is not None:
         saved = dict(saved) if isinstance(saved, dict) else saved.to_dict()
@@ -213,13 +210,14 @@ def _load_embedding_on_cpu(path: str, cfg: TrainConfig, kwargs: dict[str, Any]):
     (prepare_for_training) then looks rows up there. The model is then exactly what a one-device load gives.
     """
     from accelerate.hooks import remove_hook_from_module, remove_hook_from_submodules
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     gpu = torch.cuda.current_device()
-    dmap = _embedding_device_map(path, cfg, gpu)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code, token=hf_token())
+    dmap = _embedding_device_map(config, cfg, gpu)
     if dmap is None:
         return None
-    model = AutoModelForCausalLM.from_pretrained(path, **offload_kwargs(path, cfg, kwargs, dmap))
+    model = AutoModelForCausalLM.from_pretrained(path, **offload_kwargs(config, kwargs, dmap))
     emb = model.get_input_embeddings()
     remove_hook_from_module(emb)  # the hook's detach puts the weight back on its original device: the CPU
     remove_hook_from_submodules(model)  # the other hooks only move inputs between devices that are now one

@@ -89,7 +89,8 @@ def stop_when_orphaned(stop: threading.Event) -> None:
     threading.Thread(target=watch, daemon=True, name="memtune-parent-watch").start()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, callbacks=()) -> int:
+    """`python -m core.train ARGS`; `callbacks`: extra TrainerCallbacks (bench/stepprof.py times the steps)."""
     parser = argparse.ArgumentParser(prog="python -m core.train", description="Fine-tune with LoRA/QLoRA, headless.")
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--config", help="YAML file of settings (start from --dump-config)")
@@ -135,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     stop_when_orphaned(stop)
     try:
         # A progress bar only on a terminal: in a log file (the app's RUN/train.log, a pipe) it is kilobytes of \r.
-        result = run_training(cfg, console_sink, stop=stop, console=sys.stderr.isatty(), run_dir=args.run_dir)
+        result = run_training(cfg, console_sink, stop=stop, callbacks=callbacks, console=sys.stderr.isatty(),
+                              run_dir=args.run_dir)
     except OSError as exc:  # e.g. an output folder that cannot be created: the user's to fix, not a bug report
         what = f"{exc.strerror}: {exc.filename}" if exc.filename and exc.strerror else str(exc)
         print(f"memtune: cannot write the run folder ({what}); choose an output_dir you can write to",

@@ -247,8 +247,9 @@ def test_embedding_offload_keywords_for_a_checkpoint_saved_in_4bit(demo_model_pa
 
     with pytest.raises(ValueError, match="dispatched on the CPU"):  # what transformers does with the flag passed in
         validate(AutoConfig.from_pretrained(tmp_path / "nf4").quantization_config)
-    kwargs = model_lib.offload_kwargs(cfg.model, cfg, {"quantization_config": model_lib.build_bnb_config(cfg)}, dmap)
+    kwargs = model_lib.offload_kwargs(AutoConfig.from_pretrained(cfg.model),
+                                      {"quantization_config": model_lib.build_bnb_config(cfg)}, dmap)
     assert kwargs["device_map"] is dmap and kwargs["quantization_config"].llm_int8_enable_fp32_cpu_offload
     validate(kwargs["config"].quantization_config)  # the checkpoint's own config now carries the flag
-    plain = model_lib.offload_kwargs(str(demo_model_path), demo_config(), {"quantization_config": None}, dmap)
+    plain = model_lib.offload_kwargs(AutoConfig.from_pretrained(demo_model_path), {"quantization_config": None}, dmap)
     assert "config" not in plain  # a bf16 checkpoint: nothing to change
