@@ -18,12 +18,24 @@ LLAMA31 = dict(
 
 # The Hub model each architecture is (a run's TrainConfig names it; its estimate reads the shape by this id)
 HUB_IDS = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B", "qwen2.5-14b": "Qwen/Qwen2.5-14B",
+           "llama-3.2-3b": "meta-llama/Llama-3.2-3B", "llama-2-7b": "meta-llama/Llama-2-7b-hf",
            "llama-3.1-70b": "meta-llama/Llama-3.1-70B", "tiny-llama": "bench/tiny-llama"}
 
 ARCHS: dict[str, dict] = {
     # meta-llama/Llama-3.1-8B
     "llama-3.1-8b": dict(LLAMA31, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                          num_attention_heads=32),
+    # meta-llama/Llama-3.2-3B (tied embeddings: the head is the input embedding)
+    "llama-3.2-3b": dict(LLAMA31, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                         num_attention_heads=24, tie_word_embeddings=True,
+                         rope_scaling=dict(LLAMA3_ROPE, factor=32.0)),
+    # meta-llama/Llama-2-7b-hf (the chapter's "7B": 32k vocabulary, no GQA)
+    "llama-2-7b": dict(
+        model_type="llama", vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5,
+        rope_theta=10000.0, hidden_act="silu", attention_bias=False, mlp_bias=False, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2, initializer_range=0.02, torch_dtype="float16",
+    ),
     # Qwen/Qwen2.5-14B (q/k/v carry biases)
     "qwen2.5-14b": dict(
         model_type="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,

@@ -20,11 +20,16 @@ import time
 from pathlib import Path
 
 
-def step_callback(events_path: Path):
+def step_callback(events_path: Path, losses: bool = False):
+    """Step events in the engine's format; with `losses`, each logged loss as a "metrics" event too."""
     from transformers import TrainerCallback
 
     class StepEvents(TrainerCallback):
         start = 0.0
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if losses and logs and "loss" in logs:
+                self._write(kind="metrics", step=state.global_step, loss=float(logs["loss"]))
 
         def _write(self, **event):
             with events_path.open("a", encoding="utf-8") as f:

@@ -128,17 +128,20 @@ def command(v: Variant, model_dir: Path, data: Path, run_dir: Path, smoke: bool)
     if v.script:
         script = "bench.unsloth_script" if v.peer else "bench.chapter_script"
         return [sys.executable, "-m", script, "--model", str(model_dir), "--data", str(data),
-                "--out", str(run_dir), "--max-steps", str(v.steps)]
+                "--out", str(run_dir), "--max-steps", str(v.steps), *v.script_args]
     from core.config import TrainConfig
 
-    cfg = TrainConfig(model=str(model_dir), dataset=str(data), dataset_split="train", max_length=512,
+    cfg = TrainConfig(model=str(model_dir), dataset=str(data), dataset_split="train", max_length=v.max_length,
                       max_steps=v.steps, save_strategy="no", output_dir=str(run_dir.parent), run_name=run_dir.name)
     if smoke:
         cfg = cfg.replace(device="cpu")
     cfg_path = run_dir.parent / f"{run_dir.name}.yaml"
     cfg.save(cfg_path)
     cmd = [sys.executable, "-m", "core.train", "--config", str(cfg_path), "--preset", v.preset]
-    if v.profile:
+    if v.torch_steps:
+        cmd[1:3] = ["-m", "bench.stepprof", "--out", str(run_dir.parent / f"{run_dir.name}.prof.json"),
+                    "--torch-steps", v.torch_steps, "--"]
+    elif v.profile:
         cmd[1:3] = ["-m", "bench.stepprof", "--out", str(run_dir.parent / f"{run_dir.name}.steps.json"), "--"]
     for s in v.sets:
         cmd += ["--set", s]
@@ -184,7 +187,7 @@ def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: Sa
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     cmd = command(v, model_dir, data, run_dir, smoke)
     floor = sampler.used()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", **v.env)
     if v.peer:  # the peer's own pins (trl<=1.15, datasets<5) ahead of the bench's wheels
         env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("UNSLOTH_SITE", ""), str(ROOT)) if p)
     log = (root / "runs" / f"{v.name}.log").open("w", encoding="utf-8")
@@ -228,7 +231,14 @@ def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: Sa
             f.write("t_s,used_mib,util_pct\n")
             for t, used, util in samples[::5]:  # every 50 ms: the file stays small; the peak above uses all
                 f.write(f"{t - started:.3f},{used / 2**20:.0f},{util}\n")
-    row.update(speeds(steps, v.warm, started))
+    # A profiled window (the last steps) is slower than the product: the steady speed is read before it.
+    first_prof = int(v.torch_steps.split("-")[0]) if v.torch_steps else 0
+    row.update(speeds(steps[:first_prof - 1] if first_prof > v.warm + 1 else steps, v.warm, started))
+    losses = [e.get("loss") for e in events if e.get("kind") == "metrics" and e.get("loss") is not None]
+    row["first_losses"] = [round(x, 4) for x in losses[:5]]
+    prof = root / "runs" / f"{v.name}.prof.json"
+    if prof.is_file():
+        row["profile"] = json.loads(prof.read_text())
     return row
 
 
@@ -277,7 +287,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quantized", action="store_true", help="save the model already in 4-bit (70B: disk)")
     ap.add_argument("--build-only", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    smoke = args.plan == "smoke"
+    smoke = args.plan.endswith("smoke")
     arch = args.arch or ("tiny-llama" if smoke else "llama-3.1-8b")
     if args.build_only:  # child process: build the model folder
         build_model_folder(arch, Path(args.build_only), args.quantized)
@@ -287,16 +297,23 @@ def main(argv=None) -> int:
     (root / "runs").mkdir(parents=True, exist_ok=True)
     work = Path(os.environ.get("BENCH_WORK", "/tmp/memtune-bench"))
     work.mkdir(parents=True, exist_ok=True)
-    model_dir, data = work / f"model-{arch}{'-nf4' if args.quantized else ''}", work / "dolly.jsonl"
+    data = work / "dolly.jsonl"
     info = {"date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "arch": arch, "plan": args.plan,
-            "versions": versions(), "data": write_dolly(data, args.rows)}
-    if not (model_dir / "config.json").is_file():
-        b = time.time()
-        subprocess.run([sys.executable, "-m", "bench.product", "--out", str(root), "--arch", arch,
-                        *(["--quantized"] if args.quantized else []), "--build-only", str(model_dir)],
-                       cwd=str(ROOT), check=True)
-        info["model_build_s"] = round(time.time() - b, 1)
-    info["model_bytes"] = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
+            "versions": versions(), "data": write_dolly(data, args.rows), "model_build_s": {}, "model_bytes": {}}
+
+    def folder(name: str) -> Path:
+        """The model folder of architecture `name`, built the first time a variant needs it."""
+        model_dir = work / f"model-{name}{'-nf4' if args.quantized else ''}"
+        if not (model_dir / "config.json").is_file():
+            b = time.time()
+            subprocess.run([sys.executable, "-m", "bench.product", "--out", str(root), "--arch", name,
+                            *(["--quantized"] if args.quantized else []), "--build-only", str(model_dir)],
+                           cwd=str(ROOT), check=True)
+            info["model_build_s"][name] = round(time.time() - b, 1)
+            info["model_bytes"][name] = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
+        return model_dir
+
+    folder(arch)
     sampler = Sampler()
     if sampler.nv:
         info["gpu"] = sampler.nv.nvmlDeviceGetName(sampler.handle)
@@ -312,7 +329,8 @@ def main(argv=None) -> int:
             rows.append({"name": v.name, "rc": f"skipped: {left:.0f} s left of the budget"})
             continue
         v.timeout_s = int(min(v.timeout_s, left))
-        row = run_variant(v, model_dir, data, root, sampler, smoke)
+        row = run_variant(v, folder(v.arch or arch), data, root, sampler, smoke)
+        row["arch"] = v.arch or arch
         rows.append(row)
         print(json.dumps({k: row.get(k) for k in ("name", "rc", "wall_s", "peak_allocated_gib", "nvml_peak_gib",
                                                   "steady_tokens_per_s", "to_first_step_s", "first_step_s",

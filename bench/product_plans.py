@@ -20,6 +20,11 @@ class Variant:
     note: str = ""
     peer: bool = False  # Unsloth's script (bench/unsloth_script.py) with its own wheels (UNSLOTH_SITE)
     profile: bool = False  # the CLI run through bench/stepprof.py (step timings + cProfile of step 1)
+    torch_steps: str = ""  # "A-B": the CLI run through bench/stepprof.py with torch.profiler over steps A..B
+    arch: str = ""  # "" = the call's --arch
+    max_length: int = 512
+    env: dict = field(default_factory=dict)  # extra environment of the run's process
+    script_args: list[str] = field(default_factory=list)  # extra arguments of a script row (the peer's settings)
 
     @property
     def script(self) -> bool:
@@ -87,6 +92,30 @@ def plan(name: str) -> list[Variant]:
             Variant("lowest_memory-noliger", "lowest_memory", ["use_liger_kernel=false"], steps=6, warm=2,
                     timeout_s=150),
         ]
+    if name == "i25a":  # 2026-12-01 issue 25: profiles of steady steps, the peer at its best beside the presets
+        b3 = "llama-3.2-3b"
+        return [
+            Variant("prof-fastest-512", "fastest", steps=10, torch_steps="8-9", timeout_s=80),
+            Variant("prof-fastest-2048", "fastest", ["per_device_train_batch_size=2"], steps=10, torch_steps="8-9",
+                    max_length=2048, timeout_s=80, note="2 packs of 2048: the same ~4k tokens per micro-step"),
+            Variant("prof-lowest_memory-512", "lowest_memory", steps=9, torch_steps="8-9", timeout_s=90),
+            Variant("prof-3b-fastest", "fastest", steps=12, torch_steps="10-11", arch=b3, timeout_s=70),
+            Variant("3b-fastest-16packs", "fastest", ["per_device_train_batch_size=16"], steps=12, arch=b3,
+                    timeout_s=70, note="micro-batch sized for the small model"),
+            Variant("unsloth-fast", steps=10, peer=True, timeout_s=110,
+                    script_args=["--packing", "--batch", "8", "--accum", "1", "--checkpointing", "false"],
+                    note="Unsloth, its packing, 8 packs x 1, no checkpointing (fastest's shape)"),
+            Variant("unsloth-fast-ckpt", steps=10, peer=True, timeout_s=110,
+                    script_args=["--packing", "--batch", "8", "--accum", "1", "--checkpointing", "unsloth"],
+                    note="Unsloth, its packing, 8 packs x 1, its offloaded checkpointing"),
+            Variant("unsloth-low", steps=8, peer=True, timeout_s=120,
+                    script_args=["--packing", "--batch", "2", "--accum", "3", "--checkpointing", "unsloth"],
+                    note="Unsloth, its packing, 2 packs x 3 (lowest_memory's shape), its offloaded checkpointing"),
+        ]
+    if name == "i25smoke":  # the i25 plans' code paths on the CPU (tiny model)
+        return [Variant("prof-fastest-512", "fastest", steps=4, torch_steps="3-4", warm=1),
+                Variant("prof-lowest_memory-512", "lowest_memory", steps=3, torch_steps="2-3", warm=1,
+                        max_length=256)]
     if name == "call2":  # the new presets side by side with the chapter's script; levers alone
         return [
             Variant("chapter-script", steps=5, warm=2, timeout_s=170, note="the chapter's script as written"),

@@ -1,6 +1,6 @@
 """Where the first optimizer step's extra time goes: the product's CLI run with one timing callback added.
 
-    python -m bench.stepprof --out PROFILE.json [--cprofile-step 1] -- --config F --preset P [--set ...]
+    python -m bench.stepprof --out PROFILE.json [--cprofile-step 1] [--torch-steps A-B] -- --config F --preset P [...]
 
 The arguments after `--` are `python -m core.train`'s. The run is the CLI's own (`core.train_cli.main`: same
 config, preset, overrides, run folder, events; one process), plus a TrainerCallback that synchronizes CUDA at
@@ -11,6 +11,11 @@ records, per optimizer step:
 - the CUDA caching allocator's segment count and cudaMalloc calls (first-touch allocations show there);
 - for the chosen step, a cProfile of the main thread (top functions by cumulative and by own time): Triton or
   bitsandbytes kernel compilation, cuBLAS/cuDNN set-up and optimizer-state creation show up by name.
+
+With `--torch-steps A-B` the timing callback is replaced by a torch.profiler over optimizer steps A..B (steady steps:
+nothing is synchronized outside them, so the other steps' speed is the product's). What it keeps is small: the
+key_averages tables (top CUDA and CPU ops) and a summary computed from the trace (bench/profsum.py): GPU busy
+share, kernel count per step, host synchronizations, and the gaps between consecutive matrix-product kernels.
 """
 
 from __future__ import annotations
@@ -93,9 +98,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.stepprof")
     ap.add_argument("--out", required=True)
     ap.add_argument("--cprofile-step", type=int, default=1)
+    ap.add_argument("--torch-steps", default="", help="A-B: torch.profiler over optimizer steps A..B instead")
     args = ap.parse_args(ours)
     from core.train_cli import main as train_main  # the CLI itself: same config, preset, overrides and run
 
+    if args.torch_steps:
+        from bench.profsum import torch_profile_callback
+
+        first, last = (int(x) for x in args.torch_steps.split("-"))
+        return train_main(train_args, callbacks=[torch_profile_callback(Path(args.out), first, last)])
     return train_main(train_args, callbacks=[timing_callback(Path(args.out), args.cprofile_step)])
 
 
