@@ -112,10 +112,22 @@ def plan(name: str) -> list[Variant]:
                     script_args=["--packing", "--batch", "2", "--accum", "3", "--checkpointing", "unsloth"],
                     note="Unsloth, its packing, 2 packs x 3 (lowest_memory's shape), its offloaded checkpointing"),
         ]
+    if name == "i25b":  # 2026-12-01 issue 25: the 6 GB setting (8B and the Llama-2-7B shape), losses per step
+        log = "logging_steps=1"
+        return [
+            Variant("six_gb", "six_gb", [log], steps=6, warm=2, timeout_s=80, env={"CUDA_MODULE_LOADING": "LAZY"}),
+            Variant("lowest_memory-ref", "lowest_memory", [log], steps=6, warm=2, timeout_s=80,
+                    note="the same batches without the 4-bit head: the lever's loss difference"),
+            Variant("7b-six_gb", "six_gb", [log], steps=6, warm=2, arch="llama-2-7b", timeout_s=90,
+                    env={"CUDA_MODULE_LOADING": "LAZY"}),
+            Variant("six_gb-1pack", "six_gb", [log, "per_device_train_batch_size=1", "gradient_accumulation_steps=6"],
+                    steps=6, warm=2, timeout_s=80, env={"CUDA_MODULE_LOADING": "LAZY"}),
+        ]
     if name == "i25smoke":  # the i25 plans' code paths on the CPU (tiny model)
         return [Variant("prof-fastest-512", "fastest", steps=4, torch_steps="3-4", warm=1),
                 Variant("prof-lowest_memory-512", "lowest_memory", steps=3, torch_steps="2-3", warm=1,
-                        max_length=256)]
+                        max_length=256),
+                Variant("six_gb", "six_gb", ["logging_steps=1"], steps=2, warm=1, max_length=256)]
     if name == "call2":  # the new presets side by side with the chapter's script; levers alone
         return [
             Variant("chapter-script", steps=5, warm=2, timeout_s=170, note="the chapter's script as written"),
