@@ -112,16 +112,20 @@ def plan(name: str) -> list[Variant]:
                     script_args=["--packing", "--batch", "2", "--accum", "3", "--checkpointing", "unsloth"],
                     note="Unsloth, its packing, 2 packs x 3 (lowest_memory's shape), its offloaded checkpointing"),
         ]
-    if name == "i25b":  # 2026-12-01 issue 25: the 6 GB setting (8B and the Llama-2-7B shape), losses per step
-        log = "logging_steps=1"
+    if name == "i25b":  # issue 25, not run yet (no device lent after call 1): the 6 GB setting, losses per step
+        log, lazy = "logging_steps=1", {"CUDA_MODULE_LOADING": "LAZY"}
+        one = ["per_device_train_batch_size=1", "gradient_accumulation_steps=6"]
         return [
-            Variant("six_gb", "six_gb", [log], steps=6, warm=2, timeout_s=80, env={"CUDA_MODULE_LOADING": "LAZY"}),
-            Variant("lowest_memory-ref", "lowest_memory", [log], steps=6, warm=2, timeout_s=80,
-                    note="the same batches without the 4-bit head: the lever's loss difference"),
-            Variant("7b-six_gb", "six_gb", [log], steps=6, warm=2, arch="llama-2-7b", timeout_s=90,
-                    env={"CUDA_MODULE_LOADING": "LAZY"}),
-            Variant("six_gb-1pack", "six_gb", [log, "per_device_train_batch_size=1", "gradient_accumulation_steps=6"],
-                    steps=6, warm=2, timeout_s=80, env={"CUDA_MODULE_LOADING": "LAZY"}),
+            Variant("six_gb", "six_gb", [log], steps=6, warm=2, timeout_s=80, env=lazy),
+            Variant("lowest_memory-1pack", "lowest_memory", [log, *one], steps=6, warm=2, timeout_s=80,
+                    note="six_gb's batches without the 4-bit head: the lever's own loss difference"),
+            Variant("7b-six_gb", "six_gb", [log], steps=6, warm=2, arch="llama-2-7b", timeout_s=90, env=lazy),
+            Variant("six_gb-2packs", "six_gb", [log, "per_device_train_batch_size=2", "gradient_accumulation_steps=3"],
+                    steps=6, warm=2, timeout_s=80, env=lazy),
+            Variant("chapter", "chapter", [log], steps=2, warm=1, timeout_s=90, note="the chapter recipe's losses"),
+            Variant("unsloth-low", steps=8, peer=True, timeout_s=120,
+                    script_args=["--packing", "--batch", "2", "--accum", "3", "--checkpointing", "unsloth"],
+                    note="Unsloth, its packing, 2 packs x 3 (lowest_memory's shape), its offloaded checkpointing"),
         ]
     if name == "i25smoke":  # the i25 plans' code paths on the CPU (tiny model)
         return [Variant("prof-fastest-512", "fastest", steps=4, torch_steps="3-4", warm=1),

@@ -170,7 +170,7 @@ def python_script(cfg: TrainConfig) -> str:
     load_data, extra_roots = _data_loading(cfg)
     data_imports, data_source = helper_source("core.data", DATA_ENTRY_POINTS + extra_roots)
     recipe_imports, recipe_source = helper_source("core.recipe", ("installed_names",))
-    needs_memtune = cfg.model == DEMO_MODEL or cfg.offload_embeddings
+    needs_memtune = cfg.model == DEMO_MODEL or cfg.offload_embeddings or (cfg.quantize_output_head and cfg.load_in_4bit)
     bnb, kbit = recipe.bnb_kwargs(cfg), recipe.kbit_kwargs(cfg)
 
     lines: list[str] = []
@@ -230,6 +230,10 @@ def python_script(cfg: TrainConfig) -> str:
         add("    # Keep the frozen input embedding in CPU memory; only looked-up rows go to the GPU (memtune's helper)")
         add("    from core.model import offload_input_embeddings\n")
         add("    offload_input_embeddings(model)")
+    if cfg.quantize_output_head and cfg.load_in_4bit:
+        add("    # The frozen output head in 4-bit NF4, read by TRL's fused loss in vocabulary chunks (memtune's helper)")
+        add("    from core.model import quantize_output_head\n")
+        add("    quantize_output_head(model, None)  # on the device the head was loaded to")
     if cfg.gradient_checkpointing:
         add("    model.enable_input_require_grads()  # checkpointed blocks need an input that requires grad")
     add(f"    set_seed({cfg.seed!r})  # LoRA's A matrices start random: seeded, a run repeats exactly")

@@ -84,8 +84,8 @@ class TrainConfig:
         "head (e.g. Llama-3.2 1B/3B) or without a GPU."))
     quantize_output_head: bool = field(default=False, metadata=_help(
         "Store the frozen output head (vocabulary x hidden: ~1 GiB on Llama-3 8B) in 4-bit NF4 and compute the "
-        "loss from it in vocabulary chunks: -0.7 GiB on 8B. Needs load_in_4bit; no effect where the head is tied "
-        "to the input embedding. The logits change slightly (the head is quantized like the other weights)."))
+        "loss from it in vocabulary chunks: -0.7 GiB on 8B. No effect without load_in_4bit, or where the head is "
+        "tied to the input embedding. The logits change slightly (the head is quantized like the other weights)."))
     expandable_segments: bool = field(default=False, metadata=_help(
         "Let PyTorch's CUDA allocator grow memory segments in place (expandable_segments) instead of caching "
         "many fixed blocks: less memory reserved but unused, so a lower GPU peak. Same results. CUDA only."))
@@ -352,8 +352,6 @@ def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
         if why:
             bad("output_dir", why, "choose a folder you can write to")
 
-    if cfg.quantize_output_head and not cfg.load_in_4bit:
-        bad("quantize_output_head", "needs the 4-bit base (load_in_4bit)", "turn load_in_4bit on, or this off")
     device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and hw.cuda) else "cpu"
     if cfg.device == "cuda" and not hw.cuda:
         bad("device", "CUDA was asked for but no CUDA GPU is visible", "use device: auto or cpu, or check the driver")

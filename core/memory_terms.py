@@ -8,6 +8,8 @@ bench/grid_measured.json (H200, torch 2.11) and bench/RESULTS.md shows the table
                block + fp32 per 256 blocks), as bitsandbytes' quantize_4bit stores them. Embeddings, lm_head, norms
                and biases stay unquantized: bf16, or fp32 after the recipe's upcast (prepare_model_for_kbit_training).
                `offload_embeddings` keeps the input embedding in CPU memory (not when tied to the head).
+               `quantize_output_head` stores the untied head in NF4 too, in blocks of QUANTIZED_HEAD_ROWS rows,
+               and TRL's fused head then dequantizes one such block per vocabulary chunk.
   load spike   The upcast converts one matrix at a time, so for a moment the last one exists in bf16 and fp32:
                on an 8B Llama-3 this, not training, is the recipe's peak (measured 8.22-8.31 GiB allocated). The
                offloaded embedding is loaded to the GPU first, so loading is lowest_memory's peak too.
@@ -56,6 +58,7 @@ CACHE_FRACTION = 0.075  # ... plus this share of the working set (activations, l
 CACHE_FRACTION_EXPANDABLE = 0.04  # with expandable_segments (measured 0.04 on `fastest`, 0.05 on 70B)
 LM_HEAD_VOCAB_CHUNK = 32768  # trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE
 LM_HEAD_TOKEN_CHUNK = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE
+QUANTIZED_HEAD_ROWS = 8192  # core.model.HEAD_ROWS: rows per NF4 block of a quantized head, and TRL's chunk then
 PAGED_MIN_NUMEL = 100_000  # bitsandbytes Optimizer8bit.get_state_buffer pages only tensors at least this large
 ATTENTIONS = ("sdpa", "varlen")
 
@@ -256,6 +259,13 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     else:
         quantized = 0
         unquantized = d.c * shape.total_params
+    # quantize_output_head: the untied head in NF4 blocks (core.model.QuantizedHead) instead of its dtype.
+    q_head = bool(q4 and cfg.quantize_output_head and shape.head_params)
+    if q_head:
+        rows = max(1, shape.head_params // h)
+        quantized += sum(nf4_bytes(min(QUANTIZED_HEAD_ROWS, rows - a) * h, cfg.bnb_4bit_use_double_quant)
+                         for a in range(0, rows, QUANTIZED_HEAD_ROWS))
+        unquantized -= other_dtype * shape.head_params
     # offload_embeddings: the frozen input embedding stays in CPU memory (core.model.CpuEmbedding), not when tied.
     offloaded = other_dtype * shape.embed_params if (cfg.offload_embeddings and shape.head_params) else 0
     if offloaded:
@@ -292,6 +302,10 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     if full_logits and not cfg.use_liger_kernel:
         logits = tokens * vocab * (d.c + 12) + tokens * (final_norm + (d.s + 4) * h)
         notes.append("full logits: the loss keeps batch x length x vocab logits in fp32")
+    elif q_head:  # TRL reads QUANTIZED_HEAD_ROWS rows per chunk, each dequantized to the compute dtype
+        tile = min(tokens, LM_HEAD_TOKEN_CHUNK) * min(vocab, QUANTIZED_HEAD_ROWS) * d.c
+        weight_cast = min(vocab, QUANTIZED_HEAD_ROWS) * h * d.c
+        logits = tile + weight_cast + tokens * (final_norm + 3 * d.s * h + 4 * h)
     else:
         tile = min(tokens, LM_HEAD_TOKEN_CHUNK) * min(vocab, LM_HEAD_VOCAB_CHUNK) * d.c
         weight_cast = min(vocab, LM_HEAD_VOCAB_CHUNK) * h * d.c if other_dtype != d.c else 0

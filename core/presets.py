@@ -62,25 +62,6 @@ PRESETS: dict[str, dict[str, Any]] = {
             "optim": "paged_adamw_8bit",
         },
     },
-    "six_gb": {
-        "label": "6 GB card",
-        "description": "Lowest memory, plus the frozen output head in 4-bit: Llama-3 8B trains on a 6 GB GPU "
-                       "(RTX 2060/3050/4050 class). The logits change slightly.",
-        "overrides": {
-            **CHAPTER,
-            "upcast_to_fp32": False,
-            "offload_embeddings": True,
-            "quantize_output_head": True,  # -0.7 GiB on 8B: the 128k x 4096 head in NF4, read in 8k-row chunks
-            "expandable_segments": True,
-            "lora_dropout": 0.0,
-            "packing": True,
-            "per_device_train_batch_size": 2,
-            "gradient_accumulation_steps": 3,
-            "gradient_checkpointing": True,
-            "use_liger_kernel": True,
-            "optim": "paged_adamw_8bit",
-        },
-    },
     "fastest": {
         "label": "Fastest within 24 GB",
         "description": "Most tokens per second within 24 GB: 8 packs (~4k tokens) per step, no checkpointing, "
@@ -96,6 +77,26 @@ PRESETS: dict[str, dict[str, Any]] = {
             "gradient_accumulation_steps": 1,  # 8 packs ~ 22 dolly rows per optimizer step
             "gradient_checkpointing": False,  # no recompute; activations ~3.8 MiB per token on 8B with liger
             "attention": "varlen",  # per packed row: 12,637 vs 5,306 tokens/s, -1.0 GiB (bench/RESULTS.md, 2026-11-30)
+            "optim": "paged_adamw_8bit",
+        },
+    },
+    "six_gb": {
+        "label": "6 GB card",
+        "description": "Lowest memory with the frozen output head in 4-bit and one 512-token pack per micro-step: "
+                       "sized for a 6 GB GPU (RTX 2060/3050/4050 class). 8B: 5.5 GiB on the GPU (estimate; not yet "
+                       "measured). The logits change slightly.",
+        "overrides": {
+            **CHAPTER,
+            "upcast_to_fp32": False,
+            "offload_embeddings": True,
+            "quantize_output_head": True,  # -0.7 GiB on 8B: the 128k x 4096 head in NF4, read in 8k-row chunks
+            "expandable_segments": True,
+            "lora_dropout": 0.0,
+            "packing": True,
+            "per_device_train_batch_size": 1,  # one pack: -0.2 GiB of activations and temporaries on 8B (estimate)
+            "gradient_accumulation_steps": 6,  # the same 6 packs per optimizer step as lowest_memory
+            "gradient_checkpointing": True,
+            "use_liger_kernel": True,
             "optim": "paged_adamw_8bit",
         },
     },

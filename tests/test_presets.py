@@ -14,8 +14,8 @@ CPU = Hardware(cuda=False, bf16=True, bitsandbytes=True)
 FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
 
 
-def test_the_three_presets_exist_with_a_one_line_description():
-    assert list(PRESETS) == ["chapter", "lowest_memory", "fastest"]
+def test_the_presets_exist_with_a_one_line_description():
+    assert list(PRESETS) == ["chapter", "lowest_memory", "fastest", "six_gb"]
     for name, preset in PRESETS.items():
         assert preset["description"] and "\n" not in preset["description"], name
         assert set(preset["overrides"]) <= FIELDS, name
