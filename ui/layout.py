@@ -43,8 +43,7 @@ GOVERNS = {  # checklist item -> the non-checkbox fields it governs, shown besid
     "efficient_optimizer": ["optim"], "bf16": ["precision"],
     "short_max_length": ["max_length"], "small_batches": ["per_device_train_batch_size"],
 }
-BEYOND = ["packing", "upcast_to_fp32", "offload_embeddings", "quantize_output_head", "attention", "expandable_segments",
-          "use_liger_kernel"]
+BEYOND = ["packing", "upcast_to_fp32", "offload_embeddings", "attention", "expandable_segments", "use_liger_kernel"]
 PLACED = ["model", "dataset", "dataset_split", "dataset_format", "long_prompts", "lora_r", "lora_alpha",
           "lora_dropout", "lora_target_modules", "learning_rate", "num_train_epochs", "max_steps", "save_strategy",
           "save_steps", "output_dir", "run_name", "num_gpus", "distributed_strategy"]
