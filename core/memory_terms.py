@@ -315,6 +315,8 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     # Loading: the fp32 upcast converts one matrix at a time; the bf16 copy of the first is freed but stays cached.
     # An offloaded embedding is loaded to the GPU first and moved afterwards.
     base = quantized + unquantized + CUBLAS_WORKSPACE  # the workspace stays from an earlier run of the process
+    if q_head and not cfg.offload_embeddings:  # the head is loaded to the GPU in its dtype, then quantized
+        base += d.c * shape.head_params
     load_cache = min(LOAD_CACHE, int(LOAD_CACHE_FRACTION * (quantized + unquantized)))
     if upcast(cfg):
         big = [shape.embed_params] + ([shape.head_params] if shape.head_params else [])

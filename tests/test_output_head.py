@@ -131,3 +131,12 @@ def test_show_code_quantizes_the_head_with_memtunes_helper():
     script = python_script(apply_preset(TrainConfig(), "six_gb"))
     assert "quantize_output_head(model, None)" in script and "sys.path.insert" in script
     assert "quantize_output_head" not in python_script(apply_preset(TrainConfig(), "lowest_memory"))
+
+
+def test_without_the_cpu_load_the_head_is_on_the_gpu_in_bf16_while_loading():
+    """Only the offload_embeddings load puts the head in CPU memory first; otherwise loading holds it in bf16."""
+    low = apply_preset(TrainConfig(model="meta-llama/Llama-3.1-8B"), "six_gb")
+    direct = estimate(low, L8B)
+    on_gpu = estimate(low.replace(offload_embeddings=False), L8B)
+    assert on_gpu.load_spike + on_gpu.nvml_training > direct.load_spike + direct.nvml_training
+    assert on_gpu.nvml_peak - direct.nvml_peak >= 2 * L8B.head_params - 0.3 * GIB
