@@ -140,3 +140,4 @@ def test_without_the_cpu_load_the_head_is_on_the_gpu_in_bf16_while_loading():
     on_gpu = estimate(low.replace(offload_embeddings=False), L8B)
     assert on_gpu.load_spike + on_gpu.nvml_training > direct.load_spike + direct.nvml_training
     assert on_gpu.nvml_peak - direct.nvml_peak >= 2 * L8B.head_params - 0.3 * GIB
+
