@@ -26,8 +26,8 @@ from pathlib import Path
 GEMM = re.compile(r"gemm|nvjet|xmma|cutlass|wgmma|matmul|gemv", re.I)
 DEQUANT = re.compile(r"dequant|kQuantize|kDequant|kgemm_4bit|optimizer", re.I)
 TRITON = re.compile(r"^triton_|_kernel$|liger", re.I)
-SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy ", "cudaMemcpy",
-         "cudaStreamWaitEvent")
+# Runtime calls that block the host until the GPU catches up (a plain cudaMemcpy is synchronous)
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 
 
 def family(name: str) -> str:
