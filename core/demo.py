@@ -3,7 +3,7 @@
 Nothing here touches the network. The model has random weights drawn with a fixed seed, so every machine builds
 the same one; the tokenizer is a byte-level BPE trained on the shipped demo data. The task (English word ->
 French word, in dolly format: 50 words x 2 phrasings = 100 prompts) is one a 2-layer model learns in under a
-minute on 2 CPU cores: `score_adapter` counts the adapter's exact greedy answers (scripts/demo_bench.py).
+minute on 2 CPU cores: core.infer.score_adapter counts the adapter's exact greedy answers (scripts/demo_bench.py).
 
 The base model's weights are random, so its own answers are noise: only the adapter's answers mean something.
 """
@@ -18,8 +18,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO_DATA = ROOT / "assets" / "demo" / "demo.jsonl"
+from core.config import DEMO_DATA, cache_root
 DEMO_VERSION = "v3"  # bump when the builder below changes, so old caches are not reused
 
 WORDS = {
@@ -62,10 +61,6 @@ def write_demo_dataset(path: Path = DEMO_DATA) -> Path:
         for row in demo_rows():
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     return path
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("MEMTUNE_HOME", Path.home() / ".cache" / "memtune"))
 
 
 def demo_model_dir() -> Path:
@@ -142,39 +137,6 @@ def _ensure(target: Path) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-def demo_answers(adapter_dir: str | Path, rows: list[dict[str, str]] | None = None,
-                 max_new_tokens: int = 8) -> list[str]:
-    """Greedy answers of base + adapter to `rows`' instructions (default: the demo's 100), as Try it asks them:
-    each prompt formatted by core.infer.format_prompt (the training formatter), special tokens dropped."""
-    import torch
-    from transformers import AutoTokenizer
-
-    from core import infer
-    from core.model import load_with_adapter
-
-    cfg = infer.adapter_config(adapter_dir)
-    model = load_with_adapter(infer._runnable(cfg), adapter_dir)
-    tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir))  # save_adapter writes it beside the weights
-    answers = []
-    with torch.inference_mode():
-        for row in demo_rows() if rows is None else rows:
-            prompt = infer.format_prompt(tokenizer, row["instruction"], row.get("context", ""))
-            inputs = tokenizer(prompt, return_tensors="pt")
-            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
-                                 temperature=None, top_p=None, top_k=None,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-            answers.append(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
-    return answers
-
-
-def score_adapter(adapter_dir: str | Path, rows: list[dict[str, str]] | None = None) -> tuple[int, int]:
-    """(exact answers, prompts): how many of `rows` (default: the demo's 100 training prompts) the adapter answers
-    exactly, greedily (surrounding spaces ignored)."""
-    rows = demo_rows() if rows is None else rows
-    answers = demo_answers(adapter_dir, rows)
-    return sum(a.strip() == r["response"].strip() for a, r in zip(answers, rows)), len(rows)
 
 
 if __name__ == "__main__":

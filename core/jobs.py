@@ -13,7 +13,7 @@ STOP_FINISH_S after answering, kills the process group (SIGTERM, then SIGKILL). 
 event becomes a failed run (events.jsonl and summary.json say how it died, with the end of train.log).
 `shutdown()` (app exit) stops, then kills, the child: the app never leaves an orphan behind.
 
-What a page shows of a job is core.jobview (re-exported here).
+What a page shows of a job is core/jobview.py, which reads Jobs (this module never imports it).
 """
 
 from __future__ import annotations
@@ -29,14 +29,11 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from core.callbacks import STOP_FILE
 from core.config import TrainConfig
 from core.events import EventTail, JsonlSink, make_event, read_events
-
-if TYPE_CHECKING:  # the page's view of a job (core.jobview) folds its events; only its type is named here
-    from core.jobview import _Fold
 
 Runner = Callable[..., Any]  # an in-process stand-in for the child: runner(cfg, sink=..., stop=...) (UI tests only)
 
@@ -76,7 +73,7 @@ class Job:
     _acked: bool = field(default=False, repr=False)  # the child said it saw the Stop
     _kill_reason: str | None = field(default=None, repr=False)
     _kill_at: float | None = field(default=None, repr=False)
-    _view: _Fold | None = field(default=None, repr=False)  # job_view's running fold
+    _view: Any = field(default=None, repr=False)  # core.jobview's running fold of the events (it sits above jobs)
 
     def emit(self, event: dict[str, Any]) -> None:
         with self._lock:
@@ -85,11 +82,6 @@ class Job:
     def events_since(self, start: int = 0) -> list[dict[str, Any]]:
         with self._lock:
             return list(self.events[start:])
-
-    @property
-    def n_events(self) -> int:
-        with self._lock:
-            return len(self.events)
 
     @property
     def running(self) -> bool:

@@ -107,7 +107,8 @@ def run_launcher(cfg, run_dir: str | None = None) -> int:
     from pathlib import Path
 
     from core.callbacks import STOP_FILE
-    from core.config import ConfigError, check
+    from core.checks import check
+    from core.config import ConfigError
     from core.events import JsonlSink, make_event, read_events
     from core.runs import create_run_dir, record_failure
 

@@ -5,7 +5,7 @@ checkpoints/checkpoint-N/ (a `COMPLETE` file written last), adapter/ (its own ma
 summary.json. Only a folder that is memtune's (see `is_memtune_run`) is ever resumed into or deleted.
 
 - `create_run_dir(cfg)`: a fresh, marked folder (or the checked resume folder) with config.yaml written.
-- `resume_problem(folder)`: why `resume_from=folder` cannot work (None when it can); config.validate uses it.
+- `resume_problem(folder)`: why `resume_from=folder` cannot work (None when it can); checks.validate uses it.
 - `resume_point(run_dir)`: the newest usable checkpoint and what was skipped (damaged ones, named).
 - `save_adapter(...)`, `finish_run(run_dir, summary)`: atomic writes; a full disk gives a plain message.
 

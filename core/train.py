@@ -30,7 +30,8 @@ from typing import Any
 
 from core import checklist
 from core.callbacks import STOP_FILE, BarOnly, make_callback, phase, watch_stop
-from core.config import ConfigError, TrainConfig, check
+from core.checks import check
+from core.config import ConfigError, TrainConfig
 from core.events import EventSink, JsonlSink, fan_out, make_event
 from core.files import StorageError, free_memory, has_marker, real, storage_message
 from core.runs import create_run_dir, finish_run, resume_point, save_adapter

@@ -3,13 +3,23 @@
 Stop, a second Stop, a killed child and the training itself are in test_child.py."""
 
 import threading
+import time
 
 import pytest
 
 from core.config import demo_config
 from core.events import EventTail, JsonlSink, make_event
-from core.jobs import JobBusy, JobManager, latest_run_dir
-from core.jobview import format_event, job_view, view
+from core.jobs import Job, JobBusy, JobManager, latest_run_dir
+from core.jobview import format_event, job_view
+
+
+def view(events, running=False, stopping=False, from_disk=False):
+    """The page's view of a job that holds `events` (running, being stopped, or shown from an earlier run's file)."""
+    job = Job(id=1, config=demo_config(), events=list(events), from_disk=from_disk,
+              finished=None if running else time.time())
+    if stopping:
+        job.stop_event.set()
+    return job_view(job)
 
 
 def stop_at_once(mgr: JobManager, job) -> None:
@@ -90,8 +100,6 @@ def test_events_are_read_incrementally_and_only_whole_lines(tmp_path):
 
 
 def test_job_view_folds_only_new_events(tmp_path):
-    from core.jobs import Job
-
     job = Job(id=1, config=demo_config())
     job.emit(make_event("step", step=1, total_steps=4))
     first = job_view(job)

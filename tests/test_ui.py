@@ -302,7 +302,7 @@ def test_settings_save_and_load_with_safe_names(tmp_path, monkeypatch, form):
 
 def test_field_problems_name_the_fields():
     """The range check the app refuses a loaded file for is validate()'s own field check."""
-    from core.config import validate
+    from core.checks import validate
 
     bad = TrainConfig(lora_r=0, optim="nope", lora_target_modules=["q_proj", "zz"])
     assert {p.field for p in field_problems(bad)} == {"lora_r", "optim", "lora_target_modules"}
