@@ -95,36 +95,6 @@ def test_initial_config_is_the_demo_without_a_gpu():
         assert derive.initial_config() == demo_config()
 
 
-def test_no_module_of_ui_imports_one_that_imports_it_back():
-    """Every import between ui/ modules, function-level ones included, goes one way (ui/__init__ aside)."""
-    import ast
-
-    modules = {p.stem: p for p in (ROOT / "ui").glob("*.py") if p.stem != "__init__"}
-    graph = {}
-    for name, path in modules.items():
-        deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == "ui":
-                deps |= {a.name for a in node.names if a.name in modules}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ui."):
-                deps.add(node.module.split(".")[1])
-            elif isinstance(node, ast.Import):
-                deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("ui.")}
-        graph[name] = deps - {name}
-    assert "blocks" not in graph and graph["layout"]  # the page is built by ui.layout
-
-    def reach(start, seen):
-        for dep in graph.get(start, ()):
-            if dep not in seen:
-                seen.add(dep)
-                reach(dep, seen)
-        return seen
-
-    circles = sorted(name for name in graph if name in reach(name, set()))
-    assert circles == [], {n: sorted(graph[n]) for n in circles}
-    assert not [n for n in graph if "layout" in graph[n]]  # nothing below the page imports it
-
-
 # --- widgets <-> config ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("cfg", [
     TrainConfig(),
