@@ -103,9 +103,11 @@ class Job:
 
 
 class JobManager:
-    """App-wide: use `MANAGER` below. Thread-safe."""
+    """App-wide: use `MANAGER` below. Thread-safe. `program`: what the child runs, followed by `--config FILE
+    --run-dir DIR` (the CLI, `python -m core.train`; the UI tests give a tiny child of the same protocol)."""
 
-    def __init__(self) -> None:
+    def __init__(self, program: list[str] | None = None) -> None:
+        self._program = list(program or [sys.executable, "-m", "core.train"])
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._job: Job | None = None  # the running job, or the last one
@@ -213,7 +215,7 @@ class JobManager:
         job.folder = str(run_dir)
         config_path = run_dir / "config.yaml"
         (run_dir / STOP_FILE).unlink(missing_ok=True)  # a resumed run's folder may keep one from its last Stop
-        command = [sys.executable, "-m", "core.train", "--config", str(config_path), "--run-dir", str(run_dir)]
+        command = [*self._program, "--config", str(config_path), "--run-dir", str(run_dir)]
         # Said at once (the child needs seconds to import torch): a new Start never shows the previous run's state.
         starting = make_event("phase", phase="starting", progress=None,
                               message=f"Starting the training process: python -m core.train --config {config_path}")
