@@ -2,7 +2,7 @@
 
     python -m bench.stepprof --out PROFILE.json [--cprofile-step 1] -- --config F --preset P [--set ...]
 
-The arguments after `--` are `python -m core.train`'s. The run is the CLI's own (`core.train.main`: same
+The arguments after `--` are `python -m core.train`'s. The run is the CLI's own (`core.train_cli.main`: same
 config, preset, overrides, run folder, events; one process), plus a TrainerCallback that synchronizes CUDA at
 each step's boundaries (so a profiled run is a little slower than a measured one: never use its speed) and
 records, per optimizer step:
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--cprofile-step", type=int, default=1)
     args = ap.parse_args(ours)
-    from core.train import main as train_main  # the CLI itself: same config, preset, overrides and run
+    from core.train_cli import main as train_main  # the CLI itself: same config, preset, overrides and run
 
     return train_main(train_args, callbacks=[timing_callback(Path(args.out), args.cprofile_step)])
 

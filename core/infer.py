@@ -306,39 +306,3 @@ _free = free_memory
 
 
 COMPARER = Comparer()  # process-wide: the GPU holds one model for every browser tab
-
-
-# --- the demo's score (scripts/demo_bench.py) ------------------------------------------------------------------
-def demo_answers(adapter_dir: str | Path, rows: list[dict[str, str]] | None = None,
-                 max_new_tokens: int = 8) -> list[str]:
-    """Greedy answers of base + adapter to `rows`' instructions (default: the demo's 100), as Try it asks them:
-    each prompt formatted by format_prompt (the training formatter), special tokens dropped."""
-    import torch
-    from transformers import AutoTokenizer
-
-    from core.demo import demo_rows
-    from core.model import load_with_adapter
-
-    cfg = adapter_config(adapter_dir)
-    model = load_with_adapter(_runnable(cfg), adapter_dir)
-    tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir))  # save_adapter writes it beside the weights
-    answers = []
-    with torch.inference_mode():
-        for row in demo_rows() if rows is None else rows:
-            prompt = format_prompt(tokenizer, row["instruction"], row.get("context", ""))
-            inputs = tokenizer(prompt, return_tensors="pt")
-            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
-                                 temperature=None, top_p=None, top_k=None,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-            answers.append(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
-    return answers
-
-
-def score_adapter(adapter_dir: str | Path, rows: list[dict[str, str]] | None = None) -> tuple[int, int]:
-    """(exact answers, prompts): how many of `rows` (default: the demo's 100 training prompts) the adapter answers
-    exactly, greedily (surrounding spaces ignored)."""
-    from core.demo import demo_rows
-
-    rows = demo_rows() if rows is None else rows
-    answers = demo_answers(adapter_dir, rows)
-    return sum(a.strip() == r["response"].strip() for a, r in zip(answers, rows)), len(rows)

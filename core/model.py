@@ -55,7 +55,7 @@ def resolve_model_path(cfg: TrainConfig, sink: EventSink | None = None) -> str:
     if (why := model_problem(cfg)):  # public mode: no local folders, no remote code (Preview comes here too)
         raise ModelError(why)
     if cfg.model == DEMO_MODEL:
-        from core.demo import ensure_demo_model
+        from core.demo_build import ensure_demo_model
 
         return str(ensure_demo_model())
     local = Path(cfg.model).expanduser()

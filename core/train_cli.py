@@ -1,12 +1,23 @@
-"""The process around one command-line run of the recipe (`python -m core.train`, whose `main` is in core/train.py):
-what it prints on the console, quiet libraries, torch threads. Signals and a parent that died are the supervisor's
-(core/supervise.py)."""
+"""The command line of the training recipe: `python -m core.train` (usage in core/train.py's docstring) runs `run()`.
+
+Argument parsing, the process around one run (torch threads, quiet libraries; signals and a parent that died are
+core/supervise.py's) and, when the config asks for several processes, the hand-off to accelerate's launcher
+(core/launcher.py). The recipe itself, `run_training`, is core/train/ (imported when a run starts); `python -m
+core.train` is core/train/__main__.py, which runs `run()` here.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+import threading
+from pathlib import Path
 from typing import Any
+
+from core.config import ConfigError, Hardware, TrainConfig, apply_overrides, demo_config
+from core.presets import PRESETS, apply_preset
+from core.supervise import stop_on_signals, stop_when_orphaned
 
 
 def console_sink(event: dict[str, Any]) -> None:
@@ -47,3 +58,81 @@ def set_threads_from_env() -> None:
         import torch
 
         torch.set_num_threads(int(value))
+
+
+def main(argv: list[str] | None = None, callbacks=()) -> int:
+    """`python -m core.train ARGS`; `callbacks`: extra TrainerCallbacks (bench/stepprof.py times the steps)."""
+    parser = argparse.ArgumentParser(prog="python -m core.train", description="Fine-tune with LoRA/QLoRA, headless.")
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", help="YAML file of settings (start from --dump-config)")
+    src.add_argument("--demo", action="store_true", help="train the offline demo (tiny model, shipped data)")
+    src.add_argument("--dump-config", action="store_true", help="print the default configuration as YAML")
+    parser.add_argument("--preset", choices=list(PRESETS), help="apply a preset's memory/speed levers first "
+                        "(chapter: the recipe as written; lowest_memory; fastest), then --set")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override one setting; repeatable")
+    # Internal (the app's job manager): train into exactly this folder, which it made and wrote config.yaml into.
+    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        if args.dump_config:
+            cfg = TrainConfig()
+        else:
+            cfg = demo_config() if args.demo else TrainConfig.load(args.config)
+        if args.preset:
+            # A dumped file may be meant for another machine; a run here keeps CUDA-only levers off without CUDA.
+            cfg = apply_preset(cfg, args.preset, None if args.dump_config else Hardware.detect())
+        cfg = apply_overrides(cfg, args.overrides)
+    except ConfigError as exc:
+        print(f"memtune: {exc}", file=sys.stderr)
+        return 2
+    if args.dump_config:
+        from core.codegen import accelerate_note
+
+        print(f"# memtune configuration: python -m core.train --config this.yaml{accelerate_note(cfg, 'this.yaml')}"
+              f"\n{cfg.to_yaml()}", end="")
+        return 0
+    from core import distributed, launcher
+    from core.train import run_training
+
+    if distributed.pin_one_gpu(cfg):  # one process, several GPUs visible: use GPU 0, not nn.DataParallel
+        print("[memtune] several GPUs are visible and num_gpus is 1: training on GPU 0 "
+              "(set num_gpus to use more)", file=sys.stderr, flush=True)
+    if distributed.plan(cfg).distributed and not distributed.in_worker():
+        return launcher.run_launcher(cfg, args.run_dir)  # accelerate launch: this machine's workers
+    set_threads_from_env()
+    quiet_libraries(console=sys.stderr.isatty())
+    stop = threading.Event()
+    stop_on_signals(stop, args.run_dir)
+    stop_when_orphaned(stop)
+    try:
+        # A progress bar only on a terminal: in a log file (the app's RUN/train.log, a pipe) it is kilobytes of \r.
+        result = run_training(cfg, console_sink, stop=stop, callbacks=callbacks, console=sys.stderr.isatty(),
+                              run_dir=args.run_dir)
+    except OSError as exc:  # e.g. an output folder that cannot be created: the user's to fix, not a bug report
+        what = f"{exc.strerror}: {exc.filename}" if exc.filename and exc.strerror else str(exc)
+        print(f"memtune: cannot write the run folder ({what}); choose an output_dir you can write to",
+              file=sys.stderr)
+        return 1
+    if result.status == "failed":
+        where = f" (details in {Path(result.run_dir) / 'events.jsonl'})" if result.run_dir else ""
+        kind = f" ({result.error_type})" if result.error_type else ""
+        print(f"memtune: training failed{kind}: {result.message}{where if result.error_type == 'other' else ''}",
+              file=sys.stderr)
+        return 1
+    s = result.summary
+    print(f"{result.message}\nfirst loss {s.get('first_loss')}, last loss {s.get('final_loss')}, "
+          f"{s.get('train_tokens')} tokens in {s.get('train_runtime_s')} s")
+    print(result.adapter_dir)
+    return 0
+
+
+def run() -> None:
+    """`python -m core.train`: main(), then end the process at once.
+
+    Everything is written and closed by then. Skipping the interpreter's teardown (seconds, once torch is loaded)
+    ends the process at once, so the app can take the next Start (and the GPU is free) as soon as "done" shows."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

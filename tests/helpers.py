@@ -37,7 +37,7 @@ def train_cli(capfd, *argv: str) -> tuple[int, str, str]:
     SIGTERM/SIGINT handlers main() installs for a run."""
     import signal
 
-    from core.train import main
+    from core.train_cli import main
 
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     capfd.readouterr()

@@ -19,7 +19,7 @@ def project_modules() -> dict[str, Path]:
     modules = {}
     for place in PLACES:
         path = ROOT / place
-        for file in [path] if path.is_file() else sorted(path.glob("*.py")):
+        for file in [path] if path.is_file() else sorted(path.rglob("*.py")):
             parts = file.relative_to(ROOT).with_suffix("").parts
             modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = file
     return modules

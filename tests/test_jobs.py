@@ -163,3 +163,37 @@ def test_an_earlier_run_is_shown_from_its_events_file(tmp_path):
     assert v.state == "interrupted" and v.step == 3 and v.losses == [(3, 1.5)]
     assert mgr.load_run(run) is job  # never replaces what the manager already shows
     assert not mgr.busy()
+
+
+def test_the_supervisor_ends_a_child_that_does_not_answer_stop_and_records_why(tmp_path):
+    """core.supervise, shared by the job manager and the launcher: a real child that ignores the stop file."""
+    import json
+    import signal
+    import sys
+
+    from core.events import read_events
+    from core.supervise import Child
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    run = tmp_path / "run"
+    run.mkdir()
+    child = Child.spawn(sleeper, run / "STOP", ack_s=0.0, finish_s=600.0)
+    child.ask_stop()
+    assert (run / "STOP").is_file() and child.stopping
+    assert child.follow(poll_s=0.05) == -signal.SIGTERM and child.kill_reason == "no_answer"
+    message = child.record_death(run, "died {how}", world_size=2)
+    assert message.startswith("The training process did not answer Stop within 0 s and was ended (killed by signal "
+                              "SIGTERM)") and "Resume in History" in message
+    assert [e["kind"] for e in read_events(run / "events.jsonl")] == ["error", "done"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["status"], summary["exit_code"], summary["world_size"]) == ("failed", -signal.SIGTERM, 2)
+
+    twice = Child.spawn(sleeper, run / "STOP", ack_s=600.0, finish_s=600.0)
+    twice.ask_stop()
+    twice.ask_stop()  # the second Stop ends the group at once
+    assert twice.follow(poll_s=0.05) == -signal.SIGTERM and twice.kill_reason == "second_stop"
+    unwritable = Child.spawn(sleeper, tmp_path / "no" / "folder" / "STOP", ack_s=600.0, finish_s=600.0)
+    unwritable.ask_stop()
+    assert unwritable.follow(poll_s=0.05) == -signal.SIGTERM and unwritable.kill_reason == "unwritable"
+    crashed = Child.spawn([sys.executable, "-c", "raise SystemExit(3)"], run / "STOP", ack_s=600.0, finish_s=600.0)
+    assert crashed.follow(poll_s=0.05) == 3 and crashed.death_message("died ({how})") == "died (exit code 3)"

@@ -209,7 +209,7 @@ def test_sft_config_maps_the_chapter_settings(tmp_path):
 
 def run_cli(capsys, *args):
     """`python -m core.train ARGS` in this process: the same parser and code, without a new interpreter."""
-    from core.train import main
+    from core.train_cli import main
 
     code = main(list(args))
     captured = capsys.readouterr()

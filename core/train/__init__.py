@@ -2,9 +2,9 @@
 
 `run_training(cfg, sink, stop)` is the one entry point; read it top to bottom: check the config and make the run
 folder, plan the data (`plan_data`), load the model and build the trainer (`build_run`), train, summarize, save.
-The command line (`python -m core.train`: `main` at the end, its console in core/train_cli.py) calls it; the app's
-job manager runs that same CLI as a child process (one run = one process, supervised by core/supervise.py), and
-tests and the benchmark may call it in-process. It never raises for a user's mistake or an out-of-memory error: it returns a RunResult whose message says what went wrong and what to do,
+The command line (`python -m core.train`, core/train_cli.py) calls it; the app's job manager runs that same CLI as a
+child process (one run = one process), and tests and the benchmark may call it in-process. It never raises for a
+user's mistake or an out-of-memory error: it returns a RunResult whose message says what went wrong and what to do,
 and it leaves saved adapters intact. What the run says while it trains (phases, the Trainer callback, Stop) lives in
 core/callbacks.py; the run folder (markers, checkpoints, atomic writes) in core/runs.py.
 
@@ -17,7 +17,6 @@ CLI:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import os
@@ -29,15 +28,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from core import checklist, supervise
+from core import checklist
 from core.callbacks import STOP_FILE, BarOnly, make_callback, phase, watch_stop
 from core.checks import check
-from core.config import ConfigError, Hardware, TrainConfig, apply_overrides, demo_config
+from core.config import ConfigError, TrainConfig
 from core.events import EventSink, JsonlSink, fan_out, make_event
 from core.files import StorageError, free_memory, has_marker, real, storage_message
-from core.presets import PRESETS, apply_preset
 from core.runs import create_run_dir, finish_run, record_failure, resume_point, save_adapter
-from core.train_cli import console_sink, quiet_libraries, set_threads_from_env
 # Importable from here too (callers in tests/ and ui/): two run-folder names.
 from core.runs import COMPLETE_MARKER, latest_checkpoint  # noqa: F401
 
@@ -360,85 +357,3 @@ def run_other_rank(cfg: TrainConfig, stop: threading.Event, callbacks=()) -> Run
         import shutil
 
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-# --- the command line ----------------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None, callbacks=()) -> int:
-    """`python -m core.train ARGS`; `callbacks`: extra TrainerCallbacks (bench/stepprof.py times the steps)."""
-    parser = argparse.ArgumentParser(prog="python -m core.train", description="Fine-tune with LoRA/QLoRA, headless.")
-    src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--config", help="YAML file of settings (start from --dump-config)")
-    src.add_argument("--demo", action="store_true", help="train the offline demo (tiny model, shipped data)")
-    src.add_argument("--dump-config", action="store_true", help="print the default configuration as YAML")
-    parser.add_argument("--preset", choices=list(PRESETS), help="apply a preset's memory/speed levers first "
-                        "(chapter: the recipe as written; lowest_memory; fastest), then --set")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override one setting; repeatable")
-    # Internal (the app's job manager): train into exactly this folder, which it made and wrote config.yaml into.
-    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    try:
-        if args.dump_config:
-            cfg = TrainConfig()
-        else:
-            cfg = demo_config() if args.demo else TrainConfig.load(args.config)
-        if args.preset:
-            # A dumped file may be meant for another machine; a run here keeps CUDA-only levers off without CUDA.
-            cfg = apply_preset(cfg, args.preset, None if args.dump_config else Hardware.detect())
-        cfg = apply_overrides(cfg, args.overrides)
-    except ConfigError as exc:
-        print(f"memtune: {exc}", file=sys.stderr)
-        return 2
-    if args.dump_config:
-        from core.codegen import accelerate_note
-
-        print(f"# memtune configuration: python -m core.train --config this.yaml{accelerate_note(cfg, 'this.yaml')}"
-              f"\n{cfg.to_yaml()}", end="")
-        return 0
-    from core import distributed, launcher
-
-    if distributed.pin_one_gpu(cfg):  # one process, several GPUs visible: use GPU 0, not nn.DataParallel
-        print("[memtune] several GPUs are visible and num_gpus is 1: training on GPU 0 "
-              "(set num_gpus to use more)", file=sys.stderr, flush=True)
-    if distributed.plan(cfg).distributed and not distributed.in_worker():
-        return launcher.run_launcher(cfg, args.run_dir)  # accelerate launch: this machine's workers
-    set_threads_from_env()
-    quiet_libraries(console=sys.stderr.isatty())
-    stop = threading.Event()
-    supervise.stop_on_signals(stop, args.run_dir)
-    supervise.stop_when_orphaned(stop)
-    try:
-        # A progress bar only on a terminal: in a log file (the app's RUN/train.log, a pipe) it is kilobytes of \r.
-        result = run_training(cfg, console_sink, stop=stop, callbacks=callbacks, console=sys.stderr.isatty(),
-                              run_dir=args.run_dir)
-    except OSError as exc:  # e.g. an output folder that cannot be created: the user's to fix, not a bug report
-        what = f"{exc.strerror}: {exc.filename}" if exc.filename and exc.strerror else str(exc)
-        print(f"memtune: cannot write the run folder ({what}); choose an output_dir you can write to",
-              file=sys.stderr)
-        return 1
-    if result.status == "failed":
-        where = f" (details in {Path(result.run_dir) / 'events.jsonl'})" if result.run_dir else ""
-        kind = f" ({result.error_type})" if result.error_type else ""
-        print(f"memtune: training failed{kind}: {result.message}{where if result.error_type == 'other' else ''}",
-              file=sys.stderr)
-        return 1
-    s = result.summary
-    print(f"{result.message}\nfirst loss {s.get('first_loss')}, last loss {s.get('final_loss')}, "
-          f"{s.get('train_tokens')} tokens in {s.get('train_runtime_s')} s")
-    print(result.adapter_dir)
-    return 0
-
-
-def run() -> None:
-    """`python -m core.train`: main(), then end the process at once.
-
-    Everything is written and closed by then. Skipping the interpreter's teardown (seconds, once torch is loaded)
-    ends the process at once, so the app can take the next Start (and the GPU is free) as soon as "done" shows."""
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    run()
