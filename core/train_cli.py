@@ -1,4 +1,5 @@
-"""The command line of the training recipe: `python -m core.train` (usage in core/train.py's docstring) runs `run()`.
+"""The command line of the training recipe: `python -m core.train` (usage in core/train/__init__.py's docstring)
+runs `run()`.
 
 Argument parsing, the process around one run (torch threads, quiet libraries; signals and a parent that died are
 core/supervise.py's) and, when the config asks for several processes, the hand-off to accelerate's launcher

@@ -37,7 +37,7 @@ def imported_modules(name: str, file: Path, modules: dict[str, Path]) -> set[str
             if node.level:  # relative: `from . import x`, `from .x import y`
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            # `from core import config` imports the submodule core.config; `from core.config import X` imports core.config
+            # `from core import config` imports the submodule core.config; `from core.config import X`, core.config
             targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
         else:
             continue
