@@ -1,6 +1,6 @@
 """What a run says while it trains, and how it hears Stop: the phases, the Trainer callback, the stop watch.
 
-core/train.py's recipe uses these; none of them decides anything about training. Every one reports through an
+core/train/'s recipe uses these; none of them decides anything about training. Every one reports through an
 event sink (core/events.py): `phase` keeps a long step (a download, a load) audibly alive, `make_callback` turns the
 Trainer's steps and logs into `step`/`metrics` events and ends the run after the current step when Stop is asked,
 `watch_stop` answers a Stop at once, and `BarOnly` keeps the Trainer's terminal progress bar without its log dicts.

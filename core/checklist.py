@@ -2,8 +2,8 @@
 
 Seven items, in the chapter's order. Each knows whether a config has it on (`is_on`) and how to switch it
 (`turn_on` / `turn_off`), so ticking a box changes the config and a loaded config ticks the right boxes.
-The trade-off texts are what we measured, not the chapter's claims (see bench/RESULTS.md and
-shared/gpu/BASELINE.md): e.g. checkpointing saved nothing at length 512 x batch 1 on an 8B model.
+The trade-off texts are what we measured, not the chapter's claims (see bench/RESULTS.md, and bench/BASELINE.md for
+the seed recipe's rows): e.g. checkpointing saved nothing at length 512 x batch 1 on an 8B model.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from core import recipe
-from core.config import DEMO_DATASET, DEMO_MODEL, OPTIMIZERS, TrainConfig, demo_config
+from core.config import DEMO_DATA, DEMO_DATASET, DEMO_MODEL, OPTIMIZERS, TrainConfig, demo_config
 from core.verbatim import helper_source
 
 
@@ -139,8 +139,6 @@ def _data_loading(cfg: TrainConfig) -> tuple[str, tuple[str, ...]]:
 
     split = _py(cfg.dataset_split)
     if cfg.dataset == DEMO_DATASET:
-        from core.demo import DEMO_DATA
-
         return f"load_dataset(\"json\", data_files={_py(str(DEMO_DATA))}, split={split})  # memtune's demo data", ()
     path = Path(cfg.dataset).expanduser()
     if not is_local(cfg.dataset):

@@ -4,8 +4,10 @@
 "show code" view all map onto its fields by name. Its defaults are the course chapter's recipe exactly
 (QLoRA on Llama-3.1-8B, dolly-15k first 1,000 rows, batch 1 x accumulation 16, paged 8-bit AdamW, ...).
 
-`validate()` checks a config before any heavy work and reports every problem at once, each naming the field,
-what is wrong and how to fix it; `field_problems()` is its check of each field against its metadata.
+`config_problems()` checks a config on its own (its fields, the machine) and reports every problem at once, each
+naming the field, what is wrong and how to fix it; `field_problems()` is its check of each field against its
+metadata. The checks that need other parts of memtune (resume, public mode, several GPUs) sit above this module, in
+core/checks.py, whose `validate()`/`check()` callers use: config imports no other part of memtune but its leaves.
 
 About 410 lines: a third of them is the field table itself (help, bounds, choices and widget kind per field),
 which stays in one place; machine detection is in core/hardware.py, value coercion in core/values.py.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -27,6 +30,13 @@ from core.values import coerce_to, type_label
 
 DEMO_MODEL = "memtune/demo-tiny-llama"  # built locally by core.demo, never downloaded
 DEMO_DATASET = "memtune/demo"  # shipped in assets/demo/
+DEMO_DATA = Path(__file__).resolve().parent.parent / "assets" / "demo" / "demo.jsonl"  # DEMO_DATASET's file
+
+
+def cache_root() -> Path:
+    """memtune's own folder (MEMTUNE_HOME): the demo model, uploads."""
+    return Path(os.environ.get("MEMTUNE_HOME", Path.home() / ".cache" / "memtune"))
+
 
 OPTIMIZERS = {
     # name (as transformers' TrainingArguments.optim spells it): (needs bitsandbytes, 8-bit state, paged)
@@ -243,10 +253,6 @@ def field_types() -> dict[str, Any]:
     return {f.name: hints[f.name] for f in fields(TrainConfig)}
 
 
-def field_help(name: str) -> str:
-    return {f.name: f.metadata.get("help", "") for f in fields(TrainConfig)}[name]
-
-
 def field_meta(name: str) -> dict[str, Any]:
     return dict({f.name: f.metadata for f in fields(TrainConfig)}[name])
 
@@ -323,8 +329,9 @@ def field_problems(cfg: TrainConfig) -> list[Problem]:
     return p
 
 
-def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
-    """Return every problem with `cfg` (an empty list means it is good to run)."""
+def config_problems(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
+    """Every problem `cfg` has on its own on this machine; core.checks.validate adds resume, public mode and
+    several GPUs."""
     hw = hw or Hardware.detect()
     p: list[Problem] = []
 
@@ -341,13 +348,7 @@ def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
     if cfg.run_name and not SAFE_NAME.match(cfg.run_name):
         bad("run_name", f"{cfg.run_name!r} has characters outside A-Z a-z 0-9 . _ -",
             "use letters, digits, dots, dashes and underscores (at most 64)")
-    if cfg.resume_from:
-        from core.runs import resume_problem
-
-        why = resume_problem(cfg.resume_from)
-        if why:
-            bad("resume_from", why, "give a memtune run folder that has a checkpoint, or leave it empty")
-    elif cfg.output_dir.strip():
+    if not cfg.resume_from and cfg.output_dir.strip():  # a resumed run's folder: core.checks checks it
         why = output_problem(cfg.output_dir)
         if why:
             bad("output_dir", why, "choose a folder you can write to")
@@ -368,25 +369,10 @@ def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
     if cfg.use_liger_kernel and (device != "cuda" or not hw.liger):
         bad("use_liger_kernel", "liger kernels need a CUDA GPU and the liger-kernel package",
             "turn it off, or pip install liger-kernel on a CUDA machine")
-    from core.public import public_problems
-
-    p.extend(public_problems(cfg))  # public mode: no local paths, no remote code, runs in the app's folder
     if cfg.lora_alpha and cfg.lora_r and cfg.lora_alpha / cfg.lora_r > 16:
         bad("lora_alpha", f"alpha/r = {cfg.lora_alpha / cfg.lora_r:g} scales updates very strongly",
             "keep lora_alpha at 1-4x lora_r")
-    from core import distributed
-
-    for name, message, fix in distributed.problems(cfg, hw.n_gpus):
-        bad(name, message, fix)
     return p
-
-
-def check(cfg: TrainConfig, hw: Hardware | None = None) -> TrainConfig:
-    """Raise ConfigError listing every problem, or return cfg unchanged."""
-    problems = validate(cfg, hw)
-    if problems:
-        raise ConfigError(problems)
-    return cfg
 
 
 def demo_config(**changes: Any) -> TrainConfig:

@@ -73,11 +73,6 @@ class DataPlan:
     def longest_row(self) -> int:
         return max(self.lengths, default=0)
 
-    # Names the preview used before the plan existed
-    n_rows = n_train
-    token_lengths = property(lambda self: self.lengths)
-    n_over_max = property(lambda self: sum(n > self.max_length for n in self.lengths))
-
     def to_dict(self) -> dict[str, Any]:
         """The counts, as events.jsonl and summary.json carry them."""
         return {"format": self.format, "rows_in_split": self.n_source, "train_rows": self.n_train,
@@ -347,25 +342,6 @@ def _examples(plan: DataPlan, columns, all_ids, prompt_lens, tokenizer, n: int,
                           f"{PREVIEW_CHARS:,} characters")
         out.append(ex)
     return out
-
-
-# --- entry points ----------------------------------------------------------------------------------------
-def prepare_dataset(cfg: TrainConfig, tokenizer: Any) -> tuple[Any, str]:
-    """The SFT-ready string dataset for `cfg` (every non-empty row, before any max_length cut) and its format."""
-    raw, fmt = check_data(cfg)
-    with _naming(_where(cfg.dataset)):
-        columns, kept = render_rows(raw, fmt, tokenizer)
-        if not kept:
-            plan_rows(cfg, tokenizer, raw, fmt)  # raises the every-row-empty message
-    import datasets
-
-    return datasets.Dataset.from_dict(columns), fmt
-
-
-def token_lengths(sft: Any, tokenizer: Any) -> list[int]:
-    """Token count of every row as TRL tokenizes it: tokenizer(prompt + completion) or tokenizer(text)."""
-    ids, _ = _tokenize({c: list(sft[c]) for c in sft.column_names}, tokenizer)
-    return [len(x) for x in ids]
 
 
 def length_stats(lengths: list[int]) -> dict[str, float]:

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from core.config import DEMO_DATASET
+from core.config import DEMO_DATA, DEMO_DATASET
 
 # Local file suffix -> the datasets builder that reads it.
 LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
@@ -45,8 +45,6 @@ def load_raw(source: str, split: str = "train") -> Any:
         raise DataError(f"No dataset given. Give a Hub dataset id, a local {'/'.join(LOADERS)} file, "
                         f"or {DEMO_DATASET}.")
     if source == DEMO_DATASET:
-        from core.demo import DEMO_DATA
-
         return _load_file(DEMO_DATA, split)
     from core.public import dataset_problem
 

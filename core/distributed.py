@@ -124,7 +124,7 @@ def plan(cfg, n_gpus: int | None = None, fits_one_gpu: bool | None = None) -> Pl
 
 
 def problems(cfg, n_gpus: int | None = None) -> list[tuple[str, str, str]]:
-    """(field, what is wrong, how to fix) for multi-GPU settings that cannot work; config.validate adds them."""
+    """(field, what is wrong, how to fix) for multi-GPU settings that cannot work; checks.validate adds them."""
     n_gpus = visible_gpus() if n_gpus is None else n_gpus
     out: list[tuple[str, str, str]] = []
     per_machine = processes_per_machine(cfg, n_gpus)

@@ -1,7 +1,7 @@
 """One string table for the whole interface, in English, Portuguese and French.
 
 The tables are data: core/locales/{en,pt,fr}.json, one JSON object per language (key -> text). English help texts
-and checklist texts are not stored there: they are the config fields' own help (`config.field_help`) and
+and checklist texts are not stored there: they are the config fields' own help (their `help` metadata) and
 `core.checklist.ITEMS`, so they cannot drift. `t(key, lang, **fmt)` returns the text for `key` in `lang` with its
 {placeholders} filled; a language or key that is missing falls back to English (then to the key itself), so a gap
 shows as English text, never as a crash. Tests check that every key exists in every language with the same
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import string
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +55,6 @@ class _Keep(dict):
 
     def __missing__(self, key: str) -> str:
         return "{" + key + "}"
-
-
-def placeholders(text: str) -> set[str]:
-    return {name for _, name, _, _ in string.Formatter().parse(text) if name}
 
 
 def t(key: str, lang: str | None = DEFAULT_LANGUAGE, **fmt: Any) -> str:

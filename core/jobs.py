@@ -11,9 +11,10 @@ Stop writes RUN/STOP; the child's callback ends after the current optimizer step
 once that it saw the Stop (an `ack` event). A second Stop, no answer within STOP_ACK_S, or no end within
 STOP_FINISH_S after answering, kills the process group (SIGTERM, then SIGKILL). A child that dies without a `done`
 event becomes a failed run (events.jsonl and summary.json say how it died, with the end of train.log).
-`shutdown()` (app exit) stops, then kills, the child: the app never leaves an orphan behind.
+`shutdown()` (app exit) stops, then kills, the child: the app never leaves an orphan behind. The child process
+itself (spawn, Stop and its deadlines, the failed-run record) is core/supervise.py's, shared with core/launcher.py.
 
-What a page shows of a job is core.jobview (re-exported here).
+What a page shows of a job is core/jobview.py, which reads Jobs (this module never imports it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -29,16 +29,12 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
 from core.callbacks import STOP_FILE
 from core.config import TrainConfig
 from core.events import EventTail, JsonlSink, make_event, read_events
-
-if TYPE_CHECKING:  # the page's view of a job (core.jobview) folds its events; only its type is named here
-    from core.jobview import _Fold
-
-Runner = Callable[..., Any]  # an in-process stand-in for the child: runner(cfg, sink=..., stop=...) (UI tests only)
+from core.supervise import PARENT_ENV, Child
 
 ROOT = Path(__file__).resolve().parent.parent  # the child imports `core` from here, whatever the app's cwd
 LOG_FILE = "train.log"
@@ -48,9 +44,7 @@ POLL_S = 0.25  # how often the manager reads events.jsonl and checks the child
 STOP_ACK_S = 30.0
 # After answering, it finishes one optimizer step and saves the adapter: minutes at most, even for 8B on one GPU.
 STOP_FINISH_S = 600.0
-KILL_GRACE_S = 5.0  # between SIGTERM and SIGKILL to the process group
 SHUTDOWN_GRACE_S = 10.0  # app exit: time for the child to finish its step and save before it is killed
-TAIL_LINES = 15  # lines of train.log quoted when a child dies
 
 
 class JobBusy(RuntimeError):
@@ -71,12 +65,8 @@ class Job:
     pid: int | None = None  # the child process (its process group has the same id)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
-    _proc: subprocess.Popen | None = field(default=None, repr=False)
-    _stop_at: float | None = field(default=None, repr=False)  # when the first Stop was asked
-    _acked: bool = field(default=False, repr=False)  # the child said it saw the Stop
-    _kill_reason: str | None = field(default=None, repr=False)
-    _kill_at: float | None = field(default=None, repr=False)
-    _view: _Fold | None = field(default=None, repr=False)  # job_view's running fold
+    _child: Child | None = field(default=None, repr=False)
+    _view: Any = field(default=None, repr=False)  # core.jobview's running fold of the events (it sits above jobs)
 
     def emit(self, event: dict[str, Any]) -> None:
         with self._lock:
@@ -85,11 +75,6 @@ class Job:
     def events_since(self, start: int = 0) -> list[dict[str, Any]]:
         with self._lock:
             return list(self.events[start:])
-
-    @property
-    def n_events(self) -> int:
-        with self._lock:
-            return len(self.events)
 
     @property
     def running(self) -> bool:
@@ -118,16 +103,17 @@ class Job:
 
 
 class JobManager:
-    """App-wide: use `MANAGER` below. Thread-safe. `runner`: an in-process stand-in for the child (UI tests)."""
+    """App-wide: use `MANAGER` below. Thread-safe. `program`: what the child runs, followed by `--config FILE
+    --run-dir DIR` (the CLI, `python -m core.train`; the UI tests give a tiny child of the same protocol)."""
 
-    def __init__(self, runner: Runner | None = None) -> None:
-        self._runner = runner
+    def __init__(self, program: list[str] | None = None) -> None:
+        self._program = list(program or [sys.executable, "-m", "core.train"])
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._job: Job | None = None  # the running job, or the last one
 
     # --- control ----------------------------------------------------------------------------------------
-    def start(self, cfg: TrainConfig, runner: Runner | None = None) -> Job:
+    def start(self, cfg: TrainConfig) -> Job:
         """Start `cfg` as a child process, or raise JobBusy if a job is running (from any tab).
 
         A run that cannot even be started (its folder cannot be made, Python cannot be run) is returned as a
@@ -141,20 +127,16 @@ class JobManager:
                               "one run at a time uses the GPU. Wait for it to finish or press Stop.")
             job = Job(id=next(self._ids), config=cfg)
             self._job = job
-            runner = runner or self._runner
-            if runner is not None:
-                target, args = self._run_inline, (job, runner)
-            else:
-                try:
-                    tail = self._spawn(job)
-                except Exception as exc:  # noqa: BLE001 - e.g. a folder that cannot be made: a failed run, not a crash
-                    message = f"Could not start the training process: {exc}"
-                    job.emit(make_event("error", error_type="other", message=message))
-                    job.emit(make_event("done", status="failed", run_dir=job.folder, summary={}, message=message))
-                    job.finished = time.time()
-                    return job
-                target, args = self._follow, (job, tail)
-            job._thread = threading.Thread(target=target, args=args, name=f"memtune-job-{job.id}", daemon=True)
+            try:
+                tail = self._spawn(job)
+            except Exception as exc:  # noqa: BLE001 - e.g. a folder that cannot be made: a failed run, not a crash
+                message = f"Could not start the training process: {exc}"
+                job.emit(make_event("error", error_type="other", message=message))
+                job.emit(make_event("done", status="failed", run_dir=job.folder, summary={}, message=message))
+                job.finished = time.time()
+                return job
+            job._thread = threading.Thread(target=self._follow, args=(job, tail), name=f"memtune-job-{job.id}",
+                                           daemon=True)
             job._thread.start()
             return job
 
@@ -164,38 +146,23 @@ class JobManager:
         None if nothing is running.
         """
         job = self._job
-        if job is None or not job.running:
+        if job is None or not job.running or job._child is None:
             return None
-        if job._proc is None:  # in-process stand-in
-            job.stop_event.set()
-            return job
-        if not job.stop_event.is_set():
-            job.stop_event.set()
-            job._stop_at = time.monotonic()
-            try:
-                (Path(job.folder) / STOP_FILE).write_text("stop requested from the app\n", encoding="utf-8")
-            except OSError:  # cannot write the folder: the child cannot answer either, so end it
-                self._kill(job, "unwritable")
-        else:
-            self._kill(job, "second_stop")
+        job.stop_event.set()
+        job._child.ask_stop("stop requested from the app\n")
         return job
 
     def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """App exit: ask the child to stop (it saves after its step), then kill its process group; never orphan it."""
         job = self._job
-        if job is None or job._proc is None or job._proc.poll() is not None:
+        if job is None or job._child is None or job._child.proc.poll() is not None:
             return
         if not job.stop_event.is_set():
             self.stop()
         try:
-            job._proc.wait(grace_s)
+            job._child.proc.wait(grace_s)
         except subprocess.TimeoutExpired:
-            self._kill(job, "shutdown")
-            try:
-                job._proc.wait(KILL_GRACE_S)
-            except subprocess.TimeoutExpired:
-                _signal_group(job.pid, signal.SIGKILL)
-                job._proc.wait()
+            job._child.end("shutdown")
         job.wait(10)  # the follower records how it ended
 
     def current(self) -> Job | None:
@@ -212,8 +179,6 @@ class JobManager:
         if job is None or not job.running:
             return False
         mine = job.run_dir
-        if mine is None:  # an in-process stand-in that has not announced its folder yet
-            mine = job.config.resume_from or None
         try:
             return mine is not None and Path(mine).resolve() == Path(run_dir).resolve()
         except OSError:
@@ -250,7 +215,7 @@ class JobManager:
         job.folder = str(run_dir)
         config_path = run_dir / "config.yaml"
         (run_dir / STOP_FILE).unlink(missing_ok=True)  # a resumed run's folder may keep one from its last Stop
-        command = [sys.executable, "-m", "core.train", "--config", str(config_path), "--run-dir", str(run_dir)]
+        command = [*self._program, "--config", str(config_path), "--run-dir", str(run_dir)]
         # Said at once (the child needs seconds to import torch): a new Start never shows the previous run's state.
         starting = make_event("phase", phase="starting", progress=None,
                               message=f"Starting the training process: python -m core.train --config {config_path}")
@@ -259,30 +224,33 @@ class JobManager:
         job.emit(starting)
         tail = EventTail(events)
         tail.offset = events.stat().st_size  # what follows is the child's (a resumed run's older events are not)
-        env = dict(os.environ, MEMTUNE_PARENT_PID=str(os.getpid()), PYTHONUNBUFFERED="1",
+        env = dict(os.environ, PYTHONUNBUFFERED="1",
                    PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+        env[PARENT_ENV] = str(os.getpid())  # the child stops and saves if the app dies (core.supervise)
         env.setdefault("MEMTUNE_NUM_THREADS", str(max(1, _cores() - 1)))  # one core for the web server + browser
         with open(run_dir / LOG_FILE, "ab") as log:
-            job._proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True)  # its own process group: Stop can end it and everything it started
-        job.pid = job._proc.pid
+            job._child = Child.spawn(command, run_dir / STOP_FILE, ack_s=STOP_ACK_S, finish_s=STOP_FINISH_S,
+                                     log=log, env=env)
+        job.pid = job._child.pid
         return tail
 
     def _follow(self, job: Job, tail: EventTail) -> None:
-        """Copy the child's new events into the job until it exits; enforce Stop's deadlines; record a death."""
-        proc = job._proc
+        """Copy the child's new events into the job until it exits (the supervisor enforces Stop's deadlines);
+        record a death."""
+        child = job._child
+
+        def take() -> None:
+            events = tail.read()
+            child.note(events)
+            for e in events:
+                job.emit(e)
+
         try:
-            while proc.poll() is None:
-                self._take(job, tail.read())
-                self._enforce_deadlines(job)
-                time.sleep(POLL_S)
-            self._take(job, tail.read())
-            _signal_group(job.pid, signal.SIGKILL)  # anything the child left in its group
+            child.follow(take, POLL_S)
             if not any(e.get("kind") == "done" for e in job.events_since(0)):
-                self._record_death(job, proc.returncode)
-                self._take(job, tail.read())
+                run_dir = Path(job.folder)
+                child.record_death(run_dir, "The training process died unexpectedly ({how}).", log=run_dir / LOG_FILE)
+                take()
         except Exception:  # noqa: BLE001 - the follower must always end the job, or Start stays refused forever
             job.emit(make_event("error", error_type="other", message=traceback.format_exc(limit=4)))
             job.emit(make_event("done", status="failed", run_dir=job.folder, summary={},
@@ -292,96 +260,12 @@ class JobManager:
                 (Path(job.folder) / STOP_FILE).unlink(missing_ok=True)
             job.finished = time.time()
 
-    def _take(self, job: Job, events: list[dict[str, Any]]) -> None:
-        for e in events:
-            if e.get("ack") == "stop":
-                job._acked = True
-            job.emit(e)
-
-    def _enforce_deadlines(self, job: Job) -> None:
-        now = time.monotonic()
-        if job._kill_at is not None:
-            if now - job._kill_at > KILL_GRACE_S:
-                _signal_group(job.pid, signal.SIGKILL)
-        elif job._stop_at is not None:
-            if now - job._stop_at > (STOP_FINISH_S if job._acked else STOP_ACK_S):
-                self._kill(job, "no_end" if job._acked else "no_answer")
-
-    def _kill(self, job: Job, reason: str) -> None:
-        """End the child's whole process group now: SIGTERM, then SIGKILL after KILL_GRACE_S (the follower)."""
-        if job._kill_at is not None or job._proc is None:
-            return
-        job._kill_reason, job._kill_at = reason, time.monotonic()
-        job.stop_event.set()
-        _signal_group(job.pid, signal.SIGTERM)
-
-    def _record_death(self, job: Job, code: int | None) -> None:
-        """A child that ended without its `done` event: a failed run, in events.jsonl and summary.json too."""
-        run_dir = Path(job.folder)
-        how = _exit_text(code)
-        why = {
-            "second_stop": f"Ended at once by a second Stop ({how}); this run saved no adapter.",
-            "no_answer": f"The training process did not answer Stop within {STOP_ACK_S:.0f} s and was ended ({how}).",
-            "no_end": f"The training process did not finish within {STOP_FINISH_S:.0f} s of Stop and was ended ({how}).",
-            "shutdown": f"The app was shut down during the run, which was ended ({how}).",
-            "unwritable": f"The run folder could not be written, so the run was ended ({how}).",
-        }.get(job._kill_reason or "", f"The training process died unexpectedly ({how}).")
-        if job._kill_reason is None and code is not None and code < 0 and -code == signal.SIGKILL:
-            why += " SIGKILL often means the system ran out of memory (the kernel's OOM killer)."
-        tail = _log_tail(run_dir / LOG_FILE)
-        message = why + (" Complete checkpoints, if any, remain for Resume in History." if job._kill_reason else "")
-        if tail and job._kill_reason is None:
-            message += f"\nLast lines of {run_dir / LOG_FILE}:\n{tail}"
-        from core.runs import record_failure
-
-        record_failure(run_dir, message, exit_code=code)
-
-    # --- an in-process stand-in (UI tests) --------------------------------------------------------------
-    def _run_inline(self, job: Job, runner: Runner) -> None:
-        try:
-            runner(job.config, sink=job.emit, stop=job.stop_event)
-        except BaseException as exc:  # noqa: BLE001 - the UI still gets told
-            job.emit(make_event("error", error_type="other", message=f"{type(exc).__name__}: {exc}"))
-        finally:
-            if not any(e.get("kind") == "done" for e in job.events_since(0)):
-                job.emit(make_event("done", status="failed", run_dir=None, summary={}, message="The run ended."))
-            job.finished = time.time()
-
 
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-def _signal_group(pgid: int | None, sig: int) -> None:
-    if pgid:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-
-
-def _exit_text(code: int | None) -> str:
-    if code is None:
-        return "no exit status"
-    if code < 0:
-        try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def _log_tail(path: Path, lines: int = TAIL_LINES) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 16384))
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    text = text.replace("\r", "\n")  # progress bars
-    return "\n".join([ln for ln in text.splitlines() if ln.strip()][-lines:])
 
 
 MANAGER = JobManager()

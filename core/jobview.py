@@ -1,7 +1,7 @@
 """What a page shows of a job (progress, loss curve, log lines, result), as plain data: tested without a browser.
 
-`view(events)` folds a list of events; `job_view(job)` keeps a fold per job and adds only the events that arrived
-since the last poll, so a long run does not cost the page more each second.
+`job_view(job)` keeps a fold of the job's events per job and adds only the events that arrived since the last poll,
+so a long run does not cost the page more each second.
 """
 
 from __future__ import annotations
@@ -129,13 +129,6 @@ class _Fold:
             elif not running:
                 v.state = "interrupted" if from_disk else v.state
         return v
-
-
-def view(events: list[dict[str, Any]], running: bool = False, stopping: bool = False,
-         from_disk: bool = False) -> JobView:
-    fold = _Fold()
-    fold.add(events)
-    return fold.result(running, stopping, from_disk)
 
 
 def job_view(job: "Job | None") -> JobView:

@@ -8,80 +8,34 @@ end of the process group, and records a run whose workers died without a `done` 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 
 from core.distributed import plan, worker_argv
+from core.supervise import PARENT_ENV, Child
 
 
 # --- the launching parent ---------------------------------------------------------------------------------------
-def _die_with_parent() -> None:
-    """In the launcher child, before exec: its own session (a terminal's Ctrl-C reaches only memtune's parent, which
-    turns it into a graceful Stop) and SIGTERM when the parent dies (killed by the app or by hand: no orphans)."""
-    os.setsid()
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the parent's own handlers still end the group
-        pass
-
-
 def launch_workers(argv: list[str], stop_file, log=None, env: dict[str, str] | None = None,
-                   kill_after_s: float = 600.0) -> int:
-    """Run `accelerate launch` (argv from worker_argv) and wait. First Ctrl-C/SIGTERM: write the stop file (every rank
-    ends after the same step and rank 0 saves the adapter). Second, or no end `kill_after_s` after the first: end the
-    launcher's process group. Returns the launcher's exit code (negative: killed by that signal)."""
+                   kill_after_s: float = 600.0) -> Child:
+    """Run `accelerate launch` (argv from worker_argv) under core.supervise and wait. First Ctrl-C/SIGTERM (or the
+    app's death): write the stop file (every rank ends after the same step and rank 0 saves the adapter). Second, or
+    no end `kill_after_s` after the first: end the launcher's process group. Returns the ended child (its
+    proc.returncode: negative when killed by that signal)."""
     import signal
-    import subprocess
-    import time
-    from pathlib import Path
 
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
-                            preexec_fn=_die_with_parent)
-    asked: list[float] = []
-
-    def on_signal(signum, frame):  # noqa: ARG001
-        if not asked:
-            asked.append(time.monotonic())
-            with contextlib.suppress(OSError):
-                Path(stop_file).write_text("stop\n", encoding="utf-8")
-        else:
-            _end_group(proc)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    app = os.environ.get("MEMTUNE_PARENT_PID", "")  # started by the app: if the app dies, stop and save
+    # Its own session, and SIGTERM when this process dies. The launcher reads no events, so Stop's only deadline is
+    # kill_after_s, with or without an answer.
+    child = Child.spawn(argv, stop_file, ack_s=kill_after_s, finish_s=kill_after_s, log=log, env=env,
+                        die_with_parent=True)
+    previous = {s: signal.signal(s, lambda signum, frame: child.ask_stop()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while proc.poll() is None:
-            if asked and time.monotonic() - asked[0] > kill_after_s:
-                _end_group(proc)
-            elif not asked and app.isdigit() and os.getppid() != int(app):
-                on_signal(signal.SIGTERM, None)
-            time.sleep(0.2)
+        child.follow(poll_s=0.2, watch_parent=True)  # started by the app: if the app dies, stop and save
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        if proc.poll() is None:
-            _end_group(proc)
-    return proc.returncode
-
-
-def _end_group(proc, grace_s: float = 5.0) -> None:
-    import signal
-    import subprocess
-
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(grace_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        child.end("shutdown")
+    return child
 
 
 # --- python -m core.train, when the config asks for more than one process ----------------------------------------
@@ -107,9 +61,10 @@ def run_launcher(cfg, run_dir: str | None = None) -> int:
     from pathlib import Path
 
     from core.callbacks import STOP_FILE
-    from core.config import ConfigError, check
+    from core.checks import check
+    from core.config import ConfigError
     from core.events import JsonlSink, make_event, read_events
-    from core.runs import create_run_dir, record_failure
+    from core.runs import create_run_dir
 
     fits = _fits_one_gpu(cfg) if cfg.distributed_strategy == "auto" else None
     p = plan(cfg, fits_one_gpu=fits)
@@ -127,11 +82,12 @@ def run_launcher(cfg, run_dir: str | None = None) -> int:
     print(f"[memtune] {what}", file=sys.stderr, flush=True)
     if run:
         JsonlSink(run / "events.jsonl")(make_event("log", level="info", message=what))
-    env = {k: v for k, v in os.environ.items() if k != "MEMTUNE_PARENT_PID"}  # the workers' parent is torchrun
+    env = {k: v for k, v in os.environ.items() if k != PARENT_ENV}  # the workers' parent is torchrun
     threads = int(os.environ.get("MEMTUNE_NUM_THREADS", "0") or 0) or (os.cpu_count() or 1)
     env["MEMTUNE_NUM_THREADS"] = str(max(1, threads // p.processes_per_machine))  # share this machine's cores
     argv = worker_argv(p, resolved, str(config_path), ["--run-dir", str(run)] if run else [])
-    code = launch_workers(argv, (run or scratch) / STOP_FILE, env=env)
+    child = launch_workers(argv, (run or scratch) / STOP_FILE, env=env)
+    code = child.proc.returncode
     import shutil
 
     shutil.rmtree(scratch, ignore_errors=True)
@@ -140,9 +96,10 @@ def run_launcher(cfg, run_dir: str | None = None) -> int:
     events = read_events(run / "events.jsonl")
     done = next((e for e in reversed(events) if e.get("kind") == "done"), None)
     if done is None:  # a worker died (killed, out of memory, a collective that timed out): say so, like one GPU
-        message = (f"A training process of this {p.world_size}-process run ended without finishing (launcher exit "
-                   f"code {code}); the run log above the error has each process's last lines.")
-        record_failure(run, message, exit_code=code, world_size=p.world_size, strategy=p.strategy)
+        message = child.record_death(
+            run, f"A training process of this {p.world_size}-process run ended without finishing (launcher "
+            "{how}); the run log above the error has each process's last lines.", world_size=p.world_size,
+            strategy=p.strategy)
         print(f"memtune: training failed: {message}", file=sys.stderr)
         return 1
     if done.get("status") == "failed":

@@ -55,7 +55,7 @@ def resolve_model_path(cfg: TrainConfig, sink: EventSink | None = None) -> str:
     if (why := model_problem(cfg)):  # public mode: no local folders, no remote code (Preview comes here too)
         raise ModelError(why)
     if cfg.model == DEMO_MODEL:
-        from core.demo import ensure_demo_model
+        from core.demo_build import ensure_demo_model
 
         return str(ensure_demo_model())
     local = Path(cfg.model).expanduser()
@@ -491,7 +491,8 @@ def release_library_references() -> None:
     """Drop what libraries keep of a finished run, so its GPU memory can really be freed.
 
     Only for a process that trains several times (bench/run.py's in-process rows); the app's runs are child
-    processes that exit, so run_training no longer calls it.
+    processes that exit, so run_training no longer calls it. It goes with that in-process grid (issue 19: bench
+    keeps one `python -m core.train` process per row), not before: the grid still needs it.
 
     - transformers' Trainer registers every nn.Embedding with bitsandbytes' process-wide GlobalOptimManager (to keep
       that module's optimizer state in 32 bits) and nothing ever unregisters it: the manager keeps the module, so the

@@ -35,7 +35,7 @@ def public_root() -> Path:
 
 
 def upload_root() -> Path:
-    from core.demo import cache_root
+    from core.config import cache_root
 
     return real(cache_root() / "uploads")
 

@@ -5,7 +5,7 @@ checkpoints/checkpoint-N/ (a `COMPLETE` file written last), adapter/ (its own ma
 summary.json. Only a folder that is memtune's (see `is_memtune_run`) is ever resumed into or deleted.
 
 - `create_run_dir(cfg)`: a fresh, marked folder (or the checked resume folder) with config.yaml written.
-- `resume_problem(folder)`: why `resume_from=folder` cannot work (None when it can); config.validate uses it.
+- `resume_problem(folder)`: why `resume_from=folder` cannot work (None when it can); checks.validate uses it.
 - `resume_point(run_dir)`: the newest usable checkpoint and what was skipped (damaged ones, named).
 - `save_adapter(...)`, `finish_run(run_dir, summary)`: atomic writes; a full disk gives a plain message.
 
@@ -257,18 +257,28 @@ def finish_run(run_dir: str | Path, summary: dict[str, Any]) -> str | None:
     return None
 
 
-def record_failure(run_dir: str | Path, message: str, **details: Any) -> dict[str, Any]:
-    """A run whose process ended without its own `done` event (killed, crashed, a worker died): append `error` and
-    `done` to its events.jsonl and write a failed summary.json if it has none, so the page and History show why.
-    `details` (e.g. exit_code, world_size) go into both. Returns the summary."""
+def record_failure(run_dir: str | Path, message: str, error_type: str = "other", emit=None,
+                   trace: str | None = None, data: dict[str, Any] | None = None, **details: Any) -> dict[str, Any]:
+    """The one record of a failed run: the `error` event, a failed summary.json, the `done` event, so the page and
+    History show why. Returns the summary.
+
+    Two writers call it: the run itself (core.train, `emit` its event sink, `trace` the traceback, `data` the row
+    plan once there is one), and the supervisor of a process that ended without its own `done` event (killed,
+    crashed, a worker died; `emit` None: appended to events.jsonl, and summary.json kept if the run wrote one).
+    `details` (e.g. exit_code, world_size) go into both the event and the summary."""
     from core.events import JsonlSink, make_event
 
     run_dir = Path(run_dir)
-    summary = {"status": "failed", "error_type": "other", "message": message, **details,
+    summary = {"status": "failed", "error_type": error_type, "message": message, **details,
                "finished_at": datetime.now().isoformat(timespec="seconds")}
-    sink = JsonlSink(run_dir / "events.jsonl")
-    sink(make_event("error", error_type="other", message=message, **details))
-    if not (run_dir / "summary.json").is_file():
-        finish_run(run_dir, summary)
-    sink(make_event("done", status="failed", run_dir=str(run_dir), summary=summary, message=message))
+    if data is not None:
+        summary["data"] = data
+    own = emit is not None
+    emit = emit or JsonlSink(run_dir / "events.jsonl")
+    emit(make_event("error", error_type=error_type, message=message, **({"traceback": trace} if own else {}),
+                    **details))
+    if own or not (run_dir / "summary.json").is_file():
+        if (problem := finish_run(run_dir, summary)):  # never a 0-byte summary.json; temp folders removed
+            emit(make_event("log", level="warning", message=problem))
+    emit(make_event("done", status="failed", run_dir=str(run_dir), summary=summary, message=message))
     return summary

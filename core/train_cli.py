@@ -1,23 +1,24 @@
-"""The command line of the training recipe: `python -m core.train` (usage in core/train.py's docstring) runs `run()`.
+"""The command line of the training recipe: `python -m core.train` (usage in core/train/__init__.py's docstring)
+runs `run()`.
 
-Argument parsing, the process around one run (torch threads, quiet libraries, signals, a parent that died) and, when
-the config asks for several processes, the hand-off to accelerate's launcher (core/launcher.py). The recipe itself,
-`run_training`, stays in core/train.py (imported when a run starts: core.train re-exports `main` for older callers).
+Argument parsing, the process around one run (torch threads, quiet libraries; signals and a parent that died are
+core/supervise.py's) and, when the config asks for several processes, the hand-off to accelerate's launcher
+(core/launcher.py). The recipe itself, `run_training`, is core/train/ (imported when a run starts); `python -m
+core.train` is core/train/__main__.py, which runs `run()` here.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-from core.callbacks import STOP_FILE
 from core.config import ConfigError, Hardware, TrainConfig, apply_overrides, demo_config
 from core.presets import PRESETS, apply_preset
+from core.supervise import stop_on_signals, stop_when_orphaned
 
 
 def console_sink(event: dict[str, Any]) -> None:
@@ -58,35 +59,6 @@ def set_threads_from_env() -> None:
         import torch
 
         torch.set_num_threads(int(value))
-
-
-def stop_on_signals(stop: threading.Event, run_dir: str | None = None) -> None:
-    """SIGTERM / Ctrl-C: finish the current step and save the adapter. A signal after a Stop was already asked for
-    (this flag, or the run folder's stop file: the app's second Stop) ends the process at once."""
-    stop_file = Path(run_dir) / STOP_FILE if run_dir else None
-
-    def handler(signum, frame):  # only sets a flag: never write or lock inside a signal handler
-        if stop.is_set() or (stop_file is not None and stop_file.exists()):
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, handler)
-
-
-def stop_when_orphaned(stop: threading.Event) -> None:
-    """Started by the app (MEMTUNE_PARENT_PID): if the app dies without stopping us, stop and save, never linger."""
-    parent = os.environ.get("MEMTUNE_PARENT_PID", "")
-    if not parent.isdigit():
-        return
-
-    def watch() -> None:
-        while not stop.wait(1.0):
-            if os.getppid() != int(parent):
-                stop.set()
-
-    threading.Thread(target=watch, daemon=True, name="memtune-parent-watch").start()
 
 
 def main(argv: list[str] | None = None, callbacks=()) -> int:

@@ -50,6 +50,19 @@ def train_cli(capfd, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+def rendered_rows(cfg, tokenizer):
+    """(rows, format): the strings core.data renders for `cfg`'s data (prompt/completion or text, every non-empty
+    row, before any max_length cut), after the engine's own checks of the data (plan_rows: its DataError)."""
+    import datasets
+
+    from core import data
+
+    raw, fmt = data.check_data(cfg)
+    data.plan_rows(cfg, tokenizer, raw, fmt, n_examples=0)
+    columns, _ = data.render_rows(raw, fmt, tokenizer)
+    return datasets.Dataset.from_dict(columns), fmt
+
+
 def checklist_texts(lang: str) -> list[tuple[str, str, str]]:
     """(item key, label, trade-off) of the seven checklist items, in the chapter's order, in `lang`."""
     from core.checklist import ITEMS

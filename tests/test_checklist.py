@@ -3,7 +3,8 @@
 import pytest
 
 from core import checklist
-from core.config import TrainConfig, demo_config, validate, Hardware
+from core.checks import validate
+from core.config import TrainConfig, demo_config, Hardware
 
 HW = Hardware(cuda=True, bf16=True, bitsandbytes=True)
 

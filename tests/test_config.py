@@ -2,7 +2,8 @@
 
 import pytest
 
-from core.config import (ConfigError, Hardware, TrainConfig, apply_overrides, demo_config, validate)
+from core.checks import validate
+from core.config import ConfigError, Hardware, TrainConfig, apply_overrides, demo_config
 
 GPU = Hardware(cuda=True, bf16=True, bitsandbytes=True, liger=True)
 OLD_GPU = Hardware(cuda=True, bf16=False, bitsandbytes=True)
@@ -39,7 +40,7 @@ def test_validation_reports_every_problem_at_once():
     fields = {p.field for p in problems}
     assert {"learning_rate", "lora_r", "optim", "max_length", "lora_target_modules", "run_name", "precision"} <= fields
     with pytest.raises(ConfigError) as err:
-        from core.config import check
+        from core.checks import check
         check(c, GPU)
     text = str(err.value)
     assert "7 problem" in text or f"{len(problems)} problem" in text

@@ -13,7 +13,7 @@ import pytest
 from core import data
 from core.config import DEMO_DATASET, TrainConfig, demo_config
 from core.data import DataError
-from tests.helpers import train_cli
+from tests.helpers import rendered_rows, train_cli
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -67,7 +67,7 @@ def write_jsonl(path: Path, rows: list) -> Path:
 
 def sft_rows(tmp_path, rows, tokenizer, fmt="auto", name="d.jsonl"):
     cfg = TrainConfig(dataset=str(write_jsonl(tmp_path / name, rows)), dataset_split="train", dataset_format=fmt)
-    ds, detected = data.prepare_dataset(cfg, tokenizer)
+    ds, detected = rendered_rows(cfg, tokenizer)
     return list(ds), detected
 
 
@@ -86,7 +86,7 @@ def test_demo_set_loads_as_dolly(tok):
     # 2 phrasings x 50 words = 100 rows (core.demo)
     assert len(raw) == n_lines == len(demo_rows())
     assert data.detect_format(raw) == "dolly"
-    rows, fmt = data.prepare_dataset(demo_config(), tok)
+    rows, fmt = rendered_rows(demo_config(), tok)
     assert fmt == "dolly" and len(rows) == len(raw) and rows.column_names == ["prompt", "completion"]
 
 
@@ -239,7 +239,7 @@ def test_rows_with_empty_prompt_or_completion_are_dropped_and_counted(tmp_path, 
             {**DOLLY, "instruction": "Bye"}]
     path = write_jsonl(tmp_path / "d.jsonl", rows)
     preview = data.plan_rows(TrainConfig(dataset=str(path), dataset_split="train"), tok, n_examples=3)
-    assert (preview.n_rows, preview.n_dropped) == (2, 3)
+    assert (preview.n_train, preview.n_dropped) == (2, 3)
 
 
 def test_conversation_without_assistant_reply_is_dropped(tmp_path, tok):
@@ -325,7 +325,7 @@ def test_hub_dataset_offline_fails_fast_with_advice(monkeypatch):
 def test_csv_keeps_text_and_drops_empty_cells(tmp_path, tok):
     path = tmp_path / "d.csv"
     path.write_text("instruction,context,response\nCode?,,007\nNone,,\n", encoding="utf-8")
-    rows, fmt = data.prepare_dataset(TrainConfig(dataset=str(path), dataset_split="train"), tok)
+    rows, fmt = rendered_rows(TrainConfig(dataset=str(path), dataset_split="train"), tok)
     assert fmt == "dolly" and list(rows) == [{"prompt": "### Instruction:\nCode?\n\n### Response:\n",
                                               "completion": "007</s>"}]
 
@@ -334,7 +334,7 @@ def test_txt_and_parquet(tmp_path, tok):
     import datasets
 
     (tmp_path / "t.txt").write_text("first line\n\nsecond line\n", encoding="utf-8")
-    rows, fmt = data.prepare_dataset(TrainConfig(dataset=str(tmp_path / "t.txt"), dataset_split="train"), tok)
+    rows, fmt = rendered_rows(TrainConfig(dataset=str(tmp_path / "t.txt"), dataset_split="train"), tok)
     assert fmt == "text" and list(rows["text"]) == ["first line</s>", "second line</s>"]
     datasets.Dataset.from_list([DOLLY] * 3).to_parquet(str(tmp_path / "d.parquet"))
     assert len(data.load_raw(str(tmp_path / "d.parquet"), "train[:2]")) == 2
@@ -360,21 +360,20 @@ def test_split_errors(tmp_path):
 # --- preview and TRL compatibility -----------------------------------------------------------------------
 def test_preview_on_demo_set(tok):
     preview = data.plan_rows(demo_config(max_length=22), tok, n_examples=2)
-    assert preview.format == "dolly" and preview.n_rows == 100 and preview.n_dropped == 0
+    assert preview.format == "dolly" and preview.n_train == 100 and preview.n_dropped == 0
     # the first 2 rows, then the first row of each other outcome
     assert [ex["row"] for ex in preview.examples[:2]] == [1, 2]
     assert [ex["reason"] for ex in preview.examples[2:]] == [r for r in data.REASONS if r in preview.reasons
                                                              and r not in {e["reason"] for e in preview.examples[:2]}]
     assert set(preview.examples[1]) == {"row", "reason", "tokens", "trained_tokens", "prompt", "completion"}
     ex = next(e for e in preview.examples if e["reason"] == "kept")  # a row that fits is shown whole
-    assert preview.token_lengths[ex["row"] - 1] == len(tok(ex["prompt"] + ex["completion"])["input_ids"])
-    assert len(preview.token_lengths) == 100 and preview.max_length == 22
-    assert preview.n_over_max == sum(n > 22 for n in preview.token_lengths)
-    assert 0 < preview.n_over_max < 100
+    assert preview.lengths[ex["row"] - 1] == len(tok(ex["prompt"] + ex["completion"])["input_ids"])
+    assert len(preview.lengths) == 100 and preview.max_length == 22
+    assert 0 < sum(n > 22 for n in preview.lengths) < 100
     s = preview.stats
-    assert s["min"] == min(preview.token_lengths) and s["max"] == max(preview.token_lengths)
+    assert s["min"] == min(preview.lengths) and s["max"] == max(preview.lengths)
     assert s["min"] <= s["median"] <= s["p95"] <= s["max"] and s["min"] <= s["mean"] <= s["max"]
-    assert data.plan_rows(demo_config(max_length=512), tok, n_examples=3).n_over_max == 0
+    assert max(data.plan_rows(demo_config(max_length=512), tok, n_examples=3).lengths) <= 512
 
 
 class CountingTokenizer:
@@ -398,14 +397,14 @@ def test_preview_is_fast_for_thousands_of_rows(tmp_path, tok):
     cfg = TrainConfig(dataset=str(write_jsonl(tmp_path / "big.jsonl", rows)), dataset_split="train[:2500]")
     counting = CountingTokenizer(tok)
     preview = data.plan_rows(cfg, counting, n_examples=3)
-    assert preview.n_rows == 2500 and len(preview.token_lengths) == 2500
+    assert preview.n_train == 2500 and len(preview.lengths) == 2500
     assert sum(counting.calls) >= 2 * 2500  # every row's prompt and prompt + response went through it...
     assert len(counting.calls) <= 20, counting.calls  # ...in a handful of batched calls
 
 
 def test_prompt_tokens_are_a_prefix_of_prompt_plus_completion(tok):
     """TRL tokenizes prompt and prompt+completion separately and warns when the first is not a prefix."""
-    rows, _ = data.prepare_dataset(demo_config(), tok)
+    rows, _ = rendered_rows(demo_config(), tok)
     prompts = tok(list(rows["prompt"]))["input_ids"]
     full = tok([p + c for p, c in zip(rows["prompt"], rows["completion"])])["input_ids"]
     assert all(f[:len(p)] == p for p, f in zip(prompts, full))
@@ -416,7 +415,7 @@ def test_trl_trains_on_the_completion_only(demo_dir, tok, tmp_path):
     import trl
     from transformers import AutoModelForCausalLM
 
-    rows, _ = data.prepare_dataset(demo_config(dataset_split="train[:8]"), tok)
+    rows, _ = rendered_rows(demo_config(dataset_split="train[:8]"), tok)
     args = trl.SFTConfig(output_dir=str(tmp_path / "out"), max_length=64, report_to=[], use_cpu=True)
     trainer = trl.SFTTrainer(model=AutoModelForCausalLM.from_pretrained(demo_dir), args=args,
                              train_dataset=rows, processing_class=tok)

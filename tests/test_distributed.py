@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from core import distributed
-from core.config import Hardware, TrainConfig, validate
+from core.checks import validate
+from core.config import Hardware, TrainConfig
 
 CPU = Hardware(cuda=False, bf16=True, bitsandbytes=True)
 TWO_GPUS = Hardware(cuda=True, bf16=True, bitsandbytes=True, gpus=2)

@@ -298,7 +298,7 @@ def test_not_enough_disk_is_refused_before_anything_is_written(tmp_path, adapter
 
 
 def test_cli_help_and_export(tmp_path, adapter, capsys):
-    from core.export_cli import main  # in this process: a fresh one would spend seconds importing torch again
+    from core.export.cli import main  # in this process: a fresh one would spend seconds importing torch again
 
     for argv, expected in ((["--help"], ("gguf", "Ollama")), (["gguf", "--help"], ("q8_0", "--formats"))):
         with pytest.raises(SystemExit) as exit_:

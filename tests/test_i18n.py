@@ -1,20 +1,24 @@
 """The string table: complete in every language, consistent with the engine's own texts, language detection."""
 
 import re
+import string
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from core import checklist
-from core.config import TrainConfig, field_help
+from core.config import TrainConfig
 from core.history import HEADERS
-from core.i18n import (EN, LANGUAGES, STRINGS, detect_language, placeholders, request_language,
-                       t)
+from core.i18n import EN, LANGUAGES, STRINGS, detect_language, request_language, t
 from tests.chapter import CHAPTER_FR, CHAPTER_PT
 from tests.helpers import checklist_texts
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def placeholders(text: str) -> set[str]:
+    return {name for _, name, _, _ in string.Formatter().parse(text) if name}
 
 
 def test_every_key_exists_in_every_language_with_the_same_placeholders():
@@ -49,7 +53,7 @@ def test_english_checklist_is_the_engines_and_translations_follow_the_chapter():
 def test_every_setting_has_a_label_and_help_and_english_help_is_the_configs():
     for f in fields(TrainConfig):
         assert f"field.{f.name}" in EN, f.name
-        assert t(f"help.{f.name}", "en") == field_help(f.name), f.name
+        assert t(f"help.{f.name}", "en") == f.metadata.get("help", ""), f.name
 
 
 def test_every_key_the_page_asks_for_exists():

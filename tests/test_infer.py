@@ -11,9 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from core.config import demo_config
-from core.data import load_raw, prepare_dataset
+from core.data import load_raw
 from core.infer import Comparer, InferError, adapter_config, format_prompt, generate_stream
 from core.train import run_training
+from tests.helpers import rendered_rows
 
 PROMPT = "Translate the word 'cat' into French."
 
@@ -47,7 +48,7 @@ def lora_modules(model) -> list:
 def test_format_prompt_is_the_training_prompt(demo_tokenizer):
     """The demo has no chat template: the default template, exactly as the training rows were formatted."""
     cfg = demo_config()
-    sft, _ = prepare_dataset(cfg, demo_tokenizer)
+    sft, _ = rendered_rows(cfg, demo_tokenizer)
     raw = load_raw(cfg.dataset, cfg.dataset_split)
     assert format_prompt(demo_tokenizer, raw[0]["instruction"]) == sft[0]["prompt"]
     assert format_prompt(demo_tokenizer, "hello") == "### Instruction:\nhello\n\n### Response:\n"

@@ -3,13 +3,23 @@
 Stop, a second Stop, a killed child and the training itself are in test_child.py."""
 
 import threading
+import time
 
 import pytest
 
 from core.config import demo_config
 from core.events import EventTail, JsonlSink, make_event
-from core.jobs import JobBusy, JobManager, latest_run_dir
-from core.jobview import format_event, job_view, view
+from core.jobs import Job, JobBusy, JobManager, latest_run_dir
+from core.jobview import format_event, job_view
+
+
+def view(events, running=False, stopping=False, from_disk=False):
+    """The page's view of a job that holds `events` (running, being stopped, or shown from an earlier run's file)."""
+    job = Job(id=1, config=demo_config(), events=list(events), from_disk=from_disk,
+              finished=None if running else time.time())
+    if stopping:
+        job.stop_event.set()
+    return job_view(job)
 
 
 def stop_at_once(mgr: JobManager, job) -> None:
@@ -90,8 +100,6 @@ def test_events_are_read_incrementally_and_only_whole_lines(tmp_path):
 
 
 def test_job_view_folds_only_new_events(tmp_path):
-    from core.jobs import Job
-
     job = Job(id=1, config=demo_config())
     job.emit(make_event("step", step=1, total_steps=4))
     first = job_view(job)
@@ -155,3 +163,37 @@ def test_an_earlier_run_is_shown_from_its_events_file(tmp_path):
     assert v.state == "interrupted" and v.step == 3 and v.losses == [(3, 1.5)]
     assert mgr.load_run(run) is job  # never replaces what the manager already shows
     assert not mgr.busy()
+
+
+def test_the_supervisor_ends_a_child_that_does_not_answer_stop_and_records_why(tmp_path):
+    """core.supervise, shared by the job manager and the launcher: a real child that ignores the stop file."""
+    import json
+    import signal
+    import sys
+
+    from core.events import read_events
+    from core.supervise import Child
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    run = tmp_path / "run"
+    run.mkdir()
+    child = Child.spawn(sleeper, run / "STOP", ack_s=0.0, finish_s=600.0)
+    child.ask_stop()
+    assert (run / "STOP").is_file() and child.stopping
+    assert child.follow(poll_s=0.05) == -signal.SIGTERM and child.kill_reason == "no_answer"
+    message = child.record_death(run, "died {how}", world_size=2)
+    assert message.startswith("The training process did not answer Stop within 0 s and was ended (killed by signal "
+                              "SIGTERM)") and "Resume in History" in message
+    assert [e["kind"] for e in read_events(run / "events.jsonl")] == ["error", "done"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["status"], summary["exit_code"], summary["world_size"]) == ("failed", -signal.SIGTERM, 2)
+
+    twice = Child.spawn(sleeper, run / "STOP", ack_s=600.0, finish_s=600.0)
+    twice.ask_stop()
+    twice.ask_stop()  # the second Stop ends the group at once
+    assert twice.follow(poll_s=0.05) == -signal.SIGTERM and twice.kill_reason == "second_stop"
+    unwritable = Child.spawn(sleeper, tmp_path / "no" / "folder" / "STOP", ack_s=600.0, finish_s=600.0)
+    unwritable.ask_stop()
+    assert unwritable.follow(poll_s=0.05) == -signal.SIGTERM and unwritable.kill_reason == "unwritable"
+    crashed = Child.spawn([sys.executable, "-c", "raise SystemExit(3)"], run / "STOP", ack_s=600.0, finish_s=600.0)
+    assert crashed.follow(poll_s=0.05) == 3 and crashed.death_message("died ({how})") == "died (exit code 3)"

@@ -9,7 +9,8 @@ import torch
 
 from core import attention as varlen
 from core import model as model_lib
-from core.config import Hardware, TrainConfig, demo_config, validate
+from core.checks import validate
+from core.config import Hardware, TrainConfig, demo_config
 from core.presets import apply_preset
 
 CPU = Hardware(cuda=False, bf16=True, bitsandbytes=True)

@@ -6,7 +6,8 @@ import dataclasses
 import pytest
 
 from core import checklist
-from core.config import Hardware, TrainConfig, demo_config, validate
+from core.checks import validate
+from core.config import Hardware, TrainConfig, demo_config
 from core.presets import CHAPTER, PRESETS, apply_preset, matching, overrides
 
 GPU = Hardware(cuda=True, bf16=True, bitsandbytes=True, liger=True)

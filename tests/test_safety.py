@@ -25,7 +25,8 @@ import pytest
 from tests.helpers import checkpointed_run, train_cli
 
 from core import files
-from core.config import ConfigError, demo_config, validate
+from core.checks import validate
+from core.config import ConfigError, demo_config
 from core.events import read_events
 from core.export import ExportError, merge_adapter, zip_adapter, zip_dir
 from core.files import RefusedError, move_into_place, recover, write_marker
@@ -414,7 +415,7 @@ def test_the_zip_folder_refuses_a_lookalike(monkeypatch, tmp_path):
 def test_config_error_names_the_refused_resume_folder(tmp_path):
     v = victim(tmp_path)
     with pytest.raises(ConfigError, match="resume_from"):
-        from core.config import check
+        from core.checks import check
 
         check(demo_config(resume_from=str(v)))
 

@@ -15,13 +15,13 @@ from core import checklist
 from core.codegen import cli_command, python_script
 from core.config import (DEMO_MODEL, LORA_TARGET_CHOICES, TrainConfig, apply_overrides, demo_config, field_meta,
                          field_problems)
-from core.events import make_event
 from core.jobs import JobManager
 from core.jobview import JobView
 from ui import data, derive, handlers, history, live, render, tryexport
 from ui.fields import FIELD_NAMES, collect, to_values
 from ui.layout import browser_language, build_ui
 from tests.chapter import CHAPTER_FR, CHAPTER_PT
+from tests.tiny_child import GO_FILE, TINY_CHILD
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,36 +93,6 @@ def test_initial_config_is_the_demo_without_a_gpu():
         assert derive.initial_config() == TrainConfig()
     else:
         assert derive.initial_config() == demo_config()
-
-
-def test_no_module_of_ui_imports_one_that_imports_it_back():
-    """Every import between ui/ modules, function-level ones included, goes one way (ui/__init__ aside)."""
-    import ast
-
-    modules = {p.stem: p for p in (ROOT / "ui").glob("*.py") if p.stem != "__init__"}
-    graph = {}
-    for name, path in modules.items():
-        deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == "ui":
-                deps |= {a.name for a in node.names if a.name in modules}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ui."):
-                deps.add(node.module.split(".")[1])
-            elif isinstance(node, ast.Import):
-                deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("ui.")}
-        graph[name] = deps - {name}
-    assert "blocks" not in graph and graph["layout"]  # the page is built by ui.layout
-
-    def reach(start, seen):
-        for dep in graph.get(start, ()):
-            if dep not in seen:
-                seen.add(dep)
-                reach(dep, seen)
-        return seen
-
-    circles = sorted(name for name in graph if name in reach(name, set()))
-    assert circles == [], {n: sorted(graph[n]) for n in circles}
-    assert not [n for n in graph if "layout" in graph[n]]  # nothing below the page imports it
 
 
 # --- widgets <-> config ------------------------------------------------------------------------------------------
@@ -215,23 +185,25 @@ def test_presets_load_the_demo_and_the_chapter(form):
 
 
 # --- start / stop -------------------------------------------------------------------------------------------------
-class Blocking:
-    def __init__(self):
-        import threading
+def tiny_manager() -> JobManager:
+    """The app's job manager, its child a real process that speaks the CLI's protocol at once (tests/tiny_child.py)."""
+    return JobManager(program=TINY_CHILD)
 
-        self.go = threading.Event()
 
-    def __call__(self, cfg, sink=None, stop=None):
-        sink(make_event("run", run_dir="/tmp/x", config=cfg.to_dict(), total_steps=None))
-        while not (stop.is_set() or self.go.is_set()):
-            stop.wait(0.01)
-        sink(make_event("done", status="stopped" if stop.is_set() else "completed", run_dir="/tmp/x",
-                        summary={}, message="bye"))
+def said_run(job):
+    """The job, once its child has announced its run folder (the `run` event), as a page would first see it."""
+    import time
+
+    for _ in range(6000):  # at most a minute on a loaded machine; usually a fraction of a second
+        if any(e.get("kind") == "run" for e in job.events_since(0)) or not job.running:
+            return job
+        time.sleep(0.01)
+    raise AssertionError(f"the child of job {job.id} said nothing in a minute")
 
 
 @pytest.mark.filterwarnings("ignore:Not started")
 def test_start_lists_every_problem_at_once(monkeypatch, form):
-    monkeypatch.setattr(handlers, "MANAGER", JobManager(runner=Blocking()))
+    monkeypatch.setattr(handlers, "MANAGER", tiny_manager())
     values = widget_values(demo_config(model="", dataset="", max_steps=0, run_name="../evil"))
     notice = handlers.on_start(form, "en", *values)[form.run_notice]
     for name in ("model", "dataset", "max_steps", "run_name"):
@@ -240,23 +212,23 @@ def test_start_lists_every_problem_at_once(monkeypatch, form):
 
 
 @pytest.mark.filterwarnings("ignore:A training run is already")
-def test_second_start_is_refused_with_a_message(monkeypatch, form):
-    runner = Blocking()
-    monkeypatch.setattr(handlers, "MANAGER", JobManager(runner=runner))
-    first = handlers.on_start(form, "en", *widget_values(demo_config()))
+def test_second_start_is_refused_with_a_message(monkeypatch, form, tmp_path):
+    monkeypatch.setattr(handlers, "MANAGER", tiny_manager())
+    first = handlers.on_start(form, "en", *widget_values(demo_config(output_dir=str(tmp_path))))
     assert "started" in first[form.run_notice] and first[form.start]["interactive"] is False
-    second = handlers.on_start(form, "en", *widget_values(demo_config()))  # e.g. from another tab
+    second = handlers.on_start(form, "en", *widget_values(demo_config(output_dir=str(tmp_path))))  # another tab
     assert "already in progress" in second[form.run_notice]
+    said_run(handlers.MANAGER.current())
     assert "Stopping" in handlers.on_stop()
-    assert handlers.MANAGER.current().wait(5)
+    assert handlers.MANAGER.current().wait(60)
+    assert [e["status"] for e in handlers.MANAGER.current().events_since(0) if e["kind"] == "done"] == ["stopped"]
     assert "No run" in handlers.on_stop()
 
 
-def test_live_update_reattaches_and_skips_when_nothing_changed(monkeypatch, page):
-    runner = Blocking()
+def test_live_update_reattaches_and_skips_when_nothing_changed(monkeypatch, page, tmp_path):
     p = page.memtune_live
-    monkeypatch.setattr(live, "MANAGER", JobManager(runner=runner))
-    live.MANAGER.start(demo_config())
+    monkeypatch.setattr(live, "MANAGER", tiny_manager())
+    job = said_run(live.MANAGER.start(demo_config(output_dir=str(tmp_path))))
     out = live.live_update(p, {})
     progress, log, state = out[p.progress], out[p.log], out[p.state]
     assert 'data-state="running"' in progress and "run folder" in log
@@ -265,8 +237,8 @@ def test_live_update_reattaches_and_skips_when_nothing_changed(monkeypatch, page
     assert not set(again) & {p.progress, p.plot, p.log, p.result, p.download, p.start, p.stop}
     fresh = live.live_update(p, {})  # a reloaded page: everything again
     assert 'data-state="running"' in fresh[p.progress]
-    runner.go.set()
-    live.MANAGER.current().wait(5)
+    (Path(job.run_dir) / GO_FILE).write_text("")
+    assert job.wait(60)
     assert 'data-state="completed"' in live.live_update(p, state)[p.progress]
 
 
@@ -302,7 +274,7 @@ def test_settings_save_and_load_with_safe_names(tmp_path, monkeypatch, form):
 
 def test_field_problems_name_the_fields():
     """The range check the app refuses a loaded file for is validate()'s own field check."""
-    from core.config import validate
+    from core.checks import validate
 
     bad = TrainConfig(lora_r=0, optim="nope", lora_target_modules=["q_proj", "zz"])
     assert {p.field for p in field_problems(bad)} == {"lora_r", "optim", "lora_target_modules"}
@@ -685,7 +657,7 @@ def test_result_shows_predicted_and_measured_peaks_side_by_side():
 
 
 def test_live_update_marks_the_prediction_on_the_gauge(monkeypatch, page):
-    monkeypatch.setattr(live, "MANAGER", JobManager(runner=Blocking()))
+    monkeypatch.setattr(live, "MANAGER", JobManager())  # nothing running
     gauge = live.live_update(page.memtune_live, {}, "pt", {"gib": 1.63}, 8)[page.memtune_live.gauge]
     assert 'data-predicted="1.630"' in gauge and "placa hipotética de 8 GiB" in gauge
 
@@ -704,7 +676,7 @@ def test_gauge_shows_every_gpu_and_marks_the_runs():
 
 def test_live_gauge_draws_the_settings_gpus(monkeypatch, page):
     p = page.memtune_live
-    monkeypatch.setattr(live, "MANAGER", JobManager(runner=Blocking()))
+    monkeypatch.setattr(live, "MANAGER", JobManager())  # nothing running
     monkeypatch.setattr(live, "read_gpus", lambda: ([{"index": i, "name": "G", "used_gib": 1.0, "total_gib": 24.0}
                                                      for i in range(4)], ""))
     gauge = live.live_update(p, {}, "en", {"gib": 5.0, "gpus": 2}, 8)[p.gauge]
@@ -884,7 +856,7 @@ def test_delete_asks_first_and_refuses_a_running_run(tmp_path, monkeypatch, engi
 
 
 @pytest.mark.filterwarnings("ignore:A training run is in progress", "ignore:Pick an adapter", "ignore:Type a prompt")
-def test_try_it_streams_two_answers_and_refuses_during_training(engine_run, monkeypatch, page):
+def test_try_it_streams_two_answers_and_refuses_during_training(engine_run, monkeypatch, page, tmp_path):
     from core.infer import COMPARER
 
     x = page.memtune_try_export
@@ -904,13 +876,13 @@ def test_try_it_streams_two_answers_and_refuses_during_training(engine_run, monk
     assert any(b and not t for b, t, _ in steps[1:-1])  # the base streamed first
     assert "Pick an adapter" in ask(None, "hi", 8, 0, 0.9, 0, False)[-1][2]
     assert "Type a prompt" in ask(result.adapter_dir, "  ", 8, 0, 0.9, 0, False)[-1][2]
-    busy = JobManager(runner=Blocking())
+    busy = tiny_manager()
     monkeypatch.setattr(tryexport, "MANAGER", busy)
-    busy.start(demo_config())
+    busy.start(demo_config(output_dir=str(tmp_path / "busy")))
     refused = ask(result.adapter_dir, "hi", 8, 0, 0.9, 0, False)
     assert len(refused) == 1 and "A training run is in progress" in refused[0][2]
     busy.stop()
-    busy.current().wait(5)
+    assert busy.current().wait(60)
     assert "Stopped" in tryexport.on_try_stop("en")
     COMPARER.unload()
 

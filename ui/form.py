@@ -15,7 +15,8 @@ import gradio as gr
 
 from core import checklist
 from core.codegen import cli_command, python_script
-from core.config import Problem, TrainConfig, validate
+from core.checks import validate
+from core.config import Problem, TrainConfig
 from core.i18n import DEFAULT_LANGUAGE, t
 from ui import render
 from ui.derive import chapter_gib, hardware, prediction, preset_choices, preset_of, run_gpus

@@ -24,7 +24,8 @@ import gradio as gr
 
 from core import checklist
 from core.codegen import cli_command, python_script
-from core.config import TrainConfig, validate
+from core.checks import validate
+from core.config import TrainConfig
 from core.i18n import DEFAULT_LANGUAGE, language_choices, request_language, t
 from core.jobview import job_view
 from ui import handlers, render

@@ -10,8 +10,8 @@ Sources, in order, all measured on one NVIDIA H200 with real architecture shapes
 2. Without it, pairs found in the benchmark's grid (`bench/*.json` with a `rows` list, e.g.
    bench/grid_measured.json): two rows of one run that differ only in the settings one item governs, with the
    same code path, attention kernel, liger layers and data lengths (`SAME_ROW`).
-3. Where neither has the item, a fact measured for the seed recipe or the lever chain
-   (shared/gpu/BASELINE.md, bench/RESULTS.md), quoted with its source (`STATIC` below), or "not measured".
+3. Where neither has the item, a fact measured for the seed recipe or the lever chain (bench/RESULTS.md; the seed
+   recipe's own rows are in bench/BASELINE.md), quoted with its source (`STATIC` below), or "not measured".
 """
 
 from __future__ import annotations

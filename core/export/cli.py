@@ -1,7 +1,7 @@
 """`python -m core.export gguf|merge|zip ...`: the Export tab's actions on the command line.
 
-The actions themselves live in core/export.py (zip, merge) and core/gguf_export.py (GGUF files + Modelfile);
-core/export.py runs `main` here when started with `python -m core.export`.
+The actions themselves live in core/export/__init__.py (zip, merge) and core/gguf_export.py (GGUF files +
+Modelfile); core/export/__main__.py runs `main` here when started with `python -m core.export`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 - `push_to_hub(folder, repo_id)` uploads a folder with the token from the argument or $HF_TOKEN (never stored,
   never logged, never put into an error message).
 
-The same on the command line: `python -m core.export gguf|merge|zip` (core/export_cli.py).
+The same on the command line: `python -m core.export gguf|merge|zip` (core/export/cli.py).
 
 Every folder or zip is written under a temporary name and renamed into place, so a crash or a full disk never
 leaves something that looks finished but is not. A merged folder carries memtune's marker (kind "merged"):
@@ -383,9 +383,3 @@ def _push_message(exc: Exception, repo_id: str, token: str) -> str:
         return ("The Hugging Face Hub cannot be reached (no network?). Check the connection and try again, or "
                 "download the zip / merged folder and upload it from elsewhere.")
     return _scrub(f"Pushing to {repo_id} failed: {name}: {exc}", token)
-
-
-if __name__ == "__main__":  # the command line lives in core/export_cli.py
-    from core.export_cli import main
-
-    raise SystemExit(main())

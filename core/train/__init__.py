@@ -30,10 +30,11 @@ from typing import Any
 
 from core import checklist
 from core.callbacks import STOP_FILE, BarOnly, make_callback, phase, watch_stop
-from core.config import ConfigError, TrainConfig, check
+from core.checks import check
+from core.config import ConfigError, TrainConfig
 from core.events import EventSink, JsonlSink, fan_out, make_event
 from core.files import StorageError, free_memory, has_marker, real, storage_message
-from core.runs import create_run_dir, finish_run, resume_point, save_adapter
+from core.runs import create_run_dir, finish_run, record_failure, resume_point, save_adapter
 # Importable from here too (callers in tests/ and ui/): two run-folder names.
 from core.runs import COMPLETE_MARKER, latest_checkpoint  # noqa: F401
 
@@ -252,16 +253,10 @@ def summarize(cfg: TrainConfig, trainer, output, callback, plan, started: float,
 
 def record_failed(emit: EventSink, run_dir: Path, error_type: str, message: str, trace: str | None = None,
                   plan=None) -> RunResult:
-    """A run that failed in this process: the `error` event, a failed summary.json (with the data plan once there is
-    one: History lists the run and why) and the `done` event."""
-    emit(make_event("error", error_type=error_type, message=message, traceback=trace))
-    summary = {"status": "failed", "error_type": error_type, "message": message,
-               "finished_at": datetime.now().isoformat(timespec="seconds")}
-    if plan is not None:
-        summary["data"] = plan.to_dict()
-    if (problem := finish_run(run_dir, summary)):  # never a 0-byte summary.json; temp folders removed
-        emit(make_event("log", level="warning", message=problem))
-    emit(make_event("done", status="failed", run_dir=str(run_dir), summary=summary, message=message))
+    """A run that failed in this process: its record (runs.record_failure, with the data plan once there is one:
+    History lists the run and why), as the RunResult run_training returns."""
+    summary = record_failure(run_dir, message, error_type, emit=emit, trace=trace,
+                             data=plan.to_dict() if plan is not None else None)
     return RunResult("failed", str(run_dir), None, summary, message, error_type)
 
 
@@ -362,9 +357,3 @@ def run_other_rank(cfg: TrainConfig, stop: threading.Event, callbacks=()) -> Run
         import shutil
 
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    from core.train_cli import run
-
-    run()

@@ -1,0 +1,36 @@
+"""Validation of a whole run: the config's own checks plus those that need other parts of memtune.
+
+core/config.py is a leaf (it imports none of memtune but its own helpers), so the checks that need the run folders
+(resume), public mode or the multi-GPU plan cannot live there; `validate()` here adds them to
+`config.config_problems()`, and `check()` raises them all at once. Everything that asks "can this config run?" (the
+page, the CLI, the launcher) calls these two.
+"""
+
+from __future__ import annotations
+
+from core import distributed
+from core.config import ConfigError, Hardware, Problem, TrainConfig, config_problems
+from core.public import public_problems
+from core.runs import resume_problem
+
+
+def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
+    """Return every problem with `cfg` (an empty list means it is good to run)."""
+    hw = hw or Hardware.detect()
+    problems = config_problems(cfg, hw)
+    if cfg.resume_from:
+        why = resume_problem(cfg.resume_from)
+        if why:
+            problems.append(Problem("resume_from", why,
+                                    "give a memtune run folder that has a checkpoint, or leave it empty"))
+    problems.extend(public_problems(cfg))  # public mode: no local paths, no remote code, runs in the app's folder
+    problems.extend(Problem(*p) for p in distributed.problems(cfg, hw.n_gpus))
+    return problems
+
+
+def check(cfg: TrainConfig, hw: Hardware | None = None) -> TrainConfig:
+    """Raise ConfigError listing every problem, or return cfg unchanged."""
+    problems = validate(cfg, hw)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
