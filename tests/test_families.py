@@ -1,0 +1,145 @@
+"""README's support matrix, family by family (tiny models of each: tests/families.py).
+
+Attention: every path memtune installs equals the model's own eager attention on packed rows, each row compared with
+the same row run alone through eager attention, with the soft-cap engaged (Gemma-2), sliding windows shorter than
+the rows, custom scaling (query_pre_attn_scalar) and grouped-query heads.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from core import attention as varlen
+from tests import families
+
+ROWS = (13, 19, 7)  # longer than every tiny sliding window (8), so the window engages
+
+
+def _rows(seed: int = 3):
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(3, families.VOCAB, (1, n), generator=g) for n in ROWS]
+    pos = torch.cat([torch.arange(n) for n in ROWS])[None]
+    return rows, torch.cat(rows, 1), pos
+
+
+def _sharpen(m, factor: float = 40.0):
+    """Scale every q/k projection so attention logits reach past Gemma-2's soft-cap (50)."""
+    with torch.no_grad():
+        for name, mod in m.named_modules():
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf in ("q_proj", "k_proj"):
+                mod.weight.mul_(factor)
+            elif leaf == "qkv_proj":  # Phi-3: the q and k thirds (all heads here have one width)
+                q_and_k = mod.weight.shape[0] - 2 * (mod.weight.shape[0] // 3) + mod.weight.shape[0] // 3
+                mod.weight[:q_and_k].mul_(factor)
+    return m
+
+
+def _alone(ref, rows):
+    with torch.no_grad():
+        return torch.cat([ref(input_ids=r, use_cache=False).logits[0] for r in rows])
+
+
+def _rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("name", families.NAMES)
+def test_varlen_attention_equals_the_models_eager_attention_on_packed_rows(name):
+    ref = _sharpen(families.model(name))
+    m = copy.deepcopy(ref)
+    varlen.use_varlen_attention(m)
+    rows, packed, pos = _rows()
+    expected = _alone(ref, rows)
+    with torch.no_grad():
+        got = m(input_ids=packed, position_ids=pos, use_cache=False).logits[0]
+    assert _rel(got, expected) < 1e-4, name
+
+
+@pytest.mark.parametrize("name", families.NAMES)
+def test_the_sdpa_setting_keeps_packed_rows_apart_as_eager_does(name):
+    """attention: sdpa loads the model with transformers' default implementation (eager where a family has no SDPA,
+    as Gemma-2): packed rows must still equal each row alone."""
+    ref = _sharpen(families.model(name))
+    default = families.hf_config(name, attn=None)
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    m = AutoModelForCausalLM.from_config(default)
+    m.load_state_dict(ref.state_dict())
+    m.eval()
+    rows, packed, pos = _rows()
+    with torch.no_grad():
+        got = m(input_ids=packed, position_ids=pos, use_cache=False).logits[0]
+    assert _rel(got, _alone(ref, rows)) < 1e-4, (name, m.config._attn_implementation)
+
+
+def test_the_gemma2_soft_cap_is_engaged_and_kept():
+    """The test above would pass with the cap dropped if the logits never reached it: they do here (the cap changes
+    the output by far more than the tolerance), and memtune's path keeps it."""
+    ref = _sharpen(families.model("gemma2"))
+    uncapped = copy.deepcopy(ref)
+    for mod in uncapped.modules():
+        if hasattr(mod, "attn_logit_softcapping"):
+            mod.attn_logit_softcapping = None
+    rows, packed, pos = _rows()
+    assert _rel(_alone(uncapped, rows), _alone(ref, rows)) > 1e-2
+    m = copy.deepcopy(ref)
+    varlen.use_varlen_attention(m)
+    before = varlen.VARLEN_CALLS["eager_rows"]
+    with torch.no_grad():
+        m(input_ids=packed, position_ids=pos, use_cache=False)
+    assert varlen.VARLEN_CALLS["eager_rows"] - before == m.config.num_hidden_layers
+    assert "eager attention per packed row" in varlen.path_note(m.config, cuda=True)
+
+
+def _reference_kernel(with_scale: bool, calls: list):
+    """A CPU stand-in for torch.nn.attention.varlen.varlen_attn that honours window_size and scale exactly as
+    FlashAttention defines them (left window = keys before the query), to check memtune's glue on every family."""
+    def rows(q, k, v, cu, window, scale):
+        out = []
+        for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            qi, ki, vi = (t[s:e].transpose(0, 1).float() for t in (q, k, v))
+            scores = qi @ ki.transpose(1, 2) * (scale if scale is not None else qi.shape[-1] ** -0.5)
+            n = e - s
+            i, j = torch.arange(n)[:, None], torch.arange(n)[None]
+            keep = (j <= i) & ((window[0] < 0) | (i - j <= window[0]))
+            w = scores.masked_fill(~keep, float("-inf")).softmax(-1)
+            out.append((w @ vi).transpose(0, 1).to(q.dtype))
+        calls.append(window)
+        return torch.cat(out)
+
+    if with_scale:  # torch 2.13
+        def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1),
+                        enable_gqa=False):
+            if enable_gqa:
+                rep = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            return rows(q, k, v, cu_q, window_size, scale)
+    else:  # torch 2.11 (the H200 image): no scale, no enable_gqa
+        def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, window_size=(-1, -1)):
+            assert k.shape[1] == q.shape[1]
+            return rows(q, k, v, cu_q, window_size, None)
+    return varlen_attn
+
+
+@pytest.mark.parametrize("with_scale", [True, False], ids=["torch2.13", "torch2.11"])
+@pytest.mark.parametrize("name", ["mistral", "gemma3", "phi3", "qwen3"])
+def test_the_flashattention_glue_passes_window_and_scale(name, with_scale, monkeypatch):
+    calls = []
+    monkeypatch.setattr(varlen, "_varlen_kernel", lambda: _reference_kernel(with_scale, calls))
+    monkeypatch.setattr(varlen, "_varlen_device", lambda t: True)
+    ref = families.model(name)
+    m = copy.deepcopy(ref).to(torch.bfloat16)
+    varlen.use_varlen_attention(m)
+    rows, packed, pos = _rows()
+    with torch.no_grad():
+        got = m(input_ids=packed, position_ids=pos, use_cache=False).logits[0]
+    assert len(calls) == m.config.num_hidden_layers  # every layer through the kernel
+    window = getattr(m.config, "sliding_window", None)
+    if window:
+        assert (window - 1, 0) in calls
+    assert _rel(got, _alone(ref, rows)) < 2e-2  # bf16
