@@ -20,7 +20,7 @@ VOCAB = 512  # the demo tokenizer's
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64, "rope_theta": 500000.0}
 COMMON = dict(vocab_size=VOCAB, max_position_embeddings=256, num_hidden_layers=2, initializer_range=0.02,
-              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+              bos_token_id=0, eos_token_id=1, pad_token_id=2)  # the demo tokenizer's
 
 FAMILIES: dict[str, dict[str, Any]] = {
     # meta-llama/Llama-3.1-8B: 4096 / 32 / 8 / 128, untied, llama3 RoPE
