@@ -9,8 +9,8 @@ bench/grid_measured.json (H200, torch 2.11) and bench/RESULTS.md shows the table
                and biases stay unquantized: bf16, or fp32 after the recipe's upcast (prepare_model_for_kbit_training).
                `offload_embeddings` keeps the input embedding in CPU memory (not when tied to the head).
   load spike   The upcast converts one matrix at a time, so for a moment the last one exists in bf16 and fp32:
-               on an 8B Llama-3 this, not training, is the recipe's peak (measured 8.22-8.31 GiB allocated). The
-               offloaded embedding is loaded to the GPU first, so loading is lowest_memory's peak too.
+               on an 8B Llama-3 this, not training, is the recipe's peak (measured 8.22-8.31 GiB allocated). An
+               offloaded embedding is loaded straight into CPU memory (never on the GPU).
   LoRA         params + grads (bf16 on a 4-bit base, as TRL casts them; fp32 otherwise, as peft keeps them).
   optimizer    Adam's two moments: 8-bit = 2 bytes/param, 32-bit = 8; torch AdamW keeps the params' dtype.
                bitsandbytes pages (CUDA managed memory: NVML counts it, torch's allocator does not) only state
@@ -85,8 +85,7 @@ def other_weight_bytes(cfg: TrainConfig) -> int:
 
 def lora_matrices(shape: ModelShape, cfg: TrainConfig) -> list[int]:
     """Element counts of one layer's LoRA matrices (A: r x in, B: out x r) for the targeted modules."""
-    dims = shape.module_dims()
-    return [n for t in cfg.lora_target_modules if t in dims for n in (cfg.lora_r * dims[t][0], cfg.lora_r * dims[t][1])]
+    return [n for a, b in shape.lora_dims(cfg.lora_target_modules) for n in (cfg.lora_r * a, cfg.lora_r * b)]
 
 
 def optimizer_bytes(cfg: TrainConfig, shape: ModelShape, param_bytes: int, shards: int = 1) -> tuple[int, int]:
@@ -155,7 +154,7 @@ def layer_bytes_per_token(cfg: TrainConfig, shape: ModelShape, *, liger_layers: 
     # it is already in the compute dtype, else each keeps its own autocast copy. o_proj's input is attention's
     # output, which attention keeps anyway. Plus the r-wide LoRA intermediate of each adapted layer.
     dims = shape.module_dims()
-    targets = [t for t in cfg.lora_target_modules if t in dims]
+    targets = shape.lora_names(cfg.lora_target_modules)
     lora = 0
     if cfg.lora_dropout > 0:
         lora = sum((d.c + 1) * dims[t][0] for t in targets)

@@ -189,3 +189,26 @@ def test_every_preset_trains_every_family_with_lora_where_asked(name, preset, fa
     assert sorted(saved["target_modules"]) == sorted(expected.modules)
     logs = [e.get("message", "") for e in events if e.get("kind") == "log"]
     assert any(line.startswith("LoRA on ") for line in logs)
+
+
+@pytest.mark.parametrize("name", families.NAMES)
+def test_lora_targets_resolve_on_the_meta_device_and_the_estimator_counts_the_same(name, tmp_path):
+    """Resolved from config.json alone (no weights): Phi-3's q,k,v,o land on qkv_proj + o_proj; an unknown name is
+    refused with the model's linear layers; the estimator's LoRA size (core/shapes.py) is the same count."""
+    from core import lora_targets
+    from core.config import ConfigError, TrainConfig
+    from core.model import lora_targets as cfg_targets
+    from core.shapes import get_shape
+
+    families.hf_config(name).save_pretrained(tmp_path)  # config.json only: the tree is built on the meta device
+    shape = get_shape(str(tmp_path))
+    for asked in (["q_proj", "k_proj", "v_proj", "o_proj"], ["attention", "mlp"], ["all_linear"]):
+        found = lora_targets.for_path(asked, 16, str(tmp_path))
+        assert found.trainable == shape.lora_params(16, asked), (name, asked)
+    chapter = lora_targets.for_path(["q_proj", "k_proj", "v_proj", "o_proj"], 16, str(tmp_path))
+    fused = name.startswith("phi")
+    assert chapter.modules == (["o_proj", "qkv_proj"] if fused else ["q_proj", "k_proj", "v_proj", "o_proj"])
+    with pytest.raises(ConfigError) as err:
+        cfg_targets(TrainConfig(model=str(tmp_path), lora_target_modules=["q_proj", "wq"]), str(tmp_path))
+    text = str(err.value)
+    assert "wq" in text and "o_proj" in text and ("qkv_proj" in text) == fused
