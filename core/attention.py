@@ -120,7 +120,8 @@ def _eager_rows(module, query, key, value, cu: torch.Tensor, dropout: float, sca
             keep = keep & ~torch.ones_like(keep).tril(-sliding_window)
         scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
         weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        weights = F.dropout(weights, p=dropout, training=module.training)
+        if dropout:
+            weights = F.dropout(weights, p=dropout, training=module.training)
         out.append(torch.matmul(weights, v).transpose(1, 2))
     return torch.cat(out, dim=1).contiguous()
 

@@ -297,7 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = TrainConfig.load(args.config) if args.config else TrainConfig()
         if args.preset:
-            cfg = apply_preset(cfg, args.preset, Hardware.detect())
+            from core import preset_fit
+
+            fit = preset_fit.apply(cfg, args.preset, Hardware.detect())  # as the app and `core.train` apply it
+            cfg = fit.cfg
+            if fit.key:
+                print(f"preset {args.preset}: {fit.note()}", file=sys.stderr)
         cfg = apply_overrides(cfg, args.set)
         shape = get_shape(cfg.model)
         kw = {"max_row_tokens": args.max_row_tokens or (measured_row_tokens(cfg) if args.data else None)}

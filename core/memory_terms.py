@@ -279,11 +279,19 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     # bias SDPA makes of it, kept by every layer that has run forward (one layer with checkpointing).
     mask_elems = (tokens * tokens if cfg.packing else batch * row * row) if is_masked else 0
     mask_kept = mask_elems + d.c * mask_elems * (1 if cfg.gradient_checkpointing else layers)
+    # A soft-capped model (Gemma-2) under attention: varlen runs eager attention per packed row (core/attention.py):
+    # each layer keeps its rows' scores: tanh output (c), fp32 softmax (4) and its compute-dtype cast (c) per head
+    # and pair of tokens of one row. Rows assumed `row` tokens long (a pack of them: tokens x row pairs).
+    row_scores = ((2 * d.c + 4) * shape.num_attention_heads * tokens * row
+                  if attention == "varlen" and shape.attn_softcap else 0)
+    if row_scores:
+        notes.append(f"soft-capped attention runs eager per packed row: {row_scores / GIB:.2f} GiB of scores per "
+                     "layer")
     if cfg.gradient_checkpointing:
         activations = layers * d.s * h * tokens + mask_kept
-        layer_phase = (saved + backward) * tokens + dequant
+        layer_phase = (saved + backward) * tokens + dequant + row_scores
     else:
-        activations = layers * saved * tokens + mask_kept
+        activations = layers * (saved * tokens + row_scores) + mask_kept
         layer_phase = backward * tokens + dequant
 
     # LM head + loss: the final norm's kept input, its output, TRL's compact copy of the labelled positions and the

@@ -38,6 +38,7 @@ class ModelShape:
     model_type: str = "llama"
     attention_bias: bool = False  # Qwen2: q, k and v carry a bias
     norms_per_layer: int = 2  # Gemma 2 has four (pre/post attention and MLP)
+    attn_softcap: bool = False  # Gemma 2 soft-caps attention logits (memtune's varlen path then runs eager per row)
 
     # --- derived sizes ------------------------------------------------------------------------------------------
     q_dim = property(lambda self: self.num_attention_heads * self.head_dim, doc="width of the query projection")
@@ -135,6 +136,7 @@ class ModelShape:
                 model_type=model_type,
                 attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
                 norms_per_layer=4 if model_type in ("gemma2", "gemma3", "gemma3_text") else 2,
+                attn_softcap=cfg.get("attn_logit_softcapping", 50.0 if model_type == "gemma2" else None) is not None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ShapeError(f"config of {name or 'the model'} lacks a usable {exc} entry: it does not look like "
@@ -152,7 +154,7 @@ def _qwen(name, vocab, h, i, layers, heads, kv, tie, max_pos) -> ModelShape:
 
 def _gemma2(name, h, i, layers, heads, kv, head_dim) -> ModelShape:
     return ModelShape(name, 256000, h, i, layers, heads, kv, head_dim, True, 8192, model_type="gemma2",
-                      norms_per_layer=4)
+                      norms_per_layer=4, attn_softcap=True)
 
 
 # name: vocab, hidden, intermediate, layers, heads, kv heads, (head_dim), tied, max positions
