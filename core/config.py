@@ -46,6 +46,7 @@ DATASET_FORMATS = ("auto", "text", "dolly", "alpaca", "prompt_completion", "mess
 ATTENTIONS = ("sdpa", "varlen")
 DEVICES = ("auto", "cuda", "cpu")
 LONG_PROMPTS = ("truncate_middle", "truncate_left", "drop")  # what a prompt too long for max_length becomes
+TRAIN_TURNS = ("all", "last")  # which assistant turns of a conversation train
 LORA_TARGET_CHOICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Groups any family resolves (core/lora_targets.py), then the fused names of Phi-3-style models; other leaf names of
 # the model's linear layers are accepted too (checked against the model's module tree before any weight loads).
@@ -117,6 +118,10 @@ class TrainConfig:
         "(keeping the instruction and the answer header), truncate_left its start, so the answer still trains; "
         "drop skips the row when the prompt alone fills max_length (what TRL does). The preview counts each case.",
         choices=LONG_PROMPTS))
+    train_turns: str = field(default="all", metadata=_help(
+        "Conversations (messages, ShareGPT): all trains every assistant turn, each on its answer only (earlier "
+        "turns are context for the later ones); last trains only the last assistant turn. The preview and the log "
+        "count the turns trained, cut at max_length and dropped.", choices=TRAIN_TURNS, widget="radio"))
 
     # --- batching (checklist: accumulation, smaller batches) ---------------------------------------------
     per_device_train_batch_size: int = field(default=1, metadata=_help(
