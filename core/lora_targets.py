@@ -24,16 +24,16 @@ MLP = ("gate_proj", "up_proj", "down_proj")
 GROUPS = {"attention": ATTENTION, "mlp": MLP, "all_linear": ()}
 # A Llama-style name -> the names the same projection has in families that fuse or rename it (in that order)
 ALIASES: dict[str, tuple[str, ...]] = {
-    "q_proj": ("qkv_proj", "W_pack", "query_key_value", "wq"),
-    "k_proj": ("qkv_proj", "W_pack", "query_key_value", "wk"),
-    "v_proj": ("qkv_proj", "W_pack", "query_key_value", "wv"),
-    "o_proj": ("out_proj", "wo"),
+    "q_proj": ("qkv_proj", "W_pack", "query_key_value", "c_attn", "wq"),
+    "k_proj": ("qkv_proj", "W_pack", "query_key_value", "c_attn", "wk"),
+    "v_proj": ("qkv_proj", "W_pack", "query_key_value", "c_attn", "wv"),
+    "o_proj": ("out_proj", "wo", "c_proj"),
     "gate_proj": ("gate_up_proj", "w1"),
-    "up_proj": ("gate_up_proj", "w3"),
-    "down_proj": ("w2",),
+    "up_proj": ("gate_up_proj", "w3", "c_fc"),
+    "down_proj": ("w2", "c_proj"),
 }
-FUSED = {"qkv_proj": "q, k and v", "W_pack": "q, k and v", "query_key_value": "q, k and v",
-         "gate_up_proj": "gate and up"}
+FUSED = {"qkv_proj": "q, k and v", "W_pack": "q, k and v", "query_key_value": "q, k and v", "c_attn": "q, k and v",
+         "gate_up_proj": "gate and up", "c_proj": "the attention and MLP output projections share this name"}
 
 
 class TargetError(ValueError):
@@ -52,11 +52,13 @@ class Targets:
     trainable: int  # LoRA parameters: r x (in + out) per adapted layer
     mapped: dict[str, list[str]] = field(default_factory=dict)  # requested name -> the leaf names it became
     linear: list[str] = field(default_factory=list)  # every linear leaf name of the decoder blocks
+    model_type: str | None = None  # config.json's, when resolved from a model folder
 
     def describe(self) -> str:
         """One line for the run log and the data preview."""
         renamed = [f"{k} -> {'+'.join(v)}" for k, v in self.mapped.items() if v != [k] and k not in GROUPS]
-        fused = [f"{m} trains whole ({FUSED[m]})" for m in self.modules if m in FUSED]
+        fused = [f"{m}: {FUSED[m]}" if m == "c_proj" else f"{m} trains whole ({FUSED[m]})"
+                 for m in self.modules if m in FUSED]
         extra = "; ".join(renamed + fused)
         return (f"LoRA on {', '.join(self.modules)}: {self.layers} layers, {self.trainable:,} trainable parameters"
                 + (f" ({extra})" if extra else ""))
@@ -122,4 +124,7 @@ def skeleton(path: str, trust_remote_code: bool = False):
 
 
 def for_path(requested: list[str], rank: int, path: str, trust_remote_code: bool = False) -> Targets:
-    return resolve(list(requested), linear_layers(skeleton(path, trust_remote_code)), rank)
+    tree = skeleton(path, trust_remote_code)
+    found = resolve(list(requested), linear_layers(tree), rank)
+    found.model_type = getattr(tree.config, "model_type", None)
+    return found

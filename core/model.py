@@ -55,7 +55,12 @@ def lora_targets(cfg: TrainConfig, path: str | None = None, model=None):
         if model is not None:
             return lt.resolve(cfg.lora_target_modules, lt.linear_layers(model), cfg.lora_r)
         return lt.for_path(cfg.lora_target_modules, cfg.lora_r, path or resolve_model_path(cfg), cfg.trust_remote_code)
-    except lt.TargetError as exc:
+    except ValueError as exc:
+        if "Unrecognized configuration class" not in str(exc) and not isinstance(exc, lt.TargetError):
+            raise
+        if not isinstance(exc, lt.TargetError):  # e.g. an encoder or seq2seq model: refused by name, up front
+            raise ModelError(f"{cfg.model} is not a causal (decoder-only) language model that transformers can load "
+                             "with AutoModelForCausalLM, so memtune cannot fine-tune it.") from None
         raise ConfigError([Problem("lora_target_modules", f"{', '.join(exc.missing)} match no linear layer of "
                                    f"{cfg.model}", "use attention, mlp or all_linear, or some of its linear layers: "
                                    + ", ".join(exc.linear))]) from None

@@ -102,7 +102,10 @@ def plan_data(cfg: TrainConfig, emit: EventSink):
         plan = data.plan_rows(cfg, tokenizer, raw, fmt, n_examples=0)
     # LoRA targets from the module tree on the meta device, before any weight loads: a name the model lacks is
     # refused here (ConfigError listing its linear layers), and the log says what gets LoRA.
-    plan.notes.append(model_lib.lora_targets(cfg, path).describe())
+    from core import families
+
+    targets = model_lib.lora_targets(cfg, path)
+    plan.notes += [targets.describe(), *filter(None, [families.note(targets.model_type)])]
     emit(make_event("data", message=plan.describe(), **plan.to_dict()))
     for line in [plan.describe(), *plan.notes]:
         emit(make_event("log", level="info", message=line))

@@ -212,3 +212,37 @@ def test_lora_targets_resolve_on_the_meta_device_and_the_estimator_counts_the_sa
         cfg_targets(TrainConfig(model=str(tmp_path), lora_target_modules=["q_proj", "wq"]), str(tmp_path))
     text = str(err.value)
     assert "wq" in text and "o_proj" in text and ("qkv_proj" in text) == fused
+
+
+def test_a_model_outside_the_matrix_trains_on_the_generic_path_with_one_line_saying_so(tmp_path):
+    """GPT-2 (fused c_attn, Conv1D layers) is not in the matrix: it trains, its LoRA lands on c_attn/c_proj, and the
+    log says once that it is not verified. A model that cannot work (T5: not a causal LM) is refused by name."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from core.config import demo_config
+    from core.demo import ensure_demo_model
+    from core.model import ModelError
+    from core.train import run_training
+
+    folder = tmp_path / "gpt2"
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(
+        "gpt2", n_layer=2, n_embd=32, n_head=2, vocab_size=families.VOCAB, n_positions=128, bos_token_id=0,
+        eos_token_id=1)).save_pretrained(folder)
+    for f in ensure_demo_model().iterdir():
+        if "token" in f.name:
+            (folder / f.name).write_bytes(f.read_bytes())
+    events = []
+    cfg = demo_config(model=str(folder), output_dir=str(tmp_path / "runs"), max_steps=1,
+                      lora_target_modules=["attention"], per_device_train_batch_size=4)
+    result = run_training(cfg, sink=events.append)
+    assert result.status == "completed", result.message
+    assert result.summary["lora_modules"] == ["c_attn", "c_proj"]
+    logs = [e.get("message", "") for e in events if e.get("kind") == "log"]
+    assert sum("not in memtune's support matrix" in line for line in logs) == 1
+    t5 = tmp_path / "t5"
+    AutoConfig.for_model("t5").save_pretrained(t5)
+    from core.model import lora_targets
+
+    with pytest.raises(ModelError, match="not a causal"):
+        lora_targets(demo_config(model=str(t5)), str(t5))
