@@ -246,3 +246,16 @@ def test_a_model_outside_the_matrix_trains_on_the_generic_path_with_one_line_say
 
     with pytest.raises(ModelError, match="not a causal"):
         lora_targets(demo_config(model=str(t5)), str(t5))
+
+
+def test_readme_support_matrix_lists_every_verified_family():
+    """README's table and the code's matrix (core/families.py) and test models (tests/families.py) agree."""
+    from core.families import VERIFIED
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    table = readme.split("## Support matrix", 1)[1].split("\n\n- ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| family")]
+    types = {part.split("`")[1] for line in rows for part in [line.split("|")[1]] if "`" in part}
+    assert types == set(VERIFIED)
+    assert len(rows) >= len({n.split("-")[0] for n in families.NAMES})
+    assert {families.FAMILIES[n]["model_type"] for n in families.NAMES} == set(VERIFIED)
