@@ -259,3 +259,14 @@ def test_readme_support_matrix_lists_every_verified_family():
     assert types == set(VERIFIED)
     assert len(rows) >= len({n.split("-")[0] for n in families.NAMES})
     assert {families.FAMILIES[n]["model_type"] for n in families.NAMES} == set(VERIFIED)
+
+
+def test_the_data_preview_says_which_modules_get_lora(family_dirs):
+    """Phi-3's chapter targets, as the preview shows them before training: the fused qkv_proj and o_proj, the
+    layer count and the trainable parameters, in the page's language."""
+    from core.config import demo_config
+    from ui.data import preview
+
+    folder = family_dirs("phi3")
+    html = preview(demo_config(model=str(folder), lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]), "fr")
+    assert "LoRA sur o_proj, qkv_proj : 4 couches" in html and "qkv_proj s&#x27;entraîne en entier" in html
