@@ -71,6 +71,11 @@ class DataPlan:
         return length_stats(self.lengths) if self.lengths else {}
 
     @property
+    def multi_turn(self) -> bool:
+        """Some row is a conversation with more than one assistant turn that trains."""
+        return bool(self.turns) and sum(self.turns.values()) > self.n_train + self.counts["dropped_long"]
+
+    @property
     def longest_row(self) -> int:
         return max(self.lengths, default=0)
 
@@ -90,7 +95,7 @@ class DataPlan:
         parts = [f"{self.counts[r]} {REASON_TEXT[r]}" for r in REASONS if self.counts[r] or r == "kept"]
         packs = f"; packed into {self.n_packs} sequences of up to {self.max_length} tokens" if self.packing else ""
         turns = ""
-        if self.turns and sum(self.turns.values()) > self.n_train + self.counts["dropped_long"]:  # conversations
+        if self.multi_turn:
             turns = (f"; {sum(self.turns.values())} assistant turns: {self.turns['trained']} trained whole, "
                      f"{self.turns['cut']} cut at max_length, {self.turns['dropped']} dropped")
         return (f"Data: {self.n_source} rows in {self.source} ({self.format}), {self.n_train} train at max_length "

@@ -79,3 +79,12 @@ def test_single_turn_rows_train_exactly_as_before(tmp_path, tokenizer):
     assert all(lab == -100 for lab in labels[:first]) and all(lab != -100 for lab in labels[first:])
     assert plan.turns == {"trained": 1, "cut": 0, "dropped": 0}
     assert "assistant turns" not in plan.describe()
+
+
+def test_the_preview_counts_the_turns(tmp_path):
+    from ui.data import preview
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"messages": CHAT}) + "\n", encoding="utf-8")
+    html = preview(TrainConfig(model="memtune/demo-tiny-llama", dataset=str(path), dataset_split="train"), "pt")
+    assert "2 turnos do assistente: 2 treinados inteiros, 0 cortados em max_length, 0 descartados" in html

@@ -56,6 +56,8 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
         return error_box(t("preview.tokenizer_error", lang), str(exc))
     try:
         plan = plan_rows(cfg, tokenizer, raw, fmt, n_examples=3)
+        if plan.multi_turn:  # every assistant turn accounted for (core/data.py)
+            plan.notes.append(t("preview.turns", lang, n=sum(plan.turns.values()), **plan.turns))
         plan.notes.append(_lora_line(cfg, lang))
         return preview_html(plan, lang)
     except DataError as exc:
