@@ -18,7 +18,9 @@ LLAMA31 = dict(
 
 # The Hub model each architecture is (a run's TrainConfig names it; its estimate reads the shape by this id)
 HUB_IDS = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B", "qwen2.5-14b": "Qwen/Qwen2.5-14B",
-           "llama-3.2-3b": "meta-llama/Llama-3.2-3B", "llama-2-7b": "meta-llama/Llama-2-7b-hf",
+           "gemma-2-9b": "google/gemma-2-9b", "phi-3-mini": "microsoft/Phi-3-mini-4k-instruct",
+           "qwen3-8b": "Qwen/Qwen3-8B", "llama-3.2-3b": "meta-llama/Llama-3.2-3B",
+           "llama-2-7b": "meta-llama/Llama-2-7b-hf",
            "llama-3.1-70b": "meta-llama/Llama-3.1-70B", "tiny-llama": "bench/tiny-llama"}
 
 ARCHS: dict[str, dict] = {
@@ -47,6 +49,23 @@ ARCHS: dict[str, dict] = {
     # meta-llama/Llama-3.1-70B
     "llama-3.1-70b": dict(LLAMA31, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                           num_attention_heads=64),
+    # issue 20's families (config.json on the Hub), for bench/families_gpu.py
+    "gemma-2-9b": dict(
+        model_type="gemma2", vocab_size=256000, hidden_size=3584, intermediate_size=14336, num_hidden_layers=42,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256,
+        attn_logit_softcapping=50.0, final_logit_softcapping=30.0, sliding_window=4096, max_position_embeddings=8192,
+        hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True,
+        bos_token_id=2, eos_token_id=1, pad_token_id=0, torch_dtype="bfloat16"),
+    "phi-3-mini": dict(
+        model_type="phi3", vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096, sliding_window=2047,
+        rms_norm_eps=1e-5, rope_theta=10000.0, hidden_act="silu", tie_word_embeddings=False, bos_token_id=1,
+        eos_token_id=32000, pad_token_id=32000, torch_dtype="bfloat16"),
+    "qwen3-8b": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=False,
+        use_sliding_window=False, bos_token_id=151643, eos_token_id=151645, torch_dtype="bfloat16"),
     # CPU dry runs only
     "tiny-llama": dict(
         model_type="llama", vocab_size=9000, hidden_size=64, intermediate_size=192, num_hidden_layers=2,

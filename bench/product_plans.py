@@ -138,4 +138,10 @@ def plan(name: str) -> list[Variant]:
             Variant("fastest", "fastest", steps=25, timeout_s=120),
             Variant("lowest_memory", "lowest_memory", steps=20, timeout_s=140),
         ]
+    if name.startswith("families-"):  # issue 20: each family with the presets the issue measured (few steps)
+        arch = name.split("-", 1)[1]
+        presets = {"gemma-2-9b": ("fastest", "lowest_memory", "chapter"), "phi-3-mini": ("chapter", "fastest"),
+                   "qwen3-8b": ("lowest_memory",), "llama-3.1-8b": ("lowest_memory",),
+                   "llama-3.2-3b": ("fastest", "lowest_memory"), "tiny-llama": ("fastest", "lowest_memory")}[arch]
+        return [Variant(p, p, steps=6, warm=2, timeout_s=120) for p in presets]
     raise SystemExit(f"unknown plan {name}")

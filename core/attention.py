@@ -7,6 +7,13 @@ cuDNN builds a new attention plan for each new micro-batch length. This attentio
 on its own with torch.nn.attention.varlen (FlashAttention) instead; anything it cannot take (CPU, padded batches,
 dropout, fp32) goes to SDPA with an explicit row-and-padding mask, so results are the same everywhere.
 
+Every feature of the model's own attention is kept, never dropped (tests/test_families.py compares each family with
+its eager attention): the sliding window (Mistral, Gemma, Phi-3) is the kernel's `window_size` or part of the SDPA
+mask; a custom scale (Gemma's query_pre_attn_scalar) is the kernel's `scale`, or folded into the queries where the
+kernel has none; logit soft-capping (Gemma-2), which neither the varlen kernel nor SDPA can express, runs the
+eager computation one packed row at a time (exact; each row's scores only, never the pack's [T, T]). `path_note`
+says which path a model gets, for the run log.
+
 `_run_varlen` passes only the arguments the installed signature has (torch 2.10 `is_causal`; 2.11 `window_size`
 without `enable_gqa`, so it repeats key/value heads itself; 2.13 `enable_gqa` and `scale`).
 """
@@ -19,13 +26,17 @@ import inspect
 import torch
 
 VARLEN_ATTENTION = "memtune_varlen"
-VARLEN_CALLS: dict = {"varlen": 0, "sdpa": 0, "error": None}  # which path ran (the benchmark reports it)
+VARLEN_CALLS: dict = {"varlen": 0, "sdpa": 0, "eager_rows": 0, "error": None}  # which path ran (the benchmark reports it)
 
 
-def _segment_mask(position_ids: torch.Tensor, attention_mask: torch.Tensor | None, q_len: int) -> torch.Tensor:
-    """Boolean [batch, 1, q, k] mask: causal, within the row that each packed token belongs to, no padding."""
+def _segment_mask(position_ids: torch.Tensor, attention_mask: torch.Tensor | None, q_len: int,
+                  sliding_window: int | None = None) -> torch.Tensor:
+    """Boolean [batch, 1, q, k] mask: causal, within the row that each packed token belongs to, no padding, and
+    (with `sliding_window`) only the last `sliding_window` keys, as transformers' sliding_window_overlay."""
     seg = (position_ids == 0).cumsum(-1)  # row index of every token in the pack
     causal = torch.ones(q_len, q_len, dtype=torch.bool, device=position_ids.device).tril()
+    if sliding_window:
+        causal = causal & ~torch.ones_like(causal).tril(-sliding_window)  # q - k < sliding_window
     mask = (seg[:, :, None] == seg[:, None, :]) & causal
     if attention_mask is not None and attention_mask.dim() == 2:
         mask = mask & attention_mask[:, None, :].bool()
@@ -56,7 +67,7 @@ def _rows_from_position_ids(position_ids: torch.Tensor):
     return cu, max_len
 
 
-def _run_varlen(q, k, v, cu, max_len: int, scaling: float):
+def _run_varlen(q, k, v, cu, max_len: int, scaling: float, sliding_window: int | None = None):
     """torch.nn.attention.varlen.varlen_attn on [tokens, heads, dim] tensors, causal, whatever its signature:
     2.10 (`is_causal`), 2.11 (`window_size`, no `enable_gqa`), 2.13 (`window_size`, `enable_gqa`, `scale`).
     None where the installed kernel cannot express the call (the caller then uses SDPA)."""
@@ -64,15 +75,16 @@ def _run_varlen(q, k, v, cu, max_len: int, scaling: float):
     params = inspect.signature(varlen_attn).parameters
     kwargs = {}
     if "window_size" in params:
-        kwargs["window_size"] = (-1, 0)  # causal
-    elif "is_causal" in params:
+        # causal; FlashAttention's left window counts the keys before the query: transformers' q - k < window
+        kwargs["window_size"] = (sliding_window - 1 if sliding_window else -1, 0)
+    elif "is_causal" in params and not sliding_window:
         kwargs["is_causal"] = True
     else:
         return None
     if "scale" in params:
         kwargs["scale"] = scaling
     elif abs(scaling - q.shape[-1] ** -0.5) > 1e-9:
-        return None  # the kernel would scale by 1/sqrt(head_dim)
+        q = q * (scaling * q.shape[-1] ** 0.5)  # the kernel scales by 1/sqrt(head_dim): fold the model's scale in
     if k.shape[1] != q.shape[1]:
         if "enable_gqa" in params:
             kwargs["enable_gqa"] = True
@@ -86,20 +98,65 @@ def _varlen_device(t: torch.Tensor) -> bool:
     return t.is_cuda  # FlashAttention kernels; tests substitute a reference kernel on the CPU
 
 
+def _eager_rows(module, query, key, value, cu: torch.Tensor, dropout: float, scaling: float,
+                sliding_window: int | None, softcap: float | None) -> torch.Tensor:
+    """The models' eager attention (transformers' eager_attention_forward: scores * scale, tanh soft-cap, mask,
+    softmax in fp32, dropout) over each packed row of a [1, heads, tokens, dim] batch on its own: [1, tokens, heads,
+    dim]. Exact where no kernel can express the model, with each row's scores only (sum of L^2, not T^2)."""
+    import torch.nn.functional as F
+
+    rep = query.shape[1] // key.shape[1]
+    out = []
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        q, k, v = query[:, :, s:e], key[:, :, s:e], value[:, :, s:e]
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        scores = torch.matmul(q, k.transpose(2, 3)) * scaling
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        n = e - s
+        keep = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        if sliding_window:
+            keep = keep & ~torch.ones_like(keep).tril(-sliding_window)
+        scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+        weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        if dropout:
+            weights = F.dropout(weights, p=dropout, training=module.training)
+        out.append(torch.matmul(weights, v).transpose(1, 2))
+    return torch.cat(out, dim=1).contiguous()
+
+
+def _softcap(module, kwargs: dict) -> float | None:
+    cap = kwargs.pop("softcap", None)
+    return cap if cap is not None else getattr(module, "attn_logit_softcapping", None)
+
+
 def varlen_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
-                             scaling: float | None = None, **kwargs):
+                             scaling: float | None = None, sliding_window: int | None = None, **kwargs):
     """transformers attention function: FlashAttention per packed row (cu_seq_lens from TRL's padding-free
     collator, or derived from position ids), so rows never see each other and no N x N mask is built. Anything
-    else (CPU, padded batches, dropout, fp32) goes to PyTorch's SDPA with an explicit row-and-padding mask."""
+    else (CPU, padded batches, dropout, fp32) goes to PyTorch's SDPA with an explicit row-and-padding mask; a
+    soft-capped model (Gemma-2) to the eager computation per packed row (module docstring)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if kwargs.get("s_aux") is not None:  # attention sinks (gpt-oss): no path here computes them
+        raise ValueError("attention: varlen cannot compute this model's attention sinks (s_aux); use attention: sdpa")
+    softcap = _softcap(module, kwargs)
     position_ids = kwargs.get("position_ids")
     cu = kwargs.get("cu_seq_lens_q")
     head_dim = query.shape[-1]
     scaling = head_dim ** -0.5 if scaling is None else scaling
-    usable = (_varlen_device(query) and query.shape[0] == 1 and dropout == 0.0 and attention_mask is None
+    sliding_window = sliding_window or None
+    packed = query.shape[0] == 1 and attention_mask is None and (cu is not None or position_ids is not None)
+    if packed and softcap is not None:
+        if cu is None:
+            cu, _ = _rows_from_position_ids(position_ids)
+        VARLEN_CALLS["eager_rows"] += 1
+        return _eager_rows(module, query, key, value, cu.to(query.device), dropout, scaling, sliding_window,
+                           softcap), None
+    usable = (softcap is None and _varlen_device(query) and packed and dropout == 0.0
               and query.dtype in (torch.bfloat16, torch.float16) and key.dtype == query.dtype
-              and (cu is not None or position_ids is not None) and _varlen_kernel() is not None)
+              and _varlen_kernel() is not None)
     if usable:
         if cu is None:
             cu, max_len = _rows_from_position_ids(position_ids)
@@ -108,7 +165,7 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
         cu = cu.to(device=query.device, dtype=torch.int32)
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [tokens, heads, dim]
         try:
-            out = _run_varlen(q, k, v, cu, max_len, scaling)
+            out = _run_varlen(q, k, v, cu, max_len, scaling, sliding_window)
         except (RuntimeError, TypeError, ValueError) as exc:  # a kernel this GPU/torch lacks: SDPA from now on
             VARLEN_CALLS["error"] = f"{type(exc).__name__}: {exc}"[:300]
             _varlen_kernel.cache_clear()
@@ -117,13 +174,37 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
         if out is not None:
             VARLEN_CALLS["varlen"] += 1
             return out.unsqueeze(0), None  # [1, tokens, heads, dim], as sdpa_attention_forward returns
-    VARLEN_CALLS["sdpa"] += 1
-    if position_ids is not None or (attention_mask is not None and attention_mask.dim() == 2):
+    if (position_ids is not None or (attention_mask is not None and attention_mask.dim() == 2) or sliding_window
+            or softcap is not None):  # the mask is built here (the mask builder handed over a 2-D one, or None)
         pos = position_ids if position_ids is not None else torch.arange(query.shape[2], device=query.device)[None]
-        attention_mask = _segment_mask(pos.expand(query.shape[0], -1), attention_mask, query.shape[2])
+        attention_mask = _segment_mask(pos.expand(query.shape[0], -1), attention_mask, query.shape[2],
+                                       sliding_window)
     kwargs.pop("is_causal", None)
+    if softcap is not None:  # a padded batch of a soft-capped model: the eager computation under the same mask
+        from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
+        VARLEN_CALLS["eager_rows"] += 1
+        bias = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~attention_mask, torch.finfo(query.dtype).min)
+        return eager_attention_forward(module, query, key, value, bias, dropout=dropout, scaling=scaling,
+                                       softcap=softcap)
+    VARLEN_CALLS["sdpa"] += 1
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   is_causal=False if attention_mask is not None else None, **kwargs)
+
+
+def path_note(config, cuda: bool) -> str:
+    """One log line: which computation memtune's varlen attention uses for the model `config` describes."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    cap = getattr(text, "attn_logit_softcapping", None)
+    window = getattr(text, "sliding_window", None) if getattr(text, "use_sliding_window", True) is not False else None
+    features = [f"sliding window {window}"] if window else []
+    if cap is not None:
+        return (f"Attention: {getattr(text, 'model_type', 'this model')} soft-caps attention logits at {cap:g}, which "
+                "FlashAttention varlen and SDPA cannot express: memtune runs the model's eager attention per packed "
+                "row (exact" + (", " + ", ".join(features) if features else "") + ").")
+    kernel = "FlashAttention per packed row" if cuda else "SDPA with a per-row mask (no CUDA)"
+    return f"Attention: {kernel}" + (f", with the model's {', '.join(features)}" if features else "") + "."
 
 
 def use_varlen_attention(model) -> None:

@@ -122,6 +122,24 @@ def _either(on_gpu: Any, on_cpu: Any) -> str:
     return f"{_py(on_gpu)} if CUDA else {_py(on_cpu)}"
 
 
+def _lora_modules(cfg: TrainConfig) -> list[str] | None:
+    """The layer names the engine resolves cfg.lora_target_modules to (Phi-3: qkv_proj for q_proj; groups
+    expanded), for a model on this machine; None (the names as written) for a Hub id, which is never downloaded
+    for Show code."""
+    from pathlib import Path
+
+    from core.config import DEMO_MODEL
+
+    if cfg.model != DEMO_MODEL and not Path(cfg.model).expanduser().is_dir():
+        return None
+    try:
+        from core.model import lora_targets
+
+        return lora_targets(cfg).modules
+    except Exception:  # noqa: BLE001 - the engine reports it with the run; the script keeps the names as written
+        return None
+
+
 def _call(head: str, pair: tuple[dict[str, Any], dict[str, Any]], notes: dict[str, str],
           first: tuple[str, ...] = (), indent: str = "    ") -> list[str]:
     """`head(` + one `name=value,` line per keyword (from the engine's dicts for GPU and CPU) + `)`."""
@@ -235,7 +253,7 @@ def python_script(cfg: TrainConfig) -> str:
     if cfg.gradient_checkpointing:
         add("    model.enable_input_require_grads()  # checkpointed blocks need an input that requires grad")
     add(f"    set_seed({cfg.seed!r})  # LoRA's A matrices start random: seeded, a run repeats exactly")
-    lines += _call("lora_config = LoraConfig", (recipe.lora_kwargs(cfg),) * 2, {})
+    lines += _call("lora_config = LoraConfig", (recipe.lora_kwargs(cfg, _lora_modules(cfg)),) * 2, {})
     add("    model = get_peft_model(model, lora_config)")
     add("    model.print_trainable_parameters()\n")
 

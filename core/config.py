@@ -56,7 +56,12 @@ DATASET_FORMATS = ("auto", "text", "dolly", "alpaca", "prompt_completion", "mess
 ATTENTIONS = ("sdpa", "varlen")
 DEVICES = ("auto", "cuda", "cpu")
 LONG_PROMPTS = ("truncate_middle", "truncate_left", "drop")  # what a prompt too long for max_length becomes
+TRAIN_TURNS = ("all", "last")  # which assistant turns of a conversation train
 LORA_TARGET_CHOICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Groups any family resolves (core/lora_targets.py), then the fused names of Phi-3-style models; other leaf names of
+# the model's linear layers are accepted too (checked against the model's module tree before any weight loads).
+LORA_TARGET_OFFERED = ("attention", "mlp", "all_linear", *LORA_TARGET_CHOICES, "qkv_proj", "gate_up_proj")
+MODULE_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,63}"
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -109,7 +114,9 @@ class TrainConfig:
         "Dropout on the LoRA input.", min=0.0, max=0.5, widget="slider", step=0.01))
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-        metadata=_help("Linear layers that get LoRA adapters.", choices=LORA_TARGET_CHOICES))
+        metadata=_help("Linear layers that get LoRA adapters: attention (q, k, v, o of any family, fused qkv_proj "
+                       "included), mlp, all_linear, or layer names. A name the model lacks is refused with the "
+                       "model's linear layers listed.", choices=LORA_TARGET_OFFERED, pattern=MODULE_NAME))
 
     # --- data --------------------------------------------------------------------------------------------
     dataset: str = field(default="databricks/databricks-dolly-15k", metadata=_help(
@@ -125,6 +132,10 @@ class TrainConfig:
         "(keeping the instruction and the answer header), truncate_left its start, so the answer still trains; "
         "drop skips the row when the prompt alone fills max_length (what TRL does). The preview counts each case.",
         choices=LONG_PROMPTS))
+    train_turns: str = field(default="all", metadata=_help(
+        "Conversations (messages, ShareGPT): all trains every assistant turn, each on its answer only (earlier "
+        "turns are context for the later ones); last trains only the last assistant turn. The preview and the log "
+        "count the turns trained, cut at max_length and dropped.", choices=TRAIN_TURNS, widget="radio"))
 
     # --- batching (checklist: accumulation, smaller batches) ---------------------------------------------
     per_device_train_batch_size: int = field(default=1, metadata=_help(
@@ -313,7 +324,8 @@ def field_problems(cfg: TrainConfig) -> list[Problem]:
         if choices and isinstance(value, str) and value not in choices:
             p.append(Problem(name, f"{value!r} is not one of the choices", "pick one of: " + ", ".join(choices)))
         if choices and isinstance(value, list):
-            wrong = [v for v in value if v not in choices]
+            free = meta.get("pattern")  # names outside the offered ones, checked later against the model
+            wrong = [v for v in value if v not in choices and not (free and re.fullmatch(free, v))]
             if wrong:
                 p.append(Problem(name, f"unknown module(s) {', '.join(wrong)}", "pick from: " + ", ".join(choices)))
             if not value:

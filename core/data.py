@@ -54,6 +54,7 @@ class DataPlan:
     input_ids: list[Any] = field(repr=False, default_factory=list)  # int32 arrays: each training row, <= max_length
     labels: list[Any] = field(repr=False, default_factory=list)  # the same with -100 on prompt tokens
     n_packs: int | None = None  # packed sequences the trainer will see (packing only)
+    turns: dict[str, int] | None = None  # assistant turns (answers): trained whole, cut at max_length, dropped
     examples: list[dict[str, Any]] = field(default_factory=list)  # what the preview shows
     notes: list[str] = field(default_factory=list)
 
@@ -70,21 +71,30 @@ class DataPlan:
         return length_stats(self.lengths) if self.lengths else {}
 
     @property
+    def multi_turn(self) -> bool:
+        """Some row is a conversation with more than one assistant turn that trains."""
+        return bool(self.turns) and sum(self.turns.values()) > self.n_train + self.counts["dropped_long"]
+
+    @property
     def longest_row(self) -> int:
         return max(self.lengths, default=0)
 
     def to_dict(self) -> dict[str, Any]:
         """The counts, as events.jsonl and summary.json carry them."""
         return {"format": self.format, "rows_in_split": self.n_source, "train_rows": self.n_train,
-                **self.counts, "packs": self.n_packs, "max_length": self.max_length,
+                **self.counts, "packs": self.n_packs, "max_length": self.max_length, "turns": self.turns,
                 "long_prompts": self.long_prompts, "longest_row_tokens": self.longest_row}
 
     def describe(self) -> str:
         """One line for the run log: every row of the split, accounted for."""
         parts = [f"{self.counts[r]} {REASON_TEXT[r]}" for r in REASONS if self.counts[r] or r == "kept"]
         packs = f"; packed into {self.n_packs} sequences of up to {self.max_length} tokens" if self.packing else ""
+        turns = ""
+        if self.multi_turn:
+            turns = (f"; {sum(self.turns.values())} assistant turns: {self.turns['trained']} trained whole, "
+                     f"{self.turns['cut']} cut at max_length, {self.turns['dropped']} dropped")
         return (f"Data: {self.n_source} rows in {self.source} ({self.format}), {self.n_train} train at max_length "
-                f"{self.max_length}: {', '.join(parts)}{packs}")
+                f"{self.max_length}: {', '.join(parts)}{packs}{turns}")
 
     def train_dataset(self) -> Any:
         """Tokenized rows (input_ids, labels) for SFTTrainer: it skips its own tokenizing, and since every row is
@@ -228,6 +238,24 @@ def cut_row(n_tokens: int, prompt_len: int, max_length: int, long_prompts: str,
     return "prompt_cut", spans + [(tail, prompt_len + floor)], budget
 
 
+def token_turns(text: str, spans: Spans, tokenizer: Any, prompt_len: int) -> Spans:
+    """The token ranges of `text` (a row's prompt + completion, tokenized as _tokenize does) that the character
+    `spans` (earlier assistant turns, core/formats.py) cover, within its first `prompt_len` tokens. A token belongs to
+    the span its first character is in. None where the tokenizer gives no character offsets (a slow one)."""
+    if not spans:
+        return []
+    try:
+        offsets = tokenizer(text, return_offsets_mapping=True, verbose=False)["offset_mapping"]
+    except (NotImplementedError, ValueError, TypeError, KeyError):
+        return None
+    out = []
+    for a, b in spans:
+        inside = [t for t, (start, end) in enumerate(offsets[:prompt_len]) if a <= start < b and end > start]
+        if inside:
+            out.append((inside[0], inside[-1] + 1))
+    return out
+
+
 def take(ids: Any, spans: Spans) -> Any:
     """The tokens of `ids` in `spans`, as one int32 array."""
     import numpy as np
@@ -246,7 +274,7 @@ def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | 
         dataset, fmt = check_data(cfg)
     where = _where(cfg.dataset)
     with _naming(where):
-        columns, kept_rows = render_rows(dataset, fmt, tokenizer)
+        columns, kept_rows = render_rows(dataset, fmt, tokenizer, cfg.train_turns)
         if not kept_rows:
             need = " and ".join(("text",) if fmt == "text" else ("prompt", "completion"))
             raise DataError(f"Every one of the {len(dataset)} rows of {cfg.dataset} ({fmt} format) has an empty "
@@ -258,16 +286,38 @@ def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | 
     plan = DataPlan(source=where, format=fmt, max_length=cfg.max_length, long_prompts=cfg.long_prompts,
                     packing=cfg.packing, n_source=len(dataset), counts=counts,
                     lengths=[len(ids) for ids in all_ids], reasons=[], rows=kept_rows)
-    for ids, prompt_len in zip(all_ids, prompt_lens):
+    char_turns = columns.get("turns") or [[] for _ in all_ids]
+    turns = dict.fromkeys(("trained", "cut", "dropped"), 0) if "text" not in columns else None
+    for i, (ids, prompt_len) in enumerate(zip(all_ids, prompt_lens)):
         reason, spans, n_prompt = cut_row(len(ids), prompt_len, cfg.max_length, cfg.long_prompts, keep_first)
         plan.reasons.append(reason)
         counts[reason] += 1
+        # Which tokens carry loss: the completion (the last answer), and with train_turns=all every earlier answer
+        answers = token_turns(columns["prompt"][i] + columns["completion"][i], char_turns[i], tokenizer,
+                              prompt_len) if char_turns[i] else []
+        if answers is None:
+            answers = []
+            if "Only the last assistant turn" not in " ".join(plan.notes):
+                plan.notes.append("Only the last assistant turn of each conversation trains: this tokenizer gives no "
+                                  "character offsets to find the earlier ones.")
+        trains = np.zeros(len(ids), dtype=bool)
+        trains[prompt_len:] = prompt_len > 0 or "text" in columns
+        for a, b in answers:
+            trains[a:b] = True
         if spans:
             train_ids = take(ids, spans)
             labels = train_ids.copy()
-            labels[:n_prompt] = -100  # the prompt is context only: TRL's completion-only loss
+            labels[~take(trains, spans).astype(bool)] = -100  # context only: TRL's completion-only loss
             plan.input_ids.append(train_ids)
             plan.labels.append(labels)
+        if turns is not None:  # every answer accounted for: whole, cut at max_length (said, never silent), dropped
+            kept = np.zeros(len(ids), dtype=bool)
+            for a, b in spans:
+                kept[a:b] = True
+            for a, b in [*answers, (prompt_len, len(ids))]:
+                n_kept = int(kept[a:b].sum())
+                turns["trained" if n_kept == b - a else "cut" if n_kept else "dropped"] += 1
+    plan.turns = turns
     if cfg.packing and plan.input_ids:
         plan.n_packs = count_packs(plan.train_dataset(), cfg.max_length)
     longest = int(np.argmax(plan.lengths))

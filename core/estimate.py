@@ -126,7 +126,8 @@ def _resolve_shape(cfg: TrainConfig, shape: ModelShape | None) -> ModelShape:
 
 def estimate(cfg: TrainConfig, shape: ModelShape | None = None, *, max_row_tokens: int | None = None,
              full_logits: bool = False, liger_layers: bool | None = None, attention: str | None = None,
-             equal_length_rows: bool = False, n_gpus: int | None = None, gpu_bytes: int | None = None) -> Estimate:
+             equal_length_rows: bool = False, n_gpus: int | None = None, gpu_bytes: int | None = None,
+             embedding_via_gpu: bool = False) -> Estimate:
     """Predict one GPU's memory while training `cfg` (peak allocated, peak reserved and NVML peak).
 
     `max_row_tokens`: the longest row of the dataset in tokens, when known (default: rows reach max_length).
@@ -142,7 +143,8 @@ def estimate(cfg: TrainConfig, shape: ModelShape | None = None, *, max_row_token
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, not {attention!r}")
     t = single_gpu_terms(cfg, shape, max_row_tokens=max_row_tokens, full_logits=full_logits,
-                         liger_layers=liger_layers, attention=attention, equal_length_rows=equal_length_rows)
+                         liger_layers=liger_layers, attention=attention, equal_length_rows=equal_length_rows,
+                         embedding_via_gpu=embedding_via_gpu)  # measured rows of the loader before 2026-12-01
     lay = estimate_multi.layout(cfg, lambda: max(t.nvml_training, t.nvml_setup), n_gpus, gpu_bytes)
     estimate_multi.apply(t, cfg, shape, lay)
     notes = ([f"per GPU: {lay.world_size} processes, {lay.strategy} ({lay.reason})"] if lay.world_size > 1 else [])
@@ -295,7 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = TrainConfig.load(args.config) if args.config else TrainConfig()
         if args.preset:
-            cfg = apply_preset(cfg, args.preset, Hardware.detect())
+            from core import preset_fit
+
+            fit = preset_fit.apply(cfg, args.preset, Hardware.detect())  # as the app and `core.train` apply it
+            cfg = fit.cfg
+            if fit.key:
+                print(f"preset {args.preset}: {fit.note()}", file=sys.stderr)
         cfg = apply_overrides(cfg, args.set)
         shape = get_shape(cfg.model)
         kw = {"max_row_tokens": args.max_row_tokens or (measured_row_tokens(cfg) if args.data else None)}

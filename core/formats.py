@@ -8,8 +8,11 @@ How rows are rendered:
 - With a chat template (tokenizer.chat_template), a row becomes a conversation: instruction (+ context/input,
   after a blank line) is the user turn, the response the assistant turn. prompt = the template applied to every
   message before the last assistant turn with add_generation_prompt=True; completion = the full rendering minus
-  that prompt. Multi-turn conversations: earlier turns are context (inside the prompt, not trained on), the
-  last assistant turn is the completion; messages after it are ignored.
+  that prompt. Multi-turn conversations: the last assistant turn is the completion; earlier turns are inside the
+  prompt, and with TrainConfig.train_turns = "all" (the default, as Unsloth's train_on_responses_only and
+  LLaMA-Factory do) every earlier assistant answer trains too: `render_rows` returns their character spans in the
+  prompt (column "turns"), which core/data.py turns into labels; "last" trains the last answer only (the rest is
+  context). Messages after the last assistant turn are ignored.
 - Without one, DEFAULT_TEMPLATE (Alpaca style). Conversations map onto it too: the last user turn is the
   instruction, the system message and earlier turns (as "User: ..."/"Assistant: ..." lines) the input.
 - prompt_completion string rows are already TRL's own format and pass through verbatim (no template), like
@@ -140,6 +143,20 @@ def default_prompt(instruction: str, context: str = "") -> str:
     return DEFAULT_TEMPLATE.format(instruction=instruction.strip(), input_section=section)
 
 
+def _find_turns(prompt: str, answers: list[str], marker: str = "") -> list[tuple[int, int]]:
+    """Character spans of `answers` (earlier assistant turns, in order) in `prompt`, each found after the last."""
+    spans, at = [], 0
+    for answer in answers:
+        if not answer.strip():
+            continue
+        i = prompt.find(marker + answer, at)
+        if i < 0:
+            continue
+        spans.append((i + len(marker), i + len(marker) + len(answer)))
+        at = spans[-1][1]
+    return spans
+
+
 def _render_default(messages: list[dict[str, str]]) -> tuple[str, str]:
     """Alpaca-style prompt/completion: the last user turn is the instruction, everything before it the input."""
     *history, answer = messages
@@ -154,6 +171,28 @@ def _render_default(messages: list[dict[str, str]]) -> tuple[str, str]:
     else:
         context = "\n".join(f"{names[m['role']]}: {m['content']}" for m in before if m["content"].strip())
     return default_prompt(instruction, context), answer["content"]
+
+
+def _chat_turns(messages: list[dict[str, str]], tokenizer: Any, prompt: str) -> list[tuple[int, int]]:
+    """Character spans in `prompt` of each earlier assistant turn as the template renders it (its answer and its
+    end-of-turn text): where the rendering up to that turn extends the one before it, as chat templates do. A
+    template that renders earlier turns differently (e.g. drops reasoning) falls back to finding the answer text."""
+    spans, missing = [], []
+    for i, m in enumerate(messages[:-1]):
+        if m["role"] != "assistant" or not m["content"].strip():
+            continue
+        try:
+            before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+            through = tokenizer.apply_chat_template(messages[:i + 1], tokenize=False)
+        except Exception:  # noqa: BLE001 - a template that refuses the partial conversation
+            before = through = ""
+        if before and through.startswith(before) and prompt.startswith(through):
+            spans.append((len(before), len(through)))
+        else:
+            missing.append(m["content"])
+    if missing:  # the answer text itself, wherever the template put it
+        spans = sorted(spans + _find_turns(prompt, missing))
+    return spans
 
 
 def _render_chat(messages: list[dict[str, str]], tokenizer: Any, index: int) -> tuple[str, str]:
@@ -190,11 +229,15 @@ def to_sft(dataset: Any, fmt: str, tokenizer: Any = None) -> Any:
     import datasets
 
     columns, _ = render_rows(dataset, fmt, tokenizer)
+    columns.pop("turns", None)  # TRL's own columns only (it trains the last turn of a conversation)
     return datasets.Dataset.from_dict(columns)
 
 
-def render_rows(dataset: Any, fmt: str, tokenizer: Any = None) -> tuple[dict[str, list[str]], list[int]]:
-    """({"prompt": [...], "completion": [...]} or {"text": [...]}, the index in `dataset` of each rendered row).
+def render_rows(dataset: Any, fmt: str, tokenizer: Any = None,
+                turns: str = "all") -> tuple[dict[str, list[Any]], list[int]]:
+    """({"prompt": [...], "completion": [...], "turns": [...]} or {"text": [...]}, the index in `dataset` of each
+    rendered row). "turns": per row, the character spans of the prompt that train too (earlier assistant turns of
+    a conversation; none with `turns` = "last" or a single-turn row).
 
     Rows with nothing to train on (an empty or null prompt, completion or text) are left out.
     """
@@ -229,8 +272,9 @@ def render_rows(dataset: Any, fmt: str, tokenizer: Any = None) -> tuple[dict[str
         return {"text": texts}, kept
 
     verbatim = fmt == "prompt_completion" and not any(isinstance(p, list) for p in data["prompt"][:1])
-    prompts, completions = [], []
+    prompts, completions, trained = [], [], []
     for index, row in enumerate(rows):
+        spans: list[tuple[int, int]] = []
         if verbatim:  # already TRL's format: trained exactly as written
             prompt, completion = _text(row["prompt"]), _text(row["completion"])
             if not prompt.strip() or not completion.strip():
@@ -246,7 +290,14 @@ def render_rows(dataset: Any, fmt: str, tokenizer: Any = None) -> tuple[dict[str
                 continue
             prompt, completion = (_render_chat(messages, tokenizer, index) if template
                                   else _render_default(messages))
-        prompts.append(strip_bos(prompt))
+            if turns == "all" and sum(m["role"] == "assistant" for m in messages) > 1:
+                spans = (_chat_turns(messages, tokenizer, prompt) if template else
+                         _find_turns(prompt, [m["content"] for m in messages[:-1] if m["role"] == "assistant"],
+                                     "Assistant: "))
+        shown = strip_bos(prompt)
+        shift = len(prompt) - len(shown)
+        prompts.append(shown)
         completions.append(finish(completion))
+        trained.append([(a - shift, b - shift) for a, b in spans if a >= shift])
         kept.append(index)
-    return {"prompt": prompts, "completion": completions}, kept
+    return {"prompt": prompts, "completion": completions, "turns": trained}, kept

@@ -11,8 +11,8 @@ bench/grid_measured.json (H200, torch 2.11) and bench/RESULTS.md shows the table
                `quantize_output_head` stores the untied head in NF4 too, in blocks of QUANTIZED_HEAD_ROWS rows,
                and TRL's fused head then dequantizes one such block per vocabulary chunk.
   load spike   The upcast converts one matrix at a time, so for a moment the last one exists in bf16 and fp32:
-               on an 8B Llama-3 this, not training, is the recipe's peak (measured 8.22-8.31 GiB allocated). The
-               offloaded embedding is loaded to the GPU first, so loading is lowest_memory's peak too.
+               on an 8B Llama-3 this, not training, is the recipe's peak (measured 8.22-8.31 GiB allocated). An
+               offloaded embedding is loaded straight into CPU memory (never on the GPU).
   LoRA         params + grads (bf16 on a 4-bit base, as TRL casts them; fp32 otherwise, as peft keeps them).
   optimizer    Adam's two moments: 8-bit = 2 bytes/param, 32-bit = 8; torch AdamW keeps the params' dtype.
                bitsandbytes pages (CUDA managed memory: NVML counts it, torch's allocator does not) only state
@@ -88,8 +88,7 @@ def other_weight_bytes(cfg: TrainConfig) -> int:
 
 def lora_matrices(shape: ModelShape, cfg: TrainConfig) -> list[int]:
     """Element counts of one layer's LoRA matrices (A: r x in, B: out x r) for the targeted modules."""
-    dims = shape.module_dims()
-    return [n for t in cfg.lora_target_modules if t in dims for n in (cfg.lora_r * dims[t][0], cfg.lora_r * dims[t][1])]
+    return [n for a, b in shape.lora_dims(cfg.lora_target_modules) for n in (cfg.lora_r * a, cfg.lora_r * b)]
 
 
 def optimizer_bytes(cfg: TrainConfig, shape: ModelShape, param_bytes: int, shards: int = 1) -> tuple[int, int]:
@@ -158,7 +157,7 @@ def layer_bytes_per_token(cfg: TrainConfig, shape: ModelShape, *, liger_layers: 
     # it is already in the compute dtype, else each keeps its own autocast copy. o_proj's input is attention's
     # output, which attention keeps anyway. Plus the r-wide LoRA intermediate of each adapted layer.
     dims = shape.module_dims()
-    targets = [t for t in cfg.lora_target_modules if t in dims]
+    targets = shape.lora_names(cfg.lora_target_modules)
     lora = 0
     if cfg.lora_dropout > 0:
         lora = sum((d.c + 1) * dims[t][0] for t in targets)
@@ -232,8 +231,9 @@ class Terms:
 
 def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int | None = None,
                      full_logits: bool = False, liger_layers: bool | None = None, attention: str = "sdpa",
-                     equal_length_rows: bool = False) -> Terms:
-    """Every term of one process training `cfg` alone on one GPU (see the module docstring)."""
+                     equal_length_rows: bool = False, embedding_via_gpu: bool = False) -> Terms:
+    """Every term of one process training `cfg` alone on one GPU (see the module docstring). `embedding_via_gpu`:
+    the loader of runs before 2026-12-01 put an offloaded embedding on the GPU first (bench/grid_measured.json)."""
     liger = cfg.use_liger_kernel if liger_layers is None else liger_layers
     notes: list[str] = []
     q4 = cfg.load_in_4bit
@@ -269,8 +269,8 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     # offload_embeddings: the frozen input embedding stays in CPU memory (core.model.CpuEmbedding), not when tied.
     offloaded = other_dtype * shape.embed_params if (cfg.offload_embeddings and shape.head_params) else 0
     if offloaded:
-        notes.append(f"the input embedding ({offloaded / GIB:.2f} GiB) is kept in CPU memory; it is on the GPU "
-                     "while loading")
+        notes.append(f"the input embedding ({offloaded / GIB:.2f} GiB) is kept in CPU memory (loaded straight "
+                     "there)")
 
     # LoRA: TRL casts the adapters of a quantized model to bf16; peft keeps them fp32 on a 16-bit base.
     n_lora = shape.lora_params(cfg.lora_r, cfg.lora_target_modules)
@@ -289,11 +289,19 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     # bias SDPA makes of it, kept by every layer that has run forward (one layer with checkpointing).
     mask_elems = (tokens * tokens if cfg.packing else batch * row * row) if is_masked else 0
     mask_kept = mask_elems + d.c * mask_elems * (1 if cfg.gradient_checkpointing else layers)
+    # A soft-capped model (Gemma-2) under attention: varlen runs eager attention per packed row (core/attention.py):
+    # each layer keeps its rows' scores: tanh output (c), fp32 softmax (4) and its compute-dtype cast (c) per head
+    # and pair of tokens of one row. Rows assumed `row` tokens long (a pack of them: tokens x row pairs).
+    row_scores = ((2 * d.c + 4) * shape.num_attention_heads * tokens * row
+                  if attention == "varlen" and shape.attn_softcap else 0)
+    if row_scores:
+        notes.append(f"soft-capped attention runs eager per packed row: {row_scores / GIB:.2f} GiB of scores per "
+                     "layer")
     if cfg.gradient_checkpointing:
         activations = layers * d.s * h * tokens + mask_kept
-        layer_phase = (saved + backward) * tokens + dequant
+        layer_phase = (saved + backward) * tokens + dequant + row_scores
     else:
-        activations = layers * saved * tokens + mask_kept
+        activations = layers * (saved * tokens + row_scores) + mask_kept
         layer_phase = backward * tokens + dequant
 
     # LM head + loss: the final norm's kept input, its output, TRL's compact copy of the labelled positions and the
@@ -313,13 +321,20 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     temporaries = max(0, layer_phase - logits) + CUBLAS_WORKSPACE
 
     # Loading: the fp32 upcast converts one matrix at a time; the bf16 copy of the first is freed but stays cached.
-    # An offloaded embedding is loaded to the GPU first and moved afterwards.
-    base = quantized + unquantized + CUBLAS_WORKSPACE  # the workspace stays from an earlier run of the process
+    # An offloaded embedding is loaded straight into CPU memory (core.model._load_embedding_on_cpu) and upcast
+    # there: it never was on the GPU. (Counting it at load made lowest_memory's estimate +9% on Llama-3.1-8B and
+    # +12% on Qwen3-8B, issue 20: the loading peak it predicted does not exist.)
+    if embedding_via_gpu:
+        offloaded_at_load = 0
+    else:
+        offloaded_at_load = offloaded
+    loaded = quantized + unquantized - offloaded_at_load
+    base = loaded + CUBLAS_WORKSPACE  # the workspace stays from an earlier run of the process
     if q_head and not cfg.offload_embeddings:  # the head is loaded to the GPU in its dtype, then quantized
         base += d.c * shape.head_params
-    load_cache = min(LOAD_CACHE, int(LOAD_CACHE_FRACTION * (quantized + unquantized)))
-    if upcast(cfg):
-        big = [shape.embed_params] + ([shape.head_params] if shape.head_params else [])
+    load_cache = min(LOAD_CACHE, int(LOAD_CACHE_FRACTION * loaded))
+    big = ([] if offloaded_at_load else [shape.embed_params]) + ([shape.head_params] if shape.head_params else [])
+    if upcast(cfg) and big:
         load_alloc = base + 2 * big[-1]
         load_reserved = load_alloc + (2 * big[0] if len(big) > 1 else 0) + load_cache
     else:

@@ -37,10 +37,33 @@ def build_bnb_config(cfg: TrainConfig):
     return BitsAndBytesConfig(**kwargs)
 
 
-def build_lora_config(cfg: TrainConfig):
+def build_lora_config(cfg: TrainConfig, modules: list[str] | None = None):
+    """peft's LoraConfig; `modules`: the resolved leaf names (lora_targets), else the config's names as written."""
     from peft import LoraConfig
 
-    return LoraConfig(**recipe.lora_kwargs(cfg))
+    return LoraConfig(**recipe.lora_kwargs(cfg, modules))
+
+
+def lora_targets(cfg: TrainConfig, path: str | None = None, model=None):
+    """cfg.lora_target_modules resolved against the model's linear layers (core/lora_targets.py): from `model`'s
+    tree, or from the module tree of the model at `path` built on the meta device (before any weight loads). A name
+    the model lacks is a ConfigError that lists the model's real linear layers."""
+    from core import lora_targets as lt
+    from core.config import ConfigError, Problem
+
+    try:
+        if model is not None:
+            return lt.resolve(cfg.lora_target_modules, lt.linear_layers(model), cfg.lora_r)
+        return lt.for_path(cfg.lora_target_modules, cfg.lora_r, path or resolve_model_path(cfg), cfg.trust_remote_code)
+    except ValueError as exc:
+        if "Unrecognized configuration class" not in str(exc) and not isinstance(exc, lt.TargetError):
+            raise
+        if not isinstance(exc, lt.TargetError):  # e.g. an encoder or seq2seq model: refused by name, up front
+            raise ModelError(f"{cfg.model} is not a causal (decoder-only) language model that transformers can load "
+                             "with AutoModelForCausalLM, so memtune cannot fine-tune it.") from None
+        raise ConfigError([Problem("lora_target_modules", f"{', '.join(exc.missing)} match no linear layer of "
+                                   f"{cfg.model}", "use attention, mlp or all_linear, or some of its linear layers: "
+                                   + ", ".join(exc.linear))]) from None
 
 
 def hf_token() -> str | None:
@@ -272,7 +295,8 @@ def prepare_for_training(model, cfg: TrainConfig):
     # LoRA's A matrices start random: seed them, or two runs of one seeded config differ from the second step on
     # (the Trainer seeds only later, when it is built).
     set_seed(cfg.seed)
-    return get_peft_model(model, build_lora_config(cfg))
+    targets = lora_targets(cfg, model=model)  # the leaf names this model has: what adapter_config.json then lists
+    return get_peft_model(model, build_lora_config(cfg, targets.modules))
 
 
 def load_with_adapter(cfg: TrainConfig, adapter_dir: str | Path, path: str | None = None):

@@ -64,13 +64,13 @@ def kbit_kwargs(cfg: TrainConfig) -> dict[str, Any] | None:
     return {"use_gradient_checkpointing": False}
 
 
-def lora_kwargs(cfg: TrainConfig) -> dict[str, Any]:
-    """peft LoraConfig(**...)."""
+def lora_kwargs(cfg: TrainConfig, modules: list[str] | None = None) -> dict[str, Any]:
+    """peft LoraConfig(**...); `modules`: the target names resolved for the model in hand (core/lora_targets.py)."""
     return {
         "r": cfg.lora_r,
         "lora_alpha": cfg.lora_alpha,
         "lora_dropout": cfg.lora_dropout,
-        "target_modules": list(cfg.lora_target_modules),
+        "target_modules": list(modules if modules is not None else cfg.lora_target_modules),
         "bias": "none",
         "task_type": "CAUSAL_LM",
     }

@@ -38,6 +38,7 @@ class ModelShape:
     model_type: str = "llama"
     attention_bias: bool = False  # Qwen2: q, k and v carry a bias
     norms_per_layer: int = 2  # Gemma 2 has four (pre/post attention and MLP)
+    attn_softcap: bool = False  # Gemma 2 soft-caps attention logits (memtune's varlen path then runs eager per row)
 
     # --- derived sizes ------------------------------------------------------------------------------------------
     q_dim = property(lambda self: self.num_attention_heads * self.head_dim, doc="width of the query projection")
@@ -83,9 +84,33 @@ class ModelShape:
     def largest_linear(self) -> int:
         return max(a * b for a, b in self.module_dims().values())
 
-    def lora_params(self, rank: int, targets: list[str] | tuple[str, ...]) -> int:
+    def lora_names(self, targets: list[str] | tuple[str, ...]) -> list[str]:
+        """TrainConfig.lora_target_modules as Llama-style names (groups expanded; fused names split), in block order."""
+        groups = {"attention": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj"),
+                  "qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
         dims = self.module_dims()
-        return self.num_hidden_layers * sum(rank * (dims[t][0] + dims[t][1]) for t in targets if t in dims)
+        wanted = set(dims) if "all_linear" in targets else {n for t in targets for n in groups.get(t, (t,))}
+        return [n for n in dims if n in wanted]
+
+    def lora_dims(self, targets: list[str] | tuple[str, ...]) -> list[tuple[int, int]]:
+        """(in, out) of each adapted linear layer of one block. Phi-3 fuses q/k/v and gate/up: one adapter each
+        (core/lora_targets.py maps q_proj to its qkv_proj), so asking for any part adapts the whole fused layer."""
+        names, dims = self.lora_names(targets), self.module_dims()
+        if self.model_type != "phi3":
+            return [dims[n] for n in names]
+        out = []
+        if any(n in names for n in ("q_proj", "k_proj", "v_proj")):
+            out.append((self.hidden_size, self.q_dim + 2 * self.kv_dim))
+        if "o_proj" in names:
+            out.append(dims["o_proj"])
+        if any(n in names for n in ("gate_proj", "up_proj")):
+            out.append((self.hidden_size, 2 * self.intermediate_size))
+        if "down_proj" in names:
+            out.append(dims["down_proj"])
+        return out
+
+    def lora_params(self, rank: int, targets: list[str] | tuple[str, ...]) -> int:
+        return self.num_hidden_layers * sum(rank * (a + b) for a, b in self.lora_dims(targets))
 
     @classmethod
     def from_config(cls, config: dict[str, Any], name: str = "") -> "ModelShape":
@@ -111,6 +136,7 @@ class ModelShape:
                 model_type=model_type,
                 attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
                 norms_per_layer=4 if model_type in ("gemma2", "gemma3", "gemma3_text") else 2,
+                attn_softcap=cfg.get("attn_logit_softcapping", 50.0 if model_type == "gemma2" else None) is not None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ShapeError(f"config of {name or 'the model'} lacks a usable {exc} entry: it does not look like "
@@ -128,7 +154,7 @@ def _qwen(name, vocab, h, i, layers, heads, kv, tie, max_pos) -> ModelShape:
 
 def _gemma2(name, h, i, layers, heads, kv, head_dim) -> ModelShape:
     return ModelShape(name, 256000, h, i, layers, heads, kv, head_dim, True, 8192, model_type="gemma2",
-                      norms_per_layer=4)
+                      norms_per_layer=4, attn_softcap=True)
 
 
 # name: vocab, hidden, intermediate, layers, heads, kv heads, (head_dim), tied, max positions
@@ -150,6 +176,21 @@ SHAPES: dict[str, ModelShape] = {s.name: s for s in (
     _gemma2("google/gemma-2-2b", 2304, 9216, 26, 8, 4, 256),
     _gemma2("google/gemma-2-9b", 3584, 14336, 42, 16, 8, 256),
     _gemma2("google/gemma-2-27b", 4608, 36864, 46, 32, 16, 128),
+    # the rest of README's support matrix (config.json on the Hub)
+    _llama("mistralai/Mistral-7B-v0.1", 32000, 4096, 14336, 32, 32, 8, 128, False, 32768, model_type="mistral"),
+    _llama("Qwen/Qwen3-0.6B", 151936, 1024, 3072, 28, 16, 8, 128, True, 40960, model_type="qwen3"),
+    _llama("Qwen/Qwen3-4B", 151936, 2560, 9728, 36, 32, 8, 128, True, 40960, model_type="qwen3"),
+    _llama("Qwen/Qwen3-8B", 151936, 4096, 12288, 36, 32, 8, 128, False, 40960, model_type="qwen3"),
+    _llama("Qwen/Qwen3-14B", 151936, 5120, 17408, 40, 40, 8, 128, False, 40960, model_type="qwen3"),
+    ModelShape("google/gemma-3-1b-pt", 262144, 1152, 6912, 26, 4, 1, 256, True, 32768, model_type="gemma3_text",
+               norms_per_layer=4),
+    ModelShape("google/gemma-3-4b-pt", 262208, 2560, 10240, 34, 8, 4, 256, True, 131072, model_type="gemma3_text",
+               norms_per_layer=4),
+    _llama("microsoft/Phi-3-mini-4k-instruct", 32064, 3072, 8192, 32, 32, 32, 96, False, 4096, model_type="phi3"),
+    _llama("microsoft/phi-4", 100352, 5120, 17920, 40, 40, 10, 128, False, 16384, model_type="phi3"),
+    _llama("HuggingFaceTB/SmolLM2-135M", 49152, 576, 1536, 30, 9, 3, 64, True, 8192),
+    _llama("HuggingFaceTB/SmolLM2-1.7B", 49152, 2048, 8192, 24, 32, 32, 64, True, 8192),
+    _llama("HuggingFaceTB/SmolLM3-3B", 128256, 2048, 11008, 36, 16, 4, 128, True, 65536, model_type="smollm3"),
 )}
 
 _ALIASES = {"meta-llama/meta-llama-3.1-8b": "meta-llama/Llama-3.1-8B",

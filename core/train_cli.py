@@ -82,7 +82,13 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
             cfg = demo_config() if args.demo else TrainConfig.load(args.config)
         if args.preset:
             # A dumped file may be meant for another machine; a run here keeps CUDA-only levers off without CUDA.
-            cfg = apply_preset(cfg, args.preset, None if args.dump_config else Hardware.detect())
+            from core import preset_fit
+
+            # For this model: a preset with a memory promise picks the micro-batch/checkpointing that keeps it.
+            fit = preset_fit.apply(cfg, args.preset, None if args.dump_config else Hardware.detect())
+            cfg = fit.cfg
+            if fit.key:
+                print(f"[memtune] preset {args.preset}: {fit.note()}", file=sys.stderr, flush=True)
         cfg = apply_overrides(cfg, args.overrides)
     except ConfigError as exc:
         print(f"memtune: {exc}", file=sys.stderr)

@@ -35,7 +35,7 @@ def test_yaml_round_trip_is_exact(tmp_path):
 
 def test_validation_reports_every_problem_at_once():
     c = TrainConfig(learning_rate=5.0, lora_r=0, optim="adam_of_my_dreams", max_length=4,
-                    lora_target_modules=["q_proj", "wq"], run_name="bad name!", precision="fp8")
+                    lora_target_modules=["q_proj", "w q"], run_name="bad name!", precision="fp8")
     problems = validate(c, GPU)
     fields = {p.field for p in problems}
     assert {"learning_rate", "lora_r", "optim", "max_length", "lora_target_modules", "run_name", "precision"} <= fields

@@ -189,9 +189,12 @@ def test_offload_embeddings_takes_the_input_embedding_off_the_gpu_in_training_no
     assert on.cpu_offloaded == embedding and off.cpu_offloaded == 0
     assert off.unquantized_weights - on.unquantized_weights == embedding
     assert off.nvml_training - on.nvml_training >= embedding
-    # It is loaded to the GPU first, so lowest_memory's peak is loading's (measured 5.374 GiB); without the
+    # The loader of run 3 put it on the GPU first, so lowest_memory's peak was loading's (measured 5.374 GiB); today's
+    # loads it straight into CPU memory, so training is the peak (issue 20: +9% on 8B otherwise). Without the
     # offload training is the peak (measured 5.76 GiB at 512 tokens, run 3's +dropout0)
-    assert on.peak_phase == "loading" and close(on.peak_allocated_gib, 5.374, 0.01)
+    old_loader = estimate(LOW, L8B, embedding_via_gpu=True)
+    assert old_loader.peak_phase == "loading" and close(old_loader.peak_allocated_gib, 5.374, 0.01)
+    assert on.peak_phase == "training" and on.peak_allocated < old_loader.peak_allocated
     assert off.peak_phase == "training" and off.peak_allocated > on.peak_allocated
     assert close(estimate(LOW.replace(offload_embeddings=False, packing=False, per_device_train_batch_size=1), L8B)
                  .peak_allocated_gib, 5.76, 0.01)

@@ -276,7 +276,7 @@ def test_field_problems_name_the_fields():
     """The range check the app refuses a loaded file for is validate()'s own field check."""
     from core.checks import validate
 
-    bad = TrainConfig(lora_r=0, optim="nope", lora_target_modules=["q_proj", "zz"])
+    bad = TrainConfig(lora_r=0, optim="nope", lora_target_modules=["q_proj", "z z"])
     assert {p.field for p in field_problems(bad)} == {"lora_r", "optim", "lora_target_modules"}
     assert set(field_problems(bad)) <= set(validate(bad))
 

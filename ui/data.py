@@ -55,11 +55,32 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
     except (ModelError, OSError, ValueError) as exc:
         return error_box(t("preview.tokenizer_error", lang), str(exc))
     try:
-        return preview_html(plan_rows(cfg, tokenizer, raw, fmt, n_examples=3), lang)
+        plan = plan_rows(cfg, tokenizer, raw, fmt, n_examples=3)
+        if plan.multi_turn:  # every assistant turn accounted for (core/data.py)
+            plan.notes.append(t("preview.turns", lang, n=sum(plan.turns.values()), **plan.turns))
+        plan.notes.append(_lora_line(cfg, lang))
+        return preview_html(plan, lang)
     except DataError as exc:
         return error_box(t("preview.data_error", lang), str(exc))
     except Exception as exc:  # noqa: BLE001
         return error_box(t("preview.read_error", lang), f"{type(exc).__name__}: {exc}")
+
+
+def _lora_line(cfg: TrainConfig, lang: str) -> str:
+    """Which layers get LoRA and how many parameters train, from the model's module tree (no weights loaded)."""
+    from core.config import ConfigError
+    from core.lora_targets import FUSED
+    from core.model import lora_targets
+
+    try:
+        found = lora_targets(cfg)
+        fused = [t("preview.lora_fused", lang, fused=m, parts=FUSED[m]) for m in found.modules if m in FUSED]
+        return "; ".join([t("preview.lora", lang, modules=", ".join(found.modules), layers=found.layers,
+                            params=render.integer(found.trainable, lang)), *fused])
+    except ConfigError as exc:
+        return "; ".join(str(p) for p in exc.problems)
+    except Exception as exc:  # noqa: BLE001 - the preview stays useful when the tree cannot be built
+        return f"LoRA targets unknown: {type(exc).__name__}: {exc}"
 
 
 def on_preview(lang: str, *values) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 import gradio as gr
 
-from core import checklist, presets
+from core import checklist, preset_fit, presets
 from core.config import SAFE_NAME, ConfigError, TrainConfig, demo_config, field_problems
 from core.i18n import DEFAULT_LANGUAGE, t
 from core.jobs import MANAGER, JobBusy
@@ -80,10 +80,14 @@ def on_preset_lever(form: Form, lang: str, name: str, *values) -> Updates:
     if cfg is None:
         gr.Warning(t("checklist.needs_readable", lang))
         return derived(form, None, problems, lang)
-    applied = presets.apply_preset(cfg, name, hardware())
-    dropped = [k for k, v in presets.overrides(name).items() if getattr(applied, k) != v]
+    fit = preset_fit.apply(cfg, name, hardware())  # the preset's promise kept for this model (core/preset_fit.py)
+    applied = fit.cfg
+    dropped = [k for k in presets.CUDA_ONLY if k in presets.overrides(name)
+               and getattr(applied, k) != presets.overrides(name)[k]]
     if dropped:  # say so, rather than leave the user wondering why the form differs from the preset
         gr.Info(t("preset.dropped", lang, preset=t(f"preset.{name}.label", lang), levers=", ".join(dropped)))
+    if fit.key:  # what the preset gives for this model: the prediction, and what changed to keep its promise
+        (gr.Info if fit.key == "preset.fit.holds" else gr.Warning)(fit.note(lang))
     return apply_config(form, applied, lang)
 
 

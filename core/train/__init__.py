@@ -101,6 +101,12 @@ def plan_data(cfg: TrainConfig, emit: EventSink):
         tokenizer = model_lib.load_tokenizer(cfg, path)
     with phase(emit, "tokenizing", f"Formatting and tokenizing {len(raw)} rows ({fmt})"):
         plan = data.plan_rows(cfg, tokenizer, raw, fmt, n_examples=0)
+    # LoRA targets from the module tree on the meta device, before any weight loads: a name the model lacks is
+    # refused here (ConfigError listing its linear layers), and the log says what gets LoRA.
+    from core import families
+
+    targets = model_lib.lora_targets(cfg, path)
+    plan.notes += [targets.describe(), *filter(None, [families.note(targets.model_type)])]
     emit(make_event("data", message=plan.describe(), **plan.to_dict()))
     for line in [plan.describe(), *plan.notes]:
         emit(make_event("log", level="info", message=line))
@@ -221,6 +227,12 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
     return record_failed(emit, run_dir, error_type, message, trace, plan)
 
 
+def lora_modules(model) -> list[str] | None:
+    """The leaf names peft put LoRA on (its target_modules after resolution), as adapter_config.json lists them."""
+    peft_config = getattr(model, "peft_config", None) or {}
+    return sorted(peft_config["default"].target_modules) if "default" in peft_config else None
+
+
 def summarize(cfg: TrainConfig, trainer, output, callback, plan, started: float, trainable: int,
               resume_ckpt: Path | None) -> dict[str, Any]:
     """summary.json of a run that trained (completed or stopped); run_training adds the memory peaks."""
@@ -242,6 +254,7 @@ def summarize(cfg: TrainConfig, trainer, output, callback, plan, started: float,
         "peak_reserved_gib": None,
         "nvml_peak_gib": None,
         "trainable_params": trainable,
+        "lora_modules": lora_modules(trainer.model),  # what peft really adapted
         "resumed_from": str(resume_ckpt) if resume_ckpt else None,
         "data": plan.to_dict(),  # every row of the split, accounted for (core.data.plan_rows)
         "finished_at": datetime.now().isoformat(timespec="seconds"),

@@ -1,0 +1,142 @@
+"""Issue 20 on the GPU: memtune's attention against eager per family on CUDA, then real-shape families trained.
+
+    python -m bench.families_gpu --out DIR [--archs gemma-2-9b,phi-3-mini,...] [--budget-s 500] [--smoke]
+
+1. Attention (DIR/attention.json): each tiny family of tests/families.py in bf16 on CUDA, q/k scaled so Gemma-2's
+   soft-cap engages; packed rows through memtune's varlen attention (FlashAttention per row; eager per row where the
+   model soft-caps) and through transformers' default (the `sdpa` setting) against each row alone under eager
+   attention; which path ran (core.attention.VARLEN_CALLS).
+2. Families (DIR/<arch>/): `python -m bench.product --arch A --plan families-A` (one `python -m core.train --preset P`
+   process per preset, NVML sampled from outside), the model folder removed after each arch (disk).
+3. DIR/families.json and DIR/families.md: per (arch, preset) the NVML peak, the estimate for the config the preset
+   gave for that model (core/preset_fit.py) with the run's longest row, the error, tokens/s, trainable parameters,
+   LoRA modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHS = ("gemma-2-9b", "phi-3-mini", "qwen3-8b", "llama-3.1-8b", "llama-3.2-3b")
+
+
+def attention_check(device: str) -> list[dict]:
+    import copy
+
+    import torch
+
+    from core import attention as varlen
+    from tests import families
+    from tests.test_families import _rows, _sharpen
+
+    out = []
+    for name in families.NAMES:
+        ref = _sharpen(families.model(name)).to(device=device, dtype=torch.bfloat16)
+        rows, packed, pos = _rows()
+        with torch.no_grad():
+            alone = torch.cat([ref(input_ids=r.to(device), use_cache=False).logits[0] for r in rows]).float()
+            row = {"family": name}
+            for setting in ("varlen", "sdpa"):
+                m = copy.deepcopy(ref)
+                if setting == "varlen":
+                    varlen.use_varlen_attention(m)
+                else:
+                    m.set_attn_implementation("sdpa" if m._supports_sdpa else "eager")
+                before = dict(varlen.VARLEN_CALLS)
+                got = m(input_ids=packed.to(device), position_ids=pos.to(device), use_cache=False).logits[0].float()
+                row[f"{setting}_rel_error"] = round(float((got - alone).norm() / alone.norm()), 5)
+                row[f"{setting}_path"] = ({k: varlen.VARLEN_CALLS[k] - before[k] for k in ("varlen", "sdpa", "eager_rows")}
+                                          if setting == "varlen" else m.config._attn_implementation)
+        row["note"] = varlen.path_note(ref.config, cuda=device == "cuda")
+        out.append(row)
+        print(json.dumps(row), flush=True)
+    return out
+
+
+def estimates(out: Path, arch: str) -> list[dict]:
+    """The estimate for each run of `arch`, from the config the run saved and the preset as core.train applied it."""
+    from bench.archs import HUB_IDS
+    from core import preset_fit
+    from core.config import TrainConfig
+    from core.estimate import estimate
+
+    results = out / arch / "results.json"
+    if not results.is_file():
+        return []
+    rows = []
+    for r in json.loads(results.read_text())["rows"]:
+        name = r["name"]
+        cfg_path = out / arch / "runs" / f"{name}.yaml"
+        summary_path = out / arch / "runs" / name / "summary.json"
+        if not cfg_path.is_file():
+            continue
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        cfg = preset_fit.apply(TrainConfig.load(cfg_path).replace(model=HUB_IDS[arch], device="cuda"),
+                               r["variant"]["preset"]).cfg
+        longest = (summary.get("data") or {}).get("longest_row_tokens")
+        try:
+            est = estimate(cfg, max_row_tokens=longest)
+        except Exception as exc:  # noqa: BLE001 - the smoke run's tiny shape is in no table
+            print(f"no estimate for {arch}/{name}: {exc}", flush=True)
+            continue
+        nvml = r.get("nvml_peak_gib")
+        rows.append({"arch": arch, "preset": r["variant"]["preset"], "rc": r.get("rc"), "nvml_peak_gib": nvml,
+                     "estimate_gib": round(est.total_gib, 3),
+                     "error_pct": round(100 * (est.total_gib / nvml - 1), 1) if nvml else None,
+                     "peak_allocated_gib": r.get("peak_allocated_gib"),
+                     "estimate_allocated_gib": round(est.peak_allocated_gib, 3),
+                     "tokens_per_s": r.get("steady_tokens_per_s"), "trainable_params": summary.get("trainable_params"),
+                     "lora_modules": summary.get("lora_modules"),
+                     "batch": f"{cfg.per_device_train_batch_size} x {cfg.gradient_accumulation_steps}"
+                              f"{', checkpointing' if cfg.gradient_checkpointing else ''}"})
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.families_gpu")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--archs", default=",".join(ARCHS))
+    ap.add_argument("--budget-s", type=float, default=500.0)
+    ap.add_argument("--smoke", action="store_true", help="CPU: tiny-llama, the smoke plan's code paths")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    (out / "attention.json").write_text(json.dumps(attention_check(device), indent=1))
+    archs = ["tiny-llama"] if args.smoke else [a for a in args.archs.split(",") if a]
+    table = []
+    for arch in archs:
+        left = args.budget_s - (time.time() - t0)
+        if left < 60:
+            print(f"skipped {arch}: {left:.0f} s left", flush=True)
+            continue
+        cmd = [sys.executable, "-m", "bench.product", "--out", str(out / arch), "--arch", arch,
+               "--plan", f"families-{arch}", "--rows", "400", "--budget-s", str(int(left))]
+        subprocess.run(cmd, cwd=str(ROOT), check=False)
+        work = Path("/tmp/memtune-bench") / f"model-{arch}"
+        shutil.rmtree(work, ignore_errors=True)  # 64 GiB of disk: one model folder at a time
+        table += estimates(out, arch)
+        (out / "families.json").write_text(json.dumps(table, indent=1))
+    lines = ["| arch | preset | micro-batch | NVML peak | estimate | error | tokens/s | trainable | LoRA on |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in table:
+        lines.append(f"| {r['arch']} | {r['preset']} | {r['batch']} | {r['nvml_peak_gib']} | {r['estimate_gib']} | "
+                     f"{r['error_pct']}% | {r['tokens_per_s']} | {r['trainable_params']} | "
+                     f"{', '.join(r['lora_modules'] or [])} |")
+    (out / "families.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
