@@ -9,7 +9,7 @@
 2. Families (DIR/<arch>/): `python -m bench.product --arch A --plan families-A` (one `python -m core.train --preset P`
    process per preset, NVML sampled from outside), the model folder removed after each arch (disk).
 3. DIR/families.json and DIR/families.md: per (arch, preset) the NVML peak, the estimate for the config the preset
-   gave for that model (core/preset_fit.py) with the run's longest row, the error, tokens/s, trainable parameters,
+   gave for that model (core.estimate.fit_preset) with the run's longest row, the error, tokens/s, trainable parameters,
    LoRA modules.
 """
 
@@ -63,7 +63,7 @@ def attention_check(device: str) -> list[dict]:
 def estimates(out: Path, arch: str) -> list[dict]:
     """The estimate for each run of `arch`, from the config the run saved and the preset as core.train applied it."""
     from bench.archs import HUB_IDS
-    from core import preset_fit
+    from core.estimate import fit_preset
     from core.config import TrainConfig
     from core.estimate import estimate
 
@@ -78,7 +78,7 @@ def estimates(out: Path, arch: str) -> list[dict]:
         if not cfg_path.is_file():
             continue
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-        cfg = preset_fit.apply(TrainConfig.load(cfg_path).replace(model=HUB_IDS[arch], device="cuda"),
+        cfg = fit_preset(TrainConfig.load(cfg_path).replace(model=HUB_IDS[arch], device="cuda"),
                                r["variant"]["preset"]).cfg
         longest = (summary.get("data") or {}).get("longest_row_tokens")
         try:

@@ -82,10 +82,10 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
             cfg = demo_config() if args.demo else TrainConfig.load(args.config)
         if args.preset:
             # A dumped file may be meant for another machine; a run here keeps CUDA-only levers off without CUDA.
-            from core import preset_fit
+            from core.estimate import fit_preset
 
             # For this model: a preset with a memory promise picks the micro-batch/checkpointing that keeps it.
-            fit = preset_fit.apply(cfg, args.preset, None if args.dump_config else Hardware.detect())
+            fit = fit_preset(cfg, args.preset, None if args.dump_config else Hardware.detect())
             cfg = fit.cfg
             if fit.key:
                 print(f"[memtune] preset {args.preset}: {fit.note()}", file=sys.stderr, flush=True)

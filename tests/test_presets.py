@@ -101,20 +101,20 @@ def test_fastest_keeps_its_24_gb_promise_for_the_model_in_hand():
     """Issue 20: Gemma-2-9B took 29 GiB with `fastest`'s fixed levers. The preset now asks the estimator for this
     model, takes fewer packs per micro-step (accumulating more) until it fits, and says what it changed; a model
     whose smallest setting cannot fit gets that setting and a note saying so; Llama-3.1-8B keeps the preset as is."""
-    from core import preset_fit
+    from core.estimate import PRESET_MARGIN, fit_preset
     from core.estimate import estimate
 
-    llama = preset_fit.apply(TrainConfig(model="meta-llama/Llama-3.1-8B"), "fastest")
+    llama = fit_preset(TrainConfig(model="meta-llama/Llama-3.1-8B"), "fastest")
     assert llama.key == "preset.fit.holds" and llama.cfg == apply_preset(TrainConfig(), "fastest")
-    gemma = preset_fit.apply(TrainConfig(model="google/gemma-2-9b"), "fastest")
+    gemma = fit_preset(TrainConfig(model="google/gemma-2-9b"), "fastest")
     assert gemma.key == "preset.fit.changed"
-    assert estimate(gemma.cfg).total_gib <= 24 * preset_fit.MARGIN < estimate(
+    assert estimate(gemma.cfg).total_gib <= 24 * PRESET_MARGIN < estimate(
         apply_preset(TrainConfig(model="google/gemma-2-9b"), "fastest")).total_gib
     b = gemma.cfg
     assert b.per_device_train_batch_size < 8 and b.per_device_train_batch_size * b.gradient_accumulation_steps >= 8
     for lang in ("en", "pt", "fr"):
         assert "per_device_train_batch_size=" in gemma.note(lang) and "{" not in gemma.note(lang)
-    huge = preset_fit.apply(TrainConfig(model="meta-llama/Llama-3.1-70B"), "fastest")
+    huge = fit_preset(TrainConfig(model="meta-llama/Llama-3.1-70B"), "fastest")
     assert huge.key == "preset.fit.cannot" and huge.cfg.per_device_train_batch_size == 1
     assert huge.cfg.gradient_checkpointing and "70B" not in huge.note("en") and "GiB" in huge.note("en")
-    assert preset_fit.apply(TrainConfig(model="google/gemma-2-9b"), "lowest_memory").key is None  # no promise
+    assert fit_preset(TrainConfig(model="google/gemma-2-9b"), "lowest_memory").key is None  # no promise

@@ -109,7 +109,7 @@ def preset_of(cfg: TrainConfig) -> str:
     """The preset the form has, as this machine applies it (without CUDA, "fastest" minus its CUDA-only levers
     is still "fastest", not a custom mix)."""
     hw = hardware()
-    from core import preset_fit
+    from core.estimate import fit_preset
 
     return presets.matching(cfg) or next((n for n in presets.PRESETS if presets.apply_preset(cfg, n, hw) == cfg
-                                          or preset_fit.apply(cfg, n, hw).cfg == cfg), CUSTOM)
+                                          or fit_preset(cfg, n, hw).cfg == cfg), CUSTOM)

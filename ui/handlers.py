@@ -13,7 +13,8 @@ from typing import Any
 
 import gradio as gr
 
-from core import checklist, preset_fit, presets
+from core import checklist, presets
+from core.estimate import fit_preset
 from core.config import SAFE_NAME, ConfigError, TrainConfig, demo_config, field_problems
 from core.i18n import DEFAULT_LANGUAGE, t
 from core.jobs import MANAGER, JobBusy
@@ -80,7 +81,7 @@ def on_preset_lever(form: Form, lang: str, name: str, *values) -> Updates:
     if cfg is None:
         gr.Warning(t("checklist.needs_readable", lang))
         return derived(form, None, problems, lang)
-    fit = preset_fit.apply(cfg, name, hardware())  # the preset's promise kept for this model (core/preset_fit.py)
+    fit = fit_preset(cfg, name, hardware())  # the preset's promise kept for this model (core.estimate.fit_preset)
     applied = fit.cfg
     dropped = [k for k in presets.CUDA_ONLY if k in presets.overrides(name)
                and getattr(applied, k) != presets.overrides(name)[k]]
