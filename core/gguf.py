@@ -5,10 +5,15 @@ The file format, the quantizers and llama.cpp's tensor names come from the `gguf
 gguf-py). Which tensors and metadata a transformers model becomes is ours, following llama.cpp's converter
 (convert_hf_to_gguf.py) for the architectures below:
 
-- Llama (and Mistral, which llama.cpp runs as `llama`): q/k projection rows are permuted from transformers'
-  rotate-half layout to llama.cpp's interleaved RoPE layout (`permute_qk`; transformers' GGUF loader undoes it);
-  Llama-3.1+ "llama3" RoPE scaling becomes the `rope_freqs` tensor llama.cpp multiplies the frequencies by.
-- Qwen2: same tensors (plus q/k/v biases), no permutation (llama.cpp runs it with NEOX RoPE, like transformers).
+- Llama (and Mistral and SmolLM2, which llama.cpp runs as `llama`; SmolLM3 as `smollm3`): q/k projection rows are
+  permuted from transformers' rotate-half layout to llama.cpp's interleaved RoPE layout (`permute_qk`; transformers'
+  GGUF loader undoes it); Llama-3.1+ "llama3" RoPE scaling becomes the `rope_freqs` tensor llama.cpp multiplies
+  the frequencies by. SmolLM3's no-RoPE layers must be every 4th, the rule llama.cpp hard-codes.
+- Qwen2 (q/k/v biases), Qwen3 (q/k norms): no permutation (llama.cpp runs them with NEOX RoPE, like transformers).
+- Gemma-2 and Gemma-3 (text): every RMSNorm weight gets +1 (transformers multiplies by 1 + w, llama.cpp by w),
+  soft-capping and sliding windows go into the metadata, Gemma-3's per-layer sliding pattern and local RoPE base
+  too; llama.cpp scales queries by 1/sqrt(head_dim), so another query_pre_attn_scalar is refused.
+- Phi-3: fused qkv_proj and gate_up_proj stay fused (llama.cpp's attn_qkv and ffn_up), partial rotary dims.
 
 Tensors are converted and written one at a time from the safetensors files (the GGUF writer's streaming API), so
 converting needs little memory beyond one tensor; merging the adapter first is what needs RAM (core.export).
@@ -33,9 +38,18 @@ Progress = Callable[[float, str], Any]
 # memtune format name -> (GGML tensor type for 2-D weights, llama.cpp file type). 1-D tensors stay F32.
 FORMATS = {"f16": ("F16", "MOSTLY_F16"), "bf16": ("BF16", "MOSTLY_BF16"), "q8_0": ("Q8_0", "MOSTLY_Q8_0"),
            "f32": ("F32", "ALL_F32")}
-# transformers architecture -> (llama.cpp architecture, whether q/k rows are permuted for llama.cpp's RoPE)
-ARCHITECTURES = {"LlamaForCausalLM": ("LLAMA", True), "MistralForCausalLM": ("LLAMA", True),
-                 "Qwen2ForCausalLM": ("QWEN2", False)}
+# transformers architecture -> (llama.cpp architecture, q/k rows permuted for llama.cpp's RoPE, RMSNorm weights
+# stored as w - 1 (Gemma), tie_word_embeddings when config.json leaves it out: the config class's default)
+ARCHITECTURES = {"LlamaForCausalLM": ("LLAMA", True, False, False), "MistralForCausalLM": ("LLAMA", True, False, False),
+                 "Qwen2ForCausalLM": ("QWEN2", False, False, False), "Qwen3ForCausalLM": ("QWEN3", False, False, False),
+                 "Gemma2ForCausalLM": ("GEMMA2", False, True, True), "Gemma3ForCausalLM": ("GEMMA3", False, True, True),
+                 "Phi3ForCausalLM": ("PHI3", False, False, False), "SmolLM3ForCausalLM": ("SMOLLM3", True, False, True)}
+FAMILY_NAMES = "Llama (incl. Llama 3.x, SmolLM2), Mistral, Qwen2, Qwen3, Gemma-2, Gemma-3 (text), Phi-3, SmolLM3"
+# Architectures people bring that llama.cpp runs but this export does not convert (yet): named in the refusal
+NOT_CONVERTED = {"Gemma3ForConditionalGeneration": "Gemma-3 with its vision tower (multimodal)",
+                 "MixtralForCausalLM": "Mixtral (mixture of experts)", "Qwen2MoeForCausalLM": "Qwen2-MoE",
+                 "Qwen3MoeForCausalLM": "Qwen3-MoE", "GemmaForCausalLM": "Gemma (1st generation)",
+                 "Phi3SmallForCausalLM": "Phi-3-small", "PhiForCausalLM": "Phi-2", "GPT2LMHeadModel": "GPT-2"}
 # Byte-level BPE pre-tokenizer regexes (tokenizer.json Split patterns) -> llama.cpp's `tokenizer.ggml.pre` names
 PRE_TOKENIZERS = {
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+":
@@ -51,7 +65,7 @@ class GGUFError(RuntimeError):
 
 
 def supported_text() -> str:
-    return "Llama (incl. Llama 3.x), Mistral and Qwen2 models (" + ", ".join(ARCHITECTURES) + ")"
+    return f"{FAMILY_NAMES} models (" + ", ".join(ARCHITECTURES) + ")"
 
 
 def parse_formats(formats: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -73,21 +87,31 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def architecture(config: dict[str, Any]) -> tuple[str, bool]:
-    """(llama.cpp architecture name, permute q/k) for a config.json, or GGUFError naming what is supported."""
+def family(config: dict[str, Any]) -> tuple[str, bool, bool, bool]:
+    """(llama.cpp architecture name, permute q/k, Gemma norm shift, tied default) for a config.json, or GGUFError
+    naming what is supported."""
     import gguf
 
     archs = config.get("architectures") or []
     for name in archs:
         if name in ARCHITECTURES:
-            arch, permute = ARCHITECTURES[name]
-            return gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch)], permute
-    if config.get("vision_config") or config.get("text_config"):
+            arch, permute, shift, tied = ARCHITECTURES[name]
+            return gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch)], permute, shift, tied
+    named = [f"{NOT_CONVERTED[a]} ({a})" for a in archs if a in NOT_CONVERTED]
+    if named:
+        what = ", ".join(named)
+    elif config.get("vision_config") or config.get("text_config"):
         what = "a multimodal model"
     else:
         what = ", ".join(archs) or config.get("model_type", "an unknown architecture")
     raise GGUFError(f"GGUF export supports {supported_text()}; this model is {what}. Use the merged model folder "
                     "or the adapter zip instead, or llama.cpp's own convert_hf_to_gguf.py on the merged folder.")
+
+
+def architecture(config: dict[str, Any]) -> tuple[str, bool]:
+    """(llama.cpp architecture name, permute q/k) for a config.json, or GGUFError naming what is supported."""
+    arch, permute, _, _ = family(config)
+    return arch, permute
 
 
 def safetensors_shapes(model_dir: Path) -> dict[str, list[int]]:
@@ -102,7 +126,7 @@ def safetensors_shapes(model_dir: Path) -> dict[str, list[int]]:
 
 
 def _tied(config: dict[str, Any]) -> bool:
-    return bool(config.get("tie_word_embeddings", False))
+    return bool(config.get("tie_word_embeddings", family(config)[3]))
 
 
 def tensor_type(fmt: str, gguf_name: str, shape: list[int]) -> str:
@@ -132,10 +156,16 @@ def permute_qk(weights: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weights.shape))
 
 
-def rope_params(config: dict[str, Any]) -> dict[str, Any]:
-    """RoPE settings from either transformers 5's `rope_parameters` or the older `rope_theta` + `rope_scaling`."""
+def rope_params(config: dict[str, Any], layer: str = "full_attention") -> dict[str, Any]:
+    """RoPE settings from either transformers 5's `rope_parameters` (flat, or per layer type as Gemma-3's
+    full_attention / sliding_attention) or the older `rope_theta` + `rope_scaling` (+ rope_local_base_freq)."""
     params = dict(config.get("rope_scaling") or {})
-    params.update(config.get("rope_parameters") or {})
+    given = config.get("rope_parameters") or {}
+    if "full_attention" in given or "sliding_attention" in given:
+        given = given.get(layer) or {}
+    elif layer == "sliding_attention":  # flat settings: the older configs name the local base on its own
+        params, given = {}, {"rope_theta": config.get("rope_local_base_freq", given.get("rope_theta"))}
+    params.update(given)
     params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
     params["rope_type"] = params.get("rope_type", params.get("type", "default")) or "default"
     return params
@@ -198,7 +228,7 @@ def _tensor_data(model_dir: Path, config: dict[str, Any], plan) -> Iterator[np.n
     """float32 arrays in plan order, read one at a time from the safetensors files."""
     from safetensors import safe_open
 
-    _, permute = architecture(config)
+    _, permute, shift, _ = family(config)
     where = {}
     for path in sorted(Path(model_dir).glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as fh:
@@ -215,6 +245,8 @@ def _tensor_data(model_dir: Path, config: dict[str, Any], plan) -> Iterator[np.n
             data = permute_qk(data, n_head)
         elif permute and (src.endswith("k_proj.weight") or src.endswith("k_proj.bias")):
             data = permute_qk(data, n_kv)
+        if shift and src.endswith("norm.weight"):  # Gemma: transformers scales by (1 + w), llama.cpp by w
+            data = data + 1.0
         yield data
 
 
@@ -232,6 +264,7 @@ def _encode(data: np.ndarray, kind: str) -> np.ndarray:
 def write_model_metadata(writer, config: dict[str, Any], name: str, fmt: str) -> None:
     import gguf
 
+    arch, _, _, _ = family(config)
     writer.add_name(name)
     writer.add_file_type(getattr(gguf.LlamaFileType, FORMATS[fmt][1]))
     if fmt == "q8_0":
@@ -246,11 +279,14 @@ def write_model_metadata(writer, config: dict[str, Any], name: str, fmt: str) ->
     writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
     writer.add_vocab_size(int(config["vocab_size"]))
     dim = head_dim(config)
-    writer.add_rope_dimension_count(dim)
-    if dim != int(config["hidden_size"]) // n_head:  # e.g. Mistral Nemo: heads narrower than hidden/heads
+    rp = rope_params(config)
+    rotary = rp.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    # Phi-3 counts rotary dims from hidden/heads (convert_hf_to_gguf's Phi3MiniModel); the others from head_dim
+    writer.add_rope_dimension_count(int(float(rotary) * (int(config["hidden_size"]) if arch == "phi3" else dim * n_head))
+                                    // n_head)
+    if dim != int(config["hidden_size"]) // n_head or arch in ("gemma2", "gemma3"):  # heads narrower than hidden/heads
         writer.add_key_length(dim)
         writer.add_value_length(dim)
-    rp = rope_params(config)
     writer.add_rope_freq_base(float(rp["rope_theta"]))
     kind = rp["rope_type"]
     if kind == "linear":
@@ -263,6 +299,54 @@ def write_model_metadata(writer, config: dict[str, Any], name: str, fmt: str) ->
             writer.add_rope_scaling_orig_ctx_len(int(rp["original_max_position_embeddings"]))
     elif kind not in ("default", "llama3"):  # llama3 is the rope_freqs tensor
         raise GGUFError(f"RoPE scaling {kind!r} has no GGUF mapping here (supported: none, linear, yarn, llama3).")
+    _family_metadata(writer, config, arch, dim)
+
+
+def _family_metadata(writer, config: dict[str, Any], arch: str, dim: int) -> None:
+    """The keys convert_hf_to_gguf.py writes for one family beyond the common ones, and the refusals for settings
+    llama.cpp would run differently from transformers."""
+    layers = int(config["num_hidden_layers"])
+    if arch in ("gemma2", "gemma3"):
+        scalar = config.get("query_pre_attn_scalar", dim)
+        # llama.cpp: 1/sqrt(hidden/heads) for the 27B (46 / 62 layers), 1/sqrt(head_dim) for every other size
+        big = layers == (46 if arch == "gemma2" else 62)
+        expected = int(config["hidden_size"]) // int(config["num_attention_heads"]) if big else dim
+        if scalar is not None and int(scalar) != expected:
+            raise GGUFError(f"query_pre_attn_scalar is {scalar}, but llama.cpp scales {arch} queries by "
+                            f"1/sqrt({expected}): llama.cpp would compute different attention than training.")
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(float(config.get("attn_logit_softcapping") or 0.0))
+        writer.add_final_logit_softcapping(float(config.get("final_logit_softcapping") or 0.0))
+        writer.add_sliding_window(int(config.get("sliding_window") or 4096))
+        types = config.get("layer_types")
+        if types and [t == "sliding_attention" for t in types] != [i % 2 == 0 for i in range(layers)]:
+            raise GGUFError("This Gemma-2 does not alternate sliding and full attention layers, the pattern "
+                            "llama.cpp runs Gemma-2 with.")
+    elif arch == "gemma3":
+        if config.get("attn_logit_softcapping"):
+            raise GGUFError("Gemma-3 with attention soft-capping: llama.cpp's gemma3 has none.")
+        if config.get("final_logit_softcapping"):
+            writer.add_final_logit_softcapping(float(config["final_logit_softcapping"]))
+        types = config.get("layer_types") or [
+            "full_attention" if (i + 1) % int(config.get("sliding_window_pattern") or 6) == 0 else "sliding_attention"
+            for i in range(layers)]
+        if config.get("sliding_window") and any(t == "sliding_attention" for t in types):
+            writer.add_sliding_window(int(config["sliding_window"]))
+            writer.add_sliding_window_pattern([t == "sliding_attention" for t in types])
+            writer.add_rope_freq_base_swa(float(rope_params(config, "sliding_attention")["rope_theta"]))
+    elif arch == "phi3":
+        rp = rope_params(config)
+        if rp["rope_type"] not in ("default",) or rp.get("long_factor"):
+            raise GGUFError(f"Phi-3 with {rp['rope_type']!r} RoPE scaling (the 128k-context variants) is not "
+                            "converted here; use llama.cpp's convert_hf_to_gguf.py on the merged folder.")
+        orig = rp.get("original_max_position_embeddings") or config.get("original_max_position_embeddings")
+        writer.add_rope_scaling_orig_ctx_len(int(orig or config.get("max_position_embeddings", 4096)))
+        writer.add_sliding_window(int(config.get("sliding_window") or 0))
+    elif arch == "smollm3":
+        nope = config.get("no_rope_layers")
+        if nope is not None and list(nope) != [int((i + 1) % 4 != 0) for i in range(layers)]:
+            raise GGUFError("This SmolLM3 skips RoPE on other layers than every 4th, the rule llama.cpp "
+                            "hard-codes for smollm3.")
 
 
 def _token_text(token: Any) -> str:

@@ -1,0 +1,127 @@
+"""GGUF files in the real llama.cpp (tests/llama_cpp.py: node-llama-cpp's prebuilt CPU build, no compiling).
+
+- Every family the export supports: a tiny random model (config scaled down from the family's real config.json,
+  same RoPE, norms, soft-caps, windows, biases, tied head) is exported in f32 and f16, and llama.cpp's token ids and
+  first-token logits must match transformers' within the tolerances stated in FAMILY_TOLERANCE.
+- The demo adapter, fully trained: Try it answers its 100 prompts exactly; the default merge (into the dequantized
+  4-bit weights) does too in transformers, and its GGUF files (f16, q8_0) do in llama.cpp, greedily.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.gguf_export import export_gguf
+from tests import llama_cpp
+
+PROBES = ["### Instruction:\nTranslate the word 'cat' into French.\n\n### Response:\n",
+          "Hello world, this is a test of the tokenizer: 1234 ünïcödé ✓",
+          "  two leading spaces\n\nand a blank line"]
+# Real config.json values (RoPE base, epsilons, soft-caps, activation, tying, head layout) with tiny sizes.
+FAMILIES = {
+    "llama-3.2": ("LlamaConfig", "LlamaForCausalLM", dict(  # meta-llama/Llama-3.2-1B
+        rms_norm_eps=1e-5, tie_word_embeddings=True, num_attention_heads=4, num_key_value_heads=2,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(  # mistralai/Mistral-7B-v0.3: head_dim 128 of 4096/32
+        rms_norm_eps=1e-5, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6}, sliding_window=None)),
+    "smollm2": ("LlamaConfig", "LlamaForCausalLM", dict(  # HuggingFaceTB/SmolLM2-135M: 9 heads, 3 kv heads
+        rms_norm_eps=1e-5, tie_word_embeddings=True, hidden_size=72, num_attention_heads=9, num_key_value_heads=3,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0})),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(  # Qwen/Qwen2.5-0.5B: q/k/v biases, tied
+        rms_norm_eps=1e-6, tie_word_embeddings=True, num_attention_heads=4, num_key_value_heads=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(  # Qwen/Qwen3-0.6B: head_dim 128 != 1024/16, q/k norms
+        rms_norm_eps=1e-6, tie_word_embeddings=True, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(  # google/gemma-2-2b: soft-caps 50/30, windows, head 256
+        rms_norm_eps=1e-6, num_attention_heads=4, num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32,
+        attn_logit_softcapping=50.0, final_logit_softcapping=30.0, sliding_window=64,
+        hidden_activation="gelu_pytorch_tanh", rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(  # google/gemma-3-1b-it: 5 sliding : 1 full, 2 bases
+        rms_norm_eps=1e-6, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+        query_pre_attn_scalar=32, sliding_window=64, hidden_activation="gelu_pytorch_tanh",
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(  # microsoft/Phi-3-mini-4k-instruct: fused qkv and gate_up
+        rms_norm_eps=1e-5, num_attention_heads=4, num_key_value_heads=2, sliding_window=2047,
+        original_max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(  # HuggingFaceTB/SmolLM3-3B: no RoPE every 4th layer
+        rms_norm_eps=1e-6, tie_word_embeddings=True, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 5e6})),
+}
+# max |logit difference| allowed, as a fraction of the transformers logits' range: f32 files differ only by
+# llama.cpp's kernels and its f16 KV cache; f16 files add float16 rounding of every weight.
+FAMILY_TOLERANCE = {"f32": 0.005, "f16": 0.005}  # measured: at most 0.15 % (f32), 0.17 % (f16)
+
+
+def tiny_family_model(folder: Path, family: str, tokenizer_dir: Path) -> Path:
+    import transformers
+    from transformers import AutoTokenizer
+
+    config_name, model_name, extra = FAMILIES[family]
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if family == "phi3":  # Phi-3's specials: llama.cpp sets attributes on these by name for any "phi3" model
+        tok.add_tokens(["<unk>", "<|endoftext|>", "<|end|>"], special_tokens=True)
+    sizes = dict(vocab_size=len(tok) + 8, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 max_position_embeddings=256, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                 pad_token_id=tok.pad_token_id)
+    config = getattr(transformers, config_name)(**{**sizes, **extra})
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # spread weights (biases too) so every mapping shows in the logits
+            torch.nn.init.normal_(p, mean=0.0 if "norm" not in name or family.startswith("gemma") else 1.0, std=0.15)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _reference_logits(folder: Path, texts: list[str]) -> tuple[list[list[int]], list[torch.Tensor]]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    tok = AutoTokenizer.from_pretrained(folder)
+    ids = [tok(t)["input_ids"] for t in texts]
+    with torch.no_grad():
+        logits = [model(torch.tensor([i])).logits[0, -1] for i in ids]
+    return ids, logits
+
+
+@pytest.fixture(scope="module")
+def family_files(tmp_path_factory, demo_model_path):
+    """Every family's tiny model, exported in f32 and f16 (one export call per family)."""
+    llama_cpp.require()
+    out = {}
+    for family in FAMILIES:
+        folder = tiny_family_model(tmp_path_factory.mktemp(family) / family, family, demo_model_path)
+        out[family] = (folder, export_gguf(model_dir=folder, formats="f32,f16").files)
+    return out
+
+
+def test_every_family_tokenizes_and_computes_like_transformers_in_llama_cpp(family_files):
+    requests, expected = [], []
+    for family, (folder, files) in family_files.items():
+        ids, logits = _reference_logits(folder, PROBES)
+        for fmt, path in files.items():
+            requests.append(dict(model=str(path), tokenize=PROBES, logits=PROBES))
+            expected.append((family, fmt, ids, logits))
+    got = llama_cpp.run(requests)
+    report = []
+    for (family, fmt, ids, logits), answer in zip(expected, got["answers"]):
+        assert answer["tokenize"] == ids, (family, fmt)
+        worst = 0.0
+        for ref, ours in zip(logits, answer["logits"]):
+            ours = torch.tensor(ours[: ref.numel()], dtype=torch.float32)
+            span = (ref.max() - ref.min()).item()
+            worst = max(worst, (ours - ref).abs().max().item() / span)
+            assert ours.argmax().item() == ref.argmax().item() or (ref.topk(2).values.diff().abs().item()
+                                                                   < FAMILY_TOLERANCE[fmt] * span), (family, fmt)
+        report.append(f"{family} {fmt}: max |logit diff| {worst:.2%} of range")
+        assert worst <= FAMILY_TOLERANCE[fmt], report[-1]
+    print(f"llama.cpp {got['llama_cpp']['release']}:\n  " + "\n  ".join(report))
