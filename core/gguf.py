@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -57,6 +58,25 @@ PRE_TOKENIZERS = {
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+":
         "qwen2",
 }
+# memtune's own prompt format (core.formats.DEFAULT_TEMPLATE and _render_default: the last user turn is the
+# instruction, a lone system turn or the other turns the Input section) as a chat template, for models that have
+# none: llama.cpp's chat modes and chat front-ends then prompt the model as it was trained. No BOS text: llama.cpp
+# adds BOS itself. tests/test_gguf.py renders it against core.formats for several conversations.
+MEMTUNE_CHAT_TEMPLATE = (
+    "{%- if messages[-1]['role'] == 'assistant' -%}{%- set turns = messages[:-1] -%}"
+    "{%- else -%}{%- set turns = messages -%}{%- endif -%}"
+    "{%- set ns = namespace(at=-1, context='') -%}"
+    "{%- for m in turns -%}{%- if m['role'] == 'user' -%}{%- set ns.at = loop.index0 -%}{%- endif -%}{%- endfor -%}"
+    "{%- if ns.at == -1 or turns | length == 1 -%}{%- set ns.at = turns | length - 1 -%}{%- endif -%}"
+    "{%- set before = turns[:ns.at] + turns[ns.at + 1:] -%}"
+    "{%- if before | length == 1 and before[0]['role'] == 'system' -%}{%- set ns.context = before[0]['content'] -%}"
+    "{%- else -%}{%- for m in before -%}{%- if m['content'] | trim -%}"
+    "{%- set ns.context = ns.context + ('\n' if ns.context else '') + (m['role'] | capitalize) + ': ' + m['content'] -%}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '### Instruction:\n' + (turns[ns.at]['content'] | trim) + '\n\n' -}}"
+    "{%- if ns.context | trim -%}{{- '### Input:\n' + (ns.context | trim) + '\n\n' -}}{%- endif -%}"
+    "{{- '### Response:\n' -}}"
+    "{%- if messages[-1]['role'] == 'assistant' -%}{{- messages[-1]['content'] + eos_token -}}{%- endif -%}")
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 
 
@@ -398,26 +418,47 @@ def tokenizer_metadata(model_dir: Path, vocab_size: int) -> dict[str, Any]:
             types.append(TOKEN_UNUSED)
         else:
             tokens.append(token)
-            if ggml_model == "llama" and i == tok.unk_token_id:
-                types.append(TOKEN_UNKNOWN)
-            elif token in added:
-                types.append(TOKEN_CONTROL if added[token].get("special") else TOKEN_USER_DEFINED)
-            elif ggml_model == "llama" and len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
-                types.append(TOKEN_BYTE)
-            else:
-                types.append(TOKEN_NORMAL)
+            types.append(_token_type(token, i, ggml_model, added, tok.unk_token_id))
         scores.append(-float(i))  # SentencePiece BPE: earlier pieces merge first
     ids = tok("a")["input_ids"]
+    config = read_config(model_dir)
+    special = {}
+    for key in ("bos", "eos", "unk", "pad"):
+        # from the tokenizer, else config.json's id (gguf's SpecialVocab does the same: Qwen2 has no bos_token but
+        # a bos_token_id of 151643 in config.json, which llama.cpp's converter writes)
+        found = getattr(tok, f"{key}_token_id")
+        if found is None and key != "unk" and isinstance(config.get(f"{key}_token_id"), int):
+            found = config[f"{key}_token_id"]
+        special[key] = found
+    own_template = tok.chat_template if isinstance(tok.chat_template, str) else None
     meta = dict(model=ggml_model, pre=pre, tokens=tokens, token_types=types, scores=scores,
-                merges=[_token_text(m) for m in model.get("merges", [])],
-                bos=tok.bos_token_id, eos=tok.eos_token_id, unk=tok.unk_token_id, pad=tok.pad_token_id,
-                add_bos=bool(ids) and ids[0] == tok.bos_token_id,
-                add_eos=bool(ids) and ids[-1] == tok.eos_token_id and len(ids) > 1,
-                chat_template=tok.chat_template if isinstance(tok.chat_template, str) else None,
+                merges=[_token_text(m) for m in model.get("merges", [])], **special,
+                add_bos=bool(ids) and tok.bos_token_id is not None and ids[0] == tok.bos_token_id,
+                add_eos=bool(ids) and tok.eos_token_id is not None and ids[-1] == tok.eos_token_id and len(ids) > 1,
+                chat_template=own_template or MEMTUNE_CHAT_TEMPLATE, has_chat_template=own_template is not None,
                 eos_text=tok.eos_token, bos_text=tok.bos_token)
     if len(tokens) > vocab_size:
         raise GGUFError(f"The tokenizer has {len(tokens)} tokens but the model's embedding only {vocab_size} rows.")
     return meta
+
+
+def _looks_special(token: str) -> bool:
+    """convert_hf_to_gguf's does_token_look_special: added tokens some models forget to mark special."""
+    return token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (token.startswith("<|") and token.endswith("|>")) \
+        or (token.startswith("<\uff5c") and token.endswith("\uff5c>")) or (token.startswith("<unused")
+                                                                        and token.endswith(">"))
+
+
+def _token_type(token: str, i: int, ggml_model: str, added: dict[str, dict], unk: int | None) -> int:
+    """llama.cpp's token type, in the order its converter decides it: unknown, then byte tokens (<0xNN>, before
+    anything else, as gguf's LlamaHfVocab does), then added tokens (control when special or special-looking)."""
+    if ggml_model == "llama" and i == unk:
+        return TOKEN_UNKNOWN
+    if ggml_model == "llama" and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", token):
+        return TOKEN_BYTE
+    if token in added:
+        return TOKEN_CONTROL if added[token].get("special") or _looks_special(token) else TOKEN_USER_DEFINED
+    return TOKEN_NORMAL
 
 
 def _walk(node: Any) -> Iterator[dict]:

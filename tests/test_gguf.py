@@ -385,3 +385,72 @@ def test_sentencepiece_style_tokenizer_round_trips(tmp_path):
         assert back(text)["input_ids"] == reference(text)["input_ids"], text
     diff = _max_diff(_logits(*_reference(folder)), _logits(*_gguf_model(path)))
     assert diff < 1e-4
+
+
+# Real chat templates, as llama.cpp records them (its models/templates; tests/llama/templates/README.md)
+CHAT_TEMPLATES = sorted((ROOT / "tests" / "llama" / "templates").glob("*.jinja"))
+CONVERSATIONS = [
+    [{"role": "user", "content": "Translate the word 'cat' into French."}],
+    [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "What is 'sun' in French?"}],
+    [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "One"}, {"role": "assistant", "content": "Two"},
+     {"role": "user", "content": "Three"}],
+]
+
+
+def _with_template(demo_model_path, template: str | None):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(demo_model_path)
+    tok.chat_template = template
+    return tok
+
+
+@pytest.mark.parametrize("path", CHAT_TEMPLATES, ids=lambda p: p.stem)
+def test_ollama_template_renders_what_the_chat_template_renders(path, demo_model_path):
+    """The Modelfile's TEMPLATE, rendered as Ollama renders it (tests/gotemplate.py), is the HF chat template's
+    text for the same messages: default system turns (Qwen2.5's, Llama-3.1's date header) and end-of-turn tokens
+    included. A template that moves the system turn into a later message (Mistral-Nemo) is refused by name."""
+    from core.gguf import GGUFError
+    from core.gguf_export import chat_pieces, go_chat_template
+    from tests import gotemplate
+
+    tok = _with_template(demo_model_path, path.read_text(encoding="utf-8"))
+
+    def hf(messages, generation=True):
+        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+
+    if "Mistral" in path.stem:
+        with pytest.raises(GGUFError, match="system turn moved into the last user message"):
+            chat_pieces(hf)
+        return
+    go = go_chat_template(chat_pieces(hf), bos=None)
+    for messages in CONVERSATIONS:
+        if "gemma" in path.stem and messages[0]["role"] == "system":  # Gemma's template refuses system turns
+            with pytest.raises(Exception, match="System role not supported"):
+                hf(messages)
+            continue
+        assert gotemplate.render(go, messages) == hf(messages), messages
+    if "Qwen2.5" in path.stem:  # the default system turn the old Modelfile left out
+        assert "You are Qwen, created by Alibaba Cloud." in gotemplate.render(go, CONVERSATIONS[0])
+
+
+def test_memtune_chat_template_is_the_training_prompt(demo_model_path):
+    """Base models get memtune's own prompt format as their GGUF chat template: rendered by transformers (Jinja, as
+    llama.cpp and chat front-ends render it) it is exactly what core.formats trains on, for one turn, a system
+    turn, several turns, and a finished conversation (+ the answer and EOS); the Modelfile's plain template too."""
+    from core.formats import _render_default
+    from core.gguf import MEMTUNE_CHAT_TEMPLATE
+    from core.gguf_export import PLAIN_TEMPLATE
+    from tests import gotemplate
+
+    tok = _with_template(demo_model_path, MEMTUNE_CHAT_TEMPLATE)
+    for messages in CONVERSATIONS + [[{"role": "user", "content": "  spaced  "}]]:
+        prompt, _ = _render_default([*messages, {"role": "assistant", "content": "x"}])
+        assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == prompt
+        full = [*messages, {"role": "assistant", "content": "Le chat"}]
+        assert tok.apply_chat_template(full, tokenize=False) == prompt + "Le chat" + tok.eos_token
+    for messages in CONVERSATIONS[:2]:  # Ollama's legacy single-turn variables
+        prompt, _ = _render_default([*messages, {"role": "assistant", "content": "x"}])
+        system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+        assert gotemplate.render(PLAIN_TEMPLATE, Prompt=messages[-1]["content"], System=system) == prompt
