@@ -241,7 +241,28 @@ def tensor_plan(model_dir: Path, config: dict[str, Any]) -> list[tuple[str, str 
 
 
 def file_bytes(plan: list[tuple[str, str | None, list[int]]], fmt: str) -> int:
-    return sum(tensor_nbytes(tensor_type(fmt, name, shape), shape) for name, _, shape in plan)
+    """Bytes of the tensors' data in format `fmt`, each padded to the file's 32-byte alignment."""
+    return sum(-(-tensor_nbytes(tensor_type(fmt, name, shape), shape) // 32) * 32 for name, _, shape in plan)
+
+
+def metadata_bytes(model_dir: Path, plan: list[tuple[str, str | None, list[int]]], vocab_size: int) -> int:
+    """Bytes of a GGUF file's header beyond the tensors' data, from tokenizer.json alone (no tokenizer loaded):
+    every string is stored as an 8-byte length + UTF-8 bytes, token types and scores as 4 bytes each, each tensor
+    info as its name + dims + type + offset."""
+    path = Path(model_dir) / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    model = spec.get("model") or {}
+    vocab = dict(model.get("vocab") or {})
+    vocab.update({a["content"]: a["id"] for a in spec.get("added_tokens", [])})
+    n = max(vocab_size, len(vocab))
+    strings = sum(8 + len(t.encode("utf-8")) for t in vocab) + 8 * (n - len(vocab)) + 6 * (n - len(vocab))
+    merges = sum(8 + len(_token_text(m).encode("utf-8")) for m in model.get("merges", []))
+    per_token = 4 + (4 if model.get("byte_fallback") else 0)  # types; scores for SentencePiece-style vocabularies
+    config_path = Path(model_dir) / "tokenizer_config.json"
+    template = len(config_path.read_text(encoding="utf-8")) if config_path.is_file() else 0
+    template += len(MEMTUNE_CHAT_TEMPLATE)
+    infos = sum(8 + len(name) + 4 + 8 * len(shape) + 4 + 8 for name, _, shape in plan)
+    return strings + merges + per_token * n + template + infos + 4096  # + the scalar keys, alignment
 
 
 def _tensor_data(model_dir: Path, config: dict[str, Any], plan) -> Iterator[np.ndarray]:

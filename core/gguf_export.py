@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.gguf import (FORMATS, GiB, MiB, GGUFError, Progress, architecture, file_bytes, parse_formats,
-                       read_config, tensor_plan, tokenizer_metadata, write_gguf)
+from core.gguf import (FORMATS, GiB, MiB, GGUFError, Progress, architecture, file_bytes, metadata_bytes,
+                       parse_formats, read_config, tensor_plan, tokenizer_metadata, write_gguf)
 
 DEMO_PROMPT = "Translate the word 'cat' into French."
 # The llama.cpp release the printed commands and the tests were checked against: the one node-llama-cpp bundles
@@ -209,8 +209,7 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
     config = read_config(source)
     architecture(config)  # refuses unsupported models before anything is merged
     tplan = tensor_plan(source, config)
-    tok_file = source / "tokenizer.json"
-    extra = 2 * (tok_file.stat().st_size if tok_file.is_file() else 0) + MiB  # vocabulary, merges, metadata
+    extra = metadata_bytes(source, tplan, int(config["vocab_size"]))  # vocabulary, merges, chat template, infos
     sizes = {f: file_bytes(tplan, f) + extra for f in fmts}
     params = sum(_count(shape) for _, src, shape in tplan if src)
     biggest = max(_count(shape) for _, _, shape in tplan) * 4 * 3  # one tensor in f32, permuted, encoded

@@ -315,19 +315,40 @@ def test_cli_help_and_export(tmp_path, adapter, capsys):
     assert bad.returncode == 2 and "Unknown GGUF format" in bad.stderr and "Traceback" not in bad.stderr
 
 
-LLAMA_CPP_SKIP = ("llama-cpp-python has no binary wheel for this platform (`pip download --no-deps "
-                  "--only-binary=:all: llama-cpp-python` finds no version; PyPI ships only the source) and "
-                  "compiling llama.cpp on this shared 2-core machine is not reasonable; install it (e.g. "
-                  "CMAKE_ARGS=-DGGML_NATIVE=off pip install llama-cpp-python) to run this test.")
+def test_plan_predicts_each_file_within_10_percent(exported, adapter, tmp_path):
+    """The sizes the page and --plan announce are the files' sizes (tensor data + vocabulary, merges, template)."""
+    plan = plan_gguf(adapter_dir=adapter, formats="f16,q8_0", out_dir=tmp_path / "never")
+    for fmt, path in exported[0].files.items():
+        real = path.stat().st_size
+        assert abs(plan.file_bytes[fmt] - real) <= 0.10 * real, (fmt, plan.file_bytes[fmt], real)
+    again = plan_gguf(adapter_dir=adapter, formats="q8_0", out_dir=exported[0].out_dir)
+    assert again.replaces and "replaces it (Replace, --replace)" in again.message
+    assert not plan.replaces
 
 
-@pytest.mark.slow
-def test_llama_cpp_generates_from_the_q8_0_file(exported):
-    llama_cpp = pytest.importorskip("llama_cpp", reason=LLAMA_CPP_SKIP)
-    llm = llama_cpp.Llama(model_path=str(exported[0].files["q8_0"]), n_ctx=128, verbose=False, seed=0)
-    out = llm("### Instruction:\nTranslate the word 'cat' into French.\n\n### Response:\n", max_tokens=4,
-              temperature=0.0)
-    assert out["usage"]["completion_tokens"] >= 1
+def test_token_types_follow_llama_cpp_converter_order(tmp_path, demo_model_path):
+    """Byte tokens are BYTE before any added-token rule (gguf's LlamaHfVocab), special-looking added tokens are
+    CONTROL (does_token_look_special), other added tokens USER_DEFINED; a tokenizer without a BOS token takes
+    config.json's bos_token_id, as llama.cpp's converter writes it for Qwen2."""
+    import shutil
+
+    from core.gguf import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_USER_DEFINED, _token_type,
+                           tokenizer_metadata)
+
+    added = {"<0x0A>": {"special": True}, "<|im_end|>": {"special": False}, "<custom>": {"special": False},
+             "<s>": {"special": True}}
+    assert _token_type("<0x0A>", 5, "llama", added, 0) == TOKEN_BYTE
+    assert _token_type("<|im_end|>", 6, "gpt2", added, None) == TOKEN_CONTROL
+    assert _token_type("<custom>", 7, "gpt2", added, None) == TOKEN_USER_DEFINED
+    assert _token_type("<s>", 1, "gpt2", added, None) == TOKEN_CONTROL
+    assert _token_type("hello", 9, "gpt2", added, None) == TOKEN_NORMAL
+    folder = Path(shutil.copytree(demo_model_path, tmp_path / "no-bos"))
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["bos_token"] = None
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    config = json.loads((folder / "config.json").read_text())
+    meta = tokenizer_metadata(folder, config["vocab_size"])
+    assert meta["bos"] == config["bos_token_id"] == 0 and meta["add_bos"] is False
 
 
 def test_export_tab_handlers(adapter, tmp_path):

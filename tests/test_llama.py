@@ -174,3 +174,58 @@ def test_demo_adapter_answers_like_try_it_merged_and_in_llama_cpp(demo_adapter, 
         print(f"llama.cpp {LLAMA_CPP_VERSION} {fmt}: {exact}/100 exact; Try it {count_exact(try_it, rows)}, "
               f"merged {count_exact(merged, rows)}; same answers as merged: {agree(answer['generate'], merged)}")
         assert exact >= 99 and agree(answer["generate"], merged) >= 99, fmt
+
+
+TOOL_EXAMPLES = {"llama-completion": "LLAMA_EXAMPLE_COMPLETION", "llama-cli": "LLAMA_EXAMPLE_CLI",
+                 "llama-server": "LLAMA_EXAMPLE_SERVER"}
+
+
+def llama_cpp_flags(tmp_path: Path) -> dict[str, set[str]]:
+    """Each llama.cpp tool's command-line flags, read from the release's own common/arg.cpp (node-llama-cpp ships
+    that release's source as a git bundle): an option without set_examples, or with LLAMA_EXAMPLE_COMMON among
+    them, is common to every tool."""
+    import re
+    import subprocess
+
+    bundle = llama_cpp.HERE / "node_modules" / "node-llama-cpp" / "llama" / "gitRelease.bundle"
+    repo = tmp_path / "llama.cpp"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "fetch", "-q", str(bundle), "HEAD"], check=True)
+    source = subprocess.run(["git", "-C", str(repo), "show", "FETCH_HEAD:common/arg.cpp"], check=True,
+                            capture_output=True, text=True).stdout
+    flags: dict[str, set[str]] = {tool: set() for tool in TOOL_EXAMPLES}
+    for chunk in source.split("add_opt(common_arg(")[1:]:
+        chunk = re.sub(r"^\s*//[^\n]*\n", "", chunk, flags=re.M)  # comments between the name lists
+        names = re.findall(r'"(-[^"]+)"', re.match(r"\s*((?:\{[^}]*\}\s*,\s*)+)", chunk).group(1))
+        examples = re.search(r"\.set_examples\(\{([^}]*)\}\)", chunk.split("add_opt(")[0])
+        excludes = re.search(r"\.set_excludes\(\{([^}]*)\}\)", chunk.split("add_opt(")[0])
+        for tool, example in TOOL_EXAMPLES.items():
+            common = examples is None or "LLAMA_EXAMPLE_COMMON" in examples.group(1)
+            if (common or example in examples.group(1)) and not (excludes and example in excludes.group(1)):
+                flags[tool].update(names)
+    assert {"-m", "-p", "-n", "--temp"} <= flags["llama-completion"] and "-no-cnv" not in flags["llama-cli"]
+    return flags
+
+
+def test_printed_commands_use_only_flags_of_the_named_llama_cpp(demo_model_path, tmp_path):
+    """Every flag of the commands the export prints (and README shows) is one the named llama.cpp release accepts
+    for that tool: llama-completion for the raw prompt (-no-cnv: the file's chat template would start a chat),
+    llama-cli and llama-server for chat."""
+    import re
+    import shlex
+
+    llama_cpp.require()
+    flags = llama_cpp_flags(tmp_path)
+    result = export_gguf(model_dir=demo_model_path, formats="q8_0", out_dir=tmp_path / "gguf")
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    shown = [re.sub(r"\s{2,}#.*$", "", line) for line in readme.replace("\\\n  ", " ").splitlines()
+             if line.startswith(("llama-cli ", "llama-completion ", "llama-server "))]  # less trailing comments
+    assert len(shown) >= 3
+    tools = set()
+    for command in result.commands[2:] + shown:
+        words = shlex.split(command)
+        tools.add(words[0])
+        used = [w for w in words[1:] if w.startswith("-")]
+        assert used and set(used) <= flags[words[0]], (command, set(used) - flags[words[0]])
+    assert tools == set(TOOL_EXAMPLES)
+    assert f"llama.cpp {LLAMA_CPP_VERSION}" in readme and f"llama.cpp {LLAMA_CPP_VERSION}" in result.readme.read_text()
