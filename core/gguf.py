@@ -457,10 +457,26 @@ def tokenizer_metadata(model_dir: Path, vocab_size: int) -> dict[str, Any]:
                 add_bos=bool(ids) and tok.bos_token_id is not None and ids[0] == tok.bos_token_id,
                 add_eos=bool(ids) and tok.eos_token_id is not None and ids[-1] == tok.eos_token_id and len(ids) > 1,
                 chat_template=own_template or MEMTUNE_CHAT_TEMPLATE, has_chat_template=own_template is not None,
+                space_prefix=space_prefix(spec) if ggml_model == "llama" else None,
                 eos_text=tok.eos_token, bos_text=tok.bos_token)
     if len(tokens) > vocab_size:
         raise GGUFError(f"The tokenizer has {len(tokens)} tokens but the model's embedding only {vocab_size} rows.")
     return meta
+
+
+def space_prefix(spec: dict[str, Any]) -> bool:
+    """llama.cpp's add_space_prefix for a SentencePiece-style tokenizer.json. llama.cpp puts one "▁" before the text
+    and after every special token. The legacy normalizer (Prepend "▁", Llama-2) does exactly that: True. Metaspace
+    with prepend_scheme "always" or "first" prepends too (True) but never doubles a leading space, and "first" adds
+    nothing after a special token: llama.cpp then differs on text that starts with whitespace or follows a special
+    token (tests/test_llama.py measures both), while every prompt memtune writes starts with a letter after BOS.
+    "never", or no prefix rule at all (Gemma): False, which llama.cpp reproduces exactly."""
+    text = json.dumps([spec.get("normalizer"), spec.get("pre_tokenizer")])
+    if '"Prepend"' in text:
+        return True
+    schemes = [n.get("prepend_scheme", "always" if n.get("add_prefix_space", True) else "never")
+               for n in _walk(spec.get("pre_tokenizer")) if n.get("type") == "Metaspace"]
+    return bool(schemes) and schemes[0] != "never"
 
 
 def _looks_special(token: str) -> bool:
@@ -503,6 +519,8 @@ def write_tokenizer_metadata(writer, meta: dict[str, Any]) -> None:
         if meta[key] is not None:
             add(int(meta[key]))
     writer.add_add_bos_token(meta["add_bos"])
+    if meta.get("space_prefix") is not None:
+        writer.add_add_space_prefix(meta["space_prefix"])
     writer.add_add_eos_token(meta["add_eos"])
     if meta["chat_template"]:
         writer.add_chat_template(meta["chat_template"])

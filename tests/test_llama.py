@@ -229,3 +229,52 @@ def test_printed_commands_use_only_flags_of_the_named_llama_cpp(demo_model_path,
         assert used and set(used) <= flags[words[0]], (command, set(used) - flags[words[0]])
     assert tools == set(TOOL_EXAMPLES)
     assert f"llama.cpp {LLAMA_CPP_VERSION}" in readme and f"llama.cpp {LLAMA_CPP_VERSION}" in result.readme.read_text()
+
+
+def _sentencepiece_model(folder: Path, scheme: str) -> Path:
+    """A tiny Llama with a Llama-2-style vocabulary (BPE with byte fallback, "▁" for spaces) whose Metaspace
+    pre-tokenizer uses `scheme`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from core.demo import demo_rows
+
+    corpus = [f"### Instruction:\n{r['instruction']}\n\n### Response:\n{r['response']}" for r in demo_rows()]
+    bpe = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme)
+    bpe.decoder = __import__("tokenizers").decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
+    specials = ["<unk>", "<s>", "</s>", *(f"<0x{i:02X}>" for i in range(256))]
+    bpe.train_from_iterator(corpus, trainer=trainers.BpeTrainer(vocab_size=600, special_tokens=specials,
+                                                                show_progress=False))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_sentencepiece_space_prefix_in_llama_cpp(tmp_path):
+    """Metaspace "never" is reproduced exactly (add_space_prefix false). "first" (transformers' non-legacy Llama/
+    Mistral tokenizers) is written as llama.cpp's add_space_prefix: every text that starts with a non-space after
+    BOS, as memtune's prompts do, tokenizes the same; llama.cpp adds one more "▁" where the text starts with
+    whitespace or follows a special token (the 4 of 14 probes the issue found), which no GGUF setting changes."""
+    from transformers import AutoTokenizer
+
+    llama_cpp.require()
+    probes = ["hello", " hello", "  hello", "hello world", "a</s>b", "\nhi", "x  y", "Translate the word 'cat'",
+              "### Instruction:\nhi", "</s>hello", "héllo ✓", "end "]
+    differ = {" hello", "  hello", "a</s>b", "</s>hello"}
+    requests, refs = [], []
+    for scheme in ("first", "never"):
+        folder = _sentencepiece_model(tmp_path / scheme, scheme)
+        path = export_gguf(model_dir=folder, formats="f32").files["f32"]
+        ref = AutoTokenizer.from_pretrained(folder)
+        refs.append([ref(p, add_special_tokens=False)["input_ids"] for p in probes])
+        requests.append(dict(model=str(path), tokenize=probes))
+    answers = llama_cpp.run(requests)["answers"]
+    first = [ids[1:] if ids[:1] == [1] else ids for ids in answers[0]["tokenize"]]  # BOS aside
+    never = [ids[1:] if ids[:1] == [1] else ids for ids in answers[1]["tokenize"]]
+    assert never == refs[1]
+    assert {p for p, a, b in zip(probes, first, refs[0]) if a != b} == differ
