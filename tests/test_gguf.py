@@ -367,7 +367,31 @@ def test_export_tab_handlers(adapter, tmp_path):
     status, commands = on_gguf_export("en", str(adapter), ["q8_0"], True, progress=None)
     assert "GGUF export done" in status and "-q8_0.gguf" in status and "Modelfile" in status
     assert commands["visible"] and commands["value"].startswith("ollama create ")
-    assert "llama-cli -m " in commands["value"]
+    assert "llama-cli -m " in commands["value"] and "llama-completion -m " in commands["value"]
+    again = on_gguf_plan("fr", str(adapter), ["q8_0"])  # said before the click: this export would replace one
+    assert "mt-note-warn" in again and "--replace" in again and "export GGUF" in again
+
+
+def test_family_settings_llama_cpp_would_run_differently_are_refused():
+    """Settings llama.cpp hard-codes per family are checked, not silently exported wrong."""
+    from core.gguf import GGUFError, _family_metadata
+
+    gemma = dict(architectures=["Gemma2ForCausalLM"], num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                 head_dim=32, query_pre_attn_scalar=64)
+    with pytest.raises(GGUFError, match="query_pre_attn_scalar is 64.*1/sqrt\\(32\\)"):
+        _family_metadata(None, gemma, "gemma2", 32)
+    smol = dict(architectures=["SmolLM3ForCausalLM"], num_hidden_layers=4, no_rope_layers=[1, 0, 1, 1])
+    with pytest.raises(GGUFError, match="every 4th"):
+        _family_metadata(None, smol, "smollm3", 16)
+    phi = dict(architectures=["Phi3ForCausalLM"], num_hidden_layers=2,
+               rope_parameters={"rope_type": "longrope", "long_factor": [1.0], "short_factor": [1.0]})
+    with pytest.raises(GGUFError, match="longrope.*128k"):
+        _family_metadata(None, phi, "phi3", 16)
+    from core.gguf import family
+
+    for name in ("MixtralForCausalLM", "Gemma3ForConditionalGeneration"):
+        with pytest.raises(GGUFError, match=name):
+            family({"architectures": [name]})
 
 
 def test_sentencepiece_style_tokenizer_round_trips(tmp_path):
