@@ -295,7 +295,7 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
                 raise GGUFError(str(exc)) from None
             start = 0.5
         meta = tokenizer_metadata(source, int(read_config(source)["vocab_size"]))
-        template, stops = ollama_template(source, meta)  # before any file: a model Ollama cannot prompt stops here
+        template, stops, why = ollama_template(source, meta)
         files: dict[str, Path] = {}
         share = (1.0 - start) / len(plan.formats)
         for i, fmt in enumerate(plan.formats):
@@ -307,7 +307,7 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
             step(begin, f"Writing {plan.name}-{fmt}.gguf ({FORMATS[fmt][0]})")
             files[fmt] = write_gguf(source, tmp / f"{plan.name}-{fmt}.gguf", fmt, plan.name, file_step)
         shutil.rmtree(tmp / "merged", ignore_errors=True)
-        result = _write_extras(tmp, out, plan, files, meta, template, stops)
+        result = _write_extras(tmp, out, plan, files, meta, template, stops, why)
         move_into_place(tmp, out)
         step(1.0, f"GGUF export done: {', '.join(p.name for p in result.files.values())} in {out}")
         return result
@@ -315,17 +315,17 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def ollama_template(model_dir: Path, meta: dict[str, Any]) -> tuple[str, list[str]]:
-    """(Ollama TEMPLATE, stop strings) for a converted model folder: memtune's plain prompt for a model without a
-    chat template, else a .Messages template read off the model's own chat template (chat_pieces), which renders
-    the same text for the same messages, the template's default system turn included."""
+def ollama_template(model_dir: Path, meta: dict[str, Any]) -> tuple[str | None, list[str], str]:
+    """(Ollama TEMPLATE, stop strings, why there is none) for a converted model folder: memtune's plain prompt for
+    a model without a chat template, else a .Messages template read off the model's own chat template
+    (chat_pieces), which renders the same text for the same messages, the template's default system turn
+    included. A chat template that cannot be expressed that way gets no TEMPLATE (Ollama then picks one from the
+    chat template stored in the GGUF file) and the reason."""
     from transformers import AutoTokenizer
-
-    from core.gguf import GGUFError
 
     eos = [meta["eos_text"]] if meta.get("eos_text") else []
     if not meta.get("has_chat_template"):
-        return PLAIN_TEMPLATE, eos + ["### Instruction:"]
+        return PLAIN_TEMPLATE, eos + ["### Instruction:"], ""
     tok = AutoTokenizer.from_pretrained(str(model_dir))
 
     def render(messages, generation):
@@ -334,23 +334,26 @@ def ollama_template(model_dir: Path, meta: dict[str, Any]) -> tuple[str, list[st
     try:
         pieces = chat_pieces(render)
     except GGUFError as exc:
-        raise GGUFError(f"No Ollama template for this model: {exc}. Export the model without Ollama, or write "
-                        "the Modelfile's TEMPLATE by hand.") from None
-    except Exception as exc:  # noqa: BLE001 - e.g. a template that refuses a system turn
-        raise GGUFError(f"No Ollama template for this model: its chat template failed on a plain conversation "
-                        f"({type(exc).__name__}: {exc}).") from None
-    specials = sorted((t for t in tok.all_special_tokens if t), key=len, reverse=True)
+        return None, eos, str(exc)
+    except Exception as exc:  # noqa: BLE001 - e.g. a template that refuses alternating turns
+        return None, eos, f"the chat template failed on a plain conversation ({type(exc).__name__}: {exc})"
+    specials = {t for t in tok.all_special_tokens if t} | {a.content for a in tok.added_tokens_decoder.values()
+                                                           if a.special}
+    specials = sorted(specials, key=len, reverse=True)
     end_of_turn = [t for t in specials if pieces["assistant_user"].startswith(t)][:1]  # <|im_end|>, <|eot_id|>...
-    return go_chat_template(pieces, meta.get("bos_text") if meta.get("add_bos") else None), \
-        list(dict.fromkeys(end_of_turn + eos))
+    return (go_chat_template(pieces, meta.get("bos_text") if meta.get("add_bos") else None),
+            list(dict.fromkeys(end_of_turn + eos)), "")
 
 
 def _write_extras(tmp: Path, out: Path, plan: GGUFPlan, files: dict[str, Path], meta: dict[str, Any],
-                  template: str, stops: list[str]) -> GGUFResult:
+                  template: str | None, stops: list[str], why: str = "") -> GGUFResult:
     """Modelfile, README.md and the marker, inside `tmp`; paths in the result and commands point into `out`."""
     primary = min(files.values(), key=lambda p: p.stat().st_size)  # Ollama gets the smallest file
-    lines = [f"# Ollama Modelfile written by memtune: ollama create {plan.name} -f Modelfile", f"FROM ./{primary.name}",
-             f'TEMPLATE """{template}"""']
+    lines = [f"# Ollama Modelfile written by memtune: ollama create {plan.name} -f Modelfile", f"FROM ./{primary.name}"]
+    if template is not None:
+        lines.append(f'TEMPLATE """{template}"""')
+    else:  # Ollama then matches the GGUF's chat template against the ones it knows: check `ollama show --template`
+        lines.append(f"# No TEMPLATE: {why}. Ollama picks one from the chat template stored in the GGUF file.")
     lines += [f"PARAMETER stop {json.dumps(s)}" for s in stops]
     lines.append("# Greedy, as memtune's Try it answers (Ollama's defaults sample at temperature 0.8)")
     lines += [f"PARAMETER {k} {v}" for k, v in OLLAMA_SAMPLING.items()]

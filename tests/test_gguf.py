@@ -499,3 +499,38 @@ def test_memtune_chat_template_is_the_training_prompt(demo_model_path):
         prompt, _ = _render_default([*messages, {"role": "assistant", "content": "x"}])
         system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
         assert gotemplate.render(PLAIN_TEMPLATE, Prompt=messages[-1]["content"], System=system) == prompt
+
+
+def test_export_writes_the_model_chat_template_and_a_matching_modelfile(tmp_path, demo_model_path):
+    """A chat model's GGUF keeps its own chat template; its Modelfile's TEMPLATE renders the same text (Qwen2.5's
+    default system turn included), stops at its end-of-turn token and samples greedily. A template Ollama's
+    per-message form cannot express (Mistral-Nemo's) gets no TEMPLATE and says why."""
+    import re
+
+    from gguf import GGUFReader
+
+    from tests import gotemplate
+
+    folder = _tiny_model(tmp_path / "tiny-qwen-chat", "qwen2", demo_model_path)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.add_tokens(["<|im_start|>", "<|im_end|>"], special_tokens=True)
+    qwen = (ROOT / "tests" / "llama" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(encoding="utf-8")
+    tok.chat_template = qwen
+    tok.save_pretrained(folder)
+    result = export_gguf(model_dir=folder, formats="f32")
+    fields = GGUFReader(result.files["f32"]).fields
+    assert fields["tokenizer.chat_template"].contents() == qwen
+    modelfile = result.modelfile.read_text()
+    template = re.search(r'TEMPLATE """(.*?)"""', modelfile, re.S).group(1)
+    for messages in CONVERSATIONS:
+        assert gotemplate.render(template, messages) == tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True)
+    assert 'PARAMETER stop "<|im_end|>"' in modelfile and "PARAMETER temperature 0" in modelfile
+    assert "PARAMETER repeat_penalty 1" in modelfile
+    tok.chat_template = (ROOT / "tests" / "llama" / "templates" /
+                         "mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text(encoding="utf-8")
+    tok.save_pretrained(folder)
+    modelfile = export_gguf(model_dir=folder, formats="f32", overwrite=True).modelfile.read_text()
+    assert "TEMPLATE" not in modelfile.replace("# No TEMPLATE", "") and "system turn moved" in modelfile
