@@ -26,7 +26,7 @@ from core.gguf import (FORMATS, GiB, MiB, GGUFError, Progress, architecture, fil
 DEMO_PROMPT = "Translate the word 'cat' into French."
 # The llama.cpp release the printed commands and the tests were checked against: the one node-llama-cpp bundles
 # (tests/llama/package.json pins it; tests/test_llama.py checks the harness reports this same release).
-LLAMA_CPP_VERSION = "v0.5.0"
+LLAMA_CPP_VERSION = "v0.4.0"
 # Without a chat template memtune trained on its Alpaca-style prompt (core.formats.DEFAULT_TEMPLATE; a system turn
 # becomes the Input section). Ollama's legacy variables: one turn, as memtune prompts it.
 PLAIN_TEMPLATE = ("### Instruction:\n{{ .Prompt }}\n\n{{ if .System }}### Input:\n{{ .System }}\n\n{{ end }}"

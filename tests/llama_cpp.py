@@ -19,7 +19,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent / "llama"
 REQUIRED = os.environ.get("MEMTUNE_REQUIRE_LLAMA") == "1"
-INSTALL = "cd tests/llama && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm ci"
+INSTALL = "cd tests/llama && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm ci --omit=optional"
 
 
 def missing() -> str | None:

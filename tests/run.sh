@@ -14,10 +14,11 @@ memtune: no Chromium at $CHROMIUM, so the browser tests (tests/test_browser*.py)
 HINT
 fi
 # llama.cpp for the GGUF round trip (tests/test_llama.py): node-llama-cpp's prebuilt CPU binaries, pinned in
-# tests/llama/package-lock.json; npm never downloads or compiles llama.cpp itself. Reinstalled when the lock changes.
+# tests/llama/package-lock.json; npm never downloads or compiles llama.cpp itself, and --omit=optional skips the other
+# platforms' builds (CUDA, Vulkan: 650 MB). Reinstalled when the lock changes.
 if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
   if ! cmp -s tests/llama/package-lock.json tests/llama/node_modules/.memtune-lock 2>/dev/null; then
-    (cd tests/llama && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm ci --no-audit --no-fund --loglevel=error \
+    (cd tests/llama && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm ci --omit=optional --no-audit --no-fund --loglevel=error \
       && cp package-lock.json node_modules/.memtune-lock) \
       || echo "memtune: npm ci in tests/llama failed; the llama.cpp tests will say so" >&2
   fi

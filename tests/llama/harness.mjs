@@ -4,8 +4,9 @@
 // request: {"model": "x.gguf", "tokenize": [text...], "logits": [text...], "generate": [text...],
 //           "max_tokens": 8}
 // Texts are tokenized as transformers does: special tokens parsed, BOS prepended when the GGUF says so.
-// tokenize -> ids; logits -> the full next-token logit vector after the whole text; generate -> greedy
-// completion (stops at an end-of-generation token), detokenized without special tokens.
+// tokenize -> ids; logits -> the next-token log-probabilities after the whole text (log-softmax of llama.cpp's
+// logits: this node-llama-cpp release hands out probabilities, not raw logits; null where a probability is 0);
+// generate -> greedy completion (stops at an end-of-generation token), detokenized without special tokens.
 import fs from "node:fs";
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 
@@ -32,11 +33,11 @@ async function answer(request) {
   for (const text of request.logits ?? []) {
     await sequence.clearHistory();
     const tokens = ids(text);
-    const input = [...tokens.slice(0, -1), [tokens.at(-1), {generateNext: {logits: true}}]];
+    const input = [...tokens.slice(0, -1), [tokens.at(-1), {generateNext: {probabilities: true}}]];
     const result = await sequence.controlledEvaluate(input);
-    const logits = new Array(vocab).fill(null);
-    for (const [token, value] of result.at(-1).next.logits) logits[token] = value;
-    out.logits.push(logits);
+    const logprobs = new Array(vocab).fill(null);
+    for (const [token, p] of result.at(-1).next.probabilities) logprobs[token] = p > 0 ? Math.log(p) : null;
+    out.logits.push(logprobs);
   }
 
   for (const text of request.generate ?? []) {
