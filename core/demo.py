@@ -22,7 +22,6 @@ def demo_answers(adapter_dir: str | Path, rows: list[dict[str, str]] | None = No
                  max_new_tokens: int = 8) -> list[str]:
     """Greedy answers of base + adapter to `rows`' instructions (default: the demo's 100), as Try it asks them:
     each prompt formatted by core.infer.format_prompt (the training formatter), special tokens dropped."""
-    import torch
     from transformers import AutoTokenizer
 
     from core import infer
@@ -31,6 +30,16 @@ def demo_answers(adapter_dir: str | Path, rows: list[dict[str, str]] | None = No
     cfg = infer.adapter_config(adapter_dir)
     model = load_with_adapter(infer._runnable(cfg), adapter_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir))  # save_adapter writes it beside the weights
+    return model_answers(model, tokenizer, rows, max_new_tokens)
+
+
+def model_answers(model, tokenizer, rows: list[dict[str, str]] | None = None, max_new_tokens: int = 8) -> list[str]:
+    """Greedy answers of any causal LM (base + adapter, or a merged model folder loaded by transformers) to
+    `rows`' instructions, prompted as Try it prompts."""
+    import torch
+
+    from core import infer
+
     answers = []
     with torch.inference_mode():
         for row in demo_rows() if rows is None else rows:
@@ -43,12 +52,17 @@ def demo_answers(adapter_dir: str | Path, rows: list[dict[str, str]] | None = No
     return answers
 
 
+def count_exact(answers: list[str], rows: list[dict[str, str]] | None = None) -> int:
+    """How many answers equal their row's response (surrounding spaces ignored)."""
+    rows = demo_rows() if rows is None else rows
+    return sum(a.strip() == r["response"].strip() for a, r in zip(answers, rows, strict=True))
+
+
 def score_adapter(adapter_dir: str | Path, rows: list[dict[str, str]] | None = None) -> tuple[int, int]:
     """(exact answers, prompts): how many of `rows` (default: the demo's 100 training prompts) the adapter answers
     exactly, greedily (surrounding spaces ignored)."""
     rows = demo_rows() if rows is None else rows
-    answers = demo_answers(adapter_dir, rows)
-    return sum(a.strip() == r["response"].strip() for a, r in zip(answers, rows)), len(rows)
+    return count_exact(demo_answers(adapter_dir, rows), rows), len(rows)
 
 
 if __name__ == "__main__":

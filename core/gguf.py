@@ -5,10 +5,15 @@ The file format, the quantizers and llama.cpp's tensor names come from the `gguf
 gguf-py). Which tensors and metadata a transformers model becomes is ours, following llama.cpp's converter
 (convert_hf_to_gguf.py) for the architectures below:
 
-- Llama (and Mistral, which llama.cpp runs as `llama`): q/k projection rows are permuted from transformers'
-  rotate-half layout to llama.cpp's interleaved RoPE layout (`permute_qk`; transformers' GGUF loader undoes it);
-  Llama-3.1+ "llama3" RoPE scaling becomes the `rope_freqs` tensor llama.cpp multiplies the frequencies by.
-- Qwen2: same tensors (plus q/k/v biases), no permutation (llama.cpp runs it with NEOX RoPE, like transformers).
+- Llama (and Mistral and SmolLM2, which llama.cpp runs as `llama`; SmolLM3 as `smollm3`): q/k projection rows are
+  permuted from transformers' rotate-half layout to llama.cpp's interleaved RoPE layout (`permute_qk`; transformers'
+  GGUF loader undoes it); Llama-3.1+ "llama3" RoPE scaling becomes the `rope_freqs` tensor llama.cpp multiplies
+  the frequencies by. SmolLM3's no-RoPE layers must be every 4th, the rule llama.cpp hard-codes.
+- Qwen2 (q/k/v biases), Qwen3 (q/k norms): no permutation (llama.cpp runs them with NEOX RoPE, like transformers).
+- Gemma-2 and Gemma-3 (text): every RMSNorm weight gets +1 (transformers multiplies by 1 + w, llama.cpp by w),
+  soft-capping and sliding windows go into the metadata, Gemma-3's per-layer sliding pattern and local RoPE base
+  too; llama.cpp scales queries by 1/sqrt(head_dim), so another query_pre_attn_scalar is refused.
+- Phi-3: fused qkv_proj and gate_up_proj stay fused (llama.cpp's attn_qkv and ffn_up), partial rotary dims.
 
 Tensors are converted and written one at a time from the safetensors files (the GGUF writer's streaming API), so
 converting needs little memory beyond one tensor; merging the adapter first is what needs RAM (core.export).
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -33,9 +39,18 @@ Progress = Callable[[float, str], Any]
 # memtune format name -> (GGML tensor type for 2-D weights, llama.cpp file type). 1-D tensors stay F32.
 FORMATS = {"f16": ("F16", "MOSTLY_F16"), "bf16": ("BF16", "MOSTLY_BF16"), "q8_0": ("Q8_0", "MOSTLY_Q8_0"),
            "f32": ("F32", "ALL_F32")}
-# transformers architecture -> (llama.cpp architecture, whether q/k rows are permuted for llama.cpp's RoPE)
-ARCHITECTURES = {"LlamaForCausalLM": ("LLAMA", True), "MistralForCausalLM": ("LLAMA", True),
-                 "Qwen2ForCausalLM": ("QWEN2", False)}
+# transformers architecture -> (llama.cpp architecture, q/k rows permuted for llama.cpp's RoPE, RMSNorm weights
+# stored as w - 1 (Gemma), tie_word_embeddings when config.json leaves it out: the config class's default)
+ARCHITECTURES = {"LlamaForCausalLM": ("LLAMA", True, False, False), "MistralForCausalLM": ("LLAMA", True, False, False),
+                 "Qwen2ForCausalLM": ("QWEN2", False, False, False), "Qwen3ForCausalLM": ("QWEN3", False, False, False),
+                 "Gemma2ForCausalLM": ("GEMMA2", False, True, True), "Gemma3ForCausalLM": ("GEMMA3", False, True, True),
+                 "Phi3ForCausalLM": ("PHI3", False, False, False), "SmolLM3ForCausalLM": ("SMOLLM3", True, False, True)}
+FAMILY_NAMES = "Llama (incl. Llama 3.x, SmolLM2), Mistral, Qwen2, Qwen3, Gemma-2, Gemma-3 (text), Phi-3, SmolLM3"
+# Architectures people bring that llama.cpp runs but this export does not convert (yet): named in the refusal
+NOT_CONVERTED = {"Gemma3ForConditionalGeneration": "Gemma-3 with its vision tower (multimodal)",
+                 "MixtralForCausalLM": "Mixtral (mixture of experts)", "Qwen2MoeForCausalLM": "Qwen2-MoE",
+                 "Qwen3MoeForCausalLM": "Qwen3-MoE", "GemmaForCausalLM": "Gemma (1st generation)",
+                 "Phi3SmallForCausalLM": "Phi-3-small", "PhiForCausalLM": "Phi-2", "GPT2LMHeadModel": "GPT-2"}
 # Byte-level BPE pre-tokenizer regexes (tokenizer.json Split patterns) -> llama.cpp's `tokenizer.ggml.pre` names
 PRE_TOKENIZERS = {
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+":
@@ -43,6 +58,25 @@ PRE_TOKENIZERS = {
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+":
         "qwen2",
 }
+# memtune's own prompt format (core.formats.DEFAULT_TEMPLATE and _render_default: the last user turn is the
+# instruction, a lone system turn or the other turns the Input section) as a chat template, for models that have
+# none: llama.cpp's chat modes and chat front-ends then prompt the model as it was trained. No BOS text: llama.cpp
+# adds BOS itself. tests/test_gguf.py renders it against core.formats for several conversations.
+MEMTUNE_CHAT_TEMPLATE = (
+    "{%- if messages[-1]['role'] == 'assistant' -%}{%- set turns = messages[:-1] -%}"
+    "{%- else -%}{%- set turns = messages -%}{%- endif -%}"
+    "{%- set ns = namespace(at=-1, context='') -%}"
+    "{%- for m in turns -%}{%- if m['role'] == 'user' -%}{%- set ns.at = loop.index0 -%}{%- endif -%}{%- endfor -%}"
+    "{%- if ns.at == -1 or turns | length == 1 -%}{%- set ns.at = turns | length - 1 -%}{%- endif -%}"
+    "{%- set before = turns[:ns.at] + turns[ns.at + 1:] -%}"
+    "{%- if before | length == 1 and before[0]['role'] == 'system' -%}{%- set ns.context = before[0]['content'] -%}"
+    "{%- else -%}{%- for m in before -%}{%- if m['content'] | trim -%}"
+    "{%- set ns.context = ns.context + ('\n' if ns.context else '') + (m['role'] | capitalize) + ': ' + m['content'] -%}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '### Instruction:\n' + (turns[ns.at]['content'] | trim) + '\n\n' -}}"
+    "{%- if ns.context | trim -%}{{- '### Input:\n' + (ns.context | trim) + '\n\n' -}}{%- endif -%}"
+    "{{- '### Response:\n' -}}"
+    "{%- if messages[-1]['role'] == 'assistant' -%}{{- messages[-1]['content'] + eos_token -}}{%- endif -%}")
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 
 
@@ -51,7 +85,7 @@ class GGUFError(RuntimeError):
 
 
 def supported_text() -> str:
-    return "Llama (incl. Llama 3.x), Mistral and Qwen2 models (" + ", ".join(ARCHITECTURES) + ")"
+    return f"{FAMILY_NAMES} models (" + ", ".join(ARCHITECTURES) + ")"
 
 
 def parse_formats(formats: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -73,21 +107,31 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def architecture(config: dict[str, Any]) -> tuple[str, bool]:
-    """(llama.cpp architecture name, permute q/k) for a config.json, or GGUFError naming what is supported."""
+def family(config: dict[str, Any]) -> tuple[str, bool, bool, bool]:
+    """(llama.cpp architecture name, permute q/k, Gemma norm shift, tied default) for a config.json, or GGUFError
+    naming what is supported."""
     import gguf
 
     archs = config.get("architectures") or []
     for name in archs:
         if name in ARCHITECTURES:
-            arch, permute = ARCHITECTURES[name]
-            return gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch)], permute
-    if config.get("vision_config") or config.get("text_config"):
+            arch, permute, shift, tied = ARCHITECTURES[name]
+            return gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch)], permute, shift, tied
+    named = [f"{NOT_CONVERTED[a]} ({a})" for a in archs if a in NOT_CONVERTED]
+    if named:
+        what = ", ".join(named)
+    elif config.get("vision_config") or config.get("text_config"):
         what = "a multimodal model"
     else:
         what = ", ".join(archs) or config.get("model_type", "an unknown architecture")
     raise GGUFError(f"GGUF export supports {supported_text()}; this model is {what}. Use the merged model folder "
                     "or the adapter zip instead, or llama.cpp's own convert_hf_to_gguf.py on the merged folder.")
+
+
+def architecture(config: dict[str, Any]) -> tuple[str, bool]:
+    """(llama.cpp architecture name, permute q/k) for a config.json, or GGUFError naming what is supported."""
+    arch, permute, _, _ = family(config)
+    return arch, permute
 
 
 def safetensors_shapes(model_dir: Path) -> dict[str, list[int]]:
@@ -102,7 +146,7 @@ def safetensors_shapes(model_dir: Path) -> dict[str, list[int]]:
 
 
 def _tied(config: dict[str, Any]) -> bool:
-    return bool(config.get("tie_word_embeddings", False))
+    return bool(config.get("tie_word_embeddings", family(config)[3]))
 
 
 def tensor_type(fmt: str, gguf_name: str, shape: list[int]) -> str:
@@ -132,10 +176,16 @@ def permute_qk(weights: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weights.shape))
 
 
-def rope_params(config: dict[str, Any]) -> dict[str, Any]:
-    """RoPE settings from either transformers 5's `rope_parameters` or the older `rope_theta` + `rope_scaling`."""
+def rope_params(config: dict[str, Any], layer: str = "full_attention") -> dict[str, Any]:
+    """RoPE settings from either transformers 5's `rope_parameters` (flat, or per layer type as Gemma-3's
+    full_attention / sliding_attention) or the older `rope_theta` + `rope_scaling` (+ rope_local_base_freq)."""
     params = dict(config.get("rope_scaling") or {})
-    params.update(config.get("rope_parameters") or {})
+    given = config.get("rope_parameters") or {}
+    if "full_attention" in given or "sliding_attention" in given:
+        given = given.get(layer) or {}
+    elif layer == "sliding_attention":  # flat settings: the older configs name the local base on its own
+        params, given = {}, {"rope_theta": config.get("rope_local_base_freq", given.get("rope_theta"))}
+    params.update(given)
     params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
     params["rope_type"] = params.get("rope_type", params.get("type", "default")) or "default"
     return params
@@ -191,14 +241,35 @@ def tensor_plan(model_dir: Path, config: dict[str, Any]) -> list[tuple[str, str 
 
 
 def file_bytes(plan: list[tuple[str, str | None, list[int]]], fmt: str) -> int:
-    return sum(tensor_nbytes(tensor_type(fmt, name, shape), shape) for name, _, shape in plan)
+    """Bytes of the tensors' data in format `fmt`, each padded to the file's 32-byte alignment."""
+    return sum(-(-tensor_nbytes(tensor_type(fmt, name, shape), shape) // 32) * 32 for name, _, shape in plan)
+
+
+def metadata_bytes(model_dir: Path, plan: list[tuple[str, str | None, list[int]]], vocab_size: int) -> int:
+    """Bytes of a GGUF file's header beyond the tensors' data, from tokenizer.json alone (no tokenizer loaded):
+    every string is stored as an 8-byte length + UTF-8 bytes, token types and scores as 4 bytes each, each tensor
+    info as its name + dims + type + offset."""
+    path = Path(model_dir) / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    model = spec.get("model") or {}
+    vocab = dict(model.get("vocab") or {})
+    vocab.update({a["content"]: a["id"] for a in spec.get("added_tokens", [])})
+    n = max(vocab_size, len(vocab))
+    strings = sum(8 + len(t.encode("utf-8")) for t in vocab) + 8 * (n - len(vocab)) + 6 * (n - len(vocab))
+    merges = sum(8 + len(_token_text(m).encode("utf-8")) for m in model.get("merges", []))
+    per_token = 4 + (4 if model.get("byte_fallback") else 0)  # types; scores for SentencePiece-style vocabularies
+    config_path = Path(model_dir) / "tokenizer_config.json"
+    template = len(config_path.read_text(encoding="utf-8")) if config_path.is_file() else 0
+    template += len(MEMTUNE_CHAT_TEMPLATE)
+    infos = sum(8 + len(name) + 4 + 8 * len(shape) + 4 + 8 for name, _, shape in plan)
+    return strings + merges + per_token * n + template + infos + 4096  # + the scalar keys, alignment
 
 
 def _tensor_data(model_dir: Path, config: dict[str, Any], plan) -> Iterator[np.ndarray]:
     """float32 arrays in plan order, read one at a time from the safetensors files."""
     from safetensors import safe_open
 
-    _, permute = architecture(config)
+    _, permute, shift, _ = family(config)
     where = {}
     for path in sorted(Path(model_dir).glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as fh:
@@ -215,6 +286,8 @@ def _tensor_data(model_dir: Path, config: dict[str, Any], plan) -> Iterator[np.n
             data = permute_qk(data, n_head)
         elif permute and (src.endswith("k_proj.weight") or src.endswith("k_proj.bias")):
             data = permute_qk(data, n_kv)
+        if shift and src.endswith("norm.weight"):  # Gemma: transformers scales by (1 + w), llama.cpp by w
+            data = data + 1.0
         yield data
 
 
@@ -232,6 +305,7 @@ def _encode(data: np.ndarray, kind: str) -> np.ndarray:
 def write_model_metadata(writer, config: dict[str, Any], name: str, fmt: str) -> None:
     import gguf
 
+    arch, _, _, _ = family(config)
     writer.add_name(name)
     writer.add_file_type(getattr(gguf.LlamaFileType, FORMATS[fmt][1]))
     if fmt == "q8_0":
@@ -246,11 +320,14 @@ def write_model_metadata(writer, config: dict[str, Any], name: str, fmt: str) ->
     writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
     writer.add_vocab_size(int(config["vocab_size"]))
     dim = head_dim(config)
-    writer.add_rope_dimension_count(dim)
-    if dim != int(config["hidden_size"]) // n_head:  # e.g. Mistral Nemo: heads narrower than hidden/heads
+    rp = rope_params(config)
+    rotary = rp.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    # Phi-3 counts rotary dims from hidden/heads (convert_hf_to_gguf's Phi3MiniModel); the others from head_dim
+    writer.add_rope_dimension_count(int(float(rotary) * (int(config["hidden_size"]) if arch == "phi3" else dim * n_head))
+                                    // n_head)
+    if dim != int(config["hidden_size"]) // n_head or arch in ("gemma2", "gemma3"):  # heads narrower than hidden/heads
         writer.add_key_length(dim)
         writer.add_value_length(dim)
-    rp = rope_params(config)
     writer.add_rope_freq_base(float(rp["rope_theta"]))
     kind = rp["rope_type"]
     if kind == "linear":
@@ -263,6 +340,54 @@ def write_model_metadata(writer, config: dict[str, Any], name: str, fmt: str) ->
             writer.add_rope_scaling_orig_ctx_len(int(rp["original_max_position_embeddings"]))
     elif kind not in ("default", "llama3"):  # llama3 is the rope_freqs tensor
         raise GGUFError(f"RoPE scaling {kind!r} has no GGUF mapping here (supported: none, linear, yarn, llama3).")
+    _family_metadata(writer, config, arch, dim)
+
+
+def _family_metadata(writer, config: dict[str, Any], arch: str, dim: int) -> None:
+    """The keys convert_hf_to_gguf.py writes for one family beyond the common ones, and the refusals for settings
+    llama.cpp would run differently from transformers."""
+    layers = int(config["num_hidden_layers"])
+    if arch in ("gemma2", "gemma3"):
+        scalar = config.get("query_pre_attn_scalar", dim)
+        # llama.cpp: 1/sqrt(hidden/heads) for the 27B (46 / 62 layers), 1/sqrt(head_dim) for every other size
+        big = layers == (46 if arch == "gemma2" else 62)
+        expected = int(config["hidden_size"]) // int(config["num_attention_heads"]) if big else dim
+        if scalar is not None and int(scalar) != expected:
+            raise GGUFError(f"query_pre_attn_scalar is {scalar}, but llama.cpp scales {arch} queries by "
+                            f"1/sqrt({expected}): llama.cpp would compute different attention than training.")
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(float(config.get("attn_logit_softcapping") or 0.0))
+        writer.add_final_logit_softcapping(float(config.get("final_logit_softcapping") or 0.0))
+        writer.add_sliding_window(int(config.get("sliding_window") or 4096))
+        types = config.get("layer_types")
+        if types and [t == "sliding_attention" for t in types] != [i % 2 == 0 for i in range(layers)]:
+            raise GGUFError("This Gemma-2 does not alternate sliding and full attention layers, the pattern "
+                            "llama.cpp runs Gemma-2 with.")
+    elif arch == "gemma3":
+        if config.get("attn_logit_softcapping"):
+            raise GGUFError("Gemma-3 with attention soft-capping: llama.cpp's gemma3 has none.")
+        if config.get("final_logit_softcapping"):
+            writer.add_final_logit_softcapping(float(config["final_logit_softcapping"]))
+        types = config.get("layer_types") or [
+            "full_attention" if (i + 1) % int(config.get("sliding_window_pattern") or 6) == 0 else "sliding_attention"
+            for i in range(layers)]
+        if config.get("sliding_window") and any(t == "sliding_attention" for t in types):
+            writer.add_sliding_window(int(config["sliding_window"]))
+            writer.add_sliding_window_pattern([t == "sliding_attention" for t in types])
+            writer.add_rope_freq_base_swa(float(rope_params(config, "sliding_attention")["rope_theta"]))
+    elif arch == "phi3":
+        rp = rope_params(config)
+        if rp["rope_type"] not in ("default",) or rp.get("long_factor"):
+            raise GGUFError(f"Phi-3 with {rp['rope_type']!r} RoPE scaling (the 128k-context variants) is not "
+                            "converted here; use llama.cpp's convert_hf_to_gguf.py on the merged folder.")
+        orig = rp.get("original_max_position_embeddings") or config.get("original_max_position_embeddings")
+        writer.add_rope_scaling_orig_ctx_len(int(orig or config.get("max_position_embeddings", 4096)))
+        writer.add_sliding_window(int(config.get("sliding_window") or 0))
+    elif arch == "smollm3":
+        nope = config.get("no_rope_layers")
+        if nope is not None and list(nope) != [int((i + 1) % 4 != 0) for i in range(layers)]:
+            raise GGUFError("This SmolLM3 skips RoPE on other layers than every 4th, the rule llama.cpp "
+                            "hard-codes for smollm3.")
 
 
 def _token_text(token: Any) -> str:
@@ -314,26 +439,63 @@ def tokenizer_metadata(model_dir: Path, vocab_size: int) -> dict[str, Any]:
             types.append(TOKEN_UNUSED)
         else:
             tokens.append(token)
-            if ggml_model == "llama" and i == tok.unk_token_id:
-                types.append(TOKEN_UNKNOWN)
-            elif token in added:
-                types.append(TOKEN_CONTROL if added[token].get("special") else TOKEN_USER_DEFINED)
-            elif ggml_model == "llama" and len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
-                types.append(TOKEN_BYTE)
-            else:
-                types.append(TOKEN_NORMAL)
+            types.append(_token_type(token, i, ggml_model, added, tok.unk_token_id))
         scores.append(-float(i))  # SentencePiece BPE: earlier pieces merge first
     ids = tok("a")["input_ids"]
+    config = read_config(model_dir)
+    special = {}
+    for key in ("bos", "eos", "unk", "pad"):
+        # from the tokenizer, else config.json's id (gguf's SpecialVocab does the same: Qwen2 has no bos_token but
+        # a bos_token_id of 151643 in config.json, which llama.cpp's converter writes)
+        found = getattr(tok, f"{key}_token_id")
+        if found is None and key != "unk" and isinstance(config.get(f"{key}_token_id"), int):
+            found = config[f"{key}_token_id"]
+        special[key] = found
+    own_template = tok.chat_template if isinstance(tok.chat_template, str) else None
     meta = dict(model=ggml_model, pre=pre, tokens=tokens, token_types=types, scores=scores,
-                merges=[_token_text(m) for m in model.get("merges", [])],
-                bos=tok.bos_token_id, eos=tok.eos_token_id, unk=tok.unk_token_id, pad=tok.pad_token_id,
-                add_bos=bool(ids) and ids[0] == tok.bos_token_id,
-                add_eos=bool(ids) and ids[-1] == tok.eos_token_id and len(ids) > 1,
-                chat_template=tok.chat_template if isinstance(tok.chat_template, str) else None,
+                merges=[_token_text(m) for m in model.get("merges", [])], **special,
+                add_bos=bool(ids) and tok.bos_token_id is not None and ids[0] == tok.bos_token_id,
+                add_eos=bool(ids) and tok.eos_token_id is not None and ids[-1] == tok.eos_token_id and len(ids) > 1,
+                chat_template=own_template or MEMTUNE_CHAT_TEMPLATE, has_chat_template=own_template is not None,
+                space_prefix=space_prefix(spec) if ggml_model == "llama" else None,
                 eos_text=tok.eos_token, bos_text=tok.bos_token)
     if len(tokens) > vocab_size:
         raise GGUFError(f"The tokenizer has {len(tokens)} tokens but the model's embedding only {vocab_size} rows.")
     return meta
+
+
+def space_prefix(spec: dict[str, Any]) -> bool:
+    """llama.cpp's add_space_prefix for a SentencePiece-style tokenizer.json. llama.cpp puts one "▁" before the text
+    and after every special token. The legacy normalizer (Prepend "▁", Llama-2) does exactly that: True. Metaspace
+    with prepend_scheme "always" or "first" prepends too (True) but never doubles a leading space, and "first" adds
+    nothing after a special token: llama.cpp then differs on text that starts with whitespace or follows a special
+    token (tests/test_llama.py measures both), while every prompt memtune writes starts with a letter after BOS.
+    "never", or no prefix rule at all (Gemma): False, which llama.cpp reproduces exactly."""
+    text = json.dumps([spec.get("normalizer"), spec.get("pre_tokenizer")])
+    if '"Prepend"' in text:
+        return True
+    schemes = [n.get("prepend_scheme", "always" if n.get("add_prefix_space", True) else "never")
+               for n in _walk(spec.get("pre_tokenizer")) if n.get("type") == "Metaspace"]
+    return bool(schemes) and schemes[0] != "never"
+
+
+def _looks_special(token: str) -> bool:
+    """convert_hf_to_gguf's does_token_look_special: added tokens some models forget to mark special."""
+    return token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (token.startswith("<|") and token.endswith("|>")) \
+        or (token.startswith("<\uff5c") and token.endswith("\uff5c>")) or (token.startswith("<unused")
+                                                                        and token.endswith(">"))
+
+
+def _token_type(token: str, i: int, ggml_model: str, added: dict[str, dict], unk: int | None) -> int:
+    """llama.cpp's token type, in the order its converter decides it: unknown, then byte tokens (<0xNN>, before
+    anything else, as gguf's LlamaHfVocab does), then added tokens (control when special or special-looking)."""
+    if ggml_model == "llama" and i == unk:
+        return TOKEN_UNKNOWN
+    if ggml_model == "llama" and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", token):
+        return TOKEN_BYTE
+    if token in added:
+        return TOKEN_CONTROL if added[token].get("special") or _looks_special(token) else TOKEN_USER_DEFINED
+    return TOKEN_NORMAL
 
 
 def _walk(node: Any) -> Iterator[dict]:
@@ -357,6 +519,8 @@ def write_tokenizer_metadata(writer, meta: dict[str, Any]) -> None:
         if meta[key] is not None:
             add(int(meta[key]))
     writer.add_add_bos_token(meta["add_bos"])
+    if meta.get("space_prefix") is not None:
+        writer.add_add_space_prefix(meta["space_prefix"])
     writer.add_add_eos_token(meta["add_eos"])
     if meta["chat_template"]:
         writer.add_chat_template(meta["chat_template"])

@@ -20,27 +20,116 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.gguf import (FORMATS, GiB, MiB, GGUFError, Progress, architecture, file_bytes, parse_formats,
-                       read_config, tensor_plan, tokenizer_metadata, write_gguf)
+from core.gguf import (FORMATS, GiB, MiB, GGUFError, Progress, architecture, file_bytes, metadata_bytes,
+                       parse_formats, read_config, tensor_plan, tokenizer_metadata, write_gguf)
 
 DEMO_PROMPT = "Translate the word 'cat' into French."
-# Ollama Go templates for the chat templates we recognise (Ollama cannot run Jinja), with their stop strings.
-OLLAMA_TEMPLATES = {
-    "<|start_header_id|>": (
-        "{{ if .System }}<|start_header_id|>system<|end_header_id|>\n\n{{ .System }}<|eot_id|>{{ end }}"
-        "{{ if .Prompt }}<|start_header_id|>user<|end_header_id|>\n\n{{ .Prompt }}<|eot_id|>{{ end }}"
-        "<|start_header_id|>assistant<|end_header_id|>\n\n{{ .Response }}<|eot_id|>",
-        ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]),
-    "<|im_start|>": (
-        "{{ if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n{{ end }}"
-        "{{ if .Prompt }}<|im_start|>user\n{{ .Prompt }}<|im_end|>\n{{ end }}<|im_start|>assistant\n"
-        "{{ .Response }}<|im_end|>\n",
-        ["<|im_start|>", "<|im_end|>"]),
-    "[INST]": ("[INST] {{ if .System }}{{ .System }}\n\n{{ end }}{{ .Prompt }} [/INST]{{ .Response }}",
-               ["[INST]", "[/INST]"]),
-}
-# Without a chat template memtune trained on its Alpaca-style prompt (core.data.DEFAULT_TEMPLATE).
-PLAIN_TEMPLATE = "### Instruction:\n{{ .Prompt }}\n\n### Response:\n{{ .Response }}"
+# The llama.cpp release the printed commands and the tests were checked against: the one node-llama-cpp bundles
+# (tests/llama/package.json pins it; tests/test_llama.py checks the harness reports this same release).
+LLAMA_CPP_VERSION = "v0.4.0"
+# Without a chat template memtune trained on its Alpaca-style prompt (core.formats.DEFAULT_TEMPLATE; a system turn
+# becomes the Input section). Ollama's legacy variables: one turn, as memtune prompts it.
+PLAIN_TEMPLATE = ("### Instruction:\n{{ .Prompt }}\n\n{{ if .System }}### Input:\n{{ .System }}\n\n{{ end }}"
+                  "### Response:\n{{ .Response }}")
+# Try it answers greedily without a repetition penalty (Ollama's defaults: temperature 0.8, repeat_penalty 1.1)
+OLLAMA_SAMPLING = {"temperature": 0, "top_k": 1, "top_p": 1, "repeat_penalty": 1}
+# Sentinel contents for reading a chat template's pieces: no whitespace, so templates that trim contents show them
+# unchanged.
+_SENTINELS = {"system": "SYS\u2063S1", "user": "USR\u2063U1", "assistant": "AST\u2063A1", "user2": "USR\u2063U2"}
+
+
+def chat_pieces(render) -> dict[str, str]:
+    """The text a chat template puts around messages, read off `render(messages, add_generation_prompt)`:
+    start_user (no system turn: the template's default system turn, if any, + the user header), start_system,
+    system_user, user_assistant, assistant_user and user_end (end of turn + the generation prompt).
+    GGUFError when the template does not render the messages in order (e.g. a system turn moved into a later
+    message), which a per-message Ollama template cannot express."""
+    S = _SENTINELS
+    u = render([{"role": "user", "content": S["user"]}], True)
+    uau = render([{"role": "user", "content": S["user"]}, {"role": "assistant", "content": S["assistant"]},
+                  {"role": "user", "content": S["user2"]}], True)
+    try:
+        su = render([{"role": "system", "content": S["system"]}, {"role": "user", "content": S["user"]}], True)
+    except Exception:  # noqa: BLE001 - Gemma's templates raise on a system turn: so will the Modelfile's (none)
+        su = None
+
+    def cut(text: str, *marks: str) -> list[str]:
+        parts, rest = [], text
+        for mark in marks:
+            if rest.count(mark) != 1:
+                raise GGUFError("the chat template does not render each message once, in order")
+            head, rest = rest.split(mark)
+            parts.append(head)
+        return parts + [rest]
+
+    start_user, user_end = cut(u, S["user"])
+    uau_start, user_assistant, assistant_user, uau_end = cut(uau, S["user"], S["assistant"], S["user2"])
+    start_system = system_user = None
+    if su is not None:
+        start_system, system_user, su_end = cut(su, S["system"], S["user"])
+        if su_end != user_end:
+            raise GGUFError("the chat template renders a turn differently depending on what follows it")
+    if uau_start != start_user or uau_end != user_end:
+        raise GGUFError("the chat template renders a turn differently depending on what follows it")
+    pieces = dict(start_user=start_user, start_system=start_system, system_user=system_user,
+                  user_assistant=user_assistant, assistant_user=assistant_user, user_end=user_end)
+    # The pieces must rebuild longer conversations too (Mistral's templates move the system turn into the LAST
+    # user message, which per-message pieces cannot express).
+    for messages in CHECK_CONVERSATIONS:
+        if su is None and any(m["role"] == "system" for m in messages):
+            continue
+        if render_pieces(pieces, messages) != render(messages, True):
+            raise GGUFError("the chat template renders a conversation differently from turn by turn (e.g. the "
+                            "system turn moved into the last user message)")
+    return pieces
+
+
+CHECK_CONVERSATIONS = [
+    [{"role": "system", "content": "SYS"}, {"role": "user", "content": "U1"}, {"role": "assistant", "content": "A1"},
+     {"role": "user", "content": "U2"}],
+    [{"role": "user", "content": "U1"}, {"role": "assistant", "content": "A1"}, {"role": "user", "content": "U2"},
+     {"role": "assistant", "content": "A2"}, {"role": "user", "content": "U3"}],
+]
+
+
+def render_pieces(pieces: dict[str, str | None], messages: list[dict[str, str]]) -> str:
+    """What go_chat_template's TEMPLATE renders for `messages` (the same rules, in Python)."""
+    out, prev = [], ""
+    for m in messages:
+        role = m["role"]
+        if role == "system":
+            if pieces["start_system"] is None:
+                raise GGUFError("this chat template takes no system turn")
+            out.append(pieces["start_system"])
+        elif role == "user":
+            out.append(pieces["system_user"] if prev == "system" else
+                       pieces["assistant_user"] if prev == "assistant" else pieces["start_user"])
+        elif role == "assistant":
+            out.append(pieces["user_assistant"])
+        out.append(m["content"])
+        prev = role
+    return "".join(out) + pieces["user_end"]
+
+
+def _go(text: str) -> str:
+    """Literal text inside a Go template: only "{{" would be read as an action."""
+    return text.replace("{{", '{{ "{{" }}')
+
+
+def go_chat_template(pieces: dict[str, str], bos: str | None) -> str:
+    """An Ollama TEMPLATE over .Messages that renders what the chat template renders (pieces: chat_pieces), less
+    the leading BOS text when llama.cpp's tokenizer adds BOS itself (bos = that text)."""
+    p = {k: _go(v[len(bos):] if bos and k.startswith("start_") and v.startswith(bos) else v)
+         for k, v in pieces.items() if v is not None}
+    # a template without system turns (Gemma): Ollama's system messages are left out, as HF refuses them
+    system = p["start_system"] + "{{ .Content }}" if "start_system" in p else ""
+    return ('{{- $prev := "" }}{{- range .Messages }}'
+            '{{- if eq .Role "system" }}' + system +
+            '{{- else if eq .Role "user" }}{{ if eq $prev "system" }}' + p.get("system_user", p["start_user"])
+            + '{{ else if eq $prev "assistant" }}' + p["assistant_user"] + '{{ else }}' + p["start_user"]
+            + '{{ end }}{{ .Content }}'
+            '{{- else if eq .Role "assistant" }}' + p["user_assistant"] + '{{ .Content }}'
+            '{{- end }}{{ $prev = .Role }}{{- end }}' + p["user_end"])
 
 
 @dataclass
@@ -57,6 +146,7 @@ class GGUFPlan:
     adapter_dir: Path | None = None
     ok: bool = True
     message: str = ""
+    replaces: bool = False  # out_dir already holds files: the export needs overwrite=True (--replace, Replace)
 
 
 @dataclass
@@ -119,8 +209,7 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
     config = read_config(source)
     architecture(config)  # refuses unsupported models before anything is merged
     tplan = tensor_plan(source, config)
-    tok_file = source / "tokenizer.json"
-    extra = 2 * (tok_file.stat().st_size if tok_file.is_file() else 0) + MiB  # vocabulary, merges, metadata
+    extra = metadata_bytes(source, tplan, int(config["vocab_size"]))  # vocabulary, merges, chat template, infos
     sizes = {f: file_bytes(tplan, f) + extra for f in fmts}
     params = sum(_count(shape) for _, src, shape in tplan if src)
     biggest = max(_count(shape) for _, _, shape in tplan) * 4 * 3  # one tensor in f32, permuted, encoded
@@ -135,12 +224,15 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
     message = (f"Needs about {_gib(ram)} of RAM and {_gib(disk)} of disk in {parent} ({what}{merge_text}); "
                f"free: {_gib(ram_free)} RAM, {_gib(disk_free)} disk.")
     ok = True
+    replaces = out.exists() and (not out.is_dir() or any(out.iterdir()))
+    if replaces:
+        message += f" {out} holds an earlier export: exporting replaces it (Replace, --replace)."
     if ram > ram_free and not (cfg is not None and merge_plan(cfg)["device"] == "cuda"):
         ok, message = False, message + " Not enough memory: close other programs or stop the training run."
     if disk * 1.05 > disk_free:
         ok, message = False, message + " Not enough disk space: free some space or choose another folder."
     return GGUFPlan(source=source, out_dir=out, name=name, formats=fmts, file_bytes=sizes, merge_bytes=merge_bytes,
-                    ram_bytes=ram, ram_free=ram_free, disk_free=disk_free, ok=ok, message=message,
+                    ram_bytes=ram, ram_free=ram_free, disk_free=disk_free, ok=ok, message=message, replaces=replaces,
                     adapter_dir=Path(adapter_dir) if adapter_dir else None)
 
 
@@ -160,8 +252,10 @@ def _existing_parent(path: Path) -> Path:
 
 def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | None = None,
                 formats: Any = ("f16", "q8_0"), out_dir: str | Path | None = None,
-                progress: Progress | None = None, overwrite: bool = False) -> GGUFResult:
-    """Export an adapter (merged into its base) or a model folder to GGUF files + Modelfile + README."""
+                progress: Progress | None = None, overwrite: bool = False,
+                merge_into: str | None = None) -> GGUFResult:
+    """Export an adapter (merged into its base: core.export.merge_adapter's `merge_into`, by default the
+    dequantized 4-bit weights it was trained against) or a model folder to GGUF files + Modelfile + README."""
     from core.export import ExportError, merge_adapter
     from core.files import RefusedError, make_tmp, move_into_place, recover, require_marker
 
@@ -177,7 +271,8 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
     out = plan.out_dir
     if out.exists() and any(out.iterdir()):
         if not overwrite:
-            raise GGUFError(f"{out} already exists and is not empty. Choose another folder, or allow replacing it.")
+            raise GGUFError(f"{out} already exists and is not empty. Choose another folder, or allow replacing it "
+                            "(Replace on the page, --replace on the command line).")
         try:
             require_marker(out, "export", "replace")  # memtune only replaces what it made
         except RefusedError as exc:
@@ -195,10 +290,12 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
                 step(0.5 * fraction, message)
 
             try:
-                source = merge_adapter(plan.adapter_dir, tmp / "merged", progress=merge_step)
+                source = merge_adapter(plan.adapter_dir, tmp / "merged", progress=merge_step, merge_into=merge_into)
             except ExportError as exc:
                 raise GGUFError(str(exc)) from None
             start = 0.5
+        meta = tokenizer_metadata(source, int(read_config(source)["vocab_size"]))
+        template, stops, why = ollama_template(source, meta)
         files: dict[str, Path] = {}
         share = (1.0 - start) / len(plan.formats)
         for i, fmt in enumerate(plan.formats):
@@ -209,9 +306,8 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
 
             step(begin, f"Writing {plan.name}-{fmt}.gguf ({FORMATS[fmt][0]})")
             files[fmt] = write_gguf(source, tmp / f"{plan.name}-{fmt}.gguf", fmt, plan.name, file_step)
-        meta = tokenizer_metadata(source, int(read_config(source)["vocab_size"]))
         shutil.rmtree(tmp / "merged", ignore_errors=True)
-        result = _write_extras(tmp, out, plan, files, meta)
+        result = _write_extras(tmp, out, plan, files, meta, template, stops, why)
         move_into_place(tmp, out)
         step(1.0, f"GGUF export done: {', '.join(p.name for p in result.files.values())} in {out}")
         return result
@@ -219,28 +315,48 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def ollama_template(meta: dict[str, Any]) -> tuple[str | None, list[str]]:
-    """(Ollama TEMPLATE or None to let Ollama read the GGUF's own, stop strings) for a tokenizer's metadata."""
+def ollama_template(model_dir: Path, meta: dict[str, Any]) -> tuple[str | None, list[str], str]:
+    """(Ollama TEMPLATE, stop strings, why there is none) for a converted model folder: memtune's plain prompt for
+    a model without a chat template, else a .Messages template read off the model's own chat template
+    (chat_pieces), which renders the same text for the same messages, the template's default system turn
+    included. A chat template that cannot be expressed that way gets no TEMPLATE (Ollama then picks one from the
+    chat template stored in the GGUF file) and the reason."""
+    from transformers import AutoTokenizer
+
     eos = [meta["eos_text"]] if meta.get("eos_text") else []
-    chat = meta.get("chat_template")
-    if not chat:
-        return PLAIN_TEMPLATE, eos + ["### Instruction:"]
-    for marker, (template, stops) in OLLAMA_TEMPLATES.items():
-        if marker in chat:
-            return template, list(dict.fromkeys(stops + eos))
-    return None, eos
+    if not meta.get("has_chat_template"):
+        return PLAIN_TEMPLATE, eos + ["### Instruction:"], ""
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+
+    def render(messages, generation):
+        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+
+    try:
+        pieces = chat_pieces(render)
+    except GGUFError as exc:
+        return None, eos, str(exc)
+    except Exception as exc:  # noqa: BLE001 - e.g. a template that refuses alternating turns
+        return None, eos, f"the chat template failed on a plain conversation ({type(exc).__name__}: {exc})"
+    specials = {t for t in tok.all_special_tokens if t} | {a.content for a in tok.added_tokens_decoder.values()
+                                                           if a.special}
+    specials = sorted(specials, key=len, reverse=True)
+    end_of_turn = [t for t in specials if pieces["assistant_user"].startswith(t)][:1]  # <|im_end|>, <|eot_id|>...
+    return (go_chat_template(pieces, meta.get("bos_text") if meta.get("add_bos") else None),
+            list(dict.fromkeys(end_of_turn + eos)), "")
 
 
-def _write_extras(tmp: Path, out: Path, plan: GGUFPlan, files: dict[str, Path], meta: dict[str, Any]) -> GGUFResult:
+def _write_extras(tmp: Path, out: Path, plan: GGUFPlan, files: dict[str, Path], meta: dict[str, Any],
+                  template: str | None, stops: list[str], why: str = "") -> GGUFResult:
     """Modelfile, README.md and the marker, inside `tmp`; paths in the result and commands point into `out`."""
     primary = min(files.values(), key=lambda p: p.stat().st_size)  # Ollama gets the smallest file
-    template, stops = ollama_template(meta)
     lines = [f"# Ollama Modelfile written by memtune: ollama create {plan.name} -f Modelfile", f"FROM ./{primary.name}"]
     if template is not None:
         lines.append(f'TEMPLATE """{template}"""')
-    else:
-        lines.append("# No TEMPLATE: Ollama uses the chat template stored in the GGUF file.")
+    else:  # Ollama then matches the GGUF's chat template against the ones it knows: check `ollama show --template`
+        lines.append(f"# No TEMPLATE: {why}. Ollama picks one from the chat template stored in the GGUF file.")
     lines += [f"PARAMETER stop {json.dumps(s)}" for s in stops]
+    lines.append("# Greedy, as memtune's Try it answers (Ollama's defaults sample at temperature 0.8)")
+    lines += [f"PARAMETER {k} {v}" for k, v in OLLAMA_SAMPLING.items()]
     (tmp / "Modelfile").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     from core.config import DEMO_MODEL
@@ -253,20 +369,27 @@ def _write_extras(tmp: Path, out: Path, plan: GGUFPlan, files: dict[str, Path], 
     prompt = DEMO_PROMPT if base == DEMO_MODEL else "Hello! Who are you?"
     commands = [f"ollama create {plan.name} -f {shlex.quote(str(out / 'Modelfile'))}",
                 f"ollama run {plan.name} {_quote(prompt)}"]
+    chat, raw = [], []
     for path in files.values():
         gguf_path = shlex.quote(str(out / path.name))
-        if meta.get("chat_template"):
-            commands.append(f"llama-cli -m {gguf_path} -cnv")
-        else:  # no chat template: give llama-cli the prompt format the adapter was trained on
-            raw = "### Instruction:\\n" + prompt + "\\n\\n### Response:\\n"
-            commands.append(f"llama-cli -m {gguf_path} -no-cnv -e -n 32 -p {_quote(raw)}")
+        # llama-cli and llama-server prompt through the chat template stored in the file (memtune's own prompt
+        # format for a base model); --temp 0 answers greedily, as Try it does.
+        chat.append(f"llama-cli -m {gguf_path} --temp 0 -st -p {_quote(prompt)}")
+        if not meta.get("has_chat_template"):  # a raw prompt in the format the adapter was trained on
+            text = "### Instruction:\\n" + prompt + "\\n\\n### Response:\\n"
+            raw.append(f"llama-completion -m {gguf_path} -no-cnv -e -n 32 --temp 0 -p {_quote(text)}")
+    server = f"llama-server -m {shlex.quote(str(out / primary.name))} --temp 0 --port 8080"
+    commands += chat + raw + [server]
     sizes = "\n".join(f"| {p.name} | {fmt} | {p.stat().st_size / MiB:,.1f} MiB |" for fmt, p in files.items())
     source = f"the adapter {plan.adapter_dir.resolve()} merged into {base}" if plan.adapter_dir else str(plan.source)
     readme = (f"# {plan.name} (GGUF)\n\nWritten by memtune on {_dt.date.today().isoformat()} from {source}.\n\n"
               f"| file | format | size |\n|---|---|---|\n{sizes}\n\n"
               "## Ollama\n\nThe Modelfile points at the smallest file; edit its FROM line to use another.\n\n"
               f"```sh\n{commands[0]}\n{commands[1]}\n```\n\n"
-              "## llama.cpp\n\n```sh\n" + "\n".join(commands[2:]) + "\n```\n\n"
+              f"## llama.cpp\n\nChecked with llama.cpp {LLAMA_CPP_VERSION}: `llama-cli` chats through the chat template "
+              "stored in the file (`-st`: one turn, then exit), `llama-completion -no-cnv` completes a raw prompt, "
+              "`llama-server` serves the chat template over HTTP (http://127.0.0.1:8080).\n\n"
+              "```sh\n" + "\n".join(commands[2:]) + "\n```\n\n"
               "## LM Studio\n\nCopy or import a .gguf file (`lms import <file>`), then load it in the chat tab.\n")
     (tmp / "README.md").write_text(readme, encoding="utf-8")
     from core.files import write_marker

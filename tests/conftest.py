@@ -49,7 +49,7 @@ def xdist_group(item) -> str | None:
 # worker starts the 2-minute browser group, a long group or a slow multi-process test while the other has nothing
 # left to do; the many short tests come last and even the load out.
 FIRST = ("test_browser", "test_browser_data", "test_browser_layout", "test_ui", "test_distributed", "test_child",
-         "test_safety", "test_data", "test_codegen", "test_gguf", "test_infer")
+         "test_safety", "test_data", "test_codegen", "test_llama", "test_gguf", "test_infer")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks

@@ -13,6 +13,21 @@ memtune: no Chromium at $CHROMIUM, so the browser tests (tests/test_browser*.py)
                  export MEMTUNE_CHROMIUM=\$(ls ~/.cache/ms-playwright/chromium-*/chrome-linux*/chrome | head -1)
 HINT
 fi
+# llama.cpp for the GGUF round trip (tests/test_llama.py): node-llama-cpp's prebuilt CPU binaries, pinned in
+# tests/llama/package-lock.json; npm never downloads or compiles llama.cpp itself, and --omit=optional skips the other
+# platforms' builds (CUDA, Vulkan: 650 MB). Reinstalled when the lock changes.
+if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
+  if ! cmp -s tests/llama/package-lock.json tests/llama/node_modules/.memtune-lock 2>/dev/null; then
+    (cd tests/llama && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm ci --omit=optional --no-audit --no-fund --loglevel=error \
+      && cp package-lock.json node_modules/.memtune-lock) \
+      || echo "memtune: npm ci in tests/llama failed; the llama.cpp tests will say so" >&2
+  fi
+else
+  cat >&2 <<HINT
+memtune: no node/npm, so the llama.cpp round-trip tests (tests/test_llama.py) will be skipped.
+  Debian/Ubuntu: sudo apt-get install nodejs npm     (node 18 or newer; then run this script again)
+HINT
+fi
 # One pytest-xdist worker per core, at most 4 (each holds the libraries and a demo model, ~1 GiB);
 # MEMTUNE_TEST_WORKERS overrides, and 1 runs everything in this process.
 CORES="$(python3 -c 'import os; print(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)')"

@@ -1,4 +1,5 @@
-"""Export on the CPU: zip, merge into the bf16 base (checked against peft's unmerged model), Hub push errors.
+"""Export on the CPU: zip, merge (into the dequantized 4-bit weights by default, or the original bf16 ones; each
+checked against peft's unmerged model on the same base weights), Hub push errors.
 
 No network: tests/conftest.py sets HF_HUB_OFFLINE=1, and no test here reaches the point of an upload.
 """
@@ -40,8 +41,48 @@ def test_zip_holds_the_adapter(adapter_dir, tmp_path):
         zip_adapter(tmp_path, tmp_path)
 
 
-def test_merged_model_gives_the_logits_of_base_plus_adapter(adapter_dir, merged):
-    """Merging W' = W + (alpha/r)·B·A must not change what the model computes.
+def test_default_merge_adds_the_delta_to_the_dequantized_4bit_weights(adapter_dir, merged):
+    """The default merge of a 4-bit run: every merged matrix is bitsandbytes' dequantized NF4 weight (the run's own
+    quant type, blocksize 64 and double quantization) + (alpha/r)·B·A, to bf16 rounding; the record says so."""
+    import json
+
+    import bitsandbytes as bnb
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from core.model import load_model
+
+    out, _ = merged
+    record = json.loads((out / "memtune-merge.json").read_text())
+    assert record["merged_into"] == "dequantized"
+    assert record["quantization"] == [{"quant_type": "nf4", "blocksize": 64, "double_quant": True}]
+    weights = load_file(out / "model.safetensors")
+    cfg = adapter_config(adapter_dir).replace(load_in_4bit=False, precision="bf16", upcast_to_fp32=False,
+                                              device="cpu")
+    base = load_model(cfg)
+    lora = PeftModel.from_pretrained(base, adapter_dir)
+    name = "model.layers.1.mlp.down_proj"
+    module = lora.get_submodule("base_model.model." + name)
+    delta = module.get_delta_weight("default").float()
+    original = module.base_layer.weight.detach()
+    packed, state = bnb.functional.quantize_4bit(original, blocksize=64, quant_type="nf4", compress_statistics=True)
+    expected = bnb.functional.dequantize_4bit(packed, state).float() + delta
+    got = weights[name + ".weight"].float()
+    step = expected.abs().max().item() / 128  # one bf16 rounding step near the largest value
+    assert (got - expected).abs().max().item() <= step
+    assert (got - (original.float() + delta)).abs().max().item() > 4 * step  # the rounding is really in there
+
+
+@pytest.fixture(scope="module")
+def merged_original(adapter_dir, tmp_path_factory):
+    steps = []
+    out = merge_adapter(adapter_dir, tmp_path_factory.mktemp("export") / "merged-original", merge_into="original",
+                        progress=lambda fraction, message: steps.append((fraction, message)))
+    return out, steps
+
+
+def test_original_merge_gives_the_logits_of_base_plus_adapter(adapter_dir, merged_original):
+    """Merging W' = W + (alpha/r)·B·A into the original weights must not change what the model computes.
 
     Reference: the same base loaded unquantized in bf16 with the adapter on top (peft, unmerged). Both run in
     bf16, which keeps 8 significant bits: near the largest demo logit (~9) one bf16 step is 0.0625. Each side
@@ -55,8 +96,9 @@ def test_merged_model_gives_the_logits_of_base_plus_adapter(adapter_dir, merged)
 
     from core.model import load_model
 
-    out, steps = merged
+    out, steps = merged_original
     assert [f for f, _ in steps] == sorted(f for f, _ in steps) and steps[-1][0] == 1.0
+    assert '"merged_into": "original"' in (out / "memtune-merge.json").read_text()
     cfg = adapter_config(adapter_dir).replace(load_in_4bit=False, precision="bf16", upcast_to_fp32=False,
                                               device="cpu")
     ids = torch.tensor([[0, 261, 283, 28, 201, 312, 307, 289, 284, 297]])

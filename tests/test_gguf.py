@@ -315,19 +315,40 @@ def test_cli_help_and_export(tmp_path, adapter, capsys):
     assert bad.returncode == 2 and "Unknown GGUF format" in bad.stderr and "Traceback" not in bad.stderr
 
 
-LLAMA_CPP_SKIP = ("llama-cpp-python has no binary wheel for this platform (`pip download --no-deps "
-                  "--only-binary=:all: llama-cpp-python` finds no version; PyPI ships only the source) and "
-                  "compiling llama.cpp on this shared 2-core machine is not reasonable; install it (e.g. "
-                  "CMAKE_ARGS=-DGGML_NATIVE=off pip install llama-cpp-python) to run this test.")
+def test_plan_predicts_each_file_within_10_percent(exported, adapter, tmp_path):
+    """The sizes the page and --plan announce are the files' sizes (tensor data + vocabulary, merges, template)."""
+    plan = plan_gguf(adapter_dir=adapter, formats="f16,q8_0", out_dir=tmp_path / "never")
+    for fmt, path in exported[0].files.items():
+        real = path.stat().st_size
+        assert abs(plan.file_bytes[fmt] - real) <= 0.10 * real, (fmt, plan.file_bytes[fmt], real)
+    again = plan_gguf(adapter_dir=adapter, formats="q8_0", out_dir=exported[0].out_dir)
+    assert again.replaces and "replaces it (Replace, --replace)" in again.message
+    assert not plan.replaces
 
 
-@pytest.mark.slow
-def test_llama_cpp_generates_from_the_q8_0_file(exported):
-    llama_cpp = pytest.importorskip("llama_cpp", reason=LLAMA_CPP_SKIP)
-    llm = llama_cpp.Llama(model_path=str(exported[0].files["q8_0"]), n_ctx=128, verbose=False, seed=0)
-    out = llm("### Instruction:\nTranslate the word 'cat' into French.\n\n### Response:\n", max_tokens=4,
-              temperature=0.0)
-    assert out["usage"]["completion_tokens"] >= 1
+def test_token_types_follow_llama_cpp_converter_order(tmp_path, demo_model_path):
+    """Byte tokens are BYTE before any added-token rule (gguf's LlamaHfVocab), special-looking added tokens are
+    CONTROL (does_token_look_special), other added tokens USER_DEFINED; a tokenizer without a BOS token takes
+    config.json's bos_token_id, as llama.cpp's converter writes it for Qwen2."""
+    import shutil
+
+    from core.gguf import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_USER_DEFINED, _token_type,
+                           tokenizer_metadata)
+
+    added = {"<0x0A>": {"special": True}, "<|im_end|>": {"special": False}, "<custom>": {"special": False},
+             "<s>": {"special": True}}
+    assert _token_type("<0x0A>", 5, "llama", added, 0) == TOKEN_BYTE
+    assert _token_type("<|im_end|>", 6, "gpt2", added, None) == TOKEN_CONTROL
+    assert _token_type("<custom>", 7, "gpt2", added, None) == TOKEN_USER_DEFINED
+    assert _token_type("<s>", 1, "gpt2", added, None) == TOKEN_CONTROL
+    assert _token_type("hello", 9, "gpt2", added, None) == TOKEN_NORMAL
+    folder = Path(shutil.copytree(demo_model_path, tmp_path / "no-bos"))
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["bos_token"] = None
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    config = json.loads((folder / "config.json").read_text())
+    meta = tokenizer_metadata(folder, config["vocab_size"])
+    assert meta["bos"] == config["bos_token_id"] == 0 and meta["add_bos"] is False
 
 
 def test_export_tab_handlers(adapter, tmp_path):
@@ -346,7 +367,31 @@ def test_export_tab_handlers(adapter, tmp_path):
     status, commands = on_gguf_export("en", str(adapter), ["q8_0"], True, progress=None)
     assert "GGUF export done" in status and "-q8_0.gguf" in status and "Modelfile" in status
     assert commands["visible"] and commands["value"].startswith("ollama create ")
-    assert "llama-cli -m " in commands["value"]
+    assert "llama-cli -m " in commands["value"] and "llama-completion -m " in commands["value"]
+    again = on_gguf_plan("fr", str(adapter), ["q8_0"])  # said before the click: this export would replace one
+    assert "mt-note-warn" in again and "--replace" in again and "export GGUF" in again
+
+
+def test_family_settings_llama_cpp_would_run_differently_are_refused():
+    """Settings llama.cpp hard-codes per family are checked, not silently exported wrong."""
+    from core.gguf import GGUFError, _family_metadata
+
+    gemma = dict(architectures=["Gemma2ForCausalLM"], num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                 head_dim=32, query_pre_attn_scalar=64)
+    with pytest.raises(GGUFError, match="query_pre_attn_scalar is 64.*1/sqrt\\(32\\)"):
+        _family_metadata(None, gemma, "gemma2", 32)
+    smol = dict(architectures=["SmolLM3ForCausalLM"], num_hidden_layers=4, no_rope_layers=[1, 0, 1, 1])
+    with pytest.raises(GGUFError, match="every 4th"):
+        _family_metadata(None, smol, "smollm3", 16)
+    phi = dict(architectures=["Phi3ForCausalLM"], num_hidden_layers=2,
+               rope_parameters={"rope_type": "longrope", "long_factor": [1.0], "short_factor": [1.0]})
+    with pytest.raises(GGUFError, match="longrope.*128k"):
+        _family_metadata(None, phi, "phi3", 16)
+    from core.gguf import family
+
+    for name in ("MixtralForCausalLM", "Gemma3ForConditionalGeneration"):
+        with pytest.raises(GGUFError, match=name):
+            family({"architectures": [name]})
 
 
 def test_sentencepiece_style_tokenizer_round_trips(tmp_path):
@@ -385,3 +430,107 @@ def test_sentencepiece_style_tokenizer_round_trips(tmp_path):
         assert back(text)["input_ids"] == reference(text)["input_ids"], text
     diff = _max_diff(_logits(*_reference(folder)), _logits(*_gguf_model(path)))
     assert diff < 1e-4
+
+
+# Real chat templates, as llama.cpp records them (its models/templates; tests/llama/templates/README.md)
+CHAT_TEMPLATES = sorted((ROOT / "tests" / "llama" / "templates").glob("*.jinja"))
+CONVERSATIONS = [
+    [{"role": "user", "content": "Translate the word 'cat' into French."}],
+    [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "What is 'sun' in French?"}],
+    [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "One"}, {"role": "assistant", "content": "Two"},
+     {"role": "user", "content": "Three"}],
+]
+
+
+def _with_template(demo_model_path, template: str | None):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(demo_model_path)
+    tok.chat_template = template
+    return tok
+
+
+@pytest.mark.parametrize("path", CHAT_TEMPLATES, ids=lambda p: p.stem)
+def test_ollama_template_renders_what_the_chat_template_renders(path, demo_model_path):
+    """The Modelfile's TEMPLATE, rendered as Ollama renders it (tests/gotemplate.py), is the HF chat template's
+    text for the same messages: default system turns (Qwen2.5's, Llama-3.1's date header) and end-of-turn tokens
+    included. A template that moves the system turn into a later message (Mistral-Nemo) is refused by name."""
+    from core.gguf import GGUFError
+    from core.gguf_export import chat_pieces, go_chat_template
+    from tests import gotemplate
+
+    tok = _with_template(demo_model_path, path.read_text(encoding="utf-8"))
+
+    def hf(messages, generation=True):
+        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+
+    if "Mistral" in path.stem:
+        with pytest.raises(GGUFError, match="system turn moved into the last user message"):
+            chat_pieces(hf)
+        return
+    go = go_chat_template(chat_pieces(hf), bos=None)
+    for messages in CONVERSATIONS:
+        if "gemma" in path.stem and messages[0]["role"] == "system":  # Gemma's template refuses system turns
+            with pytest.raises(Exception, match="System role not supported"):
+                hf(messages)
+            continue
+        assert gotemplate.render(go, messages) == hf(messages), messages
+    if "Qwen2.5" in path.stem:  # the default system turn the old Modelfile left out
+        assert "You are Qwen, created by Alibaba Cloud." in gotemplate.render(go, CONVERSATIONS[0])
+
+
+def test_memtune_chat_template_is_the_training_prompt(demo_model_path):
+    """Base models get memtune's own prompt format as their GGUF chat template: rendered by transformers (Jinja, as
+    llama.cpp and chat front-ends render it) it is exactly what core.formats trains on, for one turn, a system
+    turn, several turns, and a finished conversation (+ the answer and EOS); the Modelfile's plain template too."""
+    from core.formats import _render_default
+    from core.gguf import MEMTUNE_CHAT_TEMPLATE
+    from core.gguf_export import PLAIN_TEMPLATE
+    from tests import gotemplate
+
+    tok = _with_template(demo_model_path, MEMTUNE_CHAT_TEMPLATE)
+    for messages in CONVERSATIONS + [[{"role": "user", "content": "  spaced  "}]]:
+        prompt, _ = _render_default([*messages, {"role": "assistant", "content": "x"}])
+        assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == prompt
+        full = [*messages, {"role": "assistant", "content": "Le chat"}]
+        assert tok.apply_chat_template(full, tokenize=False) == prompt + "Le chat" + tok.eos_token
+    for messages in CONVERSATIONS[:2]:  # Ollama's legacy single-turn variables
+        prompt, _ = _render_default([*messages, {"role": "assistant", "content": "x"}])
+        system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+        assert gotemplate.render(PLAIN_TEMPLATE, Prompt=messages[-1]["content"], System=system) == prompt
+
+
+def test_export_writes_the_model_chat_template_and_a_matching_modelfile(tmp_path, demo_model_path):
+    """A chat model's GGUF keeps its own chat template; its Modelfile's TEMPLATE renders the same text (Qwen2.5's
+    default system turn included), stops at its end-of-turn token and samples greedily. A template Ollama's
+    per-message form cannot express (Mistral-Nemo's) gets no TEMPLATE and says why."""
+    import re
+
+    from gguf import GGUFReader
+
+    from tests import gotemplate
+
+    folder = _tiny_model(tmp_path / "tiny-qwen-chat", "qwen2", demo_model_path)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.add_tokens(["<|im_start|>", "<|im_end|>"], special_tokens=True)
+    qwen = (ROOT / "tests" / "llama" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(encoding="utf-8")
+    tok.chat_template = qwen
+    tok.save_pretrained(folder)
+    result = export_gguf(model_dir=folder, formats="f32")
+    fields = GGUFReader(result.files["f32"]).fields
+    assert fields["tokenizer.chat_template"].contents() == qwen
+    modelfile = result.modelfile.read_text()
+    template = re.search(r'TEMPLATE """(.*?)"""', modelfile, re.S).group(1)
+    for messages in CONVERSATIONS:
+        assert gotemplate.render(template, messages) == tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True)
+    assert 'PARAMETER stop "<|im_end|>"' in modelfile and "PARAMETER temperature 0" in modelfile
+    assert "PARAMETER repeat_penalty 1" in modelfile
+    tok.chat_template = (ROOT / "tests" / "llama" / "templates" /
+                         "mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text(encoding="utf-8")
+    tok.save_pretrained(folder)
+    modelfile = export_gguf(model_dir=folder, formats="f32", overwrite=True).modelfile.read_text()
+    assert "TEMPLATE" not in modelfile.replace("# No TEMPLATE", "") and "system turn moved" in modelfile

@@ -15,8 +15,8 @@ from ui.form import Form
 from ui.history import (HistoryTab, history_frame, history_open, on_history_delete, on_history_delete_yes,
                         on_history_load, on_history_refresh, on_history_resume, on_history_select)
 from ui.live import loss_frame
-from ui.tryexport import (TryExportTab, adapter_dropdown, on_export_adapter, on_merge, on_push, on_try, on_try_stop,
-                          on_zip, token_info)
+from ui.tryexport import (TryExportTab, adapter_dropdown, merge_into_choices, on_export_adapter, on_merge, on_push,
+                          on_try, on_try_stop, on_zip, token_info)
 
 
 @dataclass
@@ -114,6 +114,9 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                 merge_check = gr.HTML(elem_id="export-merge-check")
                 merge_dir = tr.add(gr.Textbox(label=L("export.merge_dir"), max_lines=1, elem_id="export-merge-dir"),
                                    label="export.merge_dir")
+                merge_into = tr.add(gr.Radio(choices=merge_into_choices(lang0), value="dequantized",
+                                             label=L("export.merge_into"), elem_id="export-merge-into"),
+                                    label="export.merge_into", choices=merge_into_choices)
                 replace = tr.add(gr.Checkbox(value=False, label=L("export.replace"), elem_id="export-replace"),
                                  label="export.replace")
                 confirm = tr.add(gr.Checkbox(value=False, label=L("export.merge_confirm"), elem_id="export-confirm"),
@@ -180,7 +183,8 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                        outputs=[merge_warning, merge_check, merge_dir],
                        **quiet)
     zip_btn.click(partial(on_zip, x), inputs=[lang, exp_adapter], outputs=[zip_file, export_note])
-    merge_btn.click(on_merge, inputs=[lang, exp_adapter, merge_dir, replace, confirm], outputs=[export_note])
+    merge_btn.click(on_merge, inputs=[lang, exp_adapter, merge_dir, replace, confirm, merge_into],
+                    outputs=[export_note])
     push_btn.click(partial(on_push, x), inputs=[lang, exp_adapter, what, merge_dir, repo_id, private, token],
                    outputs=[export_note, token])
 

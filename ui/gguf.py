@@ -54,6 +54,8 @@ def on_gguf_plan(lang: str, adapter: str | None, formats: list[str] | None) -> s
              files=files, ram_free=_size(plan.ram_free), disk_free=_size(plan.disk_free), path=plan.out_dir)
     if not plan.ok:
         text += "\n" + t("gguf.not_enough", lang, message=plan.message)
+    elif plan.replaces:  # said before the click, not only as the refusal after it
+        return _note(text + "\n" + t("gguf.replaces", lang, path=plan.out_dir), "warn")
     return _note(text, "ok" if plan.ok else "error")
 
 

@@ -168,6 +168,9 @@ def on_export_adapter(x: TryExportTab, lang: str, adapter: str | None) -> Update
         check = check if ok else f"{check}\n{message}"
     else:
         check = message
+    target = default_merge_dir(adapter)
+    if target.is_dir() and any(target.iterdir()):  # said before the click, not only as the refusal after it
+        check += "\n" + t("export.merge_replaces", lang, path=target)
     return {x.merge_warning: note(merge_warning(cfg, lang), "warn", "merge-warning"),
             x.merge_check: note(check, "ok" if ok else "error", "merge-check"),
             x.merge_dir: str(default_merge_dir(adapter))}
@@ -191,9 +194,17 @@ def on_zip(x: TryExportTab, lang: str, adapter: str | None) -> Updates:
             x.export_note: note(t("export.zip_ready", lang, path=path.name, size=_size(path)), "ok", "export-note")}
 
 
+def merge_into_choices(lang: str) -> list[tuple[str, str]]:
+    """The page's words for core.export.MERGE_TARGETS (which base weights the delta is added to)."""
+    from core.export import MERGE_TARGETS
+
+    return [(t(f"export.merge_into_{target}", lang), target) for target in MERGE_TARGETS]
+
+
 def on_merge(lang: str, adapter: str | None, out_dir: str, replace: bool, confirmed: bool,
-             progress: Any = gr.Progress()) -> str:
-    """Merge with a progress bar, after the confirmation tick; refused while a training run is going."""
+             merge_into: str | None = None, progress: Any = gr.Progress()) -> str:
+    """Merge with a progress bar, after the confirmation tick; refused while a training run is going. merge_into:
+    core.export.merge_adapter's (None: the dequantized 4-bit weights for a 4-bit run)."""
     from core.export import ExportError, merge_adapter
 
     if not adapter:
@@ -210,7 +221,8 @@ def on_merge(lang: str, adapter: str | None, out_dir: str, replace: bool, confir
             progress(fraction, desc=message)
 
     try:
-        path = merge_adapter(adapter, (out_dir or "").strip() or None, progress=report, overwrite=bool(replace))
+        path = merge_adapter(adapter, (out_dir or "").strip() or None, progress=report, overwrite=bool(replace),
+                             merge_into=merge_into or None)
     except ExportError as exc:
         return warn(t("export.failed", lang, message=exc), "export-note", "error")
     except Exception as exc:  # noqa: BLE001 - nothing crashes the page

@@ -2,10 +2,15 @@
 
 - `zip_adapter(adapter_dir)` zips the adapter folder (safetensors weights + adapter_config.json + tokenizer +
   memtune.yaml). Small: MiBs.
-- `merge_adapter(adapter_dir, out_dir)` loads the base model UNquantized in bf16 (LoRA deltas cannot be added
-  into 4-bit NF4 weights without re-quantizing them), adds the adapter into its weights (peft's
-  merge_and_unload) and saves a plain transformers model folder that needs neither peft nor memtune.
-  Big: ~2 bytes per parameter on disk and in memory, so `merge_memory_check` runs first.
+- `merge_adapter(adapter_dir, out_dir)` adds the adapter into its base model's weights (peft's merge_and_unload)
+  and saves a plain bf16 transformers model folder that needs neither peft nor memtune. Big: ~2 bytes per
+  parameter on disk and in memory, so `merge_memory_check` runs first. Which base weights (`merge_into`):
+  - "dequantized" (default for adapters trained on a 4-bit base): the base is loaded in 4 bits with the run's own
+    BitsAndBytesConfig (quant type, double quant, bitsandbytes' blocksize) and each 4-bit matrix is dequantized
+    (bitsandbytes.functional.dequantize_4bit) before the delta is added: the weights the adapter was trained
+    against, so the merged model answers as Try it does.
+  - "original": the delta is added to the unrounded bf16 weights. The LoRA delta then meets weights it never saw,
+    and answers can differ from Try it (the demo: 96/100 instead of 100/100); the rounding is not baked in.
 - `push_to_hub(folder, repo_id)` uploads a folder with the token from the argument or $HF_TOKEN (never stored,
   never logged, never put into an error message).
 
@@ -37,6 +42,8 @@ GiB = 2**30
 ZIP_KEEP_S = 3600  # download zips older than this are removed when the next one is made
 MERGE_OVERHEAD = 1.15  # loading + merging peaks a little above the bf16 weights (LoRA deltas, buffers)
 BF16_BYTES = 2
+# merge_adapter's `merge_into`: the weights the LoRA delta is added to (the first is the default for 4-bit runs)
+MERGE_TARGETS = ("dequantized", "original")
 Progress = Callable[..., Any]  # progress(fraction, message): gr.Progress fits (its 2nd argument is desc)
 
 
@@ -218,11 +225,58 @@ def default_merge_dir(adapter_dir: str | Path) -> Path:
 
 
 # --- merge ---------------------------------------------------------------------------------------------------------
-def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, progress: Progress | None = None,
-                  overwrite: bool = False) -> Path:
-    """Merge the adapter into its base model (loaded unquantized, bf16) and save the result into `out_dir`.
+def merge_target(cfg: TrainConfig, merge_into: str | None = None) -> str:
+    """The weights a merge adds the delta to: `merge_into` if given, else "dequantized" for a 4-bit run; an adapter
+    trained on an unquantized base has only its original weights."""
+    if merge_into is not None and merge_into not in MERGE_TARGETS:
+        raise ExportError(f"merge_into {merge_into!r} is unknown: choose {' or '.join(MERGE_TARGETS)}.")
+    if not cfg.load_in_4bit:
+        return "original"
+    return merge_into or "dequantized"
 
-    out_dir defaults to run_dir/merged. An existing out_dir is refused unless overwrite=True. Returns out_dir.
+
+def dequantize_4bit_linears(model) -> list[dict[str, Any]]:
+    """Replace every bitsandbytes Linear4bit of `model` by a plain nn.Linear holding its dequantized weight
+    (bitsandbytes.functional.dequantize_4bit with the layer's own quant state: quant type, blocksize, nested
+    absmax); return the distinct quantization settings met, for the merge's record."""
+    import bitsandbytes as bnb
+    import torch
+
+    seen: dict[tuple, dict[str, Any]] = {}
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, bnb.nn.Linear4bit):
+            continue
+        state = module.weight.quant_state
+        weight = bnb.functional.dequantize_4bit(module.weight.data, state).to(state.dtype)
+        linear = torch.nn.Linear(module.in_features, module.out_features, bias=module.bias is not None,
+                                 device="meta")
+        linear.weight = torch.nn.Parameter(weight, requires_grad=False)
+        if module.bias is not None:
+            linear.bias = torch.nn.Parameter(module.bias.data, requires_grad=False)
+        model.set_submodule(name, linear)
+        key = (state.quant_type, int(state.blocksize), bool(state.nested))
+        seen.setdefault(key, dict(quant_type=key[0], blocksize=key[1], double_quant=key[2]))
+    if not seen:
+        raise ExportError("The base model loaded without 4-bit layers, so there is nothing to dequantize. Merge "
+                          "into the original weights instead (merge_into original, --merge-into original).")
+    if getattr(model, "hf_quantizer", None) is not None:  # a plain model now: save_pretrained writes no bnb config
+        model.hf_quantizer = None
+    for attr in ("is_quantized", "is_loaded_in_4bit"):
+        if hasattr(model, attr):
+            with contextlib.suppress(AttributeError):
+                setattr(model, attr, False)
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    return list(seen.values())
+
+
+def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, progress: Progress | None = None,
+                  overwrite: bool = False, merge_into: str | None = None) -> Path:
+    """Merge the adapter into its base model's weights and save the result (bf16) into `out_dir`.
+
+    merge_into: "dequantized" (default for a 4-bit run: the NF4-rounded weights it trained against) or "original"
+    (the unrounded weights); see the module docstring. out_dir defaults to run_dir/merged. An existing out_dir is
+    refused unless overwrite=True. Returns out_dir.
     Runs in the caller's process (the app's): a one-off load-merge-save with no optimizer or patched modules, and
     its memory is freed at the end (free_memory).
     """
@@ -240,12 +294,14 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
         cfg = adapter_config(adapter_dir)
     except InferError as exc:
         raise ExportError(str(exc)) from None
+    target = merge_target(cfg, merge_into)
     recover(out)  # an earlier merge into `out` that crashed half-way
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out} is a file, not a folder. Choose another folder for the merged model.")
     if out.exists() and any(out.iterdir()):
         if not overwrite:
-            raise ExportError(f"{out} already exists and is not empty. Choose another folder, or allow replacing it.")
+            raise ExportError(f"{out} already exists and is not empty. Choose another folder, or allow replacing it "
+                              "(Replace on the page, --replace on the command line).")
         try:  # Replace deletes the folder: only ever a merged model memtune wrote
             require_marker(out, "merged", "replace")
         except RefusedError as exc:
@@ -263,17 +319,26 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
                           f"only {free_disk / GiB:.1f} GiB free. Free some space or choose another folder.")
 
     device = merge_plan(cfg)["device"]
-    # Unquantized bf16 on the device that fits; no fp32 upcast: the merged weights are saved in bf16.
-    mcfg = cfg.replace(load_in_4bit=False, precision="bf16", upcast_to_fp32=False, device=device or "cpu")
+    # bf16 on the device that fits; no fp32 upcast: the merged weights are saved in bf16. "dequantized" loads in 4
+    # bits with the run's own quantization settings (one process, one device: no FSDP storage, no offload).
+    mcfg = cfg.replace(load_in_4bit=target == "dequantized", precision="bf16", upcast_to_fp32=False,
+                       device=device or "cpu", offload_embeddings=False, num_gpus="1", distributed_strategy="auto")
     try:
         tmp = make_tmp(out, "merged")  # marked first: a crash leaves a folder the next start may remove
     except RefusedError as exc:
         raise ExportError(str(exc)) from None
     model = None
     try:
-        step(0.02, f"Loading {cfg.model} unquantized (bf16)")
+        quant: list[dict[str, Any]] = []
         path = resolve_model_path(mcfg)
-        model = load_model(mcfg, path)
+        if target == "dequantized":
+            step(0.02, f"Loading {cfg.model} in 4 bits ({cfg.bnb_4bit_quant_type}), as the adapter was trained")
+            model = load_model(mcfg, path)
+            step(0.35, "Dequantizing the 4-bit weights the adapter was trained against")
+            quant = dequantize_4bit_linears(model)
+        else:
+            step(0.02, f"Loading {cfg.model} unquantized (bf16)")
+            model = load_model(mcfg, path)
         step(0.45, "Adding the adapter")
         from peft import PeftModel
 
@@ -287,7 +352,10 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
         load_tokenizer(cfg, tok_src).save_pretrained(tmp)
         (tmp / "memtune-merge.json").write_text(json.dumps({
             "base_model": cfg.model, "adapter": str(adapter_dir.resolve()), "dtype": "bfloat16",
-            "note": "LoRA adapter merged into the unquantized base; load with AutoModelForCausalLM.from_pretrained",
+            "merged_into": target, "quantization": quant,
+            "note": ("LoRA adapter merged into the dequantized 4-bit base weights it was trained against"
+                     if target == "dequantized" else "LoRA adapter merged into the original (unquantized) base")
+            + "; load with AutoModelForCausalLM.from_pretrained",
         }, indent=2), encoding="utf-8")
         move_into_place(tmp, out)
         step(1.0, f"Merged model saved to {out}")

@@ -9,8 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from core.export import ExportError, merge_adapter, zip_adapter
-from core.gguf import GGUFError
+from core.export import MERGE_TARGETS, ExportError, merge_adapter, zip_adapter
+from core.gguf import FAMILY_NAMES, GGUFError
+
+MERGE_INTO_HELP = ("which base weights the LoRA delta is added to: 'dequantized' (default for adapters trained on a "
+                   "4-bit base: the NF4-rounded weights the adapter was trained against, so the merged model answers "
+                   "as Try it does) or 'original' (the unrounded weights: answers can differ from Try it)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     gg = sub.add_parser("gguf", help="merge the adapter into its base and write GGUF files + Ollama Modelfile",
                         description="Merge a memtune adapter into its base model (or take a model folder) and write "
                         "one GGUF file per format, an Ollama Modelfile and a README with the ollama / llama-cli "
-                        "commands. Supported: Llama (incl. 3.x), Mistral, Qwen2.")
+                        "commands. Supported: " + FAMILY_NAMES + ".")
     gg.add_argument("source", help="a run's adapter folder (runs/<run>/adapter), or a transformers model folder "
                     "with --model")
     gg.add_argument("--model", action="store_true", help="SOURCE is a model folder (already merged), not an adapter")
@@ -30,11 +34,13 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: f16,q8_0)")
     gg.add_argument("--out", default=None, help="output folder (default: the run's gguf/ folder)")
     gg.add_argument("--replace", action="store_true", help="replace an earlier GGUF export in --out")
+    gg.add_argument("--merge-into", choices=MERGE_TARGETS, default=None, help=MERGE_INTO_HELP)
     gg.add_argument("--plan", action="store_true", help="only say how much RAM and disk it needs, write nothing")
     mg = sub.add_parser("merge", help="merge the adapter into its base model (bf16 transformers folder)")
     mg.add_argument("adapter")
     mg.add_argument("--out", default=None, help="output folder (default: the run's merged/ folder)")
-    mg.add_argument("--replace", action="store_true")
+    mg.add_argument("--replace", action="store_true", help="replace an earlier merged folder in --out")
+    mg.add_argument("--merge-into", choices=MERGE_TARGETS, default=None, help=MERGE_INTO_HELP)
     zp = sub.add_parser("zip", help="zip the adapter folder")
     zp.add_argument("adapter")
     zp.add_argument("--out", default=None, help="folder for the zip (default: a temporary folder)")
@@ -50,16 +56,19 @@ def main(argv: list[str] | None = None) -> int:
 
             src = dict(model_dir=args.source) if args.model else dict(adapter_dir=args.source)
             if args.plan:
-                plan = plan_gguf(formats=args.formats, out_dir=args.out, **src)
+                plan = plan_gguf(formats=args.formats, out_dir=args.out, **src)  # says whether it replaces
                 print(plan.message)
                 return 0 if plan.ok else 1
+            if not args.model:
+                src["merge_into"] = args.merge_into
             result = export_gguf(formats=args.formats, out_dir=args.out, progress=show, overwrite=args.replace, **src)
             print(f"\nWritten to {result.out_dir}:")
             for path in [*result.files.values(), result.modelfile, result.readme]:
                 print(f"  {path.name}")
             print("\nRun it:\n  " + "\n  ".join(result.commands))
         elif args.command == "merge":
-            print(merge_adapter(args.adapter, args.out, progress=show, overwrite=args.replace))
+            print(merge_adapter(args.adapter, args.out, progress=show, overwrite=args.replace,
+                                merge_into=args.merge_into))
         else:
             print(zip_adapter(args.adapter, args.out))
     except (ExportError, GGUFError) as exc:
