@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from core.config import TrainConfig
 from core.files import (RefusedError, free_memory, make_tmp, marker, move_into_place, real, recover, require_marker,
-                        storage_message, write_marker)
+                        storage_message, target, write_marker)
 
 GiB = 2**30
 ZIP_KEEP_S = 3600  # download zips older than this are removed when the next one is made
@@ -74,7 +74,10 @@ def zip_adapter(adapter_dir: str | Path, dest_dir: str | Path | None = None) -> 
     if not (adapter_dir / "adapter_config.json").is_file():
         raise ExportError(f"{adapter_dir} is not an adapter folder (no adapter_config.json). Pick a run's "
                           "adapter/ folder.")
-    dest = real(dest_dir) if dest_dir else zip_dir()
+    try:
+        dest = target(dest_dir, "write the zip into") if dest_dir else zip_dir()
+    except RefusedError as exc:
+        raise ExportError(str(exc)) from None
     final = dest / f"{adapter_dir.parent.name or 'memtune'}-adapter.zip"
     tmp = final.with_name(f".{final.name}.tmp")
     try:
@@ -230,7 +233,10 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     from core.model import ModelError, load_model, load_tokenizer, resolve_model_path
 
     adapter_dir = real(adapter_dir)
-    out = real(out_dir) if out_dir else default_merge_dir(adapter_dir)
+    try:  # resolved once (core.files.target): every check below and the final rename act on this same folder
+        out = target(out_dir or default_merge_dir(adapter_dir), "write the merged model into")
+    except RefusedError as exc:
+        raise ExportError(str(exc)) from None
 
     def step(fraction: float, message: str) -> None:
         if progress is not None:

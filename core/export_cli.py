@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from core.export import ExportError, merge_adapter, zip_adapter
+from core.files import RefusedError
 from core.gguf import GGUFError
 
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             print(merge_adapter(args.adapter, args.out, progress=show, overwrite=args.replace))
         else:
             print(zip_adapter(args.adapter, args.out))
-    except (ExportError, GGUFError) as exc:
+    except (ExportError, GGUFError, RefusedError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -126,7 +126,12 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
     biggest = max(_count(shape) for _, _, shape in tplan) * 4 * 3  # one tensor in f32, permuted, encoded
     merge_bytes = params * 2 if adapter_dir else 0
     ram = max(merge_plan(cfg)["needed"] if cfg else 0, biggest)
-    out = Path(out_dir) if out_dir else default_gguf_dir(adapter_dir, model_dir)
+    from core.files import RefusedError, target
+
+    try:  # resolved once (core.files.target): the checks and the final rename act on this same folder
+        out = target(out_dir or default_gguf_dir(adapter_dir, model_dir), "write the GGUF export into")
+    except RefusedError as exc:
+        raise GGUFError(str(exc)) from None
     parent = _existing_parent(out)
     disk_free, ram_free = shutil.disk_usage(parent).free, int(psutil.virtual_memory().available)
     disk = merge_bytes + sum(sizes.values())

@@ -135,17 +135,27 @@ def test_resume_refuses_a_run_without_a_complete_checkpoint(run, tmp_path):
         resume_config(mine)
 
 
-def test_a_run_from_an_older_memtune_without_marker_still_counts(run, tmp_path):
-    old = copy_run(run, tmp_path / "ok")  # same name as its `run` event names: an older memtune's run
+def test_a_run_without_its_marker_is_not_memtunes_whatever_its_events_say(run, tmp_path):
+    """The legacy rule (an events.jsonl naming the folder made it memtune's) is gone: only the marker counts."""
+    old = copy_run(run, tmp_path / "ok")  # same name as its `run` event names
     (old / ".memtune.json").unlink()
-    assert [r.name for r in list_runs(tmp_path)] == ["ok"]
-    assert resume_problem(old) is None
-    renamed = tmp_path / "renamed"  # events name another folder: not provably memtune's
-    shutil.copytree(old, renamed)
-    assert "not a memtune run" in resume_problem(renamed)
+    before = tree_hash(old)
+    assert list_runs(tmp_path) == []
+    assert "not a memtune run" in resume_problem(old)
+    with pytest.raises(HistoryError, match="no .memtune.json marker"):
+        delete_run(old, tmp_path, is_running=lambda p: False)
     result = run_training(demo_config(resume_from=str(old), max_steps=5))
-    assert result.status == "completed", result.message
-    assert files.marker(old)["migrated"] is True  # marked from now on
+    assert result.status == "failed" and tree_hash(old) == before
+
+
+def test_a_run_folder_holding_only_its_marker_is_listed_and_deletable(tmp_path):
+    """A disk-full leftover: the marker was written, config.yaml never was."""
+    left = tmp_path / "run-full"
+    left.mkdir()
+    write_marker(left, "run")
+    assert [r.name for r in list_runs(tmp_path)] == ["run-full"]
+    delete_run(left, tmp_path, is_running=lambda p: False)
+    assert not left.exists()
 
 
 def test_a_job_manager_can_prepare_the_run_folder(tmp_path):
