@@ -395,6 +395,46 @@ def test_nan_and_infinity_are_refused_for_every_float_field():
         assert (validate(demo_config(seed=seed)) == []) is ok
 
 
+def test_every_whole_number_field_has_an_upper_bound_refused_by_name():
+    from dataclasses import fields
+
+    from core.config import TrainConfig
+
+    int_fields = [f for f in fields(TrainConfig) if f.type in ("int", int)]
+    assert {"max_steps", "warmup_steps", "save_steps", "logging_steps"} <= {f.name for f in int_fields}
+    for f in int_fields:
+        assert f.metadata.get("max") is not None, f"{f.name} has no upper bound"
+        problems = validate(demo_config(**{f.name: 99999999999999999999999999999}))
+        mine = [p for p in problems if p.field == f.name]  # others may follow from it (num_machines: an address)
+        assert mine and "above the maximum" in mine[0].message, problems
+
+
+def test_yaml_list_for_text_and_duplicate_keys_are_refused_by_name(tmp_path, monkeypatch):
+    from core.config import TrainConfig
+
+    with pytest.raises(ConfigError) as err:
+        TrainConfig.from_yaml("model: [a, b]\n")
+    assert err.value.problems[0].field == "model" and "is a list" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        TrainConfig.from_yaml("lora_r: 8\nmax_steps: 3\nlora_r: 16\n")
+    assert err.value.problems[0].field == "lora_r" and "lines 1 and 3" in str(err.value)
+    with pytest.raises(ConfigError, match="run_name: .* is a dict"):
+        TrainConfig.from_yaml("lora_target_modules: q_proj\nrun_name: {a: 1}\n")
+
+
+def test_the_apps_load_shows_a_huge_number_as_a_message(tmp_path, monkeypatch):
+    from ui.handlers import on_load_config
+    from ui.layout import build_ui
+
+    form = build_ui(demo_config()).memtune_form
+    monkeypatch.setenv("MEMTUNE_CONFIG_DIR", str(tmp_path))
+    (tmp_path / "huge.yaml").write_text("max_steps: 99999999999999999999999999999\n")
+    (tmp_path / "twice.yaml").write_text("lora_r: 8\nlora_r: 16\n")
+    for name, expected in (("huge", "max_steps"), ("twice", "set twice")):
+        res = on_load_config(form, "en", name)
+        assert list(res) == [form.config_notice] and expected in res[form.config_notice]  # the form is untouched
+
+
 # --- exports leave nothing in /tmp ---------------------------------------------------------------------------------
 def test_zips_replace_each_other_instead_of_piling_up_temp_folders(run, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's own temp folder
