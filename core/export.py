@@ -222,10 +222,11 @@ def default_merge_dir(adapter_dir: str | Path) -> Path:
 
 # --- merge ---------------------------------------------------------------------------------------------------------
 def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, progress: Progress | None = None,
-                  overwrite: bool = False) -> Path:
+                  overwrite: bool = False, trust_remote_code: bool = False) -> Path:
     """Merge the adapter into its base model (loaded unquantized, bf16) and save the result into `out_dir`.
 
     out_dir defaults to run_dir/merged. An existing out_dir is refused unless overwrite=True. Returns out_dir.
+    trust_remote_code: the user's confirmation; an adapter whose settings ask for it is refused without it.
     Runs in the caller's process (the app's): a one-off load-merge-save with no optimizer or patched modules, and
     its memory is freed at the end (free_memory).
     """
@@ -243,7 +244,7 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
             progress(fraction, message)
 
     try:
-        cfg = adapter_config(adapter_dir)
+        cfg = adapter_config(adapter_dir, trust_remote_code=trust_remote_code)
     except InferError as exc:
         raise ExportError(str(exc)) from None
     recover(out)  # an earlier merge into `out` that crashed half-way

@@ -165,8 +165,10 @@ def _existing_parent(path: Path) -> Path:
 
 def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | None = None,
                 formats: Any = ("f16", "q8_0"), out_dir: str | Path | None = None,
-                progress: Progress | None = None, overwrite: bool = False) -> GGUFResult:
-    """Export an adapter (merged into its base) or a model folder to GGUF files + Modelfile + README."""
+                progress: Progress | None = None, overwrite: bool = False,
+                trust_remote_code: bool = False) -> GGUFResult:
+    """Export an adapter (merged into its base) or a model folder to GGUF files + Modelfile + README.
+    trust_remote_code: the user's confirmation, for an adapter whose settings ask for it (merge_adapter)."""
     from core.export import ExportError, merge_adapter
     from core.files import RefusedError, make_tmp, move_into_place, recover, require_marker
 
@@ -179,6 +181,13 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
     step(0.0, plan.message)
     if not plan.ok:
         raise GGUFError(plan.message)
+    if plan.adapter_dir is not None:  # refused before anything is written (merge_adapter checks it again)
+        from core.infer import InferError, adapter_config
+
+        try:
+            adapter_config(plan.adapter_dir, trust_remote_code=trust_remote_code)
+        except InferError as exc:
+            raise GGUFError(str(exc)) from None
     out = plan.out_dir
     if out.exists() and any(out.iterdir()):
         if not overwrite:
@@ -200,7 +209,8 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
                 step(0.5 * fraction, message)
 
             try:
-                source = merge_adapter(plan.adapter_dir, tmp / "merged", progress=merge_step)
+                source = merge_adapter(plan.adapter_dir, tmp / "merged", progress=merge_step,
+                                       trust_remote_code=trust_remote_code)
             except ExportError as exc:
                 raise GGUFError(str(exc)) from None
             start = 0.5

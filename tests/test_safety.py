@@ -527,6 +527,53 @@ def test_a_loaded_config_never_turns_trust_remote_code_on_by_itself(run, tmp_pat
     assert cfg.trust_remote_code is False and cfg.resume_from == str(mine) and "DÉSACTIVÉ" in res[h.note]
 
 
+@pytest.fixture
+def remote_code_adapter(run, tmp_path, monkeypatch, demo_model_path):
+    """An adapter whose memtune.yaml has trust_remote_code: true and whose base model's config.json maps AutoConfig
+    to a class of its own that writes a file when its code runs (the issue's repro)."""
+    from core.config import TrainConfig
+
+    evil = Path(shutil.copytree(demo_model_path, tmp_path / "evil-model"))
+    config = json.loads((evil / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "configuration_evil.EvilConfig"}
+    (evil / "config.json").write_text(json.dumps(config))
+    ran = tmp_path / "the-model-code-ran"
+    (evil / "configuration_evil.py").write_text(
+        f"from pathlib import Path\nPath({str(ran)!r}).write_text('ran')\n"
+        "from transformers import LlamaConfig\n\n\nclass EvilConfig(LlamaConfig):\n    model_type = 'llama'\n")
+    adapter = Path(shutil.copytree(run / "adapter", tmp_path / "r" / "adapter"))
+    write_marker(adapter.parent, "run")
+    TrainConfig.load(adapter / "memtune.yaml").replace(model=str(evil), trust_remote_code=True).save(
+        adapter / "memtune.yaml")
+    return adapter, ran
+
+
+def test_no_model_code_runs_without_the_users_own_tick(remote_code_adapter, tmp_path, capsys):
+    from core.export_cli import main as export_main
+    from core.infer import COMPARER, InferError
+    from ui import gguf, tryexport
+
+    adapter, ran = remote_code_adapter
+    x = tryexport.TryExportTab(*(object() for _ in range(9)))
+    notes = [u.get(x.try_note) for u in tryexport.on_try(x, "en", str(adapter), "Hi", 4, 0.0, 0.9, 0, False)]
+    assert "trust_remote_code" in str(notes[-1])
+    with pytest.raises(InferError, match="--trust-remote-code"):
+        list(COMPARER.compare(adapter, "Hi", max_new_tokens=2))
+    with pytest.raises(ExportError, match="trust_remote_code: true"):
+        merge_adapter(adapter, tmp_path / "m")
+    assert "trust_remote_code" in tryexport.on_merge("en", str(adapter), "", False, True, progress=None)
+    status, _ = gguf.on_gguf_export("en", str(adapter), ["f16"], False, progress=None)
+    assert "trust_remote_code" in status
+    for argv in (["merge", str(adapter)], ["gguf", str(adapter), "--formats", "f16"]):
+        assert export_main(argv) == 2 and "--trust-remote-code" in capsys.readouterr().err
+    assert not ran.exists() and not (tmp_path / "m").exists() and not (adapter.parent / "gguf").exists()
+    try:  # with the confirmation the model's own code does run: the trap is real
+        merge_adapter(adapter, tmp_path / "m", trust_remote_code=True)
+    except Exception:  # noqa: BLE001 - the custom class may not load as a model; it has run by then
+        pass
+    assert ran.read_text() == "ran"
+
+
 # --- public mode -----------------------------------------------------------------------------------------------------
 @pytest.fixture
 def public(monkeypatch, tmp_path):
