@@ -574,6 +574,24 @@ def test_no_model_code_runs_without_the_users_own_tick(remote_code_adapter, tmp_
     assert ran.read_text() == "ran"
 
 
+def test_start_is_free_as_soon_as_the_page_says_completed(tmp_path, demo_model_path):
+    """The child writes `done` and then takes ~0.7 s to exit: a Start in that moment waits for it, not JobBusy."""
+    from core.jobs import JobManager
+    from core.jobview import job_view
+
+    mgr = JobManager()
+    first = mgr.start(demo_config(max_steps=1, output_dir=str(tmp_path), run_name="a"))
+    deadline = time.monotonic() + 240
+    while not first.said_done() and first.running and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert job_view(first).state == "completed", job_view(first).message  # what the page shows now
+    second = mgr.start(demo_config(max_steps=100000, output_dir=str(tmp_path), run_name="b"))  # not refused
+    assert second is not first and not first.running
+    mgr.stop()
+    mgr.stop()  # a second Stop ends it at once
+    assert second.wait(240)
+
+
 # --- public mode -----------------------------------------------------------------------------------------------------
 @pytest.fixture
 def public(monkeypatch, tmp_path):
