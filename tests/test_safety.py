@@ -592,6 +592,13 @@ def test_start_is_free_as_soon_as_the_page_says_completed(tmp_path, demo_model_p
     assert second.wait(240)
 
 
+def test_a_short_run_says_why_no_loss_was_logged(tmp_path, demo_model_path, capfd):
+    code, out, _ = train_cli(capfd, "--demo", "--set", "max_steps=2", "--set", "logging_steps=50",
+                             "--set", f"output_dir={tmp_path}")
+    assert code == 0 and "None" not in out
+    assert "no loss was logged" in out and "logging_steps" in out and "2 optimizer step" in out
+
+
 # --- public mode -----------------------------------------------------------------------------------------------------
 @pytest.fixture
 def public(monkeypatch, tmp_path):
