@@ -599,6 +599,25 @@ def test_a_short_run_says_why_no_loss_was_logged(tmp_path, demo_model_path, capf
     assert "no loss was logged" in out and "logging_steps" in out and "2 optimizer step" in out
 
 
+def _dtypes(path: Path) -> tuple[set[str], int]:
+    import struct
+
+    with path.open("rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+    return {v["dtype"] for k, v in header.items() if k != "__metadata__"}, path.stat().st_size
+
+
+def test_a_resumed_run_keeps_the_adapters_dtype(run, tmp_path):
+    mine = copy_run(run, tmp_path / "mine")
+    before = _dtypes(mine / "adapter" / "adapter_model.safetensors")
+    assert before[0] == {"BF16"}  # TRL keeps QLoRA adapters in bf16
+    result = run_training(demo_config(resume_from=str(mine), max_steps=5, save_strategy="steps", save_steps=5))
+    assert result.status == "completed", result.message
+    assert _dtypes(mine / "adapter" / "adapter_model.safetensors") == before  # same dtype, same size
+    assert _dtypes(mine / "checkpoints" / "checkpoint-5" / "adapter_model.safetensors") == before
+
+
 # --- public mode -----------------------------------------------------------------------------------------------------
 @pytest.fixture
 def public(monkeypatch, tmp_path):
