@@ -678,6 +678,45 @@ def test_public_history_and_export_act_only_inside_the_apps_folder(public, run, 
     assert 'id="mt-public"' in header_html("pt") and "Modo público" in header_html("pt")
 
 
+def test_public_uploads_work_and_each_visitor_sees_only_their_own(public, tmp_path, monkeypatch, demo_model_path):
+    """SPACE_ID set: an upload is used (it was refused as "a path on the server"), kept in the visitor's own
+    folder; another visitor's typed path to it, or to the shared folder, is refused; runs are per visitor too."""
+    from core import public as pub
+    from ui.data import on_preview, on_upload
+    from ui.fields import FIELD_NAMES
+    from ui.form import read_config
+    from ui.layout import build_ui
+    from ui.notices import runs_folder
+
+    monkeypatch.delenv("MEMTUNE_PUBLIC")
+    monkeypatch.setenv("SPACE_ID", "someone/memtune")
+    who = {"now": "sessionAAA1"}
+    monkeypatch.setattr(pub, "_visitor_source", lambda: who["now"])
+    form = build_ui(demo_config()).memtune_form
+    values = [getattr(demo_config(output_dir=str(public)), n) for n in FIELD_NAMES]  # the app's runs folder
+    data = tmp_path / "gradio-tmp" / "pairs.jsonl"  # where Gradio puts an upload: outside memtune's folders
+    data.parent.mkdir()
+    data.write_text("".join(json.dumps({"instruction": f"Say {w}", "response": w}) + "\n" for w in "abc"))
+    res = on_upload(form, "en", str(data), *values)
+    mine = Path(res[form.fields["dataset"]]["value"] if isinstance(res[form.fields["dataset"]], dict)
+                else res[form.fields["dataset"]])
+    assert mine.parent == pub.upload_root() and mine.parent.name == "visitor-sessionAAA1" and mine.is_file()
+    assert "3 of 3 rows train" in res[form.preview] and "path on the server" not in res[form.preview]
+    assert not list(mine.parent.glob(".incoming-*"))
+    cfg, problems = read_config(values)
+    assert problems == [] and Path(cfg.output_dir) == public / "visitor-sessionAAA1"  # the run goes there
+    assert runs_folder("runs") == str(public / "visitor-sessionAAA1")
+
+    who["now"] = "sessionBBB2"  # another visitor types A's path, the shared folder, or A's folder
+    for typed in (mine, mine.parent, mine.parent.parent, mine.parent / ".." / "visitor-sessionAAA1" / mine.name):
+        values_b = [str(typed) if n == "dataset" else getattr(demo_config(), n) for n in FIELD_NAMES]
+        html = on_preview("en", *values_b)
+        assert "path on the server" in html and "Say a" not in html, typed
+    assert runs_folder("runs") == str(public / "visitor-sessionBBB2")
+    who["now"] = "../../etc"  # a forged session id names no one's folder
+    assert pub.upload_root().name == "visitor-unknown"
+
+
 def test_only_public_mode_listens_on_all_interfaces_without_a_password(monkeypatch):
     import app
 
