@@ -252,8 +252,10 @@ def tidy_run_dir(run_dir: str | Path) -> None:
         if not (run_dir / name).is_symlink():  # a planted link is refused by every writer; tidy leaves it alone
             recover(run_dir / name)
     ckpts = run_dir / "checkpoints"
+    if ckpts.is_symlink():  # planted: deleting "half-written checkpoints" through it would delete elsewhere
+        return
     for path in list(ckpts.glob("checkpoint-*")) + list(ckpts.glob("tmp-checkpoint-*")):
-        if path.is_dir() and not (path / COMPLETE_MARKER).is_file():
+        if path.is_dir() and not path.is_symlink() and not (path / COMPLETE_MARKER).is_file():
             shutil.rmtree(path, ignore_errors=True)
 
 

@@ -44,6 +44,8 @@ def make_victim(base: Path) -> Path:
     (v / "src").mkdir(parents=True)
     (v / "NOTES.md").write_text("my notes\n")
     (v / "src" / "main.py").write_text("print('mine')\n")
+    (v / "checkpoint-1").mkdir()  # looks like a half-written checkpoint to a tidy that follows a planted link
+    (v / "checkpoint-1" / "results.txt").write_text("mine too\n")
     (v / "config.yaml").write_text("model: mine\n")
     (v / "events.jsonl").write_text(f'{{"kind": "run", "run_dir": "{v}", "config": {{}}}}\n')
     return v
@@ -149,17 +151,19 @@ def test_cli_out_existing_file_says_so(place, capsys):
         assert code == 2 and "is a file, not a folder" in err and "Traceback" not in err, (command, err)
 
 
-@pytest.mark.parametrize("where", ["merged", "gguf", "adapter"])
+@pytest.mark.parametrize("where", ["merged", "gguf", "adapter", "checkpoints"])
 def test_a_link_planted_in_the_run_folder_is_refused(place, capsys, where):
-    """RUN/merged, RUN/gguf (default outputs) or RUN/adapter planted as a link to each victim spelling."""
+    """RUN/merged, RUN/gguf (default outputs), RUN/adapter or RUN/checkpoints planted as a link to each victim
+    spelling: refused, and the start-up tidy does not delete through it."""
     from ui.gguf import on_gguf_export
     from ui.tryexport import on_merge
 
     base, v, names, mine = place
     before = tree_hash(v)
     adapter, link = mine / "adapter", mine / where
-    if where == "adapter":  # the adapter a resumed run would replace: a link stands in place of the real one
-        adapter = Path(shutil.move(link, mine.parent / "kept-adapter"))
+    if where in ("adapter", "checkpoints"):  # what a resumed run or a tidy writes: a link in place of the real one
+        moved = Path(shutil.move(link, mine.parent / f"kept-{where}"))
+        adapter = moved if where == "adapter" else adapter
     for spelling in ("missing/..", "symlink", "symlink to missing/..", "symlink chain", "trailing /"):
         if link.is_symlink():
             link.unlink()
@@ -174,8 +178,11 @@ def test_a_link_planted_in_the_run_folder_is_refused(place, capsys, where):
             status, _ = on_gguf_export("en", str(adapter), ["f16"], True, progress=None)
             assert "link inside" in status
         else:
+            from core.history import tidy
+
             why = resume_problem(mine)
             assert why is not None and "link inside" in why, why
+            tidy(mine.parent, is_running=lambda _: False)  # at start-up: removes half-written checkpoints
         assert tree_hash(v) == before, f"RUN/{where} -> {spelling} changed the victim"
 
 
