@@ -164,9 +164,8 @@ def _data_loading(cfg: TrainConfig) -> tuple[str, tuple[str, ...]]:
     if path.is_dir():
         return f"load_dataset({_py(str(path))}, split={split})", ()
     builder = LOADERS.get(path.suffix.lower(), "json")
-    if builder == "csv":  # every column as text, as the engine reads CSV
-        return (f"load_dataset(\"csv\", data_files={_py(str(path))}, split={split}, "
-                f"features=_csv_features(Path({_py(str(path))})))", ("_csv_features",))
+    if builder == "csv":  # read exactly as the engine reads CSV (core.datafiles.read_csv: every field is text)
+        return (f"_sliced(Dataset.from_dict(read_csv(Path({_py(str(path))}))), {split})", ("read_csv", "_sliced"))
     return f"load_dataset({_py(builder)}, data_files={_py(str(path))}, split={split})", ()
 
 
@@ -199,7 +198,8 @@ def python_script(cfg: TrainConfig) -> str:
         add("# Let the CUDA allocator grow segments in place: less memory reserved but unused (set before torch loads)")
         add('os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")\n')
     imports = sorted(set(data_imports + recipe_imports + (("import sys",) if needs_memtune else ())
-                         + (("from pathlib import Path",) if "_csv_features" in extra_roots else ())
+                         + (("from pathlib import Path", "from datasets import Dataset")
+                            if "read_csv" in extra_roots else ())
                          + (("import torch",) if cfg.device == "auto" else ())),
                      key=lambda line: (line.startswith("from"), line))
     lines += imports

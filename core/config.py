@@ -63,6 +63,9 @@ LORA_TARGET_CHOICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_
 LORA_TARGET_OFFERED = ("attention", "mlp", "all_linear", *LORA_TARGET_CHOICES, "qkv_proj", "gate_up_proj")
 MODULE_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,63}"
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# Every whole-number field has an upper bound (a test checks): 10 million optimizer steps is weeks on any GPU, and
+# a 30-digit max_steps would otherwise train until killed (and overflow the 64-bit numbers the page and torch use).
+MAX_STEPS = 10_000_000
 
 
 def _help(text: str, **kw: Any) -> dict[str, Any]:
@@ -149,10 +152,12 @@ class TrainConfig:
     # --- optimization ------------------------------------------------------------------------------------
     num_train_epochs: float = field(default=1.0, metadata=_help(
         "Passes over the data.", min=0.01, max=100.0, step=0.5))
-    max_steps: int = field(default=-1, metadata=_help("Stop after this many optimizer steps; -1 uses epochs.", min=-1))
+    max_steps: int = field(default=-1, metadata=_help("Stop after this many optimizer steps; -1 uses epochs.", min=-1,
+                                                      max=MAX_STEPS))
     learning_rate: float = field(default=2e-4, metadata=_help("Peak learning rate.", min=1e-7, max=1.0, step=1e-5))
     lr_scheduler_type: str = field(default="linear", metadata=_help("Learning-rate schedule.", choices=SCHEDULERS))
-    warmup_steps: int = field(default=0, metadata=_help("Linear warm-up, in optimizer steps.", min=0))
+    warmup_steps: int = field(default=0, metadata=_help("Linear warm-up, in optimizer steps.", min=0,
+                                                                                  max=MAX_STEPS))
     weight_decay: float = field(default=0.0, metadata=_help(
         "AdamW weight decay.", min=0.0, max=1.0, widget="slider", step=0.01))
     max_grad_norm: float = field(default=1.0, metadata=_help(
@@ -171,10 +176,12 @@ class TrainConfig:
                                                  max=2**32 - 1))  # numpy's seeds are 32-bit
 
     # --- logging and saving ------------------------------------------------------------------------------
-    logging_steps: int = field(default=10, metadata=_help("Log loss every N optimizer steps.", min=1))
+    logging_steps: int = field(default=10, metadata=_help("Log loss every N optimizer steps.", min=1,
+                                                                                 max=MAX_STEPS))
     save_strategy: str = field(default="epoch", metadata=_help(
         "When to write checkpoints.", choices=SAVE_STRATEGIES, widget="radio"))
-    save_steps: int = field(default=500, metadata=_help("Checkpoint interval when save_strategy is steps.", min=1))
+    save_steps: int = field(default=500, metadata=_help(
+        "Checkpoint interval when save_strategy is steps.", min=1, max=MAX_STEPS))
     output_dir: str = field(default="runs", metadata=_help("Folder holding one sub-folder per run."))
     run_name: str = field(default="", metadata=_help("Run folder name; empty picks a timestamped name."))
     resume_from: str = field(default="", metadata=_help(
@@ -193,7 +200,7 @@ class TrainConfig:
     num_machines: int = field(default=1, metadata=_help(
         "Machines taking part; every machine runs the same config with its own machine_rank.", min=1, max=1024))
     machine_rank: int = field(default=0, metadata=_help(
-        "This machine's rank: 0 on the main machine (which writes the run folder), then 1, 2, ...", min=0))
+        "This machine's rank: 0 on the main machine (which writes the run folder), then 1, 2, ...", min=0, max=1023))
     main_process_ip: str = field(default="", metadata=_help(
         "Address of the main machine (rank 0) as the others reach it; needed with more than one machine."))
     main_process_port: int = field(default=29500, metadata=_help(
@@ -235,7 +242,11 @@ class TrainConfig:
     @classmethod
     def from_yaml(cls, text: str) -> "TrainConfig":
         try:
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=_StrictLoader) or {}
+        except DuplicateKey as exc:
+            raise ConfigError([Problem(str(exc.key), f"is set twice in the file (lines {exc.lines[0]} and "
+                                       f"{exc.lines[1]}); YAML would silently keep the last one",
+                                       "keep one of the two lines")]) from None
         except yaml.YAMLError as exc:
             raise ConfigError([Problem("(file)", f"is not valid YAML: {exc}", "fix the YAML syntax")]) from None
         if not isinstance(data, dict):
@@ -256,6 +267,27 @@ class TrainConfig:
         if not path.is_file():
             raise ConfigError([Problem("(file)", f"{path} does not exist", "give the path of a YAML config")])
         return cls.from_yaml(path.read_text(encoding="utf-8"))
+
+
+class DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, lines: tuple[int, int]) -> None:
+        super().__init__(f"{key!r} appears twice")
+        self.key, self.lines = key, lines
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise DuplicateKey(key, (seen[key], line))
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = line
+        return super().construct_mapping(node, deep)
 
 
 # --- typing helpers --------------------------------------------------------------------------------------

@@ -14,9 +14,9 @@ from typing import Any
 
 from core.config import TrainConfig
 from core.datafiles import (FILE_LIKE, LOADERS, DataError, is_local, load_raw,  # noqa: F401 - the module's API
-                            scan_text_file)
+                            row_line, scan_text_file)
 from core.formats import (FORMATS, _adds_bos, check_format, default_prompt, detect_format,  # noqa: F401
-                          render_rows, to_sft)
+                          nothing_to_train, render_rows, to_sft)
 
 
 # --- the plan: which rows train, and what each becomes ---------------------------------------------------
@@ -149,7 +149,7 @@ def check_data(cfg: TrainConfig) -> tuple[Any, str]:
     resolved, so a broken file is reported as such whatever the model."""
     raw = load_raw(cfg.dataset, cfg.dataset_split)
     where = _where(cfg.dataset)
-    with _naming(where):
+    with _naming(where, cfg.dataset_split):
         fmt = detect_format(raw) if cfg.dataset_format == "auto" else cfg.dataset_format
         check_format(raw, fmt)
     return raw, fmt
@@ -162,15 +162,18 @@ def _where(source: str) -> str:
 class _naming:
     """Prefix a DataError that does not name the data with its file or dataset id."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, split: str = "train") -> None:
         self.where = where
+        self.whole = not any(c in (split or "train") for c in "[+")  # a slice's row 1 is not the file's row 1
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, kind, exc, tb) -> bool:
         if isinstance(exc, DataError) and self.where not in str(exc):
-            raise DataError(f"{self.where}: {exc}") from None
+            line = row_line(self.where, exc.row) if exc.row is not None and self.whole else None  # the editor's line
+            at = f" (row {exc.row + 1} is line {line} of the file)" if line is not None else ""
+            raise DataError(f"{self.where}: {exc}{at}", row=exc.row) from None
         return False
 
 
@@ -273,12 +276,11 @@ def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | 
     if dataset is None:
         dataset, fmt = check_data(cfg)
     where = _where(cfg.dataset)
-    with _naming(where):
+    with _naming(where, cfg.dataset_split):
         columns, kept_rows = render_rows(dataset, fmt, tokenizer, cfg.train_turns)
         if not kept_rows:
-            need = " and ".join(("text",) if fmt == "text" else ("prompt", "completion"))
-            raise DataError(f"Every one of the {len(dataset)} rows of {cfg.dataset} ({fmt} format) has an empty "
-                            f"{need}, so there is nothing to train on. Check the file's contents and dataset_format.")
+            raise DataError(f"Nothing to train on in the {len(dataset)} rows of {cfg.dataset} ({fmt} format): "
+                            f"{nothing_to_train(dataset, fmt)}. Check the file's contents and dataset_format.")
     all_ids, prompt_lens = _tokenize(columns, tokenizer)
     keep_first = _adds_bos(tokenizer)
     counts = dict.fromkeys(REASONS, 0)

@@ -21,9 +21,31 @@ FILE_LIKE = set(LOADERS) | {".tsv", ".xlsx", ".xls", ".gz", ".zip", ".arrow", ".
 
 
 class DataError(ValueError):
-    """A problem with the training data; the message says what was wrong and what to do."""
+    """A problem with the training data; the message says what was wrong and what to do.
+
+    `row`: the 0-based index of the row at fault, when one is (messages call it row `row + 1`, as the preview
+    does, and `row_line` turns it into the line of the file)."""
+
+    def __init__(self, message: str, row: int | None = None) -> None:
+        super().__init__(message)
+        self.row = row
 
 
+# The file line each data row starts on, for the local text files read so far (keyed by the resolved path):
+# a row-level error names the line an editor shows. JSON documents (a list) have no line per row.
+_ROW_LINES: dict[str, list[int]] = {}
+
+
+def row_line(source: str | Path, row: int) -> int | None:
+    """The file line (1-based) where row `row` (0-based) of the local file `source` starts, or None if unknown."""
+    lines = _ROW_LINES.get(str(Path(source).expanduser().resolve()))
+    return lines[row] if lines is not None and 0 <= row < len(lines) else None
+
+
+def row_name(source: str | Path, row: int) -> str:
+    """"row 3 (line 4 of data.csv)": one numbering (1-based, the preview's) and the line an editor shows."""
+    line = row_line(source, row)
+    return f"row {row + 1}" + (f" (line {line} of {Path(source).name})" if line is not None else "")
 
 
 def is_local(source: str) -> bool:
@@ -53,6 +75,7 @@ def load_raw(source: str, split: str = "train") -> Any:
     if is_local(source):
         path = Path(source).expanduser()
         if path.is_dir():  # a folder of data files, e.g. a git clone of a Hub dataset
+            _scan_folder(path)  # a bad file is named by its own path, not as "the folder failed"
             return _checked(lambda s: datasets.load_dataset(str(path), split=s), str(path), split)
         return _load_file(path, split)
     if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
@@ -73,22 +96,87 @@ def _load_file(path: Path, split: str) -> Any:
                         f"Accepted: {', '.join(LOADERS)}; convert the file or rename it if it is one of these.")
     if builder != "parquet":
         scan_text_file(path)
-    kwargs: dict[str, Any] = {"features": _csv_features(path)} if builder == "csv" else {}
-    return _checked(lambda s: datasets.load_dataset(builder, data_files=str(path), split=s, **kwargs),
-                    str(path), split)
+    if builder == "csv":
+        columns = read_csv(path)
+        return _checked(lambda s: _sliced(datasets.Dataset.from_dict(columns), s), str(path), split)
+    return _checked(lambda s: datasets.load_dataset(builder, data_files=str(path), split=s), str(path), split)
 
 
-def _csv_features(path: Path) -> Any:
-    """Every CSV column as text, so "007" stays "007" and "3" does not become 3.0 (pandas guesses numbers)."""
+def _scan_folder(folder: Path) -> None:
+    """Check every data file of a folder dataset the way a single file is checked, naming the bad one."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts):
+            suffix = path.suffix.lower()
+            if suffix in (".jsonl", ".json", ".txt"):
+                scan_text_file(path)
+            elif suffix == ".csv":
+                scan_text_file(path)
+                read_csv(path)
+
+
+def read_csv(path: Path) -> dict[str, list[str]]:
+    """A CSV file read exactly, with Python's csv module: every field is text as written ("None", "NaN", "N/A",
+    "null" are words, "007" stays "007"); only an empty field is empty. Refused (DataError naming the file line):
+    a row with more or fewer fields than the header (an unquoted comma), a missing or duplicate column name.
+    pandas (datasets' CSV reader) would read a first row with one field too many as an index column, shifting
+    every column, and turn those words into missing values."""
     import csv
 
+    columns: dict[str, list[str]] = {}
+    starts: list[int] = []
+    with path.open(encoding="utf-8-sig", newline="") as fh:
+        reader = csv.reader(fh, strict=True)
+        end = 0  # the line the previous record ended on: a record starts on the next one
+        try:
+            header = next(reader, None)
+            while header is not None and not header:  # blank lines before the header
+                end, header = reader.line_num, next(reader, None)
+            if header is None:
+                raise DataError(f"{path} is empty (no header line). Add a header line (e.g. prompt,completion) "
+                                "and rows.")
+            header_line, end = end + 1, reader.line_num
+            names = [h.strip() for h in header]
+            for i, name in enumerate(names):
+                if not name:
+                    raise DataError(f"{path}: line {header_line}, the header, has an empty column name (column "
+                                    f"{i + 1}). Name every column, e.g. prompt,completion.")
+                if names.index(name) != i:
+                    raise DataError(f"{path}: the column {name!r} appears twice in the header (line {header_line}"
+                                    "). Rename or remove one of them: memtune would not know which one to use.")
+            columns = {name: [] for name in names}
+            for record in reader:
+                start, end = end + 1, reader.line_num
+                if not record:
+                    continue  # a blank line
+                if len(record) != len(names):
+                    more = len(record) > len(names)
+                    raise DataError(
+                        f"{path}: line {start} has {len(record)} fields where the header (line {header_line}) has "
+                        f"{len(names)} ({', '.join(names)}): " + (
+                            'a comma inside a field must be quoted, e.g. "a, b"'
+                            if more else "a field is missing") + f". Fix or delete line {start}.",
+                        row=len(starts))
+                starts.append(start)
+                for name, value in zip(names, record):
+                    columns[name].append(value)
+        except csv.Error as exc:
+            raise DataError(f"{path}: line {reader.line_num} cannot be read as CSV ({exc}). A quote inside a "
+                            'field is written twice ("say ""hi"""), and a quoted field must end with a quote.'
+                            ) from None
+    if not starts:
+        raise DataError(f"{path} has no rows (only a header line). Add rows to it or pick another file.")
+    _ROW_LINES[str(path.resolve())] = starts
+    return columns
+
+
+def _sliced(ds: Any, split: str) -> Any:
+    """`split` (train, train[:100], train[10%:20%]+train[:5]) applied to a dataset read as one train split,
+    with datasets' own parser, so its errors read as they do for any other file."""
     import datasets
 
-    with path.open(encoding="utf-8-sig", newline="") as fh:
-        header = next(csv.reader(fh), [])
-    if not header or len(set(header)) != len(header):  # no header or duplicate names: let pandas decide
-        return None
-    return datasets.Features({name: datasets.Value("string") for name in header})
+    parts = datasets.ReadInstruction.from_spec(split).to_absolute({"train": len(ds)})
+    picked = [i for part in parts for i in range(part.from_, part.to)]
+    return ds.select(picked) if picked != list(range(len(ds))) else ds
 
 
 def _load_hub(source: str, split: str) -> Any:
@@ -174,7 +262,7 @@ def scan_text_file(path: Path) -> None:
     datasets' own errors here name neither the line nor the fix, so we find the first bad line ourselves.
     """
     jsonl = path.suffix.lower() == ".jsonl"
-    offset, n_data = 0, 0
+    offset, n_data, lines = 0, 0, []
     with path.open("rb") as fh:
         for number, raw in enumerate(fh, start=1):
             try:
@@ -190,8 +278,11 @@ def scan_text_file(path: Path) -> None:
             if not line.strip():
                 continue
             n_data += 1
+            lines.append(number)
             if jsonl:
                 _check_json_line(path, number, line)
+    if jsonl or path.suffix.lower() == ".txt":  # one row per non-blank line (datasets skips blank ones too)
+        _ROW_LINES[str(path.resolve())] = lines
     if n_data == 0:
         raise DataError(f"{path} is empty (no data lines). Add rows to it or pick another file.")
     if path.suffix.lower() == ".json":
@@ -252,6 +343,12 @@ def _check_json_document(path: Path) -> None:
         hint = _json_hint(all_lines[exc.lineno - 1], exc.colno - 1) if exc.lineno <= len(all_lines) else ""
         raise DataError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg}){hint}. Fix the "
                         "file: it must hold a list of objects, or one JSON object per line.") from None
+    if isinstance(value, dict) and value and all(
+            isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v) for v in value.values()):
+        # {"prompt": [...], "completion": [...]}: datasets reads it as ONE row whose cells are lists
+        raise DataError(f"{path} holds one JSON object of columns ({', '.join(map(repr, list(value)[:4]))}, each a "
+                        "list), not a list of rows. Write it as a list of rows, [{\"prompt\": ..., \"completion\""
+                        ": ...}, ...], or as .jsonl with one row object per line.")
     if isinstance(value, list) and not all(isinstance(v, dict) for v in value):
         raise DataError(f"{path} holds a JSON list whose items are not all objects. Each item must be one row "
                         '({"column": value, ...}).')

@@ -1,8 +1,11 @@
 """Small helpers for every module that writes, replaces or deletes folders: markers, atomic writes, disk-full text.
 
 memtune deletes, replaces or resumes into a folder only when it carries memtune's own marker (`.memtune.json`,
-written when memtune created the folder). Paths are resolved (`..`, symlinks) before any check, so a check and
-the action that follows it always look at the same folder.
+written when memtune created the folder). Paths are resolved (`..`, symlinks) once, by `target`, before any check,
+so a check and the action that follows it always look at the same folder. A copied `.memtune.json` makes memtune
+treat a folder as its own: the marker is the only thing that counts.
+
+- `target(path, action)`: the one resolver every create / replace / delete calls first.
 
 - `write_marker(folder, kind)`, `marker(folder)`, `require_marker(folder, kinds, action)`.
 - `atomic_write_text(path, text)`: temp file + rename: never a 0-byte or half file under the final name.
@@ -43,6 +46,59 @@ def real(path: str | Path) -> Path:
     return Path(os.path.realpath(os.path.expanduser(str(path))))
 
 
+MAX_LINKS = 40  # what Linux allows (ELOOP): a longer chain is a loop
+
+
+def _inside_ours(folder: str) -> str | None:
+    """The nearest folder at or above `folder` that carries memtune's marker, or None."""
+    here = Path(folder)
+    for p in (here, *here.parents):
+        if marker(p) is not None:
+            return str(p)
+    return None
+
+
+def _walk(path: str, start: str, hops: list[int]) -> str:
+    """Resolve `path` component by component from `start` (like the kernel and os.path.realpath), refusing a link
+    that sits inside a folder memtune made."""
+    current = "/" if path.startswith("/") else start
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            current = os.path.dirname(current)  # `current` is already physical: its parent is the real parent
+            continue
+        step = os.path.join(current, part)
+        if os.path.islink(step):
+            ours = _inside_ours(current)
+            if ours is not None:
+                raise RefusedError(f"{step} is a link inside memtune's folder {ours}: memtune made no link there, "
+                                   "so it will not write, replace or delete through it. Remove the link.")
+            hops[0] += 1
+            if hops[0] > MAX_LINKS:
+                raise RefusedError(f"{step}: too many links in a row (a loop?), so memtune will not use it.")
+            step = _walk(os.readlink(step), current, hops)
+        current = step
+    return current
+
+
+def target(path: str | Path, action: str = "write", folder: bool = True) -> Path:
+    """THE resolver of every path memtune creates, replaces or deletes: call it before any check, then use only
+    what it returns.
+
+    Relative paths are taken from the current folder, `~` is expanded, links and `..` are followed exactly as
+    os.path.realpath does (`missing/../victim` is `victim`), so the check and the action see the same folder. A
+    link inside a folder memtune made (RUN/merged planted as a link) is refused, and so (folder=True) is a path
+    that names a file where a folder is expected. RefusedError names the path; `action` says what was wanted.
+    """
+    if not str(path).strip():
+        raise RefusedError(f"An empty path was given for the folder to {action}: choose a folder.")
+    resolved = Path(os.path.realpath(_walk(os.path.expanduser(os.fspath(path)), os.getcwd(), [0])))
+    if folder and os.path.lexists(resolved) and not resolved.is_dir():
+        raise RefusedError(f"{resolved} is a file, not a folder, so memtune will not {action} it. Choose a folder.")
+    return resolved
+
+
 # --- markers ---------------------------------------------------------------------------------------------------
 def write_marker(folder: str | Path, kind: str, **extra: Any) -> Path:
     """Mark `folder` as made by memtune (kind: run | adapter | merged | export)."""
@@ -68,7 +124,7 @@ def has_marker(folder: str | Path, kinds: str | Iterable[str]) -> bool:
 
 def require_marker(folder: str | Path, kinds: str | Iterable[str], action: str) -> Path:
     """The resolved folder if it carries a marker of one of `kinds`; else RefusedError naming it."""
-    path = real(folder)
+    path = target(folder, action)
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
     if not has_marker(path, kinds):
         what, found = " or ".join(kinds), marker(path)
@@ -153,7 +209,7 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 def tmp_for(final: str | Path) -> Path:
     """Where a folder is written before it is renamed to `final` (same parent: the rename is atomic)."""
-    final = real(final)
+    final = target(final, folder=False)
     return final.parent / f".{final.name}.tmp"
 
 
@@ -173,7 +229,7 @@ def recover(final: str | Path) -> str | None:
     folders carrying memtune's marker are touched (writers mark a temp folder first, before filling it).
     Returns what was done, or None. Call it before writing `final` again, and when a run folder is next opened.
     """
-    final = real(final)
+    final = target(final, folder=False)
     old, tmp = _old_for(final), tmp_for(final)
     done = []
     if _ours(old) and not os.path.lexists(final):
@@ -206,7 +262,7 @@ def move_into_place(tmp: str | Path, final: str | Path) -> Path:
     Both paths are resolved first: `/a/x/../x` would otherwise rename through a parent that the first rename just
     moved away. Returns the resolved final path; leaves no `.old` folder behind.
     """
-    tmp, final = real(tmp), real(final)
+    tmp, final = target(tmp), target(final)
     old = _old_for(final)
     if os.path.lexists(old):
         if not _ours(old):
@@ -230,7 +286,7 @@ def move_into_place(tmp: str | Path, final: str | Path) -> Path:
 
 def remove_tree(path: str | Path) -> None:
     """Delete a folder memtune made by renaming it to a hidden name first: gone from every list at once."""
-    path = real(path)
+    path = target(path, "delete")
     trash = path.parent / f".{path.name}.deleting"
     shutil.rmtree(trash, ignore_errors=True)
     os.replace(path, trash)

@@ -96,17 +96,18 @@ def _text(value: Any) -> str:
 def _messages(turns: Any, row: int, column: str) -> list[dict[str, str]]:
     """Normalise a role/content or from/value list into chat-template messages."""
     if not isinstance(turns, list):
-        raise DataError(f"Row {row}: column {column!r} must be a list of messages, not {type(turns).__name__}.")
+        raise DataError(f"Row {row + 1}: column {column!r} must be a list of messages, not {type(turns).__name__}.",
+                        row=row)
     out = []
     for turn in turns:
         if not isinstance(turn, dict):
-            raise DataError(f"Row {row}: each item of {column!r} must be an object like "
-                            '{"role": "user", "content": "..."}, not ' + f"{turn!r:.60}.")
+            raise DataError(f"Row {row + 1}: each item of {column!r} must be an object like "
+                            '{"role": "user", "content": "..."}, not ' + f"{turn!r:.60}.", row=row)
         speaker = turn.get("role") if turn.get("role") is not None else turn.get("from")
         role = ROLES.get(str(speaker).strip().lower())
         if role is None:
-            raise DataError(f"Row {row}: unknown speaker {speaker!r} in {column!r}. Use the roles "
-                            "system/user/assistant (or ShareGPT's system/human/gpt).")
+            raise DataError(f"Row {row + 1}: unknown speaker {speaker!r} in {column!r}. Use the roles "
+                            "system/user/assistant (or ShareGPT's system/human/gpt).", row=row)
         content = turn.get("content") if "content" in turn and turn.get("content") is not None else turn.get("value")
         out.append({"role": role, "content": _text(content)})
     return out
@@ -136,6 +137,23 @@ def _conversation(row: dict[str, Any], fmt: str, index: int) -> list[dict[str, s
     if not any(m["content"].strip() for m in messages[:last]):
         return None
     return messages[: last + 1]
+
+
+def nothing_to_train(dataset: Any, fmt: str) -> str:
+    """Why no row of `dataset` has anything to train on, in words (for the every-row-empty refusal)."""
+    if fmt in ("messages", "sharegpt") or (fmt == "prompt_completion" and dataset.num_rows
+                                           and isinstance(dataset[0]["prompt"], list)):
+        column = "completion" if fmt == "prompt_completion" else FORMATS[fmt][0][0]
+        for index in range(min(len(dataset), 1000)):
+            messages = _conversation(dataset[index], fmt, index)
+            if messages is not None:
+                break
+        else:
+            return (f"no conversation has an assistant turn with text (role assistant, or ShareGPT's gpt) after a "
+                    f"user turn, so there is no answer to train on: each conversation in {column!r} must end with "
+                    "the reply the model should learn")
+    need = " and ".join(("text",) if fmt == "text" else ("prompt", "completion"))
+    return f"every row has an empty {need}"
 
 
 def default_prompt(instruction: str, context: str = "") -> str:
@@ -200,9 +218,9 @@ def _render_chat(messages: list[dict[str, str]], tokenizer: Any, index: int) -> 
         prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
         full = tokenizer.apply_chat_template(messages, tokenize=False)
     except Exception as exc:  # e.g. templates that refuse a system turn or non-alternating roles
-        raise DataError(f"Row {index}: the tokenizer's chat template rejected the conversation "
+        raise DataError(f"Row {index + 1}: the tokenizer's chat template rejected the conversation "
                         f"({type(exc).__name__}: {exc}). Fix the row's roles or use a model without this "
-                        "restriction.") from None
+                        "restriction.", row=index) from None
     if not full.startswith(prompt):  # the template renders the prompt differently alone: split where they differ
         common = 0
         while common < min(len(prompt), len(full)) and prompt[common] == full[common]:

@@ -215,7 +215,12 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
     biggest = max(_count(shape) for _, _, shape in tplan) * 4 * 3  # one tensor in f32, permuted, encoded
     merge_bytes = params * 2 if adapter_dir else 0
     ram = max(merge_plan(cfg)["needed"] if cfg else 0, biggest)
-    out = Path(out_dir) if out_dir else default_gguf_dir(adapter_dir, model_dir)
+    from core.files import RefusedError, target
+
+    try:  # resolved once (core.files.target): the checks and the final rename act on this same folder
+        out = target(out_dir or default_gguf_dir(adapter_dir, model_dir), "write the GGUF export into")
+    except RefusedError as exc:
+        raise GGUFError(str(exc)) from None
     parent = _existing_parent(out)
     disk_free, ram_free = shutil.disk_usage(parent).free, int(psutil.virtual_memory().available)
     disk = merge_bytes + sum(sizes.values())
@@ -253,9 +258,10 @@ def _existing_parent(path: Path) -> Path:
 def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | None = None,
                 formats: Any = ("f16", "q8_0"), out_dir: str | Path | None = None,
                 progress: Progress | None = None, overwrite: bool = False,
-                merge_into: str | None = None) -> GGUFResult:
+                merge_into: str | None = None, trust_remote_code: bool = False) -> GGUFResult:
     """Export an adapter (merged into its base: core.export.merge_adapter's `merge_into`, by default the
-    dequantized 4-bit weights it was trained against) or a model folder to GGUF files + Modelfile + README."""
+    dequantized 4-bit weights it was trained against) or a model folder to GGUF files + Modelfile + README.
+    trust_remote_code: the user's confirmation, for an adapter whose settings ask for it (merge_adapter)."""
     from core.export import ExportError, merge_adapter
     from core.files import RefusedError, make_tmp, move_into_place, recover, require_marker
 
@@ -268,6 +274,13 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
     step(0.0, plan.message)
     if not plan.ok:
         raise GGUFError(plan.message)
+    if plan.adapter_dir is not None:  # refused before anything is written (merge_adapter checks it again)
+        from core.infer import InferError, adapter_config
+
+        try:
+            adapter_config(plan.adapter_dir, trust_remote_code=trust_remote_code)
+        except InferError as exc:
+            raise GGUFError(str(exc)) from None
     out = plan.out_dir
     if out.exists() and any(out.iterdir()):
         if not overwrite:
@@ -290,7 +303,8 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
                 step(0.5 * fraction, message)
 
             try:
-                source = merge_adapter(plan.adapter_dir, tmp / "merged", progress=merge_step, merge_into=merge_into)
+                source = merge_adapter(plan.adapter_dir, tmp / "merged", progress=merge_step, merge_into=merge_into,
+                                       trust_remote_code=trust_remote_code)
             except ExportError as exc:
                 raise GGUFError(str(exc)) from None
             start = 0.5

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from core.config import ConfigError, TrainConfig
 from core.events import read_events
-from core.files import real, remove_tree
+from core.files import RefusedError, real, remove_tree, target
 from core.runs import complete_checkpoints, is_memtune_run, resume_point, resume_problem, tidy_run_dir
 
 RUNNING_GRACE_S = 300.0  # without a job manager's word: events written this recently mean "maybe still running"
@@ -97,7 +97,9 @@ def format_duration(seconds: float | None) -> str:
 
 # --- reading one folder ----------------------------------------------------------------------------------------------
 def is_run_dir(path: Path) -> bool:
-    return not path.name.startswith(".") and (path / "config.yaml").is_file() and is_memtune_run(path)
+    """A folder carrying memtune's run marker (only the marker counts). A run that died before writing config.yaml
+    (a full disk) is one too: listed, so it can be deleted."""
+    return not path.name.startswith(".") and is_memtune_run(path)
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -154,11 +156,12 @@ def run_info(run_dir: str | Path, is_running: IsRunning | None = None) -> RunInf
     summary = _json(run_dir / "summary.json")
     events_path = run_dir / "events.jsonl"
     started = _first_event_time(events_path)
-    if started is None:
-        try:
-            started = (run_dir / "config.yaml").stat().st_mtime
-        except OSError:
-            started = None
+    for name in ("config.yaml", ".memtune.json"):  # no events yet: when the folder was made
+        if started is None:
+            try:
+                started = (run_dir / name).stat().st_mtime
+            except OSError:
+                started = None
     info = RunInfo(run_dir=str(run_dir), name=run_dir.name, started=started,
                    model=cfg.model if cfg else str(summary.get("model", "")),
                    dataset=cfg.dataset if cfg else str(summary.get("dataset", "")))
@@ -270,7 +273,10 @@ def resume_config(run_dir: str | Path) -> TrainConfig:
 
     Change max_steps / num_train_epochs on the result to train further than the run was set to.
     """
-    run_dir = real(run_dir)
+    try:
+        run_dir = target(run_dir, "resume into")
+    except RefusedError as exc:
+        raise HistoryError(str(exc)) from None
     if not is_run_dir(run_dir):
         raise HistoryError(f"{run_dir} is not a memtune run folder (it has no config.yaml or no memtune marker).")
     cfg, _ = _config(run_dir)
@@ -289,20 +295,22 @@ def delete_run(run_dir: str | Path, output_dir: str | Path, is_running: IsRunnin
     is_running(run_dir) is asked first (the job manager knows); without it, a run with no summary whose events
     were written in the last few minutes counts as running. Returns the deleted path.
     """
-    root = real(output_dir)
     raw = Path(run_dir)
     if raw.is_symlink():
         raise HistoryError(f"{raw} is a link, not a run folder: memtune deletes only real run folders.")
-    target = real(raw)
-    if target.parent != root or target == root:
+    try:  # resolved once: every check below and the removal act on this folder
+        root, target_dir = target(output_dir, "delete runs in"), target(raw, "delete")
+    except RefusedError as exc:
+        raise HistoryError(str(exc)) from None
+    if target_dir.parent != root or target_dir == root:
         raise HistoryError(f"{raw} is not a run folder inside {root}: memtune deletes only its own runs there.")
-    if not is_run_dir(target):
-        raise HistoryError(f"{target} is not a memtune run (no .memtune.json marker of a run folder): not deleted.")
-    summary = _json(target / "summary.json")
-    if (is_running(target) if is_running is not None else _looks_running(target, summary)):
-        raise HistoryError(f"{target.name} is still running: stop it first, then delete it.")
-    remove_tree(target)  # gone from the list at once; a failure part-way leaves only a hidden folder
-    return target
+    if not is_run_dir(target_dir):
+        raise HistoryError(f"{target_dir} is not a memtune run (no .memtune.json marker of a run folder): not deleted.")
+    summary = _json(target_dir / "summary.json")
+    if (is_running(target_dir) if is_running is not None else _looks_running(target_dir, summary)):
+        raise HistoryError(f"{target_dir.name} is still running: stop it first, then delete it.")
+    remove_tree(target_dir)  # gone from the list at once; a failure part-way leaves only a hidden folder
+    return target_dir
 
 
 def tidy(output_dir: str | Path, is_running: IsRunning | None = None) -> list[str]:

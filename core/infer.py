@@ -141,8 +141,35 @@ def generate_stream(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int
 
 
 # --- base vs base + adapter --------------------------------------------------------------------------------------
-def adapter_config(adapter_dir: str | Path) -> TrainConfig:
-    """The TrainConfig an adapter was trained with (its memtune.yaml), or InferError saying what is missing."""
+def remote_code_refusal(adapter_dir: str | Path, model: str) -> str:
+    """What a load says when the adapter's settings ask for trust_remote_code and the user has not confirmed it."""
+    return (f"{Path(adapter_dir) / ADAPTER_CONFIG} has trust_remote_code: true, so loading {model} would run Python "
+            "code shipped with the model on this machine. memtune does that only when you confirm it: tick "
+            "trust_remote_code here (on the command line: --trust-remote-code), and only if you trust that code.")
+
+
+def adapter_config(adapter_dir: str | Path, trust_remote_code: bool | None = None) -> TrainConfig:
+    """The TrainConfig an adapter was trained with (its memtune.yaml), or InferError saying what is missing.
+
+    trust_remote_code is the user's own confirmation, never the file's: None (only reading what the adapter is)
+    returns the settings with it off; False refuses (InferError) an adapter whose settings ask for it; True keeps
+    it as saved. So no model is ever loaded with the model's own code because a memtune.yaml said so.
+    """
+    cfg = _saved_config(adapter_dir)
+    if cfg.trust_remote_code and trust_remote_code is False:
+        raise InferError(remote_code_refusal(adapter_dir, cfg.model))
+    return cfg if trust_remote_code else cfg.replace(trust_remote_code=False)
+
+
+def asks_remote_code(adapter_dir: str | Path) -> bool:
+    """Whether the adapter's saved settings have trust_remote_code on (False when they cannot be read)."""
+    try:
+        return _saved_config(adapter_dir).trust_remote_code
+    except InferError:
+        return False
+
+
+def _saved_config(adapter_dir: str | Path) -> TrainConfig:
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
         raise InferError(f"{adapter_dir} is not an adapter folder (no adapter_config.json). Pick a run's adapter/ "
@@ -208,11 +235,12 @@ class Comparer:
             raise InferError("The model is busy answering another prompt (maybe in another tab). Try again when "
                              "it has finished.")
 
-    def load(self, adapter_dir: str | Path) -> Loaded:
-        """Base + adapter for `adapter_dir`: the cached one if it is the same adapter, else a fresh load."""
+    def load(self, adapter_dir: str | Path, trust_remote_code: bool = False) -> Loaded:
+        """Base + adapter for `adapter_dir`: the cached one if it is the same adapter, else a fresh load.
+        trust_remote_code: the user's confirmation (adapter_config)."""
         self._acquire()
         try:
-            return self._load(Path(adapter_dir))
+            return self._load(Path(adapter_dir), trust_remote_code)
         finally:
             self._lock.release()
 
@@ -224,10 +252,10 @@ class Comparer:
         finally:
             self._lock.release()
 
-    def _load(self, adapter_dir: Path) -> Loaded:
+    def _load(self, adapter_dir: Path, trust_remote_code: bool = False) -> Loaded:
         from core import model as model_lib
 
-        cfg = _runnable(adapter_config(adapter_dir))
+        cfg = _runnable(adapter_config(adapter_dir, trust_remote_code=trust_remote_code))
         key = _key(adapter_dir)
         if self._loaded is not None and self._key == key:
             return self._loaded
@@ -261,7 +289,7 @@ class Comparer:
 
     def compare(self, adapter_dir: str | Path, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0,
                 top_p: float = 0.9, seed: int = 0, template: bool = True,
-                stop: StopSignal = None) -> Iterator[tuple[str, str]]:
+                stop: StopSignal = None, trust_remote_code: bool = False) -> Iterator[tuple[str, str]]:
         """Yield (base answer so far, adapter answer so far): first the base streams, then base + adapter.
 
         Both use the same prompt, settings and seed, so any difference comes from the adapter. template=False
@@ -275,7 +303,7 @@ class Comparer:
             return self._stop.is_set() or user_stop()
 
         try:
-            loaded = self._load(Path(adapter_dir))
+            loaded = self._load(Path(adapter_dir), trust_remote_code)
             model, tokenizer = loaded.model, loaded.tokenizer
             text = format_prompt(tokenizer, prompt) if template else prompt
             if not text.strip():

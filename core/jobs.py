@@ -44,6 +44,9 @@ POLL_S = 0.25  # how often the manager reads events.jsonl and checks the child
 STOP_ACK_S = 30.0
 # After answering, it finishes one optimizer step and saves the adapter: minutes at most, even for 8B on one GPU.
 STOP_FINISH_S = 600.0
+# A child that has written its `done` event (the page says "completed") still needs a moment to exit (freeing
+# CUDA, joining threads: ~0.7 s): a Start in that moment waits for it, up to this long, instead of being refused.
+DONE_EXIT_WAIT_S = 30.0
 SHUTDOWN_GRACE_S = 10.0  # app exit: time for the child to finish its step and save before it is killed
 
 
@@ -79,6 +82,11 @@ class Job:
     @property
     def running(self) -> bool:
         return self.finished is None and not self.from_disk
+
+    def said_done(self) -> bool:
+        """The run has reported its end (a `done` event), whether or not its process has exited yet."""
+        with self._lock:
+            return any(e.get("kind") == "done" for e in reversed(self.events[-3:]))
 
     @property
     def stopping(self) -> bool:
@@ -120,6 +128,8 @@ class JobManager:
         failed job whose message says why, like any other failed run.
         """
         with self._lock:
+            if self._job is not None and self._job.running and self._job.said_done():
+                self._job.wait(DONE_EXIT_WAIT_S)  # finished, only its process is still exiting
             if self._job is not None and self._job.running:
                 job = self._job
                 what = "stopping" if job.stopping else "running"

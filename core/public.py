@@ -6,6 +6,12 @@ or the demo; runs stay in the app's own folder (`public_root()`), and History/Ex
 trust_remote_code is unavailable. The checks live here and are called from config validation and from the
 loaders themselves (core.model.resolve_model_path, core.data.load_raw), so Preview cannot get round them.
 
+Each visitor (one browser session) has folders of their own: `public_root()` and `upload_root()` name the visitor's
+sub-folder while a page request is being answered (the UI registers who is asking: `set_visitor_source`), so
+History, Try it, Export and Preview see only that visitor's runs and uploads, and a path typed into another
+visitor's folder is refused like any other server path. Outside a request (the training child the app started, the
+CLI) the whole folders are allowed: that code is the app's, not a visitor's.
+
 Outside public mode, a config loaded from a file or from History never switches trust_remote_code on by itself:
 `without_remote_code(cfg)` turns it off and says so, and the user ticks it again to confirm.
 """
@@ -13,8 +19,9 @@ Outside public mode, a config loaded from a file or from History never switches 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from core.files import real
 
@@ -29,15 +36,56 @@ def is_public() -> bool:
         os.environ.get("SPACE_ID"))
 
 
-def public_root() -> Path:
-    """The app's own runs folder: the only place public mode writes runs, lists History from and exports from."""
+_visitor_source: Callable[[], str | None] = lambda: None  # the UI's: who is asking (None: no page request)
+NOBODY = "unknown"  # the folder of a request whose session id is unusable: empty, never another visitor's
+
+
+def set_visitor_source(source: Callable[[], str | None]) -> None:
+    """The UI registers how to tell the current page request's visitor (Gradio's session hash)."""
+    global _visitor_source
+    _visitor_source = source
+
+
+def visitor() -> str | None:
+    """Public mode, while a page request is answered: the visitor's folder name; None otherwise."""
+    if not is_public():
+        return None
+    session = _visitor_source()
+    if session is None:
+        return None
+    return f"visitor-{session}" if re.fullmatch(r"[A-Za-z0-9_-]{6,64}", str(session)) else f"visitor-{NOBODY}"
+
+
+def _mine(base: Path) -> Path:
+    who = visitor()
+    return base / who if who else base
+
+
+def shared_public_root() -> Path:
+    """The app's own runs folder, every visitor's sub-folder inside it."""
     return real(os.environ.get("MEMTUNE_PUBLIC_RUNS") or "runs")
 
 
+def public_root() -> Path:
+    """The only place public mode writes runs, lists History from and exports from: the visitor's own folder in
+    the app's runs folder (the whole of it outside a page request)."""
+    return _mine(shared_public_root())
+
+
 def upload_root() -> Path:
+    """Where uploads are kept: public mode, the visitor's own folder under the shared one."""
     from core.config import cache_root
 
-    return real(cache_root() / "uploads")
+    base = real(cache_root() / "uploads")
+    return _mine(base) if is_public() else base
+
+
+def visitor_config(cfg: "TrainConfig") -> "TrainConfig":
+    """Public mode: a run the page starts goes into the visitor's own runs folder (the form's output_dir, e.g. the
+    default `runs`, names the app's folder; a visitor cannot choose another)."""
+    if is_public() and visitor() and inside(cfg.output_dir, shared_public_root()):
+        return cfg.replace(output_dir=str(public_root()))
+    return cfg
 
 
 def inside(path: str | Path, root: Path) -> bool:

@@ -9,8 +9,8 @@ summary.json. Only a folder that is memtune's (see `is_memtune_run`) is ever res
 - `resume_point(run_dir)`: the newest usable checkpoint and what was skipped (damaged ones, named).
 - `save_adapter(...)`, `finish_run(run_dir, summary)`: atomic writes; a full disk gives a plain message.
 
-Older memtune (before markers) left no `.memtune.json`. Such a folder still counts as a memtune run when its
-events.jsonl opens with memtune's `run` event naming that same folder; resuming it writes the marker.
+Only the marker counts: a folder without `.memtune.json` is never resumed into or deleted, whatever it holds.
+Every folder path is resolved by core.files.target before it is checked or written.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.files import (StorageError, atomic_write_text, has_marker, make_tmp, move_into_place, real, recover,
-                        storage_error, storage_message, write_marker)
+from core.files import (RefusedError, StorageError, atomic_write_text, has_marker, make_tmp, move_into_place,
+                        recover, storage_error, storage_message, target, write_marker)
 
 if TYPE_CHECKING:
     from core.config import TrainConfig
@@ -33,25 +33,24 @@ COMPLETE_MARKER = "COMPLETE"  # written last into a checkpoint folder: only thes
 
 
 # --- is it memtune's? ---------------------------------------------------------------------------------------------
-def _legacy_run(path: Path) -> bool:
-    """A run folder of a memtune from before markers: its first events name this folder in a `run` event."""
-    if not (path / "config.yaml").is_file():
-        return False
-    try:
-        with (path / "events.jsonl").open("r", encoding="utf-8") as fh:
-            for _, line in zip(range(5), fh):
-                event = json.loads(line)
-                if isinstance(event, dict) and event.get("kind") == "run":
-                    named = str(event.get("run_dir") or "")
-                    return bool(named) and Path(named).name == path.name and isinstance(event.get("config"), dict)
-    except (OSError, ValueError):
-        return False
-    return False
-
-
 def is_memtune_run(path: str | Path) -> bool:
+    """Only the run marker counts (an older rule also trusted an events.jsonl naming the folder: anyone can write
+    one). A copied `.memtune.json` makes memtune treat a folder as its own: the README says so."""
     path = Path(path)
-    return path.is_dir() and (has_marker(path, "run") or _legacy_run(path))
+    return path.is_dir() and has_marker(path, "run")
+
+
+def planted_link(run_dir: Path) -> Path | None:
+    """A link inside a run folder (RUN/adapter, RUN/merged, RUN/gguf, a checkpoint...): memtune makes none, and
+    writing through one would replace whatever it points at."""
+    for place in (run_dir, run_dir / "checkpoints"):
+        try:
+            for p in place.iterdir():
+                if p.is_symlink():
+                    return p
+        except OSError:
+            continue
+    return None
 
 
 # --- checkpoints -----------------------------------------------------------------------------------------------------
@@ -124,12 +123,19 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 def resume_problem(folder: str | Path) -> str | None:
     """Why `resume_from=folder` is refused (naming the folder and what is missing), or None when it can resume."""
-    path = real(folder)
+    try:
+        path = target(folder, "resume into")
+    except RefusedError as exc:
+        return str(exc)
     if not path.is_dir():
         return f"{path} is not a folder"
     if not is_memtune_run(path):
-        return (f"{path} is not a memtune run folder (no .memtune.json marker, no memtune events.jsonl): memtune "
-                "resumes only into folders it made, and never writes into other folders")
+        return (f"{path} is not a memtune run folder (no .memtune.json marker): memtune resumes only into folders "
+                "it made, and never writes into other folders")
+    link = planted_link(path)
+    if link is not None:
+        return (f"{link} is a link inside the run folder {path}: memtune makes no links there and will not write "
+                "through one; remove it")
     ckpt, skipped = resume_point(path)
     if ckpt is None:
         damaged = f" ({'; '.join(skipped)})" if skipped else ""
@@ -142,8 +148,8 @@ def resume_problem(folder: str | Path) -> str | None:
 def new_run_dir(cfg: "TrainConfig") -> Path:
     """Where a run with these settings would go (nothing is created): the resume folder, or a free name."""
     if cfg.resume_from:
-        return real(cfg.resume_from)
-    root = Path(cfg.output_dir)
+        return target(cfg.resume_from, "resume into")
+    root = target(cfg.output_dir, "create a run in")
     name = cfg.run_name or datetime.now().strftime("run-%Y%m%d-%H%M%S")
     run_dir = root / name
     suffix = 1
@@ -164,20 +170,25 @@ def create_run_dir(cfg: "TrainConfig", prepared: str | Path | None = None) -> Pa
     from core.config import ConfigError, Problem
 
     if prepared is not None and not cfg.resume_from:
-        run_dir = real(prepared)
-        if not has_marker(run_dir, "run") or any((run_dir / "checkpoints").glob("checkpoint-*")):
+        try:
+            run_dir = target(prepared, "train into")
+        except RefusedError as exc:
+            raise ConfigError([Problem("output_dir", str(exc), "let memtune create the run folder")]) from None
+        if (not has_marker(run_dir, "run") or any((run_dir / "checkpoints").glob("checkpoint-*"))
+                or planted_link(run_dir) is not None):
             raise ConfigError([Problem("output_dir", f"{run_dir} is not a fresh run folder made by memtune",
                                        "let memtune create the run folder")])
     elif cfg.resume_from:
         why = resume_problem(cfg.resume_from)
         if why:
             raise ConfigError([Problem("resume_from", why, "give a memtune run folder that has a checkpoint")])
-        run_dir = real(cfg.resume_from)
+        run_dir = target(cfg.resume_from, "resume into")
         recover(run_dir / "adapter")  # a crash while replacing the adapter last time
-        if not has_marker(run_dir, "run"):
-            write_marker(run_dir, "run", migrated=True)  # an older memtune's run: marked from now on
     else:
-        root = real(cfg.output_dir)
+        try:
+            root = target(cfg.output_dir, "create a run in")
+        except RefusedError as exc:
+            raise ConfigError([Problem("output_dir", str(exc), "choose another output folder")]) from None
         try:
             root.mkdir(parents=True, exist_ok=True)
             while True:
@@ -211,7 +222,7 @@ def save_adapter(model, tokenizer, cfg: "TrainConfig", run_dir: Path, summary: d
     A full disk raises StorageError ("No space left in RUN_DIR ..."); the previous adapter stays as it was and the
     temporary folder is removed.
     """
-    final = real(run_dir) / "adapter"
+    final = target(Path(target(run_dir)) / "adapter", "save the adapter into")  # refuses a planted link
     recover(final)
     try:
         tmp = make_tmp(final, "adapter")
@@ -236,12 +247,15 @@ def save_adapter(model, tokenizer, cfg: "TrainConfig", run_dir: Path, summary: d
 
 def tidy_run_dir(run_dir: str | Path) -> None:
     """Remove what an ended run leaves half-written: temp folders and checkpoints whose save never completed."""
-    run_dir = real(run_dir)
-    for name in ("adapter", "merged"):
-        recover(run_dir / name)
+    run_dir = target(run_dir, "tidy")
+    for name in ("adapter", "merged", "gguf"):
+        if not (run_dir / name).is_symlink():  # a planted link is refused by every writer; tidy leaves it alone
+            recover(run_dir / name)
     ckpts = run_dir / "checkpoints"
+    if ckpts.is_symlink():  # planted: deleting "half-written checkpoints" through it would delete elsewhere
+        return
     for path in list(ckpts.glob("checkpoint-*")) + list(ckpts.glob("tmp-checkpoint-*")):
-        if path.is_dir() and not (path / COMPLETE_MARKER).is_file():
+        if path.is_dir() and not path.is_symlink() and not (path / COMPLETE_MARKER).is_file():
             shutil.rmtree(path, ignore_errors=True)
 
 

@@ -128,10 +128,19 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
               file=sys.stderr)
         return 1
     s = result.summary
-    print(f"{result.message}\nfirst loss {s.get('first_loss')}, last loss {s.get('final_loss')}, "
-          f"{s.get('train_tokens')} tokens in {s.get('train_runtime_s')} s")
+    print(f"{result.message}\n{loss_line(s, cfg)}, {s.get('train_tokens')} tokens in {s.get('train_runtime_s')} s")
     print(result.adapter_dir)
     return 0
+
+
+def loss_line(summary: dict, cfg: TrainConfig) -> str:
+    """"first loss 2.31, last loss 1.02", or why there is none (never "first loss None")."""
+    first, last = summary.get("first_loss"), summary.get("final_loss")
+    if first is not None and last is not None:
+        return f"first loss {first}, last loss {last}"
+    steps = summary.get("steps")
+    return (f"no loss was logged: the run made {steps if steps is not None else 'no'} optimizer step(s) and the "
+            f"loss is logged every {cfg.logging_steps} (logging_steps; set it lower to see the loss of a short run)")
 
 
 def run() -> None:

@@ -54,4 +54,6 @@ def coerce_to(tp: Any, value: Any) -> Any:
         raise ValueError(f"{value!r} is not a list of names")
     if value is None:
         return ""
+    if isinstance(value, (list, tuple, dict, set)):  # `model: [a, b]` must not become the text "['a', 'b']"
+        raise ValueError(f"{value!r} is a {type(value).__name__}, not a single text value")
     return str(value)

@@ -146,7 +146,7 @@ def test_cli_prints_the_script(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("name, content", [
-    ("rows.csv", "instruction,response\nCode?,007\nNumber?,3\n"),  # text stays text: "007", not 7
+    ("rows.csv", "instruction,response\nCode?,007\nNumber?,3\nMissing?,None\n"),  # text stays text: "007", "None"
     ("rows.jsonl", '{"instruction": "a", "response": "b"}\n{"instruction": "c", "response": "d"}\n'),
     ("notes.txt", "first line\nsecond line\n"),
 ])
@@ -157,6 +157,6 @@ def test_script_loads_files_as_the_engine_does(name, content, demo_model_path, t
     path.write_text(content, encoding="utf-8")
     cfg = short_run(demo_model_path, tmp_path, dataset=str(path))
     code = codegen.python_script(cfg)
-    load = re.search(r"^    dataset = (load_dataset\(.*)$", code, re.M).group(1)
+    load = re.search(r"^    dataset = ((?:load_dataset|_sliced)\(.*)$", code, re.M).group(1)
     ns = generated_namespace(cfg)
     assert eval(load, ns).to_list() == data.load_raw(str(path), "train").to_list()

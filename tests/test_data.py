@@ -201,7 +201,8 @@ def test_chat_template_error_names_the_row(tmp_path, fresh_tok):
     fresh_tok.chat_template = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not "
                                "supported') }}{% endif %}" + CHATML)
     msg = error_of(sft_rows, tmp_path, [{"messages": CHAT[1:3]}, {"messages": CHAT}], fresh_tok)
-    assert "Row 1" in msg and "System role not supported" in msg
+    # one numbering (1-based, the preview's) and the file line: the second row is line 2 of d.jsonl
+    assert "Row 2" in msg and "line 2 of the file" in msg and "System role not supported" in msg
 
 
 # --- detection and forced formats ------------------------------------------------------------------------
@@ -249,7 +250,19 @@ def test_conversation_without_assistant_reply_is_dropped(tmp_path, tok):
 
 def test_every_row_empty_is_an_error(tmp_path, tok):
     msg = error_of(sft_rows, tmp_path, [{**DOLLY, "response": ""}, {**DOLLY, "response": " "}], tok)
-    assert "Every one of the 2 rows" in msg and "empty prompt and completion" in msg
+    assert "in the 2 rows" in msg and "every row has an empty prompt and completion" in msg
+
+
+def test_conversations_without_an_assistant_turn_say_so(tmp_path, tok):
+    msg = error_of(sft_rows, tmp_path, [{"messages": CHAT[:2]}, {"messages": [CHAT[1]]}], tok)
+    assert "no conversation has an assistant turn" in msg and "empty prompt" not in msg
+
+
+def test_a_json_dict_of_lists_is_named_as_such(tmp_path, tok):
+    path = tmp_path / "cols.json"
+    path.write_text(json.dumps({"prompt": ["a", "b"], "completion": ["x", "y"]}), encoding="utf-8")
+    msg = error_of(data.load_raw, str(path), "train")
+    assert "one JSON object of columns" in msg and "list of rows" in msg
 
 
 def test_empty_files(tmp_path):
@@ -328,6 +341,60 @@ def test_csv_keeps_text_and_drops_empty_cells(tmp_path, tok):
     rows, fmt = rendered_rows(TrainConfig(dataset=str(path), dataset_split="train"), tok)
     assert fmt == "dolly" and list(rows) == [{"prompt": "### Instruction:\nCode?\n\n### Response:\n",
                                               "completion": "007</s>"}]
+
+
+def csv_file(tmp_path, text: str, name: str = "r.csv") -> str:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_csv_row_with_an_unquoted_comma_is_refused_naming_its_line(tmp_path):
+    """The issue's file: the first data row has 3 fields; pandas made `List a` an index and shifted the rest."""
+    first = csv_file(tmp_path, "prompt,completion\nList a, b,c\nSay hello,hello\nSay bye,bye\nSay yes,yes\n")
+    msg = error_of(data.load_raw, first, "train")
+    assert "line 2 has 3 fields" in msg and "(prompt, completion)" in msg and first in msg
+    middle = csv_file(tmp_path, "prompt,completion\na,b\n\nc,d\n\"multi\nline\",e\nf,g,h\n", "m.csv")
+    assert "line 7 has 3 fields" in error_of(data.load_raw, middle, "train")  # blank + 2-line record counted
+    short = csv_file(tmp_path, "prompt,completion\na,b\nc\n", "s.csv")
+    assert "line 3 has 1 fields" in error_of(data.load_raw, short, "train")
+
+
+def test_csv_words_that_look_missing_are_text(tmp_path, tok):
+    words = ["None", "NaN", "N/A", "NA", "null", "Na", "nan"]
+    path = csv_file(tmp_path, "prompt,completion\n" + "".join(f"q{i},{w}\n" for i, w in enumerate(words))
+                    + "q-empty,\n")
+    raw = data.load_raw(path, "train")
+    assert list(raw["completion"]) == words + [""]
+    plan = data.plan_rows(TrainConfig(dataset=path, dataset_split="train"), tok)
+    assert (plan.n_rows, plan.n_dropped) == (7, 1)  # only the truly empty field is empty
+    assert list(data.load_raw(path, "train[1:3]")["completion"]) == ["NaN", "N/A"]
+
+
+def test_csv_duplicate_or_empty_column_names_are_refused(tmp_path):
+    msg = error_of(data.load_raw, csv_file(tmp_path, "prompt,prompt,completion\na,b,c\n"), "train")
+    assert "'prompt' appears twice" in msg
+    assert "empty column name" in error_of(data.load_raw, csv_file(tmp_path, "prompt,,x\na,b,c\n", "e.csv"),
+                                           "train")
+
+
+def test_csv_row_errors_and_the_preview_count_alike(tmp_path, fresh_tok):
+    """A row-level format error names the preview's row number (1-based) and the CSV line (header = line 1)."""
+    fresh_tok.chat_template = ("{% if messages[0]['content'] == 'bad' %}{{ raise_exception('no') }}{% endif %}"
+                               + CHATML)
+    path = csv_file(tmp_path, "instruction,response\nfine,ok\nbad,x\n")
+    with pytest.raises(DataError) as info:
+        data.prepare_dataset(TrainConfig(dataset=path, dataset_split="train"), fresh_tok)
+    assert "Row 2" in str(info.value) and "line 3 of the file" in str(info.value)
+
+
+def test_a_folder_dataset_names_its_bad_file(tmp_path):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", [DOLLY])
+    (folder / "b.csv").write_text("instruction,response\nx, y,z\n", encoding="utf-8")
+    msg = error_of(data.load_raw, str(folder), "train")
+    assert str(folder / "b.csv") in msg and "line 2 has 3 fields" in msg
 
 
 def test_txt_and_parquet(tmp_path, tok):

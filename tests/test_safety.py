@@ -136,17 +136,27 @@ def test_resume_refuses_a_run_without_a_complete_checkpoint(run, tmp_path):
         resume_config(mine)
 
 
-def test_a_run_from_an_older_memtune_without_marker_still_counts(run, tmp_path):
-    old = copy_run(run, tmp_path / "ok")  # same name as its `run` event names: an older memtune's run
+def test_a_run_without_its_marker_is_not_memtunes_whatever_its_events_say(run, tmp_path):
+    """The legacy rule (an events.jsonl naming the folder made it memtune's) is gone: only the marker counts."""
+    old = copy_run(run, tmp_path / "ok")  # same name as its `run` event names
     (old / ".memtune.json").unlink()
-    assert [r.name for r in list_runs(tmp_path)] == ["ok"]
-    assert resume_problem(old) is None
-    renamed = tmp_path / "renamed"  # events name another folder: not provably memtune's
-    shutil.copytree(old, renamed)
-    assert "not a memtune run" in resume_problem(renamed)
+    before = tree_hash(old)
+    assert list_runs(tmp_path) == []
+    assert "not a memtune run" in resume_problem(old)
+    with pytest.raises(HistoryError, match="no .memtune.json marker"):
+        delete_run(old, tmp_path, is_running=lambda p: False)
     result = run_training(demo_config(resume_from=str(old), max_steps=5))
-    assert result.status == "completed", result.message
-    assert files.marker(old)["migrated"] is True  # marked from now on
+    assert result.status == "failed" and tree_hash(old) == before
+
+
+def test_a_run_folder_holding_only_its_marker_is_listed_and_deletable(tmp_path):
+    """A disk-full leftover: the marker was written, config.yaml never was."""
+    left = tmp_path / "run-full"
+    left.mkdir()
+    write_marker(left, "run")
+    assert [r.name for r in list_runs(tmp_path)] == ["run-full"]
+    delete_run(left, tmp_path, is_running=lambda p: False)
+    assert not left.exists()
 
 
 def test_a_job_manager_can_prepare_the_run_folder(tmp_path):
@@ -386,6 +396,46 @@ def test_nan_and_infinity_are_refused_for_every_float_field():
         assert (validate(demo_config(seed=seed)) == []) is ok
 
 
+def test_every_whole_number_field_has_an_upper_bound_refused_by_name():
+    from dataclasses import fields
+
+    from core.config import TrainConfig
+
+    int_fields = [f for f in fields(TrainConfig) if f.type in ("int", int)]
+    assert {"max_steps", "warmup_steps", "save_steps", "logging_steps"} <= {f.name for f in int_fields}
+    for f in int_fields:
+        assert f.metadata.get("max") is not None, f"{f.name} has no upper bound"
+        problems = validate(demo_config(**{f.name: 99999999999999999999999999999}))
+        mine = [p for p in problems if p.field == f.name]  # others may follow from it (num_machines: an address)
+        assert mine and "above the maximum" in mine[0].message, problems
+
+
+def test_yaml_list_for_text_and_duplicate_keys_are_refused_by_name(tmp_path, monkeypatch):
+    from core.config import TrainConfig
+
+    with pytest.raises(ConfigError) as err:
+        TrainConfig.from_yaml("model: [a, b]\n")
+    assert err.value.problems[0].field == "model" and "is a list" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        TrainConfig.from_yaml("lora_r: 8\nmax_steps: 3\nlora_r: 16\n")
+    assert err.value.problems[0].field == "lora_r" and "lines 1 and 3" in str(err.value)
+    with pytest.raises(ConfigError, match="run_name: .* is a dict"):
+        TrainConfig.from_yaml("lora_target_modules: q_proj\nrun_name: {a: 1}\n")
+
+
+def test_the_apps_load_shows_a_huge_number_as_a_message(tmp_path, monkeypatch):
+    from ui.handlers import on_load_config
+    from ui.layout import build_ui
+
+    form = build_ui(demo_config()).memtune_form
+    monkeypatch.setenv("MEMTUNE_CONFIG_DIR", str(tmp_path))
+    (tmp_path / "huge.yaml").write_text("max_steps: 99999999999999999999999999999\n")
+    (tmp_path / "twice.yaml").write_text("lora_r: 8\nlora_r: 16\n")
+    for name, expected in (("huge", "max_steps"), ("twice", "set twice")):
+        res = on_load_config(form, "en", name)
+        assert list(res) == [form.config_notice] and expected in res[form.config_notice]  # the form is untouched
+
+
 # --- exports leave nothing in /tmp ---------------------------------------------------------------------------------
 def test_zips_replace_each_other_instead_of_piling_up_temp_folders(run, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's own temp folder
@@ -478,6 +528,97 @@ def test_a_loaded_config_never_turns_trust_remote_code_on_by_itself(run, tmp_pat
     assert cfg.trust_remote_code is False and cfg.resume_from == str(mine) and "DÉSACTIVÉ" in res[h.note]
 
 
+@pytest.fixture
+def remote_code_adapter(run, tmp_path, monkeypatch, demo_model_path):
+    """An adapter whose memtune.yaml has trust_remote_code: true and whose base model's config.json maps AutoConfig
+    to a class of its own that writes a file when its code runs (the issue's repro)."""
+    from core.config import TrainConfig
+
+    evil = Path(shutil.copytree(demo_model_path, tmp_path / "evil-model"))
+    config = json.loads((evil / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "configuration_evil.EvilConfig"}
+    (evil / "config.json").write_text(json.dumps(config))
+    ran = tmp_path / "the-model-code-ran"
+    (evil / "configuration_evil.py").write_text(
+        f"from pathlib import Path\nPath({str(ran)!r}).write_text('ran')\n"
+        "from transformers import LlamaConfig\n\n\nclass EvilConfig(LlamaConfig):\n    model_type = 'llama'\n")
+    adapter = Path(shutil.copytree(run / "adapter", tmp_path / "r" / "adapter"))
+    write_marker(adapter.parent, "run")
+    TrainConfig.load(adapter / "memtune.yaml").replace(model=str(evil), trust_remote_code=True).save(
+        adapter / "memtune.yaml")
+    return adapter, ran
+
+
+def test_no_model_code_runs_without_the_users_own_tick(remote_code_adapter, tmp_path, capsys):
+    from core.export_cli import main as export_main
+    from core.infer import COMPARER, InferError
+    from ui import gguf, tryexport
+
+    adapter, ran = remote_code_adapter
+    x = tryexport.TryExportTab(*(object() for _ in range(9)))
+    notes = [u.get(x.try_note) for u in tryexport.on_try(x, "en", str(adapter), "Hi", 4, 0.0, 0.9, 0, False)]
+    assert "trust_remote_code" in str(notes[-1])
+    with pytest.raises(InferError, match="--trust-remote-code"):
+        list(COMPARER.compare(adapter, "Hi", max_new_tokens=2))
+    with pytest.raises(ExportError, match="trust_remote_code: true"):
+        merge_adapter(adapter, tmp_path / "m")
+    assert "trust_remote_code" in tryexport.on_merge("en", str(adapter), "", False, True, progress=None)
+    status, _ = gguf.on_gguf_export("en", str(adapter), ["f16"], False, progress=None)
+    assert "trust_remote_code" in status
+    for argv in (["merge", str(adapter)], ["gguf", str(adapter), "--formats", "f16"]):
+        assert export_main(argv) == 2 and "--trust-remote-code" in capsys.readouterr().err
+    assert not ran.exists() and not (tmp_path / "m").exists() and not (adapter.parent / "gguf").exists()
+    try:  # with the confirmation the model's own code does run: the trap is real
+        merge_adapter(adapter, tmp_path / "m", trust_remote_code=True)
+    except Exception:  # noqa: BLE001 - the custom class may not load as a model; it has run by then
+        pass
+    assert ran.read_text() == "ran"
+
+
+def test_start_is_free_as_soon_as_the_page_says_completed(tmp_path, demo_model_path):
+    """The child writes `done` and then takes ~0.7 s to exit: a Start in that moment waits for it, not JobBusy."""
+    from core.jobs import JobManager
+    from core.jobview import job_view
+
+    mgr = JobManager()
+    first = mgr.start(demo_config(max_steps=1, output_dir=str(tmp_path), run_name="a"))
+    deadline = time.monotonic() + 240
+    while not first.said_done() and first.running and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert job_view(first).state == "completed", job_view(first).message  # what the page shows now
+    second = mgr.start(demo_config(max_steps=100000, output_dir=str(tmp_path), run_name="b"))  # not refused
+    assert second is not first and not first.running
+    mgr.stop()
+    mgr.stop()  # a second Stop ends it at once
+    assert second.wait(240)
+
+
+def test_a_short_run_says_why_no_loss_was_logged(tmp_path, demo_model_path, capfd):
+    code, out, _ = train_cli(capfd, "--demo", "--set", "max_steps=2", "--set", "logging_steps=50",
+                             "--set", f"output_dir={tmp_path}")
+    assert code == 0 and "None" not in out
+    assert "no loss was logged" in out and "logging_steps" in out and "2 optimizer step" in out
+
+
+def _dtypes(path: Path) -> tuple[set[str], int]:
+    import struct
+
+    with path.open("rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+    return {v["dtype"] for k, v in header.items() if k != "__metadata__"}, path.stat().st_size
+
+
+def test_a_resumed_run_keeps_the_adapters_dtype(run, tmp_path):
+    mine = copy_run(run, tmp_path / "mine")
+    before = _dtypes(mine / "adapter" / "adapter_model.safetensors")
+    assert before[0] == {"BF16"}  # TRL keeps QLoRA adapters in bf16
+    result = run_training(demo_config(resume_from=str(mine), max_steps=5, save_strategy="steps", save_steps=5))
+    assert result.status == "completed", result.message
+    assert _dtypes(mine / "adapter" / "adapter_model.safetensors") == before  # same dtype, same size
+    assert _dtypes(mine / "checkpoints" / "checkpoint-5" / "adapter_model.safetensors") == before
+
+
 # --- public mode -----------------------------------------------------------------------------------------------------
 @pytest.fixture
 def public(monkeypatch, tmp_path):
@@ -536,6 +677,45 @@ def test_public_history_and_export_act_only_inside_the_apps_folder(public, run, 
                                              False, True, progress=None)
     assert tree_hash(outside) == before and not (tmp_path / "m").exists()
     assert 'id="mt-public"' in header_html("pt") and "Modo público" in header_html("pt")
+
+
+def test_public_uploads_work_and_each_visitor_sees_only_their_own(public, tmp_path, monkeypatch, demo_model_path):
+    """SPACE_ID set: an upload is used (it was refused as "a path on the server"), kept in the visitor's own
+    folder; another visitor's typed path to it, or to the shared folder, is refused; runs are per visitor too."""
+    from core import public as pub
+    from ui.data import on_preview, on_upload
+    from ui.fields import FIELD_NAMES
+    from ui.form import read_config
+    from ui.layout import build_ui
+    from ui.notices import runs_folder
+
+    monkeypatch.delenv("MEMTUNE_PUBLIC")
+    monkeypatch.setenv("SPACE_ID", "someone/memtune")
+    who = {"now": "sessionAAA1"}
+    monkeypatch.setattr(pub, "_visitor_source", lambda: who["now"])
+    form = build_ui(demo_config()).memtune_form
+    values = [getattr(demo_config(output_dir=str(public)), n) for n in FIELD_NAMES]  # the app's runs folder
+    data = tmp_path / "gradio-tmp" / "pairs.jsonl"  # where Gradio puts an upload: outside memtune's folders
+    data.parent.mkdir()
+    data.write_text("".join(json.dumps({"instruction": f"Say {w}", "response": w}) + "\n" for w in "abc"))
+    res = on_upload(form, "en", str(data), *values)
+    mine = Path(res[form.fields["dataset"]]["value"] if isinstance(res[form.fields["dataset"]], dict)
+                else res[form.fields["dataset"]])
+    assert mine.parent == pub.upload_root() and mine.parent.name == "visitor-sessionAAA1" and mine.is_file()
+    assert "3 of 3 rows train" in res[form.preview] and "path on the server" not in res[form.preview]
+    assert not list(mine.parent.glob(".incoming-*"))
+    cfg, problems = read_config(values)
+    assert problems == [] and Path(cfg.output_dir) == public / "visitor-sessionAAA1"  # the run goes there
+    assert runs_folder("runs") == str(public / "visitor-sessionAAA1")
+
+    who["now"] = "sessionBBB2"  # another visitor types A's path, the shared folder, or A's folder
+    for typed in (mine, mine.parent, mine.parent.parent, mine.parent / ".." / "visitor-sessionAAA1" / mine.name):
+        values_b = [str(typed) if n == "dataset" else getattr(demo_config(), n) for n in FIELD_NAMES]
+        html = on_preview("en", *values_b)
+        assert "path on the server" in html and "Say a" not in html, typed
+    assert runs_folder("runs") == str(public / "visitor-sessionBBB2")
+    who["now"] = "../../etc"  # a forged session id names no one's folder
+    assert pub.upload_root().name == "visitor-unknown"
 
 
 def test_only_public_mode_listens_on_all_interfaces_without_a_password(monkeypatch):

@@ -33,14 +33,19 @@ class AfterTabs:
         return self.update(lang, *values) if self.update else {}
 
 
-def adapter_picker(tr: Any, L: Callable[..., str], label: str, prefix: str) -> tuple[Any, Any]:
-    """A tab's adapter dropdown with its refresh button (Try it, Export)."""
+def adapter_picker(tr: Any, L: Callable[..., str], label: str, prefix: str) -> tuple[Any, Any, Any]:
+    """A tab's adapter dropdown with its refresh button (Try it, Export), and the trust_remote_code tick that
+    loading an adapter trained with it asks for (the training form's confirmation; none in public mode)."""
+    from core.public import is_public
+
     with gr.Row(equal_height=False, elem_classes=["mt-bottom-row"]):
         dropdown = tr.add(gr.Dropdown(choices=[], value=None, label=L(label), scale=5, elem_id=f"{prefix}-adapter",
                                       interactive=True), label=label)
         refresh = tr.add(gr.Button(L("try.refresh"), size="sm", scale=1, elem_id=f"{prefix}-refresh"),
                          value="try.refresh")
-    return dropdown, refresh
+    remote = tr.add(gr.Checkbox(value=False, label=L("try.remote_code"), elem_id=f"{prefix}-remote-code",
+                                visible=not is_public()), label="try.remote_code")
+    return dropdown, refresh, remote
 
 
 def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, output_dir: gr.components.Component,
@@ -54,7 +59,7 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
         tr.add(try_tab, label="tab.try")
         tr.add(gr.Markdown(f"### {L('try.title')}\n{L('try.intro')}", elem_id="try-intro"),
                value=lambda lg: f"### {t('try.title', lg)}\n{t('try.intro', lg)}")
-        try_adapter, try_refresh = adapter_picker(tr, L, "try.adapter", "try")
+        try_adapter, try_refresh, try_remote = adapter_picker(tr, L, "try.adapter", "try")
         prompt = tr.add(gr.Textbox(label=L("try.prompt"), placeholder=L("try.prompt_placeholder"), lines=3,
                                    elem_id="try-prompt"), label="try.prompt", placeholder="try.prompt_placeholder")
         with gr.Row(equal_height=True):
@@ -86,7 +91,7 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
         tr.add(export_tab, label="tab.export")
         tr.add(gr.Markdown(f"### {L('export.title')}", elem_id="export-title"),
                value=lambda lg: f"### {t('export.title', lg)}")
-        exp_adapter, exp_refresh = adapter_picker(tr, L, "export.adapter", "export")
+        exp_adapter, exp_refresh, exp_remote = adapter_picker(tr, L, "export.adapter", "export")
         export_note = gr.HTML(elem_id="export-status")
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=320):
@@ -125,7 +130,7 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                                    value="export.merge")
         from ui.gguf import build_section as gguf_section  # GGUF files for llama.cpp / Ollama (ui/gguf.py)
 
-        gguf_section(lang0, tr, lang, exp_adapter)
+        gguf_section(lang0, tr, lang, exp_adapter, remote=exp_remote)
 
     # ---------------- history ----------------
     with gr.Tab(L("tab.history"), id="tab-history", elem_id="tab-history") as history_tab:
@@ -174,7 +179,7 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
         btn.click(refresh_adapters, inputs=[dd, output_dir, lang], outputs=[dd], **quiet)
     x = TryExportTab(try_note=try_note, base=base_box, tuned=tuned_box, export_note=export_note, zip_file=zip_file,
                      merge_warning=merge_warning, merge_check=merge_check, merge_dir=merge_dir, token=token)
-    asked = [lang, try_adapter, prompt, max_new, temperature, top_p, seed, raw]
+    asked = [lang, try_adapter, prompt, max_new, temperature, top_p, seed, raw, try_remote]
     for event in (send.click, prompt.submit):
         event(partial(on_try, x), inputs=asked, outputs=[base_box, tuned_box, try_note], show_progress="hidden")
     stop.click(on_try_stop, inputs=[lang], outputs=[try_note], concurrency_limit=None, **quiet)
@@ -183,7 +188,7 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                        outputs=[merge_warning, merge_check, merge_dir],
                        **quiet)
     zip_btn.click(partial(on_zip, x), inputs=[lang, exp_adapter], outputs=[zip_file, export_note])
-    merge_btn.click(on_merge, inputs=[lang, exp_adapter, merge_dir, replace, confirm, merge_into],
+    merge_btn.click(on_merge, inputs=[lang, exp_adapter, merge_dir, replace, confirm, merge_into, exp_remote],
                     outputs=[export_note])
     push_btn.click(partial(on_push, x), inputs=[lang, exp_adapter, what, merge_dir, repo_id, private, token],
                    outputs=[export_note, token])

@@ -14,7 +14,9 @@ from pathlib import Path
 import gradio as gr
 
 from core.config import TrainConfig
+from core.files import target
 from core.i18n import DEFAULT_LANGUAGE, t
+from core.public import set_visitor_source, upload_root
 from ui import render
 from ui.fields import collect
 from ui.form import Form, Updates, apply_config, values_dict
@@ -23,10 +25,21 @@ from ui.render_preview import error_box, preview_html
 DATA_TYPES = [".jsonl", ".json", ".csv", ".parquet", ".txt"]
 
 
-def upload_dir() -> Path:
-    from core.demo import cache_root
+def _session() -> str | None:
+    """The visitor of the page request being answered (Gradio's session hash; "" for a request without one), or
+    None outside a request. Gradio sets LocalContext.request around every event handler it runs."""
+    from gradio.context import LocalContext
 
-    return cache_root() / "uploads"
+    request = LocalContext.request.get(None)
+    return None if request is None else str(getattr(request, "session_hash", "") or "")
+
+
+set_visitor_source(_session)  # public mode: each visitor's uploads and runs in a folder of their own
+
+
+def upload_dir() -> Path:
+    """memtune's upload folder (public mode: the visitor's own, core.public.upload_root), resolved once."""
+    return target(upload_root(), "keep uploads in")
 
 
 @lru_cache(maxsize=4)
@@ -90,15 +103,28 @@ def on_preview(lang: str, *values) -> str:
     return preview(cfg, lang)
 
 
-def store_upload(file_path: str) -> Path:
+def upload_name(file_path: str | Path) -> str:
+    src = Path(file_path)
+    return re.sub(r"[^A-Za-z0-9._-]", "_", src.name).lstrip(".") or f"data{src.suffix}"
+
+
+def incoming_copy(file_path: str | Path) -> Path:
+    """A copy of Gradio's temporary file in the upload folder under a hidden name: checked there (in public mode
+    only that folder may be read), renamed over an earlier upload of the same name only once it is good."""
     src = Path(file_path)
     if src.suffix.lower() not in DATA_TYPES:
         raise ValueError(t("data.bad_type", "en", name=src.name, types=", ".join(DATA_TYPES)))
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", src.name).lstrip(".") or f"data{src.suffix}"
-    dest = upload_dir() / safe
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dest)
-    return dest
+    folder = upload_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    incoming = folder / f".incoming-{upload_name(src)}"
+    shutil.copyfile(src, incoming)
+    return incoming
+
+
+def store_upload(file_path: str) -> Path:
+    """Copy an upload into the upload folder (its name made safe) and return where it is."""
+    incoming = incoming_copy(file_path)
+    return Path(shutil.move(incoming, incoming.with_name(upload_name(file_path))))
 
 
 def on_upload(form: Form, lang: str, file_path, *values) -> Updates:
@@ -115,13 +141,19 @@ def on_upload(form: Form, lang: str, file_path, *values) -> Updates:
 
     if Path(file_path).suffix.lower() not in DATA_TYPES:
         return rejected(t("data.bad_type", lang, name=Path(file_path).name, types=", ".join(DATA_TYPES)))
-    try:  # checked where Gradio put it, before it is copied over an earlier upload of the same name
-        check_data(TrainConfig(dataset=str(file_path), dataset_split="train", dataset_format="auto"))
-    except DataError as exc:
-        return rejected(str(exc).replace(str(file_path), Path(file_path).name))
     try:
-        dest = store_upload(file_path)
+        incoming = incoming_copy(file_path)
     except (OSError, ValueError) as exc:
+        return rejected(str(exc))
+    try:  # checked under a hidden name, before it replaces an earlier upload of the same name
+        check_data(TrainConfig(dataset=str(incoming), dataset_split="train", dataset_format="auto"))
+    except DataError as exc:
+        incoming.unlink(missing_ok=True)
+        return rejected(str(exc).replace(str(incoming), Path(file_path).name))
+    try:
+        dest = Path(shutil.move(incoming, incoming.with_name(upload_name(file_path))))
+    except OSError as exc:
+        incoming.unlink(missing_ok=True)
         return rejected(str(exc))
     vals = values_dict(values)
     vals.update(dataset=str(dest), dataset_split="train", dataset_format="auto")

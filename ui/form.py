@@ -85,9 +85,12 @@ def values_dict(values) -> dict[str, Any]:
 
 def read_config(values) -> tuple[TrainConfig | None, list[Problem]]:
     """Widget values -> (config, problems): problems are unreadable values or failed validation."""
+    from core.public import visitor_config
+
     cfg, problems = collect(values_dict(values))
     if cfg is None:
         return None, problems
+    cfg = visitor_config(cfg)  # public mode: the run goes into the visitor's own folder
     return cfg, validate(cfg, hardware())
 
 

@@ -60,7 +60,7 @@ def on_gguf_plan(lang: str, adapter: str | None, formats: list[str] | None) -> s
 
 
 def on_gguf_export(lang: str, adapter: str | None, formats: list[str] | None, replace: bool,
-                   progress: Any = gr.Progress()) -> tuple[str, Any]:
+                   trust_remote_code: bool = False, progress: Any = gr.Progress()) -> tuple[str, Any]:
     """Export with a progress bar; (notice with the files written, the commands to run them)."""
     from core.gguf import GGUFError
     from core.gguf_export import export_gguf
@@ -78,7 +78,8 @@ def on_gguf_export(lang: str, adapter: str | None, formats: list[str] | None, re
             progress(fraction, desc=message)
 
     try:
-        result = export_gguf(adapter_dir=adapter, formats=formats, progress=report, overwrite=bool(replace))
+        result = export_gguf(adapter_dir=adapter, formats=formats, progress=report, overwrite=bool(replace),
+                             trust_remote_code=bool(trust_remote_code))
     except GGUFError as exc:
         return _warn(t("export.failed", lang, message=exc), "error"), no_commands
     except Exception as exc:  # noqa: BLE001 - nothing crashes the page
@@ -89,7 +90,7 @@ def on_gguf_export(lang: str, adapter: str | None, formats: list[str] | None, re
             gr.update(value="\n".join(result.commands), visible=True))
 
 
-def build_section(lang0: str, tr: Any, lang: gr.Dropdown, adapter: gr.Dropdown) -> list[Any]:
+def build_section(lang0: str, tr: Any, lang: gr.Dropdown, adapter: gr.Dropdown, remote: Any = None) -> list[Any]:
     """The GGUF widgets and their events; returns the components a language switch re-renders."""
     tr.add(gr.Markdown(f"#### {t('gguf.title', lang0)}\n{t('gguf.intro', lang0)}", elem_id="gguf-title"),
            value=lambda lg: f"#### {t('gguf.title', lg)}\n{t('gguf.intro', lg)}")
@@ -107,5 +108,6 @@ def build_section(lang0: str, tr: Any, lang: gr.Dropdown, adapter: gr.Dropdown) 
                               visible=False, elem_id="gguf-commands"), label="gguf.commands")
     for trigger in (adapter.change, formats.change):
         trigger(on_gguf_plan, inputs=[lang, adapter, formats], outputs=[plan], show_progress="hidden")
-    button.click(on_gguf_export, inputs=[lang, adapter, formats, replace], outputs=[status, commands])
+    button.click(on_gguf_export, inputs=[lang, adapter, formats, replace] + ([remote] if remote is not None else []),
+                 outputs=[status, commands])  # remote: the tab's trust_remote_code tick (ui/after.py)
     return [formats, plan]

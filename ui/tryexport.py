@@ -52,9 +52,10 @@ def adapter_dropdown(output_dir: str | None, current: str | None = None, lang: s
 
 
 def on_try(x: TryExportTab, lang: str, adapter: str | None, prompt: str, max_new_tokens: float, temperature: float,
-           top_p: float, seed: float, raw: bool) -> Iterator[Updates]:
-    """Stream the base answer and the base + adapter answer for one prompt; refusals and errors as the notice."""
-    from core.infer import COMPARER, InferError, adapter_config
+           top_p: float, seed: float, raw: bool, trust_remote_code: bool = False) -> Iterator[Updates]:
+    """Stream the base answer and the base + adapter answer for one prompt; refusals and errors as the notice.
+    An adapter trained with trust_remote_code loads only after the tab's own tick (trust_remote_code)."""
+    from core.infer import COMPARER, InferError, adapter_config, asks_remote_code
 
     def refused(text: str, kind: str = "warn") -> Updates:
         return {x.try_note: warn(text, "try-note", kind)}
@@ -73,13 +74,16 @@ def on_try(x: TryExportTab, lang: str, adapter: str | None, prompt: str, max_new
     except InferError as exc:
         yield refused(str(exc), "error")
         return
+    if asks_remote_code(adapter) and not trust_remote_code:
+        yield refused(t("try.remote_code_needed", lang, model=model))
+        return
     yield {x.base: "", x.tuned: "", x.try_note: note(t("try.loading", lang, model=model, path=adapter), "info",
                                                      "try-note")}
     base = tuned = ""
     try:
         for base, tuned in COMPARER.compare(adapter, prompt, max_new_tokens=int(max_new_tokens),
                                             temperature=float(temperature), top_p=float(top_p), seed=int(seed or 0),
-                                            template=not raw):
+                                            template=not raw, trust_remote_code=bool(trust_remote_code)):
             yield {x.base: base, x.tuned: tuned}
     except InferError as exc:
         yield {x.base: base, x.tuned: tuned, **refused(str(exc), "error")}
@@ -202,10 +206,12 @@ def merge_into_choices(lang: str) -> list[tuple[str, str]]:
 
 
 def on_merge(lang: str, adapter: str | None, out_dir: str, replace: bool, confirmed: bool,
-             merge_into: str | None = None, progress: Any = gr.Progress()) -> str:
-    """Merge with a progress bar, after the confirmation tick; refused while a training run is going. merge_into:
+             merge_into: str | None = None, trust_remote_code: bool = False, progress: Any = gr.Progress()) -> str:
+    """Merge with a progress bar, after the confirmation tick; refused while a training run is going, and for an
+    adapter trained with trust_remote_code, without the tab's trust_remote_code tick. merge_into:
     core.export.merge_adapter's (None: the dequantized 4-bit weights for a 4-bit run)."""
     from core.export import ExportError, merge_adapter
+    from core.infer import adapter_config, asks_remote_code
 
     if not adapter:
         return warn(t("try.pick_adapter", lang), "export-note")
@@ -213,6 +219,8 @@ def on_merge(lang: str, adapter: str | None, out_dir: str, replace: bool, confir
         return warn(t("export.confirm_first", lang), "export-note")
     if MANAGER.busy():
         return warn(t("export.busy_training", lang), "export-note")
+    if asks_remote_code(adapter) and not trust_remote_code:
+        return warn(t("try.remote_code_needed", lang, model=adapter_config(adapter).model), "export-note")
     if (refusal := public_refusal((adapter, "the adapter"), ((out_dir or "").strip() or None, "the merged folder"))):
         return warn(t("export.failed", lang, message=refusal), "export-note", "error")
 
@@ -222,7 +230,7 @@ def on_merge(lang: str, adapter: str | None, out_dir: str, replace: bool, confir
 
     try:
         path = merge_adapter(adapter, (out_dir or "").strip() or None, progress=report, overwrite=bool(replace),
-                             merge_into=merge_into or None)
+                             merge_into=merge_into or None, trust_remote_code=bool(trust_remote_code))
     except ExportError as exc:
         return warn(t("export.failed", lang, message=exc), "export-note", "error")
     except Exception as exc:  # noqa: BLE001 - nothing crashes the page

@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from core.config import TrainConfig
 from core.files import (RefusedError, free_memory, make_tmp, marker, move_into_place, real, recover, require_marker,
-                        storage_message, write_marker)
+                        storage_message, target, write_marker)
 
 GiB = 2**30
 ZIP_KEEP_S = 3600  # download zips older than this are removed when the next one is made
@@ -81,7 +81,10 @@ def zip_adapter(adapter_dir: str | Path, dest_dir: str | Path | None = None) -> 
     if not (adapter_dir / "adapter_config.json").is_file():
         raise ExportError(f"{adapter_dir} is not an adapter folder (no adapter_config.json). Pick a run's "
                           "adapter/ folder.")
-    dest = real(dest_dir) if dest_dir else zip_dir()
+    try:
+        dest = target(dest_dir, "write the zip into") if dest_dir else zip_dir()
+    except RefusedError as exc:
+        raise ExportError(str(exc)) from None
     final = dest / f"{adapter_dir.parent.name or 'memtune'}-adapter.zip"
     tmp = final.with_name(f".{final.name}.tmp")
     try:
@@ -271,12 +274,13 @@ def dequantize_4bit_linears(model) -> list[dict[str, Any]]:
 
 
 def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, progress: Progress | None = None,
-                  overwrite: bool = False, merge_into: str | None = None) -> Path:
+                  overwrite: bool = False, merge_into: str | None = None, trust_remote_code: bool = False) -> Path:
     """Merge the adapter into its base model's weights and save the result (bf16) into `out_dir`.
 
     merge_into: "dequantized" (default for a 4-bit run: the NF4-rounded weights it trained against) or "original"
     (the unrounded weights); see the module docstring. out_dir defaults to run_dir/merged. An existing out_dir is
     refused unless overwrite=True. Returns out_dir.
+    trust_remote_code: the user's confirmation; an adapter whose settings ask for it is refused without it.
     Runs in the caller's process (the app's): a one-off load-merge-save with no optimizer or patched modules, and
     its memory is freed at the end (free_memory).
     """
@@ -284,17 +288,20 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     from core.model import ModelError, load_model, load_tokenizer, resolve_model_path
 
     adapter_dir = real(adapter_dir)
-    out = real(out_dir) if out_dir else default_merge_dir(adapter_dir)
+    try:  # resolved once (core.files.target): every check below and the final rename act on this same folder
+        out = target(out_dir or default_merge_dir(adapter_dir), "write the merged model into")
+    except RefusedError as exc:
+        raise ExportError(str(exc)) from None
 
     def step(fraction: float, message: str) -> None:
         if progress is not None:
             progress(fraction, message)
 
     try:
-        cfg = adapter_config(adapter_dir)
+        cfg = adapter_config(adapter_dir, trust_remote_code=trust_remote_code)
     except InferError as exc:
         raise ExportError(str(exc)) from None
-    target = merge_target(cfg, merge_into)
+    into = merge_target(cfg, merge_into)
     recover(out)  # an earlier merge into `out` that crashed half-way
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out} is a file, not a folder. Choose another folder for the merged model.")
@@ -321,7 +328,7 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     device = merge_plan(cfg)["device"]
     # bf16 on the device that fits; no fp32 upcast: the merged weights are saved in bf16. "dequantized" loads in 4
     # bits with the run's own quantization settings (one process, one device: no FSDP storage, no offload).
-    mcfg = cfg.replace(load_in_4bit=target == "dequantized", precision="bf16", upcast_to_fp32=False,
+    mcfg = cfg.replace(load_in_4bit=into == "dequantized", precision="bf16", upcast_to_fp32=False,
                        device=device or "cpu", offload_embeddings=False, num_gpus="1", distributed_strategy="auto")
     try:
         tmp = make_tmp(out, "merged")  # marked first: a crash leaves a folder the next start may remove
@@ -331,7 +338,7 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     try:
         quant: list[dict[str, Any]] = []
         path = resolve_model_path(mcfg)
-        if target == "dequantized":
+        if into == "dequantized":
             step(0.02, f"Loading {cfg.model} in 4 bits ({cfg.bnb_4bit_quant_type}), as the adapter was trained")
             model = load_model(mcfg, path)
             step(0.35, "Dequantizing the 4-bit weights the adapter was trained against")
@@ -352,9 +359,9 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
         load_tokenizer(cfg, tok_src).save_pretrained(tmp)
         (tmp / "memtune-merge.json").write_text(json.dumps({
             "base_model": cfg.model, "adapter": str(adapter_dir.resolve()), "dtype": "bfloat16",
-            "merged_into": target, "quantization": quant,
+            "merged_into": into, "quantization": quant,
             "note": ("LoRA adapter merged into the dequantized 4-bit base weights it was trained against"
-                     if target == "dequantized" else "LoRA adapter merged into the original (unquantized) base")
+                     if into == "dequantized" else "LoRA adapter merged into the original (unquantized) base")
             + "; load with AutoModelForCausalLM.from_pretrained",
         }, indent=2), encoding="utf-8")
         move_into_place(tmp, out)

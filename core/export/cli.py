@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from core.export import MERGE_TARGETS, ExportError, merge_adapter, zip_adapter
+from core.files import RefusedError
 from core.gguf import FAMILY_NAMES, GGUFError
 
 MERGE_INTO_HELP = ("which base weights the LoRA delta is added to: 'dequantized' (default for adapters trained on a "
@@ -36,11 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     gg.add_argument("--replace", action="store_true", help="replace an earlier GGUF export in --out")
     gg.add_argument("--merge-into", choices=MERGE_TARGETS, default=None, help=MERGE_INTO_HELP)
     gg.add_argument("--plan", action="store_true", help="only say how much RAM and disk it needs, write nothing")
+    remote = dict(action="store_true", help="run the base model's own Python code, when the adapter was trained "
+                  "with trust_remote_code: true (refused without this flag; only for code you trust)")
+    gg.add_argument("--trust-remote-code", **remote)
     mg = sub.add_parser("merge", help="merge the adapter into its base model (bf16 transformers folder)")
     mg.add_argument("adapter")
     mg.add_argument("--out", default=None, help="output folder (default: the run's merged/ folder)")
     mg.add_argument("--replace", action="store_true", help="replace an earlier merged folder in --out")
     mg.add_argument("--merge-into", choices=MERGE_TARGETS, default=None, help=MERGE_INTO_HELP)
+    mg.add_argument("--trust-remote-code", **remote)
     zp = sub.add_parser("zip", help="zip the adapter folder")
     zp.add_argument("adapter")
     zp.add_argument("--out", default=None, help="folder for the zip (default: a temporary folder)")
@@ -61,17 +66,18 @@ def main(argv: list[str] | None = None) -> int:
                 return 0 if plan.ok else 1
             if not args.model:
                 src["merge_into"] = args.merge_into
-            result = export_gguf(formats=args.formats, out_dir=args.out, progress=show, overwrite=args.replace, **src)
+            result = export_gguf(formats=args.formats, out_dir=args.out, progress=show, overwrite=args.replace,
+                                 trust_remote_code=args.trust_remote_code, **src)
             print(f"\nWritten to {result.out_dir}:")
             for path in [*result.files.values(), result.modelfile, result.readme]:
                 print(f"  {path.name}")
             print("\nRun it:\n  " + "\n  ".join(result.commands))
         elif args.command == "merge":
             print(merge_adapter(args.adapter, args.out, progress=show, overwrite=args.replace,
-                                merge_into=args.merge_into))
+                                merge_into=args.merge_into, trust_remote_code=args.trust_remote_code))
         else:
             print(zip_adapter(args.adapter, args.out))
-    except (ExportError, GGUFError) as exc:
+    except (ExportError, GGUFError, RefusedError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

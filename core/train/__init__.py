@@ -18,6 +18,8 @@ CLI:
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import math
 import os
 import sys
@@ -187,6 +189,8 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
             raise DataError(plan.refusal())
         trainer, callback, trainable = build_run(cfg, emit, plan, tokenizer, path, stop, cuda, stop_file,
                                                  run_dir / "checkpoints", callbacks, console)
+        if resume_ckpt:
+            keep_adapter_dtype(trainer)
         output = trainer.train(resume_from_checkpoint=str(resume_ckpt) if resume_ckpt else None)
 
         summary = summarize(cfg, trainer, output, callback, plan, started, trainable, resume_ckpt)
@@ -231,6 +235,16 @@ def lora_modules(model) -> list[str] | None:
     """The leaf names peft put LoRA on (its target_modules after resolution), as adapter_config.json lists them."""
     peft_config = getattr(model, "peft_config", None) or {}
     return sorted(peft_config["default"].target_modules) if "default" in peft_config else None
+
+
+def keep_adapter_dtype(trainer) -> None:
+    """A resume reloads the checkpoint's adapter through peft's load_adapter, which by default upcasts bf16 LoRA
+    weights to fp32 (autocast_adapter_dtype): the resumed run then trained and saved in fp32, twice the size of the
+    bf16 adapter TRL makes for QLoRA. Loading without the upcast keeps the dtype the model already trains in."""
+    model = trainer.model
+    load = getattr(model, "load_adapter", None)
+    if load is not None and "autocast_adapter_dtype" in inspect.signature(load).parameters:
+        model.load_adapter = functools.partial(load, autocast_adapter_dtype=False)  # this model object only
 
 
 def summarize(cfg: TrainConfig, trainer, output, callback, plan, started: float, trainable: int,
@@ -358,6 +372,8 @@ def run_other_rank(cfg: TrainConfig, stop: threading.Event, callbacks=()) -> Run
         trainer, callback, _ = build_run(cfg, quiet, plan, tokenizer, path, stop, cuda, None, scratch / "checkpoints",
                                          callbacks)
         resume, _ = resume_point(cfg.resume_from) if cfg.resume_from else (None, [])  # the checkpoint rank 0 takes
+        if resume:
+            keep_adapter_dtype(trainer)
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         distributed_summary(cfg, trainer, cuda)  # the collectives rank 0 makes
         full_state_dict(cfg, trainer)
