@@ -134,7 +134,7 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
         history_note = gr.HTML(elem_id="history-status")
         table = gr.Dataframe(history_frame([], lang0), interactive=False, elem_id="history-table", wrap=True,
                              max_height=360, show_label=False,
-                             column_widths=["12%", "15%", "17%", "12%", "9%", "8%", "8%", "7%", "6%", "6%"])
+                             column_widths=["11%", "15%", "15%", "11%", "9%", "8%", "9%", "7%", "6%", "9%"])
         runs_state = gr.State([])
         selected = gr.State(None)
         with gr.Row(equal_height=False):
@@ -160,7 +160,8 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                                         show_label=False, visible=False)
                 tr.add(hist_plot, y_title="run.loss_axis", x_title="run.step_axis")
                 settings = tr.add(gr.Code("", language="yaml", label=L("history.settings"), interactive=False,
-                                          elem_id="history-settings", max_lines=18), label="history.settings")
+                                          elem_id="history-settings", max_lines=18, visible=False),
+                                  label="history.settings")  # shown once a run is picked
 
     # ---------------- events ----------------
     def refresh_adapters(current, out, lg):

@@ -88,6 +88,12 @@ def on_try(x: TryExportTab, lang: str, adapter: str | None, prompt: str, max_new
         yield {x.base: base, x.tuned: tuned,
                **refused(t("msg.error", lang, message=f"{type(exc).__name__}: {exc}"), "error")}
         return
+    empty = [t(k, lang) for k, text in (("try.tuned", tuned), ("try.base", base)) if not (text or "").strip()]
+    if empty:  # "Done." beside an empty box read as a broken page: say what happened and why it can
+        yield {x.base: base, x.tuned: tuned,
+               x.try_note: note(t("try.empty_answer", lang, which=" / ".join(f"“{w}”" for w in empty)), "warn",
+                                "try-note")}
+        return
     yield {x.base: base, x.tuned: tuned, x.try_note: note(t("try.done", lang), "ok", "try-note")}
 
 
