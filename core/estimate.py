@@ -296,6 +296,9 @@ def measured_row_tokens(cfg: TrainConfig) -> int | None:
     from core import data
     from core.model import load_tokenizer
 
+    from core.quiet import offline_if_unreachable
+
+    offline_if_unreachable(cfg)  # one quick check, not six "Retrying in Ns" lines before the error
     raw, fmt = data.check_data(cfg)
     try:
         tokenizer = load_tokenizer(cfg)

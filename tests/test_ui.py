@@ -925,7 +925,7 @@ def test_try_it_streams_two_answers_and_refuses_during_training(engine_run, monk
     COMPARER.unload()
 
 
-@pytest.mark.filterwarnings("ignore:Tick the confirmation", "ignore:Export failed")
+@pytest.mark.filterwarnings("ignore:Tick the confirmation", "ignore:Export failed", "ignore:No Hugging Face token")
 def test_export_zip_merge_and_push_messages(engine_run, tmp_path, monkeypatch, page):
     import zipfile
 
@@ -952,8 +952,12 @@ def test_export_zip_merge_and_push_messages(engine_run, tmp_path, monkeypatch, p
     pushed = tryexport.on_push(x, "en", result.adapter_dir, "adapter", "", "me/x", True, "hf_secret_value")
     note, token = pushed[x.export_note], pushed[x.token]
     assert "Export failed" in note and "hf_secret_value" not in note and token == ""  # offline here
-    note = tryexport.on_push(x, "en", result.adapter_dir, "adapter", "", "not a repo id", True, "")[x.export_note]
+    note = tryexport.on_push(x, "en", result.adapter_dir, "adapter", "", "not a repo id", True, "hf_x")[x.export_note]
     assert "not a Hub repository id" in note
+    # No token anywhere: the notice points to the page's own token box, not only to HF_TOKEN.
+    note = tryexport.on_push(x, "en", result.adapter_dir, "adapter", "", "me/x", True, "")[x.export_note]
+    assert "No Hugging Face token" in note and "“Hugging Face token (optional)” box above" in note
+    assert "billion" not in warning and "0.000" not in warning  # human units, not "0.000189 billion ... 0.000352 GiB"
 
 
 # --- the browser tests' CI switch -------------------------------------------------------------------------------------
@@ -967,7 +971,7 @@ def test_a_missing_browser_fails_the_browser_tests_only_when_required(required, 
                           env=env, cwd=ROOT)
     out = proc.stdout + proc.stderr
     if outcome == "failed":
-        assert proc.returncode != 0 and "10 failed" in out and "no chromium at" in out, out[-2000:]
+        assert proc.returncode != 0 and "13 failed" in out and "no chromium at" in out, out[-2000:]
     else:
         assert proc.returncode in (0, 5) and "skipped" in out and "MEMTUNE_REQUIRE_BROWSER=1" in out, out[-2000:]  # 5: none ran
 
