@@ -984,3 +984,19 @@ def test_numbers_and_sizes_are_written_as_each_language_writes_them():
     v = JobView(state="running", step=1698, total_steps=2000, tokens_per_s=12345.6, phase="training")
     html = render.progress_html(v, "en")
     assert "1,698" in html and "2,000" in html and "12,346 tokens/s" in html and 'data-step="1698"' in html
+
+
+def test_the_run_log_follows_the_language():
+    """The engine logs in English; the page shows its lines in the page's language (issue 24, item 8)."""
+    lines = ["18:57:06  run folder /r/a", "18:57:26  [loading_model] Loading and quantizing to 4-bit m (8 s)",
+             "18:57:27  LoRA: 90,112 trainable parameters of 217,408",
+             "18:57:34  step 1/2  loss 8.6248  lr 0.00e+00  grad_norm 8.625", "18:57:35  Checkpoint saved: /r/a/c-1",
+             "18:57:37  finished: completed - Finished after 2 steps; adapter saved to /r/a/adapter (0.2 MiB)"]
+    assert [render.log_line(x, "en") for x in lines] == lines  # English: as the engine wrote it
+    fr = "\n".join(render.log_line(x, "fr") for x in lines)
+    for said in ("dossier de l'entraînement /r/a", "Chargement du modèle (8 s)", "90\u202f112 paramètres",
+                 "pas 1/2  perte 8,6248", "Checkpoint enregistré : /r/a/c-1", "fin : Terminé - après 2 pas",
+                 "(0,2 Mio)"):
+        assert said in fr, (said, fr)
+    assert not any(w in fr for w in ("saved", "finished", "Loading", "trainable", "loss "))
+    assert render.log_line("18:00:00  something new", "pt") == "18:00:00  something new"  # unknown: left as is

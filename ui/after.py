@@ -95,8 +95,9 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                 zip_file = gr.File(visible=False, interactive=False, elem_id="export-zip-file")
                 tr.add(gr.Markdown(f"#### {L('export.push_title')}"),
                        value=lambda lg: f"#### {t('export.push_title', lg)}")
-                repo_id = tr.add(gr.Textbox(label=L("export.repo_id"), placeholder="your-name/my-adapter",
-                                            max_lines=1, elem_id="export-repo"), label="export.repo_id")
+                repo_id = tr.add(gr.Textbox(label=L("export.repo_id"), placeholder=L("export.repo_placeholder"),
+                                            max_lines=1, elem_id="export-repo"), label="export.repo_id",
+                                 placeholder="export.repo_placeholder")
                 with gr.Row():
                     private = tr.add(gr.Checkbox(value=True, label=L("export.private"), elem_id="export-private"),
                                      label="export.private")

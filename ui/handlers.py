@@ -142,7 +142,7 @@ def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
     shown = render.num(gib, 0 if float(gib).is_integer() else 1, lang)
     where = t("fit.gpu_free" if real else "fit.hypothetical", lang, gib=shown)
     rows = row_tokens(cfg)
-    sized = "\n" + (t("fit.lengths_known", lang, n=f"{rows:,}") if rows else t("fit.lengths_unknown", lang))
+    sized = "\n" + (t("fit.lengths_known", lang, n=render.integer(rows, lang)) if rows else t("fit.lengths_unknown", lang))
     try:
         new, est = fit_to_gpu(cfg, int(gib * 2**30), max_row_tokens=rows)
     except FitError as exc:

@@ -88,8 +88,12 @@ def header_html(lang: str = DEFAULT_LANGUAGE) -> str:
 
     banner = (f'<p id="mt-public" class="mt-warn"><b>{render.E(t("public.banner", lang, root=public_root()))}</b></p>'
               if is_public() else "")  # h2: public mode says so on every page
+    # Gradio writes its upload box's "Drop File Here - or - Click to Upload" in the browser's language, not the
+    # page's: the box shows memtune's own words instead (ui/theme.py hides Gradio's, shows --mt-drop-text).
+    drop = "".join(c for c in t("app.drop_file", lang) if c not in '"\\<>')  # CSS text: no entities, no quotes
     return (f'<div id="mt-header"><h1>memtune</h1><p>{render.E(t("app.tagline", lang))}</p>'
-            f'<p id="mt-hw">{line}</p>{banner}</div>')
+            f'<p id="mt-hw">{line}</p>{banner}</div>'
+            f'<style>:root {{ --mt-drop-text: "{drop}"; }}</style>')
 
 
 def gpus_note(lang: str = DEFAULT_LANGUAGE) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from typing import Any, Iterable
 
 from core.config import Problem, TrainConfig
@@ -180,7 +181,8 @@ def progress_html(v: JobView, lang: str = "en") -> str:
     frac = v.fraction
     label = t(f"state.{v.state}", lang)
     if v.state in ("running", "stopping") and v.phase and v.phase != "training" and not v.step:
-        detail = E(v.phase_message or t(f"phase.{v.phase}", lang))
+        # the engine's own message (English) in English; the phase's name in the other languages
+        detail = E((v.phase_message if normalize(lang) == "en" else "") or t(f"phase.{v.phase}", lang))
     elif v.state in ("failed", "interrupted") and not v.step:
         detail = E(t("progress.no_steps", lang))  # not "step 0 / ?": it ended before its first step
     else:
@@ -273,9 +275,50 @@ def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None
             f'<div class="mt-peaks-title">{E(t("result.peak", lang))}</div>{peaks_html(s, predicted, lang)}</div>')
 
 
+_LOG_TIME = re.compile(r"^(\d\d:\d\d:\d\d|--:--:--)  (.*)$", re.S)
+_LOG_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # the engine's English log lines -> the page's language
+    (re.compile(r"run folder (.+)"), lambda m, lg: t("log.run_folder", lg, path=m[1])),
+    (re.compile(r"\[(\w+)\] .*?(?: \((\d+ s)\))?"),
+     lambda m, lg: t(f"phase.{m[1]}", lg) + (f" ({m[2]})" if m[2] else "")),
+    (re.compile(r"step (\d+)/(\d+)  loss (\S+)  lr (\S+)  grad_norm (\S+)"),
+     lambda m, lg: t("log.step", lg, step=m[1], total=m[2], loss=_dec(m[3], lg), lr=_dec(m[4], lg), grad_norm=_dec(m[5], lg))),
+    (re.compile(r"Checkpoint saved: (.+)"), lambda m, lg: t("log.checkpoint", lg, path=m[1])),
+    (re.compile(r"LoRA: ([\d,]+) trainable parameters of ([\d,]+)"),
+     lambda m, lg: t("log.lora", lg, n=integer(int(m[1].replace(",", "")), lg),
+                     total=integer(int(m[2].replace(",", "")), lg))),
+    (re.compile(r"Data: (\d+) rows in (.+?), (\d+) train at max_length (\d+)(?::.*)?"),
+     lambda m, lg: t("log.data", lg, rows=m[1], dataset=m[2], train=m[3], max_length=m[4])),
+    (re.compile(r"finished: (\w+) - (?:Finished|Stopped) after (\d+) steps?; adapter saved to (.+) \(([\d.]+) MiB\)"),
+     lambda m, lg: f'{t("log.finished", lg, status=t(f"state.{m[1]}", lg))} - '
+                   f'{t("log.saved_one" if m[2] == "1" else "log.saved", lg, steps=m[2], path=m[3], size=_mib(m[4], lg))}'),
+    (re.compile(r"finished: (\w+) - (.*)"),
+     lambda m, lg: f'{t("log.finished", lg, status=t(f"state.{m[1]}", lg))} - {m[2]}'),
+    (re.compile(r"WARNING (.*)"), lambda m, lg: f'{t("log.warning", lg)} {m[1]}'),
+)
+
+
+def _mib(text: str, lang: str) -> str:
+    return f"{num(float(text), 1, lang)} {BYTE_UNITS.get(normalize(lang), IEC_UNITS)[2]}"  # "0,2 Mio"
+
+
+def _dec(text: str, lang: str) -> str:
+    return text.replace(".", ",") if normalize(lang) in ("pt", "fr") else text
+
+
+def log_line(line: str, lang: str = "en") -> str:
+    """One run-log line in the page's language (the engine writes English; English lines are left as they are)."""
+    if normalize(lang) == "en" or not (m := _LOG_TIME.match(line)):
+        return line
+    for pattern, words in _LOG_RULES:
+        if (found := pattern.fullmatch(m[2])):
+            return f"{m[1]}  {words(found, lang)}"
+    return line
+
+
 def log_html(lines: list[str], lang: str = "en") -> str:
     """The run log, newest line at the bottom; the box stays scrolled to the end (CSS column-reverse)."""
-    body = E("\n".join(lines)) if lines else f'<span class="mt-muted">{E(t("run.log_empty", lang))}</span>'
+    body = (E("\n".join(log_line(x, lang) for x in lines)) if lines
+            else f'<span class="mt-muted">{E(t("run.log_empty", lang))}</span>')
     return f'<div class="mt-log" id="mt-log"><pre class="mt-pre">{body}</pre></div>'
 
 

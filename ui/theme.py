@@ -123,6 +123,11 @@ CSS = """
 /* header and language picker */
 #mt-top { align-items: flex-start !important; }
 #lang-select { max-width: 200px; margin-left: auto; }
+/* the upload box in the page's language (ui.layout.header_html sets --mt-drop-text) */
+#data-upload .wrap { font-size: 0 !important; }
+#data-upload .wrap > * { font-size: var(--text-md, 14px); }
+#data-upload .wrap > .or { display: none; }
+#data-upload .wrap::after { content: var(--mt-drop-text); font-size: var(--text-md, 14px); }
 /* toasts (gr.Warning / gr.Info) at the bottom right: at the top they covered the language picker */
 .toast-wrap { top: auto !important; bottom: var(--size-4, 16px) !important; }
 
