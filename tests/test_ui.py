@@ -1000,3 +1000,10 @@ def test_the_run_log_follows_the_language():
         assert said in fr, (said, fr)
     assert not any(w in fr for w in ("saved", "finished", "Loading", "trainable", "loss "))
     assert render.log_line("18:00:00  something new", "pt") == "18:00:00  something new"  # unknown: left as is
+
+
+def test_a_preset_clears_the_notices_about_the_old_settings(form):
+    """Fit to my GPU's notice described the settings before the preset: it goes with them (item 5)."""
+    out = handlers.on_preset_lever(form, "en", "lowest_memory", *widget_values(TrainConfig()))
+    assert all(out[c] == "" for c in form.stale)
+    assert out[form.check_memory] == {}  # nothing left for a checklist box to undo

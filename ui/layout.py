@@ -304,7 +304,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                   outputs=live.outputs, show_progress="hidden")
 
         # Language: the browser's on load, the picker afterwards; everything written re-renders.
-        one_off = [notice, fit_note, cfg_notice]  # one-off notices written in the old language: cleared
+        one_off = [notice, fit_note, cfg_notice, preview_out]  # written in the old language: cleared
         lang_out = tr.components + form.derived_outputs + tabs.language_outputs + one_off
         n = len(FIELD_NAMES)
 

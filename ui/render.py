@@ -346,7 +346,7 @@ def summary_html(cfg: TrainConfig | None, problems: list[Problem], checklist_on:
                             lang)),
         ("schedule", t("summary.steps", lang, n=cfg.max_steps) if cfg.max_steps > 0
          else t("summary.epochs", lang, n=f"{cfg.num_train_epochs:g}")),
-        ("lr", t("summary.lr", lang, lr=f"{cfg.learning_rate:g}")),
+        ("lr", t("summary.lr", lang, lr=_dec(f"{cfg.learning_rate:g}", lang))),
     ]
     if cfg.packing:
         chips.append(("packing", t("summary.packing", lang)))

@@ -177,6 +177,9 @@ CSS = """
 #history-table th, #history-table th * { word-break: normal !important; overflow-wrap: normal !important;
                                          hyphens: none !important; }
 .dark .mt-history-detail { background: var(--neutral-900); }
+/* a picked run is a row, not a cell being edited: no cell outline, no cell menu (the table is read-only) */
+#history-table .cell-selected { box-shadow: none !important; animation: none !important; }
+#history-table .cell-menu-button { display: none !important; }
 #history-confirm { padding: 0 !important; border: none !important; background: none !important; }  /* one frame:
    the confirmation note's own */
 .mt-note { margin: 4px 0; }
