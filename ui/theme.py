@@ -128,8 +128,6 @@ CSS = """
 #data-upload .wrap > * { font-size: var(--text-md, 14px); }
 #data-upload .wrap > .or { display: none; }
 #data-upload .wrap::after { content: var(--mt-drop-text); font-size: var(--text-md, 14px); }
-/* Gradio writes a file's size as "148.8 KB" in every language: the result and Export notes give it in the page's */
-#adapter-download .file-size, #export-zip-file .file-size { display: none; }
 /* toasts (gr.Warning / gr.Info) at the bottom right: at the top they covered the language picker */
 .toast-wrap { top: auto !important; bottom: var(--size-4, 16px) !important; }
 
