@@ -81,10 +81,11 @@ def exposure_problem(host: str, share: bool, auth: tuple[str, str] | None, space
         return None
     if share:
         return ("Refusing to create a public share link without a password: anyone with the link could start "
-                "training jobs and write files on this machine. Add --auth user:password (or set MEMTUNE_AUTH).")
+                "training jobs and write files on this machine. Set MEMTUNE_AUTH=user:password (or add --auth, "
+                "which other users see in `ps`).")
     if not is_loopback(host):
         return (f"Refusing to listen on {host} without a password: other machines on the network could start "
-                "training jobs and write files here. Add --auth user:password (or set MEMTUNE_AUTH), or use the "
+                "training jobs and write files here. Set MEMTUNE_AUTH=user:password (or add --auth), or use the "
                 "default --host 127.0.0.1.")
     return None
 
@@ -151,6 +152,9 @@ def end_training_on_exit() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from core.quiet import quiet_libraries
+
+    quiet_libraries(progress_bars=False)  # Try it and Export load models in this process: no bars in its terminal
     try:
         auth = parse_auth(args.auth if args.auth is not None else os.environ.get("MEMTUNE_AUTH"))
     except ValueError as exc:
@@ -195,8 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     if demo.share_url:
         print(f"memtune: public link {demo.share_url} (log in with the --auth user:password)", flush=True)
     else:
-        print("memtune: to open it from another machine, start with --share --auth user:password "
-              "(a public gradio.live link) or --host 0.0.0.0 --auth user:password", flush=True)
+        print("memtune: to open it from another machine, set a login and start with --share (a public gradio.live "
+              "link) or --host 0.0.0.0: MEMTUNE_AUTH=user:password python app.py --host 0.0.0.0 (MEMTUNE_AUTH rather "
+              "than --auth, which every user of this machine sees in `ps`)", flush=True)
     demo.block_thread()
     return 0
 

@@ -183,27 +183,40 @@ class ItemSaving:
 
     @property
     def text(self) -> str:
+        if self.saved_gib <= -0.05:  # the item raises the peak at these settings
+            return f"costs {-self.saved_gib:.1f} GiB more here"
         if self.saved_gib < 0.05:
             return "saves nothing here"
         return f"saves {self.saved_gib:.1f} GiB here"
 
 
-def savings(cfg: TrainConfig, shape: ModelShape | None = None, **kw) -> list[ItemSaving]:
-    """For each of the chapter's seven checklist items, the GiB it saves at the current settings (on vs off)."""
+def savings(cfg: TrainConfig, shape: ModelShape | None = None, switch=None, **kw) -> list[ItemSaving]:
+    """For each of the chapter's seven checklist items, the GiB it saves at the current settings (on vs off).
+
+    `switch(cfg, key, on)` is what ticking or unticking the item does (default core.checklist.toggle; the page passes
+    its own, which can give back the values from before the last tick), so the saving is what a click changes."""
     from core.checklist import ITEMS, toggle
 
+    switch = switch or toggle
     shape = _resolve_shape(cfg, shape)
     out = []
     for item in ITEMS:
-        on_total = estimate(toggle(cfg, item.key, True), shape, **kw).nvml_peak
-        off_total = estimate(toggle(cfg, item.key, False), shape, **kw).nvml_peak
+        on_total = estimate(switch(cfg, item.key, True), shape, **kw).nvml_peak
+        off_total = estimate(switch(cfg, item.key, False), shape, **kw).nvml_peak
         out.append(ItemSaving(item.key, item.label, bool(item.is_on(cfg)), off_total - on_total))
     return out
 
 
 # --- fit to a budget ------------------------------------------------------------------------------------------------
 class FitError(ValueError):
-    """Nothing memtune may change fits the budget; the message gives the smallest need found."""
+    """Nothing memtune may change fits the budget; the message gives the smallest need found. For a page that words
+    it itself: `smallest` (the smallest setting tried), `need_gib` (a GPU that fits it) and `advice` (a code:
+    fsdp_loading, ddp, upcast, no_4bit, smaller_model)."""
+
+    def __init__(self, message: str, smallest: TrainConfig | None = None, smallest_gib: float | None = None,
+                 need_gib: float | None = None, advice: str = "smaller_model") -> None:
+        super().__init__(message)
+        self.smallest, self.smallest_gib, self.need_gib, self.advice = smallest, smallest_gib, need_gib, advice
 
 
 def _lengths(max_length: int, floor: int = 64) -> list[int]:
@@ -215,7 +228,20 @@ def _lengths(max_length: int, floor: int = 64) -> list[int]:
         length = max(floor, length // 2)
 
 
-def fit_to_gpu(cfg: TrainConfig, budget_bytes: int, margin: float = 0.1, shape: ModelShape | None = None,
+FIT_MARGIN = 0.1  # what fit_to_gpu keeps spare of the budget
+
+
+def fit_floor(cfg: TrainConfig, shape: ModelShape | None = None, **kw) -> Estimate:
+    """The estimate of the smallest setting fit_to_gpu may choose for cfg (batch 1, its shortest length, gradient
+    checkpointing, a paged 8-bit optimizer): when even this does not fit a budget, Fit cannot help."""
+    effective = cfg.effective_batch_size
+    optim = cfg.optim if OPTIMIZERS.get(cfg.optim, (0, 0, 0))[1] else "paged_adamw_8bit"
+    return estimate(cfg.replace(max_length=_lengths(cfg.max_length)[-1], per_device_train_batch_size=1,
+                                gradient_accumulation_steps=max(1, effective), gradient_checkpointing=True,
+                                optim=optim), _resolve_shape(cfg, shape), **kw)
+
+
+def fit_to_gpu(cfg: TrainConfig, budget_bytes: int, margin: float = FIT_MARGIN, shape: ModelShape | None = None,
                **kw) -> tuple[TrainConfig, Estimate]:
     """The config closest to `cfg` whose predicted NVML peak fits `budget_bytes` with `margin` to spare.
 
@@ -247,20 +273,21 @@ def fit_to_gpu(cfg: TrainConfig, budget_bytes: int, margin: float = 0.1, shape: 
     cand, est = last  # the smallest setting: batch 1, the shortest length, checkpointing, 8-bit optimizer
     need = est.nvml_peak / (1.0 - margin)
     if est.strategy == "fsdp" and est.peak_phase == "loading":
-        advice = "The peak is loading: each GPU holds the whole 4-bit model before FSDP shards it."
+        code, advice = "fsdp_loading", "The peak is loading: each GPU holds the whole 4-bit model before FSDP shards it."
     elif est.strategy == "ddp":
-        advice = "Every GPU holds the whole model under ddp: distributed_strategy fsdp shards it across the GPUs."
+        code, advice = "ddp", "Every GPU holds the whole model under ddp: distributed_strategy fsdp shards it across the GPUs."
     elif cfg.load_in_4bit and cfg.upcast_to_fp32 and est.peak_phase == "loading":
-        advice = "The peak is the fp32 upcast while loading: turn upcast_to_fp32 off, or pick a smaller model."
+        code, advice = "upcast", "The peak is the fp32 upcast while loading: turn upcast_to_fp32 off, or pick a smaller model."
     elif not cfg.load_in_4bit:
-        advice = "Turn on load_in_4bit (QLoRA), or pick a smaller model."
+        code, advice = "no_4bit", "Turn on load_in_4bit (QLoRA), or pick a smaller model."
     else:
-        advice = "Pick a smaller model."
+        code, advice = "smaller_model", "Pick a smaller model."
     raise FitError(
         f"Nothing fits in {budget_bytes / GIB:.1f} GiB with a {margin:.0%} margin. The smallest setting tried "
         f"(batch 1, max_length {cand.max_length}, gradient checkpointing "
         f"{'on' if cand.gradient_checkpointing else 'off'}, {cand.optim}) needs {est.total_gib:.1f} GiB{' per GPU' if est.world_size > 1 else ''}, so a GPU with at "
-        f"least {need / GIB:.1f} GiB. {advice}")
+        f"least {need / GIB:.1f} GiB. {advice}", smallest=cand, smallest_gib=est.total_gib, need_gib=need / GIB,
+        advice=code)
 
 
 # --- the dataset's real lengths -------------------------------------------------------------------------------------
@@ -272,6 +299,9 @@ def measured_row_tokens(cfg: TrainConfig) -> int | None:
     from core import data
     from core.model import load_tokenizer
 
+    from core.quiet import offline_if_unreachable
+
+    offline_if_unreachable(cfg)  # one quick check, not six "Retrying in Ns" lines before the error
     raw, fmt = data.check_data(cfg)
     try:
         tokenizer = load_tokenizer(cfg)

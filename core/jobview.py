@@ -75,6 +75,7 @@ class _Fold:
         self.losses: dict[int, float] = {}
         self.last_phase: str | None = None  # a phase's heartbeats replace its previous line instead of piling up
         self.seen = 0  # events added so far
+        self.started: float | None = None  # the run's first event: "elapsed" counts from it, as the result's Time does
 
     def add(self, events: list[dict[str, Any]]) -> None:
         v = self.v
@@ -82,6 +83,8 @@ class _Fold:
             self.seen += 1
             if v.state == "idle":
                 v.state = "running"
+            if self.started is None and isinstance(e.get("time"), (int, float)):
+                self.started = float(e["time"])
             kind = e.get("kind")
             line = format_event(e)
             if kind == "run" and e.get("run_dir") and e.get("run_dir") == v.run_dir:
@@ -103,6 +106,9 @@ class _Fold:
                 for name in ("epoch", "eta_s", "elapsed_s", "tokens_per_s", "tokens"):
                     if e.get(name) is not None:
                         setattr(v, name, e[name])
+                if self.started is not None and isinstance(e.get("time"), (int, float)):
+                    # one clock for one run: from its start (loading included), not from the first training step
+                    v.elapsed_s = max(0.0, float(e["time"]) - self.started)
                 if e.get("peak_gib") is not None:
                     v.peak_gib = max(v.peak_gib or 0.0, float(e["peak_gib"]))
             elif kind == "metrics":  # every logging_steps: the loss curve (step events never carry the loss)
@@ -117,6 +123,8 @@ class _Fold:
                 v.run_dir = e.get("run_dir") or v.run_dir
                 v.adapter_dir = e.get("adapter_dir") or v.adapter_dir
                 v.summary = e.get("summary") or {}
+                if isinstance(v.summary.get("runtime_s"), (int, float)):
+                    v.elapsed_s = float(v.summary["runtime_s"])  # the same figure as the result's and History's Time
                 v.message = e.get("message", "") or v.message
 
     def result(self, running: bool, stopping: bool, from_disk: bool) -> JobView:

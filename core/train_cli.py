@@ -32,24 +32,10 @@ def console_sink(event: dict[str, Any]) -> None:
 
 
 def quiet_libraries(console: bool) -> None:
-    """A clean command line: memtune's own progress lines, not the libraries' noise.
+    """The libraries' noise silenced (core/quiet.py); their progress bars only on an interactive terminal."""
+    from core.quiet import quiet_libraries as quiet
 
-    peft itself reads `is_gradient_checkpointing` (deprecated in transformers 5) on every run, so that FutureWarning
-    says nothing about the user's settings; datasets' per-map progress bars are kilobytes of \r in a log file.
-    """
-    import warnings
-
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-    import logging
-
-    # bitsandbytes on a CPU without its optional `kernels` package says so on every load; it falls back by itself.
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
-    if not console:
-        import datasets
-        from transformers.utils import logging as hf_logging
-
-        datasets.disable_progress_bars()
-        hf_logging.disable_progress_bar()
+    quiet(progress_bars=console)
 
 
 def set_threads_from_env() -> None:
@@ -64,10 +50,12 @@ def set_threads_from_env() -> None:
 def main(argv: list[str] | None = None, callbacks=()) -> int:
     """`python -m core.train ARGS`; `callbacks`: extra TrainerCallbacks (bench/stepprof.py times the steps)."""
     parser = argparse.ArgumentParser(prog="python -m core.train", description="Fine-tune with LoRA/QLoRA, headless.")
-    src = parser.add_mutually_exclusive_group(required=True)
+    src = parser.add_mutually_exclusive_group()
     src.add_argument("--config", help="YAML file of settings (start from --dump-config)")
     src.add_argument("--demo", action="store_true", help="train the offline demo (tiny model, shipped data)")
-    src.add_argument("--dump-config", action="store_true", help="print the default configuration as YAML")
+    # Not exclusive with them: `--demo --dump-config` writes the demo's settings, `--config F --dump-config` F's.
+    parser.add_argument("--dump-config", action="store_true", help="print the configuration as YAML instead of "
+                        "training: the defaults, or those of --demo / --config, after --preset and --set")
     parser.add_argument("--preset", choices=list(PRESETS), help="apply a preset's memory/speed levers first "
                         "(chapter: the recipe as written; lowest_memory; fastest), then --set")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
@@ -75,11 +63,10 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
     # Internal (the app's job manager): train into exactly this folder, which it made and wrote config.yaml into.
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if not (args.config or args.demo or args.dump_config):
+        parser.error("one of the arguments --config --demo --dump-config is required")
     try:
-        if args.dump_config:
-            cfg = TrainConfig()
-        else:
-            cfg = demo_config() if args.demo else TrainConfig.load(args.config)
+        cfg = demo_config() if args.demo else TrainConfig.load(args.config) if args.config else TrainConfig()
         if args.preset:
             # A dumped file may be meant for another machine; a run here keeps CUDA-only levers off without CUDA.
             from core.estimate import fit_preset
@@ -109,6 +96,9 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
         return launcher.run_launcher(cfg, args.run_dir)  # accelerate launch: this machine's workers
     set_threads_from_env()
     quiet_libraries(console=sys.stderr.isatty())
+    from core.quiet import offline_if_unreachable
+
+    offline_if_unreachable(cfg)
     stop = threading.Event()
     stop_on_signals(stop, args.run_dir)
     stop_when_orphaned(stop)
@@ -128,7 +118,11 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
               file=sys.stderr)
         return 1
     s = result.summary
-    print(f"{result.message}\n{loss_line(s, cfg)}, {s.get('train_tokens')} tokens in {s.get('train_runtime_s')} s")
+    tokens = s.get("train_tokens")
+    tokens = f"{tokens:,}" if isinstance(tokens, int) else "-"
+    runtime = s.get("train_runtime_s")
+    runtime = f"{runtime:.1f}" if isinstance(runtime, (int, float)) else "-"
+    print(f"{result.message}\n{loss_line(s, cfg)}, {tokens} tokens in {runtime} s")
     print(result.adapter_dir)
     return 0
 
@@ -136,8 +130,8 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
 def loss_line(summary: dict, cfg: TrainConfig) -> str:
     """"first loss 2.31, last loss 1.02", or why there is none (never "first loss None")."""
     first, last = summary.get("first_loss"), summary.get("final_loss")
-    if first is not None and last is not None:
-        return f"first loss {first}, last loss {last}"
+    if first is not None and last is not None:  # "0.0141", not 0.014143562316894532
+        return f"first loss {first:.4f}, last loss {last:.4f}"
     steps = summary.get("steps")
     return (f"no loss was logged: the run made {steps if steps is not None else 'no'} optimizer step(s) and the "
             f"loss is logged every {cfg.logging_steps} (logging_steps; set it lower to see the loss of a short run)")

@@ -39,11 +39,10 @@ def one_run(out: Path) -> dict:
     events = [json.loads(line) for line in (adapter.parent / "events.jsonl").read_text().splitlines()]
     first_step = next(e["time"] for e in events if e["kind"] == "step")
     losses = [e["loss"] for e in events if e["kind"] == "metrics"]
-    from transformers.utils import logging
-
     from core.demo import score_adapter
+    from core.quiet import quiet_libraries
 
-    logging.disable_progress_bar()
+    quiet_libraries(progress_bars=False)  # the bench's own lines, not bitsandbytes' or transformers' noise
 
     right, total = score_adapter(adapter)
     return {"wall_s": round(wall, 1), "first_step_s": round(first_step - launched, 1), "exact": right,
@@ -60,6 +59,8 @@ def main() -> int:
           f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     runs = []
     for i in range(args.runs):
+        print(f"run {i + 1}: training the demo (python -m core.train --demo), then scoring its 100 answers...",
+              flush=True)  # ~15 s of work: say so rather than stay silent
         r = one_run(out)
         runs.append(r)
         print(f"run {i + 1}: {r['wall_s']} s wall, first step at {r['first_step_s']} s, "

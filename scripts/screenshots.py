@@ -14,6 +14,7 @@ It also writes the tutorial, docs/tutorial/{en,pt,fr}.md with one screenshot per
 
     python scripts/screenshots.py                                # everything
     python scripts/screenshots.py --only tutorial --languages en # one language's tutorial
+    python scripts/screenshots.py --only tutorial --pass-dir /tmp/pass  # and every tab, for a review
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def start_app(workdir: Path, port: int) -> subprocess.Popen:
                HF_HOME=str(workdir / "hf"), GRADIO_ANALYTICS_ENABLED="False", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=workdir, env=env,
                             stdout=open(workdir / "app.log", "w"), stderr=subprocess.STDOUT)
-    deadline = time.time() + 90
+    deadline = time.time() + 300  # a shared machine loaded past its cores starts the app slowly
     while time.time() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"app.py exited early:\n{(workdir / 'app.log').read_text()}")
@@ -56,18 +57,22 @@ def start_app(workdir: Path, port: int) -> subprocess.Popen:
         except OSError:
             time.sleep(0.5)
     proc.kill()
-    raise RuntimeError("app.py did not start within 90 s")
+    raise RuntimeError("app.py did not start within 300 s")
 
 
 RUNNING = ("(() => { const p = document.querySelector('#run-progress .mt-progress');"
            " return p && (+p.dataset.step >= 60 || ['completed','stopped','failed'].includes(p.dataset.state)); })()")
 
 
-def open_demo(page, url: str) -> None:
-    """Load the page (on the demo) and preview its data."""
+def open_demo(page, url: str, start_text: str = "") -> None:
+    """Load the page (on the demo), wait until it is in the browser's language (Start reads `start_text`), and
+    preview its data: a preview asked for before the language switch would be written in English."""
     page.goto(url)
     page.wait_for_selector("#start-btn")
     page.wait_for_selector("#mt-gauge-prediction", timeout=30_000)
+    if start_text:
+        page.wait_for_function(f"document.querySelector('#start-btn').textContent.includes({start_text!r})")
+        page.wait_for_timeout(1500)  # the language switch's re-render lands
     page.click("#preview-btn")
     page.wait_for_selector("#mt-preview svg", timeout=60_000)
 
@@ -85,6 +90,7 @@ def try_it(page, prompt: str, done: str) -> None:
     page.get_by_role("option").first.click()
     page.locator("#try-prompt textarea").fill(prompt)
     page.click("#try-send")
+    done = done.rstrip(".")  # "Done." or "Done, but ... produced no text"
     page.wait_for_function(f"document.querySelector('#try-status')?.textContent.includes({done!r})",
                            timeout=180_000, polling=250)
 
@@ -174,7 +180,7 @@ def readme_shots(browser, url: str, out: Path, width: int) -> None:
     page.close()
 
 
-def tutorial_pass(browser, url: str, lang: str, width: int) -> None:
+def tutorial_pass(browser, url: str, lang: str, width: int, pass_dir: Path | None = None) -> None:
     """One language's tutorial: a fresh page whose browser asks for `lang`, the demo from start to GGUF export."""
     from core.i18n import t
     from scripts.tutorial import LOCALES, STEPS, TUTORIAL_DIR, DEMO_PROMPT, image_name, write_tutorial
@@ -188,23 +194,46 @@ def tutorial_pass(browser, url: str, lang: str, width: int) -> None:
     def tab(key: str) -> None:
         page.get_by_role("tab", name=t(key, lang), exact=True).click()
 
+    shown: dict[str, str] = {}
+
     def shot(step: str, full_page: bool = True) -> None:
         page.wait_for_timeout(800)
         name = image_name(lang, STEPS.index(step), step)
         page.screenshot(path=str(img / name), full_page=full_page)
+        shown[step] = page.inner_text("body")  # what the picture shows, for tests/test_tutorial.py
         print(name, flush=True)
 
-    open_demo(page, url)
-    page.wait_for_function(f"document.querySelector('#start-btn').textContent.includes({t('run.start', lang)!r})")
+    def extra(name: str) -> None:  # --pass-dir: every tab, for a reviewer to look at (not part of the tutorial)
+        if pass_dir is not None:
+            page.wait_for_timeout(800)
+            page.screenshot(path=str(pass_dir / f"{lang}-{name}.png"), full_page=True)
+            (pass_dir / f"{lang}-{name}.txt").write_text(page.inner_text("body"), encoding="utf-8")
+
+    open_demo(page, url, t("run.start", lang))
     shot("start")
     tab("tab.checklist")
     page.wait_for_selector("#check-qlora")
     shot("checklist")
+    tab("tab.training")
+    extra("settings-training")
+    tab("tab.code")
+    extra("settings-code")
     tab("tab.data")
     start_run(page)
     shot("training")
     page.wait_for_selector("#run-result .mt-result", timeout=300_000)
     shot("finished")
+    if pass_dir is not None:
+        tab("tab.data")
+        page.click("#preset-chapter")  # the 8B recipe: GiB figures and Fit to my GPU's advice worth reading
+        page.wait_for_function("document.querySelector('#mt-summary [data-key=model]')?.textContent.includes('8B')")
+        tab("tab.checklist")
+        page.click("#fit-btn")
+        page.wait_for_selector("#fit-notice .mt-note", timeout=60_000)
+        extra("checklist-chapter")
+        tab("tab.data")
+        page.click("#preset-demo")
+        page.wait_for_function("document.querySelector('#mt-summary [data-key=model]')?.textContent.includes('demo')")
     tab("tab.try")
     try_it(page, DEMO_PROMPT, t("try.done", lang))
     shot("try")
@@ -219,7 +248,7 @@ def tutorial_pass(browser, url: str, lang: str, width: int) -> None:
     open_newest_run(page)
     shot("history")
     context.close()
-    print(write_tutorial(lang), flush=True)
+    print(write_tutorial(lang, shown), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,9 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=["readme", "tutorial"], default=None, help="only the README screenshots or "
                     "only the tutorial (default: both)")
     ap.add_argument("--languages", default="en,pt,fr", help="tutorial languages, comma-separated")
+    ap.add_argument("--pass-dir", default=None, help="also save a screenshot (and its text) of every tab, in each "
+                    "tutorial language, into this folder: a reviewer's pass over the whole page")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    pass_dir = Path(args.pass_dir) if args.pass_dir else None
+    if pass_dir is not None:
+        pass_dir.mkdir(parents=True, exist_ok=True)
 
     from playwright.sync_api import sync_playwright
 
@@ -246,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                     readme_shots(browser, f"http://127.0.0.1:{port}/", out, args.width)
                 if args.only != "readme":
                     for lang in [code.strip() for code in args.languages.split(",") if code.strip()]:
-                        tutorial_pass(browser, f"http://127.0.0.1:{port}/", lang, args.width)
+                        tutorial_pass(browser, f"http://127.0.0.1:{port}/", lang, args.width, pass_dir)
                 browser.close()
         finally:
             proc.terminate()

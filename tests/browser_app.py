@@ -151,3 +151,80 @@ def page(browser, server):
     pg.wait_for_selector("#vram-gauge .mt-gauge")
     yield pg
     context.close()
+
+
+# --- helpers the browser modules share --------------------------------------------------------------------------------
+PROGRESS = "#run-progress .mt-progress"
+
+
+def state(pg) -> tuple[str, int]:
+    el = pg.locator(PROGRESS)
+    return el.get_attribute("data-state"), int(el.get_attribute("data-step") or 0)
+
+
+def summary_chip(pg, key: str) -> str:
+    return pg.locator(f"#mt-summary [data-key={key}]").inner_text()
+
+
+def set_number(pg, field: str, value: int) -> None:
+    pg.get_by_role("tab", name="3 · Training").click()
+    box = pg.locator(f"#field-{field} input")
+    box.fill(str(value))
+    box.press("Tab")
+    pg.wait_for_function(f"document.querySelector('#mt-summary [data-key=schedule]').textContent.includes('{value}')")
+
+
+def wait_state(pg, states, timeout=120_000):
+    cond = " || ".join(f"p.dataset.state === '{s}'" for s in states)
+    pg.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && ({cond}); }})()",
+                         timeout=timeout, polling=200)
+
+
+def choose(pg, dropdown: str, option_text: str) -> None:
+    """Pick an option of a Gradio dropdown (by the text of the option)."""
+    pg.click(f"{dropdown} input")
+    pg.get_by_role("option", name=option_text, exact=False).first.click()
+
+
+def wait_idle(pg, timeout=240_000):
+    """Until no run is going: an earlier test's run may still be saving, or its process exiting after its `done`
+    (Start comes back, and Try it accepts, only once the training process has ended)."""
+    pg.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}');"
+                         " return p && !['running', 'stopping'].includes(p.dataset.state)"
+                         " && !document.querySelector('#start-btn').disabled; })()",
+                         timeout=timeout, polling=250)
+
+
+def train_here(pg, steps: int, timeout_s: float = 600) -> tuple[str, list[int]]:
+    """Start a demo run of `steps` steps from this page and wait for its end: (its state, the steps seen rising).
+    The bound is for a busy machine (xdist runs another test beside this), not a timing assert."""
+    wait_idle(pg)
+    set_number(pg, "max_steps", steps)
+    previous = pg.locator(PROGRESS).get_attribute("data-run") or ""
+    pg.click("#start-btn")
+    # Until the next poll the page may still show the previous run: wait for this one's folder.
+    pg.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && p.dataset.run"
+                         f" && p.dataset.run !== {previous!r}; }})()", timeout=120_000, polling=200)
+    seen, deadline = [], time.time() + timeout_s
+    while time.time() < deadline:
+        st, step = state(pg)
+        seen.append(step)
+        if st not in ("running", "stopping"):
+            break
+        pg.wait_for_timeout(400)
+    return state(pg)[0], seen
+
+
+def trained_run(pg, server, steps: int = 60, fresh: bool = False) -> str:
+    """The adapter folder (as the page shows it, relative to the app's folder) of a completed demo run of THIS app
+    server. The first test to ask trains it from its page; later ones reuse it while it is still on disk. Every
+    test that needs a run asks for one, so none depends on which tests ran before it, or in which worker."""
+    adapter = server.get("trained")
+    if not fresh and adapter and (server["work"] / adapter / "adapter_model.safetensors").is_file():
+        return adapter
+    st, _ = train_here(pg, steps)
+    assert st == "completed", pg.locator("#run-result").inner_text()
+    adapter = pg.locator("#mt-adapter-path").inner_text()
+    assert (server["work"] / adapter / "adapter_model.safetensors").is_file()
+    server["trained"] = adapter
+    return adapter

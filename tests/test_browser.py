@@ -6,7 +6,7 @@ prediction and fit, a full demo run, Try it on its adapter, history, reload + St
 """
 
 import json
-import time
+import re
 
 import pytest
 
@@ -22,45 +22,10 @@ def test_browser_is_available():
     assert MISSING is None, f"MEMTUNE_REQUIRE_BROWSER=1 but {MISSING}"
 
 
-PROGRESS = "#run-progress .mt-progress"
-
-
-def state(pg) -> tuple[str, int]:
-    el = pg.locator(PROGRESS)
-    return el.get_attribute("data-state"), int(el.get_attribute("data-step") or 0)
-
-
-def summary_chip(pg, key: str) -> str:
-    return pg.locator(f"#mt-summary [data-key={key}]").inner_text()
-
-
-def set_number(pg, field: str, value: int) -> None:
-    pg.get_by_role("tab", name="3 · Training").click()
-    box = pg.locator(f"#field-{field} input")
-    box.fill(str(value))
-    box.press("Tab")
-    pg.wait_for_function(f"document.querySelector('#mt-summary [data-key=schedule]').textContent.includes('{value}')")
-
-
-def wait_state(pg, states, timeout=120_000):
-    cond = " || ".join(f"p.dataset.state === '{s}'" for s in states)
-    pg.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && ({cond}); }})()",
-                         timeout=timeout, polling=200)
-
-
-def choose(pg, dropdown: str, option_text: str) -> None:
-    """Pick an option of a Gradio dropdown (by the text of the option)."""
-    pg.click(f"{dropdown} input")
-    pg.get_by_role("option", name=option_text, exact=False).first.click()
-
-
-def wait_idle(pg, timeout=240_000):
-    """Until no run is going: an earlier test's run may still be saving, or its process exiting after its `done`
-    (Start comes back, and Try it accepts, only once the training process has ended)."""
-    pg.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}');"
-                         " return p && !['running', 'stopping'].includes(p.dataset.state)"
-                         " && !document.querySelector('#start-btn').disabled; })()",
-                         timeout=timeout, polling=250)
+# Shared helpers (tests/browser_app.py). Every test that needs a finished run asks trained_run for one of this app
+# server's: none relies on a run that an earlier test, or a test in another xdist worker, happened to make.
+from tests.browser_app import (PROGRESS, choose, set_number, state, summary_chip, train_here,  # noqa: E402, F401
+                               trained_run, wait_idle, wait_state)
 
 
 def test_page_loads_without_console_errors_or_outside_requests(page):
@@ -136,22 +101,11 @@ def test_predicted_peak_on_the_gauge_and_fit_to_a_hypothetical_card(page):
 
 
 def test_demo_run_streams_log_steps_curve_and_adapter(page, server):
-    set_number(page, "max_steps", 600)  # a fixed-length run to watch, whatever the demo's default length
-    page.click("#start-btn")
-    wait_state(page, ["running"], timeout=30_000)
-    seen = []
-    deadline = time.time() + 600  # a bound for a busy machine (xdist runs a test beside this), not a timing assert
-    while time.time() < deadline:
-        st, step = state(page)
-        seen.append(step)
-        if st not in ("running", "stopping"):
-            break
-        page.wait_for_timeout(400)
-    st, step = state(page)
+    st, seen = train_here(page, 600)  # a fixed-length run to watch, whatever the demo's default length
     assert st == "completed", page.locator("#run-result").inner_text()
     rising = sorted(set(s for s in seen if s > 0))
     assert len(rising) >= 2, seen  # the step count was seen rising, not only at the end
-    assert step == 600
+    assert state(page)[1] == 600
     assert "loss" in page.locator("#run-log").inner_text() and "finished: completed" in page.locator("#run-log").inner_text()
     plot = page.locator("#loss-plot")
     assert plot.is_visible() and plot.locator("canvas, svg").count() > 0
@@ -159,14 +113,22 @@ def test_demo_run_streams_log_steps_curve_and_adapter(page, server):
     assert "Training finished" in result
     adapter = page.locator("#mt-adapter-path").inner_text()
     assert (server["work"] / adapter / "adapter_model.safetensors").is_file()
+    server["trained"] = adapter  # a later test that needs a finished run may use this one
     events = [json.loads(x) for x in (server["work"] / adapter).parent.joinpath("events.jsonl").read_text().splitlines()]
     run_event = next(e for e in events if e["kind"] == "run")
     assert run_event["pid"] != server["pid"]  # trained in a child process
     page.wait_for_selector("#adapter-download a[href*='.zip'], #adapter-download a[download]")
+    # One run, one duration: the progress line's "elapsed" is the result's Time (item 9).
+    stats = page.locator(f"{PROGRESS} .mt-stats").inner_text()
+    elapsed = re.search(r"elapsed (\d+:\d\d)", stats)
+    assert elapsed and re.search(rf"\bTime\s+{elapsed.group(1)}\b", result), (stats, result)
+    # "Run 1 started ..." described the run while it went; once it has ended the notice is gone (item 10).
+    page.wait_for_function("!document.querySelector('#run-notice').textContent.trim()", timeout=10_000)
     assert page.errors == []
 
 
 def test_try_it_answers_with_the_base_and_the_adapter(page, server):
+    trained_run(page, server)
     wait_idle(page)
     page.get_by_role("tab", name="Try it").click()
     page.wait_for_selector("#try-adapter input")
@@ -181,7 +143,8 @@ def test_try_it_answers_with_the_base_and_the_adapter(page, server):
     assert page.errors == []
 
 
-def test_history_lists_the_run_and_opens_it(page):
+def test_history_lists_the_run_and_opens_it(page, server):
+    trained_run(page, server)
     page.get_by_role("tab", name="History").click()
     page.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=30_000)
     assert "completed" in page.locator("#history-table").inner_text()
@@ -195,6 +158,7 @@ def test_history_lists_the_run_and_opens_it(page):
 
 
 def test_reload_reattaches_and_stop_from_another_tab_saves_the_adapter(page, browser, server):
+    wait_idle(page)
     set_number(page, "max_steps", 100000)  # far more than the test waits for
     previous = page.locator(PROGRESS).get_attribute("data-run") or ""
     page.click("#start-btn")
@@ -219,8 +183,11 @@ def test_reload_reattaches_and_stop_from_another_tab_saves_the_adapter(page, bro
     other.wait_for_function(f"document.querySelector('{PROGRESS}')?.dataset.state === 'running'")
     assert other.locator("#start-btn").is_disabled()
     other.click("#stop-btn")
+    other.wait_for_function("document.querySelector('#run-notice').textContent.includes('Stopping')")
     wait_state(other, ["stopped"], timeout=120_000)
     assert "Stopped after step" in other.locator("#run-result").inner_text()
+    # "Stopping: ..." is gone once the run has stopped (item 10): the result says how it ended.
+    other.wait_for_function("!document.querySelector('#run-notice').textContent.trim()", timeout=10_000)
     adapter = other.locator("#mt-adapter-path").inner_text()
     assert (server["work"] / adapter / "adapter_model.safetensors").is_file()
     wait_state(page, ["stopped"], timeout=20_000)  # the first tab sees it too
@@ -261,6 +228,84 @@ def test_language_switch_shows_the_checklist_in_portuguese_and_french(page, brow
     other.wait_for_function("document.querySelector('#start-btn')?.textContent.includes(\"Démarrer\")",
                             timeout=30_000)
     french.close()
+
+
+def gauge_gib(pg) -> float:
+    return float(pg.locator("#mt-gauge-prediction").get_attribute("data-predicted"))
+
+
+def click_and_check_saving(pg, key: str) -> None:
+    """Click one checklist box and check that the gauge moves by what the item's line said it saves (item 3): the
+    two come from one estimate, at the settings on screen, whatever was clicked before."""
+    box = pg.locator(f"#check-{key} input[type=checkbox]")
+    was_on = box.is_checked()
+    before = gauge_gib(pg)
+    saves = float(pg.locator(f"#facts-{key}").get_attribute("data-saves"))
+    summary = pg.locator("#mt-summary").inner_text()  # every item changes a chip (quant, batch, length...)
+    box.click()
+    pg.wait_for_function("(c) => document.querySelector('#mt-summary').innerText !== c", arg=summary)
+    expected = before + saves if was_on else before - saves  # unticking gives up the saving, ticking gains it
+    try:  # the gauge follows on the next poll (1 s)
+        pg.wait_for_function("(e) => Math.abs(+document.querySelector('#mt-gauge-prediction').dataset.predicted - e)"
+                             " < 0.003", arg=expected, timeout=15_000, polling=200)
+    except Exception:  # noqa: BLE001 - fail with the figures, not a timeout
+        pytest.fail(f"{key} ({'untick' if was_on else 'tick'}): gauge {before:.3f} -> {gauge_gib(pg):.3f}, but its line "
+                    f"said it saves {saves:.3f} GiB (expected {expected:.3f})")
+    assert box.is_checked() != was_on
+
+
+def test_the_gauge_moves_by_what_each_checklist_line_says_it_saves(page):
+    from core.checklist import ITEMS
+
+    keys = [item.key for item in ITEMS]
+    page.get_by_role("tab", name="2 · Memory checklist").click()
+    for key in keys:  # the fresh demo, each click at the settings the clicks before left
+        click_and_check_saving(page, key)
+    for key in reversed(keys):  # and back, some boxes giving back the values from before their click
+        click_and_check_saving(page, key)
+    page.get_by_role("tab", name="1 · Model & data").click()
+    page.click("#preset-chapter")  # an 8B model: several GiB per item, and bf16 beside upcast_to_fp32
+    page.wait_for_function("document.querySelector('#mt-summary [data-key=model]')?.textContent.includes('Llama')")
+    page.wait_for_function("Math.abs(+document.querySelector('#mt-gauge-prediction').dataset.predicted - 10.9) < 1",
+                           timeout=15_000)
+    page.get_by_role("tab", name="2 · Memory checklist").click()
+    for key in keys:
+        click_and_check_saving(page, key)
+    assert page.errors == []
+
+
+def test_deleting_a_run_in_history_clears_the_train_tabs_adapter(page, server):
+    adapter = trained_run(page, server, steps=20, fresh=True)  # the newest run, shown in the Train tab
+    page.wait_for_selector("#adapter-download a[href*='.zip'], #adapter-download a[download]")
+    page.get_by_role("tab", name="History").click()
+    page.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=30_000)
+    page.click("#history-table [data-testid=cell-0-1]")
+    page.wait_for_selector("#mt-history-detail")
+    page.click("#history-delete")
+    page.click("#history-delete-yes")
+    page.wait_for_function("document.querySelector('#history-status').textContent.includes('Deleted')")
+    assert not (server["work"] / adapter).exists()
+    page.get_by_role("tab", name="Train").click()
+    shown = "(a) => { const e = document.querySelector('#mt-adapter-path'); return e && e.textContent === a; }"
+    page.wait_for_function(f"(a) => !({shown})(a) && !document.querySelector('#adapter-download a')", arg=adapter,
+                           timeout=10_000)
+    page.reload()
+    page.wait_for_selector("#vram-gauge .mt-gauge")
+    page.wait_for_timeout(2500)  # a couple of polls: a reloaded page looks for the latest run on disk
+    assert page.locator("#mt-adapter-path").count() == 0 or page.locator("#mt-adapter-path").inner_text() != adapter
+
+
+def test_the_gguf_plan_note_follows_the_language(page, server):
+    trained_run(page, server)
+    page.get_by_role("tab", name="Export").click()
+    page.wait_for_function("document.querySelector('#export-adapter input')?.value", timeout=30_000)
+    page.wait_for_function("document.querySelector('#gguf-plan-note')?.textContent.includes('Needs about')",
+                           timeout=60_000)
+    choose(page, "#lang-select", "Français")
+    page.wait_for_function("document.querySelector('#gguf-plan-note')?.textContent.includes('Il faut environ')",
+                           timeout=60_000)
+    note = page.locator("#gguf-plan-note").inner_text().split("Écrit dans")[0]  # (the path may hold anything)
+    assert "Gio" in note and "GiB" not in note and not re.search(r"\d\.\d", note), note  # units, decimal commas
 
 
 if MISSING:  # only reached with MEMTUNE_REQUIRE_BROWSER=1: every test fails with the reason (CI must not pass by skipping)

@@ -70,3 +70,18 @@ def test_notices_about_old_settings_clear_when_the_settings_change(browser, serv
     length.press("Tab")
     page.wait_for_function("!document.querySelector('#data-preview #mt-preview')")
     context.close()
+
+
+def test_the_page_holds_no_duplicate_ids(browser, server):
+    """One element per id (issue 24: `history-confirm` and `mt-peaks` appeared twice), after a History visit too."""
+    context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(server["url"])
+    page.wait_for_selector("#vram-gauge .mt-gauge")
+    page.get_by_role("tab", name="History").click()
+    page.wait_for_selector("#history-table")
+    dupes = page.evaluate("(() => { const ids = [...document.querySelectorAll('[id]')].map(e => e.id);"
+                          " return [...new Set(ids.filter((x, i) => x && ids.indexOf(x) !== i))]; })()")
+    assert dupes == [], dupes
+    context.close()

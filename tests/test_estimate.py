@@ -318,7 +318,8 @@ def test_savings_cover_the_seven_items():
     assert by_key["gradient_accumulation"].saved_gib > 1  # off = batch 16 in one micro-batch
     assert by_key["efficient_optimizer"].text == "saves nothing here"  # LoRA's optimizer state is tiny
     for s in items:
-        assert s.text == ("saves nothing here" if s.saved_gib < 0.05 else f"saves {s.saved_gib:.1f} GiB here")
+        assert s.text == (f"costs {-s.saved_gib:.1f} GiB more here" if s.saved_gib <= -0.05 else "saves nothing here"
+                          if s.saved_gib < 0.05 else f"saves {s.saved_gib:.1f} GiB here")
 
 
 # --- fit to a GPU ---------------------------------------------------------------------------------------------------

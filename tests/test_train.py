@@ -5,6 +5,7 @@ tests that only need "a finished run" share one (conftest's finished_run).
 """
 
 import json
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -232,6 +233,9 @@ def test_cli_dump_config_and_errors(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_text(dumped)
     assert TrainConfig.load(path) == TrainConfig()
+    code, demo, _ = run_cli(capsys, "--demo", "--dump-config", "--set", "max_steps=7")  # the demo's settings
+    path.write_text(demo)
+    assert code == 0 and TrainConfig.load(path) == demo_config(max_steps=7)
     code, lean, _ = run_cli(capsys, "--dump-config", "--preset", "lowest_memory", "--set", "lora_r=8")
     assert code == 0
     from core.presets import apply_preset
@@ -249,3 +253,20 @@ def test_cli_dump_config_and_errors(tmp_path, capsys):
     code, _, err = run_cli(capsys, *run, "--set", "use_liger_kernel=false")
     assert code == 1 and "x.jsonl" in err
 
+
+
+def test_an_unreachable_hub_switches_the_run_offline_at_once(monkeypatch, capsys):
+    """Offline, a Hub model would cost six "Retrying in Ns" lines (~23 s) before memtune's error: one quick
+    connection attempt instead, then the process works from the cache."""
+    from huggingface_hub import constants
+
+    from core.quiet import offline_if_unreachable
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)  # monkeypatch puts the suite's values back afterwards
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    assert not offline_if_unreachable(demo_config())  # the demo needs no Hub: no connection tried
+    monkeypatch.setattr(constants, "ENDPOINT", "https://127.0.0.1:9")  # nothing listens on the discard port
+    assert offline_if_unreachable(TrainConfig(), timeout_s=2.0)
+    assert constants.HF_HUB_OFFLINE and os.environ["HF_HUB_OFFLINE"] == "1"
+    assert "cannot be reached" in capsys.readouterr().err

@@ -100,8 +100,9 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                 zip_file = gr.File(visible=False, interactive=False, elem_id="export-zip-file")
                 tr.add(gr.Markdown(f"#### {L('export.push_title')}"),
                        value=lambda lg: f"#### {t('export.push_title', lg)}")
-                repo_id = tr.add(gr.Textbox(label=L("export.repo_id"), placeholder="your-name/my-adapter",
-                                            max_lines=1, elem_id="export-repo"), label="export.repo_id")
+                repo_id = tr.add(gr.Textbox(label=L("export.repo_id"), placeholder=L("export.repo_placeholder"),
+                                            max_lines=1, elem_id="export-repo"), label="export.repo_id",
+                                 placeholder="export.repo_placeholder")
                 with gr.Row():
                     private = tr.add(gr.Checkbox(value=True, label=L("export.private"), elem_id="export-private"),
                                      label="export.private")
@@ -142,7 +143,7 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
         history_note = gr.HTML(elem_id="history-status")
         table = gr.Dataframe(history_frame([], lang0), interactive=False, elem_id="history-table", wrap=True,
                              max_height=360, show_label=False,
-                             column_widths=["12%", "15%", "17%", "12%", "9%", "8%", "8%", "7%", "6%", "6%"])
+                             column_widths=["11%", "15%", "15%", "11%", "9%", "8%", "9%", "7%", "6%", "9%"])
         runs_state = gr.State([])
         selected = gr.State(None)
         with gr.Row(equal_height=False):
@@ -168,7 +169,8 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                                         show_label=False, visible=False)
                 tr.add(hist_plot, y_title="run.loss_axis", x_title="run.step_axis")
                 settings = tr.add(gr.Code("", language="yaml", label=L("history.settings"), interactive=False,
-                                          elem_id="history-settings", max_lines=18), label="history.settings")
+                                          elem_id="history-settings", max_lines=18, visible=False),
+                                  label="history.settings")  # shown once a run is picked
 
     # ---------------- events ----------------
     def refresh_adapters(current, out, lg):

@@ -45,21 +45,40 @@ def world_size(est: Any) -> int:
     return int(getattr(est, "world_size", 1) or 1)
 
 
+def toggled(cfg: TrainConfig, key: str, on: bool, memory: dict[str, Any] | None) -> TrainConfig:
+    """What ticking (on) or unticking a checklist box does: checklist.toggle, except that undoing this item's last
+    tick or untick (its fields untouched since) gives back the user's values from before it: untick and re-tick
+    "Reduce max_seq_length" and 384 stays 384. `memory`: the page's record of each box's last change."""
+    from core import checklist
+
+    last = (memory or {}).get(key)
+    if last and all(getattr(cfg, f) == v for f, v in last["after"].items()):
+        back = cfg.replace(**last["before"])
+        if bool(checklist.BY_KEY[key].is_on(back)) == on:
+            return back
+    return checklist.toggle(cfg, key, on)
+
+
 class Prediction(NamedTuple):
     gib: float | None  # predicted NVML peak per GPU
     saves: dict[str, float]  # checklist item -> GiB it saves here
     gpus: int = 1  # the run's processes (world size): >1 means the figures are per GPU
+    floor: float | None = None  # the peak of the smallest settings "Fit to my GPU" may choose (GiB per GPU)
 
 
-def prediction(cfg: TrainConfig) -> Prediction:
-    """Predicted peak GPU memory (GiB, NVML) and the GiB each checklist item saves here; advice only."""
+def prediction(cfg: TrainConfig, memory: dict[str, Any] | None = None) -> Prediction:
+    """Predicted peak GPU memory (GiB, NVML) and the GiB each checklist item saves here; advice only. One estimate
+    for the gauge and the checklist: an item's saving is the peak now minus the peak after its box is clicked
+    (`memory`: the page's record of the boxes' last changes, which a click may undo)."""
     try:
-        from core.estimate import estimate, savings
+        from core.estimate import estimate, fit_floor, savings
 
         rows = row_tokens(cfg)
         est = estimate(cfg, max_row_tokens=rows)
-        return Prediction(est.nvml_peak / 2**30, {s.key: s.saved_gib for s in savings(cfg, max_row_tokens=rows)},
-                          world_size(est))
+        switch = (lambda c, key, on: toggled(c, key, on, memory)) if memory else None
+        saves = savings(cfg, max_row_tokens=rows, switch=switch)
+        floor = fit_floor(cfg, max_row_tokens=rows).nvml_peak / 2**30
+        return Prediction(est.nvml_peak / 2**30, {s.key: s.saved_gib for s in saves}, world_size(est), floor)
     except Exception:  # unknown model shape, estimator missing: the page works without a prediction
         return Prediction(None, {})
 

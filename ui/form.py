@@ -58,7 +58,7 @@ class Form:
     @property
     def outputs(self) -> list[Any]:
         """Everything a handler that changes the settings may write."""
-        return self.inputs + self.derived_outputs
+        return self.inputs + self.derived_outputs + [self.check_memory]
 
     @property
     def stale(self) -> list[Any]:
@@ -108,17 +108,19 @@ def facts_for(cfg: TrainConfig, key: str, saves: dict[str, float], lang: str) ->
 
 def prediction_state(cfg: TrainConfig, pred: Any) -> dict[str, Any]:
     """The page's prediction state, read by the live gauge: the peak per GPU, and the GPUs here the run uses."""
-    return {"gib": pred.gib, "gpus": run_gpus(cfg)}
+    return {"gib": pred.gib, "gpus": run_gpus(cfg), "floor": pred.floor}
 
 
-def derived(form: Form, cfg: TrainConfig | None, problems: list[Problem], lang: str = DEFAULT_LANGUAGE) -> Updates:
-    """What follows from the config: summary, prediction, checklist ticks and facts, preset, script, command."""
+def derived(form: Form, cfg: TrainConfig | None, problems: list[Problem], lang: str = DEFAULT_LANGUAGE,
+            memory: dict[str, Any] | None = None) -> Updates:
+    """What follows from the config: summary, prediction, checklist ticks and facts, preset, script, command.
+    `memory`: the page's record of the checklist boxes' last changes (what a click would undo)."""
     checks = checklist.ITEMS
     if cfg is None:  # unreadable values: say which; ticks and facts keep what they showed
         return {form.summary: render.summary_html(None, problems, lang=lang), form.preset: preset_update(lang),
                 **{form.checks[i.key]: check_update(i, lang) for i in checks}}
     on = checklist.active(cfg)
-    pred = prediction(cfg)
+    pred = prediction(cfg, memory)
     return {form.summary: render.summary_html(cfg, problems, on, predicted_gib=pred.gib, lang=lang, gpus=pred.gpus),
             form.prediction: prediction_state(cfg, pred),
             **{form.checks[i.key]: check_update(i, lang, value=on[i.key]) for i in checks},
@@ -131,6 +133,9 @@ def field_updates(form: Form, cfg: TrainConfig) -> Updates:
     return {form.fields[name]: value for name, value in to_values(cfg).items()}
 
 
-def apply_config(form: Form, cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> Updates:
-    """Put a config into the form: every field, and everything derived from it."""
-    return {**field_updates(form, cfg), **derived(form, cfg, validate(cfg, hardware()), lang)}
+def apply_config(form: Form, cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE,
+                 memory: dict[str, Any] | None = None) -> Updates:
+    """Put a config into the form: every field, and everything derived from it. Settings replaced by anything but a
+    checklist box (a preset, Fit, a loaded file) leave no box click to undo: the memory is emptied."""
+    return {**field_updates(form, cfg), **derived(form, cfg, validate(cfg, hardware()), lang, memory),
+            form.check_memory: memory or {}}

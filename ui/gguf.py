@@ -26,8 +26,8 @@ def _warn(text: str, kind: str = "warn") -> str:
     return _note(text, kind, "gguf-status-note")
 
 
-def _size(n_bytes: int) -> str:
-    return render._bytes(n_bytes)
+def _size(n_bytes: int, lang: str = "en") -> str:
+    return render._bytes(n_bytes, lang)  # the language's units and decimals (fr: "1,2 Gio")
 
 
 def format_choices(lang: str) -> list[tuple[str, str]]:
@@ -49,9 +49,10 @@ def on_gguf_plan(lang: str, adapter: str | None, formats: list[str] | None) -> s
         return _note(str(exc), "error")
     except Exception as exc:  # noqa: BLE001 - an unreadable adapter or the like: say so, keep the tab usable
         return _note(f"{type(exc).__name__}: {exc}", "error")
-    files = ", ".join(f"{fmt} {_size(n)}" for fmt, n in plan.file_bytes.items())
-    text = t("gguf.plan", lang, ram=_size(plan.ram_bytes), disk=_size(plan.merge_bytes + sum(plan.file_bytes.values())),
-             files=files, ram_free=_size(plan.ram_free), disk_free=_size(plan.disk_free), path=plan.out_dir)
+    files = ", ".join(f"{fmt} {_size(n, lang)}" for fmt, n in plan.file_bytes.items())
+    disk = plan.merge_bytes + sum(plan.file_bytes.values())
+    text = t("gguf.plan", lang, ram=_size(plan.ram_bytes, lang), disk=_size(disk, lang), files=files,
+             ram_free=_size(plan.ram_free, lang), disk_free=_size(plan.disk_free, lang), path=plan.out_dir)
     if not plan.ok:
         text += "\n" + t("gguf.not_enough", lang, message=plan.message)
     elif plan.replaces:  # said before the click, not only as the refusal after it
@@ -85,7 +86,7 @@ def on_gguf_export(lang: str, adapter: str | None, formats: list[str] | None, re
     except Exception as exc:  # noqa: BLE001 - nothing crashes the page
         return _warn(t("export.failed", lang, message=f"{type(exc).__name__}: {exc}"), "error"), no_commands
     files = [*result.files.values(), result.modelfile, result.readme]
-    listing = ", ".join(f"{p.name} ({_size(p.stat().st_size)})" for p in files)
+    listing = ", ".join(f"{p.name} ({_size(p.stat().st_size, lang)})" for p in files)
     return (_note(t("gguf.done", lang, path=result.out_dir, files=listing), "ok", "gguf-status-note"),
             gr.update(value="\n".join(result.commands), visible=True))
 
@@ -106,7 +107,7 @@ def build_section(lang0: str, tr: Any, lang: gr.Dropdown, adapter: gr.Dropdown, 
     status = gr.HTML(elem_id="gguf-status")
     commands = tr.add(gr.Code("", language="shell", label=t("gguf.commands", lang0), interactive=False,
                               visible=False, elem_id="gguf-commands"), label="gguf.commands")
-    for trigger in (adapter.change, formats.change):
+    for trigger in (adapter.change, formats.change, lang.change):  # a language switch re-writes the plan too
         trigger(on_gguf_plan, inputs=[lang, adapter, formats], outputs=[plan], show_progress="hidden")
     button.click(on_gguf_export, inputs=[lang, adapter, formats, replace] + ([remote] if remote is not None else []),
                  outputs=[status, commands])  # remote: the tab's trust_remote_code tick (ui/after.py)

@@ -19,7 +19,7 @@ from core.config import SAFE_NAME, ConfigError, TrainConfig, demo_config, field_
 from core.i18n import DEFAULT_LANGUAGE, t
 from core.jobs import MANAGER, JobBusy
 from ui import render
-from ui.derive import CUSTOM, hardware, row_tokens, run_gpus, world_size
+from ui.derive import CUSTOM, hardware, row_tokens, run_gpus, toggled, world_size  # noqa: F401 - toggled
 from ui.fields import collect, help_text, label, model_problem
 from ui.form import Form, Updates, apply_config, derived, read_config, values_dict
 from ui.live import read_gpus
@@ -38,20 +38,9 @@ def saved_configs() -> list[str]:
     return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
 
 
-def on_fields_changed(form: Form, lang: str, *values) -> Updates:
+def on_fields_changed(form: Form, lang: str, *values, memory: dict[str, Any] | None = None) -> Updates:
     cfg, problems = read_config(values)
-    return derived(form, cfg, problems, lang)
-
-
-def toggled(cfg: TrainConfig, key: str, on: bool, memory: dict[str, Any]) -> TrainConfig:
-    """checklist.toggle, except that undoing this item's last tick or untick (its fields untouched since) gives
-    back the user's values from before it: untick and re-tick "Reduce max_seq_length" and 384 stays 384."""
-    last = (memory or {}).get(key)
-    if last and all(getattr(cfg, f) == v for f, v in last["after"].items()):
-        back = cfg.replace(**last["before"])
-        if bool(checklist.BY_KEY[key].is_on(back)) == on:
-            return back
-    return checklist.toggle(cfg, key, on)
+    return derived(form, cfg, problems, lang, memory)
 
 
 def on_checklist(form: Form, key: str, lang: str, on: bool, memory: dict[str, Any], *values) -> Updates:
@@ -64,7 +53,7 @@ def on_checklist(form: Form, key: str, lang: str, on: bool, memory: dict[str, An
     fields = checklist.BY_KEY[key].fields
     memory = {**(memory or {}), key: {"before": {f: getattr(cfg, f) for f in fields},
                                       "after": {f: getattr(new, f) for f in fields}}}
-    return {**apply_config(form, new, lang), form.check_memory: memory}
+    return {**apply_config(form, new, lang, memory), form.check_memory: memory}
 
 
 def on_model_check(lang: str, model: str) -> dict:
@@ -86,10 +75,11 @@ def on_preset_lever(form: Form, lang: str, name: str, *values) -> Updates:
     dropped = [k for k in presets.CUDA_ONLY if k in presets.overrides(name)
                and getattr(applied, k) != presets.overrides(name)[k]]
     if dropped:  # say so, rather than leave the user wondering why the form differs from the preset
-        gr.Info(t("preset.dropped", lang, preset=t(f"preset.{name}.label", lang), levers=", ".join(dropped)))
+        levers = ", ".join(label(k, lang) for k in dropped)  # the widgets' labels, not internal field names
+        gr.Info(t("preset.dropped", lang, preset=t(f"preset.{name}.label", lang), levers=levers))
     if fit.key:  # what the preset gives for this model: the prediction, and what changed to keep its promise
         (gr.Info if fit.key == "preset.fit.holds" else gr.Warning)(fit.note(lang))
-    return apply_config(form, applied, lang)
+    return {**apply_config(form, applied, lang), **dict.fromkeys(form.stale, "")}  # notices about the old case go
 
 
 def on_start_from(form: Form, kind: str, lang: str = DEFAULT_LANGUAGE) -> Updates:
@@ -118,6 +108,26 @@ def describe_changes(old: TrainConfig, new: TrainConfig, lang: str) -> list[str]
             if getattr(old, n) != getattr(new, n)]
 
 
+# Where each field a failed fit advises on sits on the page (its label is ui.fields.label's).
+ADVICE_FIELD = {"upcast": ("upcast_to_fp32", ("tab.checklist", "checklist.beyond")),
+                "no_4bit": ("load_in_4bit", ("tab.checklist",)), "ddp": ("distributed_strategy", ("tab.training",))}
+
+
+def fit_failure(exc: Any, where: str, lang: str) -> str:
+    """core.estimate.FitError in the page's words: what the smallest setting needs, then what else may help, naming
+    fields by their labels and tabs (never an internal field name)."""
+    small = exc.smallest
+    if small is None:
+        return f'{t("fit.failed", lang, where=where, length="?", ckpt="?", optim="?", gib="?", need="?")}\n{exc}'
+    text = t("fit.failed", lang, where=where, length=small.max_length,
+             ckpt=t("fit.on" if small.gradient_checkpointing else "fit.off", lang), optim=small.optim,
+             gib=render.num(exc.smallest_gib, 1, lang), need=render.num(exc.need_gib, 1, lang))
+    field, tabs = ADVICE_FIELD.get(exc.advice, (None, ()))
+    advice = t(f"fit.advice.{exc.advice}", lang, field=label(field, lang) if field else "",
+               where=" → ".join(t(k, lang) for k in tabs))
+    return text + "\n" + advice
+
+
 def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
     """"Fit to my GPU": core.estimate.fit_to_gpu on the GPU's free memory (or the hypothetical card's budget).
     With several GPUs the budget and the peak are per GPU (core.estimate's figures are)."""
@@ -137,12 +147,13 @@ def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
     shown = render.num(gib, 0 if float(gib).is_integer() else 1, lang)
     where = t("fit.gpu_free" if real else "fit.hypothetical", lang, gib=shown)
     rows = row_tokens(cfg)
-    sized = "\n" + (t("fit.lengths_known", lang, n=f"{rows:,}") if rows else t("fit.lengths_unknown", lang))
+    sized = "\n" + (t("fit.lengths_known", lang, n=render.integer(rows, lang)) if rows else t("fit.lengths_unknown", lang))
     try:
         new, est = fit_to_gpu(cfg, int(gib * 2**30), max_row_tokens=rows)
     except FitError as exc:
-        gr.Warning(t("fit.failed", lang, where=where))
-        return fit_note(t("fit.failed", lang, where=where) + "\n" + str(exc) + sized, "error")
+        text = fit_failure(exc, where, lang)
+        gr.Warning(text)  # the whole sentence: a toast cut after "Does not fit ...:" said nothing
+        return fit_note(text + sized, "error")
     except (ShapeError, ValueError, OSError) as exc:
         gr.Warning(t("fit.unknown_model", lang, model=cfg.model))
         return fit_note(t("fit.unknown_model", lang, model=cfg.model) + "\n" + str(exc), "error")

@@ -55,8 +55,10 @@ def history_frame(runs: list[Any], lang: str) -> pd.DataFrame:
     from core.history import format_duration
 
     rows = [[r.date, r.name, r.model, r.dataset, t(f"history.status.{r.status}", lang),
-             "" if r.final_loss is None else f"{r.final_loss:.4f}",
-             "" if r.peak_gib is None else render.num(r.peak_gib, 2, lang),
+             "" if r.final_loss is None else render.num(r.final_loss, 4, lang),  # as the Train tab writes it
+             render.num(r.peak_gib, 2, lang) if r.peak_gib is not None else
+             t("history.peak_cpu", lang) if r.status in ("completed", "stopped") else "",  # a finished run without
+             # a GPU peak trained on the CPU, where GPU memory is not measured: say so rather than leave it blank
              format_duration(r.duration_s), "" if r.steps is None else str(r.steps),
              t("history.yes", lang) if r.resumable else ""] for r in runs]
     return pd.DataFrame(rows, columns=[t(f"history.col.{c}", lang) for c in COLUMNS])
@@ -74,7 +76,7 @@ def history_open(h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
     from core.history import HistoryError, load_run
 
     off = gr.update(interactive=False)
-    closed = {h.plot: gr.update(value=loss_frame([]), visible=False), h.settings: gr.update(value=""),
+    closed = {h.plot: gr.update(value=loss_frame([]), visible=False), h.settings: gr.update(value="", visible=False),
               h.load: off, h.resume: off, h.delete: off}
     if not run_dir:
         return {h.detail: "", **closed}
@@ -85,9 +87,12 @@ def history_open(h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
     except HistoryError as exc:
         return {h.detail: warn(str(exc), "history-note"), **closed}
     running = detail.info.status == "running"
-    return {h.detail: render.run_detail_html(detail, lang, predicted_peaks(detail.config)),
+    html = render.run_detail_html(detail, lang, predicted_peaks(detail.config))
+    if not detail.info.resumable and not running:  # a greyed-out Resume says why
+        html += note(t("history.no_resume", lang), "info", "history-no-resume")
+    return {h.detail: html,
             h.plot: gr.update(value=loss_frame(detail.losses), visible=bool(detail.losses)),
-            h.settings: gr.update(value=detail.config_text),
+            h.settings: gr.update(value=detail.config_text, visible=True),
             h.load: gr.update(interactive=detail.config is not None),
             h.resume: gr.update(interactive=detail.info.resumable and not running and detail.config is not None),
             h.delete: gr.update(interactive=not running)}

@@ -89,8 +89,12 @@ def header_html(lang: str = DEFAULT_LANGUAGE) -> str:
 
     banner = (f'<p id="mt-public" class="mt-warn"><b>{render.E(t("public.banner", lang, root=public_root()))}</b></p>'
               if is_public() else "")  # h2: public mode says so on every page
+    # Gradio writes its upload box's "Drop File Here - or - Click to Upload" in the browser's language, not the
+    # page's: the box shows memtune's own words instead (ui/theme.py hides Gradio's, shows --mt-drop-text).
+    drop = "".join(c for c in t("app.drop_file", lang) if c not in '"\\<>')  # CSS text: no entities, no quotes
     return (f'<div id="mt-header"><h1>memtune</h1><p>{render.E(t("app.tagline", lang))}</p>'
-            f'<p id="mt-hw">{line}</p>{banner}</div>')
+            f'<p id="mt-hw">{line}</p>{banner}</div>'
+            f'<style>:root {{ --mt-drop-text: "{drop}"; }}</style>')
 
 
 def gpus_note(lang: str = DEFAULT_LANGUAGE) -> str:
@@ -292,7 +296,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
         wire_form(form, lang, budget, demo_btn, chapter_btn, refresh_btn, preview_btn, upload, save_btn, cfg_name,
                   load_btn, fit_btn)
         live = LivePanel(gauge=gauge, progress=progress, plot=loss_plot, log=log, result=result, download=download,
-                         start=start_btn, stop=stop_btn, state=tab_state)
+                         start=start_btn, stop=stop_btn, state=tab_state, notice=notice)
         poll = partial(live_update, live, output_dir=cfg0.output_dir)
         timer = gr.Timer(1.0)
         timer.tick(poll, inputs=[tab_state, lang, pred_state, budget], outputs=live.outputs, show_progress="hidden",
@@ -301,19 +305,28 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                   outputs=live.outputs, show_progress="hidden")
 
         # Language: the browser's on load, the picker afterwards; everything written re-renders.
-        one_off = [notice, fit_note, cfg_notice]  # one-off notices written in the old language: cleared
+        one_off = [notice, fit_note, cfg_notice, preview_out]  # written in the old language: cleared
         lang_out = tr.components + form.derived_outputs + tabs.language_outputs + one_off
         n = len(FIELD_NAMES)
 
-        def on_language(lg: str, *values):
+        def on_language(lg: str, memory: dict, *values):
             lg = lg if lg in EN_LANGS else DEFAULT_LANGUAGE
             cfg, problems = read_config(values[:n])
-            return merged(tr.updates(lg), derived(form, cfg, problems, lg), tabs.language_updates(lg, *values[n:]),
-                          dict.fromkeys(one_off, ""))
+            return merged(tr.updates(lg), derived(form, cfg, problems, lg, memory),
+                          tabs.language_updates(lg, *values[n:]), dict.fromkeys(one_off, ""))
 
-        lang.change(on_language, inputs=[lang, *form.inputs, *tabs.language_inputs], outputs=lang_out,
+        lang.change(on_language, inputs=[lang, form.check_memory, *form.inputs, *tabs.language_inputs],
+                    outputs=lang_out,
                     show_progress="hidden")
         demo.load(browser_language, inputs=None, outputs=[lang], show_progress="hidden")
+
+        def on_page_load(request: gr.Request, *values):
+            # The page was built once, at start-up; what the process knows now (a preview's row lengths) may differ.
+            # Re-derived on every load, so a fresh page and a ticked box show one estimate of the same settings.
+            cfg, problems = read_config(values)
+            return derived(form, cfg, problems, request_language(request))
+
+        demo.load(on_page_load, inputs=form.inputs, outputs=form.derived_outputs, show_progress="hidden")
     demo.memtune_form = form
     demo.memtune_live = live
     demo.memtune_history = tabs.history
@@ -328,20 +341,23 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
     """The settings' events: each handler bound to the form, the fields' values as its last inputs."""
     inputs, FIELDS = form.inputs, form.fields
     quiet = dict(show_progress="hidden", queue=True)
-    changed = partial(handlers.on_fields_changed, form)
+    def changed(lg: str, memory: dict, *values):  # the boxes' memory too: the checklist's savings depend on it
+        return handlers.on_fields_changed(form, lg, *values, memory=memory)
+
+    asked = [lang, form.check_memory, *inputs]
     for comp in inputs:
-        comp.input(changed, inputs=[lang, *inputs], outputs=form.derived_outputs, **quiet)
+        comp.input(changed, inputs=asked, outputs=form.derived_outputs, **quiet)
         if isinstance(comp, (gr.Textbox, gr.Dropdown)):  # a paste may not fire `input`; leaving the box does
-            comp.blur(changed, inputs=[lang, *inputs], outputs=form.derived_outputs, **quiet)
+            comp.blur(changed, inputs=asked, outputs=form.derived_outputs, **quiet)
             if isinstance(comp, gr.Textbox):
-                comp.submit(changed, inputs=[lang, *inputs], outputs=form.derived_outputs, **quiet)
+                comp.submit(changed, inputs=asked, outputs=form.derived_outputs, **quiet)
     FIELDS["model"].change(handlers.on_model_check, inputs=[lang, FIELDS["model"]], outputs=[FIELDS["model"]],
                            show_progress="hidden")
     for key, box in form.checks.items():
         box.input(partial(handlers.on_checklist, form, key), inputs=[lang, box, form.check_memory, *inputs],
-                  outputs=form.outputs + [form.check_memory], **quiet)
+                  outputs=form.outputs, **quiet)
     form.preset.input(partial(handlers.on_preset_lever, form), inputs=[lang, form.preset, *inputs],
-                      outputs=form.outputs, **quiet)
+                      outputs=form.outputs + form.stale, **quiet)
     for btn, kind in ((demo_btn, "demo"), (chapter_btn, "chapter")):
         btn.click(partial(handlers.on_start_from, form, kind), inputs=[lang], outputs=form.outputs + form.stale,
                   **quiet)

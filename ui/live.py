@@ -89,11 +89,12 @@ class LivePanel:
     start: Any
     stop: Any
     state: Any  # gr.State: what this page was last sent (fingerprints), so unchanged parts are not re-sent
+    notice: Any = None  # Start / Stop's notice ("Run 2 started", "Stopping"): cleared once that run has ended
 
     @property
     def outputs(self) -> list[Any]:
         return [self.gauge, self.progress, self.plot, self.log, self.result, self.download, self.start, self.stop,
-                self.state]
+                self.state] + ([self.notice] if self.notice is not None else [])
 
 
 def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUAGE, pred: dict | None = None,
@@ -108,6 +109,8 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
     state = dict(state or {})
     sent = dict(state.get("sent") or {})
     job = MANAGER.current()
+    if job is not None and not job.running and job.run_dir and not Path(job.run_dir).is_dir():
+        job = None  # its folder was deleted (History): its adapter and zip are no longer offered
     if job is None and output_dir and not state.get("looked_for_old"):
         state["looked_for_old"] = True
         last = latest_run_dir(output_dir)
@@ -124,7 +127,7 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
     outputs: dict[Any, tuple[Any, Any]] = {
         panel.gauge: (render.gauge_html(gpus, message, run_peak_gib=[p or None for p in peaks] or None,
                                         predicted_gib=predicted, lang=lang, running=running, budget_gib=budget,
-                                        run_gpus=n_run), None)}
+                                        run_gpus=n_run, floor_gib=(pred or {}).get("floor")), None)}
     outputs[panel.plot] = (gr.update(value=loss_frame(v.losses), visible=True) if v.losses else
                            gr.update(visible=False), (job.id if job else None, len(v.losses),
                                                       v.losses[-1] if v.losses else None))
@@ -140,6 +143,9 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
         if path:
             download = gr.update(value=path, visible=True)
     outputs[panel.download] = (download, (job.id if job else None, v.state, v.adapter_dir))
+    if panel.notice is not None and done and job is not None:
+        # "Run 2 started" / "Stopping ..." described a run that has now ended: the result says how it ended.
+        outputs[panel.notice] = ("", ("ended", job.id, v.state))
     outputs[panel.start] = (gr.update(interactive=not running), ("start", running))
     outputs[panel.stop] = (gr.update(interactive=running), ("stop", running))
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from typing import Any, Iterable
 
 from core.config import Problem, TrainConfig
+from core.estimate import FIT_MARGIN
 from core.i18n import normalize, t
 from core.jobview import JobView
 
@@ -87,7 +89,7 @@ def _prediction_bar(base: float, pred: float, total: float, lang: str, fits: boo
 
 def gauge_html(gpus: list[dict[str, Any]], message: str = "", run_peak_gib: float | list[float | None] | None = None,
                predicted_gib: float | None = None, lang: str = "en", running: bool = False,
-               budget_gib: float | None = None, run_gpus: int = 1) -> str:
+               budget_gib: float | None = None, run_gpus: int = 1, floor_gib: float | None = None) -> str:
     """gpus: [{index, name, used_gib, total_gib}]: one bar each.
 
     The first `run_gpus` bars are the run's (or, before a run, the settings on screen's: one process per GPU) and
@@ -95,10 +97,11 @@ def gauge_html(gpus: list[dict[str, Any]], message: str = "", run_peak_gib: floa
     on each of them: before a run as a segment on top of the memory already in use (does it fit in what is free?),
     during a run as a marker. run_peak_gib marks the run's highest use: one figure (GPU 0) or one per run GPU.
     Without a GPU the prediction is drawn against a hypothetical card of `budget_gib` (the "Fit to my GPU" budget),
-    saying that there is no GPU here.
+    saying that there is no GPU here. floor_gib: the peak of the smallest settings "Fit to my GPU" may choose; when
+    even that does not fit, the gauge says so instead of sending the user to Fit.
     """
     if not gpus:
-        return _no_gpu_html(message, predicted_gib, lang, budget_gib)
+        return _no_gpu_html(message, predicted_gib, lang, budget_gib, floor_gib)
     peaks = run_peak_gib if isinstance(run_peak_gib, list) else [run_peak_gib]
     per_gpu = " " + t("gauge.per_gpu", lang) if run_gpus > 1 else ""
     parts = ['<div class="mt-gauges">']
@@ -123,10 +126,13 @@ def gauge_html(gpus: list[dict[str, Any]], message: str = "", run_peak_gib: floa
                 fits = predicted_gib <= free
                 marks.append(_prediction_bar(used, predicted_gib, total, lang, fits))
                 key = "gauge.fits_free" if fits else "gauge.over_free"
+                if not fits and floor_gib and floor_gib > free * (1 - FIT_MARGIN):
+                    key = "gauge.over_free_nofit"  # Fit to my GPU cannot help: do not send the user there
+                need = num((floor_gib or 0) / (1 - FIT_MARGIN), 1, lang)
                 ident = ' id="mt-gauge-prediction"' if i == 0 else ""
                 foot.append(f'<span class="mt-pred-key"></span><span{ident} class="mt-gauge-pred" '
                             f'data-predicted="{predicted_gib:.3f}" data-fits="{str(fits).lower()}">'
-                            f'{E(t(key, lang, gib=num(predicted_gib, 1, lang), free=num(free, 1, lang)))}'
+                            f'{E(t(key, lang, gib=num(predicted_gib, 1, lang), free=num(free, 1, lang), need=need))}'
                             f'{E(" (" + per_gpu.strip() + ")" if per_gpu else "")}</span>')
         usage = t("gauge.usage", lang, used=num(used, 1, lang), total=num(total, 1, lang), percent=f"{100 * frac:.0f}")
         name = t("gauge.gpu", lang, index=g.get("index", i), name=g.get("name", "GPU"))
@@ -143,14 +149,18 @@ def gauge_html(gpus: list[dict[str, Any]], message: str = "", run_peak_gib: floa
     return "".join(parts)
 
 
-def _no_gpu_html(message: str, predicted_gib: float | None, lang: str, budget_gib: float | None) -> str:
+def _no_gpu_html(message: str, predicted_gib: float | None, lang: str, budget_gib: float | None,
+                 floor_gib: float | None = None) -> str:
     text = t("gauge.no_gpu", lang) if (not message or message.lower().startswith("no nvidia gpu")) else message
     out = [f'<div class="mt-gauge mt-nogpu" id="mt-gauge-none"><span class="mt-dot"></span><b>{E(text)}</b>'
            f'<div class="mt-muted">{E(t("gauge.cpu_note", lang))}</div>']
     if predicted_gib:
         budget = budget_gib if budget_gib and budget_gib > 0 else 8.0
         fits = predicted_gib <= budget
-        fit_text = t("gauge.fits_budget" if fits else "gauge.over_budget", lang, gib=num(budget, 0, lang))
+        key = "gauge.fits_budget" if fits else "gauge.over_budget"
+        if not fits and floor_gib and floor_gib > budget * (1 - FIT_MARGIN):
+            key = "gauge.over_budget_nofit"  # Fit to my GPU cannot help: do not send the user there
+        fit_text = t(key, lang, gib=num(budget, 0, lang), need=num((floor_gib or 0) / (1 - FIT_MARGIN), 1, lang))
         out.append(
             f'<div class="mt-cpu-pred" id="mt-gauge-prediction" data-predicted="{predicted_gib:.3f}">'
             f'<div class="mt-gauge-head"><span>{E(t("gauge.cpu_prediction", lang, gib=num(predicted_gib, 1, lang)))}'
@@ -171,7 +181,10 @@ def progress_html(v: JobView, lang: str = "en") -> str:
     frac = v.fraction
     label = t(f"state.{v.state}", lang)
     if v.state in ("running", "stopping") and v.phase and v.phase != "training" and not v.step:
-        detail = E(v.phase_message or t(f"phase.{v.phase}", lang))
+        # the engine's own message (English) in English; the phase's name in the other languages
+        detail = E((v.phase_message if normalize(lang) == "en" else "") or t(f"phase.{v.phase}", lang))
+    elif v.state in ("failed", "interrupted") and not v.step:
+        detail = E(t("progress.no_steps", lang))  # not "step 0 / ?": it ended before its first step
     else:
         step = t("progress.step", lang, step="\x00", total=integer(v.total_steps, lang) if v.total_steps else "?")
         detail = E(step).replace("\x00", f"<b class='mt-step'>{E(integer(v.step, lang))}</b>")
@@ -198,7 +211,8 @@ def progress_html(v: JobView, lang: str = "en") -> str:
             f'<div class="mt-stats">{E(" · ".join(stats))}</div></div>')
 
 
-def peaks_html(summary: dict[str, Any], predicted: dict[str, float] | None, lang: str = "en") -> str:
+def peaks_html(summary: dict[str, Any], predicted: dict[str, float] | None, lang: str = "en",
+               elem_id: str = "mt-peaks") -> str:
     """Predicted (core.estimate) vs measured peak memory, side by side: torch allocated, torch reserved, NVML."""
     measured = {"allocated": summary.get("peak_allocated_gib"), "reserved": summary.get("peak_reserved_gib"),
                 "nvml": summary.get("nvml_peak_gib")}
@@ -222,7 +236,7 @@ def peaks_html(summary: dict[str, Any], predicted: dict[str, float] | None, lang
         cell = ("" if meas_cell is None else
                 f'<td rowspan="3" class="mt-peaks-cpu">{meas_cell}</td>' if not on_gpu else f"<td>{meas_cell}</td>")
         rows.append(f'<tr><th>{E(t(f"peaks.{key}", lang))}</th><td>{pred_cell}</td>{cell}</tr>')
-    return (f'<table class="mt-peaks" id="mt-peaks"><thead><tr><th></th><th>{E(t("peaks.predicted", lang))}</th>'
+    return (f'<table class="mt-peaks" id="{elem_id}"><thead><tr><th></th><th>{E(t("peaks.predicted", lang))}</th>'
             f'<th>{E(t("peaks.measured", lang))}</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
 
 
@@ -261,9 +275,50 @@ def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None
             f'<div class="mt-peaks-title">{E(t("result.peak", lang))}</div>{peaks_html(s, predicted, lang)}</div>')
 
 
+_LOG_TIME = re.compile(r"^(\d\d:\d\d:\d\d|--:--:--)  (.*)$", re.S)
+_LOG_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # the engine's English log lines -> the page's language
+    (re.compile(r"run folder (.+)"), lambda m, lg: t("log.run_folder", lg, path=m[1])),
+    (re.compile(r"\[(\w+)\] .*?(?: \((\d+ s)\))?"),
+     lambda m, lg: t(f"phase.{m[1]}", lg) + (f" ({m[2]})" if m[2] else "")),
+    (re.compile(r"step (\d+)/(\d+)  loss (\S+)  lr (\S+)  grad_norm (\S+)"),
+     lambda m, lg: t("log.step", lg, step=m[1], total=m[2], loss=_dec(m[3], lg), lr=_dec(m[4], lg), grad_norm=_dec(m[5], lg))),
+    (re.compile(r"Checkpoint saved: (.+)"), lambda m, lg: t("log.checkpoint", lg, path=m[1])),
+    (re.compile(r"LoRA: ([\d,]+) trainable parameters of ([\d,]+)"),
+     lambda m, lg: t("log.lora", lg, n=integer(int(m[1].replace(",", "")), lg),
+                     total=integer(int(m[2].replace(",", "")), lg))),
+    (re.compile(r"Data: (\d+) rows in (.+?), (\d+) train at max_length (\d+)(?::.*)?"),
+     lambda m, lg: t("log.data", lg, rows=m[1], dataset=m[2], train=m[3], max_length=m[4])),
+    (re.compile(r"finished: (\w+) - (?:Finished|Stopped) after (\d+) steps?; adapter saved to (.+) \(([\d.]+) MiB\)"),
+     lambda m, lg: f'{t("log.finished", lg, status=t(f"state.{m[1]}", lg))} - '
+                   f'{t("log.saved_one" if m[2] == "1" else "log.saved", lg, steps=m[2], path=m[3], size=_mib(m[4], lg))}'),
+    (re.compile(r"finished: (\w+) - (.*)"),
+     lambda m, lg: f'{t("log.finished", lg, status=t(f"state.{m[1]}", lg))} - {m[2]}'),
+    (re.compile(r"WARNING (.*)"), lambda m, lg: f'{t("log.warning", lg)} {m[1]}'),
+)
+
+
+def _mib(text: str, lang: str) -> str:
+    return f"{num(float(text), 1, lang)} {BYTE_UNITS.get(normalize(lang), IEC_UNITS)[2]}"  # "0,2 Mio"
+
+
+def _dec(text: str, lang: str) -> str:
+    return text.replace(".", ",") if normalize(lang) in ("pt", "fr") else text
+
+
+def log_line(line: str, lang: str = "en") -> str:
+    """One run-log line in the page's language (the engine writes English; English lines are left as they are)."""
+    if normalize(lang) == "en" or not (m := _LOG_TIME.match(line)):
+        return line
+    for pattern, words in _LOG_RULES:
+        if (found := pattern.fullmatch(m[2])):
+            return f"{m[1]}  {words(found, lang)}"
+    return line
+
+
 def log_html(lines: list[str], lang: str = "en") -> str:
     """The run log, newest line at the bottom; the box stays scrolled to the end (CSS column-reverse)."""
-    body = E("\n".join(lines)) if lines else f'<span class="mt-muted">{E(t("run.log_empty", lang))}</span>'
+    body = (E("\n".join(log_line(x, lang) for x in lines)) if lines
+            else f'<span class="mt-muted">{E(t("run.log_empty", lang))}</span>')
     return f'<div class="mt-log" id="mt-log"><pre class="mt-pre">{body}</pre></div>'
 
 
@@ -291,7 +346,7 @@ def summary_html(cfg: TrainConfig | None, problems: list[Problem], checklist_on:
                             lang)),
         ("schedule", t("summary.steps", lang, n=cfg.max_steps) if cfg.max_steps > 0
          else t("summary.epochs", lang, n=f"{cfg.num_train_epochs:g}")),
-        ("lr", t("summary.lr", lang, lr=f"{cfg.learning_rate:g}")),
+        ("lr", t("summary.lr", lang, lr=_dec(f"{cfg.learning_rate:g}", lang))),
     ]
     if cfg.packing:
         chips.append(("packing", t("summary.packing", lang)))
@@ -315,6 +370,8 @@ def saving_text(saved_gib: float | None, lang: str = "en") -> str:
     """What a checklist item saves at the current settings (core.estimate), in words."""
     if saved_gib is None:
         return t("facts.no_estimate", lang)
+    if saved_gib <= -0.05:  # the item raises the peak here (bf16 beside upcast_to_fp32, say): say so
+        return t("facts.costs", lang, gib=num(-saved_gib, 1, lang))
     if saved_gib < 0.05:  # as core.estimate.ItemSaving.text: below the estimate's resolution
         return t("facts.saves_nothing", lang)
     return t("facts.saves", lang, gib=num(saved_gib, 1, lang))
@@ -334,7 +391,8 @@ def facts_html(key: str, saved_gib: float | None, speed: list[tuple[str, str]], 
     lines = "".join(f'<span class="mt-fact-line">{E(text)}'
                     + (f' <span class="mt-src">{E(source)}</span>' if source else "") + "</span>"
                     for text, source in speed)
-    return (f'<div class="mt-facts" id="facts-{E(key)}">'
+    saves = f' data-saves="{saved_gib:.3f}"' if saved_gib is not None else ""  # for tests: the unrounded figure
+    return (f'<div class="mt-facts" id="facts-{E(key)}"{saves}>'
             f'<div class="mt-fact mt-fact-mem{zero}"><span class="mt-fact-k">{E(t("facts.memory", lang))}</span>'
             f'<span class="mt-fact-v"><span class="mt-fact-line">{E(saving_text(saved_gib, lang))}</span>{chapter}'
             '</span></div>'
@@ -389,4 +447,4 @@ def run_detail_html(detail: Any, lang: str = "en", predicted: dict[str, float] |
     table = "".join(f'<div class="mt-k">{E(k)}</div><div class="mt-v">{v}</div>' for k, v in rows)
     return (f'<div class="mt-result mt-history-detail" id="mt-history-detail" data-run="{E(info.name)}">'
             f'<b>{E(info.name)}</b><div class="mt-kv">{table}</div>'
-            f'<div class="mt-peaks-title">{E(t("result.peak", lang))}</div>{peaks_html(s, predicted, lang)}</div>')
+            f'<div class="mt-peaks-title">{E(t("result.peak", lang))}</div>{peaks_html(s, predicted, lang, "mt-history-peaks")}</div>')

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.i18n import t
-from ui.render import E
+from ui.render import E, integer
 
 
 # --- data preview ---------------------------------------------------------------------------------------------------
@@ -85,8 +85,8 @@ def preview_html(p: Any, lang: str = "en") -> str:
     notes = "".join(f'<div class="mt-small mt-warn-text">{E(n)}</div>' for n in p.notes)
     examples = []
     for ex in p.examples:
-        label = t("preview.row", lang, n=ex["row"], tokens=f'{ex["tokens"]:,}',
-                  what=t(f"preview.legend.{ex['reason']}", lang))
+        label = t("preview.row", lang, n=ex["row"], tokens=integer(ex["tokens"], lang),
+                  what=t(f"preview.one.{ex['reason']}", lang))  # one row: "tient", not the legend's "tiennent"
         note = f'<div class="mt-small mt-warn-text">{E(ex["note"])}</div>' if ex.get("note") else ""
         if "text" in ex:
             body = f'<pre class="mt-pre mt-completion">{E(str(ex["text"]))}</pre>'

@@ -10,8 +10,12 @@ Sources, in order, all measured on one NVIDIA H200 with real architecture shapes
 2. Without it, pairs found in the benchmark's grid (`bench/*.json` with a `rows` list, e.g.
    bench/grid_measured.json): two rows of one run that differ only in the settings one item governs, with the
    same code path, attention kernel, liger layers and data lengths (`SAME_ROW`).
-3. Where neither has the item, a fact measured for the seed recipe or the lever chain (bench/RESULTS.md; the seed
-   recipe's own rows are in bench/BASELINE.md), quoted with its source (`STATIC` below), or "not measured".
+3. Where neither has the item, a fact measured for the chapter's recipe or the lever chain, quoted with its source
+   (`STATIC` below), or "not measured".
+
+A source is cited only when a user can open it: bench/RESULTS.md and its section (`RESULTS_SECTION`), never a
+file outside the repository or the benchmark's internal row names. Numbers are written as the page's language writes
+them (ui.render.integer / num).
 """
 
 from __future__ import annotations
@@ -25,11 +29,14 @@ from pathlib import Path
 from core import checklist
 from core.config import TrainConfig
 from core.i18n import t
+from ui.render import integer, num
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "bench"
 LEVERS = BENCH_DIR / "levers.json"
 SEED_RECIPE_FILES = ("shared/gpu/BASELINE.md",)  # rows measured on the seed recipe = the chapter's settings
+# bench/RESULTS.md's section that reports the measured pairs of bench/levers.json (runs 1-3): what a source cites.
+RESULTS_SECTION = "Levers, one at a time"
 NOT_MEASURED_TEXT = {"bf16", "gradient_accumulation"}  # STATIC texts that themselves say "not measured"
 # Settings that do not change what a step computes: two rows differing only here still form a pair.
 IGNORED = {"run_name", "output_dir", "max_steps", "num_train_epochs", "dataset", "dataset_split", "logging_steps",
@@ -154,8 +161,18 @@ def _where(c: TrainConfig, lang: str) -> str:
     return ", ".join(parts)
 
 
-def _tps(x: float) -> str:
-    return f"{x:,.0f}".replace(",", "\u202f")  # thin space: reads right in every language
+def _tps(x: float, lang: str = "en") -> str:
+    return integer(x, lang)  # 1,698 (en), 1.698 (pt), 1 698 (fr): as every other count on the page
+
+
+def openable(file: str) -> bool:
+    """Whether a measurement's file is in this repository (a user can open it): shared/gpu/BASELINE.md is not."""
+    return bool(file) and (ROOT / file).is_file()
+
+
+def _cite(file: str, lang: str) -> str:
+    """Where a measured pair is reported, for a user: bench/RESULTS.md and its section (not internal row names)."""
+    return t("speed.cite", lang, file="bench/RESULTS.md", section=RESULTS_SECTION, rows=file)
 
 
 def _change(ratio: float) -> str:
@@ -202,20 +219,25 @@ def _distance(c: TrainConfig | None, cfg: TrainConfig) -> int:
     return len(CONTEXT) + 1 if c is None else sum(getattr(c, n) != getattr(cfg, n) for n in CONTEXT)
 
 
-def _lever_line(key: str, m: dict, entry: dict, lang: str) -> tuple[str, str] | None:
+def _lever_line(key: str, m: dict, entry: dict, lang: str,
+                configs: dict[tuple[str, str], TrainConfig] | None = None) -> tuple[str, str] | None:
     on, off = m["on"], m["off"]
-    source = t("speed.source_rows", lang, where=m.get("where", ""), file=on.get("file", ""), on=on["row"],
-               off=off["row"])
+    c = _measurement_config(m, configs if configs is not None else grid_configs())
+    # Where it was measured, in the page's language (levers.json's own `where` is English prose).
+    where = f"{_where(c, lang)}, {c.model.rsplit('/', 1)[-1]}" if c is not None else ""
+    source = t("speed.source_rows", lang, where=where, cite=_cite(str(on.get("file", "")), lang)) if where else \
+        _cite(str(on.get("file", "")), lang)
     if entry.get("speed_ratio") is None:  # tokens/s is not a cost for this item: time per optimizer step is
         if isinstance(on.get("s_per_step"), (int, float)) and isinstance(off.get("s_per_step"), (int, float)):
-            return t("speed.step_time", lang, on=f"{on['s_per_step']:.2f}", off=f"{off['s_per_step']:.2f}"), source
+            return (t("speed.step_time", lang, on=num(on["s_per_step"], 2, lang), off=num(off["s_per_step"], 2, lang)),
+                    source)
         return None
     ratio = m.get("speed_ratio")
     if not isinstance(ratio, (int, float)) or not isinstance(on.get("tokens_per_s"), (int, float)) \
             or not isinstance(off.get("tokens_per_s"), (int, float)):
         return None
-    return (t("speed.ratio", lang, change=_change(ratio), on=_tps(on["tokens_per_s"]), off=_tps(off["tokens_per_s"])),
-            source)
+    return (t("speed.ratio", lang, change=_change(ratio), on=_tps(on["tokens_per_s"], lang),
+              off=_tps(off["tokens_per_s"], lang)), source)
 
 
 def _from_levers(key: str, cfg: TrainConfig | None, lang: str, facts: tuple[dict, dict]) -> list[tuple[str, str]]:
@@ -226,7 +248,8 @@ def _from_levers(key: str, cfg: TrainConfig | None, lang: str, facts: tuple[dict
             return [(t(STATIC[key][0], lang), levers)]
         return [(t("speed.not_measured", lang), levers)]
     entry = items[key]
-    measurements = [m for m in entry.get("measurements", []) if isinstance(m, dict)]
+    measurements = [m for m in entry.get("measurements", [])  # only what a user can open and check
+                    if isinstance(m, dict) and openable(str(m["on"].get("file", "")))]
     chosen = measurements[:1]
     if cfg is not None and len(measurements) > 1:
         configs = grid_configs()
@@ -251,14 +274,15 @@ def speed_lines(key: str, cfg: TrainConfig | None = None, lang: str = "en",
     lines = []
     pair = closest(pairs.get(key, []), cfg)
     if pair is not None:
-        text = t("speed.ratio", lang, change=_change(pair.on_tps / pair.off_tps), on=_tps(pair.on_tps),
-                 off=_tps(pair.off_tps))
+        text = t("speed.ratio", lang, change=_change(pair.on_tps / pair.off_tps), on=_tps(pair.on_tps, lang),
+                 off=_tps(pair.off_tps, lang))
         where = ", ".join(x for x in (_where(pair.on_config, lang), pair.arch, pair.gpu) if x)
-        lines.append((text, t("speed.source_rows", lang, where=where, file=f"{pair.file} ({pair.run})",
-                              on=pair.on_name, off=pair.off_name)))
+        lines.append((text, t("speed.source_rows", lang, where=where, cite=pair.file)))
     fact, source = STATIC.get(key, ("speed.not_measured", ""))
     if lines and key in SAME_AS_PAIR:
         return lines
+    if source and not openable(source):  # quoted from a file a user does not have: not cited, not shown
+        fact, source = "speed.not_measured", ""
     if source or not lines:  # a sourced measurement always; "not measured" only when nothing else is known
         lines.append((t(fact, lang), t("speed.source", lang, source=source) if source else ""))
     return lines

@@ -123,6 +123,13 @@ CSS = """
 /* header and language picker */
 #mt-top { align-items: flex-start !important; }
 #lang-select { max-width: 200px; margin-left: auto; }
+/* the upload box in the page's language (ui.layout.header_html sets --mt-drop-text) */
+#data-upload .wrap { font-size: 0 !important; }
+#data-upload .wrap > * { font-size: var(--text-md, 14px); }
+#data-upload .wrap > .or { display: none; }
+#data-upload .wrap::after { content: var(--mt-drop-text); font-size: var(--text-md, 14px); }
+/* toasts (gr.Warning / gr.Info) at the bottom right: at the top they covered the language picker */
+.toast-wrap { top: auto !important; bottom: var(--size-4, 16px) !important; }
 
 /* predicted peak on the gauge */
 .mt-pred-seg { position: absolute; top: 0; height: 100%; border-radius: 7px;
@@ -170,7 +177,11 @@ CSS = """
 #history-table th, #history-table th * { word-break: normal !important; overflow-wrap: normal !important;
                                          hyphens: none !important; }
 .dark .mt-history-detail { background: var(--neutral-900); }
-#history-confirm { padding: 8px; border: 1px solid #fca5a5 !important; border-radius: 8px; }
+/* a picked run is a row, not a cell being edited: no cell outline, no cell menu (the table is read-only) */
+#history-table .cell-selected { box-shadow: none !important; animation: none !important; }
+#history-table .cell-menu-button { display: none !important; }
+#history-confirm { padding: 0 !important; border: none !important; background: none !important; }  /* one frame:
+   the confirmation note's own */
 .mt-note { margin: 4px 0; }
 
 /* the settings tabs fit one line in every language (the hidden copy is what Gradio measures for overflow) */

@@ -92,6 +92,12 @@ def on_try(x: TryExportTab, lang: str, adapter: str | None, prompt: str, max_new
         yield {x.base: base, x.tuned: tuned,
                **refused(t("msg.error", lang, message=f"{type(exc).__name__}: {exc}"), "error")}
         return
+    empty = [t(k, lang) for k, text in (("try.tuned", tuned), ("try.base", base)) if not (text or "").strip()]
+    if empty:  # "Done." beside an empty box read as a broken page: say what happened and why it can
+        yield {x.base: base, x.tuned: tuned,
+               x.try_note: note(t("try.empty_answer", lang, which=" / ".join(f"“{w}”" for w in empty)), "warn",
+                                "try-note")}
+        return
     yield {x.base: base, x.tuned: tuned, x.try_note: note(t("try.done", lang), "ok", "try-note")}
 
 
@@ -146,9 +152,18 @@ def merge_warning(cfg: Any, lang: str) -> str:
     if size is None:
         return t("export.merge_warning_unknown", lang, model=cfg.model)
     params, disk, memory = size
-    # Three significant digits: "8.03 billion ... 15 GiB" for an 8B model, and not "0.00" for the tiny demo.
-    return t("export.merge_warning", lang, model=cfg.model, params=f"{params / 1e9:.3g}", disk_gib=f"{disk / 2**30:.3g}",
-             mem_gib=f"{memory / 2**30:.3g}")
+    # Human units: "8.03 billion parameters ... 15.0 GiB" for an 8B model, "189,000 parameters ... 352 KiB" for the
+    # tiny demo (never "0.000189 billion ... 0.000352 GiB").
+    return t("export.merge_warning", lang, model=cfg.model, params=parameter_count(params, lang),
+             disk=render.size(disk, lang), mem=render.size(memory, lang))
+
+
+def parameter_count(n: float, lang: str) -> str:
+    if n >= 1e9:
+        return t("count.params_billion", lang, n=render.num(n / 1e9, 2, lang))
+    if n >= 1e6:
+        return t("count.params_million", lang, n=render.num(n / 1e6, 1, lang))
+    return t("count.params_thousand", lang, n=render.integer(n, lang))
 
 
 def on_export_adapter(x: TryExportTab, lang: str, adapter: str | None) -> Updates:
@@ -242,6 +257,7 @@ def on_push(x: TryExportTab, lang: str, adapter: str | None, what: str, merged_d
             private: bool, token: str | None) -> Updates:
     """Push the adapter or the merged folder; the typed token is used for this call only, then cleared."""
     from core.export import ExportError, push_to_hub
+    from core.model import hf_token
 
     def said(html: str) -> Updates:
         return {x.export_note: html, x.token: ""}
@@ -253,6 +269,8 @@ def on_push(x: TryExportTab, lang: str, adapter: str | None, what: str, merged_d
         return said(warn(t("export.merge_first", lang), "export-note"))
     if (refusal := public_refusal((folder, "the folder to push"))):
         return said(warn(t("export.failed", lang, message=refusal), "export-note", "error"))
+    if not (token or "").strip() and not hf_token():  # point to the box on this page, not only to HF_TOKEN
+        return said(warn(t("export.no_token", lang, field=t("export.token", lang)), "export-note", "error"))
     try:
         url = push_to_hub(folder, repo_id, token=(token or "").strip() or None, private=bool(private))
     except ExportError as exc:

@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     zp.add_argument("adapter")
     zp.add_argument("--out", default=None, help="folder for the zip (default: a temporary folder)")
     args = parser.parse_args(argv)
+    from core.quiet import quiet_libraries
+
+    quiet_libraries(progress_bars=False)  # memtune's own progress lines only
 
     def show(fraction: float, message: str) -> None:
         print(f"[{fraction * 100:5.1f}%] {message}", flush=True)

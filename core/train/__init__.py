@@ -207,7 +207,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         if (problem := finish_run(run_dir, summary)):  # h2: atomic summary.json; a full disk is reported
             emit(make_event("log", level="warning", message=problem))
         status = summary["status"]
-        message = (f"{'Stopped' if status == 'stopped' else 'Finished'} after {summary['steps']} steps; "
+        message = (f"{'Stopped' if status == 'stopped' else 'Finished'} after {summary['steps']} step{'' if summary['steps'] == 1 else 's'}; "
                    f"adapter saved to {adapter_dir} ({summary['adapter_bytes'] / 2**20:.1f} MiB)")
         emit(make_event("done", status=status, run_dir=str(run_dir), adapter_dir=str(adapter_dir),
                         summary=summary, message=message))

@@ -1,0 +1,66 @@
+"""A clean terminal: memtune's own lines, not the libraries' noise (training CLI, export, Try it, demo_bench, app).
+
+Each silenced message says nothing about the user's settings:
+- peft reads `is_gradient_checkpointing` (deprecated in transformers 5) on every model it wraps: a FutureWarning;
+- bitsandbytes on a CPU without its optional `kernels` package logs "Failed to load CPU gemm_4bit_forward ... pip
+  install kernels" at import, then falls back by itself;
+- TRL 1.x warns that `use_liger_kernel` will go in v2 (memtune's fused-loss lever is that very setting), and liger
+  logs an import error for each backend it does not find (on a CUDA machine, the others);
+- datasets' and transformers' progress bars (per map, per shard, per weight load): kilobytes of \\r in a log file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+NOISY_LOGGERS = ("bitsandbytes.backends.cpu.ops", "liger_kernel", "liger_kernel.transformers")
+
+
+def quiet_libraries(progress_bars: bool = False) -> None:
+    """Silence the messages above; `progress_bars`: keep the libraries' bars (a user watching a terminal)."""
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=".*use_liger_kernel.*deprecated.*", category=FutureWarning)
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    if not progress_bars:
+        import datasets
+        from huggingface_hub.utils import disable_progress_bars
+        from transformers.utils import logging as hf_logging
+
+        datasets.disable_progress_bars()
+        hf_logging.disable_progress_bar()
+        disable_progress_bars()
+
+
+def offline_if_unreachable(cfg, timeout_s: float = 3.0) -> bool:
+    """A Hub model or dataset and no network: huggingface_hub retries each request with back-off (six "Retrying in
+    Ns" lines over ~23 s) before memtune's one-line error. One quick connection first; when the Hub cannot be
+    reached, this process works offline, so what is cached loads and what is not fails at once. True if so."""
+    import socket
+    from urllib.parse import urlparse
+
+    from core.config import DEMO_DATASET, DEMO_MODEL
+    from core.datafiles import is_local
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return False
+    if all(not x or x in (DEMO_MODEL, DEMO_DATASET) or is_local(x) for x in (cfg.model, cfg.dataset)):
+        return False
+    from huggingface_hub import constants
+
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout_s).close()
+        return False
+    except OSError:
+        pass
+    print(f"[memtune] {host} cannot be reached from here: working offline (models and datasets already in the "
+          "cache only)", file=sys.stderr, flush=True)
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    constants.HF_HUB_OFFLINE = True  # read at import; transformers asks huggingface_hub's constant
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].config.HF_HUB_OFFLINE = True
+    return True
