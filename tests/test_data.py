@@ -384,7 +384,7 @@ def test_csv_row_errors_and_the_preview_count_alike(tmp_path, fresh_tok):
                                + CHATML)
     path = csv_file(tmp_path, "instruction,response\nfine,ok\nbad,x\n")
     with pytest.raises(DataError) as info:
-        data.prepare_dataset(TrainConfig(dataset=path, dataset_split="train"), fresh_tok)
+        data.plan_rows(TrainConfig(dataset=path, dataset_split="train"), fresh_tok)
     assert "Row 2" in str(info.value) and "line 3 of the file" in str(info.value)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from core.config import demo_config
-from core.export_cli import main as export_main
+from core.export.cli import main as export_main
 from core.history import HistoryError, delete_run, list_runs, resume_config
 from core.runs import resume_problem
 

@@ -550,7 +550,7 @@ def remote_code_adapter(run, tmp_path, monkeypatch, demo_model_path):
 
 
 def test_no_model_code_runs_without_the_users_own_tick(remote_code_adapter, tmp_path, capsys):
-    from core.export_cli import main as export_main
+    from core.export.cli import main as export_main
     from core.infer import COMPARER, InferError
     from ui import gguf, tryexport
 
