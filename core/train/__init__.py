@@ -3,10 +3,9 @@
 `run_training(cfg, sink, stop)` is the one entry point; read it top to bottom: check the config and make the run
 folder, plan the data (`plan_data`), load the model and build the trainer (`build_run`), train, summarize, save.
 The command line (`python -m core.train`, core/train_cli.py) calls it; the app's job manager runs that same CLI as a
-child process (one run = one process; every process of a multi-process run runs it too), and tests may call
-it in-process. It never raises for a
-user's mistake or an out-of-memory error: it returns a RunResult whose message says what went wrong and what to do,
-and it leaves saved adapters intact. What the run says while it trains (phases, the Trainer callback, Stop) lives in
+child process (one run = one process; every process of a multi-process run runs it too), and tests may call it
+in-process. It never raises for a user's mistake or an out-of-memory error: it returns a RunResult whose message
+says what went wrong and what to do, and it leaves saved adapters intact. What the run says while it trains (phases, the Trainer callback, Stop) lives in
 core/callbacks.py; the run folder (markers, checkpoints, atomic writes) in core/runs.py.
 
 CLI:
