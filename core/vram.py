@@ -106,37 +106,30 @@ def snapshot() -> GpuSnapshot:
     return GpuSnapshot(gpus, "" if gpus else NO_GPU)
 
 
-def device_used_bytes(index: int = 0) -> int | None:
+def _device_read(index: int, read):
+    """`read(pynvml, handle)` for GPU `index`; None without NVML or when the GPU cannot be read."""
     nv = _nvml()
     if nv is None:
         return None
     try:
-        return int(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(index)).used)
+        return read(nv, nv.nvmlDeviceGetHandleByIndex(index))
     except Exception:
         return None
+
+
+def device_used_bytes(index: int = 0) -> int | None:
+    return _device_read(index, lambda nv, h: int(nv.nvmlDeviceGetMemoryInfo(h).used))
 
 
 def device_utilization(index: int = 0) -> int | None:
     """GPU utilisation (%) over the driver's last sample period; None without NVML."""
-    nv = _nvml()
-    if nv is None:
-        return None
-    try:
-        return int(nv.nvmlDeviceGetUtilizationRates(nv.nvmlDeviceGetHandleByIndex(index)).gpu)
-    except Exception:
-        return None
+    return _device_read(index, lambda nv, h: int(nv.nvmlDeviceGetUtilizationRates(h).gpu))
 
 
 def process_used_bytes(pid: int, index: int = 0) -> int | None:
     """GPU memory NVML attributes to process `pid` (0 when it has no CUDA context); None without NVML."""
-    nv = _nvml()
-    if nv is None:
-        return None
-    try:
-        procs = nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHandleByIndex(index))
-    except Exception:
-        return None
-    return sum(int(p.usedGpuMemory or 0) for p in procs if p.pid == pid)
+    return _device_read(index, lambda nv, h: sum(int(p.usedGpuMemory or 0)
+                                                 for p in nv.nvmlDeviceGetComputeRunningProcesses(h) if p.pid == pid))
 
 
 def driver_version() -> str | None:
