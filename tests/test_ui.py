@@ -175,7 +175,7 @@ def test_summary_and_code_follow_a_field_change(form):
     out = handlers.on_fields_changed(form, "en", *values)
     assert "checkpointing on" in out[form.summary]
     assert "gradient_checkpointing=true" in out[form.code_cli]
-    assert "gradient_checkpointing=True" in out[form.code_py]
+    assert "gradient_checkpointing: true" in out[form.code_py]
 
 
 def test_presets_load_the_demo_and_the_chapter(form):
