@@ -23,6 +23,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from core.vram import device_used_bytes, process_used_bytes
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -33,24 +35,15 @@ def free_port() -> int:
 
 
 class Gpu:
-    def __init__(self):
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nv, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
-        except Exception:  # noqa: BLE001 - the CPU smoke run
-            self.nv = None
+    """Point readings of GPU 0 through core.vram (the app's and the run's NVML reader); None/0 without NVML."""
 
     def used_gib(self) -> float | None:
-        return round(self.nv.nvmlDeviceGetMemoryInfo(self.h).used / 2**30, 3) if self.nv else None
+        used = device_used_bytes(0)
+        return None if used is None else round(used / 2**30, 3)
 
     def process_gib(self, pid: int) -> float:
         """GPU memory NVML attributes to `pid` (0 when it has no CUDA context at all)."""
-        if not self.nv:
-            return 0.0
-        procs = self.nv.nvmlDeviceGetComputeRunningProcesses(self.h)
-        return round(sum((p.usedGpuMemory or 0) for p in procs if p.pid == pid) / 2**30, 3)
+        return round((process_used_bytes(pid, 0) or 0) / 2**30, 3)
 
 
 def newest_run(runs: Path, before: set[str]) -> Path | None:

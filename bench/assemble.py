@@ -24,8 +24,8 @@ and the facts about the process it ran in that a reader (and bench/validate_esti
 
 Which rows:
 - run 2 and run 3 rows are used as measured (`raw` = the measurement).
-- run 1 had a leak (fixed since: core.model.release_library_references): bitsandbytes' GlobalOptimManager kept
-  every run's embedding on the GPU. Its rows were corrected by subtracting the leaked, static amount. Every
+- run 1 had a leak (fixed then by core.model.release_library_references, gone with the grid): bitsandbytes'
+  GlobalOptimManager kept every run's embedding on the GPU. Its rows were corrected by subtracting the leaked, static amount. Every
   run-1 configuration of the grid and of the lever chain was measured again, clean, in run 3, so run-1 rows are
   left out when a run-2/run-3 row has the same configuration (the raw file keeps them). A run-1 row with no
   clean twin would be kept with its `raw` values and `correction` (none remains).
@@ -83,7 +83,7 @@ def same_key(row: dict) -> tuple:
 
 
 def changes_from(r: dict, cfg: dict) -> dict:
-    """The settings this run changed on top of the recipe or preset it started from (bench/run.py's Variant)."""
+    """The settings this run changed on top of the recipe or preset it started from (the removed in-process grid's Variant: bench/RESULTS.md)."""
     base = overrides("chapter" if r["recipe"] == "seed" else r.get("preset", "chapter"))
     base["max_length"] = 512
     return {k: cfg[k] for k in base if cfg.get(k) != base[k]}

@@ -17,45 +17,35 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 from bench.product import ROOT, read_events, speeds, versions, write_dolly
+from core.vram import PeakTracker, device_count, device_used_bytes
 
 
 class AllGpus:
-    """Peak NVML 'used' per GPU while started (a thread; nothing inside the measured processes)."""
+    """Peak NVML 'used' per GPU while entered: one core.vram sampler per GPU (threads of this process; nothing inside
+    the measured processes). No NVML (the CPU smoke run): no GPUs, empty lists."""
 
     def __init__(self, interval: float = 0.01):
-        self.interval, self.peaks, self._stop = interval, [], threading.Event()
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nv = pynvml
-            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        except Exception:  # noqa: BLE001 - no NVML (the CPU smoke run)
-            self.nv, self.handles = None, []
+        self.trackers = [PeakTracker(i, interval=interval) for i in range(device_count())]
 
     def used(self) -> list[int]:
-        return [self.nv.nvmlDeviceGetMemoryInfo(h).used for h in self.handles] if self.nv else []
+        return [device_used_bytes(t.device) or 0 for t in self.trackers]
+
+    @property
+    def peaks(self) -> list[int]:
+        return [t.peak_bytes or 0 for t in self.trackers]
 
     def __enter__(self):
-        self.peaks = self.used()
-        self._stop.clear()
-
-        def loop():
-            while not self._stop.wait(self.interval):
-                self.peaks = [max(a, b) for a, b in zip(self.peaks, self.used())]
-
-        self._thread = threading.Thread(target=loop, daemon=True)
-        self._thread.start()
+        for t in self.trackers:
+            t.start()
         return self
 
     def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+        for t in self.trackers:
+            t.stop()
 
 
 VARIANTS = [  # (name, preset, processes, strategy, model); the effective batch is the same for 1 and 2 processes

@@ -26,12 +26,12 @@ import platform
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from bench.product_plans import Variant, plan
+from core.vram import PeakTracker, device_used_bytes, driver_version, snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,50 +77,10 @@ def write_dolly(path: Path, n: int, seed: int = 0) -> dict:
     return {"rows": n, "median_tokens": float(statistics.median(lengths)), "mean_tokens": float(lengths.mean())}
 
 
-# --- NVML sampler (outside the measured process) -------------------------------------------------------------------
-class Sampler:
-    def __init__(self, interval: float = 0.01):
-        self.interval = interval
-        self.samples: list[tuple[float, int, int]] = []  # (time, used bytes, gpu util %)
-        self.nv = None
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            if pynvml.nvmlDeviceGetCount() > 0:
-                self.nv, self.handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
-        except Exception:  # noqa: BLE001 - no GPU (smoke run): no samples
-            self.nv = None
-        self._stop = threading.Event()
-        self._thread = None
-
-    def used(self) -> int | None:
-        return self.nv.nvmlDeviceGetMemoryInfo(self.handle).used if self.nv else None
-
-    def start(self) -> "Sampler":
-        self.samples = []
-        self._stop.clear()
-        if self.nv:
-            self._thread = threading.Thread(target=self._run, daemon=True)
-            self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        util, n = 0, 0
-        while not self._stop.is_set():
-            if n % 10 == 0:
-                try:
-                    util = self.nv.nvmlDeviceGetUtilizationRates(self.handle).gpu
-                except Exception:  # noqa: BLE001
-                    util = -1
-            self.samples.append((time.time(), self.nv.nvmlDeviceGetMemoryInfo(self.handle).used, util))
-            n += 1
-            time.sleep(self.interval)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join()
+# --- NVML sampler (outside the measured process): core.vram's, the one the run and the app use -------------------
+def make_sampler() -> PeakTracker:
+    """Device 0's used memory every 10 ms, the GPU utilisation every 100 ms, every sample kept (the trace)."""
+    return PeakTracker(0, interval=0.01, series=True, util_every=10)
 
 
 # --- one variant ----------------------------------------------------------------------------------------------------
@@ -182,11 +142,11 @@ def speeds(steps: list[dict], warm: int, started: float) -> dict:
     return res
 
 
-def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: Sampler, smoke: bool) -> dict:
+def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: PeakTracker, smoke: bool) -> dict:
     run_dir = root / "runs" / v.name
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     cmd = command(v, model_dir, data, run_dir, smoke)
-    floor = sampler.used()
+    floor = device_used_bytes(0)
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", **v.env)
     if v.peer:  # the peer's own pins (trl<=1.15, datasets<5) ahead of the bench's wheels
         env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("UNSLOTH_SITE", ""), str(ROOT)) if p)
@@ -213,7 +173,7 @@ def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: Sa
            "peak_allocated_gib": summary.get("peak_allocated_gib"), "peak_reserved_gib": summary.get("peak_reserved_gib"),
            "status": summary.get("status"), "final_loss": summary.get("final_loss"),
            "nvml_floor_gib": round(floor / 2**30, 3) if floor is not None else None}
-    samples = sampler.samples
+    samples = sampler.series
     if samples:
         row["nvml_peak_gib"] = round(max(s[1] for s in samples) / 2**30, 3)
         row["nvml_samples"] = len(samples)
@@ -314,10 +274,12 @@ def main(argv=None) -> int:
         return model_dir
 
     folder(arch)
-    sampler = Sampler()
-    if sampler.nv:
-        info["gpu"] = sampler.nv.nvmlDeviceGetName(sampler.handle)
-        info["driver"] = sampler.nv.nvmlSystemGetDriverVersion()
+    sampler = make_sampler()
+    snap = snapshot()
+    if snap.ok:
+        info["gpu"], info["driver"] = snap.gpus[0].name, driver_version()
+    else:
+        info["gpu"] = snap.message  # the CPU smoke run: "no NVIDIA GPU found"
     print(json.dumps(info), flush=True)
     only = {s for s in args.only.split(",") if s}
     rows = []

@@ -1,18 +1,20 @@
-"""The settings as code: a standalone Python script and the equivalent `python -m core.train` command.
+"""The settings as code: the `python -m core.train` command, the YAML, and a short script that calls memtune's recipe.
 
-`python_script(cfg)` writes the course chapter's script for the current settings, corrected for today's
-libraries. It is rendered from the engine's own mapping, so the two train the same thing (same first loss):
-- every library argument (BitsAndBytesConfig, from_pretrained, prepare_model_for_kbit_training, LoraConfig,
-  SFTConfig) is core/recipe.py's dict, written out keyword by keyword; `installed_names` (copied in) renames
-  gradient_checkpointing for the installed transformers at run time, as the engine does;
-- rows are formatted by core/data's functions (`to_sft`, `detect_format` and what they use), copied verbatim
-  into the script, so there is no second set of prompt templates;
-- the chapter's fixes stay visible: dolly-15k is formatted into prompt + completion (completion-only loss), not
-  `dataset_text_field="text"`; `max_length=` replaces `max_seq_length=`, `processing_class=` replaces
-  `tokenizer=`, `dtype=` replaces `torch_dtype=`; the adapter is saved with the tokenizer.
+Show code offers what trains exactly what the app trains:
+- `cli_command(cfg, ...)`: the headless command, listing only the settings that differ from the base (a saved file,
+  the demo, or the defaults), each as one `--set field=value`;
+- `python_script(cfg)`: a short Python script that holds the settings as YAML (the file `--dump-config` writes) and
+  runs them through memtune's own recipe (`core.train.run_training`), as the CLI does.
 
-`cli_command(cfg, ...)` lists only the settings that differ from the base (a saved file, the demo, or the
-defaults), each as one `--set field=value`.
+Why no standalone re-implementation of the recipe (memtune once generated one, with core/data's functions copied
+in): a second copy cannot train what the engine trains. The engine trains its row plan (core.data.plan_rows: the
+`long_prompts` cuts of over-long prompts, answers cut at max_length, multi-turn rows), patches attention
+(`attention: varlen`), resolves LoRA targets from the model's module tree, offloads embeddings, quantizes the
+output head, and checks the whole config before any work. A generated copy trained TRL's own truncation of other
+strings and lacked varlen attention; each new feature widened the gap. Calling the recipe keeps one sequence
+(config -> data plan -> model -> LoRA -> SFTTrainer -> adapter) and the same first losses by construction
+(tests/test_codegen.py checks it with over-long prompts and varlen attention). The library calls themselves are
+core/recipe.py's dicts, readable there.
 
 CLI:
     python -m core.codegen --config FILE.yaml [--set field=value ...]   # prints the script
@@ -23,16 +25,13 @@ CLI:
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from core import recipe
-from core.config import DEMO_DATA, DEMO_DATASET, DEMO_MODEL, OPTIMIZERS, TrainConfig, demo_config
-from core.verbatim import helper_source
+from core.config import DEMO_DATASET, DEMO_MODEL, TrainConfig, demo_config
 
 
 # --- the CLI ----------------------------------------------------------------------------------------------
@@ -98,207 +97,63 @@ def accelerate_note(cfg: TrainConfig, config_path: str | Path = "memtune.yaml") 
 
 
 # --- the Python script ------------------------------------------------------------------------------------------
-ROOT = Path(__file__).resolve().parent.parent  # memtune's folder: the demo model and offload helper live there
-DATA_ENTRY_POINTS = ("to_sft", "detect_format")  # what the script calls in core/data, as the engine does
+ROOT = Path(__file__).resolve().parent.parent  # memtune's folder: the script imports the recipe from there
 
 
-def _py(value: Any) -> str:
-    """Python source for a value, with double-quoted strings (as people write them)."""
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_py(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_py(k)}: {_py(v)}" for k, v in value.items()) + "}"
-    return repr(value)
+def config_yaml(cfg: TrainConfig) -> str:
+    """The settings as the YAML file `python -m core.train --config` reads."""
+    return cfg.to_yaml()
 
 
-def _either(on_gpu: Any, on_cpu: Any) -> str:
-    """Source for a value that depends on whether CUDA is there when the script runs (device auto)."""
-    if on_gpu == on_cpu:
-        return _py(on_gpu)
-    if (on_gpu, on_cpu) == (False, True):
-        return "not CUDA"
-    return f"{_py(on_gpu)} if CUDA else {_py(on_cpu)}"
-
-
-def _lora_modules(cfg: TrainConfig) -> list[str] | None:
-    """The layer names the engine resolves cfg.lora_target_modules to (Phi-3: qkv_proj for q_proj; groups
-    expanded), for a model on this machine; None (the names as written) for a Hub id, which is never downloaded
-    for Show code."""
-    from pathlib import Path
-
-    from core.config import DEMO_MODEL
-
-    if cfg.model != DEMO_MODEL and not Path(cfg.model).expanduser().is_dir():
-        return None
-    try:
-        from core.model import lora_targets
-
-        return lora_targets(cfg).modules
-    except Exception:  # noqa: BLE001 - the engine reports it with the run; the script keeps the names as written
-        return None
-
-
-def _call(head: str, pair: tuple[dict[str, Any], dict[str, Any]], notes: dict[str, str],
-          first: tuple[str, ...] = (), indent: str = "    ") -> list[str]:
-    """`head(` + one `name=value,` line per keyword (from the engine's dicts for GPU and CPU) + `)`."""
-    gpu, cpu = pair
-    lines = [f"{indent}{head}("] + [f"{indent}    {arg}," for arg in first]
-    for name in gpu:
-        note = f"  # {notes[name]}" if notes.get(name) else ""
-        lines.append(f"{indent}    {name}={_either(gpu[name], cpu[name])},{note}")
-    return lines + [f"{indent})"]
-
-
-def _data_loading(cfg: TrainConfig) -> tuple[str, tuple[str, ...]]:
-    """(the script's load_dataset line, core/data definitions it needs besides DATA_ENTRY_POINTS)."""
-    from core.data import LOADERS, is_local
-
-    split = _py(cfg.dataset_split)
-    if cfg.dataset == DEMO_DATASET:
-        return f"load_dataset(\"json\", data_files={_py(str(DEMO_DATA))}, split={split})  # memtune's demo data", ()
-    path = Path(cfg.dataset).expanduser()
-    if not is_local(cfg.dataset):
-        return f"load_dataset({_py(cfg.dataset)}, split={split})", ()
-    if path.is_dir():
-        return f"load_dataset({_py(str(path))}, split={split})", ()
-    builder = LOADERS.get(path.suffix.lower(), "json")
-    if builder == "csv":  # read exactly as the engine reads CSV (core.datafiles.read_csv: every field is text)
-        return (f"_sliced(Dataset.from_dict(read_csv(Path({_py(str(path))}))), {split})", ("read_csv", "_sliced"))
-    return f"load_dataset({_py(builder)}, data_files={_py(str(path))}, split={split})", ()
-
-
-def _pairs(cfg: TrainConfig, build) -> tuple[Any, Any]:
-    """`build(cuda)` for the GPU and the CPU case; with a fixed device both are that device's."""
-    options = {"cuda": (True, True), "cpu": (False, False)}.get(cfg.device, (True, False))
-    return build(options[0]), build(options[1])
+def _triple_quoted(text: str) -> str:
+    """`text` as a Python triple-quoted literal that reads like the YAML it holds."""
+    return '"""\\\n' + text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"') + '"""'
 
 
 def python_script(cfg: TrainConfig) -> str:
-    """A standalone script (transformers 5, peft 0.21, trl 1.x) that trains what `cfg` describes.
+    """A short script that trains `cfg` with memtune's recipe: the same rows, tokens and losses as the app's run."""
+    command = "\n".join(f"#     {line}" for line in cli_command(cfg).splitlines())  # comments: any text is safe
+    return f'''"""QLoRA fine-tuning with memtune's recipe, generated by memtune from your settings.
 
-    Every library argument comes from core/recipe.py's dicts, and the data is formatted by core/data's own
-    functions (copied in), so the script trains what the engine trains: same first loss for the same seed.
-    """
-    out_root = Path(cfg.resume_from) if cfg.resume_from else Path(cfg.output_dir) / (cfg.run_name or "qlora-output")
-    load_data, extra_roots = _data_loading(cfg)
-    data_imports, data_source = helper_source("core.data", DATA_ENTRY_POINTS + extra_roots)
-    recipe_imports, recipe_source = helper_source("core.recipe", ("installed_names",))
-    needs_memtune = cfg.model == DEMO_MODEL or cfg.offload_embeddings or (cfg.quantize_output_head and cfg.load_in_4bit)
-    bnb, kbit = recipe.bnb_kwargs(cfg), recipe.kbit_kwargs(cfg)
+SETTINGS below is the configuration as YAML (save it as memtune.yaml for `--config`). run_training is the recipe
+the app and the CLI run: it checks the settings, plans every row (long_prompts cuts, max_length), loads the model
+with its levers, trains with TRL's SFTTrainer and saves the adapter into a run folder under output_dir.
+"""
+# The same run, headless:
+{command}
 
-    lines: list[str] = []
-    add = lines.append
-    add('"""QLoRA fine-tuning, generated by memtune from your settings.\n\nSame run, headless:\n'
-        + "\n".join(f"    {line}" for line in cli_command(cfg).splitlines()) + '\n"""\n')
-    add("from __future__ import annotations  # the copied helpers' type hints stay unevaluated\n")
-    if cfg.expandable_segments:
-        add("import os\n")
-        add("# Let the CUDA allocator grow segments in place: less memory reserved but unused (set before torch loads)")
-        add('os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")\n')
-    imports = sorted(set(data_imports + recipe_imports + (("import sys",) if needs_memtune else ())
-                         + (("from pathlib import Path", "from datasets import Dataset")
-                            if "read_csv" in extra_roots else ())
-                         + (("import torch",) if cfg.device == "auto" else ())),
-                     key=lambda line: (line.startswith("from"), line))
-    lines += imports
-    add("")
-    add("from datasets import load_dataset")
-    add("from peft import LoraConfig, get_peft_model" + (", prepare_model_for_kbit_training" if kbit else ""))
-    add("from transformers import AutoModelForCausalLM, AutoTokenizer" + (", BitsAndBytesConfig" if bnb else "")
-        + ", set_seed")
-    add("from trl import SFTConfig, SFTTrainer\n")
-    if needs_memtune:
-        add(f"sys.path.insert(0, {_py(str(ROOT))})  # memtune's folder: its helpers below come from there")
-    if cfg.model == DEMO_MODEL:
-        add("from core.demo import ensure_demo_model  # memtune's offline demo model, built on this machine\n")
-        add("MODEL = str(ensure_demo_model())")
-    else:
-        add(f"MODEL = {_py(cfg.model)}")
-    add(f"OUTPUT_DIR = {_py(str(out_root))}")
-    if cfg.device == "auto":
-        add("CUDA = torch.cuda.is_available()")
-    add("\n")
-    add("def main():")
-    if bnb:
-        add("    # Quantization: the frozen base weights in 4 bits (QLoRA)")
-        lines += _call("bnb_config = BitsAndBytesConfig", (bnb, bnb), {})
-    add("    # Load model")
-    load = _pairs(cfg, lambda cuda: recipe.load_kwargs(cfg, 0 if cuda else None))
-    lines += _call("model = AutoModelForCausalLM.from_pretrained", load,
-                   {"dtype": "was torch_dtype=",
-                    "trust_remote_code": "runs Python code shipped with the model" if cfg.trust_remote_code else ""},
-                   first=("MODEL",) + (("quantization_config=bnb_config",) if bnb else ()))
-    add("    model.config.use_cache = False  # the KV cache is useless in training")
-    add(f"    tokenizer = AutoTokenizer.from_pretrained(MODEL, trust_remote_code={cfg.trust_remote_code!r})")
-    add("    if tokenizer.pad_token is None:")
-    add("        tokenizer.pad_token = tokenizer.eos_token  # padded positions carry no loss\n")
+import signal
+import sys
+import threading
 
-    add("    # Prepare for training")
-    if kbit:
-        add(f"    model = prepare_model_for_kbit_training(model, {', '.join(f'{k}={_py(v)}' for k, v in kbit.items())})"
-            "  # upcasts norms/embeddings to fp32")
-    else:
-        add("    for param in model.parameters():  # freeze the base; it stays in its loaded dtype")
-        add("        param.requires_grad_(False)")
-    if cfg.offload_embeddings:
-        add("    # Keep the frozen input embedding in CPU memory; only looked-up rows go to the GPU (memtune's helper)")
-        add("    from core.model import offload_input_embeddings\n")
-        add("    offload_input_embeddings(model)")
-    if cfg.quantize_output_head and cfg.load_in_4bit:
-        add("    # The frozen output head in 4-bit NF4, read by TRL's fused loss in vocabulary chunks (memtune's helper)")
-        add("    from core.model import quantize_output_head\n")
-        add("    quantize_output_head(model, None)  # on the device the head was loaded to")
-    if cfg.gradient_checkpointing:
-        add("    model.enable_input_require_grads()  # checkpointed blocks need an input that requires grad")
-    add(f"    set_seed({cfg.seed!r})  # LoRA's A matrices start random: seeded, a run repeats exactly")
-    lines += _call("lora_config = LoraConfig", (recipe.lora_kwargs(cfg, _lora_modules(cfg)),) * 2, {})
-    add("    model = get_peft_model(model, lora_config)")
-    add("    model.print_trainable_parameters()\n")
+sys.path.insert(0, {str(ROOT)!r})  # memtune's folder
 
-    add("    # Dataset: rows -> prompt + completion (loss on the completion only) or text, by the functions at the end")
-    add("    # of this file: memtune's own (core/data.py), so the rows are exactly those the app trains on")
-    add(f"    dataset = {load_data}")
-    fmt = "detect_format(dataset)" if cfg.dataset_format == "auto" else _py(cfg.dataset_format)
-    add(f"    dataset = to_sft(dataset, {fmt}, tokenizer)\n")
+from core import distributed, launcher  # noqa: E402
+from core.config import TrainConfig  # noqa: E402
+from core.train import run_training  # noqa: E402
+from core.train_cli import console_sink  # noqa: E402
 
-    add("    # Memory-efficient training arguments (TRL's SFTConfig extends TrainingArguments)")
-    notes = {
-        "gradient_accumulation_steps": f"effective batch = {cfg.per_device_train_batch_size} x "
-                                       f"{cfg.gradient_accumulation_steps} = {cfg.effective_batch_size}",
-        "optim": "needs bitsandbytes" if OPTIMIZERS.get(cfg.optim, (False,))[0] else "",
-        "gradient_checkpointing": "activation_checkpointing since transformers 5.2x: installed_names renames it",
-        "max_length": "was SFTTrainer(max_seq_length=...)",
-        "packing_strategy": "padding-free: per-row position ids",
-        "save_only_model": "optimizer state too: resumable",
-    }
-    lines += _call("sft_args = dict", _pairs(cfg, lambda cuda: recipe.sft_kwargs(
-        cfg, f"{out_root}/checkpoints", cuda)), notes)
-    add("    training_args = SFTConfig(**installed_names(sft_args, SFTConfig))\n")
-    add("    # Train")
-    add("    trainer = SFTTrainer(")
-    add("        model=model,")
-    add("        args=training_args,")
-    add("        train_dataset=dataset,")
-    add("        processing_class=tokenizer,  # was tokenizer=")
-    add("    )")
-    if cfg.resume_from:
-        add(f"    trainer.train(resume_from_checkpoint=True)  # continues from the last checkpoint in {cfg.resume_from}")
-    else:
-        add("    trainer.train()")
-    add('    model.save_pretrained(f"{OUTPUT_DIR}/adapter")')
-    add('    tokenizer.save_pretrained(f"{OUTPUT_DIR}/adapter")')
-    add('    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]')
-    add("    if losses:")
-    add('        print(f"first loss {losses[0]!r}, last loss {losses[-1]!r}")')
-    add('    print("adapter saved to", f"{OUTPUT_DIR}/adapter")\n\n')
-    add("# --- Helpers: memtune's own definitions (core/recipe.py, core/data.py), copied so this file runs alone ---")
-    add(recipe_source + "\n\n")
-    add(data_source + "\n\n")
-    add('if __name__ == "__main__":')
-    add("    main()")
-    return "\n".join(lines) + "\n"
+SETTINGS = {_triple_quoted(config_yaml(cfg))}
+
+
+def main() -> int:
+    cfg = TrainConfig.from_yaml(SETTINGS)
+    if distributed.plan(cfg).distributed:  # several processes: memtune's launcher starts them, as the CLI does
+        return launcher.run_launcher(cfg)
+    stop = threading.Event()  # Ctrl-C: finish the current step, save the adapter
+    signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    result = run_training(cfg, console_sink, stop=stop)
+    print(result.message)
+    if result.status == "failed":
+        return 1
+    print(f"first loss {{result.summary['first_loss']!r}}, last loss {{result.summary['final_loss']!r}}")
+    print("run folder:", result.run_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
 
 
 # --- command line -------------------------------------------------------------------------------------------------

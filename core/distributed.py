@@ -62,13 +62,9 @@ def nvml_gpu_count() -> int:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    try:
-        import pynvml
+    from core.vram import device_count
 
-        pynvml.nvmlInit()
-        return pynvml.nvmlDeviceGetCount()
-    except Exception:  # noqa: BLE001 - no driver: no GPU
-        return 0
+    return device_count()  # 0 without a driver
 
 
 def pin_one_gpu(cfg) -> str | None:

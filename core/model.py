@@ -511,28 +511,6 @@ def offload_input_embeddings(model) -> bool:
     return True
 
 
-def release_library_references() -> None:
-    """Drop what libraries keep of a finished run, so its GPU memory can really be freed.
-
-    Only for a process that trains several times (bench/run.py's in-process rows); the app's runs are child
-    processes that exit, so run_training no longer calls it. It goes with that in-process grid (issue 19: bench
-    keeps one `python -m core.train` process per row), not before: the grid still needs it.
-
-    - transformers' Trainer registers every nn.Embedding with bitsandbytes' process-wide GlobalOptimManager (to keep
-      that module's optimizer state in 32 bits) and nothing ever unregisters it: the manager keeps the module, so the
-      embedding matrix (1 GiB in bf16, 2 GiB after the fp32 upcast, on Llama-3 8B) outlives every run of a
-      long-lived process such as the UI. Its stale parameter ids could also match a later run's parameters.
-    (bitsandbytes' paged optimizer buffers are never freed either, but are left alone: moving them to the CPU with
-    bitsandbytes' own prefetch killed the process on CUDA 13 with "invalid device ordinal"; see bench/RESULTS.md.)
-    """
-    try:
-        from bitsandbytes.optim import GlobalOptimManager
-
-        GlobalOptimManager.get_instance().initialize()
-    except Exception:  # noqa: BLE001 - bitsandbytes missing or changed: nothing to release
-        pass
-
-
 def trainable_parameters(model) -> tuple[int, int]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())

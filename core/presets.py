@@ -2,7 +2,7 @@
 
 A preset touches only the memory/speed levers and the batch shape; model, data, learning rate, epochs and
 max_length stay the user's. Each lever was measured on an H200 with a Llama-3.1-8B-shaped model (bench/RESULTS.md,
-`python -m bench.run`): what each one saves and costs is written next to it.
+`python -m bench.product`): what each one saves and costs is written next to it.
 
 With packing on, a micro-batch is `per_device_train_batch_size` packs of rows, each pack holding up to
 `max_length` tokens (rows are never split; longer rows are truncated as without packing). On dolly-like data a

@@ -1,7 +1,7 @@
 """The one mapping from a TrainConfig to the libraries' keyword arguments.
 
-The engine (core/model.py, core/train.py) builds its library objects from these dicts, and "Show code"
-(core/codegen.py) writes the same dicts into the standalone script, so the two cannot drift apart. Everything
+The engine (core/model.py, core/train/) builds its library objects from these dicts; "Show code" (core/codegen.py)
+runs the engine itself, so there is no second mapping to drift apart. Everything
 here is pure and cheap: plain values only (the compute dtype is the string "bfloat16", which BitsAndBytesConfig
 and from_pretrained both accept), no torch/transformers import at module level.
 """

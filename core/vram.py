@@ -1,5 +1,8 @@
 """GPU memory as the driver and PyTorch see it: a snapshot per GPU, a background NVML peak sampler, torch peaks.
 
+`PeakTracker` is memtune's one NVML sampler: the run (summary.json's nvml_peak_gib), the app and every benchmark
+(bench/product.py, bench/multigpu.py, bench/app_gpu.py) read the card through this module, not pynvml directly.
+
 No gradio here. NVML (the `nvidia-ml-py` package, imported as `pynvml`) is initialised once per process, under a
 lock; where there is no NVIDIA driver (a laptop, CI, this machine) every function answers "no NVIDIA GPU found"
 instead of raising, so the UI can show that as a plain message.
@@ -14,6 +17,7 @@ Three numbers people confuse, and which one this module gives:
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,14 +106,55 @@ def snapshot() -> GpuSnapshot:
     return GpuSnapshot(gpus, "" if gpus else NO_GPU)
 
 
-def device_used_bytes(index: int = 0) -> int | None:
+def _device_read(index: int, read):
+    """`read(pynvml, handle)` for GPU `index`; None without NVML or when the GPU cannot be read."""
     nv = _nvml()
     if nv is None:
         return None
     try:
-        return int(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(index)).used)
+        return read(nv, nv.nvmlDeviceGetHandleByIndex(index))
     except Exception:
         return None
+
+
+def device_used_bytes(index: int = 0) -> int | None:
+    return _device_read(index, lambda nv, h: int(nv.nvmlDeviceGetMemoryInfo(h).used))
+
+
+def device_utilization(index: int = 0) -> int | None:
+    """GPU utilisation (%) over the driver's last sample period; None without NVML."""
+    return _device_read(index, lambda nv, h: int(nv.nvmlDeviceGetUtilizationRates(h).gpu))
+
+
+def process_used_bytes(pid: int, index: int = 0) -> int | None:
+    """GPU memory NVML attributes to process `pid` (0 when it has no CUDA context); None without NVML."""
+    return _device_read(index, lambda nv, h: sum(int(p.usedGpuMemory or 0)
+                                                 for p in nv.nvmlDeviceGetComputeRunningProcesses(h) if p.pid == pid))
+
+
+def driver_version() -> str | None:
+    nv = _nvml()
+    try:
+        version = nv.nvmlSystemGetDriverVersion() if nv is not None else None
+    except Exception:
+        return None
+    return version.decode() if isinstance(version, bytes) else version
+
+
+def device_count() -> int:
+    """GPUs NVML sees (0 without NVML)."""
+    nv = _nvml()
+    try:
+        return int(nv.nvmlDeviceGetCount()) if nv is not None else 0
+    except Exception:
+        return 0
+
+
+def unavailable_reason() -> str:
+    """"" when NVML works; otherwise "no NVIDIA GPU found (why)"."""
+    if _nvml() is not None:
+        return ""
+    return f"{NO_GPU} ({_state['error']})" if _state["error"] else NO_GPU
 
 
 # --- formatting (the UI gauge) ----------------------------------------------------------------------------------
@@ -130,36 +175,54 @@ def band(fraction: float) -> str:
 
 # --- peaks ------------------------------------------------------------------------------------------------------
 class PeakTracker:
-    """Samples NVML 'used' memory of one GPU in a background thread and keeps the peak.
+    """Samples NVML 'used' memory of one GPU every `interval` seconds in a background thread and keeps the peak.
 
     NVML sees what PyTorch does not (CUDA context, paged optimizer state, other libraries), so this is the number
     to compare with the card's size. Sampling misses spikes shorter than `interval`; PyTorch's own peaks
-    (`torch_peaks`) do not, so report both. Without NVML, `peak_bytes` stays None.
+    (`torch_peaks`) do not, so report both. `series=True` also keeps every sample as (time.time(), used bytes,
+    utilisation %), the utilisation read every `util_every` samples (-1 where not read yet): the benchmarks' traces.
+    Without NVML (no package, no driver) nothing is sampled: `available` is False, `peak_bytes` stays None and
+    `message` says why ("no NVIDIA GPU found (...)").
     """
 
-    def __init__(self, device: int = 0, interval: float = 0.2):
+    def __init__(self, device: int = 0, interval: float = 0.2, series: bool = False, util_every: int = 0):
         self.device = device
         self.interval = interval
+        self.keep_series, self.util_every = series, util_every
         self.peak_bytes: int | None = None
         self.samples = 0
+        self.series: list[tuple[float, int, int]] = []
+        self.available = False
+        self.message = ""
+        self._util = -1
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def sample(self) -> int | None:
         used = device_used_bytes(self.device)
         if used is not None:
+            if self.keep_series:
+                if self.util_every and self.samples % self.util_every == 0:
+                    util = device_utilization(self.device)
+                    self._util = -1 if util is None else util
+                self.series.append((time.time(), used, self._util))
             self.samples += 1
             self.peak_bytes = used if self.peak_bytes is None else max(self.peak_bytes, used)
         return used
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.wait(self.interval):
             self.sample()
-            self._stop.wait(self.interval)
 
     def start(self) -> "PeakTracker":
-        if self._thread is not None or not nvml_available():
+        """Start sampling afresh (a tracker can be started again after stop(): peak and series restart)."""
+        if self._thread is not None:
             return self
+        self.message = unavailable_reason()
+        self.available = not self.message
+        if not self.available:
+            return self
+        self.peak_bytes, self.samples, self.series, self._util = None, 0, [], -1
         self._stop.clear()
         self.sample()
         self._thread = threading.Thread(target=self._run, name="memtune-nvml-peak", daemon=True)

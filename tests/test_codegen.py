@@ -1,133 +1,86 @@
-"""Show code's script trains what the engine trains: the same library arguments, the same rows, the same losses."""
+"""Show code trains what the engine trains: the generated script runs memtune's recipe on the settings it holds."""
 
-import dataclasses
+import json
 import os
 import re
 import subprocess
 import sys
-import warnings
+from pathlib import Path
 
 import pytest
 
-from core import codegen, recipe
+from core import codegen
 from core.config import TrainConfig, demo_config
-from core.train import build_sft_config, run_training
+from core.train import run_training
 
-# "path/transformers/x.py:12: FutureWarning: message" as Python prints a warning.
-LIBRARY_WARNING = re.compile(r"/(transformers|trl)/\S+:\d+: (FutureWarning|DeprecationWarning): (.*)")
-# peft 0.21's PeftModel.__init__ reads model.is_gradient_checkpointing, which transformers 5.2x deprecated: raised
-# inside get_peft_model for the engine as well, from nothing the script passes. Everything else fails the test.
-NOT_OURS = ("`is_gradient_checkpointing` is deprecated",)
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def short_run(model_path, tmp_path, **changes) -> TrainConfig:
-    return demo_config(model=str(model_path), max_steps=3, logging_steps=1, device="cpu",
-                       output_dir=str(tmp_path / "runs"), **changes)
+def long_prompt_rows(path: Path) -> Path:
+    """Demo-like rows, half of them with a prompt far over max_length: the engine cuts those (long_prompts)."""
+    words = ["friend", "night", "horse", "window", "apple", "river", "house", "bread"]
+    french = ["ami", "nuit", "cheval", "fenetre", "pomme", "riviere", "maison", "pain"]
+    with path.open("w", encoding="utf-8") as f:
+        for i, (en, fr) in enumerate(zip(words * 2, french * 2)):
+            context = " ".join(f"Some context about the word {en} number {k}." for k in range(30)) if i % 2 else ""
+            f.write(json.dumps({"instruction": f"What is the French word for '{en}'?", "context": context,
+                                "response": fr}) + "\n")
+    return path
+
+
+def losses(run_dir: str | Path) -> list[float]:
+    lines = (Path(run_dir) / "events.jsonl").read_text().splitlines()
+    return [e["loss"] for e in map(json.loads, lines) if e["kind"] == "metrics"]
 
 
 def test_generated_script_trains_like_the_engine(demo_model_path, tmp_path):
-    # Checkpointing on: its argument is the one transformers renamed, and the script must speak the new name.
-    cfg = short_run(demo_model_path, tmp_path, gradient_checkpointing=True)
+    data = long_prompt_rows(tmp_path / "long.jsonl")
+    # Over-long prompts (the row plan's cuts), varlen attention over packed rows, checkpointing: what a standalone
+    # copy of the recipe got wrong.
+    cfg = demo_config(model=str(demo_model_path), dataset=str(data), max_steps=3, logging_steps=1, device="cpu",
+                      per_device_train_batch_size=4, output_dir=str(tmp_path / "script-runs"), attention="varlen",
+                      packing=True, long_prompts="truncate_middle", gradient_checkpointing=True)
     script = tmp_path / "train.py"
     script.write_text(codegen.python_script(cfg), encoding="utf-8")
-    assert "sys.path" not in script.read_text()  # a local model + data file: nothing of memtune is imported
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONWARNINGS="default")  # show DeprecationWarnings too
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the script finds memtune on its own
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    deprecations = [m.group(0) for m in LIBRARY_WARNING.finditer(proc.stderr)
-                    if not any(known in m.group(3) for known in NOT_OURS)]
-    assert deprecations == []
-    found = re.search(r"first loss (\S+), last loss (\S+)", proc.stdout)
+    found = re.search(r"^run folder: (.+)$", proc.stdout, re.M)
     assert found, proc.stdout[-2000:]
-    script_first, script_last = float(found.group(1)), float(found.group(2))
-    assert (tmp_path / "runs" / "qlora-output" / "adapter" / "adapter_model.safetensors").is_file()
+    script_run = Path(found.group(1))
+    assert (script_run / "adapter" / "adapter_model.safetensors").is_file()
+    script_summary = json.loads((script_run / "summary.json").read_text())
+    # The over-long prompts were cut by the engine's row plan, not left to TRL's truncation.
+    assert script_summary["data"]["prompt_cut"] >= 4, script_summary["data"]
+    assert TrainConfig.load(script_run / "config.yaml") == cfg
 
-    result = run_training(cfg)
-    assert result.status == "completed", result.message
-    # Same rows in the same order through the same model: the first loss is equal to the last bit.
-    assert script_first == result.summary["first_loss"]
-    # After two updates, equal too: same LoRA init (seeded), optimizer, schedule and checkpointing.
-    assert script_last == pytest.approx(result.summary["final_loss"], rel=1e-5)
-    assert script_first != pytest.approx(script_last, rel=1e-3)  # it did train
-
-
-def generated_namespace(cfg: TrainConfig) -> dict:
-    """The script's module namespace (its helpers), without running main()."""
-    namespace = {"__name__": "generated_script"}
-    exec(compile(codegen.python_script(cfg), "generated.py", "exec"), namespace)
-    return namespace
+    engine = run_training(cfg.replace(output_dir=str(tmp_path / "engine-runs")))
+    assert engine.status == "completed", engine.message
+    assert engine.summary["data"] == script_summary["data"]  # the same rows, cut the same way
+    ours, theirs = losses(script_run), losses(engine.run_dir)
+    assert len(ours) == len(theirs) == 3
+    assert ours[0] == theirs[0]  # the same first batch through the same model: equal to the last bit
+    assert ours == pytest.approx(theirs, rel=1e-5)  # other thread counts may reorder a sum after an update
+    assert ours[0] != pytest.approx(ours[-1], rel=1e-3)  # it did train
 
 
-@pytest.mark.parametrize("rows", [
-    {"instruction": ["Say hi", "Add"], "context": ["", "2 and 3"], "response": ["hi", "5"]},
-    {"instruction": ["Say hi"], "input": ["to Bob"], "output": ["hi Bob"]},
-    {"conversations": [[{"from": "system", "value": "Be brief"}, {"from": "human", "value": "hi"},
-                        {"from": "gpt", "value": "hello"}]]},
-    {"messages": [[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                   {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]]},
-    {"prompt": ["Q: 1+1\nA:"], "completion": [" 2"]},
-    {"text": ["plain text", "  "]},
+@pytest.mark.parametrize("cfg", [
+    demo_config(run_name='it\'s """quoted""" \\ and more'),
+    TrainConfig(num_gpus="2", attention="varlen", long_prompts="drop"),
+    TrainConfig(dataset="notes.txt", dataset_format="sharegpt", resume_from="runs/old"),
 ])
-def test_script_formats_rows_as_the_engine_does(rows, demo_model_path, demo_tokenizer, tmp_path):
-    import datasets
-
-    from core import data
-
-    ns = generated_namespace(short_run(demo_model_path, tmp_path))
-    raw = datasets.Dataset.from_dict(rows)
-    fmt = data.detect_format(raw)
-    assert ns["detect_format"](raw) == fmt
-    assert ns["to_sft"](raw, fmt, demo_tokenizer).to_list() == data.to_sft(raw, fmt, demo_tokenizer).to_list()
-
-
-def test_engine_and_script_take_the_same_trainer_arguments(tmp_path):
-    from trl import SFTConfig
-
-    cfg = TrainConfig(device="cpu", packing=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FutureWarning)  # no deprecated argument name on the installed version
-        args = build_sft_config(cfg, tmp_path)
-    kwargs = recipe.installed_names(recipe.sft_kwargs(cfg, tmp_path, cuda=False, console=False), SFTConfig)
-    normalised = ("output_dir", "report_to")  # TrainingArguments turns "none" into [] and expands the path
-    assert {k: getattr(args, k) for k in kwargs if k not in normalised} == {k: v for k, v in kwargs.items()
-                                                                            if k not in normalised}
-    assert (args.data_seed, args.include_num_input_tokens_seen, args.save_only_model) == (42, "non_padding", False)
-    known = {f.name for f in dataclasses.fields(SFTConfig)}
-    name = "activation_checkpointing" if "activation_checkpointing" in known else "gradient_checkpointing"
-    assert getattr(args, name) is True and getattr(args, f"{name}_kwargs") == {"use_reentrant": False}
+def test_the_script_holds_exactly_the_settings(cfg):
     code = codegen.python_script(cfg)
-    for key, value in recipe.sft_kwargs(cfg, "x", cuda=False).items():
-        if key != "output_dir":
-            assert f"{key}={codegen._py(value)}," in code, key
-    assert f"bnb_4bit_compute_dtype={codegen._py(recipe.bnb_kwargs(cfg)['bnb_4bit_compute_dtype'])}," in code
-
-
-def test_old_name_is_renamed_only_where_the_new_one_exists():
-    @dataclasses.dataclass
-    class Old:
-        gradient_checkpointing: bool = False
-        gradient_checkpointing_kwargs: dict | None = None
-
-    @dataclasses.dataclass
-    class New(Old):
-        activation_checkpointing: bool = False
-        activation_checkpointing_kwargs: dict | None = None
-
-    kwargs = {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}, "nope": 1}
-    assert recipe.installed_names(kwargs, Old) == {"gradient_checkpointing": True,
-                                                   "gradient_checkpointing_kwargs": {"use_reentrant": False}}
-    assert recipe.installed_names(kwargs, New) == {"activation_checkpointing": True,
-                                                   "activation_checkpointing_kwargs": {"use_reentrant": False}}
-
-
-def test_device_auto_chooses_at_run_time():
-    code = codegen.python_script(TrainConfig(device="auto"))
-    assert "CUDA = torch.cuda.is_available()" in code
-    assert 'device_map={"": 0} if CUDA else "cpu",' in code and "use_cpu=not CUDA," in code
-    cpu = codegen.python_script(TrainConfig(device="cpu"))
-    assert "CUDA" not in cpu and 'device_map="cpu",' in cpu and "use_cpu=True," in cpu
+    namespace = {"__name__": "generated_script"}  # run the module body, not main()
+    exec(compile(code, "generated.py", "exec"), namespace)
+    assert TrainConfig.from_yaml(namespace["SETTINGS"]) == cfg
+    assert namespace["run_training"] is run_training  # memtune's recipe, not a copy of it
+    assert f"sys.path.insert(0, {str(ROOT)!r})" in code
+    for line in codegen.cli_command(cfg).splitlines():  # the headless command, in comments
+        assert f"#     {line}" in code
+    assert codegen.config_yaml(cfg) in namespace["SETTINGS"]
 
 
 def test_cli_prints_the_script(capsys, tmp_path):
@@ -143,20 +96,3 @@ def test_cli_prints_the_script(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_:
         codegen.main(["--help"])
     assert exit_.value.code == 0 and "--config" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("name, content", [
-    ("rows.csv", "instruction,response\nCode?,007\nNumber?,3\nMissing?,None\n"),  # text stays text: "007", "None"
-    ("rows.jsonl", '{"instruction": "a", "response": "b"}\n{"instruction": "c", "response": "d"}\n'),
-    ("notes.txt", "first line\nsecond line\n"),
-])
-def test_script_loads_files_as_the_engine_does(name, content, demo_model_path, tmp_path):
-    from core import data
-
-    path = tmp_path / name
-    path.write_text(content, encoding="utf-8")
-    cfg = short_run(demo_model_path, tmp_path, dataset=str(path))
-    code = codegen.python_script(cfg)
-    load = re.search(r"^    dataset = ((?:load_dataset|_sliced)\(.*)$", code, re.M).group(1)
-    ns = generated_namespace(cfg)
-    assert eval(load, ns).to_list() == data.load_raw(str(path), "train").to_list()

@@ -208,28 +208,6 @@ def test_rows_from_position_ids():
     assert varlen._rows_from_position_ids(pos)[0] is cu  # one lookup per forward, not per layer
 
 
-def test_release_library_references_forgets_the_trainers_embedding_registration(demo_model):
-    """transformers' Trainer registers nn.Embedding modules with bitsandbytes' process-wide GlobalOptimManager and
-    never unregisters them: without this, every run's embedding matrix stayed on the GPU (1-2 GiB per run on 8B,
-    measured in bench/RESULTS.md)."""
-    import gc
-    import weakref
-
-    from bitsandbytes.optim import GlobalOptimManager
-
-    manager = GlobalOptimManager.get_instance()
-    emb = demo_model.get_input_embeddings()
-    manager.register_module_override(emb, "weight", {"optim_bits": 32})
-    ref = weakref.ref(emb.weight)
-    del emb
-    demo_model.model.embed_tokens = torch.nn.Embedding(2, 2)  # the model lets go of the original
-    gc.collect()
-    assert ref() is not None  # still held by the manager: the leak
-    model_lib.release_library_references()
-    gc.collect()
-    assert ref() is None and manager.module_weight_config_triple == []
-
-
 def test_embedding_offload_keywords_for_a_checkpoint_saved_in_4bit(demo_model_path, tmp_path):
     """A "-bnb-4bit" checkpoint brings its own quantization config, and transformers ignores the CPU-offload flag
     on the config passed in: bitsandbytes then refused lowest_memory's device map (found on the GPU, run 6)."""

@@ -129,8 +129,8 @@ def test_show_code_quantizes_the_head_with_memtunes_helper():
     from core.codegen import python_script
 
     script = python_script(apply_preset(TrainConfig(), "six_gb"))
-    assert "quantize_output_head(model, None)" in script and "sys.path.insert" in script
-    assert "quantize_output_head" not in python_script(apply_preset(TrainConfig(), "lowest_memory"))
+    assert "quantize_output_head: true" in script and "from core.train import run_training" in script
+    assert "quantize_output_head: false" in python_script(apply_preset(TrainConfig(), "lowest_memory"))
 
 
 def test_without_the_cpu_load_the_head_is_on_the_gpu_in_bf16_while_loading():

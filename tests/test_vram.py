@@ -59,10 +59,44 @@ def test_nvml_is_initialised_once_across_threads(monkeypatch):
 
 
 def test_peak_tracker_without_nvml_reports_none(no_pynvml):
-    tracker = vram.PeakTracker(interval=0.1)
+    tracker = vram.PeakTracker(interval=0.1, series=True)
     with tracker:
         pass
     assert tracker.peak_bytes is None and tracker.peak_gib is None and tracker.samples == 0
+    # "not available", and why: what the benchmarks write instead of a peak
+    assert tracker.available is False and tracker.series == []
+    assert tracker.message.startswith(vram.NO_GPU) and "pynvml" in tracker.message
+    assert vram.device_count() == 0 and vram.process_used_bytes(1) is None and vram.device_utilization() is None
+
+
+def test_the_sampler_thread_keeps_the_peak_and_the_series(monkeypatch):
+    """The one sampler's thread (the run, the app and the benchmarks use it), fed by a fake device reading."""
+    served, enough = [], threading.Event()
+    readings = [2, 5, 3, 9, 1, 4, 7, 2]
+
+    def used(index=0):
+        value = readings[len(served) % len(readings)] * vram.GIB
+        served.append(value)
+        if len(served) >= 12:
+            enough.set()
+        return value
+
+    monkeypatch.setattr(vram, "unavailable_reason", lambda: "")
+    monkeypatch.setattr(vram, "device_used_bytes", used)
+    monkeypatch.setattr(vram, "device_utilization", lambda index=0: 42)
+    tracker = vram.PeakTracker(interval=0.001, series=True, util_every=3).start()
+    assert tracker.available and tracker.message == ""
+    assert enough.wait(60)  # a bound for a loaded machine, not a timing assert
+    tracker.stop()
+    assert tracker.samples == len(served) == len(tracker.series)
+    assert tracker.peak_bytes == max(served) == 9 * vram.GIB and tracker.peak_gib == 9.0
+    assert [u for _, u, _ in tracker.series] == served
+    assert {util for _, _, util in tracker.series} == {42}
+    times = [t for t, _, _ in tracker.series]
+    assert times == sorted(times)
+    again = tracker.start()  # a second start measures afresh
+    again.stop()
+    assert again.samples == 2 and again.series[0][1] == served[-2]
 
 
 def test_peak_tracker_keeps_the_maximum(monkeypatch):

@@ -3,9 +3,9 @@
 `run_training(cfg, sink, stop)` is the one entry point; read it top to bottom: check the config and make the run
 folder, plan the data (`plan_data`), load the model and build the trainer (`build_run`), train, summarize, save.
 The command line (`python -m core.train`, core/train_cli.py) calls it; the app's job manager runs that same CLI as a
-child process (one run = one process), and tests and the benchmark may call it in-process. It never raises for a
-user's mistake or an out-of-memory error: it returns a RunResult whose message says what went wrong and what to do,
-and it leaves saved adapters intact. What the run says while it trains (phases, the Trainer callback, Stop) lives in
+child process (one run = one process; every process of a multi-process run runs it too), and tests may call it
+in-process. It never raises for a user's mistake or an out-of-memory error: it returns a RunResult whose message
+says what went wrong and what to do, and it leaves saved adapters intact. What the run says while it trains (phases, the Trainer callback, Stop) lives in
 core/callbacks.py; the run folder (markers, checkpoints, atomic writes) in core/runs.py.
 
 CLI:
@@ -22,7 +22,9 @@ import functools
 import inspect
 import math
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -87,7 +89,7 @@ def build_trainer(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir:
     return trainer
 
 
-# --- the recipe's steps, shared by rank 0 (run_training) and the other ranks (run_other_rank) --------------------
+# --- the recipe's steps ------------------------------------------------------------------------------------------
 def plan_data(cfg: TrainConfig, emit: EventSink):
     """Read and check the data, find the model and its tokenizer, plan every row: (plan, tokenizer, model path).
 
@@ -138,18 +140,23 @@ def build_run(cfg: TrainConfig, emit: EventSink, plan, tokenizer, path: str, sto
 def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threading.Event | None = None,
                  callbacks=(), console: bool = False, run_dir: str | Path | None = None) -> RunResult:
     """Train `cfg` in this process. `run_dir`: use exactly this folder (the app's job manager made it and wrote
-    config.yaml there) instead of choosing a new one; a config error then lands in its events.jsonl too."""
+    config.yaml there) instead of choosing a new one; a config error then lands in its events.jsonl too.
+
+    Every process of a multi-process run (accelerate launch) runs this same recipe; `main` guards what only global
+    rank 0 does: write the run folder, events, summary and adapter. The others train in step and join rank 0's
+    collectives, with their events nowhere and their Trainer's output in a private temporary folder; Stop reaches
+    them through rank 0 (distributed.any_rank), and a failure of theirs goes to their stderr (the launcher's log)."""
     import torch
 
     from core import distributed
 
     stop = stop or threading.Event()
     user_sink = sink or (lambda e: None)
-    if distributed.in_worker():  # one of several processes (accelerate launch): only global rank 0 writes the run
-        if torch.cuda.is_available() and cfg.device != "cpu":
-            torch.cuda.set_device(distributed.local_rank())  # before loading: each process its own GPU
-        if not distributed.is_main():
-            return run_other_rank(cfg, stop, callbacks)
+    main = not distributed.in_worker() or distributed.is_main()
+    if distributed.in_worker() and torch.cuda.is_available() and cfg.device != "cpu":
+        torch.cuda.set_device(distributed.local_rank())  # before loading: each process its own GPU
+    if not main:
+        user_sink, run_dir = (lambda e: None), None
     prepared = Path(run_dir) if run_dir is not None else None
     attached = prepared is not None and has_marker(prepared, "run")
     if attached:
@@ -157,15 +164,17 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         user_sink = fan_out(user_sink, JsonlSink(prepared / "events.jsonl"))
     try:
         check(cfg)
-        run_dir = create_run_dir(cfg, prepared=prepared)  # marked folder + config.yaml; refuses foreign folders
+        # marked folder + config.yaml (refuses foreign folders); the other ranks: a private scratch folder
+        run_dir = create_run_dir(cfg, prepared=prepared) if main else Path(tempfile.mkdtemp(prefix="memtune-rank-"))
     except ConfigError as exc:
         if attached:  # History lists it as a failed run
             return record_failed(user_sink, prepared, "config", str(exc))
         user_sink(make_event("error", error_type="config", message=str(exc)))
         return RunResult("failed", str(prepared) if prepared else None, message=str(exc), error_type="config")
 
-    emit = user_sink if attached and real(prepared) == run_dir else fan_out(user_sink, JsonlSink(run_dir / "events.jsonl"))
-    resume_ckpt, skipped = resume_point(run_dir) if cfg.resume_from else (None, [])
+    write_events = main and not (attached and real(prepared) == run_dir)
+    emit = fan_out(user_sink, JsonlSink(run_dir / "events.jsonl")) if write_events else user_sink
+    resume_ckpt, skipped = resume_point(run_dir if main else cfg.resume_from) if cfg.resume_from else (None, [])
     emit(make_event("run", run_dir=str(run_dir), config=cfg.to_dict(), resume_from=str(resume_ckpt or ""),
                     pid=os.getpid(), threads=torch.get_num_threads()))
     for why in skipped:  # a damaged newer checkpoint is named, and the previous intact one is used
@@ -180,7 +189,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
     started = time.monotonic()
     from core import vram
 
-    nvml = vram.PeakTracker().start() if cuda else None  # from before loading: the load can be the peak
+    nvml = vram.PeakTracker().start() if cuda and main else None  # from before loading: the load can be the peak
     try:
         from core.data import DataError
 
@@ -200,8 +209,10 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         if cuda:
             summary["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
             summary["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 3)
-        summary.update(distributed_summary(cfg, trainer, cuda))
-        state_dict = full_state_dict(cfg, trainer)
+        summary.update(distributed_summary(cfg, trainer, cuda))  # a collective: every rank
+        state_dict = full_state_dict(cfg, trainer)  # a collective too
+        if not main:
+            return RunResult(summary["status"])
         with phase(emit, "saving", f"Saving the adapter to {run_dir / 'adapter'}"):
             adapter_dir = save_adapter(trainer.model, tokenizer, cfg, run_dir, summary, state_dict=state_dict)
         if (problem := finish_run(run_dir, summary)):  # h2: atomic summary.json; a full disk is reported
@@ -228,6 +239,11 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         if nvml:
             nvml.stop()
         free_memory()
+        if not main:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    if not main:  # rank 0 and the launcher report the run
+        print(f"memtune (rank {distributed.rank()}): {message}", file=sys.stderr)
+        return RunResult("failed", message=message, error_type=error_type)
     return record_failed(emit, run_dir, error_type, message, trace, plan)
 
 
@@ -353,36 +369,3 @@ def full_state_dict(cfg: TrainConfig, trainer):
         return None
     trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
     return trainer.accelerator.get_state_dict(trainer.model)
-
-
-def run_other_rank(cfg: TrainConfig, stop: threading.Event, callbacks=()) -> RunResult:
-    """Ranks other than 0 run the same recipe but write nothing of the run folder: their Trainer's output goes to a
-    private temporary folder, their events nowhere; Stop reaches them through rank 0 (distributed.any_rank)."""
-    import tempfile
-
-    scratch = Path(tempfile.mkdtemp(prefix="memtune-rank-"))
-    quiet: EventSink = lambda e: None  # noqa: E731
-    cuda = uses_cuda(cfg)
-    from core.data import DataError
-
-    try:
-        plan, tokenizer, path = plan_data(cfg, quiet)
-        if plan.refusal():
-            raise DataError(plan.refusal())
-        trainer, callback, _ = build_run(cfg, quiet, plan, tokenizer, path, stop, cuda, None, scratch / "checkpoints",
-                                         callbacks)
-        resume, _ = resume_point(cfg.resume_from) if cfg.resume_from else (None, [])  # the checkpoint rank 0 takes
-        if resume:
-            keep_adapter_dtype(trainer)
-        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-        distributed_summary(cfg, trainer, cuda)  # the collectives rank 0 makes
-        full_state_dict(cfg, trainer)
-        return RunResult("stopped" if callback.stopped else "completed")
-    except Exception as exc:  # noqa: BLE001 - rank 0 and the launcher report the run; this process's log has it
-        error_type, message = classify(exc)
-        print(f"memtune (rank {os.environ.get('RANK')}): {message}", file=sys.stderr)
-        return RunResult("failed", message=message, error_type=error_type)
-    finally:
-        import shutil
-
-        shutil.rmtree(scratch, ignore_errors=True)
