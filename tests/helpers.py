@@ -60,6 +60,7 @@ def rendered_rows(cfg, tokenizer):
     raw, fmt = data.check_data(cfg)
     data.plan_rows(cfg, tokenizer, raw, fmt, n_examples=0)
     columns, _ = data.render_rows(raw, fmt, tokenizer)
+    columns.pop("turns", None)  # the strings only (plan_rows turns the turn spans into labels)
     return datasets.Dataset.from_dict(columns), fmt
 
 

@@ -367,7 +367,7 @@ def test_csv_words_that_look_missing_are_text(tmp_path, tok):
     raw = data.load_raw(path, "train")
     assert list(raw["completion"]) == words + [""]
     plan = data.plan_rows(TrainConfig(dataset=path, dataset_split="train"), tok)
-    assert (plan.n_rows, plan.n_dropped) == (7, 1)  # only the truly empty field is empty
+    assert (plan.n_train, plan.n_dropped) == (7, 1)  # only the truly empty field is empty
     assert list(data.load_raw(path, "train[1:3]")["completion"]) == ["NaN", "N/A"]
 
 
