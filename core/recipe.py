@@ -128,7 +128,7 @@ def eval_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "eval_strategy": "steps",
         "eval_steps": cfg.eval_steps if cfg.eval_steps < 1 else int(cfg.eval_steps),
-        "eval_on_start": True,
+        "eval_on_start": not cfg.resume_from,  # a resumed run's baseline is in its checkpoint's log history
         "per_device_eval_batch_size": cfg.per_device_train_batch_size,
         "prediction_loss_only": True,
         "metric_for_best_model": "eval_loss",  # the Trainer tracks the best eval (state.best_metric) for both levers

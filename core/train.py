@@ -118,7 +118,7 @@ def plan_data(cfg: TrainConfig, emit: EventSink):
     for line in [plan.describe(), *plan.notes, held.why]:
         emit(make_event("log", level="info", message=line))
     if val_plan is not None:
-        emit(make_event("log", level="info", message="Validation rows: " + val_plan.describe()))
+        emit(make_event("log", level="info", message="Validation rows: " + val_plan.describe().removeprefix("Data: ")))
         if not val_plan.n_train:
             emit(make_event("log", level="warning", message="No validation row fits max_length: no eval"))
     if (cfg.keep_best or cfg.early_stopping_patience) and not (val_plan and val_plan.n_train):
