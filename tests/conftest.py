@@ -35,7 +35,7 @@ def pytest_configure(config):
 # Tests that must run in one worker, in file order: a module's tests that share a module-scoped fixture costing
 # seconds (one build per module, not one per worker), and the browser modules, which share one app server and go in
 # order (a run, then Try it on its adapter...). Every other test is scheduled on its own (--dist loadgroup).
-XDIST_GROUPS = {"test_browser": "browser", "test_browser_data": "browser", "test_browser_layout": "browser",
+XDIST_GROUPS = {"test_browser": "browser", "test_browser_compare": "browser", "test_browser_data": "browser", "test_browser_layout": "browser",
                 "test_infer": "infer", "test_export": "export", "test_gguf": "gguf", "test_history": "history",
                 "test_safety": "safety", "test_data": "data", "test_ui": "ui"}
 

@@ -55,7 +55,11 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
     except (ModelError, OSError, ValueError) as exc:
         return error_box(t("preview.tokenizer_error", lang), str(exc))
     try:
-        return preview_html(plan_rows(cfg, tokenizer, raw, fmt, n_examples=3), lang)
+        from core.validation import split
+        from ui.validation import split_note
+
+        held = split(cfg, raw, fmt)  # as the engine does: held-out rows are not in the plan
+        return split_note(held, lang) + preview_html(plan_rows(cfg, tokenizer, held.train, fmt, n_examples=3), lang)
     except DataError as exc:
         return error_box(t("preview.data_error", lang), str(exc))
     except Exception as exc:  # noqa: BLE001
