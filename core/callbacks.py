@@ -142,6 +142,7 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
                 return
             self.last_eval_step = state.global_step
             answers = []
+            began = time.monotonic()
             if self.samples and model is not None and distributed.world_size() == 1:
                 from core.validation import generate_answers
 
@@ -153,7 +154,8 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
             self.evals.append(record)
             best = state.best_metric
             sink(make_event("eval", step=state.global_step, total_steps=state.max_steps, eval_loss=float(loss),
-                            best_eval_loss=best, answers=answers))
+                            best_eval_loss=best, answers=answers, loss_s=(metrics or {}).get("eval_runtime"),
+                            answers_s=round(time.monotonic() - began, 3)))
             what = "baseline (before training)" if state.global_step == 0 else f"step {state.global_step}/{state.max_steps}"
             sink(make_event("log", level="info", message=f"eval {what}  eval_loss {float(loss):.4f}"))
             for a in answers:
