@@ -85,6 +85,7 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
             self.last_eval_step: int | None = None
 
         def on_train_begin(self, args, state, control, **kw):
+            self.rng = rng_state()  # the eval before training (eval_on_start) comes next
             self.start = time.monotonic()
             self.tokens_at_start = state.num_input_tokens_seen or 0
             self.steps_at_start = state.global_step
@@ -124,6 +125,8 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
             wanted = stop.is_set() or (stop_file is not None and stop_file.exists())
             if distributed.world_size() > 1:
                 wanted = distributed.any_rank(wanted)  # every process ends after the same step
+            if args.eval_strategy != "no":
+                self.rng = rng_state()  # an eval may follow this step: training resumes from exactly this state
             if (args.eval_strategy != "no" and state.global_step >= state.max_steps and not wanted
                     and self.last_eval_step != state.global_step):
                 control.should_evaluate = True  # the end of the run, when it is not an eval step already
@@ -140,6 +143,10 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
             loss = (metrics or {}).get("eval_loss")
             if loss is None:
                 return
+            if getattr(self, "rng", None) is not None:
+                # The eval drew from the random generators (the data order of the next epoch is drawn from torch's):
+                # put them back, so a run with validation trains on exactly what the same run without it would.
+                set_rng_state(self.rng)
             self.last_eval_step = state.global_step
             answers = []
             began = time.monotonic()
@@ -189,6 +196,30 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
                 sink(make_event("log", level="info", message=f"Checkpoint saved: {ckpt}"))
 
     return EventCallback()
+
+
+def rng_state() -> dict:
+    """Every random generator a Trainer step may draw from (Python, numpy, torch CPU and CUDA)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(st: dict) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["cpu"])
+    if st["cuda"] is not None:
+        torch.cuda.set_rng_state_all(st["cuda"])
 
 
 def _bar_only():

@@ -152,6 +152,14 @@ def build_run(cfg: TrainConfig, emit: EventSink, plan, tokenizer, path: str, sto
     if evaluating:
         from core import validation
 
+        if not cuda:
+            # bitsandbytes on a CPU with AVX512-BF16 repacks a 4-bit weight for inference the first time it runs in
+            # eval mode, and training then goes through a kernel without a backward (wrong gradients, silently):
+            # an eval must leave training exactly as it was.
+            for module in model.modules():
+                if getattr(module, "support_avx512bf16_for_cpu", False):
+                    module.support_avx512bf16_for_cpu = False
+
         callback.samples = validation.samples(val_plan, tokenizer, cfg.eval_samples)
         callback.tokenizer, callback.max_new_tokens = tokenizer, cfg.eval_max_new_tokens
         if cfg.early_stopping_patience:

@@ -164,3 +164,17 @@ def test_eval_needs_no_memory_beyond_the_training_step():
     assert kw["per_device_eval_batch_size"] == cfg.per_device_train_batch_size and kw["prediction_loss_only"]
     off = cfg.replace(validation_share=0.0, eval_samples=0)
     assert estimate(cfg).total_gib == estimate(off).total_gib
+
+
+def test_eval_leaves_training_exactly_as_it_was(tmp_path, demo_model_path):
+    """The same rows train to the same losses with and without evals (and their answers) in between: on a CPU,
+    bitsandbytes would otherwise repack the 4-bit weights for inference at the first eval and train wrongly after."""
+    runs = {}
+    for name, kw in (("off", dict(validation_share=0.0)), ("on", dict(validation_split="train[90:]"))):
+        events = []
+        cfg = demo_config(output_dir=str(tmp_path), run_name=name, dataset_split="train[:90]", max_steps=8,
+                          logging_steps=4, eval_steps=0.5, **kw)
+        assert run_training(cfg, events.append).status == "completed"
+        runs[name] = [(e["step"], e["loss"], e["grad_norm"]) for e in events if e["kind"] == "metrics"]
+        assert any(e["kind"] == "eval" for e in events) == (name == "on")
+    assert runs["on"] == runs["off"]
