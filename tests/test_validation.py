@@ -86,7 +86,7 @@ def test_demo_run_evaluates_before_during_and_after_with_answers(tmp_path, demo_
 
 
 # --- best checkpoint and early stopping: train towards "oui", validate on "non merci" -------------------------------
-# lr 8e-3: the eval loss falls, is lowest at step 6 and rises after (measured: 8.15 8.06 7.42 7.15 7.75 8.10 8.23)
+# lr 8e-3: the eval loss falls, then rises once the model answers "oui" to everything (lowest in the middle of 12 steps)
 @pytest.fixture
 def rising(tmp_path):
     train = _write(tmp_path / "train.jsonl", _rows(40, "oui"))
@@ -125,10 +125,11 @@ def test_keep_best_saves_the_best_checkpoint_as_the_adapter_with_stop_and_resume
     ckpt = load_file(Path(whole.run_dir) / "checkpoints" / f"checkpoint-{best}" / "adapter_model.safetensors")
     assert adapter.keys() == ckpt.keys() and all((adapter[k] == ckpt[k]).all() for k in adapter)
 
-    stop = threading.Event()
-    first = run_training(cfg.replace(run_name="best-stopped"), quiet, stop=stop, callbacks=[StopAfter(stop, 9)])
-    assert first.status == "stopped" and first.summary["steps"] == 9
-    assert first.summary["eval"]["adapter_step"] == best  # a Stop saves the best so far too
+    stop = threading.Event()  # Stop just before the best eval: the adapter is the best so far, then resume
+    first = run_training(cfg.replace(run_name="best-stopped"), quiet, stop=stop, callbacks=[StopAfter(stop, best - 1)])
+    assert first.status == "stopped" and first.summary["steps"] == best - 1
+    so_far = dict(first.summary["eval"]["losses"])
+    assert first.summary["eval"]["adapter_step"] == min(so_far, key=so_far.get) < best
     resumed = run_training(cfg.replace(run_name="best-stopped", resume_from=first.run_dir), quiet)
     assert resumed.status == "completed" and resumed.summary["steps"] == 12
     assert resumed.summary["eval"]["adapter_step"] == best
