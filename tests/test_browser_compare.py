@@ -38,11 +38,7 @@ def test_history_compares_two_runs(page, two_runs):
         page.get_by_role("option", name=name).first.click()
     page.keyboard.press("Escape")
     page.click("#compare-btn")
-    try:
-        page.wait_for_selector("#mt-compare")
-    except Exception:
-        page.screenshot(path="/tmp/i22shot.png", full_page=True)
-        raise
+    page.wait_for_selector("#mt-compare")
     settings = page.locator("#compare-settings-table")
     assert settings.locator("tr[data-field]").count() == 1  # only what differs
     assert "learning_rate" in settings.inner_text()
