@@ -52,7 +52,7 @@ def eval_line(summary: dict[str, Any], lang: str = DEFAULT_LANGUAGE) -> str:
     if not isinstance(ev, dict) or ev.get("final") is None:
         return ""
     base = num(ev["baseline"], 4, lang) if ev.get("baseline") is not None else "-"
-    return (f'<div class="mt-small" id="mt-eval-line">' + E(t(
+    return ('<div class="mt-small" id="mt-eval-line">' + E(t(
         "eval.losses", lang, baseline=base, final=num(ev["final"], 4, lang), step=ev.get("final_step"),
         best=num(ev.get("best") or 0.0, 4, lang), best_step=ev.get("best_step"),
         adapter_step=ev.get("adapter_step"))) + "</div>")
