@@ -74,6 +74,16 @@ def plan(name: str) -> list[Variant]:
             Variant("prof-fastest-adamw8", "fastest", ["optim=adamw_8bit"], steps=6, warm=2, timeout_s=80,
                     profile=True),
         ]
+    if name == "eval":  # issue 22: what eval costs at the default settings (chapter preset, validation defaults)
+        return [
+            Variant("chapter-noeval", "chapter", ["validation_share=0"], steps=2, warm=1, timeout_s=70,
+                    note="validation off"),
+            Variant("chapter-eval", "chapter", ["eval_steps=2"], steps=2, warm=1, timeout_s=95,
+                    note="validation defaults (5% held out, 3 answers of <= 32 tokens); evals at steps 0 and 2"),
+        ]
+    if name == "evalsmoke":  # the same on the CPU with a tiny model (checks the command before a GPU call)
+        return [Variant("chapter-noeval", "chapter", ["validation_share=0", "optim=adamw_torch"], steps=2, warm=1),
+                Variant("chapter-eval", "chapter", ["eval_steps=2", "optim=adamw_torch"], steps=2, warm=1)]
     if name == "call70b":  # the 70B's last GiB: one pack per micro-step (the same 6 packs per optimizer step)
         return [
             Variant("lowest_memory-1pack", "lowest_memory",

@@ -77,8 +77,15 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
             self.tokens_at_start = 0
             self.steps_at_start = 0
             self.stopped = False
+            # validation (core/train.py build_run sets these when there are validation rows)
+            self.samples: list[dict] = []
+            self.tokenizer = None
+            self.max_new_tokens = 32
+            self.evals: list[dict] = []  # {step, eval_loss, answers?} in order, this process's evals
+            self.last_eval_step: int | None = None
 
         def on_train_begin(self, args, state, control, **kw):
+            self.rng = rng_state()  # the eval before training (eval_on_start) comes next
             self.start = time.monotonic()
             self.tokens_at_start = state.num_input_tokens_seen or 0
             self.steps_at_start = state.global_step
@@ -118,6 +125,11 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
             wanted = stop.is_set() or (stop_file is not None and stop_file.exists())
             if distributed.world_size() > 1:
                 wanted = distributed.any_rank(wanted)  # every process ends after the same step
+            if args.eval_strategy != "no":
+                self.rng = rng_state()  # an eval may follow this step: training resumes from exactly this state
+            if (args.eval_strategy != "no" and state.global_step >= state.max_steps and not wanted
+                    and self.last_eval_step != state.global_step):
+                control.should_evaluate = True  # the end of the run, when it is not an eval step already
             if wanted:
                 stop.set()
                 self.stopped = True
@@ -125,6 +137,56 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
                 sink(make_event("log", level="info", ack="stop",
                                 message=f"Stop requested: ending after step {state.global_step}"))
             return control
+
+        def on_evaluate(self, args, state, control, metrics=None, model=None, **kw):
+            """The Trainer's eval has just run: its loss, and what the model answers now to a few validation prompts."""
+            loss = (metrics or {}).get("eval_loss")
+            if loss is None:
+                return
+            if getattr(self, "rng", None) is not None:
+                # The eval drew from the random generators (the data order of the next epoch is drawn from torch's):
+                # put them back, so a run with validation trains on exactly what the same run without it would.
+                set_rng_state(self.rng)
+            self.last_eval_step = state.global_step
+            answers = []
+            began = time.monotonic()
+            if self.samples and model is not None and distributed.world_size() == 1:
+                from core.validation import generate_answers
+
+                got = generate_answers(model, self.tokenizer, [s["prompt_ids"] for s in self.samples],
+                                       self.max_new_tokens)
+                answers = [{"prompt": s["prompt"], "reference": s["reference"], "answer": a}
+                           for s, a in zip(self.samples, got)]
+            record = {"step": state.global_step, "eval_loss": float(loss)}
+            self.evals.append(record)
+            best = state.best_metric
+            sink(make_event("eval", step=state.global_step, total_steps=state.max_steps, eval_loss=float(loss),
+                            best_eval_loss=best, answers=answers, loss_s=(metrics or {}).get("eval_runtime"),
+                            answers_s=round(time.monotonic() - began, 3)))
+            what = "baseline (before training)" if state.global_step == 0 else f"step {state.global_step}/{state.max_steps}"
+            sink(make_event("log", level="info", message=f"eval {what}  eval_loss {float(loss):.4f}"))
+            for a in answers:
+                sink(make_event("log", level="info", message=(
+                    f"  {a['prompt'][-60:]!r} -> {a['answer'][:60]!r} (reference {a['reference'][:60]!r})")))
+            self.last_answers = answers
+
+        def eval_summary(self, args, state) -> dict | None:
+            """summary.json["eval"]: every eval loss of the run (a resumed run's earlier ones from the Trainer's
+            log history), the baseline, the last, the best and its step, whether it stopped early."""
+            history = [(int(h["step"]), float(h["eval_loss"])) for h in state.log_history if "eval_loss" in h]
+            if not history:
+                return None
+            losses = sorted(dict(history).items())
+            best_step, best = min(losses, key=lambda sl: (sl[1], sl[0]))
+            ckpt = state.best_model_checkpoint
+            return {"losses": losses, "baseline": losses[0][1] if losses[0][0] == 0 else None,
+                    "final": losses[-1][1], "final_step": losses[-1][0], "best": best, "best_step": best_step,
+                    "best_checkpoint": ckpt,
+                    # the step the saved adapter's weights are from: the best checkpoint's with keep_best
+                    "adapter_step": (int(ckpt.rsplit("-", 1)[1]) if ckpt and args.load_best_model_at_end
+                                     else state.global_step),
+                    "stopped_early": bool(state.global_step < state.max_steps and not self.stopped),
+                    "answers": getattr(self, "last_answers", [])}
 
         def on_save(self, args, state, control, **kw):
             # Called after the Trainer has fully written the checkpoint: only now is it safe to resume from.
@@ -134,6 +196,30 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
                 sink(make_event("log", level="info", message=f"Checkpoint saved: {ckpt}"))
 
     return EventCallback()
+
+
+def rng_state() -> dict:
+    """Every random generator a Trainer step may draw from (Python, numpy, torch CPU and CUDA)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(st: dict) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["cpu"])
+    if st["cuda"] is not None:
+        torch.cuda.set_rng_state_all(st["cuda"])
 
 
 def _bar_only():

@@ -57,6 +57,7 @@ ATTENTIONS = ("sdpa", "varlen")
 DEVICES = ("auto", "cuda", "cpu")
 LONG_PROMPTS = ("truncate_middle", "truncate_left", "drop")  # what a prompt too long for max_length becomes
 TRAIN_TURNS = ("all", "last")  # which assistant turns of a conversation train
+TRACKERS = ("none", "tensorboard", "wandb")
 LORA_TARGET_CHOICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Groups any family resolves (core/lora_targets.py), then the fused names of Phi-3-style models; other leaf names of
 # the model's linear layers are accepted too (checked against the model's module tree before any weight loads).
@@ -139,6 +140,33 @@ class TrainConfig:
         "Conversations (messages, ShareGPT): all trains every assistant turn, each on its answer only (earlier "
         "turns are context for the later ones); last trains only the last assistant turn. The preview and the log "
         "count the turns trained, cut at max_length and dropped.", choices=TRAIN_TURNS, widget="radio"))
+
+    # --- validation (core/validation.py: held out before the row plan, never trained on) ----------------
+    validation_share: float = field(default=0.05, metadata=_help(
+        "Share of the rows held out for validation (seeded, never trained on); only for splits of at least 200 "
+        "rows, smaller ones train on every row. 0 turns it off. A validation split or file wins over it.",
+        min=0.0, max=0.5, widget="slider", step=0.01))
+    validation_data: str = field(default="", metadata=_help(
+        "A separate validation dataset (Hub id or local file, any format memtune reads); empty: the training "
+        "dataset (with validation_split) or a held-out share."))
+    validation_split: str = field(default="", metadata=_help(
+        "Split of validation_data (or of the training dataset when that is empty), e.g. test or train[1000:1100]."))
+    eval_steps: float = field(default=0.25, metadata=_help(
+        "Evaluate every N optimizer steps, or a share of the run when below 1 (0.25: four times), plus once "
+        "before training (the baseline) and at the end.", min=0.01, max=100000.0, step=0.05))
+    eval_samples: int = field(default=3, metadata=_help(
+        "Validation prompts answered greedily at each eval, shown beside their reference answers; 0: none.",
+        min=0, max=16, widget="slider", step=1))
+    eval_max_new_tokens: int = field(default=32, metadata=_help(
+        "Longest answer generated for each of those prompts, in tokens.", min=1, max=512, widget="slider", step=1))
+    keep_best: bool = field(default=False, metadata=_help(
+        "Save the checkpoint with the lowest eval loss as the adapter (checkpoints are then written at each new "
+        "best, instead of save_strategy); the summary names its step."))
+    early_stopping_patience: int = field(default=0, metadata=_help(
+        "Stop when the eval loss has not improved for this many evals in a row; 0: never.", min=0, max=1000))
+    tracking: str = field(default="none", metadata=_help(
+        "Also log to TensorBoard (files in the run folder's tensorboard/) or Weights & Biases (only when "
+        "installed; it may go online). none: no tracker, no network.", choices=TRACKERS, widget="radio"))
 
     # --- batching (checklist: accumulation, smaller batches) ---------------------------------------------
     per_device_train_batch_size: int = field(default=1, metadata=_help(
@@ -413,9 +441,30 @@ def config_problems(cfg: TrainConfig, hw: Hardware | None = None) -> list[Proble
     if cfg.use_liger_kernel and (device != "cuda" or not hw.liger):
         bad("use_liger_kernel", "liger kernels need a CUDA GPU and the liger-kernel package",
             "turn it off, or pip install liger-kernel on a CUDA machine")
+    p.extend(eval_problems(cfg))
     if cfg.lora_alpha and cfg.lora_r and cfg.lora_alpha / cfg.lora_r > 16:
         bad("lora_alpha", f"alpha/r = {cfg.lora_alpha / cfg.lora_r:g} scales updates very strongly",
             "keep lora_alpha at 1-4x lora_r")
+    return p
+
+
+def eval_problems(cfg: TrainConfig) -> list[Problem]:
+    """Validation, eval and tracking settings that cannot work together."""
+    import importlib.util
+
+    p: list[Problem] = []
+    if cfg.eval_steps >= 1 and cfg.eval_steps != int(cfg.eval_steps):
+        p.append(Problem("eval_steps", f"{cfg.eval_steps:g} is above 1 but not a whole number of steps",
+                         "give whole steps (e.g. 50) or a share of the run below 1 (e.g. 0.25)"))
+    no_val = cfg.validation_share <= 0 and not (cfg.validation_data.strip() or cfg.validation_split.strip())
+    for name, on in (("keep_best", cfg.keep_best), ("early_stopping_patience", cfg.early_stopping_patience > 0)):
+        if on and no_val:
+            p.append(Problem(name, "needs validation data, and validation is off",
+                             "set validation_share above 0 or give validation_split / validation_data"))
+    package = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(cfg.tracking)
+    if package and not (importlib.util.find_spec(package) or (package == "tensorboard"
+                                                               and importlib.util.find_spec("tensorboardX"))):
+        p.append(Problem("tracking", f"{cfg.tracking} is not installed", f"pip install {package}, or use none"))
     return p
 
 

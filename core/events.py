@@ -8,6 +8,9 @@ Training never blocks on a reader: sinks are unbounded queues or files, and the 
 - step:   step, total_steps, epoch, tokens, tokens_per_s, elapsed_s, eta_s, gpu_mem_gib?, peak_gib?
           (one per optimizer step: drives the progress bar)
 - metrics: step, total_steps, epoch, loss, learning_rate, grad_norm (every `logging_steps`: drives the loss curve)
+- eval:   step, total_steps, eval_loss, best_eval_loss, answers ([{prompt, reference, answer}]: greedy answers to a
+          few validation prompts), loss_s and answers_s (seconds each part took); at step 0 (before training),
+          every eval_steps and at the end
 - log:    message, level (info|warning), ack? ("stop": the run has seen a Stop and ends after the current step)
 - data:   message + core.data.DataPlan.to_dict(): format, rows_in_split, train_rows, kept, truncated,
           prompt_cut, dropped_long, dropped_empty, packs, max_length, long_prompts, longest_row_tokens

@@ -7,7 +7,8 @@ Half-written files (a run still going, a crash, a foreign file) are read as far 
 raises for a damaged run folder, it shows what is known.
 
 - `list_runs(output_dir)` -> [RunInfo], newest first: one row of the history table each.
-- `load_run(run_dir)` -> RunDetail: settings, loss curve, summary.
+- `load_run(run_dir)` -> RunDetail: settings, loss curve, eval losses and sample answers, summary.
+- `compare_runs([run_dir, ...])` -> Comparison: curves of several runs, the settings that differ, their figures.
 - `resume_config(run_dir)` -> the run's TrainConfig with resume_from set (training continues its step count).
 - `delete_run(run_dir, output_dir, is_running)` -> removes a run folder, after refusing anything risky.
 - `tidy(output_dir)` -> at start-up, finishes or undoes what a crash left (core.files.recover) in memtune's runs.
@@ -84,6 +85,8 @@ class RunDetail:
     summary: dict[str, Any] = field(default_factory=dict)
     checkpoints: list[str] = field(default_factory=list)  # complete ones, oldest first
     log: list[str] = field(default_factory=list)  # log and error messages, in order
+    eval_losses: list[tuple[int, float]] = field(default_factory=list)  # (step, eval loss) from `eval` events
+    answers: list[tuple[int, list[dict[str, str]]]] = field(default_factory=list)  # (step, prompt/reference/answer)
 
 
 def format_duration(seconds: float | None) -> str:
@@ -248,6 +251,8 @@ def load_run(run_dir: str | Path, is_running: IsRunning | None = None) -> RunDet
     cfg, text = _config(run_dir)
     losses: dict[int, float] = {}
     lrs: dict[int, float] = {}
+    evals: dict[int, float] = {}
+    answers: dict[int, list[dict[str, str]]] = {}
     log: list[str] = []
     for e in read_events(run_dir / "events.jsonl"):
         kind = e.get("kind")
@@ -257,6 +262,10 @@ def load_run(run_dir: str | Path, is_running: IsRunning | None = None) -> RunDet
                 losses[step] = float(e["loss"])  # a resumed run logs some steps again: the later value wins
             if _number(e.get("learning_rate")) is not None:
                 lrs[step] = float(e["learning_rate"])
+        elif kind == "eval" and _number(e.get("step")) is not None and _number(e.get("eval_loss")) is not None:
+            evals[int(e["step"])] = float(e["eval_loss"])
+            if isinstance(e.get("answers"), list) and e["answers"]:
+                answers[int(e["step"])] = e["answers"]
         elif kind in ("log", "error") and e.get("message"):
             log.append(str(e["message"]))
     try:
@@ -265,7 +274,49 @@ def load_run(run_dir: str | Path, is_running: IsRunning | None = None) -> RunDet
         ckpts = []
     return RunDetail(info=run_info(run_dir, is_running), config=cfg, config_text=text,
                      losses=sorted(losses.items()), learning_rates=sorted(lrs.items()),
-                     summary=_json(run_dir / "summary.json"), checkpoints=ckpts, log=log)
+                     summary=_json(run_dir / "summary.json"), checkpoints=ckpts, log=log,
+                     eval_losses=sorted(evals.items()), answers=sorted(answers.items()))
+
+
+# --- comparing runs -----------------------------------------------------------------------------------------------
+# Settings that name a run rather than change what it learns: never listed as a difference.
+NOT_SETTINGS = {"run_name", "output_dir", "resume_from"}
+# The figures compared side by side: (key, where it is read) in this order; the page labels them history.fig.<key>.
+FIGURES = ("peak_gib", "runtime_s", "tokens_per_s", "final_loss", "final_eval_loss", "best_eval_loss", "steps")
+
+
+@dataclass
+class Comparison:
+    names: list[str]  # the runs, in the order picked
+    curves: list[tuple[str, str, int, float]]  # (run, "train" | "validation", step, loss): one chart
+    settings: list[tuple[str, list[Any]]]  # only the settings that differ: (field, value per run)
+    figures: list[tuple[str, list[Any]]]  # FIGURES: (key, value per run; None when unknown)
+
+
+def _figures(detail: RunDetail) -> dict[str, Any]:
+    s, info = detail.summary or {}, detail.info
+    ev = s.get("eval") if isinstance(s.get("eval"), dict) else {}
+    final_eval = detail.eval_losses[-1][1] if detail.eval_losses else _number(ev.get("final"))
+    best = min((loss for _, loss in detail.eval_losses), default=_number(ev.get("best")))
+    return {"peak_gib": info.peak_gib, "runtime_s": info.duration_s, "tokens_per_s": _number(s.get("tokens_per_s")),
+            "final_loss": info.final_loss, "final_eval_loss": final_eval, "best_eval_loss": best,
+            "steps": info.steps}
+
+
+def compare_runs(run_dirs: list[str | Path], is_running: IsRunning | None = None) -> Comparison:
+    """Two or more runs side by side: their training and validation curves, the settings that differ, their peak
+    memory, time, tokens/s and final losses. A folder that is not a run raises HistoryError."""
+    details = [load_run(d, is_running) for d in run_dirs]
+    names = [d.info.name for d in details]
+    curves = [(d.info.name, series, step, loss) for d in details
+              for series, points in (("train", d.losses), ("validation", d.eval_losses)) for step, loss in points]
+    configs = [(d.config.to_dict() if d.config else {}) for d in details]
+    keys = [k for k in (configs[0] if configs else {}) if k not in NOT_SETTINGS]
+    keys += [k for c in configs[1:] for k in c if k not in keys and k not in NOT_SETTINGS]
+    settings = [(k, [c.get(k) for c in configs]) for k in keys
+                if len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
+    figs = [_figures(d) for d in details]
+    return Comparison(names, curves, settings, [(k, [f[k] for f in figs]) for k in FIGURES])
 
 
 def resume_config(run_dir: str | Path) -> TrainConfig:

@@ -30,6 +30,9 @@ class JobView:
     last_loss: float | None = None
     peak_gib: float | None = None
     losses: list[tuple[int, float]] = field(default_factory=list)
+    eval_losses: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss): `eval` events
+    answers: list[dict[str, str]] = field(default_factory=list)  # the latest eval's prompt/reference/answer
+    answers_step: int | None = None
     log: list[str] = field(default_factory=list)
     run_dir: str | None = None
     adapter_dir: str | None = None
@@ -73,6 +76,7 @@ class _Fold:
     def __init__(self) -> None:
         self.v = JobView(state="idle")
         self.losses: dict[int, float] = {}
+        self.eval_losses: dict[int, float] = {}
         self.last_phase: str | None = None  # a phase's heartbeats replace its previous line instead of piling up
         self.seen = 0  # events added so far
         self.started: float | None = None  # the run's first event: "elapsed" counts from it, as the result's Time does
@@ -115,6 +119,10 @@ class _Fold:
                 loss = e.get("loss")
                 if isinstance(loss, (int, float)) and not isinstance(loss, bool) and e.get("step") is not None:
                     self.losses[int(e["step"])] = v.last_loss = float(loss)  # a resumed run logs a step again
+            elif kind == "eval" and isinstance(e.get("eval_loss"), (int, float)) and e.get("step") is not None:
+                self.eval_losses[int(e["step"])] = float(e["eval_loss"])
+                if e.get("answers"):
+                    v.answers, v.answers_step = list(e["answers"]), int(e["step"])
             elif kind == "error":
                 v.error_type = e.get("error_type")
                 v.message = e.get("message", "")
@@ -131,6 +139,7 @@ class _Fold:
         v = copy.copy(self.v)  # the fold keeps growing; callers get a snapshot
         v.log = list(v.log)
         v.losses = sorted(self.losses.items())
+        v.eval_losses = sorted(self.eval_losses.items())
         if v.state == "running":
             if stopping:
                 v.state = "stopping"

@@ -120,6 +120,40 @@ def sft_kwargs(cfg: TrainConfig, output_dir: str | Path, cuda: bool, console: bo
     return kwargs
 
 
+def eval_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    """What SFTConfig gets on top of sft_kwargs when there are validation rows (the engine adds them with its
+    eval_dataset): the Trainer's own eval, once before training (the baseline) and every eval_steps (a share of the
+    run below 1); core.callbacks adds the one at the end. Same micro-batch as training and loss only (no logits kept
+    across batches): an eval needs no memory beyond the training step's."""
+    kwargs: dict[str, Any] = {
+        "eval_strategy": "steps",
+        "eval_steps": cfg.eval_steps if cfg.eval_steps < 1 else int(cfg.eval_steps),
+        "eval_on_start": not cfg.resume_from,  # a resumed run's baseline is in its checkpoint's log history
+        "per_device_eval_batch_size": cfg.per_device_train_batch_size,
+        "prediction_loss_only": True,
+        "metric_for_best_model": "eval_loss",  # the Trainer tracks the best eval (state.best_metric) for both levers
+        "greater_is_better": False,
+    }
+    if cfg.early_stopping_patience:
+        kwargs["restore_callback_states_from_checkpoint"] = True  # a resumed run keeps its count of evals without gain
+    if cfg.keep_best:
+        # "best": a checkpoint at each new best eval loss, the one loaded back at the end (any save_strategy would
+        # have to match the eval steps)
+        kwargs.update(load_best_model_at_end=True, save_strategy="best")
+    return kwargs
+
+
+def tracking_kwargs(cfg: TrainConfig, run_dir: str | Path | None) -> dict[str, Any]:
+    """report_to for the optional tracker; TensorBoard writes into RUN/tensorboard (logging_dir where the installed
+    transformers still has it; core.train sets TENSORBOARD_LOGGING_DIR for the newer ones)."""
+    if cfg.tracking == "none":
+        return {}
+    out: dict[str, Any] = {"report_to": [cfg.tracking]}
+    if cfg.tracking == "tensorboard" and run_dir is not None:
+        out["logging_dir"] = str(Path(run_dir) / "tensorboard")
+    return out
+
+
 def installed_names(kwargs: dict[str, Any], config_class: type) -> dict[str, Any]:
     """`kwargs` in the names the installed `config_class` (a dataclass such as SFTConfig) knows.
 

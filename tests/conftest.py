@@ -36,7 +36,7 @@ def pytest_configure(config):
 # seconds (one build per module, not one per worker), and the browser modules, which share one app server and go in
 # order (a run, then Try it on its adapter...). Every other test is scheduled on its own (--dist loadgroup).
 XDIST_GROUPS = {"test_browser": "browser", "test_browser_data": "browser", "test_browser_layout": "browser",
-                "test_browser_public": "browser",
+                "test_browser_public": "browser", "test_browser_compare": "browser",
                 "test_infer": "infer", "test_export": "export", "test_gguf": "gguf", "test_history": "history",
                 "test_safety": "safety", "test_data": "data", "test_ui": "ui"}
 

@@ -12,6 +12,7 @@ import gradio as gr
 
 from core.i18n import t
 from ui.form import Form
+from ui.validation import build_compare, curves_frame
 from ui.history import (HistoryTab, history_frame, history_open, on_history_delete, on_history_delete_yes,
                         on_history_load, on_history_refresh, on_history_resume, on_history_select)
 from ui.live import loss_frame
@@ -164,13 +165,14 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                         cancel_btn = tr.add(gr.Button(L("history.cancel"), elem_id="history-delete-cancel"),
                                             value="history.cancel")
             with gr.Column(scale=3, min_width=420):
-                hist_plot = gr.LinePlot(loss_frame([]), x="step", y="loss", title=None, y_title=L("run.loss_axis"),
+                hist_plot = gr.LinePlot(curves_frame([], [], lang0), x="step", y="loss", color="series", title=None, y_title=L("run.loss_axis"),
                                         x_title=L("run.step_axis"), height=240, elem_id="history-plot",
                                         show_label=False, visible=False)
                 tr.add(hist_plot, y_title="run.loss_axis", x_title="run.step_axis")
                 settings = tr.add(gr.Code("", language="yaml", label=L("history.settings"), interactive=False,
                                           elem_id="history-settings", max_lines=18, visible=False),
                                   label="history.settings")  # shown once a run is picked
+        build_compare(tr, lang0, lang, output_dir, history_tab, hist_refresh)  # ui/validation.py
 
     # ---------------- events ----------------
     def refresh_adapters(current, out, lg):

@@ -68,11 +68,15 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
     except (ModelError, OSError, ValueError) as exc:
         return error_box(t("preview.tokenizer_error", lang), str(exc))
     try:
-        plan = plan_rows(cfg, tokenizer, raw, fmt, n_examples=3)
+        from core.validation import split
+        from ui.validation import split_note
+
+        held = split(cfg, raw, fmt)  # as the engine does: held-out rows are not in the plan
+        plan = plan_rows(cfg, tokenizer, held.train, fmt, n_examples=3)
         if plan.multi_turn:  # every assistant turn accounted for (core/data.py)
             plan.notes.append(t("preview.turns", lang, n=sum(plan.turns.values()), **plan.turns))
         plan.notes.append(_lora_line(cfg, lang))
-        return preview_html(plan, lang)
+        return split_note(held, lang) + preview_html(plan, lang)
     except DataError as exc:
         return error_box(t("preview.data_error", lang), str(exc))
     except Exception as exc:  # noqa: BLE001

@@ -23,6 +23,7 @@ from ui.form import Form, Updates, apply_config
 from ui.live import loss_frame
 from ui.notices import note, public_refusal, runs_folder, warn
 from ui.tryexport import free_try_model
+from ui.validation import curves_frame, detail_extra
 
 COLUMNS = ("date", "name", "model", "dataset", "status", "final_loss", "peak", "duration", "steps", "resumable")
 
@@ -87,11 +88,12 @@ def history_open(h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
     except HistoryError as exc:
         return {h.detail: warn(str(exc), "history-note"), **closed}
     running = detail.info.status == "running"
-    html = render.run_detail_html(detail, lang, predicted_peaks(detail.config))
+    html = render.run_detail_html(detail, lang, predicted_peaks(detail.config)) + detail_extra(detail, lang)
     if not detail.info.resumable and not running:  # a greyed-out Resume says why
         html += note(t("history.no_resume", lang), "info", "history-no-resume")
     return {h.detail: html,
-            h.plot: gr.update(value=loss_frame(detail.losses), visible=bool(detail.losses)),
+            h.plot: gr.update(value=curves_frame(detail.losses, detail.eval_losses, lang),
+                              visible=bool(detail.losses or detail.eval_losses)),
             h.settings: gr.update(value=detail.config_text, visible=True),
             h.load: gr.update(interactive=detail.config is not None),
             h.resume: gr.update(interactive=detail.info.resumable and not running and detail.config is not None),

@@ -275,7 +275,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                                                         interactive=False), value="run.stop")
                         notice = gr.HTML(elem_id="run-notice")
                         progress = gr.HTML(render.progress_html(job_view(None), lang0), elem_id="run-progress")
-                        loss_plot = gr.LinePlot(loss_frame([]), x="step", y="loss",
+                        loss_plot = gr.LinePlot(loss_frame([]), x="step", y="loss", color="series",
                                                 title=None, y_title=L("run.loss_axis"), x_title=L("run.step_axis"),
                                                 height=230, elem_id="loss-plot", label=L("run.loss_curve"),
                                                 show_label=False, visible=False)

@@ -44,9 +44,12 @@ def thin(points: list[tuple[int, float]], limit: int = PLOT_POINTS) -> list[tupl
     return points[::k] + ([points[-1]] if (len(points) - 1) % k else [])
 
 
-def loss_frame(losses: list[tuple[int, float]]) -> pd.DataFrame:
-    points = thin(losses)
-    return pd.DataFrame({"step": [p[0] for p in points], "loss": [p[1] for p in points]})
+def loss_frame(losses: list[tuple[int, float]], eval_losses: list[tuple[int, float]] = (),
+               lang: str = DEFAULT_LANGUAGE) -> pd.DataFrame:
+    """Training and validation loss (column `series`) for the loss chart (ui/validation.py)."""
+    from ui.validation import curves_frame
+
+    return curves_frame(thin(losses), eval_losses, lang)
 
 
 def adapter_zip(job_id: int, adapter_dir: str) -> str | None:
@@ -128,13 +131,16 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
         panel.gauge: (render.gauge_html(gpus, message, run_peak_gib=[p or None for p in peaks] or None,
                                         predicted_gib=predicted, lang=lang, running=running, budget_gib=budget,
                                         run_gpus=n_run, floor_gib=(pred or {}).get("floor")), None)}
-    outputs[panel.plot] = (gr.update(value=loss_frame(v.losses), visible=True) if v.losses else
-                           gr.update(visible=False), (job.id if job else None, len(v.losses),
-                                                      v.losses[-1] if v.losses else None))
+    outputs[panel.plot] = (gr.update(value=loss_frame(v.losses, v.eval_losses, lang), visible=True)
+                           if v.losses or v.eval_losses else gr.update(visible=False),
+                           (job.id if job else None, len(v.losses), v.losses[-1] if v.losses else None,
+                            len(v.eval_losses), lang))
     tail = v.log[-LOG_LINES:]
     outputs[panel.progress] = (render.progress_html(v, lang), None)
-    outputs[panel.log] = (render.log_html(tail, lang), (lang, job.id if job else None, len(v.log),
-                                                        tail[-1] if tail else None))
+    from ui.validation import answers_html  # issue 22: what the model answers now, as evals land
+
+    outputs[panel.log] = (render.log_html(tail, lang) + answers_html(v.answers, v.answers_step, lang),
+                          (lang, job.id if job else None, len(v.log), tail[-1] if tail else None, v.answers_step))
     done = v.state in ("completed", "stopped", "failed", "interrupted")
     outputs[panel.result] = (render.result_html(v, lang, job_prediction(job) if done and job else None), None)
     download = gr.update(value=None, visible=False)

@@ -60,24 +60,32 @@ def uses_cuda(cfg: TrainConfig) -> bool:
 
 
 # --- config -> library arguments (core/recipe.py holds the mapping) -----------------------------------------
-def build_sft_config(cfg: TrainConfig, output_dir: str | Path, console: bool = False):
-    """The chapter's TrainingArguments + SFTTrainer arguments, as one TRL SFTConfig."""
+def build_sft_config(cfg: TrainConfig, output_dir: str | Path, console: bool = False, evaluate: bool = False,
+                     run_dir: str | Path | None = None):
+    """The chapter's TrainingArguments + SFTTrainer arguments, as one TRL SFTConfig (+ the eval's, with validation
+    rows, and the tracker's)."""
     from trl import SFTConfig
 
     from core import recipe
 
-    return SFTConfig(**recipe.installed_names(recipe.sft_kwargs(cfg, output_dir, uses_cuda(cfg), console), SFTConfig))
+    kwargs = recipe.sft_kwargs(cfg, output_dir, uses_cuda(cfg), console)
+    if evaluate:
+        kwargs.update(recipe.eval_kwargs(cfg))
+    kwargs.update(recipe.tracking_kwargs(cfg, run_dir))
+    return SFTConfig(**recipe.installed_names(kwargs, SFTConfig))
 
 
 def build_trainer(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir: str | Path,
-                  callbacks=(), console: bool = False):
+                  callbacks=(), console: bool = False, eval_dataset=None):
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import SFTTrainer
 
     trainer = SFTTrainer(
         model=model,
-        args=build_sft_config(cfg, output_dir, console=console),
+        args=build_sft_config(cfg, output_dir, console=console, evaluate=eval_dataset is not None,
+                              run_dir=Path(output_dir).parent),
         train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
         processing_class=tokenizer,  # was `tokenizer=` in the chapter
         callbacks=list(callbacks),
     )
@@ -96,25 +104,46 @@ def plan_data(cfg: TrainConfig, emit: EventSink):
     The data comes first: a broken file is reported as such before any model is looked up or downloaded.
     The caller refuses a plan with nothing to train (plan.refusal()) before loading the model, keeping the plan for
     the failed run's summary."""
-    from core import data, model as model_lib
+    from core import data, model as model_lib, validation
 
     with phase(emit, "tokenizing", f"Reading {cfg.dataset} [{cfg.dataset_split}]"):
         raw, fmt = data.check_data(cfg)
+        held = validation.split(cfg, raw, fmt)  # before the plan: validation rows never reach plan.train_dataset()
     with phase(emit, "resolving", f"Finding {cfg.model}"):
         path = model_lib.resolve_model_path(cfg, emit)
         tokenizer = model_lib.load_tokenizer(cfg, path)
     with phase(emit, "tokenizing", f"Formatting and tokenizing {len(raw)} rows ({fmt})"):
-        plan = data.plan_rows(cfg, tokenizer, raw, fmt, n_examples=0)
+        plan = data.plan_rows(cfg, tokenizer, held.train, fmt, n_examples=0)
+        val_plan = None
+        if held.val is not None:  # the same row plan: formatting, truncation, every row counted
+            val_plan = data.plan_rows(validation.val_config(cfg), tokenizer, held.val, held.val_format, n_examples=0)
+    plan.validation = val_plan  # what build_run evaluates on
+    plan.held = held
     # LoRA targets from the module tree on the meta device, before any weight loads: a name the model lacks is
     # refused here (ConfigError listing its linear layers), and the log says what gets LoRA.
     from core import families
 
     targets = model_lib.lora_targets(cfg, path)
     plan.notes += [targets.describe(), *filter(None, [families.note(targets.model_type)])]
-    emit(make_event("data", message=plan.describe(), **plan.to_dict()))
-    for line in [plan.describe(), *plan.notes]:
+    emit(make_event("data", message=plan.describe(), **plan.to_dict(), validation=validation_dict(held, val_plan)))
+    for line in [plan.describe(), *plan.notes, held.why]:
         emit(make_event("log", level="info", message=line))
+    if val_plan is not None:
+        emit(make_event("log", level="info", message="Validation rows: " + val_plan.describe().removeprefix("Data: ")))
+        if not val_plan.n_train:
+            emit(make_event("log", level="warning", message="No validation row fits max_length: no eval"))
+    if (cfg.keep_best or cfg.early_stopping_patience) and not (val_plan and val_plan.n_train):
+        raise data.DataError(f"keep_best / early_stopping_patience need validation rows, and there are none. "
+                             f"{held.why}. Give validation_split or validation_data, or turn them off.")
     return plan, tokenizer, path
+
+
+def validation_dict(held, val_plan) -> dict[str, Any]:
+    """The validation part's accounting (events.jsonl's data event, summary.json["validation"])."""
+    out = held.to_dict()
+    if val_plan is not None:
+        out["plan"] = val_plan.to_dict()
+    return out
 
 
 def build_run(cfg: TrainConfig, emit: EventSink, plan, tokenizer, path: str, stop: threading.Event, cuda: bool,
@@ -128,10 +157,31 @@ def build_run(cfg: TrainConfig, emit: EventSink, plan, tokenizer, path: str, sto
     trainable, total = model_lib.trainable_parameters(model)
     emit(make_event("log", level="info", message=f"LoRA: {trainable:,} trainable parameters of {total:,}"))
     callback = make_callback(emit, stop, cuda, stop_file)
+    extra = []
+    val_plan = getattr(plan, "validation", None)
+    evaluating = val_plan is not None and val_plan.n_train > 0
+    if evaluating:
+        from core import validation
+
+        if not cuda:
+            # bitsandbytes on a CPU with AVX512-BF16 repacks a 4-bit weight for inference the first time it runs in
+            # eval mode, and training then goes through a kernel without a backward (wrong gradients, silently):
+            # an eval must leave training exactly as it was.
+            for module in model.modules():
+                if getattr(module, "support_avx512bf16_for_cpu", False):
+                    module.support_avx512bf16_for_cpu = False
+
+        callback.samples = validation.samples(val_plan, tokenizer, cfg.eval_samples)
+        callback.tokenizer, callback.max_new_tokens = tokenizer, cfg.eval_max_new_tokens
+        if cfg.early_stopping_patience:
+            from transformers import EarlyStoppingCallback
+
+            extra.append(EarlyStoppingCallback(early_stopping_patience=cfg.early_stopping_patience))
     with phase(emit, "tokenizing", "Tokenizing"):
-        # plan.train_dataset(): exactly the plan's training rows, already tokenized and cut
+        # plan.train_dataset(): exactly the plan's training rows, already tokenized and cut (validation's likewise)
         trainer = build_trainer(cfg, model, tokenizer, plan.train_dataset(), output_dir,
-                                callbacks=[callback, *callbacks], console=console)
+                                callbacks=[callback, *extra, *callbacks], console=console,
+                                eval_dataset=val_plan.train_dataset() if evaluating else None)
         distributed.fsdp_wrap_policy(trainer)  # FSDP-QLoRA: LoRA layers wrapped on their own (no-op otherwise)
     return trainer, callback, trainable
 
@@ -174,6 +224,8 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
 
     write_events = main and not (attached and real(prepared) == run_dir)
     emit = fan_out(user_sink, JsonlSink(run_dir / "events.jsonl")) if write_events else user_sink
+    if cfg.tracking == "tensorboard" and main:  # newer transformers read the folder from here only (no logging_dir)
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(run_dir / "tensorboard")
     resume_ckpt, skipped = resume_point(run_dir if main else cfg.resume_from) if cfg.resume_from else (None, [])
     emit(make_event("run", run_dir=str(run_dir), config=cfg.to_dict(), resume_from=str(resume_ckpt or ""),
                     pid=os.getpid(), threads=torch.get_num_threads()))
@@ -287,6 +339,8 @@ def summarize(cfg: TrainConfig, trainer, output, callback, plan, started: float,
         "lora_modules": lora_modules(trainer.model),  # what peft really adapted
         "resumed_from": str(resume_ckpt) if resume_ckpt else None,
         "data": plan.to_dict(),  # every row of the split, accounted for (core.data.plan_rows)
+        "validation": validation_dict(plan.held, plan.validation) if hasattr(plan, "held") else None,
+        "eval": callback.eval_summary(trainer.args, trainer.state) if hasattr(callback, "eval_summary") else None,
         "finished_at": datetime.now().isoformat(timespec="seconds"),
     }
     if summary["train_runtime_s"]:

@@ -1,0 +1,170 @@
+"""Validation on the page: the loss chart's two series, "what the model answers now", the preview's note on held-out
+rows, and History's comparison of runs (core.history.compare_runs), laid out by `build_compare` inside the History
+tab. Plain HTML/DataFrames from core's data; tested without a browser, and in tests/test_browser_compare.py."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from core.i18n import DEFAULT_LANGUAGE, t
+from ui.render import E, num
+
+PLOT_POINTS = 400
+
+
+def _thin(points: list[tuple[int, float]], limit: int = PLOT_POINTS) -> list[tuple[int, float]]:
+    if len(points) <= limit:
+        return list(points)
+    k = -(-len(points) // limit)
+    return points[::k] + ([points[-1]] if (len(points) - 1) % k else [])
+
+
+def curves_frame(losses: list[tuple[int, float]], eval_losses: list[tuple[int, float]] = (),
+                 lang: str = DEFAULT_LANGUAGE) -> pd.DataFrame:
+    """One run's loss chart: training and validation loss on one step axis (column `series`)."""
+    rows = [(s, v, t("run.series_train", lang)) for s, v in _thin(list(losses))]
+    rows += [(s, v, t("run.series_validation", lang)) for s, v in _thin(list(eval_losses))]
+    return pd.DataFrame(rows, columns=["step", "loss", "series"])
+
+
+def answers_html(answers: list[dict[str, str]], step: int | None, lang: str = DEFAULT_LANGUAGE) -> str:
+    """"What the model answers now": each validation prompt, its reference answer and the model's greedy answer."""
+    if not answers:
+        return ""
+    head = "".join(f"<th>{E(t(k, lang))}</th>" for k in ("eval.prompt", "eval.reference", "eval.answer"))
+    rows = "".join(
+        f"<tr><td><code>{E(a.get('prompt', '')[-200:])}</code></td><td>{E(a.get('reference', ''))}</td>"
+        f"<td class=\"{'mt-ok-text' if a.get('answer', '').strip() == a.get('reference', '').strip() else ''}\">"
+        f"{E(a.get('answer', ''))}</td></tr>" for a in answers)
+    when = t("eval.at_step", lang, step=step) if step else t("eval.baseline", lang)
+    return (f'<div class="mt-answers" id="mt-answers" data-step="{E(str(step or 0))}">'
+            f'<b>{E(t("eval.title", lang))}</b> <span class="mt-small">({E(when)})</span>'
+            f'<table class="mt-table"><tr>{head}</tr>{rows}</table></div>')
+
+
+def eval_line(summary: dict[str, Any], lang: str = DEFAULT_LANGUAGE) -> str:
+    """The eval losses of a finished run, in one line (History's detail)."""
+    ev = summary.get("eval") if isinstance(summary, dict) else None
+    if not isinstance(ev, dict) or ev.get("final") is None:
+        return ""
+    base = num(ev["baseline"], 4, lang) if ev.get("baseline") is not None else "-"
+    return ('<div class="mt-small" id="mt-eval-line">' + E(t(
+        "eval.losses", lang, baseline=base, final=num(ev["final"], 4, lang), step=ev.get("final_step"),
+        best=num(ev.get("best") or 0.0, 4, lang), best_step=ev.get("best_step"),
+        adapter_step=ev.get("adapter_step"))) + "</div>")
+
+
+def detail_extra(detail: Any, lang: str = DEFAULT_LANGUAGE) -> str:
+    """What History's detail adds for a run with validation: its eval losses and its last answers."""
+    step, answers = detail.answers[-1] if detail.answers else (None, [])
+    return eval_line(detail.summary or {}, lang) + answers_html(answers, step, lang)
+
+
+def split_note(held: Any, lang: str = DEFAULT_LANGUAGE) -> str:
+    """The preview's line on validation: what is held out, or why every row trains."""
+    from core.validation import MIN_ROWS_FOR_SHARE
+
+    n_all = len(held.train_ids) + (len(held.val_ids) if held.mode == "share" else 0)
+    if held.mode == "share":
+        text = t("preview.val.share", lang, n=len(held.val_ids), total=n_all, train=len(held.train_ids))
+    elif held.mode == "separate":
+        text = t("preview.val.separate", lang, n=len(held.val_ids), source=held.source)
+    elif n_all < MIN_ROWS_FOR_SHARE:
+        text = t("preview.val.small", lang, rows=n_all, min=MIN_ROWS_FOR_SHARE)
+    else:
+        text = t("preview.val.off", lang)
+    return f'<div class="mt-note mt-small" id="preview-validation">{E(text)}</div>'
+
+
+# --- History: compare runs -----------------------------------------------------------------------------------------
+def _value(x: Any, lang: str) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return num(x, 4 if abs(x) < 100 else 1, lang)
+    if isinstance(x, list):
+        return ", ".join(map(str, x))
+    return str(x)
+
+
+def compare_frame(cmp: Any, lang: str = DEFAULT_LANGUAGE) -> pd.DataFrame:
+    """All picked runs' curves on one chart: one series per run and kind (training, validation)."""
+    rows = [(step, loss, f"{name} · {t('run.series_train' if kind == 'train' else 'run.series_validation', lang)}")
+            for name, kind, step, loss in cmp.curves]
+    return pd.DataFrame(rows, columns=["step", "loss", "series"])
+
+
+def compare_html(cmp: Any, lang: str = DEFAULT_LANGUAGE) -> str:
+    """The settings that differ (only those), then the figures side by side."""
+    head = f"<th>{E(t('history.compare.setting', lang))}</th>" + "".join(f"<th>{E(n)}</th>" for n in cmp.names)
+    if cmp.settings:
+        rows = "".join(f'<tr data-field="{E(k)}"><td><code>{E(k)}</code></td>'
+                       + "".join(f"<td>{E(_value(v, lang))}</td>" for v in vals) + "</tr>" for k, vals in cmp.settings)
+        settings = f'<table class="mt-table" id="compare-settings-table"><tr>{head}</tr>{rows}</table>'
+    else:
+        settings = f'<p>{E(t("history.compare.same", lang))}</p>'
+    figs = "".join(f'<tr data-figure="{E(k)}"><td>{E(t(f"history.fig.{k}", lang))}</td>'
+                   + "".join(f"<td>{E(_value(v, lang))}</td>" for v in vals) + "</tr>" for k, vals in cmp.figures)
+    return (f'<div class="mt-compare" id="mt-compare"><b>{E(t("history.compare.settings", lang))}</b>{settings}'
+            f'<b>{E(t("history.compare.figures", lang))}</b>'
+            f'<table class="mt-table" id="compare-figures-table"><tr>{head}</tr>{figs}</table></div>')
+
+
+def run_choices(output_dir: str | None) -> list[tuple[str, str]]:
+    """(label, run folder) of every run, newest first: the comparison's picker."""
+    from core.jobs import MANAGER
+    from core.history import list_runs
+    from ui.notices import runs_folder
+
+    return [(f"{r.name} ({r.date})", r.run_dir) for r in list_runs(runs_folder(output_dir), MANAGER.is_running)]
+
+
+def on_compare(lang: str, run_dirs: list[str] | None) -> tuple[Any, Any]:
+    """The chart and the tables for the picked runs (two or more), or a notice."""
+    from core.history import HistoryError, compare_runs
+    from core.jobs import MANAGER
+    from ui.notices import public_refusal, warn
+
+    picked = [d for d in (run_dirs or []) if d]
+    if len(picked) < 2:
+        return gr.update(visible=False), warn(t("history.compare.need_two", lang), "compare-note")
+    try:
+        for d in picked:
+            if (refusal := public_refusal((d, "the run"))):
+                raise HistoryError(refusal)
+        cmp = compare_runs(picked, MANAGER.is_running)
+    except HistoryError as exc:
+        return gr.update(visible=False), warn(str(exc), "compare-note", "error")
+    return gr.update(value=compare_frame(cmp, lang), visible=True), compare_html(cmp, lang)
+
+
+def build_compare(tr: Any, lang0: str, lang: Any, output_dir: Any, history_tab: Any, refresh: Any) -> dict[str, Any]:
+    """History's "Compare runs" section (inside the History tab): pick runs, one chart, what differs."""
+    L = partial(t, lang=lang0)  # noqa: N806
+    with gr.Accordion(L("history.compare.title"), open=False, elem_id="compare-acc") as acc:
+        tr.add(acc, label="history.compare.title")
+        with gr.Row():
+            picker = tr.add(gr.Dropdown(choices=[], value=[], multiselect=True, label=L("history.compare.pick"),
+                                        elem_id="compare-runs", scale=4), label="history.compare.pick")
+            button = tr.add(gr.Button(L("history.compare.button"), scale=1, elem_id="compare-btn"),
+                            value="history.compare.button")
+        plot = gr.LinePlot(curves_frame([], [], lang0), x="step", y="loss", color="series",
+                           title=None, y_title=L("run.loss_axis"), x_title=L("run.step_axis"), height=300,
+                           elem_id="compare-plot", show_label=False, visible=False)
+        tr.add(plot, y_title="run.loss_axis", x_title="run.step_axis")
+        tables = gr.HTML(elem_id="compare-tables")
+
+    def choices(out: str | None, current: list[str] | None):
+        options = run_choices(out)
+        known = {d for _, d in options}
+        return gr.update(choices=options, value=[d for d in (current or []) if d in known])
+
+    quiet = dict(show_progress="hidden", queue=False)
+    for event in (history_tab.select, refresh.click, acc.expand):
+        event(choices, inputs=[output_dir, picker], outputs=[picker], **quiet)
+    button.click(on_compare, inputs=[lang, picker], outputs=[plot, tables])
+    return {"picker": picker, "button": button, "plot": plot, "tables": tables}
