@@ -453,7 +453,7 @@ def eval_problems(cfg: TrainConfig) -> list[Problem]:
     import importlib.util
 
     p: list[Problem] = []
-    if cfg.eval_steps >= 1 and cfg.eval_steps != int(cfg.eval_steps):
+    if math.isfinite(cfg.eval_steps) and cfg.eval_steps >= 1 and cfg.eval_steps != int(cfg.eval_steps):  # nan/inf: the finite check says so
         p.append(Problem("eval_steps", f"{cfg.eval_steps:g} is above 1 but not a whole number of steps",
                          "give whole steps (e.g. 50) or a share of the run below 1 (e.g. 0.25)"))
     no_val = cfg.validation_share <= 0 and not (cfg.validation_data.strip() or cfg.validation_split.strip())
