@@ -165,10 +165,11 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                         cancel_btn = tr.add(gr.Button(L("history.cancel"), elem_id="history-delete-cancel"),
                                             value="history.cancel")
             with gr.Column(scale=3, min_width=420):
-                hist_plot = gr.LinePlot(curves_frame([], [], lang0), x="step", y="loss", color="series", title=None, y_title=L("run.loss_axis"),
+                hist_plot = gr.LinePlot(curves_frame([], [], lang0), x="step", y="loss", color="series", title=None,
+                                        color_title=L("run.series_legend"), y_title=L("run.loss_axis"),
                                         x_title=L("run.step_axis"), height=240, elem_id="history-plot",
                                         show_label=False, visible=False)
-                tr.add(hist_plot, y_title="run.loss_axis", x_title="run.step_axis")
+                tr.add(hist_plot, y_title="run.loss_axis", x_title="run.step_axis", color_title="run.series_legend")
                 settings = tr.add(gr.Code("", language="yaml", label=L("history.settings"), interactive=False,
                                           elem_id="history-settings", max_lines=18, visible=False),
                                   label="history.settings")  # shown once a run is picked

@@ -153,9 +153,9 @@ def build_compare(tr: Any, lang0: str, lang: Any, output_dir: Any, history_tab: 
             button = tr.add(gr.Button(L("history.compare.button"), scale=1, elem_id="compare-btn"),
                             value="history.compare.button")
         plot = gr.LinePlot(curves_frame([], [], lang0), x="step", y="loss", color="series",
-                           title=None, y_title=L("run.loss_axis"), x_title=L("run.step_axis"), height=300,
+                           color_title=L("run.series_legend"), title=None, y_title=L("run.loss_axis"), x_title=L("run.step_axis"), height=300,
                            elem_id="compare-plot", show_label=False, visible=False)
-        tr.add(plot, y_title="run.loss_axis", x_title="run.step_axis")
+        tr.add(plot, y_title="run.loss_axis", x_title="run.step_axis", color_title="run.series_legend")
         tables = gr.HTML(elem_id="compare-tables")
 
     def choices(out: str | None, current: list[str] | None):
