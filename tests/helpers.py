@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -71,3 +72,17 @@ def checklist_texts(lang: str) -> list[tuple[str, str, str]]:
 
     return [(item.key, t(f"checklist.{item.key}.label", lang), t(f"checklist.{item.key}.tradeoff", lang))
             for item in ITEMS]
+
+
+def tree_hash(path: Path) -> str:
+    """Every file's relative name and bytes, every link's target, every folder's name: one digest."""
+    h = hashlib.sha256()
+    for p in sorted(Path(path).rglob("*")):
+        h.update(str(p.relative_to(path)).encode())
+        if p.is_symlink():
+            h.update(b"L" + os.readlink(p).encode())
+        elif p.is_file():
+            h.update(b"F" + p.read_bytes())
+        else:
+            h.update(b"D")
+    return h.hexdigest()

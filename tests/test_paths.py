@@ -8,7 +8,6 @@ Delete and Resume, resume_from, the Export tab's Merge and GGUF handlers called 
 outputs of merge and GGUF with RUN/merged or RUN/gguf planted as a link.
 """
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -21,21 +20,11 @@ from core.config import demo_config
 from core.export.cli import main as export_main
 from core.history import HistoryError, delete_run, list_runs, resume_config
 from core.runs import resume_problem
+from tests.helpers import tree_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def tree_hash(path: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(Path(path).rglob("*")):
-        h.update(str(p.relative_to(path)).encode())
-        if p.is_symlink():
-            h.update(b"L" + os.readlink(p).encode())
-        elif p.is_file():
-            h.update(b"F" + p.read_bytes())
-        else:
-            h.update(b"D")
-    return h.hexdigest()
 
 
 def make_victim(base: Path) -> Path:

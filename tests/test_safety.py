@@ -11,7 +11,6 @@ Longer than ~400 lines: each attack is its own test, spelled out, so a failure n
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import checkpointed_run, train_cli
+from tests.helpers import checkpointed_run, train_cli, tree_hash
 
 from core import files
 from core.checks import validate
@@ -37,18 +36,6 @@ from core.train import run_training
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def tree_hash(path: Path) -> str:
-    """Every file's relative name and bytes, every link's target, every folder's name: one digest."""
-    h = hashlib.sha256()
-    for p in sorted(Path(path).rglob("*")):
-        h.update(str(p.relative_to(path)).encode())
-        if p.is_symlink():
-            h.update(b"L" + os.readlink(p).encode())
-        elif p.is_file():
-            h.update(b"F" + p.read_bytes())
-        else:
-            h.update(b"D")
-    return h.hexdigest()
 
 
 def victim(base: Path, name: str = "victim") -> Path:
