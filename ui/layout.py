@@ -276,12 +276,10 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                         notice = gr.HTML(elem_id="run-notice")
                         progress = gr.HTML(render.progress_html(job_view(None), lang0), elem_id="run-progress")
                         loss_plot = gr.LinePlot(loss_frame([]), x="step", y="loss", color="series",
-                                                color_title=L("run.series_legend"),
                                                 title=None, y_title=L("run.loss_axis"), x_title=L("run.step_axis"),
                                                 height=230, elem_id="loss-plot", label=L("run.loss_curve"),
                                                 show_label=False, visible=False)
-                        tr.add(loss_plot, y_title="run.loss_axis", x_title="run.step_axis", label="run.loss_curve",
-                               color_title="run.series_legend")
+                        tr.add(loss_plot, y_title="run.loss_axis", x_title="run.step_axis", label="run.loss_curve")
                         log = gr.HTML(render.log_html([], lang0), elem_id="run-log", padding=False)
                         result = gr.HTML(elem_id="run-result")
                         download = tr.add(gr.File(label=L("run.download"), visible=False, interactive=False,
