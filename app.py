@@ -12,7 +12,7 @@ Listening on anything but loopback, or a share link, without --auth (or MEMTUNE_
 start training jobs and write files. Public mode (--public, implied on a Hugging Face Space where SPACE_ID is set)
 is the one exception, made explicit: the app listens on 0.0.0.0, the page shows a banner, the server reads no
 local path a visitor types (datasets from uploads or the Hub, runs only in ./runs, History and Export only there)
-and trust_remote_code is unavailable (core.public).
+and trust_remote_code is unavailable (core.runs.public).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def warm_demo_model() -> None:
     """Build the offline demo model in the background so the first demo run starts at once."""
     def build() -> None:
         try:
-            from core.demo import ensure_demo_model
+            from core.demo.score import ensure_demo_model
 
             ensure_demo_model()
         except Exception as exc:  # noqa: BLE001 - the run itself will report it properly
@@ -127,8 +127,8 @@ def tidy_runs() -> None:
     """Finish or undo what a crash left in the default output folder (an adapter replace cut in half, temp
     folders): only in folders carrying memtune's marker. Runs before any job can start."""
     try:
-        from core.config import TrainConfig
-        from core.history import tidy
+        from core.config.settings import TrainConfig
+        from core.runs.history import tidy
 
         for line in tidy(TrainConfig().output_dir):  # a run written to recently (e.g. a CLI run) is left alone
             print(f"memtune: {line}", file=sys.stderr)
@@ -141,7 +141,7 @@ def end_training_on_exit() -> None:
     import atexit
     import signal
 
-    from core.jobs import MANAGER
+    from core.jobs.manager import MANAGER
 
     def on_term(signum, frame):
         raise KeyboardInterrupt  # gradio closes the server on it; atexit then ends the child
@@ -165,9 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"memtune: {problem}", file=sys.stderr)
         return 2
     if args.public:
-        from core.public import PUBLIC_ENV, public_root
+        from core.runs.public import PUBLIC_ENV, public_root
 
-        os.environ[PUBLIC_ENV] = "1"  # core.public reads it: validation and the loaders refuse visitors' paths
+        os.environ[PUBLIC_ENV] = "1"  # core.runs.public reads it: validation and the loaders refuse visitors' paths
         print(f"memtune: PUBLIC MODE on {args.host}:{args.port}: anyone who reaches it can train. Visitors' server "
               f"paths are refused, runs stay in {public_root()}, trust_remote_code is off.", file=sys.stderr)
 

@@ -23,7 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from core.vram import device_used_bytes, process_used_bytes
+from core.estimate.vram import device_used_bytes, process_used_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,7 +35,7 @@ def free_port() -> int:
 
 
 class Gpu:
-    """Point readings of GPU 0 through core.vram (the app's and the run's NVML reader); None/0 without NVML."""
+    """Point readings of GPU 0 through core.estimate.vram (the app's and the run's NVML reader); None/0 without NVML."""
 
     def used_gib(self) -> float | None:
         used = device_used_bytes(0)
@@ -64,8 +64,8 @@ def main(argv=None) -> int:
     runs = work / "app-runs"
     runs.mkdir(parents=True, exist_ok=True)
 
-    from core.config import TrainConfig, demo_config
-    from core.presets import apply_preset
+    from core.config.settings import TrainConfig, demo_config
+    from core.config.presets import apply_preset
     from ui.fields import FIELD_NAMES, to_values
 
     if args.smoke:

@@ -4,7 +4,7 @@
 
 bench/levers.json compares the pairs of runs that bench/lever_pairs.yaml names (what each lever saves and costs).
 
-Every row is one measured training run with its full TrainConfig (`config`, ready for core.estimate), its peaks
+Every row is one measured training run with its full TrainConfig (`config`, ready for core.estimate.predict), its peaks
 and the facts about the process it ran in that a reader (and bench/validate_estimate.py) needs:
 
 - `source`: run1 | run2 | run3 (bench/results/2026-11-29-<source>-results.json), `process_position`: its place in
@@ -24,7 +24,7 @@ and the facts about the process it ran in that a reader (and bench/validate_esti
 
 Which rows:
 - run 2 and run 3 rows are used as measured (`raw` = the measurement).
-- run 1 had a leak (fixed then by core.model.release_library_references, gone with the grid): bitsandbytes'
+- run 1 had a leak (fixed then by core.model.load.release_library_references, gone with the grid): bitsandbytes'
   GlobalOptimManager kept every run's embedding on the GPU. Its rows were corrected by subtracting the leaked, static amount. Every
   run-1 configuration of the grid and of the lever chain was measured again, clean, in run 3, so run-1 rows are
   left out when a run-2/run-3 row has the same configuration (the raw file keeps them). A run-1 row with no
@@ -43,8 +43,8 @@ from pathlib import Path
 import yaml
 
 from bench.archs import HUB_IDS
-from core.config import OPTIMIZERS, TrainConfig
-from core.presets import matching, overrides
+from core.config.settings import OPTIMIZERS, TrainConfig
+from core.config.presets import matching, overrides
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -192,7 +192,7 @@ def main() -> None:
     doc = {
         "about": "Measured peak GPU memory of QLoRA training runs on one NVIDIA H200 (bench/RESULTS.md). Models are "
                  "built from the real architecture configs with random weights (bench/synth.py); each row's "
-                 "`config` is the full TrainConfig, ready for core.estimate (bench/validate_estimate.py). NVML = "
+                 "`config` is the full TrainConfig, ready for core.estimate.predict (bench/validate_estimate.py). NVML = "
                  "device memory used as nvidia-smi reports it (sampled every 5 ms: a transient shorter than that "
                  "can be missed). See bench/assemble.py for `liger_layers`, `attention` and `nvml_leftover_gib`.",
         "environment": envs["run3"],  # the latest run's; every run's below
@@ -340,7 +340,7 @@ def write_levers(rows: list[dict]) -> dict:
                  "memory_saved_gib: the run with the lever off minus the run with it on (positive = the lever saves "
                  "memory; NVML compared without paged buffers that earlier runs of a process left). speed_ratio: "
                  "tokens/s with the lever on / off (0.6 = 40% slower, 2.0 = twice as fast). Each measurement names "
-                 "its two rows and file; the first is the headline. `checklist` is keyed by core.checklist item "
+                 "its two rows and file; the first is the headline. `checklist` is keyed by core.config.checklist item "
                  "keys, `levers` by engine setting. Written by `python -m bench.assemble` from the raw results.",
         "checklist": collect("checklist"),
         "levers": collect("levers"),

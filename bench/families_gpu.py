@@ -5,11 +5,11 @@
 1. Attention (DIR/attention.json): each tiny family of tests/families.py in bf16 on CUDA, q/k scaled so Gemma-2's
    soft-cap engages; packed rows through memtune's varlen attention (FlashAttention per row; eager per row where the
    model soft-caps) and through transformers' default (the `sdpa` setting) against each row alone under eager
-   attention; which path ran (core.attention.VARLEN_CALLS).
+   attention; which path ran (core.model.attention.VARLEN_CALLS).
 2. Families (DIR/<arch>/): `python -m bench.product --arch A --plan families-A` (one `python -m core.train --preset P`
    process per preset, NVML sampled from outside), the model folder removed after each arch (disk).
 3. DIR/families.json and DIR/families.md: per (arch, preset) the NVML peak, the estimate for the config the preset
-   gave for that model (core.estimate.fit_preset) with the run's longest row, the error, tokens/s, trainable parameters,
+   gave for that model (core.estimate.predict.fit_preset) with the run's longest row, the error, tokens/s, trainable parameters,
    LoRA modules.
 """
 
@@ -32,7 +32,7 @@ def attention_check(device: str) -> list[dict]:
 
     import torch
 
-    from core import attention as varlen
+    from core.model import attention as varlen
     from tests import families
     from tests.test_families import _rows, _sharpen
 
@@ -61,11 +61,11 @@ def attention_check(device: str) -> list[dict]:
 
 
 def estimates(out: Path, arch: str) -> list[dict]:
-    """The estimate for each run of `arch`, from the config the run saved and the preset as core.train applied it."""
+    """The estimate for each run of `arch`, from the config the run saved and the preset as core.train.recipe applied it."""
     from bench.archs import HUB_IDS
-    from core.estimate import fit_preset
-    from core.config import TrainConfig
-    from core.estimate import estimate
+    from core.estimate.predict import fit_preset
+    from core.config.settings import TrainConfig
+    from core.estimate.predict import estimate
 
     results = out / arch / "results.json"
     if not results.is_file():

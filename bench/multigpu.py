@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 
 from bench.product import ROOT, read_events, speeds, versions, write_dolly
-from core.vram import PeakTracker, device_count, device_used_bytes
+from core.estimate.vram import PeakTracker, device_count, device_used_bytes
 
 
 class AllGpus:
-    """Peak NVML 'used' per GPU while entered: one core.vram sampler per GPU (threads of this process; nothing inside
+    """Peak NVML 'used' per GPU while entered: one core.estimate.vram sampler per GPU (threads of this process; nothing inside
     the measured processes). No NVML (the CPU smoke run): no GPUs, empty lists."""
 
     def __init__(self, interval: float = 0.01):
@@ -61,8 +61,8 @@ VARIANTS = [  # (name, preset, processes, strategy, model); the effective batch 
 
 def run(name: str, preset: str, n: int, strategy: str, model: Path, data: Path, root: Path, steps: int,
         smoke: bool) -> dict:
-    from core.config import TrainConfig, apply_overrides
-    from core.presets import apply_preset
+    from core.config.settings import TrainConfig, apply_overrides
+    from core.config.presets import apply_preset
 
     base = apply_preset(TrainConfig(model=str(model), dataset=str(data), dataset_split="train", max_length=512,
                                     save_strategy="no", logging_steps=1, output_dir=str(root / "runs"), run_name=name),

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 @dataclass
 class Variant:
     name: str
-    preset: str = ""  # "" = a script (the chapter's, or the peer's: `peer`); else core.train --preset
+    preset: str = ""  # "" = a script (the chapter's, or the peer's: `peer`); else core.train.recipe --preset
     sets: list[str] = field(default_factory=list)  # --set field=value on top of the preset
     steps: int = 20
     warm: int = 3  # steady window = steps after this many

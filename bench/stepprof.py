@@ -2,7 +2,7 @@
 
     python -m bench.stepprof --out PROFILE.json [--cprofile-step 1] [--torch-steps A-B] -- --config F --preset P [...]
 
-The arguments after `--` are `python -m core.train`'s. The run is the CLI's own (`core.train_cli.main`: same
+The arguments after `--` are `python -m core.train`'s. The run is the CLI's own (`core.train.cli.main`: same
 config, preset, overrides, run folder, events; one process), plus a TrainerCallback that synchronizes CUDA at
 each step's boundaries (so a profiled run is a little slower than a measured one: never use its speed) and
 records, per optimizer step:
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cprofile-step", type=int, default=1)
     ap.add_argument("--torch-steps", default="", help="A-B: torch.profiler over optimizer steps A..B instead")
     args = ap.parse_args(ours)
-    from core.train_cli import main as train_main  # the CLI itself: same config, preset, overrides and run
+    from core.train.cli import main as train_main  # the CLI itself: same config, preset, overrides and run
 
     if args.torch_steps:
         from bench.profsum import torch_profile_callback

@@ -1,18 +1,18 @@
-"""Issue 5's proof: core.estimate's prediction for every measured row of bench/grid_measured.json.
+"""Issue 5's proof: core.estimate.predict's prediction for every measured row of bench/grid_measured.json.
 
     python -m bench.validate_estimate            # prints the tables, writes them into bench/RESULTS.md and the
                                                  # chapter's table to bench/CHAPTER_TABLE.md; exit 1 on a miss
     python -m bench.validate_estimate --no-write # the same check without touching RESULTS.md (tests/CI)
     python -m bench.validate_estimate --strict   # compare with the sampled NVML peak only (see "reference" below)
 
-For each row: the row's TrainConfig and the built-in shape of its hub id (core.shapes.SHAPES: never the Hugging
+For each row: the row's TrainConfig and the built-in shape of its hub id (core.model.shapes.SHAPES: never the Hugging
 Face cache), plus what is known about how the row ran (bench/assemble.py):
 - `liger_layers`: liger's RMSNorm/SwiGLU/RoPE were in the model (an earlier run of the process patched transformers'
   Llama module), passed as `estimate(..., liger_layers=)`;
 - `attention`: sdpa or varlen (bench/varlen.py), passed as `estimate(..., attention=)`;
 - full-row data (every row longer than max_length): `equal_length_rows=True` (no padding mask);
 - `nvml_leftover_gib`: paged optimizer buffers left on the GPU by earlier runs of the process, added to the predicted
-  NVML (core.estimate predicts a fresh process).
+  NVML (core.estimate.predict predicts a fresh process).
 
 Reference for the NVML check: the sampled NVML peak (every 5 ms). Where it is provably below the true peak, i.e.
 more than MISSED_MARGIN_GIB below what torch's own reserved peak implies (peak reserved + the process's measured
@@ -21,7 +21,7 @@ reference; the table marks those rows with `*` and `--strict` ignores this rule.
 its reference.
 
 Several GPUs (`--multigpu FILE ...`, default: MULTIGPU): rows of `python -m bench.multigpu` (one process tree per row,
-NVML sampled for every GPU from the bench process). Each row's per-GPU estimate (core.estimate for the row's config,
+NVML sampled for every GPU from the bench process). Each row's per-GPU estimate (core.estimate.predict for the row's config,
 world size and strategy) against the NVML peak of every GPU the run used: device-level "used" memory, the figure
 the one-GPU calibration uses too (it includes the driver's ~0.60 GiB floor). The config is the row's `config`
 (TrainConfig.to_dict()) when it records one, else rebuilt the way bench/multigpu.py builds it: the preset named by
@@ -39,10 +39,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.config import TrainConfig, apply_overrides
-from core.estimate import GIB, estimate
-from core.presets import PRESETS, apply_preset
-from core.shapes import SHAPES
+from core.config.settings import TrainConfig, apply_overrides
+from core.estimate.predict import GIB, estimate
+from core.config.presets import PRESETS, apply_preset
+from core.model.shapes import SHAPES
 
 HERE = Path(__file__).resolve().parent
 GRID = HERE / "grid_measured.json"
@@ -219,7 +219,7 @@ BF16_LORA_MEASURED = {"meta-llama/Llama-3.1-8B": (18.17, 19.80)}  # shared/gpu/B
 
 
 def chapter_table(rows: list[dict] | None = None) -> str:
-    from core.presets import apply_preset
+    from core.config.presets import apply_preset
 
     rows = load_rows() if rows is None else rows
     by = {(r["source"], r["name"]): r for r in rows}
@@ -258,9 +258,9 @@ def chapter_table(rows: list[dict] | None = None) -> str:
     return "\n".join(lines) + (
         "\n\nGPU memory used (NVML) in GiB, peak allocated by PyTorch in parentheses; the chapter's figures are in "
         "GB (1 GiB = 1.074 GB). \"bf16 weights alone\" is what the chapter's \"without\" column counts. memtune = "
-        "`core.estimate` (`python -m core.estimate --set model=... [--set ...]`); the chapter's recipe = max length "
+        "`core.estimate.predict` (`python -m core.estimate --set model=... [--set ...]`); the chapter's recipe = max length "
         "512, batch 1 x 16, 4-bit NF4 + double quant, fp32 upcast, LoRA r=16 on q,k,v,o, checkpointing, paged 8-bit "
-        "AdamW; lowest_memory = memtune's preset (core/presets.py). Measured on one H200 (bench/RESULTS.md): 8B and "
+        "AdamW; lowest_memory = memtune's preset (core/config/presets.py). Measured on one H200 (bench/RESULTS.md): 8B and "
         "14B in run 2, 70B in run 3; the 14B and 70B rows with every row longer than 512 tokens (the worst case), "
         "accumulation 2. The chapter's 13B is measured with the Qwen2.5-14B shape (14.8 B parameters, 152k "
         "vocabulary), the nearest architecture the benchmark builds; Llama-2 7B/13B are predicted only. `*`: the "
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             "process patched transformers' Llama module). `+`: the process held paged optimizer buffers of earlier "
             "runs (`nvml_leftover_gib`), added to the prediction. `*`: the 5 ms NVML sampler missed a transient; "
             "`>=` is the NVML that torch's reserved peak + the process's measured non-PyTorch memory (+ paged "
-            "buffers) imply, used as the reference (`--strict` ignores it and exits 1 on the two rows above). Predicted = `core.estimate` for the row's config and built-in shape "
+            "buffers) imply, used as the reference (`--strict` ignores it and exits 1 on the two rows above). Predicted = `core.estimate.predict` for the row's config and built-in shape "
             "(`python -m bench.validate_estimate`).")
     print(body)
     chapter = chapter_table()

@@ -1,6 +1,6 @@
 """Validation of a whole run: the config's own checks plus those that need other parts of memtune.
 
-core/config.py is a leaf (it imports none of memtune but its own helpers), so the checks that need the run folders
+core/config/settings.py is a leaf (it imports none of memtune but its own helpers), so the checks that need the run folders
 (resume), public mode or the multi-GPU plan cannot live there; `validate()` here adds them to
 `config.config_problems()`, and `check()` raises them all at once. Everything that asks "can this config run?" (the
 page, the CLI, the launcher) calls these two.
@@ -8,10 +8,10 @@ page, the CLI, the launcher) calls these two.
 
 from __future__ import annotations
 
-from core import distributed
-from core.config import ConfigError, Hardware, Problem, TrainConfig, config_problems
-from core.public import public_problems
-from core.runs import resume_problem
+from core.jobs import distributed
+from core.config.settings import ConfigError, Hardware, Problem, TrainConfig, config_problems
+from core.runs.public import public_problems
+from core.runs.folders import resume_problem
 
 
 def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:

@@ -4,17 +4,17 @@ Show code offers what trains exactly what the app trains:
 - `cli_command(cfg, ...)`: the headless command, listing only the settings that differ from the base (a saved file,
   the demo, or the defaults), each as one `--set field=value`;
 - `python_script(cfg)`: a short Python script that holds the settings as YAML (the file `--dump-config` writes) and
-  runs them through memtune's own recipe (`core.train.run_training`), as the CLI does.
+  runs them through memtune's own recipe (`core.train.recipe.run_training`), as the CLI does.
 
 Why no standalone re-implementation of the recipe (memtune once generated one, with core/data's functions copied
-in): a second copy cannot train what the engine trains. The engine trains its row plan (core.data.plan_rows: the
+in): a second copy cannot train what the engine trains. The engine trains its row plan (core.data.plan.plan_rows: the
 `long_prompts` cuts of over-long prompts, answers cut at max_length, multi-turn rows), patches attention
 (`attention: varlen`), resolves LoRA targets from the model's module tree, offloads embeddings, quantizes the
 output head, and checks the whole config before any work. A generated copy trained TRL's own truncation of other
 strings and lacked varlen attention; each new feature widened the gap. Calling the recipe keeps one sequence
 (config -> data plan -> model -> LoRA -> SFTTrainer -> adapter) and the same first losses by construction
 (tests/test_codegen.py checks it with over-long prompts and varlen attention). The library calls themselves are
-core/recipe.py's dicts, readable there.
+core/train/arguments.py's dicts, readable there.
 
 CLI:
     python -m core.codegen --config FILE.yaml [--set field=value ...]   # prints the script
@@ -31,7 +31,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from core.config import DEMO_DATASET, DEMO_MODEL, TrainConfig, demo_config
+from core.config.settings import DEMO_DATASET, DEMO_MODEL, TrainConfig, demo_config
 
 
 # --- the CLI ----------------------------------------------------------------------------------------------
@@ -88,7 +88,7 @@ def cli_command(cfg: TrainConfig, config_path: str | Path | None = None, base: T
 
 def accelerate_note(cfg: TrainConfig, config_path: str | Path = "memtune.yaml") -> str:
     """With several GPUs or machines: the `accelerate launch` line memtune runs for you, for those who keep one."""
-    from core.distributed import launch_command_text
+    from core.jobs.distributed import launch_command_text
 
     text = launch_command_text(cfg, str(config_path))
     if not text:
@@ -128,10 +128,11 @@ import threading
 
 sys.path.insert(0, {str(ROOT)!r})  # memtune's folder
 
-from core import distributed, launcher  # noqa: E402
-from core.config import TrainConfig  # noqa: E402
-from core.train import run_training  # noqa: E402
-from core.train_cli import console_sink  # noqa: E402
+from core.jobs import distributed  # noqa: E402
+from core.jobs import launcher
+from core.config.settings import TrainConfig  # noqa: E402
+from core.train.recipe import run_training  # noqa: E402
+from core.train.cli import console_sink  # noqa: E402
 
 SETTINGS = {_triple_quoted(config_yaml(cfg))}
 
@@ -158,7 +159,7 @@ if __name__ == "__main__":
 
 # --- command line -------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    from core.config import ConfigError, apply_overrides
+    from core.config.settings import ConfigError, apply_overrides
 
     parser = argparse.ArgumentParser(prog="python -m core.codegen",
                                      description="Print the standalone Python script that trains a configuration "

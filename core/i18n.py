@@ -2,7 +2,7 @@
 
 The tables are data: core/locales/{en,pt,fr}.json, one JSON object per language (key -> text). English help texts
 and checklist texts are not stored there: they are the config fields' own help (their `help` metadata) and
-`core.checklist.ITEMS`, so they cannot drift. `t(key, lang, **fmt)` returns the text for `key` in `lang` with its
+`core.config.checklist.ITEMS`, so they cannot drift. `t(key, lang, **fmt)` returns the text for `key` in `lang` with its
 {placeholders} filled; a language or key that is missing falls back to English (then to the key itself), so a gap
 shows as English text, never as a crash. Tests check that every key exists in every language with the same
 placeholders, and that every key the page asks for exists.
@@ -34,8 +34,8 @@ def _english() -> dict[str, str]:
     """en.json plus what English takes from the engine itself: the settings' help and the checklist."""
     from dataclasses import fields
 
-    from core.checklist import ITEMS
-    from core.config import TrainConfig
+    from core.config.checklist import ITEMS
+    from core.config.settings import TrainConfig
 
     table = _load("en")
     table.update({f"help.{f.name}": f.metadata.get("help", "") for f in fields(TrainConfig)})

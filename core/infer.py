@@ -1,13 +1,13 @@
 """Try it: answer a prompt with the base model and with base + a saved adapter, side by side, streaming.
 
 - `format_prompt(tokenizer, text)` formats the user's text exactly as a training prompt was formatted: it runs
-  the text through core.data's own row formatter (chat template when the tokenizer has one, else the default
+  the text through core.data.plan's own row formatter (chat template when the tokenizer has one, else the default
   Alpaca-style template), so the two can never drift apart.
 - `generate_stream(model, tokenizer, prompt, ...)` yields the answer so far while `model.generate` runs in a
   thread (transformers' TextIteratorStreamer). Closing the iterator (a Stop button, a closed tab) stops the
   generation at the next token.
 - `Comparer` keeps ONE model in memory: the base + the adapter last asked for, loaded fresh by
-  core.model.load_with_adapter. Another adapter means: drop the old model (del, gc, empty the CUDA cache), load a
+  core.model.load.load_with_adapter. Another adapter means: drop the old model (del, gc, empty the CUDA cache), load a
   new base. The "base" answer comes from the same PeftModel with its adapter disabled, so LoRA layers never stack
   on a reused model and the base is the very same (quantized) weights the adapter was trained on.
 
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from core.config import ConfigError, TrainConfig
-from core.files import free_memory
+from core.config.settings import ConfigError, TrainConfig
+from core.runs.files import free_memory
 
-ADAPTER_CONFIG = "memtune.yaml"  # the TrainConfig that trained the adapter (written by core.train.save_adapter)
+ADAPTER_CONFIG = "memtune.yaml"  # the TrainConfig that trained the adapter (written by core.train.recipe.save_adapter)
 
 
 class InferError(RuntimeError):
@@ -37,12 +37,12 @@ class InferError(RuntimeError):
 def format_prompt(tokenizer: Any, user_text: str, context: str = "") -> str:
     """The prompt a training row with this instruction (and optional context) had, ready for generation.
 
-    One dolly row goes through core.data.to_sft, the function that formatted the training data, so the chat
+    One dolly row goes through core.data.plan.to_sft, the function that formatted the training data, so the chat
     template (or default template), the BOS handling and any later change there apply here too.
     """
     import datasets
 
-    from core import data
+    from core.data import plan as data
 
     text = (user_text or "").strip()
     if not text:
@@ -253,7 +253,7 @@ class Comparer:
             self._lock.release()
 
     def _load(self, adapter_dir: Path, trust_remote_code: bool = False) -> Loaded:
-        from core import model as model_lib
+        from core.model import load as model_lib
 
         cfg = _runnable(adapter_config(adapter_dir, trust_remote_code=trust_remote_code))
         key = _key(adapter_dir)

@@ -42,8 +42,8 @@ def offline_if_unreachable(cfg, timeout_s: float = 3.0) -> bool:
     import socket
     from urllib.parse import urlparse
 
-    from core.config import DEMO_DATASET, DEMO_MODEL
-    from core.datafiles import is_local
+    from core.config.settings import DEMO_DATASET, DEMO_MODEL
+    from core.data.read import is_local
 
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         return False

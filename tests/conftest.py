@@ -83,7 +83,7 @@ def pytest_sessionfinish(session):
 
 @pytest.fixture(scope="session")
 def demo_model_path() -> Path:
-    from core.demo import ensure_demo_model
+    from core.demo.score import ensure_demo_model
 
     return ensure_demo_model()
 
@@ -118,8 +118,8 @@ def finished_run(tmp_path_factory, demo_model_path) -> FinishedRun:
     needs "a finished run". Tests must not write into its folder: copy it first."""
     from transformers import TrainerCallback
 
-    from core.config import demo_config
-    from core.train import run_training
+    from core.config.settings import demo_config
+    from core.train.recipe import run_training
 
     class Keep(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kw):

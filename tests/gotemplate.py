@@ -1,4 +1,4 @@
-"""A Go text/template evaluator for the subset memtune writes into Ollama Modelfiles (core/gguf_export.py), so
+"""A Go text/template evaluator for the subset memtune writes into Ollama Modelfiles (core/export/gguf_export.py), so
 tests can render an Ollama TEMPLATE and compare it with the Hugging Face chat template it stands for.
 
 Supported: literal text, {{- and -}} trimming, {{ .Field }}, {{ "string" }}, {{ $v := "x" }} / {{ $v = .Role }},

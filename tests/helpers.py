@@ -23,8 +23,8 @@ def group_members(pgid: int) -> list[int]:
 
 def checkpointed_run(out: Path, name: str, max_steps: int, save_steps: int):
     """A real demo run in `out`, logging every step and checkpointing every `save_steps` (its RunResult)."""
-    from core.config import demo_config
-    from core.train import run_training
+    from core.config.settings import demo_config
+    from core.train.recipe import run_training
 
     result = run_training(demo_config(output_dir=str(out), run_name=name, max_steps=max_steps,
                                       save_strategy="steps", save_steps=save_steps, logging_steps=1))
@@ -38,7 +38,7 @@ def train_cli(capfd, *argv: str) -> tuple[int, str, str]:
     SIGTERM/SIGINT handlers main() installs for a run."""
     import signal
 
-    from core.train_cli import main
+    from core.train.cli import main
 
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     capfd.readouterr()
@@ -52,11 +52,11 @@ def train_cli(capfd, *argv: str) -> tuple[int, str, str]:
 
 
 def rendered_rows(cfg, tokenizer):
-    """(rows, format): the strings core.data renders for `cfg`'s data (prompt/completion or text, every non-empty
+    """(rows, format): the strings core.data.plan renders for `cfg`'s data (prompt/completion or text, every non-empty
     row, before any max_length cut), after the engine's own checks of the data (plan_rows: its DataError)."""
     import datasets
 
-    from core import data
+    from core.data import plan as data
 
     raw, fmt = data.check_data(cfg)
     data.plan_rows(cfg, tokenizer, raw, fmt, n_examples=0)
@@ -67,7 +67,7 @@ def rendered_rows(cfg, tokenizer):
 
 def checklist_texts(lang: str) -> list[tuple[str, str, str]]:
     """(item key, label, trade-off) of the seven checklist items, in the chapter's order, in `lang`."""
-    from core.checklist import ITEMS
+    from core.config.checklist import ITEMS
     from core.i18n import t
 
     return [(item.key, t(f"checklist.{item.key}.label", lang), t(f"checklist.{item.key}.tradeoff", lang))

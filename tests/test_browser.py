@@ -255,7 +255,7 @@ def click_and_check_saving(pg, key: str) -> None:
 
 
 def test_the_gauge_moves_by_what_each_checklist_line_says_it_saves(page):
-    from core.checklist import ITEMS
+    from core.config.checklist import ITEMS
 
     keys = [item.key for item in ITEMS]
     page.get_by_role("tab", name="2 · Memory checklist").click()

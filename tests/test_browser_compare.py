@@ -10,8 +10,8 @@ pytestmark = pytest.mark.skipif(MISSING is not None and not REQUIRED, reason=MIS
 
 @pytest.fixture
 def two_runs(server, demo_model_path):
-    from core.config import demo_config
-    from core.train import run_training
+    from core.config.settings import demo_config
+    from core.train.recipe import run_training
 
     folder = server["work"] / "compare-runs"  # not the app's default folder: no other test sees these runs
     runs = []

@@ -2,9 +2,9 @@
 
 import pytest
 
-from core import checklist
+from core.config import checklist
 from core.checks import validate
-from core.config import TrainConfig, demo_config, Hardware
+from core.config.settings import TrainConfig, demo_config, Hardware
 
 HW = Hardware(cuda=True, bf16=True, bitsandbytes=True)
 

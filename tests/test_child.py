@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from core.config import demo_config
-from core.jobs import JobManager
-from core.jobview import job_view
+from core.config.settings import demo_config
+from core.jobs.manager import JobManager
+from core.jobs.view import job_view
 from tests.helpers import group_members, train_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,8 +134,8 @@ def test_a_child_whose_app_died_stops_and_saves(tmp_path, demo_model_path):
     """The app killed with SIGKILL cannot clean up: the child notices its parent is gone, stops and saves."""
     script = (
         "import sys, time\n"
-        "from core.config import demo_config\n"
-        "from core.jobs import JobManager\n"
+        "from core.config.settings import demo_config\n"
+        "from core.jobs.manager import JobManager\n"
         f"job = JobManager().start(demo_config(max_steps=100000, output_dir={str(tmp_path / 'runs')!r},"
         " run_name='orphan'))\n"
         "print(job.pid, flush=True)\n"
@@ -161,8 +161,8 @@ def test_sigterm_to_the_app_ends_its_training_child(tmp_path, demo_model_path):
     script = (
         "import os, signal, time\n"
         "import app\n"
-        "from core.config import demo_config\n"
-        "from core.jobs import MANAGER\n"
+        "from core.config.settings import demo_config\n"
+        "from core.jobs.manager import MANAGER\n"
         "app.end_training_on_exit()\n"
         f"job = MANAGER.start(demo_config(max_steps=100000, output_dir={str(tmp_path / 'runs')!r}, run_name='app'))\n"
         "print(job.pid, flush=True)\n"

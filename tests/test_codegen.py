@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from core import codegen
-from core.config import TrainConfig, demo_config
-from core.train import run_training
+from core.config.settings import TrainConfig, demo_config
+from core.train.recipe import run_training
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,7 +3,7 @@
 import pytest
 
 from core.checks import validate
-from core.config import ConfigError, Hardware, TrainConfig, apply_overrides, demo_config
+from core.config.settings import ConfigError, Hardware, TrainConfig, apply_overrides, demo_config
 
 GPU = Hardware(cuda=True, bf16=True, bitsandbytes=True, liger=True)
 OLD_GPU = Hardware(cuda=True, bf16=False, bitsandbytes=True)

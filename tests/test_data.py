@@ -1,4 +1,4 @@
-"""core.data: loading, format detection, SFT conversion, preview and every bad-input message.
+"""core.data.plan: loading, format detection, SFT conversion, preview and every bad-input message.
 
 Longer than ~400 lines: one test per bad input (each with its message) is the point of this file, and they
 share the tokenizer and data fixtures."""
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from core import data
-from core.config import DEMO_DATASET, TrainConfig, demo_config
-from core.data import DataError
+from core.data import plan as data
+from core.config.settings import DEMO_DATASET, TrainConfig, demo_config
+from core.data.plan import DataError
 from tests.helpers import rendered_rows, train_cli
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -29,7 +29,7 @@ def demo_dir(tmp_path_factory):
     """MEMTUNE_HOME and the datasets cache in a temp dir, and the demo model built there."""
     import datasets
 
-    from core.demo import ensure_demo_model
+    from core.demo.score import ensure_demo_model
 
     home = tmp_path_factory.mktemp("memtune_home")
     with pytest.MonkeyPatch.context() as mp:
@@ -79,11 +79,11 @@ def error_of(fn, *args) -> str:
 
 # --- demo set --------------------------------------------------------------------------------------------
 def test_demo_set_loads_as_dolly(tok):
-    from core.demo import DEMO_DATA, demo_rows
+    from core.demo.score import DEMO_DATA, demo_rows
 
     raw = data.load_raw(DEMO_DATASET, "train")
     n_lines = sum(1 for line in DEMO_DATA.read_text(encoding="utf-8").splitlines() if line.strip())
-    # 2 phrasings x 50 words = 100 rows (core.demo)
+    # 2 phrasings x 50 words = 100 rows (core.demo.score)
     assert len(raw) == n_lines == len(demo_rows())
     assert data.detect_format(raw) == "dolly"
     rows, fmt = rendered_rows(demo_config(), tok)
@@ -570,9 +570,9 @@ def test_nothing_to_train_is_explained_with_the_max_length_that_fits(tmp_path, t
 def test_run_trains_exactly_the_planned_rows_and_reports_the_counts(tmp_path, demo_model_path, capsys):
     from transformers import TrainerCallback
 
-    from core.events import read_events
-    from core.train import run_training
-    from core.train_cli import console_sink
+    from core.train.events import read_events
+    from core.train.recipe import run_training
+    from core.train.cli import console_sink
 
     class Seen(TrainerCallback):
         def on_train_begin(self, args, state, control, train_dataloader=None, **kw):
@@ -608,7 +608,7 @@ def AutoTokenizerOf(path):
 
 
 def test_run_refuses_before_loading_the_model_when_nothing_would_train(tmp_path, demo_model_path):
-    from core.train import run_training
+    from core.train.recipe import run_training
 
     path = write_jsonl(tmp_path / "long.jsonl", [{"instruction": "Summarise", "context": LONG, "response": "ok"}] * 4)
     events: list = []
@@ -623,7 +623,7 @@ def test_run_refuses_before_loading_the_model_when_nothing_would_train(tmp_path,
 
 
 def test_data_is_checked_before_the_model_is_looked_up(tmp_path):
-    from core.train import run_training
+    from core.train.recipe import run_training
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"instruction": "a", "response": "b"}\n{"instruction": "cut off\n', encoding="utf-8")

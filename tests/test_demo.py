@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from core.demo import DEMO_DATA, TEMPLATES, WORDS, demo_answers, demo_rows, score_adapter
+from core.demo.score import DEMO_DATA, TEMPLATES, WORDS, demo_answers, demo_rows, score_adapter
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,7 +34,7 @@ def test_score_counts_exact_greedy_answers(finished_run):
 
 
 def test_no_gpu_driver_never_hides_a_gpu_torch_can_use():
-    proc = subprocess.run([sys.executable, "-c", "import sys; from core.config import no_gpu_driver; "
+    proc = subprocess.run([sys.executable, "-c", "import sys; from core.config.settings import no_gpu_driver; "
                            "print(no_gpu_driver(), 'torch' in sys.modules)"],
                           cwd=ROOT, capture_output=True, text=True, check=True)
     no_gpu, imported_torch = proc.stdout.split()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from core import distributed
+from core.jobs import distributed
 from core.checks import validate
-from core.config import Hardware, TrainConfig
+from core.config.settings import Hardware, TrainConfig
 
 CPU = Hardware(cuda=False, bf16=True, bitsandbytes=True)
 TWO_GPUS = Hardware(cuda=True, bf16=True, bitsandbytes=True, gpus=2)
@@ -108,7 +108,7 @@ def test_two_processes_over_loopback_train_one_adapter_and_rank_0_alone_writes(t
     of both processes. Every 2-process run costs seconds of imports per process, so this one checks it all."""
     port = free_port()
     config = tmp_path / "two.yaml"
-    from core.config import demo_config
+    from core.config.settings import demo_config
 
     # 10 rows per process and step: the 1-process run below takes the same 20 rows per step as 10 x 2 accumulation.
     cfg = demo_config(device="cpu", num_gpus="1", num_machines=2, main_process_ip="127.0.0.1", main_process_port=port,
@@ -135,7 +135,7 @@ def test_two_processes_over_loopback_train_one_adapter_and_rank_0_alone_writes(t
     assert len(losses) == 8 and losses[-1] < losses[0], losses
     # The same effective batch on one process (10 rows x 2 accumulation) sees the same rows in every optimizer step
     # (accelerate hands rank r every other batch of the one seeded order): the loss curves must agree, step by step.
-    from core.train import run_training
+    from core.train.recipe import run_training
 
     one = run_training(cfg.replace(num_machines=1, main_process_ip="", gradient_accumulation_steps=2,
                                    output_dir=str(tmp_path / "one")))
@@ -149,9 +149,9 @@ def test_stop_during_a_two_process_run_saves_the_adapter_and_leaves_no_process(t
 
     import psutil
 
-    from core.config import demo_config
-    from core.jobs import JobManager
-    from core.jobview import job_view
+    from core.config.settings import demo_config
+    from core.jobs.manager import JobManager
+    from core.jobs.view import job_view
 
     mgr = JobManager()
     job = mgr.start(demo_config(device="cpu", num_gpus="2", main_process_port=free_port(), max_steps=100000,
@@ -169,7 +169,7 @@ def test_stop_during_a_two_process_run_saves_the_adapter_and_leaves_no_process(t
     from tests.helpers import group_members
 
     assert not group_members(pgid)
-    # the workers' own sessions too: no core.train process of this run is left anywhere
+    # the workers' own sessions too: no core.train.recipe process of this run is left anywhere
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
 
@@ -179,8 +179,8 @@ def test_fsdp_on_the_cpu(tmp_path, demo_model_path):
     script = tmp_path / "fsdp_probe.py"
     script.write_text("import torch\nfrom accelerate import Accelerator\nacc = Accelerator()\n"
                       "model = acc.prepare(torch.nn.Linear(4, 4))\nacc.backward(model(torch.ones(2, 4)).sum())\n")
-    from core import distributed
-    from core.config import demo_config
+    from core.jobs import distributed
+    from core.config.settings import demo_config
 
     cfg = demo_config(device="cpu", num_gpus="2", distributed_strategy="fsdp", main_process_port=free_port())
     argv = distributed.worker_argv(distributed.plan(cfg, n_gpus=0), cfg, "unused")

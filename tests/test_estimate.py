@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from core.checklist import ITEMS
-from core.config import DEMO_MODEL, TrainConfig
-from core.estimate import (CUBLAS_WORKSPACE, GIB, Estimate, FitError, estimate, fit_to_gpu, layer_bytes_per_token, main,
+from core.config.checklist import ITEMS
+from core.config.settings import DEMO_MODEL, TrainConfig
+from core.estimate.predict import (CUBLAS_WORKSPACE, GIB, Estimate, FitError, estimate, fit_to_gpu, layer_bytes_per_token, main,
                            nf4_bytes, savings)
-from core.presets import apply_preset
-from core.shapes import SHAPES, ShapeError, get_shape
+from core.config.presets import apply_preset
+from core.model.shapes import SHAPES, ShapeError, get_shape
 
 ROOT = Path(__file__).resolve().parent.parent
 L8B = SHAPES["meta-llama/Llama-3.1-8B"]
@@ -178,7 +178,7 @@ def test_checkpointing_saves_at_long_rows():
     assert off.total_gib - on.total_gib > 5
 
 
-# --- the engine's levers (core/model.py, core/presets.py) -------------------------------------------------------------
+# --- the engine's levers (core/model/load.py, core/config/presets.py) -------------------------------------------------------------
 LOW = apply_preset(SEED, "lowest_memory")
 FAST = apply_preset(SEED, "fastest")
 
@@ -271,7 +271,7 @@ def test_the_seed_recipe_exactly():
 def test_the_engine_demo_measured_on_cuda(demo_model_path):
     # bench/results/2026-11-29-run3-engine-demo-cuda.txt: `python -m core.train --demo --set device=cuda` peaked at
     # 0.066 GiB allocated / 0.086 reserved / 1.435 GiB NVML (the CUDA context, nearly all of it)
-    from core.config import demo_config
+    from core.config.settings import demo_config
 
     # that run used the demo of the time: micro-batch 8 (the same 2-layer, 64-wide model; the demo now uses 20)
     est = estimate(demo_config(device="cuda", per_device_train_batch_size=8))
@@ -376,7 +376,7 @@ def test_cli_as_a_module():
 
 
 def test_cli_accepts_a_preset_like_core_train(capsys):
-    from core.config import Hardware
+    from core.config.settings import Hardware
 
     assert main(["--json", "--preset", "lowest_memory"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -388,8 +388,8 @@ def test_cli_accepts_a_preset_like_core_train(capsys):
 
 
 def test_the_output_says_which_length_assumption_it_used(demo_model_path, capsys):
-    from core import data
-    from core.config import demo_config
+    from core.data import plan as data
+    from core.config.settings import demo_config
 
     base = ["--set", f"model={DEMO_MODEL}", "--set", "dataset=memtune/demo", "--set", "dataset_split=train",
             "--set", "per_device_train_batch_size=8", "--set", "max_length=256", "--json"]
@@ -440,7 +440,7 @@ def test_the_validator_reads_run5_as_these_configs():
 
 
 def test_ddp_adds_buckets_broadcast_and_nccl_buffers_to_a_whole_model_per_gpu():
-    from core.estimate_multi import BROADCAST_BUCKET, NCCL_BUFFERS
+    from core.estimate.multi import BROADCAST_BUCKET, NCCL_BUFFERS
 
     one, two = estimate(FAST, L8B), estimate(FAST.replace(num_gpus="2", distributed_strategy="ddp"), L8B)
     grads = 2 * L8B.lora_params(FAST.lora_r, FAST.lora_target_modules)  # bf16 LoRA grads: one bucket copy

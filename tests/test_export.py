@@ -9,8 +9,8 @@ import zipfile
 import pytest
 import torch
 
-from core import export
-from core.export import (ExportError, merge_adapter, merge_memory_check, merge_size, push_to_hub,
+from core.export import adapter as export
+from core.export.adapter import (ExportError, merge_adapter, merge_memory_check, merge_size, push_to_hub,
                          safetensors_params, zip_adapter)
 from core.infer import adapter_config
 
@@ -50,7 +50,7 @@ def test_default_merge_adds_the_delta_to_the_dequantized_4bit_weights(adapter_di
     from peft import PeftModel
     from safetensors.torch import load_file
 
-    from core.model import load_model
+    from core.model.load import load_model
 
     out, _ = merged
     record = json.loads((out / "memtune-merge.json").read_text())
@@ -94,7 +94,7 @@ def test_original_merge_gives_the_logits_of_base_plus_adapter(adapter_dir, merge
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from core.model import load_model
+    from core.model.load import load_model
 
     out, steps = merged_original
     assert [f for f, _ in steps] == sorted(f for f, _ in steps) and steps[-1][0] == 1.0
@@ -152,11 +152,11 @@ def test_memory_check_and_warning(adapter_dir, monkeypatch):
 
 
 def test_parameter_count_falls_back_to_safetensors_headers(adapter_dir, monkeypatch, demo_model_path):
-    import core.shapes
+    import core.model.shapes
 
     cfg = adapter_config(adapter_dir)
     expected = safetensors_params(demo_model_path)
-    monkeypatch.setattr(core.shapes, "get_shape", lambda model: (_ for _ in ()).throw(ValueError(model)))
+    monkeypatch.setattr(core.model.shapes, "get_shape", lambda model: (_ for _ in ()).throw(ValueError(model)))
     assert export.parameter_count(cfg) == expected
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core import attention as varlen
+from core.model import attention as varlen
 from tests import families
 
 ROWS = (13, 19, 7)  # longer than every tiny sliding window (8), so the window engages
@@ -154,9 +154,9 @@ def family_dirs(tmp_path_factory):
 
 
 def _train(tmp_path, folder, preset: str, **changes):
-    from core.config import Hardware, demo_config
-    from core.presets import apply_preset
-    from core.train import run_training
+    from core.config.settings import Hardware, demo_config
+    from core.config.presets import apply_preset
+    from core.train.recipe import run_training
 
     cfg = demo_config(model=str(folder), output_dir=str(tmp_path / "runs"), max_steps=1, logging_steps=1,
                       lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], **changes)
@@ -177,7 +177,7 @@ PAIRS = [(n, "fastest") for n in families.NAMES] + [(n, p) for n in ("gemma2", "
 def test_every_preset_trains_every_family_with_lora_where_asked(name, preset, family_dirs, tmp_path):
     import json
 
-    from core import lora_targets
+    from core.model import lora_targets
 
     folder = family_dirs(name)
     result, events = _train(tmp_path, folder, preset)
@@ -194,11 +194,11 @@ def test_every_preset_trains_every_family_with_lora_where_asked(name, preset, fa
 @pytest.mark.parametrize("name", families.NAMES)
 def test_lora_targets_resolve_on_the_meta_device_and_the_estimator_counts_the_same(name, tmp_path):
     """Resolved from config.json alone (no weights): Phi-3's q,k,v,o land on qkv_proj + o_proj; an unknown name is
-    refused with the model's linear layers; the estimator's LoRA size (core/shapes.py) is the same count."""
-    from core import lora_targets
-    from core.config import ConfigError, TrainConfig
-    from core.model import lora_targets as cfg_targets
-    from core.shapes import get_shape
+    refused with the model's linear layers; the estimator's LoRA size (core/model/shapes.py) is the same count."""
+    from core.model import lora_targets
+    from core.config.settings import ConfigError, TrainConfig
+    from core.model.load import lora_targets as cfg_targets
+    from core.model.shapes import get_shape
 
     families.hf_config(name).save_pretrained(tmp_path)  # config.json only: the tree is built on the meta device
     shape = get_shape(str(tmp_path))
@@ -219,10 +219,10 @@ def test_a_model_outside_the_matrix_trains_on_the_generic_path_with_one_line_say
     log says once that it is not verified. A model that cannot work (T5: not a causal LM) is refused by name."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from core.config import demo_config
-    from core.demo import ensure_demo_model
-    from core.model import ModelError
-    from core.train import run_training
+    from core.config.settings import demo_config
+    from core.demo.score import ensure_demo_model
+    from core.model.load import ModelError
+    from core.train.recipe import run_training
 
     folder = tmp_path / "gpt2"
     torch.manual_seed(0)
@@ -242,15 +242,15 @@ def test_a_model_outside_the_matrix_trains_on_the_generic_path_with_one_line_say
     assert sum("not in memtune's support matrix" in line for line in logs) == 1
     t5 = tmp_path / "t5"
     AutoConfig.for_model("t5").save_pretrained(t5)
-    from core.model import lora_targets
+    from core.model.load import lora_targets
 
     with pytest.raises(ModelError, match="not a causal"):
         lora_targets(demo_config(model=str(t5)), str(t5))
 
 
 def test_readme_support_matrix_lists_every_verified_family():
-    """README's table and the code's matrix (core/families.py) and test models (tests/families.py) agree."""
-    from core.families import VERIFIED
+    """README's table and the code's matrix (core/model/families.py) and test models (tests/families.py) agree."""
+    from core.model.families import VERIFIED
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     table = readme.split("## Support matrix", 1)[1].split("\n\n- ", 1)[0]
@@ -264,7 +264,7 @@ def test_readme_support_matrix_lists_every_verified_family():
 def test_the_data_preview_says_which_modules_get_lora(family_dirs):
     """Phi-3's chapter targets, as the preview shows them before training: the fused qkv_proj and o_proj, the
     layer count and the trainable parameters, in the page's language."""
-    from core.config import demo_config
+    from core.config.settings import demo_config
     from ui.data import preview
 
     folder = family_dirs("phi3")

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from core.gguf import GGUFError, llama3_rope_factors, parse_formats
-from core.gguf_export import export_gguf, plan_gguf
+from core.export.gguf import GGUFError, llama3_rope_factors, parse_formats
+from core.export.gguf_export import export_gguf, plan_gguf
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["### Instruction:\nTranslate the word 'cat' into French.\n\n### Response:\nchat",
@@ -42,7 +42,7 @@ def exported(adapter):
 
 @pytest.fixture(scope="module")
 def merged(adapter, tmp_path_factory) -> Path:
-    from core.export import merge_adapter
+    from core.export.adapter import merge_adapter
 
     return merge_adapter(adapter, tmp_path_factory.mktemp("merged") / "m")
 
@@ -286,7 +286,7 @@ def test_refusals_say_what_is_supported(tmp_path, adapter):
 def test_not_enough_disk_is_refused_before_anything_is_written(tmp_path, adapter, monkeypatch):
     import shutil
 
-    import core.gguf_export as ge
+    import core.export.gguf_export as ge
 
     real = shutil.disk_usage
     monkeypatch.setattr(ge.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
@@ -332,7 +332,7 @@ def test_token_types_follow_llama_cpp_converter_order(tmp_path, demo_model_path)
     config.json's bos_token_id, as llama.cpp's converter writes it for Qwen2."""
     import shutil
 
-    from core.gguf import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_USER_DEFINED, _token_type,
+    from core.export.gguf import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_USER_DEFINED, _token_type,
                            tokenizer_metadata)
 
     added = {"<0x0A>": {"special": True}, "<|im_end|>": {"special": False}, "<custom>": {"special": False},
@@ -374,7 +374,7 @@ def test_export_tab_handlers(adapter, tmp_path):
 
 def test_family_settings_llama_cpp_would_run_differently_are_refused():
     """Settings llama.cpp hard-codes per family are checked, not silently exported wrong."""
-    from core.gguf import GGUFError, _family_metadata
+    from core.export.gguf import GGUFError, _family_metadata
 
     gemma = dict(architectures=["Gemma2ForCausalLM"], num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
                  head_dim=32, query_pre_attn_scalar=64)
@@ -387,7 +387,7 @@ def test_family_settings_llama_cpp_would_run_differently_are_refused():
                rope_parameters={"rope_type": "longrope", "long_factor": [1.0], "short_factor": [1.0]})
     with pytest.raises(GGUFError, match="longrope.*128k"):
         _family_metadata(None, phi, "phi3", 16)
-    from core.gguf import family
+    from core.export.gguf import family
 
     for name in ("MixtralForCausalLM", "Gemma3ForConditionalGeneration"):
         with pytest.raises(GGUFError, match=name):
@@ -402,7 +402,7 @@ def test_sentencepiece_style_tokenizer_round_trips(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, LlamaTokenizer
 
-    from core.demo import demo_rows
+    from core.demo.score import demo_rows
 
     corpus = [f"### Instruction:\n{r['instruction']}\n\n### Response:\n{r['response']}" for r in demo_rows()]
     specials = ["<unk>", "<s>", "</s>", *(f"<0x{i:02X}>" for i in range(256))]
@@ -456,8 +456,8 @@ def test_ollama_template_renders_what_the_chat_template_renders(path, demo_model
     """The Modelfile's TEMPLATE, rendered as Ollama renders it (tests/gotemplate.py), is the HF chat template's
     text for the same messages: default system turns (Qwen2.5's, Llama-3.1's date header) and end-of-turn tokens
     included. A template that moves the system turn into a later message (Mistral-Nemo) is refused by name."""
-    from core.gguf import GGUFError
-    from core.gguf_export import chat_pieces, go_chat_template
+    from core.export.gguf import GGUFError
+    from core.export.gguf_export import chat_pieces, go_chat_template
     from tests import gotemplate
 
     tok = _with_template(demo_model_path, path.read_text(encoding="utf-8"))
@@ -482,11 +482,11 @@ def test_ollama_template_renders_what_the_chat_template_renders(path, demo_model
 
 def test_memtune_chat_template_is_the_training_prompt(demo_model_path):
     """Base models get memtune's own prompt format as their GGUF chat template: rendered by transformers (Jinja, as
-    llama.cpp and chat front-ends render it) it is exactly what core.formats trains on, for one turn, a system
+    llama.cpp and chat front-ends render it) it is exactly what core.data.formats trains on, for one turn, a system
     turn, several turns, and a finished conversation (+ the answer and EOS); the Modelfile's plain template too."""
-    from core.formats import _render_default
-    from core.gguf import MEMTUNE_CHAT_TEMPLATE
-    from core.gguf_export import PLAIN_TEMPLATE
+    from core.data.formats import _render_default
+    from core.export.gguf import MEMTUNE_CHAT_TEMPLATE
+    from core.export.gguf_export import PLAIN_TEMPLATE
     from tests import gotemplate
 
     tok = _with_template(demo_model_path, MEMTUNE_CHAT_TEMPLATE)

@@ -1,4 +1,4 @@
-"""Run history over folders written by the real engine (core.train.run_training on the demo), plus damaged ones."""
+"""Run history over folders written by the real engine (core.train.recipe.run_training on the demo), plus damaged ones."""
 
 import json
 import os
@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from core.config import TrainConfig
-from core.events import read_events
-from core.files import write_marker
-from core.history import (HistoryError, adapter_choices, delete_run, list_runs, load_run, resume_config,
+from core.config.settings import TrainConfig
+from core.train.events import read_events
+from core.runs.files import write_marker
+from core.runs.history import (HistoryError, adapter_choices, delete_run, list_runs, load_run, resume_config,
                           run_info)
-from core.train import run_training
+from core.train.recipe import run_training
 from tests.helpers import checkpointed_run
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from core import checklist
-from core.config import TrainConfig
-from core.history import HEADERS
+from core.config import checklist
+from core.config.settings import TrainConfig
+from core.runs.history import HEADERS
 from core.i18n import EN, LANGUAGES, STRINGS, detect_language, request_language, t
 from tests.chapter import CHAPTER_FR, CHAPTER_PT
 from tests.helpers import checklist_texts

@@ -37,12 +37,12 @@ def imported_modules(name: str, file: Path, modules: dict[str, Path]) -> set[str
             if node.level:  # relative: `from . import x`, `from .x import y`
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            # `from core import config` imports the submodule core.config; `from core.config import X`, core.config
+            # `from core import config` imports the submodule core.config.settings; `from core.config.settings import X`, core.config.settings
             targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
         else:
             continue
         for target in targets:
-            while target and target not in modules:  # `import core.config.x` -> core.config
+            while target and target not in modules:  # `import core.config.settings.x` -> core.config.settings
                 target = target.rpartition(".")[0]
             if target and target != name:
                 found.add(target)
@@ -111,15 +111,15 @@ def _closed_path(start: str, group: set[str], graph: dict[str, set[str]]) -> lis
 
 def test_the_walk_sees_the_project_and_its_function_level_imports(tmp_path):
     graph = import_graph()
-    assert {"app", "ui.layout", "core.config", "core.train", "bench.product", "scripts.tutorial"} <= set(graph)
-    assert "core.config" in graph["core.data"]  # a module-level import
+    assert {"app", "ui.layout", "core.config.settings", "core.train.recipe", "bench.product", "scripts.tutorial"} <= set(graph)
+    assert "core.config.settings" in graph["core.data.plan"]  # a module-level import
     assert "ui.layout" in graph["app"] or "ui" in graph["app"]  # app builds the page
     # an import inside a function body counts, relative and `from package import module` forms resolve
     source = tmp_path / "x.py"
-    source.write_text("import os\nfrom . import y\n\ndef f():\n    from core.config import TrainConfig\n"
+    source.write_text("import os\nfrom . import y\n\ndef f():\n    from core.config.settings import TrainConfig\n"
                       "    from ui import layout\n")
-    known = {"pkg.x": source, "pkg.y": source, "core.config": source, "ui": source, "ui.layout": source}
-    assert imported_modules("pkg.x", source, known) == {"pkg.y", "core.config", "ui.layout"}
+    known = {"pkg.x": source, "pkg.y": source, "core.config.settings": source, "ui": source, "ui.layout": source}
+    assert imported_modules("pkg.x", source, known) == {"pkg.y", "core.config.settings", "ui.layout"}
     fake = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(fake) == [["a", "b", "c", "a"]]
     assert circles({"a": {"b"}, "b": set()}) == []

@@ -1,6 +1,6 @@
 """Try it on the CPU with the real stack: the demo trained for a few steps, reloaded from its adapter folder.
 
-Nothing is mocked: adapters come from core.train.run_training, models from core.model.load_with_adapter.
+Nothing is mocked: adapters come from core.train.recipe.run_training, models from core.model.load.load_with_adapter.
 """
 
 import gc
@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from core.config import demo_config
-from core.data import load_raw
+from core.config.settings import demo_config
+from core.data.plan import load_raw
 from core.infer import Comparer, InferError, adapter_config, format_prompt, generate_stream
-from core.train import run_training
+from core.train.recipe import run_training
 from tests.helpers import rendered_rows
 
 PROMPT = "Translate the word 'cat' into French."
@@ -96,7 +96,7 @@ def test_trained_adapter_answers_differently_from_the_base(adapters, comparer):
 
 def test_base_answer_is_the_plain_base_model(adapters, comparer):
     """disable_adapter gives exactly the base model's logits (same quantized weights, no LoRA)."""
-    from core import model as model_lib
+    from core.model import load as model_lib
     from peft import prepare_model_for_kbit_training
 
     loaded = comparer.load(adapters[0])

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from core.config import demo_config
-from core.events import EventTail, JsonlSink, make_event
-from core.jobs import Job, JobBusy, JobManager, latest_run_dir
-from core.jobview import format_event, job_view
+from core.config.settings import demo_config
+from core.train.events import EventTail, JsonlSink, make_event
+from core.jobs.manager import Job, JobBusy, JobManager, latest_run_dir
+from core.jobs.view import format_event, job_view
 
 
 def view(events, running=False, stopping=False, from_disk=False):
@@ -166,13 +166,13 @@ def test_an_earlier_run_is_shown_from_its_events_file(tmp_path):
 
 
 def test_the_supervisor_ends_a_child_that_does_not_answer_stop_and_records_why(tmp_path):
-    """core.supervise, shared by the job manager and the launcher: a real child that ignores the stop file."""
+    """core.jobs.supervise, shared by the job manager and the launcher: a real child that ignores the stop file."""
     import json
     import signal
     import sys
 
-    from core.events import read_events
-    from core.supervise import Child
+    from core.train.events import read_events
+    from core.jobs.supervise import Child
 
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
     run = tmp_path / "run"

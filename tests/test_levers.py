@@ -1,4 +1,4 @@
-"""The memory/speed levers of core.model, on the CPU with the demo model (no mocks of the ML stack).
+"""The memory/speed levers of core.model.load, on the CPU with the demo model (no mocks of the ML stack).
 
 Liger kernels and the CUDA allocator setting need a CUDA GPU: their tests only check that they are refused or
 inert on the CPU (bench/RESULTS.md measures them on an H200).
@@ -7,11 +7,11 @@ inert on the CPU (bench/RESULTS.md measures them on an H200).
 import pytest
 import torch
 
-from core import attention as varlen
-from core import model as model_lib
+from core.model import attention as varlen
+from core.model import load as model_lib
 from core.checks import validate
-from core.config import Hardware, TrainConfig, demo_config
-from core.presets import apply_preset
+from core.config.settings import Hardware, TrainConfig, demo_config
+from core.config.presets import apply_preset
 
 CPU = Hardware(cuda=False, bf16=True, bitsandbytes=True)
 
@@ -122,7 +122,7 @@ def test_liger_validates_on_a_cuda_gpu():  # pragma: no cover - CPU CI never run
     assert not [p for p in validate(TrainConfig(use_liger_kernel=True), hw) if p.field == "use_liger_kernel"]
 
 
-# --- varlen attention (core/attention.py, TrainConfig.attention) -------------------------------------------------
+# --- varlen attention (core/model/attention.py, TrainConfig.attention) -------------------------------------------------
 def _packed_pair(seed=1):
     g = torch.Generator().manual_seed(seed)
     a, b = torch.randint(3, 500, (1, 7), generator=g), torch.randint(3, 500, (1, 11), generator=g)

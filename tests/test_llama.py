@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.gguf_export import LLAMA_CPP_VERSION, export_gguf
+from core.export.gguf_export import LLAMA_CPP_VERSION, export_gguf
 from tests import llama_cpp
 
 PROBES = ["### Instruction:\nTranslate the word 'cat' into French.\n\n### Response:\n",
@@ -133,8 +133,8 @@ def test_every_family_tokenizes_and_computes_like_transformers_in_llama_cpp(fami
 @pytest.fixture(scope="module")
 def demo_adapter(tmp_path_factory) -> Path:
     """The demo trained as the app trains it (demo_config: 200 steps, ~10 s on 2 idle cores)."""
-    from core.config import demo_config
-    from core.train import run_training
+    from core.config.settings import demo_config
+    from core.train.recipe import run_training
 
     llama_cpp.require()
     result = run_training(demo_config(output_dir=str(tmp_path_factory.mktemp("demo")), run_name="demo"))
@@ -150,8 +150,8 @@ def test_demo_adapter_answers_like_try_it_merged_and_in_llama_cpp(demo_adapter, 
     the original weights instead: 98), llama.cpp 99/100 for both files, the same answers as the merged model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from core.demo import count_exact, demo_answers, demo_rows, model_answers
-    from core.export import merge_adapter
+    from core.demo.score import count_exact, demo_answers, demo_rows, model_answers
+    from core.export.adapter import merge_adapter
     from core.infer import format_prompt
 
     def agree(a, b):
@@ -240,7 +240,7 @@ def _sentencepiece_model(folder: Path, scheme: str) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from core.demo import demo_rows
+    from core.demo.score import demo_rows
 
     corpus = [f"### Instruction:\n{r['instruction']}\n\n### Response:\n{r['response']}" for r in demo_rows()]
     bpe = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))

@@ -1,4 +1,4 @@
-"""quantize_output_head: the frozen output head in 4-bit NF4 (core.model.QuantizedHead), read by TRL's fused loss.
+"""quantize_output_head: the frozen output head in 4-bit NF4 (core.model.load.QuantizedHead), read by TRL's fused loss.
 
 The real bitsandbytes NF4 path runs here (its CPU backend); only the CUDA part (loading the head straight into CPU
 memory, then quantizing it onto the GPU block by block) needs a GPU and is not exercised.
@@ -7,12 +7,12 @@ memory, then quantizing it onto the GPU block by block) needs a GPU and is not e
 import pytest
 import torch
 
-from core.config import Hardware, TrainConfig, demo_config
-from core.estimate import GIB, estimate
-from core.memory_terms import QUANTIZED_HEAD_ROWS
-from core.model import HEAD_ROWS, QuantizedHead, quantize_output_head
-from core.presets import apply_preset
-from core.shapes import SHAPES
+from core.config.settings import Hardware, TrainConfig, demo_config
+from core.estimate.predict import GIB, estimate
+from core.estimate.terms import QUANTIZED_HEAD_ROWS
+from core.model.load import HEAD_ROWS, QuantizedHead, quantize_output_head
+from core.config.presets import apply_preset
+from core.model.shapes import SHAPES
 
 CPU = Hardware(cuda=False, bf16=True, bitsandbytes=True)
 L8B = SHAPES["meta-llama/Llama-3.1-8B"]
@@ -86,7 +86,7 @@ def test_six_gb_trains_the_demo_model_with_a_4bit_head_within_half_a_percent_of_
     run with the head left in bf16 sees the same batches; its first losses differ by the head's quantization only."""
     from transformers import TrainerCallback
 
-    from core.train import run_training
+    from core.train.recipe import run_training
 
     heads = {}
 
@@ -129,7 +129,7 @@ def test_show_code_quantizes_the_head_with_memtunes_helper():
     from core.codegen import python_script
 
     script = python_script(apply_preset(TrainConfig(), "six_gb"))
-    assert "quantize_output_head: true" in script and "from core.train import run_training" in script
+    assert "quantize_output_head: true" in script and "from core.train.recipe import run_training" in script
     assert "quantize_output_head: false" in python_script(apply_preset(TrainConfig(), "lowest_memory"))
 
 

@@ -1,6 +1,6 @@
 """Every destructive entry point against every path spelling: the victim folder stays byte-for-byte intact.
 
-The spellings (core.files.target must resolve each one exactly as the OS acts on it): a missing folder followed by
+The spellings (core.runs.files.target must resolve each one exactly as the OS acts on it): a missing folder followed by
 `..`, a symlink, a symlink to `missing/..`, a chain of symlinks, a file where a folder is expected, a trailing `/`
 and `/.`, and a relative path taken from another working folder. The entry points: the export CLI (gguf, merge,
 zip with --out, with and without --replace, in this process: a fresh one costs seconds of imports), History
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from core.config import demo_config
+from core.config.settings import demo_config
 from core.export.cli import main as export_main
-from core.history import HistoryError, delete_run, list_runs, resume_config
-from core.runs import resume_problem
+from core.runs.history import HistoryError, delete_run, list_runs, resume_config
+from core.runs.folders import resume_problem
 from tests.helpers import tree_hash
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +93,7 @@ def explicit_entry_points(adapter: Path, root: Path):
             resume_config(p)
 
     def try_train_resume(p):
-        from core.train import run_training
+        from core.train.recipe import run_training
 
         result = run_training(demo_config(resume_from=p, max_steps=3))
         assert result.status == "failed" and result.error_type == "config"
@@ -167,7 +167,7 @@ def test_a_link_planted_in_the_run_folder_is_refused(place, capsys, where):
             status, _ = on_gguf_export("en", str(adapter), ["f16"], True, progress=None)
             assert "link inside" in status
         else:
-            from core.history import tidy
+            from core.runs.history import tidy
 
             why = resume_problem(mine)
             assert why is not None and "link inside" in why, why

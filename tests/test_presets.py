@@ -5,10 +5,10 @@ import dataclasses
 
 import pytest
 
-from core import checklist
+from core.config import checklist
 from core.checks import validate
-from core.config import Hardware, TrainConfig, demo_config
-from core.presets import CHAPTER, PRESETS, apply_preset, matching, overrides
+from core.config.settings import Hardware, TrainConfig, demo_config
+from core.config.presets import CHAPTER, PRESETS, apply_preset, matching, overrides
 
 GPU = Hardware(cuda=True, bf16=True, bitsandbytes=True, liger=True)
 CPU = Hardware(cuda=False, bf16=True, bitsandbytes=True)
@@ -85,7 +85,7 @@ def test_every_checklist_item_works_on_its_own_on_top_of_each_preset(name, item)
 def test_every_preset_trains_end_to_end_on_the_cpu(name, tmp_path, demo_model_path):
     """The code paths each preset turns on (4-bit + LoRA, packing, no upcast, embedding on the CPU, checkpointing
     on or off, paged 8-bit AdamW) run for real; liger is CUDA-only and dropped here by apply_preset(hw)."""
-    from core.train import run_training
+    from core.train.recipe import run_training
 
     cfg = apply_preset(demo_config(output_dir=str(tmp_path), run_name=name, device="cpu"), name, CPU)
     cfg = cfg.replace(max_steps=3, logging_steps=1, learning_rate=1e-2)
@@ -101,8 +101,8 @@ def test_fastest_keeps_its_24_gb_promise_for_the_model_in_hand():
     """Issue 20: Gemma-2-9B took 29 GiB with `fastest`'s fixed levers. The preset now asks the estimator for this
     model, takes fewer packs per micro-step (accumulating more) until it fits, and says what it changed; a model
     whose smallest setting cannot fit gets that setting and a note saying so; Llama-3.1-8B keeps the preset as is."""
-    from core.estimate import PRESET_MARGIN, fit_preset
-    from core.estimate import estimate
+    from core.estimate.predict import PRESET_MARGIN, fit_preset
+    from core.estimate.predict import estimate
 
     llama = fit_preset(TrainConfig(model="meta-llama/Llama-3.1-8B"), "fastest")
     assert llama.key == "preset.fit.holds" and llama.cfg == apply_preset(TrainConfig(), "fastest")

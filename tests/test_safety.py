@@ -23,15 +23,15 @@ import pytest
 
 from tests.helpers import checkpointed_run, train_cli, tree_hash
 
-from core import files
+from core.runs import files
 from core.checks import validate
-from core.config import ConfigError, demo_config
-from core.events import read_events
-from core.export import ExportError, merge_adapter, zip_adapter, zip_dir
-from core.files import RefusedError, move_into_place, recover, write_marker
-from core.history import HistoryError, delete_run, list_runs, resume_config, run_info, tidy
-from core.runs import checkpoint_problem, finish_run, resume_point, resume_problem, save_adapter
-from core.train import run_training
+from core.config.settings import ConfigError, demo_config
+from core.train.events import read_events
+from core.export.adapter import ExportError, merge_adapter, zip_adapter, zip_dir
+from core.runs.files import RefusedError, move_into_place, recover, write_marker
+from core.runs.history import HistoryError, delete_run, list_runs, resume_config, run_info, tidy
+from core.runs.folders import checkpoint_problem, finish_run, resume_point, resume_problem, save_adapter
+from core.train.recipe import run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -147,7 +147,7 @@ def test_a_run_folder_holding_only_its_marker_is_listed_and_deletable(tmp_path):
 
 
 def test_a_job_manager_can_prepare_the_run_folder(tmp_path):
-    from core.runs import create_run_dir
+    from core.runs.folders import create_run_dir
 
     cfg = demo_config(output_dir=str(tmp_path), run_name="job")
     run_dir = create_run_dir(cfg)
@@ -302,7 +302,7 @@ def _fill(disk: Path, leave: int, name: str = "filler") -> None:
 
 
 def test_disk_full_while_saving_keeps_the_previous_adapter(run, tmp_path, monkeypatch, demo_model_path):
-    from core.model import load_tokenizer, load_with_adapter
+    from core.model.load import load_tokenizer, load_with_adapter
 
     cfg = demo_config()
     with small_disk(tmp_path / "disk", "2m") as disk:
@@ -315,13 +315,13 @@ def test_disk_full_while_saving_keeps_the_previous_adapter(run, tmp_path, monkey
         if disk:
             _fill(disk, 16 * 1024)
         else:  # no tmpfs here: the disk "fills up" at memtune's own write call, after the weights were written
-            import core.runs
+            import core.runs.folders
 
             def full(path):
                 raise OSError(errno.ENOSPC, "No space left on device")
 
-            monkeypatch.setattr(core.runs, "dir_size", full)
-            monkeypatch.setattr(core.runs, "atomic_write_text", lambda path, text: full(path))
+            monkeypatch.setattr(core.runs.folders, "dir_size", full)
+            monkeypatch.setattr(core.runs.folders, "atomic_write_text", lambda path, text: full(path))
         with pytest.raises(OSError) as err:
             save_adapter(model, tokenizer, cfg, mine, {"status": "completed"})
         assert str(err.value).startswith(f"No space left in {mine}")
@@ -370,7 +370,7 @@ def test_an_output_folder_that_cannot_be_written_fails_before_loading(tmp_path, 
 def test_nan_and_infinity_are_refused_for_every_float_field():
     from dataclasses import fields
 
-    from core.config import TrainConfig
+    from core.config.settings import TrainConfig
 
     float_fields = [f.name for f in fields(TrainConfig) if f.type in ("float", float)]
     assert {"learning_rate", "lora_dropout", "num_train_epochs", "weight_decay", "max_grad_norm"} <= set(float_fields)
@@ -386,7 +386,7 @@ def test_nan_and_infinity_are_refused_for_every_float_field():
 def test_every_whole_number_field_has_an_upper_bound_refused_by_name():
     from dataclasses import fields
 
-    from core.config import TrainConfig
+    from core.config.settings import TrainConfig
 
     int_fields = [f for f in fields(TrainConfig) if f.type in ("int", int)]
     assert {"max_steps", "warmup_steps", "save_steps", "logging_steps"} <= {f.name for f in int_fields}
@@ -398,7 +398,7 @@ def test_every_whole_number_field_has_an_upper_bound_refused_by_name():
 
 
 def test_yaml_list_for_text_and_duplicate_keys_are_refused_by_name(tmp_path, monkeypatch):
-    from core.config import TrainConfig
+    from core.config.settings import TrainConfig
 
     with pytest.raises(ConfigError) as err:
         TrainConfig.from_yaml("model: [a, b]\n")
@@ -489,7 +489,7 @@ def _form(form, res):
 
 
 def test_a_loaded_config_never_turns_trust_remote_code_on_by_itself(run, tmp_path, monkeypatch):
-    from core.jobs import JobManager
+    from core.jobs.manager import JobManager
     from ui import history
     from ui.handlers import on_load_config
     from ui.layout import build_ui
@@ -519,7 +519,7 @@ def test_a_loaded_config_never_turns_trust_remote_code_on_by_itself(run, tmp_pat
 def remote_code_adapter(run, tmp_path, monkeypatch, demo_model_path):
     """An adapter whose memtune.yaml has trust_remote_code: true and whose base model's config.json maps AutoConfig
     to a class of its own that writes a file when its code runs (the issue's repro)."""
-    from core.config import TrainConfig
+    from core.config.settings import TrainConfig
 
     evil = Path(shutil.copytree(demo_model_path, tmp_path / "evil-model"))
     config = json.loads((evil / "config.json").read_text())
@@ -564,8 +564,8 @@ def test_no_model_code_runs_without_the_users_own_tick(remote_code_adapter, tmp_
 
 def test_start_is_free_as_soon_as_the_page_says_completed(tmp_path, demo_model_path):
     """The child writes `done` and then takes ~0.7 s to exit: a Start in that moment waits for it, not JobBusy."""
-    from core.jobs import JobManager
-    from core.jobview import job_view
+    from core.jobs.manager import JobManager
+    from core.jobs.view import job_view
 
     mgr = JobManager()
     first = mgr.start(demo_config(max_steps=1, output_dir=str(tmp_path), run_name="a"))
@@ -617,9 +617,9 @@ def public(monkeypatch, tmp_path):
 
 
 def test_public_mode_reads_no_server_path_a_visitor_types(public, run, tmp_path, demo_model_path):
-    from core.data import DataError, load_raw
-    from core.model import ModelError, load_tokenizer
-    from core.public import upload_root
+    from core.data.plan import DataError, load_raw
+    from core.model.load import ModelError, load_tokenizer
+    from core.runs.public import upload_root
 
     secret = victim(tmp_path, "secret")
     bad = demo_config(dataset=str(secret / "config.yaml"), output_dir=str(tmp_path), trust_remote_code=True)
@@ -636,13 +636,13 @@ def test_public_mode_reads_no_server_path_a_visitor_types(public, run, tmp_path,
         load_tokenizer(demo_config(model=str(demo_model_path)))  # what Preview calls
     with pytest.raises(ModelError, match="trust_remote_code is not available"):
         load_tokenizer(demo_config(trust_remote_code=True))
-    from core.public import dataset_problem
+    from core.runs.public import dataset_problem
 
     assert dataset_problem(str(upload_root() / "mine.jsonl")) is None  # uploads are the way in
 
 
 def test_public_history_and_export_act_only_inside_the_apps_folder(public, run, tmp_path, monkeypatch):
-    from core.jobs import JobManager
+    from core.jobs.manager import JobManager
     from ui import history, tryexport
     from ui.layout import build_ui, header_html
 
@@ -669,7 +669,7 @@ def test_public_history_and_export_act_only_inside_the_apps_folder(public, run, 
 def test_public_uploads_work_and_each_visitor_sees_only_their_own(public, tmp_path, monkeypatch, demo_model_path):
     """SPACE_ID set: an upload is used (it was refused as "a path on the server"), kept in the visitor's own
     folder; another visitor's typed path to it, or to the shared folder, is refused; runs are per visitor too."""
-    from core import public as pub
+    from core.runs import public as pub
     from ui.data import on_preview, on_upload
     from ui.fields import FIELD_NAMES
     from ui.form import read_config

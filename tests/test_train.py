@@ -14,9 +14,9 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from core.config import TrainConfig, demo_config
-from core.events import read_events
-from core.train import COMPLETE_MARKER, build_sft_config, latest_checkpoint, run_training
+from core.config.settings import TrainConfig, demo_config
+from core.train.events import read_events
+from core.train.recipe import COMPLETE_MARKER, build_sft_config, latest_checkpoint, run_training
 
 
 
@@ -108,7 +108,7 @@ def test_events_cover_every_phase_and_go_to_jsonl(finished_run):
 
 def test_saved_adapter_reloads_with_identical_logits(finished_run, demo_model_path):
     cfg, result = finished_run.cfg, finished_run.result
-    from core.model import load_with_adapter
+    from core.model.load import load_with_adapter
 
     adapter = Path(result.adapter_dir)
     for name in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "memtune.yaml", "summary.json"):
@@ -136,7 +136,7 @@ def test_stop_mid_run_saves_a_loadable_adapter(out, demo_model_path):
     result = run_training(cfg, stop=stop, callbacks=[StopAt(stop, 7)])
     assert result.status == "stopped", result.message
     assert result.summary["steps"] == 7
-    from core.model import load_with_adapter
+    from core.model.load import load_with_adapter
 
     model = load_with_adapter(cfg, result.adapter_dir)
     assert model(input_ids=probe_ids()).logits.shape[-1] == 512
@@ -210,7 +210,7 @@ def test_sft_config_maps_the_chapter_settings(tmp_path):
 
 def run_cli(capsys, *args):
     """`python -m core.train ARGS` in this process: the same parser and code, without a new interpreter."""
-    from core.train_cli import main
+    from core.train.cli import main
 
     code = main(list(args))
     captured = capsys.readouterr()
@@ -238,7 +238,7 @@ def test_cli_dump_config_and_errors(tmp_path, capsys):
     assert code == 0 and TrainConfig.load(path) == demo_config(max_steps=7)
     code, lean, _ = run_cli(capsys, "--dump-config", "--preset", "lowest_memory", "--set", "lora_r=8")
     assert code == 0
-    from core.presets import apply_preset
+    from core.config.presets import apply_preset
 
     path.write_text(lean)
     assert TrainConfig.load(path) == apply_preset(TrainConfig(), "lowest_memory").replace(lora_r=8)

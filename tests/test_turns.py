@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from core.config import TrainConfig
-from core.data import plan_rows
+from core.config.settings import TrainConfig
+from core.data.plan import plan_rows
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -21,7 +21,7 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 def tokenizer(request):
     from transformers import AutoTokenizer
 
-    from core.demo import ensure_demo_model
+    from core.demo.score import ensure_demo_model
 
     tok = AutoTokenizer.from_pretrained(ensure_demo_model())
     if request.param == "chat template":

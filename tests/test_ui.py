@@ -12,12 +12,12 @@ import gradio as gr
 import pytest
 
 import app
-from core import checklist
+from core.config import checklist
 from core.codegen import cli_command, python_script
-from core.config import (DEMO_MODEL, LORA_TARGET_CHOICES, TrainConfig, apply_overrides, demo_config, field_meta,
+from core.config.settings import (DEMO_MODEL, LORA_TARGET_CHOICES, TrainConfig, apply_overrides, demo_config, field_meta,
                          field_problems)
-from core.jobs import JobManager
-from core.jobview import JobView
+from core.jobs.manager import JobManager
+from core.jobs.view import JobView
 from ui import data, derive, handlers, history, live, render, tryexport
 from ui.fields import FIELD_NAMES, collect, to_values
 from ui.layout import browser_language, build_ui
@@ -386,7 +386,7 @@ def test_script_resumes_and_keeps_the_memory_levers():
 
 
 def test_preset_radio_applies_levers_and_follows_the_config(form):
-    from core import presets
+    from core.config import presets
 
     out = handlers.on_preset_lever(form, "en", "lowest_memory", *widget_values(TrainConfig()))
     cfg = as_config(form, out)
@@ -400,8 +400,8 @@ def test_preset_radio_applies_levers_and_follows_the_config(form):
 
 @pytest.mark.filterwarnings("ignore:Fastest within 24 GB")
 def test_fastest_without_a_gpu_says_which_levers_it_left_off(monkeypatch, form):
-    from core import presets
-    from core.config import Hardware
+    from core.config import presets
+    from core.config.settings import Hardware
 
     for module in (handlers, derive):
         monkeypatch.setattr(module, "hardware", lambda: Hardware(cuda=False, bf16=True, bitsandbytes=True))
@@ -517,7 +517,7 @@ def test_checklist_facts_say_what_each_item_saves_and_costs_measured(form):
     d = split_derived(form, out)
     assert d["prediction"]["gib"] > 5  # the chapter's recipe on an 8B model
     facts = dict(zip([i.key for i in checklist.ITEMS], d["facts"]))
-    from core.estimate import savings
+    from core.estimate.predict import savings
 
     saved = {s.key: s.saved_gib for s in savings(TrainConfig())}
     assert saved["gradient_checkpointing"] > 0.05  # the estimator's figure, shown as is
@@ -530,7 +530,7 @@ def test_checklist_facts_say_what_each_item_saves_and_costs_measured(form):
 
 
 def test_checklist_shows_the_chapters_8b_figure_beside_the_demos_own(form):
-    from core.estimate import savings
+    from core.estimate.predict import savings
 
     saved = {s.key: s.saved_gib for s in savings(TrainConfig())}
     for lang, words in (("en", "at the chapter's 8B settings (Llama-3.1-8B): saves {} GiB"),
@@ -603,7 +603,7 @@ def test_speed_costs_from_the_benchmarks_levers_file(tmp_path):
 
 @pytest.mark.filterwarnings("ignore:Does not fit")
 def test_fit_button_respects_the_budget(form):
-    from core.estimate import estimate
+    from core.estimate.predict import estimate
 
     cfg = TrainConfig(upcast_to_fp32=False, per_device_train_batch_size=8, gradient_accumulation_steps=2,
                       gradient_checkpointing=False, max_length=2048)
@@ -620,7 +620,7 @@ def test_fit_button_respects_the_budget(form):
     assert unchanged(form, small)  # nothing changed
     note = small[form.fit_note]
     assert "mt-note-error" in note and "Does not fit a hypothetical 6 GiB card" in note
-    # core.estimate's explanation in the page's words: what the smallest setting needs, no internal field names
+    # core.estimate.predict's explanation in the page's words: what the smallest setting needs, no internal field names
     assert "even the smallest settings Fit to my GPU may choose (batch 1, max length 64" in note and "need" in note
     assert "upcast_to_fp32" not in note and "load_in_4bit" not in note
     same = handlers.on_fit(form, "en", 80, *widget_values(TrainConfig()))
@@ -631,8 +631,8 @@ def test_fit_button_respects_the_budget(form):
 
 @pytest.mark.filterwarnings("ignore:Does not fit")
 def test_fit_button_uses_the_gpus_free_memory(monkeypatch, form):
-    from core.config import Hardware
-    from core.estimate import estimate
+    from core.config.settings import Hardware
+    from core.estimate.predict import estimate
 
     monkeypatch.setattr(handlers, "hardware", lambda: Hardware(cuda=True, bf16=True, bitsandbytes=True))
     monkeypatch.setattr(handlers, "read_gpus", lambda: ([{"index": 0, "name": "X", "used_gib": 14.0,
@@ -691,21 +691,21 @@ def test_live_gauge_draws_the_settings_gpus(monkeypatch, page):
 
 @pytest.mark.filterwarnings("ignore:Does not fit")
 def test_estimate_and_fit_speak_per_gpu_when_the_run_uses_several(monkeypatch, form):
-    import core.estimate
+    import core.estimate.predict
 
-    real = core.estimate.fit_to_gpu
+    real = core.estimate.predict.fit_to_gpu
 
-    def two_gpus(*args, **kwargs):  # the real fit, for a run of two processes (what core.estimate reports then)
+    def two_gpus(*args, **kwargs):  # the real fit, for a run of two processes (what core.estimate.predict reports then)
         new, est = real(*args, **kwargs)
         est.world_size = 2
         return new, est
 
     cfg = TrainConfig(upcast_to_fp32=False, per_device_train_batch_size=8, gradient_accumulation_steps=2,
                       max_length=2048)
-    monkeypatch.setattr(handlers, "hardware", lambda: __import__("core.config").config.Hardware(
+    monkeypatch.setattr(handlers, "hardware", lambda: __import__("core.config.settings").config.Hardware(
         cuda=False, bf16=True, bitsandbytes=True))
     assert "per GPU" not in handlers.on_fit(form, "en", 12, *widget_values(cfg))[form.fit_note]
-    monkeypatch.setattr(core.estimate, "fit_to_gpu", two_gpus)
+    monkeypatch.setattr(core.estimate.predict, "fit_to_gpu", two_gpus)
     note = handlers.on_fit(form, "en", 12, *widget_values(cfg))[form.fit_note]
     assert "uses 2 GPUs: the budget and the predicted peak are per GPU" in note
     assert "par GPU" in handlers.on_fit(form, "fr", 12, *widget_values(cfg))[form.fit_note]
@@ -714,7 +714,7 @@ def test_estimate_and_fit_speak_per_gpu_when_the_run_uses_several(monkeypatch, f
 
 
 def test_the_gpus_control_is_always_shown_with_what_this_machine_has(monkeypatch, page):
-    from core.config import Hardware
+    from core.config.settings import Hardware
     from ui import layout
 
     fields = page.memtune_fields
@@ -814,10 +814,10 @@ def test_history_loads_settings_into_the_form(engine_run, page, form):
 
 @pytest.mark.filterwarnings("ignore:.*no complete checkpoint")
 def test_resume_from_history_continues_the_step_count(tmp_path, monkeypatch, demo_model_path, page, form):
-    """Through core.jobs with the real engine: a run whose last complete checkpoint is step 5 goes on to 10."""
-    from core.events import read_events
-    from core.jobview import job_view
-    from core.train import COMPLETE_MARKER, run_training
+    """Through core.jobs.manager with the real engine: a run whose last complete checkpoint is step 5 goes on to 10."""
+    from core.train.events import read_events
+    from core.jobs.view import job_view
+    from core.train.recipe import COMPLETE_MARKER, run_training
 
     result = run_training(demo_config(output_dir=str(tmp_path), run_name="cut", max_steps=10, save_strategy="steps",
                                       save_steps=5, logging_steps=1))
@@ -838,7 +838,7 @@ def test_resume_from_history_continues_the_step_count(tmp_path, monkeypatch, dem
     assert [s for s, _ in v.losses] == [6, 7, 8, 9, 10]
     assert sum(e["kind"] == "done" for e in read_events(Path(result.run_dir) / "events.jsonl")) == 2
     for marker in (Path(result.run_dir) / "checkpoints").glob(f"checkpoint-*/{COMPLETE_MARKER}"):
-        marker.unlink()  # no complete checkpoint left: resuming is refused with core.history's reason
+        marker.unlink()  # no complete checkpoint left: resuming is refused with core.runs.history's reason
     assert "no complete checkpoint" in history.on_history_resume(form, h, "en", result.run_dir)[h.note]
 
 
@@ -914,7 +914,7 @@ def test_export_zip_merge_and_push_messages(engine_run, tmp_path, monkeypatch, p
                             progress=lambda f, desc=None: seen.append(f))
     assert "Merged model saved" in merged and (tmp_path / "m" / "config.json").is_file() and seen[-1] == 1.0
     again = tryexport.on_merge("en", result.adapter_dir, str(tmp_path / "m"), False, True, progress=None)
-    assert "already exists" in again  # core.export's own message
+    assert "already exists" in again  # core.export.adapter's own message
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     pushed = tryexport.on_push(x, "en", result.adapter_dir, "adapter", "", "me/x", True, "hf_secret_value")

@@ -9,8 +9,8 @@ import pytest
 from transformers import TrainerCallback
 
 from core.checks import validate
-from core.config import TrainConfig, demo_config
-from core.train import plan_data, run_training
+from core.config.settings import TrainConfig, demo_config
+from core.train.recipe import plan_data, run_training
 
 
 def quiet(e):
@@ -66,7 +66,7 @@ def test_eval_settings_are_checked():
 
 
 def test_demo_run_evaluates_before_during_and_after_with_answers(tmp_path, demo_model_path, capsys):
-    from core.train_cli import main
+    from core.train.cli import main
 
     out = tmp_path / "runs"
     code = main(["--demo", "--set", f"output_dir={out}", "--set", "run_name=val", "--set", "max_steps=6",
@@ -158,8 +158,8 @@ def test_early_stopping_stops_after_patience_evals_with_stop_and_resume(rising, 
 def test_eval_needs_no_memory_beyond_the_training_step():
     """The estimator counts no eval term: eval runs the training micro-batch, forward only, and keeps no logits
     across batches (bench/RESULTS.md measures the peak with and without eval on the GPU)."""
-    from core import recipe
-    from core.estimate import estimate
+    from core.train import arguments as recipe
+    from core.estimate.predict import estimate
 
     cfg = TrainConfig()
     kw = recipe.eval_kwargs(cfg)

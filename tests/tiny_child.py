@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from core.config import TrainConfig
-from core.callbacks import STOP_FILE
-from core.events import JsonlSink, make_event
+from core.config.settings import TrainConfig
+from core.train.callbacks import STOP_FILE
+from core.train.events import JsonlSink, make_event
 
 TINY_CHILD = [sys.executable, "-m", "tests.tiny_child"]
 GO_FILE = "GO"

@@ -37,7 +37,7 @@ class AfterTabs:
 def adapter_picker(tr: Any, L: Callable[..., str], label: str, prefix: str) -> tuple[Any, Any, Any]:
     """A tab's adapter dropdown with its refresh button (Try it, Export), and the trust_remote_code tick that
     loading an adapter trained with it asks for (the training form's confirmation; none in public mode)."""
-    from core.public import is_public
+    from core.runs.public import is_public
 
     with gr.Row(equal_height=False, elem_classes=["mt-bottom-row"]):
         dropdown = tr.add(gr.Dropdown(choices=[], value=None, label=L(label), scale=5, elem_id=f"{prefix}-adapter",

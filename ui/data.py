@@ -1,4 +1,4 @@
-"""The data tab's handlers: the preview (core.data's plan of which rows train and how) and a file upload.
+"""The data tab's handlers: the preview (core.data.plan's plan of which rows train and how) and a file upload.
 
 Like ui/handlers.py: the `Form` first, the language, the handler's own inputs, the field values last; updates keyed
 by component. The preview's HTML is ui/render_preview.py's.
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import gradio as gr
 
-from core.config import TrainConfig
-from core.files import target
+from core.config.settings import TrainConfig
+from core.runs.files import target
 from core.i18n import DEFAULT_LANGUAGE, t
-from core.public import set_visitor_source, upload_root
+from core.runs.public import set_visitor_source, upload_root
 from ui import render
 from ui.fields import collect
 from ui.form import Form, Updates, apply_config, values_dict
@@ -38,13 +38,13 @@ set_visitor_source(_session)  # public mode: each visitor's uploads and runs in 
 
 
 def upload_dir() -> Path:
-    """memtune's upload folder (public mode: the visitor's own, core.public.upload_root), resolved once."""
+    """memtune's upload folder (public mode: the visitor's own, core.runs.public.upload_root), resolved once."""
     return target(upload_root(), "keep uploads in")
 
 
 @lru_cache(maxsize=4)
 def _tokenizer(model: str, trust_remote_code: bool):
-    from core.model import load_tokenizer
+    from core.model.load import load_tokenizer
 
     return load_tokenizer(TrainConfig(model=model, trust_remote_code=trust_remote_code))
 
@@ -54,8 +54,8 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
 
     The file is read and checked first, without a tokenizer: an empty, non-UTF-8 or malformed file is reported
     as such even when the model's tokenizer cannot be loaded."""
-    from core.data import DataError, check_data, plan_rows
-    from core.model import ModelError
+    from core.data.plan import DataError, check_data, plan_rows
+    from core.model.load import ModelError
 
     try:
         raw, fmt = check_data(cfg)
@@ -68,12 +68,12 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
     except (ModelError, OSError, ValueError) as exc:
         return error_box(t("preview.tokenizer_error", lang), str(exc))
     try:
-        from core.validation import split
+        from core.data.validation import split
         from ui.validation import split_note
 
         held = split(cfg, raw, fmt)  # as the engine does: held-out rows are not in the plan
         plan = plan_rows(cfg, tokenizer, held.train, fmt, n_examples=3)
-        if plan.multi_turn:  # every assistant turn accounted for (core/data.py)
+        if plan.multi_turn:  # every assistant turn accounted for (core/data/plan.py)
             plan.notes.append(t("preview.turns", lang, n=sum(plan.turns.values()), **plan.turns))
         plan.notes.append(_lora_line(cfg, lang))
         return split_note(held, lang) + preview_html(plan, lang)
@@ -85,9 +85,9 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
 
 def _lora_line(cfg: TrainConfig, lang: str) -> str:
     """Which layers get LoRA and how many parameters train, from the model's module tree (no weights loaded)."""
-    from core.config import ConfigError
-    from core.lora_targets import FUSED
-    from core.model import lora_targets
+    from core.config.settings import ConfigError
+    from core.model.lora_targets import FUSED
+    from core.model.load import lora_targets
 
     try:
         found = lora_targets(cfg)
@@ -135,7 +135,7 @@ def on_upload(form: Form, lang: str, file_path, *values) -> Updates:
     """Use an uploaded data file, or, when it is unusable, say why and keep the dataset that was selected."""
     if not file_path:
         return gr.skip()
-    from core.data import DataError, check_data
+    from core.data.plan import DataError, check_data
 
     previous = values_dict(values).get("dataset") or ""
 

@@ -1,4 +1,4 @@
-"""What the page derives from a config, without components: the machine, the memory prediction (core.estimate),
+"""What the page derives from a config, without components: the machine, the memory prediction (core.estimate.predict),
 the preset the settings match, and how many GPUs a run of them uses. Pure, so handlers and tests share it."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from core import presets
-from core.config import Hardware, TrainConfig, demo_config
+from core.config import presets
+from core.config.settings import Hardware, TrainConfig, demo_config
 from core.i18n import DEFAULT_LANGUAGE, EN, t
 
 CUSTOM = "custom"  # the preset radio's value when the settings match no preset
@@ -25,14 +25,14 @@ def initial_config() -> TrainConfig:
 
 def row_tokens(cfg: TrainConfig) -> int | None:
     """The dataset's longest row in tokens when the preview has measured it (estimates then use it), else None."""
-    from core.data import known_longest_row
+    from core.data.plan import known_longest_row
 
     return None if cfg.packing else known_longest_row(cfg)
 
 
 def run_gpus(cfg: TrainConfig | None) -> int:
     """How many of this machine's GPUs a run of `cfg` uses (0 on a CPU run): one process per GPU."""
-    from core.distributed import processes_per_machine, runs_on_cpu
+    from core.jobs.distributed import processes_per_machine, runs_on_cpu
 
     n = hardware().n_gpus
     if cfg is None or runs_on_cpu(cfg, n):
@@ -49,7 +49,7 @@ def toggled(cfg: TrainConfig, key: str, on: bool, memory: dict[str, Any] | None)
     """What ticking (on) or unticking a checklist box does: checklist.toggle, except that undoing this item's last
     tick or untick (its fields untouched since) gives back the user's values from before it: untick and re-tick
     "Reduce max_seq_length" and 384 stays 384. `memory`: the page's record of each box's last change."""
-    from core import checklist
+    from core.config import checklist
 
     last = (memory or {}).get(key)
     if last and all(getattr(cfg, f) == v for f, v in last["after"].items()):
@@ -71,7 +71,7 @@ def prediction(cfg: TrainConfig, memory: dict[str, Any] | None = None) -> Predic
     for the gauge and the checklist: an item's saving is the peak now minus the peak after its box is clicked
     (`memory`: the page's record of the boxes' last changes, which a click may undo)."""
     try:
-        from core.estimate import estimate, fit_floor, savings
+        from core.estimate.predict import estimate, fit_floor, savings
 
         rows = row_tokens(cfg)
         est = estimate(cfg, max_row_tokens=rows)
@@ -95,11 +95,11 @@ def chapter_gib(cfg: TrainConfig, key: str) -> float | None:
 
 
 def predicted_peaks(cfg: TrainConfig | None) -> dict[str, float] | None:
-    """core.estimate's peaks for a config, as the result panel compares them: allocated, reserved, nvml (GiB)."""
+    """core.estimate.predict's peaks for a config, as the result panel compares them: allocated, reserved, nvml (GiB)."""
     if cfg is None:
         return None
     try:
-        from core.estimate import estimate
+        from core.estimate.predict import estimate
 
         est = estimate(cfg, max_row_tokens=row_tokens(cfg))
     except Exception:  # noqa: BLE001 - a model the estimator does not know: no prediction shown
@@ -109,7 +109,7 @@ def predicted_peaks(cfg: TrainConfig | None) -> dict[str, float] | None:
 
 # --- presets ---------------------------------------------------------------------------------------------------------
 def preset_text(name: str, what: str, lang: str) -> str:
-    """A preset's label or description: core/presets.py in English, core.i18n otherwise (English if missing)."""
+    """A preset's label or description: core/config/presets.py in English, core.i18n otherwise (English if missing)."""
     english = presets.PRESETS[name]["label" if what == "label" else "description"]
     key = f"preset.{name}.{what}"
     return english if lang == DEFAULT_LANGUAGE or key not in EN else t(key, lang)
@@ -128,7 +128,7 @@ def preset_of(cfg: TrainConfig) -> str:
     """The preset the form has, as this machine applies it (without CUDA, "fastest" minus its CUDA-only levers
     is still "fastest", not a custom mix)."""
     hw = hardware()
-    from core.estimate import fit_preset
+    from core.estimate.predict import fit_preset
 
     return presets.matching(cfg) or next((n for n in presets.PRESETS if presets.apply_preset(cfg, n, hw) == cfg
                                           or fit_preset(cfg, n, hw).cfg == cfg), CUSTOM)

@@ -13,7 +13,7 @@ from typing import Any
 
 import gradio as gr
 
-from core.config import (DEMO_DATASET, DEMO_MODEL, ConfigError, Problem, TrainConfig, coerce, field_meta,
+from core.config.settings import (DEMO_DATASET, DEMO_MODEL, ConfigError, Problem, TrainConfig, coerce, field_meta,
                          field_types)
 
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))

@@ -13,10 +13,10 @@ from typing import Any
 
 import gradio as gr
 
-from core import checklist
+from core.config import checklist
 from core.codegen import cli_command, python_script
 from core.checks import validate
-from core.config import Problem, TrainConfig
+from core.config.settings import Problem, TrainConfig
 from core.i18n import DEFAULT_LANGUAGE, t
 from ui import render
 from ui.derive import chapter_gib, hardware, prediction, preset_choices, preset_of, run_gpus
@@ -85,7 +85,7 @@ def values_dict(values) -> dict[str, Any]:
 
 def read_config(values) -> tuple[TrainConfig | None, list[Problem]]:
     """Widget values -> (config, problems): problems are unreadable values or failed validation."""
-    from core.public import visitor_config
+    from core.runs.public import visitor_config
 
     cfg, problems = collect(values_dict(values))
     if cfg is None:

@@ -1,5 +1,5 @@
 """The GGUF part of the Export tab: pick formats, see the RAM and disk it needs, export with a progress bar, then the
-written files and the exact `ollama` / `llama-cli` commands (core.gguf_export does the work; this is Gradio only).
+written files and the exact `ollama` / `llama-cli` commands (core.export.gguf_export does the work; this is Gradio only).
 `build_section` is called by ui.after.build_tabs inside the Export tab.
 """
 
@@ -10,7 +10,7 @@ from typing import Any
 import gradio as gr
 
 from core.i18n import t
-from core.jobs import MANAGER
+from core.jobs.manager import MANAGER
 from ui import render
 
 FORMAT_KEYS = {"f16": "gguf.format_f16", "bf16": "gguf.format_bf16", "q8_0": "gguf.format_q8_0"}
@@ -36,8 +36,8 @@ def format_choices(lang: str) -> list[tuple[str, str]]:
 
 def on_gguf_plan(lang: str, adapter: str | None, formats: list[str] | None) -> str:
     """What the export would need (RAM, disk, each file's size) and whether this machine has it."""
-    from core.gguf import GGUFError
-    from core.gguf_export import plan_gguf
+    from core.export.gguf import GGUFError
+    from core.export.gguf_export import plan_gguf
 
     if not adapter:
         return ""
@@ -63,8 +63,8 @@ def on_gguf_plan(lang: str, adapter: str | None, formats: list[str] | None) -> s
 def on_gguf_export(lang: str, adapter: str | None, formats: list[str] | None, replace: bool,
                    trust_remote_code: bool = False, progress: Any = gr.Progress()) -> tuple[str, Any]:
     """Export with a progress bar; (notice with the files written, the commands to run them)."""
-    from core.gguf import GGUFError
-    from core.gguf_export import export_gguf
+    from core.export.gguf import GGUFError
+    from core.export.gguf_export import export_gguf
 
     no_commands = gr.update(value="", visible=False)
     if not adapter:

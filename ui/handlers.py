@@ -13,11 +13,12 @@ from typing import Any
 
 import gradio as gr
 
-from core import checklist, presets
-from core.estimate import fit_preset
-from core.config import SAFE_NAME, ConfigError, TrainConfig, demo_config, field_problems
+from core.config import checklist
+from core.config import presets
+from core.estimate.predict import fit_preset
+from core.config.settings import SAFE_NAME, ConfigError, TrainConfig, demo_config, field_problems
 from core.i18n import DEFAULT_LANGUAGE, t
-from core.jobs import MANAGER, JobBusy
+from core.jobs.manager import MANAGER, JobBusy
 from ui import render
 from ui.derive import CUSTOM, hardware, row_tokens, run_gpus, toggled, world_size  # noqa: F401 - toggled
 from ui.fields import collect, help_text, label, model_problem
@@ -26,7 +27,7 @@ from ui.live import read_gpus
 from ui.tryexport import free_try_model
 
 FIT_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "gradient_checkpointing",
-              "optim")  # what core.estimate.fit_to_gpu may change
+              "optim")  # what core.estimate.predict.fit_to_gpu may change
 
 
 def config_dir() -> Path:
@@ -70,7 +71,7 @@ def on_preset_lever(form: Form, lang: str, name: str, *values) -> Updates:
     if cfg is None:
         gr.Warning(t("checklist.needs_readable", lang))
         return derived(form, None, problems, lang)
-    fit = fit_preset(cfg, name, hardware())  # the preset's promise kept for this model (core.estimate.fit_preset)
+    fit = fit_preset(cfg, name, hardware())  # the preset's promise kept for this model (core.estimate.predict.fit_preset)
     applied = fit.cfg
     dropped = [k for k in presets.CUDA_ONLY if k in presets.overrides(name)
                and getattr(applied, k) != presets.overrides(name)[k]]
@@ -114,7 +115,7 @@ ADVICE_FIELD = {"upcast": ("upcast_to_fp32", ("tab.checklist", "checklist.beyond
 
 
 def fit_failure(exc: Any, where: str, lang: str) -> str:
-    """core.estimate.FitError in the page's words: what the smallest setting needs, then what else may help, naming
+    """core.estimate.predict.FitError in the page's words: what the smallest setting needs, then what else may help, naming
     fields by their labels and tabs (never an internal field name)."""
     small = exc.smallest
     if small is None:
@@ -129,10 +130,10 @@ def fit_failure(exc: Any, where: str, lang: str) -> str:
 
 
 def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
-    """"Fit to my GPU": core.estimate.fit_to_gpu on the GPU's free memory (or the hypothetical card's budget).
-    With several GPUs the budget and the peak are per GPU (core.estimate's figures are)."""
-    from core.estimate import FitError, fit_to_gpu
-    from core.shapes import ShapeError
+    """"Fit to my GPU": core.estimate.predict.fit_to_gpu on the GPU's free memory (or the hypothetical card's budget).
+    With several GPUs the budget and the peak are per GPU (core.estimate.predict's figures are)."""
+    from core.estimate.predict import FitError, fit_to_gpu
+    from core.model.shapes import ShapeError
 
     def fit_note(text: str, kind: str) -> Updates:
         return {form.fit_note: render.message_html(text, kind, "mt-fit-note")}
@@ -224,7 +225,7 @@ def on_save_config(form: Form, lang: str, name: str, *values) -> Updates:
 
 
 def on_load_config(form: Form, lang: str, name: str) -> Updates:
-    """Saved settings into the form. A file with values no widget can show (core.config.field_problems: outside a
+    """Saved settings into the form. A file with values no widget can show (core.config.settings.field_problems: outside a
     field's bounds or choices) is refused, and what is on screen stays."""
     def notice(html: str) -> Updates:
         return {form.config_notice: html}
@@ -241,7 +242,7 @@ def on_load_config(form: Form, lang: str, name: str) -> Updates:
     problems = field_problems(cfg)
     if problems:
         return notice(render.problems_html(problems, t("config.out_of_range", lang, path=path)))
-    from core.public import without_remote_code
+    from core.runs.public import without_remote_code
 
     cfg, asked = without_remote_code(cfg)  # h2: a file never turns trust_remote_code on by itself
     if asked:

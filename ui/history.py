@@ -1,6 +1,6 @@
-"""The History tab's handlers: every run under the form's output folder (core.history); pick one to see its loss
+"""The History tab's handlers: every run under the form's output folder (core.runs.history); pick one to see its loss
 curve, settings and predicted vs measured peak; load its settings into the form, resume it (a job through
-core.jobs), delete it after a confirmation. Tested without a browser; the layout is ui/after.py's.
+core.jobs.manager), delete it after a confirmation. Tested without a browser; the layout is ui/after.py's.
 
 Handlers take the `HistoryTab` (and, for those that fill the settings, the `Form`) first and return updates keyed
 by component.
@@ -16,7 +16,7 @@ import gradio as gr
 import pandas as pd
 
 from core.i18n import t
-from core.jobs import MANAGER, JobBusy
+from core.jobs.manager import MANAGER, JobBusy
 from ui import render
 from ui.derive import predicted_peaks
 from ui.form import Form, Updates, apply_config
@@ -46,14 +46,14 @@ class HistoryTab:
 
 
 def history_rows(output_dir: str | None) -> list[Any]:
-    """core.history.RunInfo of every run, newest first; the running job (if any) asked through the job manager."""
-    from core.history import list_runs
+    """core.runs.history.RunInfo of every run, newest first; the running job (if any) asked through the job manager."""
+    from core.runs.history import list_runs
 
     return list_runs(runs_folder(output_dir), is_running=MANAGER.is_running)
 
 
 def history_frame(runs: list[Any], lang: str) -> pd.DataFrame:
-    from core.history import format_duration
+    from core.runs.history import format_duration
 
     rows = [[r.date, r.name, r.model, r.dataset, t(f"history.status.{r.status}", lang),
              "" if r.final_loss is None else render.num(r.final_loss, 4, lang),  # as the Train tab writes it
@@ -74,7 +74,7 @@ def on_history_refresh(h: HistoryTab, lang: str, output_dir: str | None) -> Upda
 
 def history_open(h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
     """One run's detail, loss plot and settings, and whether load / resume / delete apply to it."""
-    from core.history import HistoryError, load_run
+    from core.runs.history import HistoryError, load_run
 
     off = gr.update(interactive=False)
     closed = {h.plot: gr.update(value=loss_frame([]), visible=False), h.settings: gr.update(value="", visible=False),
@@ -110,7 +110,7 @@ def on_history_select(h: HistoryTab, lang: str, runs: list[str], evt: gr.SelectD
 def _picked(h: HistoryTab, lang: str, run_dir: str | None, read):
     """What History's form buttons check first: a run is picked, allowed here (public mode), and `read` takes it.
     Returns (what read returned, None) or (None, the refusal: the notice alone; the form stays as it is)."""
-    from core.history import HistoryError
+    from core.runs.history import HistoryError
 
     if not run_dir:
         return None, {h.note: warn(t("history.pick", lang), "history-note")}
@@ -129,14 +129,14 @@ def to_train_tab(form: Form, h: HistoryTab, cfg: Any, lang: str, text: str, kind
 
 def on_history_load(form: Form, h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
     """The run's settings into the form, then the Train tab is shown."""
-    from core.history import load_run
+    from core.runs.history import load_run
 
     detail, refusal = _picked(h, lang, run_dir, load_run)
     if refusal:
         return refusal
     if detail.config is None:
         return {h.note: warn(t("history.unreadable", lang, name=detail.info.name), "history-note", "error")}
-    from core.public import without_remote_code
+    from core.runs.public import without_remote_code
 
     cfg, asked = without_remote_code(detail.config.replace(resume_from=""))  # the user ticks it to confirm
     text = t("history.settings_loaded", lang, name=detail.info.name)
@@ -146,19 +146,19 @@ def on_history_load(form: Form, h: HistoryTab, lang: str, run_dir: str | None) -
 
 
 def on_history_resume(form: Form, h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
-    """Resume from the newest complete checkpoint: a job through core.jobs; the form shows what trains."""
-    from core.history import resume_config
+    """Resume from the newest complete checkpoint: a job through core.jobs.manager; the form shows what trains."""
+    from core.runs.history import resume_config
 
     cfg, refusal = _picked(h, lang, run_dir, resume_config)
     if refusal:
         return refusal
     if cfg.trust_remote_code:  # never run a model's code without the user's own tick: the form asks, Start resumes
-        from core.public import without_remote_code
+        from core.runs.public import without_remote_code
 
         cfg, _ = without_remote_code(cfg)
         msg = t("history.trust_confirm", lang, name=Path(run_dir).name, model=cfg.model)
         return to_train_tab(form, h, cfg, lang, msg, "warn")
-    from core.train import latest_checkpoint
+    from core.train.recipe import latest_checkpoint
 
     checkpoint = latest_checkpoint(Path(run_dir))
     free_try_model()
@@ -182,7 +182,7 @@ def on_history_delete(h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
 
 def on_history_delete_yes(h: HistoryTab, lang: str, run_dir: str | None, output_dir: str | None) -> Updates:
     """Delete for real; the table is read again and the detail closed."""
-    from core.history import HistoryError, delete_run
+    from core.runs.history import HistoryError, delete_run
 
     hide = {h.confirm_row: gr.update(visible=False)}
     if not run_dir:

@@ -22,12 +22,12 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from core import checklist
+from core.config import checklist
 from core.codegen import cli_command, python_script
 from core.checks import validate
-from core.config import TrainConfig
+from core.config.settings import TrainConfig
 from core.i18n import DEFAULT_LANGUAGE, language_choices, request_language, t
-from core.jobview import job_view
+from core.jobs.view import job_view
 from ui import handlers, render
 from ui.after import build_tabs
 from ui.data import DATA_TYPES, on_preview, on_upload
@@ -85,7 +85,7 @@ def header_html(lang: str = DEFAULT_LANGUAGE) -> str:
         line = render.E(t("app.gpu_line", lang, gpus=where))
     else:
         line = render.E(t("app.no_gpu_line", lang))
-    from core.public import is_public, public_root
+    from core.runs.public import is_public, public_root
 
     banner = (f'<p id="mt-public" class="mt-warn"><b>{render.E(t("public.banner", lang, root=public_root()))}</b></p>'
               if is_public() else "")  # h2: public mode says so on every page

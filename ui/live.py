@@ -12,8 +12,8 @@ import gradio as gr
 import pandas as pd
 
 from core.i18n import DEFAULT_LANGUAGE
-from core.jobs import MANAGER, latest_run_dir
-from core.jobview import job_view
+from core.jobs.manager import MANAGER, latest_run_dir
+from core.jobs.view import job_view
 from ui import render
 from ui.derive import predicted_peaks, run_gpus
 
@@ -26,7 +26,7 @@ _gpu_peaks: dict[int, dict[int, float]] = {}  # job id -> GPU index -> highest "
 
 def read_gpus() -> tuple[list[dict[str, Any]], str]:
     """([{index, name, used_gib, total_gib}], message). An empty list and a plain message when there is no GPU."""
-    from core import vram
+    from core.estimate import vram
 
     try:
         snap = vram.snapshot()
@@ -53,7 +53,7 @@ def loss_frame(losses: list[tuple[int, float]], eval_losses: list[tuple[int, flo
 
 
 def adapter_zip(job_id: int, adapter_dir: str) -> str | None:
-    from core.export import ExportError, zip_adapter
+    from core.export.adapter import ExportError, zip_adapter
 
     if job_id not in _zips or not Path(_zips[job_id]).is_file():  # h2: zips older than an hour are pruned
         try:
@@ -64,7 +64,7 @@ def adapter_zip(job_id: int, adapter_dir: str) -> str | None:
 
 
 def job_prediction(job) -> dict[str, float] | None:
-    """What core.estimate predicted for a job's settings (computed once per job)."""
+    """What core.estimate.predict predicted for a job's settings (computed once per job)."""
     if job.id not in _job_predictions:
         _job_predictions[job.id] = predicted_peaks(job.config)
     return _job_predictions[job.id]

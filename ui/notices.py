@@ -20,7 +20,7 @@ def warn(text: str, elem_id: str | None = None, kind: str = "warn") -> str:
 
 def runs_folder(output_dir: str | None) -> str:
     """The folder whose runs History, Try it and Export list: the form's output folder (public mode: the app's)."""
-    from core.public import is_public, public_root
+    from core.runs.public import is_public, public_root
 
     if is_public():  # a visitor's typed folder is never listed, loaded or deleted from
         return str(public_root())
@@ -29,7 +29,7 @@ def runs_folder(output_dir: str | None) -> str:
 
 def public_refusal(*folders: tuple[str | None, str]) -> str | None:
     """Public mode: why one of these (folder, what) lies outside the app's runs folder, or None."""
-    from core.public import check_folder
+    from core.runs.public import check_folder
 
     try:
         for folder, what in folders:

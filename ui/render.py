@@ -13,10 +13,10 @@ import math
 import re
 from typing import Any, Iterable
 
-from core.config import Problem, TrainConfig
-from core.estimate import FIT_MARGIN
+from core.config.settings import Problem, TrainConfig
+from core.estimate.predict import FIT_MARGIN
 from core.i18n import normalize, t
-from core.jobview import JobView
+from core.jobs.view import JobView
 
 E = html.escape
 
@@ -67,8 +67,8 @@ def _bytes(n: int | None, lang: str = "en") -> str:
 
 # --- VRAM gauge -------------------------------------------------------------------------------------------------
 def band(fraction: float) -> str:
-    """The gauge's CSS band: core.vram's thresholds (one definition), named as the page's style sheet names them."""
-    from core import vram
+    """The gauge's CSS band: core.estimate.vram's thresholds (one definition), named as the page's style sheet names them."""
+    from core.estimate import vram
 
     return {"green": "ok", "amber": "warn"}.get(vram.band(fraction), "high")
 
@@ -93,7 +93,7 @@ def gauge_html(gpus: list[dict[str, Any]], message: str = "", run_peak_gib: floa
     """gpus: [{index, name, used_gib, total_gib}]: one bar each.
 
     The first `run_gpus` bars are the run's (or, before a run, the settings on screen's: one process per GPU) and
-    say so when there are several GPUs. predicted_gib (core.estimate's NVML peak of the settings, per GPU) is drawn
+    say so when there are several GPUs. predicted_gib (core.estimate.predict's NVML peak of the settings, per GPU) is drawn
     on each of them: before a run as a segment on top of the memory already in use (does it fit in what is free?),
     during a run as a marker. run_peak_gib marks the run's highest use: one figure (GPU 0) or one per run GPU.
     Without a GPU the prediction is drawn against a hypothetical card of `budget_gib` (the "Fit to my GPU" budget),
@@ -213,7 +213,7 @@ def progress_html(v: JobView, lang: str = "en") -> str:
 
 def peaks_html(summary: dict[str, Any], predicted: dict[str, float] | None, lang: str = "en",
                elem_id: str = "mt-peaks") -> str:
-    """Predicted (core.estimate) vs measured peak memory, side by side: torch allocated, torch reserved, NVML."""
+    """Predicted (core.estimate.predict) vs measured peak memory, side by side: torch allocated, torch reserved, NVML."""
     measured = {"allocated": summary.get("peak_allocated_gib"), "reserved": summary.get("peak_reserved_gib"),
                 "nvml": summary.get("nvml_peak_gib")}
     on_gpu = any(isinstance(x, (int, float)) for x in measured.values())
@@ -367,12 +367,12 @@ def summary_html(cfg: TrainConfig | None, problems: list[Problem], checklist_on:
 
 
 def saving_text(saved_gib: float | None, lang: str = "en") -> str:
-    """What a checklist item saves at the current settings (core.estimate), in words."""
+    """What a checklist item saves at the current settings (core.estimate.predict), in words."""
     if saved_gib is None:
         return t("facts.no_estimate", lang)
     if saved_gib <= -0.05:  # the item raises the peak here (bf16 beside upcast_to_fp32, say): say so
         return t("facts.costs", lang, gib=num(-saved_gib, 1, lang))
-    if saved_gib < 0.05:  # as core.estimate.ItemSaving.text: below the estimate's resolution
+    if saved_gib < 0.05:  # as core.estimate.predict.ItemSaving.text: below the estimate's resolution
         return t("facts.saves_nothing", lang)
     return t("facts.saves", lang, gib=num(saved_gib, 1, lang))
 
@@ -424,7 +424,7 @@ def message_html(text: str, kind: str = "info", elem_id: str | None = None) -> s
 
 # --- history ------------------------------------------------------------------------------------------------------------
 def run_detail_html(detail: Any, lang: str = "en", predicted: dict[str, float] | None = None) -> str:
-    """One run of the history (core.history.RunDetail): status, loss, steps, time, adapter, checkpoint, peaks."""
+    """One run of the history (core.runs.history.RunDetail): status, loss, steps, time, adapter, checkpoint, peaks."""
     info, s = detail.info, detail.summary or {}
     status = t(f"history.status.{info.status}", lang)
     loss = ((f"{num(info.first_loss, 4, lang)} &rarr; " if info.first_loss is not None else "")

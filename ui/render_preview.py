@@ -1,4 +1,4 @@
-"""HTML for the data preview: core.data's plan (counts per outcome, a token-length histogram, the first rows as they
+"""HTML for the data preview: core.data.plan's plan (counts per outcome, a token-length histogram, the first rows as they
 train) and the data errors shown in its place. Pure functions, every user-supplied string escaped (as ui/render.py).
 """
 
@@ -11,7 +11,7 @@ from ui.render import E, integer
 
 
 # --- data preview ---------------------------------------------------------------------------------------------------
-# Bar colour per outcome (core.data.REASONS); kept/dropped reuse the theme's classes.
+# Bar colour per outcome (core.data.plan.REASONS); kept/dropped reuse the theme's classes.
 HIST_CLASS = {"kept": "mt-hist-ok", "truncated": "mt-hist-trunc", "prompt_cut": "mt-hist-cut",
               "dropped_long": "mt-hist-over"}
 HIST_FILL = {"mt-hist-trunc": "#f59e0b", "mt-hist-cut": "#8b5cf6"}
@@ -67,7 +67,7 @@ def histogram_svg(lengths: list[int], max_length: int, bins: int = 32, lang: str
 
 
 def preview_html(p: Any, lang: str = "en") -> str:
-    """p: core.data.DataPlan: the counts per outcome, the histogram and the first rows as they train."""
+    """p: core.data.plan.DataPlan: the counts per outcome, the histogram and the first rows as they train."""
     st = p.stats or {}
     tokens = t("preview.tokens", lang, median=f'{st.get("median", 0):.0f}', p95=f'{st.get("p95", 0):.0f}',
                max=f'{st.get("max", 0):.0f}')

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from core import checklist
-from core.config import TrainConfig
+from core.config import checklist
+from core.config.settings import TrainConfig
 from core.i18n import t
 from ui.render import integer, num
 

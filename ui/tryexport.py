@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import gradio as gr
 
 from core.i18n import DEFAULT_LANGUAGE, t
-from core.jobs import MANAGER
+from core.jobs.manager import MANAGER
 from ui import render
 from ui.notices import note, public_refusal, runs_folder, warn
 
@@ -42,7 +42,7 @@ class TryExportTab:
 # --- try it ---------------------------------------------------------------------------------------------------------
 def adapter_dropdown(output_dir: str | None, current: str | None = None, lang: str = DEFAULT_LANGUAGE) -> dict:
     """The adapters of every run under output_dir, newest first; keeps the current pick if it is still there."""
-    from core.history import adapter_choices
+    from core.runs.history import adapter_choices
 
     choices = adapter_choices(runs_folder(output_dir))
     paths = [p for _, p in choices]
@@ -139,14 +139,14 @@ def _gib(n_bytes: int, lang: str) -> str:
 
 
 def token_info(lang: str) -> str:
-    from core.model import hf_token
+    from core.model.load import hf_token
 
     return t("export.token_env_set" if hf_token() else "export.token_env_missing", lang)
 
 
 def merge_warning(cfg: Any, lang: str) -> str:
-    """What a merge costs (core.export.merge_size), in words, for the page to show before the user confirms."""
-    from core.export import merge_size
+    """What a merge costs (core.export.adapter.merge_size), in words, for the page to show before the user confirms."""
+    from core.export.adapter import merge_size
 
     size = merge_size(cfg)
     if size is None:
@@ -168,7 +168,7 @@ def parameter_count(n: float, lang: str) -> str:
 
 def on_export_adapter(x: TryExportTab, lang: str, adapter: str | None) -> Updates:
     """An adapter was picked: the merge warning, the memory check, the default merged folder."""
-    from core.export import default_merge_dir, merge_memory_check
+    from core.export.adapter import default_merge_dir, merge_memory_check
     from core.infer import InferError, adapter_config
 
     if not adapter:
@@ -196,7 +196,7 @@ def on_export_adapter(x: TryExportTab, lang: str, adapter: str | None) -> Update
 
 
 def on_zip(x: TryExportTab, lang: str, adapter: str | None) -> Updates:
-    from core.export import ExportError, zip_adapter
+    from core.export.adapter import ExportError, zip_adapter
 
     def refused(text: str, kind: str = "warn") -> Updates:
         return {x.zip_file: gr.update(value=None, visible=False), x.export_note: warn(text, "export-note", kind)}
@@ -214,8 +214,8 @@ def on_zip(x: TryExportTab, lang: str, adapter: str | None) -> Updates:
 
 
 def merge_into_choices(lang: str) -> list[tuple[str, str]]:
-    """The page's words for core.export.MERGE_TARGETS (which base weights the delta is added to)."""
-    from core.export import MERGE_TARGETS
+    """The page's words for core.export.adapter.MERGE_TARGETS (which base weights the delta is added to)."""
+    from core.export.adapter import MERGE_TARGETS
 
     return [(t(f"export.merge_into_{target}", lang), target) for target in MERGE_TARGETS]
 
@@ -224,8 +224,8 @@ def on_merge(lang: str, adapter: str | None, out_dir: str, replace: bool, confir
              merge_into: str | None = None, trust_remote_code: bool = False, progress: Any = gr.Progress()) -> str:
     """Merge with a progress bar, after the confirmation tick; refused while a training run is going, and for an
     adapter trained with trust_remote_code, without the tab's trust_remote_code tick. merge_into:
-    core.export.merge_adapter's (None: the dequantized 4-bit weights for a 4-bit run)."""
-    from core.export import ExportError, merge_adapter
+    core.export.adapter.merge_adapter's (None: the dequantized 4-bit weights for a 4-bit run)."""
+    from core.export.adapter import ExportError, merge_adapter
     from core.infer import adapter_config, asks_remote_code
 
     if not adapter:
@@ -256,8 +256,8 @@ def on_merge(lang: str, adapter: str | None, out_dir: str, replace: bool, confir
 def on_push(x: TryExportTab, lang: str, adapter: str | None, what: str, merged_dir: str, repo_id: str,
             private: bool, token: str | None) -> Updates:
     """Push the adapter or the merged folder; the typed token is used for this call only, then cleared."""
-    from core.export import ExportError, push_to_hub
-    from core.model import hf_token
+    from core.export.adapter import ExportError, push_to_hub
+    from core.model.load import hf_token
 
     def said(html: str) -> Updates:
         return {x.export_note: html, x.token: ""}

@@ -1,5 +1,5 @@
 """Validation on the page: the loss chart's two series, "what the model answers now", the preview's note on held-out
-rows, and History's comparison of runs (core.history.compare_runs), laid out by `build_compare` inside the History
+rows, and History's comparison of runs (core.runs.history.compare_runs), laid out by `build_compare` inside the History
 tab. Plain HTML/DataFrames from core's data; tested without a browser, and in tests/test_browser_compare.py."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def detail_extra(detail: Any, lang: str = DEFAULT_LANGUAGE) -> str:
 
 def split_note(held: Any, lang: str = DEFAULT_LANGUAGE) -> str:
     """The preview's line on validation: what is held out, or why every row trains."""
-    from core.validation import MIN_ROWS_FOR_SHARE
+    from core.data.validation import MIN_ROWS_FOR_SHARE
 
     n_all = len(held.train_ids) + (len(held.val_ids) if held.mode == "share" else 0)
     if held.mode == "share":
@@ -116,8 +116,8 @@ def compare_html(cmp: Any, lang: str = DEFAULT_LANGUAGE) -> str:
 
 def run_choices(output_dir: str | None) -> list[tuple[str, str]]:
     """(label, run folder) of every run, newest first: the comparison's picker."""
-    from core.jobs import MANAGER
-    from core.history import list_runs
+    from core.jobs.manager import MANAGER
+    from core.runs.history import list_runs
     from ui.notices import runs_folder
 
     return [(f"{r.name} ({r.date})", r.run_dir) for r in list_runs(runs_folder(output_dir), MANAGER.is_running)]
@@ -125,8 +125,8 @@ def run_choices(output_dir: str | None) -> list[tuple[str, str]]:
 
 def on_compare(lang: str, run_dirs: list[str] | None) -> tuple[Any, Any]:
     """The chart and the tables for the picked runs (two or more), or a notice."""
-    from core.history import HistoryError, compare_runs
-    from core.jobs import MANAGER
+    from core.runs.history import HistoryError, compare_runs
+    from core.jobs.manager import MANAGER
     from ui.notices import public_refusal, warn
 
     picked = [d for d in (run_dirs or []) if d]

@@ -1,6 +1,6 @@
 """`python -m core.export gguf|merge|zip ...`: the Export tab's actions on the command line.
 
-The actions themselves live in core/export/__init__.py (zip, merge) and core/gguf_export.py (GGUF files +
+The actions themselves live in core/export/adapter.py (zip, merge) and core/export/gguf_export.py (GGUF files +
 Modelfile); core/export/__main__.py runs `main` here when started with `python -m core.export`.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from core.export import MERGE_TARGETS, ExportError, merge_adapter, zip_adapter
-from core.files import RefusedError
-from core.gguf import FAMILY_NAMES, GGUFError
+from core.export.adapter import MERGE_TARGETS, ExportError, merge_adapter, zip_adapter
+from core.runs.files import RefusedError
+from core.export.gguf import FAMILY_NAMES, GGUFError
 
 MERGE_INTO_HELP = ("which base weights the LoRA delta is added to: 'dequantized' (default for adapters trained on a "
                    "4-bit base: the NF4-rounded weights the adapter was trained against, so the merged model answers "
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "gguf":
-            from core.gguf_export import export_gguf, plan_gguf
+            from core.export.gguf_export import export_gguf, plan_gguf
 
             src = dict(model_dir=args.source) if args.model else dict(adapter_dir=args.source)
             if args.plan:

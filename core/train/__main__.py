@@ -1,5 +1,5 @@
-"""`python -m core.train ...`: the command line (core/train_cli.py; usage in core/train/__init__.py's docstring)."""
+"""`python -m core.train ...`: the command line (core/train/cli.py; usage in core/train/recipe.py's docstring)."""
 
-from core.train_cli import run
+from core.train.cli import run
 
 run()

@@ -1,0 +1,85 @@
+"""What this machine offers a run, as validation asks it: CUDA GPUs, bf16, bitsandbytes, liger-kernel, and a folder
+runs can be written to. Split from core/config/settings.py (which re-exports these names) to keep that file to the schema."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the machine can do, as far as validation cares. `detect()` reads it; tests build it by hand."""
+
+    cuda: bool
+    bf16: bool
+    bitsandbytes: bool
+    bnb_4bit_on_cpu: bool = True  # bitsandbytes >= 0.45 runs NF4 on the CPU
+    liger: bool = False
+    gpus: int = 0  # visible CUDA devices; 0 with cuda=True means "one, count not read" (tests build it by hand)
+
+    @property
+    def n_gpus(self) -> int:
+        return self.gpus or (1 if self.cuda else 0)
+
+    @classmethod
+    def detect(cls) -> "Hardware":
+        import importlib.util
+
+        if no_gpu_driver():  # spares the app's start-up the ~2 s import of torch on a machine without a GPU
+            cuda = False
+        else:
+            import torch
+
+            cuda = torch.cuda.is_available()
+        return cls(
+            cuda=cuda,
+            bf16=(_torch_bf16() if cuda else True),  # CPUs emulate bf16 via autocast
+            bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None,
+            liger=importlib.util.find_spec("liger_kernel") is not None,
+            gpus=torch.cuda.device_count() if cuda else 0,
+        )
+
+
+def no_gpu_driver() -> bool:
+    """True when this machine surely has no GPU torch could use: Linux without the NVIDIA driver (/proc/driver/nvidia,
+    /dev/nvidia*), ROCm (/dev/kfd) or WSL's GPU bridge (/dev/dxg), or a Mac (no CUDA). Elsewhere, ask torch."""
+    import sys
+
+    if "torch" in sys.modules:  # already paid for: torch's own answer is the authority
+        return False
+    if sys.platform == "darwin":
+        return True
+    if sys.platform.startswith("linux"):
+        dev = Path("/dev")
+        return not (Path("/proc/driver/nvidia").exists() or (dev / "kfd").exists() or (dev / "dxg").exists()
+                    or any(dev.glob("nvidia*")))
+    return False
+
+
+def _torch_bf16() -> bool:
+    import torch
+
+    return torch.cuda.is_bf16_supported()
+
+
+def output_problem(folder: str) -> str | None:
+    """Why runs cannot be written under `folder` (checked without creating anything), or None."""
+    from core.runs.files import real
+
+    path = real(folder)
+    if path.exists() and not path.is_dir():
+        return f"{path} is a file, not a folder"
+    if path.parts[:2] in (("/", "proc"), ("/", "sys"), ("/", "dev")):
+        return f"{path} is a system folder ({'/'.join(path.parts[:2])[1:]}), not a place for files"
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{path} cannot be created: {existing} is a file"
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        return f"{path} is on a read-only file system"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{path} cannot be created or written: no permission to write in {existing}"
+    return None

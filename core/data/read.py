@@ -1,0 +1,357 @@
+"""Reading training data files: local files (checked line by line first), folders, Hub datasets, split slicing.
+
+datasets' own errors name neither the line nor the fix, so text files are scanned here first (UTF-8, JSON per
+line) and every problem becomes a `DataError` that names the file, says what was wrong and what to do. None of
+this needs a tokenizer: these checks run before the model is even resolved.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from core.config.settings import DEMO_DATA, DEMO_DATASET
+
+# Local file suffix -> the datasets builder that reads it.
+LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
+# Suffixes that mark a data file even when it does not exist (so "data.tsv" is not mistaken for a Hub id).
+FILE_LIKE = set(LOADERS) | {".tsv", ".xlsx", ".xls", ".gz", ".zip", ".arrow", ".xml", ".yaml", ".yml", ".md"}
+
+
+class DataError(ValueError):
+    """A problem with the training data; the message says what was wrong and what to do.
+
+    `row`: the 0-based index of the row at fault, when one is (messages call it row `row + 1`, as the preview
+    does, and `row_line` turns it into the line of the file)."""
+
+    def __init__(self, message: str, row: int | None = None) -> None:
+        super().__init__(message)
+        self.row = row
+
+
+# The file line each data row starts on, for the local text files read so far (keyed by the resolved path):
+# a row-level error names the line an editor shows. JSON documents (a list) have no line per row.
+_ROW_LINES: dict[str, list[int]] = {}
+
+
+def row_line(source: str | Path, row: int) -> int | None:
+    """The file line (1-based) where row `row` (0-based) of the local file `source` starts, or None if unknown."""
+    lines = _ROW_LINES.get(str(Path(source).expanduser().resolve()))
+    return lines[row] if lines is not None and 0 <= row < len(lines) else None
+
+
+def row_name(source: str | Path, row: int) -> str:
+    """"row 3 (line 4 of data.csv)": one numbering (1-based, the preview's) and the line an editor shows."""
+    line = row_line(source, row)
+    return f"row {row + 1}" + (f" (line {line} of {Path(source).name})" if line is not None else "")
+
+
+def is_local(source: str) -> bool:
+    """A path rather than a Hub id (org/name): it exists, ends like a data file, or is written like a path."""
+    path = Path(source).expanduser()
+    return (path.exists() or path.suffix.lower() in FILE_LIKE or source.startswith(("/", ".", "~"))
+            or "\\" in source or source.count("/") > 1)
+
+
+def load_raw(source: str, split: str = "train") -> Any:
+    """Load `source` (DEMO_DATASET, a local data file or folder, or a Hub dataset id) and select `split`.
+
+    `split` accepts datasets' slicing syntax (train[:1000], train[10%:20%]) for Hub and local data alike.
+    """
+    import datasets
+
+    source, split = source.strip(), (split or "train").strip()
+    if not source:
+        raise DataError(f"No dataset given. Give a Hub dataset id, a local {'/'.join(LOADERS)} file, "
+                        f"or {DEMO_DATASET}.")
+    if source == DEMO_DATASET:
+        return _load_file(DEMO_DATA, split)
+    from core.runs.public import dataset_problem
+
+    if (why := dataset_problem(source)):  # public mode: a visitor's typed path is never read
+        raise DataError(why)
+    if is_local(source):
+        path = Path(source).expanduser()
+        if path.is_dir():  # a folder of data files, e.g. a git clone of a Hub dataset
+            _scan_folder(path)  # a bad file is named by its own path, not as "the folder failed"
+            return _checked(lambda s: datasets.load_dataset(str(path), split=s), str(path), split)
+        return _load_file(path, split)
+    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
+        raise DataError(f"{source!r} is neither an existing local file nor a Hub dataset id (org/name). "
+                        "Check the spelling or the path.")
+    return _checked(lambda s: _load_hub(source, s), source, split)
+
+
+def _load_file(path: Path, split: str) -> Any:
+    import datasets
+
+    if not path.is_file():
+        raise DataError(f"The data file {path} does not exist. Check the path (relative paths start from "
+                        f"{Path.cwd()}).")
+    builder = LOADERS.get(path.suffix.lower())
+    if builder is None:
+        raise DataError(f"{path.name}: files ending in {path.suffix or '(no extension)'} are not supported. "
+                        f"Accepted: {', '.join(LOADERS)}; convert the file or rename it if it is one of these.")
+    if builder != "parquet":
+        scan_text_file(path)
+    if builder == "csv":
+        columns = read_csv(path)
+        return _checked(lambda s: _sliced(datasets.Dataset.from_dict(columns), s), str(path), split)
+    return _checked(lambda s: datasets.load_dataset(builder, data_files=str(path), split=s), str(path), split)
+
+
+def _scan_folder(folder: Path) -> None:
+    """Check every data file of a folder dataset the way a single file is checked, naming the bad one."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts):
+            suffix = path.suffix.lower()
+            if suffix in (".jsonl", ".json", ".txt"):
+                scan_text_file(path)
+            elif suffix == ".csv":
+                scan_text_file(path)
+                read_csv(path)
+
+
+def read_csv(path: Path) -> dict[str, list[str]]:
+    """A CSV file read exactly, with Python's csv module: every field is text as written ("None", "NaN", "N/A",
+    "null" are words, "007" stays "007"); only an empty field is empty. Refused (DataError naming the file line):
+    a row with more or fewer fields than the header (an unquoted comma), a missing or duplicate column name.
+    pandas (datasets' CSV reader) would read a first row with one field too many as an index column, shifting
+    every column, and turn those words into missing values."""
+    import csv
+
+    columns: dict[str, list[str]] = {}
+    starts: list[int] = []
+    with path.open(encoding="utf-8-sig", newline="") as fh:
+        reader = csv.reader(fh, strict=True)
+        end = 0  # the line the previous record ended on: a record starts on the next one
+        try:
+            header = next(reader, None)
+            while header is not None and not header:  # blank lines before the header
+                end, header = reader.line_num, next(reader, None)
+            if header is None:
+                raise DataError(f"{path} is empty (no header line). Add a header line (e.g. prompt,completion) "
+                                "and rows.")
+            header_line, end = end + 1, reader.line_num
+            names = [h.strip() for h in header]
+            for i, name in enumerate(names):
+                if not name:
+                    raise DataError(f"{path}: line {header_line}, the header, has an empty column name (column "
+                                    f"{i + 1}). Name every column, e.g. prompt,completion.")
+                if names.index(name) != i:
+                    raise DataError(f"{path}: the column {name!r} appears twice in the header (line {header_line}"
+                                    "). Rename or remove one of them: memtune would not know which one to use.")
+            columns = {name: [] for name in names}
+            for record in reader:
+                start, end = end + 1, reader.line_num
+                if not record:
+                    continue  # a blank line
+                if len(record) != len(names):
+                    more = len(record) > len(names)
+                    raise DataError(
+                        f"{path}: line {start} has {len(record)} fields where the header (line {header_line}) has "
+                        f"{len(names)} ({', '.join(names)}): " + (
+                            'a comma inside a field must be quoted, e.g. "a, b"'
+                            if more else "a field is missing") + f". Fix or delete line {start}.",
+                        row=len(starts))
+                starts.append(start)
+                for name, value in zip(names, record):
+                    columns[name].append(value)
+        except csv.Error as exc:
+            raise DataError(f"{path}: line {reader.line_num} cannot be read as CSV ({exc}). A quote inside a "
+                            'field is written twice ("say ""hi"""), and a quoted field must end with a quote.'
+                            ) from None
+    if not starts:
+        raise DataError(f"{path} has no rows (only a header line). Add rows to it or pick another file.")
+    _ROW_LINES[str(path.resolve())] = starts
+    return columns
+
+
+def _sliced(ds: Any, split: str) -> Any:
+    """`split` (train, train[:100], train[10%:20%]+train[:5]) applied to a dataset read as one train split,
+    with datasets' own parser, so its errors read as they do for any other file."""
+    import datasets
+
+    parts = datasets.ReadInstruction.from_spec(split).to_absolute({"train": len(ds)})
+    picked = [i for part in parts for i in range(part.from_, part.to)]
+    return ds.select(picked) if picked != list(range(len(ds))) else ds
+
+
+def _load_hub(source: str, split: str) -> Any:
+    import datasets
+
+    try:
+        return datasets.load_dataset(source, split=split)
+    except ValueError:
+        raise  # split problems: translated by _checked
+    except Exception as exc:
+        if _is_offline_error(exc):
+            raise DataError(
+                f"The dataset {source} is not in the local cache and the Hugging Face Hub cannot be reached "
+                f"({type(exc).__name__}). Download it first while online (python -c \"import datasets; "
+                f"datasets.load_dataset('{source}')\") or use a local .jsonl/.csv/.parquet file.") from None
+        if type(exc).__name__ in ("DatasetNotFoundError", "RepositoryNotFoundError", "GatedRepoError"):
+            raise DataError(f"The Hub has no dataset {source} you can access ({exc}). Check the id, or for a "
+                            "private/gated dataset accept its terms and set HF_TOKEN.") from None
+        raise DataError(f"Could not load the Hub dataset {source}: {type(exc).__name__}: {exc}") from None
+
+
+def _is_offline_error(exc: BaseException) -> bool:
+    """True when the Hub could not be reached (offline mode, no network, cache miss)."""
+    names = {"OfflineModeIsEnabled", "LocalEntryNotFoundError", "ConnectError", "ConnectTimeout", "ReadTimeout",
+             "Timeout", "NameResolutionError", "MaxRetryError"}
+    seen: BaseException | None = exc
+    for _ in range(10):  # datasets wraps the huggingface_hub error; look a few links down the chain
+        if seen is None:
+            return False
+        if isinstance(seen, (ConnectionError, TimeoutError)) or type(seen).__name__ in names:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _checked(load, where: str, split: str) -> Any:
+    """Run `load(split)`, translating datasets' split errors, and refuse an empty result."""
+    try:
+        ds = load(split)
+    except DataError:
+        raise
+    except ValueError as exc:
+        msg = str(exc)
+        if msg.startswith("Unknown split"):
+            found = re.search(r"one of (\[.*\])", msg)
+            raise DataError(f"{where} has no split {_split_name(split)!r}; available splits: "
+                            f"{found.group(1) if found else '(unknown)'}. Set dataset_split to one of them, "
+                            "e.g. train or train[:1000].") from None
+        if msg.startswith("Unrecognized instruction format") or "Unrecognized split format" in msg:
+            raise DataError(f"dataset_split {split!r} (for {where}) is not valid split syntax. Write e.g. train, "
+                            "train[:1000], train[100:200] or train[:10%].") from None
+        if "corresponds to no data" in msg:
+            ds = None
+        else:
+            raise DataError(f"Could not read {where}: {msg}") from None
+    except Exception as exc:
+        raise DataError(f"Could not read {where}: {type(exc).__name__}: {exc}") from None
+    if ds is None or len(ds) == 0:
+        raise DataError(_empty_message(load, where, split))
+    return ds
+
+
+def _split_name(split: str) -> str:
+    return re.split(r"[\[+]", split, maxsplit=1)[0].strip()
+
+
+def _empty_message(load, where: str, split: str) -> str:
+    name = _split_name(split)
+    if name != split:  # a slice: say how many rows the whole split has
+        try:
+            total = len(load(name))
+        except Exception:
+            total = 0
+        if total:
+            return (f"dataset_split {split!r} selects no rows: {name} of {where} has {total} rows. "
+                    f"Use a range inside it, e.g. {name}[:{min(total, 1000)}].")
+    return f"{where} has no rows (split {name!r} is empty). Add data to it or pick another dataset."
+
+
+def scan_text_file(path: Path) -> None:
+    """Check a text data file is UTF-8 (and, for .jsonl/.json, valid JSON) before datasets reads it.
+
+    datasets' own errors here name neither the line nor the fix, so we find the first bad line ourselves.
+    """
+    jsonl = path.suffix.lower() == ".jsonl"
+    offset, n_data, lines = 0, 0, []
+    with path.open("rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:  # a line ends at b"\n", which never occurs inside a UTF-8 character
+                raise DataError(
+                    f"{path} is not UTF-8 text: byte 0x{raw[exc.start]:02x} at byte offset {offset + exc.start} "
+                    f"(line {number}) cannot be decoded. Save the file as UTF-8, e.g. "
+                    f"iconv -f latin1 -t utf-8 {path.name} > fixed{path.suffix}") from None
+            offset += len(raw)
+            if number == 1:
+                line = line.removeprefix("\ufeff")  # a UTF-8 byte-order mark is harmless
+            if not line.strip():
+                continue
+            n_data += 1
+            lines.append(number)
+            if jsonl:
+                _check_json_line(path, number, line)
+    if jsonl or path.suffix.lower() == ".txt":  # one row per non-blank line (datasets skips blank ones too)
+        _ROW_LINES[str(path.resolve())] = lines
+    if n_data == 0:
+        raise DataError(f"{path} is empty (no data lines). Add rows to it or pick another file.")
+    if path.suffix.lower() == ".json":
+        _check_json_document(path)
+
+
+def _check_json_line(path: Path, number: int, line: str) -> None:
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as exc:
+        what = exc.msg.removesuffix(" at").removesuffix(" starting")  # "Invalid control character at" reads oddly
+        hint = _json_hint(line, exc.colno - 1)
+        raise DataError(f"{path}: line {number} is not valid JSON ({what} at column {exc.colno}){hint}"
+                        ". Each line of a .jsonl file must be one JSON object; fix or delete that line.") from None
+    if not isinstance(value, dict):
+        raise DataError(f"{path}: line {number} is a JSON {type(value).__name__}, not an object "
+                        '({"column": value, ...}). Each line of a .jsonl file must be one JSON object.')
+
+
+def _json_hint(line: str, at: int, width: int = 40) -> str:
+    """The text around offset `at` of the line (marked), and whether the line ends inside a string."""
+    line = line.rstrip("\r\n")
+    at = min(at, len(line))
+    before, after = line[max(0, at - width):at], line[at:at + width]
+    excerpt = ("..." if at > width else "") + before + ">>>" + after + ("..." if at + width < len(line) else "")
+    hint = f" (>>> marks it): {excerpt!r}"
+    if _ends_inside_string(line):
+        hint += (f" -- the line ends inside a string (a quote opened on it is never closed): the row was cut off, "
+                 f"or its text holds a raw line break, which JSON writes as \\n")
+    return hint
+
+
+def _ends_inside_string(line: str) -> bool:
+    inside = escaped = False
+    for ch in line:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = inside
+        elif ch == '"':
+            inside = not inside
+    return inside
+
+
+def _check_json_document(path: Path) -> None:
+    """A .json file is either one document (a list of objects) or JSON Lines under another name."""
+    text = path.read_text(encoding="utf-8-sig")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if len(lines) > 1 and all(ln.lstrip().startswith("{") for ln in lines):  # JSON Lines
+            for number, line in enumerate(text.splitlines(), start=1):
+                if line.strip():
+                    _check_json_line(path, number, line)
+            return
+        all_lines = text.splitlines()
+        hint = _json_hint(all_lines[exc.lineno - 1], exc.colno - 1) if exc.lineno <= len(all_lines) else ""
+        raise DataError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg}){hint}. Fix the "
+                        "file: it must hold a list of objects, or one JSON object per line.") from None
+    if isinstance(value, dict) and value and all(
+            isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v) for v in value.values()):
+        # {"prompt": [...], "completion": [...]}: datasets reads it as ONE row whose cells are lists
+        raise DataError(f"{path} holds one JSON object of columns ({', '.join(map(repr, list(value)[:4]))}, each a "
+                        "list), not a list of rows. Write it as a list of rows, [{\"prompt\": ..., \"completion\""
+                        ": ...}, ...], or as .jsonl with one row object per line.")
+    if isinstance(value, list) and not all(isinstance(v, dict) for v in value):
+        raise DataError(f"{path} holds a JSON list whose items are not all objects. Each item must be one row "
+                        '({"column": value, ...}).')
+    if isinstance(value, list) and not value:
+        raise DataError(f"{path} is an empty JSON list. Add rows to it or pick another file.")
+

@@ -1,0 +1,120 @@
+"""Validation: which rows are held out, and what the model answers on a few of them at each eval.
+
+`split(cfg, raw)` runs BEFORE the row plan: it divides the loaded split into training and validation rows (a seeded
+share, or a separate file / split read like any dataset), then core/train/recipe.py calls `core.data.plan.plan_rows` on each
+part, so validation rows get exactly the training rows' formatting, truncation and accounting. `samples(plan, ...)`
+picks the prompts answered greedily at each eval; `generate_answers` answers them (core/train/callbacks.py calls it from
+the Trainer's own `on_evaluate`). The Trainer computes the eval loss itself (eval_dataset, eval_strategy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.config.settings import TrainConfig
+
+MIN_ROWS_FOR_SHARE = 200  # a split smaller than this trains on every row: a 5% hold-out of it would be a handful
+
+
+@dataclass
+class Split:
+    train: Any  # datasets.Dataset: the rows that may train
+    val: Any | None  # the validation rows (None: no validation)
+    val_format: str | None
+    train_ids: list[int]  # each part's rows as indices of the loaded split (for a separate file: of that file)
+    val_ids: list[int]
+    mode: str  # off | share | separate
+    why: str  # one line for the log and the page: what was held out, or why nothing was
+    source: str = ""  # the validation data (the dataset itself for a share)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "held_out_rows": len(self.val_ids) if self.mode == "share" else 0,
+                "validation_rows": len(self.val_ids), "train_part_rows": len(self.train_ids),
+                "source": self.source, "why": self.why}
+
+
+def separate(cfg: TrainConfig) -> bool:
+    """A validation file or split was given (it wins over validation_share)."""
+    return bool(cfg.validation_data.strip() or cfg.validation_split.strip())
+
+
+def val_config(cfg: TrainConfig) -> TrainConfig:
+    """The config whose dataset fields name the validation data, for core.data.plan's readers and plan."""
+    if not separate(cfg):
+        return cfg
+    return cfg.replace(dataset=cfg.validation_data.strip() or cfg.dataset,
+                       dataset_split=cfg.validation_split.strip() or "train")
+
+
+def split(cfg: TrainConfig, raw: Any, fmt: str) -> Split:
+    """Divide the loaded training split (`raw`, of format `fmt`) into the part that trains and the validation part."""
+    everything = list(range(len(raw)))
+    if separate(cfg):
+        from core.data import plan as data
+
+        vcfg = val_config(cfg)
+        val, vfmt = data.check_data(vcfg)
+        return Split(raw, val, vfmt, everything, list(range(len(val))), "separate",
+                     f"Validation: {len(val)} rows of {vcfg.dataset} [{vcfg.dataset_split}], never trained on",
+                     source=f"{vcfg.dataset} [{vcfg.dataset_split}]")
+    if cfg.validation_share <= 0:
+        return Split(raw, None, None, everything, [], "off", "Validation: off (validation_share is 0)")
+    if len(raw) < MIN_ROWS_FOR_SHARE:
+        return Split(raw, None, None, everything, [], "off",
+                     f"Validation: off, every row trains: the split has {len(raw)} rows and a hold-out needs "
+                     f"{MIN_ROWS_FOR_SHARE} (give validation_split or validation_data to validate anyway)")
+    import random
+
+    n_val = max(1, round(cfg.validation_share * len(raw)))
+    held = sorted(random.Random(cfg.seed).sample(everything, n_val))  # seeded: a resumed run holds out the same rows
+    held_set = set(held)
+    kept = [i for i in everything if i not in held_set]
+    return Split(raw.select(kept), raw.select(held), fmt, kept, held, "share",
+                 f"Validation: {n_val} of {len(raw)} rows held out ({cfg.validation_share:.0%}, seed {cfg.seed}), "
+                 "never trained on", source=cfg.dataset)
+
+
+def samples(plan: Any, tokenizer: Any, n: int) -> list[dict[str, Any]]:
+    """The first `n` validation rows that train, as {row, prompt_ids, prompt, reference}: the prompt exactly as the
+    row plan tokenized and cut it, the reference the answer tokens it trains on. Plain-text rows have no prompt and
+    give none."""
+    out = []
+    for i, (ids, labels) in enumerate(zip(plan.input_ids, plan.labels)):
+        if len(out) >= n:
+            break
+        n_prompt = int((labels == -100).sum())
+        if n_prompt == 0:
+            continue
+        out.append({"row": i, "prompt_ids": [int(x) for x in ids[:n_prompt]],
+                    "prompt": tokenizer.decode([int(x) for x in ids[:n_prompt]], skip_special_tokens=True),
+                    "reference": tokenizer.decode([int(x) for x in ids[n_prompt:]], skip_special_tokens=True)})
+    return out
+
+
+def generate_answers(model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
+    """Greedy answers to `prompts` (token ids), in one left-padded batch, at most `max_new_tokens` each."""
+    import torch
+    from transformers import GenerationConfig
+
+    if not prompts:
+        return []
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    device = next(p for p in model.parameters()).device
+    gen = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
+                           eos_token_id=tokenizer.eos_token_id, use_cache=True)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gen)
+    finally:
+        model.train(was_training)
+    return [a.strip() for a in tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)]

@@ -1,0 +1,461 @@
+"""Will it fit? A GPU-memory estimate of a TrainConfig, from the model's shape alone (no weights, no GPU).
+
+    python -m core.estimate                                   # the chapter's recipe (the defaults)
+    python -m core.estimate --config my.yaml --set max_length=1024 --json
+    python -m core.estimate --set model=Qwen/Qwen2.5-7B --fit 24  # shrink batch/length to fit a 24 GiB card
+    python -m core.estimate --config my.yaml --preset lowest_memory --data  # sized for the dataset's real rows
+    python -m core.estimate --set num_gpus=2 --set distributed_strategy=fsdp  # per GPU of a 2-GPU FSDP run
+
+The figure is per GPU: a config with several GPUs (num_gpus, num_machines) is resolved as the launcher resolves it
+(core/jobs/distributed.py's plan(): ddp, fsdp, or auto), and each GPU's share is estimated (core/estimate/multi.py).
+What each term is and why: core/estimate/terms.py. `bench/validate_estimate.py` compares with every measured run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.estimate import multi as estimate_multi
+from core.config.settings import OPTIMIZERS, ConfigError, Hardware, TrainConfig, apply_overrides
+from core.data.read import DataError
+from core.estimate.terms import (ATTENTIONS, CACHE_BASE, CACHE_FRACTION, CACHE_FRACTION_EXPANDABLE,  # noqa: F401
+                               CUBLAS_WORKSPACE, CUDA_CONTEXT, GIB, LM_HEAD_TOKEN_CHUNK, LM_HEAD_VOCAB_CHUNK,
+                               LOAD_CACHE, LOAD_CACHE_FRACTION, PAGED_MIN_NUMEL, layer_bytes_per_token, nf4_bytes,
+                               single_gpu_terms)
+from core.config.presets import PRESETS, apply_preset
+from core.model.shapes import ModelShape, ShapeError, get_shape
+
+
+def _gib(name: str) -> property:
+    return property(lambda self: getattr(self, name) / GIB, doc=f"{name} in GiB")
+
+
+@dataclass
+class Estimate:
+    """Predicted memory of one GPU at its peak, in bytes. The components sum to `nvml_peak` (= `total_gib`).
+
+    Everything up to `cuda_context` is the training peak (= `nvml_training`); `load_spike` is what loading needs
+    beyond it. `peak_allocated` / `peak_reserved` are what torch.cuda.max_memory_* report over the whole run.
+    With several GPUs (`world_size` > 1) every figure is one GPU's (`strategy` ddp or fsdp).
+    """
+
+    quantized_weights: int
+    unquantized_weights: int  # on the GPU (an offloaded input embedding is not)
+    lora: int  # adapter params + grads
+    optimizer: int  # all optimizer state (paged state counts in NVML only)
+    activations: int  # kept for the backward pass: layer inputs (checkpointing) or every layer's tensors + masks
+    logits: int  # LM head + loss working memory
+    temporaries: int  # beyond `logits`: a recomputed layer, its gradients, a dequantized 4-bit weight, cuBLAS
+    load_spike: int  # how far the GPU memory used while loading exceeds training's; 0 when training is the peak
+    allocator_cache: int  # torch reserved - allocated during training (cached free blocks)
+    cuda_context: int  # NVML used - torch reserved (CUDA context, cuBLAS workspaces, ...)
+    peak_allocated: int
+    peak_reserved: int
+    nvml_peak: int
+    tokens: int  # per micro-batch
+    peak_phase: str  # "training" or "loading"
+    nvml_training: int = 0  # NVML peak of the training steps alone (what a sampler started after loading sees)
+    cpu_offloaded: int = 0  # bytes kept in CPU memory instead (offload_embeddings)
+    notes: list[str] = field(default_factory=list)
+    communication: int = 0  # several GPUs: DDP's gradient buckets, broadcast buffers, NCCL's buffers
+    gathered_weights: int = 0  # FSDP: the unsharded weights of the units being computed
+    world_size: int = 1  # processes (GPUs) of the run; the figures are per GPU
+    strategy: str = "single"  # single | ddp | fsdp
+    strategy_reason: str = ""
+
+    COMPONENTS = ("quantized_weights", "unquantized_weights", "lora", "optimizer", "activations", "logits",
+                  "temporaries", "gathered_weights", "communication", "allocator_cache", "cuda_context", "load_spike")
+    LABELS = {
+        "quantized_weights": "4-bit weights (decoder linears)",
+        "unquantized_weights": "other weights (embeddings, head, norms)",
+        "lora": "LoRA params + grads",
+        "optimizer": "optimizer state",
+        "activations": "activations kept for backward",
+        "logits": "LM head + loss",
+        "temporaries": "backward temporaries, cuBLAS workspace",
+        "gathered_weights": "FSDP: full weights being computed",
+        "communication": "DDP buckets, broadcast + NCCL buffers",
+        "load_spike": "extra while loading",
+        "allocator_cache": "PyTorch cache (reserved - allocated)",
+        "cuda_context": "CUDA context + libraries",
+    }
+
+    total_gib = _gib("nvml_peak")
+    peak_allocated_gib = _gib("peak_allocated")
+    peak_reserved_gib = _gib("peak_reserved")
+
+    @property
+    def total(self) -> int:
+        return self.nvml_peak
+
+    def components(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.COMPONENTS}
+
+    def to_json(self) -> dict:
+        out = {"total_gib": round(self.total_gib, 3)}
+        out.update({f"{k}_gib": round(v / GIB, 3) for k, v in self.components().items()})
+        out.update(peak_allocated_gib=round(self.peak_allocated_gib, 3),
+                   peak_reserved_gib=round(self.peak_reserved_gib, 3), nvml_peak_gib=round(self.total_gib, 3),
+                   nvml_training_gib=round(self.nvml_training / GIB, 3), tokens_per_micro_batch=self.tokens,
+                   cpu_offloaded_gib=round(self.cpu_offloaded / GIB, 3), peak_phase=self.peak_phase,
+                   world_size=self.world_size, strategy=self.strategy, notes=list(self.notes))
+        return out
+
+    def table(self) -> str:
+        lines = [f"  {self.LABELS[k]:<42} {v / GIB:7.2f} GiB" for k, v in self.components().items()
+                 if k != "load_spike" and (v or k in ("unquantized_weights", "activations"))]
+        if self.load_spike:
+            lines.append(f"  {'= training peak':<42} {self.nvml_training / GIB:7.2f} GiB")
+            lines.append(f"  {self.LABELS['load_spike']:<42} {self.load_spike / GIB:7.2f} GiB")
+        what = "total (GPU memory used, NVML peak)" if self.world_size == 1 else "total per GPU (NVML peak)"
+        lines.append(f"  {what:<42} {self.total_gib:7.2f} GiB")
+        lines.append(f"  peak allocated {self.peak_allocated_gib:.2f} GiB, peak reserved {self.peak_reserved_gib:.2f} "
+                     f"GiB (peak while {self.peak_phase}); {self.tokens} tokens per micro-batch")
+        if self.cpu_offloaded:
+            lines.append(f"  in CPU memory instead: {self.cpu_offloaded / GIB:.2f} GiB (input embedding)")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _resolve_shape(cfg: TrainConfig, shape: ModelShape | None) -> ModelShape:
+    return shape if shape is not None else get_shape(cfg.model)
+
+
+def estimate(cfg: TrainConfig, shape: ModelShape | None = None, *, max_row_tokens: int | None = None,
+             full_logits: bool = False, liger_layers: bool | None = None, attention: str | None = None,
+             equal_length_rows: bool = False, n_gpus: int | None = None, gpu_bytes: int | None = None,
+             embedding_via_gpu: bool = False) -> Estimate:
+    """Predict one GPU's memory while training `cfg` (peak allocated, peak reserved and NVML peak).
+
+    `max_row_tokens`: the longest row of the dataset in tokens, when known (default: rows reach max_length).
+    `full_logits`: the loss materialises batch x length x vocab logits (a plain loss; not TRL's SFTTrainer).
+    `liger_layers`: liger's RMSNorm/SwiGLU/RoPE are in the model (default: `cfg.use_liger_kernel`).
+    `attention`: "sdpa" (default; or the config's `attention` field where it has one) or "varlen" (per packed row).
+    `equal_length_rows`: every row of a micro-batch has the same length, so an unpacked batch needs no padding mask.
+    `n_gpus`, `gpu_bytes`: this machine's GPU count and smallest GPU, for num_gpus "all" and strategy auto
+    (default: what NVML sees here).
+    """
+    shape = _resolve_shape(cfg, shape)
+    attention = attention or getattr(cfg, "attention", None) or "sdpa"
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, not {attention!r}")
+    t = single_gpu_terms(cfg, shape, max_row_tokens=max_row_tokens, full_logits=full_logits,
+                         liger_layers=liger_layers, attention=attention, equal_length_rows=equal_length_rows,
+                         embedding_via_gpu=embedding_via_gpu)  # measured rows of the loader before 2026-12-01
+    lay = estimate_multi.layout(cfg, lambda: max(t.nvml_training, t.nvml_setup), n_gpus, gpu_bytes)
+    estimate_multi.apply(t, cfg, shape, lay)
+    notes = ([f"per GPU: {lay.world_size} processes, {lay.strategy} ({lay.reason})"] if lay.world_size > 1 else [])
+    notes += t.notes
+    nvml = max(t.nvml_training, t.nvml_setup)
+    phase = "loading" if nvml > t.nvml_training else "training"
+    if phase == "loading":
+        if cfg.load_in_4bit and cfg.upcast_to_fp32 and cfg.precision != "fp32":
+            notes.append("the peak is the fp32 upcast while loading, not training: upcast_to_fp32=false avoids it")
+        else:
+            notes.append("the peak is while loading the model, not training")
+    if t.paged:
+        notes.append("paged optimizer state lives in CUDA managed memory: it can spill to CPU RAM under pressure")
+    return Estimate(
+        quantized_weights=t.quantized, unquantized_weights=t.unquantized, lora=t.lora, optimizer=t.optimizer,
+        activations=t.activations, logits=t.logits, temporaries=t.temporaries, load_spike=nvml - t.nvml_training,
+        allocator_cache=t.train_reserved - t.train_alloc - t.kept, cuda_context=CUDA_CONTEXT,
+        peak_allocated=max(t.train_alloc, t.load_alloc), peak_reserved=max(t.train_reserved, t.load_reserved),
+        nvml_peak=nvml, tokens=t.tokens, peak_phase=phase, notes=notes + t.last_notes,
+        nvml_training=t.nvml_training, cpu_offloaded=t.offloaded, communication=t.buckets + t.kept + t.comm,
+        gathered_weights=t.gathered, world_size=lay.world_size, strategy=lay.strategy, strategy_reason=lay.reason)
+
+
+# --- what each checklist item saves ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ItemSaving:
+    key: str
+    label: str
+    on: bool  # whether the config has it on now
+    saved_bytes: int  # predicted NVML peak with the item off minus with it on (at the other current settings)
+
+    @property
+    def saved_gib(self) -> float:
+        return self.saved_bytes / GIB
+
+    @property
+    def text(self) -> str:
+        if self.saved_gib <= -0.05:  # the item raises the peak at these settings
+            return f"costs {-self.saved_gib:.1f} GiB more here"
+        if self.saved_gib < 0.05:
+            return "saves nothing here"
+        return f"saves {self.saved_gib:.1f} GiB here"
+
+
+def savings(cfg: TrainConfig, shape: ModelShape | None = None, switch=None, **kw) -> list[ItemSaving]:
+    """For each of the chapter's seven checklist items, the GiB it saves at the current settings (on vs off).
+
+    `switch(cfg, key, on)` is what ticking or unticking the item does (default core.config.checklist.toggle; the page passes
+    its own, which can give back the values from before the last tick), so the saving is what a click changes."""
+    from core.config.checklist import ITEMS, toggle
+
+    switch = switch or toggle
+    shape = _resolve_shape(cfg, shape)
+    out = []
+    for item in ITEMS:
+        on_total = estimate(switch(cfg, item.key, True), shape, **kw).nvml_peak
+        off_total = estimate(switch(cfg, item.key, False), shape, **kw).nvml_peak
+        out.append(ItemSaving(item.key, item.label, bool(item.is_on(cfg)), off_total - on_total))
+    return out
+
+
+# --- fit to a budget ------------------------------------------------------------------------------------------------
+class FitError(ValueError):
+    """Nothing memtune may change fits the budget; the message gives the smallest need found. For a page that words
+    it itself: `smallest` (the smallest setting tried), `need_gib` (a GPU that fits it) and `advice` (a code:
+    fsdp_loading, ddp, upcast, no_4bit, smaller_model)."""
+
+    def __init__(self, message: str, smallest: TrainConfig | None = None, smallest_gib: float | None = None,
+                 need_gib: float | None = None, advice: str = "smaller_model") -> None:
+        super().__init__(message)
+        self.smallest, self.smallest_gib, self.need_gib, self.advice = smallest, smallest_gib, need_gib, advice
+
+
+def _lengths(max_length: int, floor: int = 64) -> list[int]:
+    out, length = [], max_length
+    while True:
+        out.append(length)
+        if length <= floor:
+            return out
+        length = max(floor, length // 2)
+
+
+FIT_MARGIN = 0.1  # what fit_to_gpu keeps spare of the budget
+
+
+def fit_floor(cfg: TrainConfig, shape: ModelShape | None = None, **kw) -> Estimate:
+    """The estimate of the smallest setting fit_to_gpu may choose for cfg (batch 1, its shortest length, gradient
+    checkpointing, a paged 8-bit optimizer): when even this does not fit a budget, Fit cannot help."""
+    effective = cfg.effective_batch_size
+    optim = cfg.optim if OPTIMIZERS.get(cfg.optim, (0, 0, 0))[1] else "paged_adamw_8bit"
+    return estimate(cfg.replace(max_length=_lengths(cfg.max_length)[-1], per_device_train_batch_size=1,
+                                gradient_accumulation_steps=max(1, effective), gradient_checkpointing=True,
+                                optim=optim), _resolve_shape(cfg, shape), **kw)
+
+
+def fit_to_gpu(cfg: TrainConfig, budget_bytes: int, margin: float = FIT_MARGIN, shape: ModelShape | None = None,
+               **kw) -> tuple[TrainConfig, Estimate]:
+    """The config closest to `cfg` whose predicted NVML peak fits `budget_bytes` with `margin` to spare.
+
+    Changes only the micro-batch (keeping batch x accumulation via accumulation), max_length (never above the
+    user's; shortened last, since it truncates rows), gradient checkpointing and the optimizer (8-bit paged).
+    """
+    shape = _resolve_shape(cfg, shape)
+    limit = budget_bytes * (1.0 - margin)
+    effective = cfg.effective_batch_size
+    optims = [cfg.optim] + ([] if OPTIMIZERS.get(cfg.optim, (0, 0, 0))[1] else ["paged_adamw_8bit"])
+    ckpts = [cfg.gradient_checkpointing] + ([] if cfg.gradient_checkpointing else [True])
+    variants = [(g, o) for g in ckpts for o in optims]
+    variants.sort(key=lambda v: (v[0] != cfg.gradient_checkpointing, v[1] != cfg.optim))
+    last: tuple[TrainConfig, Estimate] | None = None
+    for length in _lengths(cfg.max_length):
+        batches, b = [], cfg.per_device_train_batch_size
+        while b >= 1:
+            batches.append(b)
+            b //= 2
+        for b in batches:
+            for ckpt, optim in variants:
+                cand = cfg.replace(max_length=length, per_device_train_batch_size=b,
+                                   gradient_accumulation_steps=max(1, -(-effective // b)),
+                                   gradient_checkpointing=ckpt, optim=optim)
+                est = estimate(cand, shape, **kw)
+                if est.nvml_peak <= limit:
+                    return cand, est
+                last = (cand, est)
+    cand, est = last  # the smallest setting: batch 1, the shortest length, checkpointing, 8-bit optimizer
+    need = est.nvml_peak / (1.0 - margin)
+    if est.strategy == "fsdp" and est.peak_phase == "loading":
+        code, advice = "fsdp_loading", "The peak is loading: each GPU holds the whole 4-bit model before FSDP shards it."
+    elif est.strategy == "ddp":
+        code, advice = "ddp", "Every GPU holds the whole model under ddp: distributed_strategy fsdp shards it across the GPUs."
+    elif cfg.load_in_4bit and cfg.upcast_to_fp32 and est.peak_phase == "loading":
+        code, advice = "upcast", "The peak is the fp32 upcast while loading: turn upcast_to_fp32 off, or pick a smaller model."
+    elif not cfg.load_in_4bit:
+        code, advice = "no_4bit", "Turn on load_in_4bit (QLoRA), or pick a smaller model."
+    else:
+        code, advice = "smaller_model", "Pick a smaller model."
+    raise FitError(
+        f"Nothing fits in {budget_bytes / GIB:.1f} GiB with a {margin:.0%} margin. The smallest setting tried "
+        f"(batch 1, max_length {cand.max_length}, gradient checkpointing "
+        f"{'on' if cand.gradient_checkpointing else 'off'}, {cand.optim}) needs {est.total_gib:.1f} GiB{' per GPU' if est.world_size > 1 else ''}, so a GPU with at "
+        f"least {need / GIB:.1f} GiB. {advice}", smallest=cand, smallest_gib=est.total_gib, need_gib=need / GIB,
+        advice=code)
+
+
+# --- the dataset's real lengths -------------------------------------------------------------------------------------
+def measured_row_tokens(cfg: TrainConfig) -> int | None:
+    """The longest row of cfg's dataset in tokens (read and tokenized as training will), for `max_row_tokens`;
+    None with packing, where a micro-batch is packs of up to max_length whatever the rows."""
+    if cfg.packing:
+        return None
+    from core.data import plan as data
+    from core.model.load import load_tokenizer
+
+    from core.quiet import offline_if_unreachable
+
+    offline_if_unreachable(cfg)  # one quick check, not six "Retrying in Ns" lines before the error
+    raw, fmt = data.check_data(cfg)
+    try:
+        tokenizer = load_tokenizer(cfg)
+    except Exception as exc:  # noqa: BLE001 - an uncached or gated model: the estimate itself needs no tokenizer
+        raise DataError(f"Measuring {cfg.dataset} needs the tokenizer of {cfg.model}, which could not be loaded "
+                        f"({type(exc).__name__}: {exc}). Leave out --data, or give --max-row-tokens.") from None
+    return data.plan_rows(cfg, tokenizer, raw, fmt, n_examples=0).longest_row or None
+
+
+# --- CLI ------------------------------------------------------------------------------------------------------------
+
+# --- presets that keep their promise for the model in hand -------------------------------------------------
+# Presets that keep their promise for the model in hand: "Fastest within 24 GB" stays within 24 GB.
+# 
+# A preset is a fixed set of levers measured on Llama-3.1-8B (core/config/presets.py). On another model the same levers can
+# need more: Gemma-2-9B's 256k vocabulary and 42 layers took 29.0 GiB with `fastest` (issue 20). `apply` sets the
+# preset's levers, then, for a preset with a memory promise, asks the estimator (core/estimate/predict.py) for this model and
+# takes the fastest micro-batch / checkpointing that keeps the promise: fewer packs per micro-step first (with the
+# accumulation raised to keep ~the same packs per optimizer step), then checkpointing. It says what it changed, or,
+# when even the smallest setting does not fit, what the preset gives for this model.
+# 
+PRESET_BUDGETS_GIB = {"fastest": 24.0}  # the preset's promise: NVML peak on one GPU (a "24 GB" card holds 24 GiB)
+PRESET_MARGIN = 0.97  # the estimator's error on the GPU rows is within 3% (bench/RESULTS.md): aim below the promise by that
+
+
+@dataclass
+class PresetFit:
+    cfg: TrainConfig
+    preset: str = ""
+    key: str | None = None  # core/locales key of the note (preset.fit.*), None when there is nothing to say
+    values: dict[str, Any] = field(default_factory=dict)  # the note's placeholders
+    predicted_gib: float | None = None
+
+    def note(self, lang: str = "en") -> str:
+        if not self.key:
+            return ""
+        from core.i18n import normalize, t
+
+        label = t(f"preset.{self.preset}.label", lang)
+        comma = normalize(lang) in ("pt", "fr")  # 23,0 GiB, as the rest of the page writes decimals there
+        values = {k: (f"{v:.1f}".replace(".", ",") if comma else f"{v:.1f}") if isinstance(v, float) else v
+                  for k, v in self.values.items()}
+        return t(self.key, lang, **{**values, "preset": label if label != f"preset.{self.preset}.label"
+                                    else PRESETS[self.preset]["label"]})
+
+
+def _predict(cfg: TrainConfig) -> float | None:
+    from core.data.plan import known_longest_row
+
+    try:
+        return estimate(cfg, max_row_tokens=known_longest_row(cfg)).total_gib
+    except Exception:  # noqa: BLE001 - a model the estimator cannot read: the preset stays as written
+        return None
+
+
+def preset_candidates(cfg: TrainConfig) -> list[TrainConfig]:
+    """The preset's own setting first, then fewer packs per micro-step, then the same with checkpointing."""
+    packs = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps  # per optimizer step
+    out = []
+    for ckpt in (cfg.gradient_checkpointing, True):
+        for batch in (8, 6, 4, 3, 2, 1):
+            if batch <= cfg.per_device_train_batch_size:
+                out.append(cfg.replace(per_device_train_batch_size=batch, gradient_checkpointing=ckpt,
+                                       gradient_accumulation_steps=max(1, -(-packs // batch))))
+    return _unique(out)
+
+
+def _unique(items: list[TrainConfig]) -> list[TrainConfig]:
+    seen, out = set(), []
+    for c in items:
+        key = (c.per_device_train_batch_size, c.gradient_checkpointing)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+def fit_preset(cfg: TrainConfig, name: str, hw: Hardware | None = None) -> PresetFit:
+    """`cfg` with preset `name` applied for this model (see the module docstring), and the note saying what changed."""
+    base = apply_preset(cfg, name, hw)
+    budget = PRESET_BUDGETS_GIB.get(name)
+    if budget is None:
+        return PresetFit(base)
+    first = _predict(base)
+    if first is None:
+        return PresetFit(base)
+    label = PRESETS[name]["label"]  # in the note's language when it is shown (Fit.note)
+    if first <= budget * PRESET_MARGIN:
+        return PresetFit(base, name, "preset.fit.holds", {"gib": first, "budget": f"{budget:g}"}, first)
+    for option in preset_candidates(base)[1:]:
+        gib = _predict(option)
+        if gib is not None and gib <= budget * PRESET_MARGIN:
+            changes = [f"per_device_train_batch_size={option.per_device_train_batch_size}",
+                       f"gradient_accumulation_steps={option.gradient_accumulation_steps}"]
+            if option.gradient_checkpointing != base.gradient_checkpointing:
+                changes.append("gradient_checkpointing=true")
+            return PresetFit(option, name, "preset.fit.changed",
+                       {"changes": ", ".join(changes), "gib": gib, "budget": f"{budget:g}",
+                        "before": first, "preset": label}, gib)
+    smallest = preset_candidates(base)[-1]
+    gib = _predict(smallest)
+    return PresetFit(smallest, name, "preset.fit.cannot", {"gib": gib if gib is not None else first,
+                                               "budget": f"{budget:g}", "preset": label}, gib)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m core.estimate",
+                                     description="Estimate the GPU memory a memtune training config needs.")
+    parser.add_argument("--config", help="YAML config (default: the chapter's recipe)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a setting")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--fit", type=float, metavar="GIB", help="shrink batch/length/... to fit this many GiB")
+    parser.add_argument("--preset", choices=list(PRESETS), help="apply a preset's memory/speed levers first "
+                        "(chapter, lowest_memory, fastest), then --set; as python -m core.train does")
+    parser.add_argument("--max-row-tokens", type=int, help="the dataset's longest row in tokens, if known")
+    parser.add_argument("--data", action="store_true", help="measure the config's dataset (reads it and the "
+                        "model's tokenizer) and size micro-batches for its longest row instead of max_length")
+    args = parser.parse_args(argv)
+    try:
+        cfg = TrainConfig.load(args.config) if args.config else TrainConfig()
+        if args.preset:
+            fit = fit_preset(cfg, args.preset, Hardware.detect())  # as the app and `core.train.recipe` apply it
+            cfg = fit.cfg
+            if fit.key:
+                print(f"preset {args.preset}: {fit.note()}", file=sys.stderr)
+        cfg = apply_overrides(cfg, args.set)
+        shape = get_shape(cfg.model)
+        kw = {"max_row_tokens": args.max_row_tokens or (measured_row_tokens(cfg) if args.data else None)}
+        if args.fit is not None:
+            cfg, est = fit_to_gpu(cfg, int(args.fit * GIB), shape=shape, **kw)
+        else:
+            est = estimate(cfg, shape, **kw)
+    except (ConfigError, ShapeError, FitError, DataError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        out = est.to_json()
+        if args.fit is not None:
+            out["config"] = {k: getattr(cfg, k) for k in ("per_device_train_batch_size", "gradient_accumulation_steps",
+                                                          "max_length", "gradient_checkpointing", "optim")}
+        print(json.dumps(out))
+        return 0
+    what = "4-bit " + cfg.bnb_4bit_quant_type if cfg.load_in_4bit else cfg.precision
+    gpus = f", per GPU of {est.world_size} ({est.strategy})" if est.world_size > 1 else ""
+    print(f"{cfg.model} ({what}, LoRA r={cfg.lora_r}), batch {cfg.per_device_train_batch_size} x max_length "
+          f"{cfg.max_length}{' packed' if cfg.packing else ''}, optim {cfg.optim}, "
+          f"checkpointing {'on' if cfg.gradient_checkpointing else 'off'}{gpus}:")
+    print(est.table())
+    if args.fit is not None:
+        print(f"  fits {args.fit:g} GiB with: batch {cfg.per_device_train_batch_size} x accumulation "
+              f"{cfg.gradient_accumulation_steps}, max_length {cfg.max_length}, checkpointing "
+              f"{cfg.gradient_checkpointing}, optim {cfg.optim}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""The arithmetic behind core.estimate.predict: what one training process keeps on its GPU, term by term.
+
+The model of memory, for the stack memtune runs (transformers 5 + peft + TRL's SFTTrainer + bitsandbytes). Every
+term is a tensor that exists on the GPU; `bench/validate_estimate.py` checks the sum against every measured run of
+bench/grid_measured.json (H200, torch 2.11) and bench/RESULTS.md shows the table.
+
+  weights      NF4/FP4 decoder linears: 0.5 byte/param + absmax (fp32 per 64-block; with double quant 1 byte per
+               block + fp32 per 256 blocks), as bitsandbytes' quantize_4bit stores them. Embeddings, lm_head, norms
+               and biases stay unquantized: bf16, or fp32 after the recipe's upcast (prepare_model_for_kbit_training).
+               `offload_embeddings` keeps the input embedding in CPU memory (not when tied to the head).
+               `quantize_output_head` stores the untied head in NF4 too, in blocks of QUANTIZED_HEAD_ROWS rows,
+               and TRL's fused head then dequantizes one such block per vocabulary chunk.
+  load spike   The upcast converts one matrix at a time, so for a moment the last one exists in bf16 and fp32:
+               on an 8B Llama-3 this, not training, is the recipe's peak (measured 8.22-8.31 GiB allocated). An
+               offloaded embedding is loaded straight into CPU memory (never on the GPU).
+  LoRA         params + grads (bf16 on a 4-bit base, as TRL casts them; fp32 otherwise, as peft keeps them).
+  optimizer    Adam's two moments: 8-bit = 2 bytes/param, 32-bit = 8; torch AdamW keeps the params' dtype.
+               bitsandbytes pages (CUDA managed memory: NVML counts it, torch's allocator does not) only state
+               tensors of >= 1e5 elements: LoRA matrices of a 70B model, none of an 8B one at r=16.
+  activations  What autograd keeps per token and layer (`layer_bytes_per_token`): the RMSNorms' inputs, the
+               LoRA inputs, attention's q/k/v/output (k and v repeated to all heads when a mask is passed), the
+               MLP's gate/up (and act(gate) without liger's fused SwiGLU). 4-bit and frozen 16-bit linears keep
+               nothing. With checkpointing only each layer's input is kept, plus one layer recomputed in backward.
+  masks        With packing, transformers' SDPA path builds a block-diagonal [T, T] mask (T = tokens per
+               micro-batch) and SDPA turns it into a [T, T] compute-dtype bias that every layer keeps for its
+               backward: 2 T^2 bytes per layer (1.0 GiB at 4,096 tokens on 32 layers). Padded batches likewise
+               (batch x length^2). Per-row (varlen) attention has none.
+  logits       TRL 1.16's SFTTrainer computes the loss with a chunked LM head (trl.kernels.chunked_logprob): only
+               a 4096 x 32768 tile of logits exists, never batch x length x vocab. A plain `model(labels=...)` loss
+               (full_logits=True) keeps the bf16 logits, their fp32 copy, log-softmax and its gradient.
+  allocator    Cached free blocks (reserved - allocated) grow with the working set; less with expandable
+               segments. The CUDA context + cuBLAS/cuDNN (NVML - reserved) is 1.37 GiB on an H200 with torch 2.11.
+
+Tokens per micro-batch = batch x max_length (rows pad to the longest in the batch; with packing a micro-batch is
+`batch` packs of up to max_length tokens), unless every row is shorter (`max_row_tokens`).
+
+The liger-kernel switch (`use_liger_kernel`) means its RMSNorm, SwiGLU and RoPE in the layers and its fused loss.
+`liger_layers=` overrides the first part: liger patches transformers' Llama module for the whole process, so a
+Llama model built after a liger run in the same process has liger's layers whatever its own setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.config.settings import OPTIMIZERS, TrainConfig
+from core.model.shapes import ModelShape
+
+GIB = 2**30
+
+# --- calibration constants (H200, torch 2.11 + CUDA 13; bench/RESULTS.md, shared/gpu/BASELINE.md) -------------------
+CUDA_CONTEXT = int(1.37 * GIB)  # NVML used - torch reserved - paged optimizer state: 1.36-1.39 in every clean run
+CUBLAS_WORKSPACE = 64 * 2**20  # cuBLAS + cuBLASLt workspaces (32 MiB each on Hopper), allocated on the first matmul
+LOAD_CACHE = int(0.26 * GIB)  # blocks the loader leaves cached: reserved - allocated right after from_pretrained
+LOAD_CACHE_FRACTION = 0.05  # ... at most this share of what was loaded (8B: 0.26 of 5.3 GiB; a tiny model: ~0)
+CACHE_BASE = int(0.06 * GIB)  # reserved - allocated during training: a base ...
+CACHE_FRACTION = 0.075  # ... plus this share of the working set (activations, logits, temporaries)
+CACHE_FRACTION_EXPANDABLE = 0.04  # with expandable_segments (measured 0.04 on `fastest`, 0.05 on 70B)
+LM_HEAD_VOCAB_CHUNK = 32768  # trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE
+LM_HEAD_TOKEN_CHUNK = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE
+QUANTIZED_HEAD_ROWS = 8192  # core.model.load.HEAD_ROWS: rows per NF4 block of a quantized head, and TRL's chunk then
+PAGED_MIN_NUMEL = 100_000  # bitsandbytes Optimizer8bit.get_state_buffer pages only tensors at least this large
+ATTENTIONS = ("sdpa", "varlen")
+
+
+def nf4_bytes(n: int, double_quant: bool, blocksize: int = 64) -> int:
+    """Bytes bitsandbytes stores for one n-element 4-bit weight (packed data + quantization constants)."""
+    blocks = -(-n // blocksize)
+    packed = (n + 1) // 2
+    if double_quant:  # absmax quantized to 8 bits in blocks of 256, + fp32 absmax per block, code table, offset
+        return packed + blocks + 4 * -(-blocks // 256) + 4 * 256 + 4 + 64
+    return packed + 4 * blocks + 64
+
+
+def precision_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+def upcast(cfg: TrainConfig) -> bool:
+    """memtune's engine upcasts (prepare_model_for_kbit_training) only a 4-bit model, and only when asked."""
+    return cfg.load_in_4bit and cfg.upcast_to_fp32 and cfg.precision != "fp32"
+
+
+def other_weight_bytes(cfg: TrainConfig) -> int:
+    """Bytes per parameter of the unquantized weights (embeddings, head, norms): fp32 after the upcast."""
+    return 4 if (upcast(cfg) or cfg.precision == "fp32") else precision_bytes(cfg.precision)
+
+
+def lora_matrices(shape: ModelShape, cfg: TrainConfig) -> list[int]:
+    """Element counts of one layer's LoRA matrices (A: r x in, B: out x r) for the targeted modules."""
+    return [n for a, b in shape.lora_dims(cfg.lora_target_modules) for n in (cfg.lora_r * a, cfg.lora_r * b)]
+
+
+def optimizer_bytes(cfg: TrainConfig, shape: ModelShape, param_bytes: int, shards: int = 1) -> tuple[int, int]:
+    """(bytes of optimizer state for the LoRA params, how many of them bitsandbytes pages); with `shards` > 1 each
+    LoRA matrix is one flat FSDP shard of 1/shards of it (what the optimizer then sees)."""
+    _, eight_bit, paged = OPTIMIZERS.get(cfg.optim, (False, False, False))
+    matrices = [-(-m // shards) for m in lora_matrices(shape, cfg)]
+    n = shape.num_hidden_layers * sum(matrices)
+    if cfg.optim == "sgd":
+        return 0, 0
+    if cfg.optim == "adafactor":
+        return n // 4, 0  # factored second moment: rows + columns, a small fraction of n
+    if eight_bit:
+        def per(m: int) -> int:
+            return 2 * m + 2 * 4 * -(-m // 256)  # two uint8 moments + fp32 absmax per 256-block each
+    elif paged:  # paged_adamw_32bit: bitsandbytes keeps fp32 moments
+        def per(m: int) -> int:
+            return 8 * m
+    else:  # torch AdamW: moments in the params' dtype
+        return 2 * param_bytes * n, 0
+    total = shape.num_hidden_layers * sum(per(m) for m in matrices)
+    paged_bytes = shape.num_hidden_layers * sum(per(m) for m in matrices if m >= PAGED_MIN_NUMEL) if paged else 0
+    return total, paged_bytes
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    c: int  # compute dtype (autocast): what attention, LoRA and the logits tile use
+    s: int  # residual stream: fp32 after the upcast (the embedding output is fp32), else the compute dtype
+    o: int  # output of a decoder linear: bitsandbytes returns its input's dtype (so s); a 16-bit one, c
+
+
+def dtypes(cfg: TrainConfig) -> Dtypes:
+    c = precision_bytes(cfg.precision)
+    s = 4 if (upcast(cfg) or cfg.precision == "fp32") else c
+    return Dtypes(c=c, s=s, o=s if cfg.load_in_4bit else c)
+
+
+def masked(cfg: TrainConfig, attention: str, batch: int, equal_length_rows: bool) -> bool:
+    """Whether attention gets an explicit mask (a packed or padded micro-batch under SDPA)."""
+    if attention == "varlen":
+        return False
+    return cfg.packing or (batch > 1 and not equal_length_rows)
+
+
+def layer_bytes_per_token(cfg: TrainConfig, shape: ModelShape, *, liger_layers: bool | None = None,
+                          kv_repeated: bool = False) -> tuple[int, int]:
+    """(bytes one decoder layer keeps for backward per token, extra bytes its backward needs per token).
+
+    `kv_repeated`: attention is called with a mask, so transformers repeats the key/value heads to all query
+    heads before SDPA (no native GQA) and k, v are kept at the query width (also what varlen ran with here).
+    """
+    liger = cfg.use_liger_kernel if liger_layers is None else liger_layers
+    d = dtypes(cfg)
+    h, inter, q, kv = shape.hidden_size, shape.intermediate_size, shape.q_dim, shape.kv_dim
+    # RMSNorm: the eager one keeps an fp32 copy of its input (+ 1/rms); liger's keeps the input as it is.
+    norm = (d.s * h if liger else 4 * h) + 4
+    norms = shape.norms_per_layer * norm
+    # Attention (SDPA / FlashAttention) keeps q, k, v, its output (compute dtype) and fp32 log-sum-exp per head.
+    k_width = q if kv_repeated else kv
+    attn = d.c * (2 * q + 2 * k_width) + 4 * shape.num_attention_heads
+    # SwiGLU keeps gate and up (liger's fused kernel recomputes act(gate) in backward), the eager MLP act(gate) too.
+    mlp = (2 if liger else 3) * d.o * inter
+    # LoRA keeps its input: with dropout, each adapted layer its own dropout output (compute dtype) + 1-byte mask;
+    # without, the modules reading one tensor share it (q,k,v read the norm output; gate,up the second norm's) when
+    # it is already in the compute dtype, else each keeps its own autocast copy. o_proj's input is attention's
+    # output, which attention keeps anyway. Plus the r-wide LoRA intermediate of each adapted layer.
+    dims = shape.module_dims()
+    targets = shape.lora_names(cfg.lora_target_modules)
+    lora = 0
+    if cfg.lora_dropout > 0:
+        lora = sum((d.c + 1) * dims[t][0] for t in targets)
+    else:
+        groups = {"attn_in": ("q_proj", "k_proj", "v_proj"), "mlp_in": ("gate_proj", "up_proj")}
+        for members in groups.values():
+            n = sum(t in targets for t in members)
+            if n:
+                lora += d.c * h * (1 if d.s == d.c else n)
+        if "down_proj" in targets:
+            lora += d.c * inter
+    lora += sum(d.c * cfg.lora_r for _ in targets)
+    saved = norms + attn + mlp + lora
+    # Backward of the MLP holds the gradient of the gate*up product (and, unfused, the second gradient of the
+    # multiply at the same time) and the residual stream's gradient (two copies).
+    backward = (1 if liger else 2) * d.o * inter + 2 * d.s * h
+    return saved, backward
+
+
+@dataclass
+class Terms:
+    """One process's GPU memory before it is summed into peaks, in bytes (core.estimate.predict sums it; core.estimate.multi
+    changes it for a run over several processes)."""
+
+    quantized: int  # 4-bit linears: packed data + quantization constants
+    unquantized: int  # on the GPU during training (an offloaded input embedding is not)
+    offloaded: int  # in CPU memory instead
+    lora: int  # params + grads
+    optimizer: int  # all optimizer state, paged included
+    paged: int  # of which bitsandbytes pages (CUDA managed memory: NVML only)
+    activations: int
+    logits: int
+    temporaries: int  # includes the cuBLAS workspace
+    load_alloc: int  # setup (loading, wrapping): peak allocated ...
+    load_reserved: int  # ... and reserved
+    cache_fraction: float
+    tokens: int
+    notes: list[str] = field(default_factory=list)
+    last_notes: list[str] = field(default_factory=list)  # said after the peak's phase
+    # several processes (core/estimate/multi.py); all 0 for one
+    gathered: int = 0  # FSDP: full (unsharded) weights of the units being computed
+    buckets: int = 0  # DDP: the gradient buckets (allocated)
+    kept: int = 0  # broadcast buffers the caching allocator keeps (reserved)
+    comm: int = 0  # NCCL's buffers (NVML only), during training ...
+    load_comm: int = 0  # ... and during setup
+
+    @property
+    def static(self) -> int:
+        return self.quantized + self.unquantized + self.lora + self.optimizer - self.paged + self.buckets
+
+    @property
+    def working(self) -> int:
+        return self.activations + self.logits + self.temporaries - CUBLAS_WORKSPACE + self.gathered
+
+    @property
+    def train_alloc(self) -> int:
+        return self.static + self.working + CUBLAS_WORKSPACE
+
+    @property
+    def train_reserved(self) -> int:
+        return self.train_alloc + CACHE_BASE + int(self.cache_fraction * self.working) + self.kept
+
+    @property
+    def nvml_training(self) -> int:
+        return self.train_reserved + CUDA_CONTEXT + self.paged + self.comm  # paged state: created with the optimizer
+
+    @property
+    def nvml_setup(self) -> int:
+        return self.load_reserved + CUDA_CONTEXT + self.load_comm
+
+
+def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int | None = None,
+                     full_logits: bool = False, liger_layers: bool | None = None, attention: str = "sdpa",
+                     equal_length_rows: bool = False, embedding_via_gpu: bool = False) -> Terms:
+    """Every term of one process training `cfg` alone on one GPU (see the module docstring). `embedding_via_gpu`:
+    the loader of runs before 2026-12-01 put an offloaded embedding on the GPU first (bench/grid_measured.json)."""
+    liger = cfg.use_liger_kernel if liger_layers is None else liger_layers
+    notes: list[str] = []
+    q4 = cfg.load_in_4bit
+    d = dtypes(cfg)
+    row = cfg.max_length if not max_row_tokens else max(1, min(cfg.max_length, max_row_tokens))
+    batch = cfg.per_device_train_batch_size
+    tokens = batch * row
+    if max_row_tokens:
+        cut = ", cut to max_length" if max_row_tokens > cfg.max_length else ""
+        notes.append(f"sized for the dataset's real rows: micro-batches of {batch} x {row} tokens (its longest "
+                     f"row is {max_row_tokens:,} tokens{cut})")
+    else:
+        notes.append(f"assumes every micro-batch is {batch} x max_length {cfg.max_length} tokens (the dataset's "
+                     "lengths are unknown; shorter rows need less)")
+    h, layers, vocab = shape.hidden_size, shape.num_hidden_layers, shape.vocab_size
+
+    # Weights
+    dims = shape.module_dims()
+    other_dtype = other_weight_bytes(cfg)
+    if q4:
+        quantized = layers * sum(nf4_bytes(a * b, cfg.bnb_4bit_use_double_quant) for a, b in dims.values())
+        unquantized = other_dtype * shape.unquantized_params
+    else:
+        quantized = 0
+        unquantized = d.c * shape.total_params
+    # quantize_output_head: the untied head in NF4 blocks (core.model.load.QuantizedHead) instead of its dtype.
+    q_head = bool(q4 and cfg.quantize_output_head and shape.head_params)
+    if q_head:
+        rows = max(1, shape.head_params // h)
+        quantized += sum(nf4_bytes(min(QUANTIZED_HEAD_ROWS, rows - a) * h, cfg.bnb_4bit_use_double_quant)
+                         for a in range(0, rows, QUANTIZED_HEAD_ROWS))
+        unquantized -= other_dtype * shape.head_params
+    # offload_embeddings: the frozen input embedding stays in CPU memory (core.model.load.CpuEmbedding), not when tied.
+    offloaded = other_dtype * shape.embed_params if (cfg.offload_embeddings and shape.head_params) else 0
+    if offloaded:
+        notes.append(f"the input embedding ({offloaded / GIB:.2f} GiB) is kept in CPU memory (loaded straight "
+                     "there)")
+
+    # LoRA: TRL casts the adapters of a quantized model to bf16; peft keeps them fp32 on a 16-bit base.
+    n_lora = shape.lora_params(cfg.lora_r, cfg.lora_target_modules)
+    lora_dtype = 2 if q4 else 4
+    lora = 2 * lora_dtype * n_lora
+    if not q4 and d.c == 2:
+        lora += 2 * n_lora  # autocast caches bf16 copies of the fp32 adapter weights during the step
+    optimizer, paged_bytes = optimizer_bytes(cfg, shape, lora_dtype)
+
+    # Activations
+    is_masked = masked(cfg, attention, batch, equal_length_rows)
+    saved, backward = layer_bytes_per_token(cfg, shape, liger_layers=liger,
+                                            kv_repeated=is_masked or attention == "varlen")
+    dequant = d.c * shape.largest_linear if q4 else 0  # bitsandbytes dequantizes a whole weight per matmul
+    # An explicit mask: a bool [T, T] (packed; batch x [L, L] padded) shared by the layers, and the compute-dtype
+    # bias SDPA makes of it, kept by every layer that has run forward (one layer with checkpointing).
+    mask_elems = (tokens * tokens if cfg.packing else batch * row * row) if is_masked else 0
+    mask_kept = mask_elems + d.c * mask_elems * (1 if cfg.gradient_checkpointing else layers)
+    # A soft-capped model (Gemma-2) under attention: varlen runs eager attention per packed row (core/model/attention.py):
+    # each layer keeps its rows' scores: tanh output (c), fp32 softmax (4) and its compute-dtype cast (c) per head
+    # and pair of tokens of one row. Rows assumed `row` tokens long (a pack of them: tokens x row pairs).
+    row_scores = ((2 * d.c + 4) * shape.num_attention_heads * tokens * row
+                  if attention == "varlen" and shape.attn_softcap else 0)
+    if row_scores:
+        notes.append(f"soft-capped attention runs eager per packed row: {row_scores / GIB:.2f} GiB of scores per "
+                     "layer")
+    if cfg.gradient_checkpointing:
+        activations = layers * d.s * h * tokens + mask_kept
+        layer_phase = (saved + backward) * tokens + dequant + row_scores
+    else:
+        activations = layers * (saved * tokens + row_scores) + mask_kept
+        layer_phase = backward * tokens + dequant
+
+    # LM head + loss: the final norm's kept input, its output, TRL's compact copy of the labelled positions and the
+    # fp32 gradient of it (+ its cast back), a logits tile, and the head cast to the compute dtype per vocab chunk.
+    final_norm = (d.s * h if liger else 4 * h) + 4
+    if full_logits and not cfg.use_liger_kernel:
+        logits = tokens * vocab * (d.c + 12) + tokens * (final_norm + (d.s + 4) * h)
+        notes.append("full logits: the loss keeps batch x length x vocab logits in fp32")
+    elif q_head:  # TRL reads QUANTIZED_HEAD_ROWS rows per chunk, each dequantized to the compute dtype
+        tile = min(tokens, LM_HEAD_TOKEN_CHUNK) * min(vocab, QUANTIZED_HEAD_ROWS) * d.c
+        weight_cast = min(vocab, QUANTIZED_HEAD_ROWS) * h * d.c
+        logits = tile + weight_cast + tokens * (final_norm + 3 * d.s * h + 4 * h)
+    else:
+        tile = min(tokens, LM_HEAD_TOKEN_CHUNK) * min(vocab, LM_HEAD_VOCAB_CHUNK) * d.c
+        weight_cast = min(vocab, LM_HEAD_VOCAB_CHUNK) * h * d.c if other_dtype != d.c else 0
+        logits = tile + weight_cast + tokens * (final_norm + 3 * d.s * h + 4 * h)
+    temporaries = max(0, layer_phase - logits) + CUBLAS_WORKSPACE
+
+    # Loading: the fp32 upcast converts one matrix at a time; the bf16 copy of the first is freed but stays cached.
+    # An offloaded embedding is loaded straight into CPU memory (core.model.load._load_embedding_on_cpu) and upcast
+    # there: it never was on the GPU. (Counting it at load made lowest_memory's estimate +9% on Llama-3.1-8B and
+    # +12% on Qwen3-8B, issue 20: the loading peak it predicted does not exist.)
+    if embedding_via_gpu:
+        offloaded_at_load = 0
+    else:
+        offloaded_at_load = offloaded
+    loaded = quantized + unquantized - offloaded_at_load
+    base = loaded + CUBLAS_WORKSPACE  # the workspace stays from an earlier run of the process
+    if q_head and not cfg.offload_embeddings:  # the head is loaded to the GPU in its dtype, then quantized
+        base += d.c * shape.head_params
+    load_cache = min(LOAD_CACHE, int(LOAD_CACHE_FRACTION * loaded))
+    big = ([] if offloaded_at_load else [shape.embed_params]) + ([shape.head_params] if shape.head_params else [])
+    if upcast(cfg) and big:
+        load_alloc = base + 2 * big[-1]
+        load_reserved = load_alloc + (2 * big[0] if len(big) > 1 else 0) + load_cache
+    else:
+        load_alloc = base
+        load_reserved = load_alloc + load_cache
+    last_notes = []
+    if is_masked and cfg.packing and not cfg.gradient_checkpointing and mask_elems:
+        last_notes.append(f"SDPA keeps a {tokens} x {tokens} mask per layer over a packed micro-batch "
+                     f"({d.c * mask_elems * layers / GIB:.2f} GiB here)")
+    return Terms(quantized=quantized, unquantized=unquantized - offloaded, offloaded=offloaded, lora=lora,
+                 optimizer=optimizer, paged=paged_bytes, activations=activations, logits=logits,
+                 temporaries=temporaries, load_alloc=load_alloc, load_reserved=load_reserved,
+                 cache_fraction=CACHE_FRACTION_EXPANDABLE if cfg.expandable_segments else CACHE_FRACTION,
+                 tokens=tokens, notes=notes, last_notes=last_notes)

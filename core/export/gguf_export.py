@@ -1,0 +1,414 @@
+"""The GGUF export as users run it (Export tab, `python -m core.export gguf`): plan (RAM and disk, said before
+anything starts), merge the adapter into its base (core.export.adapter.merge_adapter), convert to each chosen format
+(core.export.gguf), write an Ollama Modelfile and a README with the exact commands, rename the folder into place.
+
+Layout of the result (default: the run's folder/gguf):
+    <name>-f16.gguf, <name>-q8_0.gguf, ...   one file per format
+    Modelfile                                 Ollama: FROM the smallest file, TEMPLATE, stop tokens
+    README.md                                 ollama create / ollama run / llama-cli commands
+    .memtune.json                             memtune's marker (kind export): formats, files, source
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+import shlex
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.export.gguf import (FORMATS, GiB, MiB, GGUFError, Progress, architecture, file_bytes, metadata_bytes,
+                       parse_formats, read_config, tensor_plan, tokenizer_metadata, write_gguf)
+
+DEMO_PROMPT = "Translate the word 'cat' into French."
+# The llama.cpp release the printed commands and the tests were checked against: the one node-llama-cpp bundles
+# (tests/llama/package.json pins it; tests/test_llama.py checks the harness reports this same release).
+LLAMA_CPP_VERSION = "v0.4.0"
+# Without a chat template memtune trained on its Alpaca-style prompt (core.data.formats.DEFAULT_TEMPLATE; a system turn
+# becomes the Input section). Ollama's legacy variables: one turn, as memtune prompts it.
+PLAIN_TEMPLATE = ("### Instruction:\n{{ .Prompt }}\n\n{{ if .System }}### Input:\n{{ .System }}\n\n{{ end }}"
+                  "### Response:\n{{ .Response }}")
+# Try it answers greedily without a repetition penalty (Ollama's defaults: temperature 0.8, repeat_penalty 1.1)
+OLLAMA_SAMPLING = {"temperature": 0, "top_k": 1, "top_p": 1, "repeat_penalty": 1}
+# Sentinel contents for reading a chat template's pieces: no whitespace, so templates that trim contents show them
+# unchanged.
+_SENTINELS = {"system": "SYS\u2063S1", "user": "USR\u2063U1", "assistant": "AST\u2063A1", "user2": "USR\u2063U2"}
+
+
+def chat_pieces(render) -> dict[str, str]:
+    """The text a chat template puts around messages, read off `render(messages, add_generation_prompt)`:
+    start_user (no system turn: the template's default system turn, if any, + the user header), start_system,
+    system_user, user_assistant, assistant_user and user_end (end of turn + the generation prompt).
+    GGUFError when the template does not render the messages in order (e.g. a system turn moved into a later
+    message), which a per-message Ollama template cannot express."""
+    S = _SENTINELS
+    u = render([{"role": "user", "content": S["user"]}], True)
+    uau = render([{"role": "user", "content": S["user"]}, {"role": "assistant", "content": S["assistant"]},
+                  {"role": "user", "content": S["user2"]}], True)
+    try:
+        su = render([{"role": "system", "content": S["system"]}, {"role": "user", "content": S["user"]}], True)
+    except Exception:  # noqa: BLE001 - Gemma's templates raise on a system turn: so will the Modelfile's (none)
+        su = None
+
+    def cut(text: str, *marks: str) -> list[str]:
+        parts, rest = [], text
+        for mark in marks:
+            if rest.count(mark) != 1:
+                raise GGUFError("the chat template does not render each message once, in order")
+            head, rest = rest.split(mark)
+            parts.append(head)
+        return parts + [rest]
+
+    start_user, user_end = cut(u, S["user"])
+    uau_start, user_assistant, assistant_user, uau_end = cut(uau, S["user"], S["assistant"], S["user2"])
+    start_system = system_user = None
+    if su is not None:
+        start_system, system_user, su_end = cut(su, S["system"], S["user"])
+        if su_end != user_end:
+            raise GGUFError("the chat template renders a turn differently depending on what follows it")
+    if uau_start != start_user or uau_end != user_end:
+        raise GGUFError("the chat template renders a turn differently depending on what follows it")
+    pieces = dict(start_user=start_user, start_system=start_system, system_user=system_user,
+                  user_assistant=user_assistant, assistant_user=assistant_user, user_end=user_end)
+    # The pieces must rebuild longer conversations too (Mistral's templates move the system turn into the LAST
+    # user message, which per-message pieces cannot express).
+    for messages in CHECK_CONVERSATIONS:
+        if su is None and any(m["role"] == "system" for m in messages):
+            continue
+        if render_pieces(pieces, messages) != render(messages, True):
+            raise GGUFError("the chat template renders a conversation differently from turn by turn (e.g. the "
+                            "system turn moved into the last user message)")
+    return pieces
+
+
+CHECK_CONVERSATIONS = [
+    [{"role": "system", "content": "SYS"}, {"role": "user", "content": "U1"}, {"role": "assistant", "content": "A1"},
+     {"role": "user", "content": "U2"}],
+    [{"role": "user", "content": "U1"}, {"role": "assistant", "content": "A1"}, {"role": "user", "content": "U2"},
+     {"role": "assistant", "content": "A2"}, {"role": "user", "content": "U3"}],
+]
+
+
+def render_pieces(pieces: dict[str, str | None], messages: list[dict[str, str]]) -> str:
+    """What go_chat_template's TEMPLATE renders for `messages` (the same rules, in Python)."""
+    out, prev = [], ""
+    for m in messages:
+        role = m["role"]
+        if role == "system":
+            if pieces["start_system"] is None:
+                raise GGUFError("this chat template takes no system turn")
+            out.append(pieces["start_system"])
+        elif role == "user":
+            out.append(pieces["system_user"] if prev == "system" else
+                       pieces["assistant_user"] if prev == "assistant" else pieces["start_user"])
+        elif role == "assistant":
+            out.append(pieces["user_assistant"])
+        out.append(m["content"])
+        prev = role
+    return "".join(out) + pieces["user_end"]
+
+
+def _go(text: str) -> str:
+    """Literal text inside a Go template: only "{{" would be read as an action."""
+    return text.replace("{{", '{{ "{{" }}')
+
+
+def go_chat_template(pieces: dict[str, str], bos: str | None) -> str:
+    """An Ollama TEMPLATE over .Messages that renders what the chat template renders (pieces: chat_pieces), less
+    the leading BOS text when llama.cpp's tokenizer adds BOS itself (bos = that text)."""
+    p = {k: _go(v[len(bos):] if bos and k.startswith("start_") and v.startswith(bos) else v)
+         for k, v in pieces.items() if v is not None}
+    # a template without system turns (Gemma): Ollama's system messages are left out, as HF refuses them
+    system = p["start_system"] + "{{ .Content }}" if "start_system" in p else ""
+    return ('{{- $prev := "" }}{{- range .Messages }}'
+            '{{- if eq .Role "system" }}' + system +
+            '{{- else if eq .Role "user" }}{{ if eq $prev "system" }}' + p.get("system_user", p["start_user"])
+            + '{{ else if eq $prev "assistant" }}' + p["assistant_user"] + '{{ else }}' + p["start_user"]
+            + '{{ end }}{{ .Content }}'
+            '{{- else if eq .Role "assistant" }}' + p["user_assistant"] + '{{ .Content }}'
+            '{{- end }}{{ $prev = .Role }}{{- end }}' + p["user_end"])
+
+
+@dataclass
+class GGUFPlan:
+    source: Path  # the model folder whose weights are converted (the base model when an adapter is merged first)
+    out_dir: Path
+    name: str
+    formats: list[str]
+    file_bytes: dict[str, int]
+    merge_bytes: int  # disk for the merged bf16 model while converting (0 when no merge is needed)
+    ram_bytes: int
+    ram_free: int
+    disk_free: int
+    adapter_dir: Path | None = None
+    ok: bool = True
+    message: str = ""
+    replaces: bool = False  # out_dir already holds files: the export needs overwrite=True (--replace, Replace)
+
+
+@dataclass
+class GGUFResult:
+    out_dir: Path
+    files: dict[str, Path]
+    modelfile: Path
+    readme: Path
+    commands: list[str] = field(default_factory=list)
+
+
+def default_gguf_dir(adapter_dir: str | Path | None = None, model_dir: str | Path | None = None) -> Path:
+    """run_dir/gguf next to an adapter; <folder>-gguf next to a model folder."""
+    if adapter_dir:
+        return Path(adapter_dir).resolve().parent / "gguf"
+    model = Path(model_dir).resolve()
+    return model.parent / f"{model.name}-gguf"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._") or "memtune"
+
+
+def _quote(text: str) -> str:
+    """Double quotes where the shell leaves the text alone inside them (readable: 'cat' stays as typed)."""
+    return f'"{text}"' if not re.search(r'["$`\\!]', text.replace("\\n", "")) else shlex.quote(text)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB / 10 else f"{n / MiB:.1f} MiB"
+
+
+def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | None = None,
+              formats: Any = ("f16", "q8_0"), out_dir: str | Path | None = None) -> GGUFPlan:
+    """How much RAM and disk the export needs and whether this machine has it (message says both); GGUFError for
+    inputs that cannot be exported at all (no model, unsupported architecture, unknown format)."""
+    import psutil
+
+    from core.export.adapter import _local_model_dir, merge_plan
+
+    fmts = parse_formats(formats)
+    if bool(adapter_dir) == bool(model_dir):
+        raise GGUFError("Give either an adapter folder (merged into its base first) or a model folder.")
+    cfg = None
+    if adapter_dir:
+        from core.infer import InferError, adapter_config
+
+        try:
+            cfg = adapter_config(adapter_dir)
+        except InferError as exc:
+            raise GGUFError(str(exc)) from None
+        source = _local_model_dir(cfg)
+        if source is None or not (source / "config.json").is_file():
+            raise GGUFError(f"The base model {cfg.model} is not on this machine, so memtune cannot check that it "
+                            "can be converted nor how big it is. Try the adapter once (Try it) to download it.")
+        name = _slug(f"{Path(cfg.model).name}-{Path(adapter_dir).resolve().parent.name}")
+    else:
+        source = Path(model_dir)
+        name = _slug(source.resolve().name)
+    config = read_config(source)
+    architecture(config)  # refuses unsupported models before anything is merged
+    tplan = tensor_plan(source, config)
+    extra = metadata_bytes(source, tplan, int(config["vocab_size"]))  # vocabulary, merges, chat template, infos
+    sizes = {f: file_bytes(tplan, f) + extra for f in fmts}
+    params = sum(_count(shape) for _, src, shape in tplan if src)
+    biggest = max(_count(shape) for _, _, shape in tplan) * 4 * 3  # one tensor in f32, permuted, encoded
+    merge_bytes = params * 2 if adapter_dir else 0
+    ram = max(merge_plan(cfg)["needed"] if cfg else 0, biggest)
+    from core.runs.files import RefusedError, target
+
+    try:  # resolved once (core.runs.files.target): the checks and the final rename act on this same folder
+        out = target(out_dir or default_gguf_dir(adapter_dir, model_dir), "write the GGUF export into")
+    except RefusedError as exc:
+        raise GGUFError(str(exc)) from None
+    parent = _existing_parent(out)
+    disk_free, ram_free = shutil.disk_usage(parent).free, int(psutil.virtual_memory().available)
+    disk = merge_bytes + sum(sizes.values())
+    what = ", ".join(f"{f} {_gib(b)}" for f, b in sizes.items())
+    merge_text = f" + {_gib(merge_bytes)} for the merged model while converting" if merge_bytes else ""
+    message = (f"Needs about {_gib(ram)} of RAM and {_gib(disk)} of disk in {parent} ({what}{merge_text}); "
+               f"free: {_gib(ram_free)} RAM, {_gib(disk_free)} disk.")
+    ok = True
+    replaces = out.exists() and (not out.is_dir() or any(out.iterdir()))
+    if replaces:
+        message += f" {out} holds an earlier export: exporting replaces it (Replace, --replace)."
+    if ram > ram_free and not (cfg is not None and merge_plan(cfg)["device"] == "cuda"):
+        ok, message = False, message + " Not enough memory: close other programs or stop the training run."
+    if disk * 1.05 > disk_free:
+        ok, message = False, message + " Not enough disk space: free some space or choose another folder."
+    return GGUFPlan(source=source, out_dir=out, name=name, formats=fmts, file_bytes=sizes, merge_bytes=merge_bytes,
+                    ram_bytes=ram, ram_free=ram_free, disk_free=disk_free, ok=ok, message=message, replaces=replaces,
+                    adapter_dir=Path(adapter_dir) if adapter_dir else None)
+
+
+def _count(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _existing_parent(path: Path) -> Path:
+    path = path.resolve()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | None = None,
+                formats: Any = ("f16", "q8_0"), out_dir: str | Path | None = None,
+                progress: Progress | None = None, overwrite: bool = False,
+                merge_into: str | None = None, trust_remote_code: bool = False) -> GGUFResult:
+    """Export an adapter (merged into its base: core.export.adapter.merge_adapter's `merge_into`, by default the
+    dequantized 4-bit weights it was trained against) or a model folder to GGUF files + Modelfile + README.
+    trust_remote_code: the user's confirmation, for an adapter whose settings ask for it (merge_adapter)."""
+    from core.export.adapter import ExportError, merge_adapter
+    from core.runs.files import RefusedError, make_tmp, move_into_place, recover, require_marker
+
+    plan = plan_gguf(adapter_dir, model_dir, formats, out_dir)
+
+    def step(fraction: float, message: str) -> None:
+        if progress is not None:
+            progress(min(max(fraction, 0.0), 1.0), message)
+
+    step(0.0, plan.message)
+    if not plan.ok:
+        raise GGUFError(plan.message)
+    if plan.adapter_dir is not None:  # refused before anything is written (merge_adapter checks it again)
+        from core.infer import InferError, adapter_config
+
+        try:
+            adapter_config(plan.adapter_dir, trust_remote_code=trust_remote_code)
+        except InferError as exc:
+            raise GGUFError(str(exc)) from None
+    out = plan.out_dir
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise GGUFError(f"{out} already exists and is not empty. Choose another folder, or allow replacing it "
+                            "(Replace on the page, --replace on the command line).")
+        try:
+            require_marker(out, "export", "replace")  # memtune only replaces what it made
+        except RefusedError as exc:
+            raise GGUFError(str(exc)) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    recover(out)  # what an interrupted earlier export left
+    try:
+        tmp = make_tmp(out, "export")  # marked first: a crash leaves a folder a later start may remove
+    except RefusedError as exc:
+        raise GGUFError(str(exc)) from None
+    try:
+        source, start = plan.source, 0.0
+        if plan.adapter_dir is not None:
+            def merge_step(fraction: float, message: str) -> None:
+                step(0.5 * fraction, message)
+
+            try:
+                source = merge_adapter(plan.adapter_dir, tmp / "merged", progress=merge_step, merge_into=merge_into,
+                                       trust_remote_code=trust_remote_code)
+            except ExportError as exc:
+                raise GGUFError(str(exc)) from None
+            start = 0.5
+        meta = tokenizer_metadata(source, int(read_config(source)["vocab_size"]))
+        template, stops, why = ollama_template(source, meta)
+        files: dict[str, Path] = {}
+        share = (1.0 - start) / len(plan.formats)
+        for i, fmt in enumerate(plan.formats):
+            begin = start + i * share
+
+            def file_step(fraction: float, message: str, begin: float = begin) -> None:
+                step(begin + share * fraction * 0.98, message)
+
+            step(begin, f"Writing {plan.name}-{fmt}.gguf ({FORMATS[fmt][0]})")
+            files[fmt] = write_gguf(source, tmp / f"{plan.name}-{fmt}.gguf", fmt, plan.name, file_step)
+        shutil.rmtree(tmp / "merged", ignore_errors=True)
+        result = _write_extras(tmp, out, plan, files, meta, template, stops, why)
+        move_into_place(tmp, out)
+        step(1.0, f"GGUF export done: {', '.join(p.name for p in result.files.values())} in {out}")
+        return result
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ollama_template(model_dir: Path, meta: dict[str, Any]) -> tuple[str | None, list[str], str]:
+    """(Ollama TEMPLATE, stop strings, why there is none) for a converted model folder: memtune's plain prompt for
+    a model without a chat template, else a .Messages template read off the model's own chat template
+    (chat_pieces), which renders the same text for the same messages, the template's default system turn
+    included. A chat template that cannot be expressed that way gets no TEMPLATE (Ollama then picks one from the
+    chat template stored in the GGUF file) and the reason."""
+    from transformers import AutoTokenizer
+
+    eos = [meta["eos_text"]] if meta.get("eos_text") else []
+    if not meta.get("has_chat_template"):
+        return PLAIN_TEMPLATE, eos + ["### Instruction:"], ""
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+
+    def render(messages, generation):
+        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+
+    try:
+        pieces = chat_pieces(render)
+    except GGUFError as exc:
+        return None, eos, str(exc)
+    except Exception as exc:  # noqa: BLE001 - e.g. a template that refuses alternating turns
+        return None, eos, f"the chat template failed on a plain conversation ({type(exc).__name__}: {exc})"
+    specials = {t for t in tok.all_special_tokens if t} | {a.content for a in tok.added_tokens_decoder.values()
+                                                           if a.special}
+    specials = sorted(specials, key=len, reverse=True)
+    end_of_turn = [t for t in specials if pieces["assistant_user"].startswith(t)][:1]  # <|im_end|>, <|eot_id|>...
+    return (go_chat_template(pieces, meta.get("bos_text") if meta.get("add_bos") else None),
+            list(dict.fromkeys(end_of_turn + eos)), "")
+
+
+def _write_extras(tmp: Path, out: Path, plan: GGUFPlan, files: dict[str, Path], meta: dict[str, Any],
+                  template: str | None, stops: list[str], why: str = "") -> GGUFResult:
+    """Modelfile, README.md and the marker, inside `tmp`; paths in the result and commands point into `out`."""
+    primary = min(files.values(), key=lambda p: p.stat().st_size)  # Ollama gets the smallest file
+    lines = [f"# Ollama Modelfile written by memtune: ollama create {plan.name} -f Modelfile", f"FROM ./{primary.name}"]
+    if template is not None:
+        lines.append(f'TEMPLATE """{template}"""')
+    else:  # Ollama then matches the GGUF's chat template against the ones it knows: check `ollama show --template`
+        lines.append(f"# No TEMPLATE: {why}. Ollama picks one from the chat template stored in the GGUF file.")
+    lines += [f"PARAMETER stop {json.dumps(s)}" for s in stops]
+    lines.append("# Greedy, as memtune's Try it answers (Ollama's defaults sample at temperature 0.8)")
+    lines += [f"PARAMETER {k} {v}" for k, v in OLLAMA_SAMPLING.items()]
+    (tmp / "Modelfile").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    from core.config.settings import DEMO_MODEL
+
+    base = ""
+    if plan.adapter_dir is not None:
+        from core.infer import adapter_config
+
+        base = adapter_config(plan.adapter_dir).model
+    prompt = DEMO_PROMPT if base == DEMO_MODEL else "Hello! Who are you?"
+    commands = [f"ollama create {plan.name} -f {shlex.quote(str(out / 'Modelfile'))}",
+                f"ollama run {plan.name} {_quote(prompt)}"]
+    chat, raw = [], []
+    for path in files.values():
+        gguf_path = shlex.quote(str(out / path.name))
+        # llama-cli and llama-server prompt through the chat template stored in the file (memtune's own prompt
+        # format for a base model); --temp 0 answers greedily, as Try it does.
+        chat.append(f"llama-cli -m {gguf_path} --temp 0 -st -p {_quote(prompt)}")
+        if not meta.get("has_chat_template"):  # a raw prompt in the format the adapter was trained on
+            text = "### Instruction:\\n" + prompt + "\\n\\n### Response:\\n"
+            raw.append(f"llama-completion -m {gguf_path} -no-cnv -e -n 32 --temp 0 -p {_quote(text)}")
+    server = f"llama-server -m {shlex.quote(str(out / primary.name))} --temp 0 --port 8080"
+    commands += chat + raw + [server]
+    sizes = "\n".join(f"| {p.name} | {fmt} | {p.stat().st_size / MiB:,.1f} MiB |" for fmt, p in files.items())
+    source = f"the adapter {plan.adapter_dir.resolve()} merged into {base}" if plan.adapter_dir else str(plan.source)
+    readme = (f"# {plan.name} (GGUF)\n\nWritten by memtune on {_dt.date.today().isoformat()} from {source}.\n\n"
+              f"| file | format | size |\n|---|---|---|\n{sizes}\n\n"
+              "## Ollama\n\nThe Modelfile points at the smallest file; edit its FROM line to use another.\n\n"
+              f"```sh\n{commands[0]}\n{commands[1]}\n```\n\n"
+              f"## llama.cpp\n\nChecked with llama.cpp {LLAMA_CPP_VERSION}: `llama-cli` chats through the chat template "
+              "stored in the file (`-st`: one turn, then exit), `llama-completion -no-cnv` completes a raw prompt, "
+              "`llama-server` serves the chat template over HTTP (http://127.0.0.1:8080).\n\n"
+              "```sh\n" + "\n".join(commands[2:]) + "\n```\n\n"
+              "## LM Studio\n\nCopy or import a .gguf file (`lms import <file>`), then load it in the chat tab.\n")
+    (tmp / "README.md").write_text(readme, encoding="utf-8")
+    from core.runs.files import write_marker
+
+    write_marker(tmp, "export", what="gguf", source=source, formats=list(files),
+                 files=[p.name for p in files.values()], ollama_name=plan.name)
+    return GGUFResult(out_dir=out, files={f: out / p.name for f, p in files.items()}, modelfile=out / "Modelfile",
+                      readme=out / "README.md", commands=commands)

@@ -1,0 +1,229 @@
+"""The one supervisor of memtune's child processes (no torch, no gradio: the app imports it).
+
+Two parents use it: the app's job manager (core/jobs/manager.py: one `python -m core.train` per run) and the parent of a
+multi-process run (core/jobs/launcher.py: `accelerate launch` and its workers). `Child` is one child process in its own
+session (process group), and everything a parent does with it:
+- `spawn`: start it, its output into a log file (or the terminal), optionally killed with its parent (Linux);
+- `ask_stop`: the first Stop writes the run's stop file (the child's callback ends after the current optimizer step
+  and saves the adapter, and answers with an `ack` event); a second Stop ends the group at once;
+- `enforce`: Stop's deadlines, no answer within `ack_s`, no end within `finish_s` after answering: end the group
+  (SIGTERM, then SIGKILL after KILL_GRACE_S);
+- `follow`: the poll loop until the child exits, with the parent-death watch where the parent was itself started by
+  the app (MEMTUNE_PARENT_PID);
+- `record_death`: a child that ended without its `done` event becomes a failed run (runs.record_failure, the one
+  failed-run writer), its message saying how it ended.
+
+The child's side of the same contract is here too: `stop_on_signals` (SIGTERM/Ctrl-C = Stop) and
+`stop_when_orphaned` (the app died: stop and save).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from core.train.callbacks import STOP_FILE
+
+PARENT_ENV = "MEMTUNE_PARENT_PID"  # set by the app for its child: the pid whose death means "stop and save"
+KILL_GRACE_S = 5.0  # between SIGTERM and SIGKILL to the process group
+TAIL_LINES = 15  # lines of the log quoted when a child dies
+KILL_REASONS = {
+    "second_stop": "Ended at once by a second Stop ({how}); this run saved no adapter.",
+    "no_answer": "The training process did not answer Stop within {ack_s:.0f} s and was ended ({how}).",
+    "no_end": "The training process did not finish within {finish_s:.0f} s of Stop and was ended ({how}).",
+    "shutdown": "The app was shut down during the run, which was ended ({how}).",
+    "unwritable": "The run folder could not be written, so the run was ended ({how}).",
+}
+
+
+class Child:
+    """One supervised child process and its process group. Thread-safe enough for one follower thread plus Stop
+    calls from others (each field is written once, in order)."""
+
+    def __init__(self, proc: subprocess.Popen, stop_file: str | Path, ack_s: float, finish_s: float) -> None:
+        self.proc, self.pid, self.stop_file = proc, proc.pid, Path(stop_file)
+        self.ack_s, self.finish_s = ack_s, finish_s
+        self.stop_at: float | None = None  # when the first Stop was asked
+        self.acked = False  # the child said it saw the Stop
+        self.kill_reason: str | None = None
+        self.kill_at: float | None = None
+
+    @classmethod
+    def spawn(cls, argv: list[str], stop_file: str | Path, *, ack_s: float, finish_s: float, log=None,
+              env: dict[str, str] | None = None, die_with_parent: bool = False) -> "Child":
+        """Start argv in its own session. `log`: an open file for stdout+stderr (None: this process's terminal).
+        `die_with_parent`: SIGTERM to the child when this process dies (PR_SET_PDEATHSIG, Linux)."""
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL if log is not None else None, stdout=log,
+                                stderr=subprocess.STDOUT if log is not None else None,
+                                **({"preexec_fn": _die_with_parent} if die_with_parent else
+                                   {"start_new_session": True}))
+        return cls(proc, stop_file, ack_s, finish_s)
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_at is not None
+
+    def ask_stop(self, note: str = "stop\n") -> None:
+        """First call: write the stop file (every rank ends after the same step; rank 0 saves the adapter); a folder
+        that cannot be written cannot be answered either, so the group ends. A second call ends the group now."""
+        if self.stop_at is not None:
+            self.kill("second_stop")
+            return
+        self.stop_at = time.monotonic()
+        try:
+            self.stop_file.write_text(note, encoding="utf-8")
+        except OSError:
+            self.kill("unwritable")
+
+    def note(self, events: list[dict[str, Any]]) -> None:
+        """Read the child's new events for its answer to Stop."""
+        if any(e.get("ack") == "stop" for e in events):
+            self.acked = True
+
+    def kill(self, reason: str) -> None:
+        """End the child's whole process group: SIGTERM now, SIGKILL after KILL_GRACE_S (`enforce`)."""
+        if self.kill_at is not None:
+            return
+        self.kill_reason, self.kill_at = reason, time.monotonic()
+        signal_group(self.pid, signal.SIGTERM)
+
+    def enforce(self) -> None:
+        """Stop's deadlines; call it from the poll loop."""
+        now = time.monotonic()
+        if self.kill_at is not None:
+            if now - self.kill_at > KILL_GRACE_S:
+                signal_group(self.pid, signal.SIGKILL)
+        elif self.stop_at is not None:
+            if now - self.stop_at > (self.finish_s if self.acked else self.ack_s):
+                self.kill("no_end" if self.acked else "no_answer")
+
+    def follow(self, tick: Callable[[], None] = lambda: None, poll_s: float = 0.25,
+               watch_parent: bool = False) -> int:
+        """Poll until the child exits: `tick()` (read its events), the parent-death watch, the deadlines. Then end
+        whatever the child left in its group. Returns the exit code (negative: killed by that signal)."""
+        while self.proc.poll() is None:
+            tick()
+            if watch_parent and not self.stopping and parent_gone():
+                self.ask_stop()  # the app died: stop and save, never linger
+            self.enforce()
+            time.sleep(poll_s)
+        tick()
+        signal_group(self.pid, signal.SIGKILL)
+        return self.proc.returncode
+
+    def end(self, reason: str, grace_s: float = KILL_GRACE_S) -> None:
+        """End the group now and wait for the child (SIGTERM, then SIGKILL after grace_s); a no-op once it exited."""
+        if self.proc.poll() is not None:
+            return
+        self.kill(reason)
+        try:
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            signal_group(self.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def death_message(self, unexpected: str, log: Path | None = None) -> str:
+        """Why the child ended without its `done` event: the reason it was ended for, or `unexpected` (formatted
+        with {how}) with the end of its log."""
+        code = self.proc.returncode
+        how = exit_text(code)
+        if self.kill_reason is not None:
+            return (KILL_REASONS.get(self.kill_reason, unexpected).format(how=how, ack_s=self.ack_s,
+                                                                          finish_s=self.finish_s)
+                    + " Complete checkpoints, if any, remain for Resume in History.")
+        message = unexpected.format(how=how)
+        if code is not None and code < 0 and -code == signal.SIGKILL:
+            message += " SIGKILL often means the system ran out of memory (the kernel's OOM killer)."
+        tail = log_tail(log) if log is not None else ""
+        return message + (f"\nLast lines of {log}:\n{tail}" if tail else "")
+
+    def record_death(self, run_dir: str | Path, unexpected: str, log: Path | None = None,
+                     **details: Any) -> str:
+        """Record the run as failed (events.jsonl, summary.json); returns the message."""
+        from core.runs.folders import record_failure
+
+        message = self.death_message(unexpected, log)
+        record_failure(run_dir, message, exit_code=self.proc.returncode, **details)
+        return message
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: its own session (a terminal's Ctrl-C reaches only memtune's parent, which turns it
+    into a graceful Stop) and SIGTERM when the parent dies (killed by the app or by hand: no orphans)."""
+    os.setsid()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's own handlers still end the group
+        pass
+
+
+def signal_group(pgid: int | None, sig: int) -> None:
+    if pgid:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+
+
+def exit_text(code: int | None) -> str:
+    if code is None:
+        return "no exit status"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 16384))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    text = text.replace("\r", "\n")  # progress bars
+    return "\n".join([ln for ln in text.splitlines() if ln.strip()][-lines:])
+
+
+# --- the child's side ----------------------------------------------------------------------------------------------
+def parent_gone() -> bool:
+    """Started by the app (MEMTUNE_PARENT_PID) and the app is no longer this process's parent."""
+    parent = os.environ.get(PARENT_ENV, "")
+    return parent.isdigit() and os.getppid() != int(parent)
+
+
+def stop_when_orphaned(stop: threading.Event) -> None:
+    """Started by the app: if the app dies without stopping us, stop and save, never linger."""
+    if not os.environ.get(PARENT_ENV, "").isdigit():
+        return
+
+    def watch() -> None:
+        while not stop.wait(1.0):
+            if parent_gone():
+                stop.set()
+
+    threading.Thread(target=watch, daemon=True, name="memtune-parent-watch").start()
+
+
+def stop_on_signals(stop: threading.Event, run_dir: str | None = None) -> None:
+    """SIGTERM / Ctrl-C: finish the current step and save the adapter. A signal after a Stop was already asked for
+    (this flag, or the run folder's stop file: the app's second Stop) ends the process at once."""
+    stop_file = Path(run_dir) / STOP_FILE if run_dir else None
+
+    def handler(signum, frame):  # only sets a flag: never write or lock inside a signal handler
+        if stop.is_set() or (stop_file is not None and stop_file.exists()):
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)

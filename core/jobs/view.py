@@ -1,0 +1,160 @@
+"""What a page shows of a job (progress, loss curve, log lines, result), as plain data: tested without a browser.
+
+`job_view(job)` keeps a fold of the job's events per job and adds only the events that arrived since the last poll,
+so a long run does not cost the page more each second.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from core.jobs.manager import Job
+
+
+@dataclass
+class JobView:
+    state: str = "idle"  # idle | running | stopping | completed | stopped | failed | interrupted
+    phase: str = ""
+    phase_message: str = ""
+    step: int = 0
+    total_steps: int | None = None
+    epoch: float | None = None
+    eta_s: float | None = None
+    elapsed_s: float | None = None
+    tokens_per_s: float | None = None
+    tokens: int | None = None
+    last_loss: float | None = None
+    peak_gib: float | None = None
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    eval_losses: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss): `eval` events
+    answers: list[dict[str, str]] = field(default_factory=list)  # the latest eval's prompt/reference/answer
+    answers_step: int | None = None
+    log: list[str] = field(default_factory=list)
+    run_dir: str | None = None
+    adapter_dir: str | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+    error_type: str | None = None
+
+    @property
+    def fraction(self) -> float | None:
+        if self.state == "completed":
+            return 1.0
+        if self.total_steps:
+            return min(1.0, self.step / self.total_steps)
+        return None
+
+
+def _clock(t: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "--:--:--"
+
+
+def format_event(e: dict[str, Any]) -> str | None:
+    """One log line for an event, or None for events that only feed the progress view."""
+    kind, t = e.get("kind"), _clock(e.get("time"))
+    if kind == "run":
+        return f"{t}  run folder {e.get('run_dir')}"
+    if kind == "phase":
+        return f"{t}  [{e.get('phase')}] {e.get('message') or ''}".rstrip()
+    if kind == "log":
+        tag = "WARNING " if e.get("level") == "warning" else ""
+        return f"{t}  {tag}{e.get('message', '')}"
+    if kind == "error":
+        return f"{t}  ERROR ({e.get('error_type', 'other')}): {e.get('message', '')}"
+    if kind == "done":
+        return f"{t}  finished: {e.get('status')} - {e.get('message', '')}"
+    return None
+
+
+class _Fold:
+    """What the events so far add up to; `add` takes only new events, so a poll costs the new events, not the run."""
+
+    def __init__(self) -> None:
+        self.v = JobView(state="idle")
+        self.losses: dict[int, float] = {}
+        self.eval_losses: dict[int, float] = {}
+        self.last_phase: str | None = None  # a phase's heartbeats replace its previous line instead of piling up
+        self.seen = 0  # events added so far
+        self.started: float | None = None  # the run's first event: "elapsed" counts from it, as the result's Time does
+
+    def add(self, events: list[dict[str, Any]]) -> None:
+        v = self.v
+        for e in events:
+            self.seen += 1
+            if v.state == "idle":
+                v.state = "running"
+            if self.started is None and isinstance(e.get("time"), (int, float)):
+                self.started = float(e["time"])
+            kind = e.get("kind")
+            line = format_event(e)
+            if kind == "run" and e.get("run_dir") and e.get("run_dir") == v.run_dir:
+                line = None  # the engine announces the run again once the step count is known
+            if line:
+                if kind == "phase" and self.last_phase == e.get("phase") and v.log:
+                    v.log[-1] = line
+                else:
+                    v.log.append(line)
+                self.last_phase = e.get("phase") if kind == "phase" else None
+            if kind == "run":
+                v.run_dir = e.get("run_dir") or v.run_dir
+                v.total_steps = e.get("total_steps") or v.total_steps
+            elif kind == "phase":
+                v.phase, v.phase_message = e.get("phase", ""), e.get("message", "") or ""
+            elif kind == "step":
+                v.step = int(e.get("step") or v.step)
+                v.total_steps = e.get("total_steps") or v.total_steps
+                for name in ("epoch", "eta_s", "elapsed_s", "tokens_per_s", "tokens"):
+                    if e.get(name) is not None:
+                        setattr(v, name, e[name])
+                if self.started is not None and isinstance(e.get("time"), (int, float)):
+                    # one clock for one run: from its start (loading included), not from the first training step
+                    v.elapsed_s = max(0.0, float(e["time"]) - self.started)
+                if e.get("peak_gib") is not None:
+                    v.peak_gib = max(v.peak_gib or 0.0, float(e["peak_gib"]))
+            elif kind == "metrics":  # every logging_steps: the loss curve (step events never carry the loss)
+                loss = e.get("loss")
+                if isinstance(loss, (int, float)) and not isinstance(loss, bool) and e.get("step") is not None:
+                    self.losses[int(e["step"])] = v.last_loss = float(loss)  # a resumed run logs a step again
+            elif kind == "eval" and isinstance(e.get("eval_loss"), (int, float)) and e.get("step") is not None:
+                self.eval_losses[int(e["step"])] = float(e["eval_loss"])
+                if e.get("answers"):
+                    v.answers, v.answers_step = list(e["answers"]), int(e["step"])
+            elif kind == "error":
+                v.error_type = e.get("error_type")
+                v.message = e.get("message", "")
+            elif kind == "done":
+                v.state = e.get("status") or "failed"
+                v.run_dir = e.get("run_dir") or v.run_dir
+                v.adapter_dir = e.get("adapter_dir") or v.adapter_dir
+                v.summary = e.get("summary") or {}
+                if isinstance(v.summary.get("runtime_s"), (int, float)):
+                    v.elapsed_s = float(v.summary["runtime_s"])  # the same figure as the result's and History's Time
+                v.message = e.get("message", "") or v.message
+
+    def result(self, running: bool, stopping: bool, from_disk: bool) -> JobView:
+        v = copy.copy(self.v)  # the fold keeps growing; callers get a snapshot
+        v.log = list(v.log)
+        v.losses = sorted(self.losses.items())
+        v.eval_losses = sorted(self.eval_losses.items())
+        if v.state == "running":
+            if stopping:
+                v.state = "stopping"
+            elif not running:
+                v.state = "interrupted" if from_disk else v.state
+        return v
+
+
+def job_view(job: "Job | None") -> JobView:
+    """The page's view of a job, updated with only the events that arrived since the last call."""
+    if job is None:
+        return JobView()
+    with job._lock:
+        if job._view is None:
+            job._view = _Fold()
+        fold = job._view
+        fold.add(job.events[fold.seen:])
+        return fold.result(job.running, job.stopping, job.from_disk)

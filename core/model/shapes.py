@@ -1,0 +1,265 @@
+"""Architecture shapes: the handful of config.json numbers that decide how much GPU memory training needs.
+
+`get_shape(model)` reads them from, in order: the demo model (built locally by core.demo.score), a local model folder
+or config.json file, the Hugging Face cache (offline: never downloads), then the built-in table below.
+
+The table holds the values of each model's config.json on the Hub (vocab_size, hidden_size, intermediate_size,
+num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, tie_word_embeddings,
+max_position_embeddings). -Instruct / -it variants share their base model's shape (the Qwen2.5 instruct configs
+say max_position_embeddings 32768, which does not change memory).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from core.config.settings import DEMO_MODEL
+
+
+class ShapeError(ValueError):
+    """The model's shape could not be found; the message says where we looked and what to do."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    model_type: str = "llama"
+    attention_bias: bool = False  # Qwen2: q, k and v carry a bias
+    norms_per_layer: int = 2  # Gemma 2 has four (pre/post attention and MLP)
+    attn_softcap: bool = False  # Gemma 2 soft-caps attention logits (memtune's varlen path then runs eager per row)
+
+    # --- derived sizes ------------------------------------------------------------------------------------------
+    q_dim = property(lambda self: self.num_attention_heads * self.head_dim, doc="width of the query projection")
+    kv_dim = property(lambda self: self.num_key_value_heads * self.head_dim, doc="width of the key/value projections")
+    embed_params = property(lambda self: self.vocab_size * self.hidden_size, doc="the input embedding's parameters")
+
+    def module_dims(self) -> dict[str, tuple[int, int]]:
+        """(in_features, out_features) of each linear layer in one decoder block."""
+        h, i, q, kv = self.hidden_size, self.intermediate_size, self.q_dim, self.kv_dim
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    @property
+    def linear_params_per_layer(self) -> int:
+        return sum(a * b for a, b in self.module_dims().values())
+
+    @property
+    def linear_params(self) -> int:
+        """Parameters of the decoder blocks' linear layers: what bitsandbytes quantizes to 4 bits."""
+        return self.num_hidden_layers * self.linear_params_per_layer
+
+    @property
+    def head_params(self) -> int:
+        """The output projection (lm_head); 0 when it shares the input embedding's matrix."""
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def small_params(self) -> int:
+        """Norm weights and biases: never quantized, tiny."""
+        norms = (self.norms_per_layer * self.num_hidden_layers + 1) * self.hidden_size
+        bias = self.num_hidden_layers * (self.q_dim + 2 * self.kv_dim) if self.attention_bias else 0
+        return norms + bias
+
+    @property
+    def unquantized_params(self) -> int:
+        return self.embed_params + self.head_params + self.small_params
+
+    @property
+    def total_params(self) -> int:
+        return self.linear_params + self.unquantized_params
+
+    @property
+    def largest_linear(self) -> int:
+        return max(a * b for a, b in self.module_dims().values())
+
+    def lora_names(self, targets: list[str] | tuple[str, ...]) -> list[str]:
+        """TrainConfig.lora_target_modules as Llama-style names (groups expanded; fused names split), in block order."""
+        groups = {"attention": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj"),
+                  "qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+        dims = self.module_dims()
+        wanted = set(dims) if "all_linear" in targets else {n for t in targets for n in groups.get(t, (t,))}
+        return [n for n in dims if n in wanted]
+
+    def lora_dims(self, targets: list[str] | tuple[str, ...]) -> list[tuple[int, int]]:
+        """(in, out) of each adapted linear layer of one block. Phi-3 fuses q/k/v and gate/up: one adapter each
+        (core/model/lora_targets.py maps q_proj to its qkv_proj), so asking for any part adapts the whole fused layer."""
+        names, dims = self.lora_names(targets), self.module_dims()
+        if self.model_type != "phi3":
+            return [dims[n] for n in names]
+        out = []
+        if any(n in names for n in ("q_proj", "k_proj", "v_proj")):
+            out.append((self.hidden_size, self.q_dim + 2 * self.kv_dim))
+        if "o_proj" in names:
+            out.append(dims["o_proj"])
+        if any(n in names for n in ("gate_proj", "up_proj")):
+            out.append((self.hidden_size, 2 * self.intermediate_size))
+        if "down_proj" in names:
+            out.append(dims["down_proj"])
+        return out
+
+    def lora_params(self, rank: int, targets: list[str] | tuple[str, ...]) -> int:
+        return self.num_hidden_layers * sum(rank * (a + b) for a, b in self.lora_dims(targets))
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], name: str = "") -> "ModelShape":
+        """Read a Hugging Face config.json mapping (a multimodal one's text_config too)."""
+        cfg = config
+        if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
+            cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", cfg.get("model_type"))}
+        try:
+            model_type = str(cfg.get("model_type", "llama"))
+            heads = int(cfg["num_attention_heads"])
+            hidden = int(cfg["hidden_size"])
+            return cls(
+                name=name or str(cfg.get("_name_or_path", "") or model_type),
+                vocab_size=int(cfg["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_hidden_layers=int(cfg["num_hidden_layers"]),
+                num_attention_heads=heads,
+                num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type.startswith("gemma"))),
+                max_position_embeddings=int(cfg.get("max_position_embeddings") or 0),
+                model_type=model_type,
+                attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+                norms_per_layer=4 if model_type in ("gemma2", "gemma3", "gemma3_text") else 2,
+                attn_softcap=cfg.get("attn_logit_softcapping", 50.0 if model_type == "gemma2" else None) is not None,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ShapeError(f"config of {name or 'the model'} lacks a usable {exc} entry: it does not look like "
+                             "a decoder-only causal LM config") from None
+
+
+def _llama(name, vocab, h, i, layers, heads, kv, head_dim, tie, max_pos, **kw) -> ModelShape:
+    return ModelShape(name, vocab, h, i, layers, heads, kv, head_dim, tie, max_pos, **kw)
+
+
+def _qwen(name, vocab, h, i, layers, heads, kv, tie, max_pos) -> ModelShape:
+    return ModelShape(name, vocab, h, i, layers, heads, kv, h // heads, tie, max_pos, model_type="qwen2",
+                      attention_bias=True)
+
+
+def _gemma2(name, h, i, layers, heads, kv, head_dim) -> ModelShape:
+    return ModelShape(name, 256000, h, i, layers, heads, kv, head_dim, True, 8192, model_type="gemma2",
+                      norms_per_layer=4, attn_softcap=True)
+
+
+# name: vocab, hidden, intermediate, layers, heads, kv heads, (head_dim), tied, max positions
+SHAPES: dict[str, ModelShape] = {s.name: s for s in (
+    _llama("meta-llama/Llama-2-7b-hf", 32000, 4096, 11008, 32, 32, 32, 128, False, 4096),
+    _llama("meta-llama/Llama-2-13b-hf", 32000, 5120, 13824, 40, 40, 40, 128, False, 4096),
+    _llama("meta-llama/Llama-3.2-1B", 128256, 2048, 8192, 16, 32, 8, 64, True, 131072),
+    _llama("meta-llama/Llama-3.2-3B", 128256, 3072, 8192, 28, 24, 8, 128, True, 131072),
+    _llama("meta-llama/Llama-3.1-8B", 128256, 4096, 14336, 32, 32, 8, 128, False, 131072),
+    _llama("meta-llama/Llama-3.1-70B", 128256, 8192, 28672, 80, 64, 8, 128, False, 131072),
+    _llama("mistralai/Mistral-7B-v0.3", 32768, 4096, 14336, 32, 32, 8, 128, False, 32768, model_type="mistral"),
+    _qwen("Qwen/Qwen2.5-0.5B", 151936, 896, 4864, 24, 14, 2, True, 32768),
+    _qwen("Qwen/Qwen2.5-1.5B", 151936, 1536, 8960, 28, 12, 2, True, 131072),
+    _qwen("Qwen/Qwen2.5-3B", 151936, 2048, 11008, 36, 16, 2, True, 32768),
+    _qwen("Qwen/Qwen2.5-7B", 152064, 3584, 18944, 28, 28, 4, False, 131072),
+    _qwen("Qwen/Qwen2.5-14B", 152064, 5120, 13824, 48, 40, 8, False, 131072),
+    _qwen("Qwen/Qwen2.5-32B", 152064, 5120, 27648, 64, 40, 8, False, 131072),
+    _qwen("Qwen/Qwen2.5-72B", 152064, 8192, 29568, 80, 64, 8, False, 131072),
+    _gemma2("google/gemma-2-2b", 2304, 9216, 26, 8, 4, 256),
+    _gemma2("google/gemma-2-9b", 3584, 14336, 42, 16, 8, 256),
+    _gemma2("google/gemma-2-27b", 4608, 36864, 46, 32, 16, 128),
+    # the rest of README's support matrix (config.json on the Hub)
+    _llama("mistralai/Mistral-7B-v0.1", 32000, 4096, 14336, 32, 32, 8, 128, False, 32768, model_type="mistral"),
+    _llama("Qwen/Qwen3-0.6B", 151936, 1024, 3072, 28, 16, 8, 128, True, 40960, model_type="qwen3"),
+    _llama("Qwen/Qwen3-4B", 151936, 2560, 9728, 36, 32, 8, 128, True, 40960, model_type="qwen3"),
+    _llama("Qwen/Qwen3-8B", 151936, 4096, 12288, 36, 32, 8, 128, False, 40960, model_type="qwen3"),
+    _llama("Qwen/Qwen3-14B", 151936, 5120, 17408, 40, 40, 8, 128, False, 40960, model_type="qwen3"),
+    ModelShape("google/gemma-3-1b-pt", 262144, 1152, 6912, 26, 4, 1, 256, True, 32768, model_type="gemma3_text",
+               norms_per_layer=4),
+    ModelShape("google/gemma-3-4b-pt", 262208, 2560, 10240, 34, 8, 4, 256, True, 131072, model_type="gemma3_text",
+               norms_per_layer=4),
+    _llama("microsoft/Phi-3-mini-4k-instruct", 32064, 3072, 8192, 32, 32, 32, 96, False, 4096, model_type="phi3"),
+    _llama("microsoft/phi-4", 100352, 5120, 17920, 40, 40, 10, 128, False, 16384, model_type="phi3"),
+    _llama("HuggingFaceTB/SmolLM2-135M", 49152, 576, 1536, 30, 9, 3, 64, True, 8192),
+    _llama("HuggingFaceTB/SmolLM2-1.7B", 49152, 2048, 8192, 24, 32, 32, 64, True, 8192),
+    _llama("HuggingFaceTB/SmolLM3-3B", 128256, 2048, 11008, 36, 16, 4, 128, True, 65536, model_type="smollm3"),
+)}
+
+_ALIASES = {"meta-llama/meta-llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+            "meta-llama/meta-llama-3.1-70b": "meta-llama/Llama-3.1-70B",
+            "meta-llama/llama-2-7b-chat-hf": "meta-llama/Llama-2-7b-hf",
+            "meta-llama/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf"}
+_SUFFIXES = ("-instruct", "-it", "-chat")
+
+
+def table_lookup(model_id: str) -> ModelShape | None:
+    """The built-in shape for a Hub id (case-insensitive; -Instruct/-it variants map to their base)."""
+    key = model_id.strip().lower()
+    by_lower = {k.lower(): v for k, v in SHAPES.items()}
+    for candidate in (key, *(key[: -len(s)] for s in _SUFFIXES if key.endswith(s))):
+        candidate = _ALIASES.get(candidate, candidate).lower()
+        if candidate in by_lower:
+            return by_lower[candidate]
+    # A bare name without the organisation, e.g. "Llama-3.1-8B"
+    names = {k.split("/")[-1]: v for k, v in by_lower.items()}
+    for candidate in (key, *(key[: -len(s)] for s in _SUFFIXES if key.endswith(s))):
+        if "/" not in candidate and candidate in names:
+            return names[candidate]
+    return None
+
+
+def _read_config(path: Path, name: str) -> ModelShape:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ShapeError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ShapeError(f"{path} does not hold a JSON object")
+    return ModelShape.from_config(data, name)
+
+
+def _hf_cache_config(model_id: str) -> Path | None:
+    """config.json of a Hub model already in the local Hugging Face cache; never touches the network."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(model_id, "config.json")
+    except Exception:  # not a valid repo id, or no huggingface_hub
+        return None
+    return Path(found) if isinstance(found, str) and Path(found).is_file() else None
+
+
+def get_shape(model: str) -> ModelShape:
+    """The shape of `model`: a Hub id, a local model folder, a config.json path, or the demo model."""
+    model = (model or "").strip()
+    if not model:
+        raise ShapeError("no model given")
+    if model == DEMO_MODEL:
+        from core.demo.score import ensure_demo_model
+
+        return _read_config(ensure_demo_model() / "config.json", DEMO_MODEL)
+    local = Path(model).expanduser()
+    if local.is_dir():
+        if (local / "config.json").is_file():
+            return _read_config(local / "config.json", model)
+        raise ShapeError(f"the folder {local} has no config.json")
+    if local.is_file():
+        return _read_config(local, model)
+    cached = _hf_cache_config(model)
+    if cached is not None:
+        return _read_config(cached, model)
+    shape = table_lookup(model)
+    if shape is not None:
+        return replace(shape, name=model) if shape.name.lower() != model.lower() else shape
+    known = ", ".join(SHAPES)
+    raise ShapeError(f"the shape of {model!r} is unknown: it is not a local folder, not in the Hugging Face cache "
+                     f"and not in memtune's table ({known}). Download the model once, or give the path of its "
+                     "config.json.")

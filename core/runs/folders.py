@@ -1,0 +1,298 @@
+"""Run folders: creating them (with memtune's marker), their checkpoints, the final adapter and summary writes.
+
+A run folder `output_dir/NAME/` holds `.memtune.json` (kind "run", written first), config.yaml, events.jsonl,
+checkpoints/checkpoint-N/ (a `COMPLETE` file written last), adapter/ (its own marker, kind "adapter") and
+summary.json. Only a folder that is memtune's (see `is_memtune_run`) is ever resumed into or deleted.
+
+- `create_run_dir(cfg)`: a fresh, marked folder (or the checked resume folder) with config.yaml written.
+- `resume_problem(folder)`: why `resume_from=folder` cannot work (None when it can); checks.validate uses it.
+- `resume_point(run_dir)`: the newest usable checkpoint and what was skipped (damaged ones, named).
+- `save_adapter(...)`, `finish_run(run_dir, summary)`: atomic writes; a full disk gives a plain message.
+
+Only the marker counts: a folder without `.memtune.json` is never resumed into or deleted, whatever it holds.
+Every folder path is resolved by core.runs.files.target before it is checked or written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import zipfile
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from core.runs.files import (RefusedError, StorageError, atomic_write_text, has_marker, make_tmp, move_into_place,
+                        recover, storage_error, storage_message, target, write_marker)
+
+if TYPE_CHECKING:
+    from core.config.settings import TrainConfig
+
+COMPLETE_MARKER = "COMPLETE"  # written last into a checkpoint folder: only these are offered for resume
+
+
+# --- is it memtune's? ---------------------------------------------------------------------------------------------
+def is_memtune_run(path: str | Path) -> bool:
+    """Only the run marker counts (an older rule also trusted an events.jsonl naming the folder: anyone can write
+    one). A copied `.memtune.json` makes memtune treat a folder as its own: the README says so."""
+    path = Path(path)
+    return path.is_dir() and has_marker(path, "run")
+
+
+def planted_link(run_dir: Path) -> Path | None:
+    """A link inside a run folder (RUN/adapter, RUN/merged, RUN/gguf, a checkpoint...): memtune makes none, and
+    writing through one would replace whatever it points at."""
+    for place in (run_dir, run_dir / "checkpoints"):
+        try:
+            for p in place.iterdir():
+                if p.is_symlink():
+                    return p
+        except OSError:
+            continue
+    return None
+
+
+# --- checkpoints -----------------------------------------------------------------------------------------------------
+def _step(p: Path) -> int:
+    tail = p.name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def complete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Checkpoints whose COMPLETE marker exists, oldest first (whether their files are intact: `resume_point`)."""
+    found = [p for p in (Path(run_dir) / "checkpoints").glob("checkpoint-*") if (p / COMPLETE_MARKER).is_file()]
+    return sorted(found, key=_step)
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """A safetensors file is its 8-byte header length, a JSON header, then exactly the tensors' bytes."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            if n > size:
+                return "its header is cut off"
+            header = json.loads(fh.read(n))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error):
+        return "its header cannot be read"
+    return None if size == 8 + n + end else f"it has {size} bytes where its header promises {8 + n + end}"
+
+
+def checkpoint_problem(ckpt: str | Path) -> str | None:
+    """Why this checkpoint cannot be resumed from (names the file), or None when its files are intact."""
+    ckpt = Path(ckpt)
+    if not (ckpt / COMPLETE_MARKER).is_file():
+        return f"{ckpt} is incomplete (no {COMPLETE_MARKER} marker: its save was interrupted)"
+    for path in sorted(ckpt.iterdir()):
+        if path.suffix == ".safetensors":
+            why = _safetensors_problem(path)
+        elif path.suffix in (".pt", ".pth", ".bin"):  # torch.save files are zip archives
+            why = None if zipfile.is_zipfile(path) else "it is not a complete torch file"
+        elif path.name == "trainer_state.json":
+            try:
+                json.loads(path.read_text(encoding="utf-8"))
+                why = None
+            except (OSError, ValueError):
+                why = "it is not valid JSON"
+        else:
+            continue
+        if why:
+            return f"{path} is damaged ({why})"
+    if not (ckpt / "trainer_state.json").is_file():
+        return f"{ckpt} has no trainer_state.json"
+    return None
+
+
+def resume_point(run_dir: str | Path) -> tuple[Path | None, list[str]]:
+    """(newest checkpoint whose files are intact, [why each newer one was skipped])."""
+    skipped = []
+    for ckpt in reversed(complete_checkpoints(run_dir)):
+        why = checkpoint_problem(ckpt)
+        if why is None:
+            return ckpt, skipped
+        skipped.append(why)
+    return None, skipped
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest checkpoint a resume can use (complete and intact), or None."""
+    return resume_point(run_dir)[0]
+
+
+def resume_problem(folder: str | Path) -> str | None:
+    """Why `resume_from=folder` is refused (naming the folder and what is missing), or None when it can resume."""
+    try:
+        path = target(folder, "resume into")
+    except RefusedError as exc:
+        return str(exc)
+    if not path.is_dir():
+        return f"{path} is not a folder"
+    if not is_memtune_run(path):
+        return (f"{path} is not a memtune run folder (no .memtune.json marker): memtune resumes only into folders "
+                "it made, and never writes into other folders")
+    link = planted_link(path)
+    if link is not None:
+        return (f"{link} is a link inside the run folder {path}: memtune makes no links there and will not write "
+                "through one; remove it")
+    ckpt, skipped = resume_point(path)
+    if ckpt is None:
+        damaged = f" ({'; '.join(skipped)})" if skipped else ""
+        return (f"{path} has no complete checkpoint to resume from{damaged}; checkpoints are written when "
+                "save_strategy is steps or epoch, so this run can only be started again as a new run")
+    return None
+
+
+# --- creating a run folder -----------------------------------------------------------------------------------------
+def new_run_dir(cfg: "TrainConfig") -> Path:
+    """Where a run with these settings would go (nothing is created): the resume folder, or a free name."""
+    if cfg.resume_from:
+        return target(cfg.resume_from, "resume into")
+    root = target(cfg.output_dir, "create a run in")
+    name = cfg.run_name or datetime.now().strftime("run-%Y%m%d-%H%M%S")
+    run_dir = root / name
+    suffix = 1
+    while run_dir.exists():  # never write into an earlier run's folder
+        suffix += 1
+        run_dir = root / f"{name}-{suffix}"
+    return run_dir
+
+
+def create_run_dir(cfg: "TrainConfig", prepared: str | Path | None = None) -> Path:
+    """Make (or, to resume, check) the run folder, mark it memtune's and write config.yaml into it.
+
+    `prepared`: a run folder an earlier create_run_dir made for this run (a job manager makes the folder, then
+    starts the trainer in a child process that continues in it); it must carry the run marker and hold no
+    checkpoint yet. Raises ConfigError (field resume_from / output_dir) naming the folder when it is not
+    memtune's, has nothing to resume from, or cannot be created or written; nothing is written in that case.
+    """
+    from core.config.settings import ConfigError, Problem
+
+    if prepared is not None and not cfg.resume_from:
+        try:
+            run_dir = target(prepared, "train into")
+        except RefusedError as exc:
+            raise ConfigError([Problem("output_dir", str(exc), "let memtune create the run folder")]) from None
+        if (not has_marker(run_dir, "run") or any((run_dir / "checkpoints").glob("checkpoint-*"))
+                or planted_link(run_dir) is not None):
+            raise ConfigError([Problem("output_dir", f"{run_dir} is not a fresh run folder made by memtune",
+                                       "let memtune create the run folder")])
+    elif cfg.resume_from:
+        why = resume_problem(cfg.resume_from)
+        if why:
+            raise ConfigError([Problem("resume_from", why, "give a memtune run folder that has a checkpoint")])
+        run_dir = target(cfg.resume_from, "resume into")
+        recover(run_dir / "adapter")  # a crash while replacing the adapter last time
+    else:
+        try:
+            root = target(cfg.output_dir, "create a run in")
+        except RefusedError as exc:
+            raise ConfigError([Problem("output_dir", str(exc), "choose another output folder")]) from None
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            while True:
+                run_dir = new_run_dir(cfg.replace(output_dir=str(root)))
+                try:
+                    run_dir.mkdir()
+                    break
+                except FileExistsError:  # another process took this name just now
+                    continue
+            write_marker(run_dir, "run")
+        except OSError as exc:
+            message = storage_message(exc, root) or f"{root} cannot be created or written ({exc.strerror or exc})"
+            raise ConfigError([Problem("output_dir", message, "choose a folder you can write to")]) from None
+    try:
+        cfg.save(run_dir / "config.yaml")
+    except OSError as exc:
+        raise ConfigError([Problem("output_dir", str(storage_error(exc, run_dir)),
+                                   "free some space or choose another output folder")]) from None
+    return run_dir
+
+
+# --- the end of a run --------------------------------------------------------------------------------------------
+def dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def save_adapter(model, tokenizer, cfg: "TrainConfig", run_dir: Path, summary: dict[str, Any],
+                 state_dict: dict | None = None) -> Path:
+    """Write the adapter to a temporary folder, then rename it into place: a crash never leaves half an adapter.
+
+    A full disk raises StorageError ("No space left in RUN_DIR ..."); the previous adapter stays as it was and the
+    temporary folder is removed.
+    """
+    final = target(Path(target(run_dir)) / "adapter", "save the adapter into")  # refuses a planted link
+    recover(final)
+    try:
+        tmp = make_tmp(final, "adapter")
+    except OSError as exc:
+        raise storage_error(exc, run_dir) from None
+    try:
+        # peft: adapter_model.safetensors + adapter_config.json (state_dict: gathered from FSDP shards)
+        model.save_pretrained(tmp, **({"state_dict": state_dict} if state_dict is not None else {}))
+        tokenizer.save_pretrained(tmp)
+        cfg.save(tmp / "memtune.yaml")
+        summary["adapter_bytes"] = dir_size(tmp)
+        atomic_write_text(tmp / "summary.json", json.dumps(summary, indent=2))
+        return move_into_place(tmp, final)
+    except Exception as exc:  # safetensors reports a full disk as its own error type
+        error = storage_error(exc, run_dir)
+        if error is exc:
+            raise
+        raise error from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def tidy_run_dir(run_dir: str | Path) -> None:
+    """Remove what an ended run leaves half-written: temp folders and checkpoints whose save never completed."""
+    run_dir = target(run_dir, "tidy")
+    for name in ("adapter", "merged", "gguf"):
+        if not (run_dir / name).is_symlink():  # a planted link is refused by every writer; tidy leaves it alone
+            recover(run_dir / name)
+    ckpts = run_dir / "checkpoints"
+    if ckpts.is_symlink():  # planted: deleting "half-written checkpoints" through it would delete elsewhere
+        return
+    for path in list(ckpts.glob("checkpoint-*")) + list(ckpts.glob("tmp-checkpoint-*")):
+        if path.is_dir() and not path.is_symlink() and not (path / COMPLETE_MARKER).is_file():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def finish_run(run_dir: str | Path, summary: dict[str, Any]) -> str | None:
+    """Tidy the run folder and write summary.json atomically. Never raises: returns a message if it failed."""
+    try:
+        tidy_run_dir(run_dir)
+        atomic_write_text(Path(run_dir) / "summary.json", json.dumps(summary, indent=2))
+    except StorageError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"summary.json could not be written in {run_dir}: {exc}"
+    return None
+
+
+def record_failure(run_dir: str | Path, message: str, error_type: str = "other", emit=None,
+                   trace: str | None = None, data: dict[str, Any] | None = None, **details: Any) -> dict[str, Any]:
+    """The one record of a failed run: the `error` event, a failed summary.json, the `done` event, so the page and
+    History show why. Returns the summary.
+
+    Two writers call it: the run itself (core.train.recipe, `emit` its event sink, `trace` the traceback, `data` the row
+    plan once there is one), and the supervisor of a process that ended without its own `done` event (killed,
+    crashed, a worker died; `emit` None: appended to events.jsonl, and summary.json kept if the run wrote one).
+    `details` (e.g. exit_code, world_size) go into both the event and the summary."""
+    from core.train.events import JsonlSink, make_event
+
+    run_dir = Path(run_dir)
+    summary = {"status": "failed", "error_type": error_type, "message": message, **details,
+               "finished_at": datetime.now().isoformat(timespec="seconds")}
+    if data is not None:
+        summary["data"] = data
+    own = emit is not None
+    emit = emit or JsonlSink(run_dir / "events.jsonl")
+    emit(make_event("error", error_type=error_type, message=message, **({"traceback": trace} if own else {}),
+                    **details))
+    if own or not (run_dir / "summary.json").is_file():
+        if (problem := finish_run(run_dir, summary)):  # never a 0-byte summary.json; temp folders removed
+            emit(make_event("log", level="warning", message=problem))
+    emit(make_event("done", status="failed", run_dir=str(run_dir), summary=summary, message=message))
+    return summary

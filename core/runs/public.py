@@ -1,0 +1,162 @@
+"""Public mode (a Hugging Face Space, or `python app.py --public`) and the trust_remote_code confirmation.
+
+In public mode anyone on the internet may use the page, without a password. So the server reads no local path a
+visitor typed: datasets come from uploads (memtune's own upload folder), the Hub or the demo; models from the Hub
+or the demo; runs stay in the app's own folder (`public_root()`), and History/Export act only inside it.
+trust_remote_code is unavailable. The checks live here and are called from config validation and from the
+loaders themselves (core.model.load.resolve_model_path, core.data.plan.load_raw), so Preview cannot get round them.
+
+Each visitor (one browser session) has folders of their own: `public_root()` and `upload_root()` name the visitor's
+sub-folder while a page request is being answered (the UI registers who is asking: `set_visitor_source`), so
+History, Try it, Export and Preview see only that visitor's runs and uploads, and a path typed into another
+visitor's folder is refused like any other server path. Outside a request (the training child the app started, the
+CLI) the whole folders are allowed: that code is the app's, not a visitor's.
+
+Outside public mode, a config loaded from a file or from History never switches trust_remote_code on by itself:
+`without_remote_code(cfg)` turns it off and says so, and the user ticks it again to confirm.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from core.runs.files import real
+
+if TYPE_CHECKING:
+    from core.config.settings import Problem, TrainConfig
+
+PUBLIC_ENV = "MEMTUNE_PUBLIC"  # set by app.py --public (and implied by SPACE_ID)
+
+
+def is_public() -> bool:
+    return os.environ.get(PUBLIC_ENV, "").strip().lower() in ("1", "true", "yes", "on") or bool(
+        os.environ.get("SPACE_ID"))
+
+
+_visitor_source: Callable[[], str | None] = lambda: None  # the UI's: who is asking (None: no page request)
+NOBODY = "unknown"  # the folder of a request whose session id is unusable: empty, never another visitor's
+
+
+def set_visitor_source(source: Callable[[], str | None]) -> None:
+    """The UI registers how to tell the current page request's visitor (Gradio's session hash)."""
+    global _visitor_source
+    _visitor_source = source
+
+
+def visitor() -> str | None:
+    """Public mode, while a page request is answered: the visitor's folder name; None otherwise."""
+    if not is_public():
+        return None
+    session = _visitor_source()
+    if session is None:
+        return None
+    return f"visitor-{session}" if re.fullmatch(r"[A-Za-z0-9_-]{6,64}", str(session)) else f"visitor-{NOBODY}"
+
+
+def _mine(base: Path) -> Path:
+    who = visitor()
+    return base / who if who else base
+
+
+def shared_public_root() -> Path:
+    """The app's own runs folder, every visitor's sub-folder inside it."""
+    return real(os.environ.get("MEMTUNE_PUBLIC_RUNS") or "runs")
+
+
+def public_root() -> Path:
+    """The only place public mode writes runs, lists History from and exports from: the visitor's own folder in
+    the app's runs folder (the whole of it outside a page request)."""
+    return _mine(shared_public_root())
+
+
+def upload_root() -> Path:
+    """Where uploads are kept: public mode, the visitor's own folder under the shared one."""
+    from core.config.settings import cache_root
+
+    base = real(cache_root() / "uploads")
+    return _mine(base) if is_public() else base
+
+
+def visitor_config(cfg: "TrainConfig") -> "TrainConfig":
+    """Public mode: a run the page starts goes into the visitor's own runs folder (the form's output_dir, e.g. the
+    default `runs`, names the app's folder; a visitor cannot choose another)."""
+    if is_public() and visitor() and inside(cfg.output_dir, shared_public_root()):
+        return cfg.replace(output_dir=str(public_root()))
+    return cfg
+
+
+def inside(path: str | Path, root: Path) -> bool:
+    p = real(path)
+    return p == root or root in p.parents
+
+
+def local_path_refusal(what: str, value: str) -> str:
+    return (f"{value} is a path on the server: on this public server the {what} must come from the Hugging Face "
+            "Hub" + (" or an upload" if what == "dataset" else "") + " (or the demo)")
+
+
+def dataset_problem(source: str) -> str | None:
+    """Public mode: a dataset that is a local path outside the upload folder is refused."""
+    from core.config.settings import DEMO_DATASET
+
+    source = (source or "").strip()
+    if not is_public() or not source or source == DEMO_DATASET:
+        return None
+    looks_local = source.startswith((".", "/", "~")) or source.count("/") > 1 or Path(source).expanduser().exists()
+    if looks_local and not inside(source, upload_root()):
+        return local_path_refusal("dataset", source)
+    return None
+
+
+def model_problem(cfg: "TrainConfig") -> str | None:
+    """Public mode: no trust_remote_code, no local model folder."""
+    from core.config.settings import DEMO_MODEL
+
+    if not is_public():
+        return None
+    if cfg.trust_remote_code:
+        return "trust_remote_code is not available on a public server: it would run a model's code here"
+    model = cfg.model.strip()
+    if model != DEMO_MODEL and (model.startswith((".", "/", "~")) or model.count("/") > 1
+                                or Path(model).expanduser().exists()):
+        return local_path_refusal("model", model)
+    return None
+
+
+def public_problems(cfg: "TrainConfig") -> list["Problem"]:
+    """What validation adds in public mode (an empty list outside it)."""
+    from core.config.settings import Problem
+
+    if not is_public():
+        return []
+    out = []
+    root = public_root()
+    why = model_problem(cfg)
+    if why:
+        field = "trust_remote_code" if cfg.trust_remote_code else "model"
+        out.append(Problem(field, why, "untick it" if cfg.trust_remote_code else "give a Hub model id"))
+    why = dataset_problem(cfg.dataset)
+    if why:
+        out.append(Problem("dataset", why, "upload the file, or give a Hub dataset id"))
+    if not inside(cfg.output_dir, root):
+        out.append(Problem("output_dir", f"on this public server runs are kept in {root} only",
+                           f"leave output_dir at {root.name}"))
+    if cfg.resume_from and not inside(cfg.resume_from, root):
+        out.append(Problem("resume_from", f"on this public server only runs in {root} can be resumed",
+                           "pick the run in History"))
+    return out
+
+
+def check_folder(path: str | Path | None, what: str) -> Path | None:
+    """Public mode: refuse (ValueError) a History/Export folder outside the app's runs folder; else the path."""
+    if path and is_public() and not inside(path, public_root()):
+        raise ValueError(f"On this public server {what} must be inside {public_root()}; {path} is not.")
+    return Path(path) if path else None
+
+
+def without_remote_code(cfg: "TrainConfig") -> tuple["TrainConfig", bool]:
+    """A loaded config never turns trust_remote_code on by itself: (cfg with it off, whether it had asked for it)."""
+    return (cfg.replace(trust_remote_code=False), True) if cfg.trust_remote_code else (cfg, False)

@@ -1,0 +1,239 @@
+"""What a run says while it trains, and how it hears Stop: the phases, the Trainer callback, the stop watch.
+
+core/train/'s recipe uses these; none of them decides anything about training. Every one reports through an
+event sink (core/train/events.py): `phase` keeps a long step (a download, a load) audibly alive, `make_callback` turns the
+Trainer's steps and logs into `step`/`metrics` events and ends the run after the current step when Stop is asked,
+`watch_stop` answers a Stop at once, and `BarOnly` keeps the Trainer's terminal progress bar without its log dicts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+from core.train.events import EventSink, make_event
+from core.runs.folders import COMPLETE_MARKER
+
+STOP_FILE = "STOP"  # in a run folder: asks the run to end after its current step and save the adapter
+HEARTBEAT_S = 2.0  # no phase stays silent longer than this
+
+
+@contextlib.contextmanager
+def phase(sink: EventSink, name: str, message: str) -> Iterator[None]:
+    """Announce a phase and keep saying it is alive every few seconds until it ends."""
+    sink(make_event("phase", phase=name, message=message, progress=None))
+    done = threading.Event()
+    start = time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_S):
+            sink(make_event("phase", phase=name, progress=None,
+                            message=f"{message} ({time.monotonic() - start:.0f} s)"))
+
+    thread = threading.Thread(target=beat, daemon=True, name=f"memtune-heartbeat-{name}")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def watch_stop(emit: EventSink, stop: threading.Event, stop_file: Path) -> threading.Event:
+    """Until the returned event is set: turn a stop file into the stop flag, and say at once that Stop was seen.
+
+    The stop file (written by the app's job manager, or `touch RUN/STOP` by hand) and a signal (SIGTERM sets the
+    flag in `main`) are the two ways to ask; the `ack` event tells the manager the run is alive and ending, so it
+    waits for the current step instead of killing the run.
+    """
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.5):
+            if stop.is_set() or stop_file.exists():
+                stop.set()
+                emit(make_event("log", level="info", ack="stop",
+                                message="Stop requested: finishing the current step, then saving the adapter."))
+                return
+
+    threading.Thread(target=watch, daemon=True, name="memtune-stop-watch").start()
+    return done
+
+
+def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file: Path | None = None):
+    """A TrainerCallback that emits step events, honours Stop (flag or stop file) and marks checkpoints complete."""
+    from transformers import TrainerCallback
+
+    from core.jobs import distributed
+    from core.estimate import vram
+
+    class EventCallback(TrainerCallback):
+        def __init__(self) -> None:
+            self.start = time.monotonic()
+            self.first_loss: float | None = None
+            self.last_loss: float | None = None
+            self.tokens_at_start = 0
+            self.steps_at_start = 0
+            self.stopped = False
+            # validation (core/train/recipe.py build_run sets these when there are validation rows)
+            self.samples: list[dict] = []
+            self.tokenizer = None
+            self.max_new_tokens = 32
+            self.evals: list[dict] = []  # {step, eval_loss, answers?} in order, this process's evals
+            self.last_eval_step: int | None = None
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.rng = rng_state()  # the eval before training (eval_on_start) comes next
+            self.start = time.monotonic()
+            self.tokens_at_start = state.num_input_tokens_seen or 0
+            self.steps_at_start = state.global_step
+            sink(make_event("phase", phase="training", progress=0.0,
+                            message=f"Training: {state.max_steps} optimizer steps"))
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            logs = logs or {}
+            if "loss" not in logs:
+                return
+            loss = float(logs["loss"])
+            self.first_loss = loss if self.first_loss is None else self.first_loss
+            self.last_loss = loss
+            lr, grad_norm = logs.get("learning_rate"), logs.get("grad_norm")
+            sink(make_event("metrics", step=state.global_step, total_steps=state.max_steps,
+                            epoch=round(state.epoch or 0.0, 4), loss=loss, learning_rate=lr,
+                            grad_norm=float(grad_norm) if grad_norm is not None else None))
+            sink(make_event("log", level="info", message=(
+                f"step {state.global_step}/{state.max_steps}  loss {loss:.4f}  lr {float(lr or 0):.2e}  "
+                f"grad_norm {float(grad_norm or 0):.3f}")))
+
+        def on_step_end(self, args, state, control, **kw):
+            elapsed = time.monotonic() - self.start
+            done = state.global_step - self.steps_at_start
+            remaining = max(0, state.max_steps - state.global_step)
+            tokens = (state.num_input_tokens_seen or 0) - self.tokens_at_start
+            mem = vram.torch_peaks() if cuda else None
+            sink(make_event(
+                "step", step=state.global_step, total_steps=state.max_steps, epoch=round(state.epoch or 0.0, 4),
+                tokens=int(state.num_input_tokens_seen or 0),
+                tokens_per_s=round(tokens / elapsed, 1) if elapsed > 0 else None,
+                elapsed_s=round(elapsed, 2),
+                eta_s=round(elapsed / done * remaining, 1) if done else None,
+                gpu_mem_gib=mem["allocated_gib"] if mem else None,
+                peak_gib=mem["peak_allocated_gib"] if mem else None,
+            ))
+            wanted = stop.is_set() or (stop_file is not None and stop_file.exists())
+            if distributed.world_size() > 1:
+                wanted = distributed.any_rank(wanted)  # every process ends after the same step
+            if args.eval_strategy != "no":
+                self.rng = rng_state()  # an eval may follow this step: training resumes from exactly this state
+            if (args.eval_strategy != "no" and state.global_step >= state.max_steps and not wanted
+                    and self.last_eval_step != state.global_step):
+                control.should_evaluate = True  # the end of the run, when it is not an eval step already
+            if wanted:
+                stop.set()
+                self.stopped = True
+                control.should_training_stop = True
+                sink(make_event("log", level="info", ack="stop",
+                                message=f"Stop requested: ending after step {state.global_step}"))
+            return control
+
+        def on_evaluate(self, args, state, control, metrics=None, model=None, **kw):
+            """The Trainer's eval has just run: its loss, and what the model answers now to a few validation prompts."""
+            loss = (metrics or {}).get("eval_loss")
+            if loss is None:
+                return
+            if getattr(self, "rng", None) is not None:
+                # The eval drew from the random generators (the data order of the next epoch is drawn from torch's):
+                # put them back, so a run with validation trains on exactly what the same run without it would.
+                set_rng_state(self.rng)
+            self.last_eval_step = state.global_step
+            answers = []
+            began = time.monotonic()
+            if self.samples and model is not None and distributed.world_size() == 1:
+                from core.data.validation import generate_answers
+
+                got = generate_answers(model, self.tokenizer, [s["prompt_ids"] for s in self.samples],
+                                       self.max_new_tokens)
+                answers = [{"prompt": s["prompt"], "reference": s["reference"], "answer": a}
+                           for s, a in zip(self.samples, got)]
+            record = {"step": state.global_step, "eval_loss": float(loss)}
+            self.evals.append(record)
+            best = state.best_metric
+            sink(make_event("eval", step=state.global_step, total_steps=state.max_steps, eval_loss=float(loss),
+                            best_eval_loss=best, answers=answers, loss_s=(metrics or {}).get("eval_runtime"),
+                            answers_s=round(time.monotonic() - began, 3)))
+            what = "baseline (before training)" if state.global_step == 0 else f"step {state.global_step}/{state.max_steps}"
+            sink(make_event("log", level="info", message=f"eval {what}  eval_loss {float(loss):.4f}"))
+            for a in answers:
+                sink(make_event("log", level="info", message=(
+                    f"  {a['prompt'][-60:]!r} -> {a['answer'][:60]!r} (reference {a['reference'][:60]!r})")))
+            self.last_answers = answers
+
+        def eval_summary(self, args, state) -> dict | None:
+            """summary.json["eval"]: every eval loss of the run (a resumed run's earlier ones from the Trainer's
+            log history), the baseline, the last, the best and its step, whether it stopped early."""
+            history = [(int(h["step"]), float(h["eval_loss"])) for h in state.log_history if "eval_loss" in h]
+            if not history:
+                return None
+            losses = sorted(dict(history).items())
+            best_step, best = min(losses, key=lambda sl: (sl[1], sl[0]))
+            ckpt = state.best_model_checkpoint
+            return {"losses": losses, "baseline": losses[0][1] if losses[0][0] == 0 else None,
+                    "final": losses[-1][1], "final_step": losses[-1][0], "best": best, "best_step": best_step,
+                    "best_checkpoint": ckpt,
+                    # the step the saved adapter's weights are from: the best checkpoint's with keep_best
+                    "adapter_step": (int(ckpt.rsplit("-", 1)[1]) if ckpt and args.load_best_model_at_end
+                                     else state.global_step),
+                    "stopped_early": bool(state.global_step < state.max_steps and not self.stopped),
+                    "answers": getattr(self, "last_answers", [])}
+
+        def on_save(self, args, state, control, **kw):
+            # Called after the Trainer has fully written the checkpoint: only now is it safe to resume from.
+            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if ckpt.is_dir() and distributed.is_main():
+                (ckpt / COMPLETE_MARKER).write_text(str(time.time()), encoding="utf-8")
+                sink(make_event("log", level="info", message=f"Checkpoint saved: {ckpt}"))
+
+    return EventCallback()
+
+
+def rng_state() -> dict:
+    """Every random generator a Trainer step may draw from (Python, numpy, torch CPU and CUDA)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(st: dict) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["cpu"])
+    if st["cuda"] is not None:
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def _bar_only():
+    from transformers.trainer_callback import ProgressCallback
+
+    class BarOnly(ProgressCallback):
+        """The Trainer's progress bar on a terminal, without its copy of every log dict."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            return None
+
+    return BarOnly
+
+
+def BarOnly():  # noqa: N802 - built lazily: transformers is imported only when a trainer is built
+    return _bar_only()()

@@ -1,0 +1,149 @@
+"""The command line of the training recipe: `python -m core.train` (usage in core/train/recipe.py's docstring)
+runs `run()`.
+
+Argument parsing, the process around one run (torch threads, quiet libraries; signals and a parent that died are
+core/jobs/supervise.py's) and, when the config asks for several processes, the hand-off to accelerate's launcher
+(core/jobs/launcher.py). The recipe itself, `run_training`, is core/train/ (imported when a run starts); `python -m
+core.train` is core/train/__main__.py, which runs `run()` here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from core.config.settings import ConfigError, Hardware, TrainConfig, apply_overrides, demo_config
+from core.config.presets import PRESETS, apply_preset
+from core.jobs.supervise import stop_on_signals, stop_when_orphaned
+
+
+def console_sink(event: dict[str, Any]) -> None:
+    """Phase messages and log lines on stderr; the Trainer's own progress bar shows steps, ETA and speed.
+
+    Errors are not printed here: `main` prints the failure once, and the traceback stays in events.jsonl.
+    """
+    kind = event["kind"]
+    if (kind == "phase" and event.get("phase") != "training") or kind == "log":
+        print(f"[memtune] {event['message']}", file=sys.stderr, flush=True)
+
+
+def quiet_libraries(console: bool) -> None:
+    """The libraries' noise silenced (core/quiet.py); their progress bars only on an interactive terminal."""
+    from core.quiet import quiet_libraries as quiet
+
+    quiet(progress_bars=console)
+
+
+def set_threads_from_env() -> None:
+    """MEMTUNE_NUM_THREADS (the app sets it to cores - 1 for its child, leaving a core to the page); else all cores."""
+    value = os.environ.get("MEMTUNE_NUM_THREADS", "").strip()
+    if value.isdigit() and int(value) > 0:
+        import torch
+
+        torch.set_num_threads(int(value))
+
+
+def main(argv: list[str] | None = None, callbacks=()) -> int:
+    """`python -m core.train ARGS`; `callbacks`: extra TrainerCallbacks (bench/stepprof.py times the steps)."""
+    parser = argparse.ArgumentParser(prog="python -m core.train", description="Fine-tune with LoRA/QLoRA, headless.")
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--config", help="YAML file of settings (start from --dump-config)")
+    src.add_argument("--demo", action="store_true", help="train the offline demo (tiny model, shipped data)")
+    # Not exclusive with them: `--demo --dump-config` writes the demo's settings, `--config F --dump-config` F's.
+    parser.add_argument("--dump-config", action="store_true", help="print the configuration as YAML instead of "
+                        "training: the defaults, or those of --demo / --config, after --preset and --set")
+    parser.add_argument("--preset", choices=list(PRESETS), help="apply a preset's memory/speed levers first "
+                        "(chapter: the recipe as written; lowest_memory; fastest), then --set")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override one setting; repeatable")
+    # Internal (the app's job manager): train into exactly this folder, which it made and wrote config.yaml into.
+    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if not (args.config or args.demo or args.dump_config):
+        parser.error("one of the arguments --config --demo --dump-config is required")
+    try:
+        cfg = demo_config() if args.demo else TrainConfig.load(args.config) if args.config else TrainConfig()
+        if args.preset:
+            # A dumped file may be meant for another machine; a run here keeps CUDA-only levers off without CUDA.
+            from core.estimate.predict import fit_preset
+
+            # For this model: a preset with a memory promise picks the micro-batch/checkpointing that keeps it.
+            fit = fit_preset(cfg, args.preset, None if args.dump_config else Hardware.detect())
+            cfg = fit.cfg
+            if fit.key:
+                print(f"[memtune] preset {args.preset}: {fit.note()}", file=sys.stderr, flush=True)
+        cfg = apply_overrides(cfg, args.overrides)
+    except ConfigError as exc:
+        print(f"memtune: {exc}", file=sys.stderr)
+        return 2
+    if args.dump_config:
+        from core.codegen import accelerate_note
+
+        print(f"# memtune configuration: python -m core.train --config this.yaml{accelerate_note(cfg, 'this.yaml')}"
+              f"\n{cfg.to_yaml()}", end="")
+        return 0
+    from core.jobs import distributed
+    from core.jobs import launcher
+    from core.train.recipe import run_training
+
+    if distributed.pin_one_gpu(cfg):  # one process, several GPUs visible: use GPU 0, not nn.DataParallel
+        print("[memtune] several GPUs are visible and num_gpus is 1: training on GPU 0 "
+              "(set num_gpus to use more)", file=sys.stderr, flush=True)
+    if distributed.plan(cfg).distributed and not distributed.in_worker():
+        return launcher.run_launcher(cfg, args.run_dir)  # accelerate launch: this machine's workers
+    set_threads_from_env()
+    quiet_libraries(console=sys.stderr.isatty())
+    from core.quiet import offline_if_unreachable
+
+    offline_if_unreachable(cfg)
+    stop = threading.Event()
+    stop_on_signals(stop, args.run_dir)
+    stop_when_orphaned(stop)
+    try:
+        # A progress bar only on a terminal: in a log file (the app's RUN/train.log, a pipe) it is kilobytes of \r.
+        result = run_training(cfg, console_sink, stop=stop, callbacks=callbacks, console=sys.stderr.isatty(),
+                              run_dir=args.run_dir)
+    except OSError as exc:  # e.g. an output folder that cannot be created: the user's to fix, not a bug report
+        what = f"{exc.strerror}: {exc.filename}" if exc.filename and exc.strerror else str(exc)
+        print(f"memtune: cannot write the run folder ({what}); choose an output_dir you can write to",
+              file=sys.stderr)
+        return 1
+    if result.status == "failed":
+        where = f" (details in {Path(result.run_dir) / 'events.jsonl'})" if result.run_dir else ""
+        kind = f" ({result.error_type})" if result.error_type else ""
+        print(f"memtune: training failed{kind}: {result.message}{where if result.error_type == 'other' else ''}",
+              file=sys.stderr)
+        return 1
+    s = result.summary
+    tokens = s.get("train_tokens")
+    tokens = f"{tokens:,}" if isinstance(tokens, int) else "-"
+    runtime = s.get("train_runtime_s")
+    runtime = f"{runtime:.1f}" if isinstance(runtime, (int, float)) else "-"
+    print(f"{result.message}\n{loss_line(s, cfg)}, {tokens} tokens in {runtime} s")
+    print(result.adapter_dir)
+    return 0
+
+
+def loss_line(summary: dict, cfg: TrainConfig) -> str:
+    """"first loss 2.31, last loss 1.02", or why there is none (never "first loss None")."""
+    first, last = summary.get("first_loss"), summary.get("final_loss")
+    if first is not None and last is not None:  # "0.0141", not 0.014143562316894532
+        return f"first loss {first:.4f}, last loss {last:.4f}"
+    steps = summary.get("steps")
+    return (f"no loss was logged: the run made {steps if steps is not None else 'no'} optimizer step(s) and the "
+            f"loss is logged every {cfg.logging_steps} (logging_steps; set it lower to see the loss of a short run)")
+
+
+def run() -> None:
+    """`python -m core.train`: main(), then end the process at once.
+
+    Everything is written and closed by then. Skipping the interpreter's teardown (seconds, once torch is loaded)
+    ends the process at once, so the app can take the next Start (and the GPU is free) as soon as "done" shows."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
