@@ -702,7 +702,7 @@ def test_estimate_and_fit_speak_per_gpu_when_the_run_uses_several(monkeypatch, f
 
     cfg = TrainConfig(upcast_to_fp32=False, per_device_train_batch_size=8, gradient_accumulation_steps=2,
                       max_length=2048)
-    monkeypatch.setattr(handlers, "hardware", lambda: __import__("core.config.settings").config.Hardware(
+    monkeypatch.setattr(handlers, "hardware", lambda: core.config.settings.Hardware(
         cuda=False, bf16=True, bitsandbytes=True))
     assert "per GPU" not in handlers.on_fit(form, "en", 12, *widget_values(cfg))[form.fit_note]
     monkeypatch.setattr(core.estimate.predict, "fit_to_gpu", two_gpus)
