@@ -114,7 +114,7 @@ def warm_demo_model() -> None:
     """Build the offline demo model in the background so the first demo run starts at once."""
     def build() -> None:
         try:
-            from core.demo.score import ensure_demo_model
+            from core.demo import ensure_demo_model
 
             ensure_demo_model()
         except Exception as exc:  # noqa: BLE001 - the run itself will report it properly

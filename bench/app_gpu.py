@@ -23,7 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from core.estimate.vram import device_used_bytes, process_used_bytes
+from core.gpus.vram import device_used_bytes, process_used_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,7 +35,7 @@ def free_port() -> int:
 
 
 class Gpu:
-    """Point readings of GPU 0 through core.estimate.vram (the app's and the run's NVML reader); None/0 without NVML."""
+    """Point readings of GPU 0 through core.gpus.vram (the app's and the run's NVML reader); None/0 without NVML."""
 
     def used_gib(self) -> float | None:
         used = device_used_bytes(0)

@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 
 from bench.product import ROOT, read_events, speeds, versions, write_dolly
-from core.estimate.vram import PeakTracker, device_count, device_used_bytes
+from core.gpus.vram import PeakTracker, device_count, device_used_bytes
 
 
 class AllGpus:
-    """Peak NVML 'used' per GPU while entered: one core.estimate.vram sampler per GPU (threads of this process; nothing inside
+    """Peak NVML 'used' per GPU while entered: one core.gpus.vram sampler per GPU (threads of this process; nothing inside
     the measured processes). No NVML (the CPU smoke run): no GPUs, empty lists."""
 
     def __init__(self, interval: float = 0.01):

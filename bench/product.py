@@ -31,7 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.product_plans import Variant, plan
-from core.estimate.vram import PeakTracker, device_used_bytes, driver_version, snapshot
+from core.gpus.vram import PeakTracker, device_used_bytes, driver_version, snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,7 +77,7 @@ def write_dolly(path: Path, n: int, seed: int = 0) -> dict:
     return {"rows": n, "median_tokens": float(statistics.median(lengths)), "mean_tokens": float(lengths.mean())}
 
 
-# --- NVML sampler (outside the measured process): core.estimate.vram's, the one the run and the app use -------------------
+# --- NVML sampler (outside the measured process): core.gpus.vram's, the one the run and the app use -------------------
 def make_sampler() -> PeakTracker:
     """Device 0's used memory every 10 ms, the GPU utilisation every 100 ms, every sample kept (the trace)."""
     return PeakTracker(0, interval=0.01, series=True, util_every=10)

@@ -8,7 +8,7 @@ page, the CLI, the launcher) calls these two.
 
 from __future__ import annotations
 
-from core.jobs import distributed
+from core.gpus import distributed
 from core.config.settings import ConfigError, Hardware, Problem, TrainConfig, config_problems
 from core.runs.public import public_problems
 from core.runs.folders import resume_problem

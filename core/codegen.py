@@ -14,7 +14,7 @@ output head, and checks the whole config before any work. A generated copy train
 strings and lacked varlen attention; each new feature widened the gap. Calling the recipe keeps one sequence
 (config -> data plan -> model -> LoRA -> SFTTrainer -> adapter) and the same first losses by construction
 (tests/test_codegen.py checks it with over-long prompts and varlen attention). The library calls themselves are
-core/train/arguments.py's dicts, readable there.
+core/config/arguments.py's dicts, readable there.
 
 CLI:
     python -m core.codegen --config FILE.yaml [--set field=value ...]   # prints the script
@@ -88,7 +88,7 @@ def cli_command(cfg: TrainConfig, config_path: str | Path | None = None, base: T
 
 def accelerate_note(cfg: TrainConfig, config_path: str | Path = "memtune.yaml") -> str:
     """With several GPUs or machines: the `accelerate launch` line memtune runs for you, for those who keep one."""
-    from core.jobs.distributed import launch_command_text
+    from core.gpus.distributed import launch_command_text
 
     text = launch_command_text(cfg, str(config_path))
     if not text:
@@ -128,7 +128,7 @@ import threading
 
 sys.path.insert(0, {str(ROOT)!r})  # memtune's folder
 
-from core.jobs import distributed  # noqa: E402
+from core.gpus import distributed  # noqa: E402
 from core.jobs import launcher
 from core.config.settings import TrainConfig  # noqa: E402
 from core.train.recipe import run_training  # noqa: E402

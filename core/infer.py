@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from core.config.settings import ConfigError, TrainConfig
-from core.runs.files import free_memory
+from core.demo import demo_rows
+from core.files import free_memory
 
 ADAPTER_CONFIG = "memtune.yaml"  # the TrainConfig that trained the adapter (written by core.train.recipe.save_adapter)
 
@@ -334,3 +335,49 @@ _free = free_memory
 
 
 COMPARER = Comparer()  # process-wide: the GPU holds one model for every browser tab
+
+
+# --- the offline demo's score (scripts/demo_bench.py): Try it's answers to the demo's own prompts ---------------
+
+def demo_answers(adapter_dir: str | Path, rows: list[dict[str, str]] | None = None,
+                 max_new_tokens: int = 8) -> list[str]:
+    """Greedy answers of base + adapter to `rows`' instructions (default: the demo's 100), as Try it asks them:
+    each prompt formatted by format_prompt (the training formatter), special tokens dropped."""
+    from transformers import AutoTokenizer
+
+    from core.model.load import load_with_adapter
+
+    cfg = adapter_config(adapter_dir)
+    model = load_with_adapter(_runnable(cfg), adapter_dir)
+    tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir))  # save_adapter writes it beside the weights
+    return model_answers(model, tokenizer, rows, max_new_tokens)
+
+
+def model_answers(model, tokenizer, rows: list[dict[str, str]] | None = None, max_new_tokens: int = 8) -> list[str]:
+    """Greedy answers of any causal LM (base + adapter, or a merged model folder loaded by transformers) to
+    `rows`' instructions, prompted as Try it prompts."""
+    import torch
+
+    answers = []
+    with torch.inference_mode():
+        for row in demo_rows() if rows is None else rows:
+            prompt = format_prompt(tokenizer, row["instruction"], row.get("context", ""))
+            inputs = tokenizer(prompt, return_tensors="pt")
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
+                                 temperature=None, top_p=None, top_k=None,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+            answers.append(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
+    return answers
+
+
+def count_exact(answers: list[str], rows: list[dict[str, str]] | None = None) -> int:
+    """How many answers equal their row's response (surrounding spaces ignored)."""
+    rows = demo_rows() if rows is None else rows
+    return sum(a.strip() == r["response"].strip() for a, r in zip(answers, rows, strict=True))
+
+
+def score_adapter(adapter_dir: str | Path, rows: list[dict[str, str]] | None = None) -> tuple[int, int]:
+    """(exact answers, prompts): how many of `rows` (default: the demo's 100 training prompts) the adapter answers
+    exactly, greedily (surrounding spaces ignored)."""
+    rows = demo_rows() if rows is None else rows
+    return count_exact(demo_answers(adapter_dir, rows), rows), len(rows)

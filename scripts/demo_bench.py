@@ -4,7 +4,7 @@
 
 For each run: wall time from launching the process to the finished adapter, time from launch to the first
 optimizer step (the first `step` event in the run's events.jsonl), and the adapter's exact answers to the 100
-training prompts (core.demo.score.score_adapter, greedy). Then whether every run logged identical losses. The bars
+training prompts (core.infer.score_adapter, greedy). Then whether every run logged identical losses. The bars
 (issue 14): under 45 s wall, first step within 10 s, at least 90/100 exact, identical losses. Exit status 1 when a
 bar is missed. Timings depend on the machine and its load, so they live here and not in the test suite; the load
 average is printed alongside.
@@ -39,7 +39,7 @@ def one_run(out: Path) -> dict:
     events = [json.loads(line) for line in (adapter.parent / "events.jsonl").read_text().splitlines()]
     first_step = next(e["time"] for e in events if e["kind"] == "step")
     losses = [e["loss"] for e in events if e["kind"] == "metrics"]
-    from core.demo.score import score_adapter
+    from core.infer import score_adapter
     from core.quiet import quiet_libraries
 
     quiet_libraries(progress_bars=False)  # the bench's own lines, not bitsandbytes' or transformers' noise

@@ -83,7 +83,7 @@ def pytest_sessionfinish(session):
 
 @pytest.fixture(scope="session")
 def demo_model_path() -> Path:
-    from core.demo.score import ensure_demo_model
+    from core.demo import ensure_demo_model
 
     return ensure_demo_model()
 

@@ -98,7 +98,7 @@ def build(name: str, folder: Path, seed: int = 0) -> Path:
     """Save the family's tiny model (bf16 weights) and the demo tokenizer into `folder`, like a Hub download."""
     import torch
 
-    from core.demo.score import ensure_demo_model
+    from core.demo import ensure_demo_model
 
     folder = Path(folder)
     if (folder / "config.json").is_file():

@@ -29,7 +29,7 @@ def demo_dir(tmp_path_factory):
     """MEMTUNE_HOME and the datasets cache in a temp dir, and the demo model built there."""
     import datasets
 
-    from core.demo.score import ensure_demo_model
+    from core.demo import ensure_demo_model
 
     home = tmp_path_factory.mktemp("memtune_home")
     with pytest.MonkeyPatch.context() as mp:
@@ -79,11 +79,11 @@ def error_of(fn, *args) -> str:
 
 # --- demo set --------------------------------------------------------------------------------------------
 def test_demo_set_loads_as_dolly(tok):
-    from core.demo.score import DEMO_DATA, demo_rows
+    from core.demo import DEMO_DATA, demo_rows
 
     raw = data.load_raw(DEMO_DATASET, "train")
     n_lines = sum(1 for line in DEMO_DATA.read_text(encoding="utf-8").splitlines() if line.strip())
-    # 2 phrasings x 50 words = 100 rows (core.demo.score)
+    # 2 phrasings x 50 words = 100 rows (core.demo)
     assert len(raw) == n_lines == len(demo_rows())
     assert data.detect_format(raw) == "dolly"
     rows, fmt = rendered_rows(demo_config(), tok)
@@ -570,7 +570,7 @@ def test_nothing_to_train_is_explained_with_the_max_length_that_fits(tmp_path, t
 def test_run_trains_exactly_the_planned_rows_and_reports_the_counts(tmp_path, demo_model_path, capsys):
     from transformers import TrainerCallback
 
-    from core.train.events import read_events
+    from core.runs.events import read_events
     from core.train.recipe import run_training
     from core.train.cli import console_sink
 

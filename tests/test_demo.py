@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from core.demo.score import DEMO_DATA, TEMPLATES, WORDS, demo_answers, demo_rows, score_adapter
+from core.demo import DEMO_DATA, TEMPLATES, WORDS, demo_rows
+from core.infer import demo_answers, score_adapter
 
 ROOT = Path(__file__).resolve().parent.parent
 

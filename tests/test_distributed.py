@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.jobs import distributed
+from core.gpus import distributed
 from core.checks import validate
 from core.config.settings import Hardware, TrainConfig
 
@@ -179,7 +179,7 @@ def test_fsdp_on_the_cpu(tmp_path, demo_model_path):
     script = tmp_path / "fsdp_probe.py"
     script.write_text("import torch\nfrom accelerate import Accelerator\nacc = Accelerator()\n"
                       "model = acc.prepare(torch.nn.Linear(4, 4))\nacc.backward(model(torch.ones(2, 4)).sum())\n")
-    from core.jobs import distributed
+    from core.gpus import distributed
     from core.config.settings import demo_config
 
     cfg = demo_config(device="cpu", num_gpus="2", distributed_strategy="fsdp", main_process_port=free_port())

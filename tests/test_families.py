@@ -220,7 +220,7 @@ def test_a_model_outside_the_matrix_trains_on_the_generic_path_with_one_line_say
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from core.config.settings import demo_config
-    from core.demo.score import ensure_demo_model
+    from core.demo import ensure_demo_model
     from core.model.load import ModelError
     from core.train.recipe import run_training
 

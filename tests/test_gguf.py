@@ -402,7 +402,7 @@ def test_sentencepiece_style_tokenizer_round_trips(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, LlamaTokenizer
 
-    from core.demo.score import demo_rows
+    from core.demo import demo_rows
 
     corpus = [f"### Instruction:\n{r['instruction']}\n\n### Response:\n{r['response']}" for r in demo_rows()]
     specials = ["<unk>", "<s>", "</s>", *(f"<0x{i:02X}>" for i in range(256))]

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from core.config.settings import TrainConfig
-from core.train.events import read_events
-from core.runs.files import write_marker
+from core.runs.events import read_events
+from core.files import write_marker
 from core.runs.history import (HistoryError, adapter_choices, delete_run, list_runs, load_run, resume_config,
                           run_info)
 from core.train.recipe import run_training

@@ -131,6 +131,29 @@ def test_no_import_circle():
         " -> ".join(path) for path in found)
 
 
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The same imports between core/'s packages (core.config, core.runs, ...; a top-level module is its own node)."""
+    def package(name: str) -> str:
+        parts = name.split(".")
+        return ".".join(parts[:2]) if parts[0] == "core" else parts[0]
+    packages: dict[str, set[str]] = {}
+    for name, deps in graph.items():
+        if name.startswith("core."):
+            packages.setdefault(package(name), set()).update(
+                package(dep) for dep in deps if dep.startswith("core.") and package(dep) != package(name))
+    return packages
+
+
+def test_core_packages_import_downwards_only():
+    """core/'s folders stack: no package imports one that imports it back, through any of their modules."""
+    packages = package_graph(import_graph())
+    assert {"core.config", "core.runs", "core.data", "core.model", "core.train", "core.jobs"} <= set(packages)
+    found = circles(packages)
+    assert found == [], "packages of core/ that import each other:\n" + "\n".join(" -> ".join(path) for path in found)
+    assert package_graph({"core.a.x": {"core.b.y"}, "core.b.y": {"core.a.z"}, "core.a.z": set()}) == {
+        "core.a": {"core.b"}, "core.b": {"core.a"}}  # the walk itself sees a circle of two packages
+
+
 def test_the_page_is_built_by_ui_layout_and_nothing_below_it_imports_it():
     graph = import_graph()
     ui = {name: deps for name, deps in graph.items() if name.startswith("ui.")}

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from core.config.settings import demo_config
-from core.train.events import EventTail, JsonlSink, make_event
+from core.runs.events import EventTail, JsonlSink, make_event
 from core.jobs.manager import Job, JobBusy, JobManager, latest_run_dir
 from core.jobs.view import format_event, job_view
 
@@ -171,7 +171,7 @@ def test_the_supervisor_ends_a_child_that_does_not_answer_stop_and_records_why(t
     import signal
     import sys
 
-    from core.train.events import read_events
+    from core.runs.events import read_events
     from core.jobs.supervise import Child
 
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]

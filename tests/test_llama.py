@@ -150,7 +150,8 @@ def test_demo_adapter_answers_like_try_it_merged_and_in_llama_cpp(demo_adapter, 
     the original weights instead: 98), llama.cpp 99/100 for both files, the same answers as the merged model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from core.demo.score import count_exact, demo_answers, demo_rows, model_answers
+    from core.demo import demo_rows
+    from core.infer import count_exact, demo_answers, model_answers
     from core.export.adapter import merge_adapter
     from core.infer import format_prompt
 
@@ -240,7 +241,7 @@ def _sentencepiece_model(folder: Path, scheme: str) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from core.demo.score import demo_rows
+    from core.demo import demo_rows
 
     corpus = [f"### Instruction:\n{r['instruction']}\n\n### Response:\n{r['response']}" for r in demo_rows()]
     bpe = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))

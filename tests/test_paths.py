@@ -1,6 +1,6 @@
 """Every destructive entry point against every path spelling: the victim folder stays byte-for-byte intact.
 
-The spellings (core.runs.files.target must resolve each one exactly as the OS acts on it): a missing folder followed by
+The spellings (core.files.target must resolve each one exactly as the OS acts on it): a missing folder followed by
 `..`, a symlink, a symlink to `missing/..`, a chain of symlinks, a file where a folder is expected, a trailing `/`
 and `/.`, and a relative path taken from another working folder. The entry points: the export CLI (gguf, merge,
 zip with --out, with and without --replace, in this process: a fresh one costs seconds of imports), History

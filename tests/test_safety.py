@@ -23,12 +23,12 @@ import pytest
 
 from tests.helpers import checkpointed_run, train_cli, tree_hash
 
-from core.runs import files
+from core import files
 from core.checks import validate
 from core.config.settings import ConfigError, demo_config
-from core.train.events import read_events
+from core.runs.events import read_events
 from core.export.adapter import ExportError, merge_adapter, zip_adapter, zip_dir
-from core.runs.files import RefusedError, move_into_place, recover, write_marker
+from core.files import RefusedError, move_into_place, recover, write_marker
 from core.runs.history import HistoryError, delete_run, list_runs, resume_config, run_info, tidy
 from core.runs.folders import checkpoint_problem, finish_run, resume_point, resume_problem, save_adapter
 from core.train.recipe import run_training

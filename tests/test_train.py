@@ -15,7 +15,7 @@ import torch
 from transformers import TrainerCallback
 
 from core.config.settings import TrainConfig, demo_config
-from core.train.events import read_events
+from core.runs.events import read_events
 from core.train.recipe import COMPLETE_MARKER, build_sft_config, latest_checkpoint, run_training
 
 

@@ -21,7 +21,7 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 def tokenizer(request):
     from transformers import AutoTokenizer
 
-    from core.demo.score import ensure_demo_model
+    from core.demo import ensure_demo_model
 
     tok = AutoTokenizer.from_pretrained(ensure_demo_model())
     if request.param == "chat template":

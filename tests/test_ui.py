@@ -815,7 +815,7 @@ def test_history_loads_settings_into_the_form(engine_run, page, form):
 @pytest.mark.filterwarnings("ignore:.*no complete checkpoint")
 def test_resume_from_history_continues_the_step_count(tmp_path, monkeypatch, demo_model_path, page, form):
     """Through core.jobs.manager with the real engine: a run whose last complete checkpoint is step 5 goes on to 10."""
-    from core.train.events import read_events
+    from core.runs.events import read_events
     from core.jobs.view import job_view
     from core.train.recipe import COMPLETE_MARKER, run_training
 

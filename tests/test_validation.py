@@ -158,7 +158,7 @@ def test_early_stopping_stops_after_patience_evals_with_stop_and_resume(rising, 
 def test_eval_needs_no_memory_beyond_the_training_step():
     """The estimator counts no eval term: eval runs the training micro-batch, forward only, and keeps no logits
     across batches (bench/RESULTS.md measures the peak with and without eval on the GPU)."""
-    from core.train import arguments as recipe
+    from core.config import arguments as recipe
     from core.estimate.predict import estimate
 
     cfg = TrainConfig()

@@ -1,4 +1,4 @@
-"""core.estimate.vram on a machine without an NVIDIA driver (CI, this box): answers "no NVIDIA GPU found", never raises."""
+"""core.gpus.vram on a machine without an NVIDIA driver (CI, this box): answers "no NVIDIA GPU found", never raises."""
 
 import sys
 import threading
@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from core.estimate import vram
+from core.gpus import vram
 
 
 def fresh_nvml_state(monkeypatch):

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from core.config.settings import TrainConfig
-from core.train.callbacks import STOP_FILE
-from core.train.events import JsonlSink, make_event
+from core.runs.folders import STOP_FILE
+from core.runs.events import JsonlSink, make_event
 
 TINY_CHILD = [sys.executable, "-m", "tests.tiny_child"]
 GO_FILE = "GO"

@@ -14,7 +14,7 @@ from pathlib import Path
 import gradio as gr
 
 from core.config.settings import TrainConfig
-from core.runs.files import target
+from core.files import target
 from core.i18n import DEFAULT_LANGUAGE, t
 from core.runs.public import set_visitor_source, upload_root
 from ui import render

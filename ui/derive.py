@@ -32,7 +32,7 @@ def row_tokens(cfg: TrainConfig) -> int | None:
 
 def run_gpus(cfg: TrainConfig | None) -> int:
     """How many of this machine's GPUs a run of `cfg` uses (0 on a CPU run): one process per GPU."""
-    from core.jobs.distributed import processes_per_machine, runs_on_cpu
+    from core.gpus.distributed import processes_per_machine, runs_on_cpu
 
     n = hardware().n_gpus
     if cfg is None or runs_on_cpu(cfg, n):

@@ -26,7 +26,7 @@ _gpu_peaks: dict[int, dict[int, float]] = {}  # job id -> GPU index -> highest "
 
 def read_gpus() -> tuple[list[dict[str, Any]], str]:
     """([{index, name, used_gib, total_gib}], message). An empty list and a plain message when there is no GPU."""
-    from core.estimate import vram
+    from core.gpus import vram
 
     try:
         snap = vram.snapshot()

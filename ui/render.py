@@ -67,8 +67,8 @@ def _bytes(n: int | None, lang: str = "en") -> str:
 
 # --- VRAM gauge -------------------------------------------------------------------------------------------------
 def band(fraction: float) -> str:
-    """The gauge's CSS band: core.estimate.vram's thresholds (one definition), named as the page's style sheet names them."""
-    from core.estimate import vram
+    """The gauge's CSS band: core.gpus.vram's thresholds (one definition), named as the page's style sheet names them."""
+    from core.gpus import vram
 
     return {"green": "ok", "amber": "warn"}.get(vram.band(fraction), "high")
 

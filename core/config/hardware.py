@@ -66,7 +66,7 @@ def _torch_bf16() -> bool:
 
 def output_problem(folder: str) -> str | None:
     """Why runs cannot be written under `folder` (checked without creating anything), or None."""
-    from core.runs.files import real
+    from core.files import real
 
     path = real(folder)
     if path.exists() and not path.is_dir():

@@ -28,7 +28,7 @@ import yaml
 from core.config.hardware import Hardware, no_gpu_driver, output_problem  # noqa: F401 - re-exported: callers import them here
 from core.config.values import coerce_to, type_label
 
-DEMO_MODEL = "memtune/demo-tiny-llama"  # built locally by core.demo.score, never downloaded
+DEMO_MODEL = "memtune/demo-tiny-llama"  # built locally by core.demo, never downloaded
 DEMO_DATASET = "memtune/demo"  # shipped in assets/demo/
 DEMO_DATA = Path(__file__).resolve().parents[2] / "assets" / "demo" / "demo.jsonl"  # DEMO_DATASET's file
 
@@ -217,7 +217,7 @@ class TrainConfig:
     device: str = field(default="auto", metadata=_help(
         "auto (CUDA if present), cuda or cpu.", choices=DEVICES, widget="radio"))
 
-    # --- past one GPU (core/jobs/distributed.py: accelerate launch, DDP or FSDP) -----------------------------
+    # --- past one GPU (core/gpus/distributed.py: accelerate launch, DDP or FSDP) -----------------------------
     num_gpus: str = field(default="1", metadata=_help(
         "GPUs this machine uses: a number or all. More than 1 starts one process per GPU through accelerate. "
         "On a CPU-only machine it counts CPU processes (gloo), for testing."))
@@ -283,7 +283,7 @@ class TrainConfig:
 
     def save(self, path: str | Path) -> Path:
         """Write the YAML through a temp file and a rename: a full disk never leaves a 0-byte config.yaml."""
-        from core.runs.files import atomic_write_text
+        from core.files import atomic_write_text
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

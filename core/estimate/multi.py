@@ -1,7 +1,7 @@
-"""Per-GPU memory of a run over several processes (one per GPU; core/jobs/distributed.py launches them): DDP and FSDP.
+"""Per-GPU memory of a run over several processes (one per GPU; core/gpus/distributed.py launches them): DDP and FSDP.
 
 core.estimate.predict works out one process on one GPU (core/estimate/terms.py), then `apply` turns it into what each GPU
-of the run holds. The settings are memtune's own (core/jobs/distributed.py's accelerate flags, core/train/arguments.py):
+of the run holds. The settings are memtune's own (core/gpus/distributed.py's accelerate flags, core/config/arguments.py):
 
 ddp   Every GPU holds the whole model, LoRA weights, grads and optimizer state, and sees its own micro-batches (the
       same activations as one GPU). On top: DDP's gradient buckets (torch's Reducer copies the trainable grads
@@ -52,8 +52,8 @@ class Layout:
 
 def machine_gpus() -> tuple[int, int | None]:
     """(visible GPUs, the smallest one's memory in bytes or None), from NVML: no CUDA initialised."""
-    from core.jobs.distributed import nvml_gpu_count
-    from core.estimate.vram import snapshot
+    from core.gpus.distributed import nvml_gpu_count
+    from core.gpus.vram import snapshot
 
     gpus = snapshot().gpus
     return nvml_gpu_count(), (min(g.total_bytes for g in gpus) if gpus else None)
@@ -61,10 +61,10 @@ def machine_gpus() -> tuple[int, int | None]:
 
 def layout(cfg: TrainConfig, single_nvml: Callable[[], int], n_gpus: int | None = None,
            gpu_bytes: int | None = None) -> Layout:
-    """How many processes `cfg` runs and with which strategy, resolved as core.jobs.distributed.plan() does for the
+    """How many processes `cfg` runs and with which strategy, resolved as core.gpus.distributed.plan() does for the
     launcher (`auto`: ddp when one GPU's estimate fits the smallest GPU, fsdp otherwise; ddp where that is unknown).
     `n_gpus` / `gpu_bytes` stand for this machine's GPU count and smallest GPU (default: NVML's)."""
-    from core.jobs.distributed import plan
+    from core.gpus.distributed import plan
 
     wants_gpus = str(cfg.num_gpus).strip().lower() == "all" and n_gpus is None
     multi = str(cfg.num_gpus).strip() != "1" or cfg.num_machines > 1

@@ -7,7 +7,7 @@
     python -m core.estimate --set num_gpus=2 --set distributed_strategy=fsdp  # per GPU of a 2-GPU FSDP run
 
 The figure is per GPU: a config with several GPUs (num_gpus, num_machines) is resolved as the launcher resolves it
-(core/jobs/distributed.py's plan(): ddp, fsdp, or auto), and each GPU's share is estimated (core/estimate/multi.py).
+(core/gpus/distributed.py's plan(): ddp, fsdp, or auto), and each GPU's share is estimated (core/estimate/multi.py).
 What each term is and why: core/estimate/terms.py. `bench/validate_estimate.py` compares with every measured run.
 """
 

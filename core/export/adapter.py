@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from core.config.settings import TrainConfig
-from core.runs.files import (RefusedError, free_memory, make_tmp, marker, move_into_place, real, recover, require_marker,
+from core.files import (RefusedError, free_memory, make_tmp, marker, move_into_place, real, recover, require_marker,
                         storage_message, target, write_marker)
 
 GiB = 2**30
@@ -107,7 +107,7 @@ def _local_model_dir(cfg: TrainConfig) -> Path | None:
     from core.config.settings import DEMO_MODEL
 
     if cfg.model == DEMO_MODEL:
-        from core.demo.score import ensure_demo_model
+        from core.demo import ensure_demo_model
 
         return ensure_demo_model()
     local = Path(cfg.model).expanduser()
@@ -288,7 +288,7 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     from core.model.load import ModelError, load_model, load_tokenizer, resolve_model_path
 
     adapter_dir = real(adapter_dir)
-    try:  # resolved once (core.runs.files.target): every check below and the final rename act on this same folder
+    try:  # resolved once (core.files.target): every check below and the final rename act on this same folder
         out = target(out_dir or default_merge_dir(adapter_dir), "write the merged model into")
     except RefusedError as exc:
         raise ExportError(str(exc)) from None

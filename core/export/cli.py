@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from core.export.adapter import MERGE_TARGETS, ExportError, merge_adapter, zip_adapter
-from core.runs.files import RefusedError
+from core.files import RefusedError
 from core.export.gguf import FAMILY_NAMES, GGUFError
 
 MERGE_INTO_HELP = ("which base weights the LoRA delta is added to: 'dequantized' (default for adapters trained on a "

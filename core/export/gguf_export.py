@@ -215,9 +215,9 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
     biggest = max(_count(shape) for _, _, shape in tplan) * 4 * 3  # one tensor in f32, permuted, encoded
     merge_bytes = params * 2 if adapter_dir else 0
     ram = max(merge_plan(cfg)["needed"] if cfg else 0, biggest)
-    from core.runs.files import RefusedError, target
+    from core.files import RefusedError, target
 
-    try:  # resolved once (core.runs.files.target): the checks and the final rename act on this same folder
+    try:  # resolved once (core.files.target): the checks and the final rename act on this same folder
         out = target(out_dir or default_gguf_dir(adapter_dir, model_dir), "write the GGUF export into")
     except RefusedError as exc:
         raise GGUFError(str(exc)) from None
@@ -263,7 +263,7 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
     dequantized 4-bit weights it was trained against) or a model folder to GGUF files + Modelfile + README.
     trust_remote_code: the user's confirmation, for an adapter whose settings ask for it (merge_adapter)."""
     from core.export.adapter import ExportError, merge_adapter
-    from core.runs.files import RefusedError, make_tmp, move_into_place, recover, require_marker
+    from core.files import RefusedError, make_tmp, move_into_place, recover, require_marker
 
     plan = plan_gguf(adapter_dir, model_dir, formats, out_dir)
 
@@ -406,7 +406,7 @@ def _write_extras(tmp: Path, out: Path, plan: GGUFPlan, files: dict[str, Path], 
               "```sh\n" + "\n".join(commands[2:]) + "\n```\n\n"
               "## LM Studio\n\nCopy or import a .gguf file (`lms import <file>`), then load it in the chat tab.\n")
     (tmp / "README.md").write_text(readme, encoding="utf-8")
-    from core.runs.files import write_marker
+    from core.files import write_marker
 
     write_marker(tmp, "export", what="gguf", source=source, formats=list(files),
                  files=[p.name for p in files.values()], ollama_name=plan.name)

@@ -1,5 +1,5 @@
 """The parent of a multi-process run: `python -m core.train` hands over here when the config asks for several
-processes (core/jobs/distributed.py decides how many and with which strategy; this module starts and watches them).
+processes (core/gpus/distributed.py decides how many and with which strategy; this module starts and watches them).
 
 It makes the run folder (main machine), runs `accelerate launch` with the workers' command
 (`distributed.worker_argv`), turns the first Ctrl-C/SIGTERM into the run folder's stop file and a second into the
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from core.jobs.distributed import plan, worker_argv
+from core.gpus.distributed import plan, worker_argv
 from core.jobs.supervise import PARENT_ENV, Child
 
 
@@ -60,10 +60,10 @@ def run_launcher(cfg, run_dir: str | None = None) -> int:
     import tempfile
     from pathlib import Path
 
-    from core.train.callbacks import STOP_FILE
+    from core.runs.folders import STOP_FILE
     from core.checks import check
     from core.config.settings import ConfigError
-    from core.train.events import JsonlSink, make_event, read_events
+    from core.runs.events import JsonlSink, make_event, read_events
     from core.runs.folders import create_run_dir
 
     fits = _fits_one_gpu(cfg) if cfg.distributed_strategy == "auto" else None

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.train.callbacks import STOP_FILE
+from core.runs.folders import STOP_FILE
 from core.config.settings import TrainConfig
-from core.train.events import EventTail, JsonlSink, make_event, read_events
+from core.runs.events import EventTail, JsonlSink, make_event, read_events
 from core.jobs.supervise import PARENT_ENV, Child
 
 ROOT = Path(__file__).resolve().parents[2]  # the child imports `core` from here, whatever the app's cwd

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from core.train.callbacks import STOP_FILE
+from core.runs.folders import STOP_FILE
 
 PARENT_ENV = "MEMTUNE_PARENT_PID"  # set by the app for its child: the pid whose death means "stop and save"
 KILL_GRACE_S = 5.0  # between SIGTERM and SIGKILL to the process group

@@ -1,6 +1,6 @@
 """Turning a TrainConfig into a tokenizer, a (quantized) model and a LoRA-wrapped model.
 
-`build_bnb_config` and `build_lora_config` build the library objects from core/train/arguments.py's keyword dicts (the one
+`build_bnb_config` and `build_lora_config` build the library objects from core/config/arguments.py's keyword dicts (the one
 config -> library mapping, which "Show code" writes into its script too). `load_model` and `prepare_for_training`
 do the heavy work.
 """
@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from core.train import arguments as recipe
+from core.config import arguments as recipe
 from core.config.settings import DEMO_MODEL, TrainConfig
-from core.train.events import EventSink, make_event
+from core.runs.events import EventSink, make_event
 
 
 class ModelError(RuntimeError):
@@ -78,7 +78,7 @@ def resolve_model_path(cfg: TrainConfig, sink: EventSink | None = None) -> str:
     if (why := model_problem(cfg)):  # public mode: no local folders, no remote code (Preview comes here too)
         raise ModelError(why)
     if cfg.model == DEMO_MODEL:
-        from core.demo.build import ensure_demo_model
+        from core.demo import ensure_demo_model
 
         return str(ensure_demo_model())
     local = Path(cfg.model).expanduser()

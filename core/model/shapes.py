@@ -1,6 +1,6 @@
 """Architecture shapes: the handful of config.json numbers that decide how much GPU memory training needs.
 
-`get_shape(model)` reads them from, in order: the demo model (built locally by core.demo.score), a local model folder
+`get_shape(model)` reads them from, in order: the demo model (built locally by core.demo), a local model folder
 or config.json file, the Hugging Face cache (offline: never downloads), then the built-in table below.
 
 The table holds the values of each model's config.json on the Hub (vocab_size, hidden_size, intermediate_size,
@@ -243,7 +243,7 @@ def get_shape(model: str) -> ModelShape:
     if not model:
         raise ShapeError("no model given")
     if model == DEMO_MODEL:
-        from core.demo.score import ensure_demo_model
+        from core.demo import ensure_demo_model
 
         return _read_config(ensure_demo_model() / "config.json", DEMO_MODEL)
     local = Path(model).expanduser()

@@ -10,7 +10,7 @@ summary.json. Only a folder that is memtune's (see `is_memtune_run`) is ever res
 - `save_adapter(...)`, `finish_run(run_dir, summary)`: atomic writes; a full disk gives a plain message.
 
 Only the marker counts: a folder without `.memtune.json` is never resumed into or deleted, whatever it holds.
-Every folder path is resolved by core.runs.files.target before it is checked or written.
+Every folder path is resolved by core.files.target before it is checked or written.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.runs.files import (RefusedError, StorageError, atomic_write_text, has_marker, make_tmp, move_into_place,
+from core.files import (RefusedError, StorageError, atomic_write_text, has_marker, make_tmp, move_into_place,
                         recover, storage_error, storage_message, target, write_marker)
 
 if TYPE_CHECKING:
     from core.config.settings import TrainConfig
 
+STOP_FILE = "STOP"  # in a run folder: asks the run to end after its current step and save the adapter
 COMPLETE_MARKER = "COMPLETE"  # written last into a checkpoint folder: only these are offered for resume
 
 
@@ -280,7 +281,7 @@ def record_failure(run_dir: str | Path, message: str, error_type: str = "other",
     plan once there is one), and the supervisor of a process that ended without its own `done` event (killed,
     crashed, a worker died; `emit` None: appended to events.jsonl, and summary.json kept if the run wrote one).
     `details` (e.g. exit_code, world_size) go into both the event and the summary."""
-    from core.train.events import JsonlSink, make_event
+    from core.runs.events import JsonlSink, make_event
 
     run_dir = Path(run_dir)
     summary = {"status": "failed", "error_type": error_type, "message": message, **details,

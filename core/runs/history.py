@@ -11,7 +11,7 @@ raises for a damaged run folder, it shows what is known.
 - `compare_runs([run_dir, ...])` -> Comparison: curves of several runs, the settings that differ, their figures.
 - `resume_config(run_dir)` -> the run's TrainConfig with resume_from set (training continues its step count).
 - `delete_run(run_dir, output_dir, is_running)` -> removes a run folder, after refusing anything risky.
-- `tidy(output_dir)` -> at start-up, finishes or undoes what a crash left (core.runs.files.recover) in memtune's runs.
+- `tidy(output_dir)` -> at start-up, finishes or undoes what a crash left (core.files.recover) in memtune's runs.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from core.config.settings import ConfigError, TrainConfig
-from core.train.events import read_events
-from core.runs.files import RefusedError, real, remove_tree, target
+from core.runs.events import read_events
+from core.files import RefusedError, real, remove_tree, target
 from core.runs.folders import complete_checkpoints, is_memtune_run, resume_point, resume_problem, tidy_run_dir
 
 RUNNING_GRACE_S = 300.0  # without a job manager's word: events written this recently mean "maybe still running"

@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from core.runs.files import real
+from core.files import real
 
 if TYPE_CHECKING:
     from core.config.settings import Problem, TrainConfig

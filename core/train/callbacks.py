@@ -1,7 +1,7 @@
 """What a run says while it trains, and how it hears Stop: the phases, the Trainer callback, the stop watch.
 
 core/train/'s recipe uses these; none of them decides anything about training. Every one reports through an
-event sink (core/train/events.py): `phase` keeps a long step (a download, a load) audibly alive, `make_callback` turns the
+event sink (core/runs/events.py): `phase` keeps a long step (a download, a load) audibly alive, `make_callback` turns the
 Trainer's steps and logs into `step`/`metrics` events and ends the run after the current step when Stop is asked,
 `watch_stop` answers a Stop at once, and `BarOnly` keeps the Trainer's terminal progress bar without its log dicts.
 """
@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from core.train.events import EventSink, make_event
-from core.runs.folders import COMPLETE_MARKER
+from core.runs.events import EventSink, make_event
+from core.runs.folders import COMPLETE_MARKER, STOP_FILE
 
-STOP_FILE = "STOP"  # in a run folder: asks the run to end after its current step and save the adapter
 HEARTBEAT_S = 2.0  # no phase stays silent longer than this
 
 
@@ -67,8 +66,8 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
     """A TrainerCallback that emits step events, honours Stop (flag or stop file) and marks checkpoints complete."""
     from transformers import TrainerCallback
 
-    from core.jobs import distributed
-    from core.estimate import vram
+    from core.gpus import distributed
+    from core.gpus import vram
 
     class EventCallback(TrainerCallback):
         def __init__(self) -> None:

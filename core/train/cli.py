@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
         print(f"# memtune configuration: python -m core.train --config this.yaml{accelerate_note(cfg, 'this.yaml')}"
               f"\n{cfg.to_yaml()}", end="")
         return 0
-    from core.jobs import distributed
+    from core.gpus import distributed
     from core.jobs import launcher
     from core.train.recipe import run_training
 

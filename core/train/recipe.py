@@ -33,11 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from core.config import checklist
-from core.train.callbacks import STOP_FILE, BarOnly, make_callback, phase, watch_stop
+from core.runs.folders import STOP_FILE
+from core.train.callbacks import BarOnly, make_callback, phase, watch_stop
 from core.checks import check
 from core.config.settings import ConfigError, TrainConfig
-from core.train.events import EventSink, JsonlSink, fan_out, make_event
-from core.runs.files import StorageError, free_memory, has_marker, real, storage_message
+from core.runs.events import EventSink, JsonlSink, fan_out, make_event
+from core.files import StorageError, free_memory, has_marker, real, storage_message
 from core.runs.folders import create_run_dir, finish_run, record_failure, resume_point, save_adapter
 # Importable from here too (callers in tests/ and ui/): two run-folder names.
 from core.runs.folders import COMPLETE_MARKER, latest_checkpoint  # noqa: F401
@@ -59,14 +60,14 @@ def uses_cuda(cfg: TrainConfig) -> bool:
     return cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
 
 
-# --- config -> library arguments (core/train/arguments.py holds the mapping) -----------------------------------------
+# --- config -> library arguments (core/config/arguments.py holds the mapping) -----------------------------------------
 def build_sft_config(cfg: TrainConfig, output_dir: str | Path, console: bool = False, evaluate: bool = False,
                      run_dir: str | Path | None = None):
     """The chapter's TrainingArguments + SFTTrainer arguments, as one TRL SFTConfig (+ the eval's, with validation
     rows, and the tracker's)."""
     from trl import SFTConfig
 
-    from core.train import arguments as recipe
+    from core.config import arguments as recipe
 
     kwargs = recipe.sft_kwargs(cfg, output_dir, uses_cuda(cfg), console)
     if evaluate:
@@ -151,7 +152,7 @@ def validation_dict(held, val_plan) -> dict[str, Any]:
 def build_run(cfg: TrainConfig, emit: EventSink, plan, tokenizer, path: str, stop: threading.Event, cuda: bool,
               stop_file: Path | None, output_dir: Path, callbacks=(), console: bool = False):
     """Load and prepare the model, then the trainer over exactly the plan's rows: (trainer, callback, trainable)."""
-    from core.jobs import distributed
+    from core.gpus import distributed
     from core.model import load as model_lib
 
     what = "Loading and quantizing to 4-bit" if cfg.load_in_4bit else "Loading"
@@ -201,7 +202,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
     them through rank 0 (distributed.any_rank), and a failure of theirs goes to their stderr (the launcher's log)."""
     import torch
 
-    from core.jobs import distributed
+    from core.gpus import distributed
 
     stop = stop or threading.Event()
     user_sink = sink or (lambda e: None)
@@ -242,7 +243,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
     watching = watch_stop(emit, stop, stop_file)
     trainer = plan = None
     started = time.monotonic()
-    from core.estimate import vram
+    from core.gpus import vram
 
     nvml = vram.PeakTracker().start() if cuda and main else None  # from before loading: the load can be the peak
     try:
@@ -398,13 +399,13 @@ def oom_message(cfg: TrainConfig) -> str:
             f"memory has been released. These would help at your settings:\n{advice}")
 
 
-# --- several processes (core/jobs/distributed.py launches them) -------------------------------------------------------
+# --- several processes (core/gpus/distributed.py launches them) -------------------------------------------------------
 def distributed_summary(cfg: TrainConfig, trainer, cuda: bool) -> dict[str, Any]:
     """World size, strategy and every process's peak (a collective: every rank calls it). Tokens/s in the summary
     is already over all processes: the Trainer gathers the token count across ranks."""
     import torch
 
-    from core.jobs import distributed
+    from core.gpus import distributed
 
     if cuda:
         mine = round(torch.cuda.max_memory_allocated() / 2**30, 3)
@@ -420,7 +421,7 @@ def distributed_summary(cfg: TrainConfig, trainer, cuda: bool) -> dict[str, Any]
 
 def full_state_dict(cfg: TrainConfig, trainer):
     """Under FSDP the LoRA weights are sharded: gather them (every rank calls this) so rank 0 saves one adapter."""
-    from core.jobs import distributed
+    from core.gpus import distributed
 
     if distributed.world_size() == 1 or cfg.distributed_strategy != "fsdp":
         return None

@@ -3,7 +3,7 @@
 Nothing here touches the network. The model has random weights drawn with a fixed seed, so every machine builds
 the same one; the tokenizer is a byte-level BPE trained on the shipped demo data. The task (English word ->
 French word, in dolly format: 50 words x 2 phrasings = 100 prompts) is one a 2-layer model learns in under a
-minute on 2 CPU cores: core.demo.score.score_adapter counts the adapter's exact greedy answers (scripts/demo_bench.py).
+minute on 2 CPU cores: core.infer.score_adapter counts the adapter's exact greedy answers (scripts/demo_bench.py).
 
 The base model's weights are random, so its own answers are noise: only the adapter's answers mean something.
 """

@@ -62,7 +62,7 @@ def nvml_gpu_count() -> int:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    from core.estimate.vram import device_count
+    from core.gpus.vram import device_count
 
     return device_count()  # 0 without a driver
 
