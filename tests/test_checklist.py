@@ -52,6 +52,8 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
+import yaml
+
 from core.config import levers, presets
 from core.config.settings import PLACES, field_meta
 
@@ -160,6 +162,9 @@ def test_the_speed_table_is_what_assemble_writes_from_the_committed_measurements
     assert json.loads(json.dumps(written)) == committed, "run python -m bench.assemble and commit the table"
     assert list(committed["checklist"]) == [i.key for i in checklist.ITEMS]
     raw = json.loads((ROOT / "bench/levers.json").read_text())["checklist"]
+    pairs = yaml.safe_load((ROOT / "bench/lever_pairs.yaml").read_text())  # what levers.json was assembled from
+    keys = {i.key for i in checklist.ITEMS}
+    assert {p["key"] for p in pairs["checklist"]} | set(pairs["not_measured"]) | set(pairs["speed_not_a_cost"]) <= keys
     for key, entry in committed["checklist"].items():
         assert entry["section"] == (levers.measured(key) if entry["measurements"] else "")
         ratios = [m["speed_ratio"] for m in raw.get(key, {}).get("measurements", [])]
