@@ -195,10 +195,10 @@ def test_speed_lines_print_the_table_in_the_pages_language():
     facts = _facts()
     ck = speed.speed_lines("gradient_checkpointing", None, "en", facts=facts)
     # Cited as a user can open it (bench/RESULTS.md and its section), never by the benchmark's row names.
-    assert ck == [("\u221250% tokens/s with it (100 vs 200 without)",
-                   "max length 512, packing, 1 per micro-step, Llama-8B — bench/RESULTS.md, section “Levers, one at a time”")]
+    assert ck == [("\u221250% tokens/s with it (100 vs 200 without)", "max length 512, packing, 1 per micro-step, "
+                   "Llama-8B — bench/RESULTS.md, section “Levers, one at a time”")]
     closer = speed.speed_lines("gradient_checkpointing", TrainConfig(per_device_train_batch_size=8), "fr", facts=facts)
-    assert len(closer) == 2 and closer[1][0].startswith("\u221225") and "lot de 8" in closer[1][1]  # the headline, then the closest
+    assert len(closer) == 2 and closer[1][0].startswith("\u221225") and "lot de 8" in closer[1][1]  # then the closest
     length = speed.speed_lines("short_max_length", TrainConfig(), "pt", facts=facts)
     assert length[0][0].startswith("1,23 s por passo do otimizador com o item contra 1,22 s")  # not "-75%"; pt commas
     assert speed.speed_lines("bf16", None, "en", facts=facts)[0] == ("Not measured: every benchmark run used bf16.",
