@@ -379,12 +379,13 @@ def _openable(file: str) -> bool:
 
 
 def _settings(side: dict, configs: dict[tuple[str, str], dict]) -> dict | None:
-    """The model and levers the measured run with the lever on ran at, from its row of grid_measured.json."""
+    """The model and the levers that say where a speed was measured (core.config.levers.speed_context) of the run
+    with the lever on, from its row of grid_measured.json."""
     config = configs.get((str(side.get("run", "")), str(side.get("row", ""))))
     if config is None:
         return None
     cfg = TrainConfig.from_dict(config)
-    return {"model": cfg.model, **{name: getattr(cfg, name) for name in registry.LEVERS}}
+    return {"model": cfg.model, **{name: getattr(cfg, name) for name in registry.speed_context()}}
 
 
 def lever_facts(levers: dict, grid: dict) -> dict:

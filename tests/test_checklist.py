@@ -210,6 +210,10 @@ def test_speed_lines_read_only_the_committed_table(tmp_path):
     from ui import speed
 
     assert speed.FACTS == ROOT / "assets" / "lever_facts.json" and speed.lever_facts()
+    assert speed.CONTEXT == levers.speed_context()  # the page says where by these (max length, batch or packs, 4-bit)
+    assert {"max_length", "per_device_train_batch_size", "packing", "load_in_4bit"} <= set(speed.CONTEXT)
+    for entry in speed.lever_facts().values():
+        assert all(set(m["settings"]) == {"model", *speed.CONTEXT} for m in entry["measurements"] if "settings" in m)
     assert set(speed.lever_facts()) == {i.key for i in checklist.ITEMS}
     assert "bench/" not in inspect.getsource(speed).replace("bench/RESULTS.md", "").replace("bench/levers.json", "") \
         .replace("bench.assemble", "")  # no path into bench's own data

@@ -17,6 +17,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from core.config.levers import speed_context
 from core.config.settings import TrainConfig
 from core.i18n import EN, t
 from ui.render import integer, num
@@ -24,10 +25,8 @@ from ui.render import integer, num
 ROOT = Path(__file__).resolve().parent.parent
 FACTS = ROOT / "assets" / "lever_facts.json"
 LEVERS_SOURCE = "bench/levers.json"  # where an item's "not measured" reason is kept
-# Settings that say where a measurement was made, and by which the one closest to the user's settings is picked:
-# those that change a step's speed most (a heuristic for choosing among measurements, not a list of the levers).
-CONTEXT = ("max_length", "per_device_train_batch_size", "packing", "gradient_checkpointing", "load_in_4bit",
-           "optim", "use_liger_kernel", "upcast_to_fp32", "precision")
+# Settings that say where a measurement was made, and by which the one closest to the user's settings is picked.
+CONTEXT = speed_context()
 
 
 @lru_cache(maxsize=1)

@@ -7,7 +7,8 @@ the lists the rest of memtune derives from those declarations instead of naming 
 - the presets' levers at the chapter's values (`chapter_values()`: core/config/presets.py) and those dropped
   without CUDA (`cuda_only()`);
 - per checklist item, where its measured saving and cost are reported (`measured(item)`: bench/assemble.py writes
-  assets/lever_facts.json, which ui/speed.py reads).
+  assets/lever_facts.json, which ui/speed.py reads), and the settings that say where a speed measurement was made
+  (`speed_context()`).
 
 A lever is a field with `lever=Lever(...)` in its metadata, so adding one touches its field, the code that hands it
 to the libraries, its estimator term, its translations and its test (tests/test_checklist.py checks the
@@ -22,7 +23,7 @@ from core.config.checklist import BY_KEY
 from core.config.settings import RESULTS, Lever, TrainConfig
 
 __all__ = ["RESULTS", "Lever", "LEVERS", "beside", "placed", "fit_fields", "chapter_values", "cuda_only",
-           "measured"]
+           "measured", "speed_context"]
 
 # field name -> its declaration, in TrainConfig's order
 LEVERS: dict[str, Lever] = {f.name: f.metadata["lever"] for f in fields(TrainConfig) if "lever" in f.metadata}
@@ -62,3 +63,9 @@ def measured(item: str) -> str:
     """The bench/RESULTS.md section with checklist item `item`'s measured saving and cost ("" = none): its first
     field's."""
     return LEVERS[BY_KEY[item].fields[0]].measured
+
+
+def speed_context() -> tuple[str, ...]:
+    """The levers by which the page says where a speed measurement was made and picks the one closest to the user's
+    settings (ui/speed.py; assets/lever_facts.json records each measurement's values of these)."""
+    return tuple(n for n, lv in LEVERS.items() if lv.speed)

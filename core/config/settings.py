@@ -94,7 +94,8 @@ class Lever:
     model its memory (empty `term`: it changes no memory). `measured`: the bench/RESULTS.md section (its heading's
     start) with its measured saving and cost, "" when none. `preset`: presets set it (to the chapter's value
     first). `fit`: Fit to my GPU may change it (its place in Fit's note; 0: never). `cuda_only`: dropped by presets
-    where there is no CUDA GPU with its package."""
+    where there is no CUDA GPU with its package. `speed`: the page says where a speed measurement was made by these
+    levers' values and shows the measurement made closest to the user's settings by them (ui/speed.py)."""
 
     place: str
     library: tuple[str, ...]
@@ -105,6 +106,7 @@ class Lever:
     preset: bool = True
     fit: int = 0
     cuda_only: bool = False
+    speed: bool = False
 
 
 # The functions levers are declared against (tests/test_checklist.py checks each names the field it is given for).
@@ -124,7 +126,7 @@ class TrainConfig:
     # --- quantization (checklist: QLoRA) -----------------------------------------------------------------
     load_in_4bit: bool = field(default=True, metadata=_help(
         "QLoRA: store the frozen base weights in 4 bits.",
-        lever=Lever("checklist", (f"{ARGS}.bnb_kwargs",), (TERM,), TOLD, item="qlora")))
+        lever=Lever("checklist", (f"{ARGS}.bnb_kwargs",), (TERM,), TOLD, item="qlora", speed=True)))
     bnb_4bit_quant_type: str = field(default="nf4", metadata=_help(
         "4-bit data type: nf4 or fp4.", choices=QUANT_TYPES, widget="radio",
         lever=Lever("checklist", (f"{ARGS}.bnb_kwargs",), item="qlora")))
@@ -135,11 +137,11 @@ class TrainConfig:
     # --- precision (checklist: bf16) ---------------------------------------------------------------------
     precision: str = field(default="bf16", metadata=_help(
         "Compute dtype: bf16, fp16 or fp32.", choices=PRECISIONS, widget="radio",
-        lever=Lever("checklist", (SFT,), (f"{TERMS}.dtypes",), item="bf16")))
+        lever=Lever("checklist", (SFT,), (f"{TERMS}.dtypes",), item="bf16", speed=True)))
     upcast_to_fp32: bool = field(default=True, metadata=_help(
         "What prepare_model_for_kbit_training does (the chapter's recipe): cast embeddings, norms and lm_head "
         "to float32. Costs ~4 GiB on an 8B Llama-3 for little gain; off keeps them in the compute dtype.",
-        lever=Lever("beyond", (f"{ARGS}.kbit_kwargs",), (f"{TERMS}.upcast",), TOLD, order=2)))
+        lever=Lever("beyond", (f"{ARGS}.kbit_kwargs",), (f"{TERMS}.upcast",), TOLD, order=2, speed=True)))
     offload_embeddings: bool = field(default=False, metadata=_help(
         "Keep the frozen input embedding (vocabulary x hidden: ~1 GiB on Llama-3 8B) in CPU memory; only the "
         "rows a batch looks up go to the GPU. Same results. No effect where the embedding is tied to the output "
@@ -178,7 +180,7 @@ class TrainConfig:
     max_length: int = field(default=512, metadata=_help(
         "Longest training sequence in tokens; longer rows are truncated.", min=16, max=131072, widget="slider",
         step=16,
-        lever=Lever("checklist", (SFT,), (TERM,), TOLD, item="short_max_length", preset=False, fit=3)))
+        lever=Lever("checklist", (SFT,), (TERM,), TOLD, item="short_max_length", preset=False, fit=3, speed=True)))
     long_prompts: str = field(default="truncate_middle", metadata=_help(
         "A prompt that leaves the answer less than a quarter of max_length: truncate_middle cuts its middle "
         "(keeping the instruction and the answer header), truncate_left its start, so the answer still trains; "
@@ -219,14 +221,14 @@ class TrainConfig:
     # --- batching (checklist: accumulation, smaller batches) ---------------------------------------------
     per_device_train_batch_size: int = field(default=1, metadata=_help(
         "Rows per micro-batch.", min=1, max=512, widget="slider", step=1,
-        lever=Lever("checklist", (SFT,), (TERM,), TOLD, item="small_batches", fit=1)))
+        lever=Lever("checklist", (SFT,), (TERM,), TOLD, item="small_batches", fit=1, speed=True)))
     gradient_accumulation_steps: int = field(default=16, metadata=_help(
         "Micro-batches summed before each optimizer step (effective batch = batch x accumulation).", min=1, max=1024,
         widget="slider", step=1,
         lever=Lever("checklist", (SFT,), item="gradient_accumulation", fit=2)))
     packing: bool = field(default=False, metadata=_help(
         "Padding-free batches: rows are concatenated with per-row position ids, so no compute goes to padding.",
-        lever=Lever("beyond", (SFT,), (f"{TERMS}.masked", TERM), TOLD, order=1)))
+        lever=Lever("beyond", (SFT,), (f"{TERMS}.masked", TERM), TOLD, order=1, speed=True)))
 
     # --- optimization ------------------------------------------------------------------------------------
     num_train_epochs: float = field(default=1.0, metadata=_help(
@@ -243,13 +245,13 @@ class TrainConfig:
         "Gradient clipping norm; 0 disables.", min=0.0, step=0.1))
     optim: str = field(default="paged_adamw_8bit", metadata=_help(
         "Optimizer; the 8-bit and paged ones need bitsandbytes.", choices=tuple(OPTIMIZERS),
-        lever=Lever("checklist", (SFT,), (f"{TERMS}.optimizer_bytes",), item="efficient_optimizer", fit=5)))
+        lever=Lever("checklist", (SFT,), (f"{TERMS}.optimizer_bytes",), item="efficient_optimizer", fit=5, speed=True)))
     gradient_checkpointing: bool = field(default=True, metadata=_help(
         "Recompute activations in the backward pass instead of keeping them.",
-        lever=Lever("checklist", (SFT,), (TERM,), TOLD, item="gradient_checkpointing", fit=4)))
+        lever=Lever("checklist", (SFT,), (TERM,), TOLD, item="gradient_checkpointing", fit=4, speed=True)))
     use_liger_kernel: bool = field(default=False, metadata=_help(
         "Fused Triton kernels (liger-kernel): chunked linear + cross-entropy so the full logits never exist. CUDA only.",
-        lever=Lever("beyond", (SFT,), (TERM,), TOLD, order=7, cuda_only=True)))
+        lever=Lever("beyond", (SFT,), (TERM,), TOLD, order=7, cuda_only=True, speed=True)))
     attention: str = field(default="sdpa", metadata=_help(
         "Attention kernel. sdpa: transformers' default. varlen: FlashAttention per packed row (with packing, on a "
         "CUDA GPU): no [tokens x tokens] mask per layer, so less memory and faster long packs. Same results.",
