@@ -1,8 +1,14 @@
-"""Build bench/grid_measured.json from the raw results of the three 2026-11-29 runs (bench/results/).
+"""The page's speed facts (assets/lever_facts.json) from the committed measurements, and, from the raw results of
+the three 2026-11-29 runs (bench/results/), bench/grid_measured.json and bench/levers.json.
 
-    python -m bench.assemble   # writes bench/grid_measured.json and bench/levers.json, prints rows and coverage
+    python -m bench.assemble         # writes assets/lever_facts.json from bench/levers.json + grid_measured.json
+    python -m bench.assemble --raw   # first rebuilds those two from bench/results/, prints rows and coverage
 
 bench/levers.json compares the pairs of runs that bench/lever_pairs.yaml names (what each lever saves and costs).
+assets/lever_facts.json is the small table the page prints from (ui/speed.py reads only it), per checklist item:
+the measurements a user can open (their files are in this repository), each with its tokens/s and seconds per step
+on and off, its memory saved, and the settings it ran at; the bench/RESULTS.md section each item's lever declares
+(core/config/levers.py); and why an item is not measured. Every figure is copied from bench/levers.json.
 
 Every row is one measured training run with its full TrainConfig (`config`, ready for core.estimate.predict), its peaks
 and the facts about the process it ran in that a reader (and bench/validate_estimate.py) needs:
@@ -43,10 +49,13 @@ from pathlib import Path
 import yaml
 
 from bench.archs import HUB_IDS
+from core.config import checklist, levers as registry
 from core.config.settings import OPTIMIZERS, TrainConfig
 from core.config.presets import matching, overrides
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+FACTS = ROOT / "assets" / "lever_facts.json"  # what the page prints per checklist item (ui/speed.py)
 RESULTS = HERE / "results"
 BASELINE_FILE = "shared/gpu/BASELINE.md"  # lever_pairs.yaml's `baseline` rows
 SOURCES = (("run1", "2026-11-29-run1-results.json"), ("run2", "2026-11-29-run2-results.json"),
@@ -175,7 +184,20 @@ def process_rows(run: str, data: dict) -> list[dict]:
             and (run, r["name"]) not in VARLEN_DUPLICATES]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    if "--raw" in (sys.argv[1:] if argv is None else argv):
+        rebuild()
+    facts = write_facts()
+    print(f"{FACTS.relative_to(ROOT)}:")
+    for key, entry in facts["checklist"].items():
+        print(f"  {key}: {len(entry['measurements'])} measurement(s)"
+              + (f", not measured: {entry['not_measured']}" if entry.get("not_measured") else ""))
+
+
+def rebuild() -> None:
+    """bench/grid_measured.json and bench/levers.json from the raw results (bench/results/)."""
     by_run: dict[str, list[dict]] = {}
     envs: dict[str, dict] = {}
     for run, path in SOURCES:
@@ -348,6 +370,61 @@ def write_levers(rows: list[dict]) -> dict:
     }
     (HERE / "levers.json").write_text(json.dumps(doc, indent=1) + "\n")
     return doc
+
+
+# --- assets/lever_facts.json: what the page prints per checklist item ---------------------------------------------
+def _openable(file: str) -> bool:
+    """Whether a measurement's file is in this repository, so a user can check it (shared/gpu/BASELINE.md is not)."""
+    return bool(file) and (ROOT / file).is_file()
+
+
+def _settings(side: dict, configs: dict[tuple[str, str], dict]) -> dict | None:
+    """The model and the levers that say where a speed was measured (core.config.levers.speed_context) of the run
+    with the lever on, from its row of grid_measured.json."""
+    config = configs.get((str(side.get("run", "")), str(side.get("row", ""))))
+    if config is None:
+        return None
+    cfg = TrainConfig.from_dict(config)
+    return {"model": cfg.model, **{name: getattr(cfg, name) for name in registry.speed_context()}}
+
+
+def lever_facts(levers: dict, grid: dict) -> dict:
+    """The table ui/speed.py reads, from bench/levers.json (`levers`) and bench/grid_measured.json (`grid`)."""
+    configs = {(str(r.get("source", "")), str(r.get("name", ""))): r["config"] for r in grid.get("rows", [])}
+    items: dict[str, dict] = {}
+    for item in checklist.ITEMS:
+        entry = levers["checklist"].get(item.key, {})
+        shown = [m for m in entry.get("measurements", []) if _openable(str(m["on"].get("file", "")))]
+        section = registry.measured(item.key)
+        if shown and not section:
+            raise ValueError(f"{item.key} has measurements but its lever {item.fields[0]!r} cites no bench/RESULTS.md "
+                             "section (core/config/settings.py: Lever.measured)")
+        out: dict = {"section": section if shown else "",
+                     "cost": "tokens_per_s" if entry.get("speed_ratio", 0) is not None else "step_time",
+                     "measurements": []}
+        for m in shown:
+            row = {"speed_ratio": m["speed_ratio"], "memory_saved_gib": m["memory_saved_gib"],
+                   **{side: {k: m[side][k] for k in ("tokens_per_s", "s_per_step") if m[side].get(k) is not None}
+                      for side in ("on", "off")}}
+            settings = _settings(m["on"], configs)
+            if settings is not None:
+                row["settings"] = settings
+            out["measurements"].append(row)
+        if item.key in levers.get("not_measured", {}):
+            out["not_measured"] = levers["not_measured"][item.key]
+        items[item.key] = out
+    return {"about": "What the memory checklist prints per item (ui/speed.py): measured speed and memory on one "
+                     "NVIDIA H200, copied from bench/levers.json (the measurements whose files are in this "
+                     "repository) with the settings each ran at (bench/grid_measured.json), and the bench/RESULTS.md "
+                     "section that reports them. Written by `python -m bench.assemble`; do not edit.",
+            "results": registry.RESULTS, "checklist": items}
+
+
+def write_facts(path: Path = FACTS) -> dict:
+    facts = lever_facts(json.loads((HERE / "levers.json").read_text()),
+                        json.loads((HERE / "grid_measured.json").read_text()))
+    path.write_text(json.dumps(facts, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return facts
 
 
 if __name__ == "__main__":

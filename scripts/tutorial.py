@@ -28,14 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from core.config.checklist import ITEMS  # noqa: E402
 from core.i18n import LANGUAGES as LANGUAGE_NAMES, t  # noqa: E402
 
 TUTORIAL_DIR = ROOT / "docs" / "tutorial"
 LANGUAGES = ("en", "pt", "fr")
 LOCALES = {"en": "en-US", "pt": "pt-BR", "fr": "fr-FR"}  # the browser's Accept-Language picks the page's language
 STEPS = ("start", "checklist", "training", "finished", "try", "export", "history")
-CHECKLIST_KEYS = ("qlora", "gradient_checkpointing", "gradient_accumulation", "efficient_optimizer", "bf16",
-                  "short_max_length", "small_batches")
+CHECKLIST_KEYS = tuple(item.key for item in ITEMS)  # the chapter's seven items, in its order
 DEMO_PROMPT = "Translate the word 'cat' into French."
 
 TEXT = {

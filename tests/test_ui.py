@@ -545,60 +545,7 @@ def test_checklist_shows_the_chapters_8b_figure_beside_the_demos_own(form):
     assert not any("chapter's 8B settings" in render.E(html) or "mt-fact-chapter" in html for html in chapter)
 
 
-def test_speed_costs_come_only_from_measured_pairs(tmp_path):
-    from ui import speed
-
-    base = TrainConfig(max_steps=4).to_dict()
-    rows = [dict(name="ckpt", source="r1", arch="a", tokens_per_s=100.0, config=dict(base)),
-            dict(name="no-ckpt", source="r1", arch="a", tokens_per_s=150.0,
-                 config=dict(base, gradient_checkpointing=False)),
-            dict(name="other-run", source="r2", arch="a", tokens_per_s=900.0,  # another run: never compared
-                 config=dict(base, gradient_checkpointing=False)),
-            dict(name="two-levers", source="r1", arch="a", tokens_per_s=10.0,  # checkpointing AND length differ
-                 config=dict(base, gradient_checkpointing=False, max_length=2048, lora_r=8))]
-    pairs = speed.find_pairs(rows, "bench/x.json", "H200")
-    assert [(p.key, p.on_name, p.off_name) for p in pairs] == [("gradient_checkpointing", "ckpt", "no-ckpt")]
-    assert round(pairs[0].change, 3) == -0.333
-    (tmp_path / "x.json").write_text(__import__("json").dumps({"rows": rows, "environment": {"gpu": "H200"}}))
-    found = speed.measured_pairs.__wrapped__(tmp_path)
-    lines = speed.speed_lines("gradient_checkpointing", TrainConfig(), "en", found, facts=None)  # no levers.json
-    assert lines[0][0] == "\u221233% tokens/s with it (100 vs 150 without)"
-    assert "bench/x.json" in lines[0][1] and "H200" in lines[0][1] and "no-ckpt" not in lines[0][1]  # no row names
-    assert speed.speed_lines("bf16", TrainConfig(), "en", found, facts=None) == [
-        ("Not measured: every benchmark run used bf16.", "")]
-
-
-def test_speed_costs_from_the_benchmarks_levers_file(tmp_path):
-    """bench/levers.json (python -m bench.assemble): the headline pair, tokens/s-is-not-a-cost, not measured."""
-    import json
-
-    from ui import speed
-
-    def row(name, tps, s_step, file="bench/results/2026-11-29-run1-results.json"):  # a file in the repository
-        return {"file": file, "run": "run9", "row": name, "tokens_per_s": tps, "s_per_step": s_step}
-
-    levers = {"checklist": {
-        "gradient_checkpointing": {"speed_ratio": 0.5, "measurements": [
-            {"speed_ratio": 0.5, "where": "8B, packed", "on": row("ck", 100.0, 2.0), "off": row("nock", 200.0, 1.0)},
-            {"speed_ratio": 0.75, "where": "8B, the seed recipe", "on": row("seed", 75, None, "shared/gpu/BASELINE.md"),
-             "off": row("seed-nock", 100, None, "shared/gpu/BASELINE.md")}]},
-        "short_max_length": {"speed_ratio": None, "measurements": [
-            {"speed_ratio": 0.25, "where": "8B, 512 vs 2048", "on": row("s512", 800.0, 1.23),
-             "off": row("s2048", 3200.0, 1.22)}]}},
-        "not_measured": {"bf16": "every run was bf16", "qlora": "not yet"}}
-    (tmp_path / "levers.json").write_text(json.dumps(levers))
-    facts = speed.lever_facts.__wrapped__(tmp_path / "levers.json")
-    ck = speed.speed_lines("gradient_checkpointing", TrainConfig(), "en", facts=facts)
-    # Cited as a user can open it (bench/RESULTS.md and its section), never by the benchmark's row names; the
-    # measurement kept in a file outside the repository (shared/gpu/BASELINE.md) is not shown at all.
-    assert ck == [("\u221250% tokens/s with it (100 vs 200 without)", "bench/RESULTS.md, section “Levers, one at a time”")]
-    assert len(speed.speed_lines("gradient_checkpointing", None, "en", facts=facts)) == 1  # the headline only
-    length = speed.speed_lines("short_max_length", TrainConfig(), "pt", facts=facts)
-    assert length[0][0].startswith("1,23 s por passo do otimizador com o item contra 1,22 s")  # not "-75%"; pt commas
-    assert speed.speed_lines("bf16", None, "en", facts=facts)[0][0].startswith("Not measured")
-    assert speed.speed_lines("qlora", None, "en", facts=facts) == [("Not measured.", "source: bench/levers.json")]
-    (tmp_path / "broken.json").write_text('{"checklist": 3}')
-    assert speed.lever_facts.__wrapped__(tmp_path / "broken.json") is None  # then the grid and quoted facts
+# The speed facts' own tests: tests/test_checklist.py (the lever registry and assets/lever_facts.json).
 
 
 @pytest.mark.filterwarnings("ignore:Does not fit")

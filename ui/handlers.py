@@ -13,7 +13,7 @@ from typing import Any
 
 import gradio as gr
 
-from core.config import checklist
+from core.config import checklist, levers
 from core.config import presets
 from core.estimate.predict import fit_preset
 from core.config.settings import SAFE_NAME, ConfigError, TrainConfig, demo_config, field_problems
@@ -26,8 +26,7 @@ from ui.form import Form, Updates, apply_config, derived, read_config, values_di
 from ui.live import read_gpus
 from ui.tryexport import free_try_model
 
-FIT_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "gradient_checkpointing",
-              "optim")  # what core.estimate.predict.fit_to_gpu may change
+FIT_FIELDS = levers.fit_fields()  # what core.estimate.predict.fit_to_gpu may change (the registry's)
 
 
 def config_dir() -> Path:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from core.config import checklist
+from core.config import checklist, levers
 from core.codegen import cli_command, python_script
 from core.checks import validate
 from core.config.settings import TrainConfig
@@ -37,17 +37,10 @@ from ui.form import Form, derived, facts_for, merged, prediction_state, read_con
 from ui.live import LivePanel, live_update, loss_frame, read_gpus
 from ui.theme import TABS_KW
 
-# Where fields are shown (everything else goes to Training > Advanced):
-GOVERNS = {  # checklist item -> the non-checkbox fields it governs, shown beside it
-    "qlora": ["bnb_4bit_quant_type", "bnb_4bit_use_double_quant"],
-    "gradient_accumulation": ["gradient_accumulation_steps"],
-    "efficient_optimizer": ["optim"], "bf16": ["precision"],
-    "short_max_length": ["max_length"], "small_batches": ["per_device_train_batch_size"],
-}
-BEYOND = ["packing", "upcast_to_fp32", "offload_embeddings", "attention", "expandable_segments", "use_liger_kernel"]
-PLACED = ["model", "dataset", "dataset_split", "dataset_format", "long_prompts", "lora_r", "lora_alpha",
-          "lora_dropout", "lora_target_modules", "learning_rate", "num_train_epochs", "max_steps", "save_strategy",
-          "save_steps", "output_dir", "run_name", "num_gpus", "distributed_strategy"]
+# Where the levers are shown comes from their declarations (core/config/levers.py); the other fields are placed
+# below by hand, and every field not placed by the time the Advanced accordion is built goes there.
+GOVERNS = {item.key: levers.beside(item.key) for item in checklist.ITEMS}  # item -> fields shown beside its box
+BEYOND = levers.placed("beyond")  # "Beyond the chapter", in order
 DEFAULT_BUDGET_GIB = 8.0  # the hypothetical card "Fit to my GPU" aims at where there is no GPU
 EN_LANGS = {code for _, code in language_choices()}
 
@@ -199,7 +192,8 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                                 with gr.Row():
                                     w("lora_r")
                                     w("lora_alpha")
-                                    w("lora_dropout")
+                                    for name in levers.placed("training"):  # lora_dropout
+                                        w(name)
                                 w("lora_target_modules")
                                 with gr.Row():
                                     w("learning_rate")
@@ -219,8 +213,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                                 with gr.Accordion(L("training.advanced"), open=False, elem_id="advanced-acc") as adv:
                                     tr.add(adv, label="training.advanced")
                                     # Every field not shown elsewhere, so a new TrainConfig field always gets a widget.
-                                    elsewhere = set(PLACED) | set(BEYOND) | {n for ns in GOVERNS.values() for n in ns}
-                                    rest = [n for n in FIELD_NAMES if n not in elsewhere]
+                                    rest = [n for n in FIELD_NAMES if n not in FIELDS]
                                     for i in range(0, len(rest), 3):
                                         with gr.Row():
                                             for name in rest[i:i + 3]:

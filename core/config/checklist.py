@@ -4,6 +4,8 @@ Seven items, in the chapter's order. Each knows whether a config has it on (`is_
 (`turn_on` / `turn_off`), so ticking a box changes the config and a loaded config ticks the right boxes.
 The trade-off texts are what we measured, not the chapter's claims (see bench/RESULTS.md, "Levers, one at a
 time"): e.g. checkpointing saves ~1.6 GiB at 512 tokens on an 8B model, and costs 1.71x in speed at one pack.
+An item's fields are levers (core/config/settings.py `Lever`): its library call, estimator term and measured
+section are its first field's (core.config.levers).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class ChecklistItem:
     is_on: Callable[[TrainConfig], bool]
     turn_on: Callable[[TrainConfig], TrainConfig]
     turn_off: Callable[[TrainConfig], TrainConfig]
+    switch: str = ""  # the one boolean field the item's box is, if it is one (its widget then sits in Advanced)
 
 
 def _keep_effective_batch(cfg: TrainConfig, batch: int) -> TrainConfig:
@@ -46,7 +49,7 @@ def _accumulate(cfg: TrainConfig) -> TrainConfig:
 def _switch(key: str, label: str, tradeoff: str, name: str) -> ChecklistItem:
     """An item that is one boolean config field: on is True, off is False."""
     return ChecklistItem(key, label, tradeoff, (name,), lambda c: getattr(c, name),
-                         lambda c: c.replace(**{name: True}), lambda c: c.replace(**{name: False}))
+                         lambda c: c.replace(**{name: True}), lambda c: c.replace(**{name: False}), switch=name)
 
 
 ITEMS: tuple[ChecklistItem, ...] = (

@@ -13,28 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.config.levers import chapter_values, cuda_only
 from core.config.settings import Hardware, TrainConfig
 
-# Every lever a preset may set, at the chapter's value: applying a preset first resets these, so presets
-# do not leak into each other when the user switches between them.
-CHAPTER: dict[str, Any] = {
-    "load_in_4bit": True,
-    "bnb_4bit_quant_type": "nf4",
-    "bnb_4bit_use_double_quant": True,
-    "precision": "bf16",
-    "upcast_to_fp32": True,
-    "offload_embeddings": False,
-    "quantize_output_head": False,
-    "expandable_segments": False,
-    "lora_dropout": 0.05,
-    "packing": False,
-    "per_device_train_batch_size": 1,
-    "gradient_accumulation_steps": 16,
-    "gradient_checkpointing": True,
-    "optim": "paged_adamw_8bit",
-    "use_liger_kernel": False,
-    "attention": "sdpa",
-}
+# Every lever a preset may set, at the chapter's value (the registry's, core/config/levers.py): applying a preset
+# first resets these, so presets do not leak into each other when the user switches between them.
+CHAPTER: dict[str, Any] = chapter_values()
 
 PRESETS: dict[str, dict[str, Any]] = {
     "chapter": {
@@ -102,7 +86,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-CUDA_ONLY = ("use_liger_kernel",)  # levers that need a CUDA GPU (and a package), dropped where there is none
+CUDA_ONLY = cuda_only()  # levers that need a CUDA GPU (and a package), dropped where there is none
 
 
 def names() -> list[str]:

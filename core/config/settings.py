@@ -9,8 +9,9 @@ naming the field, what is wrong and how to fix it; `field_problems()` is its che
 metadata. The checks that need other parts of memtune (resume, public mode, several GPUs) sit above this module, in
 core/checks.py, whose `validate()`/`check()` callers use: config imports no other part of memtune but its leaves.
 
-About 410 lines: a third of them is the field table itself (help, bounds, choices and widget kind per field),
-which stays in one place; machine detection is in core/config/hardware.py, value coercion in core/config/values.py.
+About 550 lines: half of them is the field table itself (help, bounds, choices and widget kind per field, and each
+memory/speed lever's declaration, `Lever`), which stays in one place; machine detection is in
+core/config/hardware.py, value coercion in core/config/values.py, the lever registry's queries in core/config/levers.py.
 """
 
 from __future__ import annotations
@@ -72,8 +73,46 @@ MAX_STEPS = 10_000_000
 def _help(text: str, **kw: Any) -> dict[str, Any]:
     """A field's metadata: help (English; the UI's other languages are in core/locales), min/max, choices, and for
     the UI the widget kind ("slider" with `step`, "radio"; otherwise a number box, dropdown, checkbox or text box
-    by type) and a number box's `step`."""
+    by type) and a number box's `step`; `lever` for a memory/speed lever (`Lever`)."""
     return {"help": text, **kw}
+
+
+RESULTS = "bench/RESULTS.md"  # where every measured saving and cost is reported, by section
+PLACES = ("checklist", "beyond", "training")  # the page's sections a lever's widget can sit in
+
+
+@dataclass(frozen=True)
+class Lever:
+    """A memory/speed lever, declared once, on its field (`metadata["lever"]`). core.config.levers reads these
+    declarations: the page's placement, Fit to my GPU's fields, the presets' lever list and the speed facts are
+    derived from them, so a new lever is its field here, its library call, its estimator term, its translations
+    and its test.
+
+    `place`: where the page shows the field's widget: "checklist" (beside checklist item `item`; the item's own
+    box when the field is its switch), "beyond" ("Beyond the chapter", by `order`), "training" (with the LoRA
+    settings). `library` / `term`: the functions ("module.function") that hand it to the libraries and that
+    model its memory (empty `term`: it changes no memory). `measured`: the bench/RESULTS.md section (its heading's
+    start) with its measured saving and cost, "" when none. `preset`: presets set it (to the chapter's value
+    first). `fit`: Fit to my GPU may change it (its place in Fit's note; 0: never). `cuda_only`: dropped by presets
+    where there is no CUDA GPU with its package. `speed`: the page says where a speed measurement was made by these
+    levers' values and shows the measurement made closest to the user's settings by them (ui/speed.py)."""
+
+    place: str
+    library: tuple[str, ...]
+    term: tuple[str, ...] = ()
+    measured: str = ""
+    item: str = ""
+    order: int = 0
+    preset: bool = True
+    fit: int = 0
+    cuda_only: bool = False
+    speed: bool = False
+
+
+# The functions levers are declared against (tests/test_checklist.py checks each names the field it is given for).
+ARGS, LOAD, TERMS = "core.config.arguments", "core.model.load", "core.estimate.terms"
+SFT, PREP, TERM = f"{ARGS}.sft_kwargs", f"{LOAD}.prepare_for_training", f"{TERMS}.single_gpu_terms"
+TOLD = "Levers, one at a time"  # bench/RESULTS.md's section of run 3's lever chain and the pairs beside it
 
 
 @dataclass
@@ -85,29 +124,38 @@ class TrainConfig:
         "Run Python code shipped with the model. Off unless you trust its author."))
 
     # --- quantization (checklist: QLoRA) -----------------------------------------------------------------
-    load_in_4bit: bool = field(default=True, metadata=_help("QLoRA: store the frozen base weights in 4 bits."))
+    load_in_4bit: bool = field(default=True, metadata=_help(
+        "QLoRA: store the frozen base weights in 4 bits.",
+        lever=Lever("checklist", (f"{ARGS}.bnb_kwargs",), (TERM,), TOLD, item="qlora", speed=True)))
     bnb_4bit_quant_type: str = field(default="nf4", metadata=_help(
-        "4-bit data type: nf4 or fp4.", choices=QUANT_TYPES, widget="radio"))
+        "4-bit data type: nf4 or fp4.", choices=QUANT_TYPES, widget="radio",
+        lever=Lever("checklist", (f"{ARGS}.bnb_kwargs",), item="qlora")))
     bnb_4bit_use_double_quant: bool = field(default=True, metadata=_help(
-        "Quantize the quantization constants too (~0.4 bit/parameter saved)."))
+        "Quantize the quantization constants too (~0.4 bit/parameter saved).",
+        lever=Lever("checklist", (f"{ARGS}.bnb_kwargs",), (TERM,), item="qlora")))
 
     # --- precision (checklist: bf16) ---------------------------------------------------------------------
     precision: str = field(default="bf16", metadata=_help(
-        "Compute dtype: bf16, fp16 or fp32.", choices=PRECISIONS, widget="radio"))
+        "Compute dtype: bf16, fp16 or fp32.", choices=PRECISIONS, widget="radio",
+        lever=Lever("checklist", (SFT,), (f"{TERMS}.dtypes",), item="bf16", speed=True)))
     upcast_to_fp32: bool = field(default=True, metadata=_help(
         "What prepare_model_for_kbit_training does (the chapter's recipe): cast embeddings, norms and lm_head "
-        "to float32. Costs ~4 GiB on an 8B Llama-3 for little gain; off keeps them in the compute dtype."))
+        "to float32. Costs ~4 GiB on an 8B Llama-3 for little gain; off keeps them in the compute dtype.",
+        lever=Lever("beyond", (f"{ARGS}.kbit_kwargs",), (f"{TERMS}.upcast",), TOLD, order=2, speed=True)))
     offload_embeddings: bool = field(default=False, metadata=_help(
         "Keep the frozen input embedding (vocabulary x hidden: ~1 GiB on Llama-3 8B) in CPU memory; only the "
         "rows a batch looks up go to the GPU. Same results. No effect where the embedding is tied to the output "
-        "head (e.g. Llama-3.2 1B/3B) or without a GPU."))
+        "head (e.g. Llama-3.2 1B/3B) or without a GPU.",
+        lever=Lever("beyond", (f"{LOAD}.load_model", PREP), (TERM,), TOLD, order=3)))
     quantize_output_head: bool = field(default=False, metadata=_help(
         "Store the frozen output head (vocabulary x hidden: ~1 GiB on Llama-3 8B) in 4-bit NF4 and compute the "
         "loss from it in vocabulary chunks: -0.7 GiB on 8B. No effect without load_in_4bit, or where the head is "
-        "tied to the input embedding. The logits change slightly (the head is quantized like the other weights)."))
+        "tied to the input embedding. The logits change slightly (the head is quantized like the other weights).",
+        lever=Lever("beyond", (PREP,), (TERM,), "The 6 GB setting", order=4)))
     expandable_segments: bool = field(default=False, metadata=_help(
         "Let PyTorch's CUDA allocator grow memory segments in place (expandable_segments) instead of caching "
-        "many fixed blocks: less memory reserved but unused, so a lower GPU peak. Same results. CUDA only."))
+        "many fixed blocks: less memory reserved but unused, so a lower GPU peak. Same results. CUDA only.",
+        lever=Lever("beyond", (f"{LOAD}.configure_cuda",), (TERM,), TOLD, order=6)))
 
     # --- LoRA --------------------------------------------------------------------------------------------
     lora_r: int = field(default=16, metadata=_help(
@@ -115,7 +163,8 @@ class TrainConfig:
     lora_alpha: int = field(default=32, metadata=_help(
         "LoRA scaling numerator (scale = alpha / r).", min=1, max=1024, widget="slider", step=1))
     lora_dropout: float = field(default=0.05, metadata=_help(
-        "Dropout on the LoRA input.", min=0.0, max=0.5, widget="slider", step=0.01))
+        "Dropout on the LoRA input.", min=0.0, max=0.5, widget="slider", step=0.01,
+        lever=Lever("training", (f"{ARGS}.lora_kwargs",), (f"{TERMS}.layer_bytes_per_token",), TOLD)))
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         metadata=_help("Linear layers that get LoRA adapters: attention (q, k, v, o of any family, fused qkv_proj "
@@ -130,7 +179,8 @@ class TrainConfig:
         "Row format; auto detects it from the columns.", choices=DATASET_FORMATS))
     max_length: int = field(default=512, metadata=_help(
         "Longest training sequence in tokens; longer rows are truncated.", min=16, max=131072, widget="slider",
-        step=16))
+        step=16,
+        lever=Lever("checklist", (SFT,), (TERM,), TOLD, item="short_max_length", preset=False, fit=3, speed=True)))
     long_prompts: str = field(default="truncate_middle", metadata=_help(
         "A prompt that leaves the answer less than a quarter of max_length: truncate_middle cuts its middle "
         "(keeping the instruction and the answer header), truncate_left its start, so the answer still trains; "
@@ -170,12 +220,15 @@ class TrainConfig:
 
     # --- batching (checklist: accumulation, smaller batches) ---------------------------------------------
     per_device_train_batch_size: int = field(default=1, metadata=_help(
-        "Rows per micro-batch.", min=1, max=512, widget="slider", step=1))
+        "Rows per micro-batch.", min=1, max=512, widget="slider", step=1,
+        lever=Lever("checklist", (SFT,), (TERM,), TOLD, item="small_batches", fit=1, speed=True)))
     gradient_accumulation_steps: int = field(default=16, metadata=_help(
         "Micro-batches summed before each optimizer step (effective batch = batch x accumulation).", min=1, max=1024,
-        widget="slider", step=1))
+        widget="slider", step=1,
+        lever=Lever("checklist", (SFT,), item="gradient_accumulation", fit=2)))
     packing: bool = field(default=False, metadata=_help(
-        "Padding-free batches: rows are concatenated with per-row position ids, so no compute goes to padding."))
+        "Padding-free batches: rows are concatenated with per-row position ids, so no compute goes to padding.",
+        lever=Lever("beyond", (SFT,), (f"{TERMS}.masked", TERM), TOLD, order=1, speed=True)))
 
     # --- optimization ------------------------------------------------------------------------------------
     num_train_epochs: float = field(default=1.0, metadata=_help(
@@ -191,15 +244,19 @@ class TrainConfig:
     max_grad_norm: float = field(default=1.0, metadata=_help(
         "Gradient clipping norm; 0 disables.", min=0.0, step=0.1))
     optim: str = field(default="paged_adamw_8bit", metadata=_help(
-        "Optimizer; the 8-bit and paged ones need bitsandbytes.", choices=tuple(OPTIMIZERS)))
+        "Optimizer; the 8-bit and paged ones need bitsandbytes.", choices=tuple(OPTIMIZERS),
+        lever=Lever("checklist", (SFT,), (f"{TERMS}.optimizer_bytes",), item="efficient_optimizer", fit=5, speed=True)))
     gradient_checkpointing: bool = field(default=True, metadata=_help(
-        "Recompute activations in the backward pass instead of keeping them."))
+        "Recompute activations in the backward pass instead of keeping them.",
+        lever=Lever("checklist", (SFT,), (TERM,), TOLD, item="gradient_checkpointing", fit=4, speed=True)))
     use_liger_kernel: bool = field(default=False, metadata=_help(
-        "Fused Triton kernels (liger-kernel): chunked linear + cross-entropy so the full logits never exist. CUDA only."))
+        "Fused Triton kernels (liger-kernel): chunked linear + cross-entropy so the full logits never exist. CUDA only.",
+        lever=Lever("beyond", (SFT,), (TERM,), TOLD, order=7, cuda_only=True, speed=True)))
     attention: str = field(default="sdpa", metadata=_help(
         "Attention kernel. sdpa: transformers' default. varlen: FlashAttention per packed row (with packing, on a "
         "CUDA GPU): no [tokens x tokens] mask per layer, so less memory and faster long packs. Same results.",
-        choices=ATTENTIONS))
+        choices=ATTENTIONS,
+        lever=Lever("beyond", (PREP,), ("core.estimate.predict.estimate",), "Results: 8B, max length 512", order=5)))
     seed: int = field(default=42, metadata=_help("Random seed for data order, LoRA init and dropout.", min=0,
                                                  max=2**32 - 1))  # numpy's seeds are 32-bit
 

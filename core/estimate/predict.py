@@ -26,6 +26,7 @@ from core.estimate.terms import (ATTENTIONS, CACHE_BASE, CACHE_FRACTION, CACHE_F
                                CUBLAS_WORKSPACE, CUDA_CONTEXT, GIB, LM_HEAD_TOKEN_CHUNK, LM_HEAD_VOCAB_CHUNK,
                                LOAD_CACHE, LOAD_CACHE_FRACTION, PAGED_MIN_NUMEL, layer_bytes_per_token, nf4_bytes,
                                single_gpu_terms)
+from core.config.levers import fit_fields
 from core.config.presets import PRESETS, apply_preset
 from core.model.shapes import ModelShape, ShapeError, get_shape
 
@@ -440,8 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         out = est.to_json()
         if args.fit is not None:
-            out["config"] = {k: getattr(cfg, k) for k in ("per_device_train_batch_size", "gradient_accumulation_steps",
-                                                          "max_length", "gradient_checkpointing", "optim")}
+            out["config"] = {k: getattr(cfg, k) for k in fit_fields()}  # what fit_to_gpu may change
         print(json.dumps(out))
         return 0
     what = "4-bit " + cfg.bnb_4bit_quant_type if cfg.load_in_4bit else cfg.precision
