@@ -121,3 +121,18 @@ def test_the_preview_counts_the_turns(tmp_path):
     path.write_text(json.dumps({"messages": CHAT}) + "\n", encoding="utf-8")
     html = preview(TrainConfig(model="memtune/demo-tiny-llama", dataset=str(path), dataset_split="train"), "pt")
     assert "2 turnos do assistente: 2 treinados inteiros, 0 cortados em max_length, 0 descartados" in html
+
+
+def test_the_turn_and_data_log_lines_follow_the_page_language(tmp_path, tokenizer):
+    """The engine logs the turn count and the row counts in English; the page's log says them in French (the
+    preview's words), English stays as written."""
+    from ui.render import log_line
+
+    plan = _plan(tmp_path, [{"messages": THREE}] * 2, tokenizer, max_length=len(
+        _plan(tmp_path, [{"messages": THREE}], tokenizer, max_length=1024).input_ids[0]) - 8)
+    turns, data = f"12:00:00  {plan.describe_turns()}", f"12:00:00  {plan.describe()}"
+    assert log_line(turns, "en") == turns
+    assert log_line(turns, "fr") == ("12:00:00  6 tours de l'assistant : 4 entraînés en entier, 0 coupés à "
+                                     "max_length, 2 abandonnés")
+    assert log_line(data, "fr").endswith(f", 2 s'entraînent à max_length {plan.max_length} : 0 gardées entières, "
+                                         "2 avec la réponse coupée à max_length")
