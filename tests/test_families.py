@@ -270,3 +270,25 @@ def test_the_data_preview_says_which_modules_get_lora(family_dirs):
     folder = family_dirs("phi3")
     html = preview(demo_config(model=str(folder), lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]), "fr")
     assert "LoRA sur o_proj, qkv_proj : 4 couches" in html and "qkv_proj s&#x27;entraîne en entier" in html
+
+
+def test_the_lora_target_log_line_follows_the_page_language(tmp_path):
+    """The run log's LoRA line (Targets.describe) for Phi-3's chapter targets, in French on the page: modules,
+    layers, parameters with French digit grouping, and the fused layer's note."""
+    from core.model import lora_targets
+    from ui.render import log_line
+
+    families.hf_config("phi3").save_pretrained(tmp_path)
+    found = lora_targets.for_path(["q_proj", "k_proj", "v_proj", "o_proj"], 32, str(tmp_path))
+    line = f"12:00:00  {found.describe()}"
+    assert log_line(line, "en") == line and found.trainable >= 1000
+    fr = log_line(line, "fr")
+    grouped = f"{found.trainable:,}".replace(",", "\u202f")
+    assert fr.startswith(f"12:00:00  LoRA sur o_proj, qkv_proj : {found.layers} couches, {grouped} paramètres "
+                         "entraînables; ")
+    assert "qkv_proj s'entraîne en entier : une couche fusionnée contient q, k and v" in fr
+    assert "trainable" not in fr and "trains whole" not in fr
+    # the eval lines (core/train/callbacks.py) too, with the language's decimal comma
+    assert log_line("12:00:01  eval step 2/4  eval_loss 3.2700", "pt") == "12:00:01  validação passo 2/4  eval_loss 3,2700"
+    assert log_line("12:00:01  eval baseline (before training)  eval_loss 8.5400", "fr") == (
+        "12:00:01  validation de référence (avant l'entraînement)  eval_loss 8,5400")

@@ -48,7 +48,7 @@ def test_every_assistant_turn_trains_by_default_and_last_turn_only_is_an_option(
     for context in ("Be brief.", "Hi\n", "Name?"):  # system and user turns stay context
         assert context not in trained
     assert plan.turns == {"trained": 2, "cut": 0, "dropped": 0}
-    assert "2 assistant turns: 2 trained whole" in plan.describe()
+    assert plan.describe_turns() == "2 assistant turns: 2 trained whole, 0 cut at max_length, 0 dropped"
 
     last = _plan(tmp_path, [{"messages": CHAT}], tokenizer, train_turns="last")
     assert "Hello there" not in _trained_text(last, tokenizer) and "Ann" in _trained_text(last, tokenizer)
@@ -57,18 +57,51 @@ def test_every_assistant_turn_trains_by_default_and_last_turn_only_is_an_option(
     assert list(last.input_ids[0]) == list(plan.input_ids[0])
 
 
-def test_turn_accounting_says_what_max_length_cut_and_dropped(tmp_path, tokenizer):
-    long_answer = " ".join(["word"] * 60)
-    chat = CHAT[:2] + [{"role": "assistant", "content": "Hello there"}, {"role": "user", "content": "More?"},
-                       {"role": "assistant", "content": long_answer}]
+LONG = " ".join(["word"] * 60)
+THREE = CHAT + [{"role": "user", "content": "More?"}, {"role": "assistant", "content": LONG}]
+
+
+def test_a_turn_that_crosses_max_length_is_left_out_whole_and_the_earlier_turns_train(tmp_path, tokenizer):
+    """The 3rd assistant turn crosses max_length: the row ends where the 2nd turn ends (both train whole), no token
+    of the 3rd trains, and the plan, the log line and the preview say 2 trained, 1 dropped."""
+    whole = _plan(tmp_path, [{"messages": THREE}], tokenizer, max_length=1024)
+    assert whole.turns == {"trained": 3, "cut": 0, "dropped": 0} and whole.counts["kept"] == 1
+    full_ids, full_labels = list(whole.input_ids[0]), list(whole.labels[0])
+    cut = _plan(tmp_path, [{"messages": THREE}], tokenizer, max_length=len(full_ids) - 8)
+    ids, labels = list(cut.input_ids[0]), list(cut.labels[0])
+    assert cut.turns == {"trained": 2, "cut": 0, "dropped": 1}
+    assert cut.counts["truncated"] == 1 and cut.n_train == 1
+    # the row is the conversation up to the end of turn 2: far shorter than max_length, not cut where it falls
+    assert len(ids) < len(full_ids) - 60 and ids == full_ids[:len(ids)] and labels == full_labels[:len(ids)]
+    trained = _trained_text(cut, tokenizer)
+    assert "Hello there" in trained and "Ann" in trained and "word" not in trained
+    assert labels[-1] != -100  # it ends on the last trained token of turn 2
+    assert cut.describe_turns() == "3 assistant turns: 2 trained whole, 0 cut at max_length, 1 dropped"
+    assert cut.to_dict()["turns"] == cut.turns  # summary.json["data"] and the data event carry the same counts
+    shown = cut.examples[0]
+    assert shown["reason"] == "truncated" and "Ann" in shown["prompt"] and "word" not in shown["prompt"]
+    assert "do not fit max_length" in shown["completion"]
+
+
+def test_a_first_answer_too_long_for_max_length_is_cut_as_a_single_turn_row_and_said(tmp_path, tokenizer):
+    """No turn fits whole: the row is its first exchange, cut at max_length as a single-turn row is (counted cut,
+    never silent); the later turns are dropped."""
+    chat = CHAT[:2] + [{"role": "assistant", "content": LONG}] + CHAT[3:]
     whole = _plan(tmp_path, [{"messages": chat}], tokenizer, max_length=1024)
-    assert whole.turns == {"trained": 2, "cut": 0, "dropped": 0}
-    n = len(whole.input_ids[0])
-    cut = _plan(tmp_path, [{"messages": chat}], tokenizer, max_length=(n - 20) // 16 * 16)
-    assert cut.n_train == 1 and cut.counts["kept"] == 0
-    assert sum(cut.turns.values()) == 2 and cut.turns["cut"] >= 1  # a cut answer is counted, never silent
-    assert f"{cut.turns['cut']} cut at max_length" in cut.describe()
-    assert len(cut.input_ids[0]) <= cut.max_length
+    n = 128 if tokenizer.chat_template else 96  # past the first prompt + a quarter, short of the first answer's end
+    cut = _plan(tmp_path, [{"messages": chat}], tokenizer, max_length=n)
+    assert cut.turns == {"trained": 0, "cut": 1, "dropped": 1} and cut.counts["truncated"] == 1
+    assert list(cut.input_ids[0]) == list(whole.input_ids[0][:n])
+    assert "Ann" not in _trained_text(cut, tokenizer)
+
+
+def test_single_turn_rows_are_cut_where_max_length_falls_as_before(tmp_path, tokenizer):
+    """One assistant turn (and train_turns=last): the answer is cut at max_length, as TRL truncates."""
+    one = _plan(tmp_path, [{"messages": CHAT[:2] + [{"role": "assistant", "content": LONG}]}], tokenizer,
+                max_length=48)
+    assert len(one.input_ids[0]) == 48 and one.turns == {"trained": 0, "cut": 1, "dropped": 0}
+    last = _plan(tmp_path, [{"messages": THREE}], tokenizer, max_length=48, train_turns="last")
+    assert len(last.input_ids[0]) == 48 and last.turns == {"trained": 0, "cut": 1, "dropped": 0}
 
 
 def test_single_turn_rows_train_exactly_as_before(tmp_path, tokenizer):
@@ -78,7 +111,7 @@ def test_single_turn_rows_train_exactly_as_before(tmp_path, tokenizer):
     first = next(i for i, lab in enumerate(labels) if lab != -100)
     assert all(lab == -100 for lab in labels[:first]) and all(lab != -100 for lab in labels[first:])
     assert plan.turns == {"trained": 1, "cut": 0, "dropped": 0}
-    assert "assistant turns" not in plan.describe()
+    assert plan.describe_turns() is None
 
 
 def test_the_preview_counts_the_turns(tmp_path):
@@ -88,3 +121,18 @@ def test_the_preview_counts_the_turns(tmp_path):
     path.write_text(json.dumps({"messages": CHAT}) + "\n", encoding="utf-8")
     html = preview(TrainConfig(model="memtune/demo-tiny-llama", dataset=str(path), dataset_split="train"), "pt")
     assert "2 turnos do assistente: 2 treinados inteiros, 0 cortados em max_length, 0 descartados" in html
+
+
+def test_the_turn_and_data_log_lines_follow_the_page_language(tmp_path, tokenizer):
+    """The engine logs the turn count and the row counts in English; the page's log says them in French (the
+    preview's words), English stays as written."""
+    from ui.render import log_line
+
+    plan = _plan(tmp_path, [{"messages": THREE}] * 2, tokenizer, max_length=len(
+        _plan(tmp_path, [{"messages": THREE}], tokenizer, max_length=1024).input_ids[0]) - 8)
+    turns, data = f"12:00:00  {plan.describe_turns()}", f"12:00:00  {plan.describe()}"
+    assert log_line(turns, "en") == turns
+    assert log_line(turns, "fr") == ("12:00:00  6 tours de l'assistant : 4 entraînés en entier, 0 coupés à "
+                                     "max_length, 2 abandonnés")
+    assert log_line(data, "fr").endswith(f", 2 s'entraînent à max_length {plan.max_length} : 0 gardées entières, "
+                                         "2 avec la réponse coupée à max_length")

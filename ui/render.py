@@ -282,12 +282,20 @@ _LOG_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # the engine's English log l
      lambda m, lg: t(f"phase.{m[1]}", lg) + (f" ({m[2]})" if m[2] else "")),
     (re.compile(r"step (\d+)/(\d+)  loss (\S+)  lr (\S+)  grad_norm (\S+)"),
      lambda m, lg: t("log.step", lg, step=m[1], total=m[2], loss=_dec(m[3], lg), lr=_dec(m[4], lg), grad_norm=_dec(m[5], lg))),
+    (re.compile(r"eval step (\d+)/(\d+)  eval_loss (\S+)"),
+     lambda m, lg: t("log.eval", lg, step=m[1], total=m[2], loss=_dec(m[3], lg))),
+    (re.compile(r"eval baseline \(before training\)  eval_loss (\S+)"),
+     lambda m, lg: t("log.eval_baseline", lg, loss=_dec(m[1], lg))),
     (re.compile(r"Checkpoint saved: (.+)"), lambda m, lg: t("log.checkpoint", lg, path=m[1])),
     (re.compile(r"LoRA: ([\d,]+) trainable parameters of ([\d,]+)"),
      lambda m, lg: t("log.lora", lg, n=integer(int(m[1].replace(",", "")), lg),
                      total=integer(int(m[2].replace(",", "")), lg))),
-    (re.compile(r"Data: (\d+) rows in (.+?), (\d+) train at max_length (\d+)(?::.*)?"),
-     lambda m, lg: t("log.data", lg, rows=m[1], dataset=m[2], train=m[3], max_length=m[4])),
+    (re.compile(r"Data: (\d+) rows in (.+?), (\d+) train at max_length (\d+)(?:: (.*?))?"
+                r"(?:; packed into (\d+) sequences of up to \d+ tokens)?"), lambda m, lg: _data_line(m, lg)),
+    (re.compile(r"(\d+) assistant turns: (\d+) trained whole, (\d+) cut at max_length, (\d+) dropped"),
+     lambda m, lg: t("preview.turns", lg, n=m[1], trained=m[2], cut=m[3], dropped=m[4])),
+    (re.compile(r"LoRA on (.+?): (\d+) layers, ([\d,]+) trainable parameters((?:; .*)?)"),
+     lambda m, lg: _lora_targets_line(m, lg)),
     (re.compile(r"finished: (\w+) - (?:Finished|Stopped) after (\d+) steps?; adapter saved to (.+) \(([\d.]+) MiB\)"),
      lambda m, lg: f'{t("log.finished", lg, status=t(f"state.{m[1]}", lg))} - '
                    f'{t("log.saved_one" if m[2] == "1" else "log.saved", lg, steps=m[2], path=m[3], size=_mib(m[4], lg))}'),
@@ -295,6 +303,33 @@ _LOG_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # the engine's English log l
      lambda m, lg: f'{t("log.finished", lg, status=t(f"state.{m[1]}", lg))} - {m[2]}'),
     (re.compile(r"WARNING (.*)"), lambda m, lg: f'{t("log.warning", lg)} {m[1]}'),
 )
+
+
+def _data_line(m: re.Match, lang: str) -> str:
+    """core.data.plan's DataPlan.describe(): the rows, then each outcome's count in the preview's words."""
+    from core.data.plan import REASON_TEXT
+
+    words = {text: reason for reason, text in REASON_TEXT.items()}
+    parts = [t("log.data", lang, rows=m[1], dataset=m[2], train=m[3], max_length=m[4])]
+    for piece in (m[5] or "").split(", "):
+        n, _, text = piece.partition(" ")
+        if text in words:
+            parts.append(t(f"preview.reason.{words[text]}", lang, n=n))
+    if m[6]:
+        parts.append(t("preview.packs", lang, n=m[6], max_length=m[4]))
+    colon = " : " if normalize(lang) == "fr" else ": "  # French typography, as fr.json's own lines
+    return parts[0] + (colon + ", ".join(parts[1:]) if len(parts) > 1 else "")
+
+
+def _lora_targets_line(m: re.Match, lang: str) -> str:
+    """core.model.lora_targets' Targets.describe(): the preview's LoRA line, then renamed and fused layers."""
+    parts = [t("preview.lora", lang, modules=m[1], layers=m[2], params=integer(int(m[3].replace(",", "")), lang))]
+    for piece in filter(None, m[4].split("; ")):
+        fused = re.fullmatch(r"(\w+) trains whole: one fused layer holds (.+)", piece)
+        shared = re.fullmatch(r"(\w+): the attention and MLP output projections share this name", piece)
+        parts.append(t("preview.lora_fused", lang, fused=fused[1], parts=fused[2]) if fused
+                     else t("log.lora_shared", lang, name=shared[1]) if shared else piece)
+    return "; ".join(parts)
 
 
 def _mib(text: str, lang: str) -> str:

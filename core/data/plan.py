@@ -89,12 +89,18 @@ class DataPlan:
         """One line for the run log: every row of the split, accounted for."""
         parts = [f"{self.counts[r]} {REASON_TEXT[r]}" for r in REASONS if self.counts[r] or r == "kept"]
         packs = f"; packed into {self.n_packs} sequences of up to {self.max_length} tokens" if self.packing else ""
-        turns = ""
-        if self.multi_turn:
-            turns = (f"; {sum(self.turns.values())} assistant turns: {self.turns['trained']} trained whole, "
-                     f"{self.turns['cut']} cut at max_length, {self.turns['dropped']} dropped")
         return (f"Data: {self.n_source} rows in {self.source} ({self.format}), {self.n_train} train at max_length "
-                f"{self.max_length}: {', '.join(parts)}{packs}{turns}")
+                f"{self.max_length}: {', '.join(parts)}{packs}")
+
+    def describe_turns(self) -> str | None:
+        """The run log's line for conversations, every assistant turn accounted for (None without several turns):
+        trained whole, cut at max_length (a first answer that alone does not fit), dropped (left out: the turns
+        after the last one that fits max_length whole, and those of dropped rows). A line of its own, so the page
+        can say it in its language (ui/render.py's log rules; the words are preview.turns')."""
+        if not self.multi_turn:
+            return None
+        return (f"{sum(self.turns.values())} assistant turns: {self.turns['trained']} trained whole, "
+                f"{self.turns['cut']} cut at max_length, {self.turns['dropped']} dropped")
 
     def train_dataset(self) -> Any:
         """Tokenized rows (input_ids, labels) for SFTTrainer: it skips its own tokenizing, and since every row is
@@ -241,6 +247,22 @@ def cut_row(n_tokens: int, prompt_len: int, max_length: int, long_prompts: str,
     return "prompt_cut", spans + [(tail, prompt_len + floor)], budget
 
 
+def cut_turns(n_tokens: int, prompt_len: int, answers: Spans, max_length: int, long_prompts: str,
+              keep_first: bool = False) -> tuple[str, Spans, int]:
+    """cut_row for a conversation whose earlier assistant turns train too (`answers`: their token ranges in the
+    prompt, in order; the last answer is the completion from `prompt_len`). A conversation past max_length is cut at
+    a turn boundary, never inside a trained turn: it ends with the last assistant turn that fits whole (the later
+    turns are left out, and counted so); when not even the first one fits, the row is its first exchange, cut as a
+    single-turn row is (cut_row). Without earlier trained turns (one answer, train_turns=last): cut_row itself."""
+    if n_tokens <= max_length or not answers:
+        return cut_row(n_tokens, prompt_len, max_length, long_prompts, keep_first)
+    fits = [b for _, b in answers if b <= max_length]
+    if fits:
+        return "truncated", [(0, fits[-1])], fits[-1]
+    first_start, first_end = answers[0]
+    return cut_row(first_end, first_start, max_length, long_prompts, keep_first)
+
+
 def token_turns(text: str, spans: Spans, tokenizer: Any, prompt_len: int) -> Spans:
     """The token ranges of `text` (a row's prompt + completion, tokenized as _tokenize does) that the character
     `spans` (earlier assistant turns, core/data/formats.py) cover, within its first `prompt_len` tokens. A token belongs to
@@ -290,10 +312,8 @@ def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | 
                     lengths=[len(ids) for ids in all_ids], reasons=[], rows=kept_rows)
     char_turns = columns.get("turns") or [[] for _ in all_ids]
     turns = dict.fromkeys(("trained", "cut", "dropped"), 0) if "text" not in columns else None
+    cuts = []  # per row: what cut_turns made of it (the preview's examples show the same)
     for i, (ids, prompt_len) in enumerate(zip(all_ids, prompt_lens)):
-        reason, spans, n_prompt = cut_row(len(ids), prompt_len, cfg.max_length, cfg.long_prompts, keep_first)
-        plan.reasons.append(reason)
-        counts[reason] += 1
         # Which tokens carry loss: the completion (the last answer), and with train_turns=all every earlier answer
         answers = token_turns(columns["prompt"][i] + columns["completion"][i], char_turns[i], tokenizer,
                               prompt_len) if char_turns[i] else []
@@ -302,6 +322,11 @@ def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | 
             if "Only the last assistant turn" not in " ".join(plan.notes):
                 plan.notes.append("Only the last assistant turn of each conversation trains: this tokenizer gives no "
                                   "character offsets to find the earlier ones.")
+        reason, spans, n_prompt = cut_turns(len(ids), prompt_len, answers, cfg.max_length, cfg.long_prompts,
+                                            keep_first)
+        cuts.append((reason, spans, n_prompt))
+        plan.reasons.append(reason)
+        counts[reason] += 1
         trains = np.zeros(len(ids), dtype=bool)
         trains[prompt_len:] = prompt_len > 0 or "text" in columns
         for a, b in answers:
@@ -312,7 +337,7 @@ def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | 
             labels[~take(trains, spans).astype(bool)] = -100  # context only: TRL's completion-only loss
             plan.input_ids.append(train_ids)
             plan.labels.append(labels)
-        if turns is not None:  # every answer accounted for: whole, cut at max_length (said, never silent), dropped
+        if turns is not None:  # every answer accounted for: whole, cut at max_length (said, never silent), left out
             kept = np.zeros(len(ids), dtype=bool)
             for a, b in spans:
                 kept[a:b] = True
@@ -326,7 +351,7 @@ def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | 
     if plan.lengths[longest] > cfg.max_length:
         plan.notes.append(f"The longest row (row {kept_rows[longest] + 1}) is {plan.lengths[longest]:,} tokens; "
                           f"{REASON_TEXT[plan.reasons[longest]]} (max_length {cfg.max_length}).")
-    plan.examples = _examples(plan, columns, all_ids, prompt_lens, tokenizer, n_examples, keep_first)
+    plan.examples = _examples(plan, columns, all_ids, prompt_lens, cuts, tokenizer, n_examples, keep_first)
     _LONGEST[_lengths_key(cfg)] = plan.longest_row
     return plan
 
@@ -347,7 +372,7 @@ def clip_text(text: str, limit: int = PREVIEW_CHARS) -> tuple[str, bool]:
     return f"{text[:limit]}\n[... {len(text) - 2 * limit:,} characters not shown ...]\n{text[-limit:]}", True
 
 
-def _examples(plan: DataPlan, columns, all_ids, prompt_lens, tokenizer, n: int,
+def _examples(plan: DataPlan, columns, all_ids, prompt_lens, cuts, tokenizer, n: int,
               keep_first: bool) -> list[dict[str, Any]]:
     """The first `n` rows, then the first row of each other outcome, as they train (cut parts marked)."""
     picked = list(range(min(n, len(plan.reasons)))) if n else []
@@ -365,8 +390,8 @@ def _examples(plan: DataPlan, columns, all_ids, prompt_lens, tokenizer, n: int,
 
     out = []
     for i in picked:
-        ids, prompt_len, reason = all_ids[i], prompt_lens[i], plan.reasons[i]
-        _, spans, n_prompt = cut_row(len(ids), prompt_len, plan.max_length, plan.long_prompts, keep_first)
+        ids, prompt_len = all_ids[i], prompt_lens[i]
+        reason, spans, n_prompt = cuts[i]
         trained = take(ids, spans)
         ex: dict[str, Any] = {"row": plan.rows[i] + 1, "reason": reason, "tokens": len(ids),
                               "trained_tokens": len(trained)}
@@ -375,7 +400,15 @@ def _examples(plan: DataPlan, columns, all_ids, prompt_lens, tokenizer, n: int,
             ex["text"] = columns["text"][i] if reason == "kept" else show(trained) + "\n" + cut(gone, "")
         else:
             ex["prompt"], ex["completion"] = columns["prompt"][i], columns["completion"][i]
-            if reason == "truncated":
+            if spans and spans[-1][1] <= prompt_len < len(ids):  # a conversation cut at a turn (cut_turns)
+                parts, at = [], 0
+                for a, b in spans:
+                    parts += ([cut(a - at, "prompt")] if a > at else []) + [show(ids[a:b])]
+                    at = b
+                ex["prompt"] = "\n".join(parts)
+                ex["completion"] = (f"[... {len(ids) - at:,} tokens cut: the assistant turns after this point do "
+                                    f"not fit max_length {plan.max_length} whole and do not train ...]")
+            elif reason == "truncated":
                 ex["completion"] = show(trained[prompt_len:]) + "\n" + cut(gone, "answer")
             elif reason == "prompt_cut":
                 head = spans[0][1] if len(spans) > 1 else 0

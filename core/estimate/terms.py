@@ -156,20 +156,21 @@ def layer_bytes_per_token(cfg: TrainConfig, shape: ModelShape, *, liger_layers: 
     # without, the modules reading one tensor share it (q,k,v read the norm output; gate,up the second norm's) when
     # it is already in the compute dtype, else each keeps its own autocast copy. o_proj's input is attention's
     # output, which attention keeps anyway. Plus the r-wide LoRA intermediate of each adapted layer.
-    dims = shape.module_dims()
+    # A fused layer (Phi-3's qkv_proj, gate_up_proj) is one adapter: one dropout output, one r-wide intermediate.
     targets = shape.lora_names(cfg.lora_target_modules)
+    adapters = shape.lora_dims(cfg.lora_target_modules)
     lora = 0
     if cfg.lora_dropout > 0:
-        lora = sum((d.c + 1) * dims[t][0] for t in targets)
+        lora = sum((d.c + 1) * a for a, _ in adapters)
     else:
         groups = {"attn_in": ("q_proj", "k_proj", "v_proj"), "mlp_in": ("gate_proj", "up_proj")}
         for members in groups.values():
             n = sum(t in targets for t in members)
             if n:
-                lora += d.c * h * (1 if d.s == d.c else n)
+                lora += d.c * h * (1 if d.s == d.c or shape.fused else n)
         if "down_proj" in targets:
             lora += d.c * inter
-    lora += sum(d.c * cfg.lora_r for _ in targets)
+    lora += d.c * cfg.lora_r * len(adapters)
     saved = norms + attn + mlp + lora
     # Backward of the MLP holds the gradient of the gate*up product (and, unfused, the second gradient of the
     # multiply at the same time) and the residual stream's gradient (two copies).
@@ -251,10 +252,9 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     h, layers, vocab = shape.hidden_size, shape.num_hidden_layers, shape.vocab_size
 
     # Weights
-    dims = shape.module_dims()
     other_dtype = other_weight_bytes(cfg)
     if q4:
-        quantized = layers * sum(nf4_bytes(a * b, cfg.bnb_4bit_use_double_quant) for a, b in dims.values())
+        quantized = layers * sum(nf4_bytes(a * b, cfg.bnb_4bit_use_double_quant) for a, b in shape.linear_dims())
         unquantized = other_dtype * shape.unquantized_params
     else:
         quantized = 0

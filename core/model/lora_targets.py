@@ -55,13 +55,13 @@ class Targets:
     model_type: str | None = None  # config.json's, when resolved from a model folder
 
     def describe(self) -> str:
-        """One line for the run log and the data preview."""
+        """One line for the run log, in the preview's words (preview.lora, preview.lora_fused: ui/render.py's log
+        rules say it in the page's language), "; " between its parts."""
         renamed = [f"{k} -> {'+'.join(v)}" for k, v in self.mapped.items() if v != [k] and k not in GROUPS]
-        fused = [f"{m}: {FUSED[m]}" if m == "c_proj" else f"{m} trains whole ({FUSED[m]})"
+        fused = [f"{m}: {FUSED[m]}" if m == "c_proj" else f"{m} trains whole: one fused layer holds {FUSED[m]}"
                  for m in self.modules if m in FUSED]
-        extra = "; ".join(renamed + fused)
-        return (f"LoRA on {', '.join(self.modules)}: {self.layers} layers, {self.trainable:,} trainable parameters"
-                + (f" ({extra})" if extra else ""))
+        return "; ".join([f"LoRA on {', '.join(self.modules)}: {self.layers} layers, {self.trainable:,} trainable "
+                          "parameters", *renamed, *fused])
 
 
 def linear_layers(model: Any) -> dict[str, list[tuple[int, int]]]:

@@ -52,6 +52,20 @@ class ModelShape:
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
 
     @property
+    def fused(self) -> bool:
+        """Phi-3/Phi-4 hold q, k, v in one qkv_proj and gate, up in one gate_up_proj linear layer."""
+        return self.model_type == "phi3"
+
+    def linear_dims(self) -> list[tuple[int, int]]:
+        """(in, out) of each linear layer of one block as the model holds it: a fused layer is one weight (what
+        bitsandbytes quantizes and dequantizes whole, and what one LoRA adapter wraps)."""
+        dims = self.module_dims()
+        if not self.fused:
+            return list(dims.values())
+        h = self.hidden_size
+        return [(h, self.q_dim + 2 * self.kv_dim), dims["o_proj"], (h, 2 * self.intermediate_size), dims["down_proj"]]
+
+    @property
     def linear_params_per_layer(self) -> int:
         return sum(a * b for a, b in self.module_dims().values())
 
@@ -82,7 +96,8 @@ class ModelShape:
 
     @property
     def largest_linear(self) -> int:
-        return max(a * b for a, b in self.module_dims().values())
+        # Phi-3's gate_up_proj (h x 2 intermediate) is one weight, dequantized whole: twice its gate_proj part
+        return max(a * b for a, b in self.linear_dims())
 
     def lora_names(self, targets: list[str] | tuple[str, ...]) -> list[str]:
         """TrainConfig.lora_target_modules as Llama-style names (groups expanded; fused names split), in block order."""
@@ -96,7 +111,7 @@ class ModelShape:
         """(in, out) of each adapted linear layer of one block. Phi-3 fuses q/k/v and gate/up: one adapter each
         (core/model/lora_targets.py maps q_proj to its qkv_proj), so asking for any part adapts the whole fused layer."""
         names, dims = self.lora_names(targets), self.module_dims()
-        if self.model_type != "phi3":
+        if not self.fused:
             return [dims[n] for n in names]
         out = []
         if any(n in names for n in ("q_proj", "k_proj", "v_proj")):

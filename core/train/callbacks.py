@@ -164,6 +164,7 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
                             best_eval_loss=best, answers=answers, loss_s=(metrics or {}).get("eval_runtime"),
                             answers_s=round(time.monotonic() - began, 3)))
             what = "baseline (before training)" if state.global_step == 0 else f"step {state.global_step}/{state.max_steps}"
+            # ui/render.py matches these words to say the line in the page's language (log.eval, log.eval_baseline)
             sink(make_event("log", level="info", message=f"eval {what}  eval_loss {float(loss):.4f}"))
             for a in answers:
                 sink(make_event("log", level="info", message=(

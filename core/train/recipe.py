@@ -129,7 +129,7 @@ def plan_data(cfg: TrainConfig, emit: EventSink):
     targets = model_lib.lora_targets(cfg, path)
     plan.notes += [targets.describe(), *filter(None, [families.note(targets.model_type)])]
     emit(make_event("data", message=plan.describe(), **plan.to_dict(), validation=validation_dict(held, val_plan)))
-    for line in [plan.describe(), *plan.notes, held.why]:
+    for line in filter(None, [plan.describe(), plan.describe_turns(), *plan.notes, held.why]):
         emit(make_event("log", level="info", message=line))
     if val_plan is not None:
         emit(make_event("log", level="info", message="Validation rows: " + val_plan.describe().removeprefix("Data: ")))
