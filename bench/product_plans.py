@@ -137,6 +137,17 @@ def plan(name: str) -> list[Variant]:
                     script_args=["--packing", "--batch", "2", "--accum", "3", "--checkpointing", "unsloth"],
                     note="Unsloth, its packing, 2 packs x 3 (lowest_memory's shape), its offloaded checkpointing"),
         ]
+    if name == "i25c":  # issue 25, call 2 of 2026-12-01 22:3x: i25b's rows with no held-out eval (i25b's steps
+        # alternated 3-13 s: the default 5% validation share evaluated between steps), the 6 GB rows first
+        log = ["logging_steps=1", "validation_share=0"]
+        one = ["per_device_train_batch_size=1", "gradient_accumulation_steps=6"]
+        return [
+            Variant("six_gb", "six_gb", log, steps=6, warm=2, timeout_s=75),
+            Variant("lowest_memory-1pack", "lowest_memory", [*log, *one], steps=6, warm=2, timeout_s=70,
+                    note="six_gb's batches without the 4-bit head: the lever's own loss difference"),
+            Variant("lowest_memory", "lowest_memory", log, steps=6, warm=2, timeout_s=70),
+            Variant("7b-six_gb", "six_gb", log, steps=6, warm=2, arch="llama-2-7b", timeout_s=75),
+        ]
     if name == "i25smoke":  # the i25 plans' code paths on the CPU (tiny model)
         return [Variant("prof-fastest-512", "fastest", steps=4, torch_steps="3-4", warm=1),
                 Variant("prof-lowest_memory-512", "lowest_memory", steps=3, torch_steps="2-3", warm=1,
