@@ -288,8 +288,7 @@ _LOG_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # the engine's English log l
      lambda m, lg: f'{t("log.error", lg, type=t(f"log.error_type.{m[1]}", lg))}{_colon(lg)}{_say(m[2], lg)}'),
     (re.compile(r"WARNING (.*)", re.S), lambda m, lg: f'{t("log.warning", lg)} {_say(m[1], lg)}'),
     (re.compile(r"run folder (.+)"), lambda m, lg: t("log.run_folder", lg, path=m[1])),
-    (re.compile(r"\[(\w+)\] .*?(?: \((\d+ s)\))?"),
-     lambda m, lg: t(f"phase.{m[1]}", lg) + (f" ({m[2]})" if m[2] else "")),
+    (re.compile(r"\[(\w+)\] ?(.*?)(?: \((\d+ s)\))?"), lambda m, lg: _phase_line(m, lg)),
     (re.compile(r"step (\d+)/(\d+)  loss (\S+)  lr (\S+)  grad_norm (\S+)"),
      lambda m, lg: t("log.step", lg, step=_int(m[1], lg), total=_int(m[2], lg), loss=_dec(m[3], lg),
                      lr=_dec(m[4], lg), grad_norm=_dec(m[5], lg))),
@@ -375,6 +374,33 @@ _LOG_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # the engine's English log l
     (re.compile(r"no exit status"), lambda m, lg: t("log.exit_none", lg)),
     (re.compile(r"Last lines of (.+):"), lambda m, lg: t("log.last_lines", lg, path=m[1])),
 )
+
+
+_PHASE_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # a phase's message (core/train/, core/model/load.py, the manager)
+    (re.compile(r"Reading (.+)"), lambda m, lg: t("log.phase.reading", lg, source=m[1])),
+    (re.compile(r"Finding (.+)"), lambda m, lg: t("log.phase.finding", lg, model=m[1])),
+    (re.compile(rf"Formatting and tokenizing ({_N}) rows \((\w+)\)"),
+     lambda m, lg: t("log.phase.formatting", lg, n=_int(m[1], lg), format=m[2])),
+    (re.compile(r"Loading and quantizing to 4-bit (.+)"), lambda m, lg: t("log.phase.loading_4bit", lg, model=m[1])),
+    (re.compile(r"Loading (.+)"), lambda m, lg: t("log.phase.loading", lg, model=m[1])),
+    (re.compile(r"Tokenizing"), lambda m, lg: t("log.phase.tokenizing", lg)),
+    (re.compile(rf"Training: ({_N}) optimizer steps"), lambda m, lg: t("log.phase.training", lg, n=_int(m[1], lg))),
+    (re.compile(r"Saving the adapter to (.+)"), lambda m, lg: t("log.phase.saving", lg, path=m[1])),
+    (re.compile(r"Downloading (.+) from the Hub"), lambda m, lg: t("log.phase.downloading", lg, repo=m[1])),
+    (re.compile(r"Downloading (.+): ([\d.]+) / ([\d.]+) GiB"),
+     lambda m, lg: t("log.phase.download_progress", lg, repo=m[1], done=_dec(m[2], lg), total=_dec(m[3], lg),
+                     unit=BYTE_UNITS.get(normalize(lg), IEC_UNITS)[3])),
+    (re.compile(r"Starting the training process: (.+)"), lambda m, lg: t("log.phase.starting", lg, command=m[1])),
+)
+
+
+def _phase_line(m: re.Match, lang: str) -> str:
+    """A phase (core.train.callbacks.phase): its name, then its message when a rule knows it (else the name alone:
+    never English words), then how long it has run."""
+    found = next((words(x, lang) for pattern, words in _PHASE_RULES if (x := pattern.fullmatch(m[2]))), None)
+    name = t(f"phase.{m[1]}", lang)
+    name = m[1] if name == f"phase.{m[1]}" else name  # a phase without words of its own: its id
+    return name + (_colon(lang) + found if found else "") + (f" ({m[3]})" if m[3] else "")
 
 
 def _data_line(m: re.Match, lang: str) -> str:
