@@ -5,9 +5,13 @@ write numbers with the language's decimals and digit grouping."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -123,6 +127,8 @@ def test_the_lines_of_rarer_cases_read_in_pt_and_fr(tmp_path, demo_model_path, d
     from core.data.plan import plan_rows
     from core.model import families
     from core.runs.folders import COMPLETE_MARKER, checkpoint_problem
+    from core.files import storage_message
+    from core.jobs.supervise import KILL_REASONS, Child
     from core.train.recipe import oom_message
 
     texts = []
@@ -147,6 +153,19 @@ def test_the_lines_of_rarer_cases_read_in_pt_and_fr(tmp_path, demo_model_path, d
     texts.append(("error", refusal))
     texts.append(("error", oom_message(demo_config())))
     texts.append(("error", oom_message(demo_config().replace(load_in_4bit=False, gradient_checkpointing=False))))
+    for code in (errno.ENOSPC, errno.EROFS, errno.EACCES):  # a write the user can fix (error_type disk)
+        texts.append(("error", storage_message(OSError(code, os.strerror(code)), tmp_path / "runs")))
+    # a child that ended without its done event: each reason the supervisor ends one for, and an unexpected end
+    for argv in (["-c", "pass"], ["-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]):
+        child = Child.spawn([sys.executable, *argv], tmp_path / "STOP", ack_s=30, finish_s=600, log=subprocess.DEVNULL)
+        child.proc.wait()
+        texts.append(("error", child.death_message("The training process died unexpectedly ({how}).")))  # manager's
+        texts.append(("error", child.death_message(  # the launcher's, for a 2-process run
+            "A training process of this 2-process run ended without finishing (launcher {how}); the run log above "
+            "the error has each process's last lines.")))
+    for reason in KILL_REASONS:
+        child.kill_reason = reason
+        texts.append(("error", child.death_message("unused {how}")))
     lines = [format_event(make_event("error", error_type="data", message=m)) if level == "error"
              else format_event(make_event("log", level=level, message=m)) for level, m in texts]
     said = check_lines(lines)
@@ -155,6 +174,9 @@ def test_the_lines_of_rarer_cases_read_in_pt_and_fr(tmp_path, demo_model_path, d
     assert "Rien ne s'entraînerait" in fr and "Le GPU a manqué de mémoire" in fr
     assert "lignes sur 250 mises de côté (5 %, graine 42), jamais entraînées" in fr
     assert "Validation : 3 lignes de " in fr
+    assert "Plus d'espace libre dans" in fr and "tué par le signal SIGKILL" in fr and "(code de sortie 0)" in fr
+    assert "Arrêté aussitôt par un second arrêt" in fr and "restent disponibles pour Reprendre" in fr
+    assert len(said["pt"]) == len(texts) == 24
 
 
 def test_counts_are_grouped_and_decimals_written_as_the_language_writes_them():

@@ -246,9 +246,9 @@ def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None
     s = v.summary or {}
     if v.state in ("failed", "interrupted") or not v.adapter_dir:
         title = t("result.failed" if v.state == "failed" else "result.interrupted", lang)
-        msg = v.message or (t("result.interrupted_message", lang, path=v.run_dir) if v.state == "interrupted"
-                            else t("result.no_adapter", lang))
-        kind = f" ({E(v.error_type)})" if v.error_type else ""
+        msg = log_text(v.message, lang) or (t("result.interrupted_message", lang, path=v.run_dir)
+                                            if v.state == "interrupted" else t("result.no_adapter", lang))
+        kind = f" ({E(t(f'log.error_type.{v.error_type}', lang))})" if v.error_type else ""
         return (f'<div class="mt-result mt-result-failed" id="mt-result-failed"><b>{E(title)}{kind}</b>'
                 f'<pre class="mt-pre">{E(msg)}</pre>'
                 + (f'<div class="mt-muted">{E(t("result.run_folder", lang, path=v.run_dir))}</div>' if v.run_dir else "")
@@ -365,10 +365,24 @@ _LOG_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # the engine's English log l
      lambda m, lg: t("log.refusal", lg, rows=_int(m[1], lg), source=m[2], max_length=m[3], fit=m[5], share=m[6],
                      longest=_int(m[7], lg))
      + (" " + t("log.refusal_empty", lg, n=_int(m[4], lg)) if m[4] else "")),
-    (re.compile(r"The training process died unexpectedly \((.+)\)\.( SIGKILL often means .*)?"),
+    (re.compile(r"The training process died unexpectedly \((.+?)\)\.( SIGKILL often means .*)?"),
      lambda m, lg: t("log.died", lg, how=_say(m[1], lg)) + (" " + t("log.sigkill", lg) if m[2] else "")),
     (re.compile(r"A training process of this (\d+)-process run ended without finishing \(launcher (.+)\); .*"),
      lambda m, lg: t("log.worker_died", lg, n=m[1], how=_say(m[2], lg))),
+    # core/jobs/supervise.py's KILL_REASONS: why a run was ended
+    (re.compile(r"(?:Ended at once by a second Stop \((?P<second_stop>.+)\); this run saved no adapter\.|"
+                r"The training process did not answer Stop within (?P<ack>\d+) s and was ended \((?P<no_answer>.+)\)\.|"
+                r"The training process did not finish within (?P<fin>\d+) s of Stop and was ended \((?P<no_end>.+)\)\.|"
+                r"The app was shut down during the run, which was ended \((?P<shutdown>.+)\)\.|"
+                r"The run folder could not be written, so the run was ended \((?P<unwritable>.+)\)\.)"
+                r"(?P<remain> Complete checkpoints, if any, remain for Resume in History\.)?"), lambda m, lg: _killed(m, lg)),
+    # core/files.py's storage_message (error_type disk)
+    (re.compile(r"No space left in (.+): free some disk space \(or choose another output folder\) and try again\."),
+     lambda m, lg: t("log.disk_full", lg, path=m[1])),
+    (re.compile(r"(.+) is on a read-only file system: choose an output folder you can write to\."),
+     lambda m, lg: t("log.read_only", lg, path=m[1])),
+    (re.compile(r"No permission to write in (.+): choose an output folder you can write to\."),
+     lambda m, lg: t("log.no_permission", lg, path=m[1])),
     (re.compile(r"exit code (-?\d+)"), lambda m, lg: t("log.exit_code", lg, code=m[1])),
     (re.compile(r"killed by signal (\w+)"), lambda m, lg: t("log.exit_signal", lg, signal=m[1])),
     (re.compile(r"no exit status"), lambda m, lg: t("log.exit_none", lg)),
@@ -465,6 +479,13 @@ def _oom_tip(m: re.Match, lang: str) -> str:
         return m[0]
     return "- " + text + (" " + t("log.oom_saves", lang, gib=num(float(m[2]), 1, lang),
                                    unit=BYTE_UNITS.get(normalize(lang), IEC_UNITS)[3]) if m[2] else "")
+
+
+def _killed(m: re.Match, lang: str) -> str:
+    """core.jobs.supervise's death message for a run it ended (KILL_REASONS), the exit said by its own rule."""
+    reason = next(k for k in ("second_stop", "no_answer", "no_end", "shutdown", "unwritable") if m[k] is not None)
+    text = t(f"log.kill.{reason}", lang, how=_say(m[reason], lang), s=m["ack"] or m["fin"] or "")
+    return text + (" " + t("log.kill.checkpoints_remain", lang) if m["remain"] else "")
 
 
 def _mib(text: str, lang: str) -> str:
