@@ -163,6 +163,14 @@ def test_the_lines_of_rarer_cases_read_in_pt_and_fr(tmp_path, demo_model_path, d
         texts.append(("error", child.death_message(  # the launcher's, for a 2-process run
             "A training process of this 2-process run ended without finishing (launcher {how}); the run log above "
             "the error has each process's last lines.")))
+    from transformers import T5Config
+
+    from core.model.load import ModelError, lora_targets
+
+    T5Config(num_layers=1, d_model=16, d_ff=32, num_heads=2, vocab_size=64).save_pretrained(tmp_path / "t5")
+    with pytest.raises(ModelError) as not_causal:  # an encoder-decoder model: refused by name, up front
+        lora_targets(TrainConfig(model=str(tmp_path / "t5")))
+    texts.append(("error", str(not_causal.value)))
     for reason in KILL_REASONS:
         child.kill_reason = reason
         texts.append(("error", child.death_message("unused {how}")))
@@ -175,8 +183,8 @@ def test_the_lines_of_rarer_cases_read_in_pt_and_fr(tmp_path, demo_model_path, d
     assert "lignes sur 250 mises de côté (5 %, graine 42), jamais entraînées" in fr
     assert "Validation : 3 lignes de " in fr
     assert "Plus d'espace libre dans" in fr and "tué par le signal SIGKILL" in fr and "(code de sortie 0)" in fr
-    assert "Arrêté aussitôt par un second arrêt" in fr and "restent disponibles pour Reprendre" in fr
-    assert len(said["pt"]) == len(texts) == 24
+    assert "n'est pas un modèle de langage causal" in fr and "Arrêté aussitôt par un second arrêt" in fr and "restent disponibles pour Reprendre" in fr
+    assert len(said["pt"]) == len(texts) == 25
 
 
 def test_counts_are_grouped_and_decimals_written_as_the_language_writes_them():
@@ -210,3 +218,13 @@ def test_the_preview_says_gpt2_c_proj_is_a_shared_name_not_a_fused_layer(tmp_pat
     assert not english_left(fr), fr
     pt = _lora_line(cfg, "pt")
     assert "uma camada fundida contém q, k e v" in pt and not english_left(pt), pt
+    # a name GPT-2 lacks: refused with its real linear layers, in the preview and the run log, in the page's language
+    wrong = cfg.replace(lora_target_modules=["gate_proj"])
+    assert _lora_line(wrong, "en").startswith("lora_target_modules: gate_proj match no linear layer of ")
+    assert _lora_line(wrong, "fr").startswith("lora_target_modules : gate_proj ne correspond à aucune couche linéaire")
+    from core.config.settings import ConfigError
+    from core.model.load import lora_targets
+
+    with pytest.raises(ConfigError) as refused:
+        lora_targets(wrong)
+    check_lines([format_event(make_event("error", error_type="config", message=str(refused.value)))])

@@ -326,6 +326,13 @@ _LOG_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # the engine's English log l
     (re.compile(r"No validation row fits max_length: no eval"), lambda m, lg: t("log.val_none_fit", lg)),
     (re.compile(r"keep_best / early_stopping_patience need validation rows, and there are none\. (.+)\. Give .*"),
      lambda m, lg: t("log.needs_validation", lg, why=_say(m[1], lg))),
+    # a config error (core.config.settings.ConfigError), and the LoRA targets' (core/model/load.py lora_targets)
+    (re.compile(r"(\d+) problem\(s\) in the configuration:"), lambda m, lg: t("log.config_problems", lg, n=m[1])),
+    (re.compile(r"(  - )?lora_target_modules: (.+) match no linear layer of (.+) -> use attention, mlp or all_linear, "
+                r"or some of its linear layers: (.+)"),
+     lambda m, lg: (m[1] or "") + t("log.no_target", lg, names=m[2], model=m[3], linear=m[4])),
+    (re.compile(r"(.+) is not a causal \(decoder-only\) language model that transformers can load with "
+                r"AutoModelForCausalLM, so memtune cannot fine-tune it\."), lambda m, lg: t("log.not_causal", lg, model=m[1])),
     # resume (core/runs/folders.py's checkpoint_problem)
     (re.compile(r"Not resuming from it: (.+)"), lambda m, lg: t("log.not_resuming", lg, why=_say(m[1], lg))),
     (re.compile(r"(.+) is incomplete \(no (\S+) marker: its save was interrupted\)"),
