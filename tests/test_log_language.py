@@ -91,11 +91,12 @@ def chat_run(tmp_path_factory, demo_model_path):
                       eval_max_new_tokens=4)
     result = run_training(cfg, stop=stop, callbacks=[StopSoon()])
     assert result.status == "stopped", result.message
-    return read_events(f"{result.run_dir}/events.jsonl")
+    return cfg, read_events(f"{result.run_dir}/events.jsonl")
 
 
 def test_every_line_of_a_multi_turn_run_with_validation_reads_in_pt_and_fr(chat_run):
-    lines = [x for x in map(format_event, chat_run) if x]
+    cfg, events = chat_run
+    lines = [x for x in map(format_event, events) if x]
     text = "\n".join(lines)
     for said in ("Validation: 11 of 220 rows held out", "Validation rows: 11 rows", "assistant turns:",
                  "The longest row", "eval baseline", "eval step 1/4", "(reference ", "step 1/4  loss",
@@ -106,9 +107,25 @@ def test_every_line_of_a_multi_turn_run_with_validation_reads_in_pt_and_fr(chat_
     assert "Validation : 11 lignes sur 220 mises de côté (5 %, graine" in fr
     assert "Linhas de validação: 11 linhas em" in pt and "tours de l'assistant : " in fr
     assert "Arrêt demandé : fin après le pas 2" in fr and "(referência '" in pt
-    loss = next(e for e in chat_run if e["kind"] == "metrics")["loss"]
+    loss = next(e for e in events if e["kind"] == "metrics")["loss"]
     assert f"perte {loss:.4f}".replace(".", ",") in fr  # the language's decimal comma
     assert "4-bit" not in fr  # the phases in the page's words
+
+
+def test_the_preview_of_the_same_data_says_its_notes_in_pt_and_fr(chat_run):
+    """The preview's notes are the run log's lines (the split, the longest row, the turns, the LoRA line)."""
+    import html
+
+    from ui.data import preview
+
+    cfg, _ = chat_run
+    for lang in LANGS:
+        page = preview(cfg, lang)
+        notes = [html.unescape(n) for n in re.findall(r'class="mt-small mt-warn-text">([^<]*)<', page)]
+        assert len(notes) == 3, page  # the longest row, the turns, the LoRA line
+        for note in notes:
+            assert not english_left(note), (lang, note)
+        assert ("mises de côté" if lang == "fr" else "reservadas") in page
 
 
 def test_every_line_of_the_shared_demo_run_reads_in_pt_and_fr(finished_run):
