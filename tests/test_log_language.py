@@ -188,6 +188,17 @@ def test_the_lines_of_rarer_cases_read_in_pt_and_fr(tmp_path, demo_model_path, d
     with pytest.raises(ModelError) as not_causal:  # an encoder-decoder model: refused by name, up front
         lora_targets(TrainConfig(model=str(tmp_path / "t5")))
     texts.append(("error", str(not_causal.value)))
+    from core.gpus.distributed import plan as gpu_plan
+
+    reasons = set()
+    for changes, n_gpus, fits in (({}, 1, None), ({"num_gpus": "2", "distributed_strategy": "fsdp"}, 2, None),
+                                  ({"num_gpus": "2"}, 2, False), ({"num_gpus": "2"}, 2, True),
+                                  ({"num_gpus": "2", "device": "cpu"}, 0, None), ({"num_gpus": "2"}, 2, None)):
+        p = gpu_plan(TrainConfig(**changes), n_gpus=n_gpus, fits_one_gpu=fits)
+        reasons.add(p.reason)
+        texts.append(("info", f"{p.world_size} processes ({p.processes_per_machine} per machine, {p.num_machines} "
+                              f"machine(s)), strategy {p.strategy}: {p.reason}"))  # core/jobs/launcher.py's line
+    assert len(reasons) == 6
     for reason in KILL_REASONS:
         child.kill_reason = reason
         texts.append(("error", child.death_message("unused {how}")))
@@ -201,7 +212,7 @@ def test_the_lines_of_rarer_cases_read_in_pt_and_fr(tmp_path, demo_model_path, d
     assert "Validation : 3 lignes de " in fr
     assert "Plus d'espace libre dans" in fr and "tué par le signal SIGKILL" in fr and "(code de sortie 0)" in fr
     assert "n'est pas un modèle de langage causal" in fr and "Arrêté aussitôt par un second arrêt" in fr and "restent disponibles pour Reprendre" in fr
-    assert len(said["pt"]) == len(texts) == 25
+    assert len(said["pt"]) == len(texts) == 31
 
 
 def test_counts_are_grouped_and_decimals_written_as_the_language_writes_them():
