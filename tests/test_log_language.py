@@ -168,6 +168,12 @@ def test_the_lines_of_rarer_cases_read_in_pt_and_fr(tmp_path, demo_model_path, d
     refusal = plan_rows(demo, demo_tokenizer).refusal()
     assert refusal
     texts.append(("error", refusal))
+    from core.data.plan import DataError
+    from core.train.recipe import plan_data
+
+    with pytest.raises(DataError) as no_validation:  # keep_best on the demo's 100 rows: nothing is held out
+        plan_data(demo_config(keep_best=True), lambda e: None)
+    texts.append(("error", str(no_validation.value)))
     texts.append(("error", oom_message(demo_config())))
     texts.append(("error", oom_message(demo_config().replace(load_in_4bit=False, gradient_checkpointing=False))))
     for code in (errno.ENOSPC, errno.EROFS, errno.EACCES):  # a write the user can fix (error_type disk)
@@ -207,12 +213,13 @@ def test_the_lines_of_rarer_cases_read_in_pt_and_fr(tmp_path, demo_model_path, d
     said = check_lines(lines)
     fr = "\n".join(said["fr"])
     assert "est endommagé (ce n'est pas du JSON valide)" in fr and "n'est pas dans la matrice" in fr
+    assert "demandent des lignes de validation, et il n'y en a aucune. Validation désactivée" in fr
     assert "Rien ne s'entraînerait" in fr and "Le GPU a manqué de mémoire" in fr
     assert "lignes sur 250 mises de côté (5 %, graine 42), jamais entraînées" in fr
     assert "Validation : 3 lignes de " in fr
     assert "Plus d'espace libre dans" in fr and "tué par le signal SIGKILL" in fr and "(code de sortie 0)" in fr
     assert "n'est pas un modèle de langage causal" in fr and "Arrêté aussitôt par un second arrêt" in fr and "restent disponibles pour Reprendre" in fr
-    assert len(said["pt"]) == len(texts) == 31
+    assert len(said["pt"]) == len(texts) == 32
 
 
 def test_counts_are_grouped_and_decimals_written_as_the_language_writes_them():

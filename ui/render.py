@@ -325,7 +325,7 @@ _LOG_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # the engine's English log l
      lambda m, lg: t("preview.val.small", lg, rows=_int(m[1], lg), min=_int(m[2], lg))),
     (re.compile(r"No validation row fits max_length: no eval"), lambda m, lg: t("log.val_none_fit", lg)),
     (re.compile(r"keep_best / early_stopping_patience need validation rows, and there are none\. (.+)\. Give .*"),
-     lambda m, lg: t("log.needs_validation", lg, why=_say(m[1], lg))),
+     lambda m, lg: t("log.needs_validation", lg, why=_say(m[1], lg).rstrip("."))),
     # a config error (core.config.settings.ConfigError), and the LoRA targets' (core/model/load.py lora_targets)
     (re.compile(r"(\d+) problem\(s\) in the configuration:"), lambda m, lg: t("log.config_problems", lg, n=m[1])),
     (re.compile(r"(  - )?lora_target_modules: (.+) match no linear layer of (.+) -> use attention, mlp or all_linear, "
