@@ -218,12 +218,14 @@ def test_the_lines_of_rarer_cases_read_in_pt_and_fr(tmp_path, demo_model_path, d
     assert "lignes sur 250 mises de côté (5 %, graine 42), jamais entraînées" in fr
     assert "Validation : 3 lignes de " in fr
     assert "Plus d'espace libre dans" in fr and "tué par le signal SIGKILL" in fr and "(code de sortie 0)" in fr
-    assert "n'est pas un modèle de langage causal" in fr and "Arrêté aussitôt par un second arrêt" in fr and "restent disponibles pour Reprendre" in fr
+    assert "n'est pas un modèle de langage causal" in fr and "Arrêté aussitôt par un second arrêt" in fr
+    assert "restent disponibles pour Reprendre" in fr
     assert len(said["pt"]) == len(texts) == 32
 
 
 def test_counts_are_grouped_and_decimals_written_as_the_language_writes_them():
-    line = "12:00:00  Data: 12,345 rows in d (dolly), 12,001 train at max_length 2048: 12,000 kept whole, 1 answer cut at max_length, 344 dropped: empty or null"
+    line = ("12:00:00  Data: 12,345 rows in d (dolly), 12,001 train at max_length 2048: 12,000 kept whole, "
+            "1 answer cut at max_length, 344 dropped: empty or null")
     assert log_line(line, "pt") == ("12:00:00  Dados: 12.345 linhas em d (dolly), 12.001 treinam com max_length 2048: "
                                     "12.000 mantidas inteiras, 1 com a resposta cortada em max_length, "
                                     "344 descartadas: vazias ou nulas")

@@ -2,8 +2,9 @@
 history details, problems and notices.
 
 Pure functions from data to HTML strings (every user-supplied string escaped), so they are tested without a
-browser. Every text comes from core.i18n in the page's language (`lang`); engine messages (problems, errors)
-stay as the engine wrote them. Styling lives in ui/theme.py's CSS (classes prefixed `mt-`).
+browser. Every text comes from core.i18n in the page's language (`lang`); the engine's English lines (the run log,
+the preview's notes, a failed run's message) are said in it by `_LOG_RULES` (`log_line`, `log_text`), and a line no
+rule knows (a user's data error, a Python error) stays as the engine wrote it. Styling lives in ui/theme.py's CSS (classes prefixed `mt-`).
 """
 
 from __future__ import annotations
@@ -281,7 +282,8 @@ _LOG_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # the engine's English log l
     # prefixes first: what follows them is said by the other rules
     (re.compile(r"finished: (\w+) - (?:Finished|Stopped) after (\d+) steps?; adapter saved to (.+) \(([\d.]+) MiB\)"),
      lambda m, lg: f'{t("log.finished", lg, status=t(f"state.{m[1]}", lg))} - '
-                   f'{t("log.saved_one" if m[2] == "1" else "log.saved", lg, steps=_int(m[2], lg), path=m[3], size=_mib(m[4], lg))}'),
+                   + t("log.saved_one" if m[2] == "1" else "log.saved", lg, steps=_int(m[2], lg), path=m[3],
+                       size=_mib(m[4], lg))),
     (re.compile(r"finished: (\w+) - (.*)", re.S),
      lambda m, lg: f'{t("log.finished", lg, status=t(f"state.{m[1]}", lg))} - {_say(m[2], lg)}'),
     (re.compile(r"ERROR \((\w+)\): (.*)", re.S),
@@ -297,7 +299,8 @@ _LOG_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # the engine's English log l
     (re.compile(r"eval baseline \(before training\)  eval_loss (\S+)"),
      lambda m, lg: t("log.eval_baseline", lg, loss=_dec(m[1], lg))),
     # core/train/callbacks.py on_evaluate: a held-out prompt, the model's answer, the reference (the texts as is)
-    (re.compile(r"  (.*) \(reference (.*)\)", re.S), lambda m, lg: "  " + t("log.answer", lg, answer=m[1], reference=m[2])),
+    (re.compile(r"  (.*) \(reference (.*)\)", re.S),
+     lambda m, lg: "  " + t("log.answer", lg, answer=m[1], reference=m[2])),
     (re.compile(r"Checkpoint saved: (.+)"), lambda m, lg: t("log.checkpoint", lg, path=m[1])),
     (re.compile(rf"LoRA: ({_N}) trainable parameters of ({_N})"),
      lambda m, lg: t("log.lora", lg, n=_int(m[1], lg), total=_int(m[2], lg))),
@@ -312,7 +315,8 @@ _LOG_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # the engine's English log l
     (re.compile(rf"The longest row \(row ({_N})\) is ({_N}) tokens; (.+) \(max_length (\d+)\)\."),
      lambda m, lg: t("log.longest", lg, row=_int(m[1], lg), tokens=_int(m[2], lg), what=_reason(m[3], lg),
                      max_length=m[4])),
-    (re.compile(r"Only the last assistant turn of each conversation trains: .*"), lambda m, lg: t("log.last_turn_only", lg)),
+    (re.compile(r"Only the last assistant turn of each conversation trains: .*"),
+     lambda m, lg: t("log.last_turn_only", lg)),
     (re.compile(r"Model type (\S+) is not in memtune's support matrix \(README\).*"),  # core/model/families.py
      lambda m, lg: t("log.family_unverified", lg, model_type=m[1])),
     # core/data/validation.py's Split.why, and the validation part's lines (core/train/recipe.py)
@@ -332,7 +336,8 @@ _LOG_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # the engine's English log l
                 r"or some of its linear layers: (.+)"),
      lambda m, lg: (m[1] or "") + t("log.no_target", lg, names=m[2], model=m[3], linear=m[4])),
     (re.compile(r"(.+) is not a causal \(decoder-only\) language model that transformers can load with "
-                r"AutoModelForCausalLM, so memtune cannot fine-tune it\."), lambda m, lg: t("log.not_causal", lg, model=m[1])),
+                r"AutoModelForCausalLM, so memtune cannot fine-tune it\."),
+     lambda m, lg: t("log.not_causal", lg, model=m[1])),
     # resume (core/runs/folders.py's checkpoint_problem)
     (re.compile(r"Not resuming from it: (.+)"), lambda m, lg: t("log.not_resuming", lg, why=_say(m[1], lg))),
     (re.compile(r"(.+) is incomplete \(no (\S+) marker: its save was interrupted\)"),
@@ -382,7 +387,8 @@ _LOG_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # the engine's English log l
                 r"The training process did not finish within (?P<fin>\d+) s of Stop and was ended \((?P<no_end>.+)\)\.|"
                 r"The app was shut down during the run, which was ended \((?P<shutdown>.+)\)\.|"
                 r"The run folder could not be written, so the run was ended \((?P<unwritable>.+)\)\.)"
-                r"(?P<remain> Complete checkpoints, if any, remain for Resume in History\.)?"), lambda m, lg: _killed(m, lg)),
+                r"(?P<remain> Complete checkpoints, if any, remain for Resume in History\.)?"),
+     lambda m, lg: _killed(m, lg)),
     # core/files.py's storage_message (error_type disk)
     (re.compile(r"No space left in (.+): free some disk space \(or choose another output folder\) and try again\."),
      lambda m, lg: t("log.disk_full", lg, path=m[1])),
