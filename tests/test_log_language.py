@@ -56,8 +56,8 @@ def check_lines(lines: list[str]) -> dict[str, list[str]]:
 @pytest.fixture(scope="module")
 def chat_run(tmp_path_factory, demo_model_path):
     """ONE tiny real run: multi-turn conversations (every assistant turn trains; some cut, some dropped at
-    max_length) on the demo model with a chat template, 5% of 220 rows held out for validation, an eval at every
-    step with sample answers, a checkpoint each step, and Stop after step 2."""
+    max_length) on the demo model with a chat template, 5% of 200 rows held out for validation, an eval before training and
+    at step 2 with sample answers, a checkpoint, and Stop after step 2."""
     from transformers import AutoTokenizer, TrainerCallback
 
     from core.config.settings import demo_config
@@ -70,7 +70,7 @@ def chat_run(tmp_path_factory, demo_model_path):
     tok.chat_template = CHATML
     tok.save_pretrained(model)
     rows = []
-    for i in range(220):
+    for i in range(200):
         long = " ".join(["word"] * (40 if i % 7 == 0 else 1))
         rows.append({"messages": [{"role": "user", "content": f"Count {i}"},
                                   {"role": "assistant", "content": f"It is {i}."},
@@ -87,7 +87,7 @@ def chat_run(tmp_path_factory, demo_model_path):
 
     cfg = demo_config(model=str(model), dataset=str(data), dataset_split="train", output_dir=str(root / "runs"),
                       run_name="chat", max_steps=4, max_length=64, per_device_train_batch_size=8,
-                      logging_steps=1, save_strategy="steps", save_steps=1, eval_steps=1.0, eval_samples=2,
+                      logging_steps=1, save_strategy="steps", save_steps=2, eval_steps=2.0, eval_samples=2,
                       eval_max_new_tokens=4)
     result = run_training(cfg, stop=stop, callbacks=[StopSoon()])
     assert result.status == "stopped", result.message
@@ -98,14 +98,14 @@ def test_every_line_of_a_multi_turn_run_with_validation_reads_in_pt_and_fr(chat_
     cfg, events = chat_run
     lines = [x for x in map(format_event, events) if x]
     text = "\n".join(lines)
-    for said in ("Validation: 11 of 220 rows held out", "Validation rows: 11 rows", "assistant turns:",
-                 "The longest row", "eval baseline", "eval step 1/4", "(reference ", "step 1/4  loss",
+    for said in ("Validation: 10 of 200 rows held out", "Validation rows: 10 rows", "assistant turns:",
+                 "The longest row", "eval baseline", "eval step 2/4", "(reference ", "step 1/4  loss",
                  "Checkpoint saved", "Stop requested: ending after step 2", "LoRA on ", "finished: stopped"):
         assert said in text, (said, text)  # the run wrote each kind of line this test is about
     said = check_lines(lines)
     fr, pt = "\n".join(said["fr"]), "\n".join(said["pt"])
-    assert "Validation : 11 lignes sur 220 mises de côté (5 %, graine" in fr
-    assert "Linhas de validação: 11 linhas em" in pt and "tours de l'assistant : " in fr
+    assert "Validation : 10 lignes sur 200 mises de côté (5 %, graine" in fr
+    assert "Linhas de validação: 10 linhas em" in pt and "tours de l'assistant : " in fr
     assert "Arrêt demandé : fin après le pas 2" in fr and "(referência '" in pt
     loss = next(e for e in events if e["kind"] == "metrics")["loss"]
     assert f"perte {loss:.4f}".replace(".", ",") in fr  # the language's decimal comma
