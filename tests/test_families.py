@@ -286,7 +286,7 @@ def test_the_lora_target_log_line_follows_the_page_language(tmp_path):
     grouped = f"{found.trainable:,}".replace(",", "\u202f")
     assert fr.startswith(f"12:00:00  LoRA sur o_proj, qkv_proj : {found.layers} couches, {grouped} paramètres "
                          "entraînables; ")
-    assert "qkv_proj s'entraîne en entier : une couche fusionnée contient q, k and v" in fr
+    assert "qkv_proj s'entraîne en entier : une couche fusionnée contient q, k et v" in fr
     assert "trainable" not in fr and "trains whole" not in fr
     # the eval lines (core/train/callbacks.py) too, with the language's decimal comma
     assert log_line("12:00:01  eval step 2/4  eval_loss 3.2700", "pt") == "12:00:01  validação passo 2/4  eval_loss 3,2700"

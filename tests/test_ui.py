@@ -909,7 +909,7 @@ def test_the_run_log_follows_the_language():
              "18:57:37  finished: completed - Finished after 2 steps; adapter saved to /r/a/adapter (0.2 MiB)"]
     assert [render.log_line(x, "en") for x in lines] == lines  # English: as the engine wrote it
     fr = "\n".join(render.log_line(x, "fr") for x in lines)
-    for said in ("dossier de l'entraînement /r/a", "Chargement du modèle (8 s)", "90\u202f112 paramètres",
+    for said in ("dossier de l'entraînement /r/a", "Chargement du modèle : chargement et quantification de m en 4 bits (8 s)", "90\u202f112 paramètres",
                  "pas 1/2  perte 8,6248", "Checkpoint enregistré : /r/a/c-1", "fin : Terminé - après 2 pas",
                  "(0,2 Mio)"):
         assert said in fr, (said, fr)

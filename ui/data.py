@@ -73,6 +73,7 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
 
         held = split(cfg, raw, fmt)  # as the engine does: held-out rows are not in the plan
         plan = plan_rows(cfg, tokenizer, held.train, fmt, n_examples=3)
+        plan.notes = [render.log_text(n, lang) for n in plan.notes]  # the plan's notes are the run log's lines
         if plan.multi_turn:  # every assistant turn accounted for (core/data/plan.py)
             plan.notes.append(t("preview.turns", lang, n=sum(plan.turns.values()), **plan.turns))
         plan.notes.append(_lora_line(cfg, lang))
@@ -86,18 +87,15 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
 def _lora_line(cfg: TrainConfig, lang: str) -> str:
     """Which layers get LoRA and how many parameters train, from the model's module tree (no weights loaded)."""
     from core.config.settings import ConfigError
-    from core.model.lora_targets import FUSED
     from core.model.load import lora_targets
 
     try:
-        found = lora_targets(cfg)
-        fused = [t("preview.lora_fused", lang, fused=m, parts=FUSED[m]) for m in found.modules if m in FUSED]
-        return "; ".join([t("preview.lora", lang, modules=", ".join(found.modules), layers=found.layers,
-                            params=render.integer(found.trainable, lang)), *fused])
+        # the run log's own line (Targets.describe: renamed, fused and shared-name layers), in the page's language
+        return render.log_text(lora_targets(cfg).describe(), lang)
     except ConfigError as exc:
-        return "; ".join(str(p) for p in exc.problems)
+        return "; ".join(render.log_text(str(p), lang) for p in exc.problems)
     except Exception as exc:  # noqa: BLE001 - the preview stays useful when the tree cannot be built
-        return f"LoRA targets unknown: {type(exc).__name__}: {exc}"
+        return t("preview.lora_unknown", lang, error=f"{type(exc).__name__}: {exc}")
 
 
 def on_preview(lang: str, *values) -> str:

@@ -32,8 +32,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "up_proj": ("gate_up_proj", "w3", "c_fc"),
     "down_proj": ("w2", "c_proj"),
 }
-FUSED = {"qkv_proj": "q, k and v", "W_pack": "q, k and v", "query_key_value": "q, k and v", "c_attn": "q, k and v",
-         "gate_up_proj": "gate and up", "c_proj": "the attention and MLP output projections share this name"}
+# What a fused layer holds, in words (the page says them in its language: ui/render.py, locale keys log.lora_parts.*)
+PARTS = {"qkv": "q, k and v", "gate_up": "gate and up"}
+FUSED = {"qkv_proj": PARTS["qkv"], "W_pack": PARTS["qkv"], "query_key_value": PARTS["qkv"], "c_attn": PARTS["qkv"],
+         "gate_up_proj": PARTS["gate_up"], "c_proj": "the attention and MLP output projections share this name"}
 
 
 class TargetError(ValueError):
