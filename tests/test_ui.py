@@ -422,6 +422,30 @@ def test_fastest_without_a_gpu_says_which_levers_it_left_off(monkeypatch, form):
                     "there is none here."]
 
 
+@pytest.mark.filterwarnings("ignore:For this model", "ignore:Pour ce modèle", "ignore:Para este modelo")
+def test_a_presets_note_names_the_widgets_not_the_fields(monkeypatch, form):
+    """Issue 24: "Fastest within 24 GB" on Gemma-2-9B changes the micro-batch to keep its promise; the page names
+    what changed by the widgets' labels in its language (core.estimate.predict gives the fields and values), as the
+    dropped-levers notice does. The CLI keeps `field=value`, which --set takes."""
+    from core.estimate.predict import fit_preset
+    from ui.fields import label
+
+    said = []
+    monkeypatch.setattr(gr, "Warning", lambda message, *a, **k: said.append(message))
+    monkeypatch.setattr(gr, "Info", lambda message, *a, **k: None)
+    gemma = TrainConfig(model="google/gemma-2-9b")
+    fit = fit_preset(gemma, "fastest", handlers.hardware())
+    batch = fit.changes["per_device_train_batch_size"]
+    assert batch < 8 and f"per_device_train_batch_size={batch}" in fit.note("en")  # the CLI's words
+    for lang in ("en", "pt", "fr"):
+        said.clear()
+        out = handlers.on_preset_lever(form, lang, "fastest", *widget_values(gemma))
+        assert as_config(form, out).per_device_train_batch_size == batch
+        (note,) = said
+        for name, value in fit.changes.items():
+            assert name not in note and f"{label(name, lang)} {handlers.shown(value, lang)}" in note, (lang, note)
+
+
 def test_a_model_neither_here_nor_reachable_is_flagged_beside_the_field(tmp_path, demo_model_path):
     """Offline (the conftest sets HF_HUB_OFFLINE): a Hub id that is not cached cannot be loaded."""
     assert handlers.on_model_check("en", DEMO_MODEL)["info"] == handlers.help_text("model", "en")
