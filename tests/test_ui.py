@@ -917,6 +917,35 @@ def test_try_it_streams_two_answers_and_refuses_during_training(engine_run, monk
     COMPARER.unload()
 
 
+def test_try_it_says_when_an_answer_is_empty_and_why(engine_run, page, demo_tokenizer):
+    """Issue 24 (item 12): "Done." beside an empty box read as a broken page. A real empty answer: the prompt sent
+    as typed (the template off) with the adapter's own answer already at its end, so the adapter's next greedy
+    token is its end of text. The note says which answer is empty and why that happens, in the page's language."""
+    from core.i18n import t
+    from core.infer import COMPARER, format_prompt
+
+    x = page.memtune_try_export
+    out, result = engine_run
+    settings = (12, 0.0, 0.9, 0)  # greedy: the same answer every time
+
+    def final(lang, prompt, raw):
+        last = {}
+        for update in tryexport.on_try(x, lang, result.adapter_dir, prompt, *settings, raw):
+            last.update(update)
+        return last[x.base], last[x.tuned], last[x.try_note]
+
+    base, tuned, note = final("en", "Translate the word 'cat' into French.", False)
+    assert tuned.strip() and "Done." in note and "no text" not in note
+    typed = format_prompt(demo_tokenizer, "Translate the word 'cat' into French.") + tuned
+    for lang in ("en", "pt", "fr"):
+        _, empty, note = final(lang, typed, True)
+        assert empty == "" and "mt-note-warn" in note, (lang, empty, note)
+        said = t("try.empty_answer", lang, which=f"“{t('try.tuned', lang)}”")
+        assert render.E(said) in note or said in note, (lang, note)
+    assert "end-of-text" in final("en", typed, True)[2]
+    COMPARER.unload()
+
+
 @pytest.mark.filterwarnings("ignore:Tick the confirmation", "ignore:Export failed", "ignore:No Hugging Face token")
 def test_export_zip_merge_and_push_messages(engine_run, tmp_path, monkeypatch, page):
     import zipfile
