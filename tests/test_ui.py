@@ -243,6 +243,30 @@ def test_live_update_reattaches_and_skips_when_nothing_changed(monkeypatch, page
     assert 'data-state="completed"' in live.live_update(p, state)[p.progress]
 
 
+def test_a_failed_run_clears_its_notice_and_its_bar_says_failed(monkeypatch, page, form, tmp_path):
+    """Issue 24 (item 10): "Run 2 started" stayed beside a FAILED run whose bar read "step 0 / ?". A real child that
+    fails at once (exit code 3, no event written: the manager records the failure, as for a crash before training)."""
+    from core.i18n import t as i18n_t
+
+    p = page.memtune_live
+    manager = JobManager(program=[sys.executable, "-c", "raise SystemExit(3)"])
+    monkeypatch.setattr(handlers, "MANAGER", manager)
+    monkeypatch.setattr(live, "MANAGER", manager)
+    started = handlers.on_start(form, "en", *widget_values(demo_config(output_dir=str(tmp_path))))
+    assert "started" in started[form.run_notice]
+    job = manager.current()
+    assert job.wait(60)
+    out = live.live_update(p, {}, "en")
+    assert out[p.notice] == ""  # the notice about the start is gone: the result says how the run ended
+    bar = out[p.progress]
+    assert 'data-state="failed"' in bar and "ended before its first training step" in bar
+    assert "/ ?" not in bar and "step 0" not in bar.lower()
+    assert "exit code 3" in out[p.result]
+    for lang in ("pt", "fr"):
+        bar = live.live_update(p, {}, lang)[p.progress]
+        assert render.E(i18n_t("progress.no_steps", lang)) in bar and "?" not in bar, (lang, bar)
+
+
 def test_long_runs_are_thinned_for_the_plot():
     pts = [(i, 1.0 / i) for i in range(1, 5001)]
     out = live.thin(pts, 400)
