@@ -35,7 +35,7 @@ from ui.derive import hardware, initial_config, prediction, preset_choices, pres
 from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
 from ui.form import Form, derived, facts_for, merged, prediction_state, read_config
 from ui.live import LivePanel, live_update, loss_frame, read_gpus
-from ui.theme import GRADIO_LOCALE_JS, TABS_KW
+from ui.theme import GRADIO_LOCALE_JS, GRADIO_LOCALES, TABS_KW
 
 # Where fields are shown (everything else goes to Training > Advanced):
 GOVERNS = {  # checklist item -> the non-checkbox fields it governs, shown beside it
@@ -75,6 +75,14 @@ class Translations:
 def browser_language(request: gr.Request):
     """On page load: the language picker follows the browser's Accept-Language (en, pt or fr)."""
     return gr.update(value=request_language(request))
+
+
+def gradio_differs(request: gr.Request | None, lang: str) -> bool:
+    """Whether Gradio's frontend took another language from the browser (its first Accept-Language) than the
+    page's `lang`, as ui/theme.py GRADIO_LOCALES names it for Gradio."""
+    header = (request.headers.get("accept-language", "") if request is not None else "") or ""
+    first = header.split(",")[0].split(";")[0].strip().lower()
+    return not first.startswith(GRADIO_LOCALES.get(lang, "en").lower())
 
 
 def header_html(lang: str = DEFAULT_LANGUAGE) -> str:
@@ -318,12 +326,19 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                     outputs=lang_out,
                     show_progress="hidden")
         # Gradio's own strings follow the picker too (ui/theme.py GRADIO_LOCALE_JS); a component already on screen
-        # keeps Gradio's words until it is drawn again, so the upload box is hidden and shown once more.
+        # keeps Gradio's words until it is drawn again, so the upload box is hidden and shown once more: after each
+        # switch, and on load only where Gradio took another language from the browser (a German browser: the page
+        # is in English), so that a fresh page's box is not redrawn under the visitor's first click.
+        def redraw(visible: bool, always: bool) -> Callable[..., Any]:
+            def update(lg: str, request: gr.Request):
+                return gr.update(visible=visible) if always or gradio_differs(request, lg) else gr.skip()
+            return update
+
         loaded = demo.load(browser_language, inputs=None, outputs=[lang], show_progress="hidden")
-        for event in (lang.change, loaded.then):
+        for event, always in ((lang.change, True), (loaded.then, False)):
             event(None, inputs=[lang], outputs=None, js=GRADIO_LOCALE_JS, show_progress="hidden").then(
-                lambda: gr.update(visible=False), outputs=[upload], show_progress="hidden").then(
-                lambda: gr.update(visible=True), outputs=[upload], show_progress="hidden")
+                redraw(False, always), inputs=[lang], outputs=[upload], show_progress="hidden").then(
+                redraw(True, always), inputs=[lang], outputs=[upload], show_progress="hidden")
 
         def on_page_load(request: gr.Request, *values):
             # The page was built once, at start-up; what the process knows now (a preview's row lengths) may differ.
