@@ -740,6 +740,7 @@ def test_live_gauge_draws_the_settings_gpus(monkeypatch, page):
 @pytest.mark.filterwarnings("ignore:Does not fit")
 def test_estimate_and_fit_speak_per_gpu_when_the_run_uses_several(monkeypatch, form):
     import core.estimate.predict
+    from core.config.settings import Hardware
 
     real = core.estimate.predict.fit_to_gpu
 
@@ -750,8 +751,7 @@ def test_estimate_and_fit_speak_per_gpu_when_the_run_uses_several(monkeypatch, f
 
     cfg = TrainConfig(upcast_to_fp32=False, per_device_train_batch_size=8, gradient_accumulation_steps=2,
                       max_length=2048)
-    monkeypatch.setattr(handlers, "hardware", lambda: __import__("core.config.settings").config.Hardware(
-        cuda=False, bf16=True, bitsandbytes=True))
+    monkeypatch.setattr(handlers, "hardware", lambda: Hardware(cuda=False, bf16=True, bitsandbytes=True))
     assert "per GPU" not in handlers.on_fit(form, "en", 12, *widget_values(cfg))[form.fit_note]
     monkeypatch.setattr(core.estimate.predict, "fit_to_gpu", two_gpus)
     note = handlers.on_fit(form, "en", 12, *widget_values(cfg))[form.fit_note]
