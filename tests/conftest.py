@@ -36,7 +36,7 @@ def pytest_configure(config):
 # seconds (one build per module, not one per worker), and the browser modules, which share one app server and go in
 # order (a run, then Try it on its adapter...). Every other test is scheduled on its own (--dist loadgroup).
 XDIST_GROUPS = {"test_browser": "browser", "test_browser_data": "browser", "test_browser_layout": "browser",
-                "test_browser_public": "browser", "test_browser_compare": "browser",
+                "test_browser_public": "browser", "test_browser_compare": "browser", "test_browser_truth": "browser",
                 "test_infer": "infer", "test_export": "export", "test_gguf": "gguf", "test_history": "history",
                 "test_safety": "safety", "test_data": "data", "test_ui": "ui"}
 
@@ -49,7 +49,7 @@ def xdist_group(item) -> str | None:
 # In xdist workers the longest chains go first (tests/run.sh keeps this order: --no-loadscope-reorder), so that no
 # worker starts the 2-minute browser group, a long group or a slow multi-process test while the other has nothing
 # left to do; the many short tests come last and even the load out.
-FIRST = ("test_browser", "test_browser_data", "test_browser_layout", "test_browser_public", "test_ui",
+FIRST = ("test_browser", "test_browser_data", "test_browser_layout", "test_browser_public", "test_browser_truth", "test_ui",
          "test_distributed", "test_child", "test_safety", "test_data", "test_codegen", "test_llama", "test_gguf",
          "test_infer")
 

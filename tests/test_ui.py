@@ -243,6 +243,30 @@ def test_live_update_reattaches_and_skips_when_nothing_changed(monkeypatch, page
     assert 'data-state="completed"' in live.live_update(p, state)[p.progress]
 
 
+def test_a_failed_run_clears_its_notice_and_its_bar_says_failed(monkeypatch, page, form, tmp_path):
+    """Issue 24 (item 10): "Run 2 started" stayed beside a FAILED run whose bar read "step 0 / ?". A real child that
+    fails at once (exit code 3, no event written: the manager records the failure, as for a crash before training)."""
+    from core.i18n import t as i18n_t
+
+    p = page.memtune_live
+    manager = JobManager(program=[sys.executable, "-c", "raise SystemExit(3)"])
+    monkeypatch.setattr(handlers, "MANAGER", manager)
+    monkeypatch.setattr(live, "MANAGER", manager)
+    started = handlers.on_start(form, "en", *widget_values(demo_config(output_dir=str(tmp_path))))
+    assert "started" in started[form.run_notice]
+    job = manager.current()
+    assert job.wait(60)
+    out = live.live_update(p, {}, "en")
+    assert out[p.notice] == ""  # the notice about the start is gone: the result says how the run ended
+    bar = out[p.progress]
+    assert 'data-state="failed"' in bar and "ended before its first training step" in bar
+    assert "/ ?" not in bar and "step 0" not in bar.lower()
+    assert "exit code 3" in out[p.result]
+    for lang in ("pt", "fr"):
+        bar = live.live_update(p, {}, lang)[p.progress]
+        assert render.E(i18n_t("progress.no_steps", lang)) in bar and "?" not in bar, (lang, bar)
+
+
 def test_long_runs_are_thinned_for_the_plot():
     pts = [(i, 1.0 / i) for i in range(1, 5001)]
     out = live.thin(pts, 400)
@@ -420,6 +444,30 @@ def test_fastest_without_a_gpu_says_which_levers_it_left_off(monkeypatch, form):
     handlers.on_preset_lever(form, "en", "lowest_memory", *widget_values(TrainConfig()))
     assert said == [f"Lowest memory: applied without {liger}, which needs a CUDA GPU (and liger-kernel); "
                     "there is none here."]
+
+
+@pytest.mark.filterwarnings("ignore:For this model", "ignore:Pour ce modèle", "ignore:Para este modelo")
+def test_a_presets_note_names_the_widgets_not_the_fields(monkeypatch, form):
+    """Issue 24: "Fastest within 24 GB" on Gemma-2-9B changes the micro-batch to keep its promise; the page names
+    what changed by the widgets' labels in its language (core.estimate.predict gives the fields and values), as the
+    dropped-levers notice does. The CLI keeps `field=value`, which --set takes."""
+    from core.estimate.predict import fit_preset
+    from ui.fields import label
+
+    said = []
+    monkeypatch.setattr(gr, "Warning", lambda message, *a, **k: said.append(message))
+    monkeypatch.setattr(gr, "Info", lambda message, *a, **k: None)
+    gemma = TrainConfig(model="google/gemma-2-9b")
+    fit = fit_preset(gemma, "fastest", handlers.hardware())
+    batch = fit.changes["per_device_train_batch_size"]
+    assert batch < 8 and f"per_device_train_batch_size={batch}" in fit.note("en")  # the CLI's words
+    for lang in ("en", "pt", "fr"):
+        said.clear()
+        out = handlers.on_preset_lever(form, lang, "fastest", *widget_values(gemma))
+        assert as_config(form, out).per_device_train_batch_size == batch
+        (note,) = said
+        for name, value in fit.changes.items():
+            assert name not in note and f"{label(name, lang)} {handlers.shown(value, lang)}" in note, (lang, note)
 
 
 def test_a_model_neither_here_nor_reachable_is_flagged_beside_the_field(tmp_path, demo_model_path):
@@ -639,6 +687,7 @@ def test_live_gauge_draws_the_settings_gpus(monkeypatch, page):
 @pytest.mark.filterwarnings("ignore:Does not fit")
 def test_estimate_and_fit_speak_per_gpu_when_the_run_uses_several(monkeypatch, form):
     import core.estimate.predict
+    from core.config.settings import Hardware
 
     real = core.estimate.predict.fit_to_gpu
 
@@ -837,6 +886,35 @@ def test_try_it_streams_two_answers_and_refuses_during_training(engine_run, monk
     busy.stop()
     assert busy.current().wait(60)
     assert "Stopped" in tryexport.on_try_stop("en")
+    COMPARER.unload()
+
+
+def test_try_it_says_when_an_answer_is_empty_and_why(engine_run, page, demo_tokenizer):
+    """Issue 24 (item 12): "Done." beside an empty box read as a broken page. A real empty answer: the prompt sent
+    as typed (the template off) with the adapter's own answer already at its end, so the adapter's next greedy
+    token is its end of text. The note says which answer is empty and why that happens, in the page's language."""
+    from core.i18n import t
+    from core.infer import COMPARER, format_prompt
+
+    x = page.memtune_try_export
+    out, result = engine_run
+    settings = (12, 0.0, 0.9, 0)  # greedy: the same answer every time
+
+    def final(lang, prompt, raw):
+        last = {}
+        for update in tryexport.on_try(x, lang, result.adapter_dir, prompt, *settings, raw):
+            last.update(update)
+        return last[x.base], last[x.tuned], last[x.try_note]
+
+    base, tuned, note = final("en", "Translate the word 'cat' into French.", False)
+    assert tuned.strip() and "Done." in note and "no text" not in note
+    typed = format_prompt(demo_tokenizer, "Translate the word 'cat' into French.") + tuned
+    for lang in ("en", "pt", "fr"):
+        _, empty, note = final(lang, typed, True)
+        assert empty == "" and "mt-note-warn" in note, (lang, empty, note)
+        said = t("try.empty_answer", lang, which=f"“{t('try.tuned', lang)}”")
+        assert render.E(said) in note or said in note, (lang, note)
+    assert "end-of-text" in final("en", typed, True)[2]
     COMPARER.unload()
 
 

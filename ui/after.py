@@ -142,8 +142,9 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
             hist_refresh = tr.add(gr.Button(L("history.refresh"), size="sm", scale=0, min_width=140,
                                             elem_id="history-refresh"), value="history.refresh")
         history_note = gr.HTML(elem_id="history-status")
+        # No copy / fullscreen buttons: Gradio words their tooltips in English whatever the language.
         table = gr.Dataframe(history_frame([], lang0), interactive=False, elem_id="history-table", wrap=True,
-                             max_height=360, show_label=False,
+                             max_height=360, show_label=False, buttons=[],
                              column_widths=["11%", "15%", "15%", "11%", "9%", "8%", "9%", "7%", "6%", "9%"])
         runs_state = gr.State([])
         selected = gr.State(None)

@@ -78,7 +78,9 @@ def on_preset_lever(form: Form, lang: str, name: str, *values) -> Updates:
         levers = ", ".join(label(k, lang) for k in dropped)  # the widgets' labels, not internal field names
         gr.Info(t("preset.dropped", lang, preset=t(f"preset.{name}.label", lang), levers=levers))
     if fit.key:  # what the preset gives for this model: the prediction, and what changed to keep its promise
-        (gr.Info if fit.key == "preset.fit.holds" else gr.Warning)(fit.note(lang))
+        # (the changed settings named by their widgets' labels, as the dropped levers are, not by field names)
+        note = fit.note(lang, word=lambda name, value: f"{label(name, lang)} {shown(value, lang)}")
+        (gr.Info if fit.key == "preset.fit.holds" else gr.Warning)(note)
     return {**apply_config(form, applied, lang), **dict.fromkeys(form.stale, "")}  # notices about the old case go
 
 
@@ -100,11 +102,13 @@ def fit_budget_gib(budget: float | None, cfg: TrainConfig | None = None) -> tupl
     return (float(budget) if budget and budget > 0 else None), False
 
 
-def describe_changes(old: TrainConfig, new: TrainConfig, lang: str) -> list[str]:
-    def show(value: Any) -> str:
-        return t("fit.on", lang) if value is True else t("fit.off", lang) if value is False else str(value)
+def shown(value: Any, lang: str) -> str:
+    """A setting's value as the page words it: on / off for a tick box."""
+    return t("fit.on", lang) if value is True else t("fit.off", lang) if value is False else str(value)
 
-    return [f"{label(n, lang)}: {show(getattr(old, n))} → {show(getattr(new, n))}" for n in FIT_FIELDS
+
+def describe_changes(old: TrainConfig, new: TrainConfig, lang: str) -> list[str]:
+    return [f"{label(n, lang)}: {shown(getattr(old, n), lang)} → {shown(getattr(new, n), lang)}" for n in FIT_FIELDS
             if getattr(old, n) != getattr(new, n)]
 
 

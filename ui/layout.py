@@ -35,7 +35,7 @@ from ui.derive import hardware, initial_config, prediction, preset_choices, pres
 from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
 from ui.form import Form, derived, facts_for, merged, prediction_state, read_config
 from ui.live import LivePanel, live_update, loss_frame, read_gpus
-from ui.theme import TABS_KW
+from ui.theme import GRADIO_LOCALE_JS, GRADIO_LOCALES, TABS_KW
 
 # Where the levers are shown comes from their declarations (core/config/levers.py); the other fields are placed
 # below by hand, and every field not placed by the time the Advanced accordion is built goes there.
@@ -70,6 +70,14 @@ def browser_language(request: gr.Request):
     return gr.update(value=request_language(request))
 
 
+def gradio_differs(request: gr.Request | None, lang: str) -> bool:
+    """Whether Gradio's frontend took another language from the browser (its first Accept-Language) than the
+    page's `lang`, as ui/theme.py GRADIO_LOCALES names it for Gradio."""
+    header = (request.headers.get("accept-language", "") if request is not None else "") or ""
+    first = header.split(",")[0].split(";")[0].strip().lower()
+    return not first.startswith(GRADIO_LOCALES.get(lang, "en").lower())
+
+
 def header_html(lang: str = DEFAULT_LANGUAGE) -> str:
     hw = hardware()
     if hw.cuda:
@@ -82,12 +90,8 @@ def header_html(lang: str = DEFAULT_LANGUAGE) -> str:
 
     banner = (f'<p id="mt-public" class="mt-warn"><b>{render.E(t("public.banner", lang, root=public_root()))}</b></p>'
               if is_public() else "")  # h2: public mode says so on every page
-    # Gradio writes its upload box's "Drop File Here - or - Click to Upload" in the browser's language, not the
-    # page's: the box shows memtune's own words instead (ui/theme.py hides Gradio's, shows --mt-drop-text).
-    drop = "".join(c for c in t("app.drop_file", lang) if c not in '"\\<>')  # CSS text: no entities, no quotes
     return (f'<div id="mt-header"><h1>memtune</h1><p>{render.E(t("app.tagline", lang))}</p>'
-            f'<p id="mt-hw">{line}</p>{banner}</div>'
-            f'<style>:root {{ --mt-drop-text: "{drop}"; }}</style>')
+            f'<p id="mt-hw">{line}</p>{banner}</div>')
 
 
 def gpus_note(lang: str = DEFAULT_LANGUAGE) -> str:
@@ -269,14 +273,17 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                         notice = gr.HTML(elem_id="run-notice")
                         progress = gr.HTML(render.progress_html(job_view(None), lang0), elem_id="run-progress")
                         loss_plot = gr.LinePlot(loss_frame([]), x="step", y="loss", color="series",
+                                                color_title=L("run.series_legend"),
                                                 title=None, y_title=L("run.loss_axis"), x_title=L("run.step_axis"),
                                                 height=230, elem_id="loss-plot", label=L("run.loss_curve"),
                                                 show_label=False, visible=False)
-                        tr.add(loss_plot, y_title="run.loss_axis", x_title="run.step_axis", label="run.loss_curve")
+                        tr.add(loss_plot, y_title="run.loss_axis", x_title="run.step_axis", label="run.loss_curve",
+                               color_title="run.series_legend")
                         log = gr.HTML(render.log_html([], lang0), elem_id="run-log", padding=False)
                         result = gr.HTML(elem_id="run-result")
-                        download = tr.add(gr.File(label=L("run.download"), visible=False, interactive=False,
-                                                  elem_id="adapter-download"), label="run.download")
+                        # Its label (with the zip's size) is ui.live's, which re-sends it in a new language.
+                        download = gr.File(label=L("run.download"), visible=False, interactive=False,
+                                           elem_id="adapter-download")
 
             assert set(FIELDS) == set(FIELD_NAMES), set(FIELD_NAMES) ^ set(FIELDS)
             # No component is created here: one more child of the top-level Tabs (even a gr.State) shifts the tab
@@ -311,7 +318,20 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
         lang.change(on_language, inputs=[lang, form.check_memory, *form.inputs, *tabs.language_inputs],
                     outputs=lang_out,
                     show_progress="hidden")
-        demo.load(browser_language, inputs=None, outputs=[lang], show_progress="hidden")
+        # Gradio's own strings follow the picker too (ui/theme.py GRADIO_LOCALE_JS); a component already on screen
+        # keeps Gradio's words until it is drawn again, so the upload box is hidden and shown once more: after each
+        # switch, and on load only where Gradio took another language from the browser (a German browser: the page
+        # is in English), so that a fresh page's box is not redrawn under the visitor's first click.
+        def redraw(visible: bool, always: bool) -> Callable[..., Any]:
+            def update(lg: str, request: gr.Request):
+                return gr.update(visible=visible) if always or gradio_differs(request, lg) else gr.skip()
+            return update
+
+        loaded = demo.load(browser_language, inputs=None, outputs=[lang], show_progress="hidden")
+        for event, always in ((lang.change, True), (loaded.then, False)):
+            event(None, inputs=[lang], outputs=None, js=GRADIO_LOCALE_JS, show_progress="hidden").then(
+                redraw(False, always), inputs=[lang], outputs=[upload], show_progress="hidden").then(
+                redraw(True, always), inputs=[lang], outputs=[upload], show_progress="hidden")
 
         def on_page_load(request: gr.Request, *values):
             # The page was built once, at start-up; what the process knows now (a preview's row lengths) may differ.

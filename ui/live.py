@@ -11,7 +11,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from core.i18n import DEFAULT_LANGUAGE
+from core.i18n import DEFAULT_LANGUAGE, t
 from core.jobs.manager import MANAGER, latest_run_dir
 from core.jobs.view import job_view
 from ui import render
@@ -146,9 +146,10 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
     download = gr.update(value=None, visible=False)
     if job is not None and v.adapter_dir and v.state in ("completed", "stopped") and Path(v.adapter_dir).is_dir():
         path = adapter_zip(job.id, v.adapter_dir)
-        if path:
-            download = gr.update(value=path, visible=True)
-    outputs[panel.download] = (download, (job.id if job else None, v.state, v.adapter_dir))
+        if path:  # the size in the page's units, in the label: Gradio's own "148.8 KB" is hidden (ui/theme.py)
+            download = gr.update(value=path, visible=True,
+                                 label=t("run.download_size", lang, size=render.size(Path(path).stat().st_size, lang)))
+    outputs[panel.download] = (download, (job.id if job else None, v.state, v.adapter_dir, lang))
     if panel.notice is not None and done and job is not None:
         # "Run 2 started" / "Stopping ..." described a run that has now ended: the result says how it ended.
         outputs[panel.notice] = ("", ("ended", job.id, v.state))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 
 import gradio as gr
 
@@ -13,6 +14,29 @@ MONO = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "DejaVu Sans Mono
 # Tabs that do not fit one line wrap onto a second instead of hiding in Gradio's "..." menu, where nobody finds
 # them (French once hid "4 · Réglages et code" at 1280 px). Older Gradio 6 releases lack the option.
 TABS_KW = {"overflow_behavior": "wrap"} if "overflow_behavior" in inspect.signature(gr.Tabs.__init__).parameters else {}
+
+
+# Gradio writes its own strings ("Drop File Here - or - Click to Upload", "Loading...", the table's and plots'
+# buttons) in the locale its frontend took from the browser, not in the page's. Its frontend switches locale
+# through `changeLocale`, what its own settings panel calls; the module is found by the name it was loaded under
+# (hashed per release). Without it (another Gradio), only the page's lang attribute follows. memtune's pt is
+# Brazilian Portuguese, Gradio's "pt" European.
+GRADIO_LOCALES = {"en": "en", "pt": "pt-BR", "fr": "fr"}
+GRADIO_LOCALE_JS = """async (lang) => {
+  const code = %s[lang] || "en";
+  const core = performance.getEntriesByType("resource").map(e => e.name)
+    .find(n => /\\/core-[^\\/]*\\.js(\\?|$)/.test(n));
+  try {
+    const m = core && await import(core);
+    if (m && m.changeLocale) {
+      m.changeLocale(code);
+      // It returns before the language's strings are loaded; they are once Gradio sets the page's lang attribute.
+      for (let i = 0; i < 100 && document.documentElement.lang !== code; i++) await new Promise(r => setTimeout(r, 30));
+    }
+  } catch (e) { console.warn("memtune: Gradio's locale stays", e); }
+  document.documentElement.lang = code;
+  return [];
+}""" % json.dumps(GRADIO_LOCALES)
 
 
 def make_theme() -> gr.themes.Base:
@@ -123,11 +147,10 @@ CSS = """
 /* header and language picker */
 #mt-top { align-items: flex-start !important; }
 #lang-select { max-width: 200px; margin-left: auto; }
-/* the upload box in the page's language (ui.layout.header_html sets --mt-drop-text) */
-#data-upload .wrap { font-size: 0 !important; }
-#data-upload .wrap > * { font-size: var(--text-md, 14px); }
-#data-upload .wrap > .or { display: none; }
-#data-upload .wrap::after { content: var(--mt-drop-text); font-size: var(--text-md, 14px); }
+/* a zip to download: its size is in the label, in the page's units (ui/live.py, ui/tryexport.py); Gradio's own
+   "148.8 KB" in the link (English units, a dot in every language) is hidden, its arrow kept */
+#adapter-download td.download a, #export-zip-file td.download a { font-size: 0 !important; display: inline-block; }
+#adapter-download td.download a::after, #export-zip-file td.download a::after { content: "\\21E3"; font-size: var(--text-md, 14px); }
 /* toasts (gr.Warning / gr.Info) at the bottom right: at the top they covered the language picker */
 .toast-wrap { top: auto !important; bottom: var(--size-4, 16px) !important; }
 
@@ -177,9 +200,11 @@ CSS = """
 #history-table th, #history-table th * { word-break: normal !important; overflow-wrap: normal !important;
                                          hyphens: none !important; }
 .dark .mt-history-detail { background: var(--neutral-900); }
-/* a picked run is a row, not a cell being edited: no cell outline, no cell menu (the table is read-only) */
-#history-table .cell-selected { box-shadow: none !important; animation: none !important; }
-#history-table .cell-menu-button { display: none !important; }
+/* a picked run is a row, not a cell being edited: no cell outline (Gradio 6 draws it on the cell's text), no
+   move handles, no cell menu (the table is read-only) */
+#history-table .cell-selected, #history-table .cell-selected * { box-shadow: none !important; outline: none !important;
+                                                               animation: none !important; }
+#history-table .selection-button, #history-table .cell-menu-button { display: none !important; }
 #history-confirm { padding: 0 !important; border: none !important; background: none !important; }  /* one frame:
    the confirmation note's own */
 .mt-note { margin: 4px 0; }

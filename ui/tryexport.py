@@ -125,9 +125,9 @@ def free_try_model() -> None:
 
 
 # --- export ---------------------------------------------------------------------------------------------------------
-def _size(path: Path) -> str:
+def _size(path: Path, lang: str = DEFAULT_LANGUAGE) -> str:
     total = path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return render._bytes(total)
+    return render.size(total, lang)
 
 
 def _gib(n_bytes: int, lang: str) -> str:
@@ -209,8 +209,9 @@ def on_zip(x: TryExportTab, lang: str, adapter: str | None) -> Updates:
         path = zip_adapter(adapter)
     except (ExportError, OSError) as exc:
         return refused(t("export.failed", lang, message=exc), "error")
-    return {x.zip_file: gr.update(value=str(path), visible=True),
-            x.export_note: note(t("export.zip_ready", lang, path=path.name, size=_size(path)), "ok", "export-note")}
+    size = _size(path, lang)  # in the label: Gradio's own "148.8 KB" beside the link is hidden (ui/theme.py)
+    return {x.zip_file: gr.update(value=str(path), visible=True, label=t("run.download_size", lang, size=size)),
+            x.export_note: note(t("export.zip_ready", lang, path=path.name, size=size), "ok", "export-note")}
 
 
 def merge_into_choices(lang: str) -> list[tuple[str, str]]:
@@ -250,7 +251,7 @@ def on_merge(lang: str, adapter: str | None, out_dir: str, replace: bool, confir
         return warn(t("export.failed", lang, message=exc), "export-note", "error")
     except Exception as exc:  # noqa: BLE001 - nothing crashes the page
         return warn(t("export.failed", lang, message=f"{type(exc).__name__}: {exc}"), "export-note", "error")
-    return note(t("export.merged", lang, path=path, size=_size(path)), "ok", "export-note")
+    return note(t("export.merged", lang, path=path, size=_size(path, lang)), "ok", "export-note")
 
 
 def on_push(x: TryExportTab, lang: str, adapter: str | None, what: str, merged_dir: str, repo_id: str,

@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from core.estimate import multi as estimate_multi
 from core.config.settings import OPTIMIZERS, ConfigError, Hardware, TrainConfig, apply_overrides
@@ -335,8 +335,11 @@ class PresetFit:
     key: str | None = None  # core/locales key of the note (preset.fit.*), None when there is nothing to say
     values: dict[str, Any] = field(default_factory=dict)  # the note's placeholders
     predicted_gib: float | None = None
+    changes: dict[str, Any] = field(default_factory=dict)  # field -> its new value: the note's {changes}
 
-    def note(self, lang: str = "en") -> str:
+    def note(self, lang: str = "en", word: Callable[[str, Any], str] | None = None) -> str:
+        """The note in `lang`. `word(field, value)` names one change: by default `field=value`, as `--set` takes it
+        (the CLI's words); the page passes its widgets' labels, which core/ does not know."""
         if not self.key:
             return ""
         from core.i18n import normalize, t
@@ -345,6 +348,9 @@ class PresetFit:
         comma = normalize(lang) in ("pt", "fr")  # 23,0 GiB, as the rest of the page writes decimals there
         values = {k: (f"{v:.1f}".replace(".", ",") if comma else f"{v:.1f}") if isinstance(v, float) else v
                   for k, v in self.values.items()}
+        if self.changes:
+            word = word or (lambda name, value: f"{name}={str(value).lower() if isinstance(value, bool) else value}")
+            values["changes"] = ", ".join(word(name, value) for name, value in self.changes.items())
         return t(self.key, lang, **{**values, "preset": label if label != f"preset.{self.preset}.label"
                                     else PRESETS[self.preset]["label"]})
 
@@ -395,13 +401,12 @@ def fit_preset(cfg: TrainConfig, name: str, hw: Hardware | None = None) -> Prese
     for option in preset_candidates(base)[1:]:
         gib = _predict(option)
         if gib is not None and gib <= budget * PRESET_MARGIN:
-            changes = [f"per_device_train_batch_size={option.per_device_train_batch_size}",
-                       f"gradient_accumulation_steps={option.gradient_accumulation_steps}"]
+            changes = {"per_device_train_batch_size": option.per_device_train_batch_size,
+                       "gradient_accumulation_steps": option.gradient_accumulation_steps}
             if option.gradient_checkpointing != base.gradient_checkpointing:
-                changes.append("gradient_checkpointing=true")
+                changes["gradient_checkpointing"] = option.gradient_checkpointing
             return PresetFit(option, name, "preset.fit.changed",
-                       {"changes": ", ".join(changes), "gib": gib, "budget": f"{budget:g}",
-                        "before": first, "preset": label}, gib)
+                             {"gib": gib, "budget": f"{budget:g}", "before": first, "preset": label}, gib, changes)
     smallest = preset_candidates(base)[-1]
     gib = _predict(smallest)
     return PresetFit(smallest, name, "preset.fit.cannot", {"gib": gib if gib is not None else first,
