@@ -265,3 +265,23 @@ def test_the_preview_says_gpt2_c_proj_is_a_shared_name_not_a_fused_layer(tmp_pat
     with pytest.raises(ConfigError) as refused:
         lora_targets(wrong)
     check_lines([format_event(make_event("error", error_type="config", message=str(refused.value)))])
+
+
+def test_historys_failed_run_says_its_message_in_the_pages_language(tmp_path):
+    """History's run detail words a failed run's message like the run log does (it used to stay English)."""
+    from core.config.settings import demo_config
+    from core.runs.folders import create_run_dir, record_failure
+    from html import escape as html_escape
+
+    from core.runs.history import load_run
+    from ui.render import run_detail_html
+
+    run = create_run_dir(demo_config(output_dir=str(tmp_path / "runs")))
+    message = "The training process died unexpectedly (exit code 3)."
+    assert log_rule(message, "fr") is not None  # the supervisor's own wording has a rule
+    record_failure(run, message, "crash", exit_code=3)
+    detail = load_run(run)
+    assert message in run_detail_html(detail, "en")
+    for lang in ("pt", "fr"):
+        html = run_detail_html(detail, lang)
+        assert message not in html and html_escape(log_rule(message, lang)) in html

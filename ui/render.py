@@ -669,7 +669,7 @@ def run_detail_html(detail: Any, lang: str = "en", predicted: dict[str, float] |
         (t("history.checkpoint", lang), f"<code>{E(info.checkpoint)}</code>" if info.checkpoint else "-"),
     ]
     if info.message and info.status == "failed":
-        rows.append((t("history.message", lang), f'<span class="mt-warn-text">{E(info.message)}</span>'))
+        rows.append((t("history.message", lang), f'<span class="mt-warn-text">{E(log_text(info.message, lang))}</span>'))
     table = "".join(f'<div class="mt-k">{E(k)}</div><div class="mt-v">{v}</div>' for k, v in rows)
     return (f'<div class="mt-result mt-history-detail" id="mt-history-detail" data-run="{E(info.name)}">'
             f'<b>{E(info.name)}</b><div class="mt-kv">{table}</div>'
