@@ -1,7 +1,8 @@
 """The browser tests' shared set-up: ONE `python app.py` (offline, its own MEMTUNE_HOME, a free port) and ONE headless
-Debian chromium for all the browser modules, which tests/conftest.py makes every module's fixtures. Starting the app
-and the browser costs seconds each; tests/conftest.py puts the browser modules in one xdist group, so they run one
-after the other, in file order, on this one server, and stops both after the last of them.
+Debian chromium per test process for the browser modules (tests/test_browser*.py), which tests/conftest.py makes
+every module's fixtures. Starting the app and the browser costs seconds each; tests/conftest.py puts the browser
+modules in two xdist groups (test_browser, then the others), so that each group runs in file order in one worker, on
+that worker's server, and stops both after the last browser test of the worker.
 """
 
 import os
