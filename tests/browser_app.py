@@ -1,10 +1,12 @@
 """The browser tests' shared set-up: ONE `python app.py` (offline, its own MEMTUNE_HOME, a free port) and ONE headless
-Debian chromium for all the browser modules, which tests/conftest.py makes every module's fixtures. Starting the app
-and the browser costs seconds each; tests/conftest.py puts the browser modules in one xdist group, so they run one
-after the other, in file order, on this one server, and stops both after the last of them.
+Debian chromium per test process for the browser modules (tests/test_browser*.py), which tests/conftest.py makes
+every module's fixtures. Starting the app and the browser costs seconds each; tests/conftest.py puts the browser
+modules in two xdist groups (test_browser, then the others), so that each group runs in file order in one worker, on
+that worker's server, and stops both after the last browser test of the worker.
 """
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -42,6 +44,12 @@ def app_server(tmp_path_factory, *args: str, **env_extra: str):
     checks that it left no process behind. env_extra: more environment (e.g. SPACE_ID for public mode)."""
     work = tmp_path_factory.mktemp("app")
     port = free_port()
+    # The demo model this worker built once (conftest's MEMTUNE_HOME), copied into the app's own home: its warm-up
+    # finds it instead of building it again beside the server's start, on every app server of every worker.
+    from core.demo.build import ensure_demo_model
+
+    built = ensure_demo_model()  # MEMTUNE_HOME/<demo model>: the same place under the app's MEMTUNE_HOME
+    shutil.copytree(built, work / "home" / built.name)
     env = dict(os.environ, MEMTUNE_HOME=str(work / "home"), HF_HOME=str(work / "hf"), HF_HUB_OFFLINE="1",
                HF_DATASETS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", MEMTUNE_CONFIG_DIR=str(work / "configs"))
     env.pop("MEMTUNE_AUTH", None)
@@ -218,7 +226,8 @@ def train_here(pg, steps: int, timeout_s: float = 600) -> tuple[str, list[int]]:
 def trained_run(pg, server, steps: int = 60, fresh: bool = False) -> str:
     """The adapter folder (as the page shows it, relative to the app's folder) of a completed demo run of THIS app
     server. The first test to ask trains it from its page; later ones reuse it while it is still on disk. Every
-    test that needs a run asks for one, so none depends on which tests ran before it, or in which worker."""
+    test that needs a run asks for one, so none depends on which tests ran before it, or in which worker. fresh: a
+    new run for this test alone, not handed to later tests."""
     adapter = server.get("trained")
     if not fresh and adapter and (server["work"] / adapter / "adapter_model.safetensors").is_file():
         return adapter
@@ -226,5 +235,6 @@ def trained_run(pg, server, steps: int = 60, fresh: bool = False) -> str:
     assert st == "completed", pg.locator("#run-result").inner_text()
     adapter = pg.locator("#mt-adapter-path").inner_text()
     assert (server["work"] / adapter / "adapter_model.safetensors").is_file()
-    server["trained"] = adapter
+    if not fresh:  # a fresh run is its test's own (it may delete it): later tests keep reusing the shared one
+        server["trained"] = adapter
     return adapter

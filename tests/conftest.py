@@ -18,7 +18,7 @@ os.environ["HF_HOME"] = str(_HOME / "hf")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
-# The browser tests' app server and chromium: one for all three browser modules (tests/browser_app.py).
+# The browser tests' app server and chromium: one per process for every browser module (tests/browser_app.py).
 from tests.browser_app import SHARED, browser, page, server  # noqa: E402, F401 - pytest fixtures
 
 
@@ -33,25 +33,46 @@ def pytest_configure(config):
 
 
 # Tests that must run in one worker, in file order: a module's tests that share a module-scoped fixture costing
-# seconds (one build per module, not one per worker), and the browser modules, which share one app server and go in
-# order (a run, then Try it on its adapter...). Every other test is scheduled on its own (--dist loadgroup).
-XDIST_GROUPS = {"test_browser": "browser", "test_browser_data": "browser", "test_browser_layout": "browser",
-                "test_browser_public": "browser", "test_browser_compare": "browser", "test_browser_truth": "browser",
-                "test_infer": "infer", "test_export": "export", "test_gguf": "gguf", "test_history": "history",
+# seconds (one build per module, not one per worker), and the browser modules (every tests/test_browser*.py), which
+# share their worker's app server and chromium (tests/browser_app.py). Every other test is scheduled on its own
+# (--dist loadgroup).
+XDIST_GROUPS = {"test_infer": "infer", "test_export": "export", "test_gguf": "gguf", "test_history": "history",
                 "test_safety": "safety", "test_data": "data", "test_ui": "ui"}
+# The browser modules in two groups, so that two workers each drive their own app server and chromium: test_browser
+# (the page's main flows and their demo runs) alone, every other browser module (public mode's own server, compare,
+# data, layout...) in the second. Each test asks for what it needs (trained_run), so either may run anywhere.
+BROWSER_GROUPS = {"test_browser": "browser"}
+BROWSER_REST = "browser-2"
+
+
+def module_name(item) -> str:
+    module = getattr(item, "module", None)
+    return module.__name__.rpartition(".")[2] if module else ""
 
 
 def xdist_group(item) -> str | None:
-    module = getattr(item, "module", None)
-    return XDIST_GROUPS.get(module.__name__.rpartition(".")[2]) if module else None
+    name = module_name(item)
+    if name.startswith("test_browser"):
+        return BROWSER_GROUPS.get(name, BROWSER_REST)
+    return XDIST_GROUPS.get(name)
 
 
-# In xdist workers the longest chains go first (tests/run.sh keeps this order: --no-loadscope-reorder), so that no
-# worker starts the 2-minute browser group, a long group or a slow multi-process test while the other has nothing
-# left to do; the many short tests come last and even the load out.
-FIRST = ("test_browser", "test_browser_data", "test_browser_layout", "test_browser_public", "test_browser_truth", "test_ui",
-         "test_distributed", "test_child", "test_safety", "test_data", "test_codegen", "test_llama", "test_gguf",
-         "test_infer")
+def is_browser(item) -> bool:
+    return item is not None and module_name(item).startswith("test_browser")
+
+
+# In xdist workers the longest chains go first (tests/run.sh keeps this order: --no-loadscope-reorder): the two
+# browser groups first, one per worker, then the long groups and slow multi-process tests, so that no worker starts
+# one of them while the other has nothing left to do; the many short tests come last and even the load out.
+FIRST = ("test_browser", "<browser>", "test_ui", "test_distributed", "test_child", "test_safety", "test_data",
+         "test_codegen", "test_llama", "test_gguf", "test_infer")
+
+
+def rank(item) -> int:
+    name = module_name(item)
+    if name in FIRST:
+        return FIRST.index(name)
+    return FIRST.index("<browser>") if is_browser(item) else len(FIRST)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks
@@ -61,18 +82,13 @@ def pytest_collection_modifyitems(config, items):
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
     if hasattr(config, "workerinput"):  # every worker sorts alike: they must report the same collection
-        def rank(item) -> int:
-            module = getattr(item, "module", None)
-            name = module.__name__.rpartition(".")[2] if module else ""
-            return FIRST.index(name) if name in FIRST else len(FIRST)
-
-        items.sort(key=rank)
+        items.sort(key=rank)  # stable: file order within a rank
 
 
 @pytest.hookimpl(trylast=True)  # after the test's own fixtures (its page) are torn down
 def pytest_runtest_teardown(item, nextitem):
-    """The last of a run of browser tests stops the shared app server and chromium."""
-    if xdist_group(item) == "browser" and (nextitem is None or xdist_group(nextitem) != "browser"):
+    """The last of a run of browser tests (of one group or, in one process, of all) stops the app server and chromium."""
+    if is_browser(item) and not is_browser(nextitem):
         SHARED.close()
 
 

@@ -34,7 +34,7 @@ CORES="$(python3 -c 'import os; print(len(os.sched_getaffinity(0)) if hasattr(os
 WORKERS="${MEMTUNE_TEST_WORKERS:-$(( CORES < 4 ? CORES : 4 ))}"
 PARALLEL=()
 if (( WORKERS > 1 )); then
-  # groups and order: tests/conftest.py (XDIST_GROUPS, FIRST)
+  # groups and order: tests/conftest.py (XDIST_GROUPS, BROWSER_GROUPS, FIRST)
   PARALLEL=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder)
 fi
 START=$SECONDS
