@@ -46,7 +46,7 @@ def app_server(tmp_path_factory, *args: str, **env_extra: str):
     port = free_port()
     # The demo model this worker built once (conftest's MEMTUNE_HOME), copied into the app's own home: its warm-up
     # finds it instead of building it again beside the server's start, on every app server of every worker.
-    from core.demo.build import ensure_demo_model
+    from core.demo import ensure_demo_model
 
     built = ensure_demo_model()  # MEMTUNE_HOME/<demo model>: the same place under the app's MEMTUNE_HOME
     shutil.copytree(built, work / "home" / built.name)
