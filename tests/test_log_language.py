@@ -25,7 +25,7 @@ LANGS = ("pt", "fr")
 ENGLISH = re.compile(r"\b(the|and|of|is|are|not|with|rows?|trains?|trained|trainable|whole|held|never|every|steps?|"
                      r"fits?|reference|after|before|saved|saving|only|cut|dropped|kept|ran|memory|lines|model|data|"
                      r"layers|parameters|finished|requested|validation rows|output|share|incomplete|damaged|"
-                     r"Loading|Reading|Finding|Training|WARNING|ERROR)\b")
+                     r"Loading|Reading|Finding|Training|WARNING|ERROR|loss|completion)\b")
 QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -231,7 +231,7 @@ def test_counts_are_grouped_and_decimals_written_as_the_language_writes_them():
                                     "344 descartadas: vazias ou nulas")
     assert log_line(line, "fr").startswith("12:00:00  Données : 12\u202f345 lignes dans d (dolly), 12\u202f001 s'entraînent")
     assert log_line("12:00:00  step 1200/2000  loss 1.2345  lr 2.00e-04  grad_norm 0.500", "pt") == (
-        "12:00:00  passo 1.200/2.000  loss 1,2345  lr 2,00e-04  grad_norm 0,500")
+        "12:00:00  passo 1.200/2.000  perda 1,2345  lr 2,00e-04  grad_norm 0,500")
 
 
 def test_the_preview_says_gpt2_c_proj_is_a_shared_name_not_a_fused_layer(tmp_path):
