@@ -285,3 +285,15 @@ def test_historys_failed_run_says_its_message_in_the_pages_language(tmp_path):
     for lang in ("pt", "fr"):
         html = run_detail_html(detail, lang)
         assert message not in html and html_escape(log_rule(message, lang)) in html
+
+
+def test_the_adapter_pickers_label_words_the_loss_in_the_pages_language(finished_run):
+    """Try it / Export's adapter list: "loss 0.026" in English, the language's word and decimal comma in pt and fr."""
+    from ui.tryexport import adapter_dropdown
+
+    final = finished_run.result.summary["final_loss"]
+    labels = {lang: adapter_dropdown(str(finished_run.out), lang=lang)["choices"][0][0] for lang in LANGS + ("en",)}
+    assert labels["en"].endswith(f"loss {final:.3f})")
+    for lang, word in (("pt", "perda"), ("fr", "perte")):
+        assert labels[lang].endswith(f"{word} {final:.3f})".replace(".", ","))
+        assert not english_left(labels[lang].rpartition("(")[2])  # the run's own name aside

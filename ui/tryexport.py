@@ -44,7 +44,8 @@ def adapter_dropdown(output_dir: str | None, current: str | None = None, lang: s
     """The adapters of every run under output_dir, newest first; keeps the current pick if it is still there."""
     from core.runs.history import adapter_choices
 
-    choices = adapter_choices(runs_folder(output_dir))
+    choices = adapter_choices(runs_folder(output_dir),
+                              lambda loss: t("progress.loss", lang, loss=render.num(loss, 3, lang)))
     paths = [p for _, p in choices]
     value = current if current in paths else (paths[0] if paths else None)
     return gr.update(choices=choices, value=value,

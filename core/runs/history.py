@@ -233,12 +233,13 @@ def list_runs(output_dir: str | Path, is_running: IsRunning | None = None) -> li
     return sorted(runs, key=lambda r: (r.started or 0.0, r.name), reverse=True)
 
 
-def adapter_choices(output_dir: str | Path) -> list[tuple[str, str]]:
-    """(label, adapter folder) of every run with a saved adapter, newest first: a Dropdown's choices."""
+def adapter_choices(output_dir: str | Path, word_loss=lambda loss: f"loss {loss:.3f}") -> list[tuple[str, str]]:
+    """(label, adapter folder) of every run with a saved adapter, newest first: a Dropdown's choices. `word_loss`
+    writes the final loss (the page passes its language's word and decimals)."""
     out = []
     for r in list_runs(output_dir, is_running=lambda p: False):
         if r.adapter_dir:
-            loss = f", loss {r.final_loss:.3f}" if r.final_loss is not None else ""
+            loss = f", {word_loss(r.final_loss)}" if r.final_loss is not None else ""
             out.append((f"{r.name} ({r.model}{loss})", r.adapter_dir))
     return out
 
