@@ -148,6 +148,21 @@ def plan(name: str) -> list[Variant]:
             Variant("lowest_memory", "lowest_memory", log, steps=6, warm=2, timeout_s=70),
             Variant("7b-six_gb", "six_gb", log, steps=6, warm=2, arch="llama-2-7b", timeout_s=75),
         ]
+    if name == "i25d":  # 2026-12-02 issue 25: the peer at its best beside both presets, same call, no held-out eval
+        off = ["validation_share=0"]
+        return [
+            Variant("fastest", "fastest", off, steps=20, timeout_s=90),
+            Variant("unsloth-fast-ckpt", steps=12, peer=True, timeout_s=120,
+                    script_args=["--packing", "--batch", "8", "--accum", "1", "--checkpointing", "unsloth"],
+                    note="Unsloth, its packing, 8 packs x 1 (fastest's shape), its offloaded checkpointing: within 24 GB"),
+            Variant("lowest_memory", "lowest_memory", off, steps=10, timeout_s=100),
+            Variant("unsloth-low", steps=8, peer=True, timeout_s=120,
+                    script_args=["--packing", "--batch", "2", "--accum", "3", "--checkpointing", "unsloth"],
+                    note="Unsloth, its packing, 2 packs x 3 (lowest_memory's shape), its offloaded checkpointing"),
+            Variant("chapter-script", steps=3, warm=1, timeout_s=130, note="the chapter's script as written"),
+            Variant("3b-fastest", "fastest", off, steps=15, arch="llama-3.2-3b", timeout_s=80,
+                    note="the preset as sized for the 3B today"),
+        ]
     if name == "i25smoke":  # the i25 plans' code paths on the CPU (tiny model)
         return [Variant("prof-fastest-512", "fastest", steps=4, torch_steps="3-4", warm=1),
                 Variant("prof-lowest_memory-512", "lowest_memory", steps=3, torch_steps="2-3", warm=1,
