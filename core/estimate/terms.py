@@ -18,8 +18,9 @@ bench/grid_measured.json (H200, torch 2.11) and bench/RESULTS.md shows the table
                bitsandbytes pages (CUDA managed memory: NVML counts it, torch's allocator does not) only state
                tensors of >= 1e5 elements: LoRA matrices of a 70B model, none of an 8B one at r=16.
   activations  What autograd keeps per token and layer (`layer_bytes_per_token`): the RMSNorms' inputs, the
-               LoRA inputs, attention's q/k/v/output (k and v repeated to all heads when a mask is passed), the
-               MLP's gate/up (and act(gate) without liger's fused SwiGLU). 4-bit and frozen 16-bit linears keep
+               LoRA inputs, attention's q/k/v/output (k and v repeated to all heads when a mask is passed; a fused
+               qkv output whole, as v is a view of it), the MLP's gate/up (and act(gate) without liger's fused
+               SwiGLU). 4-bit and frozen 16-bit linears keep
                nothing. With checkpointing only each layer's input is kept, plus one layer recomputed in backward.
   masks        With packing, transformers' SDPA path builds a block-diagonal [T, T] mask (T = tokens per
                micro-batch) and SDPA turns it into a [T, T] compute-dtype bias that every layer keeps for its
@@ -148,8 +149,14 @@ def layer_bytes_per_token(cfg: TrainConfig, shape: ModelShape, *, liger_layers: 
     norm = (d.s * h if liger else 4 * h) + 4
     norms = shape.norms_per_layer * norm
     # Attention (SDPA / FlashAttention) keeps q, k, v, its output (compute dtype) and fp32 log-sum-exp per head.
-    k_width = q if kv_repeated else kv
-    attn = d.c * (2 * q + 2 * k_width) + 4 * shape.num_attention_heads
+    # Repeating key/value heads makes new tensors, only where there are fewer key/value heads than query heads.
+    repeated = kv_repeated and kv < q
+    k_width = q if repeated else kv
+    # A fused qkv_proj (Phi-3): RoPE makes new q and k, but v reaches the kernel as a view of the fused output, so
+    # the kernel's saved v keeps all q + 2 kv columns alive (Phi-3-mini: 9,216 instead of 3,072 per token;
+    # tests/test_estimate_phi.py measures it). A repeat copies v, and then the fused output is freed.
+    v_kept = d.o * (q + 2 * kv) if shape.fused and not repeated else d.c * k_width
+    attn = d.c * (2 * q + k_width) + v_kept + 4 * shape.num_attention_heads
     # SwiGLU keeps gate and up (liger's fused kernel recomputes act(gate) in backward), the eager MLP act(gate) too.
     mlp = (2 if liger else 3) * d.o * inter
     # LoRA keeps its input: with dropout, each adapted layer its own dropout output (compute dtype) + 1-byte mask;
