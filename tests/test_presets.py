@@ -118,3 +118,71 @@ def test_fastest_keeps_its_24_gb_promise_for_the_model_in_hand():
     assert huge.key == "preset.fit.cannot" and huge.cfg.per_device_train_batch_size == 1
     assert huge.cfg.gradient_checkpointing and "70B" not in huge.note("en") and "GiB" in huge.note("en")
     assert fit_preset(TrainConfig(model="google/gemma-2-9b"), "lowest_memory").key is None  # no promise
+
+
+def test_fastest_grows_the_micro_batch_of_a_small_model_on_a_gpu():
+    """Issue 25: Llama-3.2-3B is launch-bound at 8 packs (9,810 tokens/s, GPU 27% busy, run 10; 16 packs: 18,661
+    tokens/s within 21.2 GiB, run 7). `fastest` doubles its packs per micro-step while the estimate keeps the 24 GB
+    promise, and says that each optimizer step then sees more packs; Llama-3.1-8B (22.4 GiB) keeps 8, Gemma-2-9B
+    still shrinks to fit, and without CUDA nothing grows (a CPU is not launch-bound)."""
+    from core.estimate.predict import GROW_MAX_TOKENS, PRESET_MARGIN, estimate, fit_preset
+
+    small = fit_preset(TrainConfig(model="meta-llama/Llama-3.2-3B"), "fastest", GPU)
+    assert small.key == "preset.fit.grown" and small.changes == {"per_device_train_batch_size": 16}
+    assert small.cfg.gradient_accumulation_steps == 1 and not small.cfg.gradient_checkpointing
+    assert estimate(small.cfg).total_gib <= 24 * PRESET_MARGIN < estimate(small.cfg.replace(
+        per_device_train_batch_size=32)).total_gib  # the largest power of two that keeps the promise
+    assert 32 * small.cfg.max_length <= GROW_MAX_TOKENS  # so it was the budget that stopped it, not the cap
+    for lang, words in (("en", "16 packs instead of 8"), ("pt", "16 pacotes em vez de 8"),
+                        ("fr", "16 paquets au lieu de 8")):
+        note = small.note(lang)
+        assert words in note and "per_device_train_batch_size=16" in note and "{" not in note, note
+    assert fit_preset(TrainConfig(model="meta-llama/Llama-3.2-3B"), "fastest", CPU).cfg.per_device_train_batch_size == 8
+    assert fit_preset(TrainConfig(model="meta-llama/Llama-3.2-3B"), "fastest").cfg == small.cfg  # hw unknown: as a GPU
+    big = fit_preset(TrainConfig(model="meta-llama/Llama-3.1-8B"), "fastest", GPU)
+    assert big.key == "preset.fit.holds" and big.cfg.per_device_train_batch_size == 8
+    gemma = fit_preset(TrainConfig(model="google/gemma-2-9b"), "fastest", GPU)
+    assert gemma.key == "preset.fit.changed" and gemma.cfg.per_device_train_batch_size < 8
+    # A 1B grows to the cap (32 packs, 16k tokens per micro-step); at max_length 2048 the 3B's 8 packs are 16k
+    # tokens already, and it shrinks instead
+    tiny = fit_preset(TrainConfig(model="meta-llama/Llama-3.2-1B"), "fastest", GPU)
+    assert tiny.cfg.per_device_train_batch_size * tiny.cfg.max_length == GROW_MAX_TOKENS
+    long = fit_preset(TrainConfig(model="meta-llama/Llama-3.2-3B", max_length=2048), "fastest", GPU)
+    assert long.key == "preset.fit.changed" and long.cfg.per_device_train_batch_size < 8
+
+
+def test_grown_micro_batch_trades_accumulation_to_keep_the_packs_per_step():
+    """Where the accumulation is above 1, growing divides it, so each optimizer step sees the same packs."""
+    from core.estimate.predict import grown_candidates
+
+    base = apply_preset(TrainConfig(model="meta-llama/Llama-3.2-3B"), "fastest", GPU).replace(
+        gradient_accumulation_steps=4)
+    shapes = [(c.per_device_train_batch_size, c.gradient_accumulation_steps) for c in grown_candidates(base)]
+    assert shapes == [(32, 1), (16, 2)]  # largest first, never past GROW_MAX_TOKENS (64 x 512)
+    assert grown_candidates(base.replace(max_length=2048)) == []
+
+
+def test_the_app_says_the_preset_grew_the_micro_batch(monkeypatch):
+    """The page's preset note (gr.Info) names the widget and the packs per optimizer step, in its language."""
+    import gradio as gr
+
+    from core.config.settings import demo_config
+    from tests.test_ui import as_config, widget_values
+    from ui import handlers
+    from ui.fields import label
+    from ui.layout import build_ui
+
+    form = build_ui(demo_config()).memtune_form
+    monkeypatch.setattr(handlers, "hardware", lambda: GPU)
+    said = []
+    monkeypatch.setattr(gr, "Info", lambda message, *a, **k: said.append(message))
+    monkeypatch.setattr(gr, "Warning", lambda message, *a, **k: said.append(message))
+    small = TrainConfig(model="meta-llama/Llama-3.2-3B")
+    for lang, words in (("en", "16 packs instead of 8"), ("pt", "16 pacotes em vez de 8"),
+                        ("fr", "16 paquets au lieu de 8")):
+        said.clear()
+        out = handlers.on_preset_lever(form, lang, "fastest", *widget_values(small))
+        assert as_config(form, out).per_device_train_batch_size == 16
+        note = said[-1]
+        assert words in note and label("per_device_train_batch_size", lang) in note, (lang, said)
+        assert "per_device_train_batch_size" not in note

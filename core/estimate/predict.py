@@ -323,9 +323,17 @@ def measured_row_tokens(cfg: TrainConfig) -> int | None:
 # takes the fastest micro-batch / checkpointing that keeps the promise: fewer packs per micro-step first (with the
 # accumulation raised to keep ~the same packs per optimizer step), then checkpointing. It says what it changed, or,
 # when even the smallest setting does not fit, what the preset gives for this model.
-# 
+# A model far inside the promise on a GPU (Llama-3.2-3B: 12.6 of 24 GiB) is launch-bound at the preset's micro-batch
+# (run 10: 9,810 tokens/s with the GPU 27% busy; 16 packs: 18,661 tokens/s at 21.2 GiB, run 7), so the micro-batch
+# grows too: doubled while the prediction keeps the promise, up to GROW_MAX_TOKENS per micro-step. Where the
+# accumulation is above 1 it is divided to keep the packs per optimizer step; at 1 (the preset's), each optimizer
+# step then sees more packs, and the note says so. Not without CUDA: a CPU is not launch-bound.
+#
 PRESET_BUDGETS_GIB = {"fastest": 24.0}  # the preset's promise: NVML peak on one GPU (a "24 GB" card holds 24 GiB)
 PRESET_MARGIN = 0.97  # the estimator's error on the GPU rows is within 3% (bench/RESULTS.md): aim below the promise by that
+# 4x the preset's 8 x 512 tokens: at 27% GPU busy (3B, run 10) that is where the matrix work would fill the GPU;
+# beyond it a bigger micro-step only adds memory. At max_length 2048 the preset's 8 packs are there already.
+GROW_MAX_TOKENS = 16384
 
 
 @dataclass
@@ -376,6 +384,18 @@ def preset_candidates(cfg: TrainConfig) -> list[TrainConfig]:
     return _unique(out)
 
 
+def grown_candidates(cfg: TrainConfig) -> list[TrainConfig]:
+    """Twice, four times ... the preset's packs per micro-step, up to GROW_MAX_TOKENS tokens, largest first; the
+    accumulation divided where it can be (the same packs per optimizer step), else left at 1."""
+    packs = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    out, batch = [], cfg.per_device_train_batch_size * 2
+    while batch * cfg.max_length <= GROW_MAX_TOKENS:
+        out.append(cfg.replace(per_device_train_batch_size=batch,
+                               gradient_accumulation_steps=max(1, packs // batch)))
+        batch *= 2
+    return out[::-1]
+
+
 def _unique(items: list[TrainConfig]) -> list[TrainConfig]:
     seen, out = set(), []
     for c in items:
@@ -397,6 +417,17 @@ def fit_preset(cfg: TrainConfig, name: str, hw: Hardware | None = None) -> Prese
         return PresetFit(base)
     label = PRESETS[name]["label"]  # in the note's language when it is shown (Fit.note)
     if first <= budget * PRESET_MARGIN:
+        for option in grown_candidates(base) if hw is None or hw.cuda else []:
+            gib = _predict(option)
+            if gib is not None and gib <= budget * PRESET_MARGIN:
+                changes = {"per_device_train_batch_size": option.per_device_train_batch_size}
+                if option.gradient_accumulation_steps != base.gradient_accumulation_steps:
+                    changes["gradient_accumulation_steps"] = option.gradient_accumulation_steps
+                step = option.per_device_train_batch_size * option.gradient_accumulation_steps
+                before = base.per_device_train_batch_size * base.gradient_accumulation_steps
+                return PresetFit(option, name, "preset.fit.grown" if step > before else "preset.fit.grown_same",
+                                 {"gib": gib, "budget": f"{budget:g}", "before": first, "preset": label,
+                                  "packs": step, "before_packs": before}, gib, changes)
         return PresetFit(base, name, "preset.fit.holds", {"gib": first, "budget": f"{budget:g}"}, first)
     for option in preset_candidates(base)[1:]:
         gib = _predict(option)
