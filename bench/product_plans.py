@@ -163,6 +163,21 @@ def plan(name: str) -> list[Variant]:
             Variant("3b-fastest", "fastest", off, steps=15, arch="llama-3.2-3b", timeout_s=80,
                     note="the preset as sized for the 3B today"),
         ]
+    if name == "phi":  # 2026-12-02 issues 20 + 25 (branch phi): Phi-3's fused-qkv activations term, the 3B sized up
+        off = ["validation_share=0"]
+        return [
+            Variant("phi3-fastest", "fastest", off, steps=15, arch="phi-3-mini", timeout_s=90,
+                    note="run 9 measured 13.25 GiB allocated / 16.08 NVML; estimate now 13.37 / 15.65"),
+            Variant("phi3-fastest-4packs", "fastest", [*off, "per_device_train_batch_size=4"], steps=15,
+                    arch="phi-3-mini", timeout_s=90,
+                    note="half the tokens: the difference with phi3-fastest is the per-token term alone"),
+            Variant("3b-fastest", "fastest", off, steps=15, arch="llama-3.2-3b", timeout_s=90,
+                    note="as fit_preset now sizes it on a GPU: 16 packs x 1"),
+            Variant("3b-fastest-8packs", "fastest", [*off, "per_device_train_batch_size=8"], steps=15,
+                    arch="llama-3.2-3b", timeout_s=80, note="the preset's 8 packs, same call (run 10: 9,810 tok/s)"),
+            Variant("8b-fastest", "fastest", off, steps=15, arch="llama-3.1-8b", timeout_s=90,
+                    note="8 packs: not grown (22.4 GiB predicted)"),
+        ]
     if name == "i25smoke":  # the i25 plans' code paths on the CPU (tiny model)
         return [Variant("prof-fastest-512", "fastest", steps=4, torch_steps="3-4", warm=1),
                 Variant("prof-lowest_memory-512", "lowest_memory", steps=3, torch_steps="2-3", warm=1,

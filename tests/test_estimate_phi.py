@@ -110,3 +110,25 @@ def test_per_layer_activations_match_what_autograd_keeps(model, arch, targets, m
     estimated, _ = layer_bytes_per_token(cfg, SHAPES[model], liger_layers=False, kv_repeated=True)
     measured = _saved_bytes_per_token(arch, targets, monkeypatch)
     assert abs(estimated / measured - 1) < 0.02, (estimated, measured)
+
+
+def test_the_phi_plan_runs_known_archs_with_settings_the_cli_takes():
+    """bench/product_plans.py plan "phi" (the lead runs it on the GPU): every row's arch is one bench builds, its
+    --set values are valid, no held-out eval, and the estimates it is checked against are those in its notes."""
+    from bench.archs import ARCHS
+    from bench.product_plans import plan
+    from core.config.settings import Hardware, apply_overrides
+    from core.estimate.predict import estimate, fit_preset
+
+    gpu = Hardware(cuda=True, bf16=True, bitsandbytes=True, liger=True)
+    rows = {v.name: v for v in plan("phi")}
+    assert list(rows) == ["phi3-fastest", "phi3-fastest-4packs", "3b-fastest", "3b-fastest-8packs", "8b-fastest"]
+    models = {"phi-3-mini": "microsoft/Phi-3-mini-4k-instruct", "llama-3.2-3b": "meta-llama/Llama-3.2-3B",
+              "llama-3.1-8b": "meta-llama/Llama-3.1-8B"}
+    packs = {}
+    for name, v in rows.items():
+        assert v.arch in ARCHS and v.preset == "fastest" and "validation_share=0" in v.sets
+        cfg = apply_overrides(fit_preset(TrainConfig(model=models[v.arch]), v.preset, gpu).cfg, v.sets)
+        packs[name] = (cfg.per_device_train_batch_size, round(estimate(cfg).peak_allocated_gib, 2))
+    assert packs["3b-fastest"][0] == 16 and packs["3b-fastest-8packs"][0] == 8 and packs["8b-fastest"][0] == 8
+    assert packs["phi3-fastest"] == (8, 13.37) and "13.37" in rows["phi3-fastest"].note
