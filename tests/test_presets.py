@@ -161,28 +161,3 @@ def test_grown_micro_batch_trades_accumulation_to_keep_the_packs_per_step():
     assert shapes == [(32, 1), (16, 2)]  # largest first, never past GROW_MAX_TOKENS (64 x 512)
     assert grown_candidates(base.replace(max_length=2048)) == []
 
-
-def test_the_app_says_the_preset_grew_the_micro_batch(monkeypatch):
-    """The page's preset note (gr.Info) names the widget and the packs per optimizer step, in its language."""
-    import gradio as gr
-
-    from core.config.settings import demo_config
-    from tests.test_ui import as_config, widget_values
-    from ui import handlers
-    from ui.fields import label
-    from ui.layout import build_ui
-
-    form = build_ui(demo_config()).memtune_form
-    monkeypatch.setattr(handlers, "hardware", lambda: GPU)
-    said = []
-    monkeypatch.setattr(gr, "Info", lambda message, *a, **k: said.append(message))
-    monkeypatch.setattr(gr, "Warning", lambda message, *a, **k: said.append(message))
-    small = TrainConfig(model="meta-llama/Llama-3.2-3B")
-    for lang, words in (("en", "16 packs instead of 8"), ("pt", "16 pacotes em vez de 8"),
-                        ("fr", "16 paquets au lieu de 8")):
-        said.clear()
-        out = handlers.on_preset_lever(form, lang, "fastest", *widget_values(small))
-        assert as_config(form, out).per_device_train_batch_size == 16
-        note = said[-1]
-        assert words in note and label("per_device_train_batch_size", lang) in note, (lang, said)
-        assert "per_device_train_batch_size" not in note

@@ -470,6 +470,26 @@ def test_a_presets_note_names_the_widgets_not_the_fields(monkeypatch, form):
             assert name not in note and f"{label(name, lang)} {handlers.shown(value, lang)}" in note, (lang, note)
 
 
+def test_the_preset_note_says_fastest_grew_a_small_models_micro_batch(monkeypatch, form):
+    """Issue 25: on a GPU, `fastest` gives Llama-3.2-3B 16 packs per micro-step; the page's note names the widget
+    and says each optimizer step now sees 16 packs instead of 8, in its language."""
+    from core.config.settings import Hardware
+    from ui.fields import label
+
+    monkeypatch.setattr(handlers, "hardware", lambda: Hardware(cuda=True, bf16=True, bitsandbytes=True, liger=True))
+    said = []
+    monkeypatch.setattr(gr, "Info", lambda message, *a, **k: said.append(message))
+    monkeypatch.setattr(gr, "Warning", lambda message, *a, **k: said.append(message))
+    small = TrainConfig(model="meta-llama/Llama-3.2-3B")
+    for lang, words in (("en", "16 packs instead of 8"), ("pt", "16 pacotes em vez de 8"),
+                        ("fr", "16 paquets au lieu de 8")):
+        said.clear()
+        out = handlers.on_preset_lever(form, lang, "fastest", *widget_values(small))
+        assert as_config(form, out).per_device_train_batch_size == 16
+        note = said[-1]
+        assert words in note and label("per_device_train_batch_size", lang) in note, (lang, said)
+        assert "per_device_train_batch_size" not in note
+
 def test_a_model_neither_here_nor_reachable_is_flagged_beside_the_field(tmp_path, demo_model_path):
     """Offline (the conftest sets HF_HUB_OFFLINE): a Hub id that is not cached cannot be loaded."""
     assert handlers.on_model_check("en", DEMO_MODEL)["info"] == handlers.help_text("model", "en")
