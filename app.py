@@ -195,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         quiet=True,  # Gradio's own hint says "set share=True in launch()": memtune's line below says how here
         prevent_thread_lock=True,
     )
+    from core.jobs.manager import MANAGER
+
+    MANAGER.prepare()  # the libraries imported once, in the background, for every run's process (core/jobs/warm.py)
     print(f"memtune: running on {demo.local_url}", flush=True)
     if demo.share_url:
         print(f"memtune: public link {demo.share_url} (log in with the --auth user:password)", flush=True)

@@ -34,8 +34,10 @@ from typing import Any
 from core.runs.folders import STOP_FILE
 from core.config.settings import TrainConfig
 from core.runs.events import EventTail, JsonlSink, make_event, read_events
+from core.jobs import warm
 from core.jobs.supervise import PARENT_ENV, Child
 
+CLI = [sys.executable, "-m", "core.train"]
 ROOT = Path(__file__).resolve().parents[2]  # the child imports `core` from here, whatever the app's cwd
 LOG_FILE = "train.log"
 POLL_S = 0.25  # how often the manager reads events.jsonl and checks the child
@@ -115,10 +117,15 @@ class JobManager:
     --run-dir DIR` (the CLI, `python -m core.train`; the UI tests give a tiny child of the same protocol)."""
 
     def __init__(self, program: list[str] | None = None) -> None:
-        self._program = list(program or [sys.executable, "-m", "core.train"])
+        self._program = list(program or CLI)
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._job: Job | None = None  # the running job, or the last one
+
+    def prepare(self) -> None:
+        """Start the warm-start server now, in the background (core/jobs/warm.py), so the first Start is warm too."""
+        if self._program == CLI and warm.enabled():
+            warm.context()
 
     # --- control ----------------------------------------------------------------------------------------
     def start(self, cfg: TrainConfig) -> Job:
@@ -238,9 +245,13 @@ class JobManager:
                    PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
         env[PARENT_ENV] = str(os.getpid())  # the child stops and saves if the app dies (core.jobs.supervise)
         env.setdefault("MEMTUNE_NUM_THREADS", str(max(1, _cores() - 1)))  # one core for the web server + browser
-        with open(run_dir / LOG_FILE, "ab") as log:
-            job._child = Child.spawn(command, run_dir / STOP_FILE, ack_s=STOP_ACK_S, finish_s=STOP_FINISH_S,
-                                     log=log, env=env)
+        if self._program == CLI and warm.enabled():  # forked from the libraries already imported
+            job._child = Child(warm.spawn(command, env, str(run_dir / LOG_FILE)), run_dir / STOP_FILE,
+                               ack_s=STOP_ACK_S, finish_s=STOP_FINISH_S)
+        else:
+            with open(run_dir / LOG_FILE, "ab") as log:
+                job._child = Child.spawn(command, run_dir / STOP_FILE, ack_s=STOP_ACK_S, finish_s=STOP_FINISH_S,
+                                         log=log, env=env)
         job.pid = job._child.pid
         return tail
 

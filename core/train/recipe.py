@@ -232,7 +232,8 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         os.environ["TENSORBOARD_LOGGING_DIR"] = str(run_dir / "tensorboard")
     resume_ckpt, skipped = resume_point(run_dir if main else cfg.resume_from) if cfg.resume_from else (None, [])
     emit(make_event("run", run_dir=str(run_dir), config=cfg.to_dict(), resume_from=str(resume_ckpt or ""),
-                    pid=os.getpid(), threads=torch.get_num_threads()))
+                    pid=os.getpid(), threads=torch.get_num_threads(),
+                    start=os.environ.get("MEMTUNE_START", "")))  # core/jobs/warm.py: "warm", or "cold: why"
     for why in skipped:  # a damaged newer checkpoint is named, and the previous intact one is used
         emit(make_event("log", level="warning", message=f"Not resuming from it: {why}"))
 

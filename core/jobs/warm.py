@@ -1,0 +1,125 @@
+"""Runs that start warm: each `python -m core.train` the job manager starts is forked from a server process that has
+imported the libraries once (core/train/preload.py), instead of a new interpreter importing them again.
+
+Importing torch, transformers, peft, trl, datasets and bitsandbytes costs 5-7 s of CPU per run; the demo's whole
+training costs less. The server is Python's own `multiprocessing` forkserver (Linux): started in the background
+when the job manager is made, its child a fork of it. The child is what the supervisor (core/jobs/supervise.py)
+expects of a process: its own session (process group), its output in the run's log file, stdin empty, the run's
+environment, the exit code of `python -m core.train`.
+
+Where the forked state cannot be trusted (CUDA started or a thread running in the server, or a run environment that
+differs from the one the libraries read at import: core/train/preload.py `fork_safe`), the child replaces itself
+with a fresh interpreter running the same command line (os.execve, same pid and session), which is exactly the
+cold start. The run's first event says which start it had (`start`: "warm" or "cold", and why).
+MEMTUNE_WARM_START=0 turns the server off (every run a new interpreter, as `subprocess` starts it).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import runpy
+import subprocess
+import sys
+import threading
+from multiprocessing import spawn
+
+from core.jobs.supervise import PARENT_ENV
+
+PRELOAD = "core.train.preload"
+START_ENV = "MEMTUNE_START"  # what the child was told about its start, for its first event
+_lock = threading.Lock()
+_context = None
+
+
+NAME = "memtune-train"
+
+
+def _preparation_data(name, _original=spawn.get_preparation_data):
+    """What multiprocessing sends a new process to prepare, without the parent's main script for ours: it would run
+    app.py (gradio and all) again in each run's process. The run needs only core, which the server has imported."""
+    data = _original(name)
+    if name == NAME:
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+    return data
+
+
+spawn.get_preparation_data = _preparation_data  # multiprocessing's forkserver launcher looks it up here
+
+
+def enabled() -> bool:
+    return sys.platform.startswith("linux") and os.environ.get("MEMTUNE_WARM_START", "1").strip() != "0"
+
+
+def context():
+    """The forkserver context, its server started (in the background: importing takes seconds) the first time."""
+    global _context
+    with _lock:
+        if _context is None:
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload([PRELOAD])
+            _context = ctx
+            threading.Thread(target=_start_server, name="memtune-warm-start", daemon=True).start()
+        return _context
+
+
+def _start_server() -> None:
+    from multiprocessing import forkserver
+
+    try:
+        forkserver.ensure_running()
+    except Exception:  # noqa: BLE001 - no server: spawn() below starts one, or the run starts cold
+        pass
+
+
+class WarmProcess:
+    """The part of subprocess.Popen the supervisor uses (pid, poll, wait, returncode), for a forked run."""
+
+    def __init__(self, process) -> None:
+        self._process, self.pid, self.returncode = process, process.pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._process.exitcode is not None:
+            self.returncode = self._process.exitcode  # negative: the signal that ended it, as Popen says
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self._process.name, timeout)
+        return self.returncode
+
+
+def spawn(argv: list[str], env: dict[str, str], log_path: str) -> WarmProcess:
+    """Start `argv` (`python -m core.train ...`) as a fork of the server, its output appended to `log_path`."""
+    process = context().Process(target=_child, args=(list(argv), dict(env), str(log_path), os.getcwd()),
+                                name=NAME)
+    process.start()
+    return WarmProcess(process)
+
+
+def _child(argv: list[str], env: dict[str, str], log_path: str, cwd: str) -> None:
+    """In the forked process: become what the cold start would have been, then run `python -m core.train`."""
+    os.setsid()  # its own process group: Stop and the supervisor signal the group
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.close(null)
+    os.chdir(cwd)
+    preload = sys.modules.get(PRELOAD)
+    why = "the fork server could not import the libraries" if preload is None else preload.fork_safe(env)
+    # The parent whose death means "stop and save" is now the server, which exits when the app does.
+    env = dict(env, **{PARENT_ENV: str(os.getppid())}) if PARENT_ENV in env else dict(env)
+    if why:
+        os.execve(argv[0], argv, dict(env, **{START_ENV: f"cold: {why}"}))  # the cold start, same pid
+    os.environ.clear()
+    os.environ.update({**preload.SET_BY_IMPORTS, **env, START_ENV: "warm"})
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # the log file, line by line (PYTHONUNBUFFERED's effect)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    module = argv[argv.index("-m") + 1]
+    sys.argv = [module, *argv[argv.index("-m") + 2:]]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)  # core.train's __main__ ends with os._exit

@@ -1,0 +1,72 @@
+"""What the job manager's fork server imports once (core/jobs/warm.py), so that each run forked from it starts
+with the libraries already loaded: torch, transformers, peft, trl, datasets and bitsandbytes cost 5-7 s of CPU per
+process to import, more than the demo's whole training.
+
+It also records whether the server's state may be forked into a training process: nothing may have started CUDA
+(a forked child cannot use a CUDA context its parent made) or a second thread (a forked child gets only the
+forking thread, so a lock another thread held would never be released). `fork_safe` answers per run; where it
+says no, the child becomes a fresh interpreter instead (core/jobs/warm.py), exactly as before.
+"""
+
+from __future__ import annotations
+
+import os
+
+# The environment the server started with: what the libraries below read while importing (HF_HOME, HF_HUB_OFFLINE,
+# CUDA_VISIBLE_DEVICES...). A run whose own environment differs in any of it starts cold.
+STARTED_WITH = dict(os.environ)
+# torch.cuda.is_available() through NVML: it answers without initializing CUDA in this process (torch's own
+# fork-safe check). Set before torch is imported; a run's own environment decides for the run (see IGNORED).
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # (not in STARTED_WITH's comparison: IGNORED)
+
+import torch  # noqa: E402
+import transformers  # noqa: E402, F401
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402, F401 - lazy attributes: import them now
+from trl import SFTConfig, SFTTrainer  # noqa: E402, F401
+
+import core.train.cli  # noqa: E402, F401
+import core.train.recipe  # noqa: E402, F401
+from core.data import plan  # noqa: E402, F401
+from core.model import load  # noqa: E402, F401
+
+try:  # peft imports it where it is installed; import it here for certain (3 s: its torch.compile set-up)
+    import bitsandbytes  # noqa: E402, F401
+except ImportError:  # pragma: no cover - memtune runs without 4-bit
+    pass
+
+# What the imports themselves set (e.g. torch inductor's cache folder): a warm run keeps it, as a cold one would.
+SET_BY_IMPORTS = {k: v for k, v in os.environ.items() if STARTED_WITH.get(k) != v and k not in STARTED_WITH}
+# Variables memtune reads when a run needs them (never at import), and what the job manager sets per run.
+IGNORED_PREFIXES = ("MEMTUNE_",)
+IGNORED = {"PYTHONUNBUFFERED", "PYTHONPATH", "PYTORCH_NVML_BASED_CUDA_CHECK", "OMP_NUM_THREADS", "_"}
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # not Linux: no fork server either
+        return 0
+
+
+# Threads the imports leave (torch's and pyarrow's allocator helpers; never Python threads). They are the ones any
+# forked DataLoader worker meets too; a thread started later, by anything, makes the server unsafe to fork.
+SAFE_THREADS = _threads()
+CUDA_STARTED = torch.cuda.is_initialized()
+
+
+def differs(env: dict[str, str]) -> list[str]:
+    """The variables of a run's environment that the libraries may have read differently at import."""
+    keys = (set(env) | set(STARTED_WITH)) - IGNORED
+    return sorted(k for k in keys if not k.startswith(IGNORED_PREFIXES) and env.get(k) != STARTED_WITH.get(k))
+
+
+def fork_safe(env: dict[str, str]) -> str:
+    """'' if a run with environment `env` may train in a process forked from here; else why not."""
+    if CUDA_STARTED or torch.cuda.is_initialized():
+        return "CUDA was initialized in the fork server"
+    if _threads() > SAFE_THREADS:
+        return f"the fork server runs {_threads()} threads"
+    changed = differs(env)
+    if changed:
+        return "the run's environment differs from the fork server's: " + ", ".join(changed[:5])
+    return ""
