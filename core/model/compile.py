@@ -24,7 +24,7 @@ How it nests with what memtune installs (the GPU machine has torch 2.11 / transf
 The backend is inductor (the default of torch.compile); MEMTUNE_COMPILE_BACKEND picks another one of
 torch._dynamo.list_backends() (tests use "aot_eager": the same dynamo capture and autograd split, without
 inductor's code generation, which takes tens of seconds on a CPU). TORCH_LOGS=recompiles,graph_breaks prints dynamo's
-reasons; the run log counts them after the first step and at the end either way (`stats`).
+reasons; the run log counts compiles and graph breaks after the first step and at the end either way (`stats`).
 """
 
 from __future__ import annotations
@@ -77,18 +77,18 @@ def compile_layers(model) -> str:
 
 
 def stats() -> dict[str, int]:
-    """dynamo's counts in this process: graphs compiled, frames compiled, graph breaks, recompiles."""
+    """dynamo's counts in this process: `graphs` compiled, `compiles` (frames compiled: the first compile of each
+    frame, every recompile, and the pieces after a graph break), `graph_breaks`."""
     from torch._dynamo.utils import counters
 
     return {"graphs": int(counters["stats"].get("unique_graphs", 0)),
-            "frames": int(counters["frames"].get("ok", 0)),
-            "graph_breaks": int(sum(counters["graph_break"].values())),
-            "recompiles": int(sum(counters["recompiles"].values())) if "recompiles" in counters else 0}
+            "compiles": int(counters["frames"].get("ok", 0)),
+            "graph_breaks": int(sum(counters["graph_break"].values()))}
 
 
 def describe(s: dict[str, int]) -> str:
-    return (f"{s['graphs']} graphs, {s['graph_breaks']} graph breaks, {s['recompiles']} recompiles "
-            f"(TORCH_LOGS=recompiles,graph_breaks says why)")
+    return (f"{s['graphs']} graphs from {s['compiles']} compiles (more than 1 with no graph break: recompiles), "
+            f"{s['graph_breaks']} graph breaks (TORCH_LOGS=recompiles,graph_breaks says why)")
 
 
 def callback(emit):
