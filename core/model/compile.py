@@ -13,13 +13,18 @@ How it nests with what memtune installs (the GPU machine has torch 2.11 / transf
   checkpoint wraps the compiled call from outside (`__call__`) or is traced inside the compiled region (`forward`),
   where dynamo turns torch.utils.checkpoint (non-reentrant, as memtune sets it) into its checkpoint operator. Both
   recompute exactly what eager does.
-- memtune's attention (core/model/attention.py): the varlen path reads the pack's row boundaries once per forward
-  (a device-to-host read): dynamo breaks the graph there and runs it eagerly, then compiles the rest; Gemma-2's
-  eager per-row attention loops over rows in Python (a graph break as well). Results stay exact; the log counts the
-  graph breaks.
+- memtune's varlen attention (core/model/attention.py, FlashAttention per packed row, and Gemma-2's eager attention
+  per packed row) runs between the compiled graphs (torch.compiler.disable): it reads the pack's row boundaries to
+  the host and keeps Python counters that dynamo would guard on. Each layer is then two graphs (before and after
+  attention), still shared by all layers. transformers' own sdpa stays inside the graph. The log counts graph breaks.
 - packing gives a new total length every micro-batch: layers are compiled with dynamic shapes (one graph for all
   lengths) and a bounded recompile limit, past which dynamo runs the layer eagerly instead of compiling again.
 - the CPU embedding offload and the 4-bit output head sit outside the decoder layers: untouched.
+
+Memory: the estimator has no term for it (core/estimate/ predicts the same peak with it on or off) until the GPU
+call measures one. AOT autograd's partitioner saves at most what eager saves for the backward (it recomputes cheap
+elementwise results instead), and the default mode uses no CUDA graphs (no static pools), so the eager estimate is
+expected to stay an upper bound within its 10%; plan "compile" in bench/product_plans.py measures both presets.
 
 The backend is inductor (the default of torch.compile); MEMTUNE_COMPILE_BACKEND picks another one of
 torch._dynamo.list_backends() (tests use "aot_eager": the same dynamo capture and autograd split, without
@@ -29,6 +34,7 @@ reasons; the run log counts compiles and graph breaks after the first step and a
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -66,6 +72,7 @@ def compile_layers(model) -> str:
         return "Regional compile skipped: no decoder layers (GradientCheckpointingLayer) found in this model"
     name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # renamed in 2.7
     setattr(dynamo_config, name, max(getattr(dynamo_config, name), RECOMPILE_LIMIT))
+    eager_attention = _attention_outside(model)
     chosen = backend()
     for layer in layers:
         # dynamic=True: one graph for every packed length (automatic dynamic would compile a static graph first and
@@ -73,7 +80,30 @@ def compile_layers(model) -> str:
         layer.compile(backend=chosen, dynamic=True)
     kinds = sorted({type(layer).__name__ for layer in layers})
     return (f"Regional compile: {len(layers)} decoder layers ({', '.join(kinds)}) compiled with {chosen}, dynamic "
-            f"shapes; the first step compiles them (one time)")
+            f"shapes{eager_attention}; the first step compiles them (one time)")
+
+
+def _attention_outside(model) -> str:
+    """memtune's varlen attention runs outside the compiled graphs (a graph break in each layer): it reads the
+    pack's row boundaries to the host, counts its paths in a module-level dict and inspects the kernel's signature,
+    and dynamo would guard on those Python values (a recompile at every step). The kernel is one call anyway; the
+    projections, LoRA, norms and MLP around it are what compiling fuses. Returns the log's words for it."""
+    from core.model import attention
+
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) != attention.VARLEN_ATTENTION:
+        return ""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(attention.VARLEN_ATTENTION, _eager_varlen())
+    return " (attention: varlen, run between the compiled graphs)"
+
+
+@functools.lru_cache(maxsize=1)
+def _eager_varlen():
+    from core.model import attention
+
+    return torch.compiler.disable(attention.varlen_attention_forward)
 
 
 def stats() -> dict[str, int]:
@@ -111,8 +141,15 @@ def callback(emit):
         def on_step_end(self, args, state, control, **kwargs):
             if self.started is not None and not self.told:
                 self.told = True
+                now = stats()
                 emit(make_event("log", level="info", message=f"Regional compile: first step (compiling included) "
-                                f"took {time.monotonic() - self.started:.1f} s; {describe(stats())}"))
+                                f"took {time.monotonic() - self.started:.1f} s; {describe(now)}"))
+                if not now["graphs"]:
+                    # e.g. transformers' checkpoint traced inside the compiled layer, with a graph break in it
+                    # (varlen attention): dynamo then runs the whole layer as it is, uncompiled
+                    emit(make_event("log", level="warning", message="Regional compile captured no graph: the "
+                                    "layers run uncompiled (with gradient checkpointing, attention varlen breaks "
+                                    "the graph inside the checkpoint; use attention sdpa, or no checkpointing)"))
                 emit(make_event("phase", phase="training", progress=None, message="Training"))
 
         def on_train_end(self, args, state, control, **kwargs):
