@@ -19,6 +19,8 @@ How it nests with what memtune installs (the GPU machine has torch 2.11 / transf
   attention), still shared by all layers. transformers' own sdpa stays inside the graph. The log counts graph breaks.
 - packing gives a new total length every micro-batch: layers are compiled with dynamic shapes (one graph for all
   lengths) and a bounded recompile limit, past which dynamo runs the layer eagerly instead of compiling again.
+  Without checkpointing the first layer's input needs no gradient (frozen embedding) and the others' do: one
+  recompile, once (TORCH_LOGS shows "requires_grad mismatch"); with it, enable_input_require_grads makes them one.
 - the CPU embedding offload and the 4-bit output head sit outside the decoder layers: untouched.
 
 Memory: the estimator has no term for it (core/estimate/ predicts the same peak with it on or off) until the GPU
@@ -142,8 +144,9 @@ def callback(emit):
             if self.started is not None and not self.told:
                 self.told = True
                 now = stats()
-                emit(make_event("log", level="info", message=f"Regional compile: first step (compiling included) "
-                                f"took {time.monotonic() - self.started:.1f} s; {describe(now)}"))
+                emit(make_event("log", level="info", message=f"Regional compile: first step (compiling included, "
+                                f"unless a warm-up compiled before) took {time.monotonic() - self.started:.1f} s; "
+                                f"{describe(now)}"))
                 if not now["graphs"]:
                     # e.g. transformers' checkpoint traced inside the compiled layer, with a graph break in it
                     # (varlen attention): dynamo then runs the whole layer as it is, uncompiled

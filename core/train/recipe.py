@@ -354,6 +354,10 @@ def summarize(cfg: TrainConfig, trainer, output, callback, plan, started: float,
         "eval": callback.eval_summary(trainer.args, trainer.state) if hasattr(callback, "eval_summary") else None,
         "finished_at": datetime.now().isoformat(timespec="seconds"),
     }
+    if cfg.compile_layers:  # dynamo's graphs, compiles and graph breaks (bench rows read them here)
+        from core.model import compile as regional
+
+        summary["compile"] = regional.stats()
     if summary["train_runtime_s"]:
         summary["tokens_per_s"] = round(summary["train_tokens"] / summary["train_runtime_s"], 1)
     return summary
