@@ -183,6 +183,28 @@ def plan(name: str) -> list[Variant]:
                 Variant("prof-lowest_memory-512", "lowest_memory", steps=3, torch_steps="2-3", warm=1,
                         max_length=256),
                 Variant("six_gb", "six_gb", ["logging_steps=1"], steps=2, warm=1, max_length=256)]
+    if name in ("compile", "compile-smoke"):  # issue 25: regional compile (compile_layers) beside both presets
+        # Steady windows start after the compile (first step) and any recompile (warm); no held-out eval (its eval
+        # mode would compile again). TORCH_LOGS puts dynamo's recompiles and graph breaks, with reasons, in the row's
+        # .log; the run's own log counts them after the first step and at the end. Timeouts sum to 500 s (+ the two
+        # model folders' build) for one 540 s call, in priority order: --budget-s skips what no longer fits.
+        # compile-smoke: the same rows on the CPU with the tiny model, dynamo's eager backend (no C++ build).
+        smoke = name.endswith("smoke")
+        off, on = ["validation_share=0"], ["validation_share=0", "compile_layers=true"]
+        logs = {"TORCH_LOGS": "recompiles,graph_breaks"}
+        if smoke:
+            logs = {**logs, "MEMTUNE_COMPILE_BACKEND": "eager"}
+        rows = [Variant("fastest", "fastest", off, steps=25, warm=6, timeout_s=60),
+                Variant("fastest-compile", "fastest", on, steps=25, warm=6, timeout_s=100, env=logs),
+                Variant("lowest_memory", "lowest_memory", off, steps=14, warm=4, timeout_s=75),
+                Variant("lowest_memory-compile", "lowest_memory", on, steps=14, warm=4, timeout_s=100, env=logs),
+                Variant("3b-fastest-compile", "fastest", on, steps=25, warm=6, arch="llama-3.2-3b", timeout_s=75,
+                        env=logs, note="beside run 10's 3b-fastest (9,810 tok/s)"),
+                Variant("six_gb-compile", "six_gb", on, steps=12, warm=4, timeout_s=90, env=logs)]
+        if smoke:
+            for v in rows:
+                v.steps, v.warm, v.arch, v.max_length, v.timeout_s = 3, 1, "", 128, 400  # 2 shared cores
+        return rows
     if name == "call2":  # the new presets side by side with the chapter's script; levers alone
         return [
             Variant("chapter-script", steps=5, warm=2, timeout_s=170, note="the chapter's script as written"),

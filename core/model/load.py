@@ -296,7 +296,13 @@ def prepare_for_training(model, cfg: TrainConfig):
     # (the Trainer seeds only later, when it is built).
     set_seed(cfg.seed)
     targets = lora_targets(cfg, model=model)  # the leaf names this model has: what adapter_config.json then lists
-    return get_peft_model(model, build_lora_config(cfg, targets.modules))
+    model = get_peft_model(model, build_lora_config(cfg, targets.modules))
+    if cfg.compile_layers:
+        from core.model.compile import compile_layers
+
+        # After peft, so each compiled layer holds its LoRA layers; lazily: the first step compiles.
+        model.memtune_compile_note = compile_layers(model)
+    return model
 
 
 def load_with_adapter(cfg: TrainConfig, adapter_dir: str | Path, path: str | None = None):

@@ -162,6 +162,13 @@ def build_run(cfg: TrainConfig, emit: EventSink, plan, tokenizer, path: str, sto
     emit(make_event("log", level="info", message=f"LoRA: {trainable:,} trainable parameters of {total:,}"))
     callback = make_callback(emit, stop, cuda, stop_file)
     extra = []
+    if cfg.compile_layers:
+        from core.model import compile as regional
+
+        note = getattr(model, "memtune_compile_note", "")
+        emit(make_event("log", level="info", message=note))
+        if note.startswith("Regional compile:"):
+            extra.append(regional.callback(emit))  # the compile happens in the first step: say so, and how long
     val_plan = getattr(plan, "validation", None)
     evaluating = val_plan is not None and val_plan.n_train > 0
     if evaluating:
@@ -348,6 +355,10 @@ def summarize(cfg: TrainConfig, trainer, output, callback, plan, started: float,
         "eval": callback.eval_summary(trainer.args, trainer.state) if hasattr(callback, "eval_summary") else None,
         "finished_at": datetime.now().isoformat(timespec="seconds"),
     }
+    if cfg.compile_layers:  # dynamo's graphs, compiles and graph breaks (bench rows read them here)
+        from core.model import compile as regional
+
+        summary["compile"] = regional.stats()
     if summary["train_runtime_s"]:
         summary["tokens_per_s"] = round(summary["train_tokens"] / summary["train_runtime_s"], 1)
     return summary
