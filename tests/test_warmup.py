@@ -134,3 +134,30 @@ def test_the_warm_up_lines_read_in_pt_and_fr(runs):
     assert any("Préchauffage : un forward + backward sur le premier micro-lot" in x for x in said["fr"])
     assert any(x.endswith(" s") and "concluído em " in x for x in said["pt"])
     assert "," in log_line(lines[-1], "fr").rsplit("en ", 1)[1]  # the decimal comma
+
+
+def test_the_bench_counts_the_first_step_after_the_warm_up_and_records_the_warm_up_apart():
+    """bench/product.py on a run's events: step 1 is timed from training's start (after the warm-up), the warm-up's
+    seconds come from its phase event; plan "warmup" holds the rows the goal is judged on."""
+    from bench.product import speeds, warmup
+    from bench.product_plans import plan
+
+    started = 1000.0
+    events = [{"kind": "phase", "phase": "warming_up", "time": 1030.0, "message": "Warming up ..."},
+              {"kind": "phase", "phase": "warming_up", "time": 1035.0, "seconds": 5.0, "tokens": 4096},
+              {"kind": "phase", "phase": "training", "time": 1035.0}]
+    events += [{"kind": "step", "step": i, "time": 1035.0 + 0.6 + 0.3 * (i - 1), "elapsed_s": 0.6 + 0.3 * (i - 1),
+                "tokens": 4096 * i} for i in range(1, 7)]
+    row = speeds([e for e in events if e["kind"] == "step"], 3, started)
+    row.update(warmup(events, row))
+    assert row["first_step_s"] == 0.6 and row["steady_step_s_median"] == 0.3 and row["first_over_steady"] == 2.0
+    assert row["to_train_start_s"] == 35.0 and row["to_first_step_s"] == 35.6  # from the process start
+    assert row["warmup_s"] == 5.0 and row["warmup_tokens"] == 4096 and row["warmup_and_first_over_steady"] == 18.67
+    assert warmup(events[2:], row)["warmup_s"] is None  # no warm-up ran
+
+    rows = {v.name: v for v in plan("warmup")}
+    assert set(rows) == {"fastest", "fastest-nowarmup", "lowest_memory", "six_gb", "3b-fastest"}
+    assert all("validation_share=0" in v.sets for v in rows.values())
+    assert "kernel_warmup=off" in rows["fastest-nowarmup"].sets and rows["3b-fastest"].arch == "llama-3.2-3b"
+    assert not any("kernel_warmup=on" in v.sets for v in rows.values())  # on the GPU: the default (auto) is on
+    assert all("kernel_warmup=on" in v.sets for v in plan("warmupsmoke") if v.name != "fastest-nowarmup")
