@@ -34,9 +34,12 @@ class Logs(TrainerCallback):
 
 
 def small(out: Path, **changes) -> TrainConfig:
-    # 4 steps of 8 rows, a checkpoint at step 2 (the resume test's), a log every step
-    return demo_config(output_dir=str(out), max_steps=4, per_device_train_batch_size=8, logging_steps=1,
-                       save_strategy="steps", save_steps=2, **changes)
+    # 4 steps of 2 micro-batches of 4 rows, a checkpoint at step 2 (the resume test's), a log every step. LoRA
+    # dropout on (the demo's is 0): each step draws from torch's RNG, so a warm-up that moved it would change every
+    # loss after it. Two micro-batches per step: the warm-up's batch is step 1's first, so a leaked TRL metric would
+    # move step 1's average (with one micro-batch per step it would average to the same number).
+    return demo_config(output_dir=str(out), max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                       logging_steps=1, save_strategy="steps", save_steps=2, lora_dropout=0.1, **changes)
 
 
 def train(cfg: TrainConfig):
