@@ -3,7 +3,8 @@
 core/train/'s recipe uses these; none of them decides anything about training. Every one reports through an
 event sink (core/runs/events.py): `phase` keeps a long step (a download, a load) audibly alive, `make_callback` turns the
 Trainer's steps and logs into `step`/`metrics` events and ends the run after the current step when Stop is asked,
-`watch_stop` answers a Stop at once, and `BarOnly` keeps the Trainer's terminal progress bar without its log dicts.
+`watch_stop` answers a Stop at once, `make_warmup` pays the GPU's one-time set-up before step 1 as a phase of its own
+(leaving training exactly as it was), and `BarOnly` keeps the Trainer's terminal progress bar without its log dicts.
 """
 
 from __future__ import annotations
@@ -267,7 +268,7 @@ def warm_up(trainer, train_dataloader, sink: EventSink) -> int | None:
                 if not had_ga:  # set by the training loop per optimizer step; the loss scale is irrelevant here
                     trainer.current_gradient_accumulation_steps = 1
                 trainer.training_step(trainer.model_wrapped, batch, n_items)
-                if torch.cuda.is_available() and devices:
+                if devices:
                     torch.cuda.synchronize()  # the work is done when the phase ends, not queued into step 1
         return tokens
     finally:
