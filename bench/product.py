@@ -12,7 +12,9 @@ the run's own events.jsonl (step events: cumulative tokens, seconds since traini
 Reported per variant: peak allocated (the run's summary.json), NVML peak (device used, minus nothing: the card
 is idle between runs; the idle floor is recorded), steady tokens/s over the steps after the first `warm` steps,
 and the warm-up apart: process start to the first step's end, time to training start, first-step time, median
-steady step. Raw files (events, summary, log, NVML trace) go to DIR/runs/NAME/; DIR/results.json and DIR/table.md
+steady step, and the warm-up pass (kernel_warmup) apart: its seconds from its own phase event; the first step and
+the time to training start are counted from after it (training's clock starts when it ends), the time to the first
+step from the process start (it holds the warm-up, as it holds the loading). Raw files (events, summary, log, NVML trace) go to DIR/runs/NAME/; DIR/results.json and DIR/table.md
 sum them up; the table is printed last. `--plan smoke` runs the tiny model on the CPU (checks the code paths).
 """
 
@@ -142,6 +144,17 @@ def speeds(steps: list[dict], warm: int, started: float) -> dict:
     return res
 
 
+def warmup(events: list[dict], row: dict) -> dict:
+    """The warm-up pass's seconds (the last `warming_up` phase event carries them; None: it did not run) and the
+    one-time cost it holds: warm-up + first step against a steady step."""
+    done = [e for e in events if e.get("kind") == "phase" and e.get("phase") == "warming_up" and "seconds" in e]
+    out = {"warmup_s": done[-1]["seconds"] if done else None, "warmup_tokens": done[-1].get("tokens") if done else None}
+    steady = row.get("steady_step_s_median")
+    if done and steady and row.get("first_step_s") is not None:
+        out["warmup_and_first_over_steady"] = round((out["warmup_s"] + row["first_step_s"]) / steady, 2)
+    return out
+
+
 def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: PeakTracker, smoke: bool) -> dict:
     run_dir = root / "runs" / v.name
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -194,6 +207,7 @@ def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: Pe
     # A profiled window (the last steps) is slower than the product: the steady speed is read before it.
     first_prof = int(v.torch_steps.split("-")[0]) if v.torch_steps else 0
     row.update(speeds(steps[:first_prof - 1] if first_prof > v.warm + 1 else steps, v.warm, started))
+    row.update(warmup(events, row))
     losses = [e.get("loss") for e in events if e.get("kind") == "metrics" and e.get("loss") is not None]
     row["first_losses"] = [round(x, 4) for x in losses[:5]]
     prof = root / "runs" / f"{v.name}.prof.json"
@@ -223,7 +237,7 @@ def fmt(x, nd=2, unit=""):
 
 def table(rows: list[dict]) -> str:
     head = ("| run | peak allocated | NVML peak (phase) | steady tokens/s (window) | median step | to first step | "
-            "first step | first/steady | GPU busy | rc |\n|---|---|---|---|---|---|---|---|---|---|")
+            "warm-up | first step | first/steady | GPU busy | rc |\n|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         lines.append(
@@ -231,7 +245,7 @@ def table(rows: list[dict]) -> str:
             f"{fmt(r.get('nvml_peak_gib'), 2, ' GiB')} ({r.get('nvml_peak_phase', '-')}) | "
             f"{fmt(r.get('steady_tokens_per_s'), 0)} ({r.get('steady_window', '-')}) | "
             f"{fmt(r.get('steady_step_s_median'), 2, ' s')} | {fmt(r.get('to_first_step_s'), 1, ' s')} | "
-            f"{fmt(r.get('first_step_s'), 2, ' s')} | {fmt(r.get('first_over_steady'), 1, 'x')} | "
+            f"{fmt(r.get('warmup_s'), 2, ' s')} | {fmt(r.get('first_step_s'), 2, ' s')} | {fmt(r.get('first_over_steady'), 1, 'x')} | "
             f"{fmt(r.get('gpu_util_steady_pct'), 0, '%')} | {r.get('rc')} |")
     return "\n".join(lines)
 
@@ -295,7 +309,7 @@ def main(argv=None) -> int:
         row["arch"] = v.arch or arch
         rows.append(row)
         print(json.dumps({k: row.get(k) for k in ("name", "rc", "wall_s", "peak_allocated_gib", "nvml_peak_gib",
-                                                  "steady_tokens_per_s", "to_first_step_s", "first_step_s",
+                                                  "steady_tokens_per_s", "to_first_step_s", "warmup_s", "first_step_s",
                                                   "steady_step_s_median", "gpu_util_steady_pct")}), flush=True)
         (root / "results.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1), encoding="utf-8")
     (root / "results.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1), encoding="utf-8")

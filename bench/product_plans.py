@@ -205,6 +205,28 @@ def plan(name: str) -> list[Variant]:
             for v in rows:
                 v.steps, v.warm, v.arch, v.max_length, v.timeout_s = 3, 1, "", 128, 400  # 2 shared cores
         return rows
+    if name in ("warmup", "warmupsmoke"):  # issue 25, branch warmup: the first step after the warm-up pass
+        # (kernel_warmup: auto = on with CUDA) against a steady step, and fastest without it, each on cold Triton
+        # and Inductor caches of its own (the first liger run of a fresh machine, as run 10 measured 5.08 s)
+        smoke = name == "warmupsmoke"
+        on = ["validation_share=0", *(["kernel_warmup=on"] if smoke else [])]  # the CPU's auto is off
+
+        def cold(tag: str) -> dict:
+            return {"TRITON_CACHE_DIR": f"/tmp/memtune-warmup-triton-{tag}",
+                    "TORCHINDUCTOR_CACHE_DIR": f"/tmp/memtune-warmup-inductor-{tag}"}
+
+        rows = [
+            Variant("fastest", "fastest", on, steps=12, timeout_s=80, env=cold("fastest")),
+            Variant("fastest-nowarmup", "fastest", ["validation_share=0", "kernel_warmup=off"], steps=12,
+                    timeout_s=80, env=cold("fastest-nowarmup"), note="the same without the warm-up pass"),
+            Variant("lowest_memory", "lowest_memory", on, steps=8, timeout_s=90, env=cold("lowest_memory")),
+            Variant("six_gb", "six_gb", on, steps=6, timeout_s=90, env=cold("six_gb")),
+            Variant("3b-fastest", "fastest", on, steps=12, arch="llama-3.2-3b", timeout_s=70, env=cold("3b")),
+        ]
+        if smoke:  # the tiny model on the CPU: few steps, short rows, one architecture
+            for v in rows:
+                v.steps, v.warm, v.max_length, v.arch, v.timeout_s = 3, 1, 128, "", 240
+        return rows
     if name == "call2":  # the new presets side by side with the chapter's script; levers alone
         return [
             Variant("chapter-script", steps=5, warm=2, timeout_s=170, note="the chapter's script as written"),

@@ -278,6 +278,12 @@ class TrainConfig:
         "A run folder to continue from its newest complete checkpoint; empty starts fresh."))
     device: str = field(default="auto", metadata=_help(
         "auto (CUDA if present), cuda or cpu.", choices=DEVICES, widget="radio"))
+    kernel_warmup: str = field(default="auto", metadata=_help(
+        "Before step 1, one forward + backward on the first micro-batch, gradients then zeroed (no optimizer step, "
+        "same random numbers): the GPU's one-time set-up (kernel compiles and loads, cuBLAS, the allocator) is paid "
+        "there, visibly, instead of inside the first step. Training is unchanged. auto: on with CUDA, off on the CPU "
+        "(where it only costs a step). Not the learning-rate warm-up (warmup_steps).",
+        choices=("auto", "on", "off"), widget="radio"))
 
     # --- past one GPU (core/gpus/distributed.py: accelerate launch, DDP or FSDP) -----------------------------
     num_gpus: str = field(default="1", metadata=_help(
@@ -392,7 +398,10 @@ def field_meta(name: str) -> dict[str, Any]:
 
 def coerce(name: str, value: Any) -> Any:
     """Turn a YAML or command-line value into the field's type, or raise ValueError saying why not."""
-    return coerce_to(field_types()[name], value)
+    tp = field_types()[name]
+    if tp is str and isinstance(value, bool) and {"on", "off"} <= set(field_meta(name).get("choices") or ()):
+        value = "on" if value else "off"  # YAML reads an unquoted `on`/`off` as true/false (kernel_warmup: off)
+    return coerce_to(tp, value)
 
 
 def apply_overrides(cfg: TrainConfig, assignments: list[str]) -> TrainConfig:

@@ -3,7 +3,8 @@
 core/train/'s recipe uses these; none of them decides anything about training. Every one reports through an
 event sink (core/runs/events.py): `phase` keeps a long step (a download, a load) audibly alive, `make_callback` turns the
 Trainer's steps and logs into `step`/`metrics` events and ends the run after the current step when Stop is asked,
-`watch_stop` answers a Stop at once, and `BarOnly` keeps the Trainer's terminal progress bar without its log dicts.
+`watch_stop` answers a Stop at once, `make_warmup` pays the GPU's one-time set-up before step 1 as a phase of its own
+(leaving training exactly as it was), and `BarOnly` keeps the Trainer's terminal progress bar without its log dicts.
 """
 
 from __future__ import annotations
@@ -197,6 +198,106 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
                 sink(make_event("log", level="info", message=f"Checkpoint saved: {ckpt}"))
 
     return EventCallback()
+
+
+def make_warmup(sink: EventSink):
+    """A TrainerCallback that pays the GPU's one-time set-up before step 1 (TrainConfig.kernel_warmup): one forward +
+    backward through the Trainer's own `training_step` on a real first micro-batch, then the gradients zeroed.
+
+    Why on_train_begin and not a pass before trainer.train(): only here is the model what the Trainer trains
+    (accelerate's prepare done: DDP/FSDP wrapping, autocast, gradient checkpointing on, a resumed checkpoint
+    loaded), so the kernels, shapes and collectives are the training step's own. Every process of a run does it
+    (the config is the same on each), so DDP's all-reduce and FSDP's gathers match across ranks. Nothing of training
+    moves: no optimizer or scheduler step, torch's RNG forked (CPU and this GPU) and Python's and numpy's put back,
+    the sampler's generators put back (the data order is drawn from them), TRL's per-step metrics (token accuracy,
+    entropy, token count) put back so the first logged step is the same as without it. Set `.trainer` after the
+    Trainer is built; it must come before the EventCallback so that training's clock starts after it.
+    """
+    from transformers import TrainerCallback
+
+    class WarmUp(TrainerCallback):
+        def __init__(self) -> None:
+            self.trainer = None
+            self.seconds: float | None = None
+
+        def on_train_begin(self, args, state, control, train_dataloader=None, **kw):
+            if self.trainer is None or train_dataloader is None:
+                return
+            began = time.monotonic()
+            tokens = warm_up(self.trainer, train_dataloader, sink)
+            if tokens is None:
+                return
+            self.seconds = round(time.monotonic() - began, 3)
+            # the phase's last event: its duration (bench/product.py reads `seconds`)
+            sink(make_event("phase", phase="warming_up", progress=None, seconds=self.seconds, tokens=tokens,
+                            message=f"Warm-up done in {self.seconds:.2f} s"))
+
+    return WarmUp()
+
+
+def warm_up(trainer, train_dataloader, sink: EventSink) -> int | None:
+    """One forward + backward of the Trainer's first micro-batch, leaving training exactly as it was (make_warmup's
+    docstring says what is kept). Returns the micro-batch's token count, or None when there is no batch."""
+    import copy
+    import random
+
+    import numpy as np
+    import torch
+
+    # The plain DataLoader under accelerate's DataLoaderShard: the same sampler shard and collator, without the
+    # shard's own iteration bookkeeping (its epoch counter, its rank-0 broadcast of the generator's state).
+    loader = getattr(train_dataloader, "base_dataloader", train_dataloader)
+    generators = _sampler_generators(loader)
+    saved = [(g, g.get_state()) for g in generators]
+    py_state, np_state = random.getstate(), np.random.get_state()
+    metrics = copy.deepcopy(getattr(trainer, "_metrics", None))
+    total_tokens = getattr(trainer, "_total_train_tokens", None)
+    had_ga = "current_gradient_accumulation_steps" in vars(trainer)
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    try:
+        # fork_rng over the GPU training uses only: forking every device would start a CUDA context on the others
+        with torch.random.fork_rng(devices=devices):
+            batches, n_items = trainer.get_batch_samples(iter(loader), 1, trainer.args.device)
+            if not batches:
+                return None
+            batch = batches[0]
+            ids = batch.get("input_ids")
+            tokens = int(ids.numel()) if ids is not None else 0
+            with phase(sink, "warming_up", f"Warming up on the first micro-batch ({tokens:,} tokens): one forward + "
+                                           "backward, no optimizer step"):
+                if not had_ga:  # set by the training loop per optimizer step; the loss scale is irrelevant here
+                    trainer.current_gradient_accumulation_steps = 1
+                trainer.training_step(trainer.model_wrapped, batch, n_items)
+                if devices:
+                    torch.cuda.synchronize()  # the work is done when the phase ends, not queued into step 1
+        return tokens
+    finally:
+        trainer.model_wrapped.zero_grad(set_to_none=True)  # as the Trainer left them just before on_train_begin
+        for g, st in saved:
+            g.set_state(st)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        if metrics is not None:
+            trainer._metrics = metrics
+        if total_tokens is not None:
+            trainer._total_train_tokens = total_tokens
+        if not had_ga:
+            vars(trainer).pop("current_gradient_accumulation_steps", None)
+
+
+def _sampler_generators(loader) -> list:
+    """The torch.Generators a DataLoader's order is drawn from (its own, its sampler's, a sharded batch sampler's)."""
+    import torch
+
+    found, seen = [], set()
+    for obj in (loader, getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
+        for o in (obj, getattr(obj, "sampler", None), getattr(obj, "batch_sampler", None),
+                  getattr(getattr(obj, "batch_sampler", None), "sampler", None)):
+            g = getattr(o, "generator", None)
+            if isinstance(g, torch.Generator) and id(g) not in seen:
+                seen.add(id(g))
+                found.append(g)
+    return found
 
 
 def rng_state() -> dict:

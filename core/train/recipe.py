@@ -34,7 +34,7 @@ from typing import Any
 
 from core.config import checklist
 from core.runs.folders import STOP_FILE
-from core.train.callbacks import BarOnly, make_callback, phase, watch_stop
+from core.train.callbacks import BarOnly, make_callback, make_warmup, phase, watch_stop
 from core.checks import check
 from core.config.settings import ConfigError, TrainConfig
 from core.runs.events import EventSink, JsonlSink, fan_out, make_event
@@ -58,6 +58,12 @@ def uses_cuda(cfg: TrainConfig) -> bool:
     import torch
 
     return cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+
+
+def warms_up(cfg: TrainConfig, cuda: bool) -> bool:
+    """kernel_warmup: auto is on with CUDA (the first step pays seconds of one-time set-up there), off on the CPU,
+    which has no such set-up: there the pass would only cost one more micro-step."""
+    return cfg.kernel_warmup == "on" or (cfg.kernel_warmup == "auto" and cuda)
 
 
 # --- config -> library arguments (core/config/arguments.py holds the mapping) -----------------------------------------
@@ -188,12 +194,17 @@ def build_run(cfg: TrainConfig, emit: EventSink, plan, tokenizer, path: str, sto
             from transformers import EarlyStoppingCallback
 
             extra.append(EarlyStoppingCallback(early_stopping_patience=cfg.early_stopping_patience))
+    # The warm-up before the event callback: training's clock (step events, tokens/s) starts after it.
+    warm = [make_warmup(emit)] if warms_up(cfg, cuda) else []
     with phase(emit, "tokenizing", "Tokenizing"):
         # plan.train_dataset(): exactly the plan's training rows, already tokenized and cut (validation's likewise)
         trainer = build_trainer(cfg, model, tokenizer, plan.train_dataset(), output_dir,
-                                callbacks=[callback, *extra, *callbacks], console=console,
+                                callbacks=[*warm, callback, *extra, *callbacks], console=console,
                                 eval_dataset=val_plan.train_dataset() if evaluating else None)
         distributed.fsdp_wrap_policy(trainer)  # FSDP-QLoRA: LoRA layers wrapped on their own (no-op otherwise)
+    for w in warm:
+        w.trainer = trainer  # it runs the Trainer's own training_step on the Trainer's own dataloader
+    callback.warmup = warm[0] if warm else None
     return trainer, callback, trainable
 
 
@@ -343,6 +354,8 @@ def summarize(cfg: TrainConfig, trainer, output, callback, plan, started: float,
         "train_tokens": int(trainer.state.num_input_tokens_seen or 0),
         "runtime_s": round(time.monotonic() - started, 2),
         "train_runtime_s": output.metrics.get("train_runtime"),
+        # the warm-up pass before step 1 (kernel_warmup), inside train_runtime_s; None when it did not run
+        "warmup_s": getattr(getattr(callback, "warmup", None), "seconds", None),
         "tokens_per_s": None,
         "peak_allocated_gib": None,
         "peak_reserved_gib": None,
