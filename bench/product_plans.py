@@ -178,6 +178,21 @@ def plan(name: str) -> list[Variant]:
             Variant("8b-fastest", "fastest", off, steps=15, arch="llama-3.1-8b", timeout_s=90,
                     note="8 packs: not grown (22.4 GiB predicted)"),
         ]
+    if name == "i25e":  # 2026-12-02 call 3: compile_layers with liger's in-layer kernels off (call 2: dynamo could
+        # not trace them), the grown 3B fastest, Phi-3's new activation term; fastest beside them for the ratio
+        off, on = ["validation_share=0"], ["validation_share=0", "compile_layers=true"]
+        logs = {"TORCH_LOGS": "recompiles,graph_breaks"}
+        return [
+            Variant("fastest", "fastest", off, steps=15, warm=4, timeout_s=60),
+            Variant("fastest-compile", "fastest", on, steps=20, warm=6, timeout_s=150, env=logs),
+            Variant("lowest_memory-compile", "lowest_memory", on, steps=12, warm=4, timeout_s=150, env=logs),
+            Variant("3b-fastest", "fastest", off, steps=15, warm=4, arch="llama-3.2-3b", timeout_s=70,
+                    note="fit_preset grows the 3B's micro-batch (16 packs)"),
+            Variant("3b-fastest-compile", "fastest", on, steps=15, warm=5, arch="llama-3.2-3b", timeout_s=100,
+                    env=logs),
+            Variant("phi3-fastest", "fastest", off, steps=10, warm=3, arch="phi-3-mini", timeout_s=80,
+                    note="the estimate with v as a view of qkv_proj's output: 13.37 / 15.65 GiB"),
+        ]
     if name == "i25smoke":  # the i25 plans' code paths on the CPU (tiny model)
         return [Variant("prof-fastest-512", "fastest", steps=4, torch_steps="3-4", warm=1),
                 Variant("prof-lowest_memory-512", "lowest_memory", steps=3, torch_steps="2-3", warm=1,
