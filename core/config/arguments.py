@@ -15,10 +15,6 @@ from core.config.settings import TrainConfig
 
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
-# liger's per-model patch functions take these switches (each model family reads the ones it has).
-LIGER_WITH_COMPILED_LAYERS = {"rope": False, "rms_norm": False, "swiglu": False, "geglu": False, "layer_norm": False,
-                              "fused_linear_cross_entropy": True}
-
 
 def dtype_name(cfg: TrainConfig) -> str:
     return DTYPE_NAMES[cfg.precision]
@@ -105,11 +101,11 @@ def sft_kwargs(cfg: TrainConfig, output_dir: str | Path, cuda: bool, console: bo
         **({"gradient_checkpointing_kwargs": {"use_reentrant": False}} if cfg.gradient_checkpointing else {}),
         "max_length": cfg.max_length,  # was SFTTrainer(max_seq_length=...) in the chapter
         "packing": cfg.packing,
-        "use_liger_kernel": cfg.use_liger_kernel,
         # Compiled layers (compile_layers) and liger's in-layer Triton kernels do not mix: dynamo cannot trace
-        # liger's autograd functions (torch 2.11, liger 0.8.5: an AssertionError at the first RMSNorm), and inductor
-        # fuses the norms, RoPE and the gated MLP itself. Liger keeps the fused cross-entropy, outside the layers.
-        **({"liger_kernel_config": LIGER_WITH_COMPILED_LAYERS} if cfg.use_liger_kernel and cfg.compile_layers else {}),
+        # liger's autograd functions (torch 2.11, liger 0.8.5: an AssertionError at the first RMSNorm, bench/RESULTS.md
+        # run 10), and inductor fuses the norms, RoPE and the gated MLP itself. TRL's own fused LM head (the loss
+        # without the full logits) is applied either way, so liger is simply not asked for.
+        "use_liger_kernel": cfg.use_liger_kernel and not cfg.compile_layers,
         "logging_steps": cfg.logging_steps,
         "save_strategy": cfg.save_strategy,
         "save_steps": cfg.save_steps,

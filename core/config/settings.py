@@ -260,7 +260,8 @@ class TrainConfig:
     compile_layers: bool = field(default=False, metadata=_help(
         "Regional compilation: torch.compile each decoder layer once (one graph, reused by every layer), so LoRA, "
         "4-bit dequantization, norms and activations run as fewer fused kernels with less Python per step. The "
-        "first step compiles (tens of seconds on a GPU; the log says how long). Same results. Not measured yet.",
+        "first step compiles (tens of seconds on a GPU; the log says how long). Same results on the CPU. It replaces "
+        "liger's in-layer kernels (use_liger_kernel), which the compiler cannot trace. Not measured on a GPU yet.",
         lever=Lever("beyond", (PREP,), (), order=8)))
     seed: int = field(default=42, metadata=_help("Random seed for data order, LoRA init and dropout.", min=0,
                                                  max=2**32 - 1))  # numpy's seeds are 32-bit
