@@ -137,16 +137,14 @@ def public_problems(cfg: "TrainConfig") -> list["Problem"]:
     why = model_problem(cfg)
     if why:
         field = "trust_remote_code" if cfg.trust_remote_code else "model"
-        out.append(Problem(field, why, "untick it" if cfg.trust_remote_code else "give a Hub model id"))
+        out.append(Problem.of(field, "problem.public_trust" if cfg.trust_remote_code else "problem.public_model", why=why))
     why = dataset_problem(cfg.dataset)
     if why:
-        out.append(Problem("dataset", why, "upload the file, or give a Hub dataset id"))
+        out.append(Problem.of("dataset", "problem.public_dataset", why=why))
     if not inside(cfg.output_dir, root):
-        out.append(Problem("output_dir", f"on this public server runs are kept in {root} only",
-                           f"leave output_dir at {root.name}"))
+        out.append(Problem.of("output_dir", "problem.public_output", root=root, name=root.name))
     if cfg.resume_from and not inside(cfg.resume_from, root):
-        out.append(Problem("resume_from", f"on this public server only runs in {root} can be resumed",
-                           "pick the run in History"))
+        out.append(Problem.of("resume_from", "problem.public_resume", root=root))
     return out
 
 
