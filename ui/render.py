@@ -540,7 +540,7 @@ def log_line(line: str, lang: str = "en") -> str:
     An error line that carries its message's key (core.messages.SaidLine) is said by that key, not by the rules."""
     if normalize(lang) == "en" or not (m := _LOG_TIME.match(line)):
         return line
-    if isinstance(line, SaidLine) and (head := re.match(r"(?:ERROR \((\w+)\)|finished: (\w+) -) ", m[2])):
+    if isinstance(line, SaidLine) and (head := re.match(r"(?:ERROR \((\w+)\):|finished: (\w+) -) ", m[2])):
         said = said_text(line.said, "", lang)
         if head[1]:
             return f'{m[1]}  {t("log.error", lang, type=t(f"log.error_type.{head[1]}", lang))}{_colon(lang)}{said}'

@@ -293,8 +293,8 @@ def _json_hint(line: str, at: int, width: int = 40) -> dict[str, Any]:
     at = min(at, len(line))
     before, after = line[max(0, at - width):at], line[at:at + width]
     excerpt = ("..." if at > width else "") + before + ">>>" + after + ("..." if at + width < len(line) else "")
-    key = "data.err.json_hint_open" if _ends_inside_string(line) else "data.err.json_hint"
-    return {"key": key, "params": {"excerpt": repr(excerpt)}}
+    return {"key": "data.err.json_hint_open" if _ends_inside_string(line) else "data.err.json_hint",
+            "params": {"excerpt": repr(excerpt)}}
 
 
 def _ends_inside_string(line: str) -> bool:
