@@ -17,7 +17,7 @@ from core.i18n import STRINGS
 from core.messages import english, fields_of, say
 
 ROOT = Path(__file__).resolve().parent.parent
-RAISED = {"DataError", "ModelError"}  # first argument: the key; keyword arguments: its parameters (row aside)
+RAISED = {"DataError", "ModelError", "ValueProblem"}  # first argument: the key; keyword arguments: its parameters (row aside)
 NOT_PARAMS = {"row"}
 
 
@@ -183,6 +183,19 @@ def test_a_value_below_its_minimum_reads_in_the_pages_language(lang):
     assert "<code>lora_r</code>" in html and escape(WORDS["minimum"][lang]) in html
     assert "below the minimum" not in html and "use a value" not in html
     assert "below the minimum 1" in summary_html(cfg, validate(cfg), lang="en")
+
+
+def test_a_value_of_the_wrong_type_reads_in_the_pages_language():
+    """--set / a YAML / a widget value that is not of the field's type: the value's own message nests in the
+    problem's, both said in the page's language."""
+    from core.config.settings import ConfigError, TrainConfig, apply_overrides
+    from ui.render import problems_html
+
+    with pytest.raises(ConfigError) as caught:
+        apply_overrides(TrainConfig(), ["lora_r=abc"])
+    assert str(caught.value).endswith("lora_r: 'abc' is not a whole number -> give a whole number")
+    html = problems_html(caught.value.problems, "x", "pt")
+    assert escape("'abc' não é um número inteiro") in html and "informe um valor do tipo número inteiro" in html
 
 
 def test_a_failed_runs_error_event_reads_in_the_pages_language(tmp_path):

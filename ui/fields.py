@@ -97,7 +97,7 @@ def collect(values: dict[str, Any]) -> tuple[TrainConfig | None, list[Problem]]:
         try:
             data[name] = coerce(name, value)
         except ValueError as exc:
-            problems.append(Problem.of(name, "problem.widget_value", why=str(exc)))
+            problems.append(Problem.of(name, "problem.widget_value", why=exc))
     if problems:
         return None, problems
     try:

@@ -27,7 +27,7 @@ from typing import Any, get_type_hints
 import yaml
 
 from core.config.hardware import Hardware, no_gpu_driver, output_problem  # noqa: F401 - re-exported: callers import them here
-from core.config.values import coerce_to, type_label
+from core.config.values import coerce_to, type_key
 from core.messages import plain, say
 
 DEMO_MODEL = "memtune/demo-tiny-llama"  # built locally by core.demo, never downloaded
@@ -315,7 +315,7 @@ class TrainConfig:
             try:
                 values[name] = coerce(name, value)
             except ValueError as exc:
-                problems.append(Problem.of(name, "problem.bad_value", why=str(exc), type=type_label(known[name])))
+                problems.append(Problem.of(name, "problem.bad_value", why=exc, type={"key": type_key(known[name])}))
         if problems:
             raise ConfigError(problems)
         return cls(**values)
@@ -403,7 +403,7 @@ def apply_overrides(cfg: TrainConfig, assignments: list[str]) -> TrainConfig:
             try:
                 changes[name] = coerce(name, yaml.safe_load(raw) if known[name] is not str else raw)
             except (ValueError, yaml.YAMLError) as exc:
-                problems.append(Problem.of(name, "problem.bad_value", why=str(exc), type=type_label(known[name])))
+                problems.append(Problem.of(name, "problem.bad_value", why=exc, type={"key": type_key(known[name])}))
     if problems:
         raise ConfigError(problems)
     return cfg.replace(**changes)
