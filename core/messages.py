@@ -33,10 +33,24 @@ class _Keep(dict):
         return "{" + key + "}"
 
 
+class Said(str):
+    """English text (what the engine has always returned) that also carries its key + params: a helper that returns
+    a reason as a string (e.g. output_problem) stays a string for its callers, and nests as a message in a keyed one."""
+
+    key: str
+    params: dict[str, Any]
+
+    def __new__(cls, key: str, **params: Any) -> "Said":
+        params = {k: plain(v) for k, v in params.items()}
+        text = super().__new__(cls, say(key, params))
+        text.key, text.params = key, params
+        return text
+
+
 def plain(value: Any) -> Any:
     """A parameter as the event file can hold it: numbers and text as they are, nested messages kept, else str()."""
-    if isinstance(value, Keyed):
-        return value.as_param()
+    if isinstance(value, (Keyed, Said)):
+        return {"key": value.key, "params": value.params}
     if isinstance(value, dict) and "key" in value:
         return {"key": value["key"], "params": {k: plain(v) for k, v in (value.get("params") or {}).items()}}
     if isinstance(value, bool) or value is None:

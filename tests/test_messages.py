@@ -17,7 +17,7 @@ from core.i18n import STRINGS
 from core.messages import english, fields_of, say
 
 ROOT = Path(__file__).resolve().parent.parent
-RAISED = {"DataError", "ModelError", "ValueProblem"}  # first argument: the key; keyword arguments: its parameters (row aside)
+RAISED = {"DataError", "ModelError", "ValueProblem", "Said"}  # first argument: the key; keyword arguments: its parameters (row aside)
 NOT_PARAMS = {"row"}
 
 
@@ -249,3 +249,18 @@ def test_a_config_error_event_reads_in_the_pages_language(tmp_path):
     assert [p["key"] for p in error["problems"]] == ["problem.below_min"]
     line = log_line(format_event(error), "pt")
     assert "1 problema(s) na configuração:" in line and "lora_r: 0 está abaixo do mínimo 1 -> use um valor >= 1" in line
+
+
+def test_a_reason_from_a_helper_nests_in_the_problem_and_reads_in_the_pages_language(tmp_path):
+    """output_problem returns its reason as a string (messages.Said) that also carries its key: the output_dir problem
+    built from it says both parts in fr."""
+    from core.config.settings import config_problems, demo_config
+    from ui.render import problems_html
+
+    taken = tmp_path / "un-fichier.txt"
+    taken.write_text("x", encoding="utf-8")
+    (problem,) = [p for p in config_problems(demo_config(output_dir=str(taken))) if p.field == "output_dir"]
+    assert problem.message == f"{taken} is a file, not a folder"
+    assert problem.params["why"] == {"key": "output.is_file", "params": {"path": str(taken)}}
+    html = problems_html([problem], "x", "fr")
+    assert escape(f"{taken} est un fichier, pas un dossier") in html and "choisissez un dossier" in html

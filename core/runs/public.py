@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from core.files import real
+from core.messages import Said
 
 if TYPE_CHECKING:
     from core.config.settings import Problem, TrainConfig
@@ -94,8 +95,7 @@ def inside(path: str | Path, root: Path) -> bool:
 
 
 def local_path_refusal(what: str, value: str) -> str:
-    return (f"{value} is a path on the server: on this public server the {what} must come from the Hugging Face "
-            "Hub" + (" or an upload" if what == "dataset" else "") + " (or the demo)")
+    return Said("public.dataset_path" if what == "dataset" else "public.model_path", value=value)
 
 
 def dataset_problem(source: str) -> str | None:
@@ -118,7 +118,7 @@ def model_problem(cfg: "TrainConfig") -> str | None:
     if not is_public():
         return None
     if cfg.trust_remote_code:
-        return "trust_remote_code is not available on a public server: it would run a model's code here"
+        return Said("public.trust")
     model = cfg.model.strip()
     if model != DEMO_MODEL and (model.startswith((".", "/", "~")) or model.count("/") > 1
                                 or Path(model).expanduser().exists()):
