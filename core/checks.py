@@ -21,10 +21,11 @@ def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
     if cfg.resume_from:
         why = resume_problem(cfg.resume_from)
         if why:
-            problems.append(Problem("resume_from", why,
-                                    "give a memtune run folder that has a checkpoint, or leave it empty"))
+            problems.append(Problem.of("resume_from", "problem.resume", why=why))
     problems.extend(public_problems(cfg))  # public mode: no local paths, no remote code, runs in the app's folder
-    problems.extend(Problem(*p) for p in distributed.problems(cfg, hw.n_gpus))
+    # distributed's (field, message, fix) are English only: said as they are (problem.as_said)
+    problems.extend(Problem.of(name, "problem.as_said", why=why, fix=fix)
+                    for name, why, fix in distributed.problems(cfg, hw.n_gpus))
     return problems
 
 

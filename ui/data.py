@@ -60,13 +60,13 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
     try:
         raw, fmt = check_data(cfg)
     except DataError as exc:
-        return error_box(t("preview.data_error", lang), str(exc))
+        return error_box(t("preview.data_error", lang), render.error_text(exc, lang))
     except Exception as exc:  # noqa: BLE001 - keep the page alive whatever the data holds
         return error_box(t("preview.read_error", lang), f"{type(exc).__name__}: {exc}")
     try:
         tokenizer = _tokenizer(cfg.model, cfg.trust_remote_code)
     except (ModelError, OSError, ValueError) as exc:
-        return error_box(t("preview.tokenizer_error", lang), str(exc))
+        return error_box(t("preview.tokenizer_error", lang), render.error_text(exc, lang))
     try:
         from core.data.validation import split
         from ui.validation import split_note
@@ -79,7 +79,7 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
         plan.notes.append(_lora_line(cfg, lang))
         return split_note(held, lang) + preview_html(plan, lang)
     except DataError as exc:
-        return error_box(t("preview.data_error", lang), str(exc))
+        return error_box(t("preview.data_error", lang), render.error_text(exc, lang))
     except Exception as exc:  # noqa: BLE001
         return error_box(t("preview.read_error", lang), f"{type(exc).__name__}: {exc}")
 
@@ -101,7 +101,7 @@ def _lora_line(cfg: TrainConfig, lang: str) -> str:
 def on_preview(lang: str, *values) -> str:
     cfg, problems = collect(values_dict(values))
     if cfg is None:
-        return render.problems_html(problems, t("preview.cannot", lang))
+        return render.problems_html(problems, t("preview.cannot", lang), lang)
     return preview(cfg, lang)
 
 
@@ -151,7 +151,7 @@ def on_upload(form: Form, lang: str, file_path, *values) -> Updates:
         check_data(TrainConfig(dataset=str(incoming), dataset_split="train", dataset_format="auto"))
     except DataError as exc:
         incoming.unlink(missing_ok=True)
-        return rejected(str(exc).replace(str(incoming), Path(file_path).name))
+        return rejected(render.error_text(exc, lang).replace(str(incoming), Path(file_path).name))
     try:
         dest = Path(shutil.move(incoming, incoming.with_name(upload_name(file_path))))
     except OSError as exc:
@@ -161,5 +161,5 @@ def on_upload(form: Form, lang: str, file_path, *values) -> Updates:
     vals.update(dataset=str(dest), dataset_split="train", dataset_format="auto")
     cfg, problems = collect(vals)
     if cfg is None:
-        return {form.preview: render.problems_html(problems, t("preview.cannot", lang))}
+        return {form.preview: render.problems_html(problems, t("preview.cannot", lang), lang)}
     return {**apply_config(form, cfg, lang), form.preview: preview(cfg, lang)}

@@ -85,10 +85,10 @@ def collect(values: dict[str, Any]) -> tuple[TrainConfig | None, list[Problem]]:
         value = values.get(name)
         tp = field_types()[name]
         if value is None and tp in (int, float):
-            problems.append(Problem(name, "is empty", "enter a number"))
+            problems.append(Problem.of(name, "problem.widget_empty"))
             continue
         if value is None and tp is str and field_meta(name).get("choices"):
-            problems.append(Problem(name, "nothing is selected", "pick one of the choices"))
+            problems.append(Problem.of(name, "problem.widget_unselected"))
             continue
         if value is None:
             value = [] if tp == list[str] else ("" if tp is str else value)
@@ -97,7 +97,7 @@ def collect(values: dict[str, Any]) -> tuple[TrainConfig | None, list[Problem]]:
         try:
             data[name] = coerce(name, value)
         except ValueError as exc:
-            problems.append(Problem(name, str(exc), "correct the value"))
+            problems.append(Problem.of(name, "problem.widget_value", why=exc))
     if problems:
         return None, problems
     try:

@@ -143,7 +143,7 @@ def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
 
     cfg, problems = collect(values_dict(values))
     if cfg is None:
-        return {form.fit_note: render.problems_html(problems, t("summary.unreadable", lang))}
+        return {form.fit_note: render.problems_html(problems, t("summary.unreadable", lang), lang)}
     gib, real = fit_budget_gib(budget, cfg)
     if gib is None:
         gr.Warning(t("fit.no_budget", lang))
@@ -179,7 +179,7 @@ def on_start(form: Form, lang: str, *values) -> Updates:
     cfg, problems = read_config(values)
     if cfg is None or problems:
         gr.Warning(t("msg.not_started", lang, n=len(problems)))
-        return {form.run_notice: render.problems_html(problems, t("msg.not_started_title", lang))}
+        return {form.run_notice: render.problems_html(problems, t("msg.not_started_title", lang), lang)}
     free_try_model()
     try:
         job = MANAGER.start(cfg)
@@ -215,7 +215,7 @@ def on_save_config(form: Form, lang: str, name: str, *values) -> Updates:
                                           else t("config.give_name", lang), "error"))
     cfg, problems = collect(values_dict(values))
     if cfg is None:
-        return notice(render.problems_html(problems, t("config.not_saved", lang)))
+        return notice(render.problems_html(problems, t("config.not_saved", lang), lang))
     path = config_dir() / f"{name}.yaml"
     existed = path.exists()
     try:
@@ -241,10 +241,10 @@ def on_load_config(form: Form, lang: str, name: str) -> Updates:
     except OSError as exc:
         return notice(render.message_html(f"{path}: {exc}", "error"))
     except ConfigError as exc:
-        return notice(render.problems_html(exc.problems, t("config.not_loaded", lang, path=path)))
+        return notice(render.problems_html(exc.problems, t("config.not_loaded", lang, path=path), lang))
     problems = field_problems(cfg)
     if problems:
-        return notice(render.problems_html(problems, t("config.out_of_range", lang, path=path)))
+        return notice(render.problems_html(problems, t("config.out_of_range", lang, path=path), lang))
     from core.runs.public import without_remote_code
 
     cfg, asked = without_remote_code(cfg)  # h2: a file never turns trust_remote_code on by itself

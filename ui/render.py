@@ -16,8 +16,9 @@ from typing import Any, Iterable
 
 from core.config.settings import Problem, TrainConfig
 from core.estimate.predict import FIT_MARGIN
-from core.i18n import normalize, t
+from core.i18n import STRINGS, normalize, t
 from core.jobs.view import JobView
+from core.messages import SaidLine, fields_of, say
 
 E = html.escape
 
@@ -247,7 +248,7 @@ def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None
     s = v.summary or {}
     if v.state in ("failed", "interrupted") or not v.adapter_dir:
         title = t("result.failed" if v.state == "failed" else "result.interrupted", lang)
-        msg = log_text(v.message, lang) or (t("result.interrupted_message", lang, path=v.run_dir)
+        msg = said_text(v.said, v.message, lang) or (t("result.interrupted_message", lang, path=v.run_dir)
                                             if v.state == "interrupted" else t("result.no_adapter", lang))
         kind = f" ({E(t(f'log.error_type.{v.error_type}', lang))})" if v.error_type else ""
         return (f'<div class="mt-result mt-result-failed" id="mt-result-failed"><b>{E(title)}{kind}</b>'
@@ -538,10 +539,52 @@ def log_text(text: str, lang: str = "en") -> str:
 
 
 def log_line(line: str, lang: str = "en") -> str:
-    """One run-log line in the page's language (the engine writes English; English lines are left as they are)."""
+    """One run-log line in the page's language (the engine writes English; English lines are left as they are).
+    An error line that carries its message's key (core.messages.SaidLine) is said by that key, not by the rules."""
     if normalize(lang) == "en" or not (m := _LOG_TIME.match(line)):
         return line
+    if isinstance(line, SaidLine) and (head := re.match(r"(?:ERROR \((\w+)\):|finished: (\w+) -) ", m[2])):
+        said = said_text(line.said, "", lang)
+        if head[1]:
+            return f'{m[1]}  {t("log.error", lang, type=t(f"log.error_type.{head[1]}", lang))}{_colon(lang)}{said}'
+        return f'{m[1]}  {t("log.finished", lang, status=t(f"state.{head[2]}", lang))} - {said}'
     return f"{m[1]}  {log_rule(m[2], lang) or _say(m[2], lang)}"
+
+
+def _number(value: int | float, lang: str) -> str:
+    """A number parameter of an engine message as the language writes it (ints grouped, decimal comma)."""
+    return integer(value, lang) if isinstance(value, int) else _dec(str(value), lang)
+
+
+def said(key: str, params: dict[str, Any] | None, lang: str) -> str:
+    """An engine message by its locale key (core.messages.say) in the page's language: the user's values as they
+    are, numbers as the language writes them; a parameter that is an English sentence from elsewhere in the engine
+    (`why`) goes through the log rules, and stays English when none knows it."""
+    params = {k: (log_text(v, lang) if k == "why" and isinstance(v, str) else v) for k, v in (params or {}).items()}
+    return say(key, params, lang, lookup=lambda k, lg: STRINGS[normalize(lg)].get(k), number=_number)
+
+
+def error_text(exc: BaseException, lang: str) -> str:
+    """An engine exception's message in the page's language: by its key when it has one (DataError, ModelError,
+    a keyed ConfigError), else as str(exc) through the log rules."""
+    return said_text(fields_of(exc), str(exc), lang)
+
+
+def said_text(record: dict[str, Any] | None, english: str, lang: str) -> str:
+    """A failed run's message (its error event's or summary.json's `key`/`params`/`problems`, core.messages.said_of)
+    in the page's language; a record without them (an older run, an unexpected error) as its English through the log
+    rules."""
+    record = record or {}
+    if normalize(lang) == "en" or not (record.get("key") or record.get("problems")):
+        return log_text(english, lang)
+    if record.get("key"):
+        return said(record["key"], record.get("params"), lang)
+    problems = record["problems"]
+    lines = [t("problem.count", lang, n=integer(len(problems), lang))]
+    for p in problems:
+        lines.append(f'  - {p.get("field", "")}: {said(p["key"], p.get("params"), lang)} -> '
+                     f'{said(p["key"] + ".fix", p.get("params"), lang)}')
+    return "\n".join(lines)
 
 
 def log_html(lines: list[str], lang: str = "en") -> str:
@@ -556,7 +599,7 @@ def summary_html(cfg: TrainConfig | None, problems: list[Problem], checklist_on:
                  predicted_gib: float | None = None, lang: str = "en", gpus: int = 1) -> str:
     """The settings at a glance, with every problem. `gpus`: the run's processes; above 1 the peak is per GPU."""
     if cfg is None:
-        return problems_html(problems, t("summary.unreadable", lang))
+        return problems_html(problems, t("summary.unreadable", lang), lang)
     quant = (t("summary.quant", lang, type=cfg.bnb_4bit_quant_type)
              + (" " + t("summary.double_quant", lang) if cfg.bnb_4bit_use_double_quant else "")
              if cfg.load_in_4bit else t("summary.no_quant", lang))
@@ -591,7 +634,7 @@ def summary_html(cfg: TrainConfig | None, problems: list[Problem], checklist_on:
         out.append(f'<span class="mt-chip" data-key="{key}">{E(text)}</span>')
     out.append("</div>")
     if problems:
-        out.append(problems_html(problems, t("summary.fix_before", lang)))
+        out.append(problems_html(problems, t("summary.fix_before", lang), lang))
     return "".join(out)
 
 
@@ -629,14 +672,16 @@ def facts_html(key: str, saved_gib: float | None, speed: list[tuple[str, str]], 
             f'<span class="mt-fact-v">{lines}</span></div></div>')
 
 
-def problems_html(problems: Iterable[Problem | str], title: str = "Problems") -> str:
+def problems_html(problems: Iterable[Problem | str], title: str = "Problems", lang: str = "en") -> str:
     items = list(problems)
     if not items:
         return ""
     lis = []
     for p in items:
         if isinstance(p, Problem):
-            lis.append(f"<li><code>{E(p.field)}</code> {E(p.message)} &rarr; <i>{E(p.fix)}</i></li>")
+            message, fix = ((said(p.key, p.params, lang), said(p.key + ".fix", p.params, lang)) if p.key
+                            else (p.message, p.fix))
+            lis.append(f"<li><code>{E(p.field)}</code> {E(message)} &rarr; <i>{E(fix)}</i></li>")
         else:
             lis.append(f"<li>{E(str(p))}</li>")
     return (f'<div class="mt-problems" id="mt-problems"><b>{E(title)} ({len(items)})</b>'
@@ -672,7 +717,7 @@ def run_detail_html(detail: Any, lang: str = "en", predicted: dict[str, float] |
         (t("history.checkpoint", lang), f"<code>{E(info.checkpoint)}</code>" if info.checkpoint else "-"),
     ]
     if info.message and info.status == "failed":
-        rows.append((t("history.message", lang), f'<span class="mt-warn-text">{E(log_text(info.message, lang))}</span>'))
+        rows.append((t("history.message", lang), f'<span class="mt-warn-text">{E(said_text(info.said, info.message, lang))}</span>'))
     table = "".join(f'<div class="mt-k">{E(k)}</div><div class="mt-v">{v}</div>' for k, v in rows)
     return (f'<div class="mt-result mt-history-detail" id="mt-history-detail" data-run="{E(info.name)}">'
             f'<b>{E(info.name)}</b><div class="mt-kv">{table}</div>'

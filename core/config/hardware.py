@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.messages import Said
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -70,16 +72,16 @@ def output_problem(folder: str) -> str | None:
 
     path = real(folder)
     if path.exists() and not path.is_dir():
-        return f"{path} is a file, not a folder"
+        return Said("output.is_file", path=path)
     if path.parts[:2] in (("/", "proc"), ("/", "sys"), ("/", "dev")):
-        return f"{path} is a system folder ({'/'.join(path.parts[:2])[1:]}), not a place for files"
+        return Said("output.system", path=path, folder="/".join(path.parts[:2])[1:])
     existing = path
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        return f"{path} cannot be created: {existing} is a file"
+        return Said("output.parent_file", path=path, existing=existing)
     if os.statvfs(existing).f_flag & os.ST_RDONLY:
-        return f"{path} is on a read-only file system"
+        return Said("output.read_only", path=path)
     if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{path} cannot be created or written: no permission to write in {existing}"
+        return Said("output.no_permission", path=path, existing=existing)
     return None

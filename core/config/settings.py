@@ -27,7 +27,8 @@ from typing import Any, get_type_hints
 import yaml
 
 from core.config.hardware import Hardware, no_gpu_driver, output_problem  # noqa: F401 - re-exported: callers import them here
-from core.config.values import coerce_to, type_label
+from core.config.values import coerce_to, type_key
+from core.messages import plain, say
 
 DEMO_MODEL = "memtune/demo-tiny-llama"  # built locally by core.demo, never downloaded
 DEMO_DATASET = "memtune/demo"  # shipped in assets/demo/
@@ -320,15 +321,13 @@ class TrainConfig:
         known = field_types()
         unknown = sorted(set(data) - set(known))
         if unknown:
-            raise ConfigError([Problem(k, "is not a memtune setting",
-                                       "remove it; known settings are listed by `python -m core.train --dump-config`")
-                               for k in unknown])
+            raise ConfigError([Problem.of(k, "problem.unknown_setting") for k in unknown])
         values, problems = {}, []
         for name, value in data.items():
             try:
                 values[name] = coerce(name, value)
             except ValueError as exc:
-                problems.append(Problem(name, str(exc), f"give a {type_label(known[name])}"))
+                problems.append(Problem.of(name, "problem.bad_value", why=exc, type={"key": type_key(known[name])}))
         if problems:
             raise ConfigError(problems)
         return cls(**values)
@@ -341,13 +340,12 @@ class TrainConfig:
         try:
             data = yaml.load(text, Loader=_StrictLoader) or {}
         except DuplicateKey as exc:
-            raise ConfigError([Problem(str(exc.key), f"is set twice in the file (lines {exc.lines[0]} and "
-                                       f"{exc.lines[1]}); YAML would silently keep the last one",
-                                       "keep one of the two lines")]) from None
+            raise ConfigError([Problem.of(str(exc.key), "problem.yaml_twice", first=exc.lines[0],
+                                          second=exc.lines[1])]) from None
         except yaml.YAMLError as exc:
-            raise ConfigError([Problem("(file)", f"is not valid YAML: {exc}", "fix the YAML syntax")]) from None
+            raise ConfigError([Problem.of("(file)", "problem.yaml_invalid", error=exc)]) from None
         if not isinstance(data, dict):
-            raise ConfigError([Problem("(file)", "does not hold a mapping of settings", "write `name: value` lines")])
+            raise ConfigError([Problem.of("(file)", "problem.yaml_not_mapping")])
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> Path:
@@ -362,7 +360,7 @@ class TrainConfig:
     def load(cls, path: str | Path) -> "TrainConfig":
         path = Path(path)
         if not path.is_file():
-            raise ConfigError([Problem("(file)", f"{path} does not exist", "give the path of a YAML config")])
+            raise ConfigError([Problem.of("(file)", "problem.config_missing", path=path)])
         return cls.from_yaml(path.read_text(encoding="utf-8"))
 
 
@@ -413,14 +411,14 @@ def apply_overrides(cfg: TrainConfig, assignments: list[str]) -> TrainConfig:
         name, sep, raw = item.partition("=")
         name = name.strip()
         if not sep:
-            problems.append(Problem(item, "is not of the form field=value", "write e.g. --set learning_rate=1e-4"))
+            problems.append(Problem.of(item, "problem.not_assignment"))
         elif name not in known:
-            problems.append(Problem(name, "is not a memtune setting", "see `python -m core.train --dump-config`"))
+            problems.append(Problem.of(name, "problem.unknown_set"))
         else:
             try:
                 changes[name] = coerce(name, yaml.safe_load(raw) if known[name] is not str else raw)
             except (ValueError, yaml.YAMLError) as exc:
-                problems.append(Problem(name, str(exc), f"give a {type_label(known[name])}"))
+                problems.append(Problem.of(name, "problem.bad_value", why=exc, type={"key": type_key(known[name])}))
     if problems:
         raise ConfigError(problems)
     return cfg.replace(**changes)
@@ -432,6 +430,14 @@ class Problem:
     field: str
     message: str
     fix: str
+    key: str = ""  # locale key of the message (`key + ".fix"`: of the fix), so a page can say both in its language
+    params: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+
+    @classmethod
+    def of(cls, field: str, key: str, **params: Any) -> "Problem":
+        """A problem said by locale key: en.json's `key` and `key.fix`, filled with params (the user's values)."""
+        params = {k: plain(v) for k, v in params.items()}
+        return cls(field, say(key, params), say(key + ".fix", params), key, params)
 
     def __str__(self) -> str:
         return f"{self.field}: {self.message} -> {self.fix}"
@@ -443,7 +449,7 @@ class ConfigError(ValueError):
     def __init__(self, problems: list[Problem]):
         self.problems = list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{len(self.problems)} problem(s) in the configuration:\n{lines}")
+        super().__init__(say("problem.count", {"n": len(self.problems)}) + f"\n{lines}")
 
 
 def field_problems(cfg: TrainConfig) -> list[Problem]:
@@ -454,22 +460,22 @@ def field_problems(cfg: TrainConfig) -> list[Problem]:
         meta, value, name = f.metadata, getattr(cfg, f.name), f.name
         choices = meta.get("choices")
         if choices and isinstance(value, str) and value not in choices:
-            p.append(Problem(name, f"{value!r} is not one of the choices", "pick one of: " + ", ".join(choices)))
+            p.append(Problem.of(name, "problem.not_a_choice", value=repr(value), choices=", ".join(choices)))
         if choices and isinstance(value, list):
             free = meta.get("pattern")  # names outside the offered ones, checked later against the model
             wrong = [v for v in value if v not in choices and not (free and re.fullmatch(free, v))]
             if wrong:
-                p.append(Problem(name, f"unknown module(s) {', '.join(wrong)}", "pick from: " + ", ".join(choices)))
+                p.append(Problem.of(name, "problem.unknown_modules", modules=", ".join(wrong), choices=", ".join(choices)))
             if not value:
-                p.append(Problem(name, "is empty", "name at least one layer, e.g. q_proj,v_proj"))
+                p.append(Problem.of(name, "problem.no_modules"))
         if isinstance(value, float) and not math.isfinite(value):
-            p.append(Problem(name, f"{value} is not a finite number", "give an ordinary number"))
+            p.append(Problem.of(name, "problem.not_finite", value=str(value)))
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             lo, hi = meta.get("min"), meta.get("max")
             if lo is not None and value < lo:
-                p.append(Problem(name, f"{value} is below the minimum {lo}", f"use a value >= {lo}"))
+                p.append(Problem.of(name, "problem.below_min", value=value, min=lo))
             elif hi is not None and value > hi:
-                p.append(Problem(name, f"{value} is above the maximum {hi}", f"use a value <= {hi}"))
+                p.append(Problem.of(name, "problem.above_max", value=value, max=hi))
     return p
 
 
@@ -479,44 +485,41 @@ def config_problems(cfg: TrainConfig, hw: Hardware | None = None) -> list[Proble
     hw = hw or Hardware.detect()
     p: list[Problem] = []
 
-    def bad(name: str, message: str, fix: str) -> None:
-        p.append(Problem(name, message, fix))
+    def bad(field_name: str, key: str, **params: Any) -> None:
+        p.append(Problem.of(field_name, key, **params))
 
     p.extend(field_problems(cfg))
     if not cfg.model.strip():
-        bad("model", "is empty", f"give a Hub id like meta-llama/Llama-3.1-8B, a local folder, or {DEMO_MODEL}")
+        bad("model", "problem.model_empty", demo=DEMO_MODEL)
     if not cfg.dataset.strip():
-        bad("dataset", "is empty", f"give a Hub dataset id, a local data file, or {DEMO_DATASET}")
+        bad("dataset", "problem.dataset_empty", demo=DEMO_DATASET)
     if cfg.max_steps == 0:
-        bad("max_steps", "0 would train nothing", "use -1 to train by epochs, or a positive number")
+        bad("max_steps", "problem.max_steps_zero")
     if cfg.run_name and not SAFE_NAME.match(cfg.run_name):
-        bad("run_name", f"{cfg.run_name!r} has characters outside A-Z a-z 0-9 . _ -",
-            "use letters, digits, dots, dashes and underscores (at most 64)")
+        bad("run_name", "problem.run_name", name=repr(cfg.run_name))
     if not cfg.resume_from and cfg.output_dir.strip():  # a resumed run's folder: core.checks checks it
         why = output_problem(cfg.output_dir)
         if why:
-            bad("output_dir", why, "choose a folder you can write to")
+            bad("output_dir", "problem.output_dir", why=why)
 
     device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and hw.cuda) else "cpu"
     if cfg.device == "cuda" and not hw.cuda:
-        bad("device", "CUDA was asked for but no CUDA GPU is visible", "use device: auto or cpu, or check the driver")
+        bad("device", "problem.no_cuda")
     needs_bnb = cfg.load_in_4bit or OPTIMIZERS.get(cfg.optim, (False,))[0]
     if needs_bnb and not hw.bitsandbytes:
         what = "load_in_4bit" if cfg.load_in_4bit else "optim"
-        bad(what, "needs bitsandbytes, which is not installed", "pip install bitsandbytes, or turn 4-bit off / use adamw_torch")
+        bad(what, "problem.no_bitsandbytes")
     if cfg.load_in_4bit and device == "cpu" and not hw.bnb_4bit_on_cpu:
-        bad("load_in_4bit", "4-bit weights need a CUDA GPU with this bitsandbytes", "upgrade bitsandbytes or turn 4-bit off")
+        bad("load_in_4bit", "problem.no_4bit_cpu")
     if cfg.precision == "bf16" and device == "cuda" and not hw.bf16:
-        bad("precision", "this GPU has no bfloat16 support (pre-Ampere)", "use precision: fp16")
+        bad("precision", "problem.no_bf16")
     if cfg.precision == "fp16" and device == "cpu":
-        bad("precision", "fp16 mixed precision needs a GPU", "use bf16 or fp32 on the CPU")
+        bad("precision", "problem.fp16_cpu")
     if cfg.use_liger_kernel and (device != "cuda" or not hw.liger):
-        bad("use_liger_kernel", "liger kernels need a CUDA GPU and the liger-kernel package",
-            "turn it off, or pip install liger-kernel on a CUDA machine")
+        bad("use_liger_kernel", "problem.no_liger")
     p.extend(eval_problems(cfg))
     if cfg.lora_alpha and cfg.lora_r and cfg.lora_alpha / cfg.lora_r > 16:
-        bad("lora_alpha", f"alpha/r = {cfg.lora_alpha / cfg.lora_r:g} scales updates very strongly",
-            "keep lora_alpha at 1-4x lora_r")
+        bad("lora_alpha", "problem.alpha_ratio", ratio=f"{cfg.lora_alpha / cfg.lora_r:g}")
     return p
 
 
@@ -526,17 +529,15 @@ def eval_problems(cfg: TrainConfig) -> list[Problem]:
 
     p: list[Problem] = []
     if math.isfinite(cfg.eval_steps) and cfg.eval_steps >= 1 and cfg.eval_steps != int(cfg.eval_steps):  # nan/inf: the finite check says so
-        p.append(Problem("eval_steps", f"{cfg.eval_steps:g} is above 1 but not a whole number of steps",
-                         "give whole steps (e.g. 50) or a share of the run below 1 (e.g. 0.25)"))
+        p.append(Problem.of("eval_steps", "problem.eval_steps", value=f"{cfg.eval_steps:g}"))
     no_val = cfg.validation_share <= 0 and not (cfg.validation_data.strip() or cfg.validation_split.strip())
     for name, on in (("keep_best", cfg.keep_best), ("early_stopping_patience", cfg.early_stopping_patience > 0)):
         if on and no_val:
-            p.append(Problem(name, "needs validation data, and validation is off",
-                             "set validation_share above 0 or give validation_split / validation_data"))
+            p.append(Problem.of(name, "problem.needs_validation"))
     package = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(cfg.tracking)
     if package and not (importlib.util.find_spec(package) or (package == "tensorboard"
                                                                and importlib.util.find_spec("tensorboardX"))):
-        p.append(Problem("tracking", f"{cfg.tracking} is not installed", f"pip install {package}, or use none"))
+        p.append(Problem.of("tracking", "problem.tracking", tracking=cfg.tracking, package=package))
     return p
 
 

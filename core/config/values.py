@@ -5,17 +5,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.messages import Keyed
 
-def type_label(tp: Any) -> str:
-    if tp is bool:
-        return "true/false"
-    if tp is int:
-        return "whole number"
-    if tp is float:
-        return "number"
-    if tp == list[str]:
-        return "list of names (comma separated on the command line)"
-    return "text"
+
+class ValueProblem(Keyed, ValueError):
+    """A value that is not of its field's type: a `value.*` locale key and the value (core.messages.Keyed)."""
+
+    def __init__(self, key: str, **params: Any) -> None:
+        super().__init__(self._keyed(key, params))
+
+
+def type_key(tp: Any) -> str:
+    """The locale key of the type's name in messages ("give a whole number")."""
+    names = {bool: "bool", int: "int", float: "float"}
+    return "value.type." + (names.get(tp) or ("list" if tp == list[str] else "text"))
 
 
 def coerce_to(tp: Any, value: Any) -> Any:
@@ -27,10 +30,10 @@ def coerce_to(tp: Any, value: Any) -> Any:
             return True
         if isinstance(value, str) and value.strip().lower() in ("false", "no", "off", "0"):
             return False
-        raise ValueError(f"{value!r} is not true or false")
+        raise ValueProblem("value.not_bool", value=repr(value))
     if tp is int:
         if isinstance(value, bool):
-            raise ValueError(f"{value!r} is not a whole number")
+            raise ValueProblem("value.not_int", value=repr(value))
         if isinstance(value, int):
             return value
         if isinstance(value, float) and value.is_integer():
@@ -38,22 +41,22 @@ def coerce_to(tp: Any, value: Any) -> Any:
         try:
             return int(str(value).strip())
         except ValueError:
-            raise ValueError(f"{value!r} is not a whole number") from None
+            raise ValueProblem("value.not_int", value=repr(value)) from None
     if tp is float:
         if isinstance(value, bool):
-            raise ValueError(f"{value!r} is not a number")
+            raise ValueProblem("value.not_number", value=repr(value))
         try:
             return float(value)
         except (TypeError, ValueError):
-            raise ValueError(f"{value!r} is not a number") from None
+            raise ValueProblem("value.not_number", value=repr(value)) from None
     if tp == list[str]:
         if isinstance(value, str):
             return [v.strip() for v in value.split(",") if v.strip()]
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             return list(value)
-        raise ValueError(f"{value!r} is not a list of names")
+        raise ValueProblem("value.not_list", value=repr(value))
     if value is None:
         return ""
     if isinstance(value, (list, tuple, dict, set)):  # `model: [a, b]` must not become the text "['a', 'b']"
-        raise ValueError(f"{value!r} is a {type(value).__name__}, not a single text value")
+        raise ValueProblem("value.not_single", value=repr(value), type=type(value).__name__)
     return str(value)

@@ -66,23 +66,22 @@ def detect_format(dataset: Any) -> str:
     for name, (need, _) in FORMATS.items():
         if set(need) <= columns:
             return name
-    raise DataError(f"The data has columns {sorted(columns)}, which match no known format. Accepted formats "
-                    f"and the columns each needs: {format_help()}. Rename the columns to fit one of them.")
+    raise DataError("data.err.no_format", columns=sorted(columns), formats=format_help())
 
 
 def check_format(dataset: Any, fmt: str) -> None:
     if fmt not in FORMATS:
-        raise DataError(f"Unknown dataset_format {fmt!r}. Use auto or one of: {', '.join(FORMATS)}.")
+        raise DataError("data.err.unknown_format", format=repr(fmt), formats=", ".join(FORMATS))
     need, optional = FORMATS[fmt]
     missing = [c for c in need if c not in dataset.column_names]
     if missing:
         try:
-            hint = f"set dataset_format to auto (it detects {detect_format(dataset)})"
+            hint = {"key": "data.err.hint_auto", "params": {"format": detect_format(dataset)}}
         except DataError:
-            hint = f"rename the columns (accepted formats: {format_help()})"
-        extra = f" (optional {', '.join(optional)})" if optional else ""
-        raise DataError(f"dataset_format {fmt} needs the columns {', '.join(need)}{extra}, but the data has "
-                        f"{sorted(dataset.column_names)} (missing {', '.join(missing)}). Either {hint}.")
+            hint = {"key": "data.err.hint_rename", "params": {"formats": format_help()}}
+        raise DataError("data.err.format_columns_optional" if optional else "data.err.format_columns", format=fmt,
+                        need=", ".join(need), optional=", ".join(optional), columns=sorted(dataset.column_names),
+                        missing=", ".join(missing), hint=hint)
 
 
 def _text(value: Any) -> str:
@@ -96,18 +95,16 @@ def _text(value: Any) -> str:
 def _messages(turns: Any, row: int, column: str) -> list[dict[str, str]]:
     """Normalise a role/content or from/value list into chat-template messages."""
     if not isinstance(turns, list):
-        raise DataError(f"Row {row + 1}: column {column!r} must be a list of messages, not {type(turns).__name__}.",
-                        row=row)
+        raise DataError("data.err.not_messages", row=row, n=row + 1, column=repr(column), type=type(turns).__name__)
     out = []
     for turn in turns:
         if not isinstance(turn, dict):
-            raise DataError(f"Row {row + 1}: each item of {column!r} must be an object like "
-                            '{"role": "user", "content": "..."}, not ' + f"{turn!r:.60}.", row=row)
+            raise DataError("data.err.turn_not_object", row=row, n=row + 1, column=repr(column),
+                            shape='{"role": "user", "content": "..."}', turn=f"{turn!r:.60}")
         speaker = turn.get("role") if turn.get("role") is not None else turn.get("from")
         role = ROLES.get(str(speaker).strip().lower())
         if role is None:
-            raise DataError(f"Row {row + 1}: unknown speaker {speaker!r} in {column!r}. Use the roles "
-                            "system/user/assistant (or ShareGPT's system/human/gpt).", row=row)
+            raise DataError("data.err.unknown_speaker", row=row, n=row + 1, speaker=repr(speaker), column=repr(column))
         content = turn.get("content") if "content" in turn and turn.get("content") is not None else turn.get("value")
         out.append({"role": role, "content": _text(content)})
     return out
@@ -218,9 +215,8 @@ def _render_chat(messages: list[dict[str, str]], tokenizer: Any, index: int) -> 
         prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
         full = tokenizer.apply_chat_template(messages, tokenize=False)
     except Exception as exc:  # e.g. templates that refuse a system turn or non-alternating roles
-        raise DataError(f"Row {index + 1}: the tokenizer's chat template rejected the conversation "
-                        f"({type(exc).__name__}: {exc}). Fix the row's roles or use a model without this "
-                        "restriction.", row=index) from None
+        raise DataError("data.err.template_rejected", row=index, n=index + 1,
+                        error=f"{type(exc).__name__}: {exc}") from None
     if not full.startswith(prompt):  # the template renders the prompt differently alone: split where they differ
         common = 0
         while common < min(len(prompt), len(full)) and prompt[common] == full[common]:

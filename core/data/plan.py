@@ -178,8 +178,10 @@ class _naming:
     def __exit__(self, kind, exc, tb) -> bool:
         if isinstance(exc, DataError) and self.where not in str(exc):
             line = row_line(self.where, exc.row) if exc.row is not None and self.whole else None  # the editor's line
-            at = f" (row {exc.row + 1} is line {line} of the file)" if line is not None else ""
-            raise DataError(f"{self.where}: {exc}{at}", row=exc.row) from None
+            if line is None:
+                raise DataError("data.err.in_source", row=exc.row, where=self.where, error=exc) from None
+            raise DataError("data.err.in_source_line", row=exc.row, where=self.where, error=exc, n=exc.row + 1,
+                            line=line) from None
         return False
 
 
@@ -301,8 +303,8 @@ def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | 
     with _naming(where, cfg.dataset_split):
         columns, kept_rows = render_rows(dataset, fmt, tokenizer, cfg.train_turns)
         if not kept_rows:
-            raise DataError(f"Nothing to train on in the {len(dataset)} rows of {cfg.dataset} ({fmt} format): "
-                            f"{nothing_to_train(dataset, fmt)}. Check the file's contents and dataset_format.")
+            raise DataError("data.err.nothing_to_train", rows=len(dataset), dataset=cfg.dataset, format=fmt,
+                            why=nothing_to_train(dataset, fmt))
     all_ids, prompt_lens = _tokenize(columns, tokenizer)
     keep_first = _adds_bos(tokenizer)
     counts = dict.fromkeys(REASONS, 0)

@@ -13,21 +13,24 @@ from pathlib import Path
 from typing import Any
 
 from core.config.settings import DEMO_DATA, DEMO_DATASET
+from core.messages import Keyed
 
 # Local file suffix -> the datasets builder that reads it.
 LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
 # Suffixes that mark a data file even when it does not exist (so "data.tsv" is not mistaken for a Hub id).
+ROW_SHAPE = '{"column": value, ...}'  # a message parameter: braces in a locale text would be placeholders
 FILE_LIKE = set(LOADERS) | {".tsv", ".xlsx", ".xls", ".gz", ".zip", ".arrow", ".xml", ".yaml", ".yml", ".md"}
 
 
-class DataError(ValueError):
+class DataError(Keyed, ValueError):
     """A problem with the training data; the message says what was wrong and what to do.
 
+    Raised with a locale key (`data.err.*`) and its parameters (core.messages.Keyed): str() is en.json's text.
     `row`: the 0-based index of the row at fault, when one is (messages call it row `row + 1`, as the preview
     does, and `row_line` turns it into the line of the file)."""
 
-    def __init__(self, message: str, row: int | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, key: str, row: int | None = None, **params: Any) -> None:
+        super().__init__(self._keyed(key, params))
         self.row = row
 
 
@@ -64,14 +67,13 @@ def load_raw(source: str, split: str = "train") -> Any:
 
     source, split = source.strip(), (split or "train").strip()
     if not source:
-        raise DataError(f"No dataset given. Give a Hub dataset id, a local {'/'.join(LOADERS)} file, "
-                        f"or {DEMO_DATASET}.")
+        raise DataError("data.err.no_dataset", types="/".join(LOADERS), demo=DEMO_DATASET)
     if source == DEMO_DATASET:
         return _load_file(DEMO_DATA, split)
     from core.runs.public import dataset_problem
 
     if (why := dataset_problem(source)):  # public mode: a visitor's typed path is never read
-        raise DataError(why)
+        raise DataError("data.err.public", why=why)
     if is_local(source):
         path = Path(source).expanduser()
         if path.is_dir():  # a folder of data files, e.g. a git clone of a Hub dataset
@@ -79,8 +81,7 @@ def load_raw(source: str, split: str = "train") -> Any:
             return _checked(lambda s: datasets.load_dataset(str(path), split=s), str(path), split)
         return _load_file(path, split)
     if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
-        raise DataError(f"{source!r} is neither an existing local file nor a Hub dataset id (org/name). "
-                        "Check the spelling or the path.")
+        raise DataError("data.err.not_a_source", source=repr(source))
     return _checked(lambda s: _load_hub(source, s), source, split)
 
 
@@ -88,12 +89,11 @@ def _load_file(path: Path, split: str) -> Any:
     import datasets
 
     if not path.is_file():
-        raise DataError(f"The data file {path} does not exist. Check the path (relative paths start from "
-                        f"{Path.cwd()}).")
+        raise DataError("data.err.no_file", path=path, cwd=Path.cwd())
     builder = LOADERS.get(path.suffix.lower())
     if builder is None:
-        raise DataError(f"{path.name}: files ending in {path.suffix or '(no extension)'} are not supported. "
-                        f"Accepted: {', '.join(LOADERS)}; convert the file or rename it if it is one of these.")
+        raise DataError("data.err.suffix" if path.suffix else "data.err.no_suffix", name=path.name, suffix=path.suffix,
+                        accepted=", ".join(LOADERS))
     if builder != "parquet":
         scan_text_file(path)
     if builder == "csv":
@@ -132,17 +132,14 @@ def read_csv(path: Path) -> dict[str, list[str]]:
             while header is not None and not header:  # blank lines before the header
                 end, header = reader.line_num, next(reader, None)
             if header is None:
-                raise DataError(f"{path} is empty (no header line). Add a header line (e.g. prompt,completion) "
-                                "and rows.")
+                raise DataError("data.err.csv_no_header", path=path)
             header_line, end = end + 1, reader.line_num
             names = [h.strip() for h in header]
             for i, name in enumerate(names):
                 if not name:
-                    raise DataError(f"{path}: line {header_line}, the header, has an empty column name (column "
-                                    f"{i + 1}). Name every column, e.g. prompt,completion.")
+                    raise DataError("data.err.csv_empty_name", path=path, line=header_line, column=i + 1)
                 if names.index(name) != i:
-                    raise DataError(f"{path}: the column {name!r} appears twice in the header (line {header_line}"
-                                    "). Rename or remove one of them: memtune would not know which one to use.")
+                    raise DataError("data.err.csv_twice", path=path, name=repr(name), line=header_line)
             columns = {name: [] for name in names}
             for record in reader:
                 start, end = end + 1, reader.line_num
@@ -150,21 +147,16 @@ def read_csv(path: Path) -> dict[str, list[str]]:
                     continue  # a blank line
                 if len(record) != len(names):
                     more = len(record) > len(names)
-                    raise DataError(
-                        f"{path}: line {start} has {len(record)} fields where the header (line {header_line}) has "
-                        f"{len(names)} ({', '.join(names)}): " + (
-                            'a comma inside a field must be quoted, e.g. "a, b"'
-                            if more else "a field is missing") + f". Fix or delete line {start}.",
-                        row=len(starts))
+                    raise DataError("data.err.csv_more" if more else "data.err.csv_fewer", row=len(starts), path=path,
+                                    line=start, n=len(record), header_line=header_line, expected=len(names),
+                                    names=", ".join(names))
                 starts.append(start)
                 for name, value in zip(names, record):
                     columns[name].append(value)
         except csv.Error as exc:
-            raise DataError(f"{path}: line {reader.line_num} cannot be read as CSV ({exc}). A quote inside a "
-                            'field is written twice ("say ""hi"""), and a quoted field must end with a quote.'
-                            ) from None
+            raise DataError("data.err.csv_unreadable", path=path, line=reader.line_num, error=exc) from None
     if not starts:
-        raise DataError(f"{path} has no rows (only a header line). Add rows to it or pick another file.")
+        raise DataError("data.err.csv_no_rows", path=path)
     _ROW_LINES[str(path.resolve())] = starts
     return columns
 
@@ -188,14 +180,10 @@ def _load_hub(source: str, split: str) -> Any:
         raise  # split problems: translated by _checked
     except Exception as exc:
         if _is_offline_error(exc):
-            raise DataError(
-                f"The dataset {source} is not in the local cache and the Hugging Face Hub cannot be reached "
-                f"({type(exc).__name__}). Download it first while online (python -c \"import datasets; "
-                f"datasets.load_dataset('{source}')\") or use a local .jsonl/.csv/.parquet file.") from None
+            raise DataError("data.err.hub_offline", source=source, error=type(exc).__name__) from None
         if type(exc).__name__ in ("DatasetNotFoundError", "RepositoryNotFoundError", "GatedRepoError"):
-            raise DataError(f"The Hub has no dataset {source} you can access ({exc}). Check the id, or for a "
-                            "private/gated dataset accept its terms and set HF_TOKEN.") from None
-        raise DataError(f"Could not load the Hub dataset {source}: {type(exc).__name__}: {exc}") from None
+            raise DataError("data.err.hub_missing", source=source, error=exc) from None
+        raise DataError("data.err.hub_failed", source=source, error=f"{type(exc).__name__}: {exc}") from None
 
 
 def _is_offline_error(exc: BaseException) -> bool:
@@ -222,20 +210,18 @@ def _checked(load, where: str, split: str) -> Any:
         msg = str(exc)
         if msg.startswith("Unknown split"):
             found = re.search(r"one of (\[.*\])", msg)
-            raise DataError(f"{where} has no split {_split_name(split)!r}; available splits: "
-                            f"{found.group(1) if found else '(unknown)'}. Set dataset_split to one of them, "
-                            "e.g. train or train[:1000].") from None
+            raise DataError("data.err.no_split", where=where, split=repr(_split_name(split)),
+                            splits=found.group(1) if found else "(unknown)") from None
         if msg.startswith("Unrecognized instruction format") or "Unrecognized split format" in msg:
-            raise DataError(f"dataset_split {split!r} (for {where}) is not valid split syntax. Write e.g. train, "
-                            "train[:1000], train[100:200] or train[:10%].") from None
+            raise DataError("data.err.split_syntax", split=repr(split), where=where) from None
         if "corresponds to no data" in msg:
             ds = None
         else:
-            raise DataError(f"Could not read {where}: {msg}") from None
+            raise DataError("data.err.unreadable", where=where, error=msg) from None
     except Exception as exc:
-        raise DataError(f"Could not read {where}: {type(exc).__name__}: {exc}") from None
+        raise DataError("data.err.unreadable", where=where, error=f"{type(exc).__name__}: {exc}") from None
     if ds is None or len(ds) == 0:
-        raise DataError(_empty_message(load, where, split))
+        raise _empty_error(load, where, split)
     return ds
 
 
@@ -243,7 +229,7 @@ def _split_name(split: str) -> str:
     return re.split(r"[\[+]", split, maxsplit=1)[0].strip()
 
 
-def _empty_message(load, where: str, split: str) -> str:
+def _empty_error(load, where: str, split: str) -> DataError:
     name = _split_name(split)
     if name != split:  # a slice: say how many rows the whole split has
         try:
@@ -251,9 +237,9 @@ def _empty_message(load, where: str, split: str) -> str:
         except Exception:
             total = 0
         if total:
-            return (f"dataset_split {split!r} selects no rows: {name} of {where} has {total} rows. "
-                    f"Use a range inside it, e.g. {name}[:{min(total, 1000)}].")
-    return f"{where} has no rows (split {name!r} is empty). Add data to it or pick another dataset."
+            return DataError("data.err.slice_empty", split=repr(split), name=name, where=where, total=total,
+                             example=f"{name}[:{min(total, 1000)}]")
+    return DataError("data.err.split_empty", where=where, name=repr(name))
 
 
 def scan_text_file(path: Path) -> None:
@@ -268,10 +254,9 @@ def scan_text_file(path: Path) -> None:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:  # a line ends at b"\n", which never occurs inside a UTF-8 character
-                raise DataError(
-                    f"{path} is not UTF-8 text: byte 0x{raw[exc.start]:02x} at byte offset {offset + exc.start} "
-                    f"(line {number}) cannot be decoded. Save the file as UTF-8, e.g. "
-                    f"iconv -f latin1 -t utf-8 {path.name} > fixed{path.suffix}") from None
+                raise DataError("data.err.not_utf8", path=path, byte=f"0x{raw[exc.start]:02x}",
+                                offset=offset + exc.start, line=number,
+                                command=f"iconv -f latin1 -t utf-8 {path.name} > fixed{path.suffix}") from None
             offset += len(raw)
             if number == 1:
                 line = line.removeprefix("\ufeff")  # a UTF-8 byte-order mark is harmless
@@ -284,7 +269,7 @@ def scan_text_file(path: Path) -> None:
     if jsonl or path.suffix.lower() == ".txt":  # one row per non-blank line (datasets skips blank ones too)
         _ROW_LINES[str(path.resolve())] = lines
     if n_data == 0:
-        raise DataError(f"{path} is empty (no data lines). Add rows to it or pick another file.")
+        raise DataError("data.err.empty_file", path=path)
     if path.suffix.lower() == ".json":
         _check_json_document(path)
 
@@ -294,25 +279,22 @@ def _check_json_line(path: Path, number: int, line: str) -> None:
         value = json.loads(line)
     except json.JSONDecodeError as exc:
         what = exc.msg.removesuffix(" at").removesuffix(" starting")  # "Invalid control character at" reads oddly
-        hint = _json_hint(line, exc.colno - 1)
-        raise DataError(f"{path}: line {number} is not valid JSON ({what} at column {exc.colno}){hint}"
-                        ". Each line of a .jsonl file must be one JSON object; fix or delete that line.") from None
+        raise DataError("data.err.json_line", path=path, line=number, what=what, column=exc.colno,
+                        hint=_json_hint(line, exc.colno - 1)) from None
     if not isinstance(value, dict):
-        raise DataError(f"{path}: line {number} is a JSON {type(value).__name__}, not an object "
-                        '({"column": value, ...}). Each line of a .jsonl file must be one JSON object.')
+        raise DataError("data.err.json_line_not_object", path=path, line=number, type=type(value).__name__,
+                        shape=ROW_SHAPE)
 
 
-def _json_hint(line: str, at: int, width: int = 40) -> str:
-    """The text around offset `at` of the line (marked), and whether the line ends inside a string."""
+def _json_hint(line: str, at: int, width: int = 40) -> dict[str, Any]:
+    """The text around offset `at` of the line (marked), and whether the line ends inside a string: a message
+    (a parameter of the JSON error's message)."""
     line = line.rstrip("\r\n")
     at = min(at, len(line))
     before, after = line[max(0, at - width):at], line[at:at + width]
     excerpt = ("..." if at > width else "") + before + ">>>" + after + ("..." if at + width < len(line) else "")
-    hint = f" (>>> marks it): {excerpt!r}"
-    if _ends_inside_string(line):
-        hint += (f" -- the line ends inside a string (a quote opened on it is never closed): the row was cut off, "
-                 f"or its text holds a raw line break, which JSON writes as \\n")
-    return hint
+    return {"key": "data.err.json_hint_open" if _ends_inside_string(line) else "data.err.json_hint",
+            "params": {"excerpt": repr(excerpt)}}
 
 
 def _ends_inside_string(line: str) -> bool:
@@ -340,18 +322,18 @@ def _check_json_document(path: Path) -> None:
                     _check_json_line(path, number, line)
             return
         all_lines = text.splitlines()
-        hint = _json_hint(all_lines[exc.lineno - 1], exc.colno - 1) if exc.lineno <= len(all_lines) else ""
-        raise DataError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg}){hint}. Fix the "
-                        "file: it must hold a list of objects, or one JSON object per line.") from None
+        if exc.lineno > len(all_lines):  # the text ended early: no line to quote
+            raise DataError("data.err.json_document_end", path=path, line=exc.lineno, column=exc.colno,
+                            what=exc.msg) from None
+        raise DataError("data.err.json_document", path=path, line=exc.lineno, column=exc.colno, what=exc.msg,
+                        hint=_json_hint(all_lines[exc.lineno - 1], exc.colno - 1)) from None
     if isinstance(value, dict) and value and all(
             isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v) for v in value.values()):
         # {"prompt": [...], "completion": [...]}: datasets reads it as ONE row whose cells are lists
-        raise DataError(f"{path} holds one JSON object of columns ({', '.join(map(repr, list(value)[:4]))}, each a "
-                        "list), not a list of rows. Write it as a list of rows, [{\"prompt\": ..., \"completion\""
-                        ": ...}, ...], or as .jsonl with one row object per line.")
+        raise DataError("data.err.json_columns", path=path, columns=", ".join(map(repr, list(value)[:4])),
+                        rows='[{"prompt": ..., "completion": ...}, ...]')
     if isinstance(value, list) and not all(isinstance(v, dict) for v in value):
-        raise DataError(f"{path} holds a JSON list whose items are not all objects. Each item must be one row "
-                        '({"column": value, ...}).')
+        raise DataError("data.err.json_list_items", path=path, shape=ROW_SHAPE)
     if isinstance(value, list) and not value:
-        raise DataError(f"{path} is an empty JSON list. Add rows to it or pick another file.")
+        raise DataError("data.err.json_empty_list", path=path)
 

@@ -307,8 +307,8 @@ def measured_row_tokens(cfg: TrainConfig) -> int | None:
     try:
         tokenizer = load_tokenizer(cfg)
     except Exception as exc:  # noqa: BLE001 - an uncached or gated model: the estimate itself needs no tokenizer
-        raise DataError(f"Measuring {cfg.dataset} needs the tokenizer of {cfg.model}, which could not be loaded "
-                        f"({type(exc).__name__}: {exc}). Leave out --data, or give --max-row-tokens.") from None
+        raise DataError("data.err.measure_tokenizer", dataset=cfg.dataset, model=cfg.model,
+                        error=f"{type(exc).__name__}: {exc}") from None
     return data.plan_rows(cfg, tokenizer, raw, fmt, n_examples=0).longest_row or None
 
 

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from core.messages import SaidLine, said_of
+
 if TYPE_CHECKING:
     from core.jobs.manager import Job
 
@@ -39,6 +41,7 @@ class JobView:
     summary: dict[str, Any] = field(default_factory=dict)
     message: str = ""
     error_type: str | None = None
+    said: dict[str, Any] = field(default_factory=dict)  # the error's key + params (core.messages): the page's words
 
     @property
     def fraction(self) -> float | None:
@@ -64,9 +67,12 @@ def format_event(e: dict[str, Any]) -> str | None:
         tag = "WARNING " if e.get("level") == "warning" else ""
         return f"{t}  {tag}{e.get('message', '')}"
     if kind == "error":
-        return f"{t}  ERROR ({e.get('error_type', 'other')}): {e.get('message', '')}"
+        line = f"{t}  ERROR ({e.get('error_type', 'other')}): {e.get('message', '')}"
+        return SaidLine(line, said, kind) if (said := said_of(e)) else line
     if kind == "done":
-        return f"{t}  finished: {e.get('status')} - {e.get('message', '')}"
+        line = f"{t}  finished: {e.get('status')} - {e.get('message', '')}"
+        said = said_of(e.get("summary") or {}) if e.get("status") == "failed" else {}
+        return SaidLine(line, said, kind) if said else line
     return None
 
 
@@ -126,6 +132,7 @@ class _Fold:
             elif kind == "error":
                 v.error_type = e.get("error_type")
                 v.message = e.get("message", "")
+                v.said = said_of(e)
             elif kind == "done":
                 v.state = e.get("status") or "failed"
                 v.run_dir = e.get("run_dir") or v.run_dir

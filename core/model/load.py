@@ -16,11 +16,16 @@ import torch
 
 from core.config import arguments as recipe
 from core.config.settings import DEMO_MODEL, TrainConfig
+from core.messages import Keyed
 from core.runs.events import EventSink, make_event
 
 
-class ModelError(RuntimeError):
-    """A model could not be found or loaded; the message says why and what to do."""
+class ModelError(Keyed, RuntimeError):
+    """A model could not be found or loaded; the message says why and what to do (a `model.err.*` locale key and
+    its parameters, core.messages.Keyed: str() is en.json's text)."""
+
+    def __init__(self, key: str, **params: Any) -> None:
+        super().__init__(self._keyed(key, params))
 
 
 def use_cuda(cfg: TrainConfig) -> bool:
@@ -59,11 +64,9 @@ def lora_targets(cfg: TrainConfig, path: str | None = None, model=None):
         if "Unrecognized configuration class" not in str(exc) and not isinstance(exc, lt.TargetError):
             raise
         if not isinstance(exc, lt.TargetError):  # e.g. an encoder or seq2seq model: refused by name, up front
-            raise ModelError(f"{cfg.model} is not a causal (decoder-only) language model that transformers can load "
-                             "with AutoModelForCausalLM, so memtune cannot fine-tune it.") from None
-        raise ConfigError([Problem("lora_target_modules", f"{', '.join(exc.missing)} match no linear layer of "
-                                   f"{cfg.model}", "use attention, mlp or all_linear, or some of its linear layers: "
-                                   + ", ".join(exc.linear))]) from None
+            raise ModelError("model.err.not_causal", model=cfg.model) from None
+        raise ConfigError([Problem.of("lora_target_modules", "problem.lora_targets", modules=", ".join(exc.missing),
+                                      model=cfg.model, linear=", ".join(exc.linear))]) from None
 
 
 def hf_token() -> str | None:
@@ -76,7 +79,7 @@ def resolve_model_path(cfg: TrainConfig, sink: EventSink | None = None) -> str:
     from core.runs.public import model_problem
 
     if (why := model_problem(cfg)):  # public mode: no local folders, no remote code (Preview comes here too)
-        raise ModelError(why)
+        raise ModelError("model.err.public", why=why)
     if cfg.model == DEMO_MODEL:
         from core.demo import ensure_demo_model
 
@@ -84,12 +87,10 @@ def resolve_model_path(cfg: TrainConfig, sink: EventSink | None = None) -> str:
     local = Path(cfg.model).expanduser()
     if local.exists():
         if not (local / "config.json").is_file():
-            raise ModelError(f"The folder {local} has no config.json, so it is not a Hugging Face model folder. "
-                             "Point `model` at the folder that contains config.json and the weights.")
+            raise ModelError("model.err.no_config", path=local)
         return str(local)
     if cfg.model.startswith((".", "/", "~")) or cfg.model.count("/") > 1:
-        raise ModelError(f"The folder {cfg.model} does not exist. Check the path, or give a Hub id like "
-                         "meta-llama/Llama-3.1-8B.")
+        raise ModelError("model.err.no_folder", path=cfg.model)
     return _download(cfg.model, sink)
 
 
@@ -115,24 +116,17 @@ def _download(repo_id: str, sink: EventSink | None) -> str:
     except (LocalEntryNotFoundError, OfflineModeIsEnabled, FileNotFoundError):
         pass
     except HFValidationError:
-        raise ModelError(f"{repo_id!r} is neither an existing folder nor a valid Hub id (org/name).") from None
+        raise ModelError("model.err.not_an_id", model=repr(repo_id)) from None
     try:
         if sink is not None:
             sink(make_event("phase", phase="downloading", progress=0.0, message=f"Downloading {repo_id} from the Hub"))
         return snapshot_download(repo_id, allow_patterns=patterns, token=hf_token(), tqdm_class=EventTqdm)
     except GatedRepoError:
-        raise ModelError(
-            f"{repo_id} is a gated model. Accept its licence on its Hub page, create a read token at "
-            "https://huggingface.co/settings/tokens and set it in the environment before starting memtune, "
-            "e.g. `export HF_TOKEN=hf_...` (memtune never stores it).") from None
+        raise ModelError("model.err.gated", model=repo_id) from None
     except RepositoryNotFoundError:
-        hint = "" if hf_token() else " If it is private or gated, set HF_TOKEN in the environment."
-        raise ModelError(f"No model {repo_id} on the Hub. Check the spelling (org/name).{hint}") from None
+        raise ModelError("model.err.not_on_hub" if hf_token() else "model.err.not_on_hub_token", model=repo_id) from None
     except (LocalEntryNotFoundError, OfflineModeIsEnabled, OSError) as exc:
-        raise ModelError(
-            f"{repo_id} is not on this machine and the Hugging Face Hub cannot be reached ({type(exc).__name__}). "
-            "Download it once while online (`hf download " + repo_id + "`), or give the path of a local model "
-            "folder.") from None
+        raise ModelError("model.err.offline", model=repo_id, error=type(exc).__name__) from None
 
 
 def load_tokenizer(cfg: TrainConfig, path: str | None = None):
@@ -170,8 +164,7 @@ def load_model(cfg: TrainConfig, path: str | None = None):
             model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
-            raise ModelError(f"{cfg.model} ships its own Python code. Tick trust_remote_code only if you trust "
-                             "its author, then start again.") from None
+            raise ModelError("model.err.remote_code", model=cfg.model) from None
         raise
     model.config.use_cache = False  # the KV cache is useless in training and warns with checkpointing
     return model

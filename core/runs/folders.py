@@ -174,22 +174,21 @@ def create_run_dir(cfg: "TrainConfig", prepared: str | Path | None = None) -> Pa
         try:
             run_dir = target(prepared, "train into")
         except RefusedError as exc:
-            raise ConfigError([Problem("output_dir", str(exc), "let memtune create the run folder")]) from None
+            raise ConfigError([Problem.of("output_dir", "problem.run_folder", why=str(exc))]) from None
         if (not has_marker(run_dir, "run") or any((run_dir / "checkpoints").glob("checkpoint-*"))
                 or planted_link(run_dir) is not None):
-            raise ConfigError([Problem("output_dir", f"{run_dir} is not a fresh run folder made by memtune",
-                                       "let memtune create the run folder")])
+            raise ConfigError([Problem.of("output_dir", "problem.not_fresh", path=run_dir)])
     elif cfg.resume_from:
         why = resume_problem(cfg.resume_from)
         if why:
-            raise ConfigError([Problem("resume_from", why, "give a memtune run folder that has a checkpoint")])
+            raise ConfigError([Problem.of("resume_from", "problem.resume_into", why=why)])
         run_dir = target(cfg.resume_from, "resume into")
         recover(run_dir / "adapter")  # a crash while replacing the adapter last time
     else:
         try:
             root = target(cfg.output_dir, "create a run in")
         except RefusedError as exc:
-            raise ConfigError([Problem("output_dir", str(exc), "choose another output folder")]) from None
+            raise ConfigError([Problem.of("output_dir", "problem.output_refused", why=str(exc))]) from None
         try:
             root.mkdir(parents=True, exist_ok=True)
             while True:
@@ -202,12 +201,12 @@ def create_run_dir(cfg: "TrainConfig", prepared: str | Path | None = None) -> Pa
             write_marker(run_dir, "run")
         except OSError as exc:
             message = storage_message(exc, root) or f"{root} cannot be created or written ({exc.strerror or exc})"
-            raise ConfigError([Problem("output_dir", message, "choose a folder you can write to")]) from None
+            raise ConfigError([Problem.of("output_dir", "problem.output_dir", why=message)]) from None
     try:
         cfg.save(run_dir / "config.yaml")
     except OSError as exc:
-        raise ConfigError([Problem("output_dir", str(storage_error(exc, run_dir)),
-                                   "free some space or choose another output folder")]) from None
+        raise ConfigError([Problem.of("output_dir", "problem.output_full",
+                                      why=str(storage_error(exc, run_dir)))]) from None
     return run_dir
 
 

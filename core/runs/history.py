@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from core.config.settings import ConfigError, TrainConfig
+from core.messages import said_of
 from core.runs.events import read_events
 from core.files import RefusedError, real, remove_tree, target
 from core.runs.folders import complete_checkpoints, is_memtune_run, resume_point, resume_problem, tidy_run_dir
@@ -54,6 +55,7 @@ class RunInfo:
     adapter_dir: str | None = None  # only a complete adapter (adapter_config.json + weights)
     checkpoint: str | None = None  # newest complete checkpoint: resumable when set
     message: str = ""
+    said: dict[str, Any] = field(default_factory=dict)  # a failed run's key + params (core.messages.said_of)
 
     @property
     def date(self) -> str:
@@ -183,6 +185,7 @@ def run_info(run_dir: str | Path, is_running: IsRunning | None = None) -> RunInf
     info.peak_gib = next((p for p in peaks if p is not None), None)
     info.duration_s = _number(summary.get("runtime_s"))
     info.message = str(summary.get("message", "") or "")
+    info.said = said_of(summary)
     if info.status in ("running", "interrupted") or info.final_loss is None or info.duration_s is None:
         _fill_from_events(info, read_events(events_path))
     info.adapter_dir = _adapter(run_dir)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from core.files import real
+from core.messages import Said
 
 if TYPE_CHECKING:
     from core.config.settings import Problem, TrainConfig
@@ -94,8 +95,7 @@ def inside(path: str | Path, root: Path) -> bool:
 
 
 def local_path_refusal(what: str, value: str) -> str:
-    return (f"{value} is a path on the server: on this public server the {what} must come from the Hugging Face "
-            "Hub" + (" or an upload" if what == "dataset" else "") + " (or the demo)")
+    return Said("public.dataset_path" if what == "dataset" else "public.model_path", value=value)
 
 
 def dataset_problem(source: str) -> str | None:
@@ -118,7 +118,7 @@ def model_problem(cfg: "TrainConfig") -> str | None:
     if not is_public():
         return None
     if cfg.trust_remote_code:
-        return "trust_remote_code is not available on a public server: it would run a model's code here"
+        return Said("public.trust")
     model = cfg.model.strip()
     if model != DEMO_MODEL and (model.startswith((".", "/", "~")) or model.count("/") > 1
                                 or Path(model).expanduser().exists()):
@@ -137,16 +137,14 @@ def public_problems(cfg: "TrainConfig") -> list["Problem"]:
     why = model_problem(cfg)
     if why:
         field = "trust_remote_code" if cfg.trust_remote_code else "model"
-        out.append(Problem(field, why, "untick it" if cfg.trust_remote_code else "give a Hub model id"))
+        out.append(Problem.of(field, "problem.public_trust" if cfg.trust_remote_code else "problem.public_model", why=why))
     why = dataset_problem(cfg.dataset)
     if why:
-        out.append(Problem("dataset", why, "upload the file, or give a Hub dataset id"))
+        out.append(Problem.of("dataset", "problem.public_dataset", why=why))
     if not inside(cfg.output_dir, root):
-        out.append(Problem("output_dir", f"on this public server runs are kept in {root} only",
-                           f"leave output_dir at {root.name}"))
+        out.append(Problem.of("output_dir", "problem.public_output", root=root, name=root.name))
     if cfg.resume_from and not inside(cfg.resume_from, root):
-        out.append(Problem("resume_from", f"on this public server only runs in {root} can be resumed",
-                           "pick the run in History"))
+        out.append(Problem.of("resume_from", "problem.public_resume", root=root))
     return out
 
 

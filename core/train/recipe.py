@@ -39,6 +39,7 @@ from core.checks import check
 from core.config.settings import ConfigError, TrainConfig
 from core.runs.events import EventSink, JsonlSink, fan_out, make_event
 from core.files import StorageError, free_memory, has_marker, real, storage_message
+from core.messages import fields_of
 from core.runs.folders import create_run_dir, finish_run, record_failure, resume_point, save_adapter
 # Importable from here too (callers in tests/ and ui/): two run-folder names.
 from core.runs.folders import COMPLETE_MARKER, latest_checkpoint  # noqa: F401
@@ -142,8 +143,7 @@ def plan_data(cfg: TrainConfig, emit: EventSink):
         if not val_plan.n_train:
             emit(make_event("log", level="warning", message="No validation row fits max_length: no eval"))
     if (cfg.keep_best or cfg.early_stopping_patience) and not (val_plan and val_plan.n_train):
-        raise data.DataError(f"keep_best / early_stopping_patience need validation rows, and there are none. "
-                             f"{held.why}. Give validation_split or validation_data, or turn them off.")
+        raise data.DataError("data.err.no_validation_rows", why=held.why)
     return plan, tokenizer, path
 
 
@@ -240,8 +240,8 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         run_dir = create_run_dir(cfg, prepared=prepared) if main else Path(tempfile.mkdtemp(prefix="memtune-rank-"))
     except ConfigError as exc:
         if attached:  # History lists it as a failed run
-            return record_failed(user_sink, prepared, "config", str(exc))
-        user_sink(make_event("error", error_type="config", message=str(exc)))
+            return record_failed(user_sink, prepared, "config", str(exc), said=fields_of(exc))
+        user_sink(make_event("error", error_type="config", message=str(exc), **fields_of(exc)))
         return RunResult("failed", str(prepared) if prepared else None, message=str(exc), error_type="config")
 
     write_events = main and not (attached and real(prepared) == run_dir)
@@ -270,7 +270,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
 
         plan, tokenizer, path = plan_data(cfg, emit)
         if plan.refusal():
-            raise DataError(plan.refusal())
+            raise DataError("data.err.refusal", why=plan.refusal())
         trainer, callback, trainable = build_run(cfg, emit, plan, tokenizer, path, stop, cuda, stop_file,
                                                  run_dir / "checkpoints", callbacks, console)
         if resume_ckpt:
@@ -299,11 +299,12 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
                         summary=summary, message=message))
         return RunResult(status, str(run_dir), str(adapter_dir), summary, message)
     except torch.OutOfMemoryError:
-        error_type, message, trace = "oom", oom_message(cfg), None
+        error_type, message, trace, said = "oom", oom_message(cfg), None, {}
     except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the traceback goes to events.jsonl
         import traceback
 
         error_type, message = classify(exc, run_dir)
+        said = fields_of(exc)  # key + params: the page says it in its own language
         trace = traceback.format_exc(limit=12)
     finally:
         watching.set()
@@ -319,7 +320,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
     if not main:  # rank 0 and the launcher report the run
         print(f"memtune (rank {distributed.rank()}): {message}", file=sys.stderr)
         return RunResult("failed", message=message, error_type=error_type)
-    return record_failed(emit, run_dir, error_type, message, trace, plan)
+    return record_failed(emit, run_dir, error_type, message, trace, plan, said)
 
 
 def lora_modules(model) -> list[str] | None:
@@ -378,11 +379,11 @@ def summarize(cfg: TrainConfig, trainer, output, callback, plan, started: float,
 
 
 def record_failed(emit: EventSink, run_dir: Path, error_type: str, message: str, trace: str | None = None,
-                  plan=None) -> RunResult:
+                  plan=None, said: dict[str, Any] | None = None) -> RunResult:
     """A run that failed in this process: its record (runs.record_failure, with the data plan once there is one:
-    History lists the run and why), as the RunResult run_training returns."""
+    History lists the run and why), as the RunResult run_training returns. `said`: core.messages.fields_of(exc)."""
     summary = record_failure(run_dir, message, error_type, emit=emit, trace=trace,
-                             data=plan.to_dict() if plan is not None else None)
+                             data=plan.to_dict() if plan is not None else None, **(said or {}))
     return RunResult("failed", str(run_dir), None, summary, message, error_type)
 
 

@@ -1,0 +1,129 @@
+"""Engine messages that carry a key and their parameters, so a page can say them in its own language.
+
+A `DataError`, `ModelError` or configuration `Problem` is raised with a locale key (core/locales/*.json) and the
+user's values (file names, line numbers, column and field names). Its English text is en.json's, filled here, so
+the engine's log and CLI say what they always said; the error event carries `key` + `params` next to that English
+message, and the page renders the same key in pt or fr. A parameter may itself be a message ({"key", "params"}),
+said in the same language (e.g. the reason a JSON line failed, inside the line's message).
+
+This module is a leaf (json + pathlib only): core.config.settings and core.data.read import it, and core.i18n
+(which imports the settings for their help texts) cannot be imported from there without a circle.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any, Callable
+
+LOCALES = Path(__file__).resolve().parent / "locales"
+
+
+@cache
+def table(code: str) -> dict[str, str]:
+    """core/locales/<code>.json as a dict (read once)."""
+    return json.loads((LOCALES / f"{code}.json").read_text(encoding="utf-8"))
+
+
+class _Keep(dict):
+    """format_map helper: a placeholder without a value stays visible as {name} instead of raising."""
+
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+class Said(str):
+    """English text (what the engine has always returned) that also carries its key + params: a helper that returns
+    a reason as a string (e.g. output_problem) stays a string for its callers, and nests as a message in a keyed one."""
+
+    key: str
+    params: dict[str, Any]
+
+    def __new__(cls, key: str, **params: Any) -> "Said":
+        params = {k: plain(v) for k, v in params.items()}
+        text = super().__new__(cls, say(key, params))
+        text.key, text.params = key, params
+        return text
+
+
+def plain(value: Any) -> Any:
+    """A parameter as the event file can hold it: numbers and text as they are, nested messages kept, else str()."""
+    if isinstance(value, (Keyed, Said)):
+        return {"key": value.key, "params": value.params}
+    if isinstance(value, dict) and "key" in value:
+        return {"key": value["key"], "params": {k: plain(v) for k, v in (value.get("params") or {}).items()}}
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    return value if isinstance(value, (int, float, str)) else str(value)
+
+
+def say(key: str, params: dict[str, Any] | None = None, lang: str = "en",
+        lookup: Callable[[str, str], str | None] | None = None,
+        number: Callable[[int | float, str], str] | None = None) -> str:
+    """The text of `key` in `lang` with `params` filled (nested messages said in `lang` too).
+
+    `lookup(key, lang)` finds a language's text (default: the locale files; a missing key or language falls back to
+    English, then to the key); `number(value, lang)` writes a number as the language does (default: str). The page
+    passes core.i18n's table and its own digit grouping, the engine neither."""
+    find = lookup or (lambda k, lg: table(lg).get(k) if (LOCALES / f"{lg}.json").is_file() else None)
+    text = find(key, lang) or table("en").get(key) or key
+    values = {}
+    for name, value in (params or {}).items():
+        if isinstance(value, dict) and "key" in value:
+            values[name] = say(value["key"], value.get("params"), lang, lookup, number)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and number is not None:
+            values[name] = number(value, lang)
+        else:
+            values[name] = value
+    return text.format_map(_Keep(values))
+
+
+def english(key: str, **params: Any) -> str:
+    """en.json's text for `key`, filled: what the engine writes to its log and the CLI."""
+    return say(key, {k: plain(v) for k, v in params.items()})
+
+
+class Keyed:
+    """Mixin for exceptions whose message is a locale key + parameters; str() is the English text."""
+
+    key: str = ""
+    params: dict[str, Any]
+
+    def _keyed(self, key: str, params: dict[str, Any]) -> str:
+        self.key, self.params = key, {k: plain(v) for k, v in params.items()}
+        return say(key, self.params)
+
+    def as_param(self) -> dict[str, Any]:
+        """This message as a parameter of another one (said in the same language)."""
+        return {"key": self.key, "params": self.params}
+
+
+def fields_of(exc: BaseException) -> dict[str, Any]:
+    """What an error event and summary.json carry beside the English message so a page can say it in its language:
+    {"key", "params"} for a keyed error, {"problems": [{"field", "key", "params"}, ...]} for a ConfigError whose
+    problems are keyed; {} for anything else (the page then shows the English message)."""
+    if isinstance(exc, Keyed) and exc.key:
+        return {"key": exc.key, "params": exc.params}
+    problems = getattr(exc, "problems", None)
+    if problems and all(getattr(p, "key", "") for p in problems):
+        return {"problems": [{"field": p.field, "key": p.key, "params": dict(p.params)} for p in problems]}
+    return {}
+
+
+class SaidLine(str):
+    """A log line (English, as the engine wrote it) that also carries its message's key + params (`said`, from
+    fields_of) and the event kind, so a page can say it in its language without matching the English text."""
+
+    said: dict[str, Any]
+    kind: str
+
+    def __new__(cls, text: str, said: dict[str, Any], kind: str) -> "SaidLine":
+        line = super().__new__(cls, text)
+        line.said, line.kind = said, kind
+        return line
+
+
+def said_of(record: dict[str, Any]) -> dict[str, Any]:
+    """The key/params/problems an error event or a failed summary.json carries ({} for old runs without them)."""
+    return {k: record[k] for k in ("key", "params", "problems") if k in record}
