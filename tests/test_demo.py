@@ -35,7 +35,7 @@ def test_score_counts_exact_greedy_answers(finished_run):
 
 
 def test_no_gpu_driver_never_hides_a_gpu_torch_can_use():
-    proc = subprocess.run([sys.executable, "-c", "import sys; from core.config.settings import no_gpu_driver; "
+    proc = subprocess.run([sys.executable, "-c", "import sys; from core.config.hardware import no_gpu_driver; "
                            "print(no_gpu_driver(), 'torch' in sys.modules)"],
                           cwd=ROOT, capture_output=True, text=True, check=True)
     no_gpu, imported_torch = proc.stdout.split()

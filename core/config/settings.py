@@ -26,7 +26,7 @@ from typing import Any, get_type_hints
 
 import yaml
 
-from core.config.hardware import Hardware, no_gpu_driver, output_problem  # noqa: F401 - re-exported: callers import them here
+from core.config.hardware import Hardware, output_problem
 from core.config.values import coerce_to, type_key
 from core.messages import plain, say
 
