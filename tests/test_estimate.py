@@ -13,8 +13,8 @@ import pytest
 
 from core.config.checklist import ITEMS
 from core.config.settings import DEMO_MODEL, TrainConfig
-from core.estimate.predict import (CUBLAS_WORKSPACE, GIB, Estimate, FitError, estimate, fit_to_gpu, layer_bytes_per_token, main,
-                           nf4_bytes, savings)
+from core.estimate.predict import GIB, Estimate, FitError, estimate, fit_to_gpu, main, savings
+from core.estimate.terms import CUBLAS_WORKSPACE, layer_bytes_per_token, nf4_bytes
 from core.config.presets import apply_preset
 from core.model.shapes import SHAPES, ShapeError, get_shape
 

@@ -22,10 +22,7 @@ from typing import Any, Callable
 from core.estimate import multi as estimate_multi
 from core.config.settings import OPTIMIZERS, ConfigError, Hardware, TrainConfig, apply_overrides
 from core.data.read import DataError
-from core.estimate.terms import (ATTENTIONS, CACHE_BASE, CACHE_FRACTION, CACHE_FRACTION_EXPANDABLE,  # noqa: F401
-                               CUBLAS_WORKSPACE, CUDA_CONTEXT, GIB, LM_HEAD_TOKEN_CHUNK, LM_HEAD_VOCAB_CHUNK,
-                               LOAD_CACHE, LOAD_CACHE_FRACTION, PAGED_MIN_NUMEL, layer_bytes_per_token, nf4_bytes,
-                               single_gpu_terms)
+from core.estimate.terms import ATTENTIONS, CUDA_CONTEXT, GIB, single_gpu_terms
 from core.config.levers import fit_fields
 from core.config.presets import PRESETS, apply_preset
 from core.model.shapes import ModelShape, ShapeError, get_shape
