@@ -16,7 +16,8 @@ from transformers import TrainerCallback
 
 from core.config.settings import TrainConfig, demo_config
 from core.runs.events import read_events
-from core.train.recipe import COMPLETE_MARKER, build_sft_config, latest_checkpoint, run_training
+from core.runs.folders import COMPLETE_MARKER, latest_checkpoint
+from core.train.recipe import build_sft_config, run_training
 
 
 

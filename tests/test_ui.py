@@ -833,7 +833,8 @@ def test_resume_from_history_continues_the_step_count(tmp_path, monkeypatch, dem
     """Through core.jobs.manager with the real engine: a run whose last complete checkpoint is step 5 goes on to 10."""
     from core.runs.events import read_events
     from core.jobs.view import job_view
-    from core.train.recipe import COMPLETE_MARKER, run_training
+    from core.runs.folders import COMPLETE_MARKER
+    from core.train.recipe import run_training
 
     result = run_training(demo_config(output_dir=str(tmp_path), run_name="cut", max_steps=10, save_strategy="steps",
                                       save_steps=5, logging_steps=1))

@@ -158,7 +158,7 @@ def on_history_resume(form: Form, h: HistoryTab, lang: str, run_dir: str | None)
         cfg, _ = without_remote_code(cfg)
         msg = t("history.trust_confirm", lang, name=Path(run_dir).name, model=cfg.model)
         return to_train_tab(form, h, cfg, lang, msg, "warn")
-    from core.train.recipe import latest_checkpoint
+    from core.runs.folders import latest_checkpoint
 
     checkpoint = latest_checkpoint(Path(run_dir))
     free_try_model()

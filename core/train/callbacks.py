@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from core.runs.events import EventSink, make_event
-from core.runs.folders import COMPLETE_MARKER, STOP_FILE
+from core.runs.folders import COMPLETE_MARKER
 
 HEARTBEAT_S = 2.0  # no phase stays silent longer than this
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config.settings import ConfigError, Hardware, TrainConfig, apply_overrides, demo_config
-from core.config.presets import PRESETS, apply_preset
+from core.config.presets import PRESETS
 from core.jobs.supervise import stop_on_signals, stop_when_orphaned
 
 

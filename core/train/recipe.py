@@ -41,8 +41,6 @@ from core.runs.events import EventSink, JsonlSink, fan_out, make_event
 from core.files import StorageError, free_memory, has_marker, real, storage_message
 from core.messages import fields_of
 from core.runs.folders import create_run_dir, finish_run, record_failure, resume_point, save_adapter
-# Importable from here too (callers in tests/ and ui/): two run-folder names.
-from core.runs.folders import COMPLETE_MARKER, latest_checkpoint  # noqa: F401
 
 
 @dataclass
