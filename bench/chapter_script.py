@@ -63,7 +63,7 @@ def texts(data: str):
     """The dolly rows as one `text` column: the prompt with memtune's default template, then the response."""
     from datasets import load_dataset
 
-    from core.data.plan import default_prompt
+    from core.data.formats import default_prompt
 
     dataset = load_dataset("json", data_files=data, split="train")
     return dataset.map(lambda r: {"text": default_prompt(r["instruction"], r.get("context") or "") + r["response"]},

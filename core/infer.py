@@ -1,7 +1,7 @@
 """Try it: answer a prompt with the base model and with base + a saved adapter, side by side, streaming.
 
 - `format_prompt(tokenizer, text)` formats the user's text exactly as a training prompt was formatted: it runs
-  the text through core.data.plan's own row formatter (chat template when the tokenizer has one, else the default
+  the text through core.data.formats' own row formatter (chat template when the tokenizer has one, else the default
   Alpaca-style template), so the two can never drift apart.
 - `generate_stream(model, tokenizer, prompt, ...)` yields the answer so far while `model.generate` runs in a
   thread (transformers' TextIteratorStreamer). Closing the iterator (a Stop button, a closed tab) stops the
@@ -38,20 +38,21 @@ class InferError(RuntimeError):
 def format_prompt(tokenizer: Any, user_text: str, context: str = "") -> str:
     """The prompt a training row with this instruction (and optional context) had, ready for generation.
 
-    One dolly row goes through core.data.plan.to_sft, the function that formatted the training data, so the chat
+    One dolly row goes through core.data.formats.to_sft, the function that formatted the training data, so the chat
     template (or default template), the BOS handling and any later change there apply here too.
     """
     import datasets
 
-    from core.data import plan as data
+    from core.data.formats import to_sft
+    from core.data.read import DataError
 
     text = (user_text or "").strip()
     if not text:
         raise InferError("The prompt is empty: type a question or an instruction first.")
     row = datasets.Dataset.from_dict({"instruction": [text], "context": [context or ""], "response": ["-"]})
     try:
-        sft = data.to_sft(row, "dolly", tokenizer)
-    except data.DataError as exc:
+        sft = to_sft(row, "dolly", tokenizer)
+    except DataError as exc:
         raise InferError(str(exc)) from None
     return sft["prompt"][0]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from core.data import plan as data
+from core.data.formats import default_prompt
 from core.config.settings import DEMO_DATASET, TrainConfig, demo_config
 from core.data.plan import DataError
 from tests.helpers import rendered_rows, train_cli
@@ -616,7 +617,7 @@ def test_run_refuses_before_loading_the_model_when_nothing_would_train(tmp_path,
     result = run_training(cfg, events.append)
     assert result.status == "failed" and result.error_type == "data"
     fit = data.suggest_max_length([len(AutoTokenizerOf(demo_model_path)(
-        data.default_prompt("Summarise", LONG) + "ok</s>")["input_ids"])])
+        default_prompt("Summarise", LONG) + "ok</s>")["input_ids"])])
     assert f"Raise max_length to {fit}" in result.message and "truncate_middle" in result.message
     assert "loading_model" not in {e.get("phase") for e in events}
     assert result.summary["data"]["dropped_long"] == 4

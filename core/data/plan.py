@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from core.config.settings import TrainConfig
-from core.data.read import (FILE_LIKE, LOADERS, DataError, is_local, load_raw,  # noqa: F401 - the module's API
-                            row_line, scan_text_file)
-from core.data.formats import (FORMATS, _adds_bos, check_format, default_prompt, detect_format,  # noqa: F401
-                          nothing_to_train, render_rows, to_sft)
+from core.data.read import DataError, is_local, load_raw, row_line
+from core.data.formats import _adds_bos, check_format, detect_format, nothing_to_train, render_rows
 
 
 # --- the plan: which rows train, and what each becomes ---------------------------------------------------
