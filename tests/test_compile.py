@@ -11,7 +11,6 @@ the GPU call's to measure (bench/product_plans.py, plan "compile").
 import pytest
 import torch
 
-from core.config.presets import apply_preset
 from core.config.settings import Hardware, demo_config
 from core.model import compile as regional
 from core.train.recipe import run_training

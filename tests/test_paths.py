@@ -80,8 +80,7 @@ def cli(*argv: str) -> int:
 
 def explicit_entry_points(adapter: Path, root: Path):
     """name -> f(path): each destructive action pointed at `path`."""
-    from ui.gguf import on_gguf_export  # noqa: F401 - the handlers take no path: see the planted-link test
-    from ui.tryexport import on_merge
+    from ui.tryexport import on_merge  # (ui.gguf's on_gguf_export takes no path: see the planted-link test)
 
     def try_delete(p):
         with pytest.raises(HistoryError):

@@ -5,7 +5,6 @@ handler test, and a second module would build them again on another test worker.
 
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import gradio as gr
@@ -707,7 +706,6 @@ def test_live_gauge_draws_the_settings_gpus(monkeypatch, page):
 @pytest.mark.filterwarnings("ignore:Does not fit")
 def test_estimate_and_fit_speak_per_gpu_when_the_run_uses_several(monkeypatch, form):
     import core.estimate.predict
-    from core.config.settings import Hardware
 
     real = core.estimate.predict.fit_to_gpu
 
