@@ -18,8 +18,10 @@ os.environ["HF_HOME"] = str(_HOME / "hf")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
-# The browser tests' app server and chromium: one per process for every browser module (tests/browser_app.py).
-from tests.browser_app import SHARED, browser, page, server  # noqa: E402, F401 - pytest fixtures
+# The browser tests' app server and chromium: one per process for every browser module. Its fixtures (server, browser,
+# page) reach every module as a pytest plugin, after the environment above is set (imported by pytest, not here first,
+# so that its asserts are rewritten).
+pytest_plugins = ["tests.browser_app"]
 
 
 def pytest_configure(config):
@@ -89,11 +91,15 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_teardown(item, nextitem):
     """The last of a run of browser tests (of one group or, in one process, of all) stops the app server and chromium."""
     if is_browser(item) and not is_browser(nextitem):
+        from tests.browser_app import SHARED
+
         SHARED.close()
 
 
 def pytest_sessionfinish(session):
     """A session cut short (Ctrl-C, -x) still stops the app server and chromium; a normal one has already."""
+    from tests.browser_app import SHARED
+
     SHARED.close()
 
 

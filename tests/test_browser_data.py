@@ -2,10 +2,15 @@
 
 import json
 
+import pytest
+
 # The same app (python app.py on a free port, offline, its own MEMTUNE_HOME) and chromium as the main browser tests
-# (the fixtures: tests/browser_app.py); importing test_browser also skips this module, with the reason, where chromium
-# or Playwright is missing.
-import tests.test_browser  # noqa: F401
+# (the fixtures: tests/browser_app.py); skipped, with the reason, where chromium or Playwright is missing.
+from tests.browser_app import MISSING, REQUIRED
+
+if MISSING and not REQUIRED:
+    pytest.skip(f"browser tests skipped: {MISSING}; set MEMTUNE_REQUIRE_BROWSER=1 to make this a failure",
+                allow_module_level=True)
 
 
 def dataset_value(pg) -> str:

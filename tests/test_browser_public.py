@@ -3,7 +3,7 @@ page, previews it, trains the demo model on it to completion; a second visitor (
 neither the upload nor the run, and a path typed to the first visitor's upload is refused.
 
 Its own `python app.py` (public mode, on 127.0.0.1) beside the shared one, and the shared chromium
-(tests/browser_app.py); importing test_browser skips this module, with the reason, where chromium is missing.
+(tests/browser_app.py); skipped, with the reason, where chromium or Playwright is missing.
 """
 
 import json
@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-import tests.test_browser  # noqa: F401 - skips the module where chromium or Playwright is missing
-from tests.browser_app import app_server
-from tests.test_browser import set_number, state, wait_state
+from tests.browser_app import MISSING, REQUIRED, app_server, set_number, state, wait_state
+
+if MISSING and not REQUIRED:
+    pytest.skip(f"browser tests skipped: {MISSING}; set MEMTUNE_REQUIRE_BROWSER=1 to make this a failure",
+                allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
