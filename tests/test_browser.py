@@ -24,7 +24,7 @@ def test_browser_is_available():
 
 # Shared helpers (tests/browser_app.py). Every test that needs a finished run asks trained_run for one of this app
 # server's: none relies on a run that an earlier test, or a test in another xdist worker, happened to make.
-from tests.browser_app import (PROGRESS, choose, set_number, state, summary_chip, train_here,  # noqa: E402, F401
+from tests.browser_app import (PROGRESS, choose, set_number, state, summary_chip, train_here,  # noqa: E402
                                trained_run, wait_idle, wait_state)
 
 

@@ -20,7 +20,7 @@ from core.config.settings import SAFE_NAME, ConfigError, TrainConfig, demo_confi
 from core.i18n import DEFAULT_LANGUAGE, t
 from core.jobs.manager import MANAGER, JobBusy
 from ui import render
-from ui.derive import CUSTOM, hardware, row_tokens, run_gpus, toggled, world_size  # noqa: F401 - toggled
+from ui.derive import CUSTOM, hardware, row_tokens, run_gpus, toggled, world_size
 from ui.fields import collect, help_text, label, model_problem
 from ui.form import Form, Updates, apply_config, derived, read_config, values_dict
 from ui.live import read_gpus

@@ -1,5 +1,6 @@
 """What this machine offers a run, as validation asks it: CUDA GPUs, bf16, bitsandbytes, liger-kernel, and a folder
-runs can be written to. Split from core/config/settings.py (which re-exports these names) to keep that file to the schema."""
+runs can be written to. Split from core/config/settings.py (which uses Hardware and output_problem) to keep that file
+to the schema."""
 
 from __future__ import annotations
 
