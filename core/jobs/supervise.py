@@ -196,9 +196,23 @@ def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
 
 # --- the child's side ----------------------------------------------------------------------------------------------
 def parent_gone() -> bool:
-    """Started by the app (MEMTUNE_PARENT_PID) and the app is no longer this process's parent."""
+    """Started by the app (MEMTUNE_PARENT_PID) and the app is gone. A cold child's parent is the app itself; a warm
+    one's is the fork server (core/jobs/warm.py), which outlives the app while the child runs, so then the app's own
+    pid is checked: no such process, or a dead one not yet reaped."""
     parent = os.environ.get(PARENT_ENV, "")
-    return parent.isdigit() and os.getppid() != int(parent)
+    if not parent.isdigit() or os.getppid() == int(parent):
+        return False
+    try:
+        os.kill(int(parent), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process took the pid: ours is gone
+        return True
+    try:
+        with open(f"/proc/{parent}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # exited, waiting to be reaped
+    except (OSError, IndexError):
+        return False
 
 
 def stop_when_orphaned(stop: threading.Event) -> None:

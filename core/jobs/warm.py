@@ -24,7 +24,6 @@ import sys
 import threading
 from multiprocessing import spawn
 
-from core.jobs.supervise import PARENT_ENV
 
 PRELOAD = "core.train.preload"
 START_ENV = "MEMTUNE_START"  # what the child was told about its start, for its first event
@@ -102,6 +101,9 @@ def spawn(argv: list[str], env: dict[str, str], log_path: str) -> WarmProcess:
 def _child(argv: list[str], env: dict[str, str], log_path: str, cwd: str) -> None:
     """In the forked process: become what the cold start would have been, then run `python -m core.train`."""
     os.setsid()  # its own process group: Stop and the supervisor signal the group
+    # The platform's default start method again, as in a cold process: with the forkserver's, the libraries' own
+    # locks (tqdm's) become named semaphores that each run would leave to multiprocessing's tracker as "leaked".
+    multiprocessing.set_start_method(None, force=True)
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -112,8 +114,6 @@ def _child(argv: list[str], env: dict[str, str], log_path: str, cwd: str) -> Non
     os.chdir(cwd)
     preload = sys.modules.get(PRELOAD)
     why = "the fork server could not import the libraries" if preload is None else preload.fork_safe(env)
-    # The parent whose death means "stop and save" is now the server, which exits when the app does.
-    env = dict(env, **{PARENT_ENV: str(os.getppid())}) if PARENT_ENV in env else dict(env)
     if why:
         os.execve(argv[0], argv, dict(env, **{START_ENV: f"cold: {why}"}))  # the cold start, same pid
     os.environ.clear()

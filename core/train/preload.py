@@ -38,7 +38,8 @@ except ImportError:  # pragma: no cover - memtune runs without 4-bit
 SET_BY_IMPORTS = {k: v for k, v in os.environ.items() if STARTED_WITH.get(k) != v and k not in STARTED_WITH}
 # Variables memtune reads when a run needs them (never at import), and what the job manager sets per run.
 IGNORED_PREFIXES = ("MEMTUNE_",)
-IGNORED = {"PYTHONUNBUFFERED", "PYTHONPATH", "PYTORCH_NVML_BASED_CUDA_CHECK", "OMP_NUM_THREADS", "_"}
+IGNORED = {"PYTHONUNBUFFERED", "PYTHONPATH", "PYTORCH_NVML_BASED_CUDA_CHECK", "OMP_NUM_THREADS", "_",
+           "COLUMNS", "LINES"}  # the terminal's size, which a test runner sets per test
 
 
 def _threads() -> int:

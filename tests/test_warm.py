@@ -1,0 +1,60 @@
+"""Runs start warm (core/jobs/warm.py): the job manager forks each `python -m core.train` from a server that has
+imported the libraries once. A warm run is the run a cold process would be (same command line, environment, pid,
+session, log file, exit code); where the forked state cannot be trusted it becomes that cold process itself.
+
+Real children of the real CLI on the tiny demo model; each test starts what it needs.
+"""
+
+import os
+import sys
+
+import pytest
+
+from core.config.settings import demo_config
+from core.jobs.manager import JobManager
+from core.jobs.view import job_view
+
+WAIT = 240  # a busy 2-core machine; never a timing assert
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux-only")
+
+
+def finished(mgr: JobManager, tmp_path, name: str):
+    job = mgr.start(demo_config(max_steps=2, output_dir=str(tmp_path / "runs"), run_name=name))
+    assert job.wait(WAIT)
+    view = job_view(job)
+    assert view.state == "completed", view.message
+    run = next(e for e in job.events_since(0) if e["kind"] == "run")
+    assert run["pid"] == job.pid  # the process the manager follows is the one that trained
+    assert (tmp_path / "runs" / name / "train.log").read_text().strip()  # its output went to the run's log
+    return run
+
+
+def test_a_run_starts_warm_and_a_changed_environment_starts_cold_in_the_same_process(tmp_path, monkeypatch,
+                                                                                       demo_model_path):
+    mgr = JobManager()
+    mgr.prepare()
+    assert finished(mgr, tmp_path, "warm")["start"] == "warm"
+    # A variable the libraries read at import (huggingface_hub's constants) that the server read differently:
+    # the run must not inherit the server's view of it, so it becomes a fresh interpreter, same pid.
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "17")
+    cold = finished(mgr, tmp_path, "changed")["start"]
+    assert cold.startswith("cold: the run's environment differs") and "HF_HUB_ETAG_TIMEOUT" in cold, cold
+
+
+def test_warm_start_off_runs_a_new_interpreter(tmp_path, monkeypatch, demo_model_path):
+    monkeypatch.setenv("MEMTUNE_WARM_START", "0")
+    assert finished(JobManager(), tmp_path, "off")["start"] == ""
+
+
+def test_the_servers_state_is_checked_before_a_run_trusts_it():
+    """What the child reads to decide (core/train/preload.py), on this machine: no CUDA, no thread started by the
+    imports beyond the allocator helpers it counted, and only memtune's own per-run variables ignored."""
+    from core.train import preload
+
+    env = dict(preload.STARTED_WITH, MEMTUNE_PARENT_PID="1", MEMTUNE_NUM_THREADS="3", PYTHONUNBUFFERED="1")
+    assert preload.fork_safe(env) == ""
+    assert preload.differs(dict(env, HF_HOME="/elsewhere")) == ["HF_HOME"]
+    assert "environment differs" in preload.fork_safe({k: v for k, v in env.items() if k != "PATH"} | {"X_NEW": "1"})
+    assert preload.SAFE_THREADS >= 1 and not preload.CUDA_STARTED
+    assert os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1"  # set before torch, so is_available() stays fork-safe
