@@ -55,6 +55,7 @@ def test_the_servers_state_is_checked_before_a_run_trusts_it():
     env = dict(preload.STARTED_WITH, MEMTUNE_PARENT_PID="1", MEMTUNE_NUM_THREADS="3", PYTHONUNBUFFERED="1")
     assert preload.fork_safe(env) == ""
     assert preload.differs(dict(env, HF_HOME="/elsewhere")) == ["HF_HOME"]
-    assert "environment differs" in preload.fork_safe({k: v for k, v in env.items() if k != "PATH"} | {"X_NEW": "1"})
+    assert "environment differs" in preload.fork_safe({k: v for k, v in env.items() if k != "PATH"})
+    assert preload.fork_safe(dict(env, PYTEST_CURRENT_TEST="x", COLUMNS="80")) == ""  # read when needed, not at import
     assert preload.SAFE_THREADS >= 1 and not preload.CUDA_STARTED
     assert os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1"  # set before torch, so is_available() stays fork-safe

@@ -36,10 +36,15 @@ except ImportError:  # pragma: no cover - memtune runs without 4-bit
 
 # What the imports themselves set (e.g. torch inductor's cache folder): a warm run keeps it, as a cold one would.
 SET_BY_IMPORTS = {k: v for k, v in os.environ.items() if STARTED_WITH.get(k) != v and k not in STARTED_WITH}
-# Variables memtune reads when a run needs them (never at import), and what the job manager sets per run.
-IGNORED_PREFIXES = ("MEMTUNE_",)
-IGNORED = {"PYTHONUNBUFFERED", "PYTHONPATH", "PYTORCH_NVML_BASED_CUDA_CHECK", "OMP_NUM_THREADS", "_",
-           "COLUMNS", "LINES"}  # the terminal's size, which a test runner sets per test
+# The variables the imported libraries may have read at import: the ML stack's own and the process basics. A run
+# whose value of any of them differs from the server's starts cold; every other variable (a test runner's, a
+# terminal's, memtune's own MEMTUNE_*, read when needed) is simply the run's, set before the run starts.
+READ_AT_IMPORT_PREFIXES = ("HF_", "HUGGINGFACE", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA", "NVIDIA_", "NCCL_",
+                           "OMP_", "MKL_", "KMP_", "OPENBLAS_", "BNB_", "BITSANDBYTES", "TRITON", "TOKENIZERS_",
+                           "DATASETS_", "SAFETENSORS", "ACCELERATE_", "PEFT_", "TRL_", "XDG_", "LC_", "PYTHON")
+READ_AT_IMPORT = {"HOME", "TMPDIR", "TEMP", "TMP", "LANG", "LANGUAGE", "PATH", "LD_LIBRARY_PATH", "LD_PRELOAD"}
+# ... less what the job manager sets per run and the server's own fork-safe CUDA check
+IGNORED = {"PYTHONUNBUFFERED", "PYTHONPATH", "PYTORCH_NVML_BASED_CUDA_CHECK", "OMP_NUM_THREADS"}
 
 
 def _threads() -> int:
@@ -57,8 +62,8 @@ CUDA_STARTED = torch.cuda.is_initialized()
 
 def differs(env: dict[str, str]) -> list[str]:
     """The variables of a run's environment that the libraries may have read differently at import."""
-    keys = (set(env) | set(STARTED_WITH)) - IGNORED
-    return sorted(k for k in keys if not k.startswith(IGNORED_PREFIXES) and env.get(k) != STARTED_WITH.get(k))
+    keys = {k for k in set(env) | set(STARTED_WITH) if k in READ_AT_IMPORT or k.startswith(READ_AT_IMPORT_PREFIXES)}
+    return sorted(k for k in keys - IGNORED if env.get(k) != STARTED_WITH.get(k))
 
 
 def fork_safe(env: dict[str, str]) -> str:
