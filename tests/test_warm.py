@@ -5,8 +5,11 @@ session, log file, exit code); where the forked state cannot be trusted it becom
 Real children of the real CLI on the tiny demo model; each test starts what it needs.
 """
 
+import json
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,7 @@ from core.jobs.manager import JobManager
 from core.jobs.view import job_view
 
 WAIT = 240  # a busy 2-core machine; never a timing assert
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux-only")
 
@@ -30,15 +34,28 @@ def finished(mgr: JobManager, tmp_path, name: str):
     return run
 
 
-def test_a_run_starts_warm_and_a_changed_environment_starts_cold_in_the_same_process(tmp_path, monkeypatch,
-                                                                                       demo_model_path):
-    mgr = JobManager()
-    mgr.prepare()
-    assert finished(mgr, tmp_path, "warm")["start"] == "warm"
-    # A variable the libraries read at import (huggingface_hub's constants) that the server read differently:
-    # the run must not inherit the server's view of it, so it becomes a fresh interpreter, same pid.
-    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "17")
-    cold = finished(mgr, tmp_path, "changed")["start"]
+def test_a_run_starts_warm_and_a_changed_environment_starts_cold_in_the_same_process(tmp_path, demo_model_path):
+    """In a process of its own: the fork server is one per process (multiprocessing's), started with the environment
+    of its first use, so this test does not inherit one an earlier test started in another environment."""
+    script = (
+        "import json, os, sys\n"
+        "from pathlib import Path\n"
+        "from tests.test_warm import finished\n"
+        "from core.jobs.manager import JobManager\n"
+        "mgr = JobManager()\n"
+        "mgr.prepare()\n"
+        "out = Path(sys.argv[1])\n"
+        "starts = [finished(mgr, out, 'warm')['start']]\n"
+        # a variable the libraries read at import (huggingface_hub's constants) that the server read differently
+        "os.environ['HF_HUB_ETAG_TIMEOUT'] = '17'\n"
+        "starts.append(finished(mgr, out, 'changed')['start'])\n"
+        "print(json.dumps(starts))\n")
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_ETAG_TIMEOUT"}
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=WAIT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    warm, cold = json.loads(done.stdout.strip().splitlines()[-1])
+    assert warm == "warm"
     assert cold.startswith("cold: the run's environment differs") and "HF_HUB_ETAG_TIMEOUT" in cold, cold
 
 
