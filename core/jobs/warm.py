@@ -22,6 +22,7 @@ import runpy
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing import spawn
 
 
@@ -95,6 +96,16 @@ def spawn(argv: list[str], env: dict[str, str], log_path: str) -> WarmProcess:
     process = context().Process(target=_child, args=(list(argv), dict(env), str(log_path), os.getcwd()),
                                 name=NAME)
     process.start()
+    # Return once the child leads its own process group (its first act), as subprocess's start_new_session does
+    # before it returns: a Stop signalled to the group a moment after Start must reach it.
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and process.exitcode is None:
+        try:
+            if os.getpgid(process.pid) == process.pid:
+                break
+        except ProcessLookupError:
+            break
+        time.sleep(0.002)
     return WarmProcess(process)
 
 
