@@ -219,7 +219,8 @@ def test_second_start_is_refused_with_a_message(monkeypatch, form, tmp_path):
     second = handlers.on_start(form, "en", *widget_values(demo_config(output_dir=str(tmp_path))))  # another tab
     assert "already in progress" in second[form.run_notice]
     said_run(handlers.MANAGER.current())
-    assert "Stopping" in handlers.on_stop()
+    stopping = handlers.on_stop()
+    assert "Stopping" in stopping and f'id="{live.RUN_NOTE}"' in stopping  # a run notice: the poll clears it at the end
     assert handlers.MANAGER.current().wait(60)
     assert [e["status"] for e in handlers.MANAGER.current().events_since(0) if e["kind"] == "done"] == ["stopped"]
     assert "No run" in handlers.on_stop()
@@ -255,8 +256,14 @@ def test_a_failed_run_clears_its_notice_and_its_bar_says_failed(monkeypatch, pag
     assert "started" in started[form.run_notice]
     job = manager.current()
     assert job.wait(60)
-    out = live.live_update(p, {}, "en")
+    out = live.live_update(p, {}, "en", None, None, started[form.run_notice])
     assert out[p.notice] == ""  # the notice about the start is gone: the result says how the run ended
+    # Stop's answer reached the page after the poll that saw the run end (2 busy cores): the next poll clears it too
+    late = render.message_html(i18n_t("msg.stopping", "en"), "warn", live.RUN_NOTE)  # what on_stop answers then
+    assert live.live_update(p, out[p.state], "en", None, None, late)[p.notice] == ""
+    # a notice that is not about a run (the list of what keeps a Start from starting) stays
+    problems = handlers.on_start(form, "en", *widget_values(demo_config(max_steps=0)))[form.run_notice]
+    assert p.notice not in live.live_update(p, out[p.state], "en", None, None, problems)
     bar = out[p.progress]
     assert 'data-state="failed"' in bar and "ended before its first training step" in bar
     assert "/ ?" not in bar and "step 0" not in bar.lower()

@@ -23,7 +23,7 @@ from ui import render
 from ui.derive import CUSTOM, hardware, row_tokens, run_gpus, toggled, world_size
 from ui.fields import collect, help_text, label, model_problem
 from ui.form import Form, Updates, apply_config, derived, read_config, values_dict
-from ui.live import read_gpus
+from ui.live import RUN_NOTE, read_gpus
 from ui.tryexport import free_try_model
 
 FIT_FIELDS = levers.fit_fields()  # what core.estimate.predict.fit_to_gpu may change (the registry's)
@@ -189,7 +189,7 @@ def on_start(form: Form, lang: str, *values) -> Updates:
         gr.Warning(msg)
         return {form.run_notice: render.message_html(msg, "warn")}
     return {form.run_notice: render.message_html(t("msg.started", lang, id=job.id, model=cfg.model,
-                                                   dataset=cfg.dataset), "ok"),
+                                                   dataset=cfg.dataset), "ok", RUN_NOTE),
             form.start: gr.update(interactive=False), form.stop: gr.update(interactive=True)}
 
 
@@ -199,7 +199,7 @@ def on_stop(lang: str = DEFAULT_LANGUAGE) -> str:
     job = MANAGER.stop()
     if job is None:
         return render.message_html(t("msg.no_run", lang), "info")
-    return render.message_html(t("msg.stop_now" if was_stopping else "msg.stopping", lang), "warn")
+    return render.message_html(t("msg.stop_now" if was_stopping else "msg.stopping", lang), "warn", RUN_NOTE)
 
 
 # --- save / load settings ----------------------------------------------------------------------------------------

@@ -299,10 +299,11 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                          start=start_btn, stop=stop_btn, state=tab_state, notice=notice)
         poll = partial(live_update, live, output_dir=cfg0.output_dir)
         timer = gr.Timer(1.0)
-        timer.tick(poll, inputs=[tab_state, lang, pred_state, budget], outputs=live.outputs, show_progress="hidden",
+        polled = [tab_state, lang, pred_state, budget, notice]
+        timer.tick(poll, inputs=polled, outputs=live.outputs, show_progress="hidden",
                    concurrency_limit=None, api_name="poll")  # named: scripts drive the app over its API
-        demo.load(lambda s, lg, p, b: poll({}, lg, p, b), inputs=[tab_state, lang, pred_state, budget],
-                  outputs=live.outputs, show_progress="hidden")
+        demo.load(lambda s, lg, p, b, n: poll({}, lg, p, b, n), inputs=polled, outputs=live.outputs,
+                  show_progress="hidden")
 
         # Language: the browser's on load, the picker afterwards; everything written re-renders.
         one_off = [notice, fit_note, cfg_notice, preview_out]  # written in the old language: cleared

@@ -100,13 +100,18 @@ class LivePanel:
                 self.state] + ([self.notice] if self.notice is not None else [])
 
 
+RUN_NOTE = "mt-run-note"  # the element id of Start / Stop's notice about a run (handlers.on_start, on_stop)
+
+
 def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUAGE, pred: dict | None = None,
-                budget: float | None = None, output_dir: str | None = None) -> dict[Any, Any]:
+                budget: float | None = None, shown_notice: str | None = None,
+                output_dir: str | None = None) -> dict[Any, Any]:
     """One poll: {component: update} for the run panel.
 
     Each part is sent only when it changed since this page's last poll (the state keeps a fingerprint of each,
     including the language), so a long run costs the browser one small progress update a second, not a redraw.
     `pred` is the page's prediction state ({"gib": predicted NVML peak per GPU of the settings on screen}).
+    `shown_notice`: what the page's run notice shows now (an input of the poll, so the page's own copy decides).
     The gauge draws one bar per GPU and marks those the run (or the settings on screen) uses.
     """
     state = dict(state or {})
@@ -150,9 +155,7 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
             download = gr.update(value=path, visible=True,
                                  label=t("run.download_size", lang, size=render.size(Path(path).stat().st_size, lang)))
     outputs[panel.download] = (download, (job.id if job else None, v.state, v.adapter_dir, lang))
-    if panel.notice is not None and done and job is not None:
-        # "Run 2 started" / "Stopping ..." described a run that has now ended: the result says how it ended.
-        outputs[panel.notice] = ("", ("ended", job.id, v.state))
+    clear_notice = panel.notice is not None and done and job is not None and f'id="{RUN_NOTE}"' in (shown_notice or "")
     outputs[panel.start] = (gr.update(interactive=not running), ("start", running))
     outputs[panel.stop] = (gr.update(interactive=running), ("stop", running))
 
@@ -163,5 +166,9 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
         if sent.get(key) != fingerprint:
             result[comp] = value
         sent[key] = fingerprint
+    if clear_notice:
+        # "Run 2 started" / "Stopping ..." described a run that has now ended: the result says how it ended. Read
+        # from the page, not remembered: Stop's answer can reach the page after a poll that saw the run end.
+        result[panel.notice] = ""
     state["sent"] = sent
     return {**result, panel.state: state}

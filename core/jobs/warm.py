@@ -24,9 +24,11 @@ import sys
 import threading
 import time
 from multiprocessing import spawn
+from pathlib import Path
 
 
 PRELOAD = "core.train.preload"
+ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds core/
 START_ENV = "MEMTUNE_START"  # what the child was told about its start, for its first event
 _lock = threading.Lock()
 _context = None
@@ -53,24 +55,34 @@ def enabled() -> bool:
 
 
 def context():
-    """The forkserver context, its server started (in the background: importing takes seconds) the first time."""
+    """The forkserver context, its server started the first time (it imports in the background, in its own process)."""
     global _context
     with _lock:
         if _context is None:
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload([PRELOAD])
+            _start_server()  # quick: the server imports in its own process, and the first run waits for it
             _context = ctx
-            threading.Thread(target=_start_server, name="memtune-warm-start", daemon=True).start()
         return _context
 
 
 def _start_server() -> None:
     from multiprocessing import forkserver
 
+    # Python 3.11's forkserver drops the sys.path it is handed (3.12 applies it), so `core` was importable there
+    # only when the app had been started from this folder: started anywhere else, every run went cold. PYTHONPATH
+    # reaches the server's interpreter; the app's own environment gets it back at once (runs get it anyway).
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, before) if p)
     try:
         forkserver.ensure_running()
     except Exception:  # noqa: BLE001 - no server: spawn() below starts one, or the run starts cold
         pass
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 class WarmProcess:
@@ -93,7 +105,9 @@ class WarmProcess:
 
 def spawn(argv: list[str], env: dict[str, str], log_path: str) -> WarmProcess:
     """Start `argv` (`python -m core.train ...`) as a fork of the server, its output appended to `log_path`."""
-    process = context().Process(target=_child, args=(list(argv), dict(env), str(log_path), os.getcwd()),
+    ctx = context()
+    _start_server()  # a no-op while it runs; else started again, as Process.start would, but with the path
+    process = ctx.Process(target=_child, args=(list(argv), dict(env), str(log_path), os.getcwd()),
                                 name=NAME)
     process.start()
     # Return once the child leads its own process group (its first act), as subprocess's start_new_session does
