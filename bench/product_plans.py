@@ -242,6 +242,48 @@ def plan(name: str) -> list[Variant]:
             for v in rows:
                 v.steps, v.warm, v.max_length, v.arch, v.timeout_s = 3, 1, 128, "", 240
         return rows
+    if name in ("i25f", "i25f-smoke"):  # 2026-12-02 (run 11) call 1: activation offloading for the 6 GB setting and
+        # lowest_memory, regional compile (liger off) beside fastest and lowest_memory. In priority order: --budget-s
+        # skips what no longer fits. Losses are logged per step: offloading must leave them exactly as they were.
+        smoke = name.endswith("smoke")
+        log = ["logging_steps=1", "validation_share=0"]
+        off, on = ["validation_share=0"], ["validation_share=0", "compile_layers=true"]
+        offload = [*log, "offload_activations=true"]
+        logs = {"TORCH_LOGS": "recompiles,graph_breaks", **({"MEMTUNE_COMPILE_BACKEND": "eager"} if smoke else {})}
+        rows = [
+            Variant("six_gb-offload", "six_gb", offload, steps=6, warm=2, timeout_s=80),
+            Variant("7b-six_gb-offload", "six_gb", offload, steps=6, warm=2, arch="llama-2-7b", timeout_s=80,
+                    note="run 9: 5.144 GiB NVML without offloading"),
+            Variant("six_gb", "six_gb", log, steps=6, warm=2, timeout_s=75, note="the same batches, not offloaded"),
+            Variant("lowest_memory-offload", "lowest_memory", offload, steps=8, warm=3, timeout_s=75),
+            Variant("fastest-compile", "fastest", on, steps=20, warm=6, timeout_s=110, env=logs),
+            Variant("fastest", "fastest", off, steps=15, warm=4, timeout_s=60),
+            Variant("lowest_memory-compile", "lowest_memory", on, steps=10, warm=4, timeout_s=100, env=logs),
+            Variant("lowest_memory", "lowest_memory", log, steps=8, warm=3, timeout_s=70),
+        ]
+        if smoke:  # the tiny model on the CPU (offloading is off there: CUDA only)
+            for v in rows:
+                v.steps, v.warm, v.arch, v.max_length, v.timeout_s = 3, 1, "", 128, 400
+        return rows
+    if name in ("i25g", "i25g-smoke"):  # run 11 call 2: the 70B (saved in 4-bit) with the 6 GB setting's levers and
+        # activation offloading, beside the chapter's script (the ratio); --arch llama-3.1-70b --quantized
+        smoke = name.endswith("smoke")
+        log = ["logging_steps=1", "validation_share=0"]
+        offload = [*log, "offload_activations=true"]
+        two = ["per_device_train_batch_size=2", "gradient_accumulation_steps=3"]
+        rows = [
+            Variant("six_gb-2packs-offload", "six_gb", [*offload, *two], steps=6, warm=2, timeout_s=100,
+                    note="lowest_memory's 2 packs x 3, the 4-bit head, offloaded layer inputs"),
+            Variant("chapter-script", steps=2, warm=1, timeout_s=200, note="the chapter's script as written"),
+            Variant("six_gb-offload", "six_gb", offload, steps=6, warm=2, timeout_s=100),
+            Variant("lowest_memory-offload", "lowest_memory", offload, steps=6, warm=2, timeout_s=100,
+                    note="bf16 head, 2 packs x 3"),
+            Variant("six_gb", "six_gb", log, steps=6, warm=2, timeout_s=100),
+        ]
+        if smoke:
+            for v in rows:
+                v.steps, v.warm, v.max_length, v.timeout_s = 2, 1, 128, 400
+        return rows
     if name == "call2":  # the new presets side by side with the chapter's script; levers alone
         return [
             Variant("chapter-script", steps=5, warm=2, timeout_s=170, note="the chapter's script as written"),

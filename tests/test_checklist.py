@@ -122,7 +122,7 @@ def test_presets_fit_and_tutorial_lists_come_from_the_registry():
 
     assert presets.CHAPTER == {n: getattr(TrainConfig(), n) for n, lv in levers.LEVERS.items() if lv.preset}
     assert all(set(p["overrides"]) <= set(presets.CHAPTER) for p in presets.PRESETS.values())
-    assert presets.CUDA_ONLY == ("use_liger_kernel",) == levers.cuda_only()
+    assert presets.CUDA_ONLY == ("use_liger_kernel", "offload_activations") == levers.cuda_only()
     assert tutorial.CHECKLIST_KEYS == tuple(i.key for i in checklist.ITEMS)
     assert levers.fit_fields() == ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length",
                                    "gradient_checkpointing", "optim")  # the order Fit's note lists them in

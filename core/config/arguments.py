@@ -106,6 +106,8 @@ def sft_kwargs(cfg: TrainConfig, output_dir: str | Path, cuda: bool, console: bo
         # run 10), and inductor fuses the norms, RoPE and the gated MLP itself. TRL's own fused LM head (the loss
         # without the full logits) is applied either way, so liger is simply not asked for.
         "use_liger_kernel": cfg.use_liger_kernel and not cfg.compile_layers,
+        # TRL's own offloading (saved-tensor hooks around each training step); it needs an accelerator device
+        "activation_offloading": cfg.offload_activations and cuda,
         "logging_steps": cfg.logging_steps,
         "save_strategy": cfg.save_strategy,
         "save_steps": cfg.save_steps,

@@ -264,6 +264,11 @@ class TrainConfig:
         "first step compiles (tens of seconds on a GPU; the log says how long). Same results on the CPU. It replaces "
         "liger's in-layer kernels (use_liger_kernel), which the compiler cannot trace. Not measured on a GPU yet.",
         lever=Lever("beyond", (PREP,), (), order=8)))
+    offload_activations: bool = field(default=False, metadata=_help(
+        "Move what each layer keeps for the backward pass (with checkpointing: its input) to CPU memory as the "
+        "forward pass goes, and bring it back just before the backward pass needs it (TRL's activation offloading): "
+        "less GPU memory, a little slower (copies over PCIe, overlapped). Same results. CUDA only.",
+        lever=Lever("beyond", (SFT,), (TERM,), order=9, cuda_only=True)))
     seed: int = field(default=42, metadata=_help("Random seed for data order, LoRA init and dropout.", min=0,
                                                  max=2**32 - 1))  # numpy's seeds are 32-bit
 

@@ -60,6 +60,8 @@ CACHE_FRACTION_EXPANDABLE = 0.04  # with expandable_segments (measured 0.04 on `
 LM_HEAD_VOCAB_CHUNK = 32768  # trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE
 LM_HEAD_TOKEN_CHUNK = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE
 QUANTIZED_HEAD_ROWS = 8192  # core.model.load.HEAD_ROWS: rows per NF4 block of a quantized head, and TRL's chunk then
+OFFLOAD_STASH = 5  # trl's get_act_offloading_ctx_manager max_fwd_stash_size: saved tensors kept on the GPU while
+# their copy to the CPU runs (offload_activations); the backward pass brings each back just before its layer
 PAGED_MIN_NUMEL = 100_000  # bitsandbytes Optimizer8bit.get_state_buffer pages only tensors at least this large
 ATTENTIONS = ("sdpa", "varlen")
 
@@ -304,12 +306,18 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     if row_scores:
         notes.append(f"soft-capped attention runs eager per packed row: {row_scores / GIB:.2f} GiB of scores per "
                      "layer")
+    # offload_activations: what the layers keep goes to CPU memory as the forward pass runs, OFFLOAD_STASH saved
+    # tensors at a time on the GPU (with checkpointing one per layer: its input; without, about a layer's worth).
+    kept = min(layers, OFFLOAD_STASH) if cfg.offload_activations else layers
     if cfg.gradient_checkpointing:
-        activations = layers * d.s * h * tokens + mask_kept
+        activations = kept * d.s * h * tokens + mask_kept
         layer_phase = (saved + backward) * tokens + dequant + row_scores
     else:
-        activations = layers * (saved * tokens + row_scores) + mask_kept
+        activations = (min(layers, 1) if cfg.offload_activations else layers) * (saved * tokens + row_scores) + mask_kept
         layer_phase = backward * tokens + dequant
+    if cfg.offload_activations:
+        notes.append(f"offload_activations: {layers - kept if cfg.gradient_checkpointing else layers - 1} layers' "
+                     "saved activations wait in CPU memory")
 
     # LM head + loss: the final norm's kept input, its output, TRL's compact copy of the labelled positions and the
     # fp32 gradient of it (+ its cast back), a logits tile, and the head cast to the compute dtype per vocab chunk.
