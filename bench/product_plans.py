@@ -279,10 +279,13 @@ def plan(name: str) -> list[Variant]:
             Variant("lowest_memory-offload", "lowest_memory", offload, steps=6, warm=2, timeout_s=100,
                     note="bf16 head, 2 packs x 3"),
             Variant("six_gb", "six_gb", log, steps=6, warm=2, timeout_s=100),
+            Variant("7b-six_gb-offload-ws", "six_gb", offload, steps=6, warm=2, arch="llama-2-7b", timeout_s=80,
+                    env={"CUBLAS_WORKSPACE_CONFIG": ":4096:1", "CUBLASLT_WORKSPACE_SIZE": "1024"},
+                    note="call 1's 7b-six_gb-offload (5.078 GiB) with 4 MiB cuBLAS / 1 MiB cuBLASLt workspaces"),
         ]
         if smoke:
             for v in rows:
-                v.steps, v.warm, v.max_length, v.timeout_s = 2, 1, 128, 400
+                v.steps, v.warm, v.max_length, v.timeout_s, v.arch = 2, 1, 128, 400, ""
         return rows
     if name == "call2":  # the new presets side by side with the chapter's script; levers alone
         return [
