@@ -287,6 +287,26 @@ def plan(name: str) -> list[Variant]:
             for v in rows:
                 v.steps, v.warm, v.max_length, v.timeout_s, v.arch = 2, 1, 128, 400, ""
         return rows
+    if name in ("i25h", "i25h-smoke"):  # run 11 call 3: compile_layers with packs padded to a multiple of 8 (call 1:
+        # each new length residue recompiled, ~50 s each), long enough for a steady window; the 7B with small cuBLAS
+        # workspaces; fastest beside them for the ratio
+        smoke = name.endswith("smoke")
+        off, on = ["validation_share=0"], ["validation_share=0", "compile_layers=true"]
+        logs = {"TORCH_LOGS": "recompiles,graph_breaks", **({"MEMTUNE_COMPILE_BACKEND": "eager"} if smoke else {})}
+        rows = [
+            Variant("fastest-compile", "fastest", on, steps=30, warm=10, timeout_s=200, env=logs),
+            Variant("fastest", "fastest", off, steps=20, warm=5, timeout_s=60),
+            Variant("7b-six_gb-offload-ws", "six_gb", ["logging_steps=1", "validation_share=0",
+                                                       "offload_activations=true"], steps=6, warm=2,
+                    arch="llama-2-7b", timeout_s=80,
+                    env={"CUBLAS_WORKSPACE_CONFIG": ":4096:1", "CUBLASLT_WORKSPACE_SIZE": "1024"},
+                    note="call 1's 7b-six_gb-offload (5.078 GiB) with 4 MiB cuBLAS / 1 MiB cuBLASLt workspaces"),
+            Variant("lowest_memory-compile", "lowest_memory", on, steps=14, warm=6, timeout_s=150, env=logs),
+        ]
+        if smoke:
+            for v in rows:
+                v.steps, v.warm, v.arch, v.max_length, v.timeout_s = 3, 1, "", 128, 400
+        return rows
     if name == "call2":  # the new presets side by side with the chapter's script; levers alone
         return [
             Variant("chapter-script", steps=5, warm=2, timeout_s=170, note="the chapter's script as written"),
