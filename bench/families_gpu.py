@@ -73,6 +73,7 @@ def attention_check(device: str) -> list[dict]:
 def estimates(out: Path, arch: str) -> list[dict]:
     """The estimate for each run of `arch`, from the config the run saved and the preset as core.train.recipe applied it."""
     from bench.archs import HUB_IDS
+    from bench.validate_estimate import preset_as_run
     from core.estimate.predict import fit_preset
     from core.config.settings import TrainConfig
     from core.estimate.predict import estimate
@@ -81,7 +82,8 @@ def estimates(out: Path, arch: str) -> list[dict]:
     if not results.is_file():
         return []
     rows = []
-    for r in json.loads(results.read_text())["rows"]:
+    data = json.loads(results.read_text())
+    for r in data["rows"]:
         name = r["name"]
         cfg_path = out / arch / "runs" / f"{name}.yaml"
         summary_path = out / arch / "runs" / name / "summary.json"
@@ -90,6 +92,7 @@ def estimates(out: Path, arch: str) -> list[dict]:
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
         cfg = fit_preset(TrainConfig.load(cfg_path).replace(model=HUB_IDS[arch], device="cuda"),
                                r["variant"]["preset"]).cfg
+        cfg = preset_as_run(cfg, data.get("info", {}).get("date", ""))
         longest = (summary.get("data") or {}).get("longest_row_tokens")
         try:
             est = estimate(cfg, max_row_tokens=longest)

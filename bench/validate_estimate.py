@@ -54,6 +54,16 @@ CHAPTER_MD = HERE / "CHAPTER_TABLE.md"
 CHAPTER_BEGIN, CHAPTER_END = "<!-- chapter_table: begin -->", "<!-- chapter_table: end -->"
 MULTIGPU = [HERE / "results" / "2026-12-01-multigpu.json"]  # bench/RESULTS.md run 5 (DDP, 2x H200)
 VARLEN_PRESET_SINCE = "2026-12-01 01:51"  # from this commit on, the fastest preset uses varlen attention
+OFFLOAD_PRESET_SINCE = "2026-12-02 05:00"  # ... and lowest_memory offloads its layer inputs (run 11)
+
+
+def preset_as_run(cfg: TrainConfig, date: str) -> TrainConfig:
+    """A config built from today's presets, as the presets were on `date` (a results file's info date)."""
+    if date < VARLEN_PRESET_SINCE:
+        cfg = cfg.replace(attention="sdpa")
+    if date < OFFLOAD_PRESET_SINCE:
+        cfg = cfg.replace(offload_activations=False)
+    return cfg
 ARCH_HUB = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B", "qwen2.5-14b": "Qwen/Qwen2.5-14B",
             "llama-3.1-70b": "meta-llama/Llama-3.1-70B", "llama-3.1-70b-nf4": "meta-llama/Llama-3.1-70B"}
 
@@ -226,7 +236,7 @@ def chapter_table(rows: list[dict] | None = None) -> str:
     context = process_context(rows)
     seed = TrainConfig()  # the chapter's recipe: QLoRA, batch 1 x 16, max length 512, checkpointing, paged 8-bit
     plain = seed.replace(load_in_4bit=False, upcast_to_fp32=False, gradient_checkpointing=False, optim="adamw_torch")
-    low = apply_preset(seed, "lowest_memory")
+    low = apply_preset(seed, "lowest_memory").replace(offload_activations=False)  # as runs 2 and 3 measured it
 
     def pred(cfg, shape) -> str:
         e = estimate(cfg, shape)
@@ -323,8 +333,7 @@ def multigpu_config(row: dict, info: dict) -> TrainConfig:
                          "(TrainConfig.to_dict()) to the row")
     arch = row.get("arch") or info["arch"]
     cfg = apply_preset(TrainConfig(model=ARCH_HUB[arch], max_length=row.get("max_length", 512)), preset, None)
-    if info.get("date", "") < VARLEN_PRESET_SINCE:
-        cfg = cfg.replace(attention="sdpa")
+    cfg = preset_as_run(cfg, info.get("date", ""))
     strategy = row.get("strategy") if row.get("strategy") in ("ddp", "fsdp") else "ddp"
     cfg = cfg.replace(num_gpus=str(row["processes"]), gradient_accumulation_steps=row["accumulation"],
                       per_device_train_batch_size=row["micro_batch"], distributed_strategy=strategy)

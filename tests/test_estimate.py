@@ -179,7 +179,7 @@ def test_checkpointing_saves_at_long_rows():
 
 
 # --- the engine's levers (core/model/load.py, core/config/presets.py) -------------------------------------------------------------
-LOW = apply_preset(SEED, "lowest_memory")
+LOW = apply_preset(SEED, "lowest_memory").replace(offload_activations=False)  # as runs 2-10 measured it
 FAST = apply_preset(SEED, "fastest")
 
 
@@ -456,7 +456,7 @@ def _run5(preset: str, gpus: int) -> TrainConfig:
     """bench/multigpu.py's config for run 5 (bench/results/2026-12-01-multigpu.json): the preset as it was then
     (fastest with SDPA), max length 512, the 1-GPU accumulation halved for 2 GPUs, ddp."""
     base = apply_preset(TrainConfig(model="meta-llama/Llama-3.1-8B", max_length=512), preset, None)
-    return base.replace(attention="sdpa", num_gpus=str(gpus), distributed_strategy="ddp",
+    return base.replace(attention="sdpa", offload_activations=False, num_gpus=str(gpus), distributed_strategy="ddp",
                         gradient_accumulation_steps=max(1, base.gradient_accumulation_steps // gpus))
 
 

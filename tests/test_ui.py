@@ -441,15 +441,14 @@ def test_fastest_without_a_gpu_says_which_levers_it_left_off(monkeypatch, form):
     cfg = as_config(form, out)
     assert not cfg.use_liger_kernel and presets.overrides("fastest")["use_liger_kernel"]
     liger = "Fused loss kernels (liger, CUDA only)"  # the widget's label, not the field's name
-    assert said == [f"Fastest within 24 GB: applied without {liger}, which needs a CUDA GPU (and "
-                    "liger-kernel); there is none here."]
+    assert said == [f"Fastest within 24 GB: applied without {liger} (they need a CUDA GPU; there is none here)."]
     assert value_of(out[form.preset]) == "fastest"  # the radio stays on what was chosen, not "Custom mix"
     said.clear()
     handlers.on_preset_lever(form, "en", "chapter", *widget_values(TrainConfig()))
     assert said == []  # nothing CUDA-only in it: nothing to say
     handlers.on_preset_lever(form, "en", "lowest_memory", *widget_values(TrainConfig()))
-    assert said == [f"Lowest memory: applied without {liger}, which needs a CUDA GPU (and liger-kernel); "
-                    "there is none here."]
+    assert said == [f"Lowest memory: applied without {liger}, Offload activations to CPU memory (they need a CUDA "
+                    "GPU; there is none here)."]
 
 
 @pytest.mark.filterwarnings("ignore:For this model", "ignore:Pour ce modèle", "ignore:Para este modelo")

@@ -52,6 +52,7 @@ GIB = 2**30
 # --- calibration constants (H200, torch 2.11 + CUDA 13; bench/RESULTS.md, shared/gpu/BASELINE.md) -------------------
 CUDA_CONTEXT = int(1.37 * GIB)  # NVML used - torch reserved - paged optimizer state: 1.36-1.39 in every clean run
 CUBLAS_WORKSPACE = 64 * 2**20  # cuBLAS + cuBLASLt workspaces (32 MiB each on Hopper), allocated on the first matmul
+SMALL_CUBLAS_WORKSPACE = 5 * 2**20  # small_cublas_workspace: 4 MiB + 1 MiB (core.model.load.SMALL_CUBLAS_WORKSPACE)
 LOAD_CACHE = int(0.26 * GIB)  # blocks the loader leaves cached: reserved - allocated right after from_pretrained
 LOAD_CACHE_FRACTION = 0.05  # ... at most this share of what was loaded (8B: 0.26 of 5.3 GiB; a tiny model: ~0)
 CACHE_BASE = int(0.06 * GIB)  # reserved - allocated during training: a base ...
@@ -207,6 +208,7 @@ class Terms:
     tokens: int
     notes: list[str] = field(default_factory=list)
     last_notes: list[str] = field(default_factory=list)  # said after the peak's phase
+    workspace: int = CUBLAS_WORKSPACE  # of `temporaries`: cuBLAS' (small_cublas_workspace: SMALL_CUBLAS_WORKSPACE)
     # several processes (core/estimate/multi.py); all 0 for one
     gathered: int = 0  # FSDP: full (unsharded) weights of the units being computed
     buckets: int = 0  # DDP: the gradient buckets (allocated)
@@ -220,11 +222,11 @@ class Terms:
 
     @property
     def working(self) -> int:
-        return self.activations + self.logits + self.temporaries - CUBLAS_WORKSPACE + self.gathered
+        return self.activations + self.logits + self.temporaries - self.workspace + self.gathered
 
     @property
     def train_alloc(self) -> int:
-        return self.static + self.working + CUBLAS_WORKSPACE
+        return self.static + self.working + self.workspace
 
     @property
     def train_reserved(self) -> int:
@@ -259,6 +261,7 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
         notes.append(f"assumes every micro-batch is {batch} x max_length {cfg.max_length} tokens (the dataset's "
                      "lengths are unknown; shorter rows need less)")
     h, layers, vocab = shape.hidden_size, shape.num_hidden_layers, shape.vocab_size
+    workspace = SMALL_CUBLAS_WORKSPACE if cfg.small_cublas_workspace else CUBLAS_WORKSPACE
 
     # Weights
     other_dtype = other_weight_bytes(cfg)
@@ -333,7 +336,7 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
         tile = min(tokens, LM_HEAD_TOKEN_CHUNK) * min(vocab, LM_HEAD_VOCAB_CHUNK) * d.c
         weight_cast = min(vocab, LM_HEAD_VOCAB_CHUNK) * h * d.c if other_dtype != d.c else 0
         logits = tile + weight_cast + tokens * (final_norm + 3 * d.s * h + 4 * h)
-    temporaries = max(0, layer_phase - logits) + CUBLAS_WORKSPACE
+    temporaries = max(0, layer_phase - logits) + workspace
 
     # Loading: the fp32 upcast converts one matrix at a time; the bf16 copy of the first is freed but stays cached.
     # An offloaded embedding is loaded straight into CPU memory (core.model.load._load_embedding_on_cpu) and upcast
@@ -344,7 +347,7 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     else:
         offloaded_at_load = offloaded
     loaded = quantized + unquantized - offloaded_at_load
-    base = loaded + CUBLAS_WORKSPACE  # the workspace stays from an earlier run of the process
+    base = loaded + workspace  # the workspace stays from an earlier run of the process
     if q_head and not cfg.offload_embeddings:  # the head is loaded to the GPU in its dtype, then quantized
         base += d.c * shape.head_params
     load_cache = min(LOAD_CACHE, int(LOAD_CACHE_FRACTION * loaded))
@@ -363,4 +366,4 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
                  optimizer=optimizer, paged=paged_bytes, activations=activations, logits=logits,
                  temporaries=temporaries, load_alloc=load_alloc, load_reserved=load_reserved,
                  cache_fraction=CACHE_FRACTION_EXPANDABLE if cfg.expandable_segments else CACHE_FRACTION,
-                 tokens=tokens, notes=notes, last_notes=last_notes)
+                 tokens=tokens, notes=notes, last_notes=last_notes, workspace=workspace)
