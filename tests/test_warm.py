@@ -36,9 +36,15 @@ def finished(mgr: JobManager, tmp_path, name: str):
 
 def test_a_run_starts_warm_and_a_changed_environment_starts_cold_in_the_same_process(tmp_path, demo_model_path):
     """In a process of its own: the fork server is one per process (multiprocessing's), started with the environment
-    of its first use, so this test does not inherit one an earlier test started in another environment."""
+    of its first use, so this test does not inherit one an earlier test started in another environment.
+
+    That process is the app as `python /path/to/app.py` runs it from a home folder: its sys.path names the
+    repository, its working folder does not. (Python 3.11's fork server drops the sys.path it is handed, so there
+    `import core` failed and every run started cold, every browser test's run included.)"""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
     script = (
-        "import json, os, sys\n"
+        f"import json, os, sys\nsys.path.insert(0, {str(ROOT)!r})\n"  # what `python /path/app.py` gets: its folder
         "from pathlib import Path\n"
         "from tests.test_warm import finished\n"
         "from core.jobs.manager import JobManager\n"
@@ -50,34 +56,13 @@ def test_a_run_starts_warm_and_a_changed_environment_starts_cold_in_the_same_pro
         "os.environ['HF_HUB_ETAG_TIMEOUT'] = '17'\n"
         "starts.append(finished(mgr, out, 'changed')['start'])\n"
         "print(json.dumps(starts))\n")
-    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_ETAG_TIMEOUT"}
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_HUB_ETAG_TIMEOUT")}
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=elsewhere, env=env, capture_output=True,
                           text=True, timeout=WAIT)
     assert done.returncode == 0, done.stderr[-2000:]
     warm, cold = json.loads(done.stdout.strip().splitlines()[-1])
     assert warm == "warm"
     assert cold.startswith("cold: the run's environment differs") and "HF_HUB_ETAG_TIMEOUT" in cold, cold
-
-
-def test_a_manager_started_in_another_folder_still_starts_warm(tmp_path, demo_model_path):
-    """The app run as `python /path/to/app.py` from a home folder: its sys.path names the repository, its working
-    folder does not. Python 3.11's fork server drops the sys.path it is handed, so there `import core` failed and
-    every run started cold ("could not import the libraries"), every browser test's run included."""
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    script = (
-        f"import json, sys\nsys.path.insert(0, {str(ROOT)!r})\n"  # what `python /path/app.py` gets: its folder
-        "from pathlib import Path\n"
-        "from tests.test_warm import finished\n"
-        "from core.jobs.manager import JobManager\n"
-        "mgr = JobManager()\n"
-        "mgr.prepare()\n"
-        "print(json.dumps(finished(mgr, Path(sys.argv[1]), 'elsewhere')['start']))\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_HUB_ETAG_TIMEOUT")}
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=elsewhere, env=env,
-                          capture_output=True, text=True, timeout=WAIT)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == "warm"
 
 
 def test_warm_start_off_runs_a_new_interpreter(tmp_path, monkeypatch, demo_model_path):
