@@ -311,16 +311,16 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
                      "layer")
     # offload_activations: what the layers keep goes to CPU memory as the forward pass runs, OFFLOAD_STASH saved
     # tensors at a time on the GPU (with checkpointing one per layer: its input; without, about a layer's worth).
-    kept = min(layers, OFFLOAD_STASH) if cfg.offload_activations else layers
     if cfg.gradient_checkpointing:
+        kept = min(layers, OFFLOAD_STASH) if cfg.offload_activations else layers
         activations = kept * d.s * h * tokens + mask_kept
         layer_phase = (saved + backward) * tokens + dequant + row_scores
     else:
-        activations = (min(layers, 1) if cfg.offload_activations else layers) * (saved * tokens + row_scores) + mask_kept
+        kept = min(layers, 1) if cfg.offload_activations else layers
+        activations = kept * (saved * tokens + row_scores) + mask_kept
         layer_phase = backward * tokens + dequant
     if cfg.offload_activations:
-        notes.append(f"offload_activations: {layers - kept if cfg.gradient_checkpointing else layers - 1} layers' "
-                     "saved activations wait in CPU memory")
+        notes.append(f"offload_activations: {layers - kept} layers' saved activations wait in CPU memory")
 
     # LM head + loss: the final norm's kept input, its output, TRL's compact copy of the labelled positions and the
     # fp32 gradient of it (+ its cast back), a logits tile, and the head cast to the compute dtype per vocab chunk.

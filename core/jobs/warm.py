@@ -107,8 +107,7 @@ def spawn(argv: list[str], env: dict[str, str], log_path: str) -> WarmProcess:
     """Start `argv` (`python -m core.train ...`) as a fork of the server, its output appended to `log_path`."""
     ctx = context()
     _start_server()  # a no-op while it runs; else started again, as Process.start would, but with the path
-    process = ctx.Process(target=_child, args=(list(argv), dict(env), str(log_path), os.getcwd()),
-                                name=NAME)
+    process = ctx.Process(target=_child, args=(list(argv), dict(env), str(log_path), os.getcwd()), name=NAME)
     process.start()
     # Return once the child leads its own process group (its first act), as subprocess's start_new_session does
     # before it returns: a Stop signalled to the group a moment after Start must reach it.
