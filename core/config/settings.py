@@ -268,7 +268,8 @@ class TrainConfig:
     offload_activations: bool = field(default=False, metadata=_help(
         "Move what each layer keeps for the backward pass (with checkpointing: its input) to CPU memory as the "
         "forward pass goes, and bring it back just before the backward pass needs it (TRL's activation offloading): "
-        "less GPU memory, a little slower (copies over PCIe, overlapped). Same results. CUDA only.",
+        "less GPU memory; as fast on a 70B, up to a third slower on small host-bound runs (bench/RESULTS.md run 11). "
+        "Same results. CUDA only.",
         lever=Lever("beyond", (SFT,), (TERM,), "Run 11", order=9, cuda_only=True)))
     small_cublas_workspace: bool = field(default=False, metadata=_help(
         "Give cuBLAS a 4 MiB workspace and cuBLASLt 1 MiB instead of 32 MiB each (CUBLAS_WORKSPACE_CONFIG, "
