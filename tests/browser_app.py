@@ -179,7 +179,8 @@ def set_number(pg, field: str, value: int) -> None:
     box = pg.locator(f"#field-{field} input")
     box.fill(str(value))
     box.press("Tab")
-    pg.wait_for_function(f"document.querySelector('#mt-summary [data-key=schedule]').textContent.includes('{value}')")
+    pg.wait_for_function(f"document.querySelector('#mt-summary [data-key=schedule]').textContent.includes('{value}')",
+                         timeout=120_000)  # a busy 2-core machine (CI once took over 30 s); never a timing assert
 
 
 def wait_state(pg, states, timeout=120_000):
