@@ -171,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"memtune: PUBLIC MODE on {args.host}:{args.port}: anyone who reaches it can train. Visitors' server "
               f"paths are refused, runs stay in {public_root()}, trust_remote_code is off.", file=sys.stderr)
 
-    from ui import CSS, build_ui, make_theme
+    from starlette.middleware import Middleware
+
+    from ui import CSS, EarlyScript, build_ui, make_theme
 
     tidy_runs()
     end_training_on_exit()
@@ -194,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         mcp_server=False,
         quiet=True,  # Gradio's own hint says "set share=True in launch()": memtune's line below says how here
         prevent_thread_lock=True,
+        app_kwargs={"middleware": [Middleware(EarlyScript)]},  # Gradio's frontend fixed before it loads (ui/early.py)
     )
     from core.jobs.manager import MANAGER
 

@@ -35,10 +35,12 @@ def test_history_compares_two_runs(page, two_runs):
     picker = page.locator("#compare-runs input").first
     chosen = ("[...document.querySelectorAll('#compare-runs .token')].map(t => t.innerText).join(' ')")
     for name in ("cmp-a", "cmp-b"):
-        for _ in range(3):  # on 2 busy cores a click can land before the dropdown has drawn its options: pick again
-            picker.click()
-            page.get_by_role("option", name=name).first.click()
+        for _ in range(3):
+            # On 2 busy cores the tab's and the accordion's choices can land while the list is open, which closes
+            # it under the click: open it and pick again.
             try:
+                picker.click()
+                page.get_by_role("option", name=name).first.click(timeout=15_000)
                 page.wait_for_function(f"{chosen}.includes({name!r})", timeout=15_000)
                 break
             except Exception:  # noqa: BLE001 - not picked yet; the assert below says what the page holds

@@ -85,3 +85,25 @@ def test_the_page_holds_no_duplicate_ids(browser, server):
                           " return [...new Set(ids.filter((x, i) => x && ids.indexOf(x) !== i))]; })()")
     assert dupes == [], dupes
     context.close()
+
+
+def test_an_idle_page_asks_for_a_few_frames_a_second_not_sixty(browser, server):
+    """Gradio's status trackers count elapsed time with a requestAnimationFrame loop that a tracker removed while
+    pending never stops (the page's own "Loading..." one, on every load): 60+ frames a second on an idle page,
+    forever. ui/early.py paces those loops before Gradio loads. Counted below Gradio, at the browser's own
+    requestAnimationFrame: a Gradio release whose loop the pacing no longer recognises fails here."""
+    context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
+    context.add_init_script("window.__frames = 0; const raf = window.requestAnimationFrame.bind(window);"
+                            " window.requestAnimationFrame = (cb) => { window.__frames++; return raf(cb); };")
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(server["url"])
+    page.wait_for_selector("#vram-gauge .mt-gauge")
+    # The first seconds' frames end by themselves (Svelte's transitions, iframe-resizer's 60 tries); what follows
+    # is the idle page. A busy machine draws fewer frames, never more: the bound cannot flake upward.
+    page.wait_for_timeout(4_000)
+    before = page.evaluate("window.__frames")
+    page.wait_for_timeout(2_000)
+    asked = page.evaluate("window.__frames") - before
+    assert asked < 2 * 20, f"an idle page asked for {asked} frames in 2 s (Gradio's timer loop unpaced: ui/early.py)"
+    context.close()

@@ -67,6 +67,23 @@ def test_build_ui_builds_without_launching(page):
     assert all(c.elem_id == f"field-{n}" for n, c in fields.items())
 
 
+def test_every_listener_that_writes_the_form_waits_in_one_queue(page):
+    """A page's load, a language switch, a preset and a typed value all write the settings: run in parallel, an
+    older one finishing last put its settings back over a newer edit, or cleared the preview asked after it (browser
+    tests' typed values and previews that never showed)."""
+    from ui.form import FORM_QUEUE
+
+    form = page.memtune_form
+    # The settings, what is derived from them, and the notices an edit clears (Start's notice is the poll's).
+    written = {c._id for c in form.outputs + [form.preview, form.fit_note]}
+    fns = list(page.fns.values()) if isinstance(page.fns, dict) else list(page.fns)
+    writers = [f for f in fns if written & {c._id for c in f.outputs}]
+    assert len(writers) > 20  # every field's input, the checklist, presets, load, language, history...
+    apart = sorted({(f.name, tuple(t[1] for t in f.targets)) for f in writers
+                    if (f.concurrency_id, f.concurrency_limit) != (FORM_QUEUE["concurrency_id"], 1)})
+    assert not apart, apart
+
+
 def test_number_widgets_are_bounded_from_field_meta(page):
     fields = page.memtune_fields
     for name, comp in fields.items():

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import gradio as gr
 
 from core.i18n import t
-from ui.form import Form
+from ui.form import FORM_QUEUE, Form
 from ui.validation import build_compare, curves_frame
 from ui.history import (HistoryTab, history_frame, history_open, on_history_delete, on_history_delete_yes,
                         on_history_load, on_history_refresh, on_history_resume, on_history_select)
@@ -211,8 +211,8 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
     table.select(select, inputs=[lang, runs_state],
                  outputs=[selected, *detail_out, confirm_row, history_note], **quiet)
     to_form = form.outputs + [history_note, main_tabs]
-    load_btn.click(partial(on_history_load, form, h), inputs=[lang, selected], outputs=to_form)
-    resume_btn.click(partial(on_history_resume, form, h), inputs=[lang, selected], outputs=to_form)
+    load_btn.click(partial(on_history_load, form, h), inputs=[lang, selected], outputs=to_form, **FORM_QUEUE)
+    resume_btn.click(partial(on_history_resume, form, h), inputs=[lang, selected], outputs=to_form, **FORM_QUEUE)
     delete_btn.click(partial(on_history_delete, h), inputs=[lang, selected],
                      outputs=[confirm_row, confirm_text, history_note], **quiet)
     cancel_btn.click(lambda: (gr.update(visible=False), ""), outputs=[confirm_row, confirm_text], **quiet)

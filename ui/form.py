@@ -25,6 +25,11 @@ from ui.speed import speed_lines
 
 Updates = dict[Any, Any]  # component -> new value or gr.update(...)
 
+# Every listener that writes the form waits in this one queue, in the order the pages sent them. In separate queues
+# (Gradio's default: one per function) a slower older event, the page's load or a language switch, could finish
+# after a newer edit and put the settings it read back on screen.
+FORM_QUEUE = {"concurrency_id": "form", "concurrency_limit": 1}
+
 
 @dataclass(eq=False)
 class Form:

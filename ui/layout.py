@@ -33,7 +33,7 @@ from ui.after import build_tabs
 from ui.data import DATA_TYPES, on_preview, on_upload
 from ui.derive import hardware, initial_config, prediction, preset_choices, preset_descriptions, preset_of
 from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
-from ui.form import Form, derived, facts_for, merged, prediction_state, read_config
+from ui.form import FORM_QUEUE, Form, derived, facts_for, merged, prediction_state, read_config
 from ui.live import LivePanel, live_update, loss_frame, read_gpus
 from ui.theme import GRADIO_LOCALE_JS, GRADIO_LOCALES, TABS_KW
 
@@ -300,8 +300,10 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
         poll = partial(live_update, live, output_dir=cfg0.output_dir)
         timer = gr.Timer(1.0)
         polled = [tab_state, lang, pred_state, budget, notice]
-        timer.tick(poll, inputs=polled, outputs=live.outputs, show_progress="hidden",
-                   concurrency_limit=None, api_name="poll")  # named: scripts drive the app over its API
+        # show_progress_on: without it, each poll puts all nine outputs' status trackers in "pending" and back, a
+        # second's redraw of the run panel for nothing; the state has no tracker. Named: scripts drive the app.
+        timer.tick(poll, inputs=polled, outputs=live.outputs, show_progress="hidden", show_progress_on=[tab_state],
+                   concurrency_limit=None, api_name="poll")
         demo.load(lambda s, lg, p, b, n: poll({}, lg, p, b, n), inputs=polled, outputs=live.outputs,
                   show_progress="hidden")
 
@@ -317,8 +319,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                           tabs.language_updates(lg, *values[n:]), dict.fromkeys(one_off, ""))
 
         lang.change(on_language, inputs=[lang, form.check_memory, *form.inputs, *tabs.language_inputs],
-                    outputs=lang_out,
-                    show_progress="hidden")
+                    outputs=lang_out, show_progress="hidden", **FORM_QUEUE)
         # Gradio's own strings follow the picker too (ui/theme.py GRADIO_LOCALE_JS); a component already on screen
         # keeps Gradio's words until it is drawn again, so the upload box is hidden and shown once more: after each
         # switch, and on load only where Gradio took another language from the browser (a German browser: the page
@@ -340,7 +341,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
             cfg, problems = read_config(values)
             return derived(form, cfg, problems, request_language(request))
 
-        demo.load(on_page_load, inputs=form.inputs, outputs=form.derived_outputs, show_progress="hidden")
+        demo.load(on_page_load, inputs=form.inputs, outputs=form.derived_outputs, show_progress="hidden", **FORM_QUEUE)
     demo.memtune_form = form
     demo.memtune_live = live
     demo.memtune_history = tabs.history
@@ -354,7 +355,7 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
               upload: Any, save_btn: Any, cfg_name: Any, load_btn: Any, fit_btn: Any) -> None:
     """The settings' events: each handler bound to the form, the fields' values as its last inputs."""
     inputs, FIELDS = form.inputs, form.fields
-    quiet = dict(show_progress="hidden", queue=True)
+    quiet = dict(show_progress="hidden", queue=True, **FORM_QUEUE)  # every listener below writes the form
     def changed(lg: str, memory: dict, *values):  # the boxes' memory too: the checklist's savings depend on it
         return handlers.on_fields_changed(form, lg, *values, memory=memory)
 
@@ -366,7 +367,7 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
             if isinstance(comp, gr.Textbox):
                 comp.submit(changed, inputs=asked, outputs=form.derived_outputs, **quiet)
     FIELDS["model"].change(handlers.on_model_check, inputs=[lang, FIELDS["model"]], outputs=[FIELDS["model"]],
-                           show_progress="hidden")
+                           **quiet)
     for key, box in form.checks.items():
         box.input(partial(handlers.on_checklist, form, key), inputs=[lang, box, form.check_memory, *inputs],
                   outputs=form.outputs, **quiet)
@@ -377,17 +378,20 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
                   **quiet)
     for name in ("model", "dataset", "dataset_split", "dataset_format", "max_length"):
         # A user's edit (not a handler's own update, e.g. Fit or an upload): what described the old value goes.
-        FIELDS[name].input(lambda: dict.fromkeys(form.stale, ""), outputs=form.stale, show_progress="hidden")
+        FIELDS[name].input(lambda: dict.fromkeys(form.stale, ""), outputs=form.stale, **quiet)
     refresh_btn.click(lambda m, d: (gr.update(choices=model_choices(m)), gr.update(choices=dataset_choices(d))),
-                      inputs=[FIELDS["model"], FIELDS["dataset"]], outputs=[FIELDS["model"], FIELDS["dataset"]])
-    preview_btn.click(on_preview, inputs=[lang, *inputs], outputs=[form.preview])
-    upload.upload(partial(on_upload, form), inputs=[lang, upload, *inputs], outputs=form.outputs + [form.preview])
+                      inputs=[FIELDS["model"], FIELDS["dataset"]], outputs=[FIELDS["model"], FIELDS["dataset"]],
+                      **FORM_QUEUE)
+    # In the form's queue too: the edit typed before the click clears the old preview first, not after this one.
+    preview_btn.click(on_preview, inputs=[lang, *inputs], outputs=[form.preview], **FORM_QUEUE)
+    upload.upload(partial(on_upload, form), inputs=[lang, upload, *inputs], outputs=form.outputs + [form.preview],
+                  **FORM_QUEUE)
     save_btn.click(partial(handlers.on_save_config, form), inputs=[lang, cfg_name, *inputs],
                    outputs=[form.config_notice, form.config_list])
     load_btn.click(partial(handlers.on_load_config, form), inputs=[lang, form.config_list],
-                   outputs=form.outputs + [form.config_notice])
+                   outputs=form.outputs + [form.config_notice], **FORM_QUEUE)
     fit_btn.click(partial(handlers.on_fit, form), inputs=[lang, budget, *inputs],
-                  outputs=form.outputs + [form.fit_note])
+                  outputs=form.outputs + [form.fit_note], **FORM_QUEUE)
     form.start.click(partial(handlers.on_start, form), inputs=[lang, *inputs],
                      outputs=[form.run_notice, form.start, form.stop], api_name="start")
     form.stop.click(handlers.on_stop, inputs=[lang], outputs=[form.run_notice], api_name="stop")
