@@ -18,14 +18,22 @@ SETTINGS_TABS = ("tab.data", "tab.checklist", "tab.training", "tab.code")
 MAIN_TABS = ("tab.train", "tab.try", "tab.export", "tab.history")
 
 
+def laptop_page(context):
+    """A tab at a laptop's width (1280 x 900) in `context`."""
+    page = context.new_page()
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.set_default_timeout(30_000)
+    return page
+
+
 @pytest.mark.parametrize("lang", list(LOCALES))
-def test_every_tab_is_visible_without_an_overflow_menu_at_1280px(lang, browser, server):
+def test_every_tab_is_visible_without_an_overflow_menu_at_1280px(lang, browser, server, context):
     from core.i18n import t
 
     assert MISSING is None, f"MEMTUNE_REQUIRE_BROWSER=1 but {MISSING}"
-    context = browser.new_context(locale=LOCALES[lang], viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(30_000)
+    # English in the shared en-US context (its cache warm); the other languages as their own browser would ask
+    own = browser.new_context(locale=LOCALES[lang]) if lang != "en" else None
+    page = laptop_page(own or context)
     page.goto(server["url"])
     start = t("run.start", lang)
     page.wait_for_function(f"document.querySelector('#start-btn')?.textContent.includes({start!r})")
@@ -38,15 +46,15 @@ def test_every_tab_is_visible_without_an_overflow_menu_at_1280px(lang, browser, 
             assert box["x"] >= 0 and box["x"] + box["width"] <= 1280, (lang, key, box)
         menu = page.locator(f"{tabs} > .tab-wrapper > .overflow-menu")
         assert menu.count() == 0 or not menu.is_visible(), (lang, tabs, "tabs hidden in an overflow menu")
-    context.close()
+    page.close()
+    if own:
+        own.close()
 
 
-def test_notices_about_old_settings_clear_when_the_settings_change(browser, server):
+def test_notices_about_old_settings_clear_when_the_settings_change(context, server):
     """The data preview and the Fit notice describe the settings they saw: the Chapter recipe button, or a new
     max length typed in, clears them instead of leaving them describing the old settings."""
-    context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(30_000)
+    page = laptop_page(context)
     page.goto(server["url"])
     page.wait_for_selector("#vram-gauge .mt-gauge")
     page.click("#preview-btn")
@@ -69,14 +77,12 @@ def test_notices_about_old_settings_clear_when_the_settings_change(browser, serv
     length.fill("48")
     length.press("Tab")
     page.wait_for_function("!document.querySelector('#data-preview #mt-preview')")
-    context.close()
+    page.close()
 
 
-def test_the_page_holds_no_duplicate_ids(browser, server):
+def test_the_page_holds_no_duplicate_ids(context, server):
     """One element per id (issue 24: `history-confirm` and `mt-peaks` appeared twice), after a History visit too."""
-    context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(30_000)
+    page = laptop_page(context)
     page.goto(server["url"])
     page.wait_for_selector("#vram-gauge .mt-gauge")
     page.get_by_role("tab", name="History").click()
@@ -84,19 +90,17 @@ def test_the_page_holds_no_duplicate_ids(browser, server):
     dupes = page.evaluate("(() => { const ids = [...document.querySelectorAll('[id]')].map(e => e.id);"
                           " return [...new Set(ids.filter((x, i) => x && ids.indexOf(x) !== i))]; })()")
     assert dupes == [], dupes
-    context.close()
+    page.close()
 
 
-def test_an_idle_page_asks_for_a_few_frames_a_second_not_sixty(browser, server):
+def test_an_idle_page_asks_for_a_few_frames_a_second_not_sixty(context, server):
     """Gradio's status trackers count elapsed time with a requestAnimationFrame loop that a tracker removed while
     pending never stops (the page's own "Loading..." one, on every load): 60+ frames a second on an idle page,
     forever. ui/early.py paces those loops before Gradio loads. Counted below Gradio, at the browser's own
     requestAnimationFrame: a Gradio release whose loop the pacing no longer recognises fails here."""
-    context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
-    context.add_init_script("window.__frames = 0; const raf = window.requestAnimationFrame.bind(window);"
-                            " window.requestAnimationFrame = (cb) => { window.__frames++; return raf(cb); };")
-    page = context.new_page()
-    page.set_default_timeout(30_000)
+    page = laptop_page(context)
+    page.add_init_script("window.__frames = 0; const raf = window.requestAnimationFrame.bind(window);"
+                         " window.requestAnimationFrame = (cb) => { window.__frames++; return raf(cb); };")
     page.goto(server["url"])
     page.wait_for_selector("#vram-gauge .mt-gauge")
     # The first seconds' frames end by themselves (Svelte's transitions, iframe-resizer's 60 tries); what follows
@@ -106,4 +110,4 @@ def test_an_idle_page_asks_for_a_few_frames_a_second_not_sixty(browser, server):
     page.wait_for_timeout(2_000)
     asked = page.evaluate("window.__frames") - before
     assert asked < 2 * 20, f"an idle page asked for {asked} frames in 2 s (Gradio's timer loop unpaced: ui/early.py)"
-    context.close()
+    page.close()

@@ -84,6 +84,23 @@ def test_every_listener_that_writes_the_form_waits_in_one_queue(page):
     assert not apart, apart
 
 
+def test_no_event_has_two_listeners_that_write_the_form(page):
+    """Gradio's page sends one event's listeners one after another, each once the one before has FINISHED: a second
+    listener on an event joins the form's queue late, after a Preview (or any edit) made meanwhile, and overwrites it
+    (a dataset typed then Preview clicked: the preview showed, then a late clear of the old one wiped it)."""
+    from collections import Counter
+
+    from ui.form import FORM_QUEUE
+
+    fns = list(page.fns.values()) if isinstance(page.fns, dict) else list(page.fns)
+    in_queue = [f for f in fns if f.concurrency_id == FORM_QUEUE["concurrency_id"]]
+    assert len(in_queue) > 20  # the fields' edits, the checklist, presets, Preview, the language...
+    per_event = Counter((t[0], t[1]) for f in in_queue for t in f.targets)
+    ids = {b._id: b.elem_id for b in page.blocks.values()}
+    twice = sorted((ids.get(target), event) for (target, event), n in per_event.items() if n > 1)
+    assert not twice, twice
+
+
 def test_number_widgets_are_bounded_from_field_meta(page):
     fields = page.memtune_fields
     for name, comp in fields.items():

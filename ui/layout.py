@@ -351,6 +351,9 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
     return demo
 
 
+STALE_WHEN_EDITED = ("model", "dataset", "dataset_split", "dataset_format", "max_length")  # the preview, Fit's note...
+
+
 def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: Any, refresh_btn: Any, preview_btn: Any,
               upload: Any, save_btn: Any, cfg_name: Any, load_btn: Any, fit_btn: Any) -> None:
     """The settings' events: each handler bound to the form, the fields' values as its last inputs."""
@@ -359,9 +362,18 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
     def changed(lg: str, memory: dict, *values):  # the boxes' memory too: the checklist's savings depend on it
         return handlers.on_fields_changed(form, lg, *values, memory=memory)
 
+    def edited(lg: str, memory: dict, *values):  # a user's edit (not a handler's own update, e.g. Fit or an upload)
+        return {**changed(lg, memory, *values), **dict.fromkeys(form.stale, "")}  # what described the old value goes
+
     asked = [lang, form.check_memory, *inputs]
-    for comp in inputs:
-        comp.input(changed, inputs=asked, outputs=form.derived_outputs, **quiet)
+    for name, comp in FIELDS.items():
+        # ONE listener per event: Gradio's page sends an event's listeners one after another, each once the one before
+        # has finished, so a second listener here would reach the form's queue after a Preview clicked meanwhile and
+        # clear that newer preview.
+        if name in STALE_WHEN_EDITED:
+            comp.input(edited, inputs=asked, outputs=form.derived_outputs + form.stale, **quiet)
+        else:
+            comp.input(changed, inputs=asked, outputs=form.derived_outputs, **quiet)
         if isinstance(comp, (gr.Textbox, gr.Dropdown)):  # a paste may not fire `input`; leaving the box does
             comp.blur(changed, inputs=asked, outputs=form.derived_outputs, **quiet)
             if isinstance(comp, gr.Textbox):
@@ -376,9 +388,6 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
     for btn, kind in ((demo_btn, "demo"), (chapter_btn, "chapter")):
         btn.click(partial(handlers.on_start_from, form, kind), inputs=[lang], outputs=form.outputs + form.stale,
                   **quiet)
-    for name in ("model", "dataset", "dataset_split", "dataset_format", "max_length"):
-        # A user's edit (not a handler's own update, e.g. Fit or an upload): what described the old value goes.
-        FIELDS[name].input(lambda: dict.fromkeys(form.stale, ""), outputs=form.stale, **quiet)
     refresh_btn.click(lambda m, d: (gr.update(choices=model_choices(m)), gr.update(choices=dataset_choices(d))),
                       inputs=[FIELDS["model"], FIELDS["dataset"]], outputs=[FIELDS["model"], FIELDS["dataset"]],
                       **FORM_QUEUE)

@@ -161,7 +161,10 @@ def build_compare(tr: Any, lang0: str, lang: Any, output_dir: Any, history_tab: 
     def choices(out: str | None, current: list[str] | None):
         options = run_choices(out)
         known = {d for _, d in options}
-        return gr.update(choices=options, value=[d for d in (current or []) if d in known])
+        kept = [d for d in (current or []) if d in known]
+        if kept == list(current or []):  # the value read when the event fired: runs picked since must stay picked
+            return gr.update(choices=options)
+        return gr.update(choices=options, value=kept)  # a picked run was deleted
 
     quiet = dict(show_progress="hidden", queue=False)
     for event in (history_tab.select, refresh.click, acc.expand):
