@@ -303,7 +303,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
         # show_progress_on: without it, each poll puts all nine outputs' status trackers in "pending" and back, a
         # second's redraw of the run panel for nothing; the state has no tracker. Named: scripts drive the app.
         timer.tick(poll, inputs=polled, outputs=live.outputs, show_progress="hidden", show_progress_on=[tab_state],
-                   concurrency_limit=None, api_name="poll")
+                   concurrency_limit=None, api_name="poll", queue=False)
         demo.load(lambda s, lg, p, b, n: poll({}, lg, p, b, n), inputs=polled, outputs=live.outputs,
                   show_progress="hidden")
 
@@ -342,6 +342,11 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
             return derived(form, cfg, problems, request_language(request))
 
         demo.load(on_page_load, inputs=form.inputs, outputs=form.derived_outputs, show_progress="hidden", **FORM_QUEUE)
+    for fn in demo.fns.values():
+        if fn.api_name not in PUBLIC_API:
+            # The page's own plumbing, as Gradio's api_name=False makes it: left public, each of ~140 listeners is a
+            # documented endpoint whose description (2.3 MB in all) every page load copies and embeds in its HTML.
+            fn.api_visibility = "private"
     demo.memtune_form = form
     demo.memtune_live = live
     demo.memtune_history = tabs.history
@@ -351,6 +356,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
     return demo
 
 
+PUBLIC_API = ("poll", "start", "stop")  # the endpoints scripts drive (bench/app_gpu.py): the rest is the page's own
 STALE_WHEN_EDITED = ("model", "dataset", "dataset_split", "dataset_format", "max_length")  # the preview, Fit's note...
 
 

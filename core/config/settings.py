@@ -17,11 +17,13 @@ core/config/hardware.py, value coercion in core/config/values.py, the lever regi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, get_type_hints
 
 import yaml
@@ -399,13 +401,20 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 # --- typing helpers --------------------------------------------------------------------------------------
-def field_types() -> dict[str, Any]:
+@functools.cache  # get_type_hints evaluates every string annotation again: once per field of every edit otherwise
+def field_types() -> MappingProxyType:
+    """Each TrainConfig field's type, read-only."""
     hints = get_type_hints(TrainConfig)
-    return {f.name: hints[f.name] for f in fields(TrainConfig)}
+    return MappingProxyType({f.name: hints[f.name] for f in fields(TrainConfig)})
+
+
+@functools.cache
+def _field_metas() -> MappingProxyType:
+    return MappingProxyType({f.name: f.metadata for f in fields(TrainConfig)})
 
 
 def field_meta(name: str) -> dict[str, Any]:
-    return dict({f.name: f.metadata for f in fields(TrainConfig)}[name])
+    return dict(_field_metas()[name])
 
 
 def coerce(name: str, value: Any) -> Any:
