@@ -67,7 +67,7 @@ def is_browser(item) -> bool:
 # browser groups first, one per worker, then the long groups and slow multi-process tests, so that no worker starts
 # one of them while the other has nothing left to do; the many short tests come last and even the load out.
 FIRST = ("test_browser", "<browser>", "test_ui", "test_distributed", "test_child", "test_safety", "test_data",
-         "test_codegen", "test_llama", "test_gguf", "test_infer")
+         "test_codegen", "test_llama", "test_warm", "test_gguf", "test_infer")
 
 
 def rank(item) -> int:
