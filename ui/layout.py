@@ -302,8 +302,10 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
         polled = [tab_state, lang, pred_state, budget, notice]
         # show_progress_on: without it, each poll puts all nine outputs' status trackers in "pending" and back, a
         # second's redraw of the run panel for nothing; the state has no tracker. Named: scripts drive the app.
+        # queue=False: one plain request a second instead of a queue join and its event stream (a third of an idle
+        # page's main-thread time), and no queue to wait in behind the form's edits.
         timer.tick(poll, inputs=polled, outputs=live.outputs, show_progress="hidden", show_progress_on=[tab_state],
-                   concurrency_limit=None, api_name="poll", queue=False)
+                   api_name="poll", queue=False)
         demo.load(lambda s, lg, p, b, n: poll({}, lg, p, b, n), inputs=polled, outputs=live.outputs,
                   show_progress="hidden")
 
