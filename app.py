@@ -152,6 +152,28 @@ def end_training_on_exit() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from core.files import long_lived
+
+    with long_lived():  # the libraries and the page live as long as the app
+        demo = launch(args)
+    if demo is None:
+        return 2
+    from core.jobs.manager import MANAGER
+
+    MANAGER.prepare()  # the libraries imported once, in the background, for every run's process (core/jobs/warm.py)
+    print(f"memtune: running on {demo.local_url}", flush=True)
+    if demo.share_url:
+        print(f"memtune: public link {demo.share_url} (log in with the --auth user:password)", flush=True)
+    else:
+        print("memtune: to open it from another machine, set a login and start with --share (a public gradio.live "
+              "link) or --host 0.0.0.0: MEMTUNE_AUTH=user:password python app.py --host 0.0.0.0 (MEMTUNE_AUTH rather "
+              "than --auth, which every user of this machine sees in `ps`)", flush=True)
+    demo.block_thread()
+    return 0
+
+
+def launch(args):
+    """The page, built and listening (not blocking); None if the options are refused (said on stderr)."""
     from core.quiet import quiet_libraries
 
     quiet_libraries(progress_bars=False)  # Try it and Export load models in this process: no bars in its terminal
@@ -159,11 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         auth = parse_auth(args.auth if args.auth is not None else os.environ.get("MEMTUNE_AUTH"))
     except ValueError as exc:
         print(f"memtune: {exc}", file=sys.stderr)
-        return 2
+        return None
     problem = exposure_problem(args.host, args.share, auth, space=args.public)
     if problem:
         print(f"memtune: {problem}", file=sys.stderr)
-        return 2
+        return None
     if args.public:
         from core.runs.public import PUBLIC_ENV, public_root
 
@@ -198,18 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         prevent_thread_lock=True,
         app_kwargs={"middleware": [Middleware(EarlyScript)]},  # Gradio's frontend fixed before it loads (ui/early.py)
     )
-    from core.jobs.manager import MANAGER
-
-    MANAGER.prepare()  # the libraries imported once, in the background, for every run's process (core/jobs/warm.py)
-    print(f"memtune: running on {demo.local_url}", flush=True)
-    if demo.share_url:
-        print(f"memtune: public link {demo.share_url} (log in with the --auth user:password)", flush=True)
-    else:
-        print("memtune: to open it from another machine, set a login and start with --share (a public gradio.live "
-              "link) or --host 0.0.0.0: MEMTUNE_AUTH=user:password python app.py --host 0.0.0.0 (MEMTUNE_AUTH rather "
-              "than --auth, which every user of this machine sees in `ps`)", flush=True)
-    demo.block_thread()
-    return 0
+    return demo
 
 
 if __name__ == "__main__":

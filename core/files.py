@@ -15,6 +15,7 @@ treat a folder as its own: the marker is the only thing that counts.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import json
@@ -291,6 +292,22 @@ def remove_tree(path: str | Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
     os.replace(path, trash)
     shutil.rmtree(trash, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def long_lived():
+    """What is made inside lives as long as the process (the libraries' modules, the page): no collection while it is
+    made, and afterwards it sits in gc's permanent generation, which every later collection skips. torch,
+    transformers, trl and gradio make ~600k such objects; each full collection walked them all again (~0.4 s), a
+    dozen times while they are imported, then twice per run (the Trainer's accelerator.free_memory, free_memory)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
 
 
 def free_memory() -> None:

@@ -1,6 +1,8 @@
 """Shared test set-up: everything offline, the demo model cached once per session in a temporary folder."""
 
+import gc
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -27,6 +29,8 @@ pytest_plugins = ["tests.browser_app"]
 def pytest_configure(config):
     """tests/run.sh runs the suite in pytest-xdist workers, one per core (up to 4). Each worker then trains with one
     torch thread, and so does every process it starts (OMP_NUM_THREADS), instead of each asking for every core."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        gc.disable()  # while the test modules import the libraries (the process that collects: pytest_collection_finish)
     if hasattr(config, "workerinput"):  # an xdist worker (not a pytest that a test starts, which inherits the env)
         os.environ["OMP_NUM_THREADS"] = "1"
         import torch
@@ -85,6 +89,28 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(group))
     if hasattr(config, "workerinput"):  # every worker sorts alike: they must report the same collection
         items.sort(key=rank)  # stable: file order within a rank
+
+
+_modules_at_freeze = [0]
+
+
+def pytest_collection_finish(session):
+    """The libraries the test modules imported live as long as this process: into gc's permanent generation
+    (core.files.long_lived, as the app and the CLI do), so that the tests' collections skip them."""
+    gc.collect()
+    gc.freeze()
+    gc.enable()
+    _modules_at_freeze[0] = len(sys.modules)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Likewise after a test that imported more of them (a model family's modules, peft's tuners...): a full
+    collection walks every unfrozen object (~0.4 s over a worker's ~600k), and each training run makes two."""
+    if len(sys.modules) > _modules_at_freeze[0] + 50:
+        gc.collect()
+        gc.freeze()
+        _modules_at_freeze[0] = len(sys.modules)
 
 
 @pytest.hookimpl(trylast=True)  # after the test's own fixtures (its page) are torn down

@@ -1,6 +1,8 @@
 """What the job manager's fork server imports once (core/jobs/warm.py), so that each run forked from it starts
-with the libraries already loaded: torch, transformers, peft, trl, datasets and bitsandbytes cost 5-7 s of CPU per
-process to import, more than the demo's whole training.
+with the libraries already loaded (core/train/libraries.py): torch, transformers, peft, trl, datasets and
+bitsandbytes cost 5-7 s of CPU per process to import, more than the demo's whole training. They are in gc's
+permanent generation (core.files.long_lived): a forked run's collections skip them, and it shares their memory
+pages with the server instead of copying those gc would write to (what Python's gc.freeze documents for fork).
 
 It also records whether the server's state may be forked into a training process: nothing may have started CUDA
 (a forked child cannot use a CUDA context its parent made) or a second thread (a forked child gets only the
@@ -19,20 +21,13 @@ STARTED_WITH = dict(os.environ)
 # fork-safe check). Set before torch is imported; a run's own environment decides for the run (see IGNORED).
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # (not in STARTED_WITH's comparison: IGNORED)
 
-import torch  # noqa: E402
-import transformers  # noqa: E402, F401
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402, F401 - lazy attributes: import them now
-from trl import SFTConfig, SFTTrainer  # noqa: E402, F401
+from core.files import long_lived  # noqa: E402
 
-import core.train.cli  # noqa: E402, F401
-import core.train.recipe  # noqa: E402, F401
-from core.data import plan  # noqa: E402, F401
-from core.model import load  # noqa: E402, F401
+with long_lived():  # they live as long as the server and every run forked from it
+    import torch  # noqa: E402
 
-try:  # peft imports it where it is installed; import it here for certain (3 s: its torch.compile set-up)
-    import bitsandbytes  # noqa: E402, F401
-except ImportError:  # pragma: no cover - memtune runs without 4-bit
-    pass
+    import core.train.cli  # noqa: E402, F401
+    import core.train.libraries  # noqa: E402, F401
 
 # What the imports themselves set (e.g. torch inductor's cache folder): a warm run keeps it, as a cold one would.
 SET_BY_IMPORTS = {k: v for k, v in os.environ.items() if STARTED_WITH.get(k) != v and k not in STARTED_WITH}
