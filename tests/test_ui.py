@@ -101,6 +101,15 @@ def test_no_event_has_two_listeners_that_write_the_form(page):
     assert not twice, twice
 
 
+def test_new_settings_redraw_the_gauge_at_once_not_at_the_next_tick(page):
+    """Every handler that changes the settings writes the prediction state; its change runs the poll itself, so the
+    gauge shows the new predicted peak when the summary does (a checklist click moved it up to a second later)."""
+    fns = list(page.fns.values()) if isinstance(page.fns, dict) else list(page.fns)
+    prediction, gauge = page.memtune_form.prediction, page.memtune_live.gauge
+    on_change = [f for f in fns if (prediction._id, "change") in [tuple(t[:2]) for t in f.targets]]
+    assert any(gauge in f.outputs and not f.queue for f in on_change), on_change  # outside the form's queue, as the tick
+
+
 def test_number_widgets_are_bounded_from_field_meta(page):
     fields = page.memtune_fields
     for name, comp in fields.items():

@@ -308,6 +308,10 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                    api_name="poll", queue=False)
         demo.load(lambda s, lg, p, b, n: poll({}, lg, p, b, n), inputs=polled, outputs=live.outputs,
                   show_progress="hidden")
+        # New settings, new predicted peak: the gauge follows at once, not at the next tick (a checklist click moved it
+        # up to a second later). The same poll, so what the page was sent stays one record.
+        pred_state.change(poll, inputs=polled, outputs=live.outputs, show_progress="hidden",
+                          show_progress_on=[tab_state], queue=False)
 
         # Language: the browser's on load, the picker afterwards; everything written re-renders.
         one_off = [notice, fit_note, cfg_notice, preview_out]  # written in the old language: cleared
