@@ -107,7 +107,8 @@ def test_new_settings_redraw_the_gauge_at_once_not_at_the_next_tick(page):
     fns = list(page.fns.values()) if isinstance(page.fns, dict) else list(page.fns)
     prediction, gauge = page.memtune_form.prediction, page.memtune_live.gauge
     on_change = [f for f in fns if (prediction._id, "change") in [tuple(t[:2]) for t in f.targets]]
-    assert any(gauge in f.outputs and not f.queue for f in on_change), on_change  # outside the form's queue, as the tick
+    # outside the form's queue, as the tick is
+    assert any(gauge in f.outputs and not f.queue for f in on_change), on_change
 
 
 def test_number_widgets_are_bounded_from_field_meta(page):
