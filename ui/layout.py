@@ -295,6 +295,18 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
             tabs = build_tabs(lang0, tr, main_tabs, lang, FIELDS["output_dir"], form)
         wire_form(form, lang, budget, demo_btn, chapter_btn, refresh_btn, preview_btn, upload, save_btn, cfg_name,
                   load_btn, fit_btn)
+
+        def on_page_load(request: gr.Request, *values):
+            # The page was built once, at start-up; what the process knows now (a preview's row lengths) may differ.
+            # Re-derived on every load, so a fresh page and a ticked box show one estimate of the same settings.
+            cfg, problems = read_config(values)
+            return derived(form, cfg, problems, request_language(request))
+
+        # The page's FIRST load listener: Gradio's page runs a load's listeners one after another, each once the one
+        # before has finished, so registered last (after the poll and the language) it joined the form's queue a
+        # second or more after the page showed, behind a box clicked meanwhile, and put the estimate of the settings
+        # from before that click back on screen (summary, ticks, facts, gauge).
+        demo.load(on_page_load, inputs=form.inputs, outputs=form.derived_outputs, show_progress="hidden", **FORM_QUEUE)
         live = LivePanel(gauge=gauge, progress=progress, plot=loss_plot, log=log, result=result, download=download,
                          start=start_btn, stop=stop_btn, state=tab_state, notice=notice)
         poll = partial(live_update, live, output_dir=cfg0.output_dir)
@@ -341,13 +353,6 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                 redraw(False, always), inputs=[lang], outputs=[upload], show_progress="hidden").then(
                 redraw(True, always), inputs=[lang], outputs=[upload], show_progress="hidden")
 
-        def on_page_load(request: gr.Request, *values):
-            # The page was built once, at start-up; what the process knows now (a preview's row lengths) may differ.
-            # Re-derived on every load, so a fresh page and a ticked box show one estimate of the same settings.
-            cfg, problems = read_config(values)
-            return derived(form, cfg, problems, request_language(request))
-
-        demo.load(on_page_load, inputs=form.inputs, outputs=form.derived_outputs, show_progress="hidden", **FORM_QUEUE)
     for fn in demo.fns.values():
         if fn.api_name not in PUBLIC_API:
             # The page's own plumbing, as Gradio's api_name=False makes it: left public, each of ~140 listeners is a
