@@ -94,13 +94,17 @@ def pytest_collection_modifyitems(config, items):
 _modules_at_freeze = [0]
 
 
+def _freeze() -> None:
+    gc.collect()
+    gc.freeze()
+    _modules_at_freeze[0] = len(sys.modules)
+
+
 def pytest_collection_finish(session):
     """The libraries the test modules imported live as long as this process: into gc's permanent generation
     (core.files.long_lived, as the app and the CLI do), so that the tests' collections skip them."""
-    gc.collect()
-    gc.freeze()
+    _freeze()
     gc.enable()
-    _modules_at_freeze[0] = len(sys.modules)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -108,9 +112,7 @@ def pytest_runtest_setup(item):
     """Likewise after a test that imported more of them (a model family's modules, peft's tuners...): a full
     collection walks every unfrozen object (~0.4 s over a worker's ~600k), and each training run makes two."""
     if len(sys.modules) > _modules_at_freeze[0] + 50:
-        gc.collect()
-        gc.freeze()
-        _modules_at_freeze[0] = len(sys.modules)
+        _freeze()
 
 
 @pytest.hookimpl(trylast=True)  # after the test's own fixtures (its page) are torn down

@@ -316,14 +316,14 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
         # second's redraw of the run panel for nothing; the state has no tracker. Named: scripts drive the app.
         # queue=False: one plain request a second instead of a queue join and its event stream (a third of an idle
         # page's main-thread time), and no queue to wait in behind the form's edits.
-        timer.tick(poll, inputs=polled, outputs=live.outputs, show_progress="hidden", show_progress_on=[tab_state],
-                   api_name="poll", queue=False)
+        polling = dict(inputs=polled, outputs=live.outputs, show_progress="hidden", show_progress_on=[tab_state],
+                       queue=False)
+        timer.tick(poll, api_name="poll", **polling)
         demo.load(lambda s, lg, p, b, n: poll({}, lg, p, b, n), inputs=polled, outputs=live.outputs,
                   show_progress="hidden")
         # New settings, new predicted peak: the gauge follows at once, not at the next tick (a checklist click moved it
         # up to a second later). The same poll, so what the page was sent stays one record.
-        pred_state.change(poll, inputs=polled, outputs=live.outputs, show_progress="hidden",
-                          show_progress_on=[tab_state], queue=False)
+        pred_state.change(poll, **polling)
 
         # Language: the browser's on load, the picker afterwards; everything written re-renders.
         one_off = [notice, fit_note, cfg_notice, preview_out]  # written in the old language: cleared
