@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# Installs memtune's Python packages with the right torch build for this machine, then the given requirements
-# file (default requirements.txt).
+# Installs memtune's Python packages at the versions the suite passed with (requirements.lock and
+# requirements-dev.lock, used as constraints), with the right torch build for this machine, then the given
+# requirements file (default requirements.txt).
 #   - An NVIDIA GPU (nvidia-smi answers): torch from PyPI, which is the CUDA build (~3 GB of downloads).
-#   - No NVIDIA GPU on Linux: the CPU build of torch first (~200 MB instead of ~3 GB of CUDA libraries), unless
-#     a torch is already installed; pip then keeps it.
+#   - No NVIDIA GPU on Linux: the CPU build of the locked torch first (~200 MB instead of ~3 GB of CUDA libraries),
+#     unless that version is already installed.
 #   - macOS / others: PyPI's torch is already the right one.
+# scripts/lock.sh moves the locks to newer releases, deliberately, after the suite passed on them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REQS="${1:-requirements.txt}"
 PIP=(python3 -m pip install -q --disable-pip-version-check)
+TORCH="$(sed -n 's/^torch==//p' requirements.lock)"
 if [[ "$(uname -s)" == "Linux" ]] && ! nvidia-smi >/dev/null 2>&1; then
-  if ! python3 -c "import torch" >/dev/null 2>&1; then
-    echo "memtune: no NVIDIA GPU found: installing the CPU build of torch (download.pytorch.org/whl/cpu)" >&2
-    "${PIP[@]}" torch --index-url https://download.pytorch.org/whl/cpu
+  HAVE="$(python3 -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)"
+  if [[ "$HAVE" != "$TORCH" ]]; then
+    echo "memtune: no NVIDIA GPU found: installing the CPU build of torch $TORCH (download.pytorch.org/whl/cpu)" >&2
+    "${PIP[@]}" "torch==$TORCH" --index-url https://download.pytorch.org/whl/cpu
   fi
 fi
-"${PIP[@]}" -r "$REQS"
+"${PIP[@]}" -c requirements.lock -c requirements-dev.lock -r "$REQS"

@@ -44,6 +44,7 @@ import torch
 
 BACKEND_ENV = "MEMTUNE_COMPILE_BACKEND"
 RECOMPILE_LIMIT = 16  # per code object: train/eval mode, grad on/off, per-layer constants (Gemma's sliding window)
+SIDE_EFFECTS_FLAG = "skip_fwd_side_effects_in_bwd_under_checkpoint"  # dynamo config; older torch lacks it
 
 
 def backend() -> str:
@@ -74,6 +75,12 @@ def compile_layers(model) -> str:
         return "Regional compile skipped: no decoder layers (GradientCheckpointingLayer) found in this model"
     name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # renamed in 2.7
     setattr(dynamo_config, name, max(getattr(dynamo_config, name), RECOMPILE_LIMIT))
+    if hasattr(dynamo_config, SIDE_EFFECTS_FLAG):
+        # transformers >= 5.25 wraps attention in `kernels`' use_kernelized_func, which sets and resets a
+        # context variable around each forward. Under checkpointing dynamo refuses that mutation (a graph break:
+        # "HOP: Unsafe side effect") unless told not to replay it in the recompute; it routes which Python function
+        # is traced and is restored on exit, so the traced graph is the same either way.
+        setattr(dynamo_config, SIDE_EFFECTS_FLAG, True)
     eager_attention = _attention_outside(model)
     chosen = backend()
     for layer in layers:
