@@ -2,8 +2,10 @@
 
 Each silenced message says nothing about the user's settings:
 - peft reads `is_gradient_checkpointing` (deprecated in transformers 5) on every model it wraps: a FutureWarning;
-- bitsandbytes on a CPU without its optional `kernels` package logs "Failed to load CPU gemm_4bit_forward ... pip
-  install kernels" at import, then falls back by itself;
+- bitsandbytes on a CPU with AVX512-BF16 tries to fetch a CPU kernel from the Hub's kernels-community at import (the
+  `kernels` package, a dependency of transformers >= 5.25) and, offline or refused by kernels' publisher check, logs
+  "Failed to load CPU gemm_4bit_forward ... Set trust_remote_code=True ...", then uses its own CPU kernel: the same
+  4-bit results, and no remote code to turn on. `silence_loggers` runs before the libraries are imported;
 - TRL 1.x warns that `use_liger_kernel` will go in v2 (memtune's fused-loss lever is that very setting), and liger
   logs an import error for each backend it does not find (on a CUDA machine, the others);
 - datasets' and transformers' progress bars (per map, per shard, per weight load): kilobytes of \\r in a log file.
@@ -19,12 +21,17 @@ import warnings
 NOISY_LOGGERS = ("bitsandbytes.backends.cpu.ops", "liger_kernel", "liger_kernel.transformers")
 
 
+def silence_loggers() -> None:
+    """The loggers above at CRITICAL; before the libraries import, as some of them speak while importing."""
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def quiet_libraries(progress_bars: bool = False) -> None:
     """Silence the messages above; `progress_bars`: keep the libraries' bars (a user watching a terminal)."""
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     warnings.filterwarnings("ignore", message=".*use_liger_kernel.*deprecated.*", category=FutureWarning)
-    for name in NOISY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+    silence_loggers()
     if not progress_bars:
         import datasets
         from huggingface_hub.utils import disable_progress_bars

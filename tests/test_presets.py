@@ -161,3 +161,23 @@ def test_grown_micro_batch_trades_accumulation_to_keep_the_packs_per_step():
     assert shapes == [(32, 1), (16, 2)]  # largest first, never past GROW_MAX_TOKENS (64 x 512)
     assert grown_candidates(base.replace(max_length=2048)) == []
 
+
+
+def test_a_preset_on_the_command_line_is_fitted_for_the_final_settings(capsys):
+    """Issue 37: `--preset fastest --set model=X` fitted the preset for the default model (Llama-3.1-8B keeps 8 packs)
+    and then swapped in X (Gemma-2-9B, 29 GiB at 8 packs). It is now fitted for X, and a value given with --set is
+    never changed by the fit: the micro-batch is sized around it."""
+    import yaml
+
+    from core.estimate.predict import fit_preset
+    from core.train.cli import main
+
+    def dumped(*sets):
+        assert main(["--preset", "fastest", *[a for s in sets for a in ("--set", s)], "--dump-config"]) == 0
+        return TrainConfig.from_dict(yaml.safe_load(capsys.readouterr().out))
+
+    gemma = dumped("model=google/gemma-2-9b")
+    assert gemma == fit_preset(TrainConfig(model="google/gemma-2-9b"), "fastest").cfg
+    assert gemma.per_device_train_batch_size < 8  # what the default model's fit would have kept
+    kept = dumped("model=google/gemma-2-9b", "per_device_train_batch_size=6")
+    assert kept.per_device_train_batch_size == 6 and kept.gradient_checkpointing  # the fit moved what was left

@@ -5,6 +5,7 @@ tests that only need "a finished run" share one (conftest's finished_run).
 """
 
 import json
+import logging
 import os
 import shutil
 import threading
@@ -271,3 +272,27 @@ def test_an_unreachable_hub_switches_the_run_offline_at_once(monkeypatch, capsys
     assert offline_if_unreachable(TrainConfig(), timeout_s=2.0)
     assert constants.HF_HUB_OFFLINE and os.environ["HF_HUB_OFFLINE"] == "1"
     assert "cannot be reached" in capsys.readouterr().err
+
+
+def test_the_libraries_noise_is_silenced_before_they_import():
+    """Issue 37: bitsandbytes logs its "Failed to load CPU gemm_4bit_forward ... trust_remote_code" warning while it
+    imports (on CPUs with AVX512-BF16), before quiet_libraries ran. The loggers are now silenced first: an import
+    hook records their level at the moment bitsandbytes starts importing."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import importlib.abc, logging, sys\n"
+        "seen = []\n"
+        "class Hook(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'bitsandbytes' and not seen:\n"
+        "            seen.append(logging.getLogger('bitsandbytes.backends.cpu.ops').getEffectiveLevel())\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Hook())\n"
+        "import core.train.libraries\n"
+        "print(seen)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == f"[{logging.CRITICAL}]", out.stdout

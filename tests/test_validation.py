@@ -54,6 +54,12 @@ def test_small_splits_train_on_every_row_and_say_so(tmp_path, demo_model_path):
     assert data_event["validation"]["mode"] == "off"
 
 
+def test_a_share_the_user_chose_is_held_out_on_a_small_split_too(tmp_path, demo_model_path):
+    """Issue 37: only the default share steps aside under 200 rows; a value the user set is honoured."""
+    plan, _, _ = plan_data(demo_config(output_dir=str(tmp_path), validation_share=0.1), quiet)  # the demo: 100 rows
+    assert plan.held.mode == "share" and len(plan.held.val_ids) == 10 and plan.n_source == 90
+
+
 def test_eval_settings_are_checked():
     names = lambda cfg: {p.field for p in validate(cfg)}  # noqa: E731
     assert "eval_steps" in names(demo_config(eval_steps=2.5))

@@ -196,8 +196,9 @@ class TrainConfig:
 
     # --- validation (core/data/validation.py: held out before the row plan, never trained on) ----------------
     validation_share: float = field(default=0.05, metadata=_help(
-        "Share of the rows held out for validation (seeded, never trained on); only for splits of at least 200 "
-        "rows, smaller ones train on every row. 0 turns it off. A validation split or file wins over it.",
+        "Share of the rows held out for validation (seeded, never trained on). The default 5% applies to splits of "
+        "at least 200 rows (smaller ones train on every row); any other value is held out whatever the split's "
+        "size. 0 turns it off. A validation split or file wins over it.",
         min=0.0, max=0.5, widget="slider", step=0.01))
     validation_data: str = field(default="", metadata=_help(
         "A separate validation dataset (Hub id or local file, any format memtune reads); empty: the training "
@@ -427,6 +428,11 @@ def coerce(name: str, value: Any) -> Any:
 
 def apply_overrides(cfg: TrainConfig, assignments: list[str]) -> TrainConfig:
     """Apply CLI `field=value` strings; every bad one is reported at once."""
+    return cfg.replace(**parse_overrides(assignments))
+
+
+def parse_overrides(assignments: list[str]) -> dict[str, Any]:
+    """CLI `field=value` strings as {field: typed value}; every bad one is reported at once."""
     changes, problems = {}, []
     known = field_types()
     for item in assignments:
@@ -443,7 +449,7 @@ def apply_overrides(cfg: TrainConfig, assignments: list[str]) -> TrainConfig:
                 problems.append(Problem.of(name, "problem.bad_value", why=exc, type={"key": type_key(known[name])}))
     if problems:
         raise ConfigError(problems)
-    return cfg.replace(**changes)
+    return changes
 
 
 # --- validation ------------------------------------------------------------------------------------------

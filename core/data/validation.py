@@ -14,7 +14,8 @@ from typing import Any
 
 from core.config.settings import TrainConfig
 
-MIN_ROWS_FOR_SHARE = 200  # a split smaller than this trains on every row: a 5% hold-out of it would be a handful
+MIN_ROWS_FOR_SHARE = 200  # with the default share, a smaller split trains on every row: 5% of it would be a handful
+DEFAULT_SHARE = TrainConfig.__dataclass_fields__["validation_share"].default  # only the default steps aside
 
 
 @dataclass
@@ -61,10 +62,11 @@ def split(cfg: TrainConfig, raw: Any, fmt: str) -> Split:
                      source=f"{vcfg.dataset} [{vcfg.dataset_split}]")
     if cfg.validation_share <= 0:
         return Split(raw, None, None, everything, [], "off", "Validation: off (validation_share is 0)")
-    if len(raw) < MIN_ROWS_FOR_SHARE:
+    if len(raw) < MIN_ROWS_FOR_SHARE and cfg.validation_share == DEFAULT_SHARE:  # a share the user chose is kept
         return Split(raw, None, None, everything, [], "off",
                      f"Validation: off, every row trains: the split has {len(raw)} rows and a hold-out needs "
-                     f"{MIN_ROWS_FOR_SHARE} (give validation_split or validation_data to validate anyway)")
+                     f"{MIN_ROWS_FOR_SHARE} (set another validation_share, or give validation_split or validation_data, to "
+                     "validate anyway)")
     import random
 
     n_val = max(1, round(cfg.validation_share * len(raw)))

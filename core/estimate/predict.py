@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from core.estimate import multi as estimate_multi
-from core.config.settings import OPTIMIZERS, ConfigError, Hardware, TrainConfig, apply_overrides
+from core.config.settings import OPTIMIZERS, ConfigError, Hardware, TrainConfig, parse_overrides
 from core.data.read import DataError
 from core.estimate.terms import ATTENTIONS, CUDA_CONTEXT, GIB, single_gpu_terms
 from core.config.levers import fit_fields
@@ -403,9 +404,17 @@ def _unique(items: list[TrainConfig]) -> list[TrainConfig]:
     return out
 
 
-def fit_preset(cfg: TrainConfig, name: str, hw: Hardware | None = None) -> PresetFit:
-    """`cfg` with preset `name` applied for this model (see the module docstring), and the note saying what changed."""
-    base = apply_preset(cfg, name, hw)
+def fit_preset(cfg: TrainConfig, name: str, hw: Hardware | None = None,
+               fixed: Mapping[str, Any] | None = None) -> PresetFit:
+    """`cfg` with preset `name` applied for this model (see the module docstring), and the note saying what changed.
+    `fixed`: settings the user gave beside the preset (the CLIs' --set): they win over the preset's levers, and the
+    fit sizes the rest around them (it never changes one of them)."""
+    fixed = dict(fixed or {})
+    base = apply_preset(cfg, name, hw).replace(**fixed)
+
+    def keeps(option: TrainConfig) -> bool:
+        return all(getattr(option, k) == v for k, v in fixed.items())
+
     budget = PRESET_BUDGETS_GIB.get(name)
     if budget is None:
         return PresetFit(base)
@@ -415,6 +424,8 @@ def fit_preset(cfg: TrainConfig, name: str, hw: Hardware | None = None) -> Prese
     label = PRESETS[name]["label"]  # in the note's language when it is shown (Fit.note)
     if first <= budget * PRESET_MARGIN:
         for option in grown_candidates(base) if hw is None or hw.cuda else []:
+            if not keeps(option):
+                continue
             gib = _predict(option)
             if gib is not None and gib <= budget * PRESET_MARGIN:
                 changes = {"per_device_train_batch_size": option.per_device_train_batch_size}
@@ -426,7 +437,8 @@ def fit_preset(cfg: TrainConfig, name: str, hw: Hardware | None = None) -> Prese
                                  {"gib": gib, "budget": f"{budget:g}", "before": first, "preset": label,
                                   "packs": step, "before_packs": before}, gib, changes)
         return PresetFit(base, name, "preset.fit.holds", {"gib": first, "budget": f"{budget:g}"}, first)
-    for option in preset_candidates(base)[1:]:
+    options = [o for o in preset_candidates(base) if keeps(o)]
+    for option in options[1:]:
         gib = _predict(option)
         if gib is not None and gib <= budget * PRESET_MARGIN:
             changes = {"per_device_train_batch_size": option.per_device_train_batch_size,
@@ -435,7 +447,7 @@ def fit_preset(cfg: TrainConfig, name: str, hw: Hardware | None = None) -> Prese
                 changes["gradient_checkpointing"] = option.gradient_checkpointing
             return PresetFit(option, name, "preset.fit.changed",
                              {"gib": gib, "budget": f"{budget:g}", "before": first, "preset": label}, gib, changes)
-    smallest = preset_candidates(base)[-1]
+    smallest = options[-1] if options else base
     gib = _predict(smallest)
     return PresetFit(smallest, name, "preset.fit.cannot", {"gib": gib if gib is not None else first,
                                                "budget": f"{budget:g}", "preset": label}, gib)
@@ -456,12 +468,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = TrainConfig.load(args.config) if args.config else TrainConfig()
-        if args.preset:
-            fit = fit_preset(cfg, args.preset, Hardware.detect())  # as the app and `core.train.recipe` apply it
+        changes = parse_overrides(args.set)
+        if args.preset:  # fitted for the final settings, as `python -m core.train` does
+            fit = fit_preset(cfg, args.preset, Hardware.detect(), fixed=changes)
             cfg = fit.cfg
             if fit.key:
                 print(f"preset {args.preset}: {fit.note()}", file=sys.stderr)
-        cfg = apply_overrides(cfg, args.set)
+        cfg = cfg.replace(**changes)
         shape = get_shape(cfg.model)
         kw = {"max_row_tokens": args.max_row_tokens or (measured_row_tokens(cfg) if args.data else None)}
         if args.fit is not None:

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from core.config.settings import ConfigError, Hardware, TrainConfig, apply_overrides, demo_config
+from core.config.settings import ConfigError, Hardware, TrainConfig, demo_config, parse_overrides
 from core.config.presets import PRESETS
 from core.jobs.supervise import stop_on_signals, stop_when_orphaned
 
@@ -67,16 +67,18 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
         parser.error("one of the arguments --config --demo --dump-config is required")
     try:
         cfg = demo_config() if args.demo else TrainConfig.load(args.config) if args.config else TrainConfig()
+        changes = parse_overrides(args.overrides)
         if args.preset:
             # A dumped file may be meant for another machine; a run here keeps CUDA-only levers off without CUDA.
             from core.estimate.predict import fit_preset
 
-            # For this model: a preset with a memory promise picks the micro-batch/checkpointing that keeps it.
-            fit = fit_preset(cfg, args.preset, None if args.dump_config else Hardware.detect())
+            # For the final settings (--set's model, length ... included): a preset with a memory promise picks the
+            # micro-batch/checkpointing that keeps it, around what --set fixed.
+            fit = fit_preset(cfg, args.preset, None if args.dump_config else Hardware.detect(), fixed=changes)
             cfg = fit.cfg
             if fit.key:
                 print(f"[memtune] preset {args.preset}: {fit.note()}", file=sys.stderr, flush=True)
-        cfg = apply_overrides(cfg, args.overrides)
+        cfg = cfg.replace(**changes)
     except ConfigError as exc:
         print(f"memtune: {exc}", file=sys.stderr)
         return 2
