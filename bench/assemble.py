@@ -420,9 +420,17 @@ def lever_facts(levers: dict, grid: dict) -> dict:
             "results": registry.RESULTS, "checklist": items}
 
 
-def write_facts(path: Path = FACTS) -> dict:
+def committed_facts() -> dict:
+    """assets/lever_facts.json's content from the committed measurements: the checklist's, and under `presets` each
+    preset's latest product-path row (bench/presets_measured.json), so the page and README cite one source."""
     facts = lever_facts(json.loads((HERE / "levers.json").read_text()),
                         json.loads((HERE / "grid_measured.json").read_text()))
+    facts["presets"] = json.loads((HERE / "presets_measured.json").read_text())["presets"]
+    return facts
+
+
+def write_facts(path: Path = FACTS) -> dict:
+    facts = committed_facts()
     path.write_text(json.dumps(facts, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return facts
 

@@ -158,8 +158,7 @@ def test_the_speed_table_is_what_assemble_writes_from_the_committed_measurements
     from bench import assemble
 
     committed = json.loads((ROOT / "assets/lever_facts.json").read_text(encoding="utf-8"))
-    written = assemble.lever_facts(json.loads((ROOT / "bench/levers.json").read_text()),
-                                   json.loads((ROOT / "bench/grid_measured.json").read_text()))
+    written = assemble.committed_facts()
     assert json.loads(json.dumps(written)) == committed, "run python -m bench.assemble and commit the table"
     assert list(committed["checklist"]) == [i.key for i in checklist.ITEMS]
     raw = json.loads((ROOT / "bench/levers.json").read_text())["checklist"]

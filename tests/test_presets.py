@@ -181,3 +181,33 @@ def test_a_preset_on_the_command_line_is_fitted_for_the_final_settings(capsys):
     assert gemma.per_device_train_batch_size < 8  # what the default model's fit would have kept
     kept = dumped("model=google/gemma-2-9b", "per_device_train_batch_size=6")
     assert kept.per_device_train_batch_size == 6 and kept.gradient_checkpointing  # the fit moved what was left
+
+
+def test_every_preset_figure_a_user_reads_comes_from_one_measured_table():
+    """Issue 37: the preset's description said ~13,000 tokens/s, 36x, 22.7 GiB (run 6) where README said 10,736, 35.5x,
+    22.55 GiB (run 10). Descriptions now carry no figures; the page adds each preset's latest product-path row from
+    assets/lever_facts.json (bench/presets_measured.json), and README's table cites the same numbers."""
+    import json
+    import re
+    from pathlib import Path
+
+    from core.i18n import t
+    from ui.derive import preset_descriptions
+    from ui.speed import preset_facts
+
+    root = Path(__file__).resolve().parent.parent
+    figure = re.compile(r"\d[\d.,]*(\s*(GiB|Gio|GB|tokens/s)|x\b)")
+    for lang in ("en", "pt", "fr"):
+        for name, preset in PRESETS.items():
+            text = preset["description"] if lang == "en" else t(f"preset.{name}.description", lang)
+            assert not figure.search(text.replace("24 GB", "").replace("24 Go", "").replace("6 GB", "")
+                                     .replace("6 Go", "")), (lang, name, text)
+    facts = preset_facts()
+    assert facts == json.loads((root / "bench/presets_measured.json").read_text())["presets"]
+    shown = preset_descriptions("en")
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    for name, m in facts.items():
+        assert f"{m['tokens_per_s']:,} tokens/s" in shown and f"{m['nvml_gib']:.2f} GiB" in shown, name
+    fastest = facts["fastest"]
+    row = next(line for line in readme.splitlines() if line.startswith("| memtune, preset `fastest`"))
+    assert f"{fastest['nvml_gib']:.2f} GiB | {fastest['tokens_per_s']:,} | {fastest['vs_chapter']}x" in row, row

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 from core.config import presets
 from core.config.settings import Hardware, TrainConfig, demo_config
 from core.i18n import DEFAULT_LANGUAGE, EN, t
+from ui.speed import preset_line
 
 CUSTOM = "custom"  # the preset radio's value when the settings match no preset
 
@@ -120,8 +121,9 @@ def preset_choices(lang: str = DEFAULT_LANGUAGE) -> list[tuple[str, str]]:
 
 
 def preset_descriptions(lang: str = DEFAULT_LANGUAGE) -> str:
-    return "\n".join(f"- **{preset_text(n, 'label', lang)}**: {preset_text(n, 'description', lang)}"
-                     for n in presets.names())
+    """Each preset: what it does, then what it measured (assets/lever_facts.json, as README's tables)."""
+    return "\n".join(f"- **{preset_text(n, 'label', lang)}**: {preset_text(n, 'description', lang)} "
+                     f"{preset_line(n, lang)}".rstrip() for n in presets.names())
 
 
 def preset_of(cfg: TrainConfig) -> str:

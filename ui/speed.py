@@ -42,6 +42,27 @@ def lever_facts(path: Path = FACTS) -> dict[str, dict]:
     return items if isinstance(items, dict) else {}
 
 
+@lru_cache(maxsize=1)
+def preset_facts(path: Path = FACTS) -> dict[str, dict]:
+    """preset -> its latest product-path measurement (assets/lever_facts.json `presets`); {} if absent."""
+    try:
+        found = json.loads(Path(path).read_text(encoding="utf-8")).get("presets", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def preset_line(name: str, lang: str = "en") -> str:
+    """What a preset measured, in one sentence from the one table README cites too; "" if it was never measured."""
+    m = preset_facts().get(name)
+    if not m:
+        return ""
+    ratio = t("preset.measured.ratio", lang, ratio=num(m["vs_chapter"], 1, lang)) if m.get("vs_chapter") else ""
+    return t("preset.measured", lang, model=m["model"].rsplit("/", 1)[-1], gpu=m["gpu"],
+             tokens=integer(m["tokens_per_s"], lang), ratio=ratio, gib=num(m["nvml_gib"], 2, lang),
+             cite=_cite(m["section"], lang))
+
+
 def _where(s: dict, lang: str) -> str:
     parts = [t("speed.where.length", lang, n=s["max_length"]),
              t("speed.where.packs" if s["packing"] else "speed.where.batch", lang, n=s["per_device_train_batch_size"])]

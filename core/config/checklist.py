@@ -2,8 +2,8 @@
 
 Seven items, in the chapter's order. Each knows whether a config has it on (`is_on`) and how to switch it
 (`turn_on` / `turn_off`), so ticking a box changes the config and a loaded config ticks the right boxes.
-The trade-off texts are what we measured, not the chapter's claims (see bench/RESULTS.md, "Levers, one at a
-time"): e.g. checkpointing saves ~1.6 GiB at 512 tokens on an 8B model, and costs 1.71x in speed at one pack.
+The trade-off texts say what an item does and carry no figures: what it saves is the estimate at the user's settings,
+and what it costs in speed is the measurement printed beside it (assets/lever_facts.json, from bench/RESULTS.md).
 An item's fields are levers (core/config/settings.py `Lever`): its library call, estimator term and measured
 section are its first field's (core.config.levers).
 """
@@ -63,7 +63,7 @@ ITEMS: tuple[ChecklistItem, ...] = (
         "gradient_checkpointing", "Enable gradient checkpointing",
         "Recomputes each layer's activations in the backward pass instead of storing them. Saves activation "
         "memory that grows with batch x length (the estimate beside this box says how much at your settings); "
-        "costs ~25-35% more compute per step.",
+        "costs a second forward pass of each layer (the measured speed below says how much).",
         "gradient_checkpointing",
     ),
     ChecklistItem(

@@ -23,16 +23,15 @@ CHAPTER: dict[str, Any] = chapter_values()
 PRESETS: dict[str, dict[str, Any]] = {
     "chapter": {
         "label": "Chapter recipe (as written)",
-        "description": "The course chapter's QLoRA recipe exactly: fp32 upcast, batch 1 x 16, checkpointing, "
-                       "paged 8-bit AdamW. For comparison.",
+        "description": "The course chapter's QLoRA recipe exactly: fp32 upcast, batch 1 x 16, checkpointing, paged"
+                       " 8-bit AdamW. For comparison.",
         "overrides": dict(CHAPTER),
     },
     "lowest_memory": {
         "label": "Lowest memory",
         "description": "Smallest GPU footprint: no fp32 upcast, embedding in CPU memory, two 512-token packs per "
                        "micro-step with checkpointing, the layers' inputs offloaded to CPU memory, fused "
-                       "cross-entropy. 8B: 4.8 GiB peak, 6.2 GiB on the GPU; 70B: 37.8 GiB, 6.9x the chapter's "
-                       "script's speed (H200).",
+                       "cross-entropy.",
         "overrides": {
             **CHAPTER,
             "upcast_to_fp32": False,  # -2.5 GiB peak on 8B: embeddings, norms and head stay bf16
@@ -51,8 +50,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "fastest": {
         "label": "Fastest within 24 GB",
         "description": "Most tokens per second within 24 GB: 8 packs (~4k tokens) per step, no checkpointing, "
-                       "fused kernels, FlashAttention per packed row. 8B: ~13,000 tokens/s on an H200 (36x the chapter's script), "
-                       "22.7 GiB on the GPU.",
+                       "fused kernels, FlashAttention per packed row.",
         "overrides": {
             **CHAPTER,
             "upcast_to_fp32": False,
@@ -69,9 +67,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "six_gb": {
         "label": "6 GB card",
         "description": "Lowest memory with the frozen output head in 4-bit and one 512-token pack per micro-step: "
-                       "sized for a 6 GB GPU (RTX 2060/3050/4050 class). Llama-3.1-8B: 5.47 GiB on the GPU; the "
-                       "Llama-2-7B shape: 5.14, and 4.90 with offload_activations and small_cublas_workspace (H200, "
-                       "bench/RESULTS.md run 11). The logits change slightly.",
+                       "sized for a 6 GB GPU (RTX 2060/3050/4050 class). The logits change slightly.",
         "overrides": {
             **CHAPTER,
             "upcast_to_fp32": False,

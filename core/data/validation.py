@@ -65,8 +65,8 @@ def split(cfg: TrainConfig, raw: Any, fmt: str) -> Split:
     if len(raw) < MIN_ROWS_FOR_SHARE and cfg.validation_share == DEFAULT_SHARE:  # a share the user chose is kept
         return Split(raw, None, None, everything, [], "off",
                      f"Validation: off, every row trains: the split has {len(raw)} rows and a hold-out needs "
-                     f"{MIN_ROWS_FOR_SHARE} (set another validation_share, or give validation_split or validation_data, to "
-                     "validate anyway)")
+                     f"{MIN_ROWS_FOR_SHARE} (set another validation_share, or give validation_split or "
+                     "validation_data, to validate anyway)")
     import random
 
     n_val = max(1, round(cfg.validation_share * len(raw)))
