@@ -17,10 +17,18 @@ echo "memtune: newest releases into $VENV" >&2
 if nvidia-smi >/dev/null 2>&1 || [[ "$(uname -s)" != "Linux" ]]; then
   "${PIP[@]}" --upgrade torch
 elif ! "${PIP[@]}" --upgrade torch --index-url https://download.pytorch.org/whl/cpu 2>/dev/null; then
-  echo "memtune: the CPU index cannot be reached: torch stays at $OLD_TORCH" >&2
-  "${PIP[@]}" "torch${OLD_TORCH:+==$OLD_TORCH}"
+  # never PyPI's torch here: on Linux that is the CUDA build (~3 GB), which is not what a machine without a GPU runs
+  KEEP="${OLD_TORCH:-$(python3 -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)}"
+  if [[ -z "$KEEP" ]]; then
+    echo "memtune: the CPU index cannot be reached and no torch version is known: install torch first" >&2
+    exit 1
+  fi
+  echo "memtune: the CPU index cannot be reached: torch stays at $KEEP (the CPU build this machine can install)" >&2
+  "${PIP[@]}" "torch==$KEEP"
 fi
-"${PIP[@]}" --upgrade -r requirements.txt
+# the torch just chosen stays: --upgrade below would otherwise move it (to PyPI's CUDA build on Linux)
+echo "torch==$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')" > "$VENV/torch.txt"
+"${PIP[@]}" --upgrade -c "$VENV/torch.txt" -r requirements.txt
 cp requirements.lock requirements.lock.old
 cp requirements-dev.lock requirements-dev.lock.old
 restore() { mv requirements.lock.old requirements.lock; mv requirements-dev.lock.old requirements-dev.lock; }
