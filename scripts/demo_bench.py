@@ -49,14 +49,44 @@ def one_run(out: Path) -> dict:
             "prompts": total, "final_loss": losses[-1], "losses": losses}
 
 
+def cpu_model() -> str:
+    """The CPU's name and whether it has AVX512-BF16: bitsandbytes' CPU 4-bit kernels differ with it (and so may the
+    demo's last digits of loss and its exact answers)."""
+    name, flags = platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and name == platform.machine():
+                name = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        return name
+    return f"{name} ({'with' if 'avx512_bf16' in flags else 'without'} AVX512-BF16)"
+
+
+def versions() -> str:
+    """The libraries the figures depend on, as installed (requirements.lock pins them)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = [f"python {platform.python_version()}"]
+    for name in ("torch", "transformers", "peft", "trl", "bitsandbytes", "accelerate"):
+        try:
+            out.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            out.append(f"{name} -")
+    return ", ".join(out)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--out", default=None, help="where the runs go (default: a temporary folder)")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="memtune-demo-bench-"))
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores, "
           f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"versions: {versions()} (the losses and answers depend on them: README's figures name theirs)")
     runs = []
     for i in range(args.runs):
         print(f"run {i + 1}: training the demo (python -m core.train --demo), then scoring its 100 answers...",
