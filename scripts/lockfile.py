@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LOCKS = (ROOT / "requirements.lock", ROOT / "requirements-dev.lock")
 # pinned by the torch wheel itself, per platform (the CUDA build's libraries; the CPU build has none)
-PLATFORM_OWN = re.compile(r"^(nvidia-.*|triton|cuda-.*|pytorch-triton.*)$")
+PLATFORM_OWN = re.compile(r"^(nvidia-(?!ml-py$).*|triton|cuda-.*|pytorch-triton.*)$")  # nvidia-ml-py is ours
 # the installer's own tools: never part of what memtune runs
 TOOLS = {"pip", "setuptools", "wheel"}
 HEADER = ("# Exact versions the whole suite passed with ({what}). Written by scripts/lock.sh; do not edit by hand.\n"

@@ -57,10 +57,10 @@ def preset_line(name: str, lang: str = "en") -> str:
     m = preset_facts().get(name)
     if not m:
         return ""
-    ratio = t("preset.measured.ratio", lang, ratio=num(m["vs_chapter"], 1, lang)) if m.get("vs_chapter") else ""
-    return t("preset.measured", lang, model=m["model"].rsplit("/", 1)[-1], gpu=m["gpu"],
-             tokens=integer(m["tokens_per_s"], lang), ratio=ratio, gib=num(m["nvml_gib"], 2, lang),
-             cite=_cite(m["section"], lang))
+    ratio = {"ratio": num(m["vs_chapter"], 1, lang)} if m.get("vs_chapter") else {}
+    return t("preset.measured_ratio" if ratio else "preset.measured", lang, model=m["model"].rsplit("/", 1)[-1],
+             gpu=m["gpu"], tokens=integer(m["tokens_per_s"], lang), gib=num(m["nvml_gib"], 2, lang),
+             cite=_cite(m["section"], lang), **ratio)
 
 
 def _where(s: dict, lang: str) -> str:
