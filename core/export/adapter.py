@@ -10,7 +10,7 @@
     (bitsandbytes.functional.dequantize_4bit) before the delta is added: the weights the adapter was trained
     against, so the merged model answers as Try it does.
   - "original": the delta is added to the unrounded bf16 weights. The LoRA delta then meets weights it never saw,
-    and answers can differ from Try it (the demo: 96/100 instead of 100/100); the rounding is not baked in.
+    and answers can differ from Try it; the rounding is not baked in.
 - `push_to_hub(folder, repo_id)` uploads a folder with the token from the argument or $HF_TOKEN (never stored,
   never logged, never put into an error message).
 
