@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     from core.config.settings import ConfigError, apply_overrides
 
     parser = argparse.ArgumentParser(prog="python -m core.codegen",
-                                     description="Print the standalone Python script that trains a configuration "
-                                                 "(the app's Show code).")
+                                     description="Print the Python script that trains a configuration through "
+                                                 "memtune's recipe (the app's Show code).")
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--config", help="YAML file of settings (python -m core.train --dump-config writes one)")
     src.add_argument("--demo", action="store_true", help="the offline demo's settings")

@@ -119,7 +119,7 @@ def test_8b_weights_match_the_measured_load():
     assert 0.35 < saved_bits < 0.4
 
 
-# --- calibration: shared/gpu/BASELINE.md (one H200) -----------------------------------------------------------------
+# --- calibration: bench/BASELINE.md (one H200) -----------------------------------------------------------------
 BASELINE = [
     # (config, peak allocated, peak reserved, NVML) in GiB
     (SEED, 8.22, 9.48, 10.87),

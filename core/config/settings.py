@@ -9,7 +9,7 @@ naming the field, what is wrong and how to fix it; `field_problems()` is its che
 metadata. The checks that need other parts of memtune (resume, public mode, several GPUs) sit above this module, in
 core/checks.py, whose `validate()`/`check()` callers use: config imports no other part of memtune but its leaves.
 
-About 550 lines: half of them is the field table itself (help, bounds, choices and widget kind per field, and each
+Most of this file is the field table itself (help, bounds, choices and widget kind per field, and each
 memory/speed lever's declaration, `Lever`), which stays in one place; machine detection is in
 core/config/hardware.py, value coercion in core/config/values.py, the lever registry's queries in core/config/levers.py.
 """

@@ -1,1 +1,2 @@
-"""GPU memory: the estimate of a run before it starts (`python -m core.estimate`), its terms per GPU, and the GPUs as measured (vram.py)."""
+"""GPU memory before a run starts: the estimate, savings and Fit (`python -m core.estimate`, predict.py), the memory terms of
+one process (terms.py) and per GPU for ddp and fsdp (multi.py). The GPUs as measured are core/gpus/."""

@@ -49,7 +49,7 @@ from core.model.shapes import ModelShape
 
 GIB = 2**30
 
-# --- calibration constants (H200, torch 2.11 + CUDA 13; bench/RESULTS.md, shared/gpu/BASELINE.md) -------------------
+# --- calibration constants (H200, torch 2.11 + CUDA 13; bench/RESULTS.md, bench/BASELINE.md) -------------------
 CUDA_CONTEXT = int(1.37 * GIB)  # NVML used - torch reserved - paged optimizer state: 1.36-1.39 in every clean run
 CUBLAS_WORKSPACE = 64 * 2**20  # cuBLAS + cuBLASLt workspaces (32 MiB each on Hopper), allocated on the first matmul
 SMALL_CUBLAS_WORKSPACE = 5 * 2**20  # small_cublas_workspace: 4 MiB + 1 MiB (core.model.load.SMALL_CUBLAS_WORKSPACE)
