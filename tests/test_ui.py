@@ -703,6 +703,30 @@ def test_fit_button_respects_the_budget(form):
     assert "Ajustado a uma placa hipotética de 12 GiB" in pt
 
 
+def test_a_card_out_of_range_is_said_beside_its_box_in_the_pages_language(page, form):
+    """Issue 37: 0.5 GiB then Fit raised Gradio's own English "Value 0.5 is less than minimum value 1." in the box's
+    preprocess, which failed every output of the event (the checklist, the summary) and of every poll reading it
+    (gauge, log, result). The box has no Gradio bounds now; what is wrong is said beside it and the form stays."""
+    budget = form.budget
+    for value in (0.5, 5000.0):
+        assert budget.preprocess(value) == value  # Gradio's minimum/maximum raised here
+    if derive.hardware().cuda:
+        pytest.skip("with a GPU the box is hidden and Fit reads the GPU's free memory")
+    cfg = demo_config()
+    for lang, value, said in (("pt", 0.5, "0,5 GiB está fora desse intervalo"), ("fr", 5000.0, "de 1 à 2048 Gio"),
+                              ("en", 0.5, "a card of 1 to 2048 GiB: 0.5 GiB is outside"),
+                              ("pt", None, "Informe primeiro a memória")):
+        out = handlers.on_fit(form, lang, value, *widget_values(cfg))
+        assert unchanged(form, out)  # the settings stay as they were, usable
+        assert said in out[budget]["info"] and said in out[form.fit_note]
+        assert handlers.on_budget(form, lang, value)[budget]["info"] == out[budget]["info"]  # as it is typed
+    fixed = handlers.on_fit(form, "pt", 8, *widget_values(cfg))
+    assert fixed[budget]["info"] == handlers.t("fit.budget_info", "pt") and "mt-note-ok" in fixed[form.fit_note]
+    # The poll draws the default card meanwhile, instead of failing with the box's value.
+    polled = live.live_update(page.memtune_live, {}, "pt", {"gib": 1.0, "gpus": 0}, 0.5)
+    assert "placa hipotética de 8 GiB" in polled[page.memtune_live.gauge]
+
+
 @pytest.mark.filterwarnings("ignore:Does not fit")
 def test_fit_button_uses_the_gpus_free_memory(monkeypatch, form):
     from core.config.settings import Hardware

@@ -20,7 +20,7 @@ from core.config.settings import SAFE_NAME, ConfigError, TrainConfig, demo_confi
 from core.i18n import DEFAULT_LANGUAGE, t
 from core.jobs.manager import MANAGER, JobBusy
 from ui import render
-from ui.derive import CUSTOM, hardware, row_tokens, run_gpus, toggled, world_size
+from ui.derive import CUSTOM, budget_problem, hardware, row_tokens, run_gpus, toggled, valid_budget, world_size
 from ui.fields import collect, help_text, label, model_problem
 from ui.form import Form, Updates, apply_config, derived, read_config, values_dict
 from ui.live import RUN_NOTE, read_gpus
@@ -99,7 +99,14 @@ def fit_budget_gib(budget: float | None, cfg: TrainConfig | None = None) -> tupl
         if gpus:
             used = gpus[:max(1, run_gpus(cfg))]
             return max(0.0, min(g["total_gib"] - g["used_gib"] for g in used)), True
-    return (float(budget) if budget and budget > 0 else None), False
+    return valid_budget(budget), False
+
+
+def on_budget(form: Form, lang: str, budget: float | None) -> Updates:
+    """Beside the hypothetical card's box: what is wrong with its GiB, or its help (the form's way for a field)."""
+    if form.budget is None:
+        return {}
+    return {form.budget: gr.update(info=budget_problem(budget, lang) or t("fit.budget_info", lang))}
 
 
 def shown(value: Any, lang: str) -> str:
@@ -145,9 +152,9 @@ def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
     if cfg is None:
         return {form.fit_note: render.problems_html(problems, t("summary.unreadable", lang), lang)}
     gib, real = fit_budget_gib(budget, cfg)
-    if gib is None:
-        gr.Warning(t("fit.no_budget", lang))
-        return fit_note(t("fit.no_budget", lang), "warn")
+    if gib is None:  # no GPU and no usable card: said beside the box and under it, the form untouched
+        return {**fit_note(budget_problem(budget, lang) or t("fit.no_budget", lang), "warn"),
+                **on_budget(form, lang, budget)}
     shown = render.num(gib, 0 if float(gib).is_integer() else 1, lang)
     where = t("fit.gpu_free" if real else "fit.hypothetical", lang, gib=shown)
     rows = row_tokens(cfg)
@@ -170,7 +177,7 @@ def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
     else:
         text = (t("fit.changed", lang, gib=peak, where=where) + per_gpu + "\n"
                 + "\n".join(f"• {c}" for c in changes) + sized)
-    return {**apply_config(form, new, lang), **fit_note(text, "ok")}
+    return {**apply_config(form, new, lang), **fit_note(text, "ok"), **on_budget(form, lang, budget)}
 
 
 # --- start / stop ------------------------------------------------------------------------------------------------
