@@ -111,6 +111,25 @@ def test_new_settings_redraw_the_gauge_at_once_not_at_the_next_tick(page):
     assert any(gauge in f.outputs and not f.queue for f in on_change), on_change
 
 
+def test_every_loss_chart_names_its_series_after_each_new_value(page):
+    """Issue 37: Gradio's LinePlot fixes the series it draws when it builds its chart, and a new value only swaps the
+    data: a run with validation showed its baseline eval, then never drew the training curve. Each chart's change
+    sends a color_map of exactly the series the page holds, which rebuilds the chart with all of them."""
+    from ui.validation import PALETTE, rekey, series_colors
+
+    fns = list(page.fns.values()) if isinstance(page.fns, dict) else list(page.fns)
+    plots = [b for b in page.blocks.values() if isinstance(b, gr.LinePlot)]
+    assert {p.elem_id for p in plots} == {"loss-plot", "history-plot", "compare-plot"}
+    for plot in plots:
+        assert any(f.fn is rekey and f.inputs == [plot] and f.outputs == [plot]
+                   and (plot._id, "change") in [tuple(t[:2]) for t in f.targets] for f in fns), plot.elem_id
+    frame = live.loss_frame([(10, 2.0), (20, 1.5)], [(0, 3.0), (10, 2.5)], "pt")
+    assert series_colors(frame) == {"treino": PALETTE[0], "validação": PALETTE[1]}
+    sent_back = page.memtune_live.plot.postprocess(frame).model_dump()  # the page's copy, as the listener gets it
+    assert rekey(sent_back)["color_map"] == series_colors(frame)
+    assert rekey(None) == gr.skip()
+
+
 def test_a_loaded_page_re_derives_its_settings_before_anything_else(page):
     """A load's listeners run one after another in the page; re-deriving the form ran last and so joined the form's
     queue behind a checklist box clicked while the page loaded, then put the estimate of the settings before that

@@ -12,7 +12,7 @@ import gradio as gr
 
 from core.i18n import t
 from ui.form import FORM_QUEUE, Form
-from ui.validation import build_compare, curves_frame
+from ui.validation import build_compare, curves_frame, draw_every_series
 from ui.history import (HistoryTab, history_frame, history_open, on_history_delete, on_history_delete_yes,
                         on_history_load, on_history_refresh, on_history_resume, on_history_select)
 from ui.tryexport import (TryExportTab, adapter_dropdown, merge_into_choices, on_export_adapter, on_merge, on_push,
@@ -170,6 +170,7 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                                         x_title=L("run.step_axis"), height=240, elem_id="history-plot",
                                         show_label=False, visible=False)
                 tr.add(hist_plot, y_title="run.loss_axis", x_title="run.step_axis", color_title="run.series_legend")
+                draw_every_series(hist_plot)
                 settings = tr.add(gr.Code("", language="yaml", label=L("history.settings"), interactive=False,
                                           elem_id="history-settings", max_lines=18, visible=False),
                                   label="history.settings")  # shown once a run is picked

@@ -37,6 +37,7 @@ from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widge
 from ui.form import FORM_QUEUE, Form, derived, facts_for, merged, prediction_state, read_config
 from ui.live import LivePanel, live_update, loss_frame, read_gpus
 from ui.theme import GRADIO_LOCALE_JS, GRADIO_LOCALES, TABS_KW
+from ui.validation import draw_every_series
 
 # Where the levers are shown comes from their declarations (core/config/levers.py); the other fields are placed
 # below by hand, and every field not placed by the time the Advanced accordion is built goes there.
@@ -281,6 +282,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                                                 show_label=False, visible=False)
                         tr.add(loss_plot, y_title="run.loss_axis", x_title="run.step_axis", label="run.loss_curve",
                                color_title="run.series_legend")
+                        draw_every_series(loss_plot)  # the training curve too, not only validation's
                         log = gr.HTML(render.log_html([], lang0), elem_id="run-log", padding=False)
                         result = gr.HTML(elem_id="run-result")
                         # Its label (with the zip's size) is ui.live's, which re-sends it in a new language.

@@ -31,6 +31,42 @@ def curves_frame(losses: list[tuple[int, float]], eval_losses: list[tuple[int, f
     return pd.DataFrame(rows, columns=["step", "loss", "series"])
 
 
+# Vega's own "tableau10", the colours the charts had before they were named here.
+PALETTE = ("#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d",
+           "#bab0ac")
+
+
+def series_colors(value: Any) -> dict[str, str]:
+    """{series: colour} for the series a chart's value holds (a DataFrame, or the page's copy of it), in order."""
+    if value is None:
+        return {}
+    if isinstance(value, pd.DataFrame):
+        names = value["series"].tolist() if "series" in value else []
+    else:  # the browser's copy: Gradio's PlotData, {"columns": [...], "data": [[...], ...]}
+        columns = value.get("columns") if isinstance(value, dict) else getattr(value, "columns", None)
+        data = value.get("data") if isinstance(value, dict) else getattr(value, "data", None)
+        if not columns or "series" not in columns:
+            return {}
+        i = list(columns).index("series")
+        names = [row[i] for row in data or []]
+    return {name: PALETTE[k % len(PALETTE)] for k, name in enumerate(dict.fromkeys(map(str, names)))}
+
+
+def rekey(value: Any) -> Any:
+    """The chart's colours named for exactly the series it now holds (see draw_every_series)."""
+    colors = series_colors(value)
+    return gr.update(color_map=colors) if colors else gr.skip()
+
+
+def draw_every_series(plot: Any) -> None:
+    """Gradio's LinePlot fixes which series it draws (its colour domain) when it builds its chart: when first shown and
+    when a setting such as color_map changes; a new value only swaps the data. A series that appeared later (the
+    training curve after the baseline eval: issue 37), other runs, or the names in another language were not drawn.
+    After each new value the page is sent a color_map of exactly the series it holds (read back from the page, so
+    the value has landed), which rebuilds the chart with them; an unchanged map rebuilds nothing."""
+    plot.change(rekey, inputs=[plot], outputs=[plot], show_progress="hidden", queue=False)
+
+
 def answers_html(answers: list[dict[str, str]], step: int | None, lang: str = DEFAULT_LANGUAGE) -> str:
     """"What the model answers now": each validation prompt, its reference answer and the model's greedy answer."""
     if not answers:
@@ -157,6 +193,7 @@ def build_compare(tr: Any, lang0: str, lang: Any, output_dir: Any, history_tab: 
                            elem_id="compare-plot", show_label=False, visible=False)
         tr.add(plot, y_title="run.loss_axis", x_title="run.step_axis", color_title="run.series_legend")
         tables = gr.HTML(elem_id="compare-tables")
+        draw_every_series(plot)
 
     def choices(out: str | None, current: list[str] | None):
         options = run_choices(out)
