@@ -11,6 +11,7 @@ import gradio as gr
 import pandas as pd
 
 from core.i18n import DEFAULT_LANGUAGE, t
+from core.runs.events import prompt_gist
 from ui.render import E, num
 
 PLOT_POINTS = 400
@@ -73,7 +74,7 @@ def answers_html(answers: list[dict[str, str]], step: int | None, lang: str = DE
         return ""
     head = "".join(f"<th>{E(t(k, lang))}</th>" for k in ("eval.prompt", "eval.reference", "eval.answer"))
     rows = "".join(
-        f"<tr><td><code>{E(a.get('prompt', '')[-200:])}</code></td><td>{E(a.get('reference', ''))}</td>"
+        f"<tr><td><code>{E(prompt_gist(a.get('prompt', ''), 200))}</code></td><td>{E(a.get('reference', ''))}</td>"
         f"<td class=\"{'mt-ok-text' if a.get('answer', '').strip() == a.get('reference', '').strip() else ''}\">"
         f"{E(a.get('answer', ''))}</td></tr>" for a in answers)
     when = t("eval.at_step", lang, step=step) if step else t("eval.baseline", lang)
