@@ -3,7 +3,7 @@ picked in the page: both runs' training and validation curves on one chart, and 
 
 import pytest
 
-from tests.browser_app import MISSING, REQUIRED
+from tests.browser_app import MISSING, REQUIRED, choose
 
 pytestmark = pytest.mark.skipif(MISSING is not None and not REQUIRED, reason=MISSING or "")
 
@@ -53,13 +53,23 @@ def test_history_compares_two_runs(page, two_runs):
     assert settings.locator("tr[data-field]").count() == 1  # only what differs
     assert "learning_rate" in settings.inner_text()
     figures = page.locator("#compare-figures-table").inner_text()
-    assert "Final validation loss" in figures and "Tokens/s" in figures
+    assert "Final validation loss" in figures and "tokens/s" in figures and "Speed" in figures
     plot = page.locator("#compare-plot")
     page.wait_for_selector("#compare-plot canvas, #compare-plot svg")
     assert plot.is_visible()
     legend = plot.inner_text()
     for name in ("cmp-a", "cmp-b"):
         assert f"{name} · training" in legend and f"{name} · validation" in legend, legend
+    drawn = "document.querySelectorAll('#compare-plot g.mark-line path').length === 4"
+    page.wait_for_function(drawn)
+    # Issue 37: after a switch to Português the legend still read "training"; the tables and chart follow now.
+    choose(page, "#lang-select", "Português")
+    page.wait_for_function("document.querySelector('#compare-plot')?.textContent.includes('cmp-b · validação')",
+                           timeout=60_000)
+    page.wait_for_function(drawn)
+    legend = plot.inner_text()
+    assert "cmp-a · treino" in legend and "training" not in legend, legend
+    assert "Velocidade" in page.locator("#compare-figures-table").inner_text()
     assert page.errors == []
 
 

@@ -130,6 +130,34 @@ def test_every_loss_chart_names_its_series_after_each_new_value(page):
     assert rekey(None) == gr.skip()
 
 
+def test_compare_writes_its_figures_as_the_page_does_and_its_legend_fits():
+    """Issue 37: Compare showed "Time (s) 26.3200 / 8.2200" and "Tokens/s 3512.2" (elsewhere 0:26 and 3,512
+    tokens/s) under a "Setting" header, and legend labels cut to "run-20261204-074652 · traini…"."""
+    from core.runs.history import Comparison
+    from ui.validation import LEGEND_CHARS, compare_frame, compare_html
+
+    names = ["run-20261204-074652", "run-20261204-080112"]
+    cmp = Comparison(names, [(n, kind, 10, 1.5) for n in names for kind in ("train", "validation")],
+                     [("learning_rate", [8e-3, 4e-3])],
+                     [("runtime_s", [26.32, 8.22]), ("tokens_per_s", [3512.2, 10736.0]), ("steps", [1200, 60]),
+                      ("final_eval_loss", [3.27, None])])
+    html = compare_html(cmp, "en")
+    figures = html[html.index('id="compare-figures-table"'):]
+    assert "<th>Result</th>" in figures and "Setting" not in figures  # results, not settings
+    for said in ("<td>0:26</td>", "<td>0:08</td>", "<td>3,512 tokens/s</td>", "<td>10,736 tokens/s</td>",
+                 "<td>1,200</td>", "<td>3.2700</td>", "<td>-</td>"):
+        assert said in figures, said
+    assert "26.32" not in html and "3512.2" not in html
+    assert "<td>3\u202f512 tokens/s</td>" in compare_html(cmp, "fr")  # the language's own grouping
+    for lang in ("en", "pt", "fr"):
+        series = set(compare_frame(cmp, lang)["series"])
+        assert len(series) == 4 and all(len(x) <= LEGEND_CHARS for x in series), series
+    assert "074652 · training" in set(compare_frame(cmp, "en")["series"])  # what tells the runs apart is kept
+    assert "080112 · validação" in set(compare_frame(cmp, "pt")["series"])
+    short = Comparison(["cmp-a", "cmp-b"], [("cmp-a", "train", 1, 1.0), ("cmp-b", "train", 1, 1.0)], [], [])
+    assert set(compare_frame(short, "en")["series"]) == {"cmp-a · training", "cmp-b · training"}  # whole if it fits
+
+
 def test_a_loaded_page_re_derives_its_settings_before_anything_else(page):
     """A load's listeners run one after another in the page; re-deriving the form ran last and so joined the form's
     queue behind a checklist box clicked while the page loaded, then put the estimate of the settings before that

@@ -12,7 +12,7 @@ import gradio as gr
 
 from core.i18n import t
 from ui.form import FORM_QUEUE, Form
-from ui.validation import build_compare, curves_frame, draw_every_series
+from ui.validation import build_compare, curves_frame, draw_every_series, on_compare
 from ui.history import (HistoryTab, history_frame, history_open, on_history_delete, on_history_delete_yes,
                         on_history_load, on_history_refresh, on_history_resume, on_history_select)
 from ui.tryexport import (TryExportTab, adapter_dropdown, merge_into_choices, on_export_adapter, on_merge, on_push,
@@ -174,7 +174,7 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                 settings = tr.add(gr.Code("", language="yaml", label=L("history.settings"), interactive=False,
                                           elem_id="history-settings", max_lines=18, visible=False),
                                   label="history.settings")  # shown once a run is picked
-        build_compare(tr, lang0, lang, output_dir, history_tab, hist_refresh)  # ui/validation.py
+        compare = build_compare(tr, lang0, lang, output_dir, history_tab, hist_refresh)  # ui/validation.py
 
     # ---------------- events ----------------
     def refresh_adapters(current, out, lg):
@@ -221,16 +221,21 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                   outputs=[confirm_row, *refresh_out, selected, *detail_out])
 
     # ---------------- language ----------------
-    def language_updates(lg: str, out_dir: str | None, sel: str | None, exp: str | None) -> dict[Any, Any]:
+    def language_updates(lg: str, out_dir: str | None, sel: str | None, exp: str | None, compared: list[str] | None,
+                         shown: str | None) -> dict[Any, Any]:
         refreshed = on_history_refresh(h, lg, out_dir)
         out = {table: refreshed[table], runs_state: refreshed[runs_state]}
         if sel:
-            out[detail] = history_open(h, lg, sel)[detail]
+            opened = history_open(h, lg, sel)
+            out[detail], out[hist_plot] = opened[detail], opened[hist_plot]  # the chart's legend too
         if exp:
             picked = on_export_adapter(x, lg, exp)
             out[merge_warning], out[merge_check] = picked[merge_warning], picked[merge_check]
+        if 'id="mt-compare"' in (shown or ""):  # a comparison on screen: said again, legend included
+            out[compare["plot"]], out[compare["tables"]] = on_compare(lg, compared)
         return out
 
-    return AfterTabs(language_inputs=[output_dir, selected, exp_adapter],
-                     language_outputs=[table, runs_state, detail, merge_warning, merge_check],
+    return AfterTabs(language_inputs=[output_dir, selected, exp_adapter, compare["picker"], compare["tables"]],
+                     language_outputs=[table, runs_state, detail, hist_plot, merge_warning, merge_check,
+                                       compare["plot"], compare["tables"]],
                      update=language_updates, history=h, try_export=x)

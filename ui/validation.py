@@ -128,9 +128,49 @@ def _value(x: Any, lang: str) -> str:
     return str(x)
 
 
+def _figure(key: str, x: Any, lang: str) -> str:
+    """One of core.runs.history.FIGURES as the rest of the page writes it: time as History's 0:26, speed as the
+    progress line's "3,512 tokens/s", counts grouped, losses with 4 decimals."""
+    from core.runs.history import format_duration
+    from ui.render import integer
+
+    if x is None:
+        return "-"
+    if key == "runtime_s":
+        return format_duration(x)
+    if key == "tokens_per_s":
+        return t("progress.tokens_per_s", lang, n=integer(x, lang))
+    if key == "steps":
+        return integer(x, lang)
+    if key == "peak_gib":
+        return num(x, 2, lang)
+    return num(x, 4, lang) if isinstance(x, (int, float)) else _value(x, lang)
+
+
+LEGEND_CHARS = 26  # about what the chart's legend shows of a label before cutting it with "…" (Vega's 160 px)
+
+
+def legend_names(names: list[str], longest_kind: int) -> dict[str, str]:
+    """Each run's name as the legend shows it, beside its curve's kind: whole when it fits; otherwise without the part
+    every picked run's name shares (`run-20261204-` of two runs of one day), then its end (which tells runs apart)."""
+    import os.path
+
+    room = LEGEND_CHARS - longest_kind - 3  # " · " between name and kind
+    if max(map(len, names), default=0) <= room:
+        return {n: n for n in names}
+    common = os.path.commonprefix(names) if len(names) > 1 else ""
+    cut = max(common.rfind(c) for c in "-_ ./") + 1
+    short = {n: n[cut:] or n for n in names}
+    short = {n: s if len(s) <= room else "…" + s[-(room - 1):] for n, s in short.items()}
+    return short if len(set(short.values())) == len(names) else {n: n for n in names}
+
+
 def compare_frame(cmp: Any, lang: str = DEFAULT_LANGUAGE) -> pd.DataFrame:
-    """All picked runs' curves on one chart: one series per run and kind (training, validation)."""
-    rows = [(step, loss, f"{name} · {t('run.series_train' if kind == 'train' else 'run.series_validation', lang)}")
+    """All picked runs' curves on one chart: one series per run and kind (training, validation), named to fit the
+    legend (the tables above name the runs in full)."""
+    kinds = {"train": t("run.series_train", lang), "validation": t("run.series_validation", lang)}
+    shown = legend_names(list(cmp.names), max(map(len, kinds.values())))
+    rows = [(step, loss, f"{shown.get(name, name)} · {kinds.get(kind, kind)}")
             for name, kind, step, loss in cmp.curves]
     return pd.DataFrame(rows, columns=["step", "loss", "series"])
 
@@ -145,10 +185,11 @@ def compare_html(cmp: Any, lang: str = DEFAULT_LANGUAGE) -> str:
     else:
         settings = f'<p>{E(t("history.compare.same", lang))}</p>'
     figs = "".join(f'<tr data-figure="{E(k)}"><td>{E(t(f"history.fig.{k}", lang))}</td>'
-                   + "".join(f"<td>{E(_value(v, lang))}</td>" for v in vals) + "</tr>" for k, vals in cmp.figures)
+                   + "".join(f"<td>{E(_figure(k, v, lang))}</td>" for v in vals) + "</tr>" for k, vals in cmp.figures)
+    results = f"<th>{E(t('history.compare.result', lang))}</th>" + "".join(f"<th>{E(n)}</th>" for n in cmp.names)
     return (f'<div class="mt-compare" id="mt-compare"><b>{E(t("history.compare.settings", lang))}</b>{settings}'
             f'<b>{E(t("history.compare.figures", lang))}</b>'
-            f'<table class="mt-table" id="compare-figures-table"><tr>{head}</tr>{figs}</table></div>')
+            f'<table class="mt-table" id="compare-figures-table"><tr>{results}</tr>{figs}</table></div>')
 
 
 def run_choices(output_dir: str | None) -> list[tuple[str, str]]:
