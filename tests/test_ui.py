@@ -3,6 +3,7 @@
 Longer than ~400 lines on purpose: its module fixtures (the page built once, a finished run) serve every
 handler test, and a second module would build them again on another test worker."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -109,6 +110,11 @@ def test_new_settings_redraw_the_gauge_at_once_not_at_the_next_tick(page):
     on_change = [f for f in fns if (prediction._id, "change") in [tuple(t[:2]) for t in f.targets]]
     # outside the form's queue, as the tick is
     assert any(gauge in f.outputs and not f.queue for f in on_change), on_change
+
+
+def test_the_shown_code_wraps_instead_of_running_off_the_tab(form):
+    """Issue 37: the script's long lines were clipped at the settings tab's right edge."""
+    assert form.code_py.wrap_lines and form.code_cli.wrap_lines
 
 
 def test_every_loss_chart_names_its_series_after_each_new_value(page):
@@ -660,6 +666,14 @@ def test_app_exits_non_zero_when_exposed_without_auth(args):
     assert "memtune:" in proc.stderr and ("auth" in proc.stderr.lower())
 
 
+def test_the_remote_access_hint_is_said_only_on_this_machine_alone():
+    """Issue 37: `python app.py --public` (listening on 0.0.0.0) printed how to listen on 0.0.0.0."""
+    assert "--host 0.0.0.0" in app.remote_hint("127.0.0.1") and app.remote_hint("localhost")
+    for host in ("0.0.0.0", "::", "192.168.1.20"):
+        assert app.remote_hint(host) is None
+    assert app.remote_hint(app.parse_args(["--public"]).host) is None
+
+
 def test_app_help_lists_the_flags():
     proc = _run_app("--help")
     assert proc.returncode == 0
@@ -743,6 +757,8 @@ def test_fit_button_respects_the_budget(form):
     assert "mt-note-error" in note and "Does not fit a hypothetical 6 GiB card" in note
     # core.estimate.predict's explanation in the page's words: what the smallest setting needs, no internal field names
     assert "even the smallest settings Fit to my GPU may choose (batch 1, max length 64" in note and "need" in note
+    # where "a card of at least" comes from: the share of the card Fit keeps spare (issue 37)
+    assert "; with the 10% of the card Fit keeps spare, a card of at least" in note
     assert "upcast_to_fp32" not in note and "load_in_4bit" not in note
     same = handlers.on_fit(form, "en", 80, *widget_values(TrainConfig()))
     assert "Already fits" in same[form.fit_note]
@@ -1077,6 +1093,9 @@ def test_export_zip_merge_and_push_messages(engine_run, tmp_path, monkeypatch, p
     picked = tryexport.on_export_adapter(x, "en", result.adapter_dir)
     warning, check, merge_dir = picked[x.merge_warning], picked[x.merge_check], picked[x.merge_dir]
     assert "Merging writes a full copy of memtune/demo-tiny-llama" in warning and "Memory check" in check
+    # Issue 37: "about 423.9 KiB of free RAM" above "about <0.01 GiB needed": one need, in one unit
+    need = re.search(r"needs about (\S+ \S+) of free RAM", warning)[1]
+    assert need.endswith("KiB") and f"about {need} needed" in check and "<0.01" not in check, (warning, check)
     assert merge_dir.endswith("finished/merged")
     assert "La fusion écrit" in tryexport.on_export_adapter(x, "fr", result.adapter_dir)[x.merge_warning]
     zipped = tryexport.on_zip(x, "en", result.adapter_dir)
@@ -1088,6 +1107,14 @@ def test_export_zip_merge_and_push_messages(engine_run, tmp_path, monkeypatch, p
     merged = tryexport.on_merge("en", result.adapter_dir, str(tmp_path / "m"), False, True,
                             progress=lambda f, desc=None: seen.append(f))
     assert "Merged model saved" in merged and (tmp_path / "m" / "config.json").is_file() and seen[-1] == 1.0
+    # said under the Merge button, not in Export's notice at the top of the tab (issue 37)
+    fns = list(page.fns.values()) if isinstance(page.fns, dict) else list(page.fns)
+    merging = next(f for f in fns if f.fn is tryexport.on_merge)
+    button = page.blocks[merging.targets[0][0]]
+    assert merging.outputs == [x.merge_note] and x.merge_note.parent is button.parent
+    siblings = button.parent.children
+    assert siblings.index(x.merge_note) == siblings.index(button) + 1
+    assert 'id="merge-note"' in merged
     again = tryexport.on_merge("en", result.adapter_dir, str(tmp_path / "m"), False, True, progress=None)
     assert "already exists" in again  # core.export.adapter's own message
     monkeypatch.delenv("HF_TOKEN", raising=False)

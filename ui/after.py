@@ -129,6 +129,7 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                                  label="export.merge_confirm")
                 merge_btn = tr.add(gr.Button(L("export.merge"), variant="primary", elem_id="export-merge-btn"),
                                    value="export.merge")
+                merge_note = gr.HTML(elem_id="export-merge-note")  # the merge's answer, under its button
         from ui.gguf import build_section as gguf_section  # GGUF files for llama.cpp / Ollama (ui/gguf.py)
 
         gguf_section(lang0, tr, lang, exp_adapter, remote=exp_remote)
@@ -184,18 +185,19 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
         tab.select(refresh_adapters, inputs=[dd, output_dir, lang], outputs=[dd], **quiet)
         btn.click(refresh_adapters, inputs=[dd, output_dir, lang], outputs=[dd], **quiet)
     x = TryExportTab(try_note=try_note, base=base_box, tuned=tuned_box, export_note=export_note, zip_file=zip_file,
-                     merge_warning=merge_warning, merge_check=merge_check, merge_dir=merge_dir, token=token)
+                     merge_warning=merge_warning, merge_check=merge_check, merge_dir=merge_dir, token=token,
+                     merge_note=merge_note)
     asked = [lang, try_adapter, prompt, max_new, temperature, top_p, seed, raw, try_remote]
     for event in (send.click, prompt.submit):
         event(partial(on_try, x), inputs=asked, outputs=[base_box, tuned_box, try_note], show_progress="hidden")
     stop.click(on_try_stop, inputs=[lang], outputs=[try_note], concurrency_limit=None, **quiet)
 
     exp_adapter.change(partial(on_export_adapter, x), inputs=[lang, exp_adapter],
-                       outputs=[merge_warning, merge_check, merge_dir],
+                       outputs=[merge_warning, merge_check, merge_dir, merge_note],
                        **quiet)
     zip_btn.click(partial(on_zip, x), inputs=[lang, exp_adapter], outputs=[zip_file, export_note])
     merge_btn.click(on_merge, inputs=[lang, exp_adapter, merge_dir, replace, confirm, merge_into, exp_remote],
-                    outputs=[export_note])
+                    outputs=[merge_note])
     push_btn.click(partial(on_push, x), inputs=[lang, exp_adapter, what, merge_dir, repo_id, private, token],
                    outputs=[export_note, token])
 

@@ -15,7 +15,7 @@ import gradio as gr
 
 from core.config import checklist, levers
 from core.config import presets
-from core.estimate.predict import fit_preset
+from core.estimate.predict import FIT_MARGIN, fit_preset
 from core.config.settings import SAFE_NAME, ConfigError, TrainConfig, demo_config, field_problems
 from core.i18n import DEFAULT_LANGUAGE, t
 from core.jobs.manager import MANAGER, JobBusy
@@ -27,6 +27,7 @@ from ui.live import RUN_NOTE, read_gpus
 from ui.tryexport import free_try_model
 
 FIT_FIELDS = levers.fit_fields()  # what core.estimate.predict.fit_to_gpu may change (the registry's)
+MARGIN_PCT = round(FIT_MARGIN * 100)  # the share of the card Fit keeps spare: said with every figure it gives
 
 
 def config_dir() -> Path:
@@ -129,8 +130,10 @@ def fit_failure(exc: Any, where: str, lang: str) -> str:
     fields by their labels and tabs (never an internal field name)."""
     small = exc.smallest
     if small is None:
-        return f'{t("fit.failed", lang, where=where, length="?", ckpt="?", optim="?", gib="?", need="?")}\n{exc}'
-    text = t("fit.failed", lang, where=where, length=small.max_length,
+        unknown = t("fit.failed", lang, where=where, length="?", ckpt="?", optim="?", gib="?", need="?",
+                    margin=MARGIN_PCT)
+        return f"{unknown}\n{exc}"
+    text = t("fit.failed", lang, where=where, length=small.max_length, margin=MARGIN_PCT,
              ckpt=t("fit.on" if small.gradient_checkpointing else "fit.off", lang), optim=small.optim,
              gib=render.num(exc.smallest_gib, 1, lang), need=render.num(exc.need_gib, 1, lang))
     field, tabs = ADVICE_FIELD.get(exc.advice, (None, ()))
@@ -173,9 +176,9 @@ def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
     per_gpu = "\n" + t("fit.per_gpu", lang, n=n) if n > 1 else ""
     peak = render.num(est.total_gib, 1, lang)
     if not changes:
-        text = t("fit.unchanged", lang, gib=peak, where=where) + per_gpu + sized
+        text = t("fit.unchanged", lang, gib=peak, where=where, margin=MARGIN_PCT) + per_gpu + sized
     else:
-        text = (t("fit.changed", lang, gib=peak, where=where) + per_gpu + "\n"
+        text = (t("fit.changed", lang, gib=peak, where=where, margin=MARGIN_PCT) + per_gpu + "\n"
                 + "\n".join(f"• {c}" for c in changes) + sized)
     return {**apply_config(form, new, lang), **fit_note(text, "ok"), **on_budget(form, lang, budget)}
 

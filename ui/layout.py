@@ -243,12 +243,14 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                                                       value="config.load")
                                 cfg_notice = gr.HTML(elem_id="config-notice")
                                 tr.add(gr.Markdown(L("code.intro"), elem_id="code-intro"), value="code.intro")
+                                # Long lines wrap: the settings tab is narrower than a script's lines, which were
+                                # clipped at its right edge.
                                 code_cli = tr.add(gr.Code(cli_command(cfg0), language="shell", label=L("code.cli"),
-                                                          interactive=False, elem_id="code-cli", lines=2),
-                                                  label="code.cli")
+                                                          interactive=False, elem_id="code-cli", lines=2,
+                                                          wrap_lines=True), label="code.cli")
                                 code_py = tr.add(gr.Code(python_script(cfg0), language="python", label=L("code.python"),
-                                                         interactive=False, elem_id="code-python", max_lines=40),
-                                                 label="code.python")
+                                                         interactive=False, elem_id="code-python", max_lines=40,
+                                                         wrap_lines=True), label="code.python")
 
                     # ---------------- run panel ----------------
                     with gr.Column(scale=2, min_width=380, elem_id="mt-run-panel"):
