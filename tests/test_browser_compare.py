@@ -99,15 +99,17 @@ def test_a_run_with_validation_draws_both_curves_while_it_trains_and_after(page)
     page.click("#start-btn")
     page.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && p.dataset.run"
                            f" && p.dataset.run !== {previous!r}; }})()", timeout=120_000, polling=200)
-    seen = []  # (state, lines drawn) as the run goes
+    seen = []  # (state, lines drawn, both series in the legend) as the run goes
     while True:
         st, step = state(page)
-        seen.append((st, page.locator(LINES).count()))
+        legend = page.locator("#loss-plot").inner_text() if page.locator("#loss-plot").is_visible() else ""
+        # a series outside the chart's colour domain still gets a path, without a colour: the legend tells
+        seen.append((st, page.locator(LINES).count(), "training" in legend and "validation" in legend))
         if st not in ("running", "stopping"):
             break
         page.wait_for_timeout(300)
     assert st == "completed", page.locator("#run-result").inner_text()
-    assert ("running", 2) in seen, seen  # both curves while it trained
+    assert ("running", 2, True) in seen, seen  # both curves while it trained
     page.wait_for_function(f"document.querySelectorAll({LINES!r}).length === 2", timeout=30_000)  # and after
     legend = page.locator("#loss-plot").inner_text()
     assert "training" in legend and "validation" in legend, legend
