@@ -164,12 +164,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"memtune: running on {demo.local_url}", flush=True)
     if demo.share_url:
         print(f"memtune: public link {demo.share_url} (log in with the --auth user:password)", flush=True)
-    else:
-        print("memtune: to open it from another machine, set a login and start with --share (a public gradio.live "
-              "link) or --host 0.0.0.0: MEMTUNE_AUTH=user:password python app.py --host 0.0.0.0 (MEMTUNE_AUTH rather "
-              "than --auth, which every user of this machine sees in `ps`)", flush=True)
+    elif hint := remote_hint(args.host):
+        print(hint, flush=True)
     demo.block_thread()
     return 0
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")  # hosts only this machine reaches
+
+
+def remote_hint(host: str) -> str | None:
+    """How to open the page from another machine: said only while it listens on this machine alone (not under
+    --public or --host 0.0.0.0, where it is reachable already)."""
+    if host not in LOOPBACK:
+        return None
+    return ("memtune: to open it from another machine, set a login and start with --share (a public gradio.live "
+            "link) or --host 0.0.0.0: MEMTUNE_AUTH=user:password python app.py --host 0.0.0.0 (MEMTUNE_AUTH rather "
+            "than --auth, which every user of this machine sees in `ps`)")
 
 
 def launch(args):

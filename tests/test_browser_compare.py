@@ -3,7 +3,7 @@ picked in the page: both runs' training and validation curves on one chart, and 
 
 import pytest
 
-from tests.browser_app import MISSING, REQUIRED
+from tests.browser_app import MISSING, REQUIRED, choose
 
 pytestmark = pytest.mark.skipif(MISSING is not None and not REQUIRED, reason=MISSING or "")
 
@@ -53,11 +53,64 @@ def test_history_compares_two_runs(page, two_runs):
     assert settings.locator("tr[data-field]").count() == 1  # only what differs
     assert "learning_rate" in settings.inner_text()
     figures = page.locator("#compare-figures-table").inner_text()
-    assert "Final validation loss" in figures and "Tokens/s" in figures
+    assert "Final validation loss" in figures and "tokens/s" in figures and "Speed" in figures
     plot = page.locator("#compare-plot")
     page.wait_for_selector("#compare-plot canvas, #compare-plot svg")
     assert plot.is_visible()
     legend = plot.inner_text()
     for name in ("cmp-a", "cmp-b"):
         assert f"{name} · training" in legend and f"{name} · validation" in legend, legend
+    drawn = "document.querySelectorAll('#compare-plot g.mark-line path').length === 4"
+    page.wait_for_function(drawn)
+    # Issue 37: after a switch to Português the legend still read "training"; the tables and chart follow now.
+    choose(page, "#lang-select", "Português")
+    page.wait_for_function("document.querySelector('#compare-plot')?.textContent.includes('cmp-b · validação')",
+                           timeout=60_000)
+    page.wait_for_function(drawn)
+    legend = plot.inner_text()
+    assert "cmp-a · treino" in legend and "training" not in legend, legend
+    assert "Velocidade" in page.locator("#compare-figures-table").inner_text()
+    assert page.errors == []
+
+
+LINES = "#loss-plot g.mark-line path"  # one per series the chart draws (Vega's SVG)
+
+
+def test_a_run_with_validation_draws_both_curves_while_it_trains_and_after(page):
+    """Issue 37: with validation the page's loss chart drew only the validation points, while the run trained and
+    after it ended: the baseline eval came first, and Gradio's chart kept the series it was built with."""
+    from tests.browser_app import PROGRESS, set_number, state, wait_idle
+
+    wait_idle(page)
+    page.get_by_role("tab", name="1 · Model & data").click()
+    split = page.locator("#field-dataset_split input")
+    split.fill("train[:90]")
+    split.press("Tab")
+    page.get_by_role("tab", name="3 · Training").click()
+    page.click("#advanced-acc button, #advanced-acc .label-wrap")
+    held = page.locator("#field-validation_split input")
+    held.fill("train[90:]")
+    held.press("Tab")
+    page.get_by_role("tab", name="4 · Settings & code").click()
+    page.wait_for_function("document.querySelector('#code-cli')?.textContent.includes('train[90:]')",
+                           timeout=120_000)  # 2 busy cores; never a timing assert
+    set_number(page, "max_steps", 200)  # a training loss every 10 steps, an eval every 50: seconds of both
+    previous = page.locator(PROGRESS).get_attribute("data-run") or ""
+    page.click("#start-btn")
+    page.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && p.dataset.run"
+                           f" && p.dataset.run !== {previous!r}; }})()", timeout=120_000, polling=200)
+    seen = []  # (state, lines drawn, both series in the legend) as the run goes
+    while True:
+        st, step = state(page)
+        legend = page.locator("#loss-plot").inner_text() if page.locator("#loss-plot").is_visible() else ""
+        # a series outside the chart's colour domain still gets a path, without a colour: the legend tells
+        seen.append((st, page.locator(LINES).count(), "training" in legend and "validation" in legend))
+        if st not in ("running", "stopping"):
+            break
+        page.wait_for_timeout(300)
+    assert st == "completed", page.locator("#run-result").inner_text()
+    assert ("running", 2, True) in seen, seen  # both curves while it trained
+    page.wait_for_function(f"document.querySelectorAll({LINES!r}).length === 2", timeout=30_000)  # and after
+    legend = page.locator("#loss-plot").inner_text()
+    assert "training" in legend and "validation" in legend, legend
     assert page.errors == []

@@ -111,3 +111,46 @@ def test_an_idle_page_asks_for_a_few_frames_a_second_not_sixty(context, server):
     asked = page.evaluate("window.__frames") - before
     assert asked < 2 * 20, f"an idle page asked for {asked} frames in 2 s (Gradio's timer loop unpaced: ui/early.py)"
     page.close()
+
+
+def test_a_card_out_of_range_is_said_beside_its_box_and_the_form_stays_usable(browser, server):
+    """Issue 37: "Hypothetical card (GiB)" = 0.5 then Fit on a Portuguese page gave Gradio's English toast "Value 0.5
+    is less than minimum value 1.", red "Error" badges over the checklist, and polls that failed (the gauge stayed in
+    the old language after a switch). Now: a message beside the box in the page's language, and nothing else stops."""
+    from core.i18n import t
+    from tests.browser_app import choose
+
+    own = browser.new_context(locale="pt-BR")
+    page = laptop_page(own)
+    page.goto(server["url"])
+    page.wait_for_function(f"document.querySelector('#start-btn')?.textContent.includes({t('run.start', 'pt')!r})")
+    page.wait_for_selector("#vram-gauge .mt-gauge")
+    budget = page.locator("#fit-budget input")
+    budget.fill("0.5")
+    budget.press("Tab")
+    said = "0,5 GiB está fora desse intervalo"
+    page.wait_for_function(f"document.querySelector('#fit-budget')?.textContent.includes({said!r})")
+    page.click("#fit-btn")
+    page.wait_for_function(f"document.querySelector('#fit-notice .mt-note-warn')?.textContent.includes({said!r})")
+    # The checklist answers a click, and the poll still draws the gauge (on the default card).
+    page.get_by_role("tab", name=t("tab.checklist", "pt"), exact=True).click()
+    chip = "document.querySelector('#mt-summary [data-key=checkpointing]')?.textContent"
+    before = page.evaluate(chip)
+    page.locator("#check-gradient_checkpointing input[type=checkbox]").click()
+    page.wait_for_function(f"{chip} && {chip} !== {before!r}", timeout=120_000)  # 2 busy cores; not a timing assert
+    assert t("gauge.hypothetical", "pt", gib="8") in page.locator("#vram-gauge").inner_text()
+    # A language switch says it in the new language, gauge included.
+    choose(page, "#lang-select", "Français")
+    page.wait_for_function("document.querySelector('#fit-budget')?.textContent.includes('0,5 Gio est hors')")
+    page.wait_for_function("document.querySelector('#vram-gauge')?.textContent"
+                           f".includes({t('gauge.hypothetical', 'fr', gib='8')!r})")
+    budget.fill("12")
+    budget.press("Tab")
+    helped = t("fit.budget_info", "fr")
+    page.wait_for_function(f"document.querySelector('#fit-budget')?.textContent.includes({helped!r})")
+    page.click("#fit-btn")
+    page.wait_for_selector("#fit-notice .mt-note-ok")
+    text = page.locator("body").inner_text()
+    assert "minimum value" not in text and page.locator(".toast-body").count() == 0, text[:500]
+    page.close()
+    own.close()

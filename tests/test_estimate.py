@@ -431,6 +431,16 @@ def test_cli_accepts_a_preset_like_core_train(capsys):
         main(["--preset", "no_such_preset"])
 
 
+
+def test_help_describes_every_preset_it_offers(capsys):
+    """Issue 37: --help offered six_gb as a choice, and its description named only the first three presets."""
+    from core.config.presets import PRESETS
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    described = " ".join(capsys.readouterr().out.split("then --set")[0].split("levers first")[1].split())
+    assert all(name in described for name in PRESETS) and "six_gb" in described, described
+
 def test_the_output_says_which_length_assumption_it_used(demo_model_path, capsys):
     from core.data import plan as data
     from core.config.settings import demo_config

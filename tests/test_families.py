@@ -289,6 +289,10 @@ def test_the_lora_target_log_line_follows_the_page_language(tmp_path):
     assert "qkv_proj s'entraîne en entier : une couche fusionnée contient q, k et v" in fr
     assert "trainable" not in fr and "trains whole" not in fr
     # the eval lines (core/train/callbacks.py) too, with the language's decimal comma
-    assert log_line("12:00:01  eval step 2/4  eval_loss 3.2700", "pt") == "12:00:01  validação passo 2/4  eval_loss 3,2700"
-    assert log_line("12:00:01  eval baseline (before training)  eval_loss 8.5400", "fr") == (
-        "12:00:01  validation de référence (avant l'entraînement)  eval_loss 8,5400")
+    assert log_line("12:00:01  eval step 2/4  validation loss 3.2700", "pt") == (
+        "12:00:01  validação passo 2/4  perda de validação 3,2700")
+    assert log_line("12:00:01  eval baseline (before training)  validation loss 8.5400", "fr") == (
+        "12:00:01  validation de référence (avant l'entraînement)  perte de validation 8,5400")
+    # an older run's events said eval_loss: its History log reads the same
+    assert log_line("12:00:01  eval step 2/4  eval_loss 3.2700", "pt") == (
+        "12:00:01  validação passo 2/4  perda de validação 3,2700")

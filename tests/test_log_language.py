@@ -106,7 +106,8 @@ def test_every_line_of_a_multi_turn_run_with_validation_reads_in_pt_and_fr(chat_
     fr, pt = "\n".join(said["fr"]), "\n".join(said["pt"])
     assert "Validation : 10 lignes sur 200 mises de côté (5 %, graine" in fr
     assert "Linhas de validação: 10 linhas em" in pt and "tours de l'assistant : " in fr
-    assert "Arrêt demandé : fin après le pas 2" in fr and "(referência '" in pt
+    assert "Arrêt demandé : fin après le pas 2" in fr and "(referência \"" in pt
+    assert "perda de validação" in pt and "perte de validation" in fr and "eval_loss" not in pt + fr  # one name
     loss = next(e for e in events if e["kind"] == "metrics")["loss"]
     assert f"perte {loss:.4f}".replace(".", ",") in fr  # the language's decimal comma
     assert "4-bit" not in fr  # the phases in the page's words

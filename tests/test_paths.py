@@ -122,7 +122,7 @@ def test_every_destructive_entry_point_against_every_spelling(place, capsys):
                 assert result == 2, (entry, spelling, result, out.out)
                 assert "error:" in out.err and "Traceback" not in out.err, (entry, spelling, out.err)
             elif entry == "ui merge":
-                assert "export-note" in result and str(v) in result, (entry, spelling, result)
+                assert "merge-note" in result and str(v) in result, (entry, spelling, result)
             if entry == "cli zip --out":  # a zip is a new file in the folder asked for: nothing in it is replaced
                 zips[spelling] = sorted(p.name for p in v.iterdir() if p.suffix == ".zip")
                 for z in v.glob("*.zip"):

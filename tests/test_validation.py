@@ -79,8 +79,15 @@ def test_demo_run_evaluates_before_during_and_after_with_answers(tmp_path, demo_
                  "--set", "dataset_split=train[:90]", "--set", "validation_split=train[90:]", "--set", "eval_steps=3"])
     assert code == 0
     err = capsys.readouterr().err
-    assert "eval baseline (before training)  eval_loss" in err and "eval step 3/6" in err and "eval step 6/6" in err
-    assert "(reference 'etoile')" in err  # the answers beside their references
+    assert "eval baseline (before training)  validation loss" in err
+    assert "eval step 3/6  validation loss" in err and "eval step 6/6" in err
+    assert "eval_loss" not in err  # one name for it, the page's and README's (events keep the key eval_loss)
+    # Issue 37: the held-out question asked, whole and as written, beside the reference: not the template's tail
+    # cut mid-word with repr escapes ("tion:\\nTranslate the word 'star'..."), nor an answer's control characters.
+    answers = [line for line in err.splitlines() if "(reference " in line]
+    assert answers and "Translate the word 'star' into French. -> \"" in answers[0], answers
+    assert answers[0].endswith('(reference "etoile")')
+    assert not [line for line in answers if "\\n" in line or "\\x" in line or "###" in line], answers
     events = [json.loads(line) for line in (out / "val" / "events.jsonl").read_text().splitlines()]
     evals = [e for e in events if e["kind"] == "eval"]
     assert [e["step"] for e in evals] == [0, 3, 6]
@@ -91,6 +98,19 @@ def test_demo_run_evaluates_before_during_and_after_with_answers(tmp_path, demo_
     assert ev["final"] == evals[-1]["eval_loss"] < ev["baseline"]
     assert summary["validation"]["validation_rows"] == 10 and summary["data"]["rows_in_split"] == 90
 
+
+
+def test_a_prompt_and_an_answer_read_on_one_line_as_written():
+    from core.runs.events import one_line, prompt_gist
+
+    assert prompt_gist("### Instruction:\nTranslate the word 'star' into French.\n\n### Response:\n") == (
+        "Translate the word 'star' into French.")
+    chat = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 'cat' in French?<|im_end|>\n" \
+           "<|im_start|>assistant\n"
+    assert prompt_gist(chat) == "What is 'cat' in French?"
+    long = prompt_gist("### Instruction:\nTranslate these words into French: " + "star moon sun " * 20)
+    assert long.endswith("…") and len(long) <= 81 and long[:-1].split()[-1] in ("star", "moon", "sun")  # whole words
+    assert one_line("h\x1abread\nmai\x0b oeil") == "h bread mai oeil"  # no escapes, no control characters
 
 # --- best checkpoint and early stopping: train towards "oui", validate on "non merci" -------------------------------
 # lr 8e-3: the eval loss falls, then rises once the model answers "oui" to everything (lowest in the middle of 12 steps)

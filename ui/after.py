@@ -12,7 +12,7 @@ import gradio as gr
 
 from core.i18n import t
 from ui.form import FORM_QUEUE, Form
-from ui.validation import build_compare, curves_frame
+from ui.validation import build_compare, curves_frame, draw_every_series, on_compare
 from ui.history import (HistoryTab, history_frame, history_open, on_history_delete, on_history_delete_yes,
                         on_history_load, on_history_refresh, on_history_resume, on_history_select)
 from ui.tryexport import (TryExportTab, adapter_dropdown, merge_into_choices, on_export_adapter, on_merge, on_push,
@@ -129,6 +129,7 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                                  label="export.merge_confirm")
                 merge_btn = tr.add(gr.Button(L("export.merge"), variant="primary", elem_id="export-merge-btn"),
                                    value="export.merge")
+                merge_note = gr.HTML(elem_id="export-merge-note")  # the merge's answer, under its button
         from ui.gguf import build_section as gguf_section  # GGUF files for llama.cpp / Ollama (ui/gguf.py)
 
         gguf_section(lang0, tr, lang, exp_adapter, remote=exp_remote)
@@ -170,10 +171,11 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                                         x_title=L("run.step_axis"), height=240, elem_id="history-plot",
                                         show_label=False, visible=False)
                 tr.add(hist_plot, y_title="run.loss_axis", x_title="run.step_axis", color_title="run.series_legend")
+                draw_every_series(hist_plot)
                 settings = tr.add(gr.Code("", language="yaml", label=L("history.settings"), interactive=False,
                                           elem_id="history-settings", max_lines=18, visible=False),
                                   label="history.settings")  # shown once a run is picked
-        build_compare(tr, lang0, lang, output_dir, history_tab, hist_refresh)  # ui/validation.py
+        compare = build_compare(tr, lang0, lang, output_dir, history_tab, hist_refresh)  # ui/validation.py
 
     # ---------------- events ----------------
     def refresh_adapters(current, out, lg):
@@ -183,18 +185,19 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
         tab.select(refresh_adapters, inputs=[dd, output_dir, lang], outputs=[dd], **quiet)
         btn.click(refresh_adapters, inputs=[dd, output_dir, lang], outputs=[dd], **quiet)
     x = TryExportTab(try_note=try_note, base=base_box, tuned=tuned_box, export_note=export_note, zip_file=zip_file,
-                     merge_warning=merge_warning, merge_check=merge_check, merge_dir=merge_dir, token=token)
+                     merge_warning=merge_warning, merge_check=merge_check, merge_dir=merge_dir, token=token,
+                     merge_note=merge_note)
     asked = [lang, try_adapter, prompt, max_new, temperature, top_p, seed, raw, try_remote]
     for event in (send.click, prompt.submit):
         event(partial(on_try, x), inputs=asked, outputs=[base_box, tuned_box, try_note], show_progress="hidden")
     stop.click(on_try_stop, inputs=[lang], outputs=[try_note], concurrency_limit=None, **quiet)
 
     exp_adapter.change(partial(on_export_adapter, x), inputs=[lang, exp_adapter],
-                       outputs=[merge_warning, merge_check, merge_dir],
+                       outputs=[merge_warning, merge_check, merge_dir, merge_note],
                        **quiet)
     zip_btn.click(partial(on_zip, x), inputs=[lang, exp_adapter], outputs=[zip_file, export_note])
     merge_btn.click(on_merge, inputs=[lang, exp_adapter, merge_dir, replace, confirm, merge_into, exp_remote],
-                    outputs=[export_note])
+                    outputs=[merge_note])
     push_btn.click(partial(on_push, x), inputs=[lang, exp_adapter, what, merge_dir, repo_id, private, token],
                    outputs=[export_note, token])
 
@@ -220,16 +223,21 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                   outputs=[confirm_row, *refresh_out, selected, *detail_out])
 
     # ---------------- language ----------------
-    def language_updates(lg: str, out_dir: str | None, sel: str | None, exp: str | None) -> dict[Any, Any]:
+    def language_updates(lg: str, out_dir: str | None, sel: str | None, exp: str | None, compared: list[str] | None,
+                         shown: str | None) -> dict[Any, Any]:
         refreshed = on_history_refresh(h, lg, out_dir)
         out = {table: refreshed[table], runs_state: refreshed[runs_state]}
         if sel:
-            out[detail] = history_open(h, lg, sel)[detail]
+            opened = history_open(h, lg, sel)
+            out[detail], out[hist_plot] = opened[detail], opened[hist_plot]  # the chart's legend too
         if exp:
             picked = on_export_adapter(x, lg, exp)
             out[merge_warning], out[merge_check] = picked[merge_warning], picked[merge_check]
+        if 'id="mt-compare"' in (shown or ""):  # a comparison on screen: said again, legend included
+            out[compare["plot"]], out[compare["tables"]] = on_compare(lg, compared)
         return out
 
-    return AfterTabs(language_inputs=[output_dir, selected, exp_adapter],
-                     language_outputs=[table, runs_state, detail, merge_warning, merge_check],
+    return AfterTabs(language_inputs=[output_dir, selected, exp_adapter, compare["picker"], compare["tables"]],
+                     language_outputs=[table, runs_state, detail, hist_plot, merge_warning, merge_check,
+                                       compare["plot"], compare["tables"]],
                      update=language_updates, history=h, try_export=x)

@@ -60,6 +60,30 @@ def toggled(cfg: TrainConfig, key: str, on: bool, memory: dict[str, Any] | None)
     return checklist.toggle(cfg, key, on)
 
 
+# --- the hypothetical card ("Fit to my GPU" without a GPU) -----------------------------------------------------------
+DEFAULT_BUDGET_GIB = 8.0  # the hypothetical card "Fit to my GPU" aims at where there is no GPU
+BUDGET_GIB = (1, 2048)  # the cards it may aim at. Checked here, not by the Number's own bounds: Gradio's check raises
+# in preprocess, which fails every output of the event (the poll's gauge and log, the checklist) with an English toast
+
+
+def budget_problem(budget: float | None, lang: str = DEFAULT_LANGUAGE) -> str | None:
+    """What is wrong with the hypothetical card's GiB, in the page's language, or None."""
+    import math
+
+    if budget is None:
+        return t("fit.no_budget", lang)
+    lo, hi = BUDGET_GIB
+    if not math.isfinite(budget) or not lo <= budget <= hi:
+        shown = f"{budget:g}"
+        return t("fit.budget_range", lang, gib=shown.replace(".", ",") if lang in ("pt", "fr") else shown, min=lo,
+                 max=hi)
+    return None
+
+
+def valid_budget(budget: float | None) -> float | None:
+    """The hypothetical card's GiB when usable (the gauge then falls back to the default card)."""
+    return None if budget_problem(budget) else float(budget)
+
 class Prediction(NamedTuple):
     gib: float | None  # predicted NVML peak per GPU
     saves: dict[str, float]  # checklist item -> GiB it saves here

@@ -49,6 +49,7 @@ class Form:
     start: Any  # the Start button
     stop: Any  # the Stop button
     check_memory: Any  # gr.State: what each checklist box changed last (so unticking undoes it)
+    budget: Any = None  # "Fit to my GPU"'s hypothetical card (GiB), without a GPU: not a TrainConfig field
 
     @property
     def inputs(self) -> list[Any]:

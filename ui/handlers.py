@@ -15,18 +15,19 @@ import gradio as gr
 
 from core.config import checklist, levers
 from core.config import presets
-from core.estimate.predict import fit_preset
+from core.estimate.predict import FIT_MARGIN, fit_preset
 from core.config.settings import SAFE_NAME, ConfigError, TrainConfig, demo_config, field_problems
 from core.i18n import DEFAULT_LANGUAGE, t
 from core.jobs.manager import MANAGER, JobBusy
 from ui import render
-from ui.derive import CUSTOM, hardware, row_tokens, run_gpus, toggled, world_size
+from ui.derive import CUSTOM, budget_problem, hardware, row_tokens, run_gpus, toggled, valid_budget, world_size
 from ui.fields import collect, help_text, label, model_problem
 from ui.form import Form, Updates, apply_config, derived, read_config, values_dict
 from ui.live import RUN_NOTE, read_gpus
 from ui.tryexport import free_try_model
 
 FIT_FIELDS = levers.fit_fields()  # what core.estimate.predict.fit_to_gpu may change (the registry's)
+MARGIN_PCT = round(FIT_MARGIN * 100)  # the share of the card Fit keeps spare: said with every figure it gives
 
 
 def config_dir() -> Path:
@@ -99,7 +100,14 @@ def fit_budget_gib(budget: float | None, cfg: TrainConfig | None = None) -> tupl
         if gpus:
             used = gpus[:max(1, run_gpus(cfg))]
             return max(0.0, min(g["total_gib"] - g["used_gib"] for g in used)), True
-    return (float(budget) if budget and budget > 0 else None), False
+    return valid_budget(budget), False
+
+
+def on_budget(form: Form, lang: str, budget: float | None) -> Updates:
+    """Beside the hypothetical card's box: what is wrong with its GiB, or its help (the form's way for a field)."""
+    if form.budget is None:
+        return {}
+    return {form.budget: gr.update(info=budget_problem(budget, lang) or t("fit.budget_info", lang))}
 
 
 def shown(value: Any, lang: str) -> str:
@@ -122,8 +130,10 @@ def fit_failure(exc: Any, where: str, lang: str) -> str:
     fields by their labels and tabs (never an internal field name)."""
     small = exc.smallest
     if small is None:
-        return f'{t("fit.failed", lang, where=where, length="?", ckpt="?", optim="?", gib="?", need="?")}\n{exc}'
-    text = t("fit.failed", lang, where=where, length=small.max_length,
+        unknown = t("fit.failed", lang, where=where, length="?", ckpt="?", optim="?", gib="?", need="?",
+                    margin=MARGIN_PCT)
+        return f"{unknown}\n{exc}"
+    text = t("fit.failed", lang, where=where, length=small.max_length, margin=MARGIN_PCT,
              ckpt=t("fit.on" if small.gradient_checkpointing else "fit.off", lang), optim=small.optim,
              gib=render.num(exc.smallest_gib, 1, lang), need=render.num(exc.need_gib, 1, lang))
     field, tabs = ADVICE_FIELD.get(exc.advice, (None, ()))
@@ -145,9 +155,9 @@ def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
     if cfg is None:
         return {form.fit_note: render.problems_html(problems, t("summary.unreadable", lang), lang)}
     gib, real = fit_budget_gib(budget, cfg)
-    if gib is None:
-        gr.Warning(t("fit.no_budget", lang))
-        return fit_note(t("fit.no_budget", lang), "warn")
+    if gib is None:  # no GPU and no usable card: said beside the box and under it, the form untouched
+        return {**fit_note(budget_problem(budget, lang) or t("fit.no_budget", lang), "warn"),
+                **on_budget(form, lang, budget)}
     shown = render.num(gib, 0 if float(gib).is_integer() else 1, lang)
     where = t("fit.gpu_free" if real else "fit.hypothetical", lang, gib=shown)
     rows = row_tokens(cfg)
@@ -166,11 +176,11 @@ def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
     per_gpu = "\n" + t("fit.per_gpu", lang, n=n) if n > 1 else ""
     peak = render.num(est.total_gib, 1, lang)
     if not changes:
-        text = t("fit.unchanged", lang, gib=peak, where=where) + per_gpu + sized
+        text = t("fit.unchanged", lang, gib=peak, where=where, margin=MARGIN_PCT) + per_gpu + sized
     else:
-        text = (t("fit.changed", lang, gib=peak, where=where) + per_gpu + "\n"
+        text = (t("fit.changed", lang, gib=peak, where=where, margin=MARGIN_PCT) + per_gpu + "\n"
                 + "\n".join(f"• {c}" for c in changes) + sized)
-    return {**apply_config(form, new, lang), **fit_note(text, "ok")}
+    return {**apply_config(form, new, lang), **fit_note(text, "ok"), **on_budget(form, lang, budget)}
 
 
 # --- start / stop ------------------------------------------------------------------------------------------------

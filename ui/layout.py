@@ -31,17 +31,18 @@ from core.jobs.view import job_view
 from ui import handlers, render
 from ui.after import build_tabs
 from ui.data import DATA_TYPES, on_preview, on_upload
-from ui.derive import hardware, initial_config, prediction, preset_choices, preset_descriptions, preset_of
+from ui.derive import (DEFAULT_BUDGET_GIB, hardware, initial_config, prediction, preset_choices, preset_descriptions,
+                       preset_of)
 from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
 from ui.form import FORM_QUEUE, Form, derived, facts_for, merged, prediction_state, read_config
 from ui.live import LivePanel, live_update, loss_frame, read_gpus
 from ui.theme import GRADIO_LOCALE_JS, GRADIO_LOCALES, TABS_KW
+from ui.validation import draw_every_series
 
 # Where the levers are shown comes from their declarations (core/config/levers.py); the other fields are placed
 # below by hand, and every field not placed by the time the Advanced accordion is built goes there.
 GOVERNS = {item.key: levers.beside(item.key) for item in checklist.ITEMS}  # item -> fields shown beside its box
 BEYOND = levers.placed("beyond")  # "Beyond the chapter", in order
-DEFAULT_BUDGET_GIB = 8.0  # the hypothetical card "Fit to my GPU" aims at where there is no GPU
 EN_LANGS = {code for _, code in language_choices()}
 
 
@@ -242,12 +243,14 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                                                       value="config.load")
                                 cfg_notice = gr.HTML(elem_id="config-notice")
                                 tr.add(gr.Markdown(L("code.intro"), elem_id="code-intro"), value="code.intro")
+                                # Long lines wrap: the settings tab is narrower than a script's lines, which were
+                                # clipped at its right edge.
                                 code_cli = tr.add(gr.Code(cli_command(cfg0), language="shell", label=L("code.cli"),
-                                                          interactive=False, elem_id="code-cli", lines=2),
-                                                  label="code.cli")
+                                                          interactive=False, elem_id="code-cli", lines=2,
+                                                          wrap_lines=True), label="code.cli")
                                 code_py = tr.add(gr.Code(python_script(cfg0), language="python", label=L("code.python"),
-                                                         interactive=False, elem_id="code-python", max_lines=40),
-                                                 label="code.python")
+                                                         interactive=False, elem_id="code-python", max_lines=40,
+                                                         wrap_lines=True), label="code.python")
 
                     # ---------------- run panel ----------------
                     with gr.Column(scale=2, min_width=380, elem_id="mt-run-panel"):
@@ -256,10 +259,12 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                                                           run_gpus=prediction_state(cfg0, pred0)["gpus"]),
                                         elem_id="vram-gauge")
                         with gr.Row(equal_height=False, elem_id="fit-row"):
-                            budget = gr.Number(value=DEFAULT_BUDGET_GIB, minimum=1, maximum=2048, step=1,
-                                               label=L("fit.budget"), info=L("fit.budget_info"), scale=3,
-                                               min_width=200, visible=not hardware().cuda, elem_id="fit-budget")
-                            tr.add(budget, label="fit.budget", info="fit.budget_info")
+                            # No minimum/maximum: handlers.budget_info checks the value and says what is wrong
+                            # beside the box, in the page's language (ui/derive.py BUDGET_GIB says why).
+                            budget = gr.Number(value=DEFAULT_BUDGET_GIB, step=1, label=L("fit.budget"),
+                                               info=L("fit.budget_info"), scale=3, min_width=200,
+                                               visible=not hardware().cuda, elem_id="fit-budget")
+                            tr.add(budget, label="fit.budget")  # its info: on_language, from the value
                             fit_btn = tr.add(gr.Button(L("fit.button"), scale=2, min_width=150, elem_id="fit-btn"),
                                              value="fit.button")
                         fit_note = gr.HTML(elem_id="fit-notice")
@@ -279,6 +284,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                                                 show_label=False, visible=False)
                         tr.add(loss_plot, y_title="run.loss_axis", x_title="run.step_axis", label="run.loss_curve",
                                color_title="run.series_legend")
+                        draw_every_series(loss_plot)  # the training curve too, not only validation's
                         log = gr.HTML(render.log_html([], lang0), elem_id="run-log", padding=False)
                         result = gr.HTML(elem_id="run-result")
                         # Its label (with the zip's size) is ui.live's, which re-sends it in a new language.
@@ -291,7 +297,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
             form = Form(fields=FIELDS, summary=summary, prediction=pred_state, checks=checks, facts=facts,
                         preset=preset, code_py=code_py, code_cli=code_cli, fit_note=fit_note, preview=preview_out,
                         run_notice=notice, config_notice=cfg_notice, config_list=cfg_list, start=start_btn,
-                        stop=stop_btn, check_memory=check_memory)
+                        stop=stop_btn, check_memory=check_memory, budget=budget)
             tabs = build_tabs(lang0, tr, main_tabs, lang, FIELDS["output_dir"], form)
         wire_form(form, lang, budget, demo_btn, chapter_btn, refresh_btn, preview_btn, upload, save_btn, cfg_name,
                   load_btn, fit_btn)
@@ -330,13 +336,13 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
         lang_out = tr.components + form.derived_outputs + tabs.language_outputs + one_off
         n = len(FIELD_NAMES)
 
-        def on_language(lg: str, memory: dict, *values):
+        def on_language(lg: str, memory: dict, card: float | None, *values):
             lg = lg if lg in EN_LANGS else DEFAULT_LANGUAGE
             cfg, problems = read_config(values[:n])
-            return merged(tr.updates(lg), derived(form, cfg, problems, lg, memory),
+            return merged(tr.updates(lg), derived(form, cfg, problems, lg, memory), handlers.on_budget(form, lg, card),
                           tabs.language_updates(lg, *values[n:]), dict.fromkeys(one_off, ""))
 
-        lang.change(on_language, inputs=[lang, form.check_memory, *form.inputs, *tabs.language_inputs],
+        lang.change(on_language, inputs=[lang, form.check_memory, budget, *form.inputs, *tabs.language_inputs],
                     outputs=lang_out, show_progress="hidden", **FORM_QUEUE)
         # Gradio's own strings follow the picker too (ui/theme.py GRADIO_LOCALE_JS); a component already on screen
         # keeps Gradio's words until it is drawn again, so the upload box is hidden and shown once more: after each
@@ -417,7 +423,10 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
     load_btn.click(partial(handlers.on_load_config, form), inputs=[lang, form.config_list],
                    outputs=form.outputs + [form.config_notice], **FORM_QUEUE)
     fit_btn.click(partial(handlers.on_fit, form), inputs=[lang, budget, *inputs],
-                  outputs=form.outputs + [form.fit_note], **FORM_QUEUE)
+                  outputs=form.outputs + [form.fit_note, budget], **FORM_QUEUE)
+    # What is wrong with the card's GiB, beside the box as it is typed (only its info changes: no queue to wait in).
+    budget.input(partial(handlers.on_budget, form), inputs=[lang, budget], outputs=[budget], show_progress="hidden",
+                 queue=False)
     form.start.click(partial(handlers.on_start, form), inputs=[lang, *inputs],
                      outputs=[form.run_notice, form.start, form.stop], api_name="start")
     form.stop.click(handlers.on_stop, inputs=[lang], outputs=[form.run_notice], api_name="stop")

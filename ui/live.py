@@ -15,7 +15,7 @@ from core.i18n import DEFAULT_LANGUAGE, t
 from core.jobs.manager import MANAGER, latest_run_dir
 from core.jobs.view import job_view
 from ui import render
-from ui.derive import predicted_peaks, run_gpus
+from ui.derive import predicted_peaks, run_gpus, valid_budget
 
 LOG_LINES = 400
 PLOT_POINTS = 400
@@ -134,7 +134,8 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
     v = job_view(job)
     outputs: dict[Any, tuple[Any, Any]] = {
         panel.gauge: (render.gauge_html(gpus, message, run_peak_gib=[p or None for p in peaks] or None,
-                                        predicted_gib=predicted, lang=lang, running=running, budget_gib=budget,
+                                        predicted_gib=predicted, lang=lang, running=running,
+                                        budget_gib=valid_budget(budget),
                                         run_gpus=n_run, floor_gib=(pred or {}).get("floor")), None)}
     outputs[panel.plot] = (gr.update(value=loss_frame(v.losses, v.eval_losses, lang), visible=True)
                            if v.losses or v.eval_losses else gr.update(visible=False),

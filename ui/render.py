@@ -295,9 +295,9 @@ _LOG_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # the engine's English log l
     (re.compile(r"step (\d+)/(\d+)  loss (\S+)  lr (\S+)  grad_norm (\S+)"),
      lambda m, lg: t("log.step", lg, step=_int(m[1], lg), total=_int(m[2], lg), loss=_dec(m[3], lg),
                      lr=_dec(m[4], lg), grad_norm=_dec(m[5], lg))),
-    (re.compile(r"eval step (\d+)/(\d+)  eval_loss (\S+)"),
+    (re.compile(r"eval step (\d+)/(\d+)  (?:validation loss|eval_loss) (\S+)"),  # eval_loss: older runs
      lambda m, lg: t("log.eval", lg, step=_int(m[1], lg), total=_int(m[2], lg), loss=_dec(m[3], lg))),
-    (re.compile(r"eval baseline \(before training\)  eval_loss (\S+)"),
+    (re.compile(r"eval baseline \(before training\)  (?:validation loss|eval_loss) (\S+)"),
      lambda m, lg: t("log.eval_baseline", lg, loss=_dec(m[1], lg))),
     # core/train/callbacks.py on_evaluate: a held-out prompt, the model's answer, the reference (the texts as is)
     (re.compile(r"  (.*) \(reference (.*)\)", re.S),

@@ -37,6 +37,7 @@ class TryExportTab:
     merge_check: Any  # whether the memory is there
     merge_dir: Any  # the merged model's folder
     token: Any  # the typed Hub token (cleared after each push)
+    merge_note: Any = None  # the merge's answer, under the Merge button (not Export's notice at the top of the tab)
 
 
 # --- try it ---------------------------------------------------------------------------------------------------------
@@ -131,14 +132,6 @@ def _size(path: Path, lang: str = DEFAULT_LANGUAGE) -> str:
     return render.size(total, lang)
 
 
-def _gib(n_bytes: int, lang: str) -> str:
-    """GiB with the precision a small model needs too: 12.3, 0.04, <0.01."""
-    gib = n_bytes / 2**30
-    if gib >= 1:
-        return render.num(gib, 1, lang)
-    return render.num(gib, 2, lang) if gib >= 0.01 else "<" + render.num(0.01, 2, lang)
-
-
 def token_info(lang: str) -> str:
     from core.model.load import hf_token
 
@@ -172,19 +165,22 @@ def on_export_adapter(x: TryExportTab, lang: str, adapter: str | None) -> Update
     from core.export.adapter import default_merge_dir, merge_memory_check
     from core.infer import InferError, adapter_config
 
+    cleared = {x.merge_note: ""} if x.merge_note is not None else {}  # a merge of the adapter picked before
     if not adapter:
-        return {x.merge_warning: note(t("try.no_adapters", lang), "info"), x.merge_check: "", x.merge_dir: ""}
+        return {x.merge_warning: note(t("try.no_adapters", lang), "info"), x.merge_check: "", x.merge_dir: "",
+                **cleared}
     try:
         cfg = adapter_config(adapter)
     except InferError as exc:
-        return {x.merge_warning: note(str(exc), "error"), x.merge_check: "", x.merge_dir: ""}
+        return {x.merge_warning: note(str(exc), "error"), x.merge_check: "", x.merge_dir: "", **cleared}
     try:
         needed, available, ok, message = merge_memory_check(cfg)
     except Exception as exc:  # noqa: BLE001 - psutil missing or the like: say so, keep the tab usable
         needed, available, ok, message = 0, 0, False, f"{type(exc).__name__}: {exc}"
     if needed:
-        check = t("export.memory_ok" if ok else "export.memory_low", lang, needed=_gib(needed, lang),
-                  available=_gib(available, lang))
+        # the same units as the merge warning above it ("423.9 KiB", never "<0.01 GiB" of the same need)
+        check = t("export.memory_ok" if ok else "export.memory_low", lang, needed=render.size(needed, lang),
+                  available=render.size(available, lang))
         check = check if ok else f"{check}\n{message}"
     else:
         check = message
@@ -193,7 +189,7 @@ def on_export_adapter(x: TryExportTab, lang: str, adapter: str | None) -> Update
         check += "\n" + t("export.merge_replaces", lang, path=target)
     return {x.merge_warning: note(merge_warning(cfg, lang), "warn", "merge-warning"),
             x.merge_check: note(check, "ok" if ok else "error", "merge-check"),
-            x.merge_dir: str(default_merge_dir(adapter))}
+            x.merge_dir: str(default_merge_dir(adapter)), **cleared}
 
 
 def on_zip(x: TryExportTab, lang: str, adapter: str | None) -> Updates:
@@ -231,15 +227,15 @@ def on_merge(lang: str, adapter: str | None, out_dir: str, replace: bool, confir
     from core.infer import adapter_config, asks_remote_code
 
     if not adapter:
-        return warn(t("try.pick_adapter", lang), "export-note")
+        return warn(t("try.pick_adapter", lang), "merge-note")
     if not confirmed:
-        return warn(t("export.confirm_first", lang), "export-note")
+        return warn(t("export.confirm_first", lang), "merge-note")
     if MANAGER.busy():
-        return warn(t("export.busy_training", lang), "export-note")
+        return warn(t("export.busy_training", lang), "merge-note")
     if asks_remote_code(adapter) and not trust_remote_code:
-        return warn(t("try.remote_code_needed", lang, model=adapter_config(adapter).model), "export-note")
+        return warn(t("try.remote_code_needed", lang, model=adapter_config(adapter).model), "merge-note")
     if (refusal := public_refusal((adapter, "the adapter"), ((out_dir or "").strip() or None, "the merged folder"))):
-        return warn(t("export.failed", lang, message=refusal), "export-note", "error")
+        return warn(t("export.failed", lang, message=refusal), "merge-note", "error")
 
     def report(fraction: float, message: str) -> None:
         if progress is not None:
@@ -249,10 +245,10 @@ def on_merge(lang: str, adapter: str | None, out_dir: str, replace: bool, confir
         path = merge_adapter(adapter, (out_dir or "").strip() or None, progress=report, overwrite=bool(replace),
                              merge_into=merge_into or None, trust_remote_code=bool(trust_remote_code))
     except ExportError as exc:
-        return warn(t("export.failed", lang, message=exc), "export-note", "error")
+        return warn(t("export.failed", lang, message=exc), "merge-note", "error")
     except Exception as exc:  # noqa: BLE001 - nothing crashes the page
-        return warn(t("export.failed", lang, message=f"{type(exc).__name__}: {exc}"), "export-note", "error")
-    return note(t("export.merged", lang, path=path, size=_size(path, lang)), "ok", "export-note")
+        return warn(t("export.failed", lang, message=f"{type(exc).__name__}: {exc}"), "merge-note", "error")
+    return note(t("export.merged", lang, path=path, size=_size(path, lang)), "ok", "merge-note")
 
 
 def on_push(x: TryExportTab, lang: str, adapter: str | None, what: str, merged_dir: str, repo_id: str,

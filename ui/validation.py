@@ -11,6 +11,7 @@ import gradio as gr
 import pandas as pd
 
 from core.i18n import DEFAULT_LANGUAGE, t
+from core.runs.events import prompt_gist
 from ui.render import E, num
 
 PLOT_POINTS = 400
@@ -31,13 +32,49 @@ def curves_frame(losses: list[tuple[int, float]], eval_losses: list[tuple[int, f
     return pd.DataFrame(rows, columns=["step", "loss", "series"])
 
 
+# Vega's own "tableau10", the colours the charts had before they were named here.
+PALETTE = ("#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d",
+           "#bab0ac")
+
+
+def series_colors(value: Any) -> dict[str, str]:
+    """{series: colour} for the series a chart's value holds (a DataFrame, or the page's copy of it), in order."""
+    if value is None:
+        return {}
+    if isinstance(value, pd.DataFrame):
+        names = value["series"].tolist() if "series" in value else []
+    else:  # the browser's copy: Gradio's PlotData, {"columns": [...], "data": [[...], ...]}
+        columns = value.get("columns") if isinstance(value, dict) else getattr(value, "columns", None)
+        data = value.get("data") if isinstance(value, dict) else getattr(value, "data", None)
+        if not columns or "series" not in columns:
+            return {}
+        i = list(columns).index("series")
+        names = [row[i] for row in data or []]
+    return {name: PALETTE[k % len(PALETTE)] for k, name in enumerate(dict.fromkeys(map(str, names)))}
+
+
+def rekey(value: Any) -> Any:
+    """The chart's colours named for exactly the series it now holds (see draw_every_series)."""
+    colors = series_colors(value)
+    return gr.update(color_map=colors) if colors else gr.skip()
+
+
+def draw_every_series(plot: Any) -> None:
+    """Gradio's LinePlot fixes which series it draws (its colour domain) when it builds its chart: when first shown and
+    when a setting such as color_map changes; a new value only swaps the data. A series that appeared later (the
+    training curve after the baseline eval: issue 37), other runs, or the names in another language were not drawn.
+    After each new value the page is sent a color_map of exactly the series it holds (read back from the page, so
+    the value has landed), which rebuilds the chart with them; an unchanged map rebuilds nothing."""
+    plot.change(rekey, inputs=[plot], outputs=[plot], show_progress="hidden", queue=False)
+
+
 def answers_html(answers: list[dict[str, str]], step: int | None, lang: str = DEFAULT_LANGUAGE) -> str:
     """"What the model answers now": each validation prompt, its reference answer and the model's greedy answer."""
     if not answers:
         return ""
     head = "".join(f"<th>{E(t(k, lang))}</th>" for k in ("eval.prompt", "eval.reference", "eval.answer"))
     rows = "".join(
-        f"<tr><td><code>{E(a.get('prompt', '')[-200:])}</code></td><td>{E(a.get('reference', ''))}</td>"
+        f"<tr><td><code>{E(prompt_gist(a.get('prompt', ''), 200))}</code></td><td>{E(a.get('reference', ''))}</td>"
         f"<td class=\"{'mt-ok-text' if a.get('answer', '').strip() == a.get('reference', '').strip() else ''}\">"
         f"{E(a.get('answer', ''))}</td></tr>" for a in answers)
     when = t("eval.at_step", lang, step=step) if step else t("eval.baseline", lang)
@@ -91,9 +128,49 @@ def _value(x: Any, lang: str) -> str:
     return str(x)
 
 
+def _figure(key: str, x: Any, lang: str) -> str:
+    """One of core.runs.history.FIGURES as the rest of the page writes it: time as History's 0:26, speed as the
+    progress line's "3,512 tokens/s", counts grouped, losses with 4 decimals."""
+    from core.runs.history import format_duration
+    from ui.render import integer
+
+    if x is None:
+        return "-"
+    if key == "runtime_s":
+        return format_duration(x)
+    if key == "tokens_per_s":
+        return t("progress.tokens_per_s", lang, n=integer(x, lang))
+    if key == "steps":
+        return integer(x, lang)
+    if key == "peak_gib":
+        return num(x, 2, lang)
+    return num(x, 4, lang) if isinstance(x, (int, float)) else _value(x, lang)
+
+
+LEGEND_CHARS = 26  # about what the chart's legend shows of a label before cutting it with "…" (Vega's 160 px)
+
+
+def legend_names(names: list[str], longest_kind: int) -> dict[str, str]:
+    """Each run's name as the legend shows it, beside its curve's kind: whole when it fits; otherwise without the part
+    every picked run's name shares (`run-20261204-` of two runs of one day), then its end (which tells runs apart)."""
+    import os.path
+
+    room = LEGEND_CHARS - longest_kind - 3  # " · " between name and kind
+    if max(map(len, names), default=0) <= room:
+        return {n: n for n in names}
+    common = os.path.commonprefix(names) if len(names) > 1 else ""
+    cut = max(common.rfind(c) for c in "-_ ./") + 1
+    short = {n: n[cut:] or n for n in names}
+    short = {n: s if len(s) <= room else "…" + s[-(room - 1):] for n, s in short.items()}
+    return short if len(set(short.values())) == len(names) else {n: n for n in names}
+
+
 def compare_frame(cmp: Any, lang: str = DEFAULT_LANGUAGE) -> pd.DataFrame:
-    """All picked runs' curves on one chart: one series per run and kind (training, validation)."""
-    rows = [(step, loss, f"{name} · {t('run.series_train' if kind == 'train' else 'run.series_validation', lang)}")
+    """All picked runs' curves on one chart: one series per run and kind (training, validation), named to fit the
+    legend (the tables above name the runs in full)."""
+    kinds = {"train": t("run.series_train", lang), "validation": t("run.series_validation", lang)}
+    shown = legend_names(list(cmp.names), max(map(len, kinds.values())))
+    rows = [(step, loss, f"{shown.get(name, name)} · {kinds.get(kind, kind)}")
             for name, kind, step, loss in cmp.curves]
     return pd.DataFrame(rows, columns=["step", "loss", "series"])
 
@@ -108,10 +185,11 @@ def compare_html(cmp: Any, lang: str = DEFAULT_LANGUAGE) -> str:
     else:
         settings = f'<p>{E(t("history.compare.same", lang))}</p>'
     figs = "".join(f'<tr data-figure="{E(k)}"><td>{E(t(f"history.fig.{k}", lang))}</td>'
-                   + "".join(f"<td>{E(_value(v, lang))}</td>" for v in vals) + "</tr>" for k, vals in cmp.figures)
+                   + "".join(f"<td>{E(_figure(k, v, lang))}</td>" for v in vals) + "</tr>" for k, vals in cmp.figures)
+    results = f"<th>{E(t('history.compare.result', lang))}</th>" + "".join(f"<th>{E(n)}</th>" for n in cmp.names)
     return (f'<div class="mt-compare" id="mt-compare"><b>{E(t("history.compare.settings", lang))}</b>{settings}'
             f'<b>{E(t("history.compare.figures", lang))}</b>'
-            f'<table class="mt-table" id="compare-figures-table"><tr>{head}</tr>{figs}</table></div>')
+            f'<table class="mt-table" id="compare-figures-table"><tr>{results}</tr>{figs}</table></div>')
 
 
 def run_choices(output_dir: str | None) -> list[tuple[str, str]]:
@@ -157,6 +235,7 @@ def build_compare(tr: Any, lang0: str, lang: Any, output_dir: Any, history_tab: 
                            elem_id="compare-plot", show_label=False, visible=False)
         tr.add(plot, y_title="run.loss_axis", x_title="run.step_axis", color_title="run.series_legend")
         tables = gr.HTML(elem_id="compare-tables")
+        draw_every_series(plot)
 
     def choices(out: str | None, current: list[str] | None):
         options = run_choices(out)

@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--fit", type=float, metavar="GIB", help="shrink batch/length/... to fit this many GiB")
     parser.add_argument("--preset", choices=list(PRESETS), help="apply a preset's memory/speed levers first "
-                        "(chapter, lowest_memory, fastest), then --set; as python -m core.train does")
+                        f"({', '.join(PRESETS)}), then --set; as python -m core.train does")  # the registry's names
     parser.add_argument("--max-row-tokens", type=int, help="the dataset's longest row in tokens, if known")
     parser.add_argument("--data", action="store_true", help="measure the config's dataset (reads it and the "
                         "model's tokenizer) and size micro-batches for its longest row instead of max_length")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -36,6 +37,28 @@ EventSink = Callable[[dict[str, Any]], None]
 def make_event(kind: str, **data: Any) -> dict[str, Any]:
     return {"kind": kind, "time": round(time.time(), 3), **data}
 
+
+
+# --- an eval's answers in one readable line (the CLI's log and the page's) ------------------------------------------
+_SPECIAL = re.compile(r"<\|[^|>]*\|>|<(?:/?s|start_of_turn|end_of_turn|bos|eos)>")  # chat templates' special tokens
+
+
+def one_line(text: str, limit: int = 60) -> str:
+    """`text` on one line, as written (no repr escapes): control characters and line breaks become spaces; past
+    `limit` characters it ends at a word, with "…"."""
+    flat = " ".join("".join(c if c.isprintable() else " " for c in str(text)).split())
+    if len(flat) <= limit:
+        return flat
+    cut = flat[:limit].rsplit(" ", 1)[0] if " " in flat[:limit] else flat[:limit]
+    return cut.rstrip(" ,;:") + "…"
+
+
+def prompt_gist(prompt: str, limit: int = 80) -> str:
+    """What a validation prompt asks, for a log line: its last line of more than one word (the question), without the
+    template's headers ("### Response:", a chat role) and special tokens; the whole prompt on one line otherwise."""
+    lines = [line.strip(" #") for line in _SPECIAL.sub("\n", str(prompt)).splitlines()]
+    asked = [line for line in lines if len(re.findall(r"\w+", line)) > 1]
+    return one_line(asked[-1] if asked else _SPECIAL.sub(" ", str(prompt)), limit)
 
 class JsonlSink:
     """Appends each event as one JSON line and flushes, so readers see it at once."""

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from core.runs.events import EventSink, make_event
+from core.runs.events import EventSink, make_event, one_line, prompt_gist
 from core.runs.folders import COMPLETE_MARKER
 
 HEARTBEAT_S = 2.0  # no phase stays silent longer than this
@@ -166,10 +166,11 @@ def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file:
                             answers_s=round(time.monotonic() - began, 3)))
             what = "baseline (before training)" if state.global_step == 0 else f"step {state.global_step}/{state.max_steps}"
             # ui/render.py matches these words to say the line in the page's language (log.eval, log.eval_baseline)
-            sink(make_event("log", level="info", message=f"eval {what}  eval_loss {float(loss):.4f}"))
-            for a in answers:
-                sink(make_event("log", level="info", message=(
-                    f"  {a['prompt'][-60:]!r} -> {a['answer'][:60]!r} (reference {a['reference'][:60]!r})")))
+            # "validation loss": the page's and README's name for it (events and summary.json keep the key eval_loss)
+            sink(make_event("log", level="info", message=f"eval {what}  validation loss {float(loss):.4f}"))
+            for a in answers:  # the question asked, whole words, as written: no repr escapes or a cut template
+                asked, said, ref = prompt_gist(a["prompt"]), one_line(a["answer"]), one_line(a["reference"])
+                sink(make_event("log", level="info", message=f'  {asked} -> "{said}" (reference "{ref}")'))
             self.last_answers = answers
 
         def eval_summary(self, args, state) -> dict | None:
