@@ -201,6 +201,11 @@ def launch(args):
     end_training_on_exit()
     warm_demo_model()
     demo = build_ui()
+    middleware = [Middleware(EarlyScript)]  # Gradio's frontend fixed before it loads (ui/early.py)
+    if args.public:
+        from ui.visitors import VisitorCookie
+
+        middleware.append(Middleware(VisitorCookie))  # each visitor an id the server issued, in a signed cookie
     demo.queue(default_concurrency_limit=1)
     # Gradio's queue looks for work every 1 ms while it has none (every 50 ms on Windows) and for progress every
     # 10 ms: ~1,600 wake-ups a second, 8% of a core for a page nobody uses. Every 20 ms instead: an event waits at
@@ -225,7 +230,8 @@ def launch(args):
         mcp_server=False,
         quiet=True,  # Gradio's own hint says "set share=True in launch()": memtune's line below says how here
         prevent_thread_lock=True,
-        app_kwargs={"middleware": [Middleware(EarlyScript)]},  # Gradio's frontend fixed before it loads (ui/early.py)
+        app_kwargs={"middleware": middleware},
+
     )
     return demo
 

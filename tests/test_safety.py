@@ -678,7 +678,7 @@ def test_public_uploads_work_and_each_visitor_sees_only_their_own(public, tmp_pa
 
     monkeypatch.delenv("MEMTUNE_PUBLIC")
     monkeypatch.setenv("SPACE_ID", "someone/memtune")
-    who = {"now": "sessionAAA1"}
+    who = {"now": "visitorAAAA1xxxxxxxxxx"}
     monkeypatch.setattr(pub, "_visitor_source", lambda: who["now"])
     form = build_ui(demo_config()).memtune_form
     values = [getattr(demo_config(output_dir=str(public)), n) for n in FIELD_NAMES]  # the app's runs folder
@@ -686,22 +686,27 @@ def test_public_uploads_work_and_each_visitor_sees_only_their_own(public, tmp_pa
     data.parent.mkdir()
     data.write_text("".join(json.dumps({"instruction": f"Say {w}", "response": w}) + "\n" for w in "abc"))
     res = on_upload(form, "en", str(data), *values)
-    mine = Path(res[form.fields["dataset"]]["value"] if isinstance(res[form.fields["dataset"]], dict)
-                else res[form.fields["dataset"]])
-    assert mine.parent == pub.upload_root() and mine.parent.name == "visitor-sessionAAA1" and mine.is_file()
+    box = res[form.fields["dataset"]]["value"] if isinstance(res[form.fields["dataset"]], dict) \
+        else res[form.fields["dataset"]]
+    assert box == "uploads/pairs.jsonl"  # the page names it in the visitor's space, never the server's path
+    mine = Path(pub.from_shown(box))
+    assert mine.parent == pub.upload_root() and mine.parent.name == "visitor-visitorAAAA1xxxxxxxxxx" and mine.is_file()
     assert "3 of 3 rows train" in res[form.preview] and "path on the server" not in res[form.preview]
     assert not list(mine.parent.glob(".incoming-*"))
     cfg, problems = read_config(values)
-    assert problems == [] and Path(cfg.output_dir) == public / "visitor-sessionAAA1"  # the run goes there
-    assert runs_folder("runs") == str(public / "visitor-sessionAAA1")
+    assert problems == [] and Path(cfg.output_dir) == public / "visitor-visitorAAAA1xxxxxxxxxx"  # the run goes there
+    cfg, _ = read_config([box if n == "dataset" else v for n, v in zip(FIELD_NAMES, values)])
+    assert cfg.dataset == str(mine)  # `uploads/pairs.jsonl` is the visitor's own file
+    assert runs_folder("runs") == str(public / "visitor-visitorAAAA1xxxxxxxxxx")
 
-    who["now"] = "sessionBBB2"  # another visitor types A's path, the shared folder, or A's folder
-    for typed in (mine, mine.parent, mine.parent.parent, mine.parent / ".." / "visitor-sessionAAA1" / mine.name):
+    who["now"] = "visitorBBBB2yyyyyyyyyy"  # another visitor types A's path, the shared folder, or A's folder
+    for typed in (mine, mine.parent, mine.parent.parent, mine.parent / ".." / mine.parent.name / mine.name,
+                  "uploads/../visitor-visitorAAAA1xxxxxxxxxx/pairs.jsonl"):
         values_b = [str(typed) if n == "dataset" else getattr(demo_config(), n) for n in FIELD_NAMES]
         html = on_preview("en", *values_b)
         assert "path on the server" in html and "Say a" not in html, typed
-    assert runs_folder("runs") == str(public / "visitor-sessionBBB2")
-    who["now"] = "../../etc"  # a forged session id names no one's folder
+    assert runs_folder("runs") == str(public / "visitor-visitorBBBB2yyyyyyyyyy")
+    who["now"] = "../../etc"  # an id the server never issued names no one's folder
     assert pub.upload_root().name == "visitor-unknown"
 
 
