@@ -102,7 +102,7 @@ def on_preview(lang: str, *values) -> str:
     cfg, problems = collect(values_dict(values))
     if cfg is None:
         return render.problems_html(problems, t("preview.cannot", lang), lang)
-    return preview(cfg, lang)
+    return shown(preview(cfg, lang))  # public mode: the engine's messages name the visitor's `uploads/x`
 
 
 def upload_name(file_path: str | Path) -> str:
@@ -162,4 +162,4 @@ def on_upload(form: Form, lang: str, file_path, *values) -> Updates:
     cfg, problems = collect(vals)
     if cfg is None:
         return {form.preview: render.problems_html(problems, t("preview.cannot", lang), lang)}
-    return {**apply_config(form, cfg, lang), form.preview: preview(cfg, lang)}
+    return {**apply_config(form, cfg, lang), form.preview: shown(preview(cfg, lang))}

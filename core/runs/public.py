@@ -137,7 +137,7 @@ def _places() -> list[tuple[str, str]]:
     from core.config.settings import cache_root
 
     return [(str(public_root()), RUNS), (str(upload_root()), UPLOADS), (str(shared_public_root()), RUNS),
-            (str(real(cache_root())), "memtune-home")]
+            (str(real(cache_root())), "memtune-home"), (str(Path.cwd()), ".")]
 
 
 def shown(text: str) -> str:
