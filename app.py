@@ -206,6 +206,10 @@ def launch(args):
         from ui.visitors import VisitorCookie
 
         middleware.append(Middleware(VisitorCookie))  # each visitor an id the server issued, in a signed cookie
+    if auth:
+        from ui.login import LoginRequired
+
+        middleware.insert(0, Middleware(LoginRequired))  # outermost: no login, no route (Gradio leaves a few open)
     demo.queue(default_concurrency_limit=1)
     # Gradio's queue looks for work every 1 ms while it has none (every 50 ms on Windows) and for progress every
     # 10 ms: ~1,600 wake-ups a second, 8% of a core for a page nobody uses. Every 20 ms instead: an event waits at

@@ -209,3 +209,55 @@ def test_two_visitors_and_a_forger_each_see_only_their_own_and_share_the_gpu_thr
     assert not a.errors and not b.errors, (a.errors, b.errors)
     first.close()
     second.close()
+
+
+def request(server, path: str, method: str = "GET", body: bytes | None = None, headers: dict | None = None):
+    """(status, headers, text) of one plain HTTP request: no cookies but those given."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(server["url"] + path.lstrip("/"), data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.headers, r.read(200_000).decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read().decode(errors="replace")
+
+
+def test_with_a_login_every_route_but_the_login_page_needs_it_and_the_page_shows_no_api(browser, tmp_path_factory):
+    """Issue 38: the login page embedded every endpoint's description, and heartbeat, startup-events and cancel
+    answered without a login. Now only the login page (its assets, the login itself) is open."""
+    started = app_server(tmp_path_factory, MEMTUNE_AUTH="me:long-secret-pw")
+    server = next(started)
+    try:
+        status, _, page = request(server, "/")
+        assert status == 200 and "window.gradio_api_info = null;" in page and "named_endpoints" not in page
+        assert "auth_required" in page  # the login page's config: no components, no endpoints
+        json_post = {"content-type": "application/json"}
+        closed = [("gradio_api/heartbeat/abcdefgh12", "GET", None, {}),
+                  ("gradio_api/startup-events", "GET", None, {}),
+                  ("gradio_api/info", "GET", None, {}), ("config", "GET", None, {}),
+                  ("gradio_api/queue/data?session_hash=abcdefgh12", "GET", None, {}),
+                  ("gradio_api/cancel", "POST", b'{"session_hash": "a", "fn_index": 0, "event_id": "b"}', json_post),
+                  ("gradio_api/queue/join", "POST", b'{"data": [], "fn_index": 0, "session_hash": "a"}', json_post),
+                  ("gradio_api/run/poll", "POST", b'{"data": [{}, "en", {}, 8, ""]}', json_post),
+                  ("gradio_api/upload", "POST", b"", {}), ("gradio_api/openapi.json", "GET", None, {})]
+        for path, method, body, headers in closed:
+            assert request(server, path, method, body, headers)[0] == 401, path
+        status, headers, _ = request(server, "login", "POST", b"username=me&password=long-secret-pw",
+                                     {"content-type": "application/x-www-form-urlencoded"})
+        assert status == 200
+        cookie = "; ".join(c.split(";")[0] for c in headers.get_all("set-cookie") if c.startswith("access-token"))
+        assert cookie
+        for path in ("config", "gradio_api/info", "gradio_api/startup-events"):
+            assert request(server, path, headers={"cookie": cookie})[0] == 200, path
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        pg = context.new_page()  # the login page still works without the API description
+        pg.goto(server["url"])
+        pg.fill("input[type=text]", "me")
+        pg.fill("input[type=password]", "long-secret-pw")
+        pg.keyboard.press("Enter")
+        pg.wait_for_selector("#start-btn", timeout=60_000)
+        context.close()
+    finally:
+        next(started, None)
