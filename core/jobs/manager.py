@@ -124,9 +124,10 @@ class Job:
             self.gpu_peak_gib = max(self.gpu_peak_gib, used_gib)
 
     def wait(self, timeout: float | None = None) -> bool:
-        if self._thread is not None:  # not the thread's end: it goes on to start the next job in the queue
+        """Until the job has ended (a queued one: started, then ended); whether it has."""
+        if self.finished is None and not self.from_disk:  # not the follower's end: it goes on to start the next job
             self._ended.wait(timeout)
-        return not self.running
+        return not self.active
 
 
 class JobManager:
@@ -196,6 +197,7 @@ class JobManager:
             job.emit(make_event("error", error_type="other", message=message))
             job.emit(make_event("done", status="failed", run_dir=job.folder, summary={}, message=message))
             job.finished = time.time()
+            job._ended.set()
             self._running.remove(job)
             return
         job._thread = threading.Thread(target=self._follow, args=(job, tail), name=f"memtune-job-{job.id}",
@@ -236,6 +238,7 @@ class JobManager:
                 job.emit(make_event("done", status="stopped", run_dir=None, summary={},
                                     message="Left the queue before it started."))
                 job.waiting, job.finished = False, time.time()
+                job._ended.set()
                 return job
         return self._stop_job(job) if job is not None else None
 
@@ -259,6 +262,7 @@ class JobManager:
             running = [j for j in self._running if j._child is not None and j._child.proc.poll() is None]
         for job in waiting:
             job.waiting, job.finished = False, time.time()
+            job._ended.set()
         for job in running:
             if not job.stop_event.is_set():
                 self._stop_job(job)
