@@ -132,6 +132,11 @@ def tidy_runs() -> None:
 
         for line in tidy(TrainConfig().output_dir):  # a run written to recently (e.g. a CLI run) is left alone
             print(f"memtune: {line}", file=sys.stderr)
+        from core.runs.public import is_public, limits, prune_visitors
+
+        if is_public():  # visitors' runs and uploads past the Space owner's retention (MEMTUNE_SPACE_KEEP_HOURS)
+            for path in prune_visitors(limits().keep_hours, lambda run: False):  # no job runs yet
+                print(f"memtune: removed {path} (kept {limits().keep_hours:g} h)", file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - tidying is a courtesy; never stop the app for it
         print(f"memtune: could not tidy the runs folder ({exc})", file=sys.stderr)
 

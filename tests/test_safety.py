@@ -710,6 +710,47 @@ def test_public_uploads_work_and_each_visitor_sees_only_their_own(public, tmp_pa
     assert pub.upload_root().name == "visitor-unknown"
 
 
+def test_public_limits_and_retention_of_visitors_runs_and_uploads(public, run, tmp_path, monkeypatch):
+    """The Space owner's limits come from the environment (a typo keeps the default); a visitor's runs and uploads
+    untouched for MEMTUNE_SPACE_KEEP_HOURS are deleted, never a running run, a fresh one, or anything not memtune's."""
+    import os
+
+    from core.config.settings import cache_root
+    from core.runs import public as pub
+
+    monkeypatch.setenv("MEMTUNE_SPACE_JOBS", "2")  # the others unset: their defaults
+    monkeypatch.setenv("MEMTUNE_SPACE_MINUTES", "many")  # unreadable: the default, never "no limit"
+    monkeypatch.setenv("MEMTUNE_SPACE_STEPS", "50")
+    assert pub.limits() == pub.SpaceLimits(jobs=2, minutes=30.0, steps=50, disk_gib=2.0, keep_hours=48.0)
+    monkeypatch.setattr(pub, "_visitor_source", lambda: "retentionVisitor1xxxxx")  # this test's own visitor
+    problems = pub.public_problems(demo_config(output_dir=str(pub.public_root()), max_steps=51))
+    assert [p.field for p in problems] == ["max_steps"] and "at most 50 steps" in problems[0].message
+    assert pub.disk_used() == 0
+    monkeypatch.setattr(pub, "_visitor_source", lambda: None)  # retention runs outside any request
+
+    old, running, fresh = (copy_run(run, public / f"visitor-{who}" / "r") for who in ("old", "busy", "new"))
+    stray = public / "visitor-old" / "not-memtune"
+    stray.mkdir()
+    uploads = cache_root() / "uploads" / "visitor-old"
+    uploads.mkdir(parents=True, exist_ok=True)
+    (uploads / "mine.jsonl").write_text("{}\n")
+    import time
+
+    now = time.time()  # other tests' uploads in the shared home are minutes old: kept
+    for path in (old, running, stray, uploads):
+        for dirpath, _, files in os.walk(path):
+            for name in files + [""]:
+                os.utime(os.path.join(dirpath, name), (now - 49 * 3600, now - 49 * 3600))
+    for dirpath, _, files in os.walk(fresh):
+        for name in files + [""]:
+            os.utime(os.path.join(dirpath, name), (now - 3600, now - 3600))
+    done = pub.prune_visitors(48, lambda p: p == running, now=now)
+    assert sorted(done) == sorted([str(old), str(uploads / "mine.jsonl")])
+    assert not old.exists() and running.is_dir() and fresh.is_dir() and stray.is_dir()
+    assert not uploads.exists()  # emptied, so removed
+    assert pub.prune_visitors(0, lambda p: False, now=now) == []  # 0: kept for ever
+
+
 def test_only_public_mode_listens_on_all_interfaces_without_a_password(monkeypatch):
     import app
 

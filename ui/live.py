@@ -114,13 +114,14 @@ def owner() -> str | None:
 def start_run(cfg, manager=None) -> Job:
     """Start `cfg` for whoever asks: public mode, in the queue, within the Space owner's limits (JobBusy beyond);
     otherwise at once, or JobBusy while a run goes on."""
-    from core.runs.public import disk_used, is_public, limits
+    from core.runs.public import disk_used, is_public, limits, prune_visitors
 
     manager = manager or MANAGER
     who = owner()
     if not (is_public() and who):
         return manager.start(cfg)
     lim = limits()
+    prune_visitors(lim.keep_hours, manager.is_running)  # every visitor's runs past the owner's retention
     used = disk_used()
     if lim.disk_gib and used > lim.disk_gib * 2**30:
         raise JobBusy("over the disk limit", "disk", lim.disk_gib)

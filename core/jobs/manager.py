@@ -4,7 +4,9 @@ The GPU is one, so the manager runs at most `slots` jobs (one) behind a lock: a 
 raises `JobBusy`, or, with `queue=True` (public mode: strangers share the GPU), waits in the manager's queue and
 starts when a slot is free, first come first served. A job records its `owner` (public mode: the visitor the
 server issued an id to, core.runs.public.visitor), and `current(owner)` / `stop(owner)` act on that owner's own
-job only; `owner=None` is the app's own user (or the Space owner), who sees and stops the running one. A job is the same command a user runs, `python -m core.train --config RUN/config.yaml`, started
+job only; `owner=None` is the app's own user (or the Space owner), who sees and stops the running one.
+
+A job is the same command a user runs, `python -m core.train --config RUN/config.yaml`, started
 as a child process in its own session (process group): the manager chooses the run folder, writes config.yaml
 there, and sends the child's stdout/stderr to RUN/train.log (a file, never an unread pipe). A thread per job follows
 RUN/events.jsonl incrementally (by byte offset) into the job's in-memory event list, which every tab polls, so

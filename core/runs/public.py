@@ -241,3 +241,49 @@ def check_folder(path: str | Path | None, what: str) -> Path | None:
 def without_remote_code(cfg: "TrainConfig") -> tuple["TrainConfig", bool]:
     """A loaded config never turns trust_remote_code on by itself: (cfg with it off, whether it had asked for it)."""
     return (cfg.replace(trust_remote_code=False), True) if cfg.trust_remote_code else (cfg, False)
+
+
+def _newest(path: Path) -> float:
+    """The latest change anywhere under `path` (a visitor's run or upload was last used then)."""
+    newest = path.lstat().st_mtime
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                newest = max(newest, os.lstat(os.path.join(dirpath, name)).st_mtime)
+    return newest
+
+
+def prune_visitors(keep_hours: float, is_running: Callable[[Path], bool], now: float | None = None) -> list[str]:
+    """Public mode's retention: each visitor's runs and uploads untouched for `keep_hours` are deleted (runs through
+    core.runs.history.delete_run: memtune's own, never a running one; uploads only as files in the visitor's upload
+    folder). Called outside any request (the whole folders). Returns what was deleted, for the log."""
+    import time
+
+    from core.config.settings import cache_root
+    from core.files import target
+    from core.runs.history import HistoryError, delete_run
+
+    if not keep_hours:
+        return []
+    cutoff = (now if now is not None else time.time()) - keep_hours * 3600
+    done: list[str] = []
+    runs, uploads = shared_public_root(), real(cache_root() / "uploads")
+    for base in (runs, uploads):
+        for folder in sorted(base.glob("visitor-*")) if base.is_dir() else []:
+            if folder.is_symlink() or not folder.is_dir():
+                continue
+            for item in sorted(folder.iterdir()):
+                try:
+                    if _newest(item) >= cutoff:
+                        continue
+                    if base == runs:
+                        done.append(str(delete_run(item, folder, is_running=is_running)))
+                    elif (item.is_file() and not item.is_symlink()
+                          and target(item, "delete", folder=False).parent == folder):
+                        item.unlink()
+                        done.append(str(item))
+                except (HistoryError, OSError):
+                    continue  # not a memtune run, running, or gone meanwhile: left alone
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty
+    return done
