@@ -70,5 +70,9 @@ def verified(value: str | None) -> str | None:
 
 
 def set_cookie_header(value: str, secure: bool) -> str:
-    """The Set-Cookie header that gives the browser its id (Secure where the page came over https)."""
+    """The Set-Cookie header that gives the browser its id (Secure where the page came over https).
+
+    SameSite=Lax, never None: Gradio's CORS answer lets any site's page call a server that is not on localhost, so a
+    cookie sent cross-site would let another site act as the visitor. The price: inside another site's frame (a Space
+    shown on huggingface.co rather than at its own *.hf.space address) the browser keeps no Lax cookie."""
     return (f"{COOKIE}={value}; Path=/; Max-Age={KEEP_S}; HttpOnly; SameSite=Lax" + ("; Secure" if secure else ""))
