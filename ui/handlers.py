@@ -39,6 +39,13 @@ def config_dir() -> Path:
     return base / who if who else base
 
 
+def config_dir_shown() -> Path:
+    """The folder the page names for saved settings: public mode, just `configs` (the server's path is not shown)."""
+    from core.runs.public import is_public
+
+    return Path("configs") if is_public() else config_dir()
+
+
 def config_shown(path: Path) -> Path:
     """A saved file as the page names it: public mode, its name alone (the folder is the server's)."""
     from core.runs.public import visitor
