@@ -207,6 +207,12 @@ def test_two_visitors_and_a_forger_each_see_only_their_own_and_share_the_gpu_thr
     assert state(b) == ("completed", 3), b.locator("#run-result").inner_text()
     a.wait_for_selector("#adapter-download", state="visible", timeout=60_000)
     assert state(a)[0] == "stopped"  # B's run never shows on A's page
+    a.reload()  # A's saved settings are still A's after a reload (listed when their tab opens)
+    a.wait_for_selector("#start-btn")
+    a.get_by_role("tab", name="4 · Settings & code").click()
+    a.click("#config-list input")
+    a.get_by_role("option", name="a-settings").wait_for(timeout=30_000)
+    a.keyboard.press("Escape")
     assert not a.errors and not b.errors, (a.errors, b.errors)
     first.close()
     second.close()

@@ -297,6 +297,10 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
             tabs = build_tabs(lang0, tr, main_tabs, lang, FIELDS["output_dir"], form)
         wire_form(form, lang, budget, demo_btn, chapter_btn, refresh_btn, preview_btn, upload, save_btn, cfg_name,
                   load_btn, fit_btn)
+        # The saved settings, listed again each time their tab opens: the page was built once, for everybody (public
+        # mode: no one's), and the list is the visitor's own (ui/handlers.config_dir).
+        tab_code.select(lambda: gr.update(choices=handlers.saved_configs()), inputs=None, outputs=[cfg_list],
+                        show_progress="hidden")
 
         def on_page_load(request: gr.Request, *values):
             # The page was built once, at start-up; what the process knows now (a preview's row lengths) may differ.
