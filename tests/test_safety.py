@@ -751,6 +751,46 @@ def test_public_limits_and_retention_of_visitors_runs_and_uploads(public, run, t
     assert pub.prune_visitors(0, lambda p: False, now=now) == []  # 0: kept for ever
 
 
+def test_a_visitor_is_the_id_the_server_signed_and_a_session_hash_stays_with_its_first_visitor():
+    """Issue 38: the visitor was whoever sent a session hash. Now: an id in a cookie this server signed (a forged,
+    edited or foreign cookie is a new visitor), set HttpOnly and SameSite=Lax; a session hash another visitor used
+    first is refused (403), in a JSON body, the query or the path."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from core.runs import identity
+    from ui.visitors import VisitorCookie, request_visitor
+
+    visitor_id, value = identity.issue()
+    assert identity.verified(value) == visitor_id and len(visitor_id) == 22
+    forged = [f"{visitor_id}.{'0' * 64}", value[:-1] + ("0" if value[-1] != "0" else "1"), visitor_id, "",
+              f"{'A' * 22}.{value.split('.')[1]}", f"../../etc.{value.split('.')[1]}"]
+    assert [identity.verified(v) for v in forged] == [None] * len(forged)
+
+    def who(request):
+        return PlainTextResponse(identity.verified(request.cookies.get(identity.COOKIE)) or "nobody")
+
+    app = VisitorCookie(Starlette(routes=[Route("/who", who, methods=["GET", "POST"]),
+                                          Route("/gradio_api/heartbeat/{h}", who)]))
+    a, b = TestClient(app), TestClient(app)
+    first = a.get("/who")
+    header = first.headers["set-cookie"]
+    assert "HttpOnly" in header and "SameSite=Lax" in header and "Path=/" in header
+    a_id = first.text
+    assert a.get("/who").text == a_id and "set-cookie" not in a.get("/who").headers  # kept, not issued again
+    assert b.get("/who").text not in (a_id, "nobody")  # another browser, another visitor
+    b.cookies.set(identity.COOKIE, f"{a_id}.{'0' * 64}")  # A's id with a made-up signature: a new visitor
+    assert b.get("/who").text != a_id
+    assert a.post("/who", json={"session_hash": "page-of-a-1"}).status_code == 200
+    for request in (lambda c: c.post("/who", json={"session_hash": "page-of-a-1"}),
+                    lambda c: c.get("/who?session_hash=page-of-a-1"),
+                    lambda c: c.get("/gradio_api/heartbeat/page-of-a-1")):
+        assert request(b).status_code == 403 and request(a).status_code == 200
+    assert request_visitor(None) is None
+
+
 def test_only_public_mode_listens_on_all_interfaces_without_a_password(monkeypatch):
     import app
 
