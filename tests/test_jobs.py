@@ -240,3 +240,42 @@ def test_a_queued_jobs_wait_is_predicted_from_the_jobs_before_it_or_said_unknown
     assert predicted_wait([by_epochs], 2.0) is None  # its steps are not known before it plans its rows
     capped = Job(id=4, config=demo_config(max_steps=10_000), waiting=True, max_s=60.0)
     assert predicted_wait([capped], 1.0) == pytest.approx(60.0)  # the time limit stops it first
+
+
+def test_twenty_concurrent_starts_of_one_visitor_make_one_job_and_of_twenty_visitors_one_running(tmp_path):
+    """Public mode: one visitor's 20 simultaneous Starts give one job (their limit is 1); 20 visitors' give one
+    running job and 19 queued, in one order, with no folder or process for the queued ones."""
+    mgr = JobManager()
+    results, barrier = [], threading.Barrier(20)
+
+    def start(owner: str) -> None:
+        barrier.wait()
+        try:
+            results.append(mgr.start(demo_config(max_steps=100000, output_dir=str(tmp_path / "one")), owner=owner,
+                                     queue=True, per_owner=1))
+        except JobBusy as exc:
+            results.append(exc)
+
+    for owners in (["visitor-same"] * 20, [f"visitor-{i}" for i in range(20)]):
+        results.clear()
+        threads = [threading.Thread(target=start, args=(o,)) for o in owners]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        jobs = [r for r in results if isinstance(r, Job)]
+        if len(set(owners)) == 1:
+            assert len(jobs) == 1 and all(r.reason == "yours" for r in results if isinstance(r, JobBusy))
+            mgr.stop("visitor-same")
+            mgr.stop("visitor-same")
+            assert jobs[0].wait(120)
+        else:
+            running, waiting = mgr.queue()
+            assert len(jobs) == 20 and len(running) == 1 and len(waiting) == 19
+            assert [mgr.position(j)[0] for j in waiting] == list(range(1, 20))
+            for j in waiting:
+                mgr.stop(j.owner)  # out of the queue before it starts
+            mgr.stop(running[0].owner)
+            mgr.stop(running[0].owner)
+            assert running[0].wait(120) and not mgr.busy()
+    assert len(list((tmp_path / "one").iterdir())) == 2  # one folder per job that ran, none for the queued ones
