@@ -132,6 +132,11 @@ def tidy_runs() -> None:
 
         for line in tidy(TrainConfig().output_dir):  # a run written to recently (e.g. a CLI run) is left alone
             print(f"memtune: {line}", file=sys.stderr)
+        from core.runs.public import is_public, limits, prune_visitors
+
+        if is_public():  # visitors' runs and uploads past the Space owner's retention (MEMTUNE_SPACE_KEEP_HOURS)
+            for path in prune_visitors(limits().keep_hours, lambda run: False):  # no job runs yet
+                print(f"memtune: removed {path} (kept {limits().keep_hours:g} h)", file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - tidying is a courtesy; never stop the app for it
         print(f"memtune: could not tidy the runs folder ({exc})", file=sys.stderr)
 
@@ -212,6 +217,15 @@ def launch(args):
     end_training_on_exit()
     warm_demo_model()
     demo = build_ui()
+    middleware = [Middleware(EarlyScript)]  # Gradio's frontend fixed before it loads (ui/early.py)
+    if args.public:
+        from ui.visitors import VisitorCookie
+
+        middleware.append(Middleware(VisitorCookie))  # each visitor an id the server issued, in a signed cookie
+    if auth:
+        from ui.login import LoginRequired
+
+        middleware.insert(0, Middleware(LoginRequired))  # outermost: no login, no route (Gradio leaves a few open)
     demo.queue(default_concurrency_limit=1)
     # Gradio's queue looks for work every 1 ms while it has none (every 50 ms on Windows) and for progress every
     # 10 ms: ~1,600 wake-ups a second, 8% of a core for a page nobody uses. Every 20 ms instead: an event waits at
@@ -236,7 +250,8 @@ def launch(args):
         mcp_server=False,
         quiet=True,  # Gradio's own hint says "set share=True in launch()": memtune's line below says how here
         prevent_thread_lock=True,
-        app_kwargs={"middleware": [Middleware(EarlyScript)]},  # Gradio's frontend fixed before it loads (ui/early.py)
+        app_kwargs={"middleware": middleware},
+
     )
     return demo
 

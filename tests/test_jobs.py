@@ -197,3 +197,85 @@ def test_the_supervisor_ends_a_child_that_does_not_answer_stop_and_records_why(t
     assert unwritable.follow(poll_s=0.05) == -signal.SIGTERM and unwritable.kill_reason == "unwritable"
     crashed = Child.spawn([sys.executable, "-c", "raise SystemExit(3)"], run / "STOP", ack_s=600.0, finish_s=600.0)
     assert crashed.follow(poll_s=0.05) == 3 and crashed.death_message("died ({how})") == "died (exit code 3)"
+
+
+def test_public_queue_each_owner_sees_and_stops_only_their_own_and_the_next_starts_when_a_slot_frees(tmp_path):
+    """Issue 38 (public mode): A's job runs; B's waits in the queue (place 1, behind A's), C's behind it; B's Stop
+    leaves the queue and never touches A's; an owner at their limit is refused; A's end starts C's. Real children."""
+    mgr = JobManager()
+    a = mgr.start(demo_config(max_steps=100000, output_dir=str(tmp_path / "a")), owner="visitor-a", queue=True,
+                  per_owner=1)
+    b = mgr.start(demo_config(max_steps=3, output_dir=str(tmp_path / "b")), owner="visitor-b", queue=True, per_owner=1)
+    c = mgr.start(demo_config(max_steps=3, output_dir=str(tmp_path / "c")), owner="visitor-c", queue=True, per_owner=1)
+    assert a.running and b.waiting and c.waiting and not (tmp_path / "b").exists()  # no folder, no process yet
+    assert mgr.position(a) is None and mgr.position(b) == (1, [a]) and mgr.position(c) == (2, [a, b])
+    with pytest.raises(JobBusy) as refused:
+        mgr.start(demo_config(output_dir=str(tmp_path / "b")), owner="visitor-b", queue=True, per_owner=1)
+    assert refused.value.reason == "yours" and refused.value.limit == 1
+    assert mgr.current("visitor-b") is b and mgr.current("visitor-a") is a and mgr.current("visitor-z") is None
+    assert mgr.current() is a  # the app's own user (the Space owner): the running job
+    assert mgr.stop("visitor-z") is None and a.running and not a.stop_event.is_set()  # nothing of theirs
+    assert mgr.stop("visitor-b") is b and not b.active and job_view(b).state == "stopped"  # left the queue
+    assert a.running and not a.stop_event.is_set() and mgr.position(c) == (1, [a])
+    assert mgr.queue() == ([a], [c])
+    assert mgr.stop("visitor-a") is a
+    assert a.wait(180)
+    assert c.wait(300) and job_view(c).state == "completed", job_view(c).message  # started when A's slot freed
+    assert c.started >= a.finished and mgr.seconds_per_step  # measured on the runs: the queue's predictions
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_queued_jobs_wait_is_predicted_from_the_jobs_before_it_or_said_unknown():
+    from core.jobs.view import predicted_wait
+
+    running = Job(id=1, config=demo_config(max_steps=100))
+    running.emit({**make_event("phase", phase="loading"), "time": 1000.0})
+    running.emit({**make_event("step", step=20, total_steps=100, elapsed_s=9.0, eta_s=40.0), "time": 1010.0})
+    queued = Job(id=2, config=demo_config(max_steps=50), waiting=True)
+    # its ETA, then the queued job's steps at the speed measured now (10 s from its start for 20 steps)
+    assert predicted_wait([running, queued], None) == pytest.approx(40.0 + 50 * 0.5)
+    assert predicted_wait([queued], 2.0) == pytest.approx(50 * 2.0)  # nothing running: the last run's speed
+    assert predicted_wait([queued], None) is None  # no speed measured yet: unknown, not a guess
+    by_epochs = Job(id=3, config=demo_config(max_steps=-1), waiting=True)
+    assert predicted_wait([by_epochs], 2.0) is None  # its steps are not known before it plans its rows
+    capped = Job(id=4, config=demo_config(max_steps=10_000), waiting=True, max_s=60.0)
+    assert predicted_wait([capped], 1.0) == pytest.approx(60.0)  # the time limit stops it first
+
+
+def test_twenty_concurrent_starts_of_one_visitor_make_one_job_and_of_twenty_visitors_one_running(tmp_path):
+    """Public mode: one visitor's 20 simultaneous Starts give one job (their limit is 1); 20 visitors' give one
+    running job and 19 queued, in one order, with no folder or process for the queued ones."""
+    mgr = JobManager()
+    results, barrier = [], threading.Barrier(20)
+
+    def start(owner: str) -> None:
+        barrier.wait()
+        try:
+            results.append(mgr.start(demo_config(max_steps=100000, output_dir=str(tmp_path / "one")), owner=owner,
+                                     queue=True, per_owner=1))
+        except JobBusy as exc:
+            results.append(exc)
+
+    for owners in (["visitor-same"] * 20, [f"visitor-{i}" for i in range(20)]):
+        results.clear()
+        threads = [threading.Thread(target=start, args=(o,)) for o in owners]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        jobs = [r for r in results if isinstance(r, Job)]
+        if len(set(owners)) == 1:
+            assert len(jobs) == 1 and all(r.reason == "yours" for r in results if isinstance(r, JobBusy))
+            mgr.stop("visitor-same")
+            mgr.stop("visitor-same")
+            assert jobs[0].wait(120)
+        else:
+            running, waiting = mgr.queue()
+            assert len(jobs) == 20 and len(running) == 1 and len(waiting) == 19
+            assert [mgr.position(j)[0] for j in waiting] == list(range(1, 20))
+            for j in waiting:
+                mgr.stop(j.owner)  # out of the queue before it starts
+            mgr.stop(running[0].owner)
+            mgr.stop(running[0].owner)
+            assert running[0].wait(120) and not mgr.busy()
+    assert len(list((tmp_path / "one").iterdir())) == 2  # one folder per job that ran, none for the queued ones

@@ -678,7 +678,7 @@ def test_public_uploads_work_and_each_visitor_sees_only_their_own(public, tmp_pa
 
     monkeypatch.delenv("MEMTUNE_PUBLIC")
     monkeypatch.setenv("SPACE_ID", "someone/memtune")
-    who = {"now": "sessionAAA1"}
+    who = {"now": "visitorAAAA1xxxxxxxxxx"}
     monkeypatch.setattr(pub, "_visitor_source", lambda: who["now"])
     form = build_ui(demo_config()).memtune_form
     values = [getattr(demo_config(output_dir=str(public)), n) for n in FIELD_NAMES]  # the app's runs folder
@@ -686,23 +686,109 @@ def test_public_uploads_work_and_each_visitor_sees_only_their_own(public, tmp_pa
     data.parent.mkdir()
     data.write_text("".join(json.dumps({"instruction": f"Say {w}", "response": w}) + "\n" for w in "abc"))
     res = on_upload(form, "en", str(data), *values)
-    mine = Path(res[form.fields["dataset"]]["value"] if isinstance(res[form.fields["dataset"]], dict)
-                else res[form.fields["dataset"]])
-    assert mine.parent == pub.upload_root() and mine.parent.name == "visitor-sessionAAA1" and mine.is_file()
+    box = res[form.fields["dataset"]]["value"] if isinstance(res[form.fields["dataset"]], dict) \
+        else res[form.fields["dataset"]]
+    assert box == "uploads/pairs.jsonl"  # the page names it in the visitor's space, never the server's path
+    mine = Path(pub.from_shown(box))
+    assert mine.parent == pub.upload_root() and mine.parent.name == "visitor-visitorAAAA1xxxxxxxxxx" and mine.is_file()
     assert "3 of 3 rows train" in res[form.preview] and "path on the server" not in res[form.preview]
     assert not list(mine.parent.glob(".incoming-*"))
     cfg, problems = read_config(values)
-    assert problems == [] and Path(cfg.output_dir) == public / "visitor-sessionAAA1"  # the run goes there
-    assert runs_folder("runs") == str(public / "visitor-sessionAAA1")
+    assert problems == [] and Path(cfg.output_dir) == public / "visitor-visitorAAAA1xxxxxxxxxx"  # the run goes there
+    cfg, _ = read_config([box if n == "dataset" else v for n, v in zip(FIELD_NAMES, values)])
+    assert cfg.dataset == str(mine)  # `uploads/pairs.jsonl` is the visitor's own file
+    assert runs_folder("runs") == str(public / "visitor-visitorAAAA1xxxxxxxxxx")
 
-    who["now"] = "sessionBBB2"  # another visitor types A's path, the shared folder, or A's folder
-    for typed in (mine, mine.parent, mine.parent.parent, mine.parent / ".." / "visitor-sessionAAA1" / mine.name):
+    who["now"] = "visitorBBBB2yyyyyyyyyy"  # another visitor types A's path, the shared folder, or A's folder
+    for typed in (mine, mine.parent, mine.parent.parent, mine.parent / ".." / mine.parent.name / mine.name,
+                  "uploads/../visitor-visitorAAAA1xxxxxxxxxx/pairs.jsonl"):
         values_b = [str(typed) if n == "dataset" else getattr(demo_config(), n) for n in FIELD_NAMES]
         html = on_preview("en", *values_b)
         assert "path on the server" in html and "Say a" not in html, typed
-    assert runs_folder("runs") == str(public / "visitor-sessionBBB2")
-    who["now"] = "../../etc"  # a forged session id names no one's folder
+    assert runs_folder("runs") == str(public / "visitor-visitorBBBB2yyyyyyyyyy")
+    who["now"] = "../../etc"  # an id the server never issued names no one's folder
     assert pub.upload_root().name == "visitor-unknown"
+
+
+def test_public_limits_and_retention_of_visitors_runs_and_uploads(public, run, tmp_path, monkeypatch):
+    """The Space owner's limits come from the environment (a typo keeps the default); a visitor's runs and uploads
+    untouched for MEMTUNE_SPACE_KEEP_HOURS are deleted, never a running run, a fresh one, or anything not memtune's."""
+    import os
+
+    from core.config.settings import cache_root
+    from core.runs import public as pub
+
+    monkeypatch.setenv("MEMTUNE_SPACE_JOBS", "2")  # the others unset: their defaults
+    monkeypatch.setenv("MEMTUNE_SPACE_MINUTES", "many")  # unreadable: the default, never "no limit"
+    monkeypatch.setenv("MEMTUNE_SPACE_STEPS", "50")
+    assert pub.limits() == pub.SpaceLimits(jobs=2, minutes=30.0, steps=50, disk_gib=2.0, keep_hours=48.0)
+    monkeypatch.setattr(pub, "_visitor_source", lambda: "retentionVisitor1xxxxx")  # this test's own visitor
+    problems = pub.public_problems(demo_config(output_dir=str(pub.public_root()), max_steps=51))
+    assert [p.field for p in problems] == ["max_steps"] and "at most 50 steps" in problems[0].message
+    assert pub.disk_used() == 0
+    monkeypatch.setattr(pub, "_visitor_source", lambda: None)  # retention runs outside any request
+
+    old, running, fresh = (copy_run(run, public / f"visitor-{who}" / "r") for who in ("old", "busy", "new"))
+    stray = public / "visitor-old" / "not-memtune"
+    stray.mkdir()
+    uploads = cache_root() / "uploads" / "visitor-old"
+    uploads.mkdir(parents=True, exist_ok=True)
+    (uploads / "mine.jsonl").write_text("{}\n")
+    import time
+
+    now = time.time()  # other tests' uploads in the shared home are minutes old: kept
+    for path in (old, running, stray, uploads):
+        for dirpath, _, files in os.walk(path):
+            for name in files + [""]:
+                os.utime(os.path.join(dirpath, name), (now - 49 * 3600, now - 49 * 3600))
+    for dirpath, _, files in os.walk(fresh):
+        for name in files + [""]:
+            os.utime(os.path.join(dirpath, name), (now - 3600, now - 3600))
+    done = pub.prune_visitors(48, lambda p: p == running, now=now)
+    assert sorted(done) == sorted([str(old), str(uploads / "mine.jsonl")])
+    assert not old.exists() and running.is_dir() and fresh.is_dir() and stray.is_dir()
+    assert not uploads.exists()  # emptied, so removed
+    assert pub.prune_visitors(0, lambda p: False, now=now) == []  # 0: kept for ever
+
+
+def test_a_visitor_is_the_id_the_server_signed_and_a_session_hash_stays_with_its_first_visitor():
+    """Issue 38: the visitor was whoever sent a session hash. Now: an id in a cookie this server signed (a forged,
+    edited or foreign cookie is a new visitor), set HttpOnly and SameSite=Lax; a session hash another visitor used
+    first is refused (403), in a JSON body, the query or the path."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from core.runs import identity
+    from ui.visitors import VisitorCookie, request_visitor
+
+    visitor_id, value = identity.issue()
+    assert identity.verified(value) == visitor_id and len(visitor_id) == 22
+    forged = [f"{visitor_id}.{'0' * 64}", value[:-1] + ("0" if value[-1] != "0" else "1"), visitor_id, "",
+              f"{'A' * 22}.{value.split('.')[1]}", f"../../etc.{value.split('.')[1]}"]
+    assert [identity.verified(v) for v in forged] == [None] * len(forged)
+
+    def who(request):
+        return PlainTextResponse(identity.verified(request.cookies.get(identity.COOKIE)) or "nobody")
+
+    app = VisitorCookie(Starlette(routes=[Route("/who", who, methods=["GET", "POST"]),
+                                          Route("/gradio_api/heartbeat/{h}", who)]))
+    a, b = TestClient(app), TestClient(app)
+    first = a.get("/who")
+    header = first.headers["set-cookie"]
+    assert "HttpOnly" in header and "SameSite=Lax" in header and "Path=/" in header
+    a_id = first.text
+    assert a.get("/who").text == a_id and "set-cookie" not in a.get("/who").headers  # kept, not issued again
+    assert b.get("/who").text not in (a_id, "nobody")  # another browser, another visitor
+    b.cookies.set(identity.COOKIE, f"{a_id}.{'0' * 64}")  # A's id with a made-up signature: a new visitor
+    assert b.get("/who").text != a_id
+    assert a.post("/who", json={"session_hash": "page-of-a-1"}).status_code == 200
+    for request in (lambda c: c.post("/who", json={"session_hash": "page-of-a-1"}),
+                    lambda c: c.get("/who?session_hash=page-of-a-1"),
+                    lambda c: c.get("/gradio_api/heartbeat/page-of-a-1")):
+        assert request(b).status_code == 403 and request(a).status_code == 200
+    assert request_visitor(None) is None
 
 
 def test_only_public_mode_listens_on_all_interfaces_without_a_password(monkeypatch):

@@ -16,22 +16,22 @@ import gradio as gr
 from core.config.settings import TrainConfig
 from core.files import target
 from core.i18n import DEFAULT_LANGUAGE, t
-from core.runs.public import set_visitor_source, upload_root
+from core.runs.public import set_visitor_source, shown, upload_root
 from ui import render
 from ui.fields import collect
 from ui.form import Form, Updates, apply_config, values_dict
 from ui.render_preview import error_box, preview_html
+from ui.visitors import request_visitor
 
 DATA_TYPES = [".jsonl", ".json", ".csv", ".parquet", ".txt"]
 
 
 def _session() -> str | None:
-    """The visitor of the page request being answered (Gradio's session hash; "" for a request without one), or
-    None outside a request. Gradio sets LocalContext.request around every event handler it runs."""
+    """The visitor of the page request being answered (the id in its signed cookie, ui/visitors.py; "" for a request
+    without one), or None outside a request. Gradio sets LocalContext.request around every event handler it runs."""
     from gradio.context import LocalContext
 
-    request = LocalContext.request.get(None)
-    return None if request is None else str(getattr(request, "session_hash", "") or "")
+    return request_visitor(LocalContext.request.get(None))
 
 
 set_visitor_source(_session)  # public mode: each visitor's uploads and runs in a folder of their own
@@ -102,7 +102,7 @@ def on_preview(lang: str, *values) -> str:
     cfg, problems = collect(values_dict(values))
     if cfg is None:
         return render.problems_html(problems, t("preview.cannot", lang), lang)
-    return preview(cfg, lang)
+    return shown(preview(cfg, lang))  # public mode: the engine's messages name the visitor's `uploads/x`
 
 
 def upload_name(file_path: str | Path) -> str:
@@ -158,8 +158,8 @@ def on_upload(form: Form, lang: str, file_path, *values) -> Updates:
         incoming.unlink(missing_ok=True)
         return rejected(str(exc))
     vals = values_dict(values)
-    vals.update(dataset=str(dest), dataset_split="train", dataset_format="auto")
+    vals.update(dataset=shown(str(dest)), dataset_split="train", dataset_format="auto")
     cfg, problems = collect(vals)
     if cfg is None:
         return {form.preview: render.problems_html(problems, t("preview.cannot", lang), lang)}
-    return {**apply_config(form, cfg, lang), form.preview: preview(cfg, lang)}
+    return {**apply_config(form, cfg, lang), form.preview: shown(preview(cfg, lang))}

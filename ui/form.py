@@ -136,7 +136,12 @@ def derived(form: Form, cfg: TrainConfig | None, problems: list[Problem], lang: 
 
 
 def field_updates(form: Form, cfg: TrainConfig) -> Updates:
-    return {form.fields[name]: value for name, value in to_values(cfg).items()}
+    from core.runs.public import shown  # public mode: `uploads/x`, `runs/...`, never the server's paths
+
+    return {form.fields[name]: shown(value) if name in SHOWN_PATHS else value for name, value in to_values(cfg).items()}
+
+
+SHOWN_PATHS = ("dataset", "output_dir", "resume_from")
 
 
 def apply_config(form: Form, cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE,

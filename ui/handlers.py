@@ -23,7 +23,7 @@ from ui import render
 from ui.derive import CUSTOM, budget_problem, hardware, row_tokens, run_gpus, toggled, valid_budget, world_size
 from ui.fields import collect, help_text, label, model_problem
 from ui.form import Form, Updates, apply_config, derived, read_config, values_dict
-from ui.live import RUN_NOTE, read_gpus
+from ui.live import RUN_NOTE, busy_message, owner, read_gpus, start_run
 from ui.tryexport import free_try_model
 
 FIT_FIELDS = levers.fit_fields()  # what core.estimate.predict.fit_to_gpu may change (the registry's)
@@ -31,10 +31,34 @@ MARGIN_PCT = round(FIT_MARGIN * 100)  # the share of the card Fit keeps spare: s
 
 
 def config_dir() -> Path:
-    return Path(os.environ.get("MEMTUNE_CONFIG_DIR", "configs"))
+    """Where settings are saved: public mode, the visitor's own folder in it (nobody lists, loads or replaces
+    another visitor's)."""
+    from core.runs.public import visitor
+
+    base = Path(os.environ.get("MEMTUNE_CONFIG_DIR", "configs"))
+    who = visitor()
+    return base / who if who else base
+
+
+def config_dir_shown() -> Path:
+    """The folder the page names for saved settings: public mode, just `configs` (the server's path is not shown)."""
+    from core.runs.public import is_public
+
+    return Path("configs") if is_public() else config_dir()
+
+
+def config_shown(path: Path) -> Path:
+    """A saved file as the page names it: public mode, its name alone (the folder is the server's)."""
+    from core.runs.public import visitor
+
+    return Path(path.name) if visitor() else path
 
 
 def saved_configs() -> list[str]:
+    from core.runs.public import is_public, visitor
+
+    if is_public() and not visitor():
+        return []  # the page as built at start-up, for every visitor: nobody's saved settings
     d = config_dir()
     return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
 
@@ -185,30 +209,38 @@ def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
 
 # --- start / stop ------------------------------------------------------------------------------------------------
 def on_start(form: Form, lang: str, *values) -> Updates:
-    """Validate (every problem at once), then start the run in the background, or say why not."""
+    """Validate (every problem at once), then start the run in the background (public mode: queue it), or say why
+    not."""
+    from core.runs.public import shown
+
     cfg, problems = read_config(values)
     if cfg is None or problems:
         gr.Warning(t("msg.not_started", lang, n=len(problems)))
         return {form.run_notice: render.problems_html(problems, t("msg.not_started_title", lang), lang)}
     free_try_model()
     try:
-        job = MANAGER.start(cfg)
-    except JobBusy:
-        running = MANAGER.current()
-        msg = t("msg.one_job", lang, model=running.config.model if running else "?")
+        job = start_run(cfg, MANAGER)  # public mode: into the queue, within the Space owner's limits
+    except JobBusy as exc:
+        msg = busy_message(exc, lang, MANAGER)
         gr.Warning(msg)
         return {form.run_notice: render.message_html(msg, "warn")}
-    return {form.run_notice: render.message_html(t("msg.started", lang, id=job.id, model=cfg.model,
-                                                   dataset=cfg.dataset), "ok", RUN_NOTE),
+    place = MANAGER.position(job) if job.waiting else None
+    said = (t("msg.queued", lang, id=job.id, position=place[0]) if place else
+            t("msg.started", lang, id=job.id, model=cfg.model, dataset=shown(cfg.dataset)))
+    return {form.run_notice: render.message_html(said, "ok", RUN_NOTE),
             form.start: gr.update(interactive=False), form.stop: gr.update(interactive=True)}
 
 
 def on_stop(lang: str = DEFAULT_LANGUAGE) -> str:
     """First Stop: end after the current step and save. Pressed again while stopping: end the process now."""
-    was_stopping = (job := MANAGER.current()) is not None and job.stopping
-    job = MANAGER.stop()
+    who = owner()  # public mode: only the visitor's own run; another visitor's is not theirs to stop
+    was_stopping = (job := MANAGER.current(who)) is not None and job.stopping
+    was_waiting = job is not None and job.waiting
+    job = MANAGER.stop(who)
     if job is None:
         return render.message_html(t("msg.no_run", lang), "info")
+    if was_waiting:
+        return render.message_html(t("msg.left_queue", lang), "info", RUN_NOTE)
     return render.message_html(t("msg.stop_now" if was_stopping else "msg.stopping", lang), "warn", RUN_NOTE)
 
 
@@ -229,11 +261,12 @@ def on_save_config(form: Form, lang: str, name: str, *values) -> Updates:
     path = config_dir() / f"{name}.yaml"
     existed = path.exists()
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         cfg.save(path)
     except OSError as exc:
-        return notice(render.message_html(f"{path}: {exc}", "error"))
-    msg = t("config.replaced" if existed else "config.saved", lang, path=path,
-            command=f"python -m core.train --config {path}")
+        return notice(render.message_html(f"{config_shown(path)}: {type(exc).__name__}", "error"))
+    msg = t("config.replaced" if existed else "config.saved", lang, path=config_shown(path),
+            command=f"python -m core.train --config {config_shown(path)}")
     return {**notice(render.message_html(msg, "ok")), form.config_list: gr.update(choices=saved_configs(), value=name)}
 
 
@@ -246,19 +279,20 @@ def on_load_config(form: Form, lang: str, name: str) -> Updates:
     if not name or not SAFE_NAME.match(name):
         return notice(render.message_html(t("config.pick", lang), "warn"))
     path = config_dir() / f"{name}.yaml"
+    where = config_shown(path)
     try:
         cfg = TrainConfig.load(path)
     except OSError as exc:
-        return notice(render.message_html(f"{path}: {exc}", "error"))
+        return notice(render.message_html(f"{where}: {type(exc).__name__}", "error"))
     except ConfigError as exc:
-        return notice(render.problems_html(exc.problems, t("config.not_loaded", lang, path=path), lang))
+        return notice(render.problems_html(exc.problems, t("config.not_loaded", lang, path=where), lang))
     problems = field_problems(cfg)
     if problems:
-        return notice(render.problems_html(problems, t("config.out_of_range", lang, path=path), lang))
+        return notice(render.problems_html(problems, t("config.out_of_range", lang, path=where), lang))
     from core.runs.public import without_remote_code
 
     cfg, asked = without_remote_code(cfg)  # h2: a file never turns trust_remote_code on by itself
     if asked:
-        msg = f'{t("config.loaded", lang, path=path)} {t("config.trust_off", lang, model=cfg.model)}'
+        msg = f'{t("config.loaded", lang, path=where)} {t("config.trust_off", lang, model=cfg.model)}'
         return {**apply_config(form, cfg, lang), **notice(render.message_html(msg, "warn"))}
-    return {**apply_config(form, cfg, lang), **notice(render.message_html(t("config.loaded", lang, path=path), "ok"))}
+    return {**apply_config(form, cfg, lang), **notice(render.message_html(t("config.loaded", lang, path=where), "ok"))}

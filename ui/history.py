@@ -20,7 +20,7 @@ from core.jobs.manager import MANAGER, JobBusy
 from ui import render
 from ui.derive import predicted_peaks
 from ui.form import Form, Updates, apply_config
-from ui.live import loss_frame
+from ui.live import busy_message, loss_frame, start_run
 from ui.notices import note, public_refusal, runs_folder, warn
 from ui.tryexport import free_try_model
 from ui.validation import curves_frame, detail_extra
@@ -163,10 +163,9 @@ def on_history_resume(form: Form, h: HistoryTab, lang: str, run_dir: str | None)
     checkpoint = latest_checkpoint(Path(run_dir))
     free_try_model()
     try:
-        MANAGER.start(cfg)
-    except JobBusy:
-        running = MANAGER.current()
-        return {h.note: warn(t("msg.one_job", lang, model=running.config.model if running else "?"), "history-note")}
+        start_run(cfg, MANAGER)  # public mode: into the queue, as Start does
+    except JobBusy as exc:
+        return {h.note: warn(busy_message(exc, lang, MANAGER), "history-note")}
     msg = t("history.resuming", lang, name=Path(run_dir).name, checkpoint=checkpoint.name if checkpoint else "-")
     return to_train_tab(form, h, cfg, lang, msg, "ok")
 

@@ -87,10 +87,11 @@ def header_html(lang: str = DEFAULT_LANGUAGE) -> str:
         line = render.E(t("app.gpu_line", lang, gpus=where))
     else:
         line = render.E(t("app.no_gpu_line", lang))
-    from core.runs.public import is_public, public_root
+    from core.runs.public import RUNS, is_public
 
-    banner = (f'<p id="mt-public" class="mt-warn"><b>{render.E(t("public.banner", lang, root=public_root()))}</b></p>'
-              if is_public() else "")  # h2: public mode says so on every page
+    # h2: public mode says so on every page; the runs folder by the name visitors see, never the server's path
+    banner = (f'<p id="mt-public" class="mt-warn"><b>{render.E(t("public.banner", lang, root=RUNS))}</b></p>'
+              if is_public() else "")
     return (f'<div id="mt-header"><h1>memtune</h1><p>{render.E(t("app.tagline", lang))}</p>'
             f'<p id="mt-hw">{line}</p>{banner}</div>')
 
@@ -228,11 +229,12 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                             with gr.Tab(L("tab.code"), id="tab-code", elem_id="tab-code") as tab_code:
                                 tr.add(tab_code, label="tab.code")
                                 with gr.Row():
+                                    shown_dir = handlers.config_dir_shown()  # public mode: `configs`, no server path
                                     cfg_name = gr.Textbox(label=L("config.name"), placeholder=L("config.name_placeholder"),
                                                           max_lines=1, scale=2, elem_id="config-name",
-                                                          info=t("config.name_info", lang0, dir=handlers.config_dir()))
+                                                          info=t("config.name_info", lang0, dir=shown_dir))
                                     tr.add(cfg_name, label="config.name", placeholder="config.name_placeholder",
-                                           info=lambda lg: t("config.name_info", lg, dir=handlers.config_dir()))
+                                           info=lambda lg: t("config.name_info", lg, dir=handlers.config_dir_shown()))
                                     save_btn = tr.add(gr.Button(L("config.save"), scale=1, elem_id="save-config-btn"),
                                                       value="config.save")
                                 with gr.Row():
@@ -301,6 +303,10 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
             tabs = build_tabs(lang0, tr, main_tabs, lang, FIELDS["output_dir"], form)
         wire_form(form, lang, budget, demo_btn, chapter_btn, refresh_btn, preview_btn, upload, save_btn, cfg_name,
                   load_btn, fit_btn)
+        # The saved settings, listed again each time their tab opens: the page was built once, for everybody (public
+        # mode: no one's), and the list is the visitor's own (ui/handlers.config_dir).
+        tab_code.select(lambda: gr.update(choices=handlers.saved_configs()), inputs=None, outputs=[cfg_list],
+                        show_progress="hidden")
 
         def on_page_load(request: gr.Request, *values):
             # The page was built once, at start-up; what the process knows now (a preview's row lengths) may differ.

@@ -1,6 +1,10 @@
 """The run panel's live parts, polled every second by one gr.Timer per page: the GPUs' memory (the gauge) and the
 job manager's current job (progress, loss curve, log, result, download, Start/Stop). Nothing about the run lives in
-the page, so a reload reattaches; what is computed once per job is cached here, process-wide, by job id."""
+the page, so a reload reattaches; what is computed once per job is cached here, process-wide, by job id.
+
+Public mode: the job is the visitor's own (core.jobs.manager's owner: the id the server issued them), queued or
+running; another visitor's job is never read here, so it shows in no form. The Space owner (logged in) sees the
+running job and the whole queue."""
 
 from __future__ import annotations
 
@@ -12,8 +16,8 @@ import gradio as gr
 import pandas as pd
 
 from core.i18n import DEFAULT_LANGUAGE, t
-from core.jobs.manager import MANAGER, latest_run_dir
-from core.jobs.view import job_view
+from core.jobs.manager import MANAGER, Job, JobBusy, latest_run_dir
+from core.jobs.view import job_view, predicted_wait
 from ui import render
 from ui.derive import predicted_peaks, run_gpus, valid_budget
 
@@ -100,6 +104,42 @@ class LivePanel:
                 self.state] + ([self.notice] if self.notice is not None else [])
 
 
+def owner() -> str | None:
+    """Whose jobs this request sees and acts on: public mode, the visitor; None: the app's user or the Space owner."""
+    from core.runs.public import visitor
+
+    return visitor()
+
+
+def start_run(cfg, manager=None) -> Job:
+    """Start `cfg` for whoever asks: public mode, in the queue, within the Space owner's limits (JobBusy beyond);
+    otherwise at once, or JobBusy while a run goes on."""
+    from core.runs.public import disk_used, is_public, limits, prune_visitors
+
+    manager = manager or MANAGER
+    who = owner()
+    if not (is_public() and who):
+        return manager.start(cfg)
+    lim = limits()
+    prune_visitors(lim.keep_hours, manager.is_running)  # every visitor's runs past the owner's retention
+    used = disk_used()
+    if lim.disk_gib and used > lim.disk_gib * 2**30:
+        raise JobBusy("over the disk limit", "disk", lim.disk_gib)
+    return manager.start(cfg, owner=who, queue=True, per_owner=lim.jobs or None, max_s=lim.minutes * 60 or None)
+
+
+def busy_message(exc: JobBusy, lang: str, manager=None) -> str:
+    """Why a Start was refused, in the page's language (never naming another visitor's run)."""
+    from core.runs.public import disk_used
+
+    if exc.reason == "yours":
+        return t("msg.own_limit", lang, n=exc.limit)
+    if exc.reason == "disk":
+        return t("msg.disk_limit", lang, used=f"{disk_used() / 2**30:.2f}", limit=exc.limit)
+    running = (manager or MANAGER).current()
+    return t("msg.one_job", lang, model=running.config.model if running else "?")
+
+
 RUN_NOTE = "mt-run-note"  # the element id of Start / Stop's notice about a run (handlers.on_start, on_stop)
 
 
@@ -114,15 +154,19 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
     `shown_notice`: what the page's run notice shows now (an input of the poll, so the page's own copy decides).
     The gauge draws one bar per GPU and marks those the run (or the settings on screen) uses.
     """
+    from core.runs.public import is_public, shown
+    from ui.notices import runs_folder
+
     state = dict(state or {})
     sent = dict(state.get("sent") or {})
-    job = MANAGER.current()
-    if job is not None and not job.running and job.run_dir and not Path(job.run_dir).is_dir():
+    who = owner()
+    job = MANAGER.current(who)
+    if job is not None and not job.active and job.run_dir and not Path(job.run_dir).is_dir():
         job = None  # its folder was deleted (History): its adapter and zip are no longer offered
     if job is None and output_dir and not state.get("looked_for_old"):
         state["looked_for_old"] = True
-        last = latest_run_dir(output_dir)
-        job = MANAGER.load_run(last) if last else None
+        last = latest_run_dir(runs_folder(output_dir))  # public mode: the visitor's own folder
+        job = MANAGER.load_run(last, who) if last else None
     gpus, message = read_gpus()
     running = job is not None and job.running
     predicted = (pred or {}).get("gib")
@@ -142,13 +186,18 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
                            (job.id if job else None, len(v.losses), v.losses[-1] if v.losses else None,
                             len(v.eval_losses), lang))
     tail = v.log[-LOG_LINES:]
-    outputs[panel.progress] = (render.progress_html(v, lang), None)
+    place = MANAGER.position(job) if job is not None and job.waiting else None
+    progress = (render.queue_html(place[0], predicted_wait(place[1], MANAGER.seconds_per_step), lang) if place
+                else render.progress_html(v, lang))
+    if is_public() and who is None:  # the Space owner: the whole queue
+        progress += render.queue_list_html(*MANAGER.queue(), lang)
+    outputs[panel.progress] = (shown(progress), None)
     from ui.validation import answers_html  # issue 22: what the model answers now, as evals land
 
-    outputs[panel.log] = (render.log_html(tail, lang) + answers_html(v.answers, v.answers_step, lang),
+    outputs[panel.log] = (shown(render.log_html(tail, lang) + answers_html(v.answers, v.answers_step, lang)),
                           (lang, job.id if job else None, len(v.log), tail[-1] if tail else None, v.answers_step))
     done = v.state in ("completed", "stopped", "failed", "interrupted")
-    outputs[panel.result] = (render.result_html(v, lang, job_prediction(job) if done and job else None), None)
+    outputs[panel.result] = (shown(render.result_html(v, lang, job_prediction(job) if done and job else None)), None)
     download = gr.update(value=None, visible=False)
     if job is not None and v.adapter_dir and v.state in ("completed", "stopped") and Path(v.adapter_dir).is_dir():
         path = adapter_zip(job.id, v.adapter_dir)
@@ -157,8 +206,9 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
                                  label=t("run.download_size", lang, size=render.size(Path(path).stat().st_size, lang)))
     outputs[panel.download] = (download, (job.id if job else None, v.state, v.adapter_dir, lang))
     clear_notice = panel.notice is not None and done and job is not None and f'id="{RUN_NOTE}"' in (shown_notice or "")
-    outputs[panel.start] = (gr.update(interactive=not running), ("start", running))
-    outputs[panel.stop] = (gr.update(interactive=running), ("stop", running))
+    active = job is not None and job.active  # a queued run can leave the queue with Stop
+    outputs[panel.start] = (gr.update(interactive=not active), ("start", active))
+    outputs[panel.stop] = (gr.update(interactive=active), ("stop", active))
 
     result: dict[Any, Any] = {}
     for comp, (value, fingerprint) in outputs.items():

@@ -213,6 +213,25 @@ def progress_html(v: JobView, lang: str = "en") -> str:
             f'<div class="mt-stats">{E(" · ".join(stats))}</div></div>')
 
 
+def queue_html(position: int, wait_s: float | None, lang: str = "en") -> str:
+    """A queued run's place and predicted wait (public mode: strangers share the GPU, one run at a time)."""
+    wait = t("progress.wait_unknown", lang) if wait_s is None else f"~{_duration(wait_s)}"
+    return (f'<div class="mt-progress" data-state="queued" data-step="0" data-position="{position}">'
+            f'<div class="mt-progress-top"><span class="mt-badge mt-badge-idle">{E(t("state.queued", lang))}</span>'
+            f'<span id="mt-queue">{E(t("progress.queued", lang, position=position, wait=wait))}</span></div>'
+            '<div class="mt-bar"><div class="mt-fill" style="width:0%"></div></div></div>')
+
+
+def queue_list_html(running: list[Any], waiting: list[Any], lang: str = "en") -> str:
+    """The Space owner's view of the whole queue: each job's id, owner and model."""
+    def who(job: Any) -> str:
+        return f"#{job.id} {job.owner or '-'} ({job.config.model})"
+
+    jobs = ": " + ", ".join(who(j) for j in running + waiting) if running or waiting else ""
+    return (f'<p id="mt-owner-queue" class="mt-small">'
+            f'{E(t("queue.owner", lang, running=len(running), waiting=len(waiting), jobs=jobs))}</p>')
+
+
 def peaks_html(summary: dict[str, Any], predicted: dict[str, float] | None, lang: str = "en",
                elem_id: str = "mt-peaks") -> str:
     """Predicted (core.estimate.predict) vs measured peak memory, side by side: torch allocated, torch reserved, NVML."""

@@ -1,7 +1,12 @@
-"""One training job at a time for the whole app, each in its own child process (no gradio here).
+"""Training jobs for the whole app, each in its own child process (no gradio here).
 
-The GPU is one, so the manager holds at most one running job behind a lock: a second `start()` from any tab
-raises `JobBusy`. A job is the same command a user runs, `python -m core.train --config RUN/config.yaml`, started
+The GPU is one, so the manager runs at most `slots` jobs (one) behind a lock: a second `start()` from any tab
+raises `JobBusy`, or, with `queue=True` (public mode: strangers share the GPU), waits in the manager's queue and
+starts when a slot is free, first come first served. A job records its `owner` (public mode: the visitor the
+server issued an id to, core.runs.public.visitor), and `current(owner)` / `stop(owner)` act on that owner's own
+job only; `owner=None` is the app's own user (or the Space owner), who sees and stops the running one.
+
+A job is the same command a user runs, `python -m core.train --config RUN/config.yaml`, started
 as a child process in its own session (process group): the manager chooses the run folder, writes config.yaml
 there, and sends the child's stdout/stderr to RUN/train.log (a file, never an unread pipe). A thread per job follows
 RUN/events.jsonl incrementally (by byte offset) into the job's in-memory event list, which every tab polls, so
@@ -53,7 +58,12 @@ SHUTDOWN_GRACE_S = 10.0  # app exit: time for the child to finish its step and s
 
 
 class JobBusy(RuntimeError):
-    """A job is already running; the message says which and what to do."""
+    """A job is already running (`reason` "busy"), or the owner has as many queued or running as allowed ("yours");
+    the message says which and what to do."""
+
+    def __init__(self, message: str, reason: str = "busy", limit: int = 0) -> None:
+        super().__init__(message)
+        self.reason, self.limit = reason, limit
 
 
 @dataclass
@@ -68,8 +78,12 @@ class Job:
     gpu_peak_gib: float = 0.0  # highest NVML "used" seen while this job ran (sampled by the gauge)
     folder: str | None = None  # the run folder, known from the start for a child job
     pid: int | None = None  # the child process (its process group has the same id)
+    owner: str | None = None  # public mode: the visitor who started it; None: the app's own user
+    waiting: bool = False  # in the queue: no folder, no process yet
+    max_s: float | None = None  # the Space owner's limit: Stopped (and saved) after this long
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
+    _ended: threading.Event = field(default_factory=threading.Event, repr=False)  # the follower recorded the end
     _child: Child | None = field(default=None, repr=False)
     _view: Any = field(default=None, repr=False)  # core.jobs.view's running fold of the events (it sits above jobs)
 
@@ -83,7 +97,12 @@ class Job:
 
     @property
     def running(self) -> bool:
-        return self.finished is None and not self.from_disk
+        return self.finished is None and not self.from_disk and not self.waiting
+
+    @property
+    def active(self) -> bool:
+        """Running or waiting in the queue: its owner may not start another, and Stop applies to it."""
+        return self.running or (self.waiting and self.finished is None)
 
     def said_done(self) -> bool:
         """The run has reported its end (a `done` event), whether or not its process has exited yet."""
@@ -107,20 +126,26 @@ class Job:
             self.gpu_peak_gib = max(self.gpu_peak_gib, used_gib)
 
     def wait(self, timeout: float | None = None) -> bool:
-        if self._thread is not None:
-            self._thread.join(timeout)
-        return not self.running
+        """Until the job has ended (a queued one: started, then ended); whether it has."""
+        if self.finished is None and not self.from_disk:  # not the follower's end: it goes on to start the next job
+            self._ended.wait(timeout)
+        return not self.active
 
 
 class JobManager:
     """App-wide: use `MANAGER` below. Thread-safe. `program`: what the child runs, followed by `--config FILE
     --run-dir DIR` (the CLI, `python -m core.train`; the UI tests give a tiny child of the same protocol)."""
 
-    def __init__(self, program: list[str] | None = None) -> None:
+    def __init__(self, program: list[str] | None = None, slots: int = 1) -> None:
         self._program = list(program or CLI)
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._job: Job | None = None  # the running job, or the last one
+        self._slots = max(1, slots)  # jobs that train at once: one per GPU (one GPU today)
+        self._running: list[Job] = []  # the jobs holding a slot
+        self._waiting: list[Job] = []  # the queue, first in first out
+        self._jobs: list[Job] = []  # the newest job of each owner, and every active one (owner lookups)
+        self._job: Job | None = None  # the last job started (or loaded): what the app's own user sees
+        self.seconds_per_step: float | None = None  # measured on the last run that trained: the queue's predictions
 
     def prepare(self) -> None:
         """Start the warm-start server now, in the background (core/jobs/warm.py), so the first Start is warm too."""
@@ -128,97 +153,184 @@ class JobManager:
             warm.context()
 
     # --- control ----------------------------------------------------------------------------------------
-    def start(self, cfg: TrainConfig) -> Job:
-        """Start `cfg` as a child process, or raise JobBusy if a job is running (from any tab).
+    def start(self, cfg: TrainConfig, owner: str | None = None, queue: bool = False, per_owner: int | None = None,
+              max_s: float | None = None) -> Job:
+        """Start `cfg` as a child process; if every slot is taken, raise JobBusy, or with `queue` put it in the queue.
+        `per_owner`: how many queued or running jobs one owner may have (JobBusy "yours" beyond); `max_s`: the job
+        is Stopped after this long.
 
         A run that cannot even be started (its folder cannot be made, Python cannot be run) is returned as a
         failed job whose message says why, like any other failed run.
         """
         with self._lock:
-            if self._job is not None and self._job.running and self._job.said_done():
-                self._job.wait(DONE_EXIT_WAIT_S)  # finished, only its process is still exiting
-            if self._job is not None and self._job.running:
-                job = self._job
+            for old in self._running:
+                if old.running and old.said_done():
+                    old.wait(DONE_EXIT_WAIT_S)  # finished, only its process is still exiting
+            self._running = [j for j in self._running if j.running]
+            if owner is not None and per_owner is not None:
+                mine = sum(j.owner == owner for j in self._running + self._waiting)
+                if mine >= per_owner:
+                    raise JobBusy(f"You already have {mine} run(s) queued or running; the limit is {per_owner}.",
+                                  "yours", per_owner)
+            free = len(self._running) < self._slots and not self._waiting
+            if not free and not queue:
+                job = self._running[0]
                 what = "stopping" if job.stopping else "running"
                 raise JobBusy(f"A training run is already {what} (job {job.id}, {job.config.model}); "
                               "one run at a time uses the GPU. Wait for it to finish or press Stop.")
-            job = Job(id=next(self._ids), config=cfg)
-            self._job = job
-            try:
-                tail = self._spawn(job)
-            except Exception as exc:  # noqa: BLE001 - e.g. a folder that cannot be made: a failed run, not a crash
-                message = f"Could not start the training process: {exc}"
-                job.emit(make_event("error", error_type="other", message=message))
-                job.emit(make_event("done", status="failed", run_dir=job.folder, summary={}, message=message))
-                job.finished = time.time()
+            job = Job(id=next(self._ids), config=cfg, owner=owner, max_s=max_s, waiting=not free)
+            self._jobs = [j for j in self._jobs if j.owner != owner or j.active] + [job]
+            if job.waiting:
+                self._waiting.append(job)
                 return job
-            job._thread = threading.Thread(target=self._follow, args=(job, tail), name=f"memtune-job-{job.id}",
-                                           daemon=True)
-            job._thread.start()
+            self._launch(job)
             return job
 
-    def stop(self) -> Job | None:
-        """First Stop: the run ends after its current step and saves the adapter. Second Stop: ended at once.
+    def _launch(self, job: Job) -> None:
+        """Under the lock: give `job` a slot and start its child (or record why it could not start)."""
+        job.waiting = False
+        job.started = time.time()
+        self._running.append(job)
+        self._job = job
+        try:
+            tail = self._spawn(job)
+        except Exception as exc:  # noqa: BLE001 - e.g. a folder that cannot be made: a failed run, not a crash
+            message = f"Could not start the training process: {exc}"
+            job.emit(make_event("error", error_type="other", message=message))
+            job.emit(make_event("done", status="failed", run_dir=job.folder, summary={}, message=message))
+            job.finished = time.time()
+            job._ended.set()
+            self._running.remove(job)
+            return
+        job._thread = threading.Thread(target=self._follow, args=(job, tail), name=f"memtune-job-{job.id}",
+                                       daemon=True)
+        job._thread.start()
+        if job.max_s:
+            timer = threading.Timer(job.max_s, self._time_up, args=(job,))
+            timer.daemon = True
+            timer.start()
 
-        None if nothing is running.
+    def _dispatch(self) -> None:
+        """A slot came free: start the jobs waiting longest."""
+        with self._lock:
+            self._running = [j for j in self._running if j.running]
+            while self._waiting and len(self._running) < self._slots:
+                self._launch(self._waiting.pop(0))
+
+    def _time_up(self, job: Job) -> None:
+        if job.running and not job.stop_event.is_set():
+            job.emit(make_event("log", level="warning", message=f"Time limit of this server reached "
+                                                                 f"({job.max_s / 60:g} min): stopping."))
+            self._stop_job(job)
+
+    def stop(self, owner: str | None = None) -> Job | None:
+        """First Stop: the run ends after its current step and saves the adapter. Second Stop: ended at once. A job
+        still in the queue leaves it. `owner`: that owner's own job only (None: the app's own user, the running job).
+
+        None if there is nothing of theirs to stop.
         """
-        job = self._job
-        if job is None or not job.running or job._child is None:
+        with self._lock:
+            if owner is None:
+                job = next((j for j in self._running if j.running), None)
+            else:
+                job = next((j for j in self._running + self._waiting if j.owner == owner and j.active), None)
+            if job is not None and job.waiting:
+                self._waiting.remove(job)
+                job.stop_event.set()
+                job.emit(make_event("done", status="stopped", run_dir=None, summary={},
+                                    message="Left the queue before it started."))
+                job.waiting, job.finished = False, time.time()
+                job._ended.set()
+                return job
+        return self._stop_job(job) if job is not None else None
+
+    def stop_job(self, job_id: int) -> Job | None:
+        """The Space owner's Stop of any job, running or queued, by its id."""
+        job = next((j for j in self._jobs if j.id == job_id and j.active), None)
+        return self.stop(job.owner) if job is not None else None
+
+    def _stop_job(self, job: Job) -> Job | None:
+        if not job.running or job._child is None:
             return None
         job.stop_event.set()
         job._child.ask_stop("stop requested from the app\n")
         return job
 
     def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
-        """App exit: ask the child to stop (it saves after its step), then kill its process group; never orphan it."""
-        job = self._job
-        if job is None or job._child is None or job._child.proc.poll() is not None:
-            return
-        if not job.stop_event.is_set():
-            self.stop()
-        try:
-            job._child.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            job._child.end("shutdown")
-        job.wait(10)  # the follower records how it ended
+        """App exit: the queue is dropped; ask each child to stop (it saves after its step), then kill its process
+        group; never orphan it."""
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+            running = [j for j in self._running if j._child is not None and j._child.proc.poll() is None]
+        for job in waiting:
+            job.waiting, job.finished = False, time.time()
+            job._ended.set()
+        for job in running:
+            if not job.stop_event.is_set():
+                self._stop_job(job)
+        for job in running:
+            try:
+                job._child.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                job._child.end("shutdown")
+            job.wait(10)  # the follower records how it ended
 
-    def current(self) -> Job | None:
-        """The running job, or the last one this process ran or loaded."""
-        return self._job
+    def current(self, owner: str | None = None) -> Job | None:
+        """`owner`'s newest job (running, queued or the last); owner None: the running job, or the last one this
+        process ran or loaded, whoever started it."""
+        if owner is not None:
+            return next((j for j in reversed(self._jobs) if j.owner == owner), None)
+        return next((j for j in self._running if j.running), None) or self._job
+
+    def position(self, job: Job) -> tuple[int, list[Job]] | None:
+        """A queued job's place (1: next to start) and the jobs that go before it (the running ones first); None
+        for a job not in the queue."""
+        with self._lock:
+            if job not in self._waiting:
+                return None
+            at = self._waiting.index(job)
+            return at + 1, [j for j in self._running if j.running] + self._waiting[:at]
+
+    def queue(self) -> tuple[list[Job], list[Job]]:
+        """(running, waiting): what the Space owner sees."""
+        with self._lock:
+            return [j for j in self._running if j.running], list(self._waiting)
 
     def busy(self) -> bool:
-        job = self._job
-        return job is not None and job.running
+        return any(j.running for j in self._running)
 
     def is_running(self, run_dir: str | Path) -> bool:
-        """Whether `run_dir` is the folder of the job running now (what history asks before deleting/listing)."""
-        job = self._job
-        if job is None or not job.running:
-            return False
-        mine = job.run_dir
-        try:
-            return mine is not None and Path(mine).resolve() == Path(run_dir).resolve()
-        except OSError:
-            return False
+        """Whether `run_dir` is the folder of a job running now (what history asks before deleting/listing)."""
+        for job in list(self._running):
+            mine = job.run_dir if job.running else None
+            try:
+                if mine is not None and Path(mine).resolve() == Path(run_dir).resolve():
+                    return True
+            except OSError:
+                continue
+        return False
 
-    def load_run(self, run_dir: str | Path) -> Job | None:
-        """Show an earlier run (from its events.jsonl) when this process has none of its own."""
+    def load_run(self, run_dir: str | Path, owner: str | None = None) -> Job | None:
+        """Show an earlier run (from its events.jsonl) when this process has none of its own (none of `owner`'s)."""
         path = Path(run_dir) / "events.jsonl"
         events = read_events(path)
         if not events:
             return None
         with self._lock:
-            if self._job is not None:
-                return self._job
+            mine = self._job if owner is None else next((j for j in reversed(self._jobs) if j.owner == owner), None)
+            if mine is not None:
+                return mine
             first_run = next((e for e in events if e.get("kind") == "run"), {})
             try:
                 cfg = TrainConfig.from_dict(first_run.get("config") or {})
             except ValueError:
                 cfg = TrainConfig()
-            job = Job(id=next(self._ids), config=cfg, events=events, from_disk=True,
+            job = Job(id=next(self._ids), config=cfg, events=events, from_disk=True, owner=owner,
                       started=events[0].get("time", time.time()),
                       finished=events[-1].get("time", time.time()))
-            self._job = job
+            self._jobs = [j for j in self._jobs if j.owner != owner or j.active] + [job]
+            if owner is None:
+                self._job = job
             return job
 
     # --- the child process ------------------------------------------------------------------------------
@@ -280,6 +392,17 @@ class JobManager:
             with contextlib.suppress(OSError):
                 (Path(job.folder) / STOP_FILE).unlink(missing_ok=True)
             job.finished = time.time()
+            job._ended.set()
+            speed = _seconds_per_step(job.events_since(0))
+            self.seconds_per_step = speed or self.seconds_per_step
+            self._dispatch()  # the next in the queue, if any
+
+
+def _seconds_per_step(events: list[dict[str, Any]]) -> float | None:
+    """A run's measured training speed (its last step event), for predicting the queue's waits."""
+    last = next((e for e in reversed(events) if e.get("kind") == "step" and e.get("step") and e.get("elapsed_s")),
+                None)
+    return float(last["elapsed_s"]) / int(last["step"]) if last else None
 
 
 def _cores() -> int:

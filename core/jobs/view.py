@@ -165,3 +165,28 @@ def job_view(job: "Job | None") -> JobView:
         fold = job._view
         fold.add(job.events[fold.seen:])
         return fold.result(job.running, job.stopping, job.from_disk)
+
+
+def predicted_wait(ahead: list["Job"], seconds_per_step: float | None) -> float | None:
+    """Seconds until a queued job starts: what the jobs before it have left, from each one's own ETA, else its steps
+    left at the measured speed (its own, or the server's last run's), each capped by its time limit. None when one
+    of them cannot be predicted (no speed measured yet, or a run counted in epochs): the page says "unknown"."""
+    views = {job.id: job_view(job) if job.running else JobView() for job in ahead}
+    # The speed measured now (the running job's, from its start: loading counted, so on the slow side), else the last
+    # run's; a queued job's steps are assumed to go at it.
+    measured = next((v.elapsed_s / v.step for v in views.values() if v.step and v.elapsed_s), seconds_per_step)
+    total = 0.0
+    for job in ahead:
+        v = views[job.id]
+        left: float | None = v.eta_s if v.state == "running" else None
+        if left is None:
+            steps = (v.total_steps - v.step) if v.total_steps else (job.config.max_steps
+                                                                    if job.config.max_steps > 0 else None)
+            left = steps * measured if steps is not None and measured else None
+        if job.max_s:
+            spent = time.time() - job.started if job.running else 0.0
+            left = min(left, job.max_s - spent) if left is not None else None
+        if left is None:
+            return None
+        total += max(0.0, left)
+    return total
