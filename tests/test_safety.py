@@ -777,7 +777,10 @@ def test_a_visitor_is_the_id_the_server_signed_and_a_session_hash_stays_with_its
     a, b = TestClient(app), TestClient(app)
     first = a.get("/who")
     header = first.headers["set-cookie"]
-    assert "HttpOnly" in header and "SameSite=Lax" in header and "Path=/" in header
+    assert "HttpOnly" in header and "SameSite=Lax" in header and "Path=/" in header and "Secure" not in header
+    # over https (a Space, shown inside huggingface.co's frame): kept there, and only under that top-level site
+    assert identity.set_cookie_header(value, True).endswith("; HttpOnly; Secure; SameSite=None; Partitioned")
+    assert TestClient(app, base_url="https://space.example").get("/who").headers["set-cookie"].endswith("Partitioned")
     a_id = first.text
     assert a.get("/who").text == a_id and "set-cookie" not in a.get("/who").headers  # kept, not issued again
     assert b.get("/who").text not in (a_id, "nobody")  # another browser, another visitor

@@ -1,8 +1,8 @@
 """Who a public-mode visitor is: an id the server issues, never one the client chooses (no gradio here).
 
 On a visitor's first request the server draws a random id and hands it to the browser in a cookie signed with this
-server's key (HMAC-SHA256): `<id>.<signature>`. The cookie is HttpOnly (no script reads it) and SameSite=Lax (no
-other site's form or script sends it). A request is that visitor only if its cookie's signature checks; anything
+server's key (HMAC-SHA256): `<id>.<signature>`. The cookie is HttpOnly (no script reads it) and never sent by
+another site's page (SameSite=Lax, or over https a partitioned cookie: set_cookie_header). A request is that visitor only if its cookie's signature checks; anything
 else (no cookie, a forged or edited one, another server's) is a new visitor. Gradio's session hash, which the
 client picks, is never used to tell visitors apart.
 
@@ -70,9 +70,13 @@ def verified(value: str | None) -> str | None:
 
 
 def set_cookie_header(value: str, secure: bool) -> str:
-    """The Set-Cookie header that gives the browser its id (Secure where the page came over https).
+    """The Set-Cookie header that gives the browser its id.
 
-    SameSite=Lax, never None: Gradio's CORS answer lets any site's page call a server that is not on localhost, so a
-    cookie sent cross-site would let another site act as the visitor. The price: inside another site's frame (a Space
-    shown on huggingface.co rather than at its own *.hf.space address) the browser keeps no Lax cookie."""
-    return (f"{COOKIE}={value}; Path=/; Max-Age={KEEP_S}; HttpOnly; SameSite=Lax" + ("; Secure" if secure else ""))
+    Over https (a Space): SameSite=None; Secure; Partitioned (CHIPS). A Space is usually shown inside huggingface.co's
+    page, a frame of another site, where the browser keeps no Lax cookie; a partitioned cookie is kept there, and
+    only there: the browser files it under the top-level site it was set beneath, so a page of any other site that
+    calls this server (Gradio's CORS answer lets it, off localhost) sends no cookie of the visitor's, and is a new
+    visitor itself. Over plain http (this machine, a LAN): SameSite=Lax, never None, for the same reason."""
+    if secure:
+        return f"{COOKIE}={value}; Path=/; Max-Age={KEEP_S}; HttpOnly; Secure; SameSite=None; Partitioned"
+    return f"{COOKIE}={value}; Path=/; Max-Age={KEEP_S}; HttpOnly; SameSite=Lax"
