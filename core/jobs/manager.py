@@ -244,11 +244,6 @@ class JobManager:
                 return job
         return self._stop_job(job) if job is not None else None
 
-    def stop_job(self, job_id: int) -> Job | None:
-        """The Space owner's Stop of any job, running or queued, by its id."""
-        job = next((j for j in self._jobs if j.id == job_id and j.active), None)
-        return self.stop(job.owner) if job is not None else None
-
     def _stop_job(self, job: Job) -> Job | None:
         if not job.running or job._child is None:
             return None
