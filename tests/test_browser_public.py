@@ -153,6 +153,7 @@ def test_two_visitors_and_a_forger_each_see_only_their_own_and_share_the_gpu_thr
     assert state(b)[0] == "idle"  # A's run is not B's: no progress, chart, log or result
     assert "secret-a" not in b.locator("#run-log").inner_text() and a_run not in b.content()
     assert not b.locator("#loss-plot").is_visible() and not b.locator("#adapter-download").is_visible()
+    assert not b.locator("#owner-queue-row").is_visible()  # the Space owner's row of every job: not a visitor's
     assert str(public_server["work"]) not in b.content()  # no server path anywhere in the page
     b.get_by_role("tab", name="4 · Settings & code").click()
     b.click("#config-list input")

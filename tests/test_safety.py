@@ -821,3 +821,38 @@ def test_disk_full_while_writing_a_checkpoint(tmp_path, demo_model_path):
         assert not any((run_dir / "checkpoints").glob("checkpoint-*"))  # the half-written one is removed
         events = read_events(run_dir / "events.jsonl")
         assert events[-1]["kind"] == "done" and json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+
+
+def test_only_the_space_owner_stops_any_job_running_or_queued(public, monkeypatch, tmp_path):
+    """Issue 38: the Space owner (logged in: no visitor id) sees every job in their own row and stops any one by its
+    id, a queued one (it leaves the queue) or the running one; a visitor sees no such row, and the same request from
+    them is refused and stops nothing. Real child processes."""
+    from core.jobs.manager import JobManager
+    from core.jobs.view import job_view
+    from core.runs import public as pub
+    from ui import handlers
+
+    mgr = JobManager()
+    monkeypatch.setattr(handlers, "MANAGER", mgr)
+    a = mgr.start(demo_config(max_steps=100000, output_dir=str(tmp_path / "a")), owner="visitor-a", queue=True)
+    b = mgr.start(demo_config(max_steps=3, output_dir=str(tmp_path / "b")), owner="visitor-b", queue=True)
+    try:
+        assert a.running and b.waiting
+        monkeypatch.setattr(pub, "_visitor_source", lambda: "visitorBBBB1xxxxxxxxxx")  # a visitor asks
+        row, jobs = handlers.owner_jobs("en")
+        assert row["visible"] is False and jobs["choices"] == []
+        said, _, _ = handlers.on_owner_stop(b.id, "en")
+        assert "Only the Space owner" in said and b.waiting and a.running and not a.stop_event.is_set()
+        monkeypatch.setattr(pub, "_visitor_source", lambda: None)  # the owner: logged in, no visitor id
+        row, jobs = handlers.owner_jobs("pt")
+        assert row["visible"] is True and [v for _, v in jobs["choices"]] == [a.id, b.id]
+        assert "em execução" in jobs["choices"][0][0] and "na fila" in jobs["choices"][1][0]
+        said, _, jobs = handlers.on_owner_stop(b.id, "en")
+        assert f"#{b.id}" in said and not b.active and job_view(b).state == "stopped" and a.running
+        assert [v for _, v in jobs["choices"]] == [a.id]
+        handlers.on_owner_stop(a.id, "en")
+        assert a.stop_event.is_set()  # ends after its current step, saving its adapter
+    finally:
+        mgr.stop(job_id=a.id)
+        mgr.stop(job_id=a.id)  # a second Stop ends the process group now
+        assert a.wait(120)

@@ -19,6 +19,7 @@ from core.estimate.predict import FIT_MARGIN, fit_preset
 from core.config.settings import SAFE_NAME, ConfigError, TrainConfig, demo_config, field_problems
 from core.i18n import DEFAULT_LANGUAGE, t
 from core.jobs.manager import MANAGER, JobBusy
+from core.runs.public import is_public
 from ui import render
 from ui.derive import CUSTOM, budget_problem, hardware, row_tokens, run_gpus, toggled, valid_budget, world_size
 from ui.fields import collect, help_text, label, model_problem
@@ -242,6 +243,32 @@ def on_stop(lang: str = DEFAULT_LANGUAGE) -> str:
     if was_waiting:
         return render.message_html(t("msg.left_queue", lang), "info", RUN_NOTE)
     return render.message_html(t("msg.stop_now" if was_stopping else "msg.stopping", lang), "warn", RUN_NOTE)
+
+
+def space_owner() -> bool:
+    """Public mode, and the one asking is the Space owner (logged in with MEMTUNE_AUTH), not a visitor."""
+    return is_public() and owner() is None
+
+
+def owner_jobs(lang: str = DEFAULT_LANGUAGE) -> tuple[Any, Any]:
+    """The owner's row: visible to the Space owner only, listing every job running or queued ("#7 visitor-... ·
+    model"); hidden, and empty, for anyone else."""
+    if not space_owner():
+        return gr.update(visible=False), gr.update(choices=[], value=None)
+    running, waiting = MANAGER.queue()
+    choices = [(f"#{j.id} · {t('queue.owner_running' if j.running else 'queue.owner_waiting', lang)} · "
+                f"{j.owner or '-'} · {j.config.model}", j.id) for j in running + waiting]
+    return gr.update(visible=True), gr.update(choices=choices, value=choices[0][1] if choices else None)
+
+
+def on_owner_stop(job_id: Any, lang: str = DEFAULT_LANGUAGE) -> tuple[str, Any, Any]:
+    """The Space owner's Stop of the job picked, running (ends after its step and saves) or queued (leaves the
+    queue); refused to anyone else, whatever they send."""
+    if not space_owner():
+        return render.message_html(t("queue.owner_only", lang), "error"), *owner_jobs(lang)
+    job = MANAGER.stop(job_id=int(job_id)) if isinstance(job_id, (int, float)) else None
+    said = (t("queue.owner_stopped", lang, id=job.id) if job is not None else t("msg.no_run", lang))
+    return render.message_html(said, "warn" if job is not None else "info"), *owner_jobs(lang)
 
 
 # --- save / load settings ----------------------------------------------------------------------------------------

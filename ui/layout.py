@@ -277,6 +277,12 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                                                value="run.start")
                             stop_btn = tr.add(gr.Button(L("run.stop"), variant="stop", elem_id="stop-btn",
                                                         interactive=False), value="run.stop")
+                        # The Space owner (public mode, logged in) stops any job, running or queued: shown to them only
+                        with gr.Row(visible=False, elem_id="owner-queue-row") as owner_row:
+                            owner_job = tr.add(gr.Dropdown(choices=[], label=L("queue.owner_pick"), scale=3,
+                                                           elem_id="owner-job"), label="queue.owner_pick")
+                            owner_stop = tr.add(gr.Button(L("queue.owner_stop"), variant="stop", scale=1,
+                                                          elem_id="owner-stop"), value="queue.owner_stop")
                         notice = gr.HTML(elem_id="run-notice")
                         progress = gr.HTML(render.progress_html(job_view(None), lang0), elem_id="run-progress")
                         loss_plot = gr.LinePlot(loss_frame([]), x="step", y="loss", color="series",
@@ -331,6 +337,12 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
         polling = dict(inputs=polled, outputs=live.outputs, show_progress="hidden", show_progress_on=[tab_state],
                        queue=False)
         timer.tick(poll, api_name="poll", **polling)
+        # the owner's row: shown on load to the Space owner only, its jobs re-read whenever the list is opened
+        demo.load(handlers.owner_jobs, inputs=[lang], outputs=[owner_row, owner_job], show_progress="hidden",
+                  queue=False)
+        owner_job.focus(handlers.owner_jobs, inputs=[lang], outputs=[owner_row, owner_job], show_progress="hidden",
+                        queue=False)
+        owner_stop.click(handlers.on_owner_stop, inputs=[owner_job, lang], outputs=[notice, owner_row, owner_job])
         demo.load(lambda s, lg, p, b, n: poll({}, lg, p, b, n), inputs=polled, outputs=live.outputs,
                   show_progress="hidden")
         # New settings, new predicted peak: the gauge follows at once, not at the next tick (a checklist click moved it

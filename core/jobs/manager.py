@@ -223,14 +223,17 @@ class JobManager:
                                                                  f"({job.max_s / 60:g} min): stopping."))
             self._stop_job(job)
 
-    def stop(self, owner: str | None = None) -> Job | None:
+    def stop(self, owner: str | None = None, job_id: int | None = None) -> Job | None:
         """First Stop: the run ends after its current step and saves the adapter. Second Stop: ended at once. A job
         still in the queue leaves it. `owner`: that owner's own job only (None: the app's own user, the running job).
+        `job_id` (the Space owner's Stop of any job, running or queued): that job, whoever's it is.
 
         None if there is nothing of theirs to stop.
         """
         with self._lock:
-            if owner is None:
+            if job_id is not None:
+                job = next((j for j in self._running + self._waiting if j.id == job_id and j.active), None)
+            elif owner is None:
                 job = next((j for j in self._running if j.running), None)
             else:
                 job = next((j for j in self._running + self._waiting if j.owner == owner and j.active), None)
