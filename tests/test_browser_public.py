@@ -38,15 +38,19 @@ def visitor(browser, server):
     return context, pg
 
 
-def test_a_visitor_uploads_previews_and_trains_and_another_sees_none_of_it(browser, public_server, tmp_path):
-    first, a = visitor(browser, public_server)
-    a.click("#preset-demo")
-    a.wait_for_function("document.querySelector('#field-dataset input').value === 'memtune/demo'")
-    data = tmp_path / "mine.jsonl"
+def upload_four_rows(page, data: Path) -> None:
+    """The demo's settings, then an upload of four rows as `data`'s name: the page names it uploads/NAME."""
+    page.click("#preset-demo")
+    page.wait_for_function("document.querySelector('#field-dataset input').value === 'memtune/demo'")
     data.write_text("".join(json.dumps({"instruction": f"Say {w}", "response": w}) + "\n"
                             for w in ("alpha", "beta", "gamma", "delta")), encoding="utf-8")
-    a.set_input_files("#data-upload input[type=file]", str(data))
-    a.wait_for_function("document.querySelector('#field-dataset input').value.endsWith('mine.jsonl')")
+    page.set_input_files("#data-upload input[type=file]", str(data))
+    page.wait_for_function(f"document.querySelector('#field-dataset input').value === 'uploads/{data.name}'")
+
+
+def test_a_visitor_uploads_previews_and_trains_and_another_sees_none_of_it(browser, public_server, tmp_path):
+    first, a = visitor(browser, public_server)
+    upload_four_rows(a, tmp_path / "mine.jsonl")
     a.wait_for_selector("#mt-preview")
     assert "4 of 4 rows train" in a.locator("#mt-preview").inner_text()
     assert a.locator("#field-dataset input").input_value() == "uploads/mine.jsonl"  # no server path on the page
@@ -127,13 +131,7 @@ def test_two_visitors_and_a_forger_each_see_only_their_own_and_share_the_gpu_thr
     place), then runs once A's ends; a third client that copies A's session hash is refused or sees nothing."""
     first, a = visitor(browser, public_server)
     a_sessions = sessions_of(a)
-    a.click("#preset-demo")
-    a.wait_for_function("document.querySelector('#field-dataset input').value === 'memtune/demo'")
-    data = tmp_path / "secret-a.jsonl"
-    data.write_text("".join(json.dumps({"instruction": f"Say {w}", "response": w}) + "\n"
-                            for w in ("alpha", "beta", "gamma", "delta")), encoding="utf-8")
-    a.set_input_files("#data-upload input[type=file]", str(data))
-    a.wait_for_function("document.querySelector('#field-dataset input').value === 'uploads/secret-a.jsonl'")
+    upload_four_rows(a, tmp_path / "secret-a.jsonl")
     a.wait_for_selector("#mt-preview")
     set_number(a, "max_steps", 1000)  # long enough to be running while B looks (A stops it below)
     a.get_by_role("tab", name="4 · Settings & code").click()
