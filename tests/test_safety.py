@@ -788,9 +788,16 @@ def test_a_visitor_is_the_id_the_server_signed_and_a_session_hash_stays_with_its
     assert b.get("/who").text != a_id
     assert a.post("/who", json={"session_hash": "page-of-a-1"}).status_code == 200
     for request in (lambda c: c.post("/who", json={"session_hash": "page-of-a-1"}),
+                    lambda c: c.post("/who", content=b'{"session_hash": "page-of-a-1"}'),  # no content type
+                    lambda c: c.post("/who", content=b'{"session_hash": "page-of-a-1"}',
+                                     headers={"content-type": "text/plain"}),
                     lambda c: c.get("/who?session_hash=page-of-a-1"),
                     lambda c: c.get("/gradio_api/heartbeat/page-of-a-1")):
         assert request(b).status_code == 403 and request(a).status_code == 200
+    padded = b'{"session_hash": "page-of-a-1", "pad": "' + b"x" * 2048 + b'"}'
+    with pytest.MonkeyPatch.context() as mp:  # a body too large to read is refused, not passed on unchecked
+        mp.setattr("ui.visitors.MAX_JSON", 1024)
+        assert b.post("/who", content=padded).status_code == 413
     assert request_visitor(None) is None
 
 

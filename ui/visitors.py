@@ -22,7 +22,7 @@ from urllib.parse import parse_qs
 from core.runs.identity import COOKIE, issue, set_cookie_header, verified
 
 SESSIONS_KEPT = 100_000  # session hash -> visitor, newest kept: a page's hash lives as long as the tab
-MAX_JSON = 64 * 2**20  # a JSON body read to find its session hash (the form's values): larger ones pass unread
+MAX_JSON = 64 * 2**20  # a JSON body read to find its session hash (the form's values): larger ones are refused
 _sessions: OrderedDict[str, str] = OrderedDict()
 _sessions_lock = threading.Lock()
 IN_PATH = re.compile(r"/gradio_api/(?:heartbeat|stream)/([^/]+)")
@@ -38,9 +38,10 @@ def claim(session_hash: str, visitor_id: str) -> bool:
         return owner == visitor_id
 
 
-async def _refuse(send: Callable[..., Any]) -> None:
-    body = json.dumps({"detail": "This session belongs to another visitor."}).encode()
-    await send({"type": "http.response.start", "status": 403,
+async def _refuse(send: Callable[..., Any], status: int = 403,
+                  detail: str = "This session belongs to another visitor.") -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 
@@ -73,10 +74,16 @@ class VisitorCookie:
         if m := IN_PATH.match(scope.get("path", "")):
             hashes.append(m.group(1))
         headers = dict((k.lower(), v) for k, v in scope.get("headers", []))
-        if scope.get("method") == "POST" and headers.get(b"content-type", b"").startswith(b"application/json"):
+        kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        # every POST body Gradio may read as JSON (FastAPI parses one without a content type too), not only those
+        # labelled so; uploads and the login form are the others. Too large to read: refused, never passed unread.
+        if scope.get("method") == "POST" and kind not in (b"multipart/form-data", b"application/x-www-form-urlencoded"):
             body, receive = await _read_body(receive)
+            if len(body) > MAX_JSON:
+                await _refuse(send, 413, "This request is too large.")
+                return
             try:
-                found = json.loads(body) if len(body) <= MAX_JSON else None
+                found = json.loads(body)
             except ValueError:
                 found = None
             if isinstance(found, dict) and isinstance(found.get("session_hash"), str):
