@@ -13,6 +13,7 @@ This module is a leaf (json + pathlib only): core.config.settings and core.data.
 from __future__ import annotations
 
 import json
+import string
 from functools import cache
 from pathlib import Path
 from typing import Any, Callable
@@ -24,13 +25,6 @@ LOCALES = Path(__file__).resolve().parent / "locales"
 def table(code: str) -> dict[str, str]:
     """core/locales/<code>.json as a dict (read once)."""
     return json.loads((LOCALES / f"{code}.json").read_text(encoding="utf-8"))
-
-
-class _Keep(dict):
-    """format_map helper: a placeholder without a value stays visible as {name} instead of raising."""
-
-    def __missing__(self, key: str) -> str:
-        return "{" + key + "}"
 
 
 class Said(str):
@@ -58,25 +52,63 @@ def plain(value: Any) -> Any:
     return value if isinstance(value, (int, float, str)) else str(value)
 
 
+class _Fill(string.Formatter):
+    """str.format_map with a language's numbers: a placeholder's format spec ("{n:,}", "{loss:.4f}") is the locale
+    text's, applied by `number(value, lang, spec)` when given (the page's digit grouping and decimal comma), else by
+    Python's format(); a placeholder without a value stays visible as {name} instead of raising."""
+
+    def __init__(self, lang: str, number: Callable[[int | float, str, str], str] | None) -> None:
+        self.lang, self.number = lang, number
+
+    def get_value(self, key: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        return kwargs[key] if key in kwargs else _Missing(key)
+
+    def format_field(self, value: Any, spec: str) -> str:
+        if isinstance(value, _Missing):
+            return "{" + value.name + (":" + spec if spec else "") + "}"
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if self.number is not None:
+                return self.number(value, self.lang, spec)
+            try:
+                return format(value, spec)
+            except ValueError:  # a spec for another type ("{n:.1f}" given an int that cannot take it): as written
+                return str(value)
+        return format(str(value), spec if spec and not spec[-1:] in "df,%" else "")
+
+
+class _Missing:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
 def say(key: str, params: dict[str, Any] | None = None, lang: str = "en",
         lookup: Callable[[str, str], str | None] | None = None,
-        number: Callable[[int | float, str], str] | None = None) -> str:
+        number: Callable[[int | float, str, str], str] | None = None) -> str:
     """The text of `key` in `lang` with `params` filled (nested messages said in `lang` too).
 
     `lookup(key, lang)` finds a language's text (default: the locale files; a missing key or language falls back to
-    English, then to the key); `number(value, lang)` writes a number as the language does (default: str). The page
-    passes core.i18n's table and its own digit grouping, the engine neither."""
+    English, then to the key); `number(value, lang, spec)` writes a number as the language does, given the locale
+    text's format spec (default: Python's format, so en.json's "{n:,}" writes 1,234). The page passes core.i18n's
+    table and its own digit grouping, the engine neither."""
     find = lookup or (lambda k, lg: table(lg).get(k) if (LOCALES / f"{lg}.json").is_file() else None)
     text = find(key, lang) or table("en").get(key) or key
     values = {}
     for name, value in (params or {}).items():
         if isinstance(value, dict) and "key" in value:
             values[name] = say(value["key"], value.get("params"), lang, lookup, number)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and number is not None:
-            values[name] = number(value, lang)
         else:
             values[name] = value
-    return text.format_map(_Keep(values))
+    try:
+        return _Fill(lang, number).vformat(text, (), values)
+    except (ValueError, IndexError, AttributeError, KeyError):  # a malformed locale text: say it unfilled, never raise
+        return text
+
+
+def keyed(key: str, **params: Any) -> dict[str, Any]:
+    """An event's words: `key` and its `params` (what a page says in its language) and `message`, en.json's text
+    filled (what the CLI prints and an events.jsonl reader sees). `make_event("log", level="info", **keyed(...))`."""
+    values = {k: plain(v) for k, v in params.items()}
+    return {"key": key, "params": values, "message": say(key, values)}
 
 
 def english(key: str, **params: Any) -> str:

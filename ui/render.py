@@ -570,9 +570,15 @@ def log_line(line: str, lang: str = "en") -> str:
     return f"{m[1]}  {log_rule(m[2], lang) or _say(m[2], lang)}"
 
 
-def _number(value: int | float, lang: str) -> str:
-    """A number parameter of an engine message as the language writes it (ints grouped, decimal comma)."""
-    return integer(value, lang) if isinstance(value, int) else _dec(str(value), lang)
+def _number(value: int | float, lang: str, spec: str = "") -> str:
+    """A number parameter of an engine message as the language writes it (ints grouped, decimal comma), to the
+    locale text's format spec ("{loss:.4f}")."""
+    if isinstance(value, int) and not spec.endswith(("f", "e", "g", "%")):
+        return integer(value, lang)
+    try:
+        return _dec(format(value, spec.replace(",", "")) if spec else str(value), lang)
+    except ValueError:
+        return _dec(str(value), lang)
 
 
 def said(key: str, params: dict[str, Any] | None, lang: str) -> str:
