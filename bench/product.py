@@ -91,6 +91,14 @@ def command(v: Variant, model_dir: Path, data: Path, run_dir: Path, smoke: bool)
         script = "bench.unsloth_script" if v.peer else "bench.chapter_script"
         return [sys.executable, "-m", script, "--model", str(model_dir), "--data", str(data),
                 "--out", str(run_dir), "--max-steps", str(v.steps), *v.script_args]
+    if v.code:  # another commit's tree: only the fields every version since 2026-12-01 reads, as its own YAML
+        cfg_path = run_dir.parent / f"{run_dir.name}.yaml"
+        cfg_path.write_text("".join(f"{k}: {json.dumps(val)}\n" for k, val in {
+            "model": str(model_dir), "dataset": str(data), "dataset_split": "train", "max_length": v.max_length,
+            "max_steps": v.steps, "save_strategy": "no", "output_dir": str(run_dir.parent),
+            "run_name": run_dir.name}.items()))
+        return [sys.executable, "-m", "core.train", "--config", str(cfg_path), "--preset", v.preset,
+                *(a for s in v.sets for a in ("--set", s))]
     from core.config.settings import TrainConfig
 
     cfg = TrainConfig(model=str(model_dir), dataset=str(data), dataset_split="train", max_length=v.max_length,
@@ -168,7 +176,10 @@ def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: Pe
     log.flush()
     sampler.start()
     started = time.time()
-    proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT)
+    if v.code:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / v.code), os.environ.get("PYTHONPATH", "")) if p)
+    proc = subprocess.Popen(cmd, cwd=str(ROOT / v.code if v.code else ROOT), env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
     try:
         rc = proc.wait(timeout=v.timeout_s)
     except subprocess.TimeoutExpired:
@@ -210,6 +221,11 @@ def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: Pe
     row.update(warmup(events, row))
     losses = [e.get("loss") for e in events if e.get("kind") == "metrics" and e.get("loss") is not None]
     row["first_losses"] = [round(x, 4) for x in losses[:5]]
+    run_cfg = next((e.get("config") for e in events if e.get("kind") == "run" and e.get("config")), None) or {}
+    row["settings"] = {k: run_cfg.get(k) for k in (  # what the preset resolved to: a changed lever shows here
+        "per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing", "packing",
+        "attention", "use_liger_kernel", "optim", "precision", "quantize_output_head", "offload_embeddings",
+        "upcast_to_fp32", "kernel_warmup", "compile_layers", "offload_activations", "lora_target_modules") if k in run_cfg}
     prof = root / "runs" / f"{v.name}.prof.json"
     if prof.is_file():
         row["profile"] = json.loads(prof.read_text())

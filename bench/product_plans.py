@@ -25,13 +25,36 @@ class Variant:
     max_length: int = 512
     env: dict = field(default_factory=dict)  # extra environment of the run's process
     script_args: list[str] = field(default_factory=list)  # extra arguments of a script row (the peer's settings)
+    code: str = ""  # a source tree of another commit (git archive) the row runs from: bisecting a regression
+
 
     @property
     def script(self) -> bool:
         return not self.preset
 
 
+# Issue 42: `fastest` fell from 13,136 tok/s (fcbfe14, 2026-12-01) to ~9,900 (99127b1). The first-parent commits
+# between, each run from its own tree (`bash bench/bisect_trees.sh COMMIT...` writes .bisect/COMMIT), the chapter's
+# script of this tree as the yardstick. validation_share=0 where the tree has the field (as the 12-01 rows had none).
+BISECT = {"bisect1": ["fcbfe14", "9c8b101", "23f3c2f", "99127b1"]}
+
+
+def bisect_rows(commits: list[str]) -> list[Variant]:
+    from pathlib import Path
+
+    rows = [Variant("chapter-script", steps=4, warm=1, timeout_s=150, note="the chapter's script as written")]
+    for c in commits:
+        tree = Path(".bisect") / c
+        has_val = any("validation_share" in f.read_text() for f in tree.glob("core/**/*.py") if f.name in
+                      ("config.py", "settings.py"))
+        rows.append(Variant(f"fastest-{c}", "fastest", ["validation_share=0"] if has_val else [], steps=20,
+                            timeout_s=110, code=str(tree)))
+    return rows
+
+
 def plan(name: str) -> list[Variant]:
+    if name in BISECT:
+        return bisect_rows(BISECT[name])
     if name == "smoke":
         return [Variant("chapter-script", steps=3, warm=1), Variant("chapter", "chapter", steps=3, warm=1),
                 Variant("lowest_memory", "lowest_memory", steps=3, warm=1),
