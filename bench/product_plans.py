@@ -37,6 +37,17 @@ class Variant:
 # between, each run from its own tree (`bash bench/bisect_trees.sh COMMIT...` writes .bisect/COMMIT), the chapter's
 # script of this tree as the yardstick. validation_share=0 where the tree has the field (as the 12-01 rows had none).
 BISECT = {"bisect1": ["fcbfe14", "9c8b101", "23f3c2f", "99127b1"]}
+# bisect1 found no fall (fcbfe14 11,546, 99127b1 13,298 tok/s): bisect2 checks order and noise, both presets, this tree.
+OFF = ["validation_share=0"]
+
+
+def bisect2() -> list[Variant]:
+    old = [v for v in bisect_rows(["fcbfe14", "99127b1"]) if v.code]
+    low = Variant("lowest_memory-fcbfe14", "lowest_memory", [], steps=12, warm=3, timeout_s=120, code=old[0].code)
+    return [Variant("chapter-script", steps=4, warm=1, timeout_s=150, note="the chapter's script as written"),
+            Variant("fastest-main-1", "fastest", OFF, steps=20, timeout_s=110), old[0], low,
+            Variant("lowest_memory-main", "lowest_memory", OFF, steps=12, warm=3, timeout_s=120), old[1],
+            Variant("fastest-main-2", "fastest", OFF, steps=20, timeout_s=110)]
 
 
 def bisect_rows(commits: list[str]) -> list[Variant]:
@@ -55,6 +66,8 @@ def bisect_rows(commits: list[str]) -> list[Variant]:
 def plan(name: str) -> list[Variant]:
     if name in BISECT:
         return bisect_rows(BISECT[name])
+    if name == "bisect2":
+        return bisect2()
     if name == "smoke":
         return [Variant("chapter-script", steps=3, warm=1), Variant("chapter", "chapter", steps=3, warm=1),
                 Variant("lowest_memory", "lowest_memory", steps=3, warm=1),
