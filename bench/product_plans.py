@@ -63,7 +63,21 @@ def bisect_rows(commits: list[str]) -> list[Variant]:
     return rows
 
 
+def bisect3() -> list[Variant]:
+    """bisect2: the same code 10,247 and 11,764 tok/s in one call, the first `fastest` row slowest in both calls (GPU
+    busy 57-80%: host-bound). Three interleaved pairs, old and this tree, after one discarded warm row."""
+    old = [v for v in bisect_rows(["fcbfe14"]) if v.code][0]
+    rows = [Variant("chapter-script", steps=4, warm=1, timeout_s=150, note="the chapter's script as written"),
+            Variant("fastest-discarded", "fastest", OFF, steps=8, timeout_s=90, note="first liger row: not compared")]
+    for i in (1, 2, 3):
+        rows += [Variant(f"fastest-fcbfe14-{i}", "fastest", [], steps=20, timeout_s=110, code=old.code),
+                 Variant(f"fastest-main-{i}", "fastest", OFF, steps=20, timeout_s=110)]
+    return rows
+
+
 def plan(name: str) -> list[Variant]:
+    if name == "bisect3":
+        return bisect3()
     if name in BISECT:
         return bisect_rows(BISECT[name])
     if name == "bisect2":
