@@ -266,6 +266,64 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# --- against the last figures ---------------------------------------------------------------------------------------
+SLOWER = 0.05  # a preset more than this much below its last same-call ratio to the chapter's script is flagged
+MEASURED = ROOT / "bench" / "presets_measured.json"
+
+
+def compared(rows: list[dict], last: dict[str, dict], arch: str) -> list[dict]:
+    """Each plain preset row of this tree (the 8B shape, no settings but validation off, not a discarded warm row)
+    against that preset's last figure (bench/presets_measured.json), as a ratio to the chapter's script in the same
+    call: the yardstick absorbs a slower or faster machine (run 13: the same code ran 9,757-13,324 tok/s in one call;
+    the chapter's script 311-336 across calls). A row without a same-call yardstick, or a last figure without one, is
+    compared by tokens/s and says so."""
+    chapter = next((r.get("steady_tokens_per_s") for r in rows if r.get("name") == "chapter-script"), None)
+    out = []
+    for r in rows:
+        v = r.get("variant") or {}
+        preset = v.get("preset")
+        if (preset not in last or v.get("code") or r.get("name", "").endswith("-discarded")
+                or set(v.get("sets") or []) - {"validation_share=0"} or (v.get("arch") or arch) != "llama-3.1-8b"
+                or not r.get("steady_tokens_per_s")):
+            continue
+        before, now = last[preset], r["steady_tokens_per_s"]
+        if chapter and before.get("vs_chapter"):
+            ratio, was, unit = now / chapter, before["vs_chapter"], "x the chapter's script"
+        else:
+            ratio, was, unit = now, before.get("tokens_per_s"), "tokens/s (no same-call yardstick)"
+        if not was:
+            continue
+        change = ratio / was - 1
+        out.append({"row": r["name"], "preset": preset, "now": round(ratio, 2), "last": was, "unit": unit,
+                    "last_from": f'{before.get("section")}, {before.get("date")}', "change": round(change, 3),
+                    "slower": change < -SLOWER})
+    return out
+
+
+def say_compared(found: list[dict]) -> str:
+    lines = []
+    for c in found:
+        text = (f'{c["row"]}: {c["now"]:,} {c["unit"]}, {100 * c["change"]:+.1f}% against its last figure '
+                f'({c["last"]:,}, {c["last_from"]})')
+        lines.append(("*** SLOWER: " + text + ": rerun to tell a regression from noise, then bisect "
+                      "(bench/bisect_trees.sh) ***") if c["slower"] else text)
+    return "\n".join(lines)
+
+
+def with_warm_row(variants: list[Variant], smoke: bool) -> list[Variant]:
+    """A discarded copy of the first preset row before it: in run 13 the first `fastest` process of each call ran
+    9,757-10,247 tok/s where the same code ran 11,260-13,324 after it (GPU busy 57-59% against 69-83%)."""
+    if smoke or any(v.name.endswith("-discarded") for v in variants):
+        return variants
+    i = next((i for i, v in enumerate(variants) if v.preset), None)
+    if i is None:
+        return variants
+    v = variants[i]
+    warm = Variant(f"{v.name}-discarded", v.preset, list(v.sets), steps=8, warm=3, timeout_s=90, arch=v.arch,
+                   max_length=v.max_length, code=v.code, note="warms the machine: not compared")
+    return variants[:i] + [warm] + variants[i:]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.product")
     ap.add_argument("--out", required=True)
@@ -313,8 +371,8 @@ def main(argv=None) -> int:
     print(json.dumps(info), flush=True)
     only = {s for s in args.only.split(",") if s}
     rows = []
-    for v in plan(args.plan):
-        if only and v.name not in only:
+    for v in with_warm_row(plan(args.plan), smoke):
+        if only and v.name not in only and not v.name.endswith("-discarded"):
             continue
         left = args.budget_s - (time.time() - t0)
         if left < min(v.timeout_s, 60):
@@ -328,9 +386,12 @@ def main(argv=None) -> int:
                                                   "steady_tokens_per_s", "to_first_step_s", "warmup_s", "first_step_s",
                                                   "steady_step_s_median", "gpu_util_steady_pct")}), flush=True)
         (root / "results.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1), encoding="utf-8")
-    (root / "results.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1), encoding="utf-8")
-    (root / "table.md").write_text(table(rows) + "\n", encoding="utf-8")
+    found = compared(rows, json.loads(MEASURED.read_text())["presets"], arch)
+    (root / "results.json").write_text(json.dumps({"info": info, "rows": rows, "compared": found}, indent=1),
+                                       encoding="utf-8")
+    (root / "table.md").write_text(table(rows) + "\n\n" + say_compared(found) + "\n", encoding="utf-8")
     print(table(rows))
+    print(say_compared(found))
     return 0
 
 
