@@ -159,3 +159,13 @@ def test_the_page_is_built_by_ui_layout_and_nothing_below_it_imports_it():
     ui = {name: deps for name, deps in graph.items() if name.startswith("ui.")}
     assert "ui.blocks" not in graph and ui["ui.layout"]
     assert not [name for name, deps in ui.items() if "ui.layout" in deps]
+
+
+def test_config_is_a_floor_and_the_levers_sit_just_above_it():
+    """core.config imports nothing of memtune but the leaves below every package (it names what it cannot import as
+    text: tests/test_registry.py imports those names); the levers' own modules (core/levers/) need only config and
+    are used by the loader above them."""
+    packages = package_graph(import_graph())
+    leaves = {name for name, deps in packages.items() if not deps}
+    assert "core.messages" in leaves and packages["core.config"] <= leaves
+    assert packages["core.levers"] == {"core.config"} and "core.levers" in packages["core.model"]

@@ -1,4 +1,4 @@
-"""The memory/speed levers of core.model.load, on the CPU with the demo model (no mocks of the ML stack).
+"""The memory/speed levers (core.model.load, core/levers/), on the CPU with the demo model (no mocks of the ML stack).
 
 Liger kernels and the CUDA allocator setting need a CUDA GPU: their tests only check that they are refused or
 inert on the CPU (bench/RESULTS.md measures them on an H200).
@@ -7,6 +7,7 @@ inert on the CPU (bench/RESULTS.md measures them on an H200).
 import pytest
 import torch
 
+from core.levers import embedding
 from core.model import attention as varlen
 from core.model import load as model_lib
 from core.checks import validate
@@ -33,9 +34,9 @@ def test_embedding_offload_gives_identical_logits_and_hides_the_matrix(demo_mode
     before = demo_model(input_ids=ids()).logits
     n_params = sum(p.numel() for p in demo_model.parameters())
     emb_numel = demo_model.get_input_embeddings().weight.numel()
-    assert model_lib.offload_input_embeddings(demo_model)
+    assert embedding.offload_input_embeddings(demo_model)
     wrapped = demo_model.get_input_embeddings()
-    assert isinstance(wrapped, model_lib.CpuEmbedding)
+    assert isinstance(wrapped, embedding.CpuEmbedding)
     assert wrapped.weight.device.type == "cpu" and wrapped.num_embeddings == emb_numel // wrapped.embedding_dim
     # Not registered: .to()/parameters()/state_dict never see it, so Trainer/Accelerate cannot move it back.
     assert sum(p.numel() for p in demo_model.parameters()) == n_params - emb_numel
@@ -43,19 +44,19 @@ def test_embedding_offload_gives_identical_logits_and_hides_the_matrix(demo_mode
     demo_model.to(torch.float32)
     assert wrapped.cpu_embedding.weight.device.type == "cpu"
     assert torch.equal(demo_model(input_ids=ids()).logits, before)
-    assert model_lib.offload_input_embeddings(demo_model)  # idempotent
+    assert embedding.offload_input_embeddings(demo_model)  # idempotent
 
 
 def test_embedding_offload_skips_tied_and_trainable_embeddings(demo_model):
     demo_model.get_output_embeddings().weight = demo_model.get_input_embeddings().weight  # tie them
-    assert model_lib.embeddings_tied(demo_model)
-    assert not model_lib.offload_input_embeddings(demo_model)
+    assert embedding.embeddings_tied(demo_model)
+    assert not embedding.offload_input_embeddings(demo_model)
     assert isinstance(demo_model.get_input_embeddings(), torch.nn.Embedding)
 
 
 def test_embedding_offload_refuses_a_trainable_embedding(demo_model):
     demo_model.get_input_embeddings().weight.requires_grad_(True)
-    assert not model_lib.offload_input_embeddings(demo_model)
+    assert not embedding.offload_input_embeddings(demo_model)
 
 
 def test_prepare_for_training_applies_the_lean_levers_with_4bit(demo_model_path):
@@ -65,7 +66,7 @@ def test_prepare_for_training_applies_the_lean_levers_with_4bit(demo_model_path)
     model = model_lib.load_model(cfg, str(demo_model_path))
     model = model_lib.prepare_for_training(model, cfg)
     base = model.get_base_model()
-    assert isinstance(base.get_input_embeddings(), model_lib.CpuEmbedding)
+    assert isinstance(base.get_input_embeddings(), embedding.CpuEmbedding)
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in base.modules())
     # No fp32 upcast: every frozen non-quantized weight stays in the compute dtype.
     frozen = [p for p in base.parameters() if not p.requires_grad and type(p).__name__ != "Params4bit"]
@@ -85,7 +86,7 @@ def test_chapter_upcast_then_offload_keeps_the_fp32_embedding(demo_model_path):
     cfg = demo_config(load_in_4bit=True, upcast_to_fp32=True, offload_embeddings=True)
     model = model_lib.prepare_for_training(model_lib.load_model(cfg, str(demo_model_path)), cfg)
     emb = model.get_base_model().get_input_embeddings()
-    assert isinstance(emb, model_lib.CpuEmbedding) and emb.weight.dtype == torch.float32
+    assert isinstance(emb, embedding.CpuEmbedding) and emb.weight.dtype == torch.float32
 
 
 def test_padding_free_packing_respects_row_boundaries_with_sdpa(demo_model):
@@ -226,9 +227,9 @@ def test_embedding_offload_keywords_for_a_checkpoint_saved_in_4bit(demo_model_pa
 
     with pytest.raises(ValueError, match="dispatched on the CPU"):  # what transformers does with the flag passed in
         validate(AutoConfig.from_pretrained(tmp_path / "nf4").quantization_config)
-    kwargs = model_lib.offload_kwargs(AutoConfig.from_pretrained(cfg.model),
+    kwargs = embedding.offload_kwargs(AutoConfig.from_pretrained(cfg.model),
                                       {"quantization_config": model_lib.build_bnb_config(cfg)}, dmap)
     assert kwargs["device_map"] is dmap and kwargs["quantization_config"].llm_int8_enable_fp32_cpu_offload
     validate(kwargs["config"].quantization_config)  # the checkpoint's own config now carries the flag
-    plain = model_lib.offload_kwargs(AutoConfig.from_pretrained(demo_model_path), {"quantization_config": None}, dmap)
+    plain = embedding.offload_kwargs(AutoConfig.from_pretrained(demo_model_path), {"quantization_config": None}, dmap)
     assert "config" not in plain  # a bf16 checkpoint: nothing to change

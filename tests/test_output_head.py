@@ -1,4 +1,4 @@
-"""quantize_output_head: the frozen output head in 4-bit NF4 (core.model.load.QuantizedHead), read by TRL's fused loss.
+"""quantize_output_head: the frozen output head in 4-bit NF4 (core/levers/output_head.py), read by TRL's fused loss.
 
 The real bitsandbytes NF4 path runs here (its CPU backend); only the CUDA part (loading the head straight into CPU
 memory, then quantizing it onto the GPU block by block) needs a GPU and is not exercised.
@@ -10,7 +10,7 @@ import torch
 from core.config.settings import Hardware, TrainConfig, demo_config
 from core.estimate.predict import GIB, estimate
 from core.estimate.terms import QUANTIZED_HEAD_ROWS
-from core.model.load import HEAD_ROWS, QuantizedHead, quantize_output_head
+from core.levers.output_head import HEAD_ROWS, QuantizedHead, quantize_output_head
 from core.config.presets import apply_preset
 from core.model.shapes import SHAPES
 

@@ -733,7 +733,7 @@ def test_checklist_shows_the_chapters_8b_figure_beside_the_demos_own(form):
     assert not any("chapter's 8B settings" in render.E(html) or "mt-fact-chapter" in html for html in chapter)
 
 
-# The speed facts' own tests: tests/test_checklist.py (the lever registry and assets/lever_facts.json).
+# The speed facts' own tests: tests/test_checklist.py (assets/lever_facts.json); the lever registry's: tests/test_registry.py.
 
 
 @pytest.mark.filterwarnings("ignore:Does not fit")

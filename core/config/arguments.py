@@ -102,9 +102,9 @@ def sft_kwargs(cfg: TrainConfig, output_dir: str | Path, cuda: bool, console: bo
         "max_length": cfg.max_length,  # was SFTTrainer(max_seq_length=...) in the chapter
         "packing": cfg.packing,
         # Compiled layers (compile_layers) and liger's in-layer Triton kernels do not mix: dynamo cannot trace
-        # liger's autograd functions (torch 2.11, liger 0.8.5: an AssertionError at the first RMSNorm, bench/RESULTS.md
-        # run 10), and inductor fuses the norms, RoPE and the gated MLP itself. TRL's own fused LM head (the loss
-        # without the full logits) is applied either way, so liger is simply not asked for.
+        # liger's autograd functions (torch 2.11, liger 0.8.5: an AssertionError at the first RMSNorm;
+        # bench/RESULTS.md, section "Regional compile"), and inductor fuses the norms, RoPE and the gated MLP itself.
+        # TRL's own fused LM head (the loss without the full logits) is applied either way, so liger is not asked for.
         "use_liger_kernel": cfg.use_liger_kernel and not cfg.compile_layers,
         # TRL's own offloading (saved-tensor hooks around each training step); it needs an accelerator device
         "activation_offloading": cfg.offload_activations and cuda,
@@ -125,7 +125,8 @@ def sft_kwargs(cfg: TrainConfig, output_dir: str | Path, cuda: bool, console: bo
         kwargs["packing_strategy"] = "bfd"
         if cfg.compile_layers:
             # Inductor guards on a micro-batch's length being a multiple of 8 and compiled again for each new
-            # residue (bench/RESULTS.md run 11: ~50 s per compile on an H200); padded to 8, one graph serves all.
+            # residue (each a compile of its own: bench/RESULTS.md, section "Regional compile"); padded to 8, one graph
+            # serves all.
             # The padding is one-token rows of their own (position 0, label -100): nothing trains on it.
             kwargs["pad_to_multiple_of"] = 8
     return kwargs

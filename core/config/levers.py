@@ -11,8 +11,8 @@ the lists the rest of memtune derives from those declarations instead of naming 
   (`speed_context()`).
 
 A lever is a field with `lever=Lever(...)` in its metadata, so adding one touches its field, the code that hands it
-to the libraries, its estimator term, its translations and its test (tests/test_checklist.py checks the
-declarations against the code they name).
+to the libraries, its estimator term, its translations and its test (tests/test_registry.py imports what the
+declarations name and checks it against them).
 """
 
 from __future__ import annotations

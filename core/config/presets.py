@@ -42,8 +42,9 @@ PRESETS: dict[str, dict[str, Any]] = {
             "per_device_train_batch_size": 2,  # ~1,000 tokens per micro-step: training peak stays under loading's
             "gradient_accumulation_steps": 3,  # 6 packs ~ the chapter's 16 rows per optimizer step
             "gradient_checkpointing": True,
-            "offload_activations": True,  # checkpointed layer inputs in CPU memory: -0.2 GiB on 8B, -1.1 on 70B (run 11)
-            "use_liger_kernel": True,  # fused linear cross-entropy: no 128k-wide logits; -0.06 GiB, 1.1x (2026-12-01)
+            # checkpointed layer inputs in CPU memory (measured: bench/RESULTS.md, section "Activation offloading")
+            "offload_activations": True,
+            "use_liger_kernel": True,  # fused linear cross-entropy: the 128k-wide logits never exist
             "optim": "paged_adamw_8bit",
         },
     },
@@ -60,7 +61,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             "per_device_train_batch_size": 8,  # ~4,000 tokens per micro-step (never more than 8 x max_length)
             "gradient_accumulation_steps": 1,  # 8 packs ~ 22 dolly rows per optimizer step
             "gradient_checkpointing": False,  # no recompute; activations ~3.8 MiB per token on 8B with liger
-            "attention": "varlen",  # per packed row: 12,637 vs 5,306 tokens/s, -1.0 GiB (bench/RESULTS.md, 2026-11-30)
+            # per packed row, no [tokens x tokens] mask: faster and smaller (bench/RESULTS.md, section "Product path")
+            "attention": "varlen",
             "optim": "paged_adamw_8bit",
         },
     },

@@ -93,11 +93,12 @@ class Lever:
 
     `place`: where the page shows the field's widget: "checklist" (beside checklist item `item`; the item's own
     box when the field is its switch), "beyond" ("Beyond the chapter", by `order`), "training" (with the LoRA
-    settings). `library` / `term`: the functions ("module.function") that hand it to the libraries and that
-    model its memory (empty `term`: it changes no memory). `measured`: the bench/RESULTS.md section (its heading's
-    start) with its measured saving and cost, "" when none. `preset`: presets set it (to the chapter's value
-    first). `fit`: Fit to my GPU may change it (its place in Fit's note; 0: never). `cuda_only`: dropped by presets
-    where there is no CUDA GPU with its package. `speed`: the page says where a speed measurement was made by these
+    settings). `library` / `term`: the functions ("module.function") that hand it to the libraries (or, for a
+    lever with a module of its own in core/levers/, do its work) and the estimator's functions that model its
+    memory (empty `term`: it changes no memory). `measured`: the bench/RESULTS.md section (its heading's start)
+    with its measured saving and cost, "" when none. `preset`: presets set it (to the chapter's value first).
+    `fit`: Fit to my GPU may change it (its place in Fit's note; 0: never). `cuda_only`: dropped by presets where
+    there is no CUDA GPU with its package. `speed`: the page says where a speed measurement was made by these
     levers' values and shows the measurement made closest to the user's settings by them (ui/speed.py)."""
 
     place: str
@@ -112,10 +113,12 @@ class Lever:
     speed: bool = False
 
 
-# The functions levers are declared against (tests/test_checklist.py checks each names the field it is given for).
+# The modules levers are declared against, named as text: config is below all of them and imports none.
+# tests/test_registry.py imports every name, checks each function reads the field it is given for, and each section.
 ARGS, LOAD, TERMS = "core.config.arguments", "core.model.load", "core.estimate.terms"
+EMBEDDING, HEAD = "core.levers.embedding", "core.levers.output_head"  # the levers with modules of their own
 SFT, PREP, TERM = f"{ARGS}.sft_kwargs", f"{LOAD}.prepare_for_training", f"{TERMS}.single_gpu_terms"
-TOLD = "Levers, one at a time"  # bench/RESULTS.md's section of run 3's lever chain and the pairs beside it
+TOLD = "Levers, one at a time"  # bench/RESULTS.md's section measuring the levers one by one and in pairs
 
 
 @dataclass
@@ -149,12 +152,13 @@ class TrainConfig:
         "Keep the frozen input embedding (vocabulary x hidden: ~1 GiB on Llama-3 8B) in CPU memory; only the "
         "rows a batch looks up go to the GPU. Same results. No effect where the embedding is tied to the output "
         "head (e.g. Llama-3.2 1B/3B) or without a GPU.",
-        lever=Lever("beyond", (f"{LOAD}.load_model", PREP), (TERM,), TOLD, order=3)))
+        lever=Lever("beyond", (f"{LOAD}.load_model", PREP, f"{EMBEDDING}.load_embedding_on_cpu",
+                                f"{EMBEDDING}.offload_input_embeddings"), (TERM,), TOLD, order=3)))
     quantize_output_head: bool = field(default=False, metadata=_help(
         "Store the frozen output head (vocabulary x hidden: ~1 GiB on Llama-3 8B) in 4-bit NF4 and compute the "
         "loss from it in vocabulary chunks: -0.7 GiB on 8B. No effect without load_in_4bit, or where the head is "
         "tied to the input embedding. The logits change slightly (the head is quantized like the other weights).",
-        lever=Lever("beyond", (PREP,), (TERM,), "The 6 GB setting", order=4)))
+        lever=Lever("beyond", (PREP, f"{HEAD}.quantize_output_head"), (TERM,), "The 6 GB setting", order=4)))
     expandable_segments: bool = field(default=False, metadata=_help(
         "Let PyTorch's CUDA allocator grow memory segments in place (expandable_segments) instead of caching "
         "many fixed blocks: less memory reserved but unused, so a lower GPU peak. Same results. CUDA only.",

@@ -22,10 +22,10 @@ fsdp  FSDP-QLoRA, FSDP1 through accelerate: FULL_SHARD, no offload, use_orig_par
       unquantized models), and FSDP then flattens each unit there (one unit twice for a moment) before sharding:
       the freed memory stays in PyTorch's cache.
 
-Calibration (bench/RESULTS.md run 5, 2x H200, Llama-3.1-8B shape, DDP, tests/test_estimate.py): NVML per GPU grew by
-0.68 GiB on `fastest` (+0.02 GiB allocated) and 1.66 GiB on `lowest_memory` (+0.57 allocated) over one GPU.
-NCCL_BUFFERS + the kept broadcast blocks (1.09 GiB) sit between the two; what makes lowest_memory's growth larger
-was not profiled (it is within 10% either way).
+Calibration (bench/RESULTS.md, section "Data-parallel (DDP)": 2x H200, Llama-3.1-8B shape; tests/test_estimate.py):
+NVML per GPU grew by 0.68 GiB on `fastest` (+0.02 GiB allocated) and 1.66 GiB on `lowest_memory` (+0.57 allocated)
+over one GPU. NCCL_BUFFERS + the kept broadcast blocks (1.09 GiB) sit between the two; what makes lowest_memory's
+growth larger was not profiled (it is within 10% either way).
 """
 
 from __future__ import annotations

@@ -322,14 +322,14 @@ def measured_row_tokens(cfg: TrainConfig) -> int | None:
 # accumulation raised to keep ~the same packs per optimizer step), then checkpointing. It says what it changed, or,
 # when even the smallest setting does not fit, what the preset gives for this model.
 # A model far inside the promise on a GPU (Llama-3.2-3B: 12.6 of 24 GiB) is launch-bound at the preset's micro-batch
-# (run 10: 9,810 tokens/s with the GPU 27% busy; 16 packs: 18,661 tokens/s at 21.2 GiB, run 7), so the micro-batch
-# grows too: doubled while the prediction keeps the promise, up to GROW_MAX_TOKENS per micro-step. Where the
-# accumulation is above 1 it is divided to keep the packs per optimizer step; at 1 (the preset's), each optimizer
-# step then sees more packs, and the note says so. Not without CUDA: a CPU is not launch-bound.
+# (its GPU about a quarter busy, and faster with twice the packs: bench/RESULTS.md, section "`fastest` sized per
+# model"), so the micro-batch grows too: doubled while the prediction keeps the promise, up to GROW_MAX_TOKENS per
+# micro-step. Where the accumulation is above 1 it is divided to keep the packs per optimizer step; at 1 (the
+# preset's), each optimizer step then sees more packs, and the note says so. Not without CUDA: a CPU is not launch-bound.
 #
 PRESET_BUDGETS_GIB = {"fastest": 24.0}  # the preset's promise: NVML peak on one GPU (a "24 GB" card holds 24 GiB)
 PRESET_MARGIN = 0.97  # the estimator's error on the GPU rows is within 3% (bench/RESULTS.md): aim below the promise by that
-# 4x the preset's 8 x 512 tokens: at 27% GPU busy (3B, run 10) that is where the matrix work would fill the GPU;
+# 4x the preset's 8 x 512 tokens: with the 3B's GPU a quarter busy, that is where the matrix work would fill it;
 # beyond it a bigger micro-step only adds memory. At max_length 2048 the preset's 8 packs are there already.
 GROW_MAX_TOKENS = 16384
 

@@ -60,7 +60,7 @@ CACHE_FRACTION = 0.075  # ... plus this share of the working set (activations, l
 CACHE_FRACTION_EXPANDABLE = 0.04  # with expandable_segments (measured 0.04 on `fastest`, 0.05 on 70B)
 LM_HEAD_VOCAB_CHUNK = 32768  # trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE
 LM_HEAD_TOKEN_CHUNK = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE
-QUANTIZED_HEAD_ROWS = 8192  # core.model.load.HEAD_ROWS: rows per NF4 block of a quantized head, and TRL's chunk then
+QUANTIZED_HEAD_ROWS = 8192  # core.levers.output_head.HEAD_ROWS: rows per NF4 block of the head, TRL's chunk then
 OFFLOAD_STASH = 5  # trl's get_act_offloading_ctx_manager max_fwd_stash_size: saved tensors kept on the GPU while
 # their copy to the CPU runs (offload_activations); the backward pass brings each back just before its layer
 PAGED_MIN_NUMEL = 100_000  # bitsandbytes Optimizer8bit.get_state_buffer pages only tensors at least this large
@@ -271,14 +271,14 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     else:
         quantized = 0
         unquantized = d.c * shape.total_params
-    # quantize_output_head: the untied head in NF4 blocks (core.model.load.QuantizedHead) instead of its dtype.
+    # quantize_output_head: the untied head in NF4 blocks (core.levers.output_head.QuantizedHead) instead of its dtype.
     q_head = bool(q4 and cfg.quantize_output_head and shape.head_params)
     if q_head:
         rows = max(1, shape.head_params // h)
         quantized += sum(nf4_bytes(min(QUANTIZED_HEAD_ROWS, rows - a) * h, cfg.bnb_4bit_use_double_quant)
                          for a in range(0, rows, QUANTIZED_HEAD_ROWS))
         unquantized -= other_dtype * shape.head_params
-    # offload_embeddings: the frozen input embedding stays in CPU memory (core.model.load.CpuEmbedding), not when tied.
+    # offload_embeddings: the frozen input embedding stays in CPU memory (core/levers/embedding.py), not when tied.
     offloaded = other_dtype * shape.embed_params if (cfg.offload_embeddings and shape.head_params) else 0
     if offloaded:
         notes.append(f"the input embedding ({offloaded / GIB:.2f} GiB) is kept in CPU memory (loaded straight "
@@ -339,7 +339,7 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     temporaries = max(0, layer_phase - logits) + workspace
 
     # Loading: the fp32 upcast converts one matrix at a time; the bf16 copy of the first is freed but stays cached.
-    # An offloaded embedding is loaded straight into CPU memory (core.model.load._load_embedding_on_cpu) and upcast
+    # An offloaded embedding is loaded straight into CPU memory (core.levers.embedding.load_embedding_on_cpu) and upcast
     # there: it never was on the GPU. (Counting it at load made lowest_memory's estimate +9% on Llama-3.1-8B and
     # +12% on Qwen3-8B, issue 20: the loading peak it predicted does not exist.)
     if embedding_via_gpu:
