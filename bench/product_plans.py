@@ -75,7 +75,23 @@ def bisect3() -> list[Variant]:
     return rows
 
 
+def presets_and_compile_cache() -> list[Variant]:
+    """Run 14: each preset beside the chapter's script in one call (presets_measured.json's same-call ratios), and
+    `fastest` with compile_layers twice: the first process fills the compile cache, the second loads it."""
+    comp = [*OFF, "compile_layers=true"]
+    return [Variant("chapter-script", steps=4, warm=1, timeout_s=150, note="the chapter's script as written"),
+            Variant("fastest", "fastest", OFF, steps=20, timeout_s=110),
+            Variant("lowest_memory", "lowest_memory", OFF, steps=12, warm=3, timeout_s=120),
+            Variant("six_gb", "six_gb", OFF, steps=12, warm=3, timeout_s=120),
+            Variant("fastest-compile-cold", "fastest", comp, steps=20, warm=5, timeout_s=240,
+                    note="compile cache empty"),
+            Variant("fastest-compile-warm", "fastest", comp, steps=20, warm=5, timeout_s=200,
+                    note="the compile cache the row before filled")]
+
+
 def plan(name: str) -> list[Variant]:
+    if name == "run14":
+        return presets_and_compile_cache()
     if name == "bisect3":
         return bisect3()
     if name in BISECT:
