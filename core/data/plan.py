@@ -77,15 +77,16 @@ class DataPlan:
                 **self.counts, "packs": self.n_packs, "max_length": self.max_length, "turns": self.turns,
                 "long_prompts": self.long_prompts, "longest_row_tokens": self.longest_row}
 
-    def describe(self, head: str = "log.data") -> Said:
+    def describe(self, validation: bool = False) -> Said:
         """One line for the run log: every row of the split, accounted for (log.data; the validation part's plan:
         log.val_rows), keyed so the page says it in its language."""
         parts = [Said(f"preview.reason.{r}", n=self.counts[r]) for r in REASONS if self.counts[r] or r == "kept"]
         packs = Said("log.data_packs", n=self.n_packs, max_length=self.max_length) if self.packing else ""
-        return Said(head, rows=self.n_source, dataset=f"{self.source} ({self.format})", train=self.n_train,
-                    max_length=self.max_length, outcomes=Said("msg.list", items=parts), packs=packs)
+        return Said("log.val_rows" if validation else "log.data", rows=self.n_source,
+                    dataset=f"{self.source} ({self.format})", train=self.n_train, max_length=self.max_length,
+                    outcomes=Said("msg.list", items=parts), packs=packs)
 
-    def describe_turns(self) -> str | None:
+    def describe_turns(self) -> Said | None:
         """The run log's line for conversations, every assistant turn accounted for (None without several turns):
         trained whole, cut at max_length (a first answer that alone does not fit), dropped (left out: the turns
         after the last one that fits max_length whole, and those of dropped rows). A line of its own, so the page

@@ -34,9 +34,8 @@ from core.runs.folders import STOP_FILE
 PARENT_ENV = "MEMTUNE_PARENT_PID"  # set by the app for its child: the pid whose death means "stop and save"
 KILL_GRACE_S = 5.0  # between SIGTERM and SIGKILL to the process group
 TAIL_LINES = 15  # lines of the log quoted when a child dies
-# why a run was ended -> its message's key (core/locales: log.kill.*, with {how} and {s}, the seconds waited)
-KILL_REASONS = {reason: f"log.kill.{reason}" for reason in ("second_stop", "no_answer", "no_end", "shutdown",
-                                                             "unwritable")}
+# why a run was ended; each has its message (core/locales log.kill.<reason>, with {how} and {s}, the seconds waited)
+KILL_REASONS = ("second_stop", "no_answer", "no_end", "shutdown", "unwritable")
 
 
 class Child:
@@ -133,7 +132,8 @@ class Child:
         how = exit_text(code)
         if self.kill_reason is not None:
             seconds = self.ack_s if self.kill_reason == "no_answer" else self.finish_s
-            why = Said(KILL_REASONS.get(self.kill_reason, "log.kill.shutdown"), how=how, s=seconds)
+            reason = self.kill_reason if self.kill_reason in KILL_REASONS else "shutdown"
+            why = Said(f"log.kill.{reason}", how=how, s=seconds)
             return Said("msg.two", first=why, second=Said("log.kill.checkpoints_remain"))
         message = Said(unexpected, how=how, **params) if unexpected in table("en") else unexpected.format(how=how)
         if code is not None and code < 0 and -code == signal.SIGKILL:
