@@ -360,6 +360,13 @@ def error_text(exc: BaseException, lang: str) -> str:
     return said_text(fields_of(exc), str(exc), lang)
 
 
+def problem_text(p: Problem, lang: str) -> str:
+    """A configuration problem on one line, "field: message -> fix", by its key in the page's language."""
+    if not p.key or normalize(lang) == "en":
+        return str(p)
+    return f"{p.field}{_colon(lang)}{said(p.key, p.params, lang)} -> {said(p.key + '.fix', p.params, lang)}"
+
+
 def said_text(record: dict[str, Any] | None, english: str, lang: str) -> str:
     """A failed run's message (its error event's or summary.json's `key`/`params`/`problems`, core.messages.said_of)
     in the page's language; a record without them (an older run, an unexpected error) as its English through the log

@@ -79,11 +79,12 @@ class DataPlan:
 
     def describe(self, validation: bool = False) -> Said:
         """One line for the run log: every row of the split, accounted for (log.data; the validation part's plan:
-        log.val_rows), keyed so the page says it in its language."""
+        log.val_rows), keyed so the page says it in its language. A setting's value (max_length) is passed as text:
+        written as the user sets it, not grouped like a count."""
         parts = [Said(f"preview.reason.{r}", n=self.counts[r]) for r in REASONS if self.counts[r] or r == "kept"]
         packs = Said("log.data_packs", n=self.n_packs, max_length=self.max_length) if self.packing else ""
         return Said("log.val_rows" if validation else "log.data", rows=self.n_source,
-                    dataset=f"{self.source} ({self.format})", train=self.n_train, max_length=self.max_length,
+                    dataset=f"{self.source} ({self.format})", train=self.n_train, max_length=str(self.max_length),
                     outcomes=Said("msg.list", items=parts), packs=packs)
 
     def describe_turns(self) -> Said | None:
@@ -112,8 +113,9 @@ class DataPlan:
         fit = suggest_max_length(self.lengths)
         share = sum(n <= fit for n in self.lengths) / len(self.lengths)
         empty = Said("log.refusal_empty", n=self.counts["dropped_empty"]) if self.counts["dropped_empty"] else ""
-        return Said("log.refusal", rows=self.counts["dropped_long"], source=self.source, max_length=self.max_length,
-                    empty=empty, fit=fit, share=round(100 * share), longest=self.longest_row)
+        return Said("log.refusal", rows=self.counts["dropped_long"], source=self.source,
+                    max_length=str(self.max_length), empty=empty, fit=str(fit), share=round(100 * share),
+                    longest=self.longest_row)
 
 
 def suggest_max_length(lengths: list[int], step: int = 16, limit: int = 131072) -> int:
@@ -343,7 +345,7 @@ def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | 
     longest = int(np.argmax(plan.lengths))
     if plan.lengths[longest] > cfg.max_length:
         plan.notes.append(Said("log.longest", row=kept_rows[longest] + 1, tokens=plan.lengths[longest],
-                               what=Said(f"log.outcome.{plan.reasons[longest]}"), max_length=cfg.max_length))
+                               what=Said(f"log.outcome.{plan.reasons[longest]}"), max_length=str(cfg.max_length)))
     plan.examples = _examples(plan, columns, all_ids, prompt_lens, cuts, tokenizer, n_examples, keep_first)
     _LONGEST[_lengths_key(cfg)] = plan.longest_row
     return plan
