@@ -4,7 +4,8 @@ history details, problems and notices.
 Pure functions from data to HTML strings (every user-supplied string escaped), so they are tested without a
 browser. Every text comes from core.i18n in the page's language (`lang`); the engine's English lines (the run log,
 the preview's notes, a failed run's message) carry their locale key and values (core.messages) and are said by it
-(`said`, `log_line`, `log_text`); a text without a key (an old run's line, a Python error) stays as the engine wrote it. Styling lives in ui/theme.py's CSS (classes prefixed `mt-`).
+(`said`, `log_line`, `log_text`); a text without a key (an old run's line, a Python error) stays as the engine wrote
+it. Styling lives in ui/theme.py's CSS (classes prefixed `mt-`).
 """
 
 from __future__ import annotations
@@ -182,8 +183,11 @@ def progress_html(v: JobView, lang: str = "en") -> str:
     frac = v.fraction
     label = t(f"state.{v.state}", lang)
     if v.state in ("running", "stopping") and v.phase and v.phase != "training" and not v.step:
-        # the engine's own message (English) in English; the phase's name in the other languages
-        detail = E((v.phase_message if normalize(lang) == "en" else "") or t(f"phase.{v.phase}", lang))
+        # the engine's own message in English; in another language the phase's name, then its message by its key
+        # (a phase's locale text is what follows the name: "Carregando o modelo: carregando ... em 4 bits")
+        words = said_text(v.phase_said, "", lang) if v.phase_said.get("key") else ""
+        detail = E(v.phase_message if normalize(lang) == "en" and v.phase_message else
+                   t(f"phase.{v.phase}", lang) + (_colon(lang) + words if words else ""))
     elif v.state in ("failed", "interrupted") and not v.step:
         detail = E(t("progress.no_steps", lang))  # not "step 0 / ?": it ended before its first step
     else:

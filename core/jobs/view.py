@@ -22,6 +22,7 @@ class JobView:
     state: str = "idle"  # idle | running | stopping | completed | stopped | failed | interrupted
     phase: str = ""
     phase_message: str = ""
+    phase_said: dict[str, Any] = field(default_factory=dict)  # the phase message's key + params: the page's words
     step: int = 0
     total_steps: int | None = None
     epoch: float | None = None
@@ -124,6 +125,7 @@ class _Fold:
                 v.total_steps = e.get("total_steps") or v.total_steps
             elif kind == "phase":
                 v.phase, v.phase_message = e.get("phase", ""), e.get("message", "") or ""
+                v.phase_said = {k: e[k] for k in ("key", "params") if k in e}
             elif kind == "step":
                 v.step = int(e.get("step") or v.step)
                 v.total_steps = e.get("total_steps") or v.total_steps
