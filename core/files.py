@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from core.messages import Said
+
 MARKER = ".memtune.json"
 MEMTUNE_VERSION = "0.9"
 KINDS = ("run", "adapter", "merged", "export")
@@ -171,15 +173,16 @@ def _full_disk(exc: BaseException, folder: str | Path) -> bool:
         return False
 
 
-def storage_message(exc: BaseException, folder: str | Path) -> str | None:
-    """A plain sentence for the write errors a user can fix, naming the folder; None for anything else."""
+def storage_message(exc: BaseException, folder: str | Path) -> Said | None:
+    """A plain sentence for the write errors a user can fix, naming the folder (keyed: log.disk_full, log.read_only,
+    log.no_permission); None for anything else."""
     code = next((c for c in map(_errno, _chain(exc)) if c is not None), None)
     if code in (errno.ENOSPC, errno.EDQUOT) or (code is None and _full_disk(exc, folder)):
-        return f"No space left in {folder}: free some disk space (or choose another output folder) and try again."
+        return Said("log.disk_full", path=str(folder))
     if code == errno.EROFS:
-        return f"{folder} is on a read-only file system: choose an output folder you can write to."
+        return Said("log.read_only", path=str(folder))
     if code in (errno.EACCES, errno.EPERM):
-        return f"No permission to write in {folder}: choose an output folder you can write to."
+        return Said("log.no_permission", path=str(folder))
     return None
 
 

@@ -47,6 +47,8 @@ def plain(value: Any) -> Any:
         return {"key": value.key, "params": value.params}
     if isinstance(value, dict) and "key" in value:
         return {"key": value["key"], "params": {k: plain(v) for k, v in (value.get("params") or {}).items()}}
+    if isinstance(value, (list, tuple)):  # lines of a message (msg.lines): each kept as a message or text
+        return [plain(v) for v in value]
     if isinstance(value, bool) or value is None:
         return str(value)
     return value if isinstance(value, (int, float, str)) else str(value)
@@ -94,14 +96,37 @@ def say(key: str, params: dict[str, Any] | None = None, lang: str = "en",
     text = find(key, lang) or table("en").get(key) or key
     values = {}
     for name, value in (params or {}).items():
-        if isinstance(value, dict) and "key" in value:
-            values[name] = say(value["key"], value.get("params"), lang, lookup, number)
-        else:
-            values[name] = value
+        values[name] = _said(value, lang, lookup, number, _JOIN.get(name, "\n"))
     try:
         return _Fill(lang, number).vformat(text, (), values)
     except (ValueError, IndexError, AttributeError, KeyError):  # a malformed locale text: say it unfilled, never raise
         return text
+
+
+_JOIN = {"items": ", ", "parts": "; "}  # a list parameter's separator by its name (msg.list, log.lora_more); else a line each
+
+
+def _said(value: Any, lang: str, lookup: Any, number: Any, sep: str) -> Any:
+    """A parameter in `lang`: a nested message said, a list said item by item and joined by `sep` (msg.lines' `lines`:
+    a line each; msg.list's `items`: ", "; `parts`: "; "), anything else as is."""
+    if isinstance(value, dict) and "key" in value:
+        return say(value["key"], value.get("params"), lang, lookup, number)
+    if isinstance(value, list):
+        return sep.join(str(_said(v, lang, lookup, number, sep)) for v in value)
+    return value
+
+
+def lines(*parts: Any) -> "Said":
+    """Several messages (or texts quoted as they are: a log's last lines) as one, a line each: key msg.lines."""
+    return Said("msg.lines", lines=[p for p in parts if p])
+
+
+def words_of(text: str) -> dict[str, Any]:
+    """An event's words for a text that may carry its key (a Said): keyed()'s fields, or the message alone (a text
+    from outside memtune: an exception's str, a log's tail). `make_event("log", level="info", **words_of(note))`."""
+    if isinstance(text, Said):
+        return {"key": text.key, "params": text.params, "message": str(text)}
+    return {"message": str(text)}
 
 
 def keyed(key: str, **params: Any) -> dict[str, Any]:
@@ -149,13 +174,15 @@ class SaidLine(str):
 
     said: dict[str, Any]
     kind: str
+    head: dict[str, Any]  # what frames the message: level, error_type, status, phase, seconds (core.jobs.view)
+    english: str  # the message alone, as the engine wrote it (the line without its time and frame)
 
-    def __new__(cls, text: str, said: dict[str, Any], kind: str) -> "SaidLine":
+    def __new__(cls, text: str, said: dict[str, Any], kind: str, english: str = "", **head: Any) -> "SaidLine":
         line = super().__new__(cls, text)
-        line.said, line.kind = said, kind
+        line.said, line.kind, line.english, line.head = said, kind, english, head
         return line
 
 
 def said_of(record: dict[str, Any]) -> dict[str, Any]:
-    """The key/params/problems an error event or a failed summary.json carries ({} for old runs without them)."""
+    """The key/params/problems an event or a failed summary.json carries ({} for old runs without them)."""
     return {k: record[k] for k in ("key", "params", "problems") if k in record}

@@ -275,24 +275,28 @@ def test_the_data_preview_says_which_modules_get_lora(family_dirs):
 def test_the_lora_target_log_line_follows_the_page_language(tmp_path):
     """The run log's LoRA line (Targets.describe) for Phi-3's chapter targets, in French on the page: modules,
     layers, parameters with French digit grouping, and the fused layer's note."""
+    from core.jobs.view import format_event
+    from core.messages import keyed, words_of
     from core.model import lora_targets
+    from core.runs.events import make_event
     from ui.render import log_line
 
     families.hf_config("phi3").save_pretrained(tmp_path)
     found = lora_targets.for_path(["q_proj", "k_proj", "v_proj", "o_proj"], 32, str(tmp_path))
-    line = f"12:00:00  {found.describe()}"
+    line = format_event(make_event("log", level="info", **words_of(found.describe())))
     assert log_line(line, "en") == line and found.trainable >= 1000
-    fr = log_line(line, "fr")
+    assert line[8:].startswith(f"  LoRA on o_proj, qkv_proj: {found.layers} layers, {found.trainable:,} trainable ")
+    fr = log_line(line, "fr")[8:]
     grouped = f"{found.trainable:,}".replace(",", "\u202f")
-    assert fr.startswith(f"12:00:00  LoRA sur o_proj, qkv_proj : {found.layers} couches, {grouped} paramètres "
+    assert fr.startswith(f"  LoRA sur o_proj, qkv_proj : {found.layers} couches, {grouped} paramètres "
                          "entraînables; ")
     assert "qkv_proj s'entraîne en entier : une couche fusionnée contient q, k et v" in fr
     assert "trainable" not in fr and "trains whole" not in fr
-    # the eval lines (core/train/callbacks.py) too, with the language's decimal comma
-    assert log_line("12:00:01  eval step 2/4  validation loss 3.2700", "pt") == (
-        "12:00:01  validação passo 2/4  perda de validação 3,2700")
-    assert log_line("12:00:01  eval baseline (before training)  validation loss 8.5400", "fr") == (
-        "12:00:01  validation de référence (avant l'entraînement)  perte de validation 8,5400")
-    # an older run's events said eval_loss: its History log reads the same
-    assert log_line("12:00:01  eval step 2/4  eval_loss 3.2700", "pt") == (
-        "12:00:01  validação passo 2/4  perda de validação 3,2700")
+    # the eval lines (keys log.eval, log.eval_baseline) too, with the language's decimal comma
+    evaluated = format_event(make_event("log", level="info", **keyed("log.eval", step=2, total=4, loss=3.27)))
+    assert evaluated[8:] == "  eval step 2/4  validation loss 3.2700"
+    assert log_line(evaluated, "pt")[8:] == "  validação passo 2/4  perda de validação 3,2700"
+    baseline = format_event(make_event("log", level="info", **keyed("log.eval_baseline", loss=8.54)))
+    assert log_line(baseline, "fr")[8:] == "  validation de référence (avant l'entraînement)  perte de validation 8,5400"
+    # an older run's line, without a key: shown as the engine wrote it
+    assert log_line("12:00:01  eval step 2/4  eval_loss 3.2700", "pt") == "12:00:01  eval step 2/4  eval_loss 3.2700"

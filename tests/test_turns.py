@@ -124,15 +124,21 @@ def test_the_preview_counts_the_turns(tmp_path):
 
 
 def test_the_turn_and_data_log_lines_follow_the_page_language(tmp_path, tokenizer):
-    """The engine logs the turn count and the row counts in English; the page's log says them in French (the
-    preview's words), English stays as written."""
+    """The engine logs the turn count and the row counts by key (English on the CLI); the page's log says them in
+    French (the preview's words), English stays as written."""
     from ui.render import log_line
 
     plan = _plan(tmp_path, [{"messages": THREE}] * 2, tokenizer, max_length=len(
         _plan(tmp_path, [{"messages": THREE}], tokenizer, max_length=1024).input_ids[0]) - 8)
-    turns, data = f"12:00:00  {plan.describe_turns()}", f"12:00:00  {plan.describe()}"
-    assert log_line(turns, "en") == turns
-    assert log_line(turns, "fr") == ("12:00:00  6 tours de l'assistant : 4 entraînés en entier, 0 coupés à "
-                                     "max_length, 2 abandonnés")
+    from core.jobs.view import format_event
+    from core.messages import words_of
+    from core.runs.events import make_event
+
+    turns, data = (format_event(make_event("log", level="info", **words_of(x)))
+                   for x in (plan.describe_turns(), plan.describe()))
+    assert log_line(turns, "en") == turns and turns.endswith("  6 assistant turns: 4 trained whole, 0 cut at "
+                                                             "max_length, 2 dropped")
+    assert log_line(turns, "fr")[8:] == ("  6 tours de l'assistant : 4 entraînés en entier, 0 coupés à "
+                                         "max_length, 2 abandonnés")
     assert log_line(data, "fr").endswith(f", 2 s'entraînent à max_length {plan.max_length} : 0 gardées entières, "
                                          "2 avec la réponse coupée à max_length")

@@ -1157,11 +1157,28 @@ def test_numbers_and_sizes_are_written_as_each_language_writes_them():
 
 
 def test_the_run_log_follows_the_language():
-    """The engine logs in English; the page shows its lines in the page's language (issue 24, item 8)."""
-    lines = ["18:57:06  run folder /r/a", "18:57:26  [loading_model] Loading and quantizing to 4-bit m (8 s)",
-             "18:57:27  LoRA: 90,112 trainable parameters of 217,408",
-             "18:57:34  step 1/2  loss 8.6248  lr 0.00e+00  grad_norm 8.625", "18:57:35  Checkpoint saved: /r/a/c-1",
-             "18:57:37  finished: completed - Finished after 2 steps; adapter saved to /r/a/adapter (0.2 MiB)"]
+    """The engine logs by key (English on the CLI); the page shows its lines in the page's language (issue 24, item 8;
+    issue 39: by key, never by matching the English)."""
+    from core.jobs.view import format_event
+    from core.messages import Said, keyed
+    from core.runs.events import make_event
+
+    events = [make_event("run", run_dir="/r/a"),
+              make_event("phase", phase="loading_model", progress=None,
+                         **{**keyed("log.phase.loading_4bit", model="m"),
+                            "message": "Loading and quantizing to 4-bit m (8 s)"}),  # a heartbeat
+              make_event("log", level="info", **keyed("log.lora", n=90112, total=217408)),
+              make_event("log", level="info", **keyed("log.step", step=1, total=2, loss=8.62481, lr=0.0,
+                                                      grad_norm=8.625)),
+              make_event("log", level="info", **keyed("log.checkpoint", path="/r/a/c-1")),
+              make_event("done", status="completed", **keyed("log.done.completed", steps=2, path="/r/a/adapter",
+                                                             mib=0.2, unit=Said("unit.mib")))]
+    lines = [format_event(e) for e in events]
+    assert [x[8:] for x in lines] == [
+        "  run folder /r/a", "  [loading_model] Loading and quantizing to 4-bit m (8 s)",
+        "  LoRA: 90,112 trainable parameters of 217,408", "  step 1/2  loss 8.6248  lr 0.00e+00  grad_norm 8.625",
+        "  Checkpoint saved: /r/a/c-1", "  finished: completed - Finished after 2 steps; adapter saved to /r/a/adapter "
+        "(0.2 MiB)"]  # the English the engine has always written
     assert [render.log_line(x, "en") for x in lines] == lines  # English: as the engine wrote it
     fr = "\n".join(render.log_line(x, "fr") for x in lines)
     for said in ("dossier de l'entraînement /r/a", "Chargement du modèle : chargement et quantification de m en 4 bits (8 s)", "90\u202f112 paramètres",

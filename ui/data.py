@@ -93,7 +93,7 @@ def _lora_line(cfg: TrainConfig, lang: str) -> str:
         # the run log's own line (Targets.describe: renamed, fused and shared-name layers), in the page's language
         return render.log_text(lora_targets(cfg).describe(), lang)
     except ConfigError as exc:
-        return "; ".join(render.log_text(str(p), lang) for p in exc.problems)
+        return "; ".join(render.problem_text(p, lang) for p in exc.problems)
     except Exception as exc:  # noqa: BLE001 - the preview stays useful when the tree cannot be built
         return t("preview.lora_unknown", lang, error=f"{type(exc).__name__}: {exc}")
 

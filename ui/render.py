@@ -3,15 +3,15 @@ history details, problems and notices.
 
 Pure functions from data to HTML strings (every user-supplied string escaped), so they are tested without a
 browser. Every text comes from core.i18n in the page's language (`lang`); the engine's English lines (the run log,
-the preview's notes, a failed run's message) are said in it by `_LOG_RULES` (`log_line`, `log_text`), and a line no
-rule knows (a user's data error, a Python error) stays as the engine wrote it. Styling lives in ui/theme.py's CSS (classes prefixed `mt-`).
+the preview's notes, a failed run's message) carry their locale key and values (core.messages) and are said by it
+(`said`, `log_line`, `log_text`); a text without a key (an old run's line, a Python error) stays as the engine wrote
+it. Styling lives in ui/theme.py's CSS (classes prefixed `mt-`).
 """
 
 from __future__ import annotations
 
 import html
 import math
-import re
 from typing import Any, Iterable
 
 from core.config.settings import Problem, TrainConfig
@@ -183,8 +183,11 @@ def progress_html(v: JobView, lang: str = "en") -> str:
     frac = v.fraction
     label = t(f"state.{v.state}", lang)
     if v.state in ("running", "stopping") and v.phase and v.phase != "training" and not v.step:
-        # the engine's own message (English) in English; the phase's name in the other languages
-        detail = E((v.phase_message if normalize(lang) == "en" else "") or t(f"phase.{v.phase}", lang))
+        # the engine's own message in English; in another language the phase's name, then its message by its key
+        # (a phase's locale text is what follows the name: "Carregando o modelo: carregando ... em 4 bits")
+        words = said_text(v.phase_said, "", lang) if v.phase_said.get("key") else ""
+        detail = E(v.phase_message if normalize(lang) == "en" and v.phase_message else
+                   t(f"phase.{v.phase}", lang) + (_colon(lang) + words if words else ""))
     elif v.state in ("failed", "interrupted") and not v.step:
         detail = E(t("progress.no_steps", lang))  # not "step 0 / ?": it ended before its first step
     else:
@@ -296,278 +299,46 @@ def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None
             f'<div class="mt-peaks-title">{E(t("result.peak", lang))}</div>{peaks_html(s, predicted, lang)}</div>')
 
 
-_LOG_TIME = re.compile(r"^(\d\d:\d\d:\d\d|--:--:--)  (.*)$", re.S)
-_N = r"\d[\d,]*"  # a count as the engine writes it: 1234 or 1,234
-_LOG_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # the engine's English log lines -> the page's language
-    # prefixes first: what follows them is said by the other rules
-    (re.compile(r"finished: (\w+) - (?:Finished|Stopped) after (\d+) steps?; adapter saved to (.+) \(([\d.]+) MiB\)"),
-     lambda m, lg: f'{t("log.finished", lg, status=t(f"state.{m[1]}", lg))} - '
-                   + t("log.saved_one" if m[2] == "1" else "log.saved", lg, steps=_int(m[2], lg), path=m[3],
-                       size=_mib(m[4], lg))),
-    (re.compile(r"finished: (\w+) - (.*)", re.S),
-     lambda m, lg: f'{t("log.finished", lg, status=t(f"state.{m[1]}", lg))} - {_say(m[2], lg)}'),
-    (re.compile(r"ERROR \((\w+)\): (.*)", re.S),
-     lambda m, lg: f'{t("log.error", lg, type=t(f"log.error_type.{m[1]}", lg))}{_colon(lg)}{_say(m[2], lg)}'),
-    (re.compile(r"WARNING (.*)", re.S), lambda m, lg: f'{t("log.warning", lg)} {_say(m[1], lg)}'),
-    (re.compile(r"run folder (.+)"), lambda m, lg: t("log.run_folder", lg, path=m[1])),
-    (re.compile(r"\[(\w+)\] ?(.*?)(?: \((\d+ s)\))?"), lambda m, lg: _phase_line(m, lg)),
-    (re.compile(r"step (\d+)/(\d+)  loss (\S+)  lr (\S+)  grad_norm (\S+)"),
-     lambda m, lg: t("log.step", lg, step=_int(m[1], lg), total=_int(m[2], lg), loss=_dec(m[3], lg),
-                     lr=_dec(m[4], lg), grad_norm=_dec(m[5], lg))),
-    (re.compile(r"eval step (\d+)/(\d+)  (?:validation loss|eval_loss) (\S+)"),  # eval_loss: older runs
-     lambda m, lg: t("log.eval", lg, step=_int(m[1], lg), total=_int(m[2], lg), loss=_dec(m[3], lg))),
-    (re.compile(r"eval baseline \(before training\)  (?:validation loss|eval_loss) (\S+)"),
-     lambda m, lg: t("log.eval_baseline", lg, loss=_dec(m[1], lg))),
-    # core/train/callbacks.py on_evaluate: a held-out prompt, the model's answer, the reference (the texts as is)
-    (re.compile(r"  (.*) \(reference (.*)\)", re.S),
-     lambda m, lg: "  " + t("log.answer", lg, answer=m[1], reference=m[2])),
-    (re.compile(r"Checkpoint saved: (.+)"), lambda m, lg: t("log.checkpoint", lg, path=m[1])),
-    (re.compile(rf"LoRA: ({_N}) trainable parameters of ({_N})"),
-     lambda m, lg: t("log.lora", lg, n=_int(m[1], lg), total=_int(m[2], lg))),
-    (re.compile(rf"(Data|Validation rows): ({_N}) rows in (.+?), ({_N}) train at max_length (\d+)(?:: (.*?))?"
-                rf"(?:; packed into ({_N}) sequences of up to \d+ tokens)?"), lambda m, lg: _data_line(m, lg)),
-    (re.compile(rf"({_N}) assistant turns: ({_N}) trained whole, ({_N}) cut at max_length, ({_N}) dropped"),
-     lambda m, lg: t("preview.turns", lg, n=_int(m[1], lg), trained=_int(m[2], lg), cut=_int(m[3], lg),
-                     dropped=_int(m[4], lg))),
-    (re.compile(rf"LoRA on (.+?): ({_N}) layers, ({_N}) trainable parameters((?:; .*)?)"),
-     lambda m, lg: _lora_targets_line(m, lg)),
-    # core/data/plan.py's notes
-    (re.compile(rf"The longest row \(row ({_N})\) is ({_N}) tokens; (.+) \(max_length (\d+)\)\."),
-     lambda m, lg: t("log.longest", lg, row=_int(m[1], lg), tokens=_int(m[2], lg), what=_reason(m[3], lg),
-                     max_length=m[4])),
-    (re.compile(r"Only the last assistant turn of each conversation trains: .*"),
-     lambda m, lg: t("log.last_turn_only", lg)),
-    (re.compile(r"Model type (\S+) is not in memtune's support matrix \(README\).*"),  # core/model/families.py
-     lambda m, lg: t("log.family_unverified", lg, model_type=m[1])),
-    # core/data/validation.py's Split.why, and the validation part's lines (core/train/recipe.py)
-    (re.compile(rf"Validation: ({_N}) of ({_N}) rows held out \((\d+)%, seed (\d+)\), never trained on"),
-     lambda m, lg: t("log.val_share", lg, n=_int(m[1], lg), total=_int(m[2], lg), share=m[3], seed=m[4])),
-    (re.compile(rf"Validation: ({_N}) rows of (.+), never trained on"),
-     lambda m, lg: t("preview.val.separate", lg, n=_int(m[1], lg), source=m[2])),
-    (re.compile(r"Validation: off \(validation_share is 0\)"), lambda m, lg: t("preview.val.off", lg)),
-    (re.compile(rf"Validation: off, every row trains: the split has ({_N}) rows and a hold-out needs ({_N}) .*"),
-     lambda m, lg: t("preview.val.small", lg, rows=_int(m[1], lg), min=_int(m[2], lg))),
-    (re.compile(r"No validation row fits max_length: no eval"), lambda m, lg: t("log.val_none_fit", lg)),
-    (re.compile(r"keep_best / early_stopping_patience need validation rows, and there are none\. (.+)\. Give .*"),
-     lambda m, lg: t("log.needs_validation", lg, why=_say(m[1], lg).rstrip("."))),
-    # a config error (core.config.settings.ConfigError), and the LoRA targets' (core/model/load.py lora_targets)
-    (re.compile(r"(\d+) problem\(s\) in the configuration:"), lambda m, lg: t("log.config_problems", lg, n=m[1])),
-    (re.compile(r"(  - )?lora_target_modules: (.+) match no linear layer of (.+) -> use attention, mlp or all_linear, "
-                r"or some of its linear layers: (.+)"),
-     lambda m, lg: (m[1] or "") + t("log.no_target", lg, names=m[2], model=m[3], linear=m[4])),
-    (re.compile(r"(.+) is not a causal \(decoder-only\) language model that transformers can load with "
-                r"AutoModelForCausalLM, so memtune cannot fine-tune it\."),
-     lambda m, lg: t("log.not_causal", lg, model=m[1])),
-    # resume (core/runs/folders.py's checkpoint_problem)
-    (re.compile(r"Not resuming from it: (.+)"), lambda m, lg: t("log.not_resuming", lg, why=_say(m[1], lg))),
-    (re.compile(r"(.+) is incomplete \(no (\S+) marker: its save was interrupted\)"),
-     lambda m, lg: t("log.ckpt_incomplete", lg, path=m[1], marker=m[2])),
-    (re.compile(r"(.+) is damaged \((.+)\)"), lambda m, lg: t("log.ckpt_damaged", lg, path=m[1], why=_say(m[2], lg))),
-    (re.compile(r"(.+) has no trainer_state\.json"), lambda m, lg: t("log.ckpt_no_state", lg, path=m[1])),
-    (re.compile(r"it is not a complete torch file"), lambda m, lg: t("log.ckpt.torch", lg)),
-    (re.compile(r"it is not valid JSON"), lambda m, lg: t("log.ckpt.json", lg)),
-    (re.compile(r"its header is cut off"), lambda m, lg: t("log.ckpt.header_cut", lg)),
-    (re.compile(r"its header cannot be read"), lambda m, lg: t("log.ckpt.header_unreadable", lg)),
-    (re.compile(r"it has (\d+) bytes where its header promises (\d+)"),
-     lambda m, lg: t("log.ckpt.size", lg, size=_int(m[1], lg), promised=_int(m[2], lg))),
-    # Stop (core/train/callbacks.py)
-    (re.compile(r"Stop requested: finishing the current step, then saving the adapter\."),
-     lambda m, lg: t("log.stop_ack", lg)),
-    (re.compile(r"Stop requested: ending after step (\d+)"), lambda m, lg: t("log.stop_after", lg, step=_int(m[1], lg))),
-    (re.compile(r"summary\.json could not be written in (.+?): (.*)"),
-     lambda m, lg: t("log.summary_unwritten", lg, path=m[1], error=m[2])),
-    # several processes (core/jobs/launcher.py, core/gpus/distributed.py's plan reasons)
-    (re.compile(r"(\d+) processes \((\d+) per machine, (\d+) machine\(s\)\), strategy (\w+): (.+)"),
-     lambda m, lg: t("log.processes", lg, n=m[1], per=m[2], machines=m[3], strategy=m[4], reason=_say(m[5], lg))),
-    (re.compile(r"one process"), lambda m, lg: t("log.reason.single", lg)),
-    (re.compile(r"(\w+) as configured"), lambda m, lg: t("log.reason.configured", lg, strategy=m[1])),
-    (re.compile(r"the model does not fit one GPU at these settings, so it is sharded \(fsdp\)"),
-     lambda m, lg: t("log.reason.fsdp", lg)),
-    (re.compile(r"the model fits one GPU, so each GPU holds a copy and the data is split \(ddp\)"),
-     lambda m, lg: t("log.reason.ddp", lg)),
-    (re.compile(r"CPU processes: data-parallel \(ddp\) over gloo"), lambda m, lg: t("log.reason.ddp_cpu", lg)),
-    (re.compile(r"GPU memory unknown here: data-parallel \(ddp\), which needs the model to fit one GPU"),
-     lambda m, lg: t("log.reason.ddp_unknown", lg)),
-    # failures: core/train/recipe.py's oom_message and refusal, core/jobs/supervise.py's death message
-    (re.compile(r"The GPU ran out of memory\. .*"), lambda m, lg: t("log.oom", lg)),
-    (re.compile(r"- (.+?)(?: \(saves ~([\d.]+) GiB here\))?"), lambda m, lg: _oom_tip(m, lg)),
-    (re.compile(rf"Nothing would train: in all ({_N}) non-empty rows of (.+) the prompt alone fills max_length (\d+) "
-                rf"\(long_prompts is drop\)(?:, and ({_N}) are empty)?\. Raise max_length to (\d+), which fits (\d+)% "
-                rf"of the rows whole \(the longest is ({_N}) tokens\), .*"),
-     lambda m, lg: t("log.refusal", lg, rows=_int(m[1], lg), source=m[2], max_length=m[3], fit=m[5], share=m[6],
-                     longest=_int(m[7], lg))
-     + (" " + t("log.refusal_empty", lg, n=_int(m[4], lg)) if m[4] else "")),
-    (re.compile(r"The training process died unexpectedly \((.+?)\)\.( SIGKILL often means .*)?"),
-     lambda m, lg: t("log.died", lg, how=_say(m[1], lg)) + (" " + t("log.sigkill", lg) if m[2] else "")),
-    (re.compile(r"A training process of this (\d+)-process run ended without finishing \(launcher (.+)\); .*"),
-     lambda m, lg: t("log.worker_died", lg, n=m[1], how=_say(m[2], lg))),
-    # core/jobs/supervise.py's KILL_REASONS: why a run was ended
-    (re.compile(r"(?:Ended at once by a second Stop \((?P<second_stop>.+)\); this run saved no adapter\.|"
-                r"The training process did not answer Stop within (?P<ack>\d+) s and was ended \((?P<no_answer>.+)\)\.|"
-                r"The training process did not finish within (?P<fin>\d+) s of Stop and was ended \((?P<no_end>.+)\)\.|"
-                r"The app was shut down during the run, which was ended \((?P<shutdown>.+)\)\.|"
-                r"The run folder could not be written, so the run was ended \((?P<unwritable>.+)\)\.)"
-                r"(?P<remain> Complete checkpoints, if any, remain for Resume in History\.)?"),
-     lambda m, lg: _killed(m, lg)),
-    # core/files.py's storage_message (error_type disk)
-    (re.compile(r"No space left in (.+): free some disk space \(or choose another output folder\) and try again\."),
-     lambda m, lg: t("log.disk_full", lg, path=m[1])),
-    (re.compile(r"(.+) is on a read-only file system: choose an output folder you can write to\."),
-     lambda m, lg: t("log.read_only", lg, path=m[1])),
-    (re.compile(r"No permission to write in (.+): choose an output folder you can write to\."),
-     lambda m, lg: t("log.no_permission", lg, path=m[1])),
-    (re.compile(r"exit code (-?\d+)"), lambda m, lg: t("log.exit_code", lg, code=m[1])),
-    (re.compile(r"killed by signal (\w+)"), lambda m, lg: t("log.exit_signal", lg, signal=m[1])),
-    (re.compile(r"no exit status"), lambda m, lg: t("log.exit_none", lg)),
-    (re.compile(r"Last lines of (.+):"), lambda m, lg: t("log.last_lines", lg, path=m[1])),
-)
-
-
-_PHASE_RULES: tuple[tuple[re.Pattern, Any], ...] = (  # a phase's message (core/train/, core/model/load.py, the manager)
-    (re.compile(r"Reading (.+)"), lambda m, lg: t("log.phase.reading", lg, source=m[1])),
-    (re.compile(r"Finding (.+)"), lambda m, lg: t("log.phase.finding", lg, model=m[1])),
-    (re.compile(rf"Formatting and tokenizing ({_N}) rows \((\w+)\)"),
-     lambda m, lg: t("log.phase.formatting", lg, n=_int(m[1], lg), format=m[2])),
-    (re.compile(r"Loading and quantizing to 4-bit (.+)"), lambda m, lg: t("log.phase.loading_4bit", lg, model=m[1])),
-    (re.compile(r"Loading (.+)"), lambda m, lg: t("log.phase.loading", lg, model=m[1])),
-    (re.compile(rf"Warming up on the first micro-batch \(({_N}) tokens\): one forward \+ backward, no optimizer step"),
-     lambda m, lg: t("log.phase.warming_up", lg, tokens=_int(m[1], lg))),
-    (re.compile(r"Warm-up done in ([\d.]+) s"), lambda m, lg: t("log.phase.warmed_up", lg, seconds=_dec(m[1], lg))),
-    (re.compile(r"Tokenizing"), lambda m, lg: t("log.phase.tokenizing", lg)),
-    (re.compile(rf"Training: ({_N}) optimizer steps"), lambda m, lg: t("log.phase.training", lg, n=_int(m[1], lg))),
-    (re.compile(r"Saving the adapter to (.+)"), lambda m, lg: t("log.phase.saving", lg, path=m[1])),
-    (re.compile(r"Downloading (.+) from the Hub"), lambda m, lg: t("log.phase.downloading", lg, repo=m[1])),
-    (re.compile(r"Downloading (.+): ([\d.]+) / ([\d.]+) GiB"),
-     lambda m, lg: t("log.phase.download_progress", lg, repo=m[1], done=_dec(m[2], lg), total=_dec(m[3], lg),
-                     unit=BYTE_UNITS.get(normalize(lg), IEC_UNITS)[3])),
-    (re.compile(r"Starting the training process: (.+)"), lambda m, lg: t("log.phase.starting", lg, command=m[1])),
-)
-
-
-def _phase_line(m: re.Match, lang: str) -> str:
-    """A phase (core.train.callbacks.phase): its name, then its message when a rule knows it (else the name alone:
-    never English words), then how long it has run."""
-    found = next((words(x, lang) for pattern, words in _PHASE_RULES if (x := pattern.fullmatch(m[2]))), None)
-    name = t(f"phase.{m[1]}", lang)
-    name = m[1] if name == f"phase.{m[1]}" else name  # a phase without words of its own: its id
-    return name + (_colon(lang) + found if found else "") + (f" ({m[3]})" if m[3] else "")
-
-
-def _data_line(m: re.Match, lang: str) -> str:
-    """core.data.plan's DataPlan.describe() (and the validation part's, "Validation rows: ..."): the rows, then each
-    outcome's count in the preview's words."""
-    from core.data.plan import REASON_TEXT
-
-    words = {text: reason for reason, text in REASON_TEXT.items()}
-    head = "log.data" if m[1] == "Data" else "log.val_rows"
-    parts = [t(head, lang, rows=_int(m[2], lang), dataset=m[3], train=_int(m[4], lang), max_length=m[5])]
-    for piece in (m[6] or "").split(", "):
-        n, _, text = piece.partition(" ")
-        if text in words:
-            parts.append(t(f"preview.reason.{words[text]}", lang, n=_int(n, lang)))
-    if m[7]:
-        parts.append(t("preview.packs", lang, n=_int(m[7], lang), max_length=m[5]))
-    return parts[0] + (_colon(lang) + ", ".join(parts[1:]) if len(parts) > 1 else "")
-
-
 def _colon(lang: str) -> str:
     return " : " if normalize(lang) == "fr" else ": "  # French typography, as fr.json's own lines
-
-
-def _reason(text: str, lang: str) -> str:
-    """A row's outcome in core.data.plan's words (REASON_TEXT) -> the preview's short word for it."""
-    from core.data.plan import REASON_TEXT
-
-    found = next((r for r, said in REASON_TEXT.items() if said == text), None)
-    return t(f"preview.one.{found}", lang) if found else text
-
-
-def _lora_targets_line(m: re.Match, lang: str) -> str:
-    """core.model.lora_targets' Targets.describe(): the preview's LoRA line, then renamed and fused layers."""
-    from core.model.lora_targets import PARTS
-
-    parts = [t("preview.lora", lang, modules=m[1], layers=_int(m[2], lang), params=_int(m[3], lang))]
-    words = {text: key for key, text in PARTS.items()}
-    for piece in filter(None, m[4].split("; ")):
-        fused = re.fullmatch(r"(\w+) trains whole: one fused layer holds (.+)", piece)
-        shared = re.fullmatch(r"(\w+): the attention and MLP output projections share this name", piece)
-        if fused:
-            held = t(f"log.lora_parts.{words[fused[2]]}", lang) if fused[2] in words else fused[2]
-            parts.append(t("preview.lora_fused", lang, fused=fused[1], parts=held))
-        else:  # "q_proj -> qkv_proj" (names only) stays as it is
-            parts.append(t("log.lora_shared", lang, name=shared[1]) if shared else piece)
-    return "; ".join(parts)
-
-
-def _oom_tip(m: re.Match, lang: str) -> str:
-    """One line of core.train.recipe.oom_message's advice: a checklist item (its label in the page's language) and
-    what it would save, or the fused-kernel / every-item-on line."""
-    from core.config.checklist import ITEMS
-
-    key = next((item.key for item in ITEMS if item.label == m[1]), None)
-    if key:
-        text = t(f"checklist.{key}.label", lang)
-    elif m[1].startswith("Fused kernels (use_liger_kernel, CUDA)"):
-        text = t("log.oom_liger", lang)
-    elif m[1].startswith("Every checklist item is already on"):
-        text = t("log.oom_all_on", lang)
-    else:
-        return m[0]
-    return "- " + text + (" " + t("log.oom_saves", lang, gib=num(float(m[2]), 1, lang),
-                                   unit=BYTE_UNITS.get(normalize(lang), IEC_UNITS)[3]) if m[2] else "")
-
-
-def _killed(m: re.Match, lang: str) -> str:
-    """core.jobs.supervise's death message for a run it ended (KILL_REASONS), the exit said by its own rule."""
-    reason = next(k for k in ("second_stop", "no_answer", "no_end", "shutdown", "unwritable") if m[k] is not None)
-    text = t(f"log.kill.{reason}", lang, how=_say(m[reason], lang), s=m["ack"] or m["fin"] or "")
-    return text + (" " + t("log.kill.checkpoints_remain", lang) if m["remain"] else "")
-
-
-def _mib(text: str, lang: str) -> str:
-    return f"{num(float(text), 1, lang)} {BYTE_UNITS.get(normalize(lang), IEC_UNITS)[2]}"  # "0,2 Mio"
 
 
 def _dec(text: str, lang: str) -> str:
     return text.replace(".", ",") if normalize(lang) in ("pt", "fr") else text
 
 
-def _int(text: str, lang: str) -> str:
-    """A count the engine wrote (1234 or 1,234) grouped as the language groups digits."""
-    return integer(int(text.replace(",", "")), lang)
-
-
-def log_rule(text: str, lang: str) -> str | None:
-    """One line of engine text (no time) in `lang` by the first rule that matches it whole, or None: no rule knows it
-    (it is then shown as the engine wrote it)."""
-    for pattern, words in _LOG_RULES:
-        if (found := pattern.fullmatch(text)):
-            return words(found, lang)
-    return None
-
-
-def _say(text: str, lang: str) -> str:
-    """Engine text of one or more lines in `lang`: each line by its rule, a line no rule knows (a quoted log line,
-    a Python error) as it is."""
-    return "\n".join(log_rule(line, lang) or line for line in text.split("\n"))
-
-
 def log_text(text: str, lang: str = "en") -> str:
-    """Engine text (a log line without its time, a note of the preview) in the page's language; English as is."""
-    return text if normalize(lang) == "en" else _say(text, lang)
+    """Engine text (a note of the preview, a reason) in the page's language: by its key when it carries one
+    (core.messages.Said), else as the engine wrote it."""
+    if isinstance(text, str) and getattr(text, "key", "") and normalize(lang) != "en":
+        return said(text.key, text.params, lang)
+    return text
 
 
 def log_line(line: str, lang: str = "en") -> str:
-    """One run-log line in the page's language (the engine writes English; English lines are left as they are).
-    An error line that carries its message's key (core.messages.SaidLine) is said by that key, not by the rules."""
-    if normalize(lang) == "en" or not (m := _LOG_TIME.match(line)):
+    """One run-log line (core.jobs.view.format_event) in the page's language: its message by its key, framed by
+    the page's words for a warning, an error, a phase or the end. English, and an old run's line without a key
+    (its message then stays English), show as the engine wrote them."""
+    if normalize(lang) == "en" or not isinstance(line, SaidLine):
         return line
-    if isinstance(line, SaidLine) and (head := re.match(r"(?:ERROR \((\w+)\):|finished: (\w+) -) ", m[2])):
-        said = said_text(line.said, "", lang)
-        if head[1]:
-            return f'{m[1]}  {t("log.error", lang, type=t(f"log.error_type.{head[1]}", lang))}{_colon(lang)}{said}'
-        return f'{m[1]}  {t("log.finished", lang, status=t(f"state.{head[2]}", lang))} - {said}'
-    return f"{m[1]}  {log_rule(m[2], lang) or _say(m[2], lang)}"
+    when, head = line[:8], line.head
+    body = said_text(line.said, line.english, lang)
+    if line.kind == "run":
+        return f"{when}  {body}"
+    if line.kind == "phase":
+        name = t(f"phase.{head.get('phase')}", lang)
+        name = head.get("phase") or "" if name.startswith("phase.") else name  # a phase without words: its id
+        seconds = f" ({head['seconds']} s)" if head.get("seconds") is not None else ""
+        return f"{when}  {name}{_colon(lang) + body if body else ''}{seconds}"
+    if line.kind == "log":
+        return f"{when}  {t('log.warning', lang) + ' ' if head.get('warning') else ''}{body}"
+    if line.kind == "error":
+        kind = t("log.error", lang, type=t(f"log.error_type.{head.get('error_type')}", lang))
+        return f"{when}  {kind}{_colon(lang)}{body}"
+    if line.kind == "done":
+        status = t(f"state.{head.get('status')}", lang)
+        return f"{when}  {t('log.finished', lang, status=status)} - {body}"
+    return line
 
 
 def _number(value: int | float, lang: str, spec: str = "") -> str:
@@ -583,9 +354,7 @@ def _number(value: int | float, lang: str, spec: str = "") -> str:
 
 def said(key: str, params: dict[str, Any] | None, lang: str) -> str:
     """An engine message by its locale key (core.messages.say) in the page's language: the user's values as they
-    are, numbers as the language writes them; a parameter that is an English sentence from elsewhere in the engine
-    (`why`) goes through the log rules, and stays English when none knows it."""
-    params = {k: (log_text(v, lang) if k == "why" and isinstance(v, str) else v) for k, v in (params or {}).items()}
+    are, numbers as the language writes them (a byte unit is a nested message: unit.gib)."""
     return say(key, params, lang, lookup=lambda k, lg: STRINGS[normalize(lg)].get(k), number=_number)
 
 
@@ -593,6 +362,13 @@ def error_text(exc: BaseException, lang: str) -> str:
     """An engine exception's message in the page's language: by its key when it has one (DataError, ModelError,
     a keyed ConfigError), else as str(exc) through the log rules."""
     return said_text(fields_of(exc), str(exc), lang)
+
+
+def problem_text(p: Problem, lang: str) -> str:
+    """A configuration problem on one line, "field: message -> fix", by its key in the page's language."""
+    if not p.key or normalize(lang) == "en":
+        return str(p)
+    return f"{p.field}{_colon(lang)}{said(p.key, p.params, lang)} -> {said(p.key + '.fix', p.params, lang)}"
 
 
 def said_text(record: dict[str, Any] | None, english: str, lang: str) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.i18n import t
-from ui.render import E, integer
+from ui.render import E, integer, log_text
 
 
 # --- data preview ---------------------------------------------------------------------------------------------------
@@ -81,13 +81,13 @@ def preview_html(p: Any, lang: str = "en") -> str:
             f'</div><div class="mt-preview-counts" id="mt-preview-counts">{counts_html}</div>')
     refusal = p.refusal()
     if refusal:
-        head += error_box(t("preview.refused", lang), refusal)
-    notes = "".join(f'<div class="mt-small mt-warn-text">{E(n)}</div>' for n in p.notes)
+        head += error_box(t("preview.refused", lang), log_text(refusal, lang))
+    notes = "".join(f'<div class="mt-small mt-warn-text">{E(log_text(n, lang))}</div>' for n in p.notes)
     examples = []
     for ex in p.examples:
         label = t("preview.row", lang, n=ex["row"], tokens=integer(ex["tokens"], lang),
                   what=t(f"preview.one.{ex['reason']}", lang))  # one row: "tient", not the legend's "tiennent"
-        note = f'<div class="mt-small mt-warn-text">{E(ex["note"])}</div>' if ex.get("note") else ""
+        note = f'<div class="mt-small mt-warn-text">{E(log_text(ex["note"], lang))}</div>' if ex.get("note") else ""
         if "text" in ex:
             body = f'<pre class="mt-pre mt-completion">{E(str(ex["text"]))}</pre>'
         else:

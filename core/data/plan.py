@@ -13,19 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from core.config.settings import TrainConfig
+from core.messages import Said
 from core.data.read import DataError, is_local, load_raw, row_line
 from core.data.formats import _adds_bos, check_format, detect_format, nothing_to_train, render_rows
 
 
 # --- the plan: which rows train, and what each becomes ---------------------------------------------------
 REASONS = ("kept", "truncated", "prompt_cut", "dropped_long", "dropped_empty")
-REASON_TEXT = {
-    "kept": "kept whole",
-    "truncated": "answer cut at max_length",
-    "prompt_cut": "prompt shortened so the answer trains",
-    "dropped_long": "dropped: the prompt alone fills max_length",
-    "dropped_empty": "dropped: empty or null",
-}
 PREVIEW_CHARS = 2000  # the page gets at most the first and last this many characters of each shown text
 ANSWER_SHARE = 4  # with long_prompts=truncate_*, every row keeps at least max_length // 4 answer tokens (or all)
 
@@ -83,22 +77,25 @@ class DataPlan:
                 **self.counts, "packs": self.n_packs, "max_length": self.max_length, "turns": self.turns,
                 "long_prompts": self.long_prompts, "longest_row_tokens": self.longest_row}
 
-    def describe(self) -> str:
-        """One line for the run log: every row of the split, accounted for."""
-        parts = [f"{self.counts[r]} {REASON_TEXT[r]}" for r in REASONS if self.counts[r] or r == "kept"]
-        packs = f"; packed into {self.n_packs} sequences of up to {self.max_length} tokens" if self.packing else ""
-        return (f"Data: {self.n_source} rows in {self.source} ({self.format}), {self.n_train} train at max_length "
-                f"{self.max_length}: {', '.join(parts)}{packs}")
+    def describe(self, validation: bool = False) -> Said:
+        """One line for the run log: every row of the split, accounted for (log.data; the validation part's plan:
+        log.val_rows), keyed so the page says it in its language. A setting's value (max_length) is passed as text:
+        written as the user sets it, not grouped like a count."""
+        parts = [Said(f"preview.reason.{r}", n=self.counts[r]) for r in REASONS if self.counts[r] or r == "kept"]
+        packs = Said("log.data_packs", n=self.n_packs, max_length=self.max_length) if self.packing else ""
+        return Said("log.val_rows" if validation else "log.data", rows=self.n_source,
+                    dataset=f"{self.source} ({self.format})", train=self.n_train, max_length=str(self.max_length),
+                    outcomes=Said("msg.list", items=parts), packs=packs)
 
-    def describe_turns(self) -> str | None:
+    def describe_turns(self) -> Said | None:
         """The run log's line for conversations, every assistant turn accounted for (None without several turns):
         trained whole, cut at max_length (a first answer that alone does not fit), dropped (left out: the turns
         after the last one that fits max_length whole, and those of dropped rows). A line of its own, so the page
-        can say it in its language (ui/render.py's log rules; the words are preview.turns')."""
+        can say it in its language (key preview.turns)."""
         if not self.multi_turn:
             return None
-        return (f"{sum(self.turns.values())} assistant turns: {self.turns['trained']} trained whole, "
-                f"{self.turns['cut']} cut at max_length, {self.turns['dropped']} dropped")
+        return Said("preview.turns", n=sum(self.turns.values()), trained=self.turns["trained"], cut=self.turns["cut"],
+                    dropped=self.turns["dropped"])
 
     def train_dataset(self) -> Any:
         """Tokenized rows (input_ids, labels) for SFTTrainer: it skips its own tokenizing, and since every row is
@@ -109,17 +106,16 @@ class DataPlan:
         return datasets.Dataset.from_dict({"input_ids": self.input_ids, "labels": self.labels},
                                           features=datasets.Features({"input_ids": ids, "labels": ids}))
 
-    def refusal(self) -> str | None:
-        """Why nothing would train, with the numbers and the fix; None when some row trains."""
+    def refusal(self) -> Said | None:
+        """Why nothing would train, with the numbers and the fix (log.refusal); None when some row trains."""
         if self.n_train:
             return None
         fit = suggest_max_length(self.lengths)
         share = sum(n <= fit for n in self.lengths) / len(self.lengths)
-        empty = f", and {self.counts['dropped_empty']} are empty" if self.counts["dropped_empty"] else ""
-        return (f"Nothing would train: in all {self.counts['dropped_long']} non-empty rows of {self.source} the prompt "
-                f"alone fills max_length {self.max_length} (long_prompts is drop){empty}. Raise max_length to "
-                f"{fit}, which fits {share:.0%} of the rows whole (the longest is {self.longest_row:,} tokens), or "
-                "set long_prompts to truncate_middle, which shortens over-long prompts so the answers still train.")
+        empty = Said("log.refusal_empty", n=self.counts["dropped_empty"]) if self.counts["dropped_empty"] else ""
+        return Said("log.refusal", rows=self.counts["dropped_long"], source=self.source,
+                    max_length=str(self.max_length), empty=empty, fit=str(fit), share=round(100 * share),
+                    longest=self.longest_row)
 
 
 def suggest_max_length(lengths: list[int], step: int = 16, limit: int = 131072) -> int:
@@ -320,8 +316,7 @@ def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | 
         if answers is None:
             answers = []
             if "Only the last assistant turn" not in " ".join(plan.notes):
-                plan.notes.append("Only the last assistant turn of each conversation trains: this tokenizer gives no "
-                                  "character offsets to find the earlier ones.")
+                plan.notes.append(Said("log.last_turn_only"))
         reason, spans, n_prompt = cut_turns(len(ids), prompt_len, answers, cfg.max_length, cfg.long_prompts,
                                             keep_first)
         cuts.append((reason, spans, n_prompt))
@@ -349,8 +344,8 @@ def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | 
         plan.n_packs = count_packs(plan.train_dataset(), cfg.max_length)
     longest = int(np.argmax(plan.lengths))
     if plan.lengths[longest] > cfg.max_length:
-        plan.notes.append(f"The longest row (row {kept_rows[longest] + 1}) is {plan.lengths[longest]:,} tokens; "
-                          f"{REASON_TEXT[plan.reasons[longest]]} (max_length {cfg.max_length}).")
+        plan.notes.append(Said("log.longest", row=kept_rows[longest] + 1, tokens=plan.lengths[longest],
+                               what=Said(f"log.outcome.{plan.reasons[longest]}"), max_length=str(cfg.max_length)))
     plan.examples = _examples(plan, columns, all_ids, prompt_lens, cuts, tokenizer, n_examples, keep_first)
     _LONGEST[_lengths_key(cfg)] = plan.longest_row
     return plan
@@ -423,8 +418,7 @@ def _examples(plan: DataPlan, columns, all_ids, prompt_lens, cuts, tokenizer, n:
                 ex[key], was = clip_text(ex[key])
                 clipped |= was
         if clipped:
-            ex["note"] = (f"row {ex['row']} is {len(ids):,} tokens; showing the first and last "
-                          f"{PREVIEW_CHARS:,} characters")
+            ex["note"] = Said("preview.clipped", row=ex["row"], tokens=len(ids), chars=PREVIEW_CHARS)
         out.append(ex)
     return out
 

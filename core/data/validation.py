@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.config.settings import TrainConfig
+from core.messages import Said
 
 MIN_ROWS_FOR_SHARE = 200  # with the default share, a smaller split trains on every row: 5% of it would be a handful
 DEFAULT_SHARE = TrainConfig.__dataclass_fields__["validation_share"].default  # only the default steps aside
@@ -58,15 +59,13 @@ def split(cfg: TrainConfig, raw: Any, fmt: str) -> Split:
         vcfg = val_config(cfg)
         val, vfmt = data.check_data(vcfg)
         return Split(raw, val, vfmt, everything, list(range(len(val))), "separate",
-                     f"Validation: {len(val)} rows of {vcfg.dataset} [{vcfg.dataset_split}], never trained on",
+                     Said("log.val_separate", n=len(val), source=f"{vcfg.dataset} [{vcfg.dataset_split}]"),
                      source=f"{vcfg.dataset} [{vcfg.dataset_split}]")
     if cfg.validation_share <= 0:
-        return Split(raw, None, None, everything, [], "off", "Validation: off (validation_share is 0)")
+        return Split(raw, None, None, everything, [], "off", Said("log.val_off"))
     if len(raw) < MIN_ROWS_FOR_SHARE and cfg.validation_share == DEFAULT_SHARE:  # a share the user chose is kept
         return Split(raw, None, None, everything, [], "off",
-                     f"Validation: off, every row trains: the split has {len(raw)} rows and a hold-out needs "
-                     f"{MIN_ROWS_FOR_SHARE} (set another validation_share, or give validation_split or "
-                     "validation_data, to validate anyway)")
+                     Said("log.val_small", rows=len(raw), min=MIN_ROWS_FOR_SHARE))
     import random
 
     n_val = max(1, round(cfg.validation_share * len(raw)))
@@ -74,8 +73,8 @@ def split(cfg: TrainConfig, raw: Any, fmt: str) -> Split:
     held_set = set(held)
     kept = [i for i in everything if i not in held_set]
     return Split(raw.select(kept), raw.select(held), fmt, kept, held, "share",
-                 f"Validation: {n_val} of {len(raw)} rows held out ({cfg.validation_share:.0%}, seed {cfg.seed}), "
-                 "never trained on", source=cfg.dataset)
+                 Said("log.val_share", n=n_val, total=len(raw), share=round(100 * cfg.validation_share), seed=cfg.seed),
+                 source=cfg.dataset)
 
 
 def samples(plan: Any, tokenizer: Any, n: int) -> list[dict[str, Any]]:

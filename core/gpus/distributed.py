@@ -23,6 +23,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from core.messages import Said
+
 MAX_MACHINES = 1024
 
 
@@ -103,18 +105,18 @@ def plan(cfg, n_gpus: int | None = None, fits_one_gpu: bool | None = None) -> Pl
     n_gpus = visible_gpus() if n_gpus is None else n_gpus
     per_machine = processes_per_machine(cfg, n_gpus) or 1
     world = per_machine * max(1, cfg.num_machines)
-    strategy, reason = "single", "one process"
+    strategy, reason = "single", Said("log.reason.single")
     if world > 1:
         if cfg.distributed_strategy in ("ddp", "fsdp"):
-            strategy, reason = cfg.distributed_strategy, f"{cfg.distributed_strategy} as configured"
+            strategy, reason = cfg.distributed_strategy, Said("log.reason.configured", strategy=cfg.distributed_strategy)
         elif fits_one_gpu is False:
-            strategy, reason = "fsdp", "the model does not fit one GPU at these settings, so it is sharded (fsdp)"
+            strategy, reason = "fsdp", Said("log.reason.fsdp")
         elif fits_one_gpu is True:
-            strategy, reason = "ddp", "the model fits one GPU, so each GPU holds a copy and the data is split (ddp)"
+            strategy, reason = "ddp", Said("log.reason.ddp")
         elif runs_on_cpu(cfg, n_gpus):
-            strategy, reason = "ddp", "CPU processes: data-parallel (ddp) over gloo"
+            strategy, reason = "ddp", Said("log.reason.ddp_cpu")
         else:
-            strategy, reason = "ddp", "GPU memory unknown here: data-parallel (ddp), which needs the model to fit one GPU"
+            strategy, reason = "ddp", Said("log.reason.ddp_unknown")
     return Plan(per_machine, max(1, cfg.num_machines), cfg.machine_rank, strategy, reason,
                 runs_on_cpu(cfg, n_gpus), cfg.main_process_ip or "127.0.0.1", cfg.main_process_port)
 

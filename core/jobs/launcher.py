@@ -13,6 +13,7 @@ import sys
 
 from core.gpus.distributed import plan, worker_argv
 from core.jobs.supervise import PARENT_ENV, Child
+from core.messages import Said, words_of
 
 
 # --- the launching parent ---------------------------------------------------------------------------------------
@@ -77,11 +78,11 @@ def run_launcher(cfg, run_dir: str | None = None) -> int:
         print(f"memtune: {exc}", file=sys.stderr)
         return 2
     config_path = run / "config.yaml" if run else resolved.save(scratch / "config.yaml")
-    what = (f"{p.world_size} processes ({p.processes_per_machine} per machine, {p.num_machines} machine(s)), "
-            f"strategy {p.strategy}: {p.reason}")
+    what = Said("log.processes", n=p.world_size, per=p.processes_per_machine, machines=p.num_machines,
+                strategy=p.strategy, reason=p.reason)
     print(f"[memtune] {what}", file=sys.stderr, flush=True)
     if run:
-        JsonlSink(run / "events.jsonl")(make_event("log", level="info", message=what))
+        JsonlSink(run / "events.jsonl")(make_event("log", level="info", **words_of(what)))
     env = {k: v for k, v in os.environ.items() if k != PARENT_ENV}  # the workers' parent is torchrun
     threads = int(os.environ.get("MEMTUNE_NUM_THREADS", "0") or 0) or (os.cpu_count() or 1)
     env["MEMTUNE_NUM_THREADS"] = str(max(1, threads // p.processes_per_machine))  # share this machine's cores
@@ -96,10 +97,7 @@ def run_launcher(cfg, run_dir: str | None = None) -> int:
     events = read_events(run / "events.jsonl")
     done = next((e for e in reversed(events) if e.get("kind") == "done"), None)
     if done is None:  # a worker died (killed, out of memory, a collective that timed out): say so, like one GPU
-        message = child.record_death(
-            run, f"A training process of this {p.world_size}-process run ended without finishing (launcher "
-            "{how}); the run log above the error has each process's last lines.", world_size=p.world_size,
-            strategy=p.strategy)
+        message = child.record_death(run, "log.worker_died", world_size=p.world_size, strategy=p.strategy)
         print(f"memtune: training failed: {message}", file=sys.stderr)
         return 1
     if done.get("status") == "failed":

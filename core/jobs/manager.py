@@ -38,6 +38,7 @@ from typing import Any
 
 from core.runs.folders import STOP_FILE
 from core.config.settings import TrainConfig
+from core.messages import keyed
 from core.runs.events import EventTail, JsonlSink, make_event, read_events
 from core.jobs import warm
 from core.jobs.supervise import PARENT_ENV, Child
@@ -195,9 +196,9 @@ class JobManager:
         try:
             tail = self._spawn(job)
         except Exception as exc:  # noqa: BLE001 - e.g. a folder that cannot be made: a failed run, not a crash
-            message = f"Could not start the training process: {exc}"
-            job.emit(make_event("error", error_type="other", message=message))
-            job.emit(make_event("done", status="failed", run_dir=job.folder, summary={}, message=message))
+            words = keyed("log.not_started", error=str(exc))
+            job.emit(make_event("error", error_type="other", **words))
+            job.emit(make_event("done", status="failed", run_dir=job.folder, summary={}, **words))
             job.finished = time.time()
             job._ended.set()
             self._running.remove(job)
@@ -219,8 +220,7 @@ class JobManager:
 
     def _time_up(self, job: Job) -> None:
         if job.running and not job.stop_event.is_set():
-            job.emit(make_event("log", level="warning", message=f"Time limit of this server reached "
-                                                                 f"({job.max_s / 60:g} min): stopping."))
+            job.emit(make_event("log", level="warning", **keyed("log.time_limit", minutes=job.max_s / 60)))
             self._stop_job(job)
 
     def stop(self, owner: str | None = None, job_id: int | None = None) -> Job | None:
@@ -240,8 +240,7 @@ class JobManager:
             if job is not None and job.waiting:
                 self._waiting.remove(job)
                 job.stop_event.set()
-                job.emit(make_event("done", status="stopped", run_dir=None, summary={},
-                                    message="Left the queue before it started."))
+                job.emit(make_event("done", status="stopped", run_dir=None, summary={}, **keyed("log.left_queue")))
                 job.waiting, job.finished = False, time.time()
                 job._ended.set()
                 return job
@@ -345,7 +344,7 @@ class JobManager:
         command = [*self._program, "--config", str(config_path), "--run-dir", str(run_dir)]
         # Said at once (the child needs seconds to import torch): a new Start never shows the previous run's state.
         starting = make_event("phase", phase="starting", progress=None,
-                              message=f"Starting the training process: python -m core.train --config {config_path}")
+                              **keyed("log.phase.starting", command=f"python -m core.train --config {config_path}"))
         events = run_dir / "events.jsonl"
         JsonlSink(events)(starting)
         job.emit(starting)
@@ -380,12 +379,11 @@ class JobManager:
             child.follow(take, POLL_S)
             if not any(e.get("kind") == "done" for e in job.events_since(0)):
                 run_dir = Path(job.folder)
-                child.record_death(run_dir, "The training process died unexpectedly ({how}).", log=run_dir / LOG_FILE)
+                child.record_death(run_dir, "log.died", log=run_dir / LOG_FILE)
                 take()
         except Exception:  # noqa: BLE001 - the follower must always end the job, or Start stays refused forever
             job.emit(make_event("error", error_type="other", message=traceback.format_exc(limit=4)))
-            job.emit(make_event("done", status="failed", run_dir=job.folder, summary={},
-                                message="memtune lost track of the training process."))
+            job.emit(make_event("done", status="failed", run_dir=job.folder, summary={}, **keyed("log.lost_track")))
         finally:
             with contextlib.suppress(OSError):
                 (Path(job.folder) / STOP_FILE).unlink(missing_ok=True)

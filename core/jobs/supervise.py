@@ -28,18 +28,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from core.messages import Said, lines, table
 from core.runs.folders import STOP_FILE
 
 PARENT_ENV = "MEMTUNE_PARENT_PID"  # set by the app for its child: the pid whose death means "stop and save"
 KILL_GRACE_S = 5.0  # between SIGTERM and SIGKILL to the process group
 TAIL_LINES = 15  # lines of the log quoted when a child dies
-KILL_REASONS = {
-    "second_stop": "Ended at once by a second Stop ({how}); this run saved no adapter.",
-    "no_answer": "The training process did not answer Stop within {ack_s:.0f} s and was ended ({how}).",
-    "no_end": "The training process did not finish within {finish_s:.0f} s of Stop and was ended ({how}).",
-    "shutdown": "The app was shut down during the run, which was ended ({how}).",
-    "unwritable": "The run folder could not be written, so the run was ended ({how}).",
-}
+# why a run was ended; each has its message (core/locales log.kill.<reason>, with {how} and {s}, the seconds waited)
+KILL_REASONS = ("second_stop", "no_answer", "no_end", "shutdown", "unwritable")
 
 
 class Child:
@@ -128,27 +124,29 @@ class Child:
             signal_group(self.pid, signal.SIGKILL)
             self.proc.wait()
 
-    def death_message(self, unexpected: str, log: Path | None = None) -> str:
-        """Why the child ended without its `done` event: the reason it was ended for, or `unexpected` (formatted
-        with {how}) with the end of its log."""
+    def death_message(self, unexpected: str, log: Path | None = None, **params: Any) -> str:
+        """Why the child ended without its `done` event: the reason it was ended for, or `unexpected` (a locale key
+        such as log.died, said with {how} and `params`; or an English text formatted with {how}) with the end of
+        its log. Keyed (a Said) so the page says it in its language; the log's lines are quoted as they are."""
         code = self.proc.returncode
         how = exit_text(code)
         if self.kill_reason is not None:
-            return (KILL_REASONS.get(self.kill_reason, unexpected).format(how=how, ack_s=self.ack_s,
-                                                                          finish_s=self.finish_s)
-                    + " Complete checkpoints, if any, remain for Resume in History.")
-        message = unexpected.format(how=how)
+            seconds = self.ack_s if self.kill_reason == "no_answer" else self.finish_s
+            reason = self.kill_reason if self.kill_reason in KILL_REASONS else "shutdown"
+            why = Said(f"log.kill.{reason}", how=how, s=seconds)
+            return Said("msg.two", first=why, second=Said("log.kill.checkpoints_remain"))
+        message = Said(unexpected, how=how, **params) if unexpected in table("en") else unexpected.format(how=how)
         if code is not None and code < 0 and -code == signal.SIGKILL:
-            message += " SIGKILL often means the system ran out of memory (the kernel's OOM killer)."
+            message = Said("msg.two", first=message, second=Said("log.sigkill"))
         tail = log_tail(log) if log is not None else ""
-        return message + (f"\nLast lines of {log}:\n{tail}" if tail else "")
+        return lines(message, Said("log.last_lines", path=str(log)), tail) if tail else message
 
     def record_death(self, run_dir: str | Path, unexpected: str, log: Path | None = None,
                      **details: Any) -> str:
         """Record the run as failed (events.jsonl, summary.json); returns the message."""
         from core.runs.folders import record_failure
 
-        message = self.death_message(unexpected, log)
+        message = self.death_message(unexpected, log, **details)  # the details fill the message too (world_size)
         record_failure(run_dir, message, exit_code=self.proc.returncode, **details)
         return message
 
@@ -171,15 +169,15 @@ def signal_group(pgid: int | None, sig: int) -> None:
             os.killpg(pgid, sig)
 
 
-def exit_text(code: int | None) -> str:
+def exit_text(code: int | None) -> Said:
     if code is None:
-        return "no exit status"
+        return Said("log.exit_none")
     if code < 0:
         try:
-            return f"killed by signal {signal.Signals(-code).name}"
+            return Said("log.exit_signal", signal=signal.Signals(-code).name)
         except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
+            return Said("log.exit_signal", signal=str(-code))
+    return Said("log.exit_code", code=code)
 
 
 def log_tail(path: Path, lines: int = TAIL_LINES) -> str:

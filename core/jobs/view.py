@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from core.messages import SaidLine, said_of
+from core.messages import SaidLine, said_of, say
 
 if TYPE_CHECKING:
     from core.jobs.manager import Job
@@ -22,6 +22,7 @@ class JobView:
     state: str = "idle"  # idle | running | stopping | completed | stopped | failed | interrupted
     phase: str = ""
     phase_message: str = ""
+    phase_said: dict[str, Any] = field(default_factory=dict)  # the phase message's key + params: the page's words
     step: int = 0
     total_steps: int | None = None
     epoch: float | None = None
@@ -57,22 +58,36 @@ def _clock(t: float | None) -> str:
 
 
 def format_event(e: dict[str, Any]) -> str | None:
-    """One log line for an event, or None for events that only feed the progress view."""
+    """One log line for an event (its English text, as the CLI says it), or None for events that only feed the
+    progress view. The line is a SaidLine: the message's key + params (core.messages.keyed) and what frames it
+    (warning, error type, status, phase), so a page says it in its language; an old run's event without a key keeps
+    its English message."""
     kind, t = e.get("kind"), _clock(e.get("time"))
+    said = {k: e[k] for k in ("key", "params") if k in e}
     if kind == "run":
-        return f"{t}  run folder {e.get('run_dir')}"
+        path = e.get("run_dir")
+        return SaidLine(f"{t}  run folder {path}", {"key": "log.run_folder", "params": {"path": str(path)}}, kind)
     if kind == "phase":
-        return f"{t}  [{e.get('phase')}] {e.get('message') or ''}".rstrip()
+        message = e.get("message") or ""
+        seconds = None  # a heartbeat (core.train.callbacks.phase): the phase's message + " (12 s)", its key's params
+        if said and message != (first := say(said["key"], said.get("params"))) and message.startswith(first + " ("):
+            tail = message[len(first) + 2:]
+            seconds = int(tail[:-3]) if tail.endswith(" s)") and tail[:-3].isdigit() else None
+            message = first if seconds is not None else message
+        line = f"{t}  [{e.get('phase')}] {e.get('message') or ''}".rstrip()
+        return SaidLine(line, said, kind, message, phase=e.get("phase"), seconds=seconds)
     if kind == "log":
-        tag = "WARNING " if e.get("level") == "warning" else ""
-        return f"{t}  {tag}{e.get('message', '')}"
+        warning = e.get("level") == "warning"
+        line = f"{t}  {'WARNING ' if warning else ''}{e.get('message', '')}"
+        return SaidLine(line, said, kind, e.get("message", ""), warning=warning)
     if kind == "error":
         line = f"{t}  ERROR ({e.get('error_type', 'other')}): {e.get('message', '')}"
-        return SaidLine(line, said, kind) if (said := said_of(e)) else line
+        return SaidLine(line, said_of(e), kind, e.get("message", ""), error_type=e.get("error_type", "other"))
     if kind == "done":
         line = f"{t}  finished: {e.get('status')} - {e.get('message', '')}"
-        said = said_of(e.get("summary") or {}) if e.get("status") == "failed" else {}
-        return SaidLine(line, said, kind) if said else line
+        if not said and e.get("status") == "failed":
+            said = said_of(e.get("summary") or {})
+        return SaidLine(line, said, kind, e.get("message", ""), status=e.get("status"))
     return None
 
 
@@ -110,6 +125,7 @@ class _Fold:
                 v.total_steps = e.get("total_steps") or v.total_steps
             elif kind == "phase":
                 v.phase, v.phase_message = e.get("phase", ""), e.get("message", "") or ""
+                v.phase_said = {k: e[k] for k in ("key", "params") if k in e}
             elif kind == "step":
                 v.step = int(e.get("step") or v.step)
                 v.total_steps = e.get("total_steps") or v.total_steps

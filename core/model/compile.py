@@ -42,6 +42,8 @@ import time
 
 import torch
 
+from core.messages import Said, keyed
+
 BACKEND_ENV = "MEMTUNE_COMPILE_BACKEND"
 RECOMPILE_LIMIT = 16  # per code object: train/eval mode, grad on/off, per-layer constants (Gemma's sliding window)
 SIDE_EFFECTS_FLAG = "skip_fwd_side_effects_in_bwd_under_checkpoint"  # dynamo config; older torch lacks it
@@ -66,13 +68,13 @@ def _contains(outer: torch.nn.Module, inner: torch.nn.Module) -> bool:
     return any(m is inner for m in outer.modules())
 
 
-def compile_layers(model) -> str:
+def compile_layers(model) -> Said:
     """Compile each decoder layer of `model` in place (lazily: the first forward compiles). Returns the log line."""
     import torch._dynamo.config as dynamo_config
 
     layers = decoder_layers(model)
     if not layers:
-        return "Regional compile skipped: no decoder layers (GradientCheckpointingLayer) found in this model"
+        return Said("log.compile_skipped")
     name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # renamed in 2.7
     setattr(dynamo_config, name, max(getattr(dynamo_config, name), RECOMPILE_LIMIT))
     if hasattr(dynamo_config, SIDE_EFFECTS_FLAG):
@@ -81,31 +83,30 @@ def compile_layers(model) -> str:
         # "HOP: Unsafe side effect") unless told not to replay it in the recompute; it routes which Python function
         # is traced and is restored on exit, so the traced graph is the same either way.
         setattr(dynamo_config, SIDE_EFFECTS_FLAG, True)
-    eager_attention = _attention_outside(model)
+    varlen = _attention_outside(model)
     chosen = backend()
     for layer in layers:
         # dynamic=True: one graph for every packed length (automatic dynamic would compile a static graph first and
         # a dynamic one at the second length). Parameters keep static shapes (force_parameter_static_shapes).
         layer.compile(backend=chosen, dynamic=True)
     kinds = sorted({type(layer).__name__ for layer in layers})
-    return (f"Regional compile: {len(layers)} decoder layers ({', '.join(kinds)}) compiled with {chosen}, dynamic "
-            f"shapes{eager_attention}; the first step compiles them (one time)")
+    return Said("log.compile_varlen" if varlen else "log.compile", n=len(layers), kinds=", ".join(kinds), backend=chosen)
 
 
-def _attention_outside(model) -> str:
+def _attention_outside(model) -> bool:
     """memtune's varlen attention runs outside the compiled graphs (a graph break in each layer): it reads the
     pack's row boundaries to the host, counts its paths in a module-level dict and inspects the kernel's signature,
     and dynamo would guard on those Python values (a recompile at every step). The kernel is one call anyway; the
-    projections, LoRA, norms and MLP around it are what compiling fuses. Returns the log's words for it."""
+    projections, LoRA, norms and MLP around it are what compiling fuses. True when that applies (the log says it)."""
     from core.model import attention
 
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) != attention.VARLEN_ATTENTION:
-        return ""
+        return False
     from transformers import AttentionInterface
 
     AttentionInterface.register(attention.VARLEN_ATTENTION, _eager_varlen())
-    return " (attention: varlen, run between the compiled graphs)"
+    return True
 
 
 @functools.lru_cache(maxsize=1)
@@ -125,9 +126,8 @@ def stats() -> dict[str, int]:
             "graph_breaks": int(sum(counters["graph_break"].values()))}
 
 
-def describe(s: dict[str, int]) -> str:
-    return (f"{s['graphs']} graphs from {s['compiles']} compiles (more than 1 with no graph break: recompiles), "
-            f"{s['graph_breaks']} graph breaks (TORCH_LOGS=recompiles,graph_breaks says why)")
+def describe(s: dict[str, int]) -> Said:
+    return Said("log.compile_counts", graphs=s["graphs"], compiles=s["compiles"], breaks=s["graph_breaks"])
 
 
 def callback(emit):
@@ -144,25 +144,21 @@ def callback(emit):
         def on_step_begin(self, args, state, control, **kwargs):
             if self.started is None:
                 self.started = time.monotonic()
-                emit(make_event("phase", phase="compiling", progress=None,
-                                message="Compiling the decoder layers (first step, one time)"))
+                emit(make_event("phase", phase="compiling", progress=None, **keyed("log.phase.compiling")))
 
         def on_step_end(self, args, state, control, **kwargs):
             if self.started is not None and not self.told:
                 self.told = True
                 now = stats()
-                emit(make_event("log", level="info", message=f"Regional compile: first step (compiling included, "
-                                f"unless a warm-up compiled before) took {time.monotonic() - self.started:.1f} s; "
-                                f"{describe(now)}"))
+                emit(make_event("log", level="info", **keyed("log.compile_first", seconds=time.monotonic() - self.started,
+                                                             counts=describe(now))))
                 if not now["graphs"]:
                     # e.g. transformers' checkpoint traced inside the compiled layer, with a graph break in it
                     # (varlen attention): dynamo then runs the whole layer as it is, uncompiled
-                    emit(make_event("log", level="warning", message="Regional compile captured no graph: the "
-                                    "layers run uncompiled (with gradient checkpointing, attention varlen breaks "
-                                    "the graph inside the checkpoint; use attention sdpa, or no checkpointing)"))
-                emit(make_event("phase", phase="training", progress=None, message="Training"))
+                    emit(make_event("log", level="warning", **keyed("log.compile_no_graph")))
+                emit(make_event("phase", phase="training", progress=None, **keyed("log.phase.compiled")))
 
         def on_train_end(self, args, state, control, **kwargs):
-            emit(make_event("log", level="info", message=f"Regional compile at the end: {describe(stats())}"))
+            emit(make_event("log", level="info", **keyed("log.compile_end", counts=describe(stats()))))
 
     return CompileCallback()

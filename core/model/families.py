@@ -7,6 +7,8 @@ verified. What cannot work is refused by name: a model that is not a causal LM (
 
 from __future__ import annotations
 
+from core.messages import Said
+
 VERIFIED = {  # config.json model_type -> the families README's matrix lists for it
     "llama": "Llama 3.x (incl. tied-embedding 1B/3B), SmolLM2",
     "mistral": "Mistral",
@@ -19,10 +21,8 @@ VERIFIED = {  # config.json model_type -> the families README's matrix lists for
 }
 
 
-def note(model_type: str | None) -> str | None:
-    """One log line for a model outside the matrix; None for a verified family."""
+def note(model_type: str | None) -> Said | None:
+    """One log line for a model outside the matrix (log.family_unverified); None for a verified family."""
     if not model_type or model_type in VERIFIED:
         return None
-    return (f"Model type {model_type} is not in memtune's support matrix (README): it trains on the generic path "
-            "(LoRA targets from its own module tree, its own attention); memory estimates and attention equality are "
-            "not verified for it.")
+    return Said("log.family_unverified", model_type=model_type)

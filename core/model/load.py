@@ -19,7 +19,7 @@ from core.config import arguments as recipe
 from core.config.settings import DEMO_MODEL, TrainConfig
 from core.levers.embedding import CpuEmbedding, load_embedding_on_cpu, offload_input_embeddings
 from core.levers.output_head import quantize_output_head
-from core.messages import Keyed
+from core.messages import Keyed, Said, keyed
 from core.runs.events import EventSink, make_event
 
 
@@ -110,7 +110,8 @@ def _download(repo_id: str, sink: EventSink | None) -> str:
             out = super().update(n)
             if sink is not None and self.total:
                 sink(make_event("phase", phase="downloading", progress=min(1.0, self.n / self.total),
-                                message=f"Downloading {repo_id}: {self.n / 2**30:.2f} / {self.total / 2**30:.2f} GiB"))
+                                **keyed("log.phase.download_progress", repo=repo_id, done=self.n / 2**30,
+                                        total=self.total / 2**30, unit=Said("unit.gib"))))
             return out
 
     try:
@@ -122,7 +123,7 @@ def _download(repo_id: str, sink: EventSink | None) -> str:
         raise ModelError("model.err.not_an_id", model=repr(repo_id)) from None
     try:
         if sink is not None:
-            sink(make_event("phase", phase="downloading", progress=0.0, message=f"Downloading {repo_id} from the Hub"))
+            sink(make_event("phase", phase="downloading", progress=0.0, **keyed("log.phase.downloading", repo=repo_id)))
         return snapshot_download(repo_id, allow_patterns=patterns, token=hf_token(), tqdm_class=EventTqdm)
     except GatedRepoError:
         raise ModelError("model.err.gated", model=repo_id) from None

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.messages import Said
+
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 GROUPS = {"attention": ATTENTION, "mlp": MLP, "all_linear": ()}
@@ -33,9 +35,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "down_proj": ("w2", "c_proj"),
 }
 # What a fused layer holds, in words (the page says them in its language: ui/render.py, locale keys log.lora_parts.*)
-PARTS = {"qkv": "q, k and v", "gate_up": "gate and up"}
-FUSED = {"qkv_proj": PARTS["qkv"], "W_pack": PARTS["qkv"], "query_key_value": PARTS["qkv"], "c_attn": PARTS["qkv"],
-         "gate_up_proj": PARTS["gate_up"], "c_proj": "the attention and MLP output projections share this name"}
+# a fused layer -> what it holds (key log.lora_parts.<it>); c_proj: one name for two projections (log.lora_shared)
+FUSED = {"qkv_proj": "qkv", "W_pack": "qkv", "query_key_value": "qkv", "c_attn": "qkv", "gate_up_proj": "gate_up",
+         "c_proj": "shared"}
 
 
 class TargetError(ValueError):
@@ -56,14 +58,16 @@ class Targets:
     linear: list[str] = field(default_factory=list)  # every linear leaf name of the decoder blocks
     model_type: str | None = None  # config.json's, when resolved from a model folder
 
-    def describe(self) -> str:
-        """One line for the run log, in the preview's words (preview.lora, preview.lora_fused: ui/render.py's log
-        rules say it in the page's language), "; " between its parts."""
+    def describe(self) -> Said:
+        """One line for the run log and the preview (preview.lora, then renamed, fused and shared-name layers, "; "
+        between the parts), keyed so the page says it in its language."""
         renamed = [f"{k} -> {'+'.join(v)}" for k, v in self.mapped.items() if v != [k] and k not in GROUPS]
-        fused = [f"{m}: {FUSED[m]}" if m == "c_proj" else f"{m} trains whole: one fused layer holds {FUSED[m]}"
-                 for m in self.modules if m in FUSED]
-        return "; ".join([f"LoRA on {', '.join(self.modules)}: {self.layers} layers, {self.trainable:,} trainable "
-                          "parameters", *renamed, *fused])
+        fused = [Said("log.lora_shared", name=m) if m == "c_proj" else
+                 Said("preview.lora_fused", fused=m, parts=Said(f"log.lora_parts.{FUSED[m]}")) for m in self.modules
+                 if m in FUSED]
+        extra = Said("log.lora_more", parts=[*renamed, *fused]) if renamed or fused else ""
+        return Said("log.lora_targets", modules=", ".join(self.modules), layers=self.layers, params=self.trainable,
+                    more=extra)
 
 
 def linear_layers(model: Any) -> dict[str, list[tuple[int, int]]]:

@@ -18,6 +18,12 @@ Training never blocks on a reader: sinks are unbounded queues or files, and the 
 - done:   status (completed|stopped|failed), run_dir, adapter_dir?, summary (dict), message
 - error:  error_type (config|data|model|oom|other), message, traceback? (for bug reports), exit_code? (the
           job manager's, for a child that died)
+
+The words of run, phase, log, data, error and done events (and the supervisor's kill and death messages) carry
+`key` + `params` beside `message` (core.messages.keyed / words_of): `message` is en.json's text filled, what the CLI
+prints and `tail -f` shows; a page says the key in its own language (ui.render.said). A parameter that is itself a
+message nests as {"key", "params"}; msg.lines' `lines` is a list of them (or quoted texts: a log's last lines). An
+error may instead carry `problems` (a ConfigError's, each keyed). Events of older runs have `message` only.
 """
 
 from __future__ import annotations

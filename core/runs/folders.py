@@ -23,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.messages import Said, words_of
 from core.files import (RefusedError, StorageError, atomic_write_text, has_marker, make_tmp, move_into_place,
                         recover, storage_error, storage_message, target, write_marker)
 
@@ -73,36 +74,37 @@ def _safetensors_problem(path: Path) -> str | None:
         with path.open("rb") as fh:
             (n,) = struct.unpack("<Q", fh.read(8))
             if n > size:
-                return "its header is cut off"
+                return Said("log.ckpt.header_cut")
             header = json.loads(fh.read(n))
         end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
     except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error):
-        return "its header cannot be read"
-    return None if size == 8 + n + end else f"it has {size} bytes where its header promises {8 + n + end}"
+        return Said("log.ckpt.header_unreadable")
+    return None if size == 8 + n + end else Said("log.ckpt.size", size=size, promised=8 + n + end)
 
 
-def checkpoint_problem(ckpt: str | Path) -> str | None:
-    """Why this checkpoint cannot be resumed from (names the file), or None when its files are intact."""
+def checkpoint_problem(ckpt: str | Path) -> Said | None:
+    """Why this checkpoint cannot be resumed from (names the file; keyed: log.ckpt_*), or None when its files are
+    intact."""
     ckpt = Path(ckpt)
     if not (ckpt / COMPLETE_MARKER).is_file():
-        return f"{ckpt} is incomplete (no {COMPLETE_MARKER} marker: its save was interrupted)"
+        return Said("log.ckpt_incomplete", path=str(ckpt), marker=COMPLETE_MARKER)
     for path in sorted(ckpt.iterdir()):
         if path.suffix == ".safetensors":
             why = _safetensors_problem(path)
         elif path.suffix in (".pt", ".pth", ".bin"):  # torch.save files are zip archives
-            why = None if zipfile.is_zipfile(path) else "it is not a complete torch file"
+            why = None if zipfile.is_zipfile(path) else Said("log.ckpt.torch")
         elif path.name == "trainer_state.json":
             try:
                 json.loads(path.read_text(encoding="utf-8"))
                 why = None
             except (OSError, ValueError):
-                why = "it is not valid JSON"
+                why = Said("log.ckpt.json")
         else:
             continue
         if why:
-            return f"{path} is damaged ({why})"
+            return Said("log.ckpt_damaged", path=str(path), why=why)
     if not (ckpt / "trainer_state.json").is_file():
-        return f"{ckpt} has no trainer_state.json"
+        return Said("log.ckpt_no_state", path=str(ckpt))
     return None
 
 
@@ -267,7 +269,7 @@ def finish_run(run_dir: str | Path, summary: dict[str, Any]) -> str | None:
     except StorageError as exc:
         return str(exc)
     except OSError as exc:
-        return f"summary.json could not be written in {run_dir}: {exc}"
+        return Said("log.summary_unwritten", path=str(run_dir), error=str(exc))
     return None
 
 
@@ -283,6 +285,8 @@ def record_failure(run_dir: str | Path, message: str, error_type: str = "other",
     from core.runs.events import JsonlSink, make_event
 
     run_dir = Path(run_dir)
+    # a keyed message (a Said: supervise's death message) carries its key + params, unless details give the error's
+    details = {**{k: v for k, v in words_of(message).items() if k != "message"}, **details}
     summary = {"status": "failed", "error_type": error_type, "message": message, **details,
                "finished_at": datetime.now().isoformat(timespec="seconds")}
     if data is not None:
@@ -293,6 +297,6 @@ def record_failure(run_dir: str | Path, message: str, error_type: str = "other",
                     **details))
     if own or not (run_dir / "summary.json").is_file():
         if (problem := finish_run(run_dir, summary)):  # never a 0-byte summary.json; temp folders removed
-            emit(make_event("log", level="warning", message=problem))
+            emit(make_event("log", level="warning", **words_of(problem)))
     emit(make_event("done", status="failed", run_dir=str(run_dir), summary=summary, message=message))
     return summary
