@@ -44,8 +44,9 @@ def phase(sink: EventSink, name: str, key: str, **params: Any) -> Iterator[None]
 
     def beat() -> None:
         while not done.wait(HEARTBEAT_S):
-            sink(make_event("phase", phase=name, progress=None,
-                            **{**said, "message": f"{said['message']} ({time.monotonic() - start:.0f} s)"}))
+            elapsed = round(time.monotonic() - start)  # a page saying the key adds it as the English does
+            sink(make_event("phase", phase=name, progress=None, elapsed_s=elapsed,
+                            **{**said, "message": f"{said['message']} ({elapsed} s)"}))
 
     thread = threading.Thread(target=beat, daemon=True, name=f"memtune-heartbeat-{name}")
     thread.start()

@@ -72,7 +72,7 @@ class RunResult:
     error_type: str | None = None  # config | data | model | oom | disk | other
 
 
-def quiet(event: dict[str, Any]) -> None:
+def nowhere(event: dict[str, Any]) -> None:
     """The sink of a run nobody listens to (and of every process but the main one)."""
 
 
@@ -82,7 +82,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
     """Train `cfg` in this process. `run_dir`: use exactly this folder (the app's job manager made it and wrote
     config.yaml there) instead of choosing a new one; a config error then lands in its events.jsonl too.
     `callbacks`: extra TrainerCallbacks; `console`: the Trainer's progress bar on a terminal."""
-    context = RunContext.open(cfg, sink or quiet, stop or threading.Event(), run_dir)
+    context = RunContext.open(cfg, sink or nowhere, stop or threading.Event(), run_dir)
     if isinstance(context, RunResult):  # the config was refused: there is nothing to train
         return context
     recipe = LoRARecipe(cfg, context, callbacks, console)
@@ -126,7 +126,7 @@ class RunContext:
             torch.cuda.set_device(distributed.local_rank())  # before loading: each process its own GPU
         prepared = Path(run_dir) if run_dir is not None and main else None
         attached = prepared is not None and has_marker(prepared, "run")
-        sink = sink if main else quiet
+        sink = sink if main else nowhere
         if attached:
             # The manager's folder (marked by create_run_dir): even a config error lands in the events.jsonl it follows.
             sink = fan_out(sink, JsonlSink(prepared / "events.jsonl"))
