@@ -168,9 +168,9 @@ class LoRARecipe:
         if context.cuda:
             torch.cuda.reset_peak_memory_stats()
         self.watching = watch_stop(context.emit, context.stop, context.stop_file)
+        self.started = time.monotonic()
         # from before loading: the load can be the peak
         self.nvml = vram.PeakTracker().start() if context.cuda and context.main else None
-        self.started = time.monotonic()
         self.plan: DataPlan | None = None
         self.trainer = self.callback = self.output = None
         self.tokenizer = None
