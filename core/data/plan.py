@@ -49,6 +49,10 @@ class DataPlan:
     turns: dict[str, int] | None = None  # assistant turns (answers): trained whole, cut at max_length, dropped
     examples: list[dict[str, Any]] = field(default_factory=list)  # what the preview shows
     notes: list[str] = field(default_factory=list)
+    # The validation part (core/data/validation.py plan_parts): which rows were held out and why (a Split; `Any`
+    # because validation.py imports this module), and the held-out rows' own plan (None: no validation rows).
+    held: Any = None
+    validation: DataPlan | None = None
 
     @property
     def n_train(self) -> int:
@@ -70,6 +74,17 @@ class DataPlan:
     @property
     def longest_row(self) -> int:
         return max(self.lengths, default=0)
+
+    @property
+    def evaluates(self) -> bool:
+        """Some validation row trains: the run has an eval."""
+        return self.validation is not None and self.validation.n_train > 0
+
+    def validation_dict(self) -> dict[str, Any] | None:
+        """The validation part's accounting (events.jsonl's data event, summary.json["validation"])."""
+        if self.held is None:
+            return None
+        return {**self.held.to_dict(), **({"plan": self.validation.to_dict()} if self.validation is not None else {})}
 
     def to_dict(self) -> dict[str, Any]:
         """The counts, as events.jsonl and summary.json carry them."""

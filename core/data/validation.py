@@ -1,18 +1,22 @@
 """Validation: which rows are held out, and what the model answers on a few of them at each eval.
 
 `split(cfg, raw)` runs BEFORE the row plan: it divides the loaded split into training and validation rows (a seeded
-share, or a separate file / split read like any dataset), then core/train/recipe.py calls `core.data.plan.plan_rows` on each
-part, so validation rows get exactly the training rows' formatting, truncation and accounting. `samples(plan, ...)`
+share, or a separate file / split read like any dataset), then `plan_parts` plans each part with
+`core.data.plan.plan_rows`, so validation rows get exactly the training rows' formatting, truncation and accounting,
+and declares the validation part in the training plan (DataPlan.held, DataPlan.validation). `samples(plan, ...)`
 picks the prompts answered greedily at each eval; `generate_answers` answers them (core/train/callbacks.py calls it from
 the Trainer's own `on_evaluate`). The Trainer computes the eval loss itself (eval_dataset, eval_strategy).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.config.settings import TrainConfig
+from core.data.plan import DataPlan, check_data, plan_rows
 from core.messages import Said
 
 MIN_ROWS_FOR_SHARE = 200  # with the default share, a smaller split trains on every row: 5% of it would be a handful
@@ -54,10 +58,8 @@ def split(cfg: TrainConfig, raw: Any, fmt: str) -> Split:
     """Divide the loaded training split (`raw`, of format `fmt`) into the part that trains and the validation part."""
     everything = list(range(len(raw)))
     if separate(cfg):
-        from core.data import plan as data
-
         vcfg = val_config(cfg)
-        val, vfmt = data.check_data(vcfg)
+        val, vfmt = check_data(vcfg)
         return Split(raw, val, vfmt, everything, list(range(len(val))), "separate",
                      Said("log.val_separate", n=len(val), source=f"{vcfg.dataset} [{vcfg.dataset_split}]"),
                      source=f"{vcfg.dataset} [{vcfg.dataset_split}]")
@@ -66,8 +68,6 @@ def split(cfg: TrainConfig, raw: Any, fmt: str) -> Split:
     if len(raw) < MIN_ROWS_FOR_SHARE and cfg.validation_share == DEFAULT_SHARE:  # a share the user chose is kept
         return Split(raw, None, None, everything, [], "off",
                      Said("log.val_small", rows=len(raw), min=MIN_ROWS_FOR_SHARE))
-    import random
-
     n_val = max(1, round(cfg.validation_share * len(raw)))
     held = sorted(random.Random(cfg.seed).sample(everything, n_val))  # seeded: a resumed run holds out the same rows
     held_set = set(held)
@@ -77,7 +77,17 @@ def split(cfg: TrainConfig, raw: Any, fmt: str) -> Split:
                  source=cfg.dataset)
 
 
-def samples(plan: Any, tokenizer: Any, n: int) -> list[dict[str, Any]]:
+def plan_parts(cfg: TrainConfig, tokenizer: Any, held: Split, fmt: str) -> DataPlan:
+    """The plan of the rows that train, its validation part declared in it: what was held out (`held`, from `split`)
+    and the validation rows' own plan, made alike (formatting, truncation, every row counted)."""
+    plan = plan_rows(cfg, tokenizer, held.train, fmt, n_examples=0)
+    val = None
+    if held.val is not None:
+        val = plan_rows(val_config(cfg), tokenizer, held.val, held.val_format, n_examples=0)
+    return dataclasses.replace(plan, held=held, validation=val)
+
+
+def samples(plan: DataPlan, tokenizer: Any, n: int) -> list[dict[str, Any]]:
     """The first `n` validation rows that train, as {row, prompt_ids, prompt, reference}: the prompt exactly as the
     row plan tokenized and cut it, the reference the answer tokens it trains on. Plain-text rows have no prompt and
     give none."""

@@ -1,20 +1,32 @@
-"""What a run says while it trains, and how it hears Stop: the phases, the Trainer callback, the stop watch.
+"""What a run says while it trains, and how it hears Stop: the phases, the Trainer callbacks, the stop watch.
 
-core/train/'s recipe uses these; none of them decides anything about training. Every one reports through an
-event sink (core/runs/events.py): `phase` keeps a long step (a download, a load) audibly alive, `make_callback` turns the
-Trainer's steps and logs into `step`/`metrics` events and ends the run after the current step when Stop is asked,
-`watch_stop` answers a Stop at once, `make_warmup` pays the GPU's one-time set-up before step 1 as a phase of its own
-(leaving training exactly as it was), and `BarOnly` keeps the Trainer's terminal progress bar without its log dicts.
+core/train/recipe.py uses these; none of them decides anything about training. Every one reports through an event
+sink (core/runs/events.py): `phase` keeps a long step (a download, a load) audibly alive, `EventCallback` turns the
+Trainer's steps, logs and evals into `step`/`metrics`/`eval` events and ends the run after the current step when Stop
+is asked, `watch_stop` answers a Stop at once, `WarmUp` pays the GPU's one-time set-up before step 1 as a phase of
+its own (leaving training exactly as it was), and `BarOnly` keeps the Trainer's terminal progress bar without its log
+dicts. Their words are keyed (core.messages.keyed): a page says them in its own language.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import random
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
+import numpy as np
+import torch
+from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
+
+from core.config.settings import TrainConfig
+from core.data.validation import generate_answers
+from core.gpus import distributed, vram
+from core.messages import keyed
 from core.runs.events import EventSink, make_event, one_line, prompt_gist
 from core.runs.folders import COMPLETE_MARKER
 
@@ -22,16 +34,19 @@ HEARTBEAT_S = 2.0  # no phase stays silent longer than this
 
 
 @contextlib.contextmanager
-def phase(sink: EventSink, name: str, message: str) -> Iterator[None]:
-    """Announce a phase and keep saying it is alive every few seconds until it ends."""
-    sink(make_event("phase", phase=name, message=message, progress=None))
+def phase(sink: EventSink, name: str, key: str, **params: Any) -> Iterator[None]:
+    """Announce a phase (its words: locale `key` with `params`) and keep saying it is alive every few seconds until
+    it ends."""
+    said = keyed(key, **params)
+    sink(make_event("phase", phase=name, progress=None, **said))
     done = threading.Event()
     start = time.monotonic()
 
     def beat() -> None:
         while not done.wait(HEARTBEAT_S):
-            sink(make_event("phase", phase=name, progress=None,
-                            message=f"{message} ({time.monotonic() - start:.0f} s)"))
+            elapsed = round(time.monotonic() - start)  # a page saying the key adds it as the English does
+            sink(make_event("phase", phase=name, progress=None, elapsed_s=elapsed,
+                            **{**said, "message": f"{said['message']} ({elapsed} s)"}))
 
     thread = threading.Thread(target=beat, daemon=True, name=f"memtune-heartbeat-{name}")
     thread.start()
@@ -55,155 +70,22 @@ def watch_stop(emit: EventSink, stop: threading.Event, stop_file: Path) -> threa
         while not done.wait(0.5):
             if stop.is_set() or stop_file.exists():
                 stop.set()
-                emit(make_event("log", level="info", ack="stop",
-                                message="Stop requested: finishing the current step, then saving the adapter."))
+                emit(make_event("log", level="info", ack="stop", **keyed("log.stop_ack")))
                 return
 
     threading.Thread(target=watch, daemon=True, name="memtune-stop-watch").start()
     return done
 
 
-def make_callback(sink: EventSink, stop: threading.Event, cuda: bool, stop_file: Path | None = None):
-    """A TrainerCallback that emits step events, honours Stop (flag or stop file) and marks checkpoints complete."""
-    from transformers import TrainerCallback
-
-    from core.gpus import distributed
-    from core.gpus import vram
-
-    class EventCallback(TrainerCallback):
-        def __init__(self) -> None:
-            self.start = time.monotonic()
-            self.first_loss: float | None = None
-            self.last_loss: float | None = None
-            self.tokens_at_start = 0
-            self.steps_at_start = 0
-            self.stopped = False
-            # validation (core/train/recipe.py build_run sets these when there are validation rows)
-            self.samples: list[dict] = []
-            self.tokenizer = None
-            self.max_new_tokens = 32
-            self.evals: list[dict] = []  # {step, eval_loss, answers?} in order, this process's evals
-            self.last_eval_step: int | None = None
-
-        def on_train_begin(self, args, state, control, **kw):
-            self.rng = rng_state()  # the eval before training (eval_on_start) comes next
-            self.start = time.monotonic()
-            self.tokens_at_start = state.num_input_tokens_seen or 0
-            self.steps_at_start = state.global_step
-            sink(make_event("phase", phase="training", progress=0.0,
-                            message=f"Training: {state.max_steps} optimizer steps"))
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            logs = logs or {}
-            if "loss" not in logs:
-                return
-            loss = float(logs["loss"])
-            self.first_loss = loss if self.first_loss is None else self.first_loss
-            self.last_loss = loss
-            lr, grad_norm = logs.get("learning_rate"), logs.get("grad_norm")
-            sink(make_event("metrics", step=state.global_step, total_steps=state.max_steps,
-                            epoch=round(state.epoch or 0.0, 4), loss=loss, learning_rate=lr,
-                            grad_norm=float(grad_norm) if grad_norm is not None else None))
-            sink(make_event("log", level="info", message=(
-                f"step {state.global_step}/{state.max_steps}  loss {loss:.4f}  lr {float(lr or 0):.2e}  "
-                f"grad_norm {float(grad_norm or 0):.3f}")))
-
-        def on_step_end(self, args, state, control, **kw):
-            elapsed = time.monotonic() - self.start
-            done = state.global_step - self.steps_at_start
-            remaining = max(0, state.max_steps - state.global_step)
-            tokens = (state.num_input_tokens_seen or 0) - self.tokens_at_start
-            mem = vram.torch_peaks() if cuda else None
-            sink(make_event(
-                "step", step=state.global_step, total_steps=state.max_steps, epoch=round(state.epoch or 0.0, 4),
-                tokens=int(state.num_input_tokens_seen or 0),
-                tokens_per_s=round(tokens / elapsed, 1) if elapsed > 0 else None,
-                elapsed_s=round(elapsed, 2),
-                eta_s=round(elapsed / done * remaining, 1) if done else None,
-                gpu_mem_gib=mem["allocated_gib"] if mem else None,
-                peak_gib=mem["peak_allocated_gib"] if mem else None,
-            ))
-            wanted = stop.is_set() or (stop_file is not None and stop_file.exists())
-            if distributed.world_size() > 1:
-                wanted = distributed.any_rank(wanted)  # every process ends after the same step
-            if args.eval_strategy != "no":
-                self.rng = rng_state()  # an eval may follow this step: training resumes from exactly this state
-            if (args.eval_strategy != "no" and state.global_step >= state.max_steps and not wanted
-                    and self.last_eval_step != state.global_step):
-                control.should_evaluate = True  # the end of the run, when it is not an eval step already
-            if wanted:
-                stop.set()
-                self.stopped = True
-                control.should_training_stop = True
-                sink(make_event("log", level="info", ack="stop",
-                                message=f"Stop requested: ending after step {state.global_step}"))
-            return control
-
-        def on_evaluate(self, args, state, control, metrics=None, model=None, **kw):
-            """The Trainer's eval has just run: its loss, and what the model answers now to a few validation prompts."""
-            loss = (metrics or {}).get("eval_loss")
-            if loss is None:
-                return
-            if getattr(self, "rng", None) is not None:
-                # The eval drew from the random generators (the data order of the next epoch is drawn from torch's):
-                # put them back, so a run with validation trains on exactly what the same run without it would.
-                set_rng_state(self.rng)
-            self.last_eval_step = state.global_step
-            answers = []
-            began = time.monotonic()
-            if self.samples and model is not None and distributed.world_size() == 1:
-                from core.data.validation import generate_answers
-
-                got = generate_answers(model, self.tokenizer, [s["prompt_ids"] for s in self.samples],
-                                       self.max_new_tokens)
-                answers = [{"prompt": s["prompt"], "reference": s["reference"], "answer": a}
-                           for s, a in zip(self.samples, got)]
-            record = {"step": state.global_step, "eval_loss": float(loss)}
-            self.evals.append(record)
-            best = state.best_metric
-            sink(make_event("eval", step=state.global_step, total_steps=state.max_steps, eval_loss=float(loss),
-                            best_eval_loss=best, answers=answers, loss_s=(metrics or {}).get("eval_runtime"),
-                            answers_s=round(time.monotonic() - began, 3)))
-            what = "baseline (before training)" if state.global_step == 0 else f"step {state.global_step}/{state.max_steps}"
-            # ui/render.py matches these words to say the line in the page's language (log.eval, log.eval_baseline)
-            # "validation loss": the page's and README's name for it (events and summary.json keep the key eval_loss)
-            sink(make_event("log", level="info", message=f"eval {what}  validation loss {float(loss):.4f}"))
-            for a in answers:  # the question asked, whole words, as written: no repr escapes or a cut template
-                asked, said, ref = prompt_gist(a["prompt"]), one_line(a["answer"]), one_line(a["reference"])
-                sink(make_event("log", level="info", message=f'  {asked} -> "{said}" (reference "{ref}")'))
-            self.last_answers = answers
-
-        def eval_summary(self, args, state) -> dict | None:
-            """summary.json["eval"]: every eval loss of the run (a resumed run's earlier ones from the Trainer's
-            log history), the baseline, the last, the best and its step, whether it stopped early."""
-            history = [(int(h["step"]), float(h["eval_loss"])) for h in state.log_history if "eval_loss" in h]
-            if not history:
-                return None
-            losses = sorted(dict(history).items())
-            best_step, best = min(losses, key=lambda sl: (sl[1], sl[0]))
-            ckpt = state.best_model_checkpoint
-            return {"losses": losses, "baseline": losses[0][1] if losses[0][0] == 0 else None,
-                    "final": losses[-1][1], "final_step": losses[-1][0], "best": best, "best_step": best_step,
-                    "best_checkpoint": ckpt,
-                    # the step the saved adapter's weights are from: the best checkpoint's with keep_best
-                    "adapter_step": (int(ckpt.rsplit("-", 1)[1]) if ckpt and args.load_best_model_at_end
-                                     else state.global_step),
-                    "stopped_early": bool(state.global_step < state.max_steps and not self.stopped),
-                    "answers": getattr(self, "last_answers", [])}
-
-        def on_save(self, args, state, control, **kw):
-            # Called after the Trainer has fully written the checkpoint: only now is it safe to resume from.
-            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if ckpt.is_dir() and distributed.is_main():
-                (ckpt / COMPLETE_MARKER).write_text(str(time.time()), encoding="utf-8")
-                sink(make_event("log", level="info", message=f"Checkpoint saved: {ckpt}"))
-
-    return EventCallback()
+def warms_up(cfg: TrainConfig, cuda: bool) -> bool:
+    """kernel_warmup: auto is on with CUDA (the first step pays seconds of one-time set-up there), off on the CPU,
+    which has no such set-up: there the pass would only cost one more micro-step."""
+    return cfg.kernel_warmup == "on" or (cfg.kernel_warmup == "auto" and cuda)
 
 
-def make_warmup(sink: EventSink):
-    """A TrainerCallback that pays the GPU's one-time set-up before step 1 (TrainConfig.kernel_warmup): one forward +
-    backward through the Trainer's own `training_step` on a real first micro-batch, then the gradients zeroed.
+class WarmUp(TrainerCallback):
+    """Pays the GPU's one-time set-up before step 1 (TrainConfig.kernel_warmup): one forward + backward through the
+    Trainer's own `training_step` on a real first micro-batch, then the gradients zeroed.
 
     Why on_train_begin and not a pass before trainer.train(): only here is the model what the Trainer trains
     (accelerate's prepare done: DDP/FSDP wrapping, autocast, gradient checkpointing on, a resumed checkpoint
@@ -211,40 +93,177 @@ def make_warmup(sink: EventSink):
     (the config is the same on each), so DDP's all-reduce and FSDP's gathers match across ranks. Nothing of training
     moves: no optimizer or scheduler step, torch's RNG forked (CPU and this GPU) and Python's and numpy's put back,
     the sampler's generators put back (the data order is drawn from them), TRL's per-step metrics (token accuracy,
-    entropy, token count) put back so the first logged step is the same as without it. Set `.trainer` after the
-    Trainer is built; it must come before the EventCallback so that training's clock starts after it.
+    entropy, token count) put back so the first logged step is the same as without it.
+
+    `trainer` is set once the Trainer is built (it takes its callbacks when it is made, and the warm-up runs its
+    own training_step); it must come before the EventCallback, so that training's clock starts after it.
     """
-    from transformers import TrainerCallback
 
-    class WarmUp(TrainerCallback):
-        def __init__(self) -> None:
-            self.trainer = None
-            self.seconds: float | None = None
+    def __init__(self, sink: EventSink) -> None:
+        self.sink = sink
+        self.trainer = None
+        self.seconds: float | None = None
 
-        def on_train_begin(self, args, state, control, train_dataloader=None, **kw):
-            if self.trainer is None or train_dataloader is None:
-                return
-            began = time.monotonic()
-            tokens = warm_up(self.trainer, train_dataloader, sink)
-            if tokens is None:
-                return
-            self.seconds = round(time.monotonic() - began, 3)
-            # the phase's last event: its duration (bench/product.py reads `seconds`)
-            sink(make_event("phase", phase="warming_up", progress=None, seconds=self.seconds, tokens=tokens,
-                            message=f"Warm-up done in {self.seconds:.2f} s"))
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kw):
+        if self.trainer is None or train_dataloader is None:
+            return
+        began = time.monotonic()
+        tokens = warm_up(self.trainer, train_dataloader, self.sink)
+        if tokens is None:
+            return
+        self.seconds = round(time.monotonic() - began, 3)
+        # the phase's last event: its duration (bench/product.py reads `seconds`)
+        self.sink(make_event("phase", phase="warming_up", progress=None, seconds=self.seconds, tokens=tokens,
+                             **keyed("log.phase.warmed_up", seconds=self.seconds)))
 
-    return WarmUp()
+
+class EventCallback(TrainerCallback):
+    """Emits step, metrics and eval events, honours Stop (flag or stop file) and marks checkpoints complete.
+
+    With validation rows (`samples`: core.data.validation.samples), each eval also says what the model answers now
+    to those prompts (`tokenizer`, at most `max_new_tokens`); `warmup` is the run's WarmUp, whose time the summary
+    reports."""
+
+    def __init__(self, sink: EventSink, stop: threading.Event, stop_file: Path | None, cuda: bool,
+                 samples: list[dict] = (), tokenizer: Any = None, max_new_tokens: int = 32,
+                 warmup: WarmUp | None = None) -> None:
+        self.sink = sink
+        self.stop = stop
+        self.stop_file = stop_file
+        self.cuda = cuda
+        self.samples = list(samples)
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.warmup = warmup
+        self.start = time.monotonic()
+        self.first_loss: float | None = None
+        self.last_loss: float | None = None
+        self.tokens_at_start = 0
+        self.steps_at_start = 0
+        self.stopped = False
+        self.rng: dict | None = None
+        self.evals: list[dict] = []  # {step, eval_loss} in order, this process's evals
+        self.last_eval_step: int | None = None
+        self.last_answers: list[dict] = []
+
+    def on_train_begin(self, args, state, control, **kw):
+        self.rng = rng_state()  # the eval before training (eval_on_start) comes next
+        self.start = time.monotonic()
+        self.tokens_at_start = state.num_input_tokens_seen or 0
+        self.steps_at_start = state.global_step
+        self.sink(make_event("phase", phase="training", progress=0.0, **keyed("log.phase.training", n=state.max_steps)))
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        logs = logs or {}
+        if "loss" not in logs:
+            return
+        loss = float(logs["loss"])
+        self.first_loss = loss if self.first_loss is None else self.first_loss
+        self.last_loss = loss
+        lr, grad_norm = logs.get("learning_rate"), logs.get("grad_norm")
+        self.sink(make_event("metrics", step=state.global_step, total_steps=state.max_steps,
+                             epoch=round(state.epoch or 0.0, 4), loss=loss, learning_rate=lr,
+                             grad_norm=float(grad_norm) if grad_norm is not None else None))
+        said = keyed("log.step", step=state.global_step, total=state.max_steps, loss=loss, lr=float(lr or 0),
+                     grad_norm=float(grad_norm or 0))
+        self.sink(make_event("log", level="info", **said))
+
+    def on_step_end(self, args, state, control, **kw):
+        elapsed = time.monotonic() - self.start
+        done = state.global_step - self.steps_at_start
+        remaining = max(0, state.max_steps - state.global_step)
+        tokens = (state.num_input_tokens_seen or 0) - self.tokens_at_start
+        mem = vram.torch_peaks() if self.cuda else None
+        self.sink(make_event(
+            "step", step=state.global_step, total_steps=state.max_steps, epoch=round(state.epoch or 0.0, 4),
+            tokens=int(state.num_input_tokens_seen or 0),
+            tokens_per_s=round(tokens / elapsed, 1) if elapsed > 0 else None,
+            elapsed_s=round(elapsed, 2),
+            eta_s=round(elapsed / done * remaining, 1) if done else None,
+            gpu_mem_gib=mem["allocated_gib"] if mem else None,
+            peak_gib=mem["peak_allocated_gib"] if mem else None,
+        ))
+        wanted = self.stop.is_set() or (self.stop_file is not None and self.stop_file.exists())
+        if distributed.world_size() > 1:
+            wanted = distributed.any_rank(wanted)  # every process ends after the same step
+        if args.eval_strategy != "no":
+            self.rng = rng_state()  # an eval may follow this step: training resumes from exactly this state
+        if (args.eval_strategy != "no" and state.global_step >= state.max_steps and not wanted
+                and self.last_eval_step != state.global_step):
+            control.should_evaluate = True  # the end of the run, when it is not an eval step already
+        if wanted:
+            self.stop.set()
+            self.stopped = True
+            control.should_training_stop = True
+            self.sink(make_event("log", level="info", ack="stop", **keyed("log.stop_after", step=state.global_step)))
+        return control
+
+    def on_evaluate(self, args, state, control, metrics=None, model=None, **kw):
+        """The Trainer's eval has just run: its loss, and what the model answers now to a few validation prompts."""
+        loss = (metrics or {}).get("eval_loss")
+        if loss is None:
+            return
+        if self.rng is not None:
+            # The eval drew from the random generators (the data order of the next epoch is drawn from torch's):
+            # put them back, so a run with validation trains on exactly what the same run without it would.
+            set_rng_state(self.rng)
+        self.last_eval_step = state.global_step
+        answers = []
+        began = time.monotonic()
+        if self.samples and model is not None and distributed.world_size() == 1:
+            got = generate_answers(model, self.tokenizer, [s["prompt_ids"] for s in self.samples], self.max_new_tokens)
+            answers = [{"prompt": s["prompt"], "reference": s["reference"], "answer": a}
+                       for s, a in zip(self.samples, got)]
+        self.evals.append({"step": state.global_step, "eval_loss": float(loss)})
+        self.sink(make_event("eval", step=state.global_step, total_steps=state.max_steps, eval_loss=float(loss),
+                             best_eval_loss=state.best_metric, answers=answers,
+                             loss_s=(metrics or {}).get("eval_runtime"), answers_s=round(time.monotonic() - began, 3)))
+        # "validation loss": the page's and README's name for it (events and summary.json keep the key eval_loss)
+        said = (keyed("log.eval_baseline", loss=float(loss)) if state.global_step == 0 else
+                keyed("log.eval", step=state.global_step, total=state.max_steps, loss=float(loss)))
+        self.sink(make_event("log", level="info", **said))
+        for a in answers:  # the question asked, whole words, as written: no repr escapes or a cut template
+            asked, answer, ref = prompt_gist(a["prompt"]), one_line(a["answer"]), one_line(a["reference"])
+            self.sink(make_event("log", level="info", **keyed("log.answer", answer=f'{asked} -> "{answer}"',
+                                                              reference=f'"{ref}"')))
+        self.last_answers = answers
+
+    def eval_summary(self, args, state) -> dict | None:
+        """summary.json["eval"]: every eval loss of the run (a resumed run's earlier ones from the Trainer's
+        log history), the baseline, the last, the best and its step, whether it stopped early."""
+        history = [(int(h["step"]), float(h["eval_loss"])) for h in state.log_history if "eval_loss" in h]
+        if not history:
+            return None
+        losses = sorted(dict(history).items())
+        best_step, best = min(losses, key=lambda sl: (sl[1], sl[0]))
+        ckpt = state.best_model_checkpoint
+        return {"losses": losses, "baseline": losses[0][1] if losses[0][0] == 0 else None,
+                "final": losses[-1][1], "final_step": losses[-1][0], "best": best, "best_step": best_step,
+                "best_checkpoint": ckpt,
+                # the step the saved adapter's weights are from: the best checkpoint's with keep_best
+                "adapter_step": (int(ckpt.rsplit("-", 1)[1]) if ckpt and args.load_best_model_at_end
+                                 else state.global_step),
+                "stopped_early": bool(state.global_step < state.max_steps and not self.stopped),
+                "answers": self.last_answers}
+
+    def on_save(self, args, state, control, **kw):
+        # Called after the Trainer has fully written the checkpoint: only now is it safe to resume from.
+        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if ckpt.is_dir() and distributed.is_main():
+            (ckpt / COMPLETE_MARKER).write_text(str(time.time()), encoding="utf-8")
+            self.sink(make_event("log", level="info", **keyed("log.checkpoint", path=ckpt)))
+
+
+class BarOnly(ProgressCallback):
+    """The Trainer's progress bar on a terminal, without its copy of every log dict."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        return None
 
 
 def warm_up(trainer, train_dataloader, sink: EventSink) -> int | None:
-    """One forward + backward of the Trainer's first micro-batch, leaving training exactly as it was (make_warmup's
+    """One forward + backward of the Trainer's first micro-batch, leaving training exactly as it was (WarmUp's
     docstring says what is kept). Returns the micro-batch's token count, or None when there is no batch."""
-    import copy
-    import random
-
-    import numpy as np
-    import torch
-
     # The plain DataLoader under accelerate's DataLoaderShard: the same sampler shard and collator, without the
     # shard's own iteration bookkeeping (its epoch counter, its rank-0 broadcast of the generator's state).
     loader = getattr(train_dataloader, "base_dataloader", train_dataloader)
@@ -264,8 +283,7 @@ def warm_up(trainer, train_dataloader, sink: EventSink) -> int | None:
             batch = batches[0]
             ids = batch.get("input_ids")
             tokens = int(ids.numel()) if ids is not None else 0
-            with phase(sink, "warming_up", f"Warming up on the first micro-batch ({tokens:,} tokens): one forward + "
-                                           "backward, no optimizer step"):
+            with phase(sink, "warming_up", "log.phase.warming_up", tokens=tokens):
                 if not had_ga:  # set by the training loop per optimizer step; the loss scale is irrelevant here
                     trainer.current_gradient_accumulation_steps = 1
                 trainer.training_step(trainer.model_wrapped, batch, n_items)
@@ -288,8 +306,6 @@ def warm_up(trainer, train_dataloader, sink: EventSink) -> int | None:
 
 def _sampler_generators(loader) -> list:
     """The torch.Generators a DataLoader's order is drawn from (its own, its sampler's, a sharded batch sampler's)."""
-    import torch
-
     found, seen = [], set()
     for obj in (loader, getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
         for o in (obj, getattr(obj, "sampler", None), getattr(obj, "batch_sampler", None),
@@ -303,39 +319,13 @@ def _sampler_generators(loader) -> list:
 
 def rng_state() -> dict:
     """Every random generator a Trainer step may draw from (Python, numpy, torch CPU and CUDA)."""
-    import random
-
-    import numpy as np
-    import torch
-
     return {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
 def set_rng_state(st: dict) -> None:
-    import random
-
-    import numpy as np
-    import torch
-
     random.setstate(st["python"])
     np.random.set_state(st["numpy"])
     torch.set_rng_state(st["cpu"])
     if st["cuda"] is not None:
         torch.cuda.set_rng_state_all(st["cuda"])
-
-
-def _bar_only():
-    from transformers.trainer_callback import ProgressCallback
-
-    class BarOnly(ProgressCallback):
-        """The Trainer's progress bar on a terminal, without its copy of every log dict."""
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            return None
-
-    return BarOnly
-
-
-def BarOnly():  # noqa: N802 - built lazily: transformers is imported only when a trainer is built
-    return _bar_only()()

@@ -93,7 +93,6 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
     with long_lived():  # what a run imports lives as long as its process
         from core.gpus import distributed
         from core.jobs import launcher
-        from core.train.recipe import run_training
 
         if distributed.pin_one_gpu(cfg):  # one process, several GPUs visible: use GPU 0, not nn.DataParallel
             print("[memtune] several GPUs are visible and num_gpus is 1: training on GPU 0 "
@@ -102,6 +101,8 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
         if not launches and "core.train.libraries" not in sys.modules:  # (accelerate's launcher only waits)
             print("[memtune] loading torch, transformers, peft and trl", file=sys.stderr, flush=True)
             import core.train.libraries  # noqa: F401 - all of them now, not one by one as the run reaches them
+        if not launches:
+            from core.train.recipe import run_training  # it imports the libraries: after the line above; a launcher never needs them
     if launches:
         return launcher.run_launcher(cfg, args.run_dir)  # accelerate launch: this machine's workers
     set_threads_from_env()
