@@ -105,9 +105,13 @@ def inductor_cache(tmp_path, monkeypatch):
         monkeypatch.setenv(name, "")
     # torch's config modules, put back by hand: monkeypatch's undo deletes the attribute, which a config module
     # then reports as missing
-    saved = inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache
+    monkeypatch.delenv(regional.CUSTOM_FUNCTIONS_ENV, raising=False)
+    flags = [(inductor_config, "fx_graph_cache"), (functorch_config, "enable_autograd_cache"),
+             (functorch_config, regional.CUSTOM_FUNCTIONS_FLAG)]
+    saved = [(module, name, getattr(module, name)) for module, name in flags if hasattr(module, name)]
     yield tmp_path / "compile-cache"
-    inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache = saved
+    for module, name, value in saved:
+        setattr(module, name, value)
 
 
 def _tiny(**arch):
