@@ -193,9 +193,11 @@ def test_an_uncached_backend_compiles_and_says_so(tmp_path, eager_backend):
 
 @pytest.mark.slow
 def test_a_second_run_loads_the_compiled_layers_from_the_cache(tmp_path, inductor_cache):
-    """Inductor on the demo, twice, as two runs of the app (dynamo's and inductor's in-memory state dropped in
-    between): the second loads every graph from the disk cache and trains to the same losses. Slow: the first
-    run's C++ code generation takes ~40 s on 2 busy CPU cores (the second ~1 s)."""
+    """Inductor on the demo, as three runs of the app (dynamo's and inductor's in-memory state dropped in
+    between): the second loads every graph from the disk cache and trains to the same losses; the third finds the
+    cache home replaced by a link to that same cache, refuses it (a keyed warning), compiles everything again
+    and trains to the same losses. Slow: a cold run's C++ code generation takes ~45 s on 2 busy CPU cores (a run
+    from the cache ~10 s)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
     from torch._inductor.utils import clear_caches
@@ -205,8 +207,11 @@ def test_a_second_run_loads_the_compiled_layers_from_the_cache(tmp_path, inducto
         clear_caches()
         counters.clear()
 
-    runs = []
-    for name in ("cold", "warm"):
+    runs, hits = [], []
+    for name in ("cold", "warm", "planted"):
+        if name == "planted":  # someone's link where the cache home was, to a full cache: not followed
+            inductor_cache.rename(tmp_path / "theirs")
+            inductor_cache.symlink_to(tmp_path / "theirs")
         fresh()
         cfg = demo_config(output_dir=str(tmp_path), run_name=name, device="cpu", max_steps=2, logging_steps=1,
                           validation_share=0.0, compile_layers=True, kernel_warmup="on")
@@ -214,8 +219,9 @@ def test_a_second_run_loads_the_compiled_layers_from_the_cache(tmp_path, inducto
         result = run_training(cfg, events.append)
         assert result.status == "completed", result.message
         runs.append((result, events, [e["loss"] for e in events if e["kind"] == "metrics"]))
+        hits.append(counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"])
     fresh()
-    (cold, cold_events, cold_losses), (warm, warm_events, warm_losses) = runs
+    (cold, cold_events, cold_losses), (warm, warm_events, warm_losses), (planted, planted_events, planted_losses) = runs
     first, second = cold.summary["compile"]["cache"], warm.summary["compile"]["cache"]
     assert first["compiled"] > 0 and first["loaded"] == 0 and not first["hit"], first
     assert second["hit"] and second["loaded"] == first["compiled"] and second["compiled"] == 0, second
@@ -227,3 +233,9 @@ def test_a_second_run_loads_the_compiled_layers_from_the_cache(tmp_path, inducto
     assert phases[0][0] == "log.compile.first" and phases[1][0] == "log.compile.cached", phases
     results = [e for e in warm_events if e.get("key") == "log.compile.result"]
     assert len(results) == 1 and results[0]["params"]["compiled"] == 0
+    refused = planted.summary["compile"]["cache"]
+    assert refused["folder"] is None and refused["loaded"] == 0 and refused["compiled"] > 0, refused
+    assert "is a link" in refused["why_not"] and planted_losses == cold_losses
+    assert hits[0] == 0 and hits[1] > 0 and hits[2] == 0, hits  # torch's own counts: nothing read through the link
+    warnings = [e for e in planted_events if e.get("key") == "log.compile.refused"]
+    assert len(warnings) == 1 and warnings[0]["level"] == "warning"

@@ -303,7 +303,9 @@ class CompileCache:
         # Counted in dynamo's graphs where AOT autograd's cache took them: loaded = its hits (forward and backward
         # at once), compiled = what it saved (a graph of an analysis dynamo restarted is compiled, thrown away and
         # never saved, so a miss is no measure). Where it bypassed them all, inductor's forward and backward graphs.
-        if diff["autograd_hit"] or diff["autograd_saved"]:
+        if self.folder is None:  # no cache read or written: every graph dynamo captured was compiled
+            self.loaded, self.compiled = 0, diff["graphs"]
+        elif diff["autograd_hit"] or diff["autograd_saved"]:
             self.loaded, self.compiled = diff["autograd_hit"], diff["autograd_saved"]
         else:
             self.loaded, self.compiled = diff["fx_hit"], diff["fx_miss"]
@@ -342,7 +344,8 @@ def shape_words(key: dict) -> str:
 def _cache_counts() -> dict[str, int]:
     from torch._dynamo.utils import counters
 
-    return {"fx_hit": int(counters["inductor"].get("fxgraph_cache_hit", 0)),
+    return {"graphs": int(counters["stats"].get("unique_graphs", 0)),
+            "fx_hit": int(counters["inductor"].get("fxgraph_cache_hit", 0)),
             "fx_miss": int(counters["inductor"].get("fxgraph_cache_miss", 0)),
             "autograd_hit": int(counters["aot_autograd"].get("autograd_cache_hit", 0)),
             "autograd_saved": int(counters["aot_autograd"].get("autograd_cache_saved", 0))}
