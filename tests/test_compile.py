@@ -6,6 +6,10 @@ shapes, exactly as for inductor, then runs the captured graph as it is. Measured
 step's compile takes ~6 s with "eager", ~35 s with "aot_eager" (AOT autograd's joint graph, plus one restart of
 the analysis for a traced float), minutes with inductor's C++ code generation. Inductor's numerics and speed are
 the GPU call's to measure (bench/product_plans.py, plan "compile").
+
+The compile cache (open_cache) keeps inductor's artefacts only, so its tests use inductor: the folder's key and
+safety on a tiny model without compiling, and one slow test that trains the demo three times (cold, from the cache,
+with the cache home replaced by a link).
 """
 
 import pytest

@@ -38,13 +38,14 @@ shape and settings, so a second run of the same shape (a new process, as the app
 instead of generating it again, and AOT autograd's cache keeps the forward/backward split, so its joint graph is not
 traced again; the compiling phase says which, and summary.json's compile.cache counts it. Dynamo's capture still
 runs every time. The demo's warm-up on 2 busy CPU cores: ~45-55 s cold, 20 s with inductor's cache alone (AOT
-autograd's refuses a layer with a custom autograd.Function unless allowed, as open_cache does), 11 s with both.
+autograd's refuses a layer with a custom autograd.Function unless allowed, as open_cache does), 10 s with both.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import stat
@@ -240,9 +241,6 @@ def cache_key(cfg, model) -> dict:
 
 
 def _digest(key: dict) -> str:
-    import hashlib
-    import json
-
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -326,7 +324,7 @@ class CompileCache:
         if self.folder is None:
             return keyed("log.compile.result_uncached", seconds=self.seconds or 0.0, why=self.why)
         return keyed("log.compile.result", seconds=self.seconds or 0.0, loaded=self.loaded, compiled=self.compiled,
-                     folder=self.folder or "-")
+                     folder=self.folder)
 
 
 def shape_words(key: dict) -> str:
@@ -393,7 +391,7 @@ def open_cache(cfg, model, emit=None) -> CompileCache:
     if hasattr(functorch_config, CUSTOM_FUNCTIONS_FLAG) and CUSTOM_FUNCTIONS_ENV not in os.environ:
         # The layers trace a custom torch.autograd.Function (autograd_function_apply), which AOT autograd's cache
         # refuses by default: every run would trace the joint graph again (the demo's warm-up from the cache: 20 s
-        # without, 11 s with it). Its traced forward and backward are part of the hashed graph, and PyTorch checked
+        # without, 10 s with it). Its traced forward and backward are part of the hashed graph, and PyTorch checked
         # the operator pure in its inputs (pytorch#149751) before offering the flag; the user's env var wins.
         setattr(functorch_config, CUSTOM_FUNCTIONS_FLAG, True)
     return CompileCache(folder=folder, key=key, known=_known(folder))
