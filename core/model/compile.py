@@ -32,16 +32,30 @@ The backend is inductor (the default of torch.compile); MEMTUNE_COMPILE_BACKEND 
 torch._dynamo.list_backends() (tests use "aot_eager": the same dynamo capture and autograd split, without
 inductor's code generation, which takes tens of seconds on a CPU). TORCH_LOGS=recompiles,graph_breaks prints dynamo's
 reasons; the run log counts compiles and graph breaks after the first step and at the end either way (`stats`).
+
+The compile cache (`open_cache`, below): inductor's generated code is kept in the user's own folder, one per model
+shape and settings, so a second run of the same shape (a new process, as the app runs every training) loads it
+instead of generating it again, and AOT autograd's cache keeps the forward/backward split, so its joint graph is not
+traced again; the compiling phase says which, and summary.json's compile.cache counts it. Dynamo's capture still
+runs every time. The demo's warm-up on 2 busy CPU cores: ~45-55 s cold, 20 s with inductor's cache alone (AOT
+autograd's refuses a layer with a custom autograd.Function unless allowed, as open_cache does), 10 s with both.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import json
 import os
+import stat
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from core.files import RefusedError, atomic_write_text, target
 from core.messages import Said, keyed
 
 BACKEND_ENV = "MEMTUNE_COMPILE_BACKEND"
@@ -130,25 +144,45 @@ def describe(s: dict[str, int]) -> Said:
     return Said("log.compile_counts", graphs=s["graphs"], compiles=s["compiles"], breaks=s["graph_breaks"])
 
 
-def callback(emit):
+def callback(emit, cache: CompileCache | None = None):
     """A TrainerCallback that makes the compile visible: a `compiling` phase over the first step (when dynamo
-    compiles), then its time and dynamo's counts, and the counts again at the end."""
+    compiles), then its time and dynamo's counts, and the counts again at the end. With a warm-up (kernel_warmup)
+    the compile happens there: the warm-up's phase says `words()` and calls `compiled()` after it. `cache`: the
+    run's compile cache (open_cache), whose words the phase says and whose hits the log and summary count."""
     from transformers import TrainerCallback
 
     from core.runs.events import make_event
 
+    cache = cache or CompileCache(why="no compile cache was opened")
+
     class CompileCallback(TrainerCallback):
-        started: float | None = None
+        started: float | None = None  # the first step's start
+        announced = False  # the compiling phase said (by the warm-up, or at the first step)
         told = False
+
+        def words(self) -> dict:
+            """The compiling phase's keyed words (cached: N graphs, or first time for this shape); starts the count."""
+            if not self.announced:
+                self.announced = True
+                cache.begin()
+            return cache.words()
+
+        def compiled(self) -> None:
+            """The compile is over (the warm-up's or the first step's): its seconds and the cache's hits, said."""
+            cache.end()
+            emit(make_event("log", level="info", **cache.result_words()))
 
         def on_step_begin(self, args, state, control, **kwargs):
             if self.started is None:
                 self.started = time.monotonic()
-                emit(make_event("phase", phase="compiling", progress=None, **keyed("log.phase.compiling")))
+                if not self.announced:  # no warm-up compiled: the first step does
+                    emit(make_event("phase", phase="compiling", progress=None, **self.words()))
 
         def on_step_end(self, args, state, control, **kwargs):
             if self.started is not None and not self.told:
                 self.told = True
+                if cache.seconds is None:  # no warm-up compiled before: the first step did
+                    self.compiled()
                 now = stats()
                 emit(make_event("log", level="info", **keyed("log.compile_first", seconds=time.monotonic() - self.started,
                                                              counts=describe(now))))
@@ -162,3 +196,206 @@ def callback(emit):
             emit(make_event("log", level="info", **keyed("log.compile_end", counts=describe(stats()))))
 
     return CompileCallback()
+
+
+# --- the compile cache: what one run compiled, the next loads --------------------------------------------------
+# inductor's FX graph cache (the generated code) and AOT autograd's cache (the forward/backward split around it) keep
+# their artefacts on disk under TORCHINDUCTOR_CACHE_DIR (Triton's kernels under TRITON_CACHE_DIR). Their own keys
+# hash the graph, torch's version and inductor's settings, so a stale entry is never used; memtune only chooses the
+# folder: its own (not /tmp/torchinductor_USER, which anyone on the machine could have made first), one per shape
+# and settings, so that the page can say before compiling whether this shape was compiled before. Only inductor
+# caches: "eager"/"aot_eager" (tests) generate no code, and AOT autograd's cache skips them.
+CACHE_ENV = "MEMTUNE_COMPILE_CACHE"  # the folder of the compile caches instead of MEMTUNE_HOME/compile-cache
+CACHED_BACKENDS = ("inductor",)
+MANIFEST = "memtune-compile.json"
+CUSTOM_FUNCTIONS_FLAG = "autograd_cache_allow_custom_autograd_functions"  # functorch config; older torch lacks it
+CUSTOM_FUNCTIONS_ENV = "TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD"
+# model config fields that never reach a decoder layer's graph (names, token ids, the vocabulary's size)
+_NOT_SHAPE = {"_name_or_path", "name_or_path", "transformers_version", "architectures", "bos_token_id", "eos_token_id",
+              "pad_token_id", "vocab_size", "tie_word_embeddings", "dtype", "torch_dtype", "use_cache",
+              "quantization_config", "_commit_hash", "id2label", "label2id"}
+# settings that change what is traced in a layer: dtype, 4-bit kernels, checkpointing, attention path, LoRA's
+# modules/rank/scale/dropout, packing (dynamic lengths) and batch size (dynamo specializes 1 apart), offload hooks
+_COMPILE_SETTINGS = ("precision", "load_in_4bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant",
+                     "gradient_checkpointing", "attention", "packing", "per_device_train_batch_size", "lora_r",
+                     "lora_alpha", "lora_dropout", "lora_target_modules", "offload_activations", "device")
+
+
+def cache_key(cfg, model) -> dict:
+    """What makes the compiled graphs differ: torch's version, the backend, the model's architecture fields and the
+    compile-relevant settings. Two runs with equal keys compile the same graphs."""
+    import peft
+    import transformers
+
+    config = getattr(model, "config", None)
+    fields = config.to_dict() if hasattr(config, "to_dict") else {}
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
+            "backend": backend(), "cuda": torch.cuda.is_available() and getattr(cfg, "device", "") != "cpu",
+            "layer": sorted({type(layer).__name__ for layer in decoder_layers(model)}),
+            "model": {k: v for k, v in sorted(fields.items()) if k not in _NOT_SHAPE},
+            "settings": {name: getattr(cfg, name, None) for name in _COMPILE_SETTINGS}}
+
+
+def _digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _own_folder(path: Path) -> None:
+    """`path` made (0700) or checked as this user's own folder, without following a link at `path` itself: a link or
+    a folder of another user there could hand our compiled code to someone else, or theirs to us (it is executed)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise RefusedError(f"{path} is a link")
+    if not stat.S_ISDIR(st.st_mode):
+        raise RefusedError(f"{path} is not a folder")
+    if st.st_uid != os.getuid():
+        raise RefusedError(f"{path} belongs to another user (uid {st.st_uid})")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)  # ours, made looser by hand or an old umask: others must not write code into it
+
+
+@dataclass
+class CompileCache:
+    """Where this run's compile cache is, and what it knew before compiling. `folder` None: compiling without one
+    (`why` says why: a backend that keeps none, or a refused folder)."""
+
+    folder: Path | None = None
+    key: dict = field(default_factory=dict)
+    known: int = 0  # graphs an earlier run of the same key compiled (0: first time for this shape)
+    why: str = ""
+    refused: bool = False
+    seconds: float | None = None
+    loaded: int = 0
+    compiled: int = 0
+    started: float | None = None
+    _before: dict = field(default_factory=dict)
+
+    def words(self) -> dict:
+        """The compiling phase's keyed words: cached, first time for this shape, or no cache and why."""
+        from core.messages import keyed
+
+        if self.folder is None:
+            return keyed("log.compile.no_cache", why=self.why)
+        if self.known:
+            return keyed("log.compile.cached", n=self.known)
+        return keyed("log.compile.first", shape=shape_words(self.key))
+
+    def begin(self) -> None:
+        self._before = _cache_counts()
+        self.started = time.monotonic()
+
+    def end(self) -> dict:
+        """After the first compiled step: the seconds, the graphs loaded and compiled; the manifest written for the
+        next run. Returns summary.json's `cache` entry."""
+        now = _cache_counts()
+        diff = {k: now[k] - self._before.get(k, 0) for k in now}
+        self.seconds = round(time.monotonic() - (self.started or time.monotonic()), 3)
+        # Counted in dynamo's graphs where AOT autograd's cache took them: loaded = its hits (forward and backward
+        # at once), compiled = what it saved (a graph of an analysis dynamo restarted is compiled, thrown away and
+        # never saved, so a miss is no measure). Where it bypassed them all, inductor's forward and backward graphs.
+        if self.folder is None:  # no cache read or written: every graph dynamo captured was compiled
+            self.loaded, self.compiled = 0, diff["graphs"]
+        elif diff["autograd_hit"] or diff["autograd_saved"]:
+            self.loaded, self.compiled = diff["autograd_hit"], diff["autograd_saved"]
+        else:
+            self.loaded, self.compiled = diff["fx_hit"], diff["fx_miss"]
+        if self.folder is not None and (self.loaded or self.compiled):
+            with contextlib.suppress(OSError):  # a full disk costs the next run its head start, not this run
+                atomic_write_text(self.folder / MANIFEST, json.dumps(
+                    {"graphs": max(self.known, self.loaded + self.compiled), "key": self.key}, indent=1, default=str))
+        return self.summary()
+
+    def summary(self) -> dict:
+        return {"folder": str(self.folder) if self.folder else None, "hit": bool(self.loaded and not self.compiled),
+                "loaded": self.loaded, "compiled": self.compiled, "seconds": self.seconds,
+                "known_before": self.known, "why_not": self.why or None}
+
+    def result_words(self) -> dict:
+        from core.messages import keyed
+
+        if self.folder is None:
+            return keyed("log.compile.result_uncached", seconds=self.seconds or 0.0, why=self.why)
+        return keyed("log.compile.result", seconds=self.seconds or 0.0, loaded=self.loaded, compiled=self.compiled,
+                     folder=self.folder)
+
+
+def shape_words(key: dict) -> str:
+    """A key's few words for the page: the layer, its width and depth, the dtype, checkpointing, attention."""
+    model, settings = key.get("model", {}), key.get("settings", {})
+    parts = [", ".join(key.get("layer", [])) or "?", f"hidden {model.get('hidden_size', '?')}",
+             f"{model.get('num_hidden_layers', '?')} layers", str(settings.get("precision", "")),
+             "checkpointing" if settings.get("gradient_checkpointing") else "no checkpointing",
+             f"attention {settings.get('attention', '')}"]
+    if settings.get("packing"):
+        parts.append("packing")
+    return ", ".join(p for p in parts if p)
+
+
+def _cache_counts() -> dict[str, int]:
+    from torch._dynamo.utils import counters
+
+    return {"graphs": int(counters["stats"].get("unique_graphs", 0)),
+            "fx_hit": int(counters["inductor"].get("fxgraph_cache_hit", 0)),
+            "fx_miss": int(counters["inductor"].get("fxgraph_cache_miss", 0)),
+            "autograd_hit": int(counters["aot_autograd"].get("autograd_cache_hit", 0)),
+            "autograd_saved": int(counters["aot_autograd"].get("autograd_cache_saved", 0))}
+
+
+def cache_home() -> Path:
+    from core.config.settings import cache_root
+
+    return Path(os.environ.get(CACHE_ENV, "").strip() or cache_root() / "compile-cache")
+
+
+def open_cache(cfg, model, emit=None) -> CompileCache:
+    """This run's compile cache, its folder made (the user's own, 0700) and torch pointed at it before the first
+    compile; a backend without one, or a refused folder, compiles without it (and inductor's caches are off, so
+    nothing is read from or written to a folder memtune did not check). A refusal is a keyed warning to `emit`."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    key = cache_key(cfg, model)
+    if key["backend"] not in CACHED_BACKENDS:
+        return CompileCache(key=key, why=f"the {key['backend']} backend keeps no compile cache")
+    home = cache_home()
+    folder = None
+    try:
+        # the folders above the cache home are resolved (a link the user made there is theirs); the home and the
+        # key's folder are made or checked without following a link
+        parent = target(home.parent, "keep the compile cache in")
+        parent.mkdir(parents=True, exist_ok=True)
+        _own_folder(parent / home.name)
+        folder = parent / home.name / _digest(key)
+        _own_folder(folder)
+    except (RefusedError, OSError) as exc:
+        inductor_config.fx_graph_cache = False
+        functorch_config.enable_autograd_cache = False
+        if emit is not None:
+            from core.messages import keyed
+            from core.runs.events import make_event
+
+            emit(make_event("log", level="warning", **keyed("log.compile.refused", why=str(exc))))
+        return CompileCache(key=key, why=str(exc), refused=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)  # read at every cache access (runtime_utils.cache_dir)
+    os.environ["TRITON_CACHE_DIR"] = str(folder / "triton")
+    inductor_config.fx_graph_cache = True
+    functorch_config.enable_autograd_cache = True
+    if hasattr(functorch_config, CUSTOM_FUNCTIONS_FLAG) and CUSTOM_FUNCTIONS_ENV not in os.environ:
+        # The layers trace a custom torch.autograd.Function (autograd_function_apply), which AOT autograd's cache
+        # refuses by default: every run would trace the joint graph again (the demo's warm-up from the cache: 20 s
+        # without, 10 s with it). Its traced forward and backward are part of the hashed graph, and PyTorch checked
+        # the operator pure in its inputs (pytorch#149751) before offering the flag; the user's env var wins.
+        setattr(functorch_config, CUSTOM_FUNCTIONS_FLAG, True)
+    return CompileCache(folder=folder, key=key, known=_known(folder))
+
+
+def _known(folder: Path) -> int:
+    """Graphs an earlier run left in `folder` (its manifest), 0 when none."""
+    try:
+        return int(json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("graphs", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0

@@ -99,18 +99,23 @@ class WarmUp(TrainerCallback):
     own training_step); it must come before the EventCallback, so that training's clock starts after it.
     """
 
-    def __init__(self, sink: EventSink) -> None:
+    def __init__(self, sink: EventSink, compiler=None) -> None:
         self.sink = sink
         self.trainer = None
         self.seconds: float | None = None
+        # compile_layers' callback (core/model/compile.py): the layers compile in this pass, so its phase is
+        # "compiling", in the compile cache's words (loaded or first time for this shape)
+        self.compiler = compiler
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kw):
         if self.trainer is None or train_dataloader is None:
             return
         began = time.monotonic()
-        tokens = warm_up(self.trainer, train_dataloader, self.sink)
+        tokens = warm_up(self.trainer, train_dataloader, self.sink, self.compiler)
         if tokens is None:
             return
+        if self.compiler is not None:
+            self.compiler.compiled()
         self.seconds = round(time.monotonic() - began, 3)
         # the phase's last event: its duration (bench/product.py reads `seconds`)
         self.sink(make_event("phase", phase="warming_up", progress=None, seconds=self.seconds, tokens=tokens,
@@ -261,9 +266,10 @@ class BarOnly(ProgressCallback):
         return None
 
 
-def warm_up(trainer, train_dataloader, sink: EventSink) -> int | None:
+def warm_up(trainer, train_dataloader, sink: EventSink, compiler=None) -> int | None:
     """One forward + backward of the Trainer's first micro-batch, leaving training exactly as it was (WarmUp's
-    docstring says what is kept). Returns the micro-batch's token count, or None when there is no batch."""
+    docstring says what is kept). Returns the micro-batch's token count, or None when there is no batch.
+    `compiler`: compile_layers' callback, whose words the phase says (phase "compiling")."""
     # The plain DataLoader under accelerate's DataLoaderShard: the same sampler shard and collator, without the
     # shard's own iteration bookkeeping (its epoch counter, its rank-0 broadcast of the generator's state).
     loader = getattr(train_dataloader, "base_dataloader", train_dataloader)
@@ -283,7 +289,8 @@ def warm_up(trainer, train_dataloader, sink: EventSink) -> int | None:
             batch = batches[0]
             ids = batch.get("input_ids")
             tokens = int(ids.numel()) if ids is not None else 0
-            with phase(sink, "warming_up", "log.phase.warming_up", tokens=tokens):
+            said = compiler.words() if compiler is not None else keyed("log.phase.warming_up", tokens=tokens)
+            with phase(sink, "compiling" if compiler is not None else "warming_up", said["key"], **said["params"]):
                 if not had_ga:  # set by the training loop per optimizer step; the loss scale is irrelevant here
                     trainer.current_gradient_accumulation_steps = 1
                 trainer.training_step(trainer.model_wrapped, batch, n_items)

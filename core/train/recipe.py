@@ -175,6 +175,7 @@ class LoRARecipe:
         self.trainer = self.callback = self.output = None
         self.tokenizer = None
         self.trainable = 0
+        self.compile_cache: regional.CompileCache | None = None  # compile_layers: where the compiled graphs are kept
 
     def setup(self) -> None:
         """The data planned (its validation part too), the model loaded with LoRA, the trainer built with its
@@ -188,10 +189,14 @@ class LoRARecipe:
         evaluates = self.plan.evaluates
         model, self.trainable, compiling = load_for_training(cfg, path, emit, evaluates and not cuda)
         samples = validation.samples(self.plan.validation, self.tokenizer, cfg.eval_samples) if evaluates else []
-        extra = [regional.callback(emit)] if compiling else []  # the compile happens in the first step: say so
+        compiler = None
+        if compiling:  # the layers compile in the warm-up or the first step: from the cache when it has them; say so
+            self.compile_cache = regional.open_cache(cfg, model, emit)
+            compiler = regional.callback(emit, self.compile_cache)
+        extra = [compiler] if compiler else []
         if evaluates and cfg.early_stopping_patience:
             extra.append(EarlyStoppingCallback(early_stopping_patience=cfg.early_stopping_patience))
-        warmup = WarmUp(emit) if warms_up(cfg, cuda) else None
+        warmup = WarmUp(emit, compiler) if warms_up(cfg, cuda) else None
         self.callback = EventCallback(emit, self.context.stop, self.context.stop_file, cuda, samples, self.tokenizer,
                                       cfg.eval_max_new_tokens, warmup)
         # The warm-up before the event callback: training's clock (step events, tokens/s) starts after it.
@@ -216,6 +221,8 @@ class LoRARecipe:
         ctx, trainer = self.context, self.trainer
         summary = summarize(self.cfg, trainer, self.output, self.callback, self.plan, self.started, self.trainable,
                             ctx.resume)
+        if self.compile_cache is not None and "compile" in summary:  # loaded or compiled, and the seconds it took
+            summary["compile"]["cache"] = self.compile_cache.summary()
         if self.nvml:
             self.nvml.stop()
             summary["nvml_peak_gib"] = self.nvml.peak_gib
