@@ -66,6 +66,11 @@ LM_HEAD_TOKEN_CHUNK = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE
 QUANTIZED_HEAD_ROWS = 8192  # core.levers.output_head.HEAD_ROWS: rows per NF4 block of the head, TRL's chunk then
 OFFLOAD_STASH = 5  # trl's get_act_offloading_ctx_manager max_fwd_stash_size: saved tensors kept on the GPU while
 # their copy to the CPU runs (offload_activations); the backward pass brings each back just before its layer
+# MoE checkpoints hold each expert apart; transformers' loader stacks them into the fused 3-D parameters on the GPU.
+# Loading a 12-layer Qwen3-30B-A3B shape in bf16 (H200, transformers 5.17, torch 2.11): peak allocated = loaded + 1.0,
+# reserved - allocated after loading = 2.99 times its largest fused tensor (gate_up_proj, 0.75 GiB).
+MOE_STACK_PEAK = 1.0
+MOE_STACK_CACHED = 3.0
 PAGED_MIN_NUMEL = 100_000  # bitsandbytes Optimizer8bit.get_state_buffer pages only tensors at least this large
 ATTENTIONS = ("sdpa", "varlen")
 
@@ -369,13 +374,19 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     if q_head and not cfg.offload_embeddings:  # the head is loaded to the GPU in its dtype, then quantized
         base += d.c * shape.head_params
     load_cache = min(LOAD_CACHE, int(LOAD_CACHE_FRACTION * loaded))
+    # Stacking the experts (MOE_STACK_*): a transient while loading, its freed blocks cached for the rest of the run.
+    stack = d.c * shape.largest_expert_params
+    load_cache = max(load_cache, int(MOE_STACK_CACHED * stack))
+    stack_peak = int(MOE_STACK_PEAK * stack)
     big = ([] if offloaded_at_load else [shape.embed_params]) + ([shape.head_params] if shape.head_params else [])
     if upcast(cfg) and big:
-        load_alloc = base + 2 * big[-1]
-        load_reserved = load_alloc + (2 * big[0] if len(big) > 1 else 0) + load_cache
+        load_alloc = base + max(2 * big[-1], stack_peak)
+        load_reserved = base + 2 * big[-1] + (2 * big[0] if len(big) > 1 else 0) + load_cache
     else:
-        load_alloc = base
-        load_reserved = load_alloc + load_cache
+        load_alloc = base + stack_peak
+        load_reserved = base + load_cache
+    if stack:
+        notes.append(f"loading stacks each layer's experts on the GPU: {load_cache / GIB:.2f} GiB stay cached")
     last_notes = []
     if is_masked and cfg.packing and not cfg.gradient_checkpointing and mask_elems:
         last_notes.append(f"SDPA keeps a {tokens} x {tokens} mask per layer over a packed micro-batch "

@@ -118,6 +118,10 @@ class ModelShape:
         return self.stored.experts if self.stored is not None else 0
 
     @property
+    def largest_expert_params(self) -> int:
+        return self.stored.largest_expert if self.stored is not None else 0
+
+    @property
     def small_params(self) -> int:
         """Everything else kept unquantized: norms, biases (counted from the model: routers, MoE experts, position
         embeddings too)."""
@@ -228,6 +232,8 @@ class StoredCount:
     head: int  # 0 when tied to the input embedding
     other: int
     experts: int = 0  # of `other`: the MoE experts' 3-D parameters
+    largest_expert: int = 0  # the largest one (one layer's gate_up_proj) where loading stacks it from one tensor per
+    # expert (transformers' checkpoint conversion merges them: Qwen3-MoE, Mixtral, OLMoE); 0 where stored fused (gpt-oss)
 
 
 def _count_meta(model, config) -> tuple[StoredCount, dict[str, Any]]:
@@ -259,7 +265,7 @@ def _count_meta(model, config) -> tuple[StoredCount, dict[str, Any]]:
     tied = head is None or emb is None or head.weight is emb.weight
     head_n = 0 if tied else head.weight.numel()
     skip_ids = counted | ({id(emb.weight)} if emb is not None else set()) | ({id(head.weight)} if not tied else set())
-    other = experts = 0
+    other = experts = largest = 0
     expert_inter = n_experts = 0
     for name, p in model.named_parameters(remove_duplicate=True):
         if id(p) in skip_ids:
@@ -267,13 +273,25 @@ def _count_meta(model, config) -> tuple[StoredCount, dict[str, Any]]:
         other += p.numel()
         if p.dim() == 3 and "expert" in name:
             experts += p.numel()
+            largest = max(largest, p.numel())
             n_experts = int(p.shape[0])
             if name.endswith("gate_up_proj"):  # (experts, hidden, 2 x width) or (experts, 2 x width, hidden)
                 dims = [int(d) for d in p.shape[1:]]
                 wide = dims[1] if dims[0] == hidden else dims[0]
                 expert_inter = wide // 2
     numbers = {"mlp_inter": mlp_inter, "experts": n_experts, "expert_inter": expert_inter}
-    return StoredCount(tuple(quantized), int(embed), int(head_n), int(other), int(experts)), numbers
+    return StoredCount(tuple(quantized), int(embed), int(head_n), int(other), int(experts), int(largest)), numbers
+
+
+def _stacks_experts(model_type: str) -> bool:
+    """Whether transformers loads this family's checkpoint one tensor per expert and stacks them (MergeModulelist)."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+        mapping = get_checkpoint_conversion_mapping(model_type) or []
+    except Exception:  # noqa: BLE001 - another transformers without this table: assume the Hub's per-expert layout
+        return True
+    return any(type(op).__name__ == "MergeModulelist" for m in mapping for op in getattr(m, "operations", []))
 
 
 def _first(config, *names):
@@ -298,6 +316,8 @@ def _shape_from_json(text: str) -> "ModelShape":
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     stored, numbers = _count_meta(model, text_cfg)
+    if stored.largest_expert and not _stacks_experts(str(config.model_type)):
+        stored = replace(stored, largest_expert=0)
     c = text_cfg
     # transformers' attribute_map gives Llama names to gpt2's n_embd/n_head/n_layer, opt's, bloom's, falcon's ...
     hidden, heads, layers = int(c.hidden_size), int(c.num_attention_heads), int(c.num_hidden_layers)
