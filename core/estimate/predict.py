@@ -70,7 +70,7 @@ class Estimate:
                   "temporaries", "gathered_weights", "communication", "allocator_cache", "cuda_context", "load_spike")
     LABELS = {
         "quantized_weights": "4-bit weights (decoder linears)",
-        "unquantized_weights": "other weights (embeddings, head, norms)",
+        "unquantized_weights": "other weights (embeddings, norms, experts)",
         "lora": "LoRA params + grads",
         "optimizer": "optimizer state",
         "activations": "activations kept for backward",

@@ -17,6 +17,9 @@ bench/grid_measured.json (H200, torch 2.11) and bench/RESULTS.md shows the table
   optimizer    Adam's two moments: 8-bit = 2 bytes/param, 32-bit = 8; torch AdamW keeps the params' dtype.
                bitsandbytes pages (CUDA managed memory: NVML counts it, torch's allocator does not) only state
                tensors of >= 1e5 elements: LoRA matrices of a 70B model, none of an 8B one at r=16.
+  MoE experts  Fused 3-D parameters (experts.gate_up_proj, experts.down_proj), not nn.Linear: bitsandbytes leaves
+               them 16-bit (fp32 after the upcast), counted with the other weights from the meta-device model
+               (core/model/shapes.py). Their activations: `moe_routed_bytes_per_token` (top-k copies per token).
   activations  What autograd keeps per token and layer (`layer_bytes_per_token`): the RMSNorms' inputs, the
                LoRA inputs, attention's q/k/v/output (k and v repeated to all heads when a mask is passed; a fused
                qkv output whole, as v is a view of it), the MLP's gate/up (and act(gate) without liger's fused
@@ -63,6 +66,11 @@ LM_HEAD_TOKEN_CHUNK = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE
 QUANTIZED_HEAD_ROWS = 8192  # core.levers.output_head.HEAD_ROWS: rows per NF4 block of the head, TRL's chunk then
 OFFLOAD_STASH = 5  # trl's get_act_offloading_ctx_manager max_fwd_stash_size: saved tensors kept on the GPU while
 # their copy to the CPU runs (offload_activations); the backward pass brings each back just before its layer
+# MoE checkpoints hold each expert apart; transformers' loader stacks them into the fused 3-D parameters on the GPU.
+# Loading a 12-layer Qwen3-30B-A3B shape in bf16 (H200, transformers 5.17, torch 2.11): peak allocated = loaded + 1.0,
+# reserved - allocated after loading = 2.99 times its largest fused tensor (gate_up_proj, 0.75 GiB).
+MOE_STACK_PEAK = 1.0
+MOE_STACK_CACHED = 3.0
 PAGED_MIN_NUMEL = 100_000  # bitsandbytes Optimizer8bit.get_state_buffer pages only tensors at least this large
 ATTENTIONS = ("sdpa", "varlen")
 
@@ -138,6 +146,20 @@ def masked(cfg: TrainConfig, attention: str, batch: int, equal_length_rows: bool
     return cfg.packing or (batch > 1 and not equal_length_rows)
 
 
+def moe_routed_bytes_per_token(cfg: TrainConfig, shape: ModelShape) -> int:
+    """What one MoE layer keeps for backward per token, averaged over the layers: each token goes to its top-k
+    experts, whose 16-bit fused weights (never quantized) compute in the compute dtype, and each of the k copies
+    keeps the expert MLP's input, gate/up output (2 x width) and act(gate) (width), plus the router's logits and
+    their fp32 softmax over all experts. 0 for a dense model."""
+    if not shape.num_experts or not shape.num_hidden_layers:
+        return 0
+    c = precision_bytes(cfg.precision)
+    k, width, h = shape.num_experts_per_tok or 1, shape.expert_intermediate_size or shape.intermediate_size, shape.hidden_size
+    routed = k * c * (h + 3 * width)
+    router = (c + 4) * shape.num_experts
+    return (routed + router) * shape.moe_layers // shape.num_hidden_layers
+
+
 def layer_bytes_per_token(cfg: TrainConfig, shape: ModelShape, *, liger_layers: bool | None = None,
                           kv_repeated: bool = False) -> tuple[int, int]:
     """(bytes one decoder layer keeps for backward per token, extra bytes its backward needs per token).
@@ -161,7 +183,8 @@ def layer_bytes_per_token(cfg: TrainConfig, shape: ModelShape, *, liger_layers: 
     v_kept = d.o * (q + 2 * kv) if shape.fused and not repeated else d.c * k_width
     attn = d.c * (2 * q + k_width) + v_kept + 4 * shape.num_attention_heads
     # SwiGLU keeps gate and up (liger's fused kernel recomputes act(gate) in backward), the eager MLP act(gate) too.
-    mlp = (2 if liger else 3) * d.o * inter
+    mlp = (2 if liger else 3) * d.o * inter if shape.dense_mlp else 0
+    mlp += moe_routed_bytes_per_token(cfg, shape)
     # LoRA keeps its input: with dropout, each adapted layer its own dropout output (compute dtype) + 1-byte mask;
     # without, the modules reading one tensor share it (q,k,v read the norm output; gate,up the second norm's) when
     # it is already in the compute dtype, else each keeps its own autocast copy. o_proj's input is attention's
@@ -266,7 +289,7 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     # Weights
     other_dtype = other_weight_bytes(cfg)
     if q4:
-        quantized = layers * sum(nf4_bytes(a * b, cfg.bnb_4bit_use_double_quant) for a, b in shape.linear_dims())
+        quantized = sum(nf4_bytes(a * b, cfg.bnb_4bit_use_double_quant) for a, b in shape.quantized_weights())
         unquantized = other_dtype * shape.unquantized_params
     else:
         quantized = 0
@@ -351,13 +374,19 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     if q_head and not cfg.offload_embeddings:  # the head is loaded to the GPU in its dtype, then quantized
         base += d.c * shape.head_params
     load_cache = min(LOAD_CACHE, int(LOAD_CACHE_FRACTION * loaded))
+    # Stacking the experts (MOE_STACK_*): a transient while loading, its freed blocks cached for the rest of the run.
+    stack = d.c * shape.largest_expert_params
+    load_cache = max(load_cache, int(MOE_STACK_CACHED * stack))
+    stack_peak = int(MOE_STACK_PEAK * stack)
     big = ([] if offloaded_at_load else [shape.embed_params]) + ([shape.head_params] if shape.head_params else [])
     if upcast(cfg) and big:
-        load_alloc = base + 2 * big[-1]
-        load_reserved = load_alloc + (2 * big[0] if len(big) > 1 else 0) + load_cache
+        load_alloc = base + max(2 * big[-1], stack_peak)
+        load_reserved = base + 2 * big[-1] + (2 * big[0] if len(big) > 1 else 0) + load_cache
     else:
-        load_alloc = base
-        load_reserved = load_alloc + load_cache
+        load_alloc = base + stack_peak
+        load_reserved = base + load_cache
+    if stack:
+        notes.append(f"loading stacks each layer's experts on the GPU: {load_cache / GIB:.2f} GiB stay cached")
     last_notes = []
     if is_masked and cfg.packing and not cfg.gradient_checkpointing and mask_elems:
         last_notes.append(f"SDPA keeps a {tokens} x {tokens} mask per layer over a packed micro-batch "

@@ -1,16 +1,25 @@
-"""Architecture shapes: the handful of config.json numbers that decide how much GPU memory training needs.
+"""Architecture shapes: the config.json numbers that decide how much GPU memory training needs.
+
+A config.json (local, cached, or one of CONFIGS below) is built into a model on the meta device (transformers'
+AutoModelForCausalLM.from_config: no weights) and every parameter is counted by how memtune's loader stores it
+(StoredCount): the weights transformers' 4-bit quantizer converts, the embeddings, and the rest (norms, biases,
+routers, mixture-of-experts' fused 3-D experts, which bitsandbytes leaves 16-bit). The architecture numbers come
+through transformers' attribute_map (gpt2's n_embd reads as hidden_size) and the MLP width from the real modules, so
+no family is listed by hand. A model_type this transformers cannot build falls back to the Llama-style keys.
 
 `get_shape(model)` reads them from, in order: the demo model (built locally by core.demo), a local model folder
 or config.json file, the Hugging Face cache (offline: never downloads), then the built-in table below.
 
-The table holds the values of each model's config.json on the Hub (vocab_size, hidden_size, intermediate_size,
-num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, tie_word_embeddings,
-max_position_embeddings). -Instruct / -it variants share their base model's shape (the Qwen2.5 instruct configs
+The table of hand shapes (SHAPES: no transformers import, the same counts as the meta model for these dense
+families, Qwen3's and Gemma-3's q/k norms aside) holds the values of each model's config.json on the Hub
+(vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
+tie_word_embeddings, max_position_embeddings). -Instruct / -it variants share their base model's shape (the Qwen2.5 instruct configs
 say max_position_embeddings 32768, which does not change memory).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,17 +48,26 @@ class ModelShape:
     attention_bias: bool = False  # Qwen2: q, k and v carry a bias
     norms_per_layer: int = 2  # Gemma 2 has four (pre/post attention and MLP)
     attn_softcap: bool = False  # Gemma 2 soft-caps attention logits (memtune's varlen path then runs eager per row)
+    # Counted from the model built of config.json on the meta device (None for the built-in table's hand shapes)
+    stored: "StoredCount | None" = None
+    # Mixture of experts: experts per MoE layer, routed per token (top-k), each expert's MLP width, MoE layers
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    expert_intermediate_size: int = 0
+    moe_layers: int = 0
+    dense_mlp: bool = True  # the layers hold an nn.Linear MLP (gate/up/down); an all-MoE model's layers do not
 
     # --- derived sizes ------------------------------------------------------------------------------------------
     q_dim = property(lambda self: self.num_attention_heads * self.head_dim, doc="width of the query projection")
     kv_dim = property(lambda self: self.num_key_value_heads * self.head_dim, doc="width of the key/value projections")
-    embed_params = property(lambda self: self.vocab_size * self.hidden_size, doc="the input embedding's parameters")
 
     def module_dims(self) -> dict[str, tuple[int, int]]:
         """(in_features, out_features) of each linear layer in one decoder block."""
         h, i, q, kv = self.hidden_size, self.intermediate_size, self.q_dim, self.kv_dim
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+        if self.dense_mlp:
+            dims.update(gate_proj=(h, i), up_proj=(h, i), down_proj=(i, h))
+        return dims
 
     @property
     def fused(self) -> bool:
@@ -60,7 +78,7 @@ class ModelShape:
         """(in, out) of each linear layer of one block as the model holds it: a fused layer is one weight (what
         bitsandbytes quantizes and dequantizes whole, and what one LoRA adapter wraps)."""
         dims = self.module_dims()
-        if not self.fused:
+        if not self.fused or not self.dense_mlp:
             return list(dims.values())
         h = self.hidden_size
         return [(h, self.q_dim + 2 * self.kv_dim), dims["o_proj"], (h, 2 * self.intermediate_size), dims["down_proj"]]
@@ -69,19 +87,46 @@ class ModelShape:
     def linear_params_per_layer(self) -> int:
         return sum(a * b for a, b in self.module_dims().values())
 
+    def quantized_weights(self) -> list[tuple[int, int]]:
+        """(in, out) of every weight bitsandbytes quantizes to 4 bits, the whole model's."""
+        if self.stored is not None:
+            return list(self.stored.quantizable)
+        return self.num_hidden_layers * self.linear_dims()
+
     @property
     def linear_params(self) -> int:
-        """Parameters of the decoder blocks' linear layers: what bitsandbytes quantizes to 4 bits."""
+        """Parameters of the linear layers bitsandbytes quantizes to 4 bits (the decoder blocks')."""
+        if self.stored is not None:
+            return sum(a * b for a, b in self.stored.quantizable)
         return self.num_hidden_layers * self.linear_params_per_layer
+
+    @property
+    def embed_params(self) -> int:
+        """The input embedding's parameters."""
+        return self.stored.embed if self.stored is not None else self.vocab_size * self.hidden_size
 
     @property
     def head_params(self) -> int:
         """The output projection (lm_head); 0 when it shares the input embedding's matrix."""
+        if self.stored is not None:
+            return self.stored.head
         return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
 
     @property
+    def expert_params(self) -> int:
+        """MoE experts' fused 3-D parameters: not nn.Linear, so bitsandbytes leaves them in their dtype."""
+        return self.stored.experts if self.stored is not None else 0
+
+    @property
+    def largest_expert_params(self) -> int:
+        return self.stored.largest_expert if self.stored is not None else 0
+
+    @property
     def small_params(self) -> int:
-        """Norm weights and biases: never quantized, tiny."""
+        """Everything else kept unquantized: norms, biases (counted from the model: routers, MoE experts, position
+        embeddings too)."""
+        if self.stored is not None:
+            return self.stored.other
         norms = (self.norms_per_layer * self.num_hidden_layers + 1) * self.hidden_size
         bias = self.num_hidden_layers * (self.q_dim + 2 * self.kv_dim) if self.attention_bias else 0
         return norms + bias
@@ -97,7 +142,7 @@ class ModelShape:
     @property
     def largest_linear(self) -> int:
         # Phi-3's gate_up_proj (h x 2 intermediate) is one weight, dequantized whole: twice its gate_proj part
-        return max(a * b for a, b in self.linear_dims())
+        return max((a * b for a, b in self.quantized_weights()), default=0)
 
     def lora_names(self, targets: list[str] | tuple[str, ...]) -> list[str]:
         """TrainConfig.lora_target_modules as Llama-style names (groups expanded; fused names split), in block order."""
@@ -129,7 +174,21 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: dict[str, Any], name: str = "") -> "ModelShape":
-        """Read a Hugging Face config.json mapping (a multimodal one's text_config too)."""
+        """The shape of a Hugging Face config.json mapping, counted from the model transformers builds of it on the
+        meta device (every parameter as the loader stores it); read from its Llama-style keys where transformers
+        cannot build it (a model_type it does not know: remote code)."""
+        if isinstance(config.get("model_type"), str):
+            try:
+                shape = _shape_from_json(json.dumps(config, sort_keys=True))
+            except Exception:  # noqa: BLE001 - unknown to this transformers, or not a causal LM: the keys below
+                shape = None
+            if shape is not None:
+                return replace(shape, name=name or str(config.get("_name_or_path", "") or shape.model_type))
+        return cls.from_keys(config, name)
+
+    @classmethod
+    def from_keys(cls, config: dict[str, Any], name: str = "") -> "ModelShape":
+        """Read the Llama-style keys of a config.json mapping (a multimodal one's text_config too)."""
         cfg = config
         if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
             cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", cfg.get("model_type"))}
@@ -156,6 +215,136 @@ class ModelShape:
         except (KeyError, TypeError, ValueError) as exc:
             raise ShapeError(f"config of {name or 'the model'} lacks a usable {exc} entry: it does not look like "
                              "a decoder-only causal LM config") from None
+
+
+# --- what the model really stores, counted on the meta device ---------------------------------------------------
+@dataclass(frozen=True)
+class StoredCount:
+    """Parameters of the model transformers builds from config.json, by how memtune's loader stores them: the
+    weights bitsandbytes quantizes (every nn.Linear / Conv1D that transformers' 4-bit quantizer converts: not the
+    output head, not tied or fp32-kept modules), the input embedding, an untied head, and everything else (norms,
+    biases, routers, MoE experts' fused 3-D tensors, position embeddings, conv/SSM parameters), which stays in
+    the compute dtype, or fp32 after the recipe's upcast (peft's prepare_model_for_kbit_training upcasts every
+    16-bit parameter that is not 4-bit)."""
+
+    quantizable: tuple[tuple[int, int], ...]  # (in, out) of each weight the 4-bit quantizer converts
+    embed: int
+    head: int  # 0 when tied to the input embedding
+    other: int
+    experts: int = 0  # of `other`: the MoE experts' 3-D parameters
+    largest_expert: int = 0  # the largest one (one layer's gate_up_proj) where loading stacks it from one tensor per
+    # expert (transformers' checkpoint conversion merges them: Qwen3-MoE, Mixtral, OLMoE); 0 where stored fused (gpt-oss)
+
+
+def _count_meta(model, config) -> tuple[StoredCount, dict[str, Any]]:
+    """(the stored count, the architecture numbers read from real module shapes) of a model on the meta device."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import get_keys_to_not_convert
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    skip = list(set(get_keys_to_not_convert(model)) | set(getattr(model, "_keep_in_fp32_modules", None) or []))
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    quantized, counted = [], set()
+    # the widest input of a non-attention linear producing the hidden size: the dense MLP's down projection
+    # (llama down_proj, gpt2 mlp.c_proj, opt fc2, bloom/falcon dense_4h_to_h)
+    hidden = int(config.hidden_size)
+    mlp_inter = 0
+    for name, module in model.named_modules():
+        conv = isinstance(module, Conv1D)
+        if not (conv or isinstance(module, torch.nn.Linear)):
+            continue
+        a, b = module.weight.shape if conv else (module.in_features, module.out_features)
+        if b == hidden and "attn" not in name and "attention" not in name:
+            mlp_inter = max(mlp_inter, int(a))
+        # the quantizer's own test: exactly nn.Linear (a subclass such as Falcon's FalconLinear stays 16-bit) or Conv1D
+        if (conv or type(module) is torch.nn.Linear) and should_convert_module(name, skip):
+            quantized.append((int(a), int(b)))
+            counted.add(id(module.weight))
+    embed = emb.weight.numel() if emb is not None else 0
+    tied = head is None or emb is None or head.weight is emb.weight
+    head_n = 0 if tied else head.weight.numel()
+    skip_ids = counted | ({id(emb.weight)} if emb is not None else set()) | ({id(head.weight)} if not tied else set())
+    other = experts = largest = 0
+    expert_inter = n_experts = 0
+    for name, p in model.named_parameters(remove_duplicate=True):
+        if id(p) in skip_ids:
+            continue
+        other += p.numel()
+        if p.dim() == 3 and "expert" in name:
+            experts += p.numel()
+            largest = max(largest, p.numel())
+            n_experts = int(p.shape[0])
+            if name.endswith("gate_up_proj"):  # (experts, hidden, 2 x width) or (experts, 2 x width, hidden)
+                dims = [int(d) for d in p.shape[1:]]
+                wide = dims[1] if dims[0] == hidden else dims[0]
+                expert_inter = wide // 2
+    numbers = {"mlp_inter": mlp_inter, "experts": n_experts, "expert_inter": expert_inter}
+    return StoredCount(tuple(quantized), int(embed), int(head_n), int(other), int(experts), int(largest)), numbers
+
+
+def _stacks_experts(model_type: str) -> bool:
+    """Whether transformers loads this family's checkpoint one tensor per expert and stacks them (MergeModulelist)."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+        mapping = get_checkpoint_conversion_mapping(model_type) or []
+    except Exception:  # noqa: BLE001 - another transformers without this table: assume the Hub's per-expert layout
+        return True
+    return any(type(op).__name__ == "MergeModulelist" for m in mapping for op in getattr(m, "operations", []))
+
+
+def _first(config, *names):
+    for n in names:
+        v = getattr(config, n, None)
+        if v is not None and not isinstance(v, bool):
+            return v
+    return None
+
+
+@functools.lru_cache(maxsize=32)
+def _shape_from_json(text: str) -> "ModelShape":
+    """The shape of config.json `text` from the model transformers builds of it on the meta device (no weights,
+    a second or two for 30B), so no family is listed by hand. Cached per config text."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    data = json.loads(text)
+    values = {k: v for k, v in data.items() if k not in ("model_type", "architectures", "auto_map")}
+    config = AutoConfig.for_model(data["model_type"], **values)
+    text_cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    stored, numbers = _count_meta(model, text_cfg)
+    if stored.largest_expert and not _stacks_experts(str(config.model_type)):
+        stored = replace(stored, largest_expert=0)
+    c = text_cfg
+    # transformers' attribute_map gives Llama names to gpt2's n_embd/n_head/n_layer, opt's, bloom's, falcon's ...
+    hidden, heads, layers = int(c.hidden_size), int(c.num_attention_heads), int(c.num_hidden_layers)
+    kv = _first(c, "num_key_value_heads", "num_kv_heads", "multi_query_group_num")
+    if kv is None:
+        kv = 1 if getattr(c, "multi_query", False) and not getattr(c, "new_decoder_architecture", False) else heads
+    head_dim = int(_first(c, "head_dim") or hidden // heads)
+    n_experts = numbers["experts"]
+    top_k = int(_first(c, "num_experts_per_tok", "experts_per_token", "num_experts_per_token", "moe_topk") or 0)
+    expert_inter = numbers["expert_inter"] or int(_first(c, "moe_intermediate_size") or 0)
+    inter = numbers["mlp_inter"] or expert_inter or int(_first(c, "intermediate_size") or 4 * hidden)
+    vocab = int(c.vocab_size)
+    model_type = str(c.model_type)
+    norms_per_layer = 4 if model_type in ("gemma2", "gemma3", "gemma3_text") else 2
+    moe_layers = 0
+    if n_experts:
+        moe_layers = sum(1 for m in model.modules() if type(m).__name__.endswith("Experts"))
+    return ModelShape(
+        name=model_type, vocab_size=vocab, hidden_size=hidden,
+        intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=int(kv), head_dim=head_dim, tie_word_embeddings=stored.head == 0,
+        max_position_embeddings=int(_first(c, "max_position_embeddings") or 0), model_type=model_type,
+        attention_bias=bool(getattr(c, "attention_bias", model_type == "qwen2")), norms_per_layer=norms_per_layer,
+        attn_softcap=getattr(c, "attn_logit_softcapping", None) is not None, stored=stored,
+        num_experts=n_experts, num_experts_per_tok=top_k if n_experts else 0,
+        expert_intermediate_size=expert_inter if n_experts else 0, moe_layers=moe_layers,
+        dense_mlp=bool(numbers["mlp_inter"]))
 
 
 def _llama(name, vocab, h, i, layers, heads, kv, head_dim, tie, max_pos, **kw) -> ModelShape:
@@ -207,6 +396,29 @@ SHAPES: dict[str, ModelShape] = {s.name: s for s in (
     _llama("HuggingFaceTB/SmolLM2-1.7B", 49152, 2048, 8192, 24, 32, 32, 64, True, 8192),
     _llama("HuggingFaceTB/SmolLM3-3B", 128256, 2048, 11008, 36, 16, 4, 128, True, 65536, model_type="smollm3"),
 )}
+
+# Hub models without a hand shape: their config.json (the numbers that decide the stored parameters), built on the
+# meta device like a local config, so their MoE experts are counted as the model holds them.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "Qwen/Qwen3-30B-A3B": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                               moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
+                               num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                               decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False,
+                               max_position_embeddings=40960),
+    "mistralai/Mixtral-8x7B-v0.1": dict(model_type="mixtral", vocab_size=32000, hidden_size=4096,
+                                        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                                        num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+                                        tie_word_embeddings=False, max_position_embeddings=32768),
+    "openai/gpt-oss-20b": dict(model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880,
+                               num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                               num_local_experts=32, num_experts_per_tok=4, experts_per_token=4,
+                               tie_word_embeddings=False,
+                               max_position_embeddings=131072),
+    "allenai/OLMoE-1B-7B-0924": dict(model_type="olmoe", vocab_size=50304, hidden_size=2048, intermediate_size=1024,
+                                     num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16,
+                                     num_experts=64, num_experts_per_tok=8, tie_word_embeddings=False,
+                                     max_position_embeddings=4096),
+}
 
 _ALIASES = {"meta-llama/meta-llama-3.1-8b": "meta-llama/Llama-3.1-8B",
             "meta-llama/meta-llama-3.1-70b": "meta-llama/Llama-3.1-70B",
@@ -271,10 +483,14 @@ def get_shape(model: str) -> ModelShape:
     cached = _hf_cache_config(model)
     if cached is not None:
         return _read_config(cached, model)
+    for hub_id, config in CONFIGS.items():
+        if model.lower() in (hub_id.lower(), hub_id.split("/")[-1].lower()) or \
+                any(model.lower() == (hub_id + s).lower() for s in _SUFFIXES):
+            return ModelShape.from_config(config, model)
     shape = table_lookup(model)
     if shape is not None:
         return replace(shape, name=model) if shape.name.lower() != model.lower() else shape
-    known = ", ".join(SHAPES)
+    known = ", ".join([*SHAPES, *CONFIGS])
     raise ShapeError(f"the shape of {model!r} is unknown: it is not a local folder, not in the Hugging Face cache "
                      f"and not in memtune's table ({known}). Download the model once, or give the path of its "
                      "config.json.")
