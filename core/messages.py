@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 LOCALES = Path(__file__).resolve().parent / "locales"
+# list parameters, by name, and their separator when said (msg.lines, msg.list, log.lora_more)
+_JOIN = {"lines": "\n", "items": ", ", "parts": "; "}
 
 
 @cache
@@ -35,19 +37,21 @@ class Said(str):
     params: dict[str, Any]
 
     def __new__(cls, key: str, **params: Any) -> "Said":
-        params = {k: plain(v) for k, v in params.items()}
+        params = {k: plain(v, k) for k, v in params.items()}
         text = super().__new__(cls, say(key, params))
         text.key, text.params = key, params
         return text
 
 
-def plain(value: Any) -> Any:
-    """A parameter as the event file can hold it: numbers and text as they are, nested messages kept, else str()."""
+def plain(value: Any, name: str = "") -> Any:
+    """A parameter as the event file can hold it: numbers and text as they are, nested messages kept, a list of
+    messages under a list parameter's name (msg.lines' `lines`, msg.list's `items`, `parts`) kept, else str() (a
+    user's list of column names reads as it always has)."""
     if isinstance(value, (Keyed, Said)):
         return {"key": value.key, "params": value.params}
     if isinstance(value, dict) and "key" in value:
-        return {"key": value["key"], "params": {k: plain(v) for k, v in (value.get("params") or {}).items()}}
-    if isinstance(value, (list, tuple)):  # lines of a message (msg.lines): each kept as a message or text
+        return {"key": value["key"], "params": {k: plain(v, k) for k, v in (value.get("params") or {}).items()}}
+    if isinstance(value, (list, tuple)) and name in _JOIN:
         return [plain(v) for v in value]
     if isinstance(value, bool) or value is None:
         return str(value)
@@ -96,14 +100,11 @@ def say(key: str, params: dict[str, Any] | None = None, lang: str = "en",
     text = find(key, lang) or table("en").get(key) or key
     values = {}
     for name, value in (params or {}).items():
-        values[name] = _said(value, lang, lookup, number, _JOIN.get(name, "\n"))
+        values[name] = _said(value, lang, lookup, number, _JOIN.get(name, ", "))
     try:
         return _Fill(lang, number).vformat(text, (), values)
     except (ValueError, IndexError, AttributeError, KeyError):  # a malformed locale text: say it unfilled, never raise
         return text
-
-
-_JOIN = {"items": ", ", "parts": "; "}  # a list parameter's separator by its name (msg.list, log.lora_more); else a line each
 
 
 def _said(value: Any, lang: str, lookup: Any, number: Any, sep: str) -> Any:
@@ -132,13 +133,13 @@ def words_of(text: str) -> dict[str, Any]:
 def keyed(key: str, **params: Any) -> dict[str, Any]:
     """An event's words: `key` and its `params` (what a page says in its language) and `message`, en.json's text
     filled (what the CLI prints and an events.jsonl reader sees). `make_event("log", level="info", **keyed(...))`."""
-    values = {k: plain(v) for k, v in params.items()}
+    values = {k: plain(v, k) for k, v in params.items()}
     return {"key": key, "params": values, "message": say(key, values)}
 
 
 def english(key: str, **params: Any) -> str:
     """en.json's text for `key`, filled: what the engine writes to its log and the CLI."""
-    return say(key, {k: plain(v) for k, v in params.items()})
+    return say(key, {k: plain(v, k) for k, v in params.items()})
 
 
 class Keyed:
@@ -148,7 +149,7 @@ class Keyed:
     params: dict[str, Any]
 
     def _keyed(self, key: str, params: dict[str, Any]) -> str:
-        self.key, self.params = key, {k: plain(v) for k, v in params.items()}
+        self.key, self.params = key, {k: plain(v, k) for k, v in params.items()}
         return say(key, self.params)
 
     def as_param(self) -> dict[str, Any]:

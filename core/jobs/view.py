@@ -157,6 +157,8 @@ class _Fold:
                 if isinstance(v.summary.get("runtime_s"), (int, float)):
                     v.elapsed_s = float(v.summary["runtime_s"])  # the same figure as the result's and History's Time
                 v.message = e.get("message", "") or v.message
+                if e.get("key") and e.get("message"):  # the end's own words (log.lost_track) replace the error's
+                    v.said = said_of(e)
 
     def result(self, running: bool, stopping: bool, from_disk: bool) -> JobView:
         v = copy.copy(self.v)  # the fold keeps growing; callers get a snapshot
