@@ -64,6 +64,8 @@ def keyed_calls() -> list[tuple[str, int, str, list[str] | None, set[str], bool]
                   or name == "bad" and where == "core/config/settings.py"):  # config_problems' bad(field, key, ...)
                 out.append((where, node.lineno, "Problem.of", _keys(node.args[1]) if len(node.args) > 1 else None,
                             kwargs, star))
+            elif name == "phase" and len(node.args) >= 3:  # core.train.callbacks.phase(sink, name, key, **params)
+                out.append((where, node.lineno, "phase", _keys(node.args[2]), kwargs, star))
             elif name == "Problem":
                 out.append((where, node.lineno, "Problem", None, kwargs, star))
     return out
@@ -77,6 +79,9 @@ def test_every_engine_message_names_a_key_of_every_language_with_its_placeholder
     for where, line, what, keys, kwargs, star in calls:
         if keys is None and (where, what, star) == ("core/config/settings.py", "Problem.of", True):
             continue  # the body of config_problems' bad(field, key, **params): its calls are checked
+        if keys is None and (where, what, star) in {("core/train/callbacks.py", "keyed", True),
+                                                     ("core/train/callbacks.py", "phase", True)}:
+            continue  # phase(sink, name, key, **params)'s body, and the warm-up's phase saying keyed() words
         if keys is None and (where, what, star) == ("core/jobs/supervise.py", "Said", True):
             continue  # death_message's `unexpected`: record_death's callers name log.died, log.worker_died
         if keys is None:  # Problem("field", "English", "fix") or a computed key: nothing a page could translate

@@ -229,8 +229,8 @@ class EventCallback(TrainerCallback):
         self.sink(make_event("log", level="info", **said))
         for a in answers:  # the question asked, whole words, as written: no repr escapes or a cut template
             asked, answer, ref = prompt_gist(a["prompt"]), one_line(a["answer"]), one_line(a["reference"])
-            self.sink(make_event("log", level="info", **keyed("log.answer", answer=f'{asked} -> "{answer}"',
-                                                              reference=f'"{ref}"')))
+            self.sink(make_event("log", level="info", **keyed("log.answer", prompt=asked, answer=answer,
+                                                              reference=ref)))
         self.last_answers = answers
 
     def eval_summary(self, args, state) -> dict | None:

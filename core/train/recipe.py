@@ -52,7 +52,7 @@ from core.data.plan import DataError, DataPlan, check_data
 from core.estimate.predict import savings
 from core.files import StorageError, free_memory, has_marker, real, storage_message
 from core.gpus import distributed, vram
-from core.messages import fields_of, keyed
+from core.messages import Said, fields_of, keyed, words_of
 from core.model import compile as regional
 from core.model import families
 from core.model import load as model_lib
@@ -239,12 +239,14 @@ class LoRARecipe:
             adapter_dir = save_adapter(trainer.model, self.tokenizer, self.cfg, ctx.run_dir, summary,
                                        state_dict=state_dict)
         if (problem := finish_run(ctx.run_dir, summary)):  # h2: atomic summary.json; a full disk is reported
-            ctx.emit(make_event("log", level="warning", message=problem))
+            ctx.emit(make_event("log", level="warning", **words_of(problem)))
         status, steps = summary["status"], summary["steps"]
-        message = (f"{'Stopped' if status == 'stopped' else 'Finished'} after {steps} step{'' if steps == 1 else 's'}; "
-                   f"adapter saved to {adapter_dir} ({summary['adapter_bytes'] / 2**20:.1f} MiB)")
+        one = steps == 1
+        message = Said(("log.done.stopped_one" if one else "log.done.stopped") if status == "stopped" else
+                       ("log.done.completed_one" if one else "log.done.completed"),
+                       steps=steps, path=str(adapter_dir), mib=summary["adapter_bytes"] / 2**20, unit=Said("unit.mib"))
         ctx.emit(make_event("done", status=status, run_dir=str(ctx.run_dir), adapter_dir=str(adapter_dir),
-                            summary=summary, message=message))
+                            summary=summary, **words_of(message)))
         return RunResult(status, str(ctx.run_dir), str(adapter_dir), summary, message)
 
     def cleanup(self) -> None:
@@ -291,16 +293,12 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan, Any, str]:
     # refused here (ConfigError listing its linear layers), and the log says what gets LoRA.
     targets = model_lib.lora_targets(cfg, path)
     plan.notes += [targets.describe(), *filter(None, [families.note(targets.model_type)])]
-    emit(make_event("data", message=plan.describe(), **plan.to_dict(), validation=plan.validation_dict()))
+    emit(make_event("data", **words_of(plan.describe()), **plan.to_dict(), validation=plan.validation_dict()))
     for line in filter(None, [plan.describe(), plan.describe_turns(), *plan.notes, held.why]):
-        emit(make_event("log", level="info", message=line))
+        emit(make_event("log", level="info", **words_of(line)))
     val = plan.validation
     if val is not None:
-        # the validation rows' describe() line, as is, under its own key
-        emit(make_event("log", level="info", **{
-            **keyed("log.val_rows", rows=val.n_source, dataset=f"{val.source} ({val.format})", train=val.n_train,
-                    max_length=val.max_length),
-            "message": "Validation rows: " + val.describe().removeprefix("Data: ")}))
+        emit(make_event("log", level="info", **words_of(val.describe(validation=True))))
         if not val.n_train:
             emit(make_event("log", level="warning", **keyed("log.val_none_fit")))
     if (cfg.keep_best or cfg.early_stopping_patience) and not plan.evaluates:
@@ -311,14 +309,14 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan, Any, str]:
 def load_for_training(cfg: TrainConfig, path: str, emit: EventSink, cpu_eval: bool) -> tuple[Any, int, bool]:
     """The model loaded (quantized), prepared and wrapped with LoRA: (model, trainable parameters, whether its
     layers compile in the first step). `cpu_eval`: evals on the CPU come between training steps."""
-    key = "log.phase.loading_4bit" if cfg.load_in_4bit else "log.phase.loading"
-    with phase(emit, "loading_model", key, model=cfg.model):
+    with phase(emit, "loading_model", "log.phase.loading_4bit" if cfg.load_in_4bit else "log.phase.loading",
+               model=cfg.model):
         model = model_lib.prepare_for_training(model_lib.load_model(cfg, path), cfg)
     trainable, total = model_lib.trainable_parameters(model)
     emit(make_event("log", level="info", **keyed("log.lora", n=trainable, total=total)))
     note = getattr(model, "memtune_compile_note", "")  # core/model/compile.py's words, as is
     if cfg.compile_layers:
-        emit(make_event("log", level="info", message=note))
+        emit(make_event("log", level="info", **words_of(note)))
     if cpu_eval:
         # bitsandbytes on a CPU with AVX512-BF16 repacks a 4-bit weight for inference the first time it runs in eval
         # mode, and training then goes through a kernel without a backward (wrong gradients, silently): an eval must
