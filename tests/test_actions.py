@@ -83,3 +83,16 @@ def test_merge_in_a_child_reports_phases_and_a_refusal_is_a_failure_record(finis
     assert again.wait(300)  # the folder exists and replacing was not asked for: refused, in the child's own words
     error = next(e for e in again.events_since(0) if e["kind"] == "error")
     assert again.result()["status"] == "failed" and error["error_type"] == "refused" and error["message"]
+
+
+def test_stop_ends_a_merge_child_at_once(finished_run, manager, tmp_path):
+    """Merge's Stop: nothing to save halfway through a merge, so its child is ended; the record says it was
+    stopped, and no merged folder is left claiming to be complete."""
+    merge = manager.actions.start("merge", {"adapter": finished_run.result.adapter_dir,
+                                            "out_dir": str(tmp_path / "merged")})
+    assert manager.actions.stop(kind="merge") is merge  # at once: the child is still importing its libraries
+    assert merge.wait(60)
+    assert merge.result()["status"] == "stopped" and not (tmp_path / "merged" / "config.json").exists()
+    error = next(e for e in merge.events_since(0) if e["kind"] == "error")
+    assert error["key"] == "action.stopped" and error["what"] == "merge"
+    assert not manager.actions.busy()

@@ -15,8 +15,8 @@ from ui.form import FORM_QUEUE, Form
 from ui.validation import build_compare, curves_frame, draw_every_series, on_compare
 from ui.history import (HistoryTab, history_frame, history_open, on_history_delete, on_history_delete_yes,
                         on_history_load, on_history_refresh, on_history_resume, on_history_select)
-from ui.tryexport import (TryExportTab, adapter_dropdown, on_action_stop, merge_into_choices, on_export_adapter, on_merge, on_push,
-                          on_try, on_try_stop, on_zip, token_info)
+from ui.tryexport import (TryExportTab, adapter_dropdown, merge_into_choices, on_action_stop, on_export_adapter,
+                          on_merge, on_push, on_try, on_try_stop, on_zip, token_info)
 
 
 @dataclass

@@ -132,7 +132,8 @@ def build_section(lang0: str, tr: Any, lang: gr.Dropdown, adapter: gr.Dropdown, 
                               visible=False, elem_id="gguf-commands"), label="gguf.commands")
     for trigger in (adapter.change, formats.change, lang.change):  # a language switch re-writes the plan too
         trigger(on_gguf_plan, inputs=[lang, adapter, formats], outputs=[plan], show_progress="hidden")
-    button.click(partial(on_gguf_export, app), inputs=[lang, adapter, formats, replace] + ([remote] if remote is not None else []),
+    asked = [lang, adapter, formats, replace] + ([remote] if remote is not None else [])
+    button.click(partial(on_gguf_export, app), inputs=asked,
                  outputs=[status, commands])  # remote: the tab's trust_remote_code tick (ui/after.py)
     # not queued behind the export it stops (Gradio's default concurrency of one per event would wait for it)
     stop.click(partial(on_gguf_stop, app), inputs=[lang], outputs=[status], concurrency_limit=None,

@@ -179,8 +179,11 @@ def on_action_stop(x: TryExportTab, kind: str, lang: str = DEFAULT_LANGUAGE) -> 
 
 
 def free_try_model(manager: Any) -> None:
-    """Before a training run: end the Try it children, so the run has the memory the gauge predicted for."""
-    manager.actions.free()
+    """Before a GPU run: end the Try it child, so the run has the memory the gauge predicted for."""
+    from ui.derive import hardware
+
+    if hardware().cuda:  # the demo model in RAM costs nothing worth loading it again after the run
+        manager.actions.free()
 
 
 # --- export ---------------------------------------------------------------------------------------------------------
