@@ -137,8 +137,12 @@ def on_try(x: TryExportTab, lang: str, adapter: str | None, prompt: str, max_new
     since = len(action.events_since(0))  # a loaded child's earlier answers are not this prompt's
     yield {x.base: "", x.tuned: "", x.try_note: note(t("try.loading", lang, model=model, path=adapter), "info",
                                                      "try-note")}
-    n = action.ask(prompt=prompt, max_new_tokens=int(max_new_tokens), temperature=float(temperature),
-                   top_p=float(top_p), seed=int(seed or 0), template=not raw)
+    try:
+        n = action.ask(prompt=prompt, max_new_tokens=int(max_new_tokens), temperature=float(temperature),
+                       top_p=float(top_p), seed=int(seed or 0), template=not raw)
+    except OSError as exc:  # its folder went with it: the child ended between the pick and the prompt
+        yield refused(t("msg.error", lang, message=f"{failure(action, lang) if not action.running else exc}"), "error")
+        return
     base = tuned = ""
     answered = None
     for e in follow(action, since):

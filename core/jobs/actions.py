@@ -212,11 +212,6 @@ class Actions:
                 action.wait(10)
 
     # --- what the page reads ------------------------------------------------------------------------------------
-    def current(self, owner: str | None = None, kind: str | None = None) -> Action | None:
-        if kind is not None:
-            return self._last.get((owner, kind))
-        return next((a for a in reversed(self._live) if a.owner == owner and a.running), None)
-
     def busy(self) -> bool:
         """A merge or GGUF export is working (training waits for it; an idle Try it child does not count)."""
         return any(a.running and a.kind != "try" for a in list(self._live))
