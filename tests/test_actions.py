@@ -96,3 +96,26 @@ def test_stop_ends_a_merge_child_at_once(finished_run, manager, tmp_path):
     error = next(e for e in merge.events_since(0) if e["kind"] == "error")
     assert error["key"] == "action.stopped" and error["what"] == "merge"
     assert not manager.actions.busy()
+
+
+def test_the_pages_merge_stop_ends_the_merge_and_the_page_says_so(finished_run, manager, tmp_path):
+    """ui.tryexport: Merge runs in the child of the page's own manager (passed in its state, not imported), and the
+    Stop beside it ends that child; the merge's answer says it was stopped."""
+    import threading
+    import time
+
+    from ui.state import AppState
+    from ui.tryexport import TryExportTab, on_action_stop, on_merge
+
+    x = TryExportTab(*(object() for _ in range(9)), app=AppState(manager))
+    said = []
+    merging = threading.Thread(target=lambda: said.append(on_merge(
+        x, "en", finished_run.result.adapter_dir, str(tmp_path / "m"), False, True, progress=None)))
+    merging.start()
+    stopped = ""
+    while not stopped and merging.is_alive():  # until the merge's child exists; it imports torch for seconds
+        stopped = on_action_stop(x, "merge", "en")
+        time.sleep(0.01)
+    merging.join(120)
+    assert "The merge was stopped" in stopped and "The merge was stopped" in said[0], (stopped, said)
+    assert not (tmp_path / "m" / "config.json").exists()
