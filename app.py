@@ -141,18 +141,17 @@ def tidy_runs() -> None:
         print(f"memtune: could not tidy the runs folder ({exc})", file=sys.stderr)
 
 
-def end_training_on_exit() -> None:
-    """Ctrl-C, SIGTERM or a normal exit: stop the training child (it saves after its step), then end its group."""
+def end_training_on_exit(manager) -> None:
+    """Ctrl-C, SIGTERM or a normal exit: stop the training child (it saves after its step), then end its group;
+    end the model-running children (Try it, merge, GGUF export) too."""
     import atexit
     import signal
-
-    from core.jobs.manager import MANAGER
 
     def on_term(signum, frame):
         raise KeyboardInterrupt  # gradio closes the server on it; atexit then ends the child
 
     signal.signal(signal.SIGTERM, on_term)
-    atexit.register(MANAGER.shutdown)
+    atexit.register(manager.shutdown)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,9 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         demo = launch(args)
     if demo is None:
         return 2
-    from core.jobs.manager import MANAGER
-
-    MANAGER.prepare()  # the libraries imported once, in the background, for every run's process (core/jobs/warm.py)
+    demo.memtune_app.manager.prepare()  # the libraries imported once, in the background, for every run's process (core/jobs/warm.py)
     print(f"memtune: running on {demo.local_url}", flush=True)
     if demo.share_url:
         print(f"memtune: public link {demo.share_url} (log in with the --auth user:password)", flush=True)
@@ -192,7 +189,7 @@ def launch(args):
     """The page, built and listening (not blocking); None if the options are refused (said on stderr)."""
     from core.quiet import quiet_libraries
 
-    quiet_libraries(progress_bars=False)  # Try it and Export load models in this process: no bars in its terminal
+    quiet_libraries(progress_bars=False)  # no library's progress bars in the server's terminal
     try:
         auth = parse_auth(args.auth if args.auth is not None else os.environ.get("MEMTUNE_AUTH"))
     except ValueError as exc:
@@ -211,12 +208,15 @@ def launch(args):
 
     from starlette.middleware import Middleware
 
+    from core.jobs.manager import JobManager
     from ui import CSS, EarlyScript, build_ui, make_theme
+    from ui.state import AppState
 
     tidy_runs()
-    end_training_on_exit()
+    manager = JobManager()  # the app's one manager (its queue, its children), handed to the page once
+    end_training_on_exit(manager)
     warm_demo_model()
-    demo = build_ui()
+    demo = build_ui(app=AppState(manager))
     middleware = [Middleware(EarlyScript)]  # Gradio's frontend fixed before it loads (ui/early.py)
     if args.public:
         from ui.visitors import VisitorCookie

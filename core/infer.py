@@ -11,9 +11,9 @@
   new base. The "base" answer comes from the same PeftModel with its adapter disabled, so LoRA layers never stack
   on a reused model and the base is the very same (quantized) weights the adapter was trained on.
 
-The GPU is one: `COMPARER` (module level, shared by every browser tab) serialises its use with a lock.
-Try it stays in the app's process (unlike training): it keeps one model loaded between prompts and streams
-tokens to the page, it trains nothing (no optimizer state, no library patches) and it is refused while a run goes.
+The app never runs this in its own process: its Try it child (core/jobs/act.py, started by core/jobs/actions.py)
+holds one `Comparer`, keeps the model loaded between prompts and streams each answer as events; a crash or an
+out-of-memory kill ends that child, not the web server. A Comparer serialises its own use with a lock.
 """
 
 from __future__ import annotations
@@ -334,8 +334,6 @@ class Comparer:
 
 _free = free_memory
 
-
-COMPARER = Comparer()  # process-wide: the GPU holds one model for every browser tab
 
 
 # --- the offline demo's score (scripts/demo_bench.py): Try it's answers to the demo's own prompts ---------------

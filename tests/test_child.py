@@ -157,14 +157,16 @@ def test_a_child_whose_app_died_stops_and_saves(tmp_path, demo_model_path):
 
 
 def test_sigterm_to_the_app_ends_its_training_child(tmp_path, demo_model_path):
-    """app.py's exit wiring (SIGTERM -> KeyboardInterrupt -> atexit -> MANAGER.shutdown), without the web server."""
+    """app.py's exit wiring (SIGTERM -> KeyboardInterrupt -> atexit -> the manager's shutdown), without the web
+    server."""
     script = (
         "import os, signal, time\n"
         "import app\n"
         "from core.config.settings import demo_config\n"
-        "from core.jobs.manager import MANAGER\n"
-        "app.end_training_on_exit()\n"
-        f"job = MANAGER.start(demo_config(max_steps=100000, output_dir={str(tmp_path / 'runs')!r}, run_name='app'))\n"
+        "from core.jobs.manager import JobManager\n"
+        "manager = JobManager()\n"
+        "app.end_training_on_exit(manager)\n"
+        f"job = manager.start(demo_config(max_steps=100000, output_dir={str(tmp_path / 'runs')!r}, run_name='app'))\n"
         "print(job.pid, flush=True)\n"
         "while not any(e['kind'] == 'step' for e in job.events_since(0)):\n"
         "    time.sleep(0.1)\n"

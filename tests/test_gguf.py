@@ -356,15 +356,18 @@ def test_export_tab_handlers(adapter, tmp_path):
     import shutil
 
     from ui.gguf import on_gguf_export, on_gguf_plan
+    from ui.state import AppState
+
+    app = AppState()  # its own manager: the export runs in that manager's child
 
     adapter = Path(shutil.copytree(adapter, tmp_path / "run-copy" / "adapter"))  # its own gguf/ folder
     plan = on_gguf_plan("pt", str(adapter), ["f16", "q8_0"])
     assert "Precisa de cerca de" in plan and "mt-note-ok" in plan and "q8_0" in plan
     assert "Choisissez au moins un format" in on_gguf_plan("fr", str(adapter), [])
     assert on_gguf_plan("en", None, ["f16"]) == ""
-    status, commands = on_gguf_export("en", None, ["f16"], False, progress=None)
+    status, commands = on_gguf_export(app, "en", None, ["f16"], False, progress=None)
     assert "Pick" in status or "pick" in status
-    status, commands = on_gguf_export("en", str(adapter), ["q8_0"], True, progress=None)
+    status, commands = on_gguf_export(app, "en", str(adapter), ["q8_0"], True, progress=None)
     assert "GGUF export done" in status and "-q8_0.gguf" in status and "Modelfile" in status
     assert commands["visible"] and commands["value"].startswith("ollama create ")
     assert "llama-cli -m " in commands["value"] and "llama-completion -m " in commands["value"]

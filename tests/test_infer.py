@@ -148,7 +148,7 @@ def test_not_an_adapter_folder_is_a_clear_error(tmp_path, comparer):
 
 
 def test_stop_ends_a_comparison_early(adapters, comparer):
-    """What a Stop button does: COMPARER.stop() from another handler ends the answer at its next token."""
+    """What a Stop does: Comparer.stop() from another thread ends the answer at its next token."""
     stream = comparer.compare(adapters[0], PROMPT, max_new_tokens=400, temperature=1.0, seed=3)
     next(stream)
     comparer.stop()

@@ -80,7 +80,10 @@ def cli(*argv: str) -> int:
 
 def explicit_entry_points(adapter: Path, root: Path):
     """name -> f(path): each destructive action pointed at `path`."""
-    from ui.tryexport import on_merge  # (ui.gguf's on_gguf_export takes no path: see the planted-link test)
+    from ui.state import AppState
+    from ui.tryexport import TryExportTab, on_merge  # (ui.gguf's on_gguf_export takes no path: see the planted-link test)
+
+    x = TryExportTab(*(object() for _ in range(9)), app=AppState())  # the merge runs in this manager's child
 
     def try_delete(p):
         with pytest.raises(HistoryError):
@@ -103,7 +106,7 @@ def explicit_entry_points(adapter: Path, root: Path):
         "cli merge --out": lambda p: cli("merge", str(adapter), "--out", p),
         "cli merge --out --replace": lambda p: cli("merge", str(adapter), "--out", p, "--replace"),
         "cli zip --out": lambda p: cli("zip", str(adapter), "--out", p),
-        "ui merge": lambda p: on_merge("en", str(adapter), p, True, True, progress=None),
+        "ui merge": lambda p: on_merge(x, "en", str(adapter), p, True, True, progress=None),
         "history delete": try_delete,
         "history resume": try_resume,
         "resume_from": try_train_resume,
@@ -144,7 +147,10 @@ def test_a_link_planted_in_the_run_folder_is_refused(place, capsys, where):
     """RUN/merged, RUN/gguf (default outputs), RUN/adapter or RUN/checkpoints planted as a link to each victim
     spelling: refused, and the start-up tidy does not delete through it."""
     from ui.gguf import on_gguf_export
-    from ui.tryexport import on_merge
+    from ui.state import AppState
+    from ui.tryexport import TryExportTab, on_merge
+
+    x = TryExportTab(*(object() for _ in range(9)), app=AppState())  # merge and export run in this manager's children
 
     base, v, names, mine = place
     before = tree_hash(v)
@@ -159,11 +165,11 @@ def test_a_link_planted_in_the_run_folder_is_refused(place, capsys, where):
         if where == "merged":
             assert cli("merge", str(adapter)) == 2
             assert "link inside memtune's folder" in capsys.readouterr().err
-            assert "link inside" in on_merge("en", str(adapter), "", True, True, progress=None)
+            assert "link inside" in on_merge(x, "en", str(adapter), "", True, True, progress=None)
         elif where == "gguf":
             assert cli("gguf", str(adapter), "--formats", "f16", "--replace") == 2
             assert "link inside memtune's folder" in capsys.readouterr().err
-            status, _ = on_gguf_export("en", str(adapter), ["f16"], True, progress=None)
+            status, _ = on_gguf_export(x.app, "en", str(adapter), ["f16"], True, progress=None)
             assert "link inside" in status
         else:
             from core.runs.history import tidy

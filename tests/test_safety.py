@@ -508,7 +508,7 @@ def test_a_loaded_config_never_turns_trust_remote_code_on_by_itself(run, tmp_pat
     res = history.on_history_load(form, h, "en", str(mine))
     assert _form(form, res).trust_remote_code is False and "OFF" in res[h.note]
     manager = JobManager()
-    monkeypatch.setattr(history, "MANAGER", manager)
+    monkeypatch.setattr(page.memtune_app, "manager", manager)
     res = history.on_history_resume(form, h, "fr", str(mine))
     assert manager.current() is None  # nothing started: the user confirms by ticking, then presses Start
     cfg = _form(form, res)
@@ -538,19 +538,20 @@ def remote_code_adapter(run, tmp_path, monkeypatch, demo_model_path):
 
 def test_no_model_code_runs_without_the_users_own_tick(remote_code_adapter, tmp_path, capsys):
     from core.export.cli import main as export_main
-    from core.infer import COMPARER, InferError
+    from core.infer import Comparer, InferError
     from ui import gguf, tryexport
+    from ui.state import AppState
 
     adapter, ran = remote_code_adapter
-    x = tryexport.TryExportTab(*(object() for _ in range(9)))
+    x = tryexport.TryExportTab(*(object() for _ in range(9)), app=AppState())
     notes = [u.get(x.try_note) for u in tryexport.on_try(x, "en", str(adapter), "Hi", 4, 0.0, 0.9, 0, False)]
     assert "trust_remote_code" in str(notes[-1])
     with pytest.raises(InferError, match="--trust-remote-code"):
-        list(COMPARER.compare(adapter, "Hi", max_new_tokens=2))
+        list(Comparer().compare(adapter, "Hi", max_new_tokens=2))
     with pytest.raises(ExportError, match="trust_remote_code: true"):
         merge_adapter(adapter, tmp_path / "m")
-    assert "trust_remote_code" in tryexport.on_merge("en", str(adapter), "", False, True, progress=None)
-    status, _ = gguf.on_gguf_export("en", str(adapter), ["f16"], False, progress=None)
+    assert "trust_remote_code" in tryexport.on_merge(x, "en", str(adapter), "", False, True, progress=None)
+    status, _ = gguf.on_gguf_export(x.app, "en", str(adapter), ["f16"], False, progress=None)
     assert "trust_remote_code" in status
     for argv in (["merge", str(adapter)], ["gguf", str(adapter), "--formats", "f16"]):
         assert export_main(argv) == 2 and "--trust-remote-code" in capsys.readouterr().err
@@ -648,7 +649,6 @@ def test_public_history_and_export_act_only_inside_the_apps_folder(public, run, 
 
     page = build_ui(demo_config())
     form, h = page.memtune_form, page.memtune_history
-    monkeypatch.setattr(history, "MANAGER", JobManager())
     copy_run(run, public / "visitor-run")
     outside = copy_run(run, tmp_path / "elsewhere")  # a memtune run, but not in the app's folder
     before = tree_hash(outside)
@@ -660,7 +660,7 @@ def test_public_history_and_export_act_only_inside_the_apps_folder(public, run, 
     assert "public server" in history.on_history_resume(form, h, "en", str(outside))[h.note]
     x = page.memtune_try_export
     assert "public server" in tryexport.on_zip(x, "en", str(outside / "adapter"))[x.export_note]
-    assert "public server" in tryexport.on_merge("en", str(public / "visitor-run" / "adapter"), str(tmp_path / "m"),
+    assert "public server" in tryexport.on_merge(x, "en", str(public / "visitor-run" / "adapter"), str(tmp_path / "m"),
                                              False, True, progress=None)
     assert tree_hash(outside) == before and not (tmp_path / "m").exists()
     assert 'id="mt-public"' in header_html("pt") and "Modo público" in header_html("pt")
@@ -839,25 +839,27 @@ def test_only_the_space_owner_stops_any_job_running_or_queued(public, monkeypatc
     from core.runs import public as pub
     from ui import handlers
 
+    from ui.state import AppState
+
     mgr = JobManager()
-    monkeypatch.setattr(handlers, "MANAGER", mgr)
+    app = AppState(mgr)  # the page's state, built by the test as app.py builds it
     a = mgr.start(demo_config(max_steps=100000, output_dir=str(tmp_path / "a")), owner="visitor-a", queue=True)
     b = mgr.start(demo_config(max_steps=3, output_dir=str(tmp_path / "b")), owner="visitor-b", queue=True)
     try:
         assert a.running and b.waiting
         monkeypatch.setattr(pub, "_visitor_source", lambda: "visitorBBBB1xxxxxxxxxx")  # a visitor asks
-        row, jobs = handlers.owner_jobs("en")
+        row, jobs = handlers.owner_jobs(app, "en")
         assert row["visible"] is False and jobs["choices"] == []
-        said, _, _ = handlers.on_owner_stop(b.id, "en")
+        said, _, _ = handlers.on_owner_stop(app, b.id, "en")
         assert "Only the Space owner" in said and b.waiting and a.running and not a.stop_event.is_set()
         monkeypatch.setattr(pub, "_visitor_source", lambda: None)  # the owner: logged in, no visitor id
-        row, jobs = handlers.owner_jobs("pt")
+        row, jobs = handlers.owner_jobs(app, "pt")
         assert row["visible"] is True and [v for _, v in jobs["choices"]] == [a.id, b.id]
         assert "em execução" in jobs["choices"][0][0] and "na fila" in jobs["choices"][1][0]
-        said, _, jobs = handlers.on_owner_stop(b.id, "en")
+        said, _, jobs = handlers.on_owner_stop(app, b.id, "en")
         assert f"#{b.id}" in said and not b.active and job_view(b).state == "stopped" and a.running
         assert [v for _, v in jobs["choices"]] == [a.id]
-        handlers.on_owner_stop(a.id, "en")
+        handlers.on_owner_stop(app, a.id, "en")
         assert a.stop_event.is_set()  # ends after its current step, saving its adapter
     finally:
         mgr.stop(job_id=a.id)

@@ -310,33 +310,33 @@ def said_run(job):
 
 @pytest.mark.filterwarnings("ignore:Not started")
 def test_start_lists_every_problem_at_once(monkeypatch, form):
-    monkeypatch.setattr(handlers, "MANAGER", tiny_manager())
+    monkeypatch.setattr(form.app, "manager", tiny_manager())
     values = widget_values(demo_config(model="", dataset="", max_steps=0, run_name="../evil"))
     notice = handlers.on_start(form, "en", *values)[form.run_notice]
     for name in ("model", "dataset", "max_steps", "run_name"):
         assert f"<code>{name}</code>" in notice
-    assert not handlers.MANAGER.busy()
+    assert not form.app.manager.busy()
 
 
 @pytest.mark.filterwarnings("ignore:A training run is already")
 def test_second_start_is_refused_with_a_message(monkeypatch, form, tmp_path):
-    monkeypatch.setattr(handlers, "MANAGER", tiny_manager())
+    monkeypatch.setattr(form.app, "manager", tiny_manager())
     first = handlers.on_start(form, "en", *widget_values(demo_config(output_dir=str(tmp_path))))
     assert "started" in first[form.run_notice] and first[form.start]["interactive"] is False
     second = handlers.on_start(form, "en", *widget_values(demo_config(output_dir=str(tmp_path))))  # another tab
     assert "already in progress" in second[form.run_notice]
-    said_run(handlers.MANAGER.current())
-    stopping = handlers.on_stop()
+    said_run(form.app.manager.current())
+    stopping = handlers.on_stop(form.app)
     assert "Stopping" in stopping and f'id="{live.RUN_NOTE}"' in stopping  # a run notice: the poll clears it at the end
-    assert handlers.MANAGER.current().wait(60)
-    assert [e["status"] for e in handlers.MANAGER.current().events_since(0) if e["kind"] == "done"] == ["stopped"]
-    assert "No run" in handlers.on_stop()
+    assert form.app.manager.current().wait(60)
+    assert [e["status"] for e in form.app.manager.current().events_since(0) if e["kind"] == "done"] == ["stopped"]
+    assert "No run" in handlers.on_stop(form.app)
 
 
 def test_live_update_reattaches_and_skips_when_nothing_changed(monkeypatch, page, tmp_path):
     p = page.memtune_live
-    monkeypatch.setattr(live, "MANAGER", tiny_manager())
-    job = said_run(live.MANAGER.start(demo_config(output_dir=str(tmp_path))))
+    monkeypatch.setattr(page.memtune_app, "manager", tiny_manager())
+    job = said_run(page.memtune_app.manager.start(demo_config(output_dir=str(tmp_path))))
     out = live.live_update(p, {})
     progress, log, state = out[p.progress], out[p.log], out[p.state]
     assert 'data-state="running"' in progress and "run folder" in log
@@ -357,8 +357,7 @@ def test_a_failed_run_clears_its_notice_and_its_bar_says_failed(monkeypatch, pag
 
     p = page.memtune_live
     manager = JobManager(program=[sys.executable, "-c", "raise SystemExit(3)"])
-    monkeypatch.setattr(handlers, "MANAGER", manager)
-    monkeypatch.setattr(live, "MANAGER", manager)
+    monkeypatch.setattr(page.memtune_app, "manager", manager)  # the one state every handler of the page acts on
     started = handlers.on_start(form, "en", *widget_values(demo_config(output_dir=str(tmp_path))))
     assert "started" in started[form.run_notice]
     job = manager.current()
@@ -824,7 +823,7 @@ def test_result_shows_predicted_and_measured_peaks_side_by_side():
 
 
 def test_live_update_marks_the_prediction_on_the_gauge(monkeypatch, page):
-    monkeypatch.setattr(live, "MANAGER", JobManager())  # nothing running
+    monkeypatch.setattr(page.memtune_app, "manager", JobManager())  # nothing running
     gauge = live.live_update(page.memtune_live, {}, "pt", {"gib": 1.63}, 8)[page.memtune_live.gauge]
     assert 'data-predicted="1.630"' in gauge and "placa hipotética de 8 GiB" in gauge
 
@@ -843,7 +842,7 @@ def test_gauge_shows_every_gpu_and_marks_the_runs():
 
 def test_live_gauge_draws_the_settings_gpus(monkeypatch, page):
     p = page.memtune_live
-    monkeypatch.setattr(live, "MANAGER", JobManager())  # nothing running
+    monkeypatch.setattr(page.memtune_app, "manager", JobManager())  # nothing running
     monkeypatch.setattr(live, "read_gpus", lambda: ([{"index": i, "name": "G", "used_gib": 1.0, "total_gib": 24.0}
                                                      for i in range(4)], ""))
     gauge = live.live_update(p, {}, "en", {"gib": 5.0, "gpus": 2}, 8)[p.gauge]
@@ -986,7 +985,7 @@ def test_resume_from_history_continues_the_step_count(tmp_path, monkeypatch, dem
     assert result.status == "completed", result.message
     (Path(result.run_dir) / "checkpoints" / "checkpoint-10" / COMPLETE_MARKER).unlink()  # as if it died after 5
     manager = JobManager()
-    monkeypatch.setattr(history, "MANAGER", manager)
+    monkeypatch.setattr(page.memtune_app, "manager", manager)
     h = page.memtune_history
     res = history.on_history_resume(form, h, "en", result.run_dir)
     assert "Resuming cut from checkpoint-5" in res[h.note] and res[h.main_tabs].selected == "tab-train"
@@ -1014,7 +1013,7 @@ def test_delete_asks_first_and_refuses_a_running_run(tmp_path, monkeypatch, engi
     asked = history_of(page, history.on_history_delete, "en", run)
     row, text = asked["confirm_row"], asked["confirm_text"]
     assert row["visible"] and "Delete copy?" in text and (out / "copy").is_dir()  # nothing deleted yet
-    monkeypatch.setattr(history.MANAGER, "is_running", lambda p: Path(p).resolve() == Path(run).resolve())
+    monkeypatch.setattr(page.memtune_app.manager, "is_running", lambda p: Path(p).resolve() == Path(run).resolve())
     refused = history_of(page, history.on_history_delete_yes, "en", run, str(out))
     assert "still running" in refused["note"] and (out / "copy").is_dir()
     monkeypatch.undo()
@@ -1025,9 +1024,8 @@ def test_delete_asks_first_and_refuses_a_running_run(tmp_path, monkeypatch, engi
 
 @pytest.mark.filterwarnings("ignore:A training run is in progress", "ignore:Pick an adapter", "ignore:Type a prompt")
 def test_try_it_streams_two_answers_and_refuses_during_training(engine_run, monkeypatch, page, tmp_path):
-    from core.infer import COMPARER
-
     x = page.memtune_try_export
+    actions = x.app.manager.actions  # the page's own: its Try it child is ended at the end
 
     def ask(adapter, prompt, *rest):
         """(base, tuned, notice) at each step of the stream; None where a step leaves one as it is."""
@@ -1045,14 +1043,14 @@ def test_try_it_streams_two_answers_and_refuses_during_training(engine_run, monk
     assert "Pick an adapter" in ask(None, "hi", 8, 0, 0.9, 0, False)[-1][2]
     assert "Type a prompt" in ask(result.adapter_dir, "  ", 8, 0, 0.9, 0, False)[-1][2]
     busy = tiny_manager()
-    monkeypatch.setattr(tryexport, "MANAGER", busy)
+    monkeypatch.setattr(x.app, "manager", busy)
     busy.start(demo_config(output_dir=str(tmp_path / "busy")))
     refused = ask(result.adapter_dir, "hi", 8, 0, 0.9, 0, False)
     assert len(refused) == 1 and "A training run is in progress" in refused[0][2]
     busy.stop()
     assert busy.current().wait(60)
-    assert "Stopped" in tryexport.on_try_stop("en")
-    COMPARER.unload()
+    assert "Stopped" in tryexport.on_try_stop(x, "en")
+    actions.free()
 
 
 def test_try_it_says_when_an_answer_is_empty_and_why(engine_run, page, demo_tokenizer):
@@ -1060,7 +1058,7 @@ def test_try_it_says_when_an_answer_is_empty_and_why(engine_run, page, demo_toke
     as typed (the template off) with the adapter's own answer already at its end, so the adapter's next greedy
     token is its end of text. The note says which answer is empty and why that happens, in the page's language."""
     from core.i18n import t
-    from core.infer import COMPARER, format_prompt
+    from core.infer import format_prompt
 
     x = page.memtune_try_export
     out, result = engine_run
@@ -1081,7 +1079,7 @@ def test_try_it_says_when_an_answer_is_empty_and_why(engine_run, page, demo_toke
         said = t("try.empty_answer", lang, which=f"“{t('try.tuned', lang)}”")
         assert render.E(said) in note or said in note, (lang, note)
     assert "end-of-text" in final("en", typed, True)[2]
-    COMPARER.unload()
+    x.app.manager.actions.free()
 
 
 @pytest.mark.filterwarnings("ignore:Tick the confirmation", "ignore:Export failed", "ignore:No Hugging Face token")
@@ -1101,21 +1099,21 @@ def test_export_zip_merge_and_push_messages(engine_run, tmp_path, monkeypatch, p
     zipped = tryexport.on_zip(x, "en", result.adapter_dir)
     file = zipped[x.zip_file]
     assert file["visible"] and "adapter_model.safetensors" in zipfile.ZipFile(file["value"]).namelist()
-    assert "Tick the confirmation" in tryexport.on_merge("en", result.adapter_dir, str(tmp_path / "m"), False, False,
+    assert "Tick the confirmation" in tryexport.on_merge(x, "en", result.adapter_dir, str(tmp_path / "m"), False, False,
                                                      progress=None)
     seen = []
-    merged = tryexport.on_merge("en", result.adapter_dir, str(tmp_path / "m"), False, True,
+    merged = tryexport.on_merge(x, "en", result.adapter_dir, str(tmp_path / "m"), False, True,
                             progress=lambda f, desc=None: seen.append(f))
     assert "Merged model saved" in merged and (tmp_path / "m" / "config.json").is_file() and seen[-1] == 1.0
     # said under the Merge button, not in Export's notice at the top of the tab (issue 37)
     fns = list(page.fns.values()) if isinstance(page.fns, dict) else list(page.fns)
-    merging = next(f for f in fns if f.fn is tryexport.on_merge)
-    button = page.blocks[merging.targets[0][0]]
-    assert merging.outputs == [x.merge_note] and x.merge_note.parent is button.parent
-    siblings = button.parent.children
-    assert siblings.index(x.merge_note) == siblings.index(button) + 1
+    merging = next(f for f in fns if getattr(f.fn, "func", None) is tryexport.on_merge)
+    row = page.blocks[merging.targets[0][0]].parent  # the Merge button, its Stop beside it
+    assert merging.outputs == [x.merge_note] and x.merge_note.parent is row.parent
+    siblings = row.parent.children
+    assert siblings.index(x.merge_note) == siblings.index(row) + 1
     assert 'id="merge-note"' in merged
-    again = tryexport.on_merge("en", result.adapter_dir, str(tmp_path / "m"), False, True, progress=None)
+    again = tryexport.on_merge(x, "en", result.adapter_dir, str(tmp_path / "m"), False, True, progress=None)
     assert "already exists" in again  # core.export.adapter's own message
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)

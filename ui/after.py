@@ -15,8 +15,8 @@ from ui.form import FORM_QUEUE, Form
 from ui.validation import build_compare, curves_frame, draw_every_series, on_compare
 from ui.history import (HistoryTab, history_frame, history_open, on_history_delete, on_history_delete_yes,
                         on_history_load, on_history_refresh, on_history_resume, on_history_select)
-from ui.tryexport import (TryExportTab, adapter_dropdown, merge_into_choices, on_export_adapter, on_merge, on_push,
-                          on_try, on_try_stop, on_zip, token_info)
+from ui.tryexport import (TryExportTab, adapter_dropdown, merge_into_choices, on_action_stop, on_export_adapter,
+                          on_merge, on_push, on_try, on_try_stop, on_zip, token_info)
 
 
 @dataclass
@@ -49,8 +49,9 @@ def adapter_picker(tr: Any, L: Callable[..., str], label: str, prefix: str) -> t
 
 
 def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, output_dir: gr.components.Component,
-               form: Form) -> AfterTabs:
-    """The three tabs, inside build_ui's top-level gr.Tabs; their texts registered with `tr`."""
+               form: Form, app: Any) -> AfterTabs:
+    """The three tabs, inside build_ui's top-level gr.Tabs; their texts registered with `tr`. `app`: the
+    ui.state.AppState every handler acts on."""
     L = lambda key, **kw: t(key, lang0, **kw)  # noqa: E731
     quiet = dict(show_progress="hidden")
 
@@ -127,12 +128,15 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                                  label="export.replace")
                 confirm = tr.add(gr.Checkbox(value=False, label=L("export.merge_confirm"), elem_id="export-confirm"),
                                  label="export.merge_confirm")
-                merge_btn = tr.add(gr.Button(L("export.merge"), variant="primary", elem_id="export-merge-btn"),
-                                   value="export.merge")
+                with gr.Row():
+                    merge_btn = tr.add(gr.Button(L("export.merge"), variant="primary", elem_id="export-merge-btn",
+                                                 scale=3), value="export.merge")
+                    merge_stop = tr.add(gr.Button(L("try.stop"), variant="stop", elem_id="export-merge-stop-btn",
+                                                  scale=1), value="try.stop")
                 merge_note = gr.HTML(elem_id="export-merge-note")  # the merge's answer, under its button
         from ui.gguf import build_section as gguf_section  # GGUF files for llama.cpp / Ollama (ui/gguf.py)
 
-        gguf_section(lang0, tr, lang, exp_adapter, remote=exp_remote)
+        gguf_section(lang0, tr, lang, exp_adapter, app, remote=exp_remote)
 
     # ---------------- history ----------------
     with gr.Tab(L("tab.history"), id="tab-history", elem_id="tab-history") as history_tab:
@@ -175,7 +179,8 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                 settings = tr.add(gr.Code("", language="yaml", label=L("history.settings"), interactive=False,
                                           elem_id="history-settings", max_lines=18, visible=False),
                                   label="history.settings")  # shown once a run is picked
-        compare = build_compare(tr, lang0, lang, output_dir, history_tab, hist_refresh)  # ui/validation.py
+        compare = build_compare(tr, lang0, lang, output_dir, history_tab, hist_refresh,  # ui/validation.py
+                                        app.manager)
 
     # ---------------- events ----------------
     def refresh_adapters(current, out, lg):
@@ -186,24 +191,27 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
         btn.click(refresh_adapters, inputs=[dd, output_dir, lang], outputs=[dd], **quiet)
     x = TryExportTab(try_note=try_note, base=base_box, tuned=tuned_box, export_note=export_note, zip_file=zip_file,
                      merge_warning=merge_warning, merge_check=merge_check, merge_dir=merge_dir, token=token,
-                     merge_note=merge_note)
+                     merge_note=merge_note, app=app)
     asked = [lang, try_adapter, prompt, max_new, temperature, top_p, seed, raw, try_remote]
     for event in (send.click, prompt.submit):
         event(partial(on_try, x), inputs=asked, outputs=[base_box, tuned_box, try_note], show_progress="hidden")
-    stop.click(on_try_stop, inputs=[lang], outputs=[try_note], concurrency_limit=None, **quiet)
+    stop.click(partial(on_try_stop, x), inputs=[lang], outputs=[try_note], concurrency_limit=None, **quiet)
 
     exp_adapter.change(partial(on_export_adapter, x), inputs=[lang, exp_adapter],
                        outputs=[merge_warning, merge_check, merge_dir, merge_note],
                        **quiet)
     zip_btn.click(partial(on_zip, x), inputs=[lang, exp_adapter], outputs=[zip_file, export_note])
-    merge_btn.click(on_merge, inputs=[lang, exp_adapter, merge_dir, replace, confirm, merge_into, exp_remote],
-                    outputs=[merge_note])
+    merge_btn.click(partial(on_merge, x), inputs=[lang, exp_adapter, merge_dir, replace, confirm, merge_into,
+                                                  exp_remote], outputs=[merge_note])
+    # not queued behind the merge it stops; the merge's own handler then says it was stopped
+    merge_stop.click(partial(on_action_stop, x, "merge"), inputs=[lang], outputs=[merge_note],
+                     concurrency_limit=None, **quiet)
     push_btn.click(partial(on_push, x), inputs=[lang, exp_adapter, what, merge_dir, repo_id, private, token],
                    outputs=[export_note, token])
 
     h = HistoryTab(table=table, runs=runs_state, selected=selected, note=history_note, detail=detail,
                    plot=hist_plot, settings=settings, load=load_btn, resume=resume_btn, delete=delete_btn,
-                   confirm_row=confirm_row, confirm_text=confirm_text, main_tabs=main_tabs)
+                   confirm_row=confirm_row, confirm_text=confirm_text, main_tabs=main_tabs, app=app)
     refresh_out = [table, runs_state, history_note]
     detail_out = [detail, hist_plot, settings, load_btn, resume_btn, delete_btn]
     history_tab.select(partial(on_history_refresh, h), inputs=[lang, output_dir], outputs=refresh_out, **quiet)
@@ -234,7 +242,7 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
             picked = on_export_adapter(x, lg, exp)
             out[merge_warning], out[merge_check] = picked[merge_warning], picked[merge_check]
         if 'id="mt-compare"' in (shown or ""):  # a comparison on screen: said again, legend included
-            out[compare["plot"]], out[compare["tables"]] = on_compare(lg, compared)
+            out[compare["plot"]], out[compare["tables"]] = on_compare(app.manager, lg, compared)
         return out
 
     return AfterTabs(language_inputs=[output_dir, selected, exp_adapter, compare["picker"], compare["tables"]],

@@ -50,6 +50,7 @@ class Form:
     stop: Any  # the Stop button
     check_memory: Any  # gr.State: what each checklist box changed last (so unticking undoes it)
     budget: Any = None  # "Fit to my GPU"'s hypothetical card (GiB), without a GPU: not a TrainConfig field
+    app: Any = None  # ui.state.AppState: the manager Start and Stop act on
 
     @property
     def inputs(self) -> list[Any]:

@@ -5,12 +5,13 @@ written files and the exact `ollama` / `llama-cli` commands (core.export.gguf_ex
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import gradio as gr
 
 from core.i18n import t
-from core.jobs.manager import MANAGER
+from core.jobs.actions import ActionBusy
 from ui import render
 
 FORMAT_KEYS = {"f16": "gguf.format_f16", "bf16": "gguf.format_bf16", "q8_0": "gguf.format_q8_0"}
@@ -60,38 +61,57 @@ def on_gguf_plan(lang: str, adapter: str | None, formats: list[str] | None) -> s
     return _note(text, "ok" if plan.ok else "error")
 
 
-def on_gguf_export(lang: str, adapter: str | None, formats: list[str] | None, replace: bool,
+def on_gguf_export(app: Any, lang: str, adapter: str | None, formats: list[str] | None, replace: bool,
                    trust_remote_code: bool = False, progress: Any = gr.Progress()) -> tuple[str, Any]:
-    """Export with a progress bar; (notice with the files written, the commands to run them)."""
-    from core.export.gguf import GGUFError
-    from core.export.gguf_export import export_gguf
+    """Export with a progress bar, in a child process (core/jobs/actions.py); (notice with the files written, the
+    commands to run them). A child that dies or is stopped is a message here; the page keeps serving."""
+    from pathlib import Path
+
+    from ui.live import owner
+    from ui.tryexport import busy_text, failure, follow, said
 
     no_commands = gr.update(value="", visible=False)
     if not adapter:
         return _warn(t("try.pick_adapter", lang)), no_commands
     if not formats:
         return _warn(t("gguf.no_format", lang)), no_commands
-    if MANAGER.busy():
+    if app.manager.busy():
         return _warn(t("export.busy_training", lang)), no_commands
+    from core.infer import adapter_config, asks_remote_code
 
-    def report(fraction: float, message: str) -> None:
-        if progress is not None:
-            progress(fraction, desc=message)
-
+    if asks_remote_code(adapter) and not trust_remote_code:  # said here, before any process starts
+        return _warn(t("try.remote_code_needed", lang, model=adapter_config(adapter).model)), no_commands
     try:
-        result = export_gguf(adapter_dir=adapter, formats=formats, progress=report, overwrite=bool(replace),
-                             trust_remote_code=bool(trust_remote_code))
-    except GGUFError as exc:
-        return _warn(t("export.failed", lang, message=exc), "error"), no_commands
-    except Exception as exc:  # noqa: BLE001 - nothing crashes the page
-        return _warn(t("export.failed", lang, message=f"{type(exc).__name__}: {exc}"), "error"), no_commands
-    files = [*result.files.values(), result.modelfile, result.readme]
+        action = app.manager.actions.start("gguf", {"adapter": adapter, "formats": list(formats),
+                                                    "overwrite": bool(replace),
+                                                    "trust_remote_code": bool(trust_remote_code)}, owner())
+    except ActionBusy as exc:
+        return _warn(busy_text(exc, lang)), no_commands
+    for e in follow(action):
+        if e.get("kind") == "phase" and progress is not None:
+            progress(e.get("progress") or 0.0, desc=said(e, lang))
+    done = action.result() or {}
+    if done.get("status") != "completed":
+        if action.stopped:
+            return _warn(failure(action, lang)), no_commands
+        return _warn(t("export.failed", lang, message=failure(action, lang)), "error"), no_commands
+    files = [*map(Path, done["files"].values()), Path(done["modelfile"]), Path(done["readme"])]
     listing = ", ".join(f"{p.name} ({_size(p.stat().st_size, lang)})" for p in files)
-    return (_note(t("gguf.done", lang, path=result.out_dir, files=listing), "ok", "gguf-status-note"),
-            gr.update(value="\n".join(result.commands), visible=True))
+    return (_note(t("gguf.done", lang, path=done["out_dir"], files=listing), "ok", "gguf-status-note"),
+            gr.update(value="\n".join(done["commands"]), visible=True))
 
 
-def build_section(lang0: str, tr: Any, lang: gr.Dropdown, adapter: gr.Dropdown, remote: Any = None) -> list[Any]:
+def on_gguf_stop(app: Any, lang: str) -> str:
+    """Stop the asker's GGUF export: its child is ended (the export handler then says so)."""
+    from ui.live import owner
+
+    if app.manager.actions.stop(owner(), "gguf") is None:
+        return ""
+    return _note(t("action.stopped", lang, what=t("action.what_gguf", lang)), "warn", "gguf-status-note")
+
+
+def build_section(lang0: str, tr: Any, lang: gr.Dropdown, adapter: gr.Dropdown, app: Any,
+                  remote: Any = None) -> list[Any]:
     """The GGUF widgets and their events; returns the components a language switch re-renders."""
     tr.add(gr.Markdown(f"#### {t('gguf.title', lang0)}\n{t('gguf.intro', lang0)}", elem_id="gguf-title"),
            value=lambda lg: f"#### {t('gguf.title', lg)}\n{t('gguf.intro', lg)}")
@@ -102,13 +122,20 @@ def build_section(lang0: str, tr: Any, lang: gr.Dropdown, adapter: gr.Dropdown, 
         replace = tr.add(gr.Checkbox(value=False, label=t("gguf.replace", lang0), elem_id="gguf-replace", scale=1),
                          label="gguf.replace")
     plan = gr.HTML(elem_id="gguf-plan")
-    button = tr.add(gr.Button(t("gguf.export", lang0), variant="primary", elem_id="gguf-export-btn"),
-                    value="gguf.export")
+    with gr.Row():
+        button = tr.add(gr.Button(t("gguf.export", lang0), variant="primary", elem_id="gguf-export-btn", scale=3),
+                        value="gguf.export")
+        stop = tr.add(gr.Button(t("try.stop", lang0), variant="stop", elem_id="gguf-stop-btn", scale=1),
+                      value="try.stop")
     status = gr.HTML(elem_id="gguf-status")
     commands = tr.add(gr.Code("", language="shell", label=t("gguf.commands", lang0), interactive=False,
                               visible=False, elem_id="gguf-commands"), label="gguf.commands")
     for trigger in (adapter.change, formats.change, lang.change):  # a language switch re-writes the plan too
         trigger(on_gguf_plan, inputs=[lang, adapter, formats], outputs=[plan], show_progress="hidden")
-    button.click(on_gguf_export, inputs=[lang, adapter, formats, replace] + ([remote] if remote is not None else []),
+    asked = [lang, adapter, formats, replace] + ([remote] if remote is not None else [])
+    button.click(partial(on_gguf_export, app), inputs=asked,
                  outputs=[status, commands])  # remote: the tab's trust_remote_code tick (ui/after.py)
+    # not queued behind the export it stops (Gradio's default concurrency of one per event would wait for it)
+    stop.click(partial(on_gguf_stop, app), inputs=[lang], outputs=[status], concurrency_limit=None,
+               show_progress="hidden")
     return [formats, plan]

@@ -18,7 +18,7 @@ from core.config import presets
 from core.estimate.predict import FIT_MARGIN, fit_preset
 from core.config.settings import SAFE_NAME, ConfigError, TrainConfig, demo_config, field_problems
 from core.i18n import DEFAULT_LANGUAGE, t
-from core.jobs.manager import MANAGER, JobBusy
+from core.jobs.manager import JobBusy
 from core.runs.public import is_public
 from ui import render
 from ui.derive import CUSTOM, budget_problem, hardware, row_tokens, run_gpus, toggled, valid_budget, world_size
@@ -218,26 +218,27 @@ def on_start(form: Form, lang: str, *values) -> Updates:
     if cfg is None or problems:
         gr.Warning(t("msg.not_started", lang, n=len(problems)))
         return {form.run_notice: render.problems_html(problems, t("msg.not_started_title", lang), lang)}
-    free_try_model()
+    manager = form.app.manager
+    free_try_model(manager)
     try:
-        job = start_run(cfg, MANAGER)  # public mode: into the queue, within the Space owner's limits
+        job = start_run(cfg, manager)  # public mode: into the queue, within the Space owner's limits
     except JobBusy as exc:
-        msg = busy_message(exc, lang, MANAGER)
+        msg = busy_message(exc, lang, manager)
         gr.Warning(msg)
         return {form.run_notice: render.message_html(msg, "warn")}
-    place = MANAGER.position(job) if job.waiting else None
+    place = manager.position(job) if job.waiting else None
     said = (t("msg.queued", lang, id=job.id, position=place[0]) if place else
             t("msg.started", lang, id=job.id, model=cfg.model, dataset=shown(cfg.dataset)))
     return {form.run_notice: render.message_html(said, "ok", RUN_NOTE),
             form.start: gr.update(interactive=False), form.stop: gr.update(interactive=True)}
 
 
-def on_stop(lang: str = DEFAULT_LANGUAGE) -> str:
+def on_stop(app: Any, lang: str = DEFAULT_LANGUAGE) -> str:
     """First Stop: end after the current step and save. Pressed again while stopping: end the process now."""
     who = owner()  # public mode: only the visitor's own run; another visitor's is not theirs to stop
-    was_stopping = (job := MANAGER.current(who)) is not None and job.stopping
+    was_stopping = (job := app.manager.current(who)) is not None and job.stopping
     was_waiting = job is not None and job.waiting
-    job = MANAGER.stop(who)
+    job = app.manager.stop(who)
     if job is None:
         return render.message_html(t("msg.no_run", lang), "info")
     if was_waiting:
@@ -250,25 +251,25 @@ def space_owner() -> bool:
     return is_public() and owner() is None
 
 
-def owner_jobs(lang: str = DEFAULT_LANGUAGE) -> tuple[Any, Any]:
+def owner_jobs(app: Any, lang: str = DEFAULT_LANGUAGE) -> tuple[Any, Any]:
     """The owner's row: visible to the Space owner only, listing every job running or queued ("#7 visitor-... ·
     model"); hidden, and empty, for anyone else."""
     if not space_owner():
         return gr.update(visible=False), gr.update(choices=[], value=None)
-    running, waiting = MANAGER.queue()
+    running, waiting = app.manager.queue()
     choices = [(f"#{j.id} · {t('queue.owner_running' if j.running else 'queue.owner_waiting', lang)} · "
                 f"{j.owner or '-'} · {j.config.model}", j.id) for j in running + waiting]
     return gr.update(visible=True), gr.update(choices=choices, value=choices[0][1] if choices else None)
 
 
-def on_owner_stop(job_id: Any, lang: str = DEFAULT_LANGUAGE) -> tuple[str, Any, Any]:
+def on_owner_stop(app: Any, job_id: Any, lang: str = DEFAULT_LANGUAGE) -> tuple[str, Any, Any]:
     """The Space owner's Stop of the job picked, running (ends after its step and saves) or queued (leaves the
     queue); refused to anyone else, whatever they send."""
     if not space_owner():
-        return render.message_html(t("queue.owner_only", lang), "error"), *owner_jobs(lang)
-    job = MANAGER.stop(job_id=int(job_id)) if isinstance(job_id, (int, float)) else None
+        return render.message_html(t("queue.owner_only", lang), "error"), *owner_jobs(app, lang)
+    job = app.manager.stop(job_id=int(job_id)) if isinstance(job_id, (int, float)) else None
     said = (t("queue.owner_stopped", lang, id=job.id) if job is not None else t("msg.no_run", lang))
-    return render.message_html(said, "warn" if job is not None else "info"), *owner_jobs(lang)
+    return render.message_html(said, "warn" if job is not None else "info"), *owner_jobs(app, lang)
 
 
 # --- save / load settings ----------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import gradio as gr
 import pandas as pd
 
 from core.i18n import t
-from core.jobs.manager import MANAGER, JobBusy
+from core.jobs.manager import JobBusy
 from ui import render
 from ui.derive import predicted_peaks
 from ui.form import Form, Updates, apply_config
@@ -43,13 +43,14 @@ class HistoryTab:
     confirm_row: Any  # the delete confirmation (hidden until asked)
     confirm_text: Any
     main_tabs: Any  # the page's top-level tabs (load and resume show the Train tab)
+    app: Any = None  # ui.state.AppState: the manager that says which run is running, and resumes one
 
 
-def history_rows(output_dir: str | None) -> list[Any]:
+def history_rows(output_dir: str | None, manager: Any) -> list[Any]:
     """core.runs.history.RunInfo of every run, newest first; the running job (if any) asked through the job manager."""
     from core.runs.history import list_runs
 
-    return list_runs(runs_folder(output_dir), is_running=MANAGER.is_running)
+    return list_runs(runs_folder(output_dir), is_running=manager.is_running)
 
 
 def history_frame(runs: list[Any], lang: str) -> pd.DataFrame:
@@ -67,7 +68,7 @@ def history_frame(runs: list[Any], lang: str) -> pd.DataFrame:
 
 def on_history_refresh(h: HistoryTab, lang: str, output_dir: str | None) -> Updates:
     """The table, the run folders in table order, and a notice when there is nothing to show."""
-    runs = history_rows(output_dir)
+    runs = history_rows(output_dir, h.app.manager)
     empty = note(t("history.empty", lang, dir=runs_folder(output_dir)), "info", "history-note") if not runs else ""
     return {h.table: history_frame(runs, lang), h.runs: [r.run_dir for r in runs], h.note: empty}
 
@@ -84,7 +85,7 @@ def history_open(h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
     try:
         if (refusal := public_refusal((run_dir, "the run"))):
             raise HistoryError(refusal)
-        detail = load_run(run_dir, is_running=MANAGER.is_running)
+        detail = load_run(run_dir, is_running=h.app.manager.is_running)
     except HistoryError as exc:
         return {h.detail: warn(str(exc), "history-note"), **closed}
     running = detail.info.status == "running"
@@ -161,11 +162,12 @@ def on_history_resume(form: Form, h: HistoryTab, lang: str, run_dir: str | None)
     from core.runs.folders import latest_checkpoint
 
     checkpoint = latest_checkpoint(Path(run_dir))
-    free_try_model()
+    manager = h.app.manager
+    free_try_model(manager)
     try:
-        start_run(cfg, MANAGER)  # public mode: into the queue, as Start does
+        start_run(cfg, manager)  # public mode: into the queue, as Start does
     except JobBusy as exc:
-        return {h.note: warn(busy_message(exc, lang, MANAGER), "history-note")}
+        return {h.note: warn(busy_message(exc, lang, manager), "history-note")}
     msg = t("history.resuming", lang, name=Path(run_dir).name, checkpoint=checkpoint.name if checkpoint else "-")
     return to_train_tab(form, h, cfg, lang, msg, "ok")
 
@@ -187,7 +189,7 @@ def on_history_delete_yes(h: HistoryTab, lang: str, run_dir: str | None, output_
     if not run_dir:
         return {**hide, h.note: warn(t("history.pick", lang), "history-note")}
     try:
-        path = delete_run(run_dir, runs_folder(output_dir), is_running=MANAGER.is_running)
+        path = delete_run(run_dir, runs_folder(output_dir), is_running=h.app.manager.is_running)
     except HistoryError as exc:
         return {**hide, **on_history_refresh(h, lang, output_dir),
                 h.note: warn(t("history.delete_refused", lang, message=exc), "history-note", "error")}

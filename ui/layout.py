@@ -36,6 +36,7 @@ from ui.derive import (DEFAULT_BUDGET_GIB, hardware, initial_config, prediction,
 from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
 from ui.form import FORM_QUEUE, Form, derived, facts_for, merged, prediction_state, read_config
 from ui.live import LivePanel, live_update, loss_frame, read_gpus
+from ui.state import AppState
 from ui.theme import GRADIO_LOCALE_JS, GRADIO_LOCALES, TABS_KW
 from ui.validation import draw_every_series
 
@@ -102,10 +103,12 @@ def gpus_note(lang: str = DEFAULT_LANGUAGE) -> str:
     return t("training.gpus_many", lang, n=n) if n > 1 else t("training.gpus_one" if n else "training.gpus_none", lang)
 
 
-def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
-    """Build the page without launching it. For tests it carries `memtune_form` (ui.form.Form), `memtune_live`
-    (ui.live.LivePanel), `memtune_history` (ui.history.HistoryTab), `memtune_fields` (field name -> widget) and
-    `memtune_translations`."""
+def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) -> gr.Blocks:
+    """Build the page without launching it. `app`: the state every handler acts on (its job manager), built once by
+    app.py (None: a fresh one, for a test). For tests it carries `memtune_app` (ui.state.AppState), `memtune_form`
+    (ui.form.Form), `memtune_live` (ui.live.LivePanel), `memtune_history` (ui.history.HistoryTab), `memtune_fields`
+    (field name -> widget) and `memtune_translations`."""
+    app = app or AppState()
     cfg0 = initial or initial_config()
     v0 = to_values(cfg0)
     lang0 = DEFAULT_LANGUAGE
@@ -305,8 +308,8 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
             form = Form(fields=FIELDS, summary=summary, prediction=pred_state, checks=checks, facts=facts,
                         preset=preset, code_py=code_py, code_cli=code_cli, fit_note=fit_note, preview=preview_out,
                         run_notice=notice, config_notice=cfg_notice, config_list=cfg_list, start=start_btn,
-                        stop=stop_btn, check_memory=check_memory, budget=budget)
-            tabs = build_tabs(lang0, tr, main_tabs, lang, FIELDS["output_dir"], form)
+                        stop=stop_btn, check_memory=check_memory, budget=budget, app=app)
+            tabs = build_tabs(lang0, tr, main_tabs, lang, FIELDS["output_dir"], form, app)
         wire_form(form, lang, budget, demo_btn, chapter_btn, refresh_btn, preview_btn, upload, save_btn, cfg_name,
                   load_btn, fit_btn)
         # The saved settings, listed again each time their tab opens: the page was built once, for everybody (public
@@ -326,7 +329,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
         # from before that click back on screen (summary, ticks, facts, gauge).
         demo.load(on_page_load, inputs=form.inputs, outputs=form.derived_outputs, show_progress="hidden", **FORM_QUEUE)
         live = LivePanel(gauge=gauge, progress=progress, plot=loss_plot, log=log, result=result, download=download,
-                         start=start_btn, stop=stop_btn, state=tab_state, notice=notice)
+                         start=start_btn, stop=stop_btn, state=tab_state, notice=notice, app=app)
         poll = partial(live_update, live, output_dir=cfg0.output_dir)
         timer = gr.Timer(1.0)
         polled = [tab_state, lang, pred_state, budget, notice]
@@ -338,11 +341,12 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
                        queue=False)
         timer.tick(poll, api_name="poll", **polling)
         # the owner's row: shown on load to the Space owner only, its jobs re-read whenever the list is opened
-        demo.load(handlers.owner_jobs, inputs=[lang], outputs=[owner_row, owner_job], show_progress="hidden",
+        owner_jobs = partial(handlers.owner_jobs, app)
+        demo.load(owner_jobs, inputs=[lang], outputs=[owner_row, owner_job], show_progress="hidden",
                   queue=False)
-        owner_job.focus(handlers.owner_jobs, inputs=[lang], outputs=[owner_row, owner_job], show_progress="hidden",
+        owner_job.focus(owner_jobs, inputs=[lang], outputs=[owner_row, owner_job], show_progress="hidden",
                         queue=False)
-        owner_stop.click(handlers.on_owner_stop, inputs=[owner_job, lang], outputs=[notice, owner_row, owner_job])
+        owner_stop.click(partial(handlers.on_owner_stop, app), inputs=[owner_job, lang], outputs=[notice, owner_row, owner_job])
         demo.load(lambda s, lg, p, b, n: poll({}, lg, p, b, n), inputs=polled, outputs=live.outputs,
                   show_progress="hidden")
         # New settings, new predicted peak: the gauge follows at once, not at the next tick (a checklist click moved it
@@ -382,6 +386,7 @@ def build_ui(initial: TrainConfig | None = None) -> gr.Blocks:
             # The page's own plumbing, as Gradio's api_name=False makes it: left public, each of ~140 listeners is a
             # documented endpoint whose description (2.3 MB in all) every page load copies and embeds in its HTML.
             fn.api_visibility = "private"
+    demo.memtune_app = app
     demo.memtune_form = form
     demo.memtune_live = live
     demo.memtune_history = tabs.history
@@ -447,4 +452,4 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
                  queue=False)
     form.start.click(partial(handlers.on_start, form), inputs=[lang, *inputs],
                      outputs=[form.run_notice, form.start, form.stop], api_name="start")
-    form.stop.click(handlers.on_stop, inputs=[lang], outputs=[form.run_notice], api_name="stop")
+    form.stop.click(partial(handlers.on_stop, form.app), inputs=[lang], outputs=[form.run_notice], api_name="stop")

@@ -16,7 +16,7 @@ import gradio as gr
 import pandas as pd
 
 from core.i18n import DEFAULT_LANGUAGE, t
-from core.jobs.manager import MANAGER, Job, JobBusy, latest_run_dir
+from core.jobs.manager import Job, JobBusy, latest_run_dir
 from core.jobs.view import job_view, predicted_wait
 from ui import render
 from ui.derive import predicted_peaks, run_gpus, valid_budget
@@ -97,6 +97,7 @@ class LivePanel:
     stop: Any
     state: Any  # gr.State: what this page was last sent (fingerprints), so unchanged parts are not re-sent
     notice: Any = None  # Start / Stop's notice ("Run 2 started", "Stopping"): cleared once that run has ended
+    app: Any = None  # ui.state.AppState: the manager whose jobs this panel shows
 
     @property
     def outputs(self) -> list[Any]:
@@ -111,12 +112,11 @@ def owner() -> str | None:
     return visitor()
 
 
-def start_run(cfg, manager=None) -> Job:
+def start_run(cfg, manager) -> Job:
     """Start `cfg` for whoever asks: public mode, in the queue, within the Space owner's limits (JobBusy beyond);
     otherwise at once, or JobBusy while a run goes on."""
     from core.runs.public import disk_used, is_public, limits, prune_visitors
 
-    manager = manager or MANAGER
     who = owner()
     if not (is_public() and who):
         return manager.start(cfg)
@@ -128,7 +128,7 @@ def start_run(cfg, manager=None) -> Job:
     return manager.start(cfg, owner=who, queue=True, per_owner=lim.jobs or None, max_s=lim.minutes * 60 or None)
 
 
-def busy_message(exc: JobBusy, lang: str, manager=None) -> str:
+def busy_message(exc: JobBusy, lang: str, manager) -> str:
     """Why a Start was refused, in the page's language (never naming another visitor's run)."""
     from core.runs.public import disk_used
 
@@ -136,7 +136,7 @@ def busy_message(exc: JobBusy, lang: str, manager=None) -> str:
         return t("msg.own_limit", lang, n=exc.limit)
     if exc.reason == "disk":
         return t("msg.disk_limit", lang, used=f"{disk_used() / 2**30:.2f}", limit=exc.limit)
-    running = (manager or MANAGER).current()
+    running = manager.current()
     return t("msg.one_job", lang, model=running.config.model if running else "?")
 
 
@@ -160,13 +160,14 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
     state = dict(state or {})
     sent = dict(state.get("sent") or {})
     who = owner()
-    job = MANAGER.current(who)
+    manager = panel.app.manager
+    job = manager.current(who)
     if job is not None and not job.active and job.run_dir and not Path(job.run_dir).is_dir():
         job = None  # its folder was deleted (History): its adapter and zip are no longer offered
     if job is None and output_dir and not state.get("looked_for_old"):
         state["looked_for_old"] = True
         last = latest_run_dir(runs_folder(output_dir))  # public mode: the visitor's own folder
-        job = MANAGER.load_run(last, who) if last else None
+        job = manager.load_run(last, who) if last else None
     gpus, message = read_gpus()
     running = job is not None and job.running
     predicted = (pred or {}).get("gib")
@@ -186,11 +187,11 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
                            (job.id if job else None, len(v.losses), v.losses[-1] if v.losses else None,
                             len(v.eval_losses), lang))
     tail = v.log[-LOG_LINES:]
-    place = MANAGER.position(job) if job is not None and job.waiting else None
-    progress = (render.queue_html(place[0], predicted_wait(place[1], MANAGER.seconds_per_step), lang) if place
+    place = manager.position(job) if job is not None and job.waiting else None
+    progress = (render.queue_html(place[0], predicted_wait(place[1], manager.seconds_per_step), lang) if place
                 else render.progress_html(v, lang))
     if is_public() and who is None:  # the Space owner: the whole queue
-        progress += render.queue_list_html(*MANAGER.queue(), lang)
+        progress += render.queue_list_html(*manager.queue(), lang)
     outputs[panel.progress] = (shown(progress), None)
     from ui.validation import answers_html  # issue 22: what the model answers now, as evals land
 

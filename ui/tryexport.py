@@ -1,8 +1,9 @@
 """The "Try it" and "Export" tabs' handlers (tested without a browser; their layout is ui/after.py's). They take
 the `TryExportTab` first and return (or, for Try it, stream) updates keyed by its components.
 
-- Try it: base vs base + adapter side by side, streaming (a generator over core.infer.COMPARER.compare). One
-  model for the process; refused while a training run uses the machine. Stop ends the answer at the next token.
+- Try it: base vs base + adapter side by side, streaming from a child process that keeps the model loaded between
+  prompts (core/jobs/actions.py; the web server never loads a model); refused while a training run uses the machine.
+  Stop ends that child; a child that dies is a message here, and the next prompt starts a fresh one.
 - Export: the adapter as a zip; a merged bf16 model (warning, memory check, a confirmation tick, progress);
   a push to the Hub with a token from $HF_TOKEN or typed into a password box (used for that push only: never
   kept in the page state, written anywhere or logged).
@@ -10,6 +11,7 @@ the `TryExportTab` first and return (or, for Try it, stream) updates keyed by it
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -17,11 +19,13 @@ from typing import Any, Iterator
 import gradio as gr
 
 from core.i18n import DEFAULT_LANGUAGE, t
-from core.jobs.manager import MANAGER
+from core.jobs.actions import ActionBusy
+from ui.live import owner
 from ui import render
 from ui.notices import note, public_refusal, runs_folder, warn
 
 Updates = dict[Any, Any]  # component -> new value or gr.update(...)
+POLL_S = 0.1  # how often a handler reads its action's new events
 
 
 @dataclass(eq=False)
@@ -38,6 +42,7 @@ class TryExportTab:
     merge_dir: Any  # the merged model's folder
     token: Any  # the typed Hub token (cleared after each push)
     merge_note: Any = None  # the merge's answer, under the Merge button (not Export's notice at the top of the tab)
+    app: Any = None  # ui.state.AppState: the manager whose children run the models
 
 
 # --- try it ---------------------------------------------------------------------------------------------------------
@@ -53,16 +58,61 @@ def adapter_dropdown(output_dir: str | None, current: str | None = None, lang: s
                      info=None if choices else t("try.no_adapters", lang))
 
 
+def said(event: dict[str, Any], lang: str) -> str:
+    """An action's event in the page's language: its locale key when it has one (core.messages.keyed), the end of the
+    child's log after it; else the child's own message (a library's words)."""
+    if event.get("key"):
+        params = dict(event.get("params") or {})
+        if "what" in params and event.get("what"):
+            params["what"] = t(f"action.what_{event['what']}", lang)
+        text = t(event["key"], lang, **params)
+    else:
+        text = str(event.get("message") or "")
+    return text + (f"\n{event['tail']}" if event.get("tail") else "")
+
+
+def busy_text(exc: ActionBusy, lang: str) -> str:
+    if exc.what == "try":
+        return t("action.busy_try", lang)
+    return t("action.busy", lang, what=t(f"action.what_{exc.what}", lang))
+
+
+def failure(action: Any, lang: str, request: int | None = None) -> str:
+    """Why an action (or one of a Try it child's requests) failed: its error event, else its `done` message."""
+    events = action.events_since(0)
+    error = next((e for e in reversed(events) if e.get("kind") == "error"
+                  and (request is None or e.get("request") in (None, request))), None)
+    if error is not None:
+        return said(error, lang)
+    done = action.result() or {}
+    return said(done, lang) or t("action.died", lang, what=t(f"action.what_{action.kind}", lang), how="?")
+
+
+def follow(action: Any, since: int = 0) -> Iterator[dict[str, Any]]:
+    """The action's events as they arrive, until its child has ended and every event is read."""
+    while True:
+        ended = not action.running  # read before the events: after the end, the last events are in
+        events = action.events_since(since)
+        since += len(events)
+        yield from events
+        if ended:
+            return
+        time.sleep(POLL_S)
+
+
 def on_try(x: TryExportTab, lang: str, adapter: str | None, prompt: str, max_new_tokens: float, temperature: float,
            top_p: float, seed: float, raw: bool, trust_remote_code: bool = False) -> Iterator[Updates]:
     """Stream the base answer and the base + adapter answer for one prompt; refusals and errors as the notice.
-    An adapter trained with trust_remote_code loads only after the tab's own tick (trust_remote_code)."""
-    from core.infer import COMPARER, InferError, adapter_config, asks_remote_code
+    An adapter trained with trust_remote_code loads only after the tab's own tick (trust_remote_code). The model
+    runs in a child process (core/jobs/actions.py), loaded once per adapter; its death is a message here."""
+    from core.infer import InferError, adapter_config, asks_remote_code
+
+    manager = x.app.manager
 
     def refused(text: str, kind: str = "warn") -> Updates:
         return {x.try_note: warn(text, "try-note", kind)}
 
-    if MANAGER.busy():
+    if manager.busy():
         yield refused(t("try.refused_training", lang))
         return
     if not adapter:
@@ -79,21 +129,36 @@ def on_try(x: TryExportTab, lang: str, adapter: str | None, prompt: str, max_new
     if asks_remote_code(adapter) and not trust_remote_code:
         yield refused(t("try.remote_code_needed", lang, model=model))
         return
+    try:
+        action = manager.actions.try_child(adapter, bool(trust_remote_code), owner())
+    except ActionBusy as exc:
+        yield refused(busy_text(exc, lang))
+        return
+    since = len(action.events_since(0))  # a loaded child's earlier answers are not this prompt's
     yield {x.base: "", x.tuned: "", x.try_note: note(t("try.loading", lang, model=model, path=adapter), "info",
                                                      "try-note")}
-    base = tuned = ""
     try:
-        for base, tuned in COMPARER.compare(adapter, prompt, max_new_tokens=int(max_new_tokens),
-                                            temperature=float(temperature), top_p=float(top_p), seed=int(seed or 0),
-                                            template=not raw, trust_remote_code=bool(trust_remote_code)):
+        n = action.ask(prompt=prompt, max_new_tokens=int(max_new_tokens), temperature=float(temperature),
+                       top_p=float(top_p), seed=int(seed or 0), template=not raw)
+    except OSError as exc:  # its folder went with it: the child ended between the pick and the prompt
+        yield refused(t("msg.error", lang, message=f"{failure(action, lang) if not action.running else exc}"), "error")
+        return
+    base = tuned = ""
+    answered = None
+    for e in follow(action, since):
+        if e.get("request") != n:
+            continue
+        if e.get("kind") == "answer":
+            base, tuned = e.get("base", ""), e.get("tuned", "")
             yield {x.base: base, x.tuned: tuned}
-    except InferError as exc:
-        yield {x.base: base, x.tuned: tuned, **refused(str(exc), "error")}
+        elif e.get("kind") == "answered":
+            answered = e
+            break
+    if answered is None or answered.get("status") != "completed":  # the child died or was stopped, or refused
+        kind = "warn" if action.stopped else "error"
+        yield {x.base: base, x.tuned: tuned, **refused(failure(action, lang, n), kind)}
         return
-    except Exception as exc:  # noqa: BLE001 - a crash in generation must not take the page with it
-        yield {x.base: base, x.tuned: tuned,
-               **refused(t("msg.error", lang, message=f"{type(exc).__name__}: {exc}"), "error")}
-        return
+    base, tuned = answered.get("base", base), answered.get("tuned", tuned)
     empty = [t(k, lang) for k, text in (("try.tuned", tuned), ("try.base", base)) if not (text or "").strip()]
     if empty:  # "Done." beside an empty box read as a broken page: say what happened and why it can
         yield {x.base: base, x.tuned: tuned,
@@ -103,27 +168,26 @@ def on_try(x: TryExportTab, lang: str, adapter: str | None, prompt: str, max_new
     yield {x.base: base, x.tuned: tuned, x.try_note: note(t("try.done", lang), "ok", "try-note")}
 
 
-def on_try_stop(lang: str = DEFAULT_LANGUAGE) -> str:
-    from core.infer import COMPARER
-
-    COMPARER.stop()
+def on_try_stop(x: TryExportTab, lang: str = DEFAULT_LANGUAGE) -> str:
+    """Stop: the asker's Try it child is ended (the model loads again for the next prompt)."""
+    x.app.manager.actions.stop(owner(), "try")
     return note(t("try.stopped", lang), "warn", "try-note")
 
 
-def free_try_model() -> None:
-    """Before a GPU run: drop the model "Try it" holds, so the run has the memory the gauge predicted for."""
+def on_action_stop(x: TryExportTab, kind: str, lang: str = DEFAULT_LANGUAGE) -> str:
+    """Stop a merge or a GGUF export: its child is ended; the running handler then says it was stopped."""
+    action = x.app.manager.actions.stop(owner(), kind)
+    if action is None:
+        return ""
+    return warn(t("action.stopped", lang, what=t(f"action.what_{kind}", lang)), "merge-note")
+
+
+def free_try_model(manager: Any) -> None:
+    """Before a GPU run: end the Try it child, so the run has the memory the gauge predicted for."""
     from ui.derive import hardware
 
-    if not hardware().cuda:
-        return  # the demo model in RAM costs nothing worth a wait
-    from core.infer import COMPARER
-
-    if COMPARER.adapter_dir is not None:
-        COMPARER.stop()
-        try:
-            COMPARER.unload()
-        except Exception:  # noqa: BLE001 - busy or failed: training still starts, the gauge shows the truth
-            pass
+    if hardware().cuda:  # the demo model in RAM costs nothing worth loading it again after the run
+        manager.actions.free()
 
 
 # --- export ---------------------------------------------------------------------------------------------------------
@@ -218,36 +282,40 @@ def merge_into_choices(lang: str) -> list[tuple[str, str]]:
     return [(t(f"export.merge_into_{target}", lang), target) for target in MERGE_TARGETS]
 
 
-def on_merge(lang: str, adapter: str | None, out_dir: str, replace: bool, confirmed: bool,
+def on_merge(x: TryExportTab, lang: str, adapter: str | None, out_dir: str, replace: bool, confirmed: bool,
              merge_into: str | None = None, trust_remote_code: bool = False, progress: Any = gr.Progress()) -> str:
-    """Merge with a progress bar, after the confirmation tick; refused while a training run is going, and for an
-    adapter trained with trust_remote_code, without the tab's trust_remote_code tick. merge_into:
-    core.export.adapter.merge_adapter's (None: the dequantized 4-bit weights for a 4-bit run)."""
-    from core.export.adapter import ExportError, merge_adapter
+    """Merge with a progress bar, after the confirmation tick, in a child process (core/jobs/actions.py); refused
+    while a training run is going, and for an adapter trained with trust_remote_code, without the tab's
+    trust_remote_code tick. merge_into: core.export.adapter.merge_adapter's (None: the dequantized 4-bit weights
+    for a 4-bit run)."""
     from core.infer import adapter_config, asks_remote_code
 
+    manager = x.app.manager
     if not adapter:
         return warn(t("try.pick_adapter", lang), "merge-note")
     if not confirmed:
         return warn(t("export.confirm_first", lang), "merge-note")
-    if MANAGER.busy():
+    if manager.busy():
         return warn(t("export.busy_training", lang), "merge-note")
     if asks_remote_code(adapter) and not trust_remote_code:
         return warn(t("try.remote_code_needed", lang, model=adapter_config(adapter).model), "merge-note")
     if (refusal := public_refusal((adapter, "the adapter"), ((out_dir or "").strip() or None, "the merged folder"))):
         return warn(t("export.failed", lang, message=refusal), "merge-note", "error")
-
-    def report(fraction: float, message: str) -> None:
-        if progress is not None:
-            progress(fraction, desc=message)
-
     try:
-        path = merge_adapter(adapter, (out_dir or "").strip() or None, progress=report, overwrite=bool(replace),
-                             merge_into=merge_into or None, trust_remote_code=bool(trust_remote_code))
-    except ExportError as exc:
-        return warn(t("export.failed", lang, message=exc), "merge-note", "error")
-    except Exception as exc:  # noqa: BLE001 - nothing crashes the page
-        return warn(t("export.failed", lang, message=f"{type(exc).__name__}: {exc}"), "merge-note", "error")
+        action = manager.actions.start("merge", {
+            "adapter": adapter, "out_dir": (out_dir or "").strip() or None, "overwrite": bool(replace),
+            "merge_into": merge_into or None, "trust_remote_code": bool(trust_remote_code)}, owner())
+    except ActionBusy as exc:
+        return warn(busy_text(exc, lang), "merge-note")
+    for e in follow(action):
+        if e.get("kind") == "phase" and progress is not None:
+            progress(e.get("progress") or 0.0, desc=said(e, lang))
+    done = action.result() or {}
+    if done.get("status") != "completed":
+        if action.stopped:
+            return warn(failure(action, lang), "merge-note")
+        return warn(t("export.failed", lang, message=failure(action, lang)), "merge-note", "error")
+    path = Path(done["path"])
     return note(t("export.merged", lang, path=path, size=_size(path, lang)), "ok", "merge-note")
 
 

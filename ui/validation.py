@@ -192,19 +192,17 @@ def compare_html(cmp: Any, lang: str = DEFAULT_LANGUAGE) -> str:
             f'<table class="mt-table" id="compare-figures-table"><tr>{results}</tr>{figs}</table></div>')
 
 
-def run_choices(output_dir: str | None) -> list[tuple[str, str]]:
+def run_choices(output_dir: str | None, manager: Any) -> list[tuple[str, str]]:
     """(label, run folder) of every run, newest first: the comparison's picker."""
-    from core.jobs.manager import MANAGER
     from core.runs.history import list_runs
     from ui.notices import runs_folder
 
-    return [(f"{r.name} ({r.date})", r.run_dir) for r in list_runs(runs_folder(output_dir), MANAGER.is_running)]
+    return [(f"{r.name} ({r.date})", r.run_dir) for r in list_runs(runs_folder(output_dir), manager.is_running)]
 
 
-def on_compare(lang: str, run_dirs: list[str] | None) -> tuple[Any, Any]:
+def on_compare(manager: Any, lang: str, run_dirs: list[str] | None) -> tuple[Any, Any]:
     """The chart and the tables for the picked runs (two or more), or a notice."""
     from core.runs.history import HistoryError, compare_runs
-    from core.jobs.manager import MANAGER
     from ui.notices import public_refusal, warn
 
     picked = [d for d in (run_dirs or []) if d]
@@ -214,13 +212,14 @@ def on_compare(lang: str, run_dirs: list[str] | None) -> tuple[Any, Any]:
         for d in picked:
             if (refusal := public_refusal((d, "the run"))):
                 raise HistoryError(refusal)
-        cmp = compare_runs(picked, MANAGER.is_running)
+        cmp = compare_runs(picked, manager.is_running)
     except HistoryError as exc:
         return gr.update(visible=False), warn(str(exc), "compare-note", "error")
     return gr.update(value=compare_frame(cmp, lang), visible=True), compare_html(cmp, lang)
 
 
-def build_compare(tr: Any, lang0: str, lang: Any, output_dir: Any, history_tab: Any, refresh: Any) -> dict[str, Any]:
+def build_compare(tr: Any, lang0: str, lang: Any, output_dir: Any, history_tab: Any, refresh: Any,
+                  manager: Any) -> dict[str, Any]:
     """History's "Compare runs" section (inside the History tab): pick runs, one chart, what differs."""
     L = partial(t, lang=lang0)  # noqa: N806
     with gr.Accordion(L("history.compare.title"), open=False, elem_id="compare-acc") as acc:
@@ -238,7 +237,7 @@ def build_compare(tr: Any, lang0: str, lang: Any, output_dir: Any, history_tab: 
         draw_every_series(plot)
 
     def choices(out: str | None, current: list[str] | None):
-        options = run_choices(out)
+        options = run_choices(out, manager)
         known = {d for _, d in options}
         kept = [d for d in (current or []) if d in known]
         if kept == list(current or []):  # the value read when the event fired: runs picked since must stay picked
@@ -248,5 +247,5 @@ def build_compare(tr: Any, lang0: str, lang: Any, output_dir: Any, history_tab: 
     quiet = dict(show_progress="hidden", queue=False)
     for event in (history_tab.select, refresh.click, acc.expand):
         event(choices, inputs=[output_dir, picker], outputs=[picker], **quiet)
-    button.click(on_compare, inputs=[lang, picker], outputs=[plot, tables])
+    button.click(partial(on_compare, manager), inputs=[lang, picker], outputs=[plot, tables])
     return {"picker": picker, "button": button, "plot": plot, "tables": tables}

@@ -41,6 +41,7 @@ from core.config.settings import TrainConfig
 from core.messages import keyed
 from core.runs.events import EventTail, JsonlSink, make_event, read_events
 from core.jobs import warm
+from core.jobs.actions import Actions
 from core.jobs.supervise import PARENT_ENV, Child
 
 CLI = [sys.executable, "-m", "core.train"]
@@ -134,11 +135,14 @@ class Job:
 
 
 class JobManager:
-    """App-wide: use `MANAGER` below. Thread-safe. `program`: what the child runs, followed by `--config FILE
+    """One per app (app.py builds it and hands it to the page). Thread-safe. `program`: what the child runs, followed by `--config FILE
     --run-dir DIR` (the CLI, `python -m core.train`; the UI tests give a tiny child of the same protocol)."""
 
-    def __init__(self, program: list[str] | None = None, slots: int = 1) -> None:
+    def __init__(self, program: list[str] | None = None, slots: int = 1,
+                 action_program: list[str] | None = None) -> None:
         self._program = list(program or CLI)
+        # Try it, merge and GGUF export: children of the same supervisor (core/jobs/actions.py), never this process.
+        self.actions = Actions(action_program)
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._slots = max(1, slots)  # jobs that train at once: one per GPU (one GPU today)
@@ -256,6 +260,7 @@ class JobManager:
     def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """App exit: the queue is dropped; ask each child to stop (it saves after its step), then kill its process
         group; never orphan it."""
+        self.actions.shutdown()
         with self._lock:
             waiting, self._waiting = self._waiting, []
             running = [j for j in self._running if j._child is not None and j._child.proc.poll() is None]
@@ -407,8 +412,6 @@ def _cores() -> int:
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
 
-
-MANAGER = JobManager()
 
 
 def latest_run_dir(output_dir: str | Path) -> Path | None:

@@ -1,0 +1,117 @@
+"""The child side of the app's model-running actions: `python -m core.jobs.act --dir DIR` (started by
+core/jobs/actions.py, never by hand). DIR/action.json says what to do ({"kind": "try"|"merge"|"gguf", "params"});
+the child writes its progress to DIR/events.jsonl (the same events and sink as a training run), so the app's process
+never loads a model: an out-of-memory merge or a crash in a library ends this process, not the web server.
+
+- merge, gguf: phase events (loading, merging/converting with the library's own progress), then `done`
+  (completed with the result's paths, or failed after an `error` event with error_type and message).
+- try: loads base + adapter once (phase loading, then `ready`), then answers the requests the app writes as
+  DIR/requests/NNNNNN.json, in order, one `answer` event per streamed step and an `answered` event at the end of
+  each, all carrying the request's number. It stays loaded between prompts; the app ends it (SIGTERM) to stop it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from core.messages import keyed
+from core.runs.events import JsonlSink, make_event
+
+REQUESTS = "requests"
+SPEC = "action.json"
+POLL_S = 0.05  # how often an idle Try it child looks for the next prompt
+
+
+def error_type(exc: BaseException) -> str:
+    """The failure record's kind: what the page can say beyond the message."""
+    name = type(exc).__name__
+    if name == "OutOfMemoryError" or isinstance(exc, MemoryError):
+        return "oom"
+    if name in ("ExportError", "GGUFError", "InferError"):
+        return "refused"
+    return "other"
+
+
+def _phase(emit: Callable[[dict], None], phase: str, progress: float | None, message: str, **extra: Any) -> None:
+    emit(make_event("phase", phase=phase, progress=progress, message=message, **extra))
+
+
+def run_merge(p: dict[str, Any], emit: Callable[[dict], None]) -> dict[str, Any]:
+    from core.export.adapter import merge_adapter
+
+    _phase(emit, "loading", 0.0, keyed("action.loading", path=p["adapter"])["message"])
+    path = merge_adapter(p["adapter"], p.get("out_dir"), overwrite=bool(p.get("overwrite")),
+                         merge_into=p.get("merge_into"), trust_remote_code=bool(p.get("trust_remote_code")),
+                         progress=lambda fraction, message: _phase(emit, "merging", float(fraction), str(message)))
+    return {"path": str(path)}
+
+
+def run_gguf(p: dict[str, Any], emit: Callable[[dict], None]) -> dict[str, Any]:
+    from core.export.gguf_export import export_gguf
+
+    _phase(emit, "loading", 0.0, keyed("action.loading", path=p["adapter"])["message"])
+    result = export_gguf(adapter_dir=p["adapter"], formats=p["formats"], overwrite=bool(p.get("overwrite")),
+                         trust_remote_code=bool(p.get("trust_remote_code")),
+                         progress=lambda fraction, message: _phase(emit, "converting", float(fraction), str(message)))
+    return {"out_dir": str(result.out_dir), "files": {k: str(v) for k, v in result.files.items()},
+            "modelfile": str(result.modelfile), "readme": str(result.readme), "commands": list(result.commands)}
+
+
+def serve_try(p: dict[str, Any], emit: Callable[[dict], None], folder: Path) -> dict[str, Any]:
+    """Load once, then answer each request file in order until the app ends this process (or dies: PDEATHSIG)."""
+    from core.infer import Comparer, InferError
+    from core.jobs.supervise import parent_gone
+
+    comparer = Comparer()
+    _phase(emit, "loading", None, keyed("action.loading", path=p["adapter"])["message"])
+    comparer.load(p["adapter"], trust_remote_code=bool(p.get("trust_remote_code")))
+    _phase(emit, "ready", None, keyed("action.ready")["message"])
+    inbox = folder / REQUESTS
+    inbox.mkdir(exist_ok=True)
+    done: set[str] = set()
+    while not parent_gone():
+        todo = sorted(f for f in inbox.glob("*.json") if f.name not in done)
+        if not todo:
+            time.sleep(POLL_S)
+            continue
+        file = todo[0]
+        done.add(file.name)
+        ask = json.loads(file.read_text(encoding="utf-8"))
+        n = int(ask.pop("request"))
+        _phase(emit, "generating", None, keyed("action.generating")["message"], request=n)
+        base = tuned = ""
+        try:
+            for base, tuned in comparer.compare(p["adapter"], trust_remote_code=bool(p.get("trust_remote_code")),
+                                                **ask):
+                emit(make_event("answer", request=n, base=base, tuned=tuned))
+        except InferError as exc:  # this prompt only (an empty prompt, an OOM while generating): the model stays
+            emit(make_event("error", request=n, error_type=error_type(exc), message=str(exc)))
+            emit(make_event("answered", request=n, status="failed", base=base, tuned=tuned))
+            continue
+        emit(make_event("answered", request=n, status="completed", base=base, tuned=tuned))
+    return {}
+
+
+def main(argv: list[str]) -> int:
+    folder = Path(argv[argv.index("--dir") + 1])
+    spec = json.loads((folder / SPEC).read_text(encoding="utf-8"))
+    emit = JsonlSink(folder / "events.jsonl")
+    kind, params = spec["kind"], spec["params"]
+    work = {"merge": run_merge, "gguf": run_gguf}.get(kind)
+    try:
+        result = serve_try(params, emit, folder) if kind == "try" else work(params, emit)
+    except Exception as exc:  # noqa: BLE001 - recorded for the page: the app shows the message, this process ends
+        emit(make_event("error", error_type=error_type(exc), message=f"{exc}" if error_type(exc) == "refused"
+                        else f"{type(exc).__name__}: {exc}"))
+        emit(make_event("done", status="failed", message=str(exc)))
+        return 1
+    emit(make_event("done", status="completed", message="", **result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
