@@ -81,12 +81,12 @@ def presets_and_compile_cache() -> list[Variant]:
     comp = [*OFF, "compile_layers=true"]
     return [Variant("chapter-script", steps=4, warm=1, timeout_s=150, note="the chapter's script as written"),
             Variant("fastest", "fastest", OFF, steps=20, timeout_s=110),
-            Variant("lowest_memory", "lowest_memory", OFF, steps=12, warm=3, timeout_s=120),
-            Variant("six_gb", "six_gb", OFF, steps=12, warm=3, timeout_s=120),
-            Variant("fastest-compile-cold", "fastest", comp, steps=20, warm=5, timeout_s=240,
+            Variant("fastest-compile-cold", "fastest", comp, steps=20, warm=5, timeout_s=200,
                     note="compile cache empty"),
-            Variant("fastest-compile-warm", "fastest", comp, steps=20, warm=5, timeout_s=200,
-                    note="the compile cache the row before filled")]
+            Variant("fastest-compile-warm", "fastest", comp, steps=20, warm=5, timeout_s=150,
+                    note="the compile cache the row before filled"),
+            Variant("lowest_memory", "lowest_memory", OFF, steps=12, warm=3, timeout_s=100),
+            Variant("six_gb", "six_gb", OFF, steps=12, warm=3, timeout_s=100)]
 
 
 def plan(name: str) -> list[Variant]:
