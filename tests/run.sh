@@ -39,7 +39,8 @@ if (( WORKERS > 1 )); then
 fi
 START=$SECONDS
 set +e
-python3 -m pytest -q -p no:cacheprovider ${PARALLEL[@]+"${PARALLEL[@]}"} "$@"  # (bash 3.2: an empty array is unset)
+# Tests marked slow (minutes each: inductor's compile cache) run with `bash tests/run.sh -m slow` (CI runs both).
+python3 -m pytest -q -p no:cacheprovider -m "not slow" ${PARALLEL[@]+"${PARALLEL[@]}"} "$@"  # (bash 3.2: an empty array is unset)
 CODE=$?
 set -e
 echo "memtune: test suite took $(( SECONDS - START )) s wall time with ${WORKERS} worker(s) on ${CORES} core(s)"

@@ -107,7 +107,7 @@ def on_gguf_stop(app: Any, lang: str) -> str:
 
     if app.manager.actions.stop(owner(), "gguf") is None:
         return ""
-    return _note(t("action.stopped", lang, what=t("action.what_gguf", lang)), "warn", "gguf-status-note")
+    return _note(t("action.stopped", lang, what=t("action.what.gguf", lang)), "warn", "gguf-status-note")
 
 
 def build_section(lang0: str, tr: Any, lang: gr.Dropdown, adapter: gr.Dropdown, app: Any,

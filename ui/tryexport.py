@@ -63,8 +63,10 @@ def said(event: dict[str, Any], lang: str) -> str:
     child's log after it; else the child's own message (a library's words)."""
     if event.get("key"):
         params = dict(event.get("params") or {})
-        if "what" in params and event.get("what"):
-            params["what"] = t(f"action.what_{event['what']}", lang)
+        if isinstance(params.get("what"), dict):  # a nested message (core.jobs.actions: Said("action.what.KIND"))
+            params["what"] = t(params["what"]["key"], lang)
+        elif "what" in params and event.get("what"):
+            params["what"] = t(f"action.what.{event['what']}", lang)
         text = t(event["key"], lang, **params)
     else:
         text = str(event.get("message") or "")
@@ -74,7 +76,7 @@ def said(event: dict[str, Any], lang: str) -> str:
 def busy_text(exc: ActionBusy, lang: str) -> str:
     if exc.what == "try":
         return t("action.busy_try", lang)
-    return t("action.busy", lang, what=t(f"action.what_{exc.what}", lang))
+    return t("action.busy", lang, what=t(f"action.what.{exc.what}", lang))
 
 
 def failure(action: Any, lang: str, request: int | None = None) -> str:
@@ -85,7 +87,7 @@ def failure(action: Any, lang: str, request: int | None = None) -> str:
     if error is not None:
         return said(error, lang)
     done = action.result() or {}
-    return said(done, lang) or t("action.died", lang, what=t(f"action.what_{action.kind}", lang), how="?")
+    return said(done, lang) or t("action.died", lang, what=t(f"action.what.{action.kind}", lang), how="?")
 
 
 def follow(action: Any, since: int = 0) -> Iterator[dict[str, Any]]:
@@ -179,7 +181,7 @@ def on_action_stop(x: TryExportTab, kind: str, lang: str = DEFAULT_LANGUAGE) -> 
     action = x.app.manager.actions.stop(owner(), kind)
     if action is None:
         return ""
-    return warn(t("action.stopped", lang, what=t(f"action.what_{kind}", lang)), "merge-note")
+    return warn(t("action.stopped", lang, what=t(f"action.what.{kind}", lang)), "merge-note")
 
 
 def free_try_model(manager: Any) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.messages import keyed
+from core.messages import Said, keyed
 from core.runs.events import EventTail, make_event
 from core.jobs.supervise import PARENT_ENV, Child, exit_text, log_tail
 
@@ -158,15 +158,14 @@ class Actions:
             elif action.kind == "try" and not action.answering:
                 self._end(action, stopped=False)
             else:
-                what = keyed(f"action.what_{action.kind}")["message"]
-                raise ActionBusy(keyed("action.busy", what=what)["message"], action.kind)
+                raise ActionBusy(keyed("action.busy", what=Said(f"action.what.{action.kind}"))["message"], action.kind)
 
     def _launch(self, kind: str, params: dict[str, Any], owner: str | None) -> Action:
         action = Action(id=next(self._ids), kind=kind, params=params, owner=owner)
         action.folder = Path(tempfile.mkdtemp(prefix=f"memtune-{kind}-"))
         (action.folder / "action.json").write_text(json.dumps({"kind": kind, "params": params}), encoding="utf-8")
         starting = make_event("phase", phase="starting", progress=None, what=kind,
-                              **keyed("action.starting", what=keyed(f"action.what_{kind}")["message"]))
+                              **keyed("action.starting", what=Said(f"action.what.{kind}")))
         action.emit(starting)
         events = action.folder / "events.jsonl"
         events.touch()
@@ -243,7 +242,7 @@ class Actions:
 
 def death(action: Action, child: Child) -> dict[str, Any]:
     """Why the child ended without its `done` event, as an event's words (keyed)."""
-    what = keyed(f"action.what_{action.kind}")["message"]
+    what = Said(f"action.what.{action.kind}")  # nested: the page says it in its language too
     how = exit_text(child.proc.returncode)
     if action.stopped:
         return keyed("action.stopped", what=what)
