@@ -68,7 +68,7 @@ def on_gguf_export(app: Any, lang: str, adapter: str | None, formats: list[str] 
     from pathlib import Path
 
     from ui.live import owner
-    from ui.tryexport import busy_text, failure, follow, said
+    from ui.tryexport import busy_text, failure, with_progress
 
     no_commands = gr.update(value="", visible=False)
     if not adapter:
@@ -87,10 +87,7 @@ def on_gguf_export(app: Any, lang: str, adapter: str | None, formats: list[str] 
                                                     "trust_remote_code": bool(trust_remote_code)}, owner())
     except ActionBusy as exc:
         return _warn(busy_text(exc, lang)), no_commands
-    for e in follow(action):
-        if e.get("kind") == "phase" and progress is not None:
-            progress(e.get("progress") or 0.0, desc=said(e, lang))
-    done = action.result() or {}
+    done = with_progress(action, progress, lang)
     if done.get("status") != "completed":
         if action.stopped:
             return _warn(failure(action, lang)), no_commands

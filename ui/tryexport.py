@@ -102,6 +102,14 @@ def follow(action: Any, since: int = 0) -> Iterator[dict[str, Any]]:
         time.sleep(POLL_S)
 
 
+def with_progress(action: Any, progress: Any, lang: str) -> dict[str, Any]:
+    """Follow a merge's or an export's child to its end, its phases on Gradio's progress bar; its `done` event."""
+    for e in follow(action):
+        if e.get("kind") == "phase" and progress is not None:
+            progress(e.get("progress") or 0.0, desc=said(e, lang))
+    return action.result() or {}
+
+
 def on_try(x: TryExportTab, lang: str, adapter: str | None, prompt: str, max_new_tokens: float, temperature: float,
            top_p: float, seed: float, raw: bool, trust_remote_code: bool = False) -> Iterator[Updates]:
     """Stream the base answer and the base + adapter answer for one prompt; refusals and errors as the notice.
@@ -309,10 +317,7 @@ def on_merge(x: TryExportTab, lang: str, adapter: str | None, out_dir: str, repl
             "merge_into": merge_into or None, "trust_remote_code": bool(trust_remote_code)}, owner())
     except ActionBusy as exc:
         return warn(busy_text(exc, lang), "merge-note")
-    for e in follow(action):
-        if e.get("kind") == "phase" and progress is not None:
-            progress(e.get("progress") or 0.0, desc=said(e, lang))
-    done = action.result() or {}
+    done = with_progress(action, progress, lang)
     if done.get("status") != "completed":
         if action.stopped:
             return warn(failure(action, lang), "merge-note")

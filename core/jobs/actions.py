@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from core.messages import Said, keyed
-from core.runs.events import EventTail, make_event
+from core.runs.events import EventList, EventTail, make_event
 from core.jobs.supervise import PARENT_ENV, Child, exit_text, log_tail
 
 ACT_CLI = [sys.executable, "-m", "core.jobs.act"]
@@ -48,7 +48,7 @@ class ActionBusy(RuntimeError):
 
 
 @dataclass(eq=False)
-class Action:
+class Action(EventList):
     id: int
     kind: str
     params: dict[str, Any]
@@ -63,14 +63,6 @@ class Action:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _ended: threading.Event = field(default_factory=threading.Event, repr=False)
     _requests: Any = field(default_factory=lambda: itertools.count(1), repr=False)
-
-    def emit(self, event: dict[str, Any]) -> None:
-        with self._lock:
-            self.events.append(event)
-
-    def events_since(self, start: int = 0) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self.events[start:])
 
     @property
     def running(self) -> bool:

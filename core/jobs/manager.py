@@ -39,7 +39,7 @@ from typing import Any
 from core.runs.folders import STOP_FILE
 from core.config.settings import TrainConfig
 from core.messages import keyed
-from core.runs.events import EventTail, JsonlSink, make_event, read_events
+from core.runs.events import EventList, EventTail, JsonlSink, make_event, read_events
 from core.jobs import warm
 from core.jobs.actions import Actions
 from core.jobs.supervise import PARENT_ENV, Child
@@ -69,7 +69,7 @@ class JobBusy(RuntimeError):
 
 
 @dataclass
-class Job:
+class Job(EventList):
     id: int
     config: TrainConfig
     started: float = field(default_factory=time.time)
@@ -88,14 +88,6 @@ class Job:
     _ended: threading.Event = field(default_factory=threading.Event, repr=False)  # the follower recorded the end
     _child: Child | None = field(default=None, repr=False)
     _view: Any = field(default=None, repr=False)  # core.jobs.view's running fold of the events (it sits above jobs)
-
-    def emit(self, event: dict[str, Any]) -> None:
-        with self._lock:
-            self.events.append(event)
-
-    def events_since(self, start: int = 0) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self.events[start:])
 
     @property
     def running(self) -> bool:

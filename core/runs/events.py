@@ -66,6 +66,22 @@ def prompt_gist(prompt: str, limit: int = 80) -> str:
     asked = [line for line in lines if len(re.findall(r"\w+", line)) > 1]
     return one_line(asked[-1] if asked else _SPECIAL.sub(" ", str(prompt)), limit)
 
+class EventList:
+    """Mixin of a job and an action (core/jobs): `events` (a list) and `_lock` (a threading.Lock) it holds; the
+    thread that follows the child's events.jsonl appends, the page's poll reads what arrived since it last looked."""
+
+    events: list[dict[str, Any]]
+    _lock: threading.Lock
+
+    def emit(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def events_since(self, start: int = 0) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.events[start:])
+
+
 class JsonlSink:
     """Appends each event as one JSON line and flushes, so readers see it at once."""
 
