@@ -50,7 +50,8 @@ def plain(value: Any, name: str = "") -> Any:
     if isinstance(value, (Keyed, Said)):
         return {"key": value.key, "params": value.params}
     if isinstance(value, dict) and "key" in value:
-        return {"key": value["key"], "params": {k: plain(v, k) for k, v in (value.get("params") or {}).items()}}
+        return {"key": value["key"], "params": {k: plain(v, k) for k, v in (value.get("params") or {}).items()},
+                **({"english": str(value["english"])} if value.get("english") else {})}
     if isinstance(value, (list, tuple)) and name in _JOIN:
         return [plain(v) for v in value]
     if isinstance(value, bool) or value is None:
@@ -89,15 +90,16 @@ class _Missing:
 
 def say(key: str, params: dict[str, Any] | None = None, lang: str = "en",
         lookup: Callable[[str, str], str | None] | None = None,
-        number: Callable[[int | float, str, str], str] | None = None) -> str:
-    """The text of `key` in `lang` with `params` filled (nested messages said in `lang` too).
+        number: Callable[[int | float, str, str], str] | None = None, english: str | None = None) -> str:
+    """The text of `key` in `lang` with `params` filled (nested messages said in `lang` too). `english`: the text
+    when no locale file has the key (a name core.i18n declares from the code, as a checklist item's label: named()).
 
     `lookup(key, lang)` finds a language's text (default: the locale files; a missing key or language falls back to
     English, then to the key); `number(value, lang, spec)` writes a number as the language does, given the locale
     text's format spec (default: Python's format, so en.json's "{n:,}" writes 1,234). The page passes core.i18n's
     table and its own digit grouping, the engine neither."""
     find = lookup or (lambda k, lg: table(lg).get(k) if (LOCALES / f"{lg}.json").is_file() else None)
-    text = find(key, lang) or table("en").get(key) or key
+    text = find(key, lang) or table("en").get(key) or english or key
     values = {}
     for name, value in (params or {}).items():
         values[name] = _said(value, lang, lookup, number, _JOIN.get(name, ", "))
@@ -111,10 +113,16 @@ def _said(value: Any, lang: str, lookup: Any, number: Any, sep: str) -> Any:
     """A parameter in `lang`: a nested message said, a list said item by item and joined by `sep` (msg.lines' `lines`:
     a line each; msg.list's `items`: ", "; `parts`: "; "), anything else as is."""
     if isinstance(value, dict) and "key" in value:
-        return say(value["key"], value.get("params"), lang, lookup, number)
+        return say(value["key"], value.get("params"), lang, lookup, number, value.get("english"))
     if isinstance(value, list):
         return sep.join(str(_said(v, lang, lookup, number, sep)) for v in value)
     return value
+
+
+def named(key: str, english: str) -> dict[str, Any]:
+    """A name as a nested message: its key for a page (core.i18n's table holds it in every language) and its English
+    for the engine's own text, where en.json lacks it (a checklist item's label comes from core.config.checklist)."""
+    return {"key": key, "params": {}, "english": english}
 
 
 def lines(*parts: Any) -> "Said":

@@ -182,6 +182,10 @@ def test_out_of_memory_is_caught_and_explained_and_keeps_adapters(out):
     assert "Use smaller batches" in result.message
     assert adapter.read_bytes() == before  # the earlier adapter is untouched
     assert events[-1]["kind"] == "done" and events[-2]["kind"] == "error"
+    from ui.render import said  # the advice by its key: a checklist label in the page's language, not English
+    error = events[-2]
+    assert error["key"] == "msg.lines" and "ran out of memory" not in said(error["key"], error["params"], "pt")
+    assert "Ative gradient checkpointing" in said(error["key"], error["params"], "pt")
 
 
 def test_bad_inputs_fail_with_messages_not_crashes(out, tmp_path):

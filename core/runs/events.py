@@ -19,6 +19,10 @@ Training never blocks on a reader: sinks are unbounded queues or files, and the 
 - error:  error_type (config|data|model|oom|other), message, traceback? (for bug reports), exit_code? (the
           job manager's, for a child that died)
 
+A Try it child (core/jobs/act.py) adds: answer (request, base, tuned: the answers so far, streamed) and answered
+(request, status, base, tuned); its phases are loading, ready and generating, a merge's and an export's loading,
+merging and converting (core/jobs/actions.py follows them as it follows a run).
+
 The words of run, phase, log, data, error and done events (and the supervisor's kill and death messages) carry
 `key` + `params` beside `message` (core.messages.keyed / words_of): `message` is en.json's text filled, what the CLI
 prints and `tail -f` shows; a page says the key in its own language (ui.render.said). A parameter that is itself a

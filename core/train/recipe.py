@@ -52,7 +52,7 @@ from core.data.plan import DataError, DataPlan, check_data
 from core.estimate.predict import savings
 from core.files import StorageError, free_memory, has_marker, real, storage_message
 from core.gpus import distributed, vram
-from core.messages import Said, fields_of, keyed, words_of
+from core.messages import Said, fields_of, keyed, lines, named, words_of
 from core.model import compile as regional
 from core.model import families
 from core.model import load as model_lib
@@ -91,7 +91,8 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         recipe.train()
         return recipe.save()
     except torch.OutOfMemoryError:
-        failure = Failure("oom", oom_message(cfg))
+        advice = oom_message(cfg)
+        failure = Failure("oom", str(advice), said={"key": advice.key, "params": advice.params})
     except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the traceback goes to events.jsonl
         failure = Failure(*classify(exc, context.run_dir), traceback.format_exc(limit=12), fields_of(exc))
     finally:
@@ -446,8 +447,9 @@ def classify(exc: Exception, run_dir: Path | None = None) -> tuple[str, str]:
     return "other", f"{type(exc).__name__}: {exc}"
 
 
-def oom_message(cfg: TrainConfig) -> str:
-    """Name the checklist items that are off, with what each would save at these settings when we can tell."""
+def oom_message(cfg: TrainConfig) -> Said:
+    """Name the checklist items that are off, with what each would save at these settings when we can tell; keyed,
+    so a page says it in its language (a label: named(), its English from the checklist)."""
     tips = []
     try:
         by_key = {s.key: s for s in savings(cfg)}
@@ -455,13 +457,14 @@ def oom_message(cfg: TrainConfig) -> str:
         by_key = {}
     for item in checklist.missing(cfg):
         saved = by_key.get(item.key)
-        amount = f" (saves ~{saved.saved_gib:.1f} GiB here)" if saved and getattr(saved, "saved_gib", 0) > 0.05 else ""
-        tips.append(f"- {item.label}{amount}")
+        label = named(f"checklist.{item.key}.label", item.label)
+        if saved and getattr(saved, "saved_gib", 0) > 0.05:
+            tips.append(Said("log.oom_tip_saves", label=label, gib=saved.saved_gib, unit=Said("unit.gib")))
+        else:
+            tips.append(Said("log.oom_tip", label=label))
     if not cfg.use_liger_kernel:
-        tips.append("- Fused kernels (use_liger_kernel, CUDA) recompute SwiGLU/RMSNorm activations instead of storing them")
-    advice = "\n".join(tips) if tips else "- Every checklist item is already on: lower max_length or pick a smaller model."
-    return ("The GPU ran out of memory. Nothing was lost: earlier checkpoints and adapters are intact, and the "
-            f"memory has been released. These would help at your settings:\n{advice}")
+        tips.append(Said("log.oom_tip", label=Said("log.oom_liger")))
+    return lines(Said("log.oom"), *(tips or [Said("log.oom_tip", label=Said("log.oom_all_on"))]))
 
 
 # --- several processes (core/gpus/distributed.py launches them) -------------------------------------------------------
