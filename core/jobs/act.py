@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from core.messages import keyed
+from core.messages import Said, words_of
 from core.runs.events import JsonlSink, make_event
 
 REQUESTS = "requests"
@@ -37,26 +37,27 @@ def error_type(exc: BaseException) -> str:
 
 
 def _phase(emit: Callable[[dict], None], phase: str, progress: float | None, message: str, **extra: Any) -> None:
-    emit(make_event("phase", phase=phase, progress=progress, message=message, **extra))
+    """A phase event; its words keyed when `message` is (a Said): the page says them in its language."""
+    emit(make_event("phase", phase=phase, progress=progress, **words_of(message), **extra))
 
 
 def run_merge(p: dict[str, Any], emit: Callable[[dict], None]) -> dict[str, Any]:
     from core.export.adapter import merge_adapter
 
-    _phase(emit, "loading", 0.0, keyed("action.loading", path=p["adapter"])["message"])
+    _phase(emit, "loading", 0.0, Said("action.loading", path=p["adapter"]))
     path = merge_adapter(p["adapter"], p.get("out_dir"), overwrite=bool(p.get("overwrite")),
                          merge_into=p.get("merge_into"), trust_remote_code=bool(p.get("trust_remote_code")),
-                         progress=lambda fraction, message: _phase(emit, "merging", float(fraction), str(message)))
+                         progress=lambda fraction, message: _phase(emit, "merging", float(fraction), message))
     return {"path": str(path)}
 
 
 def run_gguf(p: dict[str, Any], emit: Callable[[dict], None]) -> dict[str, Any]:
     from core.export.gguf_export import export_gguf
 
-    _phase(emit, "loading", 0.0, keyed("action.loading", path=p["adapter"])["message"])
+    _phase(emit, "loading", 0.0, Said("action.loading", path=p["adapter"]))
     result = export_gguf(adapter_dir=p["adapter"], formats=p["formats"], overwrite=bool(p.get("overwrite")),
                          trust_remote_code=bool(p.get("trust_remote_code")),
-                         progress=lambda fraction, message: _phase(emit, "converting", float(fraction), str(message)))
+                         progress=lambda fraction, message: _phase(emit, "converting", float(fraction), message))
     return {"out_dir": str(result.out_dir), "files": {k: str(v) for k, v in result.files.items()},
             "modelfile": str(result.modelfile), "readme": str(result.readme), "commands": list(result.commands)}
 
@@ -67,9 +68,9 @@ def serve_try(p: dict[str, Any], emit: Callable[[dict], None], folder: Path) -> 
     from core.jobs.supervise import parent_gone
 
     comparer = Comparer()
-    _phase(emit, "loading", None, keyed("action.loading", path=p["adapter"])["message"])
+    _phase(emit, "loading", None, Said("action.loading", path=p["adapter"]))
     comparer.load(p["adapter"], trust_remote_code=bool(p.get("trust_remote_code")))
-    _phase(emit, "ready", None, keyed("action.ready")["message"])
+    _phase(emit, "ready", None, Said("action.ready"))
     inbox = folder / REQUESTS
     inbox.mkdir(exist_ok=True)
     done: set[str] = set()
@@ -82,7 +83,7 @@ def serve_try(p: dict[str, Any], emit: Callable[[dict], None], folder: Path) -> 
         done.add(file.name)
         ask = json.loads(file.read_text(encoding="utf-8"))
         n = int(ask.pop("request"))
-        _phase(emit, "generating", None, keyed("action.generating")["message"], request=n)
+        _phase(emit, "generating", None, Said("action.generating"), request=n)
         base = tuned = ""
         try:
             for base, tuned in comparer.compare(p["adapter"], trust_remote_code=bool(p.get("trust_remote_code")),
