@@ -102,6 +102,7 @@ def test_a_run_with_validation_draws_both_curves_while_it_trains_and_after(page)
     page.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && p.dataset.run"
                            f" && p.dataset.run !== {previous!r}; }})()", timeout=120_000, polling=200)
     seen = []  # (state, lines drawn, both series in the legend) as the run goes
+    stopped = False
     while True:
         st, step = state(page)
         legend = page.locator("#loss-plot").inner_text() if page.locator("#loss-plot").is_visible() else ""
@@ -109,8 +110,9 @@ def test_a_run_with_validation_draws_both_curves_while_it_trains_and_after(page)
         seen.append((st, page.locator(LINES).count(), "training" in legend and "validation" in legend))
         if st not in ("running", "stopping"):
             break
-        if seen[-1] == ("running", 2, True) and page.locator("#stop-btn").is_enabled():
+        if seen[-1] == ("running", 2, True) and not stopped:  # one press: a second one ends the run at once
             page.click("#stop-btn")
+            stopped = True
         page.wait_for_timeout(300)
     assert st in ("stopped", "completed"), page.locator("#run-result").inner_text()
     assert ("running", 2, True) in seen, seen  # both curves while it trained

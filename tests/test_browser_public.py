@@ -41,11 +41,13 @@ def visitor(browser, server):
 def upload_four_rows(page, data: Path) -> None:
     """The demo's settings, then an upload of four rows as `data`'s name: the page names it uploads/NAME."""
     page.click("#preset-demo")
-    page.wait_for_function("document.querySelector('#field-dataset input').value === 'memtune/demo'")
+    page.wait_for_function("document.querySelector('#field-dataset input').value === 'memtune/demo'",
+                           timeout=120_000)  # a busy machine's first clicks; generous, never a timing assert
     data.write_text("".join(json.dumps({"instruction": f"Say {w}", "response": w}) + "\n"
                             for w in ("alpha", "beta", "gamma", "delta")), encoding="utf-8")
     page.set_input_files("#data-upload input[type=file]", str(data))
-    page.wait_for_function(f"document.querySelector('#field-dataset input').value === 'uploads/{data.name}'")
+    page.wait_for_function(f"document.querySelector('#field-dataset input').value === 'uploads/{data.name}'",
+                           timeout=120_000)
 
 
 def test_a_visitor_uploads_previews_and_trains_and_another_sees_none_of_it(browser, public_server, tmp_path):
