@@ -21,7 +21,9 @@ HUB_IDS = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B", "qwen2.5-14b": "Qwen/Qwen2
            "gemma-2-9b": "google/gemma-2-9b", "phi-3-mini": "microsoft/Phi-3-mini-4k-instruct",
            "qwen3-8b": "Qwen/Qwen3-8B", "llama-3.2-3b": "meta-llama/Llama-3.2-3B",
            "llama-2-7b": "meta-llama/Llama-2-7b-hf",
-           "llama-3.1-70b": "meta-llama/Llama-3.1-70B", "tiny-llama": "bench/tiny-llama"}
+           "llama-3.1-70b": "meta-llama/Llama-3.1-70B", "tiny-llama": "bench/tiny-llama",
+           "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B", "qwen3-30b-a3b-12l": "Qwen/Qwen3-30B-A3B",
+           "qwen3-30b-a3b-24l": "Qwen/Qwen3-30B-A3B", "gpt-oss-20b": "openai/gpt-oss-20b"}
 
 ARCHS: dict[str, dict] = {
     # meta-llama/Llama-3.1-8B
@@ -66,6 +68,25 @@ ARCHS: dict[str, dict] = {
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
         rms_norm_eps=1e-6, rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=False,
         use_sliding_window=False, bos_token_id=151643, eos_token_id=151645, torch_dtype="bfloat16"),
+    # Qwen/Qwen3-30B-A3B (issue 40): 128 experts of width 768 in every layer, 8 routed per token
+    "qwen3-30b-a3b": dict(
+        model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+        num_experts_per_tok=8, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+        output_router_logits=False, router_aux_loss_coef=0.001, max_position_embeddings=40960, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=False, use_sliding_window=False,
+        bos_token_id=151643, eos_token_id=151645, torch_dtype="bfloat16"),
+    # openai/gpt-oss-20b (bf16 experts here; the Hub's checkpoint is MXFP4): 32 experts, 4 routed, attention sinks,
+    # a 128-token window on every other layer
+    "gpt-oss-20b": dict(
+        model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4,
+        experts_per_token=4, sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 12,
+        rope_theta=150000.0, rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                           "truncate": False, "original_max_position_embeddings": 4096},
+        max_position_embeddings=131072, initial_context_length=4096, rms_norm_eps=1e-5, attention_bias=True,
+        swiglu_limit=7.0, router_aux_loss_coef=0.9, output_router_logits=False, tie_word_embeddings=False,
+        eos_token_id=200002, pad_token_id=199999, torch_dtype="bfloat16"),
     # CPU dry runs only
     "tiny-llama": dict(
         model_type="llama", vocab_size=9000, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
@@ -75,6 +96,11 @@ ARCHS: dict[str, dict] = {
         torch_dtype="bfloat16",
     ),
 }
+
+
+# the same shapes with fewer decoder layers (the estimator checked at two depths; a bf16 folder that fits the disk)
+ARCHS["qwen3-30b-a3b-12l"] = dict(ARCHS["qwen3-30b-a3b"], num_hidden_layers=12)
+ARCHS["qwen3-30b-a3b-24l"] = dict(ARCHS["qwen3-30b-a3b"], num_hidden_layers=24)
 
 
 def hf_config(name: str):
