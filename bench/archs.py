@@ -98,6 +98,12 @@ ARCHS: dict[str, dict] = {
 }
 
 
+# a CPU dry run of the MoE rows (bench.product --plan moesmoke --arch tiny-qwen3-moe)
+ARCHS["tiny-qwen3-moe"] = dict(ARCHS["qwen3-30b-a3b"], vocab_size=9000, hidden_size=64, intermediate_size=96,
+                               moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+                               bos_token_id=8000, eos_token_id=8001)
+HUB_IDS["tiny-qwen3-moe"] = "bench/tiny-qwen3-moe"
 # the same shapes with fewer decoder layers (the estimator checked at two depths; a bf16 folder that fits the disk)
 ARCHS["qwen3-30b-a3b-12l"] = dict(ARCHS["qwen3-30b-a3b"], num_hidden_layers=12)
 ARCHS["qwen3-30b-a3b-24l"] = dict(ARCHS["qwen3-30b-a3b"], num_hidden_layers=24)

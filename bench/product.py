@@ -226,10 +226,27 @@ def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: Pe
         "per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing", "packing",
         "attention", "use_liger_kernel", "optim", "precision", "quantize_output_head", "offload_embeddings",
         "upcast_to_fp32", "kernel_warmup", "compile_layers", "offload_activations", "lora_target_modules") if k in run_cfg}
+    row.update(predicted(cmd, v))
     prof = root / "runs" / f"{v.name}.prof.json"
     if prof.is_file():
         row["profile"] = json.loads(prof.read_text())
     return row
+
+
+def predicted(cmd: list[str], v: Variant) -> dict:
+    """The estimate a user reads before Start for this row's config (`python -m core.estimate`, its own process, the
+    same --preset and --set as the run; sized for the data's longest row), beside what NVML measured."""
+    if v.script or v.code or "core.train" not in cmd:
+        return {}
+    at = cmd.index("--config")
+    args = [a for a in cmd[at:] if a != "--"]
+    out = subprocess.run([sys.executable, "-m", "core.estimate", *args, "--json", "--data"], cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode:
+        return {"estimate_error": (out.stderr or out.stdout).strip()[-300:]}
+    est = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"estimate_nvml_gib": est.get("nvml_peak_gib"), "estimate_allocated_gib": est.get("peak_allocated_gib"),
+            "estimate_parts": {k: v for k, v in est.items() if k.endswith("_gib")}}
 
 
 # --- the call ---------------------------------------------------------------------------------------------------------
@@ -371,7 +388,8 @@ def main(argv=None) -> int:
     print(json.dumps(info), flush=True)
     only = {s for s in args.only.split(",") if s}
     rows = []
-    for v in with_warm_row(plan(args.plan), smoke):
+    # MoE rows load for minutes and compare memory, not speed across calls: no discarded warm row
+    for v in (plan(args.plan) if args.plan.startswith("moe") else with_warm_row(plan(args.plan), smoke)):
         if only and v.name not in only and not v.name.endswith("-discarded"):
             continue
         left = args.budget_s - (time.time() - t0)

@@ -89,7 +89,29 @@ def presets_and_compile_cache() -> list[Variant]:
             Variant("six_gb", "six_gb", OFF, steps=12, warm=3, timeout_s=100)]
 
 
+def moe(name: str) -> list[Variant]:
+    """Issue 40: MoE shapes with their experts stored in 4 bits, each preset beside the chapter's script on the same
+    model in the same call. moe1: Qwen3-30B-A3B cut to 12 layers (three presets; the chapter's script as written,
+    whose experts stay 16-bit) and to 24 layers (the estimator at a second depth). moe2: the full 48 layers (its bf16
+    folder in memory: --out's machine has no 61 GB of disk) and gpt-oss-20b."""
+    script = Variant("chapter-script", steps=4, warm=1, timeout_s=170, note="the chapter's script as written")
+    if name == "moe1":
+        return [script, Variant("lowest_memory", "lowest_memory", OFF, steps=10, warm=3, timeout_s=150),
+                Variant("fastest", "fastest", OFF, steps=10, warm=3, timeout_s=150),
+                Variant("chapter", "chapter", OFF, steps=6, warm=2, timeout_s=150),
+                Variant("lowest_memory-24l", "lowest_memory", OFF, steps=8, warm=3, timeout_s=170,
+                        arch="qwen3-30b-a3b-24l")]
+    if name == "moe2":
+        return [Variant("lowest_memory-48l", "lowest_memory", OFF, steps=8, warm=3, timeout_s=240)]
+    if name == "moe3":
+        return [script, Variant("lowest_memory", "lowest_memory", OFF, steps=8, warm=3, timeout_s=200),
+                Variant("fastest", "fastest", OFF, steps=8, warm=3, timeout_s=200)]
+    return [Variant("lowest_memory", "lowest_memory", steps=2, warm=1), Variant("fastest", "fastest", steps=2, warm=1)]
+
+
 def plan(name: str) -> list[Variant]:
+    if name.startswith("moe"):
+        return moe(name)
     if name == "run14":
         return presets_and_compile_cache()
     if name == "bisect3":
