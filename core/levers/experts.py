@@ -226,6 +226,33 @@ def routing_note(model) -> Said:
     return Said("log.moe.aux_off")
 
 
+def lora_parameters(model, cfg) -> list[str]:
+    """peft's target_parameters for `cfg.lora_experts` (none when off), named in the log's lines; a model without
+    experts is refused by name (a ConfigError on lora_experts)."""
+    if not cfg.lora_experts:
+        return []
+    from core.config.settings import ConfigError, Problem
+
+    names = expert_parameters(model)
+    if not names:
+        raise ConfigError([Problem.of("lora_experts", "problem.lora_experts_dense", model=cfg.model)])
+    notes = getattr(model, "memtune_moe_notes", None)
+    if isinstance(notes, list):
+        notes.append(Said("log.moe.lora_experts", params=", ".join(names)))
+    return names
+
+
+def summary(model) -> dict:
+    """summary.json's words on a MoE model: the experts' weights peft put LoRA on (adapter_config.json's
+    target_parameters), and how many experts modules were stored in 4 bits."""
+    peft_config = (getattr(model, "peft_config", None) or {}).get("default")
+    found = experts_modules(model)
+    if not found:
+        return {}
+    return {"lora_parameters": sorted(getattr(peft_config, "target_parameters", None) or []),
+            "experts_4bit_layers": sum(1 for _, m in found if isinstance(m._modules.get("down_proj"), NF4Experts))}
+
+
 def expert_parameters(model) -> list[str]:
     """peft's target_parameters for LoRA on every experts module's 3-D weights ("mlp.experts.gate_up_proj", ...)."""
     names = []

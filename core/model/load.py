@@ -46,11 +46,12 @@ def build_bnb_config(cfg: TrainConfig):
     return BitsAndBytesConfig(**kwargs)
 
 
-def build_lora_config(cfg: TrainConfig, modules: list[str] | None = None):
-    """peft's LoraConfig; `modules`: the resolved leaf names (lora_targets), else the config's names as written."""
+def build_lora_config(cfg: TrainConfig, modules: list[str] | None = None, parameters: list[str] | None = None):
+    """peft's LoraConfig; `modules`: the resolved leaf names (lora_targets), else the config's names as written;
+    `parameters`: MoE experts' 3-D weights (lora_experts)."""
     from peft import LoraConfig
 
-    return LoraConfig(**recipe.lora_kwargs(cfg, modules))
+    return LoraConfig(**recipe.lora_kwargs(cfg, modules, parameters))
 
 
 def lora_targets(cfg: TrainConfig, path: str | None = None, model=None):
@@ -211,7 +212,8 @@ def prepare_for_training(model, cfg: TrainConfig):
     # (the Trainer seeds only later, when it is built).
     set_seed(cfg.seed)
     targets = lora_targets(cfg, model=model)  # the leaf names this model has: what adapter_config.json then lists
-    model = get_peft_model(model, build_lora_config(cfg, targets.modules))
+    experts = moe.lora_parameters(model, cfg)  # lora_experts: the experts' 3-D weights (core/levers/experts.py)
+    model = get_peft_model(model, build_lora_config(cfg, targets.modules, experts))
     if cfg.compile_layers:
         from core.model.compile import compile_layers
 
