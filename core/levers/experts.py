@@ -28,9 +28,9 @@ import sys
 import torch
 
 from core.messages import Said
+from core.model.shapes import EXPERT_WEIGHTS as WEIGHTS
 
 IMPLEMENTATION = "memtune_nf4"  # our experts forward's name in transformers' ExpertsInterface
-WEIGHTS = ("gate_up_proj", "up_proj", "down_proj")  # the 3-D weights of use_experts_implementation experts
 
 
 def is_experts(module: torch.nn.Module) -> bool:
