@@ -180,7 +180,9 @@ class TrainConfig:
     lora_experts: bool = field(default=False, metadata=_help(
         "Mixture-of-experts models: LoRA on every expert's weights too (peft's target_parameters on the fused 3-D "
         "experts), beside lora_target_modules. Needs load_in_4bit off (peft adds its update to the whole 16-bit "
-        "weight, which 4-bit experts never hold) and lora_dropout 0 (peft's rule for it)."))
+        "weight, which 4-bit experts never hold) and lora_dropout 0 (peft's rule for it).",
+        lever=Lever("training", (PREP, "core.levers.experts.lora_parameters"),
+                    (f"{TERMS}.expert_lora_matrices",))))
 
     # --- data --------------------------------------------------------------------------------------------
     dataset: str = field(default="databricks/databricks-dolly-15k", metadata=_help(

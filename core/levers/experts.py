@@ -227,10 +227,8 @@ def routing_note(model) -> Said:
 
 
 def lora_parameters(model, cfg) -> list[str]:
-    """peft's target_parameters for `cfg.lora_experts` (none when off), named in the log's lines; a model without
+    """peft's target_parameters for lora_experts, named in the log's lines; a model without
     experts is refused by name (a ConfigError on lora_experts)."""
-    if not cfg.lora_experts:
-        return []
     from core.config.settings import ConfigError, Problem
 
     names = expert_parameters(model)

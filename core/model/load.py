@@ -212,7 +212,8 @@ def prepare_for_training(model, cfg: TrainConfig):
     # (the Trainer seeds only later, when it is built).
     set_seed(cfg.seed)
     targets = lora_targets(cfg, model=model)  # the leaf names this model has: what adapter_config.json then lists
-    experts = moe.lora_parameters(model, cfg)  # lora_experts: the experts' 3-D weights (core/levers/experts.py)
+    # lora_experts: the experts' 3-D weights too (peft's target_parameters; core/levers/experts.py)
+    experts = moe.lora_parameters(model, cfg) if cfg.lora_experts else []
     model = get_peft_model(model, build_lora_config(cfg, targets.modules, experts))
     if cfg.compile_layers:
         from core.model.compile import compile_layers
