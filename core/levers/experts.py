@@ -191,7 +191,7 @@ def finish(model) -> list[Said]:
     notes = []
     found = experts_modules(model)
     quantized = [m for _, m in found if isinstance(getattr(m, "down_proj", None), NF4Experts)]
-    if found and len(quantized) != len(found):  # a partial swap would be a model computing two ways: refuse it
+    if quantized and len(quantized) != len(found):  # a partial swap would be a model computing two ways: refuse it
         raise RuntimeError(f"{len(quantized)} of {len(found)} experts modules were quantized while loading")
     if quantized:
         _register()
