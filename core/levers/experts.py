@@ -25,12 +25,27 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from typing import Any, NamedTuple
+
 import torch
 
-from core.messages import Said
-from core.model.shapes import EXPERT_WEIGHTS as WEIGHTS
+
+class Note(NamedTuple):
+    """A log line's key (core/locales) and parameters: the training recipe emits it as a keyed event (the levers
+    import nothing of memtune but core.config)."""
+
+    key: str
+    params: dict[str, Any]
+
+
+def _note(key: str, **params: Any) -> Note:
+    return Note(key, params)
+
 
 IMPLEMENTATION = "memtune_nf4"  # our experts forward's name in transformers' ExpertsInterface
+# The 3-D weights of transformers' experts interface (use_experts_implementation): what this lever stores in 4 bits,
+# one expert at a time, what lora_experts puts LoRA on, and what core/model/shapes.py counts as such.
+WEIGHTS = ("gate_up_proj", "up_proj", "down_proj")
 
 
 def is_experts(module: torch.nn.Module) -> bool:
@@ -185,7 +200,7 @@ def quantizing_experts(path: str, quant_type: str, double_quant: bool, compute_d
                 cls.__setattr__ = original
 
 
-def finish(model) -> list[Said]:
+def finish(model) -> list[Note]:
     """After loading: the quantized experts compute through `nf4_experts_forward`; the routing loss follows
     config.json. Returns the log's lines (what was quantized, what the routing loss does)."""
     notes = []
@@ -197,10 +212,10 @@ def finish(model) -> list[Said]:
         _register()
         model.set_experts_implementation(IMPLEMENTATION)
         first = quantized[0].down_proj
-        notes.append(Said("log.moe.experts_4bit", layers=len(quantized), experts=first.num_experts,
+        notes.append(_note("log.moe.experts_4bit", layers=len(quantized), experts=first.num_experts,
                           quant=first.states[0].quant_type, gib=sum(stored_bytes(m) for m in quantized) / 2**30))
     elif found:
-        notes.append(Said("log.moe.experts_16bit", layers=len(found), experts=int(found[0][1].num_experts),
+        notes.append(_note("log.moe.experts_16bit", layers=len(found), experts=int(found[0][1].num_experts),
                           dtype=str(found[0][1].down_proj.dtype).removeprefix("torch.")))
     if found:
         notes.append(routing_note(model))
@@ -212,7 +227,7 @@ def stored_bytes(module: torch.nn.Module) -> int:
     return sum(m.stored_bytes() for m in module.modules() if isinstance(m, NF4Experts))
 
 
-def routing_note(model) -> Said:
+def routing_note(model) -> Note:
     """The router's load-balancing loss on or off as config.json's `output_router_logits` says. TRL's SFTTrainer
     enables it whenever the config's `router_aux_loss_coef` is non-zero (and rewrites output_router_logits to
     match), so where config.json says off, the coefficient is set to 0 here and TRL leaves it off."""
@@ -222,8 +237,8 @@ def routing_note(model) -> Said:
     if hasattr(config, "router_aux_loss_coef") and not on:
         config.router_aux_loss_coef = 0.0
     if on:
-        return Said("log.moe.aux_on", coef=coef)
-    return Said("log.moe.aux_off")
+        return _note("log.moe.aux_on", coef=coef)
+    return _note("log.moe.aux_off")
 
 
 def lora_parameters(model, cfg) -> list[str]:
@@ -236,7 +251,7 @@ def lora_parameters(model, cfg) -> list[str]:
         raise ConfigError([Problem.of("lora_experts", "problem.lora_experts_dense", model=cfg.model)])
     notes = getattr(model, "memtune_moe_notes", None)
     if isinstance(notes, list):
-        notes.append(Said("log.moe.lora_experts", params=", ".join(names)))
+        notes.append(_note("log.moe.lora_experts", params=", ".join(names)))
     return names
 
 

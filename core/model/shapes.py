@@ -28,11 +28,6 @@ from typing import Any
 from core.config.settings import DEMO_MODEL
 
 
-# The 3-D weights of transformers' experts interface (use_experts_implementation): what core/levers/experts.py stores
-# in 4 bits, one expert at a time, and what lora_experts puts LoRA on.
-EXPERT_WEIGHTS = ("gate_up_proj", "up_proj", "down_proj")
-
-
 class ShapeError(ValueError):
     """The model's shape could not be found; the message says where we looked and what to do."""
 
@@ -258,13 +253,15 @@ class StoredCount:
     experts: int = 0  # of `other`: the MoE experts' 3-D parameters
     largest_expert: int = 0  # the largest one (one layer's gate_up_proj) where loading stacks it from one tensor per
     # expert (transformers' checkpoint conversion merges them: Qwen3-MoE, Mixtral, OLMoE); 0 where stored fused (gpt-oss)
-    expert_weights: tuple[tuple[int, int, int], ...] = ()  # shape of each 3-D EXPERT_WEIGHTS tensor
+    expert_weights: tuple[tuple[int, int, int], ...] = ()  # shape of each 3-D experts weight (core.levers.experts.WEIGHTS)
 
 
 def _count_meta(model, config) -> tuple[StoredCount, dict[str, Any]]:
     """(the stored count, the architecture numbers read from real module shapes) of a model on the meta device."""
     import torch
     from transformers.pytorch_utils import Conv1D
+
+    from core.levers.experts import WEIGHTS as EXPERT_WEIGHTS  # what the experts lever stores in 4 bits
     from transformers.quantizers.base import get_keys_to_not_convert
     from transformers.quantizers.quantizers_utils import should_convert_module
 
