@@ -91,9 +91,12 @@ def test_nf4_experts_forward_equals_the_model_with_its_experts_dequantized_to_bf
     model.eval()
     with torch.no_grad():
         nf4 = model(ids).logits.float()
-    moe.dequantized_copy_into(model)
-    model.set_experts_implementation("eager")
+    default = model.memtune_experts_default
+    assert moe.dequantize_experts(model) == 4  # what a merge into the dequantized weights starts from
+    assert model.config._experts_implementation == default != moe.IMPLEMENTATION
+    model.set_experts_implementation("eager")  # transformers' own per-expert loop
     assert not any(isinstance(m, moe.NF4Experts) for m in model.modules())
+    assert all(p.dtype == torch.bfloat16 for n, p in model.named_parameters() if p.dim() == 3)
     with torch.no_grad():
         bf16 = model(ids).logits.float()
     torch.testing.assert_close(nf4, bf16, rtol=0, atol=1e-3 * bf16.abs().max().item())

@@ -210,6 +210,7 @@ def finish(model) -> list[Note]:
         raise RuntimeError(f"{len(quantized)} of {len(found)} experts modules were quantized while loading")
     if quantized:
         _register()
+        model.memtune_experts_default = model.config._experts_implementation  # what dequantize_experts restores
         model.set_experts_implementation(IMPLEMENTATION)
         first = quantized[0].down_proj
         notes.append(_note("log.moe.experts_4bit", layers=len(quantized), experts=first.num_experts,
@@ -279,9 +280,20 @@ def expert_parameters(model) -> list[str]:
     return names
 
 
+def dequantize_experts(model) -> int:
+    """Replace the model's NF4Experts by 16-bit parameters holding their dequantized values, the family's own
+    layout and forward again: the weights the adapter trained against, to merge into (core/export/adapter.py) and
+    save as a plain model. Returns how many experts weights it dequantized."""
+    n = sum(isinstance(m, NF4Experts) for m in model.modules())
+    dequantized_copy_into(model)
+    if n and getattr(model, "memtune_experts_default", None):
+        model.set_experts_implementation(model.memtune_experts_default)
+    return n
+
+
 def dequantized_copy_into(module: torch.nn.Module) -> None:
     """Replace a module's NF4Experts by 16-bit parameters holding their dequantized values (the same model with
-    16-bit experts: tests compare the two; merging an adapter starts from these weights)."""
+    16-bit experts)."""
     for _, experts in experts_modules(module):
         for w in WEIGHTS:
             q = experts._modules.get(w)
