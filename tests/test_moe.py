@@ -201,3 +201,20 @@ def test_the_router_loss_is_on_exactly_where_config_json_says(tmp_path):
     model = load_model(_cfg(off), str(off))
     assert [n.key for n in model.memtune_moe_notes][-1] == "log.moe.aux_off"
     assert model.config.router_aux_loss_coef == 0.0 and not model.config.output_router_logits
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_without_4_bits_the_experts_stay_16_bit_and_are_counted_so(name, folders):
+    """load_in_4bit off: nothing is quantized (the log says the experts are kept in bf16) and the estimator's weights
+    are every parameter of the loaded model in bf16, its experts included."""
+    from core.estimate.terms import single_gpu_terms
+    from core.model.load import load_model
+    from core.model.shapes import get_shape
+
+    cfg = _cfg(folders[name], load_in_4bit=False, upcast_to_fp32=False)
+    model = load_model(cfg, str(folders[name]))
+    assert [n.key for n in model.memtune_moe_notes] == ["log.moe.experts_16bit", "log.moe.aux_off"]
+    held = sum(p.numel() * p.element_size() for p in model.parameters())
+    terms = single_gpu_terms(cfg, get_shape(str(folders[name])))
+    assert terms.quantized == 0 and terms.unquantized == held
+    assert sum(p.numel() for p in model.parameters() if p.dim() == 3) == get_shape(str(folders[name])).expert_params
