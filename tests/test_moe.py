@@ -218,3 +218,24 @@ def test_without_4_bits_the_experts_stay_16_bit_and_are_counted_so(name, folders
     terms = single_gpu_terms(cfg, get_shape(str(folders[name])))
     assert terms.quantized == 0 and terms.unquantized == held
     assert sum(p.numel() for p in model.parameters() if p.dim() == 3) == get_shape(str(folders[name])).expert_params
+
+
+def test_the_experts_are_quantized_as_transformers_sets_each_weight(folders, monkeypatch):
+    """Loading never holds the model's experts in 16 bits: each 3-D weight becomes 4-bit the moment transformers'
+    loader sets it (set_param_for_module), layer by layer, before the next weight is read."""
+    import inspect
+
+    from core.levers import experts as moe
+    from core.model.load import load_model
+
+    seen = []
+    init = moe.NF4Experts.__init__
+
+    def recording(self, weight, *args, **kwargs):
+        seen.append(("set_param_for_module" in {f.function for f in inspect.stack()}, tuple(weight.shape)))
+        init(self, weight, *args, **kwargs)
+
+    monkeypatch.setattr(moe.NF4Experts, "__init__", recording)
+    model = load_model(_cfg(folders["qwen3_moe"]), str(folders["qwen3_moe"]))
+    assert len(seen) == 4 and all(during for during, _ in seen)
+    assert sorted(shape for _, shape in seen) == sorted(m.shape for m in model.modules() if isinstance(m, moe.NF4Experts))
