@@ -31,15 +31,19 @@ import torch
 
 
 class Note(NamedTuple):
-    """A log line's key (core/locales) and parameters: the training recipe emits it as a keyed event (the levers
-    import nothing of memtune but core.config)."""
+    """A log line of this lever: its key is log.moe.<name> (core/locales), the training recipe emits it as a keyed
+    event with `params` (the levers import nothing of memtune but core.config)."""
 
-    key: str
+    name: str
     params: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return f"log.moe.{self.name}"
 
 
 def _note(key: str, **params: Any) -> Note:
-    return Note(key, params)
+    return Note(key.removeprefix("log.moe."), params)
 
 
 IMPLEMENTATION = "memtune_nf4"  # our experts forward's name in transformers' ExpertsInterface
