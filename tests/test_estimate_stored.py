@@ -1,6 +1,7 @@
 """The estimator counts what the loaded model really stores (core/model/shapes.py builds the model of config.json on
 the meta device): every parameter by how memtune's loader keeps it, 4-bit or not, so mixture-of-experts models'
-fused 3-D experts (not nn.Linear, so never quantized) and families without Llama-style config keys are counted.
+fused 3-D experts (not nn.Linear: core/levers/experts.py stores them in 4 bits, expert by expert) and families
+without Llama-style config keys are counted.
 
 Each tiny model is its family's real config.json scaled down (the same model_type and layer structure; MoE: the
 same routing, fewer and narrower experts), built with random weights from a fixed seed, saved in bf16 and loaded by
@@ -75,8 +76,11 @@ def folders(tmp_path_factory):
 
 
 def _stored(model) -> dict[str, int]:
-    """Bytes the loaded model holds: 4-bit weights (packed data + quantization constants) and the rest by dtype."""
-    out = {"4bit": 0}
+    """Bytes the loaded model holds: 4-bit weights (packed data + quantization constants: bitsandbytes' Params4bit
+    and the MoE experts' NF4Experts, core/levers/experts.py) and the rest by dtype."""
+    from core.levers.experts import stored_bytes
+
+    out = {"4bit": stored_bytes(model)}
     for p in model.parameters():
         if type(p).__name__ == "Params4bit":
             s = p.quant_state
@@ -91,8 +95,8 @@ def _stored(model) -> dict[str, int]:
 @pytest.mark.parametrize("upcast", [False, True], ids=["lean", "upcast"])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_the_estimated_weights_are_what_memtunes_4bit_loader_stores(name, upcast, folders):
-    """Per storage class: the 4-bit bytes, and the other weights' bytes in their dtype (bf16 as loaded; fp32 after
-    the recipe's upcast, MoE experts included), equal what the estimator counts."""
+    """Per storage class: the 4-bit bytes (MoE experts included: every expert its own 4-bit weight), and the other
+    weights' bytes in their dtype (bf16 as loaded; fp32 after the recipe's upcast), equal what the estimator counts."""
     from peft import prepare_model_for_kbit_training
 
     from core.model.load import load_model
@@ -110,10 +114,16 @@ def test_the_estimated_weights_are_what_memtunes_4bit_loader_stores(name, upcast
     assert held.pop("4bit") == terms.quantized and (terms.quantized > 0) == (name != "falcon"), name
     assert held == {("float32" if upcast else "bfloat16"): terms.unquantized}, name
     numel = sum(p.numel() for p in model.parameters() if type(p).__name__ != "Params4bit")
-    assert numel == shape.embed_params + shape.head_params + shape.small_params
+    # small_params: what transformers' 4-bit quantizer leaves 16-bit, MoE experts included (then stored in 4 bits)
+    assert numel == shape.embed_params + shape.head_params + shape.small_params - shape.expert_weight_params
     if name in MOE:
-        experts = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 3 and "expert" in n)
-        assert experts == shape.expert_params > 0
+        from core.levers.experts import NF4Experts
+
+        held_experts = [m for m in model.modules() if isinstance(m, NF4Experts)]
+        assert len(held_experts) == len(shape.expert_weights()) == 2 * 2  # gate_up_proj + down_proj, 2 layers
+        assert sum(e * a * b for e, a, b in shape.expert_weights()) == sum(
+            m.num_experts * m.shape[1] * m.shape[2] for m in held_experts) == shape.expert_params > 0
+        assert not any(p.dim() == 3 for p in model.parameters())  # no 16-bit expert weight left
         assert shape.num_experts == CONFIGS[name].get("num_experts", CONFIGS[name].get("num_local_experts"))
 
 
@@ -139,15 +149,22 @@ def test_architecture_numbers_come_from_the_config_and_the_real_modules(name, fo
 
 def test_qwen3_30b_a3b_counts_its_experts_under_lowest_memory():
     """Qwen3-30B-A3B: 48 layers x 128 experts x 3 x 2048 x 768 = 28.99 B expert parameters, 54.0 GiB in bf16, which
-    the estimate of before counted as nothing (3.80 GiB in all)."""
+    the estimate of before counted as nothing (3.80 GiB in all); core/levers/experts.py stores them in NF4 (about
+    14 GiB), every expert its own 4-bit weight."""
     shape = get_shape("Qwen/Qwen3-30B-A3B")
-    assert shape.expert_params == 48 * 128 * 3 * 2048 * 768
+    assert shape.expert_params == shape.expert_weight_params == 48 * 128 * 3 * 2048 * 768
     assert shape.expert_params * 2 / GIB == pytest.approx(54.0, abs=0.05)
+    assert len(shape.expert_weights()) == 2 * 48 and shape.largest_expert_weight == 2 * 768 * 2048
     est = estimate(apply_preset(TrainConfig(model="Qwen/Qwen3-30B-A3B"), "lowest_memory"), shape)
-    assert est.unquantized_weights / GIB > 54.0 and est.total_gib > 55.0
-    # only attention is nn.Linear: 48 x (q 2048x4096 + k, v 2048x512 + o 4096x2048), 4-bit
+    # only attention is nn.Linear: 48 x (q 2048x4096 + k, v 2048x512 + o 4096x2048), 4-bit; the experts too
     assert shape.linear_params == 48 * (2 * 2048 * 4096 + 2 * 2048 * 512)
-    assert est.quantized_weights == sum(nf4_bytes(a * b, True) for a, b in shape.quantized_weights())
+    experts = sum(e * nf4_bytes(a * b, True) for e, a, b in shape.expert_weights())
+    assert experts / GIB == pytest.approx(13.9, abs=0.1)
+    assert est.quantized_weights == sum(nf4_bytes(a * b, True) for a, b in shape.quantized_weights()) + experts
+    assert est.unquantized_weights / GIB < 1.0 and 14.0 < est.total_gib < 20.0  # issue 40: <= 20 GiB NVML
+    bf16 = estimate(apply_preset(TrainConfig(model="Qwen/Qwen3-30B-A3B"), "lowest_memory").replace(
+        load_in_4bit=False), shape)
+    assert bf16.unquantized_weights / GIB > 54.0  # without 4 bits the experts stay bf16, and are counted so
     for hub in ("mistralai/Mixtral-8x7B-v0.1", "openai/gpt-oss-20b", "allenai/OLMoE-1B-7B-0924"):
         moe = get_shape(hub)
         assert moe.num_experts and moe.expert_params > moe.linear_params, hub

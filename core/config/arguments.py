@@ -64,9 +64,12 @@ def kbit_kwargs(cfg: TrainConfig) -> dict[str, Any] | None:
     return {"use_gradient_checkpointing": False}
 
 
-def lora_kwargs(cfg: TrainConfig, modules: list[str] | None = None) -> dict[str, Any]:
-    """peft LoraConfig(**...); `modules`: the target names resolved for the model in hand (core/model/lora_targets.py)."""
+def lora_kwargs(cfg: TrainConfig, modules: list[str] | None = None,
+                parameters: list[str] | None = None) -> dict[str, Any]:
+    """peft LoraConfig(**...); `modules`: the target names resolved for the model in hand (core/model/lora_targets.py);
+    `parameters`: MoE experts' 3-D weights for peft's target_parameters (lora_experts, core/levers/experts.py)."""
     return {
+        **({"target_parameters": list(parameters)} if parameters else {}),
         "r": cfg.lora_r,
         "lora_alpha": cfg.lora_alpha,
         "lora_dropout": cfg.lora_dropout,

@@ -177,6 +177,12 @@ class TrainConfig:
         metadata=_help("Linear layers that get LoRA adapters: attention (q, k, v, o of any family, fused qkv_proj "
                        "included), mlp, all_linear, or layer names. A name the model lacks is refused with the "
                        "model's linear layers listed.", choices=LORA_TARGET_OFFERED, pattern=MODULE_NAME))
+    lora_experts: bool = field(default=False, metadata=_help(
+        "Mixture-of-experts models: LoRA on every expert's weights too (peft's target_parameters on the fused 3-D "
+        "experts), beside lora_target_modules. Needs load_in_4bit off (peft adds its update to the whole 16-bit "
+        "weight, which 4-bit experts never hold) and lora_dropout 0 (peft's rule for it).",
+        lever=Lever("training", (PREP, "core.levers.experts.lora_parameters"),
+                    (f"{TERMS}.expert_lora_matrices",))))
 
     # --- data --------------------------------------------------------------------------------------------
     dataset: str = field(default="databricks/databricks-dolly-15k", metadata=_help(
@@ -550,6 +556,10 @@ def config_problems(cfg: TrainConfig, hw: Hardware | None = None) -> list[Proble
     if cfg.use_liger_kernel and (device != "cuda" or not hw.liger):
         bad("use_liger_kernel", "problem.no_liger")
     p.extend(eval_problems(cfg))
+    if cfg.lora_experts and cfg.load_in_4bit:  # peft's target_parameters adds to the whole 16-bit 3-D weight
+        bad("lora_experts", "problem.lora_experts_4bit")
+    if cfg.lora_experts and cfg.lora_dropout > 0:  # peft's ParamWrapper refuses dropout
+        bad("lora_experts", "problem.lora_experts_dropout", dropout=f"{cfg.lora_dropout:g}")
     if cfg.lora_alpha and cfg.lora_r and cfg.lora_alpha / cfg.lora_r > 16:
         bad("lora_alpha", "problem.alpha_ratio", ratio=f"{cfg.lora_alpha / cfg.lora_r:g}")
     return p

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from core.config.settings import TrainConfig
-from core.estimate.terms import CUBLAS_WORKSPACE, GIB, Terms, optimizer_bytes, other_weight_bytes
+from core.estimate.terms import (CUBLAS_WORKSPACE, GIB, Terms, expert_lora_matrices, optimizer_bytes,
+                                  other_weight_bytes)
 from core.model.shapes import ModelShape
 
 NCCL_BUFFERS = int(0.6 * GIB)  # NCCL communicator + its kernels, per process, outside torch's allocator (NVML only)
@@ -81,7 +82,8 @@ def layout(cfg: TrainConfig, single_nvml: Callable[[], int], n_gpus: int | None 
 
 
 def _ddp(t: Terms, cfg: TrainConfig, shape: ModelShape) -> None:
-    grads = (2 if cfg.load_in_4bit else 4) * shape.lora_params(cfg.lora_r, cfg.lora_target_modules)
+    grads = (2 if cfg.load_in_4bit else 4) * (shape.lora_params(cfg.lora_r, cfg.lora_target_modules)
+                                              + sum(expert_lora_matrices(shape, cfg)))
     t.buckets = grads
     t.kept = min(BROADCAST_IN_FLIGHT * BROADCAST_BUCKET, t.quantized + t.unquantized)
     t.comm = NCCL_BUFFERS
@@ -105,7 +107,7 @@ def _fsdp(t: Terms, cfg: TrainConfig, shape: ModelShape, world: int) -> None:
     layer = layer_linear + other * (shape.small_params - h) // layers  # + one layer's norms and biases
     t.gathered = root + min(2, layers) * layer
     # LoRA: each matrix its own flat parameter, upcast to fp32 by accelerate, sharded with its grad and state
-    n_lora = shape.lora_params(cfg.lora_r, cfg.lora_target_modules)
+    n_lora = shape.lora_params(cfg.lora_r, cfg.lora_target_modules) + sum(expert_lora_matrices(shape, cfg))
     t.lora = 2 * 4 * -(-n_lora // world)
     t.optimizer, t.paged = optimizer_bytes(cfg, shape, 4, shards=world)
     t.kept = min(BROADCAST_IN_FLIGHT * BROADCAST_BUCKET, layer + root)  # sync_module_states' broadcast

@@ -69,8 +69,8 @@ class Estimate:
     COMPONENTS = ("quantized_weights", "unquantized_weights", "lora", "optimizer", "activations", "logits",
                   "temporaries", "gathered_weights", "communication", "allocator_cache", "cuda_context", "load_spike")
     LABELS = {
-        "quantized_weights": "4-bit weights (decoder linears)",
-        "unquantized_weights": "other weights (embeddings, norms, experts)",
+        "quantized_weights": "4-bit weights (decoder linears, MoE experts)",
+        "unquantized_weights": "other weights (embeddings, norms, ...)",
         "lora": "LoRA params + grads",
         "optimizer": "optimizer state",
         "activations": "activations kept for backward",

@@ -17,9 +17,13 @@ bench/grid_measured.json (H200, torch 2.11) and bench/RESULTS.md shows the table
   optimizer    Adam's two moments: 8-bit = 2 bytes/param, 32-bit = 8; torch AdamW keeps the params' dtype.
                bitsandbytes pages (CUDA managed memory: NVML counts it, torch's allocator does not) only state
                tensors of >= 1e5 elements: LoRA matrices of a 70B model, none of an 8B one at r=16.
-  MoE experts  Fused 3-D parameters (experts.gate_up_proj, experts.down_proj), not nn.Linear: bitsandbytes leaves
-               them 16-bit (fp32 after the upcast), counted with the other weights from the meta-device model
-               (core/model/shapes.py). Their activations: `moe_routed_bytes_per_token` (top-k copies per token).
+  MoE experts  Fused 3-D parameters (experts.gate_up_proj, experts.down_proj), not nn.Linear, counted from the
+               meta-device model (core/model/shapes.py). Under load_in_4bit core/levers/experts.py stores each
+               expert as its own 4-bit weight (nf4_bytes per expert); bitsandbytes dequantizes one expert's weight at
+               a time. Without 4 bits they stay 16-bit (fp32 after the upcast). Their activations:
+               `moe_routed_bytes_per_token` (top-k copies per token). `lora_experts` (16-bit experts only): peft's
+               target_parameters adds its update to each experts weight whole, a 16-bit copy of one layer's experts
+               per forward (kept for backward) and its gradient.
   activations  What autograd keeps per token and layer (`layer_bytes_per_token`): the RMSNorms' inputs, the
                LoRA inputs, attention's q/k/v/output (k and v repeated to all heads when a mask is passed; a fused
                qkv output whole, as v is a view of it), the MLP's gate/up (and act(gate) without liger's fused
@@ -103,12 +107,26 @@ def lora_matrices(shape: ModelShape, cfg: TrainConfig) -> list[int]:
     return [n for a, b in shape.lora_dims(cfg.lora_target_modules) for n in (cfg.lora_r * a, cfg.lora_r * b)]
 
 
+def expert_lora_matrices(shape: ModelShape, cfg: TrainConfig) -> list[int]:
+    """Element counts of the whole model's LoRA matrices on experts weights (lora_experts; A: r x experts x one side,
+    B: the other side x r x experts, per 3-D weight)."""
+    if not cfg.lora_experts:
+        return []
+    return [n for e, a, b in shape.expert_weights() for n in (cfg.lora_r * e * a, cfg.lora_r * e * b)]
+
+
+def quantized_experts(cfg: TrainConfig, shape: ModelShape) -> bool:
+    """Whether the MoE experts are stored in 4 bits (core/levers/experts.py does it whenever the model loads in 4)."""
+    return bool(cfg.load_in_4bit and shape.expert_weights())
+
+
 def optimizer_bytes(cfg: TrainConfig, shape: ModelShape, param_bytes: int, shards: int = 1) -> tuple[int, int]:
     """(bytes of optimizer state for the LoRA params, how many of them bitsandbytes pages); with `shards` > 1 each
     LoRA matrix is one flat FSDP shard of 1/shards of it (what the optimizer then sees)."""
     _, eight_bit, paged = OPTIMIZERS.get(cfg.optim, (False, False, False))
-    matrices = [-(-m // shards) for m in lora_matrices(shape, cfg)]
-    n = shape.num_hidden_layers * sum(matrices)
+    matrices = [-(-m // shards) for m in lora_matrices(shape, cfg)] * shape.num_hidden_layers
+    matrices += [-(-m // shards) for m in expert_lora_matrices(shape, cfg)]
+    n = sum(matrices)
     if cfg.optim == "sgd":
         return 0, 0
     if cfg.optim == "adafactor":
@@ -121,8 +139,8 @@ def optimizer_bytes(cfg: TrainConfig, shape: ModelShape, param_bytes: int, shard
             return 8 * m
     else:  # torch AdamW: moments in the params' dtype
         return 2 * param_bytes * n, 0
-    total = shape.num_hidden_layers * sum(per(m) for m in matrices)
-    paged_bytes = shape.num_hidden_layers * sum(per(m) for m in matrices if m >= PAGED_MIN_NUMEL) if paged else 0
+    total = sum(per(m) for m in matrices)
+    paged_bytes = sum(per(m) for m in matrices if m >= PAGED_MIN_NUMEL) if paged else 0
     return total, paged_bytes
 
 
@@ -148,7 +166,7 @@ def masked(cfg: TrainConfig, attention: str, batch: int, equal_length_rows: bool
 
 def moe_routed_bytes_per_token(cfg: TrainConfig, shape: ModelShape) -> int:
     """What one MoE layer keeps for backward per token, averaged over the layers: each token goes to its top-k
-    experts, whose 16-bit fused weights (never quantized) compute in the compute dtype, and each of the k copies
+    experts, which compute in the compute dtype (4-bit ones through bitsandbytes' matmul), and each of the k copies
     keeps the expert MLP's input, gate/up output (2 x width) and act(gate) (width), plus the router's logits and
     their fp32 softmax over all experts. 0 for a dense model."""
     if not shape.num_experts or not shape.num_hidden_layers:
@@ -291,6 +309,11 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     if q4:
         quantized = sum(nf4_bytes(a * b, cfg.bnb_4bit_use_double_quant) for a, b in shape.quantized_weights())
         unquantized = other_dtype * shape.unquantized_params
+        if quantized_experts(cfg, shape):  # every expert its own 4-bit weight (core/levers/experts.py)
+            quantized += sum(e * nf4_bytes(a * b, cfg.bnb_4bit_use_double_quant) for e, a, b in shape.expert_weights())
+            unquantized -= other_dtype * shape.expert_weight_params
+            notes.append(f"MoE experts stored in 4 bits, one expert at a time ({len(shape.expert_weights())} fused "
+                         f"weights of {shape.num_experts} experts)")
     else:
         quantized = 0
         unquantized = d.c * shape.total_params
@@ -308,7 +331,7 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
                      "there)")
 
     # LoRA: TRL casts the adapters of a quantized model to bf16; peft keeps them fp32 on a 16-bit base.
-    n_lora = shape.lora_params(cfg.lora_r, cfg.lora_target_modules)
+    n_lora = shape.lora_params(cfg.lora_r, cfg.lora_target_modules) + sum(expert_lora_matrices(shape, cfg))
     lora_dtype = 2 if q4 else 4
     lora = 2 * lora_dtype * n_lora
     if not q4 and d.c == 2:
@@ -319,7 +342,12 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     is_masked = masked(cfg, attention, batch, equal_length_rows)
     saved, backward = layer_bytes_per_token(cfg, shape, liger_layers=liger,
                                             kv_repeated=is_masked or attention == "varlen")
-    dequant = d.c * shape.largest_linear if q4 else 0  # bitsandbytes dequantizes a whole weight per matmul
+    # bitsandbytes dequantizes a whole weight per matmul (a 4-bit expert: that one expert's)
+    dequant = d.c * max(shape.largest_linear, shape.largest_expert_weight if quantized_experts(cfg, shape) else 0) \
+        if q4 else 0
+    # lora_experts: peft's parametrization makes W + BA of a layer's experts weights whole (16-bit), kept for
+    # backward while the layer's graph lives, and backward makes its gradient (same size).
+    moe_lora = d.c * shape.expert_weight_params // max(1, shape.moe_layers) if expert_lora_matrices(shape, cfg) else 0
     # An explicit mask: a bool [T, T] (packed; batch x [L, L] padded) shared by the layers, and the compute-dtype
     # bias SDPA makes of it, kept by every layer that has run forward (one layer with checkpointing).
     mask_elems = (tokens * tokens if cfg.packing else batch * row * row) if is_masked else 0
@@ -337,11 +365,11 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     if cfg.gradient_checkpointing:
         kept = min(layers, OFFLOAD_STASH) if cfg.offload_activations else layers
         activations = kept * d.s * h * tokens + mask_kept
-        layer_phase = (saved + backward) * tokens + dequant + row_scores
+        layer_phase = (saved + backward) * tokens + dequant + row_scores + 2 * moe_lora
     else:
         kept = min(layers, 1) if cfg.offload_activations else layers
-        activations = kept * (saved * tokens + row_scores) + mask_kept
-        layer_phase = backward * tokens + dequant
+        activations = kept * (saved * tokens + row_scores) + mask_kept + min(kept, shape.moe_layers) * moe_lora
+        layer_phase = backward * tokens + dequant + moe_lora
     if cfg.offload_activations:
         notes.append(f"offload_activations: {layers - kept} layers' saved activations wait in CPU memory")
 

@@ -343,6 +343,9 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
             model = load_model(mcfg, path)
             step(0.35, "Dequantizing the 4-bit weights the adapter was trained against")
             quant = dequantize_4bit_linears(model)
+            from core.levers.experts import dequantize_experts
+
+            dequantize_experts(model)  # MoE: the 4-bit experts too (core/levers/experts.py)
         else:
             step(0.02, f"Loading {cfg.model} unquantized (bf16)")
             model = load_model(mcfg, path)

@@ -17,6 +17,7 @@ import torch
 
 from core.config import arguments as recipe
 from core.config.settings import DEMO_MODEL, TrainConfig
+from core.levers import experts as moe
 from core.levers.embedding import CpuEmbedding, load_embedding_on_cpu, offload_input_embeddings
 from core.levers.output_head import quantize_output_head
 from core.messages import Keyed, Said, keyed
@@ -45,11 +46,12 @@ def build_bnb_config(cfg: TrainConfig):
     return BitsAndBytesConfig(**kwargs)
 
 
-def build_lora_config(cfg: TrainConfig, modules: list[str] | None = None):
-    """peft's LoraConfig; `modules`: the resolved leaf names (lora_targets), else the config's names as written."""
+def build_lora_config(cfg: TrainConfig, modules: list[str] | None = None, parameters: list[str] | None = None):
+    """peft's LoraConfig; `modules`: the resolved leaf names (lora_targets), else the config's names as written;
+    `parameters`: MoE experts' 3-D weights (lora_experts)."""
     from peft import LoraConfig
 
-    return LoraConfig(**recipe.lora_kwargs(cfg, modules))
+    return LoraConfig(**recipe.lora_kwargs(cfg, modules, parameters))
 
 
 def lora_targets(cfg: TrainConfig, path: str | None = None, model=None):
@@ -156,7 +158,8 @@ def load_model(cfg: TrainConfig, path: str | None = None):
         model = None
         if cfg.offload_embeddings and use_cuda(cfg):
             try:
-                model = load_embedding_on_cpu(path, cfg, kwargs)
+                with moe.while_loading(cfg, path):  # MoE experts quantized as they load (core/levers/experts.py)
+                    model = load_embedding_on_cpu(path, cfg, kwargs)
             except Exception as exc:  # noqa: BLE001 - a model or library this path does not know: load as before
                 if "trust_remote_code" in str(exc):
                     raise
@@ -165,12 +168,14 @@ def load_model(cfg: TrainConfig, path: str | None = None):
                 model = None
                 torch.cuda.empty_cache()
         if model is None:
-            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            with moe.while_loading(cfg, path):
+                model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
             raise ModelError("model.err.remote_code", model=cfg.model) from None
         raise
     model.config.use_cache = False  # the KV cache is useless in training and warns with checkpointing
+    model.memtune_moe_notes = moe.finish(model)  # the log's words on the experts and their routing loss
     return model
 
 
@@ -207,7 +212,9 @@ def prepare_for_training(model, cfg: TrainConfig):
     # (the Trainer seeds only later, when it is built).
     set_seed(cfg.seed)
     targets = lora_targets(cfg, model=model)  # the leaf names this model has: what adapter_config.json then lists
-    model = get_peft_model(model, build_lora_config(cfg, targets.modules))
+    # lora_experts: the experts' 3-D weights too (peft's target_parameters; core/levers/experts.py)
+    experts = moe.lora_parameters(model, cfg) if cfg.lora_experts else []
+    model = get_peft_model(model, build_lora_config(cfg, targets.modules, experts))
     if cfg.compile_layers:
         from core.model.compile import compile_layers
 

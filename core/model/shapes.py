@@ -121,6 +121,25 @@ class ModelShape:
     def largest_expert_params(self) -> int:
         return self.stored.largest_expert if self.stored is not None else 0
 
+    def expert_weights(self) -> list[tuple[int, int, int]]:
+        """(experts, rows, columns): the shape of every fused 3-D experts weight of the model (each MoE layer's
+        gate_up_proj, down_proj): what core/levers/experts.py quantizes under load_in_4bit, expert by expert."""
+        return list(self.stored.expert_weights) if self.stored is not None else []
+
+    @property
+    def expert_weight_params(self) -> int:
+        return sum(e * a * b for e, a, b in self.expert_weights())
+
+    @property
+    def largest_expert_weight(self) -> int:
+        """One expert's largest weight (what the 4-bit experts dequantize at a time)."""
+        return max((a * b for _, a, b in self.expert_weights()), default=0)
+
+    def expert_lora_params(self, rank: int) -> int:
+        """LoRA on every experts weight (lora_experts: peft's target_parameters): per weight, A is
+        (rank x experts) x one side and B the other side x (rank x experts)."""
+        return sum(rank * e * (a + b) for e, a, b in self.expert_weights())
+
     @property
     def small_params(self) -> int:
         """Everything else kept unquantized: norms, biases (counted from the model: routers, MoE experts, position
@@ -234,12 +253,15 @@ class StoredCount:
     experts: int = 0  # of `other`: the MoE experts' 3-D parameters
     largest_expert: int = 0  # the largest one (one layer's gate_up_proj) where loading stacks it from one tensor per
     # expert (transformers' checkpoint conversion merges them: Qwen3-MoE, Mixtral, OLMoE); 0 where stored fused (gpt-oss)
+    expert_weights: tuple[tuple[int, int, int], ...] = ()  # shape of each 3-D experts weight (core.levers.experts.WEIGHTS)
 
 
 def _count_meta(model, config) -> tuple[StoredCount, dict[str, Any]]:
     """(the stored count, the architecture numbers read from real module shapes) of a model on the meta device."""
     import torch
     from transformers.pytorch_utils import Conv1D
+
+    from core.levers.experts import WEIGHTS as EXPERT_WEIGHTS  # what the experts lever stores in 4 bits
     from transformers.quantizers.base import get_keys_to_not_convert
     from transformers.quantizers.quantizers_utils import should_convert_module
 
@@ -266,6 +288,7 @@ def _count_meta(model, config) -> tuple[StoredCount, dict[str, Any]]:
     head_n = 0 if tied else head.weight.numel()
     skip_ids = counted | ({id(emb.weight)} if emb is not None else set()) | ({id(head.weight)} if not tied else set())
     other = experts = largest = 0
+    expert_weights = []
     expert_inter = n_experts = 0
     for name, p in model.named_parameters(remove_duplicate=True):
         if id(p) in skip_ids:
@@ -275,12 +298,15 @@ def _count_meta(model, config) -> tuple[StoredCount, dict[str, Any]]:
             experts += p.numel()
             largest = max(largest, p.numel())
             n_experts = int(p.shape[0])
+            if name.rpartition(".")[2] in EXPERT_WEIGHTS:
+                expert_weights.append((int(p.shape[0]), int(p.shape[1]), int(p.shape[2])))
             if name.endswith("gate_up_proj"):  # (experts, hidden, 2 x width) or (experts, 2 x width, hidden)
                 dims = [int(d) for d in p.shape[1:]]
                 wide = dims[1] if dims[0] == hidden else dims[0]
                 expert_inter = wide // 2
     numbers = {"mlp_inter": mlp_inter, "experts": n_experts, "expert_inter": expert_inter}
-    return StoredCount(tuple(quantized), int(embed), int(head_n), int(other), int(experts), int(largest)), numbers
+    return StoredCount(tuple(quantized), int(embed), int(head_n), int(other), int(experts), int(largest),
+                       tuple(expert_weights)), numbers
 
 
 def _stacks_experts(model_type: str) -> bool:

@@ -52,6 +52,7 @@ from core.data.plan import DataError, DataPlan, check_data
 from core.estimate.predict import savings
 from core.files import StorageError, free_memory, has_marker, real, storage_message
 from core.gpus import distributed, vram
+from core.levers.experts import summary as experts_summary
 from core.messages import Said, fields_of, keyed, lines, named, words_of
 from core.model import compile as regional
 from core.model import families
@@ -313,6 +314,8 @@ def load_for_training(cfg: TrainConfig, path: str, emit: EventSink, cpu_eval: bo
     with phase(emit, "loading_model", "log.phase.loading_4bit" if cfg.load_in_4bit else "log.phase.loading",
                model=cfg.model):
         model = model_lib.prepare_for_training(model_lib.load_model(cfg, path), cfg)
+    for note in getattr(model, "memtune_moe_notes", ()):  # MoE: experts stored, routing loss, LoRA on experts
+        emit(make_event("log", level="info", **keyed(f"log.moe.{note.name}", **note.params)))
     trainable, total = model_lib.trainable_parameters(model)
     emit(make_event("log", level="info", **keyed("log.lora", n=trainable, total=total)))
     note = getattr(model, "memtune_compile_note", "")  # core/model/compile.py's words, as is
@@ -394,6 +397,7 @@ def summarize(cfg: TrainConfig, trainer, output, callback: EventCallback, plan: 
         "nvml_peak_gib": None,
         "trainable_params": trainable,
         "lora_modules": lora_modules(trainer.model),  # what peft really adapted
+        **experts_summary(trainer.model),  # MoE: lora_parameters (LoRA on experts), experts_4bit_layers
         "resumed_from": str(resume_ckpt) if resume_ckpt else None,
         "data": plan.to_dict(),  # every row of the split, accounted for (core.data.plan.plan_rows)
         "validation": plan.validation_dict(),

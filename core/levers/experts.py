@@ -1,0 +1,318 @@
+"""Mixture-of-experts models: their fused 3-D experts stored in 4 bits, their routing loss, LoRA on their experts.
+
+transformers 5 holds each MoE layer's experts as fused 3-D parameters (`experts.gate_up_proj`, `experts.down_proj`,
+classes decorated with `use_experts_implementation`: Qwen3MoeExperts, MixtralExperts, OlmoeExperts, GptOssExperts, ...).
+bitsandbytes' 4-bit quantizer converts nn.Linear only, so without this lever the experts (most of a MoE model's
+weights) stay 16-bit, and fp32 after the chapter's upcast.
+
+- Loading (`quantizing_experts`, around from_pretrained): while the weights are read, each experts module's 3-D
+  weight is replaced, the moment transformers sets it, by `NF4Experts`: every expert quantized on its own by
+  bitsandbytes' `quantize_4bit` (the config's quant type and double quantization), as a Linear4bit weight would be.
+  So at most one layer's one 3-D weight exists in 16 bits at a time, never the whole model.
+- Training (`nf4_experts_forward`, registered in transformers' ExpertsInterface as "memtune_nf4" and selected with
+  `set_experts_implementation`): the family's eager loop over the experts a batch routes to, each expert's matmul
+  through bitsandbytes' `matmul_4bit` (the Linear4bit path: it dequantizes that one expert's weight, and again in
+  backward, keeping only the packed one). The packed weights are uint8 buffers: peft's fp32 upcast never sees them.
+- Routing (`routing_note`): the router's load-balancing loss is on exactly when config.json's
+  `output_router_logits` says so (TRL's SFTTrainer turns it on whenever `router_aux_loss_coef` is non-zero, so the
+  coefficient is set to 0 in memory when the config says off).
+- LoRA on experts (`lora_experts`): peft's `target_parameters` on the 3-D weights. peft adds its update to the whole
+  3-D tensor (a parametrization of the parameter), which NF4 experts never hold: the combination is refused by name
+  (core/config/settings.py), LoRA on experts needs `load_in_4bit` off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any, NamedTuple
+
+import torch
+
+
+class Note(NamedTuple):
+    """A log line of this lever: its key is log.moe.<name> (core/locales), the training recipe emits it as a keyed
+    event with `params` (the levers import nothing of memtune but core.config)."""
+
+    name: str
+    params: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return f"log.moe.{self.name}"
+
+
+def _note(key: str, **params: Any) -> Note:
+    return Note(key.removeprefix("log.moe."), params)
+
+
+IMPLEMENTATION = "memtune_nf4"  # our experts forward's name in transformers' ExpertsInterface
+# The 3-D weights of transformers' experts interface (use_experts_implementation): what this lever stores in 4 bits,
+# one expert at a time, what lora_experts puts LoRA on, and what core/model/shapes.py counts as such.
+WEIGHTS = ("gate_up_proj", "up_proj", "down_proj")
+
+
+def is_experts(module: torch.nn.Module) -> bool:
+    """An experts module of transformers' experts interface (the decorator sets has_gate / is_transposed)."""
+    return hasattr(module, "has_gate") and hasattr(module, "is_transposed") and hasattr(module, "num_experts")
+
+
+def experts_modules(model) -> list[tuple[str, torch.nn.Module]]:
+    return [(n, m) for n, m in model.named_modules() if is_experts(m)]
+
+
+class NF4Experts(torch.nn.Module):
+    """One 3-D experts weight, every expert quantized on its own by bitsandbytes (4-bit, in the (out, in) layout of
+    a Linear4bit weight, whatever the family's layout). `packed`: [experts, bytes] uint8; `states`: one bitsandbytes
+    QuantState per expert (absmax, double-quant statistics), on the packed weight's device."""
+
+    def __init__(self, weight: torch.Tensor, transposed: bool, quant_type: str, double_quant: bool,
+                 compute_dtype: torch.dtype):
+        super().__init__()
+        import bitsandbytes.functional as bnbf
+
+        experts = int(weight.shape[0])
+        self.transposed, self.dtype, self.compute_dtype = transposed, weight.dtype, compute_dtype
+        self.shape = tuple(weight.shape)  # the 16-bit parameter's shape (the family's layout)
+        packed, self.states = None, []
+        for e in range(experts):  # one expert at a time: a 16-bit copy of one expert at most
+            w = weight[e].t() if transposed else weight[e]
+            q, state = bnbf.quantize_4bit(w.contiguous(), blocksize=64, compress_statistics=double_quant,
+                                          quant_type=quant_type, quant_storage=torch.uint8)
+            if packed is None:
+                packed = torch.empty((experts, q.numel()), dtype=torch.uint8, device=q.device)
+            packed[e].copy_(q.view(-1))
+            self.states.append(state)
+        self.register_buffer("packed", packed)
+        self._is_hf_initialized = True  # transformers' weight init must not touch it
+
+    @property
+    def num_experts(self) -> int:
+        return self.shape[0]
+
+    def linear(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        """x @ W_e^T (the expert's (out, in) weight) through bitsandbytes' matmul_4bit, in the compute dtype."""
+        import bitsandbytes as bnb
+
+        return bnb.matmul_4bit(x.to(self.compute_dtype), self.packed[e].view(-1, 1).t(), quant_state=self.states[e])
+
+    def dequantize(self, e: int) -> torch.Tensor:
+        """Expert e's weight in its 16-bit dtype and the family's layout (what the 3-D parameter held at [e])."""
+        import bitsandbytes.functional as bnbf
+
+        w = bnbf.dequantize_4bit(self.packed[e].view(-1, 1), self.states[e]).to(self.dtype)
+        return w.t() if self.transposed else w
+
+    def stored_bytes(self) -> int:
+        """Bytes held: packed data + every expert's quantization constants (as a Linear4bit weight's)."""
+        total = self.packed.numel()
+        for s in self.states:
+            tensors = [s.absmax, s.code] + ([s.state2.absmax, s.state2.code, s.offset] if s.nested else [])
+            total += sum(t.numel() * t.element_size() for t in tensors)
+        return total
+
+    def extra_repr(self) -> str:
+        return f"{self.shape}, {self.states[0].quant_type} per expert" if self.states else str(self.shape)
+
+
+def nf4_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                        top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The experts interface's eager loop (transformers' own, e.g. Qwen3MoeExperts.forward) over the experts the
+    batch routes to, with each expert's weight 4-bit (NF4Experts.linear). Biases, the family's gate (_apply_gate:
+    gpt-oss' clamped SwiGLU) and activation are the module's own."""
+    out = torch.zeros_like(hidden_states)
+    with torch.no_grad():
+        mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    first = self.gate_up_proj if self.has_gate else self.up_proj
+    first_bias = (self.gate_up_proj_bias if self.has_gate else self.up_proj_bias) if self.has_bias else None
+    for e in hit.flatten().tolist():
+        if e == self.num_experts:  # expert parallelism's sentinel
+            continue
+        pos, token = torch.where(mask[e])
+        h = first.linear(hidden_states[token], e)
+        if first_bias is not None:
+            h = h + first_bias[e]
+        h = self._apply_gate(h) if self.has_gate else self.act_fn(h)
+        h = self.down_proj.linear(h, e)
+        if self.has_bias:
+            h = h + self.down_proj_bias[e]
+        if getattr(self, "has_post_expert_norm", False):
+            h = self.post_expert_norm(h)
+        h = h * top_k_weights[token, pos, None]
+        out.index_add_(0, token, h.to(out.dtype))
+    return out
+
+
+def _register() -> None:
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    if IMPLEMENTATION not in ALL_EXPERTS_FUNCTIONS:
+        ALL_EXPERTS_FUNCTIONS.register(IMPLEMENTATION, nf4_experts_forward)
+
+
+def _experts_classes(config) -> list[type]:
+    """The experts classes of the model class transformers builds for `config` (those its modeling module decorated
+    with use_experts_implementation), found without building the model."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model_class = AutoModelForCausalLM._model_mapping[type(config)]
+    except (KeyError, AttributeError):
+        return []
+    module = sys.modules.get(model_class.__module__)
+    # use_experts_implementation gives every class it decorates an _apply_gate (its own, or the default SwiGLU)
+    return [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, torch.nn.Module)
+            and hasattr(c, "_apply_gate")]
+
+
+@contextlib.contextmanager
+def quantizing_experts(path: str, quant_type: str, double_quant: bool, compute_dtype: torch.dtype,
+                       trust_remote_code: bool = False):
+    """Around from_pretrained: each experts module's 3-D weight is quantized (NF4Experts) the moment transformers
+    sets it from the checkpoint (core_model_loading.set_param_for_module's setattr), on the device it was read to.
+    A model without experts classes: nothing changes."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        classes = _experts_classes(config)
+    except Exception:  # noqa: BLE001 - not a config this transformers knows: load as before
+        classes = []
+    originals = {}
+
+    def hooked(original):
+        def __setattr__(self, name, value):
+            if (name in WEIGHTS and isinstance(value, torch.Tensor) and value.dim() == 3
+                    and value.device.type != "meta" and value.is_floating_point()):
+                value = NF4Experts(value.detach(), bool(getattr(self, "is_transposed", False)), quant_type,
+                                   double_quant, compute_dtype)
+                self._parameters.pop(name, None)  # the 16-bit placeholder parameter becomes a submodule
+            original(self, name, value)
+        return __setattr__
+
+    for cls in classes:
+        originals[cls] = cls.__dict__.get("__setattr__")
+        cls.__setattr__ = hooked(cls.__setattr__)
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            if original is None:
+                del cls.__setattr__
+            else:
+                cls.__setattr__ = original
+
+
+def finish(model) -> list[Note]:
+    """After loading: the quantized experts compute through `nf4_experts_forward`; the routing loss follows
+    config.json. Returns the log's lines (what was quantized, what the routing loss does)."""
+    notes = []
+    found = experts_modules(model)
+    quantized = [m for _, m in found if isinstance(getattr(m, "down_proj", None), NF4Experts)]
+    if quantized and len(quantized) != len(found):  # a partial swap would be a model computing two ways: refuse it
+        raise RuntimeError(f"{len(quantized)} of {len(found)} experts modules were quantized while loading")
+    if quantized:
+        _register()
+        model.memtune_experts_default = model.config._experts_implementation  # what dequantize_experts restores
+        model.set_experts_implementation(IMPLEMENTATION)
+        first = quantized[0].down_proj
+        notes.append(_note("log.moe.experts_4bit", layers=len(quantized), experts=first.num_experts,
+                          quant=first.states[0].quant_type, gib=sum(stored_bytes(m) for m in quantized) / 2**30))
+    elif found:
+        notes.append(_note("log.moe.experts_16bit", layers=len(found), experts=int(found[0][1].num_experts),
+                          dtype=str(found[0][1].down_proj.dtype).removeprefix("torch.")))
+    if found:
+        notes.append(routing_note(model))
+    return notes
+
+
+def stored_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's 4-bit experts weights."""
+    return sum(m.stored_bytes() for m in module.modules() if isinstance(m, NF4Experts))
+
+
+def routing_note(model) -> Note:
+    """The router's load-balancing loss on or off as config.json's `output_router_logits` says. TRL's SFTTrainer
+    enables it whenever the config's `router_aux_loss_coef` is non-zero (and rewrites output_router_logits to
+    match), so where config.json says off, the coefficient is set to 0 here and TRL leaves it off."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    coef = float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0)
+    on = bool(getattr(config, "output_router_logits", False)) and coef != 0.0
+    if hasattr(config, "router_aux_loss_coef") and not on:
+        config.router_aux_loss_coef = 0.0
+    if on:
+        return _note("log.moe.aux_on", coef=coef)
+    return _note("log.moe.aux_off")
+
+
+def lora_parameters(model, cfg) -> list[str]:
+    """peft's target_parameters for lora_experts, named in the log's lines; a model without
+    experts is refused by name (a ConfigError on lora_experts)."""
+    from core.config.settings import ConfigError, Problem
+
+    names = expert_parameters(model)
+    if not names:
+        raise ConfigError([Problem.of("lora_experts", "problem.lora_experts_dense", model=cfg.model)])
+    notes = getattr(model, "memtune_moe_notes", None)
+    if isinstance(notes, list):
+        notes.append(_note("log.moe.lora_experts", params=", ".join(names)))
+    return names
+
+
+def summary(model) -> dict:
+    """summary.json's words on a MoE model: the experts' weights peft put LoRA on (adapter_config.json's
+    target_parameters), and how many experts modules were stored in 4 bits."""
+    peft_config = (getattr(model, "peft_config", None) or {}).get("default")
+    found = experts_modules(model)
+    if not found:
+        return {}
+    return {"lora_parameters": sorted(getattr(peft_config, "target_parameters", None) or []),
+            "experts_4bit_layers": sum(1 for _, m in found if isinstance(m._modules.get("down_proj"), NF4Experts))}
+
+
+def expert_parameters(model) -> list[str]:
+    """peft's target_parameters for LoRA on every experts module's 3-D weights ("mlp.experts.gate_up_proj", ...)."""
+    names = []
+    for name, module in experts_modules(model):
+        for w in WEIGHTS:
+            p = module._parameters.get(w)
+            if p is not None and p.dim() == 3:
+                suffix = ".".join(name.split(".")[-2:] + [w])
+                if suffix not in names:
+                    names.append(suffix)
+    return names
+
+
+def dequantize_experts(model) -> int:
+    """Replace the model's NF4Experts by 16-bit parameters holding their dequantized values, the family's own
+    layout and forward again: the weights the adapter trained against, to merge into (core/export/adapter.py) and
+    save as a plain model. Returns how many experts weights it dequantized."""
+    n = sum(isinstance(m, NF4Experts) for m in model.modules())
+    dequantized_copy_into(model)
+    if n and getattr(model, "memtune_experts_default", None):
+        model.set_experts_implementation(model.memtune_experts_default)
+    return n
+
+
+def dequantized_copy_into(module: torch.nn.Module) -> None:
+    """Replace a module's NF4Experts by 16-bit parameters holding their dequantized values (the same model with
+    16-bit experts)."""
+    for _, experts in experts_modules(module):
+        for w in WEIGHTS:
+            q = experts._modules.get(w)
+            if isinstance(q, NF4Experts):
+                full = torch.stack([q.dequantize(e) for e in range(q.num_experts)])
+                del experts._modules[w]
+                experts.register_parameter(w, torch.nn.Parameter(full, requires_grad=False))
+
+
+def while_loading(cfg, path: str):
+    """The loading hook for a TrainConfig: experts quantized as they load when the config loads in 4 bits."""
+    from core.config.arguments import bnb_kwargs
+
+    kwargs = bnb_kwargs(cfg)
+    if kwargs is None:
+        return contextlib.nullcontext()
+    return quantizing_experts(path, kwargs["bnb_4bit_quant_type"], kwargs["bnb_4bit_use_double_quant"],
+                              getattr(torch, kwargs["bnb_4bit_compute_dtype"]), cfg.trust_remote_code)
