@@ -316,3 +316,12 @@ def while_loading(cfg, path: str):
         return contextlib.nullcontext()
     return quantizing_experts(path, kwargs["bnb_4bit_quant_type"], kwargs["bnb_4bit_use_double_quant"],
                               getattr(torch, kwargs["bnb_4bit_compute_dtype"]), cfg.trust_remote_code)
+
+
+def liger_config(model) -> dict:
+    """Liger's in-layer kernels for this model: its SwiGLU kernel replaces a MoE experts module's forward
+    (LigerExperts) with one that reads the 3-D weights as tensors, which 4-bit experts are not; the rest of liger
+    (RMSNorm, RoPE) still applies."""
+    quantized = any(isinstance(m, NF4Experts) for _, m in model.named_modules())
+    return {"swiglu": False} if quantized else {}
+

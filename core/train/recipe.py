@@ -52,6 +52,7 @@ from core.data.plan import DataError, DataPlan, check_data
 from core.estimate.predict import savings
 from core.files import StorageError, free_memory, has_marker, real, storage_message
 from core.gpus import distributed, vram
+from core.levers.experts import liger_config
 from core.levers.experts import summary as experts_summary
 from core.messages import Said, fields_of, keyed, lines, named, words_of
 from core.model import compile as regional
@@ -345,9 +346,12 @@ def build_sft_config(cfg: TrainConfig, output_dir: str | Path, console: bool = F
 
 def build_trainer(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir: Path, callbacks=(),
                   console: bool = False, eval_dataset=None, cuda: bool | None = None) -> SFTTrainer:
+    args = build_sft_config(cfg, output_dir, console, eval_dataset is not None, output_dir.parent, cuda)
+    if args.use_liger_kernel:  # what of liger this model can take (4-bit MoE experts: not its SwiGLU)
+        args.liger_kernel_config = {**(args.liger_kernel_config or {}), **liger_config(model)}
     trainer = SFTTrainer(
         model=model,
-        args=build_sft_config(cfg, output_dir, console, eval_dataset is not None, output_dir.parent, cuda),
+        args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,  # was `tokenizer=` in the chapter
