@@ -239,3 +239,31 @@ def test_the_experts_are_quantized_as_transformers_sets_each_weight(folders, mon
     model = load_model(_cfg(folders["qwen3_moe"]), str(folders["qwen3_moe"]))
     assert len(seen) == 4 and all(during for during, _ in seen)
     assert sorted(shape for _, shape in seen) == sorted(m.shape for m in model.modules() if isinstance(m, moe.NF4Experts))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_memory_transformers_reserves_before_loading_counts_the_experts_in_4_bits(name, folders):
+    """transformers reserves the loaded model's size on the GPU before reading it (caching_allocator_warmup, sized by
+    get_total_byte_count through the quantizer): inside the loader's context the experts count 4 bits a weight, as
+    they are stored; outside it, 16 as before (the H200's loading peak was the experts' bf16 size)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers.modeling_utils import get_total_byte_count
+    from transformers.quantizers.quantizer_bnb_4bit import Bnb4BitHfQuantizer
+
+    from core.levers import experts as moe
+
+    folder = folders[name]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.bfloat16)
+    quantizer = Bnb4BitHfQuantizer(BitsAndBytesConfig(load_in_4bit=True))
+    names = [n for n, _ in model.named_parameters()]
+    experts = {n for n in names if n.rpartition(".")[2] in moe.WEIGHTS and model.get_parameter(n).dim() == 3}
+    assert experts
+    device = torch.device("cuda", 0)  # only counted: nothing is allocated
+    before = get_total_byte_count(model, {n: device for n in names}, quantizer)[device]
+    with moe.quantizing_experts(str(folder), "nf4", True, torch.bfloat16):
+        during = get_total_byte_count(model, {n: device for n in names}, quantizer)[device]
+    after = get_total_byte_count(model, {n: device for n in names}, quantizer)[device]
+    expert_numel = sum(model.get_parameter(n).numel() for n in experts)
+    assert before == after
+    assert before - during == pytest.approx(expert_numel * 1.5)  # 2 bytes -> 0.5 bytes a weight

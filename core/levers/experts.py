@@ -194,6 +194,13 @@ def quantizing_experts(path: str, quant_type: str, double_quant: bool, compute_d
     for cls in classes:
         originals[cls] = cls.__dict__.get("__setattr__")
         cls.__setattr__ = hooked(cls.__setattr__)
+    # transformers reserves the GPU memory the loaded model will hold before reading it (caching_allocator_warmup,
+    # sized by the quantizer's param_element_size): counted as 16-bit, the experts made the loading peak their bf16
+    # size (bench/RESULTS.md, run 15). They are stored in 4 bits, and counted so.
+    quantizer = _bnb_quantizer_class() if classes else None
+    own_size = quantizer.__dict__.get("param_element_size") if quantizer else None
+    if quantizer is not None:
+        quantizer.param_element_size = _experts_element_size(quantizer.param_element_size, tuple(classes))
     try:
         yield
     finally:
@@ -202,6 +209,28 @@ def quantizing_experts(path: str, quant_type: str, double_quant: bool, compute_d
                 del cls.__setattr__
             else:
                 cls.__setattr__ = original
+        if quantizer is not None:
+            if own_size is None:
+                del quantizer.param_element_size
+            else:
+                quantizer.param_element_size = own_size
+
+
+def _bnb_quantizer_class():
+    try:
+        from transformers.quantizers.quantizer_bnb_4bit import Bnb4BitHfQuantizer
+    except ImportError:  # a transformers without it: nothing to size
+        return None
+    return Bnb4BitHfQuantizer if hasattr(Bnb4BitHfQuantizer, "param_element_size") else None
+
+
+def _experts_element_size(original, classes: tuple[type, ...]):
+    def param_element_size(self, model, param_name, param):
+        path, _, name = param_name.rpartition(".")
+        if name in WEIGHTS and path and isinstance(model.get_submodule(path), classes):
+            return 0.5  # 4 bits per weight, as the quantizer counts its own Linear4bit weights
+        return original(self, model, param_name, param)
+    return param_element_size
 
 
 def finish(model) -> list[Note]:
