@@ -19,6 +19,8 @@ from core.config import arguments as recipe
 from core.config.settings import DEMO_MODEL, TrainConfig
 from core.levers.embedding import CpuEmbedding, load_embedding_on_cpu, offload_input_embeddings
 from core.levers.output_head import quantize_output_head
+from core.model.attention import use_varlen_attention
+from core.model.compile import compile_layers
 from core.messages import Keyed, Said, keyed
 from core.runs.events import EventSink, make_event
 
@@ -59,10 +61,12 @@ def lora_targets(cfg: TrainConfig, path: str | None = None, model=None):
     from core.model import lora_targets as lt
     from core.config.settings import ConfigError, Problem
 
+    if model is None and path is None:
+        path = resolve_model_path(cfg)
     try:
         if model is not None:
             return lt.resolve(cfg.lora_target_modules, lt.linear_layers(model), cfg.lora_r)
-        return lt.for_path(cfg.lora_target_modules, cfg.lora_r, path or resolve_model_path(cfg), cfg.trust_remote_code)
+        return lt.for_path(cfg.lora_target_modules, cfg.lora_r, path, cfg.trust_remote_code)
     except ValueError as exc:
         if "Unrecognized configuration class" not in str(exc) and not isinstance(exc, lt.TargetError):
             raise
@@ -176,10 +180,10 @@ def load_model(cfg: TrainConfig, path: str | None = None):
 
 def prepare_for_training(model, cfg: TrainConfig):
     """Freeze the base, apply the chapter's k-bit preparation (or memtune's lean variant) and wrap with LoRA."""
-    from peft import get_peft_model, prepare_model_for_kbit_training
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import set_seed
 
-    kbit = recipe.kbit_kwargs(cfg)
+    kbit, lora = recipe.kbit_kwargs(cfg), recipe.lora_kwargs(cfg)  # the library arguments, once
     if kbit is not None:
         # The chapter's recipe: peft upcasts every non-quantized parameter (embeddings, norms, lm_head) to fp32.
         # Checkpointing itself is left to the Trainer (SFTConfig), which enables it with our kwargs.
@@ -188,6 +192,8 @@ def prepare_for_training(model, cfg: TrainConfig):
         # Lean: the frozen base stays in its loaded dtype; only the LoRA weights train (in fp32, via peft).
         for param in model.parameters():
             param.requires_grad_(False)
+    if cfg.attention == "varlen":
+        use_varlen_attention(model)  # per packed row on CUDA; elsewhere SDPA with a row mask (same results)
     if cfg.offload_embeddings:
         # After the upcast (if any), so the CPU copy has the dtype the chapter's recipe would compute with.
         emb = model.get_input_embeddings()
@@ -199,18 +205,12 @@ def prepare_for_training(model, cfg: TrainConfig):
     if cfg.gradient_checkpointing:
         # Checkpointed blocks need an input that requires grad, or no gradient reaches the LoRA weights.
         model.enable_input_require_grads()
-    if cfg.attention == "varlen":
-        from core.model.attention import use_varlen_attention
-
-        use_varlen_attention(model)  # per packed row on CUDA; elsewhere SDPA with a row mask (same results)
     # LoRA's A matrices start random: seed them, or two runs of one seeded config differ from the second step on
     # (the Trainer seeds only later, when it is built).
     set_seed(cfg.seed)
     targets = lora_targets(cfg, model=model)  # the leaf names this model has: what adapter_config.json then lists
-    model = get_peft_model(model, build_lora_config(cfg, targets.modules))
+    model = get_peft_model(model, LoraConfig(**{**lora, "target_modules": list(targets.modules)}))
     if cfg.compile_layers:
-        from core.model.compile import compile_layers
-
         # After peft, so each compiled layer holds its LoRA layers; lazily: the first step compiles.
         model.memtune_compile_note = compile_layers(model)
     return model

@@ -294,16 +294,12 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan, Any, str]:
     # refused here (ConfigError listing its linear layers), and the log says what gets LoRA.
     targets = model_lib.lora_targets(cfg, path)
     plan.notes += [targets.describe(), *filter(None, [families.note(targets.model_type)])]
-    emit(make_event("data", **words_of(plan.describe()), **plan.to_dict(), validation=plan.validation_dict()))
-    for line in filter(None, [plan.describe(), plan.describe_turns(), *plan.notes, held.why]):
-        emit(make_event("log", level="info", **words_of(line)))
-    val = plan.validation
-    if val is not None:
-        emit(make_event("log", level="info", **words_of(val.describe(validation=True))))
-        if not val.n_train:
-            emit(make_event("log", level="warning", **keyed("log.val_none_fit")))
+    said, counts, held, lines = plan.describe(), plan.to_dict(), plan.validation_dict(), plan.log_lines()
+    emit(make_event("data", **words_of(said), **counts, validation=held))
+    for level, line in lines:
+        emit(make_event("log", level=level, **words_of(line)))
     if (cfg.keep_best or cfg.early_stopping_patience) and not plan.evaluates:
-        raise DataError("data.err.no_validation_rows", why=held.why)
+        raise DataError("data.err.no_validation_rows", why=plan.held.why)
     return plan, tokenizer, path
 
 
@@ -312,7 +308,8 @@ def load_for_training(cfg: TrainConfig, path: str, emit: EventSink, cpu_eval: bo
     layers compile in the first step). `cpu_eval`: evals on the CPU come between training steps."""
     with phase(emit, "loading_model", "log.phase.loading_4bit" if cfg.load_in_4bit else "log.phase.loading",
                model=cfg.model):
-        model = model_lib.prepare_for_training(model_lib.load_model(cfg, path), cfg)
+        model = model_lib.load_model(cfg, path)
+        model = model_lib.prepare_for_training(model, cfg)
     trainable, total = model_lib.trainable_parameters(model)
     emit(make_event("log", level="info", **keyed("log.lora", n=trainable, total=total)))
     note = getattr(model, "memtune_compile_note", "")  # core/model/compile.py's words, as is
