@@ -220,19 +220,22 @@ class LoRARecipe:
     def save(self) -> RunResult:
         """The summary (every process: it gathers their peaks), the adapter and summary.json (the main process)."""
         ctx, trainer = self.context, self.trainer
+        peaks = {}  # read before the collectives below (gathering a sharded state dict takes memory)
+        if self.nvml:
+            self.nvml.stop()
+            peaks["nvml_peak_gib"] = self.nvml.peak_gib
+        if ctx.cuda:
+            peaks["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+            peaks["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 3)
+        # collectives, both: every rank calls them
+        processes = distributed_summary(ctx.cuda, self.cfg.num_machines, self.cfg.distributed_strategy)
+        state_dict = full_state_dict(trainer, self.cfg.distributed_strategy)
         summary = summarize(self.cfg, trainer, self.output, self.callback, self.plan, self.started, self.trainable,
                             ctx.resume)
         if self.compile_cache is not None and "compile" in summary:  # loaded or compiled, and the seconds it took
             summary["compile"]["cache"] = self.compile_cache.summary()
-        if self.nvml:
-            self.nvml.stop()
-            summary["nvml_peak_gib"] = self.nvml.peak_gib
-        if ctx.cuda:
-            summary["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
-            summary["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 3)
-        # collectives, both: every rank calls them
-        summary.update(distributed_summary(ctx.cuda, self.cfg.num_machines, self.cfg.distributed_strategy))
-        state_dict = full_state_dict(trainer, self.cfg.distributed_strategy)
+        summary.update(peaks)
+        summary.update(processes)
         if not ctx.main:
             return RunResult(summary["status"])
         adapter = ctx.run_dir / "adapter"
