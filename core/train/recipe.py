@@ -297,12 +297,12 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan, Any, str]:
     # refused here (ConfigError listing its linear layers), and the log says what gets LoRA.
     targets = model_lib.lora_targets(cfg, path)
     plan.notes += [targets.describe(), *filter(None, [families.note(targets.model_type)])]
-    said, counts, held, lines = plan.describe(), plan.to_dict(), plan.validation_dict(), plan.log_lines()
-    emit(make_event("data", **words_of(said), **counts, validation=held))
+    said, counts, part, lines = plan.describe(), plan.to_dict(), plan.validation_dict(), plan.log_lines()
+    emit(make_event("data", **words_of(said), **counts, validation=part))
     for level, line in lines:
         emit(make_event("log", level=level, **words_of(line)))
     if (cfg.keep_best or cfg.early_stopping_patience) and not plan.evaluates:
-        raise DataError("data.err.no_validation_rows", why=plan.held.why)
+        raise DataError("data.err.no_validation_rows", why=held.why)
     return plan, tokenizer, path
 
 
