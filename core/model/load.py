@@ -192,8 +192,6 @@ def prepare_for_training(model, cfg: TrainConfig):
         # Lean: the frozen base stays in its loaded dtype; only the LoRA weights train (in fp32, via peft).
         for param in model.parameters():
             param.requires_grad_(False)
-    if cfg.attention == "varlen":
-        use_varlen_attention(model)  # per packed row on CUDA; elsewhere SDPA with a row mask (same results)
     if cfg.offload_embeddings:
         # After the upcast (if any), so the CPU copy has the dtype the chapter's recipe would compute with.
         emb = model.get_input_embeddings()
@@ -205,6 +203,8 @@ def prepare_for_training(model, cfg: TrainConfig):
     if cfg.gradient_checkpointing:
         # Checkpointed blocks need an input that requires grad, or no gradient reaches the LoRA weights.
         model.enable_input_require_grads()
+    if cfg.attention == "varlen":
+        use_varlen_attention(model)  # per packed row on CUDA; elsewhere SDPA with a row mask (same results)
     # LoRA's A matrices start random: seed them, or two runs of one seeded config differ from the second step on
     # (the Trainer seeds only later, when it is built).
     set_seed(cfg.seed)

@@ -90,11 +90,8 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         recipe.setup()
         recipe.train()
         return recipe.save()
-    except torch.OutOfMemoryError:
-        advice = oom_message(cfg)
-        failure = Failure("oom", str(advice), said={"key": advice.key, "params": advice.params})
     except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the traceback goes to events.jsonl
-        failure = Failure(*classify(exc, context.run_dir), traceback.format_exc(limit=12), fields_of(exc))
+        failure = failure_of(exc, cfg, context.run_dir)
     finally:
         recipe.cleanup()  # before a failure is recorded: its memory is free for the error path
     return recipe.failed(failure)
@@ -415,7 +412,7 @@ def lora_modules(model) -> list[str] | None:
 
 @dataclass
 class Failure:
-    """Why a run failed: its error type (classify), its message, the traceback (events.jsonl only) and what a page
+    """Why a run failed: its error type (failure_of), its message, the traceback (events.jsonl only) and what a page
     needs to say the message in its language (`said`: core.messages.fields_of)."""
 
     error_type: str
@@ -432,19 +429,19 @@ def record_failed(emit: EventSink, run_dir: Path, failure: Failure, plan: DataPl
     return RunResult("failed", str(run_dir), None, summary, failure.message, failure.error_type)
 
 
-def classify(exc: Exception, run_dir: Path | None = None) -> tuple[str, str]:
-    """(error type, message) of a failure: the user's to fix (config, data, model, disk) or not (other)."""
-    if isinstance(exc, DataError):
-        return "data", str(exc)
-    if isinstance(exc, ModelError):
-        return "model", str(exc)
-    if isinstance(exc, ConfigError):
-        return "config", str(exc)
-    if isinstance(exc, StorageError):  # h2: disk full / read-only: "No space left in FOLDER ..."
-        return "disk", str(exc)
-    if run_dir is not None and (message := storage_message(exc, run_dir)):  # e.g. a checkpoint save, in the Trainer
-        return "disk", message
-    return "other", f"{type(exc).__name__}: {exc}"
+def failure_of(exc: Exception, cfg: TrainConfig, run_dir: Path | None = None) -> Failure:
+    """Why a run failed, as its error type and message: out of memory (with what to turn on: oom_message), the
+    user's to fix (config, data, model, disk) or not (other, its traceback kept for events.jsonl)."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        advice = oom_message(cfg)
+        return Failure("oom", str(advice), said={"key": advice.key, "params": advice.params})
+    kinds = ((DataError, "data"), (ModelError, "model"), (ConfigError, "config"),
+             (StorageError, "disk"))  # h2: disk full / read-only: "No space left in FOLDER ..."
+    kind = next((name for cls, name in kinds if isinstance(exc, cls)), "other")
+    message = str(exc) if kind != "other" else f"{type(exc).__name__}: {exc}"
+    if kind == "other" and run_dir is not None and (disk := storage_message(exc, run_dir)):
+        kind, message = "disk", disk  # e.g. a checkpoint save, in the Trainer
+    return Failure(kind, message, traceback.format_exc(limit=12), fields_of(exc))
 
 
 def oom_message(cfg: TrainConfig) -> Said:
