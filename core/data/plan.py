@@ -112,6 +112,17 @@ class DataPlan:
         return Said("preview.turns", n=sum(self.turns.values()), trained=self.turns["trained"], cut=self.turns["cut"],
                     dropped=self.turns["dropped"])
 
+    def log_lines(self) -> list[tuple[str, Said]]:
+        """The run log's lines about the data, in order, as (level, line): the plan, its conversations, its notes,
+        what was held out for validation (or why nothing was) and the validation rows' own plan."""
+        why = self.held.why if self.held is not None else None
+        out = [("info", line) for line in filter(None, [self.describe(), self.describe_turns(), *self.notes, why])]
+        if self.validation is not None:
+            out.append(("info", self.validation.describe(validation=True)))
+            if not self.validation.n_train:
+                out.append(("warning", Said("log.val_none_fit")))
+        return out
+
     def train_dataset(self) -> Any:
         """Tokenized rows (input_ids, labels) for SFTTrainer: it skips its own tokenizing, and since every row is
         within max_length and has answer tokens, its truncation and its drop of fully masked rows change nothing."""
@@ -145,9 +156,9 @@ def suggest_max_length(lengths: list[int], step: int = 16, limit: int = 131072) 
 _LONGEST: dict[tuple, int] = {}  # data + model -> the longest row in tokens, from the last plan made of it
 
 
-def _lengths_key(cfg: TrainConfig) -> tuple:
+def _lengths_key(cfg: TrainConfig, local: bool) -> tuple:
     try:  # a file edited since is measured again
-        stamp = Path(cfg.dataset).expanduser().stat().st_mtime_ns if is_local(cfg.dataset) else None
+        stamp = Path(cfg.dataset).expanduser().stat().st_mtime_ns if local else None
     except OSError:
         stamp = None
     return cfg.dataset, cfg.dataset_split, cfg.dataset_format, cfg.model, stamp
@@ -156,29 +167,26 @@ def _lengths_key(cfg: TrainConfig) -> tuple:
 def known_longest_row(cfg: TrainConfig) -> int | None:
     """The longest row of cfg's data, in tokens of cfg's model, when this process has planned it (the preview
     did); None otherwise. For memory estimates: unpadded micro-batches are never longer than this."""
-    return _LONGEST.get(_lengths_key(cfg))
+    return _LONGEST.get(_lengths_key(cfg, is_local(cfg.dataset)))
 
 
 def check_data(cfg: TrainConfig) -> tuple[Any, str]:
     """Read the data and check its format, with no tokenizer: (raw dataset, format). Runs before the model is
     resolved, so a broken file is reported as such whatever the model."""
+    naming = _naming(cfg.dataset, cfg.dataset_split)
     raw = load_raw(cfg.dataset, cfg.dataset_split)
-    where = _where(cfg.dataset)
-    with _naming(where, cfg.dataset_split):
+    with naming:
         fmt = detect_format(raw) if cfg.dataset_format == "auto" else cfg.dataset_format
         check_format(raw, fmt)
     return raw, fmt
 
 
-def _where(source: str) -> str:
-    return str(Path(source).expanduser()) if is_local(source) else source
-
-
 class _naming:
-    """Prefix a DataError that does not name the data with its file or dataset id."""
+    """Prefix a DataError that does not name the data (`source`) with its file or dataset id (`where`)."""
 
-    def __init__(self, where: str, split: str = "train") -> None:
-        self.where = where
+    def __init__(self, source: str, split: str = "train") -> None:
+        self.local = is_local(source)
+        self.where = str(Path(source).expanduser()) if self.local else source
         self.whole = not any(c in (split or "train") for c in "[+")  # a slice's row 1 is not the file's row 1
 
     def __enter__(self) -> None:
@@ -308,17 +316,17 @@ def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | 
 
     if dataset is None:
         dataset, fmt = check_data(cfg)
-    where = _where(cfg.dataset)
-    with _naming(where, cfg.dataset_split):
+    naming = _naming(cfg.dataset, cfg.dataset_split)
+    with naming:
         columns, kept_rows = render_rows(dataset, fmt, tokenizer, cfg.train_turns)
         if not kept_rows:
             raise DataError("data.err.nothing_to_train", rows=len(dataset), dataset=cfg.dataset, format=fmt,
                             why=nothing_to_train(dataset, fmt))
-    all_ids, prompt_lens = _tokenize(columns, tokenizer)
     keep_first = _adds_bos(tokenizer)
+    all_ids, prompt_lens = _tokenize(columns, tokenizer)
     counts = dict.fromkeys(REASONS, 0)
     counts["dropped_empty"] = len(dataset) - len(kept_rows)
-    plan = DataPlan(source=where, format=fmt, max_length=cfg.max_length, long_prompts=cfg.long_prompts,
+    plan = DataPlan(source=naming.where, format=fmt, max_length=cfg.max_length, long_prompts=cfg.long_prompts,
                     packing=cfg.packing, n_source=len(dataset), counts=counts,
                     lengths=[len(ids) for ids in all_ids], reasons=[], rows=kept_rows)
     char_turns = columns.get("turns") or [[] for _ in all_ids]
@@ -362,7 +370,7 @@ def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | 
         plan.notes.append(Said("log.longest", row=kept_rows[longest] + 1, tokens=plan.lengths[longest],
                                what=Said(f"log.outcome.{plan.reasons[longest]}"), max_length=str(cfg.max_length)))
     plan.examples = _examples(plan, columns, all_ids, prompt_lens, cuts, tokenizer, n_examples, keep_first)
-    _LONGEST[_lengths_key(cfg)] = plan.longest_row
+    _LONGEST[_lengths_key(cfg, naming.local)] = plan.longest_row
     return plan
 
 

@@ -80,10 +80,11 @@ def split(cfg: TrainConfig, raw: Any, fmt: str) -> Split:
 def plan_parts(cfg: TrainConfig, tokenizer: Any, held: Split, fmt: str) -> DataPlan:
     """The plan of the rows that train, its validation part declared in it: what was held out (`held`, from `split`)
     and the validation rows' own plan, made alike (formatting, truncation, every row counted)."""
+    vcfg = val_config(cfg)
     plan = plan_rows(cfg, tokenizer, held.train, fmt, n_examples=0)
     val = None
     if held.val is not None:
-        val = plan_rows(val_config(cfg), tokenizer, held.val, held.val_format, n_examples=0)
+        val = plan_rows(vcfg, tokenizer, held.val, held.val_format, n_examples=0)
     return dataclasses.replace(plan, held=held, validation=val)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from core.config.settings import TrainConfig
+from core.levers.output_head import embeddings_tied  # a question about the head: is it the embedding's matrix?
 
 
 class CpuEmbedding(torch.nn.Module):
@@ -53,14 +54,6 @@ class CpuEmbedding(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, on cpu -> {self.target_device}"
-
-
-def embeddings_tied(model) -> bool:
-    """Whether the output head shares the input embedding's matrix: then neither lever moves or quantizes it."""
-    inp, out = model.get_input_embeddings(), model.get_output_embeddings()
-    if out is None or getattr(inp, "weight", None) is None or getattr(out, "weight", None) is None:
-        return False
-    return inp.weight is out.weight or inp.weight.data_ptr() == out.weight.data_ptr()
 
 
 def offload_input_embeddings(model) -> bool:

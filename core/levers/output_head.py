@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from core.levers.embedding import embeddings_tied
-
-
 HEAD_ROWS = 8192  # vocabulary rows per quantized block of the output head (and per chunk of TRL's fused head)
 
 
@@ -95,6 +92,14 @@ class QuantizedHead(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, 4-bit NF4 in blocks of {HEAD_ROWS} rows"
+
+
+def embeddings_tied(model) -> bool:
+    """Whether the output head shares the input embedding's matrix: then neither lever moves or quantizes it."""
+    inp, out = model.get_input_embeddings(), model.get_output_embeddings()
+    if out is None or getattr(inp, "weight", None) is None or getattr(out, "weight", None) is None:
+        return False
+    return inp.weight is out.weight or inp.weight.data_ptr() == out.weight.data_ptr()
 
 
 def quantize_output_head(model, device: torch.device | None) -> bool:

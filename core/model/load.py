@@ -20,6 +20,8 @@ from core.config.settings import DEMO_MODEL, TrainConfig
 from core.levers import experts as moe
 from core.levers.embedding import CpuEmbedding, load_embedding_on_cpu, offload_input_embeddings
 from core.levers.output_head import quantize_output_head
+from core.model.attention import use_varlen_attention
+from core.model.compile import compile_layers
 from core.messages import Keyed, Said, keyed
 from core.runs.events import EventSink, make_event
 
@@ -61,10 +63,12 @@ def lora_targets(cfg: TrainConfig, path: str | None = None, model=None):
     from core.model import lora_targets as lt
     from core.config.settings import ConfigError, Problem
 
+    if model is None and path is None:
+        path = resolve_model_path(cfg)
     try:
         if model is not None:
             return lt.resolve(cfg.lora_target_modules, lt.linear_layers(model), cfg.lora_r)
-        return lt.for_path(cfg.lora_target_modules, cfg.lora_r, path or resolve_model_path(cfg), cfg.trust_remote_code)
+        return lt.for_path(cfg.lora_target_modules, cfg.lora_r, path, cfg.trust_remote_code)
     except ValueError as exc:
         if "Unrecognized configuration class" not in str(exc) and not isinstance(exc, lt.TargetError):
             raise
@@ -181,10 +185,10 @@ def load_model(cfg: TrainConfig, path: str | None = None):
 
 def prepare_for_training(model, cfg: TrainConfig):
     """Freeze the base, apply the chapter's k-bit preparation (or memtune's lean variant) and wrap with LoRA."""
-    from peft import get_peft_model, prepare_model_for_kbit_training
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import set_seed
 
-    kbit = recipe.kbit_kwargs(cfg)
+    kbit = recipe.kbit_kwargs(cfg)  # the library arguments, once
     if kbit is not None:
         # The chapter's recipe: peft upcasts every non-quantized parameter (embeddings, norms, lm_head) to fp32.
         # Checkpointing itself is left to the Trainer (SFTConfig), which enables it with our kwargs.
@@ -205,8 +209,6 @@ def prepare_for_training(model, cfg: TrainConfig):
         # Checkpointed blocks need an input that requires grad, or no gradient reaches the LoRA weights.
         model.enable_input_require_grads()
     if cfg.attention == "varlen":
-        from core.model.attention import use_varlen_attention
-
         use_varlen_attention(model)  # per packed row on CUDA; elsewhere SDPA with a row mask (same results)
     # LoRA's A matrices start random: seed them, or two runs of one seeded config differ from the second step on
     # (the Trainer seeds only later, when it is built).
@@ -214,10 +216,8 @@ def prepare_for_training(model, cfg: TrainConfig):
     targets = lora_targets(cfg, model=model)  # the leaf names this model has: what adapter_config.json then lists
     # lora_experts: the experts' 3-D weights too (peft's target_parameters; core/levers/experts.py)
     experts = moe.lora_parameters(model, cfg) if cfg.lora_experts else []
-    model = get_peft_model(model, build_lora_config(cfg, targets.modules, experts))
+    model = get_peft_model(model, LoraConfig(**recipe.lora_kwargs(cfg, list(targets.modules), experts)))
     if cfg.compile_layers:
-        from core.model.compile import compile_layers
-
         # After peft, so each compiled layer holds its LoRA layers; lazily: the first step compiles.
         model.memtune_compile_note = compile_layers(model)
     return model

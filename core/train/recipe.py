@@ -92,11 +92,8 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         recipe.setup()
         recipe.train()
         return recipe.save()
-    except torch.OutOfMemoryError:
-        advice = oom_message(cfg)
-        failure = Failure("oom", str(advice), said={"key": advice.key, "params": advice.params})
     except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the traceback goes to events.jsonl
-        failure = Failure(*classify(exc, context.run_dir), traceback.format_exc(limit=12), fields_of(exc))
+        failure = failure_of(exc, cfg, context.run_dir)
     finally:
         recipe.cleanup()  # before a failure is recorded: its memory is free for the error path
     return recipe.failed(failure)
@@ -222,19 +219,22 @@ class LoRARecipe:
     def save(self) -> RunResult:
         """The summary (every process: it gathers their peaks), the adapter and summary.json (the main process)."""
         ctx, trainer = self.context, self.trainer
+        peaks = {}  # read before the collectives below (gathering a sharded state dict takes memory)
+        if self.nvml:
+            self.nvml.stop()
+            peaks["nvml_peak_gib"] = self.nvml.peak_gib
+        if ctx.cuda:
+            peaks["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+            peaks["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 3)
+        # collectives, both: every rank calls them
+        processes = distributed_summary(ctx.cuda, self.cfg.num_machines, self.cfg.distributed_strategy)
+        state_dict = full_state_dict(trainer, self.cfg.distributed_strategy)
         summary = summarize(self.cfg, trainer, self.output, self.callback, self.plan, self.started, self.trainable,
                             ctx.resume)
         if self.compile_cache is not None and "compile" in summary:  # loaded or compiled, and the seconds it took
             summary["compile"]["cache"] = self.compile_cache.summary()
-        if self.nvml:
-            self.nvml.stop()
-            summary["nvml_peak_gib"] = self.nvml.peak_gib
-        if ctx.cuda:
-            summary["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
-            summary["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 3)
-        # collectives, both: every rank calls them
-        summary.update(distributed_summary(ctx.cuda, self.cfg.num_machines, self.cfg.distributed_strategy))
-        state_dict = full_state_dict(trainer, self.cfg.distributed_strategy)
+        summary.update(peaks)
+        summary.update(processes)
         if not ctx.main:
             return RunResult(summary["status"])
         adapter = ctx.run_dir / "adapter"
@@ -296,14 +296,10 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan, Any, str]:
     # refused here (ConfigError listing its linear layers), and the log says what gets LoRA.
     targets = model_lib.lora_targets(cfg, path)
     plan.notes += [targets.describe(), *filter(None, [families.note(targets.model_type)])]
-    emit(make_event("data", **words_of(plan.describe()), **plan.to_dict(), validation=plan.validation_dict()))
-    for line in filter(None, [plan.describe(), plan.describe_turns(), *plan.notes, held.why]):
-        emit(make_event("log", level="info", **words_of(line)))
-    val = plan.validation
-    if val is not None:
-        emit(make_event("log", level="info", **words_of(val.describe(validation=True))))
-        if not val.n_train:
-            emit(make_event("log", level="warning", **keyed("log.val_none_fit")))
+    said, counts, part, lines = plan.describe(), plan.to_dict(), plan.validation_dict(), plan.log_lines()
+    emit(make_event("data", **words_of(said), **counts, validation=part))
+    for level, line in lines:
+        emit(make_event("log", level=level, **words_of(line)))
     if (cfg.keep_best or cfg.early_stopping_patience) and not plan.evaluates:
         raise DataError("data.err.no_validation_rows", why=held.why)
     return plan, tokenizer, path
@@ -314,7 +310,8 @@ def load_for_training(cfg: TrainConfig, path: str, emit: EventSink, cpu_eval: bo
     layers compile in the first step). `cpu_eval`: evals on the CPU come between training steps."""
     with phase(emit, "loading_model", "log.phase.loading_4bit" if cfg.load_in_4bit else "log.phase.loading",
                model=cfg.model):
-        model = model_lib.prepare_for_training(model_lib.load_model(cfg, path), cfg)
+        model = model_lib.load_model(cfg, path)
+        model = model_lib.prepare_for_training(model, cfg)
     for note in getattr(model, "memtune_moe_notes", ()):  # MoE: experts stored, routing loss, LoRA on experts
         emit(make_event("log", level="info", **keyed(f"log.moe.{note.name}", **note.params)))
     trainable, total = model_lib.trainable_parameters(model)
@@ -423,7 +420,7 @@ def lora_modules(model) -> list[str] | None:
 
 @dataclass
 class Failure:
-    """Why a run failed: its error type (classify), its message, the traceback (events.jsonl only) and what a page
+    """Why a run failed: its error type (failure_of), its message, the traceback (events.jsonl only) and what a page
     needs to say the message in its language (`said`: core.messages.fields_of)."""
 
     error_type: str
@@ -440,19 +437,19 @@ def record_failed(emit: EventSink, run_dir: Path, failure: Failure, plan: DataPl
     return RunResult("failed", str(run_dir), None, summary, failure.message, failure.error_type)
 
 
-def classify(exc: Exception, run_dir: Path | None = None) -> tuple[str, str]:
-    """(error type, message) of a failure: the user's to fix (config, data, model, disk) or not (other)."""
-    if isinstance(exc, DataError):
-        return "data", str(exc)
-    if isinstance(exc, ModelError):
-        return "model", str(exc)
-    if isinstance(exc, ConfigError):
-        return "config", str(exc)
-    if isinstance(exc, StorageError):  # h2: disk full / read-only: "No space left in FOLDER ..."
-        return "disk", str(exc)
-    if run_dir is not None and (message := storage_message(exc, run_dir)):  # e.g. a checkpoint save, in the Trainer
-        return "disk", message
-    return "other", f"{type(exc).__name__}: {exc}"
+def failure_of(exc: Exception, cfg: TrainConfig, run_dir: Path | None = None) -> Failure:
+    """Why a run failed, as its error type and message: out of memory (with what to turn on: oom_message), the
+    user's to fix (config, data, model, disk) or not (other, its traceback kept for events.jsonl)."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        advice = oom_message(cfg)
+        return Failure("oom", str(advice), said={"key": advice.key, "params": advice.params})
+    kinds = ((DataError, "data"), (ModelError, "model"), (ConfigError, "config"),
+             (StorageError, "disk"))  # h2: disk full / read-only: "No space left in FOLDER ..."
+    kind = next((name for cls, name in kinds if isinstance(exc, cls)), "other")
+    message = str(exc) if kind != "other" else f"{type(exc).__name__}: {exc}"
+    if kind == "other" and run_dir is not None and (disk := storage_message(exc, run_dir)):
+        kind, message = "disk", disk  # e.g. a checkpoint save, in the Trainer
+    return Failure(kind, message, traceback.format_exc(limit=12), fields_of(exc))
 
 
 def oom_message(cfg: TrainConfig) -> Said:
