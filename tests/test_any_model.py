@@ -24,6 +24,7 @@ from core.train import preflight
 from tests import families_any
 
 EXACT = 1e-5
+FOUND_AT_PREFLIGHT = {"opt"}  # packed rows that see each other, which config.json does not tell
 
 
 def _rows(seed: int = 1) -> list[torch.Tensor]:
@@ -78,13 +79,19 @@ def test_every_preset_trains_exactly_what_was_asked(name):
                 use_varlen_attention(model)
             add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
             with torch.no_grad():
-                if cfg.packing:
+                packed = cfg.packing
+                if packed:
                     apart = preflight.rows_apart(model, [_packed_batch(rows)], "cpu")
-                    assert apart["rows"] == 3 and apart["error"] <= EXACT, (name, preset, apart)
-                batch = _packed_batch(rows) if cfg.packing else _row_batch(rows[2])
-                loss = preflight.loss_paths(model, batch, "cpu")
+                    assert apart["rows"] == 3, apart
+                    if apart["error"] > preflight.ROW_TOLERANCE["fp32"]:
+                        # found only on the model itself (OPT's mask under sdpa/eager): the pre-flight unpacks
+                        assert name in FOUND_AT_PREFLIGHT, (name, preset, apart)
+                        packed = False
+                    else:
+                        assert apart["error"] <= EXACT, (name, preset, apart)
+                loss = preflight.loss_paths(model, _packed_batch(rows) if packed else _row_batch(rows[2]), "cpu")
         if found.unread_logit:  # the fused head drops it: the pre-flight makes the model's own logits the loss
-            assert loss["error"] > EXACT, (name, loss)
+            assert families.traits(model.config).unread_logit == found.unread_logit
         else:
             assert loss["error"] <= EXACT, (name, preset, loss)
 
@@ -135,6 +142,43 @@ def test_lora_q_k_v_o_lands_on_the_attention_blocks_input_and_output_projections
     assert outputs, chapter.modules  # the output projection (o_proj, dense, out_proj, c_proj, ...) is never dropped
 
 
+def _folder(name, tmp_path):
+    from core.demo import ensure_demo_model
+
+    folder = tmp_path / name
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        families_any.model(name).save_pretrained(folder)
+    for f in ensure_demo_model().iterdir():
+        if "token" in f.name:
+            (folder / f.name).write_bytes(f.read_bytes())
+    return folder
+
+
+def _cpu(folder, tmp_path, preset):
+    from core.config.settings import demo_config
+
+    cfg = apply_preset(demo_config(model=str(folder), output_dir=str(tmp_path / "runs")), preset)
+    return cfg.replace(use_liger_kernel=False, offload_activations=False, offload_embeddings=False, precision="fp32",
+                       load_in_4bit=False, optim="adamw_torch", max_steps=1, device="cpu",
+                       lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+def test_packed_rows_that_see_each_other_are_found_before_step_1_and_train_unpacked(tmp_path):
+    """OPT's mask under sdpa ignores packed rows (config.json cannot tell): the pre-flight finds it on the model
+    itself, says so, and the run trains unpacked (the trainer rebuilt before step 1)."""
+    from core.train.recipe import run_training
+
+    events = []
+    result = run_training(_cpu(_folder("opt", tmp_path), tmp_path, "lowest_memory"), sink=events.append)
+    assert result.status == "completed", result.message
+    pre = result.summary["preflight"]
+    assert pre["switched_to"] == "unpacked" and pre["rows"]["error"] > pre["tolerance"]["rows"], pre
+    assert pre["loss_path"] == "fused" and pre["loss"]["error"] <= EXACT
+    assert [e["key"] for e in events if e.get("key", "").startswith("log.preflight.")] == [
+        "log.preflight.unpacked", "log.preflight.done"]
+
+
 def test_a_soft_capped_recurrent_model_trains_unpacked_on_its_own_logits(tmp_path):
     """recurrent_gemma under lowest_memory: config.json turns packing off before loading (said in the log); the
     pre-flight phase runs before step 1, switches the loss to the model's own logits (its logits_soft_cap, which
@@ -164,5 +208,5 @@ def test_a_soft_capped_recurrent_model_trains_unpacked_on_its_own_logits(tmp_pat
     summary = json.loads((tmp_path / "runs").glob("*/summary.json").__next__().read_text())
     pre = summary["preflight"]
     assert pre["loss_path"] == "own_logits" and pre["lora"]["layers"] > 0 and not pre["lora"]["unasked"]
-    assert summary["config"]["packing"] is False if "config" in summary else True
+    assert "rows" not in pre and pre["adapted"][0]["key"] == "log.adapt.unpacked_mixer"  # trained unpacked
     assert not any("Traceback" in (e.get("message") or "") for e in events)

@@ -94,9 +94,13 @@ def _linear_paths(model: Any) -> list[tuple[str, tuple[int, int]]]:
 
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     found = []
+    wrapped = ()  # peft's LoRA layers: the linear layer they wrap counts once, at the LoRA layer's path
     for name, module in model.named_modules():
-        if module is head or not name:
+        if module is head or not name or (wrapped and name.startswith(wrapped)):
             continue
+        if hasattr(module, "base_layer") and hasattr(module, "lora_A"):
+            wrapped += (name + ".",)
+            module = module.base_layer
         if isinstance(module, torch.nn.Linear):
             found.append((name, (module.in_features, module.out_features)))
         elif type(module).__name__ == "Conv1D":  # GPT-2 style: weight is [in, out]

@@ -197,7 +197,8 @@ def check(trainer, cfg: TrainConfig, emit: EventSink, rebuild: Callable[[TrainCo
         result["seconds"] = round(time.monotonic() - started, 3)
         _log(emit, Said("log.preflight.done", rows=(Said("log.preflight.rows_ok", n=result["rows"]["rows"],
                                                          error=result["rows"]["error"])
-                                                    if "rows" in result else Said("log.preflight.no_packs")),
+                                                    if result.get("rows", {}).get("ok") else
+                                                    Said("log.preflight.no_packs")),
                         loss=loss["error"], lora=lora["layers"], seconds=result["seconds"]), level="info")
     trainer.memtune_preflight = result
     return trainer, cfg
