@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import torch
 
+from core.config.arguments import sharded
 from core.config.settings import TrainConfig
 from core.messages import Said, keyed, words_of
 from core.model import families
@@ -160,9 +161,11 @@ def check(trainer, cfg: TrainConfig, emit: EventSink, rebuild: Callable[[TrainCo
                 and hasattr(text, "num_local_experts"):
             # TRL's fused head reads the expert count as num_experts (granitemoehybrid names it num_local_experts)
             text.num_experts = text.num_local_experts
-        device = next(p.device for p in model.parameters())
+        device = trainer.args.device  # where the Trainer puts each batch (the embedding may live in CPU memory)
         verified = getattr(text, "model_type", None) in families.VERIFIED
         result["verified"] = verified
+        if sharded(cfg):  # FSDP places the shards when training starts: no whole model to run here yet
+            verified, result["skipped"] = True, "fsdp"
         tol_rows, tol_loss = ROW_TOLERANCE[cfg.precision], LOSS_TOLERANCE[cfg.precision]
         result["tolerance"] = {"rows": tol_rows, "loss": tol_loss}
         was_training = model.training
