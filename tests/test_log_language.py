@@ -265,13 +265,13 @@ def test_the_preview_says_gpt2_c_proj_is_a_shared_name_not_a_fused_layer(tmp_pat
     GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=64).save_pretrained(tmp_path)
     cfg = TrainConfig(model=str(tmp_path))  # the chapter's q, k, v, o
     en = _lora_line(cfg, "en")
-    assert en.startswith("LoRA on c_attn, c_proj: 6 layers, ")  # 2 x c_attn, 2 x attn.c_proj, 2 x mlp.c_proj
+    # LoRA by role (issue 41): o is the attention block's c_proj only, never the MLP's of the same name
+    assert en.startswith("LoRA on c_attn, attn.c_proj: 4 layers, ")  # 2 x c_attn, 2 x attn.c_proj
     assert "c_attn trains whole: one fused layer holds q, k and v" in en
-    assert "c_proj: the attention and MLP output projections share this name" in en
+    assert "o_proj -> attn.c_proj" in en
     assert "c_proj trains whole" not in en and "holds the attention" not in en
     fr = _lora_line(cfg, "fr")
     assert "c_attn s'entraîne en entier : une couche fusionnée contient q, k et v" in fr
-    assert "c_proj : les projections de sortie de l'attention et du MLP portent ce nom" in fr
     assert not english_left(fr), fr
     pt = _lora_line(cfg, "pt")
     assert "uma camada fundida contém q, k e v" in pt and not english_left(pt), pt

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 
 import torch
 
@@ -126,6 +127,37 @@ def _eager_rows(module, query, key, value, cu: torch.Tensor, dropout: float, sca
     return torch.cat(out, dim=1).contiguous()
 
 
+def _own_eager(module, query, key, value, attention_mask, dropout, scaling, sliding_window, kwargs: dict):
+    """The model's own eager attention (its modeling module's eager_attention_forward: gpt-oss' sinks included),
+    on each packed row on its own with that row's causal (and sliding-window) mask, or on a padded batch under the
+    row-and-padding mask. Exact wherever the model's eager attention is; each row's scores only."""
+    own = getattr(sys.modules[type(module).__module__], "eager_attention_forward")
+    kwargs = dict(kwargs)
+    position_ids, cu = kwargs.get("position_ids"), kwargs.get("cu_seq_lens_q")
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    kwargs.pop("is_causal", None)
+    VARLEN_CALLS["eager_rows"] += 1
+
+    def bias(keep: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(keep.shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~keep, torch.finfo(query.dtype).min)
+
+    packed = query.shape[0] == 1 and attention_mask is None and (cu is not None or position_ids is not None)
+    if not packed:
+        pos = position_ids if position_ids is not None else torch.arange(query.shape[2], device=query.device)[None]
+        keep = _segment_mask(pos.expand(query.shape[0], -1), attention_mask, query.shape[2], sliding_window)
+        return own(module, query, key, value, bias(keep), dropout=dropout, scaling=scaling,
+                   sliding_window=sliding_window, **kwargs)
+    if cu is None:
+        cu, _ = _rows_from_position_ids(position_ids)
+    out = []
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        keep = _segment_mask(torch.arange(e - s, device=query.device)[None], None, e - s, sliding_window)
+        out.append(own(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], bias(keep), dropout=dropout,
+                       scaling=scaling, sliding_window=sliding_window, **kwargs)[0])
+    return torch.cat(out, dim=1), None
+
+
 def _softcap(module, kwargs: dict) -> float | None:
     cap = kwargs.pop("softcap", None)
     return cap if cap is not None else getattr(module, "attn_logit_softcapping", None)
@@ -139,11 +171,11 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
     soft-capped model (Gemma-2) to the eager computation per packed row (module docstring)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if kwargs.get("s_aux") is not None:  # attention sinks (gpt-oss): no path here computes them
-        raise ValueError("attention: varlen cannot compute this model's attention sinks (s_aux); use attention: sdpa")
     softcap = _softcap(module, kwargs)
     position_ids = kwargs.get("position_ids")
     cu = kwargs.get("cu_seq_lens_q")
+    if kwargs.get("s_aux") is not None:  # attention sinks (gpt-oss): no kernel here computes them
+        return _own_eager(module, query, key, value, attention_mask, dropout, scaling, sliding_window, kwargs)
     head_dim = query.shape[-1]
     scaling = head_dim ** -0.5 if scaling is None else scaling
     sliding_window = sliding_window or None

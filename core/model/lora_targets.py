@@ -63,46 +63,124 @@ class Targets:
         between the parts), keyed so the page says it in its language."""
         renamed = [f"{k} -> {'+'.join(v)}" for k, v in self.mapped.items() if v != [k] and k not in GROUPS]
         fused = [Said("log.lora_shared", name=m) if m == "c_proj" else
-                 Said("preview.lora_fused", fused=m, parts=Said(f"log.lora_parts.{FUSED[m]}")) for m in self.modules
-                 if m in FUSED]
+                 Said("preview.lora_fused", fused=m, parts=Said(f"log.lora_parts.{FUSED[_leaf(m)]}"))
+                 for m in self.modules if _leaf(m) in FUSED and (m == "c_proj" or FUSED[_leaf(m)] != "shared")]
         extra = Said("log.lora_more", parts=[*renamed, *fused]) if renamed or fused else ""
         return Said("log.lora_targets", modules=", ".join(self.modules), layers=self.layers, params=self.trainable,
                     more=extra)
 
 
-def linear_layers(model: Any) -> dict[str, list[tuple[int, int]]]:
-    """Leaf name -> (in, out) of every linear layer under the model's decoder blocks (not the output head)."""
+class Layers(dict):
+    """Target name -> (in, out) of each linear layer it names; `attention`: the names inside an attention block. A
+    leaf name found both inside and outside the attention block (GPT-2's c_proj, LFM2's out_proj) is split into
+    "parent.leaf" names (attn.c_proj, mlp.c_proj), which peft matches as module-path suffixes."""
+
+    attention: set
+
+
+def _in_attention(model: Any, path: str) -> bool:
+    """Whether the layer at `path` sits in an attention block (a module whose class names attention; never a
+    linear-attention or convolution mixer)."""
+    parts = path.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        cls = type(model.get_submodule(".".join(parts[:i]))).__name__.lower()
+        if "attention" in cls and "linear" not in cls:
+            return True
+    return False
+
+
+def _linear_paths(model: Any) -> list[tuple[str, tuple[int, int]]]:
     import torch
 
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    found: dict[str, list[tuple[int, int]]] = {}
+    found = []
+    wrapped = ()  # peft's LoRA layers: the linear layer they wrap counts once, at the LoRA layer's path
     for name, module in model.named_modules():
-        if module is head or not name:
+        if module is head or not name or (wrapped and name.startswith(wrapped)):
             continue
+        if hasattr(module, "base_layer") and hasattr(module, "lora_A"):
+            wrapped += (name + ".",)
+            module = module.base_layer
         if isinstance(module, torch.nn.Linear):
-            dims = (module.in_features, module.out_features)
+            found.append((name, (module.in_features, module.out_features)))
         elif type(module).__name__ == "Conv1D":  # GPT-2 style: weight is [in, out]
-            dims = tuple(module.weight.shape)
-        else:
-            continue
-        found.setdefault(name.rsplit(".", 1)[-1], []).append(dims)
+            found.append((name, tuple(module.weight.shape)))
     return found
 
 
+def linear_layers(model: Any) -> Layers:
+    """Target name -> (in, out) of every linear layer under the model's decoder blocks (not the output head), with
+    the names inside an attention block (Layers)."""
+    entries = [(path, dims, _in_attention(model, path)) for path, dims in _linear_paths(model)]
+    roles: dict[str, set] = {}
+    for path, _, attn in entries:
+        roles.setdefault(path.rsplit(".", 1)[-1], set()).add(attn)
+    found = Layers()
+    found.attention = set()
+    for path, dims, attn in entries:
+        leaf = path.rsplit(".", 1)[-1]
+        name = ".".join(path.split(".")[-2:]) if len(roles[leaf]) > 1 else leaf
+        found.setdefault(name, []).append(dims)
+        if attn:
+            found.attention.add(name)
+    return found
+
+
+def paths(model: Any, modules: list[str]) -> list[str]:
+    """The module paths peft adapts for target names `modules` (a name matches a path equal to it or ending in it)."""
+    return [path for path, _ in _linear_paths(model)
+            if any(path == m or path.endswith("." + m) for m in modules)]
+
+
+def _leaf(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+# The attention block's projections by role, where a family names them otherwise (fused, MLA, out_proj/dense)
+INPUTS = ("qkv_proj", "W_pack", "query_key_value", "c_attn", "Wqkv", "wqkv")
+MLA = {"q_proj": ("q_a_proj", "q_b_proj"), "k_proj": ("kv_a_proj_with_mqa", "kv_b_proj"),
+       "v_proj": ("kv_a_proj_with_mqa", "kv_b_proj")}
+SPLIT = {"q_proj": ("wq",), "k_proj": ("wk",), "v_proj": ("wv",)}
+OUTPUTS = ("o_proj", "dense", "out_proj", "c_proj", "wo", "o")
+
+
 def resolve(requested: list[str], linear: dict[str, list[tuple[int, int]]], rank: int) -> Targets:
-    """`requested` (names and groups) as the leaf names of `linear` (linear_layers), or TargetError naming them."""
+    """`requested` (names and groups) as the target names of `linear` (linear_layers), or TargetError naming them.
+    q, k, v and o are roles of the attention block: its input projections (fused or MLA ones included) and its
+    output projection (o_proj, dense, out_proj, c_proj, ...), never a layer outside it."""
     chosen: list[str] = []
     mapped: dict[str, list[str]] = {}
     missing: list[str] = []
+    attention = getattr(linear, "attention", None)
+    if attention is None:  # a plain {name: dims}: names only
+        attention = {n for n in linear if _leaf(n) in ATTENTION or any(_leaf(n) in ALIASES[a] for a in ATTENTION)}
+    outside = [n for n in linear if n not in attention]
+
+    def among(names: list[str], wanted: tuple[str, ...]) -> list[str]:
+        for w in wanted:  # in order of preference
+            hits = [n for n in names if _leaf(n) == w]
+            if hits:
+                return hits
+        return []
 
     def want(name: str) -> list[str]:
+        attn = [n for n in linear if n in attention]
+        if name in ("q_proj", "k_proj", "v_proj"):
+            return (among(attn, (name,)) or among(attn, INPUTS) or [h for w in MLA[name] for h in among(attn, (w,))]
+                    or among(attn, SPLIT[name]))
+        if name == "o_proj":
+            return among(attn, OUTPUTS)
+        if name in MLP:
+            return among(outside, (name, *ALIASES[name]))
         if name in linear:
             return [name]
-        return next(([alias] for alias in ALIASES.get(name, ()) if alias in linear), [])
+        return [n for n in linear if _leaf(n) == name]  # a leaf name split by role: every layer of that name
 
     for name in requested:
         if name == "all_linear":
             hits = list(linear)
+        elif name == "attention":
+            hits = [n for n in linear if n in attention]
         elif name in GROUPS:
             hits = [h for part in GROUPS[name] for h in want(part)]
         else:

@@ -61,6 +61,7 @@ from core.model import load as model_lib
 from core.model.load import ModelError
 from core.runs.events import EventSink, JsonlSink, fan_out, make_event
 from core.runs.folders import STOP_FILE, create_run_dir, finish_run, record_failure, resume_point, save_adapter
+from core.train import preflight
 from core.train.callbacks import BarOnly, EventCallback, WarmUp, phase, warms_up, watch_stop
 
 
@@ -184,6 +185,7 @@ class LoRARecipe:
         emit = self.context.emit
         cuda = self.context.cuda
         self.plan, self.tokenizer, path = plan_data(cfg, emit)
+        cfg = self.cfg = preflight.before_loading(cfg, path, self.plan, emit)  # what this model can train exactly
         if self.plan.refusal():
             raise DataError("data.err.refusal", why=self.plan.refusal())
         evaluates = self.plan.evaluates
@@ -206,6 +208,9 @@ class LoRARecipe:
             self.trainer = build_trainer(cfg, model, self.tokenizer, self.plan.train_dataset(),
                                          self.context.run_dir / "checkpoints", callbacks, self.console,
                                          self.plan.validation.train_dataset() if evaluates else None, cuda)
+        self.trainer, self.cfg = preflight.check(self.trainer, cfg, emit, lambda c: build_trainer(  # before step 1
+            c, model, self.tokenizer, self.plan.train_dataset(), self.context.run_dir / "checkpoints", callbacks,
+            self.console, self.plan.validation.train_dataset() if evaluates else None, cuda))
         if warmup:
             warmup.trainer = self.trainer  # it runs the Trainer's own training_step on the Trainer's own dataloader
 
@@ -231,6 +236,7 @@ class LoRARecipe:
         state_dict = full_state_dict(trainer, self.cfg.distributed_strategy)
         summary = summarize(self.cfg, trainer, self.output, self.callback, self.plan, self.started, self.trainable,
                             ctx.resume)
+        summary["preflight"] = getattr(trainer, "memtune_preflight", None)  # core/train/preflight.py
         if self.compile_cache is not None and "compile" in summary:  # loaded or compiled, and the seconds it took
             summary["compile"]["cache"] = self.compile_cache.summary()
         summary.update(peaks)
