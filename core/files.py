@@ -292,6 +292,10 @@ def remove_tree(path: str | Path) -> None:
     """Delete a folder memtune made by renaming it to a hidden name first: gone from every list at once."""
     path = target(path, "delete")
     trash = path.parent / f".{path.name}.deleting"
+    n = 0
+    while os.path.lexists(trash) and not _ours(trash):  # someone's own folder of that name: never ours to delete
+        n += 1
+        trash = path.parent / f".{path.name}.{n}.deleting"
     shutil.rmtree(trash, ignore_errors=True)
     os.replace(path, trash)
     shutil.rmtree(trash, ignore_errors=True)

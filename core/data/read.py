@@ -12,11 +12,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from core.config.settings import DEMO_DATA, DEMO_DATASET
+from core.config.settings import DATA_SUFFIXES, DEMO_DATA, DEMO_DATASET
 from core.messages import Keyed
 
 # Local file suffix -> the datasets builder that reads it.
 LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
+assert tuple(LOADERS) == DATA_SUFFIXES  # config validation refuses other suffixes before a run folder is made
 # Suffixes that mark a data file even when it does not exist (so "data.tsv" is not mistaken for a Hub id).
 ROW_SHAPE = '{"column": value, ...}'  # a message parameter: braces in a locale text would be placeholders
 FILE_LIKE = set(LOADERS) | {".tsv", ".xlsx", ".xls", ".gz", ".zip", ".arrow", ".xml", ".yaml", ".yml", ".md"}
