@@ -51,7 +51,7 @@ def size_text(n: float) -> str:
     """Bytes in the unit that shows the number: "1.5 GiB", "340.2 MiB", "12.0 KiB" (a tiny model's merge needs
     KiBs: "0.0 GiB" said nothing)."""
     for unit, scale in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale / 10 or unit == "KiB":
+        if abs(n) >= scale or unit == "KiB":
             return f"{n / scale:.1f} {unit}"
     raise AssertionError("unreachable")
 
@@ -307,7 +307,7 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     Runs in the caller's process (the app's): a one-off load-merge-save with no optimizer or patched modules, and
     its memory is freed at the end (free_memory).
     """
-    from core.infer import InferError, adapter_config
+    from core.infer import InferError, adapter_config, load_problem
     from core.model.load import ModelError, load_model, load_tokenizer, resolve_model_path
 
     adapter_dir = real(adapter_dir)
@@ -402,6 +402,8 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
         if isinstance(exc, torch.OutOfMemoryError) or isinstance(exc, MemoryError):
             raise ExportError("Ran out of memory while merging. Stop any training run, close other programs, "
                               "or merge on a machine with more memory.") from None
+        if (problem := load_problem(exc, adapter_dir)) is not None:
+            raise ExportError(str(problem)) from None
         raise
     finally:
         model = None
