@@ -284,7 +284,8 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
                             # or ten times, is one Stop (issue 43).
                             end_btn = tr.add(gr.Button(L("run.end_now"), variant="secondary", elem_id="end-now-btn",
                                                        interactive=False, scale=0, min_width=120), value="run.end_now")
-                        with gr.Group(visible=False, elem_id="end-now-confirm") as end_confirm:
+                        # A Column: a Group shown by an update is drawn as two nested elements of the same id (Gradio 6)
+                        with gr.Column(visible=False, elem_id="end-now-confirm") as end_confirm:
                             end_text = gr.HTML(elem_id="end-now-confirm-box")
                             with gr.Row():
                                 end_yes = tr.add(gr.Button(L("run.end_now_yes"), variant="stop", elem_id="end-now-yes"),
