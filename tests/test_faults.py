@@ -155,3 +155,28 @@ def test_tiny_merge_sizes_show_their_number():
     assert size_text(434_092) == "423.9 KiB" and size_text(5 * 2**20) == "5.0 MiB" and size_text(3 * 2**30) == "3.0 GiB"
     message = merge_memory_check(demo_config())[3]
     assert "0.0 GiB" not in message and "KiB" in message
+
+
+# --- 7: a validation split overlapping the training split ------------------------------------------------------------
+def test_validation_rows_never_train_when_the_splits_overlap():
+    from core.data import validation
+    from core.data.plan import check_data
+    from core.data.read import DataError
+
+    cfg = demo_config(dataset_split="train[:90]", validation_split="train[50:]")
+    raw, fmt = check_data(cfg)
+    held = validation.split(cfg, raw, fmt)
+    assert (len(held.train), len(held.val)) == (50, 50)
+    assert not {json.dumps(r, sort_keys=True) for r in held.train} & {json.dumps(r, sort_keys=True) for r in held.val}
+    assert held.why.key == "msg.two" and held.why.params["second"]["key"] == "log.val_overlap"
+    assert "40 of the 90 training rows" in held.why and "50 rows train" in held.why
+
+    cfg = demo_config(dataset_split="train", validation_split="train")
+    raw, fmt = check_data(cfg)
+    with pytest.raises(DataError, match="nothing would be left to train on") as said:
+        validation.split(cfg, raw, fmt)
+    assert said.value.key == "data.err.val_is_train"
+
+    cfg = demo_config(dataset_split="train[:50]", validation_split="train[50:]")  # apart: nothing dropped
+    raw, fmt = check_data(cfg)
+    assert len(validation.split(cfg, raw, fmt).train) == 50
