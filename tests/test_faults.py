@@ -180,3 +180,62 @@ def test_validation_rows_never_train_when_the_splits_overlap():
     cfg = demo_config(dataset_split="train[:50]", validation_split="train[50:]")  # apart: nothing dropped
     raw, fmt = check_data(cfg)
     assert len(validation.split(cfg, raw, fmt).train) == 50
+
+
+# --- 12: tracebacks and library words where a message belongs --------------------------------------------------------
+DATA = {
+    "deep.jsonl": ('{"prompt": "a", "completion": ' + "[" * 100_000 + "]" * 100_000 + "}\n", "data.err.json_too_deep"),
+    "twice.jsonl": ('{"prompt": "a", "prompt": "b", "completion": "c"}\n', "data.err.json_key_twice"),
+    "scalar.json": ("42\n", "data.err.json_scalar"),
+    "object.jsonl": ('{"prompt": {"a": 1}, "completion": "x"}\n' * 2, "data.err.not_text"),
+    "list.jsonl": ('{"prompt": "p", "completion": [1, 2]}\n' * 2, "data.err.not_text"),
+    "nan.jsonl": ('{"prompt": "p", "completion": 1.5}\n{"prompt": "q", "completion": NaN}\n', "data.err.nan_text"),
+    "utf16.csv": ("prompt,completion\na,b\n".encode("utf-16"), "data.err.utf16"),
+}
+
+
+@pytest.mark.parametrize("name", list(DATA))
+def test_data_problems_are_named_with_their_fix(tmp_path, name):
+    from core.data.plan import check_data
+    from core.data.read import DataError
+
+    content, key = DATA[name]
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+    with pytest.raises(DataError) as said:
+        check_data(demo_config(dataset=str(path)))
+    assert key in (said.value.key, said.value.params.get("error", {}).get("key")), str(said.value)  # or nested
+    assert "DatasetGenerationError" not in str(said.value) and "latin1" not in str(said.value)
+
+
+def test_message_lists_stay_a_valid_prompt_completion(tmp_path):
+    from core.data.plan import check_data
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text('{"prompt": [{"role": "user", "content": "hi"}], "completion": [{"role": "assistant", '
+                    '"content": "yo"}]}\n', encoding="utf-8")
+    assert check_data(demo_config(dataset=str(path)))[1] == "prompt_completion"
+
+
+@pytest.mark.parametrize("text, key", [("a: " + "[" * 5000 + "]" * 5000, "problem.yaml_too_deep"),
+                                       ("max_steps: " + "9" * 5000, "problem.yaml_number")])
+def test_train_config_too_deep_or_too_long_is_a_message(tmp_path, capfd, text, key):
+    from core.config.settings import ConfigError, TrainConfig
+    from tests.helpers import train_cli
+
+    config = tmp_path / "config.yaml"
+    config.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as said:
+        TrainConfig.load(config)
+    assert [p.key for p in said.value.problems] == [key]
+    code, out, err = train_cli(capfd, "--config", str(config))
+    assert code != 0 and "Traceback" not in out + err
+
+
+@pytest.mark.parametrize("command", ["merge", "gguf"])
+def test_export_out_with_a_name_too_long_is_a_message(tiny_adapter, tmp_path, capsys, command):
+    from core.export.cli import main
+
+    assert main([command, str(tiny_adapter), "--out", str(tmp_path / ("x" * 300))]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "300 bytes" in err and "shorter name" in err

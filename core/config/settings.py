@@ -367,6 +367,12 @@ class TrainConfig:
                                           second=exc.lines[1])]) from None
         except yaml.YAMLError as exc:
             raise ConfigError([Problem.of("(file)", "problem.yaml_invalid", error=exc)]) from None
+        except RecursionError:  # thousands of nested [ or {: no setting is shaped like that
+            raise ConfigError([Problem.of("(file)", "problem.yaml_too_deep")]) from None
+        except ValueError as exc:  # an integer of thousands of digits (Python's int-from-text limit), a bad date
+            problem = (Problem.of("(file)", "problem.yaml_number") if "digits" in str(exc) else
+                       Problem.of("(file)", "problem.yaml_invalid", error=exc))
+            raise ConfigError([problem]) from None
         if not isinstance(data, dict):
             raise ConfigError([Problem.of("(file)", "problem.yaml_not_mapping")])
         return cls.from_dict(data)
