@@ -50,6 +50,7 @@ def real(path: str | Path) -> Path:
 
 
 MAX_LINKS = 40  # what Linux allows (ELOOP): a longer chain is a loop
+NAME_MAX = 255  # bytes in one file or folder name on Linux, macOS and Windows file systems (ENAMETOOLONG beyond)
 
 
 def _inside_ours(folder: str) -> str | None:
@@ -96,6 +97,10 @@ def target(path: str | Path, action: str = "write", folder: bool = True) -> Path
     """
     if not str(path).strip():
         raise RefusedError(f"An empty path was given for the folder to {action}: choose a folder.")
+    long = next((part for part in Path(os.fspath(path)).parts if len(os.fsencode(part)) > NAME_MAX), None)
+    if long is not None:  # else ENAMETOOLONG from the first mkdir, as a traceback
+        raise RefusedError(f"The name {long[:40]}... in the folder to {action} is {len(os.fsencode(long))} bytes "
+                           f"long; file systems allow at most {NAME_MAX}. Choose a shorter name.")
     resolved = Path(os.path.realpath(_walk(os.path.expanduser(os.fspath(path)), os.getcwd(), [0])))
     if folder and os.path.lexists(resolved) and not resolved.is_dir():
         raise RefusedError(f"{resolved} is a file, not a folder, so memtune will not {action} it. Choose a folder.")
@@ -292,6 +297,10 @@ def remove_tree(path: str | Path) -> None:
     """Delete a folder memtune made by renaming it to a hidden name first: gone from every list at once."""
     path = target(path, "delete")
     trash = path.parent / f".{path.name}.deleting"
+    n = 0
+    while os.path.lexists(trash) and not _ours(trash):  # someone's own folder of that name: never ours to delete
+        n += 1
+        trash = path.parent / f".{path.name}.{n}.deleting"
     shutil.rmtree(trash, ignore_errors=True)
     os.replace(path, trash)
     shutil.rmtree(trash, ignore_errors=True)

@@ -171,11 +171,73 @@ def asks_remote_code(adapter_dir: str | Path) -> bool:
         return False
 
 
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # what peft's save_pretrained writes (safe_serialization, its default)
+DAMAGED_FIX = ("Copy the adapter folder again from where it came, or train again (a run saved with checkpoints can "
+               "resume from its newest intact one).")
+
+
+def _damaged(path: Path, why: str) -> InferError:
+    return InferError(f"The adapter file {path} {why}, so the adapter cannot be loaded. {DAMAGED_FIX}")
+
+
+def adapter_problem(adapter_dir: str | Path) -> InferError | None:
+    """What is wrong with an adapter folder's own files, found before any library loads them (each would otherwise
+    fail with its own words: SafetensorError, JSONDecodeError, "Repo id must be...", a size-mismatch RuntimeError):
+    adapter_config.json unreadable or not LoRA's, the weights file missing, not a whole safetensors file (its header
+    and length, checked by safetensors itself without reading the tensors), or holding LoRA matrices of another
+    rank than adapter_config.json's `r`. None when the files are sound. Try it, merge and GGUF export all call it
+    (through adapter_config)."""
+    import json
+
+    adapter_dir = Path(adapter_dir)
+    config_file, weights = adapter_dir / "adapter_config.json", adapter_dir / ADAPTER_WEIGHTS
+    try:
+        settings = json.loads(config_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return _damaged(config_file, f"is not valid JSON ({exc})")
+    except OSError as exc:
+        return _damaged(config_file, f"cannot be read ({exc.strerror or exc})")
+    rank = settings.get("r") if isinstance(settings, dict) else None
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        return _damaged(config_file, "does not hold a LoRA rank (\"r\": a whole number of at least 1)")
+    if not weights.is_file():
+        return InferError(f"{adapter_dir} has no {ADAPTER_WEIGHTS} (the adapter's weights), so the adapter cannot be "
+                          f"loaded. {DAMAGED_FIX}")
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(weights), framework="numpy") as sf:  # the header and the file's length; no tensor read
+            shapes = {name: sf.get_slice(name).get_shape() for name in sf.keys()}
+    except (SafetensorError, OSError) as exc:
+        return _damaged(weights, f"is not a whole safetensors file ({exc})")
+    if not any(".lora_A." in name for name in shapes):
+        return _damaged(weights, "holds no LoRA weights (no lora_A matrix)")
+    if not settings.get("rank_pattern"):  # one rank for every layer: each lora_A is [r, in], each lora_B [out, r]
+        for name, shape in shapes.items():
+            found = shape[0] if ".lora_A." in name else shape[-1] if ".lora_B." in name else None
+            if found is not None and len(shape) == 2 and found != rank:
+                return _damaged(weights, f"holds {name} of rank {found}, but adapter_config.json says r = {rank} "
+                                "(the two files come from different adapters)")
+    return None
+
+
+def load_problem(exc: BaseException, adapter_dir: str | Path) -> InferError | None:
+    """A library's error while putting a sound-looking adapter on its base, said plainly: the adapter's matrices do
+    not fit the base model's layers (trained on another model, or memtune.yaml names another one)."""
+    if isinstance(exc, RuntimeError) and "size mismatch" in str(exc):
+        return InferError(f"The adapter in {adapter_dir} does not fit its base model: its matrices have other sizes "
+                          "than the model's layers (it was trained on another model, or memtune.yaml was changed). "
+                          "Pick the base model it was trained on, or train again.")
+    return None
+
+
 def _saved_config(adapter_dir: str | Path) -> TrainConfig:
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
         raise InferError(f"{adapter_dir} is not an adapter folder (no adapter_config.json). Pick a run's adapter/ "
                          "folder, e.g. runs/run-20260101-120000/adapter.")
+    if (problem := adapter_problem(adapter_dir)) is not None:
+        raise problem
     if not (adapter_dir / ADAPTER_CONFIG).is_file():
         raise InferError(f"{adapter_dir} has no {ADAPTER_CONFIG}, so memtune does not know its base model and "
                          "settings. Only adapters trained by memtune can be tried here.")
@@ -276,6 +338,8 @@ class Comparer:
                 _free()
                 raise InferError("Out of GPU memory while loading the model. Wait until no training run is "
                                  "using the GPU, then try again.") from None
+            if (problem := load_problem(exc, adapter_dir)) is not None:
+                raise problem from None
             raise
         self._loaded = Loaded(adapter_dir, cfg, peft_model, tokenizer)
         self._key = key

@@ -234,7 +234,8 @@ def on_start(form: Form, lang: str, *values) -> Updates:
 
 
 def on_stop(app: Any, lang: str = DEFAULT_LANGUAGE) -> str:
-    """First Stop: end after the current step and save. Pressed again while stopping: end the process now."""
+    """Stop: end after the current step and save. Pressed again (a double click, ten presses) it is the same Stop:
+    the page says so, and points at End now, the separate, confirmed way to end at once."""
     who = owner()  # public mode: only the visitor's own run; another visitor's is not theirs to stop
     was_stopping = (job := app.manager.current(who)) is not None and job.stopping
     was_waiting = job is not None and job.waiting
@@ -243,7 +244,20 @@ def on_stop(app: Any, lang: str = DEFAULT_LANGUAGE) -> str:
         return render.message_html(t("msg.no_run", lang), "info")
     if was_waiting:
         return render.message_html(t("msg.left_queue", lang), "info", RUN_NOTE)
-    return render.message_html(t("msg.stop_now" if was_stopping else "msg.stopping", lang), "warn", RUN_NOTE)
+    return render.message_html(t("msg.stop_again" if was_stopping else "msg.stopping", lang), "warn", RUN_NOTE)
+
+
+def on_end_now_ask(lang: str = DEFAULT_LANGUAGE) -> tuple[Any, str]:
+    """End now, first step: show what it costs (no adapter) with Yes / Cancel; nothing is ended yet."""
+    return gr.update(visible=True), render.message_html(t("run.end_now_confirm", lang), "warn")
+
+
+def on_end_now(app: Any, lang: str = DEFAULT_LANGUAGE) -> tuple[str, Any, str]:
+    """End now, confirmed: the asker's running job ends at once, without an adapter."""
+    job = app.manager.end_now(owner())  # public mode: the visitor's own run only
+    said = (render.message_html(t("msg.ended_now", lang), "warn", RUN_NOTE) if job is not None else
+            render.message_html(t("msg.no_run", lang), "info"))
+    return said, gr.update(visible=False), ""
 
 
 def space_owner() -> bool:

@@ -280,6 +280,18 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
                                                value="run.start")
                             stop_btn = tr.add(gr.Button(L("run.stop"), variant="stop", elem_id="stop-btn",
                                                         interactive=False), value="run.stop")
+                            # Ending at once (no adapter) is its own control, asked to confirm: Stop pressed twice,
+                            # or ten times, is one Stop (issue 43).
+                            end_btn = tr.add(gr.Button(L("run.end_now"), variant="secondary", elem_id="end-now-btn",
+                                                       interactive=False, scale=0, min_width=120), value="run.end_now")
+                        # A Column: a Group shown by an update is drawn as two nested elements of the same id (Gradio 6)
+                        with gr.Column(visible=False, elem_id="end-now-confirm") as end_confirm:
+                            end_text = gr.HTML(elem_id="end-now-confirm-box")
+                            with gr.Row():
+                                end_yes = tr.add(gr.Button(L("run.end_now_yes"), variant="stop", elem_id="end-now-yes"),
+                                                 value="run.end_now_yes")
+                                end_cancel = tr.add(gr.Button(L("history.cancel"), elem_id="end-now-cancel"),
+                                                    value="history.cancel")
                         # The Space owner (public mode, logged in) stops any job, running or queued: shown to them only
                         with gr.Row(visible=False, elem_id="owner-queue-row") as owner_row:
                             owner_job = tr.add(gr.Dropdown(choices=[], label=L("queue.owner_pick"), scale=3,
@@ -329,7 +341,12 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
         # from before that click back on screen (summary, ticks, facts, gauge).
         demo.load(on_page_load, inputs=form.inputs, outputs=form.derived_outputs, show_progress="hidden", **FORM_QUEUE)
         live = LivePanel(gauge=gauge, progress=progress, plot=loss_plot, log=log, result=result, download=download,
-                         start=start_btn, stop=stop_btn, state=tab_state, notice=notice, app=app)
+                         start=start_btn, stop=stop_btn, state=tab_state, notice=notice, app=app, end_now=end_btn)
+        end_btn.click(handlers.on_end_now_ask, inputs=[lang], outputs=[end_confirm, end_text], show_progress="hidden")
+        end_cancel.click(lambda: (gr.update(visible=False), ""), outputs=[end_confirm, end_text],
+                         show_progress="hidden")
+        end_yes.click(partial(handlers.on_end_now, app), inputs=[lang], outputs=[notice, end_confirm, end_text],
+                      show_progress="hidden")
         poll = partial(live_update, live, output_dir=cfg0.output_dir)
         timer = gr.Timer(1.0)
         polled = [tab_state, lang, pred_state, budget, notice]

@@ -98,11 +98,12 @@ class LivePanel:
     state: Any  # gr.State: what this page was last sent (fingerprints), so unchanged parts are not re-sent
     notice: Any = None  # Start / Stop's notice ("Run 2 started", "Stopping"): cleared once that run has ended
     app: Any = None  # ui.state.AppState: the manager whose jobs this panel shows
+    end_now: Any = None  # End now (confirmed): usable while a run of this page's owner is running
 
     @property
     def outputs(self) -> list[Any]:
         return [self.gauge, self.progress, self.plot, self.log, self.result, self.download, self.start, self.stop,
-                self.state] + ([self.notice] if self.notice is not None else [])
+                self.state] + [c for c in (self.notice, self.end_now) if c is not None]
 
 
 def owner() -> str | None:
@@ -210,6 +211,9 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
     active = job is not None and job.active  # a queued run can leave the queue with Stop
     outputs[panel.start] = (gr.update(interactive=not active), ("start", active))
     outputs[panel.stop] = (gr.update(interactive=active), ("stop", active))
+    if panel.end_now is not None:  # a queued run has no process to end: Stop takes it out of the queue
+        running = job is not None and job.running
+        outputs[panel.end_now] = (gr.update(interactive=running), ("end_now", running))
 
     result: dict[Any, Any] = {}
     for comp, (value, fingerprint) in outputs.items():

@@ -71,6 +71,9 @@ SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # Every whole-number field has an upper bound (a test checks): 10 million optimizer steps is weeks on any GPU, and
 # a 30-digit max_steps would otherwise train until killed (and overflow the 64-bit numbers the page and torch use).
 MAX_STEPS = 10_000_000
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")  # the local files core.data.read reads (its LOADERS)
+HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")  # org/name as the Hub spells ids (core.data.read refuses others too)
+CONTROL_CHAR = re.compile(r"[\x00-\x1f\x7f]")  # a newline or NUL in a name: no file or Hub id has one
 
 
 def _help(text: str, **kw: Any) -> dict[str, Any]:
@@ -370,6 +373,12 @@ class TrainConfig:
                                           second=exc.lines[1])]) from None
         except yaml.YAMLError as exc:
             raise ConfigError([Problem.of("(file)", "problem.yaml_invalid", error=exc)]) from None
+        except RecursionError:  # thousands of nested [ or {: no setting is shaped like that
+            raise ConfigError([Problem.of("(file)", "problem.yaml_too_deep")]) from None
+        except ValueError as exc:  # an integer of thousands of digits (Python's int-from-text limit), a bad date
+            problem = (Problem.of("(file)", "problem.yaml_number") if "digits" in str(exc) else
+                       Problem.of("(file)", "problem.yaml_invalid", error=exc))
+            raise ConfigError([problem]) from None
         if not isinstance(data, dict):
             raise ConfigError([Problem.of("(file)", "problem.yaml_not_mapping")])
         return cls.from_dict(data)
@@ -531,6 +540,7 @@ def config_problems(cfg: TrainConfig, hw: Hardware | None = None) -> list[Proble
         bad("model", "problem.model_empty", demo=DEMO_MODEL)
     if not cfg.dataset.strip():
         bad("dataset", "problem.dataset_empty", demo=DEMO_DATASET)
+    p.extend(source_problems(cfg))
     if cfg.max_steps == 0:
         bad("max_steps", "problem.max_steps_zero")
     if cfg.run_name and not SAFE_NAME.match(cfg.run_name):
@@ -562,6 +572,36 @@ def config_problems(cfg: TrainConfig, hw: Hardware | None = None) -> list[Proble
         bad("lora_experts", "problem.lora_experts_dropout", dropout=f"{cfg.lora_dropout:g}")
     if cfg.lora_alpha and cfg.lora_r and cfg.lora_alpha / cfg.lora_r > 16:
         bad("lora_alpha", "problem.alpha_ratio", ratio=f"{cfg.lora_alpha / cfg.lora_r:g}")
+    return p
+
+
+def source_problems(cfg: TrainConfig) -> list[Problem]:
+    """The model and data names a run cannot start from, refused before its folder is made: a control character
+    (a newline, a NUL), a model that is neither a path nor a Hub id, a local data path that is not a data file
+    (/etc/passwd, a device)."""
+    p: list[Problem] = []
+    for name in ("model", "dataset", "validation_data"):
+        value = getattr(cfg, name)
+        if CONTROL_CHAR.search(value):
+            p.append(Problem.of(name, "problem.control_char", value=repr(value)))
+    model = cfg.model.strip()
+    if (model and not CONTROL_CHAR.search(model) and model != DEMO_MODEL and not HUB_ID.fullmatch(model)
+            and not model.startswith(("/", ".", "~")) and not os.path.exists(os.path.expanduser(model))):
+        p.append(Problem.of("model", "problem.model_id", model=repr(model)))
+    for name in ("dataset", "validation_data"):
+        value = getattr(cfg, name).strip()
+        if not value or CONTROL_CHAR.search(value) or value == DEMO_DATASET:
+            continue
+        path = Path(value).expanduser()
+        try:
+            if not path.exists() or path.is_dir():
+                continue  # a Hub id, a folder of files, or a file still to come: the data reader says which
+            if not path.is_file():
+                p.append(Problem.of(name, "problem.data_not_file", path=str(path)))
+            elif path.suffix.lower() not in DATA_SUFFIXES:
+                p.append(Problem.of(name, "problem.data_suffix", path=str(path), accepted=", ".join(DATA_SUFFIXES)))
+        except OSError:  # a name too long for the file system, a folder we may not read: the reader says it
+            continue
     return p
 
 

@@ -82,6 +82,35 @@ def check_format(dataset: Any, fmt: str) -> None:
         raise DataError("data.err.format_columns_optional" if optional else "data.err.format_columns", format=fmt,
                         need=", ".join(need), optional=", ".join(optional), columns=sorted(dataset.column_names),
                         missing=", ".join(missing), hint=hint)
+    _check_text_columns(dataset, fmt)
+
+
+def _check_text_columns(dataset: Any, fmt: str) -> None:
+    """Columns that must hold text, by their datasets feature (the type datasets inferred for the whole column): an
+    object or a list where text belongs (prompt_completion's message lists aside), or NaN in a number column, would
+    each read as an empty cell, and the run would refuse "every row is empty" without saying why."""
+    import datasets
+
+    if fmt in ("messages", "sharegpt"):
+        return
+    lists = tuple(getattr(datasets, name) for name in ("List", "LargeList", "Sequence") if hasattr(datasets, name))
+    need, optional = FORMATS[fmt]
+    for column in (c for c in need + optional if c in dataset.column_names):
+        feature = dataset.features[column]
+        kind = None
+        if isinstance(feature, (dict, datasets.Features)):
+            kind = "an object ({...})"
+        elif isinstance(feature, (list, *lists)):
+            inner = feature[0] if isinstance(feature, list) else getattr(feature, "feature", None)
+            if not (fmt == "prompt_completion" and isinstance(inner, dict)):
+                kind = "a list ([...])"
+        if kind is not None:
+            row = next((i for i, v in enumerate(dataset[column]) if v is not None), 0)
+            raise DataError("data.err.not_text", row=row, n=row + 1, column=repr(column), kind=kind)
+        if isinstance(feature, datasets.Value) and feature.dtype.startswith("float"):
+            row = next((i for i, v in enumerate(dataset[column]) if isinstance(v, float) and v != v), None)
+            if row is not None:
+                raise DataError("data.err.nan_text", row=row, n=row + 1, column=repr(column))
 
 
 def _text(value: Any) -> str:

@@ -12,11 +12,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from core.config.settings import DEMO_DATA, DEMO_DATASET
+from core.config.settings import DATA_SUFFIXES, DEMO_DATA, DEMO_DATASET
 from core.messages import Keyed
 
 # Local file suffix -> the datasets builder that reads it.
 LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
+assert tuple(LOADERS) == DATA_SUFFIXES  # config validation refuses other suffixes before a run folder is made
 # Suffixes that mark a data file even when it does not exist (so "data.tsv" is not mistaken for a Hub id).
 ROW_SHAPE = '{"column": value, ...}'  # a message parameter: braces in a locale text would be placeholders
 FILE_LIKE = set(LOADERS) | {".tsv", ".xlsx", ".xls", ".gz", ".zip", ".arrow", ".xml", ".yaml", ".yml", ".md"}
@@ -251,6 +252,10 @@ def scan_text_file(path: Path) -> None:
     offset, n_data, lines = 0, 0, []
     with path.open("rb") as fh:
         for number, raw in enumerate(fh, start=1):
+            if number == 1 and (raw.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in raw):
+                # UTF-16 (Windows' "Unicode"): a byte-order mark, or a NUL beside every ASCII letter
+                raise DataError("data.err.utf16", path=path,
+                                command=f"iconv -f utf-16 -t utf-8 {path.name} > fixed{path.suffix}")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:  # a line ends at b"\n", which never occurs inside a UTF-8 character
@@ -274,9 +279,38 @@ def scan_text_file(path: Path) -> None:
         _check_json_document(path)
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook: a key given twice in one object is an error (json keeps the last silently;
+    datasets' reader fails with "DatasetGenerationError")."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _KeyTwice(key)
+        seen[key] = value
+    return seen
+
+
+class _KeyTwice(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _parse(path: Path, text: str, line: int | None) -> Any:
+    """json.loads, with a key given twice and a nesting too deep for Python each said as a DataError naming the file
+    (and line); a syntax error is left to the caller (JSONDecodeError)."""
+    where = {"path": path, "line": line if line is not None else "?"}
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _KeyTwice as exc:
+        raise DataError("data.err.json_key_twice", name=repr(exc.key), **where) from None
+    except RecursionError:
+        raise DataError("data.err.json_too_deep", shape=ROW_SHAPE, **where) from None
+
+
 def _check_json_line(path: Path, number: int, line: str) -> None:
     try:
-        value = json.loads(line)
+        value = _parse(path, line, number)
     except json.JSONDecodeError as exc:
         what = exc.msg.removesuffix(" at").removesuffix(" starting")  # "Invalid control character at" reads oddly
         raise DataError("data.err.json_line", path=path, line=number, what=what, column=exc.colno,
@@ -313,7 +347,7 @@ def _check_json_document(path: Path) -> None:
     """A .json file is either one document (a list of objects) or JSON Lines under another name."""
     text = path.read_text(encoding="utf-8-sig")
     try:
-        value = json.loads(text)
+        value = _parse(path, text, None)
     except json.JSONDecodeError as exc:
         lines = [ln for ln in text.splitlines() if ln.strip()]
         if len(lines) > 1 and all(ln.lstrip().startswith("{") for ln in lines):  # JSON Lines
@@ -332,6 +366,8 @@ def _check_json_document(path: Path) -> None:
         # {"prompt": [...], "completion": [...]}: datasets reads it as ONE row whose cells are lists
         raise DataError("data.err.json_columns", path=path, columns=", ".join(map(repr, list(value)[:4])),
                         rows='[{"prompt": ..., "completion": ...}, ...]')
+    if not isinstance(value, (list, dict)):
+        raise DataError("data.err.json_scalar", path=path, type=type(value).__name__, shape=ROW_SHAPE)
     if isinstance(value, list) and not all(isinstance(v, dict) for v in value):
         raise DataError("data.err.json_list_items", path=path, shape=ROW_SHAPE)
     if isinstance(value, list) and not value:

@@ -60,9 +60,19 @@ def split(cfg: TrainConfig, raw: Any, fmt: str) -> Split:
     if separate(cfg):
         vcfg = val_config(cfg)
         val, vfmt = check_data(vcfg)
-        return Split(raw, val, vfmt, everything, list(range(len(val))), "separate",
-                     Said("log.val_separate", n=len(val), source=f"{vcfg.dataset} [{vcfg.dataset_split}]"),
-                     source=f"{vcfg.dataset} [{vcfg.dataset_split}]")
+        source = f"{vcfg.dataset} [{vcfg.dataset_split}]"
+        why = Said("log.val_separate", n=len(val), source=source)
+        kept = _not_in(raw, val)  # train[:90] + train[50:]: rows 50-89 would train while "never trained on"
+        if len(kept) < len(raw):
+            if not kept:
+                from core.data.read import DataError
+
+                raise DataError("data.err.val_is_train", total=len(raw), source=source,
+                                train=f"{cfg.dataset} [{cfg.dataset_split}]")
+            why = Said("msg.two", first=why, second=Said("log.val_overlap", n=len(raw) - len(kept), total=len(raw),
+                                                         left=len(kept)))
+            raw = raw.select(kept)
+        return Split(raw, val, vfmt, kept, list(range(len(val))), "separate", why, source=source)
     if cfg.validation_share <= 0:
         return Split(raw, None, None, everything, [], "off", Said("log.val_off"))
     if len(raw) < MIN_ROWS_FOR_SHARE and cfg.validation_share == DEFAULT_SHARE:  # a share the user chose is kept
@@ -75,6 +85,19 @@ def split(cfg: TrainConfig, raw: Any, fmt: str) -> Split:
     return Split(raw.select(kept), raw.select(held), fmt, kept, held, "share",
                  Said("log.val_share", n=n_val, total=len(raw), share=round(100 * cfg.validation_share), seed=cfg.seed),
                  source=cfg.dataset)
+
+
+def _not_in(raw: Any, val: Any) -> list[int]:
+    """The indices of `raw`'s rows that are not also rows of `val` (same columns, same values)."""
+    def rows(ds: Any):
+        names = sorted(ds.column_names)
+        for batch in ds.iter(batch_size=1000):
+            yield from (repr(row) for row in zip(*(batch[n] for n in names)))
+
+    if sorted(raw.column_names) != sorted(val.column_names):
+        return list(range(len(raw)))
+    held = set(rows(val))
+    return [i for i, row in enumerate(rows(raw)) if row not in held]
 
 
 def plan_parts(cfg: TrainConfig, tokenizer: Any, held: Split, fmt: str) -> DataPlan:

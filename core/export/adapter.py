@@ -47,6 +47,15 @@ MERGE_TARGETS = ("dequantized", "original")
 Progress = Callable[..., Any]  # progress(fraction, message): gr.Progress fits (its 2nd argument is desc)
 
 
+def size_text(n: float) -> str:
+    """Bytes in the unit that shows the number: "1.5 GiB", "340.2 MiB", "12.0 KiB" (a tiny model's merge needs
+    KiBs: "0.0 GiB" said nothing)."""
+    for unit, scale in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale or unit == "KiB":
+            return f"{n / scale:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
 class ExportError(RuntimeError):
     """An export could not be done; the message says why and what to do."""
 
@@ -65,6 +74,14 @@ def zip_dir() -> Path:
     if not path.exists():
         path.mkdir(mode=0o700)
         write_marker(path, "export")
+    # A marker can be copied: in a shared temp folder only a folder this user owns, that no one else may write to,
+    # is the one memtune made (another user could swap or read the zips in it).
+    st = path.lstat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        owner = "another user" if st.st_uid != os.getuid() else "you"
+        raise ExportError(f"{path} belongs to {owner} and has mode {st.st_mode & 0o777:o} (others may write "
+                          "into it), so memtune will not put zips there. Remove it, or set TMPDIR to a folder of "
+                          "your own.")
     for old in path.glob("*.zip"):  # Gradio has long copied them to its own cache: don't let adapters pile up
         with contextlib.suppress(OSError):
             if time.time() - old.stat().st_mtime > ZIP_KEEP_S:
@@ -72,10 +89,11 @@ def zip_dir() -> Path:
     return path
 
 
-def zip_adapter(adapter_dir: str | Path, dest_dir: str | Path | None = None) -> Path:
+def zip_adapter(adapter_dir: str | Path, dest_dir: str | Path | None = None, overwrite: bool = False) -> Path:
     """Zip the adapter folder's files (at the zip's root) into dest_dir/<run>-adapter.zip; return its path.
 
-    dest_dir defaults to `zip_dir()`: repeated zips replace each other instead of piling up temporary folders.
+    dest_dir defaults to `zip_dir()`: repeated zips replace each other instead of piling up temporary folders. In
+    a folder the user named, an existing zip of that name is the user's file: refused unless overwrite=True.
     """
     adapter_dir = real(adapter_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
@@ -86,6 +104,11 @@ def zip_adapter(adapter_dir: str | Path, dest_dir: str | Path | None = None) -> 
     except RefusedError as exc:
         raise ExportError(str(exc)) from None
     final = dest / f"{adapter_dir.parent.name or 'memtune'}-adapter.zip"
+    if dest_dir and os.path.lexists(final) and not overwrite:
+        raise ExportError(f"{final} already exists. Choose another folder, move that file away, or allow "
+                          "replacing it (--replace on the command line).")
+    if os.path.lexists(final) and not final.is_file():
+        raise ExportError(f"{final} is in the way and is not a file: move it, or choose another folder.")
     tmp = final.with_name(f".{final.name}.tmp")
     try:
         dest.mkdir(parents=True, exist_ok=True)
@@ -200,16 +223,16 @@ def merge_memory_check(cfg: TrainConfig) -> tuple[int, int, bool, str]:
             "memtune's table), so memtune cannot tell whether merging fits in memory. Download the model first, "
             "or merge on a machine where it is cached.")
     if plan["device"] is None:
-        where = f"{plan['ram_free'] / GiB:.1f} GiB of free RAM"
+        where = f"{size_text(plan['ram_free'])} of free RAM"
         if plan["gpu_free"] is not None:
-            where += f" and {plan['gpu_free'] / GiB:.1f} GiB of free GPU memory"
+            where += f" and {size_text(plan['gpu_free'])} of free GPU memory"
         return needed, available, False, (
-            f"Merging needs about {needed / GiB:.1f} GiB of memory to hold {cfg.model} unquantized in bf16, but "
+            f"Merging needs about {size_text(needed)} of memory to hold {cfg.model} unquantized in bf16, but "
             f"this machine has only {where}. Close other programs (or stop the training run), merge on a bigger "
             "machine, or use the adapter as it is (the zip) with the base model loaded in 4 bits.")
     where = "GPU memory" if plan["device"] == "cuda" else "RAM"
     return needed, available, True, (
-        f"Merging needs about {needed / GiB:.1f} GiB of {where}; {available / GiB:.1f} GiB is free.")
+        f"Merging needs about {size_text(needed)} of {where}; {size_text(available)} is free.")
 
 
 def merge_size(cfg: TrainConfig) -> tuple[int, int, int] | None:
@@ -284,7 +307,7 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     Runs in the caller's process (the app's): a one-off load-merge-save with no optimizer or patched modules, and
     its memory is freed at the end (free_memory).
     """
-    from core.infer import InferError, adapter_config
+    from core.infer import InferError, adapter_config, load_problem
     from core.model.load import ModelError, load_model, load_tokenizer, resolve_model_path
 
     adapter_dir = real(adapter_dir)
@@ -322,8 +345,8 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     disk_needed = int(needed / MERGE_OVERHEAD)
     free_disk = shutil.disk_usage(out.parent).free
     if free_disk < disk_needed * 1.05:
-        raise ExportError(f"The merged model takes about {disk_needed / GiB:.1f} GiB on disk, but {out.parent} has "
-                          f"only {free_disk / GiB:.1f} GiB free. Free some space or choose another folder.")
+        raise ExportError(f"The merged model takes about {size_text(disk_needed)} on disk, but {out.parent} has "
+                          f"only {size_text(free_disk)} free. Free some space or choose another folder.")
 
     device = merge_plan(cfg)["device"]
     # bf16 on the device that fits; no fp32 upcast: the merged weights are saved in bf16. "dequantized" loads in 4
@@ -382,6 +405,8 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
         if isinstance(exc, torch.OutOfMemoryError) or isinstance(exc, MemoryError):
             raise ExportError("Ran out of memory while merging. Stop any training run, close other programs, "
                               "or merge on a machine with more memory.") from None
+        if (problem := load_problem(exc, adapter_dir)) is not None:
+            raise ExportError(str(problem)) from None
         raise
     finally:
         model = None

@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     zp = sub.add_parser("zip", help="zip the adapter folder")
     zp.add_argument("adapter")
     zp.add_argument("--out", default=None, help="folder for the zip (default: a temporary folder)")
+    zp.add_argument("--replace", action="store_true", help="replace a zip of the same name in --out")
     args = parser.parse_args(argv)
     from core.quiet import quiet_libraries
 
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             print(merge_adapter(args.adapter, args.out, progress=show, overwrite=args.replace,
                                 merge_into=args.merge_into, trust_remote_code=args.trust_remote_code))
         else:
-            print(zip_adapter(args.adapter, args.out))
+            print(zip_adapter(args.adapter, args.out, overwrite=args.replace))
     except (ExportError, GGUFError, RefusedError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

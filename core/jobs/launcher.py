@@ -2,8 +2,8 @@
 processes (core/gpus/distributed.py decides how many and with which strategy; this module starts and watches them).
 
 It makes the run folder (main machine), runs `accelerate launch` with the workers' command
-(`distributed.worker_argv`), turns the first Ctrl-C/SIGTERM into the run folder's stop file and a second into the
-end of the process group, and records a run whose workers died without a `done` event as failed.
+(`distributed.worker_argv`), turns the first Ctrl-C/SIGTERM into the run folder's stop file (quick repeats are the same press) and a
+later one into the end of the process group, and records a run whose workers died without a `done` event as failed.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from core.messages import Said, words_of
 def launch_workers(argv: list[str], stop_file, log=None, env: dict[str, str] | None = None,
                    kill_after_s: float = 600.0) -> Child:
     """Run `accelerate launch` (argv from worker_argv) under core.jobs.supervise and wait. First Ctrl-C/SIGTERM (or the
-    app's death): write the stop file (every rank ends after the same step and rank 0 saves the adapter). Second, or
-    no end `kill_after_s` after the first: end the launcher's process group. Returns the ended child (its
+    app's death): write the stop file (every rank ends after the same step and rank 0 saves the adapter). Another,
+    REPEAT_S or more after the first, or no end `kill_after_s` after the first: end the launcher's process group. Returns the ended child (its
     proc.returncode: negative when killed by that signal)."""
     import signal
 
@@ -29,7 +29,7 @@ def launch_workers(argv: list[str], stop_file, log=None, env: dict[str, str] | N
     # kill_after_s, with or without an answer.
     child = Child.spawn(argv, stop_file, ack_s=kill_after_s, finish_s=kill_after_s, log=log, env=env,
                         die_with_parent=True)
-    previous = {s: signal.signal(s, lambda signum, frame: child.ask_stop()) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, lambda signum, frame: child.press()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         child.follow(poll_s=0.2, watch_parent=True)  # started by the app: if the app dies, stop and save
     finally:

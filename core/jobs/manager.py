@@ -13,8 +13,9 @@ RUN/events.jsonl incrementally (by byte offset) into the job's in-memory event l
 closing or reloading a page never touches the run and a reloaded page reattaches by reading the same list.
 
 Stop writes RUN/STOP; the child's callback ends after the current optimizer step and saves the adapter, and says at
-once that it saw the Stop (an `ack` event). A second Stop, no answer within STOP_ACK_S, or no end within
-STOP_FINISH_S after answering, kills the process group (SIGTERM, then SIGKILL). A child that dies without a `done`
+once that it saw the Stop (an `ack` event). Stop pressed again is the same Stop. `end_now` (the page's confirmed
+End now), no answer within STOP_ACK_S, or no end within STOP_FINISH_S after answering, kills the process group
+(SIGTERM, then SIGKILL). A child that dies without a `done`
 event becomes a failed run (events.jsonl and summary.json say how it died, with the end of train.log).
 `shutdown()` (app exit) stops, then kills, the child: the app never leaves an orphan behind. The child process
 itself (spawn, Stop and its deadlines, the failed-run record) is core/jobs/supervise.py's, shared with core/jobs/launcher.py.
@@ -220,8 +221,8 @@ class JobManager:
             self._stop_job(job)
 
     def stop(self, owner: str | None = None, job_id: int | None = None) -> Job | None:
-        """First Stop: the run ends after its current step and saves the adapter. Second Stop: ended at once. A job
-        still in the queue leaves it. `owner`: that owner's own job only (None: the app's own user, the running job).
+        """Stop: the run ends after its current step and saves the adapter; pressed again, nothing more (one Stop).
+        A job still in the queue leaves it. `owner`: that owner's own job only (None: the app's own user, the running job).
         `job_id` (the Space owner's Stop of any job, running or queued): that job, whoever's it is.
 
         None if there is nothing of theirs to stop.
@@ -241,6 +242,17 @@ class JobManager:
                 job._ended.set()
                 return job
         return self._stop_job(job) if job is not None else None
+
+    def end_now(self, owner: str | None = None) -> Job | None:
+        """The confirmed End now: `owner`'s running job (None: the app's own user, the running job) ends at once,
+        without saving an adapter (complete checkpoints remain). None if there is no running job of theirs."""
+        with self._lock:
+            job = next((j for j in self._running if j.running and (owner is None or j.owner == owner)), None)
+        if job is None or job._child is None:
+            return None
+        job.stop_event.set()
+        job._child.end_now()
+        return job
 
     def _stop_job(self, job: Job) -> Job | None:
         if not job.running or job._child is None:

@@ -4,8 +4,10 @@ Two parents use it: the app's job manager (core/jobs/manager.py: one `python -m 
 multi-process run (core/jobs/launcher.py: `accelerate launch` and its workers). `Child` is one child process in its own
 session (process group), and everything a parent does with it:
 - `spawn`: start it, its output into a log file (or the terminal), optionally killed with its parent (Linux);
-- `ask_stop`: the first Stop writes the run's stop file (the child's callback ends after the current optimizer step
-  and saves the adapter, and answers with an `ack` event); a second Stop ends the group at once;
+- `ask_stop`: Stop writes the run's stop file (the child's callback ends after the current optimizer step and saves
+  the adapter, and answers with an `ack` event); pressed again (a double click, ten presses) it is the same Stop;
+- `end_now`: the separate, confirmed "End now" (the page's End now, a terminal's Ctrl-C pressed again after
+  REPEAT_S): the group ends at once, and no adapter is saved;
 - `enforce`: Stop's deadlines, no answer within `ack_s`, no end within `finish_s` after answering: end the group
   (SIGTERM, then SIGKILL after KILL_GRACE_S);
 - `follow`: the poll loop until the child exits, with the parent-death watch where the parent was itself started by
@@ -35,7 +37,10 @@ PARENT_ENV = "MEMTUNE_PARENT_PID"  # set by the app for its child: the pid whose
 KILL_GRACE_S = 5.0  # between SIGTERM and SIGKILL to the process group
 TAIL_LINES = 15  # lines of the log quoted when a child dies
 # why a run was ended; each has its message (core/locales log.kill.<reason>, with {how} and {s}, the seconds waited)
-KILL_REASONS = ("second_stop", "no_answer", "no_end", "shutdown", "unwritable")
+KILL_REASONS = ("end_now", "no_answer", "no_end", "shutdown", "unwritable")
+# Presses of Stop (or Ctrl-C) closer together than this are one press: a double click or a key held down must never
+# throw a run's adapter away. Ending at once is its own action (Child.end_now).
+REPEAT_S = 2.0
 
 
 class Child:
@@ -66,16 +71,33 @@ class Child:
         return self.stop_at is not None
 
     def ask_stop(self, note: str = "stop\n") -> None:
-        """First call: write the stop file (every rank ends after the same step; rank 0 saves the adapter); a folder
-        that cannot be written cannot be answered either, so the group ends. A second call ends the group now."""
+        """Write the stop file (every rank ends after the same step; rank 0 saves the adapter); a folder that cannot
+        be written cannot be answered either, so the group ends. Asked again, nothing more happens: Stop pressed
+        twice, or ten times, is one Stop (its deadlines still apply); `end_now` is what ends at once."""
         if self.stop_at is not None:
-            self.kill("second_stop")
             return
         self.stop_at = time.monotonic()
         try:
             self.stop_file.write_text(note, encoding="utf-8")
         except OSError:
             self.kill("unwritable")
+
+    def end_now(self) -> None:
+        """The confirmed End now: end the group at once; the run saves no adapter (complete checkpoints remain).
+        The stop file goes first, so the child's signal handler ends at once instead of stopping after its step."""
+        if self.stop_at is None:
+            self.stop_at = time.monotonic()
+            with contextlib.suppress(OSError):
+                self.stop_file.write_text("end now\n", encoding="utf-8")
+        self.kill("end_now")
+
+    def press(self) -> None:
+        """A terminal's Ctrl-C (or SIGTERM) to the parent: the first is Stop, repeats within REPEAT_S of it are the
+        same press, a later one ends at once (the log said so when Stop was acknowledged)."""
+        if self.stop_at is None or time.monotonic() - self.stop_at < REPEAT_S:
+            self.ask_stop()
+        else:
+            self.end_now()
 
     def note(self, events: list[dict[str, Any]]) -> None:
         """Read the child's new events for its answer to Stop."""
@@ -227,15 +249,21 @@ def stop_when_orphaned(stop: threading.Event) -> None:
 
 
 def stop_on_signals(stop: threading.Event, run_dir: str | None = None) -> None:
-    """SIGTERM / Ctrl-C: finish the current step and save the adapter. A signal after a Stop was already asked for
-    (this flag, or the run folder's stop file: the app's second Stop) ends the process at once."""
+    """SIGTERM / Ctrl-C: finish the current step and save the adapter. Repeats within REPEAT_S of the first are the
+    same press (a double Ctrl-C). A later signal after a Stop was asked for (this flag, or the run folder's stop file:
+    the app's End now, its shutdown) ends the process at once."""
     stop_file = Path(run_dir) / STOP_FILE if run_dir else None
+    pressed: list[float] = []  # when a signal here first asked for Stop
 
     def handler(signum, frame):  # only sets a flag: never write or lock inside a signal handler
+        now = time.monotonic()
+        if pressed and now - pressed[0] < REPEAT_S:
+            return
         if stop.is_set() or (stop_file is not None and stop_file.exists()):
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
         stop.set()
+        pressed.append(now)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)

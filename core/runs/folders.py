@@ -170,8 +170,10 @@ def create_run_dir(cfg: "TrainConfig", prepared: str | Path | None = None) -> Pa
     checkpoint yet. Raises ConfigError (field resume_from / output_dir) naming the folder when it is not
     memtune's, has nothing to resume from, or cannot be created or written; nothing is written in that case.
     """
-    from core.config.settings import ConfigError, Problem
+    from core.config.settings import ConfigError, Problem, source_problems
 
+    if prepared is None and (unusable := source_problems(cfg)):  # a newline in the model id: no folder for it
+        raise ConfigError(unusable)
     if prepared is not None and not cfg.resume_from:
         try:
             run_dir = target(prepared, "train into")
