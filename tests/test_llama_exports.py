@@ -1,8 +1,8 @@
 """GGUF exports that llama.cpp runs as trained, or refuses by name (tests/llama_cpp.py: the real llama.cpp):
 
 - sliding windows: a model whose window llama.cpp does not run (Mistral v0.1, Phi-3-mini-4k: llama.cpp's llama and
-  phi3 attend to everything) is refused; Gemma-2, whose window llama.cpp runs, gives the same logits as
-  transformers on prompts several times longer than its 8-token window;
+  phi3 attend to everything) is refused; Gemma-2 and Gemma-3, whose windows llama.cpp runs, give the same logits
+  as transformers on prompts several times longer than their 8-token window;
 - general.name: a run folder named "my-phi3-test" (llama.cpp picks Phi-3's token handling by that name) loads;
 - `--plan --out` into a non-empty folder memtune did not make says the export will refuse it, as it does.
 Tiny untrained models and an untrained adapter: conversion and loading are what is tested, not training.
@@ -40,14 +40,16 @@ def test_windows_llama_cpp_ignores_are_refused_by_name(name, tmp_path):
 
 
 def test_windows_llama_cpp_runs_match_transformers_past_the_window(tmp_path, demo_model_path):
-    """Gemma-2 (a window on every other layer) with an 8-token window: llama.cpp's logits after prompts of 30+
-    tokens are transformers' within 0.5% of their range, so the window is run, not ignored. (tests/families.py's
-    Gemma-3 differs already on prompts shorter than its window, so it cannot show the window: see the report.)"""
+    """Gemma-2 (a window on every other layer) and Gemma-3 (sliding, full: llama.cpp reads the pattern only as a
+    period, and ran its default of 6 when given the per-layer list) with an 8-token window: llama.cpp's logits
+    after prompts of 30+ tokens are transformers' within 0.5% of their range, so the window is run as trained.
+    A layer pattern no period gives is refused by name."""
+    from core.export.gguf import _swa_period
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     llama_cpp.require()
     requests, expected = [], []
-    for name in ("gemma2",):
+    for name in ("gemma2", "gemma3"):
         folder = _windowed(name, tmp_path / name)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
         tok = AutoTokenizer.from_pretrained(folder)
@@ -58,6 +60,9 @@ def test_windows_llama_cpp_runs_match_transformers_past_the_window(tmp_path, dem
         path = export_gguf(model_dir=folder, formats="f32").files["f32"]
         requests.append(dict(model=str(path), tokenize=LONG, logits=LONG))
         expected.append((name, ids, ref))
+    assert [_swa_period(p) for p in ([True, False], [True] * 5 + [False], [True] * 7)] == [2, 6, 0]
+    with pytest.raises(GGUFError, match="pattern llama.cpp cannot run"):
+        _swa_period([False, True, True])
     for (name, ids, ref), answer in zip(expected, llama_cpp.run(requests)["answers"]):
         assert answer["tokenize"] == ids, name
         for r, ours in zip(ref, answer["logits"]):

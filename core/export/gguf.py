@@ -433,7 +433,7 @@ def _family_metadata(writer, config: dict[str, Any], arch: str, dim: int) -> Non
             for i in range(layers)]
         if config.get("sliding_window") and any(t == "sliding_attention" for t in types):
             writer.add_sliding_window(int(config["sliding_window"]))
-            writer.add_sliding_window_pattern([t == "sliding_attention" for t in types])
+            writer.add_sliding_window_pattern(_swa_period([t == "sliding_attention" for t in types]))
             writer.add_rope_freq_base_swa(float(rope_params(config, "sliding_attention")["rope_theta"]))
     elif arch == "phi3":
         rp = rope_params(config)
@@ -448,6 +448,17 @@ def _family_metadata(writer, config: dict[str, Any], arch: str, dim: int) -> Non
         if nope is not None and list(nope) != [int((i + 1) % 4 != 0) for i in range(layers)]:
             raise GGUFError("This SmolLM3 skips RoPE on other layers than every 4th, the rule llama.cpp "
                             "hard-codes for smollm3.")
+
+
+def _swa_period(sliding: list[bool]) -> int:
+    """The period llama.cpp's gemma3 runs `sliding` (one flag per layer) with: it reads sliding_window_pattern only
+    as a number n (layer i slides when i % n < n - 1, every n-th layer is full; 0: all slide) and ignores an array,
+    running its default of 6 instead. GGUFError for a layer pattern no period gives."""
+    for n in [6, 0, *range(1, len(sliding) + 2)]:
+        if all(flag == (n == 0 or i % n < n - 1) for i, flag in enumerate(sliding)):
+            return n
+    raise GGUFError("This Gemma-3 mixes sliding and full attention layers in a pattern llama.cpp cannot run (it "
+                    "runs every n-th layer with full attention and the others with the window).")
 
 
 def _token_text(token: Any) -> str:
