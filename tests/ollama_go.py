@@ -62,3 +62,13 @@ def render(modelfile: str | Path, conversations: list[list[dict[str, str]]]) -> 
 def texts(result: dict) -> list[str | None]:
     """Each conversation's rendered text (None where rendering failed)."""
     return [r.get("text") for r in result["renders"]]
+
+
+def render_template(template: str, conversations: list[list[dict[str, str]]]) -> list[str | None]:
+    """`template` as a Modelfile's TEMPLATE, rendered by Ollama for each conversation (None where it fails)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "Modelfile"
+        path.write_text(f'FROM ./model.gguf\nTEMPLATE """{template}"""\n', encoding="utf-8")
+        result = render(path, conversations)
+    assert "parse_error" not in result and "template_error" not in result, result
+    return texts(result)

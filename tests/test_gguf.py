@@ -456,12 +456,12 @@ def _with_template(demo_model_path, template: str | None):
 
 @pytest.mark.parametrize("path", CHAT_TEMPLATES, ids=lambda p: p.stem)
 def test_ollama_template_renders_what_the_chat_template_renders(path, demo_model_path):
-    """The Modelfile's TEMPLATE, rendered as Ollama renders it (tests/gotemplate.py), is the HF chat template's
+    """The Modelfile's TEMPLATE, rendered as Ollama renders it (tests/ollama_go.py), is the HF chat template's
     text for the same messages: default system turns (Qwen2.5's, Llama-3.1's date header) and end-of-turn tokens
     included. A template that moves the system turn into a later message (Mistral-Nemo) is refused by name."""
     from core.export.gguf import GGUFError
     from core.export.gguf_export import chat_pieces, go_chat_template
-    from tests import gotemplate
+    from tests import ollama_go
 
     tok = _with_template(demo_model_path, path.read_text(encoding="utf-8"))
 
@@ -473,14 +473,16 @@ def test_ollama_template_renders_what_the_chat_template_renders(path, demo_model
             chat_pieces(hf)
         return
     go = go_chat_template(chat_pieces(hf), bos=None)
-    for messages in CONVERSATIONS:
+    rendered = ollama_go.render_template(go, CONVERSATIONS)  # Ollama's own template code (tests/go)
+    for messages, text in zip(CONVERSATIONS, rendered):
         if "gemma" in path.stem and messages[0]["role"] == "system":  # Gemma's template refuses system turns
             with pytest.raises(Exception, match="System role not supported"):
                 hf(messages)
+            assert text is None  # and so does Ollama's render (tests/test_modelfile.py)
             continue
-        assert gotemplate.render(go, messages) == hf(messages), messages
+        assert text == hf(messages), messages
     if "Qwen2.5" in path.stem:  # the default system turn the old Modelfile left out
-        assert "You are Qwen, created by Alibaba Cloud." in gotemplate.render(go, CONVERSATIONS[0])
+        assert "You are Qwen, created by Alibaba Cloud." in rendered[0]
 
 
 def test_memtune_chat_template_is_the_training_prompt(demo_model_path):

@@ -19,13 +19,23 @@ ROOT = Path(__file__).resolve().parent.parent
 CHATS = [
     [{"role": "user", "content": "Translate the word 'cat' into French."}],
     [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "What is 'sun' in French?"}],
-    [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye?"}],
+    [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello!"},
+     {"role": "user", "content": "Bye?"}],
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "One"},
      {"role": "assistant", "content": "Two"}, {"role": "user", "content": "Three"}],
     [{"role": "user", "content": "A"}, {"role": "assistant", "content": ""}, {"role": "user", "content": "B"}],
     [{"role": "user", "content": "First,"}, {"role": "assistant", "content": "yes?"},
-     {"role": "user", "content": "second"}, {"role": "assistant", "content": "go on"}, {"role": "user", "content": "end"}],
+     {"role": "user", "content": "second"}, {"role": "assistant", "content": "go on"},
+     {"role": "user", "content": "end"}],
     [{"role": "user", "content": "A"}, {"role": "user", "content": "B"}],
+]
+# Content with whitespace around it: memtune's prompt strips the instruction and the Input section, Llama-3.1's and
+# Gemma-2's chat templates every message (Jinja's trim: Python's strip, U+00A0 and U+3000 included)
+SPACED = [
+    [{"role": "user", "content": "  Translate the word 'cat' into French.\n"}],
+    [{"role": "system", "content": "\u00a0Answer in one word. \n"}, {"role": "user", "content": "\tWhat is 'sun'? "}],
+    [{"role": "user", "content": " Hi! "}, {"role": "assistant", "content": "\nHello!\u3000"},
+     {"role": "user", "content": "Bye?\n\n"}],
 ]
 
 
@@ -64,10 +74,10 @@ def test_base_model_modelfile_renders_chats_like_the_gguf_template(tmp_path, dem
     gguf_template = GGUFReader(result.files["f32"]).fields["tokenizer.chat_template"].contents()
     tok = AutoTokenizer.from_pretrained(folder)
     tok.chat_template = gguf_template
-    got = ollama_go.render(result.modelfile, CHATS)
+    got = ollama_go.render(result.modelfile, CHATS + SPACED)
     assert [c[0] for c in got["commands"]] == ["model", "template", "stop", "stop", "temperature", "top_k", "top_p",
                                                "repeat_penalty"]
-    for messages, text in zip(CHATS, ollama_go.texts(got)):
+    for messages, text in zip(CHATS + SPACED, ollama_go.texts(got), strict=True):
         expected = tok.apply_chat_template(_ollama_merged(messages), tokenize=False, add_generation_prompt=True)
         assert text == expected, messages
 
@@ -75,9 +85,10 @@ def test_base_model_modelfile_renders_chats_like_the_gguf_template(tmp_path, dem
 @pytest.mark.parametrize("name", ["google-gemma-2-2b-it", "Qwen-Qwen2.5-7B-Instruct",
                                   "meta-llama-Llama-3.1-8B-Instruct"])
 def test_chat_model_modelfile_renders_the_chat_template_and_its_refusals(name, tmp_path, demo_model_path):
-    """A chat model's TEMPLATE renders the chat template's text for chats it accepts; where the chat template
-    raises on a system message (Gemma-2: "System role not supported"), Ollama's render fails with that message
-    instead of dropping the system message silently."""
+    """A chat model's TEMPLATE renders the chat template's text for chats it accepts, stripping content where the
+    chat template does (Llama-3.1, Gemma-2) and only there (Qwen2.5); where the chat template raises on a system
+    message (Gemma-2: "System role not supported"), Ollama's render fails with that message instead of dropping
+    the system message silently."""
     from transformers import AutoTokenizer
 
     ollama_go.require()
@@ -85,9 +96,9 @@ def test_chat_model_modelfile_renders_the_chat_template_and_its_refusals(name, t
     folder = _model_with_template(tmp_path / "chat", demo_model_path, template)
     tok = AutoTokenizer.from_pretrained(folder)
     result = export_gguf(model_dir=folder, formats="f32")
-    chats = [CHATS[0], CHATS[1], CHATS[2], CHATS[5]]
+    chats = [CHATS[0], CHATS[1], CHATS[2], CHATS[5], *SPACED]
     got = ollama_go.render(result.modelfile, chats)
-    for messages, render in zip(chats, got["renders"]):
+    for messages, render in zip(chats, got["renders"], strict=True):
         try:
             expected = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # noqa: BLE001 - the chat template's own refusal

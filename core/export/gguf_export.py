@@ -27,14 +27,48 @@ DEMO_PROMPT = "Translate the word 'cat' into French."
 # The llama.cpp release the printed commands and the tests were checked against: the one node-llama-cpp bundles
 # (tests/llama/package.json pins it; tests/test_llama.py checks the harness reports this same release).
 LLAMA_CPP_VERSION = "v0.4.0"
+# Trimming in Go's text/template, which has no trim function nor loops over a string: templates that call themselves
+# on the string less one whitespace character at either end (index gives a byte; len (slice . N) is len - N). The
+# whitespace is Python's str.strip's (Jinja's trim, memtune's prompt): ASCII, U+0085, U+00A0 and the 3-byte spaces.
+_WS2 = ("\u0085", "\u00a0")
+_WS3 = ("\u1680", *(chr(c) for c in range(0x2000, 0x200B)), "\u2028", "\u2029", "\u202f", "\u205f", "\u3000")
+
+
+def _whitespace_at(end: bool) -> str:
+    """Go template actions setting $n to the byte length of the whitespace character at the start (or end) of the
+    string in dot, 0 when there is none."""
+    def at(k: int) -> str:
+        return f"(slice . (len (slice . {k})))" if end else f"(slice . 0 {k})"
+
+    def lits(chars) -> str:
+        return " ".join(f'"\\u{ord(c):04x}"' for c in chars)
+
+    first = "(index . (len (slice . 1)))" if end else "(index . 0)"
+    return ('{{ $n := 0 }}{{ if . }}{{ if eq ' + first + ' 9 10 11 12 13 28 29 30 31 32 }}{{ $n = 1 }}'
+            '{{ else if and (ge (len .) 2) (eq ' + at(2) + ' ' + lits(_WS2) + ') }}{{ $n = 2 }}'
+            '{{ else if and (ge (len .) 3) (eq ' + at(3) + ' ' + lits(_WS3) + ') }}{{ $n = 3 }}{{ end }}{{ end }}')
+
+
+# {{ template "memtune-trim" X }} prints X stripped; "memtune-input" prints memtune's Input section for X, stripped,
+# or nothing when X is blank (core.data.formats.default_prompt)
+GO_TRIM = ('{{- define "memtune-trim-right" }}' + _whitespace_at(True) +
+           '{{ if $n }}{{ template "memtune-trim-right" (slice . 0 (len (slice . $n))) }}{{ else }}{{ . }}{{ end }}'
+           '{{ end }}'
+           '{{- define "memtune-trim" }}' + _whitespace_at(False) +
+           '{{ if $n }}{{ template "memtune-trim" (slice . $n) }}{{ else }}{{ template "memtune-trim-right" . }}'
+           '{{ end }}{{ end }}')
+GO_INPUT = ('{{- define "memtune-input" }}' + _whitespace_at(False) +
+            '{{ if $n }}{{ template "memtune-input" (slice . $n) }}'
+            '{{ else if . }}### Input:\n{{ template "memtune-trim-right" . }}\n\n{{ end }}{{ end }}')
 # Without a chat template memtune trained on its Alpaca-style prompt (core.data.formats._render_default, which
 # gguf.MEMTUNE_CHAT_TEMPLATE, the GGUF's own chat template, writes in Jinja): the last user turn is the instruction; a
 # lone system turn, or every other turn as "Role: content" lines, the Input section. The same rules over Ollama's
 # .Messages in Go's text/template, which has no arithmetic: the first range finds the last message (and the one
 # before it), the second the last user turn. A trailing assistant message is Ollama's prefill, written after the
-# Response header. Go templates cannot trim, so content is used as sent (tests/test_modelfile.py renders it with
-# Ollama's own template code).
-PLAIN_TEMPLATE = (
+# Response header. The instruction and the Input section are stripped as in training; an earlier turn of whitespace
+# only is kept as a "Role: " line (training leaves it out: a Go template cannot test a string for blankness).
+# tests/test_modelfile.py renders it with Ollama's own template code.
+PLAIN_TEMPLATE = GO_TRIM + GO_INPUT + (
     '{{- $last := -1 }}{{- $prev := -1 }}{{- $lastRole := "" }}'
     '{{- range $i, $m := .Messages }}{{ $prev = $last }}{{ $last = $i }}{{ $lastRole = $m.Role }}{{ end }}'
     '{{- $end := $last }}{{- if eq $lastRole "assistant" }}{{ $end = $prev }}{{ end }}'
@@ -52,8 +86,8 @@ PLAIN_TEMPLATE = (
     '{{ if $context }}{{ $context = printf "%s\\n%s: %s" $context $role $m.Content }}'
     '{{ else }}{{ $context = printf "%s: %s" $role $m.Content }}{{ end }}'
     '{{ end }}{{ end }}{{ end }}'
-    '{{- if ge $at 0 }}### Instruction:\n{{ (index .Messages $at).Content }}\n\n'
-    '{{ if $context }}### Input:\n{{ $context }}\n\n{{ end }}### Response:\n{{ end }}'
+    '{{- if ge $at 0 }}### Instruction:\n{{ template "memtune-trim" (index .Messages $at).Content }}\n\n'
+    '{{ template "memtune-input" $context }}### Response:\n{{ end }}'
     '{{- if and (eq $lastRole "assistant") (ge $end 0) }}{{ (index .Messages $last).Content }}{{ end }}')
 # Try it answers greedily without a repetition penalty (Ollama's defaults: temperature 0.8, repeat_penalty 1.1)
 OLLAMA_SAMPLING = {"temperature": 0, "top_k": 1, "top_p": 1, "repeat_penalty": 1}
@@ -107,6 +141,21 @@ def chat_pieces(render) -> dict[str, str]:
         if render_pieces(pieces, messages) != render(messages, True):
             raise GGUFError("the chat template renders a conversation differently from turn by turn (e.g. the "
                             "system turn moved into the last user message)")
+    # Which roles' content the template strips (Llama-3.1's and Gemma-2's `| trim`): the Ollama template does too.
+    # A role rendered neither stripped nor as sent (Qwen3 drops reasoning) is left as sent.
+    pad = " \n\u00a0"
+    padded = {"user": [{"role": "user", "content": pad + S["user"] + pad}],
+              "assistant": [{"role": "user", "content": S["user"]},
+                            {"role": "assistant", "content": pad + S["assistant"] + pad},
+                            {"role": "user", "content": S["user2"]}]}
+    if su is not None:
+        padded["system"] = [{"role": "system", "content": pad + S["system"] + pad},
+                            {"role": "user", "content": S["user"]}]
+    trim = []
+    for role, messages in padded.items():
+        if render(messages, True) == render_pieces(dict(pieces, trim=[role]), messages):
+            trim.append(role)
+    pieces["trim"] = trim
     return pieces
 
 
@@ -132,7 +181,7 @@ def render_pieces(pieces: dict[str, str | None], messages: list[dict[str, str]])
                        pieces["assistant_user"] if prev == "assistant" else pieces["start_user"])
         elif role == "assistant":
             out.append(pieces["user_assistant"])
-        out.append(m["content"])
+        out.append(m["content"].strip() if role in (pieces.get("trim") or ()) else m["content"])
         prev = role
     return "".join(out) + pieces["user_end"]
 
@@ -168,16 +217,19 @@ def go_chat_template(pieces: dict[str, str], bos: str | None) -> str:
     """An Ollama TEMPLATE over .Messages that renders what the chat template renders (pieces: chat_pieces), less
     the leading BOS text when llama.cpp's tokenizer adds BOS itself (bos = that text)."""
     p = {k: _go(v[len(bos):] if bos and k.startswith("start_") and v.startswith(bos) else v)
-         for k, v in pieces.items() if v is not None and k != "system_error"}
+         for k, v in pieces.items() if isinstance(v, str) and k != "system_error"}
+    trim = pieces.get("trim") or ()
+    content = {role: '{{ template "memtune-trim" .Content }}' if role in trim else "{{ .Content }}"
+               for role in ("system", "user", "assistant")}
     # a template without system turns (Gemma's raises "System role not supported"): so does Ollama's render
-    system = (p["start_system"] + "{{ .Content }}" if "start_system" in p else
+    system = (p["start_system"] + content["system"] if "start_system" in p else
               _go_error(pieces.get("system_error") or "this model's chat template takes no system message"))
-    return ('{{- $prev := "" }}{{- range .Messages }}'
+    return ((GO_TRIM if trim else "") + '{{- $prev := "" }}{{- range .Messages }}'
             '{{- if eq .Role "system" }}' + system +
             '{{- else if eq .Role "user" }}{{ if eq $prev "system" }}' + p.get("system_user", p["start_user"])
             + '{{ else if eq $prev "assistant" }}' + p["assistant_user"] + '{{ else }}' + p["start_user"]
-            + '{{ end }}{{ .Content }}'
-            '{{- else if eq .Role "assistant" }}' + p["user_assistant"] + '{{ .Content }}'
+            + '{{ end }}' + content["user"] +
+            '{{- else if eq .Role "assistant" }}' + p["user_assistant"] + content["assistant"] +
             '{{- end }}{{ $prev = .Role }}{{- end }}' + p["user_end"])
 
 
