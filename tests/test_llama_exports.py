@@ -146,3 +146,27 @@ def test_plan_says_the_export_refuses_a_folder_memtune_did_not_make(tmp_path, de
         with pytest.raises(GGUFError, match="not made by memtune"):
             export_gguf(model_dir=demo_model_path, formats="f32", out_dir=out, overwrite=replace)
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_base_model_chats_in_the_modelfile_equal_the_gguf_template_llama_cpp_reads(tmp_path, demo_model_path):
+    """A base model's multi-turn chats: the Modelfile's TEMPLATE rendered by Ollama's own code in Go
+    (tests/ollama_go.py) is the chat template llama.cpp reads from the GGUF file, rendered by transformers' Jinja;
+    llama.cpp reads general.name as the model, not the folder."""
+    from transformers import AutoTokenizer
+
+    from tests import ollama_go
+    from tests.test_modelfile import CHATS, SPACED, _model_with_template, _ollama_merged
+
+    llama_cpp.require()
+    ollama_go.require()
+    folder = _model_with_template(tmp_path / "my-phi3-test", demo_model_path, None)
+    result = export_gguf(model_dir=folder, formats="f32")
+    keys = ["general.name", "tokenizer.chat_template"]
+    meta = llama_cpp.run([dict(model=str(result.files["f32"]), metadata=keys)])["answers"][0]["metadata"]
+    assert meta["general.name"] == "llama"  # the model type: the folder's name is free text
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.chat_template = meta["tokenizer.chat_template"]
+    chats = CHATS + SPACED
+    for messages, text in zip(chats, ollama_go.texts(ollama_go.render(result.modelfile, chats)), strict=True):
+        messages = _ollama_merged(messages)
+        assert text == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), messages
