@@ -146,6 +146,13 @@ def test_plan_says_the_export_refuses_a_folder_memtune_did_not_make(tmp_path, de
         with pytest.raises(GGUFError, match="not made by memtune"):
             export_gguf(model_dir=demo_model_path, formats="f32", out_dir=out, overwrite=replace)
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    from ui.gguf import on_gguf_plan  # the Export tab says it too, not "Not enough room"
+
+    adapter = _untrained_adapter(tmp_path / "runs" / "run-1")
+    (adapter.parent / "gguf").mkdir()
+    (adapter.parent / "gguf" / "notes.txt").write_text("my own file")
+    note = on_gguf_plan("en", str(adapter), ["f32"])
+    assert "was not made by memtune" in note and "Not enough room" not in note
 
 
 def test_base_model_chats_in_the_modelfile_equal_the_gguf_template_llama_cpp_reads(tmp_path, demo_model_path):

@@ -249,6 +249,7 @@ class GGUFPlan:
     message: str = ""
     replaces: bool = False  # out_dir already holds files: the export needs overwrite=True (--replace, Replace)
     model_name: str = ""  # GGUF general.name: what the model is (gguf.general_name), not the run folder's name
+    foreign: bool = False  # out_dir holds files memtune did not make: the export refuses it, with or without Replace
 
 
 @dataclass
@@ -333,7 +334,8 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
                f"free: {_gib(ram_free)} RAM, {_gib(disk_free)} disk.")
     ok = True
     replaces = out.exists() and (not out.is_dir() or any(out.iterdir()))
-    if replaces and not has_marker(out, "export"):  # what export_gguf does with it: refuse, whatever --replace says
+    foreign = replaces and not has_marker(out, "export")
+    if foreign:  # what export_gguf does with it: refuse, whatever --replace says
         ok, message = False, message + (f" {out} is not empty and was not made by memtune: the export will not "
                                         "write into it. Choose an empty or new folder (--out).")
     elif replaces:
@@ -344,7 +346,8 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
         ok, message = False, message + " Not enough disk space: free some space or choose another folder."
     return GGUFPlan(source=source, out_dir=out, name=name, formats=fmts, file_bytes=sizes, merge_bytes=merge_bytes,
                     ram_bytes=ram, ram_free=ram_free, disk_free=disk_free, ok=ok, message=message, replaces=replaces,
-                    adapter_dir=Path(adapter_dir) if adapter_dir else None, model_name=model_name)
+                    adapter_dir=Path(adapter_dir) if adapter_dir else None, model_name=model_name,
+                    foreign=foreign)
 
 
 def _count(shape: list[int]) -> int:
