@@ -82,7 +82,7 @@ def test_one_call_writes_both_files_modelfile_readme_and_no_temp(exported, adapt
     assert not leftovers, "a temporary folder was left behind"
     modelfile = result.modelfile.read_text()
     assert f"FROM ./{result.files['q8_0'].name}" in modelfile  # the smallest file
-    assert "### Instruction:\n{{ .Prompt }}" in modelfile  # the demo has no chat template: memtune's prompt
+    assert "### Instruction:\n{{ template" in modelfile  # the demo has no chat template: memtune's prompt
     assert 'PARAMETER stop "</s>"' in modelfile
     readme = result.readme.read_text()
     for command in result.commands:

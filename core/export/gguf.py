@@ -351,10 +351,11 @@ NAME_TRIGGERS = {"phi3": ("phi-3", "phi3"), "modern-bert": ("modern-bert",)}
 
 def general_name(config: dict[str, Any], model: str | None = None) -> str:
     """GGUF `general.name`: what the weights are (the base model's name, e.g. "SmolLM2-135M-Instruct", else the
-    model type), never free text like a run folder's name, which llama.cpp would pattern-match; a name that
-    would trigger another architecture's handling falls back to the model type."""
+    transformers architecture, e.g. "MistralForCausalLM"), never free text like a run folder's name, which llama.cpp
+    would pattern-match; a name that would trigger another architecture's handling falls back to the architecture.
+    (Not the bare model type: transformers' GGUF loader reads a general.name of exactly "mistral" as its own.)"""
     arch = architecture(config)[0]
-    kind = str(config.get("model_type") or arch)
+    kind = str(next(iter(config.get("architectures") or []), arch))
     name = Path(str(model)).name if model else kind
     if any(word in name.lower() for owner, words in NAME_TRIGGERS.items() if owner != arch for word in words):
         name = kind
