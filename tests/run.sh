@@ -28,6 +28,13 @@ memtune: no node/npm, so the llama.cpp round-trip tests (tests/test_llama.py) wi
   Debian/Ubuntu: sudo apt-get install nodejs npm     (node 18 or newer; then run this script again)
 HINT
 fi
+# Go for the Ollama Modelfile tests (tests/test_modelfile.py): Ollama's own parser and template code, tests/go.
+if ! command -v go >/dev/null 2>&1; then
+  cat >&2 <<HINT
+memtune: no Go, so the Ollama Modelfile tests (tests/test_modelfile.py) will be skipped.
+  Debian/Ubuntu: sudo apt-get install golang-go     (Go 1.19 or newer)
+HINT
+fi
 # One pytest-xdist worker per core, at most 4 (each holds the libraries and a demo model, ~1 GiB);
 # MEMTUNE_TEST_WORKERS overrides, and 1 runs everything in this process.
 CORES="$(python3 -c 'import os; print(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)')"

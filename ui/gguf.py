@@ -54,6 +54,8 @@ def on_gguf_plan(lang: str, adapter: str | None, formats: list[str] | None) -> s
     disk = plan.merge_bytes + sum(plan.file_bytes.values())
     text = t("gguf.plan", lang, ram=_size(plan.ram_bytes, lang), disk=_size(disk, lang), files=files,
              ram_free=_size(plan.ram_free, lang), disk_free=_size(plan.disk_free, lang), path=plan.out_dir)
+    if plan.foreign:  # the export refuses a folder memtune did not make, Replace or not
+        return _note(text + "\n" + t("gguf.foreign", lang, path=plan.out_dir), "error")
     if not plan.ok:
         text += "\n" + t("gguf.not_enough", lang, message=plan.message)
     elif plan.replaces:  # said before the click, not only as the refusal after it

@@ -116,7 +116,9 @@ def family(config: dict[str, Any]) -> tuple[str, bool, bool, bool]:
     for name in archs:
         if name in ARCHITECTURES:
             arch, permute, shift, tied = ARCHITECTURES[name]
-            return gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch)], permute, shift, tied
+            arch = gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch)]
+            _refuse_unrun_window(config, arch)
+            return arch, permute, shift, tied
     named = [f"{NOT_CONVERTED[a]} ({a})" for a in archs if a in NOT_CONVERTED]
     if named:
         what = ", ".join(named)
@@ -126,6 +128,45 @@ def family(config: dict[str, Any]) -> tuple[str, bool, bool, bool]:
         what = ", ".join(archs) or config.get("model_type", "an unknown architecture")
     raise GGUFError(f"GGUF export supports {supported_text()}; this model is {what}. Use the merged model folder "
                     "or the adapter zip instead, or llama.cpp's own convert_hf_to_gguf.py on the merged folder.")
+
+
+# llama.cpp architectures whose attention honours a sliding window (the window and its layer pattern are written
+# by _family_metadata). llama.cpp's llama (Mistral), qwen2, qwen3 and smollm3 have none, and its phi3 reads the
+# window but runs without it ("Phi SWA is currently disabled").
+SLIDING_WINDOW_ARCHS = ("gemma2", "gemma3")
+
+
+def attention_window(config: dict[str, Any]) -> int | None:
+    """The sliding window transformers runs at least one layer with, or None (full attention everywhere): the
+    config class's own resolution (Qwen2's use_sliding_window and max_window_layers, layer_types), so the answer is
+    what the model does, not what config.json happens to spell out."""
+    from transformers import AutoConfig
+
+    values = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "transformers_version")}
+    try:
+        hf = AutoConfig.for_model(config.get("model_type", ""), **values)
+    except (ValueError, TypeError, KeyError):
+        return None
+    window = getattr(hf, "sliding_window", None)
+    types = getattr(hf, "layer_types", None)
+    if not window or (types is not None and "sliding_attention" not in types):
+        return None
+    return int(window)
+
+
+def _refuse_unrun_window(config: dict[str, Any], arch: str) -> None:
+    """GGUFError when transformers attends through a sliding window that llama.cpp's `arch` does not run: once a
+    prompt is longer than the window, llama.cpp would see tokens the model never attends to (Mistral v0.1: 4096,
+    Phi-3-mini-4k: 2047). A window at least as long as the model's context never engages, so it passes."""
+    window = attention_window(config)
+    context = int(config.get("max_position_embeddings") or 0)
+    if arch in SLIDING_WINDOW_ARCHS or window is None or (context and window >= context):
+        return
+    name = next(iter(config.get("architectures") or []), arch)
+    raise GGUFError(f"This model ({name}) attends through a sliding window of {window} tokens (config.json "
+                    f"sliding_window), which llama.cpp's {arch} does not run: prompts longer than {window} tokens "
+                    "would be answered differently from the model you trained. GGUF export refuses it; use the "
+                    "merged model folder or the adapter zip with transformers (or vLLM) instead.")
 
 
 def architecture(config: dict[str, Any]) -> tuple[str, bool]:
@@ -302,7 +343,27 @@ def _encode(data: np.ndarray, kind: str) -> np.ndarray:
 
 
 # --- metadata ---------------------------------------------------------------------------------------------------------
+# llama.cpp picks token handling by general.name (llama-vocab.cpp: a name containing "phi3" or "phi-3" gets Phi-3's
+# special-token attributes, and a vocabulary without Phi-3's tokens then fails to load): these words only ever
+# belong in the name of the architecture they stand for.
+NAME_TRIGGERS = {"phi3": ("phi-3", "phi3"), "modern-bert": ("modern-bert",)}
+
+
+def general_name(config: dict[str, Any], model: str | None = None) -> str:
+    """GGUF `general.name`: what the weights are (the base model's name, e.g. "SmolLM2-135M-Instruct", else the
+    transformers architecture, e.g. "MistralForCausalLM"), never free text like a run folder's name, which llama.cpp
+    would pattern-match; a name that would trigger another architecture's handling falls back to the architecture.
+    (Not the bare model type: transformers' GGUF loader reads a general.name of exactly "mistral" as its own.)"""
+    arch = architecture(config)[0]
+    kind = str(next(iter(config.get("architectures") or []), arch))
+    name = Path(str(model)).name if model else kind
+    if any(word in name.lower() for owner, words in NAME_TRIGGERS.items() if owner != arch for word in words):
+        name = kind
+    return name
+
+
 def write_model_metadata(writer, config: dict[str, Any], name: str, fmt: str) -> None:
+    """`name`: general.name (general_name)."""
     import gguf
 
     arch, _, _, _ = family(config)
@@ -373,7 +434,7 @@ def _family_metadata(writer, config: dict[str, Any], arch: str, dim: int) -> Non
             for i in range(layers)]
         if config.get("sliding_window") and any(t == "sliding_attention" for t in types):
             writer.add_sliding_window(int(config["sliding_window"]))
-            writer.add_sliding_window_pattern([t == "sliding_attention" for t in types])
+            writer.add_sliding_window_pattern(_swa_period([t == "sliding_attention" for t in types]))
             writer.add_rope_freq_base_swa(float(rope_params(config, "sliding_attention")["rope_theta"]))
     elif arch == "phi3":
         rp = rope_params(config)
@@ -388,6 +449,17 @@ def _family_metadata(writer, config: dict[str, Any], arch: str, dim: int) -> Non
         if nope is not None and list(nope) != [int((i + 1) % 4 != 0) for i in range(layers)]:
             raise GGUFError("This SmolLM3 skips RoPE on other layers than every 4th, the rule llama.cpp "
                             "hard-codes for smollm3.")
+
+
+def _swa_period(sliding: list[bool]) -> int:
+    """The period llama.cpp's gemma3 runs `sliding` (one flag per layer) with: it reads sliding_window_pattern only
+    as a number n (layer i slides when i % n < n - 1, every n-th layer is full; 0: all slide) and ignores an array,
+    running its default of 6 instead. GGUFError for a layer pattern no period gives."""
+    for n in [6, 0, *range(1, len(sliding) + 2)]:
+        if all(flag == (n == 0 or i % n < n - 1) for i, flag in enumerate(sliding)):
+            return n
+    raise GGUFError("This Gemma-3 mixes sliding and full attention layers in a pattern llama.cpp cannot run (it "
+                    "runs every n-th layer with full attention and the others with the window).")
 
 
 def _token_text(token: Any) -> str:
@@ -529,7 +601,8 @@ def write_tokenizer_metadata(writer, meta: dict[str, Any]) -> None:
 # --- one file ---------------------------------------------------------------------------------------------------------
 def write_gguf(model_dir: Path, path: Path, fmt: str, name: str, progress: Progress | None = None) -> Path:
     """Convert the transformers model folder `model_dir` into the GGUF file `path` in format `fmt`, one tensor at
-    a time (the GGUF writer's streaming API: tensor infos first, then each tensor's data)."""
+    a time (the GGUF writer's streaming API: tensor infos first, then each tensor's data). `name`: general.name
+    (general_name: what the model is, never free text llama.cpp would pattern-match)."""
     import gguf
 
     model_dir, path = Path(model_dir), Path(path)

@@ -20,17 +20,75 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.export.gguf import (FORMATS, GiB, MiB, GGUFError, Progress, architecture, file_bytes, metadata_bytes,
-                       parse_formats, read_config, tensor_plan, tokenizer_metadata, write_gguf)
+from core.export.gguf import (FORMATS, GiB, MiB, GGUFError, Progress, architecture, file_bytes, general_name,
+                       metadata_bytes, parse_formats, read_config, tensor_plan, tokenizer_metadata, write_gguf)
 
 DEMO_PROMPT = "Translate the word 'cat' into French."
 # The llama.cpp release the printed commands and the tests were checked against: the one node-llama-cpp bundles
 # (tests/llama/package.json pins it; tests/test_llama.py checks the harness reports this same release).
 LLAMA_CPP_VERSION = "v0.4.0"
-# Without a chat template memtune trained on its Alpaca-style prompt (core.data.formats.DEFAULT_TEMPLATE; a system turn
-# becomes the Input section). Ollama's legacy variables: one turn, as memtune prompts it.
-PLAIN_TEMPLATE = ("### Instruction:\n{{ .Prompt }}\n\n{{ if .System }}### Input:\n{{ .System }}\n\n{{ end }}"
-                  "### Response:\n{{ .Response }}")
+# Trimming in Go's text/template, which has no trim function nor loops over a string: templates that call themselves
+# on the string less one whitespace character at either end (index gives a byte; len (slice . N) is len - N). The
+# whitespace is Python's str.strip's (Jinja's trim, memtune's prompt): ASCII, U+0085, U+00A0 and the 3-byte spaces.
+_WS2 = ("\u0085", "\u00a0")
+_WS3 = ("\u1680", *(chr(c) for c in range(0x2000, 0x200B)), "\u2028", "\u2029", "\u202f", "\u205f", "\u3000")
+
+
+def _whitespace_at(end: bool) -> str:
+    """Go template actions setting $n to the byte length of the whitespace character at the start (or end) of the
+    string in dot, 0 when there is none."""
+    def at(k: int) -> str:
+        return f"(slice . (len (slice . {k})))" if end else f"(slice . 0 {k})"
+
+    def lits(chars) -> str:
+        return " ".join(f'"\\u{ord(c):04x}"' for c in chars)
+
+    first = "(index . (len (slice . 1)))" if end else "(index . 0)"
+    return ('{{ $n := 0 }}{{ if . }}{{ if eq ' + first + ' 9 10 11 12 13 28 29 30 31 32 }}{{ $n = 1 }}'
+            '{{ else if and (ge (len .) 2) (eq ' + at(2) + ' ' + lits(_WS2) + ') }}{{ $n = 2 }}'
+            '{{ else if and (ge (len .) 3) (eq ' + at(3) + ' ' + lits(_WS3) + ') }}{{ $n = 3 }}{{ end }}{{ end }}')
+
+
+# {{ template "memtune-trim" X }} prints X stripped; "memtune-input" prints memtune's Input section for X, stripped,
+# or nothing when X is blank (core.data.formats.default_prompt)
+GO_TRIM = ('{{- define "memtune-trim-right" }}' + _whitespace_at(True) +
+           '{{ if $n }}{{ template "memtune-trim-right" (slice . 0 (len (slice . $n))) }}{{ else }}{{ . }}{{ end }}'
+           '{{ end }}'
+           '{{- define "memtune-trim" }}' + _whitespace_at(False) +
+           '{{ if $n }}{{ template "memtune-trim" (slice . $n) }}{{ else }}{{ template "memtune-trim-right" . }}'
+           '{{ end }}{{ end }}')
+GO_INPUT = ('{{- define "memtune-input" }}' + _whitespace_at(False) +
+            '{{ if $n }}{{ template "memtune-input" (slice . $n) }}'
+            '{{ else if . }}### Input:\n{{ template "memtune-trim-right" . }}\n\n{{ end }}{{ end }}')
+# Without a chat template memtune trained on its Alpaca-style prompt (core.data.formats._render_default, which
+# gguf.MEMTUNE_CHAT_TEMPLATE, the GGUF's own chat template, writes in Jinja): the last user turn is the instruction; a
+# lone system turn, or every other turn as "Role: content" lines, the Input section. The same rules over Ollama's
+# .Messages in Go's text/template, which has no arithmetic: the first range finds the last message (and the one
+# before it), the second the last user turn. A trailing assistant message is Ollama's prefill, written after the
+# Response header. The instruction and the Input section are stripped as in training; an earlier turn of whitespace
+# only is kept as a "Role: " line (training leaves it out: a Go template cannot test a string for blankness).
+# tests/test_modelfile.py renders it with Ollama's own template code.
+PLAIN_TEMPLATE = GO_TRIM + GO_INPUT + (
+    '{{- $last := -1 }}{{- $prev := -1 }}{{- $lastRole := "" }}'
+    '{{- range $i, $m := .Messages }}{{ $prev = $last }}{{ $last = $i }}{{ $lastRole = $m.Role }}{{ end }}'
+    '{{- $end := $last }}{{- if eq $lastRole "assistant" }}{{ $end = $prev }}{{ end }}'
+    '{{- $at := -1 }}'
+    '{{- range $i, $m := .Messages }}{{ if and (le $i $end) (eq $m.Role "user") }}{{ $at = $i }}{{ end }}{{ end }}'
+    '{{- if or (eq $at -1) (eq $end 0) }}{{ $at = $end }}{{ end }}'
+    '{{- $context := "" }}{{- $lone := false }}'
+    '{{- if eq $end 1 }}{{ range $i, $m := .Messages }}'
+    '{{ if and (le $i $end) (ne $i $at) (eq $m.Role "system") }}{{ $context = $m.Content }}{{ $lone = true }}{{ end }}'
+    '{{ end }}{{ end }}'
+    '{{- if not $lone }}{{ range $i, $m := .Messages }}{{ if and (le $i $end) (ne $i $at) $m.Content }}'
+    '{{ $role := $m.Role }}{{ if eq $role "user" }}{{ $role = "User" }}{{ else if eq $role "assistant" }}'
+    '{{ $role = "Assistant" }}{{ else if eq $role "system" }}{{ $role = "System" }}{{ else if eq $role "tool" }}'
+    '{{ $role = "Tool" }}{{ end }}'
+    '{{ if $context }}{{ $context = printf "%s\\n%s: %s" $context $role $m.Content }}'
+    '{{ else }}{{ $context = printf "%s: %s" $role $m.Content }}{{ end }}'
+    '{{ end }}{{ end }}{{ end }}'
+    '{{- if ge $at 0 }}### Instruction:\n{{ template "memtune-trim" (index .Messages $at).Content }}\n\n'
+    '{{ template "memtune-input" $context }}### Response:\n{{ end }}'
+    '{{- if and (eq $lastRole "assistant") (ge $end 0) }}{{ (index .Messages $last).Content }}{{ end }}')
 # Try it answers greedily without a repetition penalty (Ollama's defaults: temperature 0.8, repeat_penalty 1.1)
 OLLAMA_SAMPLING = {"temperature": 0, "top_k": 1, "top_p": 1, "repeat_penalty": 1}
 # Sentinel contents for reading a chat template's pieces: no whitespace, so templates that trim contents show them
@@ -48,10 +106,11 @@ def chat_pieces(render) -> dict[str, str]:
     u = render([{"role": "user", "content": S["user"]}], True)
     uau = render([{"role": "user", "content": S["user"]}, {"role": "assistant", "content": S["assistant"]},
                   {"role": "user", "content": S["user2"]}], True)
+    system_error = None
     try:
         su = render([{"role": "system", "content": S["system"]}, {"role": "user", "content": S["user"]}], True)
-    except Exception:  # noqa: BLE001 - Gemma's templates raise on a system turn: so will the Modelfile's (none)
-        su = None
+    except Exception as exc:  # noqa: BLE001 - Gemma's templates raise on a system turn: so will the Modelfile's
+        su, system_error = None, f"{type(exc).__name__}: {exc}"
 
     def cut(text: str, *marks: str) -> list[str]:
         parts, rest = [], text
@@ -72,7 +131,8 @@ def chat_pieces(render) -> dict[str, str]:
     if uau_start != start_user or uau_end != user_end:
         raise GGUFError("the chat template renders a turn differently depending on what follows it")
     pieces = dict(start_user=start_user, start_system=start_system, system_user=system_user,
-                  user_assistant=user_assistant, assistant_user=assistant_user, user_end=user_end)
+                  user_assistant=user_assistant, assistant_user=assistant_user, user_end=user_end,
+                  system_error=system_error)
     # The pieces must rebuild longer conversations too (Mistral's templates move the system turn into the LAST
     # user message, which per-message pieces cannot express).
     for messages in CHECK_CONVERSATIONS:
@@ -81,6 +141,21 @@ def chat_pieces(render) -> dict[str, str]:
         if render_pieces(pieces, messages) != render(messages, True):
             raise GGUFError("the chat template renders a conversation differently from turn by turn (e.g. the "
                             "system turn moved into the last user message)")
+    # Which roles' content the template strips (Llama-3.1's and Gemma-2's `| trim`): the Ollama template does too.
+    # A role rendered neither stripped nor as sent (Qwen3 drops reasoning) is left as sent.
+    pad = " \n\u00a0"
+    padded = {"user": [{"role": "user", "content": pad + S["user"] + pad}],
+              "assistant": [{"role": "user", "content": S["user"]},
+                            {"role": "assistant", "content": pad + S["assistant"] + pad},
+                            {"role": "user", "content": S["user2"]}]}
+    if su is not None:
+        padded["system"] = [{"role": "system", "content": pad + S["system"] + pad},
+                            {"role": "user", "content": S["user"]}]
+    trim = []
+    for role, messages in padded.items():
+        if render(messages, True) == render_pieces(dict(pieces, trim=[role]), messages):
+            trim.append(role)
+    pieces["trim"] = trim
     return pieces
 
 
@@ -106,29 +181,55 @@ def render_pieces(pieces: dict[str, str | None], messages: list[dict[str, str]])
                        pieces["assistant_user"] if prev == "assistant" else pieces["start_user"])
         elif role == "assistant":
             out.append(pieces["user_assistant"])
-        out.append(m["content"])
+        out.append(m["content"].strip() if role in (pieces.get("trim") or ()) else m["content"])
         prev = role
     return "".join(out) + pieces["user_end"]
 
 
 def _go(text: str) -> str:
-    """Literal text inside a Go template: only "{{" would be read as an action."""
-    return text.replace("{{", '{{ "{{" }}')
+    """Literal text inside a Go template that Ollama's Modelfile parser reads back unchanged: "{{" would start an
+    action; a third double quote in a row could end the TEMPLATE's triple-quoted value early (Ollama's parser stops
+    at three quotes then a space or newline, and reads what follows as Modelfile commands: SYSTEM, ADAPTER...);
+    characters the parser drops (it keeps only printable ones, tab and newlines) would vanish. Each becomes a Go
+    string action that prints it."""
+    def escape(m: re.Match) -> str:
+        piece = m.group(0)
+        if piece == "{{":
+            return '{{ "{{" }}'
+        if piece == '"':
+            return '{{ "\\"" }}'
+        if piece in "\n\t" or piece.isprintable():
+            return piece
+        code = ord(piece)
+        return '{{ "' + (f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}") + '" }}'
+
+    return re.sub(r'\{\{|(?<="")"|.', escape, text, flags=re.S)
+
+
+def _go_error(text: str) -> str:
+    """A Go template action that stops rendering with an error quoting `text` (slicing a string past its end):
+    Ollama answers the request with that error, as the chat template raises it in transformers."""
+    literal = json.dumps(" ".join(text.split()))  # a valid Go string literal: no newline, quotes escaped
+    return "{{ slice " + literal + f" {len(literal.encode('utf-8')) + 1} }}}}"
 
 
 def go_chat_template(pieces: dict[str, str], bos: str | None) -> str:
     """An Ollama TEMPLATE over .Messages that renders what the chat template renders (pieces: chat_pieces), less
     the leading BOS text when llama.cpp's tokenizer adds BOS itself (bos = that text)."""
     p = {k: _go(v[len(bos):] if bos and k.startswith("start_") and v.startswith(bos) else v)
-         for k, v in pieces.items() if v is not None}
-    # a template without system turns (Gemma): Ollama's system messages are left out, as HF refuses them
-    system = p["start_system"] + "{{ .Content }}" if "start_system" in p else ""
-    return ('{{- $prev := "" }}{{- range .Messages }}'
+         for k, v in pieces.items() if isinstance(v, str) and k != "system_error"}
+    trim = pieces.get("trim") or ()
+    content = {role: '{{ template "memtune-trim" .Content }}' if role in trim else "{{ .Content }}"
+               for role in ("system", "user", "assistant")}
+    # a template without system turns (Gemma's raises "System role not supported"): so does Ollama's render
+    system = (p["start_system"] + content["system"] if "start_system" in p else
+              _go_error(pieces.get("system_error") or "this model's chat template takes no system message"))
+    return ((GO_TRIM if trim else "") + '{{- $prev := "" }}{{- range .Messages }}'
             '{{- if eq .Role "system" }}' + system +
             '{{- else if eq .Role "user" }}{{ if eq $prev "system" }}' + p.get("system_user", p["start_user"])
             + '{{ else if eq $prev "assistant" }}' + p["assistant_user"] + '{{ else }}' + p["start_user"]
-            + '{{ end }}{{ .Content }}'
-            '{{- else if eq .Role "assistant" }}' + p["user_assistant"] + '{{ .Content }}'
+            + '{{ end }}' + content["user"] +
+            '{{- else if eq .Role "assistant" }}' + p["user_assistant"] + content["assistant"] +
             '{{- end }}{{ $prev = .Role }}{{- end }}' + p["user_end"])
 
 
@@ -147,6 +248,8 @@ class GGUFPlan:
     ok: bool = True
     message: str = ""
     replaces: bool = False  # out_dir already holds files: the export needs overwrite=True (--replace, Replace)
+    model_name: str = ""  # GGUF general.name: what the model is (gguf.general_name), not the run folder's name
+    foreign: bool = False  # out_dir holds files memtune did not make: the export refuses it, with or without Replace
 
 
 @dataclass
@@ -207,7 +310,8 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
         source = Path(model_dir)
         name = _slug(source.resolve().name)
     config = read_config(source)
-    architecture(config)  # refuses unsupported models before anything is merged
+    architecture(config)  # refuses unsupported models (and windows llama.cpp ignores) before anything is merged
+    model_name = general_name(config, cfg.model if cfg else None)
     tplan = tensor_plan(source, config)
     extra = metadata_bytes(source, tplan, int(config["vocab_size"]))  # vocabulary, merges, chat template, infos
     sizes = {f: file_bytes(tplan, f) + extra for f in fmts}
@@ -215,7 +319,7 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
     biggest = max(_count(shape) for _, _, shape in tplan) * 4 * 3  # one tensor in f32, permuted, encoded
     merge_bytes = params * 2 if adapter_dir else 0
     ram = max(merge_plan(cfg)["needed"] if cfg else 0, biggest)
-    from core.files import RefusedError, target
+    from core.files import RefusedError, has_marker, target
 
     try:  # resolved once (core.files.target): the checks and the final rename act on this same folder
         out = target(out_dir or default_gguf_dir(adapter_dir, model_dir), "write the GGUF export into")
@@ -230,7 +334,11 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
                f"free: {_gib(ram_free)} RAM, {_gib(disk_free)} disk.")
     ok = True
     replaces = out.exists() and (not out.is_dir() or any(out.iterdir()))
-    if replaces:
+    foreign = replaces and not has_marker(out, "export")
+    if foreign:  # what export_gguf does with it: refuse, whatever --replace says
+        ok, message = False, message + (f" {out} is not empty and was not made by memtune: the export will not "
+                                        "write into it. Choose an empty or new folder (--out).")
+    elif replaces:
         message += f" {out} holds an earlier export: exporting replaces it (Replace, --replace)."
     if ram > ram_free and not (cfg is not None and merge_plan(cfg)["device"] == "cuda"):
         ok, message = False, message + " Not enough memory: close other programs or stop the training run."
@@ -238,7 +346,8 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
         ok, message = False, message + " Not enough disk space: free some space or choose another folder."
     return GGUFPlan(source=source, out_dir=out, name=name, formats=fmts, file_bytes=sizes, merge_bytes=merge_bytes,
                     ram_bytes=ram, ram_free=ram_free, disk_free=disk_free, ok=ok, message=message, replaces=replaces,
-                    adapter_dir=Path(adapter_dir) if adapter_dir else None)
+                    adapter_dir=Path(adapter_dir) if adapter_dir else None, model_name=model_name,
+                    foreign=foreign)
 
 
 def _count(shape: list[int]) -> int:
@@ -319,7 +428,7 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
                 step(begin + share * fraction * 0.98, message)
 
             step(begin, f"Writing {plan.name}-{fmt}.gguf ({FORMATS[fmt][0]})")
-            files[fmt] = write_gguf(source, tmp / f"{plan.name}-{fmt}.gguf", fmt, plan.name, file_step)
+            files[fmt] = write_gguf(source, tmp / f"{plan.name}-{fmt}.gguf", fmt, plan.model_name, file_step)
         shutil.rmtree(tmp / "merged", ignore_errors=True)
         result = _write_extras(tmp, out, plan, files, meta, template, stops, why)
         move_into_place(tmp, out)
@@ -359,16 +468,30 @@ def ollama_template(model_dir: Path, meta: dict[str, Any]) -> tuple[str | None, 
             list(dict.fromkeys(end_of_turn + eos)), "")
 
 
+def _modelfile_safe(template: str) -> bool:
+    """Whether Ollama's Modelfile parser reads `template` back whole from TEMPLATE's triple quotes: no three double
+    quotes in a row (the value would end there) and only characters it keeps (printable, tab, newline). _go writes every
+    template so; this is the last check before the file is written."""
+    return '"""' not in template and all(c in "\n\t" or c.isprintable() for c in template)
+
+
 def _write_extras(tmp: Path, out: Path, plan: GGUFPlan, files: dict[str, Path], meta: dict[str, Any],
                   template: str | None, stops: list[str], why: str = "") -> GGUFResult:
     """Modelfile, README.md and the marker, inside `tmp`; paths in the result and commands point into `out`."""
     primary = min(files.values(), key=lambda p: p.stat().st_size)  # Ollama gets the smallest file
     lines = [f"# Ollama Modelfile written by memtune: ollama create {plan.name} -f Modelfile", f"FROM ./{primary.name}"]
-    if template is not None:
+    if template is not None and _modelfile_safe(template):
         lines.append(f'TEMPLATE """{template}"""')
     else:  # Ollama then matches the GGUF's chat template against the ones it knows: check `ollama show --template`
-        lines.append(f"# No TEMPLATE: {why}. Ollama picks one from the chat template stored in the GGUF file.")
-    lines += [f"PARAMETER stop {json.dumps(s)}" for s in stops]
+        why = why or "the template cannot be written inside TEMPLATE's triple quotes"
+        # one line: a newline in a comment would end it, and the next line would be read as a Modelfile command
+        lines.append(f"# No TEMPLATE: {' '.join(why.split())}. Ollama picks one from the chat template stored in "
+                     "the GGUF file.")
+    for stop in stops:
+        if '"' not in stop and stop.isprintable() and stop.strip() == stop:  # Ollama's parser unescapes nothing
+            lines.append(f'PARAMETER stop "{stop}"')
+        else:
+            lines.append(f"# No stop for the end token {ascii(stop)}: a Modelfile cannot hold it as written.")
     lines.append("# Greedy, as memtune's Try it answers (Ollama's defaults sample at temperature 0.8)")
     lines += [f"PARAMETER {k} {v}" for k, v in OLLAMA_SAMPLING.items()]
     (tmp / "Modelfile").write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -2,11 +2,12 @@
 // test, because loading the library costs more than a tiny model's work.
 //   node harness.mjs requests.json  ->  JSON list on stdout, one answer per request
 // request: {"model": "x.gguf", "tokenize": [text...], "logits": [text...], "generate": [text...],
-//           "max_tokens": 8}
+//           "max_tokens": 8, "metadata": ["general.name", "tokenizer.chat_template"...]}
 // Texts are tokenized as transformers does: special tokens parsed, BOS prepended when the GGUF says so.
 // tokenize -> ids; logits -> the next-token log-probabilities after the whole text (log-softmax of llama.cpp's
 // logits: this node-llama-cpp release hands out probabilities, not raw logits; null where a probability is 0);
-// generate -> greedy completion (stops at an end-of-generation token), detokenized without special tokens.
+// generate -> greedy completion (stops at an end-of-generation token), detokenized without special tokens;
+// metadata -> each key's value as llama.cpp's GGUF reader sees it (null where absent).
 import fs from "node:fs";
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 
@@ -26,7 +27,9 @@ async function answer(request) {
   const context = await model.createContext({contextSize: request.context_size ?? 512, sequences: 1,
                                              threads: request.threads ?? 1});
   const sequence = context.getSequence();
-  const out = {tokenize: [], logits: [], generate: []};
+  const out = {tokenize: [], logits: [], generate: [], metadata: {}};
+  for (const key of request.metadata ?? [])
+    out.metadata[key] = key.split(".").reduce((node, part) => node?.[part], model.fileInfo.metadata) ?? null;
 
   for (const text of request.tokenize ?? []) out.tokenize.push(ids(text));
 

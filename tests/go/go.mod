@@ -1,0 +1,3 @@
+module memtune/tests/go
+
+go 1.19
