@@ -198,6 +198,14 @@ def set_number(pg, field: str, value: int) -> None:
                          timeout=120_000)  # a busy 2-core machine (CI once took over 30 s); never a timing assert
 
 
+def point_at_runs(pg, folder) -> None:
+    """Point the page at a runs folder of the test's own (Training's output_dir): History and Try it list its runs."""
+    pg.get_by_role("tab", name="3 · Training").click()
+    box = pg.locator("#field-output_dir input, #field-output_dir textarea").first
+    box.fill(str(folder))
+    box.press("Tab")
+
+
 def wait_state(pg, states, timeout=120_000):
     cond = " || ".join(f"p.dataset.state === '{s}'" for s in states)
     pg.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && ({cond}); }})()",

@@ -44,10 +44,11 @@ def pytest_configure(config):
 # (--dist loadgroup).
 XDIST_GROUPS = {"test_infer": "infer", "test_export": "export", "test_gguf": "gguf", "test_history": "history",
                 "test_safety": "safety", "test_data": "data", "test_ui": "ui"}
-# The browser modules in two groups, so that two workers each drive their own app server and chromium: test_browser
-# (the page's main flows and their demo runs) alone, every other browser module (public mode's own server, compare,
-# data, layout...) in the second. Each test asks for what it needs (trained_run), so either may run anywhere.
-BROWSER_GROUPS = {"test_browser": "browser"}
+# The browser modules in three groups of about the same length, so that two workers each drive their own app server
+# and chromium: test_browser (the page's main flows and their demo runs); test_browser_public (its own public and
+# login servers: only chromium is shared); every other browser module (compare, children, data, layout, truth). Each
+# test asks for what it needs (trained_run), so any group may run anywhere, after any other.
+BROWSER_GROUPS = {"test_browser": "browser", "test_browser_public": "browser-public"}
 BROWSER_REST = "browser-2"
 
 
@@ -67,11 +68,12 @@ def is_browser(item) -> bool:
     return item is not None and module_name(item).startswith("test_browser")
 
 
-# In xdist workers the longest chains go first (tests/run.sh keeps this order: --no-loadscope-reorder): the two
-# browser groups first, one per worker, then the long groups and slow multi-process tests, so that no worker starts
-# one of them while the other has nothing left to do; the many short tests come last and even the load out.
-FIRST = ("test_browser", "<browser>", "test_ui", "test_distributed", "test_child", "test_safety", "test_data",
-         "test_codegen", "test_llama", "test_warm", "test_gguf", "test_infer")
+# In xdist workers the longest chains go first (tests/run.sh keeps this order: --no-loadscope-reorder): the browser
+# groups first (one per worker, the third to whichever finishes first), then the long groups and slow multi-process
+# tests, so that no worker starts one of them while the other has nothing left to do; the many short tests come last
+# and even the load out.
+FIRST = ("test_browser", "test_browser_public", "<browser>", "test_llama", "test_ui", "test_distributed", "test_child",
+         "test_safety", "test_data", "test_codegen", "test_warm", "test_gguf", "test_infer")
 
 
 def rank(item) -> int:

@@ -8,7 +8,7 @@ import signal
 import psutil
 import pytest
 
-from tests.browser_app import MISSING, REQUIRED, choose
+from tests.browser_app import MISSING, REQUIRED, choose, point_at_runs
 
 pytestmark = pytest.mark.skipif(MISSING is not None and not REQUIRED, reason=MISSING or "")
 
@@ -35,10 +35,7 @@ def try_children(server) -> list[psutil.Process]:
 
 def test_a_killed_try_it_child_leaves_the_page_serving_and_the_next_prompt_works(page, server, adapter_run):
     folder, result = adapter_run
-    page.get_by_role("tab", name="3 · Training").click()
-    box = page.locator("#field-output_dir input, #field-output_dir textarea").first
-    box.fill(str(folder))
-    box.press("Tab")
+    point_at_runs(page, folder)
     page.get_by_role("tab", name="Try it").click()
     page.wait_for_selector("#try-adapter input")
     choose(page, "#try-adapter", "demo-tiny-llama")

@@ -3,7 +3,7 @@ picked in the page: both runs' training and validation curves on one chart, and 
 
 import pytest
 
-from tests.browser_app import MISSING, REQUIRED, choose
+from tests.browser_app import MISSING, REQUIRED, choose, point_at_runs
 
 pytestmark = pytest.mark.skipif(MISSING is not None and not REQUIRED, reason=MISSING or "")
 
@@ -26,10 +26,7 @@ def two_runs(server, demo_model_path):
 
 def test_history_compares_two_runs(page, two_runs):
     folder, _ = two_runs
-    page.get_by_role("tab", name="3 · Training").click()
-    box = page.locator("#field-output_dir input, #field-output_dir textarea").first
-    box.fill(str(folder))
-    box.press("Tab")
+    point_at_runs(page, folder)
     page.get_by_role("tab", name="History").click()
     page.click("#compare-acc button, #compare-acc .label-wrap")
     picker = page.locator("#compare-runs input").first

@@ -235,7 +235,8 @@ def request(server, path: str, method: str = "GET", body: bytes | None = None, h
 def test_with_a_login_every_route_but_the_login_page_needs_it_and_the_page_shows_no_api(browser, tmp_path_factory):
     """Issue 38: the login page embedded every endpoint's description, and heartbeat, startup-events and cancel
     answered without a login. Now only the login page (its assets, the login itself) is open."""
-    started = app_server(tmp_path_factory, MEMTUNE_AUTH="me:long-secret-pw")
+    # No run starts here: no warm-start server importing the training libraries beside the test (core/jobs/warm.py)
+    started = app_server(tmp_path_factory, MEMTUNE_AUTH="me:long-secret-pw", MEMTUNE_WARM_START="0")
     server = next(started)
     try:
         status, _, page = request(server, "/")

@@ -83,6 +83,17 @@ def on_gguf_export(app: Any, lang: str, adapter: str | None, formats: list[str] 
 
     if asks_remote_code(adapter) and not trust_remote_code:  # said here, before any process starts
         return _warn(t("try.remote_code_needed", lang, model=adapter_config(adapter).model)), no_commands
+    from core.export.gguf import GGUFError
+    from core.export.gguf_export import plan_gguf
+
+    try:  # a refused folder or a machine without the room is said here, before a child starts (it checks again)
+        plan = plan_gguf(adapter_dir=adapter, formats=formats)
+    except GGUFError as exc:
+        return _warn(t("export.failed", lang, message=str(exc)), "error"), no_commands
+    except Exception:  # noqa: BLE001 - anything else (an unreadable file...): the child's failure record says it
+        plan = None
+    if plan is not None and not plan.ok:
+        return _warn(t("export.failed", lang, message=plan.message), "error"), no_commands
     try:
         action = app.manager.actions.start("gguf", {"adapter": adapter, "formats": list(formats),
                                                     "overwrite": bool(replace),

@@ -311,6 +311,12 @@ def on_merge(x: TryExportTab, lang: str, adapter: str | None, out_dir: str, repl
         return warn(t("try.remote_code_needed", lang, model=adapter_config(adapter).model), "merge-note")
     if (refusal := public_refusal((adapter, "the adapter"), ((out_dir or "").strip() or None, "the merged folder"))):
         return warn(t("export.failed", lang, message=refusal), "merge-note", "error")
+    from core.export.adapter import ExportError, merge_destination
+
+    try:  # a folder it may not write is refused here, before a child starts (the child checks it again)
+        merge_destination(adapter, (out_dir or "").strip() or None, bool(replace))
+    except ExportError as exc:
+        return warn(t("export.failed", lang, message=str(exc)), "merge-note", "error")
     try:
         action = manager.actions.start("merge", {
             "adapter": adapter, "out_dir": (out_dir or "").strip() or None, "overwrite": bool(replace),

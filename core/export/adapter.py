@@ -251,6 +251,32 @@ def default_merge_dir(adapter_dir: str | Path) -> Path:
 
 
 # --- merge ---------------------------------------------------------------------------------------------------------
+def merge_destination(adapter_dir: str | Path, out_dir: str | Path | None = None, overwrite: bool = False) -> Path:
+    """The folder a merge of `adapter_dir` writes (out_dir, by default run_dir/merged), resolved once
+    (core.files.target: every check and the final rename act on this same folder), after tidying what a crashed
+    merge into it left; ExportError when it may not be written. The page asks this before it starts the merge's
+    child (a refusal costs no process start), and merge_adapter again in the child."""
+    adapter_dir = real(adapter_dir)
+    try:
+        out = target(out_dir or default_merge_dir(adapter_dir), "write the merged model into")
+    except RefusedError as exc:
+        raise ExportError(str(exc)) from None
+    recover(out)  # an earlier merge into `out` that crashed half-way
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} is a file, not a folder. Choose another folder for the merged model.")
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise ExportError(f"{out} already exists and is not empty. Choose another folder, or allow replacing it "
+                              "(Replace on the page, --replace on the command line).")
+        try:  # Replace deletes the folder: only ever a merged model memtune wrote
+            require_marker(out, "merged", "replace")
+        except RefusedError as exc:
+            raise ExportError(str(exc)) from None
+    if out == adapter_dir or out in adapter_dir.parents:
+        raise ExportError(f"{out} holds the adapter itself. Choose another folder for the merged model.")
+    return out
+
+
 def merge_target(cfg: TrainConfig, merge_into: str | None = None) -> str:
     """The weights a merge adds the delta to: `merge_into` if given, else "dequantized" for a 4-bit run; an adapter
     trained on an unquantized base has only its original weights."""
@@ -311,10 +337,7 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     from core.model.load import ModelError, load_model, load_tokenizer, resolve_model_path
 
     adapter_dir = real(adapter_dir)
-    try:  # resolved once (core.files.target): every check below and the final rename act on this same folder
-        out = target(out_dir or default_merge_dir(adapter_dir), "write the merged model into")
-    except RefusedError as exc:
-        raise ExportError(str(exc)) from None
+    out = merge_destination(adapter_dir, out_dir, overwrite)
 
     def step(fraction: float, message: str) -> None:
         if progress is not None:
@@ -325,19 +348,6 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     except InferError as exc:
         raise ExportError(str(exc)) from None
     into = merge_target(cfg, merge_into)
-    recover(out)  # an earlier merge into `out` that crashed half-way
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"{out} is a file, not a folder. Choose another folder for the merged model.")
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ExportError(f"{out} already exists and is not empty. Choose another folder, or allow replacing it "
-                              "(Replace on the page, --replace on the command line).")
-        try:  # Replace deletes the folder: only ever a merged model memtune wrote
-            require_marker(out, "merged", "replace")
-        except RefusedError as exc:
-            raise ExportError(str(exc)) from None
-    if out == adapter_dir or out in adapter_dir.parents:
-        raise ExportError(f"{out} holds the adapter itself. Choose another folder for the merged model.")
     needed, _, ok, message = merge_memory_check(cfg)
     if not ok:
         raise ExportError(message)
