@@ -1,6 +1,6 @@
 """One run = one child process: the job manager runs `python -m core.train` on the tiny demo model (no fakes).
 
-Stop (the stop file) saves an adapter; a second Stop ends the process group at once; a child killed by hand
+Stop (the stop file) saves an adapter; End now ends the process group at once; a child killed by hand
 becomes a failed run with a clear message and the next Start works; nothing is left behind; the CLI reports a
 user's mistake in one line without a traceback.
 """
@@ -77,15 +77,15 @@ def test_stop_saves_an_adapter_and_leaves_nothing_running(tmp_path, demo_model_p
     assert mgr.stop() is None  # nothing left to stop
 
 
-def test_a_second_stop_ends_the_process_group_at_once(tmp_path, demo_model_path):
+def test_end_now_ends_the_process_group_at_once(tmp_path, demo_model_path):
     mgr = JobManager()
     job = mgr.start(long_demo(tmp_path, "twice"))
     first_step(job)
     mgr.stop()
-    mgr.stop()
+    mgr.end_now()
     assert job.wait(WAIT)
     v = job_view(job)
-    assert v.state == "failed" and "second Stop" in v.message
+    assert v.state == "failed" and "End now" in v.message
     assert not (Path(job.folder) / "adapter").exists()  # ended without finishing a save
     assert json.loads(Path(job.folder, "summary.json").read_text())["status"] == "failed"  # History shows it
     assert group_members(job.pid) == []

@@ -1,6 +1,6 @@
 """The app-wide job manager: one run (child process) at a time, events followed for reattaching, the page's view.
 
-Stop, a second Stop, a killed child and the training itself are in test_child.py."""
+Stop, End now, a killed child and the training itself are in test_child.py."""
 
 import threading
 import time
@@ -24,8 +24,7 @@ def view(events, running=False, stopping=False, from_disk=False):
 
 def stop_at_once(mgr: JobManager, job) -> None:
     """Two Stops: the child's process group ends now (these tests need no adapter)."""
-    mgr.stop()
-    mgr.stop()
+    mgr.end_now()
     assert job.wait(120)
 
 
@@ -37,7 +36,7 @@ def test_second_start_is_refused_while_a_job_runs(tmp_path):
         mgr.start(demo_config(output_dir=str(tmp_path)))
     stop_at_once(mgr, job)
     assert not mgr.busy()
-    assert job_view(job).state == "failed" and "second Stop" in job_view(job).message
+    assert job_view(job).state == "failed" and "End now" in job_view(job).message
 
 
 def test_concurrent_starts_from_many_tabs_start_exactly_one(tmp_path):
@@ -190,8 +189,8 @@ def test_the_supervisor_ends_a_child_that_does_not_answer_stop_and_records_why(t
 
     twice = Child.spawn(sleeper, run / "STOP", ack_s=600.0, finish_s=600.0)
     twice.ask_stop()
-    twice.ask_stop()  # the second Stop ends the group at once
-    assert twice.follow(poll_s=0.05) == -signal.SIGTERM and twice.kill_reason == "second_stop"
+    twice.end_now()  # End now ends the group at once
+    assert twice.follow(poll_s=0.05) == -signal.SIGTERM and twice.kill_reason == "end_now"
     unwritable = Child.spawn(sleeper, tmp_path / "no" / "folder" / "STOP", ack_s=600.0, finish_s=600.0)
     unwritable.ask_stop()
     assert unwritable.follow(poll_s=0.05) == -signal.SIGTERM and unwritable.kill_reason == "unwritable"

@@ -576,8 +576,7 @@ def test_start_is_free_as_soon_as_the_page_says_completed(tmp_path, demo_model_p
     assert job_view(first).state == "completed", job_view(first).message  # what the page shows now
     second = mgr.start(demo_config(max_steps=100000, output_dir=str(tmp_path), run_name="b"))  # not refused
     assert second is not first and not first.running
-    mgr.stop()
-    mgr.stop()  # a second Stop ends it at once
+    mgr.end_now()  # ends it at once
     assert second.wait(240)
 
 
@@ -862,6 +861,5 @@ def test_only_the_space_owner_stops_any_job_running_or_queued(public, monkeypatc
         handlers.on_owner_stop(app, a.id, "en")
         assert a.stop_event.is_set()  # ends after its current step, saving its adapter
     finally:
-        mgr.stop(job_id=a.id)
-        mgr.stop(job_id=a.id)  # a second Stop ends the process group now
+        mgr.end_now(owner=a.owner)  # ends the process group now
         assert a.wait(120)
