@@ -230,7 +230,7 @@ def test_the_lines_of_rarer_cases_read_in_pt_and_fr(tmp_path, demo_model_path, d
     assert "lignes sur 250 mises de côté (5 %, graine 42), jamais entraînées" in fr
     assert "Validation : 3 lignes de " in fr
     assert "Plus d'espace libre dans" in fr and "tué par le signal SIGKILL" in fr and "(code de sortie 0)" in fr
-    assert "n'est pas un modèle de langue causal" in fr and "Arrêté aussitôt par un second arrêt" in fr
+    assert "n'est pas un modèle de langue causal" in fr and "Terminé aussitôt par Terminer maintenant" in fr
     assert "restent disponibles pour Reprendre" in fr
     assert len(said["pt"]) == len(texts) == 30
 

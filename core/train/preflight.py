@@ -125,12 +125,19 @@ def lora_landed(model, cfg: TrainConfig) -> dict[str, Any]:
     """Where peft put LoRA against where it was asked (lora_targets.resolve on the model itself)."""
     from peft.tuners.lora import LoraLayer
 
+    from peft.tuners.lora import layer as lora_layer
+
     base = model.get_base_model()
     asked = lt.resolve(cfg.lora_target_modules, lt.linear_layers(base), cfg.lora_r)
     expected = set(lt.paths(base, asked.modules))
-    landed = {name for name, m in base.named_modules() if isinstance(m, LoraLayer)}
-    return {"layers": len(landed), "modules": asked.modules, "missing": sorted(expected - landed)[:5],
-            "unasked": sorted(landed - expected)[:5]}
+    # LoRA on parameters (lora_experts: peft's target_parameters on MoE experts) wraps the experts module itself
+    by_parameter = getattr(lora_layer, "ParamWrapper", ())
+    on_params = {name for name, m in base.named_modules() if by_parameter and isinstance(m, by_parameter)}
+    landed = {name for name, m in base.named_modules() if isinstance(m, LoraLayer)} - on_params
+    missing = sorted(expected - landed) + (["experts"] if cfg.lora_experts and not on_params else [])
+    unasked = sorted(landed - expected) + ([] if cfg.lora_experts else sorted(on_params))
+    return {"layers": len(landed), "modules": asked.modules, "missing": missing[:5], "unasked": unasked[:5],
+            "parameters": len(on_params)}
 
 
 def own_logits_loss(model) -> Callable:
