@@ -11,7 +11,7 @@ from typing import Any, Callable
 import gradio as gr
 
 from core.i18n import t
-from ui.form import FORM_QUEUE, Form
+from ui.form import FORM_QUEUE, Form, confirm_box
 from ui.validation import build_compare, curves_frame, draw_every_series, on_compare
 from ui.history import (HistoryTab, history_frame, history_open, on_history_delete, on_history_delete_yes,
                         on_history_load, on_history_refresh, on_history_resume, on_history_select)
@@ -162,13 +162,8 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                                         value="history.resume")
                     delete_btn = tr.add(gr.Button(L("history.delete"), variant="stop", interactive=False,
                                                   elem_id="history-delete"), value="history.delete")
-                with gr.Group(visible=False, elem_id="history-confirm") as confirm_row:
-                    confirm_text = gr.HTML(elem_id="history-confirm-box")
-                    with gr.Row():
-                        yes_btn = tr.add(gr.Button(L("history.delete_yes"), variant="stop", elem_id="history-delete-yes"),
-                                         value="history.delete_yes")
-                        cancel_btn = tr.add(gr.Button(L("history.cancel"), elem_id="history-delete-cancel"),
-                                            value="history.cancel")
+                confirm_row, confirm_text, yes_btn, cancel_btn = confirm_box(
+                    tr, lang0, "history-confirm", "history.delete_yes", "history-delete-yes", "history-delete-cancel")
             with gr.Column(scale=3, min_width=420):
                 hist_plot = gr.LinePlot(curves_frame([], [], lang0), x="step", y="loss", color="series", title=None,
                                         color_title=L("run.series_legend"), y_title=L("run.loss_axis"),

@@ -151,3 +151,15 @@ def apply_config(form: Form, cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE,
     checklist box (a preset, Fit, a loaded file) leave no box click to undo: the memory is emptied."""
     return {**field_updates(form, cfg), **derived(form, cfg, validate(cfg, hardware()), lang, memory),
             form.check_memory: memory or {}}
+
+
+def confirm_box(tr: Any, lang0: str, elem: str, yes_key: str, yes_elem: str, cancel_elem: str):
+    """A hidden "are you sure?" box (its text, a Yes and a Cancel button) for an action that cannot be undone.
+    A Column, not a Group: a Group shown by an update is drawn as two nested elements of the same id (Gradio 6)."""
+    with gr.Column(visible=False, elem_id=elem) as box:
+        text = gr.HTML(elem_id=f"{elem}-box")
+        with gr.Row():
+            yes = tr.add(gr.Button(t(yes_key, lang0), variant="stop", elem_id=yes_elem), value=yes_key)
+            cancel = tr.add(gr.Button(t("history.cancel", lang0), elem_id=cancel_elem), value="history.cancel")
+    return box, text, yes, cancel
+

@@ -34,7 +34,7 @@ from ui.data import DATA_TYPES, on_preview, on_upload
 from ui.derive import (DEFAULT_BUDGET_GIB, hardware, initial_config, prediction, preset_choices, preset_descriptions,
                        preset_of)
 from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
-from ui.form import FORM_QUEUE, Form, derived, facts_for, merged, prediction_state, read_config
+from ui.form import FORM_QUEUE, Form, confirm_box, derived, facts_for, merged, prediction_state, read_config
 from ui.live import LivePanel, live_update, loss_frame, read_gpus
 from ui.state import AppState
 from ui.theme import GRADIO_LOCALE_JS, GRADIO_LOCALES, TABS_KW
@@ -284,14 +284,8 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
                             # or ten times, is one Stop (issue 43).
                             end_btn = tr.add(gr.Button(L("run.end_now"), variant="secondary", elem_id="end-now-btn",
                                                        interactive=False, scale=0, min_width=120), value="run.end_now")
-                        # A Column: a Group shown by an update is drawn as two nested elements of the same id (Gradio 6)
-                        with gr.Column(visible=False, elem_id="end-now-confirm") as end_confirm:
-                            end_text = gr.HTML(elem_id="end-now-confirm-box")
-                            with gr.Row():
-                                end_yes = tr.add(gr.Button(L("run.end_now_yes"), variant="stop", elem_id="end-now-yes"),
-                                                 value="run.end_now_yes")
-                                end_cancel = tr.add(gr.Button(L("history.cancel"), elem_id="end-now-cancel"),
-                                                    value="history.cancel")
+                        end_confirm, end_text, end_yes, end_cancel = confirm_box(
+                            tr, lang0, "end-now-confirm", "run.end_now_yes", "end-now-yes", "end-now-cancel")
                         # The Space owner (public mode, logged in) stops any job, running or queued: shown to them only
                         with gr.Row(visible=False, elem_id="owner-queue-row") as owner_row:
                             owner_job = tr.add(gr.Dropdown(choices=[], label=L("queue.owner_pick"), scale=3,
