@@ -29,6 +29,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from core.config.arguments import bnb_kwargs
+from core.config.settings import ConfigError, Problem
+
 
 class Note(NamedTuple):
     """A log line of this lever: its key is log.moe.<name> (core/locales), the training recipe emits it as a keyed
@@ -278,8 +281,6 @@ def routing_note(model) -> Note:
 def lora_parameters(model, cfg) -> list[str]:
     """peft's target_parameters for lora_experts, named in the log's lines; a model without
     experts is refused by name (a ConfigError on lora_experts)."""
-    from core.config.settings import ConfigError, Problem
-
     names = expert_parameters(model)
     if not names:
         raise ConfigError([Problem.of("lora_experts", "problem.lora_experts_dense", model=cfg.model)])
@@ -317,29 +318,22 @@ def dequantize_experts(model) -> int:
     """Replace the model's NF4Experts by 16-bit parameters holding their dequantized values, the family's own
     layout and forward again: the weights the adapter trained against, to merge into (core/export/adapter.py) and
     save as a plain model. Returns how many experts weights it dequantized."""
-    n = sum(isinstance(m, NF4Experts) for m in model.modules())
-    dequantized_copy_into(model)
-    if n and getattr(model, "memtune_experts_default", None):
-        model.set_experts_implementation(model.memtune_experts_default)
-    return n
-
-
-def dequantized_copy_into(module: torch.nn.Module) -> None:
-    """Replace a module's NF4Experts by 16-bit parameters holding their dequantized values (the same model with
-    16-bit experts)."""
-    for _, experts in experts_modules(module):
+    n = 0
+    for _, experts in experts_modules(model):
         for w in WEIGHTS:
             q = experts._modules.get(w)
             if isinstance(q, NF4Experts):
                 full = torch.stack([q.dequantize(e) for e in range(q.num_experts)])
                 del experts._modules[w]
                 experts.register_parameter(w, torch.nn.Parameter(full, requires_grad=False))
+                n += 1
+    if n and getattr(model, "memtune_experts_default", None):
+        model.set_experts_implementation(model.memtune_experts_default)
+    return n
 
 
 def while_loading(cfg, path: str):
     """The loading hook for a TrainConfig: experts quantized as they load when the config loads in 4 bits."""
-    from core.config.arguments import bnb_kwargs
-
     kwargs = bnb_kwargs(cfg)
     if kwargs is None:
         return contextlib.nullcontext()

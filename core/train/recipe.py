@@ -52,8 +52,7 @@ from core.data.plan import DataError, DataPlan, check_data
 from core.estimate.predict import savings
 from core.files import StorageError, free_memory, has_marker, real, storage_message
 from core.gpus import distributed, vram
-from core.levers.experts import liger_config
-from core.levers.experts import summary as experts_summary
+from core.levers.experts import liger_config, summary as experts_summary
 from core.messages import Said, fields_of, keyed, lines, named, words_of
 from core.model import compile as regional
 from core.model import families
