@@ -44,27 +44,24 @@ ROW_TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 3e-2}
 LOSS_TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 1e-2}
 PACKS = 1  # packs (or rows) the checks run on: one pack holds several rows
 
-_ADAPTED: list[dict[str, Any]] = []  # before_loading's changes, for check()'s summary
-
-
 def _log(emit: EventSink, said: Said, level: str = "warning") -> None:
     emit(make_event("log", level=level, **words_of(said)))
 
 
-def before_loading(cfg: TrainConfig, path: str, plan, emit: EventSink) -> TrainConfig:
+def before_loading(cfg: TrainConfig, path: str, plan, emit: EventSink) -> tuple[TrainConfig, list[dict[str, Any]]]:
     """`cfg` as this model can train it exactly (families.adapt on its config and meta-device tree), each change
-    said; the data plan follows (no packs when rows go unpacked)."""
-    _ADAPTED.clear()
+    said, and the changes as summary.json lists them; the data plan follows (no packs when rows go unpacked)."""
     tree = lt.skeleton(path, cfg.trust_remote_code)
     changes, said = families.adapt(cfg, families.traits(tree.config, tree))
+    adapted = []
     for line in said:
         _log(emit, line)
-        _ADAPTED.append({"key": line.key, **{k: v for k, v in line.params.items() if isinstance(v, (str, int))}})
+        adapted.append({"key": line.key, **{k: v for k, v in line.params.items() if isinstance(v, (str, int))}})
     if not changes:
-        return cfg
+        return cfg, adapted
     if "packing" in changes and plan is not None:
         plan.packing, plan.n_packs = changes["packing"], None
-    return cfg.replace(**changes)
+    return cfg.replace(**changes), adapted
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -156,11 +153,12 @@ def own_logits_loss(model) -> Callable:
     return loss
 
 
-def check(trainer, cfg: TrainConfig, emit: EventSink, rebuild: Callable[[TrainConfig], Any]) -> tuple[Any, TrainConfig]:
+def check(trainer, cfg: TrainConfig, emit: EventSink, rebuild: Callable[[TrainConfig], Any],
+          adapted: list[dict[str, Any]]) -> tuple[Any, TrainConfig]:
     """The pre-flight phase (module docstring): (the trainer to train with, the config it trains). Results in
-    trainer.memtune_preflight (summary.json's "preflight")."""
+    trainer.memtune_preflight (summary.json's "preflight"), with before_loading's changes (`adapted`)."""
     started = time.monotonic()
-    result: dict[str, Any] = {"adapted": list(_ADAPTED)}
+    result: dict[str, Any] = {"adapted": adapted}
     with phase(emit, "preflight", "log.phase.preflight"):
         model = trainer.model
         text = model.config.get_text_config()

@@ -184,7 +184,8 @@ class LoRARecipe:
         emit = self.context.emit
         cuda = self.context.cuda
         self.plan, self.tokenizer, path = plan_data(cfg, emit)
-        cfg = self.cfg = preflight.before_loading(cfg, path, self.plan, emit)  # what this model can train exactly
+        cfg, adapted = preflight.before_loading(cfg, path, self.plan, emit)  # what this model can train exactly
+        self.cfg = cfg
         if self.plan.refusal():
             raise DataError("data.err.refusal", why=self.plan.refusal())
         evaluates = self.plan.evaluates
@@ -209,7 +210,7 @@ class LoRARecipe:
                                          self.plan.validation.train_dataset() if evaluates else None, cuda)
         self.trainer, self.cfg = preflight.check(self.trainer, cfg, emit, lambda c: build_trainer(  # before step 1
             c, model, self.tokenizer, self.plan.train_dataset(), self.context.run_dir / "checkpoints", callbacks,
-            self.console, self.plan.validation.train_dataset() if evaluates else None, cuda))
+            self.console, self.plan.validation.train_dataset() if evaluates else None, cuda), adapted)
         if warmup:
             warmup.trainer = self.trainer  # it runs the Trainer's own training_step on the Trainer's own dataloader
 
