@@ -13,9 +13,10 @@ from pathlib import Path
 
 import gradio as gr
 
-from core.config.settings import TrainConfig
+from core.config.settings import Problem, TrainConfig
 from core.files import target
 from core.i18n import DEFAULT_LANGUAGE, t
+from core.messages import Said
 from core.runs.public import set_visitor_source, shown, upload_root
 from ui import render
 from ui.fields import collect
@@ -72,16 +73,45 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
         from ui.validation import split_note
 
         held = split(cfg, raw, fmt)  # as the engine does: held-out rows are not in the plan
+        cfg, model_lines = _model_lines(cfg, lang)  # the run's own changes for this model (unpacked rows...) first
         plan = plan_rows(cfg, tokenizer, held.train, fmt, n_examples=3)
         plan.notes = [render.log_text(n, lang) for n in plan.notes]  # the plan's notes are the run log's lines
         if plan.multi_turn:  # every assistant turn accounted for (core/data/plan.py)
             plan.notes.append(t("preview.turns", lang, n=sum(plan.turns.values()), **plan.turns))
         plan.notes.append(_lora_line(cfg, lang))
+        plan.notes += model_lines
         return split_note(held, lang) + preview_html(plan, lang)
     except DataError as exc:
         return error_box(t("preview.data_error", lang), render.error_text(exc, lang))
     except Exception as exc:  # noqa: BLE001
         return error_box(t("preview.read_error", lang), f"{type(exc).__name__}: {exc}")
+
+
+def _model_lines(cfg: TrainConfig, lang: str) -> tuple[TrainConfig, list[str]]:
+    """What the run will change for this model before loading, from its config.json and meta-device tree, in the
+    run log's words: the pre-flight's adaptations (core.model.families.adapt: rows unpacked for a stateful mixer,
+    another attention path), and the experts' weights that get LoRA with lora_experts. `cfg` comes back as the run
+    will train it, so the plan below shows the rows as they will train (unpacked, when so)."""
+    from core.config.settings import ConfigError
+    from core.levers.experts import expert_parameters
+    from core.model import families
+    from core.model.lora_targets import skeleton
+    from core.model.load import resolve_model_path
+
+    try:
+        tree = skeleton(resolve_model_path(cfg), cfg.trust_remote_code)
+        changes, said = families.adapt(cfg, families.traits(tree.config, tree))
+        lines = [render.log_text(s, lang) for s in said]
+        if cfg.lora_experts:
+            names = expert_parameters(tree)
+            if not names:
+                raise ConfigError([Problem.of("lora_experts", "problem.lora_experts_dense", model=cfg.model)])
+            lines.append(render.log_text(Said("log.moe.lora_experts", params=", ".join(names)), lang))
+        return (cfg.replace(**changes) if changes else cfg), lines
+    except ConfigError as exc:
+        return cfg, ["; ".join(render.problem_text(p, lang) for p in exc.problems)]
+    except Exception:  # noqa: BLE001 - the tree cannot be built: _lora_line below says why, once
+        return cfg, []
 
 
 def _lora_line(cfg: TrainConfig, lang: str) -> str:
