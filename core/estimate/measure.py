@@ -3,7 +3,7 @@ formula.
 
 The model of config.json is built with ONE decoder layer and a 256-token vocabulary on the CPU (transformers' own
 classes, `no_init_weights`: the weights' values do not change what is saved), LoRA wrapped by peft on the targets
-memtune resolves for it (core.model.lora_targets), and TOKENS tokens run through it under
+memtune resolves for it (core.model.lora_targets), and TOKENS tokens run through it (one row: no mask) under
 `torch.autograd.graph.saved_tensors_hooks`: the distinct storages saved while the decoder layer runs, parameters
 excluded (a view keeps its whole storage: Phi-3's fused qkv output), divided by the tokens. tests/test_estimate_phi.py
 did this for Phi-3 in a test; this is now the estimator's own activation term.
@@ -19,6 +19,8 @@ Stood in for, because the GPU kernels do not run here:
   repeated to the query heads when memtune's path repeats them: `kv_repeated`). The explicit mask, eager scores of
   soft-capped rows and the backward's extras stay analytic in core.estimate.terms. A family whose attention does not
   go through the interface is measured with its own CPU attention at TOKENS tokens (flagged: `own_attention`).
+- 4-bit MoE experts (`experts_loop`): memtune's loop over the routed experts, one bitsandbytes matmul each,
+  measured as transformers' "eager" experts implementation (the same loop on 16-bit frozen weights).
 - bitsandbytes' 4-bit matmul keeps only its weight (`ctx.tensors = (None, B)`) and returns its input's dtype: a
   frozen 16-bit Linear keeps the same (autograd does not save an input only a frozen weight's gradient would need).
 - liger's kernels (Triton, CUDA only): measured without them; core.estimate.terms takes off what its RMSNorm and
@@ -28,8 +30,9 @@ Not measured (terms keep the formula there): the chapter's fp32 upcast (bitsandb
 stream while autocast computes attention in bf16: no CPU stand-in reproduces that mix), remote-code models, and any
 config this transformers cannot build.
 
-Cost: a cold measurement builds one layer and runs TOKENS tokens: 0.2-2 s on two CPU cores (a 14B layer at the upper
-end); results are cached in this process and on disk (MEMTUNE_CACHE or ~/.cache/memtune/layer_saved.json), keyed by
+Cost (this team's shared 2-core CPU, bf16 matmuls without CPU bf16 support): a cold measurement builds one layer and
+runs TOKENS tokens: 2-5 s for a 3B-8B dense layer or Qwen3-30B-A3B's MoE layer, about 30 s for gpt-oss-20b's (its 32
+experts' 2880 x 5760 matmuls); results are cached in this process and on disk (MEMTUNE_CACHE or ~/.cache/memtune/layer_saved.json), keyed by
 the config text, the settings and the torch/transformers versions, so a warm estimate costs a dictionary lookup.
 """
 
@@ -41,7 +44,7 @@ import json
 import os
 from pathlib import Path
 
-TOKENS = 64
+TOKENS = 16  # per-token bytes equal at 16 and 64 tokens (Llama-3.2-3B, Qwen3-30B-A3B, gpt-oss); 4x less CPU
 STAND_IN = "memtune_measure"
 _DISK: dict[str, dict] | None = None
 
@@ -75,7 +78,7 @@ def _remember(key: str, value: dict) -> None:
 
 
 def layer_saved(config_text: str, precision: str, targets: tuple[str, ...], rank: int, dropout: bool,
-                kv_repeated: bool) -> dict | None:
+                kv_repeated: bool, experts_loop: bool = False) -> dict | None:
     """{"saved": bytes per token one decoder layer keeps for backward, "moe": whether the measured layer routes to
     experts, "own_attention": whether the family's attention bypassed the stand-in}, or None where it cannot be
     measured (see the module docstring)."""
@@ -83,16 +86,17 @@ def layer_saved(config_text: str, precision: str, targets: tuple[str, ...], rank
     import transformers
 
     key = hashlib.sha256(json.dumps([config_text, precision, sorted(targets), rank, dropout, kv_repeated,
-                                     torch.__version__, transformers.__version__, TOKENS]).encode()).hexdigest()
-    return _cached(key, config_text, precision, tuple(targets), rank, dropout, kv_repeated)
+                                     experts_loop, torch.__version__, transformers.__version__, TOKENS]).encode()
+                         ).hexdigest()
+    return _cached(key, config_text, precision, tuple(targets), rank, dropout, kv_repeated, experts_loop)
 
 
 @functools.lru_cache(maxsize=256)
-def _cached(key, config_text, precision, targets, rank, dropout, kv_repeated):
+def _cached(key, config_text, precision, targets, rank, dropout, kv_repeated, experts_loop):
     if key in _disk():
         return _disk()[key]
     try:
-        value = _measure(config_text, precision, targets, rank, dropout, kv_repeated)
+        value = _measure(config_text, precision, targets, rank, dropout, kv_repeated, experts_loop)
     except Exception:  # noqa: BLE001 - a family this path cannot build or run: the estimator keeps its formula
         return None
     _remember(key, value)
@@ -150,7 +154,7 @@ def _one_layer_config(config_text: str):
     return config
 
 
-def _measure(config_text, precision, targets, rank, dropout, kv_repeated) -> dict:
+def _measure(config_text, precision, targets, rank, dropout, kv_repeated, experts_loop=False) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AttentionInterface, AutoModelForCausalLM
@@ -176,6 +180,11 @@ def _measure(config_text, precision, targets, rank, dropout, kv_repeated) -> dic
         model.set_attn_implementation(STAND_IN)
     except Exception:  # noqa: BLE001 - a family without the interface: its own attention, flagged below
         pass
+    if experts_loop and any(p.dim() == 3 for p in model.parameters()):
+        # 4-bit experts compute in memtune's loop over the routed experts (core/levers/experts.py), which keeps
+        # what transformers' eager loop keeps (a frozen weight's matmul saves no input); the default grouped_mm
+        # keeps other tensors (and is slow on the CPU)
+        model.set_experts_implementation("eager")
     model.enable_input_require_grads()  # the layer's input carries a gradient, as every layer after the first does
     names = resolve(list(targets), linear_layers(model), rank).modules
     model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.1 if dropout else 0.0,
