@@ -55,3 +55,17 @@ def test_layer_activations_are_measured(name, tmp_path, monkeypatch):
     assert plain["moe"] == (name == "mixtral")
     cached = json.loads((tmp_path / "layer_saved.json").read_text())
     assert sorted(v["saved"] for v in cached.values()) == sorted([plain["saved"], dropout["saved"]])
+
+
+@pytest.mark.parametrize("arch", ["olmoe-1b-7b", "granite-3.1-2b", "starcoder2-3b", "redpajama-3b"])
+def test_issue41_gpu_rows_are_planned_and_counted(arch):
+    """bench/archs.py's full-size families for the lead's GPU call: families_gpu's plan runs every preset (fastest
+    included) without held-out eval, and the estimator's shape of the config counts the model's parameters."""
+    from bench.archs import ARCHS, parameter_count
+    from bench.product_plans import plan
+    from core.model.shapes import ModelShape
+
+    rows = plan(f"families-{arch}")
+    assert [v.preset for v in rows] == ["fastest", "lowest_memory", "chapter"]
+    assert all("validation_share=0" in v.sets for v in rows)
+    assert ModelShape.from_config(dict(ARCHS[arch]), arch).total_params == parameter_count(arch)
