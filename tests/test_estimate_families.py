@@ -69,3 +69,30 @@ def test_issue41_gpu_rows_are_planned_and_counted(arch):
     assert [v.preset for v in rows] == ["fastest", "lowest_memory", "chapter"]
     assert all("validation_share=0" in v.sets for v in rows)
     assert ModelShape.from_config(dict(ARCHS[arch]), arch).total_params == parameter_count(arch)
+
+
+def test_the_estimate_uses_the_measured_layer(tmp_path, monkeypatch):
+    """A config the estimator can build (here gpt_neox: fused query_key_value, a GELU MLP without a gate) gets its
+    layer term from the measurement, not from the Llama-shaped formula; a hand shape (no config) keeps the formula,
+    and so does the chapter's fp32 upcast (no CPU stand-in for bitsandbytes' fp32 stream under bf16 autocast)."""
+    from dataclasses import replace
+
+    from core.config.presets import apply_preset
+    from core.config.settings import TrainConfig
+    from core.estimate import measure
+    from core.estimate.terms import layer_bytes_per_token
+    from core.model.shapes import ModelShape
+
+    monkeypatch.setenv("MEMTUNE_CACHE", str(tmp_path))
+    monkeypatch.setattr(measure, "_DISK", None)
+    torch.set_num_threads(1)
+    shape = ModelShape.from_config(families_any.hf_config("gpt_neox").to_dict(), "gpt_neox")
+    cfg = apply_preset(TrainConfig(model="x"), "fastest").replace(use_liger_kernel=False)
+    saved, _ = layer_bytes_per_token(cfg, shape, liger_layers=False, kv_repeated=False)
+    found = measure.layer_saved(shape.config_text, cfg.precision, tuple(cfg.lora_target_modules), cfg.lora_r,
+                                cfg.lora_dropout > 0, False)
+    assert saved == found["saved"]
+    formula, _ = layer_bytes_per_token(cfg, replace(shape, config_text=""), liger_layers=False, kv_repeated=False)
+    assert formula != saved
+    chapter = apply_preset(TrainConfig(model="x"), "chapter")
+    assert layer_bytes_per_token(chapter, shape)[0] == layer_bytes_per_token(chapter, replace(shape, config_text=""))[0]

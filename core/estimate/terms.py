@@ -24,7 +24,10 @@ bench/grid_measured.json (H200, torch 2.11) and bench/RESULTS.md shows the table
                `moe_routed_bytes_per_token` (top-k copies per token). `lora_experts` (16-bit experts only): peft's
                target_parameters adds its update to each experts weight whole, a 16-bit copy of one layer's experts
                per forward (kept for backward) and its gradient.
-  activations  What autograd keeps per token and layer (`layer_bytes_per_token`): the RMSNorms' inputs, the
+  activations  What autograd keeps per token and layer (`layer_bytes_per_token`): measured on one decoder layer of
+               the model's config.json at its real widths (core/estimate/measure.py, `measured_saved`) wherever the
+               shape carries its config and the settings have a CPU stand-in; the formula below where not (the
+               hand-table shapes, the chapter's fp32 upcast, a config transformers cannot build). The formula: the RMSNorms' inputs, the
                LoRA inputs, attention's q/k/v/output (k and v repeated to all heads when a mask is passed; a fused
                qkv output whole, as v is a view of it), the MLP's gate/up (and act(gate) without liger's fused
                SwiGLU). 4-bit and frozen 16-bit linears keep
