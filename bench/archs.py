@@ -123,3 +123,43 @@ def parameter_count(name: str) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config(name))
     return sum(p.numel() for p in model.parameters())
+
+
+# Issue 41: families outside Llama/Qwen/Mistral at full size (bench/families_gpu.py --archs ...). Each one's widths are
+# its config.json's as public code quotes them (the source in the comment); values that do not change memory
+# (token ids, multipliers) are the family's defaults where the source leaves them out.
+FAMILIES_41 = {
+    # allenai/OLMoE-1B-7B-0924 (MoE: 64 experts of width 1024, 8 routed; q/k norms). Source: the config.json fields
+    # quoted in a public moe_engine test ("The fields of allenai/OLMoE-1B-7B-0924's config.json").
+    "olmoe-1b-7b": dict(
+        model_type="olmoe", vocab_size=50304, hidden_size=2048, intermediate_size=1024, num_hidden_layers=16,
+        num_attention_heads=16, num_key_value_heads=16, num_experts=64, num_experts_per_tok=8, hidden_act="silu",
+        norm_topk_prob=False, router_aux_loss_coef=0.01, output_router_logits=False, max_position_embeddings=4096,
+        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=None, eos_token_id=50279,
+        pad_token_id=1, torch_dtype="bfloat16"),
+    # ibm-granite/granite-3.1-2b-base. Source: a public Rust test "Exact config from ibm-granite/granite-3.1-2b-base"
+    # (vocab 49155, hidden 2048, MLP 8192, 40 layers, 32 heads, 8 KV heads, rope_theta 5e6); the multipliers are
+    # granite's scaled values (they change the numbers, not the memory).
+    "granite-3.1-2b": dict(
+        model_type="granite", vocab_size=49155, hidden_size=2048, intermediate_size=8192, num_hidden_layers=40,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072, rope_theta=5000000.0,
+        rms_norm_eps=1e-5, hidden_act="silu", attention_bias=False, mlp_bias=False, embedding_multiplier=12.0,
+        attention_multiplier=0.015625, residual_multiplier=0.22, logits_scaling=8.0, tie_word_embeddings=True,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0, torch_dtype="bfloat16"),
+    # bigcode/starcoder2-3b (LayerNorm with biases, GELU MLP c_fc/c_proj, GQA 24/2, sliding window 4096). Source: a
+    # public Rust test "Exact config from bigcode/starcoder2-3b".
+    "starcoder2-3b": dict(
+        model_type="starcoder2", vocab_size=49152, hidden_size=3072, intermediate_size=12288, num_hidden_layers=30,
+        num_attention_heads=24, num_key_value_heads=2, rope_theta=999999.4420358813, sliding_window=4096,
+        max_position_embeddings=16384, norm_epsilon=1e-5, hidden_act="gelu_pytorch_tanh", use_bias=True,
+        tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, torch_dtype="bfloat16"),
+    # togethercomputer/RedPajama-INCITE-Instruct-3B-v1 (gpt_neox: fused query_key_value, dense, LayerNorm, GELU MLP,
+    # no GQA). Source: the model_config mlc-llm's gen_config prints for it in a public write-up (hidden 2560, MLP
+    # 10240, 32 heads, 32 layers, vocab 50432, rotary_pct 1.0, use_parallel_residual false, eps 1e-5).
+    "redpajama-3b": dict(
+        model_type="gpt_neox", vocab_size=50432, hidden_size=2560, intermediate_size=10240, num_hidden_layers=32,
+        num_attention_heads=32, rotary_pct=1.0, rotary_emb_base=10000, use_parallel_residual=False,
+        layer_norm_eps=1e-5, max_position_embeddings=2048, hidden_act="gelu", tie_word_embeddings=False,
+        bos_token_id=0, eos_token_id=0, torch_dtype="float16"),
+}
+ARCHS.update(FAMILIES_41)

@@ -19,7 +19,11 @@ the error is taken against the peak less what the device held above that floor b
 floor was 1.314 GiB instead of 0.601, and every row read 0.713 GiB high (Phi-3-mini's -18.9% was -7.0%). The check
 now runs in a child process, so the parent never holds a CUDA context.
 
-    python -m bench.families_gpu --recheck DIR   # CPU: the table again from DIR's raw files, with today's estimator
+    python -m bench.families_gpu --recheck --out DIR   # CPU: the table again from DIR's raw files, today's estimator
+    python -m bench.families_gpu --predict --out DIR --archs A,B   # CPU: today's estimates before a GPU call
+
+Archs outside the issue-20 plans (bench/archs.py FAMILIES_41) run every preset (`fastest`, `lowest_memory`,
+`chapter`), 4 steps each, no held-out eval (bench/product_plans.py `families-A`).
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ def estimates(out: Path, arch: str) -> list[dict]:
         if not cfg_path.is_file():
             continue
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-        cfg = fit_preset(TrainConfig.load(cfg_path).replace(model=HUB_IDS[arch], device="cuda"),
+        cfg = fit_preset(TrainConfig.load(cfg_path).replace(model=model_for(arch, out), device="cuda"),
                                r["variant"]["preset"]).cfg
         cfg = preset_as_run(cfg, data.get("info", {}).get("date", ""))
         longest = (summary.get("data") or {}).get("longest_row_tokens")
@@ -115,6 +119,36 @@ def estimates(out: Path, arch: str) -> list[dict]:
     return rows
 
 
+def model_for(arch: str, out: Path) -> str:
+    """What the estimate reads the shape from: the Hub id of a known arch, else the arch's config.json written under
+    `out` (the full-size config of bench/archs.py, so the estimate counts the model the run built)."""
+    from bench.archs import ARCHS, FAMILIES_41, HUB_IDS
+
+    if arch in HUB_IDS and arch not in FAMILIES_41:
+        return HUB_IDS[arch]
+    folder = out / arch / "shape"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(ARCHS[arch]))
+    return str(folder)
+
+
+def predict(out: Path, archs: list[str]) -> list[str]:
+    """Before the GPU call: today's estimate for every preset of each arch, as fit_preset gives it for one H200."""
+    from core.config.settings import Hardware, TrainConfig
+    from core.estimate.predict import estimate, fit_preset
+
+    gpu = Hardware(cuda=True, bf16=True, bitsandbytes=True, liger=True)
+    lines = ["| arch | preset | micro-batch | estimate (NVML) | allocated |", "|---|---|---|---|---|"]
+    for arch in archs:
+        for preset in ("fastest", "lowest_memory", "chapter"):
+            cfg = fit_preset(TrainConfig(model=model_for(arch, out), device="cuda"), preset, gpu).cfg
+            est = estimate(cfg, max_row_tokens=512)
+            lines.append(f"| {arch} | {preset} | {cfg.per_device_train_batch_size} x {cfg.gradient_accumulation_steps}"
+                         f"{', checkpointing' if cfg.gradient_checkpointing else ''} | {est.total_gib:.2f} GiB | "
+                         f"{est.peak_allocated_gib:.2f} GiB |")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.families_gpu")
     ap.add_argument("--out", required=True)
@@ -123,9 +157,13 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny-llama, the smoke plan's code paths")
     ap.add_argument("--attention-only", action="store_true", help="only step 1 (what main runs in a child process)")
     ap.add_argument("--recheck", action="store_true", help="no GPU work: the table again from --out's raw files")
+    ap.add_argument("--predict", action="store_true", help="no GPU work: today's estimates of --archs, every preset")
     args = ap.parse_args(argv)
     t0 = time.time()
     out = Path(args.out)
+    if args.predict:
+        print("\n".join(predict(out, [a for a in args.archs.split(",") if a])))
+        return 0
     if args.recheck:
         table = [row for arch in sorted(p.parent.name for p in out.glob("*/results.json")) for row in estimates(out, arch)]
         print("\n".join(table_lines(table)))

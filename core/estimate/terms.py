@@ -24,7 +24,10 @@ bench/grid_measured.json (H200, torch 2.11) and bench/RESULTS.md shows the table
                `moe_routed_bytes_per_token` (top-k copies per token). `lora_experts` (16-bit experts only): peft's
                target_parameters adds its update to each experts weight whole, a 16-bit copy of one layer's experts
                per forward (kept for backward) and its gradient.
-  activations  What autograd keeps per token and layer (`layer_bytes_per_token`): the RMSNorms' inputs, the
+  activations  What autograd keeps per token and layer (`layer_bytes_per_token`): measured on one decoder layer of
+               the model's config.json at its real widths (core/estimate/measure.py, `measured_saved`) wherever the
+               shape carries its config and the settings have a CPU stand-in; the formula below where not (the
+               hand-table shapes, the chapter's fp32 upcast, a config transformers cannot build). The formula: the RMSNorms' inputs, the
                LoRA inputs, attention's q/k/v/output (k and v repeated to all heads when a mask is passed; a fused
                qkv output whole, as v is a view of it), the MLP's gate/up (and act(gate) without liger's fused
                SwiGLU). 4-bit and frozen 16-bit linears keep
@@ -52,6 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.config.settings import OPTIMIZERS, TrainConfig
+from core.estimate.measure import layer_saved
 from core.model.shapes import ModelShape
 
 GIB = 2**30
@@ -223,10 +227,37 @@ def layer_bytes_per_token(cfg: TrainConfig, shape: ModelShape, *, liger_layers: 
             lora += d.c * inter
     lora += d.c * cfg.lora_r * len(adapters)
     saved = norms + attn + mlp + lora
+    measured = measured_saved(cfg, shape, kv_repeated)
+    if measured is not None:  # what autograd really keeps at these widths (core/estimate/measure.py)
+        saved = measured
+        if liger and shape.model_type in LIGER_FAMILIES:  # measured without liger's kernels (CUDA only)
+            saved -= shape.norms_per_layer * (4 - d.s) * h + (d.o * inter if shape.dense_mlp else 0)
     # Backward of the MLP holds the gradient of the gate*up product (and, unfused, the second gradient of the
     # multiply at the same time) and the residual stream's gradient (two copies).
     backward = (1 if liger else 2) * d.o * inter + 2 * d.s * h
     return saved, backward
+
+
+# liger_kernel.transformers.monkey_patch.MODEL_TYPE_TO_APPLY_LIGER_FN (liger-kernel 0.8.5): the families whose RMSNorm
+# and SwiGLU liger replaces (read from liger itself where it is installed)
+LIGER_FAMILIES = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "glm4", "granite", "llama", "mistral",
+                            "mixtral", "olmo2", "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3", "llama4"})
+try:
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+    LIGER_FAMILIES = frozenset(MODEL_TYPE_TO_APPLY_LIGER_FN)
+except Exception:  # noqa: BLE001 - not installed (a CPU machine): the list above
+    pass
+
+
+def measured_saved(cfg: TrainConfig, shape: ModelShape, kv_repeated: bool) -> int | None:
+    """Bytes per token one decoder layer keeps, measured (core/estimate/measure.py) where the shape carries its
+    config.json and the settings have a CPU stand-in; None: the formula of layer_bytes_per_token."""
+    if not shape.config_text or upcast(cfg):
+        return None
+    found = layer_saved(shape.config_text, cfg.precision, tuple(cfg.lora_target_modules), cfg.lora_r,
+                        cfg.lora_dropout > 0, kv_repeated, experts_loop=quantized_experts(cfg, shape))
+    return None if found is None else int(found["saved"])
 
 
 @dataclass

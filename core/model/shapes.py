@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,8 @@ class ModelShape:
     expert_intermediate_size: int = 0
     moe_layers: int = 0
     dense_mlp: bool = True  # the layers hold an nn.Linear MLP (gate/up/down); an all-MoE model's layers do not
+    # the config.json text it was built from (core.estimate.measure builds one decoder layer of it); "" for a hand shape
+    config_text: str = field(default="", compare=False, repr=False)
 
     # --- derived sizes ------------------------------------------------------------------------------------------
     q_dim = property(lambda self: self.num_attention_heads * self.head_dim, doc="width of the query projection")
@@ -370,7 +372,7 @@ def _shape_from_json(text: str) -> "ModelShape":
         attn_softcap=getattr(c, "attn_logit_softcapping", None) is not None, stored=stored,
         num_experts=n_experts, num_experts_per_tok=top_k if n_experts else 0,
         expert_intermediate_size=expert_inter if n_experts else 0, moe_layers=moe_layers,
-        dense_mlp=bool(numbers["mlp_inter"]))
+        dense_mlp=bool(numbers["mlp_inter"]), config_text=text)
 
 
 def _llama(name, vocab, h, i, layers, heads, kv, head_dim, tie, max_pos, **kw) -> ModelShape:

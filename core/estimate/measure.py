@@ -1,0 +1,213 @@
+"""What autograd keeps for one decoder layer, measured at the model's real widths (issue 41), instead of a per-family
+formula.
+
+The model of config.json is built with ONE decoder layer and a 256-token vocabulary on the CPU (transformers' own
+classes, `no_init_weights`: the weights' values do not change what is saved), LoRA wrapped by peft on the targets
+memtune resolves for it (core.model.lora_targets), and TOKENS tokens run through it (one row: no mask) under
+`torch.autograd.graph.saved_tensors_hooks`: the distinct storages saved while the decoder layer runs, parameters
+excluded (a view keeps its whole storage: Phi-3's fused qkv output), divided by the tokens. tests/test_estimate_phi.py
+did this for Phi-3 in a test; this is now the estimator's own activation term.
+
+Why the CPU and not the meta device: MoE routing is data-dependent (one_hot, nonzero, a loop over the experts a batch
+hits), which the meta device cannot run. A real CPU layer with a few tokens routes them as on the GPU; every token
+goes to its top-k experts whichever they are, so the saved bytes per token do not depend on the weights' values. The
+MoE layer's 3-D experts weights are stride-0 views of one expert (memory of one expert, shapes and counts real).
+
+Stood in for, because the GPU kernels do not run here:
+- attention: FlashAttention / SDPA's memory-efficient kernel save q, k, v (as passed), the output and an fp32
+  log-sum-exp per head; a stand-in registered in transformers' AttentionInterface saves exactly those (k and v
+  repeated to the query heads when memtune's path repeats them: `kv_repeated`). The explicit mask, eager scores of
+  soft-capped rows and the backward's extras stay analytic in core.estimate.terms. A family whose attention does not
+  go through the interface is measured with its own CPU attention at TOKENS tokens (flagged: `own_attention`).
+- 4-bit MoE experts (`experts_loop`): memtune's loop over the routed experts, one bitsandbytes matmul each,
+  measured as transformers' "eager" experts implementation (the same loop on 16-bit frozen weights).
+- bitsandbytes' 4-bit matmul keeps only its weight (`ctx.tensors = (None, B)`) and returns its input's dtype: a
+  frozen 16-bit Linear keeps the same (autograd does not save an input only a frozen weight's gradient would need).
+- liger's kernels (Triton, CUDA only): measured without them; core.estimate.terms takes off what its RMSNorm and
+  SwiGLU do not keep, only on families liger patches.
+
+Not measured (terms keep the formula there): the chapter's fp32 upcast (bitsandbytes returns fp32 from an fp32
+stream while autocast computes attention in bf16: no CPU stand-in reproduces that mix), remote-code models, and any
+config this transformers cannot build.
+
+Cost (this team's shared 2-core CPU, bf16 matmuls without CPU bf16 support): a cold measurement builds one layer and
+runs TOKENS tokens: 2-5 s for a 3B-8B dense layer or Qwen3-30B-A3B's MoE layer, about 30 s for gpt-oss-20b's (its 32
+experts' 2880 x 5760 matmuls); results are cached in this process and on disk (MEMTUNE_CACHE or ~/.cache/memtune/layer_saved.json), keyed by
+the config text, the settings and the torch/transformers versions, so a warm estimate costs a dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from pathlib import Path
+
+TOKENS = 16  # per-token bytes equal at 16 and 64 tokens (Llama-3.2-3B, Qwen3-30B-A3B, gpt-oss); 4x less CPU
+STAND_IN = "memtune_measure"
+_DISK: dict[str, dict] | None = None
+
+
+def _cache_file() -> Path:
+    base = os.environ.get("MEMTUNE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "memtune")
+    return Path(base) / "layer_saved.json"
+
+
+def _disk() -> dict[str, dict]:
+    global _DISK
+    if _DISK is None:
+        try:
+            _DISK = json.loads(_cache_file().read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            _DISK = {}
+    return _DISK
+
+
+def _remember(key: str, value: dict) -> None:
+    data = _disk()
+    data[key] = value
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:  # a read-only home: the in-process cache still holds it
+        pass
+
+
+def layer_saved(config_text: str, precision: str, targets: tuple[str, ...], rank: int, dropout: bool,
+                kv_repeated: bool, experts_loop: bool = False) -> dict | None:
+    """{"saved": bytes per token one decoder layer keeps for backward, "moe": whether the measured layer routes to
+    experts, "own_attention": whether the family's attention bypassed the stand-in}, or None where it cannot be
+    measured (see the module docstring)."""
+    import torch
+    import transformers
+
+    key = hashlib.sha256(json.dumps([config_text, precision, sorted(targets), rank, dropout, kv_repeated,
+                                     experts_loop, torch.__version__, transformers.__version__, TOKENS]).encode()
+                         ).hexdigest()
+    return _cached(key, config_text, precision, tuple(targets), rank, dropout, kv_repeated, experts_loop)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached(key, config_text, precision, targets, rank, dropout, kv_repeated, experts_loop):
+    if key in _disk():
+        return _disk()[key]
+    try:
+        value = _measure(config_text, precision, targets, rank, dropout, kv_repeated, experts_loop)
+    except Exception:  # noqa: BLE001 - a family this path cannot build or run: the estimator keeps its formula
+        return None
+    _remember(key, value)
+    return value
+
+
+def _stand_in_attention():
+    import torch
+
+    class _Saving(torch.autograd.Function):
+        """What FlashAttention / SDPA's efficient kernel keep: q, k, v as passed, the output, fp32 log-sum-exp."""
+
+        @staticmethod
+        def forward(ctx, q, k, v):  # [batch, heads, tokens, dim]
+            out = torch.empty(q.shape[0], q.shape[2], q.shape[1], v.shape[-1], dtype=q.dtype)  # [b, T, H, D]
+            lse = torch.empty(q.shape[0], q.shape[1], q.shape[2], dtype=torch.float32)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):  # pragma: no cover - only the forward's saved tensors are measured
+            raise NotImplementedError
+
+    calls = [0]
+
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                  kv_repeated=False, **kwargs):
+        calls[0] += 1
+        if kv_repeated and key.shape[1] != query.shape[1]:  # transformers' repeat_kv: new tensors
+            n = query.shape[1] // key.shape[1]
+            key, value = (t.repeat_interleave(n, dim=1) for t in (key, value))
+        return _Saving.apply(query, key, value), None
+
+    return attention, calls
+
+
+def _one_layer_config(config_text: str):
+    from transformers import AutoConfig
+
+    data = json.loads(config_text)
+    values = {k: v for k, v in data.items() if k not in ("model_type", "architectures", "auto_map")}
+    config = AutoConfig.for_model(data["model_type"], **values)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    # one decoder layer: the first MoE one where the family mixes dense and MoE layers
+    for name, value in (("num_hidden_layers", 1), ("first_k_dense_replace", 0), ("mlp_only_layers", []),
+                        ("decoder_sparse_step", 1), ("vocab_size", 256)):
+        if hasattr(text, name) or name == "num_hidden_layers":
+            setattr(text, name, value)
+    if isinstance(getattr(text, "layer_types", None), list):
+        text.layer_types = text.layer_types[:1]
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(text, name, None) is not None:
+            setattr(text, name, 0)
+    text.tie_word_embeddings = False
+    return config
+
+
+def _measure(config_text, precision, targets, rank, dropout, kv_repeated, experts_loop=False) -> dict:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AttentionInterface, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    from core.model.lora_targets import linear_layers, resolve
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    config = _one_layer_config(config_text)
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    # MoE experts: stride-0 views of one expert (the real shapes and counts, one expert's memory)
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None and p.dim() == 3 and p.shape[0] > 1:
+                one = torch.zeros((1, *p.shape[1:]), dtype=p.dtype).expand(p.shape)
+                module._parameters[name] = torch.nn.Parameter(one, requires_grad=False)
+            elif p is not None and p.is_floating_point():
+                p.data.zero_()  # uninitialized memory may hold NaN; zeros route and compute alike
+    attention, calls = _stand_in_attention()
+    AttentionInterface.register(STAND_IN, functools.partial(attention, kv_repeated=kv_repeated))
+    try:
+        model.set_attn_implementation(STAND_IN)
+    except Exception:  # noqa: BLE001 - a family without the interface: its own attention, flagged below
+        pass
+    if experts_loop and any(p.dim() == 3 for p in model.parameters()):
+        # 4-bit experts compute in memtune's loop over the routed experts (core/levers/experts.py), which keeps
+        # what transformers' eager loop keeps (a frozen weight's matmul saves no input); the default grouped_mm
+        # keeps other tensors (and is slow on the CPU)
+        model.set_experts_implementation("eager")
+    model.enable_input_require_grads()  # the layer's input carries a gradient, as every layer after the first does
+    names = resolve(list(targets), linear_layers(model), rank).modules
+    model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.1 if dropout else 0.0,
+                                             target_modules=names))
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data = p.data.to(dtype)  # TRL casts LoRA to the compute dtype on a 4-bit base
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == 1]
+    layer = layers[0][0]
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    inside, kept = [False], {}
+    layer.register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
+    layer.register_forward_hook(lambda *a: inside.__setitem__(0, False))
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if inside[0] and storage.data_ptr() not in params and storage.nbytes():
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    ids = torch.arange(1, TOKENS + 1)[None] % 255 + 1
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, use_cache=False)
+    moe = any(p.dim() == 3 for p in layer.parameters())
+    return {"saved": int(round(sum(kept.values()) / TOKENS)), "moe": moe, "own_attention": calls[0] == 0}

@@ -1,0 +1,98 @@
+"""The estimator reads every family's config.json (issue 41): over the tiny models of tests/families.py and
+tests/families_any.py, core.model.shapes counts exactly the parameters the loaded model holds, and one decoder
+layer's saved activations are measured (core/estimate/measure.py) at the family's own widths."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests import families, families_any
+
+ALL = [("families", n) for n in families.NAMES] + [("families_any", n) for n in families_any.NAMES]
+
+
+def _config(source: str, name: str) -> dict:
+    module = families if source == "families" else families_any
+    return module.hf_config(name).to_dict()
+
+
+@pytest.mark.parametrize("source,name", ALL, ids=[n for _, n in ALL])
+def test_shape_counts_what_the_model_holds(source, name):
+    from transformers import AutoModelForCausalLM
+
+    from core.model.shapes import ModelShape
+
+    data = _config(source, name)
+    shape = ModelShape.from_config(data, name)
+    module = families if source == "families" else families_any
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(module.hf_config(name))
+    held = sum(p.numel() for p in model.parameters())
+    assert shape.total_params == held, (name, shape.total_params, held)
+    assert shape.config_text  # built from the config: the activation term can be measured
+    assert shape.hidden_size == int(model.config.get_text_config().hidden_size)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gpt_neox", "falcon", "phi", "mixtral"])
+def test_layer_activations_are_measured(name, tmp_path, monkeypatch):
+    """One layer's saved bytes per token come from autograd at the family's widths, cached on disk, and grow with
+    LoRA dropout (each adapted layer keeps its dropout output and mask) and with key/value heads repeated."""
+    from core.estimate import measure
+    from core.model.shapes import ModelShape
+
+    monkeypatch.setenv("MEMTUNE_CACHE", str(tmp_path))
+    monkeypatch.setattr(measure, "_DISK", None)
+    measure._cached.cache_clear()
+    torch.set_num_threads(1)
+    text = ModelShape.from_config(families_any.hf_config(name).to_dict(), name).config_text
+    plain = measure.layer_saved(text, "bf16", ("q_proj", "k_proj", "v_proj", "o_proj"), 8, False, False)
+    dropout = measure.layer_saved(text, "bf16", ("q_proj", "k_proj", "v_proj", "o_proj"), 8, True, False)
+    assert plain is not None and plain["saved"] > 0 and not plain["own_attention"]
+    assert dropout["saved"] > plain["saved"]
+    assert plain["moe"] == (name == "mixtral")
+    cached = json.loads((tmp_path / "layer_saved.json").read_text())
+    assert sorted(v["saved"] for v in cached.values()) == sorted([plain["saved"], dropout["saved"]])
+
+
+@pytest.mark.parametrize("arch", ["olmoe-1b-7b", "granite-3.1-2b", "starcoder2-3b", "redpajama-3b"])
+def test_issue41_gpu_rows_are_planned_and_counted(arch):
+    """bench/archs.py's full-size families for the lead's GPU call: families_gpu's plan runs every preset (fastest
+    included) without held-out eval, and the estimator's shape of the config counts the model's parameters."""
+    from bench.archs import ARCHS, parameter_count
+    from bench.product_plans import plan
+    from core.model.shapes import ModelShape
+
+    rows = plan(f"families-{arch}")
+    assert [v.preset for v in rows] == ["fastest", "lowest_memory", "chapter"]
+    assert all("validation_share=0" in v.sets for v in rows)
+    assert ModelShape.from_config(dict(ARCHS[arch]), arch).total_params == parameter_count(arch)
+
+
+def test_the_estimate_uses_the_measured_layer(tmp_path, monkeypatch):
+    """A config the estimator can build (here gpt_neox: fused query_key_value, a GELU MLP without a gate) gets its
+    layer term from the measurement, not from the Llama-shaped formula; a hand shape (no config) keeps the formula,
+    and so does the chapter's fp32 upcast (no CPU stand-in for bitsandbytes' fp32 stream under bf16 autocast)."""
+    from dataclasses import replace
+
+    from core.config.presets import apply_preset
+    from core.config.settings import TrainConfig
+    from core.estimate import measure
+    from core.estimate.terms import layer_bytes_per_token
+    from core.model.shapes import ModelShape
+
+    monkeypatch.setenv("MEMTUNE_CACHE", str(tmp_path))
+    monkeypatch.setattr(measure, "_DISK", None)
+    torch.set_num_threads(1)
+    shape = ModelShape.from_config(families_any.hf_config("gpt_neox").to_dict(), "gpt_neox")
+    cfg = apply_preset(TrainConfig(model="x"), "fastest").replace(use_liger_kernel=False)
+    saved, _ = layer_bytes_per_token(cfg, shape, liger_layers=False, kv_repeated=False)
+    found = measure.layer_saved(shape.config_text, cfg.precision, tuple(cfg.lora_target_modules), cfg.lora_r,
+                                cfg.lora_dropout > 0, False)
+    assert saved == found["saved"]
+    formula, _ = layer_bytes_per_token(cfg, replace(shape, config_text=""), liger_layers=False, kv_repeated=False)
+    assert formula != saved
+    chapter = apply_preset(TrainConfig(model="x"), "chapter")
+    assert layer_bytes_per_token(chapter, shape)[0] == layer_bytes_per_token(chapter, replace(shape, config_text=""))[0]
