@@ -203,14 +203,18 @@ class LoRARecipe:
                                       cfg.eval_max_new_tokens, warmup)
         # The warm-up before the event callback: training's clock (step events, tokens/s) starts after it.
         callbacks = [*([warmup] if warmup else []), self.callback, *extra, *self.extra_callbacks]
-        with phase(emit, "tokenizing", "log.phase.tokenizing"):
+
+        def trainer_for(c: TrainConfig) -> SFTTrainer:
             # plan.train_dataset(): exactly the plan's training rows, already tokenized and cut (validation's likewise)
-            self.trainer = build_trainer(cfg, model, self.tokenizer, self.plan.train_dataset(),
-                                         self.context.run_dir / "checkpoints", callbacks, self.console,
-                                         self.plan.validation.train_dataset() if evaluates else None, cuda)
-        self.trainer, self.cfg = preflight.check(self.trainer, cfg, emit, lambda c: build_trainer(  # before step 1
-            c, model, self.tokenizer, self.plan.train_dataset(), self.context.run_dir / "checkpoints", callbacks,
-            self.console, self.plan.validation.train_dataset() if evaluates else None, cuda), adapted)
+            return build_trainer(c, model, self.tokenizer, self.plan.train_dataset(),
+                                 self.context.run_dir / "checkpoints", callbacks, self.console,
+                                 self.plan.validation.train_dataset() if evaluates else None, cuda)
+
+        with phase(emit, "tokenizing", "log.phase.tokenizing"):
+            self.trainer = trainer_for(cfg)
+        self.cfg = preflight.check(self.trainer, cfg, emit, adapted)  # before step 1
+        if self.cfg is not cfg:  # packed rows bled into each other: the trainer again, on unpacked rows
+            self.trainer = preflight.carry(self.trainer, trainer_for(self.cfg))
         if warmup:
             warmup.trainer = self.trainer  # it runs the Trainer's own training_step on the Trainer's own dataloader
 
