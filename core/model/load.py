@@ -16,11 +16,12 @@ from typing import Any
 import torch
 
 from core.config import arguments as recipe
-from core.config.settings import DEMO_MODEL, TrainConfig
+from core.config.settings import DEMO_MODEL, ConfigError, Problem, TrainConfig
 from core.levers import experts as moe
 from core.levers.embedding import CpuEmbedding, load_embedding_on_cpu, offload_input_embeddings
 from core.levers.output_head import quantize_output_head
 from core.model.attention import use_varlen_attention
+from core.model import lora_targets as lt
 from core.model.compile import compile_layers
 from core.messages import Keyed, Said, keyed
 from core.runs.events import EventSink, make_event
@@ -56,26 +57,31 @@ def build_lora_config(cfg: TrainConfig, modules: list[str] | None = None, parame
     return LoraConfig(**recipe.lora_kwargs(cfg, modules, parameters))
 
 
-def lora_targets(cfg: TrainConfig, path: str | None = None, model=None):
-    """cfg.lora_target_modules resolved against the model's linear layers (core/model/lora_targets.py): from `model`'s
-    tree, or from the module tree of the model at `path` built on the meta device (before any weight loads). A name
-    the model lacks is a ConfigError that lists the model's real linear layers."""
-    from core.model import lora_targets as lt
-    from core.config.settings import ConfigError, Problem
-
-    if model is None and path is None:
-        path = resolve_model_path(cfg)
+def skeleton(cfg: TrainConfig, path: str):
+    """The model at `path` as a module tree on the meta device (no weights, no memory: core/model/lora_targets.py),
+    built once per run: what LoRA targets (lora_targets) and what the model can train exactly (the pre-flight's
+    before_loading) are read from it. A model that is no causal LM (an encoder, seq2seq) is refused by name."""
     try:
-        if model is not None:
-            return lt.resolve(cfg.lora_target_modules, lt.linear_layers(model), cfg.lora_r)
-        return lt.for_path(cfg.lora_target_modules, cfg.lora_r, path, cfg.trust_remote_code)
+        return lt.skeleton(path, cfg.trust_remote_code)
     except ValueError as exc:
-        if "Unrecognized configuration class" not in str(exc) and not isinstance(exc, lt.TargetError):
+        if "Unrecognized configuration class" not in str(exc):
             raise
-        if not isinstance(exc, lt.TargetError):  # e.g. an encoder or seq2seq model: refused by name, up front
-            raise ModelError("model.err.not_causal", model=cfg.model) from None
+        raise ModelError("model.err.not_causal", model=cfg.model) from None
+
+
+def lora_targets(cfg: TrainConfig, path: str | None = None, model=None):
+    """cfg.lora_target_modules resolved against the model's linear layers (core/model/lora_targets.py): from `model`
+    (loaded, or its skeleton), or from the skeleton of the model at `path`. A name the model lacks is a ConfigError
+    that lists the model's real linear layers."""
+    if model is None:
+        model = skeleton(cfg, path or resolve_model_path(cfg))
+    try:
+        found = lt.resolve(list(cfg.lora_target_modules), lt.linear_layers(model), cfg.lora_r)
+    except lt.TargetError as exc:
         raise ConfigError([Problem.of("lora_target_modules", "problem.lora_targets", modules=", ".join(exc.missing),
                                       model=cfg.model, linear=", ".join(exc.linear))]) from None
+    found.model_type = getattr(getattr(model, "config", None), "model_type", None)
+    return found
 
 
 def hf_token() -> str | None:

@@ -1,6 +1,6 @@
 """Any model trains exactly what was asked: decided from its config before loading, checked on it before step 1.
 
-`before_loading(cfg, path, plan, emit)`: from config.json and the module tree on the meta device (no weights), the
+`before_loading(cfg, tree, plan, emit)`: from config.json and the module tree on the meta device (no weights), the
 changes a model needs (core/model/families.py `traits` / `adapt`): a recurrent, convolutional or state-space mixer
 (lfm2, qwen3_next, granitemoehybrid, recurrent_gemma, mamba-style layer_types) never gets packed rows; a model
 without a FlashAttention path (BLOOM, MPT: their own mask code) neither; alibi or a model outside transformers'
@@ -48,10 +48,10 @@ def _log(emit: EventSink, said: Said, level: str = "warning") -> None:
     emit(make_event("log", level=level, **words_of(said)))
 
 
-def before_loading(cfg: TrainConfig, path: str, plan, emit: EventSink) -> tuple[TrainConfig, list[dict[str, Any]]]:
-    """`cfg` as this model can train it exactly (families.adapt on its config and meta-device tree), each change
-    said, and the changes as summary.json lists them; the data plan follows (no packs when rows go unpacked)."""
-    tree = lt.skeleton(path, cfg.trust_remote_code)
+def before_loading(cfg: TrainConfig, tree, plan, emit: EventSink) -> tuple[TrainConfig, list[dict[str, Any]]]:
+    """`cfg` as this model can train it exactly (families.adapt on its config and `tree`, its module tree on the
+    meta device: core.model.load.skeleton), each change said, and the changes as summary.json lists them; the data
+    plan follows (no packs when rows go unpacked)."""
     changes, said = families.adapt(cfg, families.traits(tree.config, tree))
     adapted = []
     for line in said:

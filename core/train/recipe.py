@@ -183,8 +183,8 @@ class LoRARecipe:
         cfg = self.cfg
         emit = self.context.emit
         cuda = self.context.cuda
-        self.plan, self.tokenizer, path = plan_data(cfg, emit)
-        cfg, adapted = preflight.before_loading(cfg, path, self.plan, emit)  # what this model can train exactly
+        self.plan, self.tokenizer, path, tree = plan_data(cfg, emit)
+        cfg, adapted = preflight.before_loading(cfg, tree, self.plan, emit)  # what this model can train exactly
         self.cfg = cfg
         if self.plan.refusal():
             raise DataError("data.err.refusal", why=self.plan.refusal())
@@ -287,8 +287,9 @@ class LoRARecipe:
 
 
 # --- the recipe's steps ------------------------------------------------------------------------------------------
-def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan, Any, str]:
-    """Read and check the data, find the model and its tokenizer, plan every row: (plan, tokenizer, model path).
+def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan, Any, str, Any]:
+    """Read and check the data, find the model and its tokenizer, plan every row: (plan, tokenizer, model path, the
+    model's module tree on the meta device).
 
     The data comes first: a broken file is reported as such before any model is looked up or downloaded. The
     validation rows are held out before the plan (they never reach plan.train_dataset()) and planned alike, as the
@@ -304,7 +305,8 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan, Any, str]:
         plan = validation.plan_parts(cfg, tokenizer, held, fmt)
     # LoRA targets from the module tree on the meta device, before any weight loads: a name the model lacks is
     # refused here (ConfigError listing its linear layers), and the log says what gets LoRA.
-    targets = model_lib.lora_targets(cfg, path)
+    tree = model_lib.skeleton(cfg, path)
+    targets = model_lib.lora_targets(cfg, model=tree)
     plan.notes += [targets.describe(), *filter(None, [families.note(targets.model_type)])]
     said, counts, part, lines = plan.describe(), plan.to_dict(), plan.validation_dict(), plan.log_lines()
     emit(make_event("data", **words_of(said), **counts, validation=part))
@@ -312,7 +314,7 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan, Any, str]:
         emit(make_event("log", level=level, **words_of(line)))
     if (cfg.keep_best or cfg.early_stopping_patience) and not plan.evaluates:
         raise DataError("data.err.no_validation_rows", why=held.why)
-    return plan, tokenizer, path
+    return plan, tokenizer, path, tree
 
 
 def load_for_training(cfg: TrainConfig, path: str, emit: EventSink, cpu_eval: bool) -> tuple[Any, int, bool]:
