@@ -194,7 +194,12 @@ def prepare_for_training(model, cfg: TrainConfig):
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import set_seed
 
-    kbit = recipe.kbit_kwargs(cfg)  # the library arguments, once
+    # What LoRA adapts, read from the model as loaded (the steps below swap no decoder-block layer): the leaf names
+    # this model has, what adapter_config.json then lists; lora_experts: the experts' 3-D weights too (peft's
+    # target_parameters; core/levers/experts.py). Then the library arguments, once.
+    targets = lora_targets(cfg, model=model)
+    experts = moe.lora_parameters(model, cfg) if cfg.lora_experts else []
+    kbit, lora = recipe.kbit_kwargs(cfg), recipe.lora_kwargs(cfg, list(targets.modules), experts)
     if kbit is not None:
         # The chapter's recipe: peft upcasts every non-quantized parameter (embeddings, norms, lm_head) to fp32.
         # Checkpointing itself is left to the Trainer (SFTConfig), which enables it with our kwargs.
@@ -219,10 +224,7 @@ def prepare_for_training(model, cfg: TrainConfig):
     # LoRA's A matrices start random: seed them, or two runs of one seeded config differ from the second step on
     # (the Trainer seeds only later, when it is built).
     set_seed(cfg.seed)
-    targets = lora_targets(cfg, model=model)  # the leaf names this model has: what adapter_config.json then lists
-    # lora_experts: the experts' 3-D weights too (peft's target_parameters; core/levers/experts.py)
-    experts = moe.lora_parameters(model, cfg) if cfg.lora_experts else []
-    model = get_peft_model(model, LoraConfig(**recipe.lora_kwargs(cfg, list(targets.modules), experts)))
+    model = get_peft_model(model, LoraConfig(**lora))
     if cfg.compile_layers:
         # After peft, so each compiled layer holds its LoRA layers; lazily: the first step compiles.
         model.memtune_compile_note = compile_layers(model)
