@@ -324,9 +324,9 @@ def load_for_training(cfg: TrainConfig, path: str, emit: EventSink, cpu_eval: bo
                model=cfg.model):
         model = model_lib.load_model(cfg, path)
         model = model_lib.prepare_for_training(model, cfg)
+    trainable, total = model_lib.trainable_parameters(model)
     for note in getattr(model, "memtune_moe_notes", ()):  # MoE: experts stored, routing loss, LoRA on experts
         emit(make_event("log", level="info", **keyed(f"log.moe.{note.name}", **note.params)))
-    trainable, total = model_lib.trainable_parameters(model)
     emit(make_event("log", level="info", **keyed("log.lora", n=trainable, total=total)))
     note = getattr(model, "memtune_compile_note", "")  # core/model/compile.py's words, as is
     if cfg.compile_layers:
