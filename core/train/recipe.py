@@ -338,7 +338,8 @@ def load_for_training(cfg: TrainConfig, path: str, emit: EventSink, cpu_eval: bo
         for module in model.modules():
             if getattr(module, "support_avx512bf16_for_cpu", False):
                 module.support_avx512bf16_for_cpu = False
-    return model, trainable, note.startswith("Regional compile:")
+    # compiling, by the note's key (compile_layers says log.compile_skipped when it cannot)
+    return model, trainable, getattr(note, "key", "") in ("log.compile", "log.compile_varlen")
 
 
 # --- config -> library arguments (core/config/arguments.py holds the mapping) -----------------------------------------
