@@ -30,7 +30,7 @@ def _write(path: Path, rows) -> str:
 def test_held_out_rows_never_train_and_every_row_is_counted(tmp_path, demo_model_path):
     data = _write(tmp_path / "d.jsonl", _rows(300))
     cfg = demo_config(dataset=data, output_dir=str(tmp_path / "runs"), validation_share=0.1)
-    plan, _, _ = plan_data(cfg, quiet)
+    plan, *_ = plan_data(cfg, quiet)
     held, val = plan.held, plan.validation
     assert held.mode == "share" and len(held.val_ids) == 30
     assert set(held.train_ids).isdisjoint(held.val_ids)  # row ids of the loaded split
@@ -40,14 +40,14 @@ def test_held_out_rows_never_train_and_every_row_is_counted(tmp_path, demo_model
     trained = {tuple(int(x) for x in ids) for ids in plan.train_dataset()["input_ids"]}
     validated = {tuple(int(x) for x in ids) for ids in val.train_dataset()["input_ids"]}
     assert len(trained) == 270 and len(validated) == 30 and trained.isdisjoint(validated)
-    again, _, _ = plan_data(cfg, quiet)
-    other, _, _ = plan_data(cfg.replace(seed=7), quiet)
+    again, *_ = plan_data(cfg, quiet)
+    other, *_ = plan_data(cfg.replace(seed=7), quiet)
     assert again.held.val_ids == held.val_ids != other.held.val_ids  # seeded
 
 
 def test_small_splits_train_on_every_row_and_say_so(tmp_path, demo_model_path):
     events = []
-    plan, _, _ = plan_data(demo_config(output_dir=str(tmp_path)), events.append)  # the demo: 100 rows
+    plan, *_ = plan_data(demo_config(output_dir=str(tmp_path)), events.append)  # the demo: 100 rows
     assert plan.validation is None and plan.n_source == 100
     assert any("Validation: off, every row trains: the split has 100 rows" in e.get("message", "") for e in events)
     data_event = next(e for e in events if e["kind"] == "data")
@@ -56,7 +56,7 @@ def test_small_splits_train_on_every_row_and_say_so(tmp_path, demo_model_path):
 
 def test_a_share_the_user_chose_is_held_out_on_a_small_split_too(tmp_path, demo_model_path):
     """Issue 37: only the default share steps aside under 200 rows; a value the user set is honoured."""
-    plan, _, _ = plan_data(demo_config(output_dir=str(tmp_path), validation_share=0.1), quiet)  # the demo: 100 rows
+    plan, *_ = plan_data(demo_config(output_dir=str(tmp_path), validation_share=0.1), quiet)  # the demo: 100 rows
     assert plan.held.mode == "share" and len(plan.held.val_ids) == 10 and plan.n_source == 90
 
 

@@ -16,11 +16,12 @@ from typing import Any
 import torch
 
 from core.config import arguments as recipe
-from core.config.settings import DEMO_MODEL, TrainConfig
+from core.config.settings import DEMO_MODEL, ConfigError, Problem, TrainConfig
 from core.levers import experts as moe
 from core.levers.embedding import CpuEmbedding, load_embedding_on_cpu, offload_input_embeddings
 from core.levers.output_head import quantize_output_head
 from core.model.attention import use_varlen_attention
+from core.model import lora_targets as lt
 from core.model.compile import compile_layers
 from core.messages import Keyed, Said, keyed
 from core.runs.events import EventSink, make_event
@@ -56,26 +57,31 @@ def build_lora_config(cfg: TrainConfig, modules: list[str] | None = None, parame
     return LoraConfig(**recipe.lora_kwargs(cfg, modules, parameters))
 
 
-def lora_targets(cfg: TrainConfig, path: str | None = None, model=None):
-    """cfg.lora_target_modules resolved against the model's linear layers (core/model/lora_targets.py): from `model`'s
-    tree, or from the module tree of the model at `path` built on the meta device (before any weight loads). A name
-    the model lacks is a ConfigError that lists the model's real linear layers."""
-    from core.model import lora_targets as lt
-    from core.config.settings import ConfigError, Problem
-
-    if model is None and path is None:
-        path = resolve_model_path(cfg)
+def skeleton(cfg: TrainConfig, path: str):
+    """The model at `path` as a module tree on the meta device (no weights, no memory: core/model/lora_targets.py),
+    built once per run: what LoRA targets (lora_targets) and what the model can train exactly (the pre-flight's
+    before_loading) are read from it. A model that is no causal LM (an encoder, seq2seq) is refused by name."""
     try:
-        if model is not None:
-            return lt.resolve(cfg.lora_target_modules, lt.linear_layers(model), cfg.lora_r)
-        return lt.for_path(cfg.lora_target_modules, cfg.lora_r, path, cfg.trust_remote_code)
+        return lt.skeleton(path, cfg.trust_remote_code)
     except ValueError as exc:
-        if "Unrecognized configuration class" not in str(exc) and not isinstance(exc, lt.TargetError):
+        if "Unrecognized configuration class" not in str(exc):
             raise
-        if not isinstance(exc, lt.TargetError):  # e.g. an encoder or seq2seq model: refused by name, up front
-            raise ModelError("model.err.not_causal", model=cfg.model) from None
+        raise ModelError("model.err.not_causal", model=cfg.model) from None
+
+
+def lora_targets(cfg: TrainConfig, path: str | None = None, model=None):
+    """cfg.lora_target_modules resolved against the model's linear layers (core/model/lora_targets.py): from `model`
+    (loaded, or its skeleton), or from the skeleton of the model at `path`. A name the model lacks is a ConfigError
+    that lists the model's real linear layers."""
+    if model is None:
+        model = skeleton(cfg, path or resolve_model_path(cfg))
+    try:
+        found = lt.resolve(list(cfg.lora_target_modules), lt.linear_layers(model), cfg.lora_r)
+    except lt.TargetError as exc:
         raise ConfigError([Problem.of("lora_target_modules", "problem.lora_targets", modules=", ".join(exc.missing),
                                       model=cfg.model, linear=", ".join(exc.linear))]) from None
+    found.model_type = getattr(getattr(model, "config", None), "model_type", None)
+    return found
 
 
 def hf_token() -> str | None:
@@ -188,7 +194,12 @@ def prepare_for_training(model, cfg: TrainConfig):
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import set_seed
 
-    kbit = recipe.kbit_kwargs(cfg)  # the library arguments, once
+    # What LoRA adapts, read from the model as loaded (the steps below swap no decoder-block layer): the leaf names
+    # this model has, what adapter_config.json then lists; lora_experts: the experts' 3-D weights too (peft's
+    # target_parameters; core/levers/experts.py). Then the library arguments, once.
+    targets = lora_targets(cfg, model=model)
+    experts = moe.lora_parameters(model, cfg) if cfg.lora_experts else []
+    kbit, lora = recipe.kbit_kwargs(cfg), recipe.lora_kwargs(cfg, list(targets.modules), experts)
     if kbit is not None:
         # The chapter's recipe: peft upcasts every non-quantized parameter (embeddings, norms, lm_head) to fp32.
         # Checkpointing itself is left to the Trainer (SFTConfig), which enables it with our kwargs.
@@ -213,10 +224,7 @@ def prepare_for_training(model, cfg: TrainConfig):
     # LoRA's A matrices start random: seed them, or two runs of one seeded config differ from the second step on
     # (the Trainer seeds only later, when it is built).
     set_seed(cfg.seed)
-    targets = lora_targets(cfg, model=model)  # the leaf names this model has: what adapter_config.json then lists
-    # lora_experts: the experts' 3-D weights too (peft's target_parameters; core/levers/experts.py)
-    experts = moe.lora_parameters(model, cfg) if cfg.lora_experts else []
-    model = get_peft_model(model, LoraConfig(**recipe.lora_kwargs(cfg, list(targets.modules), experts)))
+    model = get_peft_model(model, LoraConfig(**lora))
     if cfg.compile_layers:
         # After peft, so each compiled layer holds its LoRA layers; lazily: the first step compiles.
         model.memtune_compile_note = compile_layers(model)

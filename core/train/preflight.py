@@ -1,6 +1,6 @@
 """Any model trains exactly what was asked: decided from its config before loading, checked on it before step 1.
 
-`before_loading(cfg, path, plan, emit)`: from config.json and the module tree on the meta device (no weights), the
+`before_loading(cfg, tree, plan, emit)`: from config.json and the module tree on the meta device (no weights), the
 changes a model needs (core/model/families.py `traits` / `adapt`): a recurrent, convolutional or state-space mixer
 (lfm2, qwen3_next, granitemoehybrid, recurrent_gemma, mamba-style layer_types) never gets packed rows; a model
 without a FlashAttention path (BLOOM, MPT: their own mask code) neither; alibi or a model outside transformers'
@@ -8,15 +8,15 @@ AttentionInterface never gets memtune's varlen attention (flash-attention's mask
 sinks (gpt-oss) with packed rows run the model's own eager attention per row. One keyed log line per change: why and
 what it costs.
 
-`check(trainer, cfg, emit, rebuild)`: the pre-flight phase, after the model loaded with LoRA and before step 1, on
+`check(trainer, cfg, emit, adapted)`: the pre-flight phase, after the model loaded with LoRA and before step 1, on
 the user's own model and data, a few forward passes without gradients:
   1. row separation (packed runs): the first packs of real rows, collated by the trainer's own collator exactly as
      training packs them, against each row alone: logits within ROW_TOLERANCE (relative L2);
   2. the loss path: TRL's fused loss head (what training computes) against the loss from the model's own logits,
      within LOSS_TOLERANCE (relative);
   3. LoRA landed on exactly the layers asked for, and nowhere else.
-A failure switches to the exact path (rows unpacked: the trainer rebuilt; the model's own logits for the loss) with
-a line saying why and what it costs, or refuses the run by name (LoRA). The results go to summary.json
+A failure switches to the exact path (rows unpacked: the caller builds the trainer again; the model's own logits for
+the loss) with a line saying why and what it costs, or refuses the run by name (LoRA). The results go to summary.json
 ("preflight"). The families of README's matrix (families.VERIFIED) skip checks 1 and 2, which tests/test_families.py
 makes on every preset for them (the log says so); every other model runs all three: a few forward passes on one
 pack of real rows.
@@ -48,10 +48,10 @@ def _log(emit: EventSink, said: Said, level: str = "warning") -> None:
     emit(make_event("log", level=level, **words_of(said)))
 
 
-def before_loading(cfg: TrainConfig, path: str, plan, emit: EventSink) -> tuple[TrainConfig, list[dict[str, Any]]]:
-    """`cfg` as this model can train it exactly (families.adapt on its config and meta-device tree), each change
-    said, and the changes as summary.json lists them; the data plan follows (no packs when rows go unpacked)."""
-    tree = lt.skeleton(path, cfg.trust_remote_code)
+def before_loading(cfg: TrainConfig, tree, plan, emit: EventSink) -> tuple[TrainConfig, list[dict[str, Any]]]:
+    """`cfg` as this model can train it exactly (families.adapt on its config and `tree`, its module tree on the
+    meta device: core.model.load.skeleton), each change said, and the changes as summary.json lists them; the data
+    plan follows (no packs when rows go unpacked)."""
     changes, said = families.adapt(cfg, families.traits(tree.config, tree))
     adapted = []
     for line in said:
@@ -153,10 +153,10 @@ def own_logits_loss(model) -> Callable:
     return loss
 
 
-def check(trainer, cfg: TrainConfig, emit: EventSink, rebuild: Callable[[TrainConfig], Any],
-          adapted: list[dict[str, Any]]) -> tuple[Any, TrainConfig]:
-    """The pre-flight phase (module docstring): (the trainer to train with, the config it trains). Results in
-    trainer.memtune_preflight (summary.json's "preflight"), with before_loading's changes (`adapted`)."""
+def check(trainer, cfg: TrainConfig, emit: EventSink, adapted: list[dict[str, Any]]) -> TrainConfig:
+    """The pre-flight phase (module docstring) on `trainer`: the config the run trains, unpacked when packed rows
+    bled into each other (the caller then builds the trainer again; `carry` hands it this one's decisions). Results
+    in trainer.memtune_preflight (summary.json's "preflight"), with before_loading's changes (`adapted`)."""
     started = time.monotonic()
     result: dict[str, Any] = {"adapted": adapted}
     with phase(emit, "preflight", "log.phase.preflight"):
@@ -203,7 +203,6 @@ def check(trainer, cfg: TrainConfig, emit: EventSink, rebuild: Callable[[TrainCo
             emit(make_event("log", level="warning", **keyed("log.preflight.unpacked", model=cfg.model,
                                                             error=rows["error"], tolerance=tol_rows)))
             cfg = cfg.replace(packing=False, attention="sdpa")
-            trainer = rebuild(cfg)
             result["switched_to"] = "unpacked"
         if not loss["ok"]:
             trainer.compute_loss_func = own_logits_loss(trainer.model)
@@ -223,4 +222,12 @@ def check(trainer, cfg: TrainConfig, emit: EventSink, rebuild: Callable[[TrainCo
                                                         Said("log.preflight.no_packs")),
                             loss=loss["error"], lora=lora["layers"], seconds=result["seconds"]), level="info")
     trainer.memtune_preflight = result
-    return trainer, cfg
+    return cfg
+
+
+def carry(checked, trainer):
+    """`trainer`, built again after the pre-flight on `checked` switched to unpacked rows, with what it decided:
+    the loss path and the results."""
+    trainer.compute_loss_func = checked.compute_loss_func
+    trainer.memtune_preflight = checked.memtune_preflight
+    return trainer

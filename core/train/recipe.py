@@ -183,8 +183,8 @@ class LoRARecipe:
         cfg = self.cfg
         emit = self.context.emit
         cuda = self.context.cuda
-        self.plan, self.tokenizer, path = plan_data(cfg, emit)
-        cfg, adapted = preflight.before_loading(cfg, path, self.plan, emit)  # what this model can train exactly
+        self.plan, self.tokenizer, path, tree = plan_data(cfg, emit)
+        cfg, adapted = preflight.before_loading(cfg, tree, self.plan, emit)  # what this model can train exactly
         self.cfg = cfg
         if self.plan.refusal():
             raise DataError("data.err.refusal", why=self.plan.refusal())
@@ -203,14 +203,18 @@ class LoRARecipe:
                                       cfg.eval_max_new_tokens, warmup)
         # The warm-up before the event callback: training's clock (step events, tokens/s) starts after it.
         callbacks = [*([warmup] if warmup else []), self.callback, *extra, *self.extra_callbacks]
-        with phase(emit, "tokenizing", "log.phase.tokenizing"):
+
+        def trainer_for(c: TrainConfig) -> SFTTrainer:
             # plan.train_dataset(): exactly the plan's training rows, already tokenized and cut (validation's likewise)
-            self.trainer = build_trainer(cfg, model, self.tokenizer, self.plan.train_dataset(),
-                                         self.context.run_dir / "checkpoints", callbacks, self.console,
-                                         self.plan.validation.train_dataset() if evaluates else None, cuda)
-        self.trainer, self.cfg = preflight.check(self.trainer, cfg, emit, lambda c: build_trainer(  # before step 1
-            c, model, self.tokenizer, self.plan.train_dataset(), self.context.run_dir / "checkpoints", callbacks,
-            self.console, self.plan.validation.train_dataset() if evaluates else None, cuda), adapted)
+            return build_trainer(c, model, self.tokenizer, self.plan.train_dataset(),
+                                 self.context.run_dir / "checkpoints", callbacks, self.console,
+                                 self.plan.validation.train_dataset() if evaluates else None, cuda)
+
+        with phase(emit, "tokenizing", "log.phase.tokenizing"):
+            self.trainer = trainer_for(cfg)
+        self.cfg = preflight.check(self.trainer, cfg, emit, adapted)  # before step 1
+        if self.cfg is not cfg:  # packed rows bled into each other: the trainer again, on unpacked rows
+            self.trainer = preflight.carry(self.trainer, trainer_for(self.cfg))
         if warmup:
             warmup.trainer = self.trainer  # it runs the Trainer's own training_step on the Trainer's own dataloader
 
@@ -283,8 +287,9 @@ class LoRARecipe:
 
 
 # --- the recipe's steps ------------------------------------------------------------------------------------------
-def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan, Any, str]:
-    """Read and check the data, find the model and its tokenizer, plan every row: (plan, tokenizer, model path).
+def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan, Any, str, Any]:
+    """Read and check the data, find the model and its tokenizer, plan every row: (plan, tokenizer, model path, the
+    model's module tree on the meta device).
 
     The data comes first: a broken file is reported as such before any model is looked up or downloaded. The
     validation rows are held out before the plan (they never reach plan.train_dataset()) and planned alike, as the
@@ -300,7 +305,8 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan, Any, str]:
         plan = validation.plan_parts(cfg, tokenizer, held, fmt)
     # LoRA targets from the module tree on the meta device, before any weight loads: a name the model lacks is
     # refused here (ConfigError listing its linear layers), and the log says what gets LoRA.
-    targets = model_lib.lora_targets(cfg, path)
+    tree = model_lib.skeleton(cfg, path)
+    targets = model_lib.lora_targets(cfg, model=tree)
     plan.notes += [targets.describe(), *filter(None, [families.note(targets.model_type)])]
     said, counts, part, lines = plan.describe(), plan.to_dict(), plan.validation_dict(), plan.log_lines()
     emit(make_event("data", **words_of(said), **counts, validation=part))
@@ -308,7 +314,7 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan, Any, str]:
         emit(make_event("log", level=level, **words_of(line)))
     if (cfg.keep_best or cfg.early_stopping_patience) and not plan.evaluates:
         raise DataError("data.err.no_validation_rows", why=held.why)
-    return plan, tokenizer, path
+    return plan, tokenizer, path, tree
 
 
 def load_for_training(cfg: TrainConfig, path: str, emit: EventSink, cpu_eval: bool) -> tuple[Any, int, bool]:
@@ -318,9 +324,9 @@ def load_for_training(cfg: TrainConfig, path: str, emit: EventSink, cpu_eval: bo
                model=cfg.model):
         model = model_lib.load_model(cfg, path)
         model = model_lib.prepare_for_training(model, cfg)
+    trainable, total = model_lib.trainable_parameters(model)
     for note in getattr(model, "memtune_moe_notes", ()):  # MoE: experts stored, routing loss, LoRA on experts
         emit(make_event("log", level="info", **keyed(f"log.moe.{note.name}", **note.params)))
-    trainable, total = model_lib.trainable_parameters(model)
     emit(make_event("log", level="info", **keyed("log.lora", n=trainable, total=total)))
     note = getattr(model, "memtune_compile_note", "")  # core/model/compile.py's words, as is
     if cfg.compile_layers:
@@ -332,7 +338,8 @@ def load_for_training(cfg: TrainConfig, path: str, emit: EventSink, cpu_eval: bo
         for module in model.modules():
             if getattr(module, "support_avx512bf16_for_cpu", False):
                 module.support_avx512bf16_for_cpu = False
-    return model, trainable, note.startswith("Regional compile:")
+    # compiling, by the note's key (compile_layers says log.compile_skipped when it cannot)
+    return model, trainable, getattr(note, "key", "") in ("log.compile", "log.compile_varlen")
 
 
 # --- config -> library arguments (core/config/arguments.py holds the mapping) -----------------------------------------
