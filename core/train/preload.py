@@ -21,9 +21,55 @@ STARTED_WITH = dict(os.environ)
 # fork-safe check). Set before torch is imported; a run's own environment decides for the run (see IGNORED).
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # (not in STARTED_WITH's comparison: IGNORED)
 
+import contextlib  # noqa: E402
+from ctypes import CDLL, byref, c_int, c_uint, c_void_p  # noqa: E402
+
 from core.files import long_lived  # noqa: E402
 
-with long_lived():  # they live as long as the server and every run forked from it
+
+def _nvml_capability(device=None) -> tuple[int, int]:
+    """torch.cuda.get_device_capability's answer, read from NVML (the driver's management library, which torch's own
+    fork-safe checks use) instead of from a CUDA context: torch makes one to answer, and a forked run cannot use it."""
+    import torch
+
+    if isinstance(device, str):
+        device = torch.device(device)
+    index = device.idx if isinstance(device, torch.cuda.device) else getattr(device, "index", device)
+    index = 0 if index is None else index  # torch's current device, which is 0 until a context is made
+    nvml = CDLL("libnvidia-ml.so.1")
+    handle, major, minor = c_void_p(), c_int(), c_int()
+    if (nvml.nvmlInit_v2() or nvml.nvmlDeviceGetHandleByIndex_v2(c_uint(torch.cuda._get_nvml_device_index(index)),
+                                                                byref(handle))
+            or nvml.nvmlDeviceGetCudaComputeCapability(handle, byref(major), byref(minor))):
+        raise RuntimeError("NVML could not say the GPU's compute capability")
+    return major.value, minor.value
+
+
+@contextlib.contextmanager
+def _no_cuda_context():
+    """While the libraries import here, torch.cuda.get_device_capability answers from NVML. bitsandbytes 0.50
+    (cextension.get_native_library -> cuda_specs.get_compute_capabilities) asks it at import to know that a GPU
+    exists before loading its CUDA library (which it picks by torch.version.cuda alone), and peft and trl import
+    bitsandbytes; torch answers by initializing CUDA, which made every run on a GPU machine start cold. The answer
+    is the same; nothing else changes, and torch's own function is back once the imports are done. Where NVML
+    cannot answer (no NVIDIA driver, CUDA already started) torch's own answer stands."""
+    import torch
+
+    original = torch.cuda.get_device_capability
+    usable = torch.cuda.is_available() and not torch.cuda.is_initialized()  # NVML-based here: starts nothing
+    try:
+        if usable:
+            _nvml_capability(0)  # NVML answers here, or torch's own function stays
+            torch.cuda.get_device_capability = _nvml_capability
+    except (OSError, RuntimeError, AttributeError):
+        pass
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_capability = original
+
+
+with long_lived(), _no_cuda_context():  # they live as long as the server and every run forked from it
     import torch  # noqa: E402
 
     import core.train.cli  # noqa: E402, F401
