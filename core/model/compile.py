@@ -19,8 +19,9 @@ How it nests with what memtune installs (the GPU machine has torch 2.11 / transf
   attention), still shared by all layers. transformers' own sdpa stays inside the graph. The log counts graph breaks.
 - packing gives a new total length every micro-batch: layers are compiled with dynamic shapes (one graph for all
   lengths) and a bounded recompile limit, past which dynamo runs the layer eagerly instead of compiling again.
-  Without checkpointing the first layer's input needs no gradient (frozen embedding) and the others' do: one
-  recompile, once (TORCH_LOGS shows "requires_grad mismatch"); with it, enable_input_require_grads makes them one.
+  Without checkpointing the first layer's input would need no gradient (frozen embedding) and the others' would:
+  one recompile of every layer graph ("requires_grad mismatch"); compile_layers asks for the embedding output's
+  gradient (enable_input_require_grads, as checkpointing does), so every layer shares one graph either way.
 - the CPU embedding offload and the 4-bit output head sit outside the decoder layers: untouched.
 
 Memory: the estimator has no term for it (core/estimate/ predicts the same peak with it on or off) until the GPU
@@ -97,6 +98,7 @@ def compile_layers(model) -> Said:
         # "HOP: Unsafe side effect") unless told not to replay it in the recompute; it routes which Python function
         # is traced and is restored on exit, so the traced graph is the same either way.
         setattr(dynamo_config, SIDE_EFFECTS_FLAG, True)
+    _one_graph_for_every_layer(model)
     varlen = _attention_outside(model)
     chosen = backend()
     for layer in layers:
@@ -105,6 +107,18 @@ def compile_layers(model) -> Said:
         layer.compile(backend=chosen, dynamic=True)
     kinds = sorted({type(layer).__name__ for layer in layers})
     return Said("log.compile_varlen" if varlen else "log.compile", n=len(layers), kinds=", ".join(kinds), backend=chosen)
+
+
+def _one_graph_for_every_layer(model) -> None:
+    """The first layer's input requires grad like the others' (transformers' own enable_input_require_grads, which
+    checkpointing already asks for): without it the first layer is traced for an input that needs no gradient (the
+    frozen embedding's output) and the others for one that does, so dynamo compiles every layer graph twice
+    ("requires_grad mismatch"), and a second run loads both from the cache. With it, one graph per layer piece;
+    the backward pass then also computes the embedding output's gradient (tokens x hidden: one more small kernel)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if hasattr(base, "enable_input_require_grads") and not (getattr(base, "_require_grads_hooks", None)
+                                                            or getattr(base, "_require_grads_hook", None)):
+        base.enable_input_require_grads()
 
 
 def _attention_outside(model) -> bool:
@@ -272,7 +286,9 @@ class CompileCache:
     loaded: int = 0
     compiled: int = 0
     started: float | None = None
+    phases: dict = field(default_factory=dict)  # seconds per compile phase of dynamo's timers: where the time went
     _before: dict = field(default_factory=dict)
+    _timers_before: dict = field(default_factory=dict)
 
     def words(self) -> dict:
         """The compiling phase's keyed words: cached, first time for this shape, or no cache and why."""
@@ -286,6 +302,7 @@ class CompileCache:
 
     def begin(self) -> None:
         self._before = _cache_counts()
+        self._timers_before = _timers()
         self.started = time.monotonic()
 
     def end(self) -> dict:
@@ -294,6 +311,7 @@ class CompileCache:
         now = _cache_counts()
         diff = {k: now[k] - self._before.get(k, 0) for k in now}
         self.seconds = round(time.monotonic() - (self.started or time.monotonic()), 3)
+        self.phases = _phases(self._timers_before, _timers())
         # Counted in dynamo's graphs where AOT autograd's cache took them: loaded = its hits (forward and backward
         # at once), compiled = what it saved (a graph of an analysis dynamo restarted is compiled, thrown away and
         # never saved, so a miss is no measure). Where it bypassed them all, inductor's forward and backward graphs.
@@ -312,7 +330,7 @@ class CompileCache:
     def summary(self) -> dict:
         return {"folder": str(self.folder) if self.folder else None, "hit": bool(self.loaded and not self.compiled),
                 "loaded": self.loaded, "compiled": self.compiled, "seconds": self.seconds,
-                "known_before": self.known, "why_not": self.why or None}
+                "known_before": self.known, "why_not": self.why or None, "phases": self.phases}
 
     def result_words(self) -> dict:
         from core.messages import keyed
@@ -343,6 +361,24 @@ def _cache_counts() -> dict[str, int]:
             "fx_miss": int(counters["inductor"].get("fxgraph_cache_miss", 0)),
             "autograd_hit": int(counters["aot_autograd"].get("autograd_cache_hit", 0)),
             "autograd_saved": int(counters["aot_autograd"].get("autograd_cache_saved", 0))}
+
+
+def _timers() -> dict[str, list[float]]:
+    """dynamo's own compile timers in this process (what torch._dynamo.utils.compile_times prints): seconds per call
+    of each timed phase (dynamo's capture `_compile.compile_inner`, the backend `OutputGraph.call_user_compiler`,
+    AOT autograd, inductor's code generation or its cache load, ...), copied."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return {k: list(v) for k, v in compilation_time_metrics.items()}
+
+
+def _phases(before: dict[str, list[float]], after: dict[str, list[float]]) -> dict[str, float]:
+    """The seconds each phase took between two `_timers()` readings, the longest first. Phases nest (the capture
+    includes the backend, the backend AOT autograd...): they are not to be summed. With the capture's and the
+    backend's totals, a second run's compile splits into dynamo tracing the layers again (capture less backend)
+    and loading what the caches kept (the backend)."""
+    spent = {k: round(sum(v[len(before.get(k, [])):]), 3) for k, v in after.items()}
+    return {k: t for k, t in sorted(spent.items(), key=lambda kv: -kv[1]) if t > 0}
 
 
 def cache_home() -> Path:
