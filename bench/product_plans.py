@@ -128,22 +128,25 @@ def lean(name: str) -> list[Variant]:
     lm = dict(steps=12, warm=3, timeout_s=75)
     rows = [
         Variant("chapter-script", steps=3, warm=1, timeout_s=120, note="the chapter's script as written"),
-        Variant("lowest_memory", "lowest_memory", off, **lm, note="the preset today: 2 packs x 3, sdpa, offloaded"),
+        Variant("lowest_memory", "lowest_memory", off, **lm,
+                note="the preset today: 2 packs x 3, sdpa, offloaded (estimate 6.29 GiB)"),
         Variant("lm-4x2-varlen", "lowest_memory", [*off, *varlen, *x42], **lm,
-                note="run 6's 4,224 tok/s row, with today's offloading: the lead candidate"),
+                note="run 6's 4,224 tok/s row, with today's offloading: the lead candidate (estimate 6.56 GiB)"),
         Variant("unsloth-low", steps=10, warm=3, timeout_s=100, peer=True,
                 script_args=["--packing", "--batch", "2", "--accum", "3", "--checkpointing", "unsloth"],
                 note="Unsloth, its packing, 2 packs x 3, its offloaded checkpointing (run 10: 1,993 at 7.46 GiB)"),
-        Variant("six_gb", "six_gb", off, **lm, note="the preset today: 1 pack x 6"),
+        Variant("six_gb", "six_gb", off, **lm, note="the preset today: 1 pack x 6 (estimate 5.54 GiB)"),
+        Variant("six_gb-2x3-varlen-ws-offload", "six_gb", [*off, *varlen, *x23, *ws, "offload_activations=true"], **lm,
+                note="2 packs per launch; small cuBLAS workspaces and offloading pay for the second pack (est. 5.50)"),
         Variant("six_gb-2x3-varlen-ws", "six_gb", [*off, *varlen, *x23, *ws], **lm,
-                note="2 packs per launch; the small cuBLAS workspaces pay for the second pack (run 11: -0.18 GiB)"),
+                note="the same without offloading: its cost at 2 packs (estimate 5.72 GiB: over 5.5)"),
         Variant("lm-3x2-varlen", "lowest_memory", [*off, *varlen, *x32], **lm,
-                note="the preset's 6 packs per optimizer step in 2 micro-steps"),
+                note="the preset's 6 packs per optimizer step in 2 micro-steps (estimate 6.42 GiB)"),
         Variant("lm-4x2-varlen-nooffload", "lowest_memory", [*off, *varlen, *x42, "offload_activations=false"], **lm,
-                note="run 6's row exactly: what offloading costs at 4 packs"),
+                note="run 6's row exactly: what offloading costs at 4 packs (estimate 7.00 GiB)"),
         Variant("lm-2x3-varlen", "lowest_memory", [*off, *varlen], **lm, note="varlen alone"),
-        Variant("six_gb-2x3-varlen", "six_gb", [*off, *varlen, *x23], **lm, note="without the small workspaces"),
-        Variant("lm-6x1-varlen", "lowest_memory", [*off, *varlen, *x61], **lm, note="one micro-step per optimizer step"),
+        Variant("lm-6x1-varlen", "lowest_memory", [*off, *varlen, *x61], **lm,
+                note="one micro-step per optimizer step (estimate 6.83 GiB)"),
     ]
     if smoke:  # the tiny model on the CPU: few steps; the peer needs its own wheels and a GPU; the chapter's script
         rows = [v for v in rows if v.preset]  # takes minutes on 2 CPU cores and is not what this plan changes
