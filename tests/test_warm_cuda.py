@@ -40,6 +40,8 @@ print(json.dumps({
     "cuda": torch.cuda.is_available(),
     "backend": cextension.BNB_BACKEND,
     "cuda_library": type(cextension.lib).__name__,
+    "nvml_answered": preload.NVML_ANSWERED,
+    "bitsandbytes_as_cold": preload.BITSANDBYTES_AS_COLD,
 }))
 """
 
@@ -52,8 +54,12 @@ def test_the_fork_servers_imports_start_no_cuda_and_leave_torch_as_it_was():
     assert seen["initialized"] is False
     assert seen["fork_safe"] == ""  # a run in the server's own environment is forked warm
     assert seen["restored"]  # torch.cuda.get_device_capability is torch's own again
-    if seen["cuda"]:  # a GPU machine: bitsandbytes loaded what a cold run loads, its CUDA library
+    assert seen["bitsandbytes_as_cold"]
+    if seen["cuda"]:  # a GPU machine: NVML answered, and bitsandbytes loaded what a cold run loads, its CUDA library
+        assert seen["nvml_answered"]
         assert (seen["backend"], seen["cuda_library"]) == ("CUDA", "CudaBNBNativeLibrary")
+    else:  # no GPU: torch's own answer stood (nothing asked it)
+        assert not seen["nvml_answered"] and seen["backend"] == "CPU"
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs an NVIDIA GPU and its driver")

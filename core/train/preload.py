@@ -8,6 +8,11 @@ It also records whether the server's state may be forked into a training process
 (a forked child cannot use a CUDA context its parent made) or a second thread (a forked child gets only the
 forking thread, so a lock another thread held would never be released). `fork_safe` answers per run; where it
 says no, the child becomes a fresh interpreter instead (core/jobs/warm.py), exactly as before.
+
+On a GPU machine the imports would start CUDA: bitsandbytes (imported by peft, which trl imports) asks torch for
+the GPU's compute capability while importing, and torch makes a CUDA context to answer (run 10: every run on the
+H200 started cold). Here NVML answers that one question instead (`_no_cuda_context`), and the server checks that
+bitsandbytes still loaded its CUDA library, as a cold run's import does.
 """
 
 from __future__ import annotations
@@ -55,18 +60,34 @@ def _no_cuda_context():
     cannot answer (no NVIDIA driver, CUDA already started) torch's own answer stands."""
     import torch
 
+    global NVML_ANSWERED
     original = torch.cuda.get_device_capability
     usable = torch.cuda.is_available() and not torch.cuda.is_initialized()  # NVML-based here: starts nothing
     try:
         if usable:
-            _nvml_capability(0)  # NVML answers here, or torch's own function stays
+            for i in range(torch.cuda.device_count()):  # NVML answers for every visible GPU, or torch's own stays
+                _nvml_capability(torch.cuda.device(i))
             torch.cuda.get_device_capability = _nvml_capability
-    except (OSError, RuntimeError, AttributeError):
+            NVML_ANSWERED = True
+    except Exception:  # noqa: BLE001 - any failure (no libnvidia-ml, MIG ids...): torch's own answer, as before
         pass
     try:
         yield
     finally:
         torch.cuda.get_device_capability = original
+
+
+NVML_ANSWERED = False  # set when the imports below were answered by NVML
+
+
+def _bitsandbytes_as_cold() -> bool:
+    """Whether bitsandbytes loaded what a cold run's import loads: with NVML's answers, its CUDA library on a GPU
+    machine. A server where it did not (bitsandbytes' own check failed quietly: it catches everything and falls back
+    to its CPU library) must not fork runs that would then quantize without their GPU kernels."""
+    import sys
+
+    cext = sys.modules.get("bitsandbytes.cextension")
+    return not NVML_ANSWERED or cext is None or isinstance(cext.lib, cext.CudaBNBNativeLibrary)
 
 
 with long_lived(), _no_cuda_context():  # they live as long as the server and every run forked from it
@@ -99,6 +120,7 @@ def _threads() -> int:
 # forked DataLoader worker meets too; a thread started later, by anything, makes the server unsafe to fork.
 SAFE_THREADS = _threads()
 CUDA_STARTED = torch.cuda.is_initialized()
+BITSANDBYTES_AS_COLD = _bitsandbytes_as_cold()
 
 
 def differs(env: dict[str, str]) -> list[str]:
@@ -111,6 +133,8 @@ def fork_safe(env: dict[str, str]) -> str:
     """'' if a run with environment `env` may train in a process forked from here; else why not."""
     if CUDA_STARTED or torch.cuda.is_initialized():
         return "CUDA was initialized in the fork server"
+    if not BITSANDBYTES_AS_COLD:
+        return "bitsandbytes did not load its CUDA library in the fork server"
     if _threads() > SAFE_THREADS:
         return f"the fork server runs {_threads()} threads"
     changed = differs(env)
