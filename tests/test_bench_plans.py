@@ -45,3 +45,14 @@ def test_compile2s_cold_and_warm_rows_share_one_cache_folder_of_their_own():
     assert len(folders) == 1 and None not in folders
     assert "MEMTUNE_COMPILE_CACHE" not in rows["fastest"].env
     assert [n for n in rows if n.endswith("-cold")] == ["fastest-compile-cold", "lowest_memory-compile-cold"]
+
+
+def test_a_compile_rows_seconds_split_into_tracing_and_the_backend():
+    from bench.product import compile_split
+
+    assert compile_split(None) == {}
+    summary = {"graphs": 3, "cache": {"seconds": 52.1, "loaded": 7, "compiled": 0, "phases": {
+        "_compile.compile_inner": 40.0, "OutputGraph.call_user_compiler": 12.5, "bytecode_tracing": 20.0}}}
+    got = compile_split(summary)
+    assert (got["compile_s"], got["compile_loaded"], got["compile_compiled"]) == (52.1, 7, 0)
+    assert (got["capture_s"], got["backend_s"], got["tracing_s"]) == (40.0, 12.5, 27.5)
