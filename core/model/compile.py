@@ -62,6 +62,7 @@ from core.messages import Said, keyed
 BACKEND_ENV = "MEMTUNE_COMPILE_BACKEND"
 RECOMPILE_LIMIT = 16  # per code object: train/eval mode, grad on/off, per-layer constants (Gemma's sliding window)
 SIDE_EFFECTS_FLAG = "skip_fwd_side_effects_in_bwd_under_checkpoint"  # dynamo config; older torch lacks it
+SPECIALIZE_FLOAT = "specialize_float"  # dynamo config: Python floats as constants, not symbols
 
 
 def backend() -> str:
@@ -92,6 +93,13 @@ def compile_layers(model) -> Said:
         return Said("log.compile_skipped")
     name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # renamed in 2.7
     setattr(dynamo_config, name, max(getattr(dynamo_config, name), RECOMPILE_LIMIT))
+    if hasattr(dynamo_config, SPECIALIZE_FLOAT):
+        # With dynamic=True a Python float in the layer (LoRA's scale, the norm's eps, attention's scaling: constants)
+        # is first traced as a symbol; one that cannot become a tensor makes dynamo restart the whole analysis with
+        # it constant, and the first attempt (its tracing and AOT autograd's joint graph) is thrown away: on the CPU
+        # demo 22 of a cached run's 27 s of compiling (`phases`: compile_attempt_0). Constant from the start, the
+        # same graph is traced once; a float that did change between calls would recompile (the log counts them).
+        setattr(dynamo_config, SPECIALIZE_FLOAT, True)
     if hasattr(dynamo_config, SIDE_EFFECTS_FLAG):
         # transformers >= 5.25 wraps attention in `kernels`' use_kernelized_func, which sets and resets a
         # context variable around each forward. Under checkpointing dynamo refuses that mutation (a graph break:
