@@ -158,7 +158,8 @@ def lean(name: str) -> list[Variant]:
 def compile2(name: str) -> list[Variant]:
     """Issue 42's "compile that pays", after run 14 (`fastest` + compile_layers: 86 s cold for 7 graphs, 52 s from
     the cache with 7 loaded and 0 compiled, 3-8% faster than plain). Since: the first layer's input requires grad
-    like the others' (no recompile of each layer graph without checkpointing), and summary.json's compile phases
+    like the others' (no recompile of each layer graph without checkpointing), Python floats are constants from the
+    start (no restarted analysis: a cached demo compile 37 -> 8 s on the CPU), and summary.json's compile phases
     split a cached compile into dynamo tracing again (`tracing_s`) and the backend loading (`backend_s`). Cold and
     warm rows share a compile cache folder of this call's own (MEMTUNE_COMPILE_CACHE), empty at the first. Then the
     launch-bound `lowest_memory` compiled (run 11: one steady step at 2,746 tok/s, 1.38x the peer's 1,993, before its

@@ -37,8 +37,10 @@ reasons; the run log counts compiles and graph breaks after the first step and a
 The compile cache (`open_cache`, below): inductor's generated code is kept in the user's own folder, one per model
 shape and settings, so a second run of the same shape (a new process, as the app runs every training) loads it
 instead of generating it again, and AOT autograd's cache keeps the forward/backward split, so its joint graph is not
-traced again; the compiling phase says which, and summary.json's compile.cache counts it. Dynamo's capture still
-runs every time. The demo's warm-up on 2 busy CPU cores: ~45-55 s cold, 20 s with inductor's cache alone (AOT
+traced again; the compiling phase says which, and summary.json's compile.cache counts it (and `phases`, dynamo's
+timers, where the seconds went). Dynamo's capture still runs every time, once since floats are constants
+(specialize_float): before, it traced every layer graph twice (a restarted analysis), 22 of a cached run's 27 s on
+the CPU demo; from the cache that run now compiles in ~8 s. The demo's warm-up on 2 busy CPU cores: ~45-55 s cold, 20 s with inductor's cache alone (AOT
 autograd's refuses a layer with a custom autograd.Function unless allowed, as open_cache does), 10 s with both.
 """
 
