@@ -196,6 +196,7 @@ def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: Pe
     row = {"name": v.name, "variant": asdict(v), "command": " ".join(cmd[1:]), "rc": rc, "wall_s": round(wall, 1),
            "peak_allocated_gib": summary.get("peak_allocated_gib"), "peak_reserved_gib": summary.get("peak_reserved_gib"),
            "status": summary.get("status"), "final_loss": summary.get("final_loss"),
+           **compile_split(summary.get("compile")),
            "nvml_floor_gib": round(floor / 2**30, 3) if floor is not None else None}
     samples = sampler.series
     if samples:
@@ -231,6 +232,22 @@ def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: Pe
     if prof.is_file():
         row["profile"] = json.loads(prof.read_text())
     return row
+
+
+def compile_split(compiled: dict | None) -> dict:
+    """A compile_layers row's compile (summary.json `compile`): its seconds, graphs loaded and compiled, and where the
+    seconds went by dynamo's own timers (core/model/compile.py `phases`): `capture_s` dynamo tracing the layers
+    (everything below included), `backend_s` the backend inside it (AOT autograd + inductor, or their cache loads),
+    the rest of `compile_s` the warm-up step itself and what runs outside dynamo's timers (kernel loads at first call)."""
+    if not compiled:
+        return {}
+    cache = compiled.get("cache") or {}
+    phases = cache.get("phases") or {}
+    capture = next((t for k, t in phases.items() if k.endswith("compile_inner")), None)
+    return {"compile": compiled, "compile_s": cache.get("seconds"), "compile_loaded": cache.get("loaded"),
+            "compile_compiled": cache.get("compiled"), "capture_s": capture,
+            "backend_s": phases.get("OutputGraph.call_user_compiler"),
+            "tracing_s": round(capture - phases.get("OutputGraph.call_user_compiler", 0.0), 3) if capture else None}
 
 
 def predicted(cmd: list[str], v: Variant) -> dict:
@@ -402,7 +419,8 @@ def main(argv=None) -> int:
         rows.append(row)
         print(json.dumps({k: row.get(k) for k in ("name", "rc", "wall_s", "peak_allocated_gib", "nvml_peak_gib",
                                                   "steady_tokens_per_s", "to_first_step_s", "warmup_s", "first_step_s",
-                                                  "steady_step_s_median", "gpu_util_steady_pct")}), flush=True)
+                                                  "steady_step_s_median", "gpu_util_steady_pct", "compile_s", "compile_loaded",
+                                                  "compile_compiled", "tracing_s", "backend_s")}), flush=True)
         (root / "results.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1), encoding="utf-8")
     found = compared(rows, json.loads(MEASURED.read_text())["presets"], arch)
     (root / "results.json").write_text(json.dumps({"info": info, "rows": rows, "compared": found}, indent=1),

@@ -230,6 +230,11 @@ def test_a_second_run_loads_the_compiled_layers_from_the_cache(tmp_path, inducto
     assert first["compiled"] > 0 and first["loaded"] == 0 and not first["hit"], first
     assert second["hit"] and second["loaded"] == first["compiled"] and second["compiled"] == 0, second
     assert second["known_before"] == first["compiled"] and first["folder"] == second["folder"]
+    # where each compile's seconds went, by dynamo's timers: the capture, and inside it the backend (code generated
+    # cold, loaded warm); the rest of a cached compile is dynamo tracing the layers again
+    for cache in (first, second):
+        capture = next(t for k, t in cache["phases"].items() if k.endswith("compile_inner"))
+        assert 0 < cache["phases"]["OutputGraph.call_user_compiler"] <= capture, cache["phases"]
     assert len(cold_losses) == 2 and warm_losses == cold_losses  # the same code, loaded: the same numbers
     # the warm-up is the compiling phase, in the cache's words
     phases = [[e.get("key") for e in evs if e["kind"] == "phase" and e["phase"] == "compiling"]
@@ -243,3 +248,28 @@ def test_a_second_run_loads_the_compiled_layers_from_the_cache(tmp_path, inducto
     assert hits[0] == 0 and hits[1] > 0 and hits[2] == 0, hits  # torch's own counts: nothing read through the link
     warnings = [e for e in planted_events if e.get("key") == "log.compile.refused"]
     assert len(warnings) == 1 and warnings[0]["level"] == "warning"
+
+
+def test_without_checkpointing_every_layer_shares_one_graph(tmp_path, eager_backend):
+    """`fastest` has no checkpointing: the first layer's input (the frozen embedding's output) would need no gradient
+    and the second's would, a recompile of each layer graph that a second run loads from the cache again (run 14: 7
+    graphs for `fastest`). compile_layers makes the first layer's input require grad as checkpointing does: one
+    graph, one compile, the same losses as the uncompiled run."""
+    common = dict(packing=True, per_device_train_batch_size=4, gradient_checkpointing=False)
+    off, _ = _train(tmp_path, "off", **common)
+    on, _ = _train(tmp_path, "on", compile_layers=True, **common)
+    assert len(on) == len(off) == 2
+    for a, b in zip(on, off):
+        assert abs(a - b) <= 1e-4 * abs(b), (on, off)
+    assert regional.stats() == {"graphs": 1, "compiles": 1, "graph_breaks": 0}
+
+
+def test_the_compile_phases_say_where_the_time_went(tmp_path, eager_backend):
+    """summary.json's compile.cache.phases: dynamo's own timers over the compile (the capture, the backend...), the
+    longest first, so a GPU row can split a cached run's compile into tracing again and loading."""
+    _, events = _train(tmp_path, "on", compile_layers=True, packing=True, per_device_train_batch_size=2)
+    phases = next(e for e in events if e["kind"] == "done")["summary"]["compile"]["cache"]["phases"]
+    assert phases and all(t > 0 for t in phases.values()), phases
+    assert list(phases.values()) == sorted(phases.values(), reverse=True)
+    capture = next(t for k, t in phases.items() if k.endswith("compile_inner"))  # dynamo's capture, all included
+    assert capture == max(phases.values()), phases

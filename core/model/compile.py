@@ -19,8 +19,9 @@ How it nests with what memtune installs (the GPU machine has torch 2.11 / transf
   attention), still shared by all layers. transformers' own sdpa stays inside the graph. The log counts graph breaks.
 - packing gives a new total length every micro-batch: layers are compiled with dynamic shapes (one graph for all
   lengths) and a bounded recompile limit, past which dynamo runs the layer eagerly instead of compiling again.
-  Without checkpointing the first layer's input needs no gradient (frozen embedding) and the others' do: one
-  recompile, once (TORCH_LOGS shows "requires_grad mismatch"); with it, enable_input_require_grads makes them one.
+  Without checkpointing the first layer's input would need no gradient (frozen embedding) and the others' would:
+  one recompile of every layer graph ("requires_grad mismatch"); compile_layers asks for the embedding output's
+  gradient (enable_input_require_grads, as checkpointing does), so every layer shares one graph either way.
 - the CPU embedding offload and the 4-bit output head sit outside the decoder layers: untouched.
 
 Memory: the estimator has no term for it (core/estimate/ predicts the same peak with it on or off) until the GPU
@@ -36,8 +37,10 @@ reasons; the run log counts compiles and graph breaks after the first step and a
 The compile cache (`open_cache`, below): inductor's generated code is kept in the user's own folder, one per model
 shape and settings, so a second run of the same shape (a new process, as the app runs every training) loads it
 instead of generating it again, and AOT autograd's cache keeps the forward/backward split, so its joint graph is not
-traced again; the compiling phase says which, and summary.json's compile.cache counts it. Dynamo's capture still
-runs every time. The demo's warm-up on 2 busy CPU cores: ~45-55 s cold, 20 s with inductor's cache alone (AOT
+traced again; the compiling phase says which, and summary.json's compile.cache counts it (and `phases`, dynamo's
+timers, where the seconds went). Dynamo's capture still runs every time, once since floats are constants
+(specialize_float): before, it traced every layer graph twice (a restarted analysis), 22 of a cached run's 27 s on
+the CPU demo; from the cache that run now compiles in ~8 s. The demo's warm-up on 2 busy CPU cores: ~45-55 s cold, 20 s with inductor's cache alone (AOT
 autograd's refuses a layer with a custom autograd.Function unless allowed, as open_cache does), 10 s with both.
 """
 
@@ -61,6 +64,7 @@ from core.messages import Said, keyed
 BACKEND_ENV = "MEMTUNE_COMPILE_BACKEND"
 RECOMPILE_LIMIT = 16  # per code object: train/eval mode, grad on/off, per-layer constants (Gemma's sliding window)
 SIDE_EFFECTS_FLAG = "skip_fwd_side_effects_in_bwd_under_checkpoint"  # dynamo config; older torch lacks it
+SPECIALIZE_FLOAT = "specialize_float"  # dynamo config: Python floats as constants, not symbols
 
 
 def backend() -> str:
@@ -91,12 +95,20 @@ def compile_layers(model) -> Said:
         return Said("log.compile_skipped")
     name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # renamed in 2.7
     setattr(dynamo_config, name, max(getattr(dynamo_config, name), RECOMPILE_LIMIT))
+    if hasattr(dynamo_config, SPECIALIZE_FLOAT):
+        # With dynamic=True a Python float in the layer (LoRA's scale, the norm's eps, attention's scaling: constants)
+        # is first traced as a symbol; one that cannot become a tensor makes dynamo restart the whole analysis with
+        # it constant, and the first attempt (its tracing and AOT autograd's joint graph) is thrown away: on the CPU
+        # demo 22 of a cached run's 27 s of compiling (`phases`: compile_attempt_0). Constant from the start, the
+        # same graph is traced once; a float that did change between calls would recompile (the log counts them).
+        setattr(dynamo_config, SPECIALIZE_FLOAT, True)
     if hasattr(dynamo_config, SIDE_EFFECTS_FLAG):
         # transformers >= 5.25 wraps attention in `kernels`' use_kernelized_func, which sets and resets a
         # context variable around each forward. Under checkpointing dynamo refuses that mutation (a graph break:
         # "HOP: Unsafe side effect") unless told not to replay it in the recompute; it routes which Python function
         # is traced and is restored on exit, so the traced graph is the same either way.
         setattr(dynamo_config, SIDE_EFFECTS_FLAG, True)
+    _one_graph_for_every_layer(model)
     varlen = _attention_outside(model)
     chosen = backend()
     for layer in layers:
@@ -105,6 +117,18 @@ def compile_layers(model) -> Said:
         layer.compile(backend=chosen, dynamic=True)
     kinds = sorted({type(layer).__name__ for layer in layers})
     return Said("log.compile_varlen" if varlen else "log.compile", n=len(layers), kinds=", ".join(kinds), backend=chosen)
+
+
+def _one_graph_for_every_layer(model) -> None:
+    """The first layer's input requires grad like the others' (transformers' own enable_input_require_grads, which
+    checkpointing already asks for): without it the first layer is traced for an input that needs no gradient (the
+    frozen embedding's output) and the others for one that does, so dynamo compiles every layer graph twice
+    ("requires_grad mismatch"), and a second run loads both from the cache. With it, one graph per layer piece;
+    the backward pass then also computes the embedding output's gradient (tokens x hidden: one more small kernel)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if hasattr(base, "enable_input_require_grads") and not (getattr(base, "_require_grads_hooks", None)
+                                                            or getattr(base, "_require_grads_hook", None)):
+        base.enable_input_require_grads()
 
 
 def _attention_outside(model) -> bool:
@@ -272,7 +296,9 @@ class CompileCache:
     loaded: int = 0
     compiled: int = 0
     started: float | None = None
+    phases: dict = field(default_factory=dict)  # seconds per compile phase of dynamo's timers: where the time went
     _before: dict = field(default_factory=dict)
+    _timers_before: dict = field(default_factory=dict)
 
     def words(self) -> dict:
         """The compiling phase's keyed words: cached, first time for this shape, or no cache and why."""
@@ -286,6 +312,7 @@ class CompileCache:
 
     def begin(self) -> None:
         self._before = _cache_counts()
+        self._timers_before = _timers()
         self.started = time.monotonic()
 
     def end(self) -> dict:
@@ -294,6 +321,7 @@ class CompileCache:
         now = _cache_counts()
         diff = {k: now[k] - self._before.get(k, 0) for k in now}
         self.seconds = round(time.monotonic() - (self.started or time.monotonic()), 3)
+        self.phases = _phases(self._timers_before, _timers())
         # Counted in dynamo's graphs where AOT autograd's cache took them: loaded = its hits (forward and backward
         # at once), compiled = what it saved (a graph of an analysis dynamo restarted is compiled, thrown away and
         # never saved, so a miss is no measure). Where it bypassed them all, inductor's forward and backward graphs.
@@ -312,7 +340,7 @@ class CompileCache:
     def summary(self) -> dict:
         return {"folder": str(self.folder) if self.folder else None, "hit": bool(self.loaded and not self.compiled),
                 "loaded": self.loaded, "compiled": self.compiled, "seconds": self.seconds,
-                "known_before": self.known, "why_not": self.why or None}
+                "known_before": self.known, "why_not": self.why or None, "phases": self.phases}
 
     def result_words(self) -> dict:
         from core.messages import keyed
@@ -343,6 +371,24 @@ def _cache_counts() -> dict[str, int]:
             "fx_miss": int(counters["inductor"].get("fxgraph_cache_miss", 0)),
             "autograd_hit": int(counters["aot_autograd"].get("autograd_cache_hit", 0)),
             "autograd_saved": int(counters["aot_autograd"].get("autograd_cache_saved", 0))}
+
+
+def _timers() -> dict[str, list[float]]:
+    """dynamo's own compile timers in this process (what torch._dynamo.utils.compile_times prints): seconds per call
+    of each timed phase (dynamo's capture `_compile.compile_inner`, the backend `OutputGraph.call_user_compiler`,
+    AOT autograd, inductor's code generation or its cache load, ...), copied."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return {k: list(v) for k, v in compilation_time_metrics.items()}
+
+
+def _phases(before: dict[str, list[float]], after: dict[str, list[float]]) -> dict[str, float]:
+    """The seconds each phase took between two `_timers()` readings, the longest first. Phases nest (the capture
+    includes the backend, the backend AOT autograd...): they are not to be summed. With the capture's and the
+    backend's totals, a second run's compile splits into dynamo tracing the layers again (capture less backend)
+    and loading what the caches kept (the backend)."""
+    spent = {k: round(sum(v[len(before.get(k, [])):]), 3) for k, v in after.items()}
+    return {k: t for k, t in sorted(spent.items(), key=lambda kv: -kv[1]) if t > 0}
 
 
 def cache_home() -> Path:

@@ -8,6 +8,11 @@ It also records whether the server's state may be forked into a training process
 (a forked child cannot use a CUDA context its parent made) or a second thread (a forked child gets only the
 forking thread, so a lock another thread held would never be released). `fork_safe` answers per run; where it
 says no, the child becomes a fresh interpreter instead (core/jobs/warm.py), exactly as before.
+
+On a GPU machine the imports would start CUDA: bitsandbytes (imported by peft, which trl imports) asks torch for
+the GPU's compute capability while importing, and torch makes a CUDA context to answer (run 10: every run on the
+H200 started cold). Here NVML answers that one question instead (`_no_cuda_context`), and the server checks that
+bitsandbytes still loaded its CUDA library, as a cold run's import does.
 """
 
 from __future__ import annotations
@@ -21,9 +26,71 @@ STARTED_WITH = dict(os.environ)
 # fork-safe check). Set before torch is imported; a run's own environment decides for the run (see IGNORED).
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # (not in STARTED_WITH's comparison: IGNORED)
 
+import contextlib  # noqa: E402
+from ctypes import CDLL, byref, c_int, c_uint, c_void_p  # noqa: E402
+
 from core.files import long_lived  # noqa: E402
 
-with long_lived():  # they live as long as the server and every run forked from it
+
+def _nvml_capability(device=None) -> tuple[int, int]:
+    """torch.cuda.get_device_capability's answer, read from NVML (the driver's management library, which torch's own
+    fork-safe checks use) instead of from a CUDA context: torch makes one to answer, and a forked run cannot use it."""
+    import torch
+
+    if isinstance(device, str):
+        device = torch.device(device)
+    index = device.idx if isinstance(device, torch.cuda.device) else getattr(device, "index", device)
+    index = 0 if index is None else index  # torch's current device, which is 0 until a context is made
+    nvml = CDLL("libnvidia-ml.so.1")
+    handle, major, minor = c_void_p(), c_int(), c_int()
+    if (nvml.nvmlInit_v2() or nvml.nvmlDeviceGetHandleByIndex_v2(c_uint(torch.cuda._get_nvml_device_index(index)),
+                                                                byref(handle))
+            or nvml.nvmlDeviceGetCudaComputeCapability(handle, byref(major), byref(minor))):
+        raise RuntimeError("NVML could not say the GPU's compute capability")
+    return major.value, minor.value
+
+
+@contextlib.contextmanager
+def _no_cuda_context():
+    """While the libraries import here, torch.cuda.get_device_capability answers from NVML. bitsandbytes 0.50
+    (cextension.get_native_library -> cuda_specs.get_compute_capabilities) asks it at import to know that a GPU
+    exists before loading its CUDA library (which it picks by torch.version.cuda alone), and peft and trl import
+    bitsandbytes; torch answers by initializing CUDA, which made every run on a GPU machine start cold. The answer
+    is the same; nothing else changes, and torch's own function is back once the imports are done. Where NVML
+    cannot answer (no NVIDIA driver, CUDA already started) torch's own answer stands."""
+    import torch
+
+    global NVML_ANSWERED
+    original = torch.cuda.get_device_capability
+    usable = torch.cuda.is_available() and not torch.cuda.is_initialized()  # NVML-based here: starts nothing
+    try:
+        if usable:
+            for i in range(torch.cuda.device_count()):  # NVML answers for every visible GPU, or torch's own stays
+                _nvml_capability(torch.cuda.device(i))
+            torch.cuda.get_device_capability = _nvml_capability
+            NVML_ANSWERED = True
+    except Exception:  # noqa: BLE001 - any failure (no libnvidia-ml, MIG ids...): torch's own answer, as before
+        pass
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_capability = original
+
+
+NVML_ANSWERED = False  # set when the imports below were answered by NVML
+
+
+def _bitsandbytes_as_cold() -> bool:
+    """Whether bitsandbytes loaded what a cold run's import loads: with NVML's answers, its CUDA library on a GPU
+    machine. A server where it did not (bitsandbytes' own check failed quietly: it catches everything and falls back
+    to its CPU library) must not fork runs that would then quantize without their GPU kernels."""
+    import sys
+
+    cext = sys.modules.get("bitsandbytes.cextension")
+    return not NVML_ANSWERED or cext is None or isinstance(cext.lib, cext.CudaBNBNativeLibrary)
+
+
+with long_lived(), _no_cuda_context():  # they live as long as the server and every run forked from it
     import torch  # noqa: E402
 
     import core.train.cli  # noqa: E402, F401
@@ -53,6 +120,7 @@ def _threads() -> int:
 # forked DataLoader worker meets too; a thread started later, by anything, makes the server unsafe to fork.
 SAFE_THREADS = _threads()
 CUDA_STARTED = torch.cuda.is_initialized()
+BITSANDBYTES_AS_COLD = _bitsandbytes_as_cold()
 
 
 def differs(env: dict[str, str]) -> list[str]:
@@ -65,6 +133,8 @@ def fork_safe(env: dict[str, str]) -> str:
     """'' if a run with environment `env` may train in a process forked from here; else why not."""
     if CUDA_STARTED or torch.cuda.is_initialized():
         return "CUDA was initialized in the fork server"
+    if not BITSANDBYTES_AS_COLD:
+        return "bitsandbytes did not load its CUDA library in the fork server"
     if _threads() > SAFE_THREADS:
         return f"the fork server runs {_threads()} threads"
     changed = differs(env)
