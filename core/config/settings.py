@@ -193,23 +193,23 @@ class TrainConfig:
         "DoRA (peft's use_dora): each adapted layer also learns a magnitude per output, and each forward computes "
         "the norm of the whole (dequantized) weight + LoRA update: slower, and it keeps two more outputs per "
         "adapted layer for backward. Works on a 4-bit base; not with lora_experts or pissa/olora.",
-        lever=Lever("training", (f"{ARGS}.lora_kwargs",), (f"{TERMS}.dora_terms",), order=1)))
+        lever=Lever("training", (f"{ARGS}.lora_kwargs",), (f"{TERMS}.dora_terms",), order=1, preset=False)))
     use_rslora: bool = field(default=False, metadata=_help(
         "rsLoRA (peft's use_rslora): scale the update by lora_alpha / sqrt(r) instead of lora_alpha / r, so higher "
         "ranks still learn. No memory or speed change.",
-        lever=Lever("training", (f"{ARGS}.lora_kwargs",), order=2)))
+        lever=Lever("training", (f"{ARGS}.lora_kwargs",), order=2, preset=False)))
     lora_init: str = field(default="default", metadata=_help(
         "How the adapter starts (peft's init_lora_weights): default (B = 0), gaussian, pissa (the top singular "
         "vectors of each weight; pissa_niter_4 a fast randomized SVD), olora (QR). pissa needs load_in_4bit off; "
         "olora works on a 4-bit base (peft re-quantizes the rest). pissa/olora are saved converted to a plain "
         "LoRA of twice the rank, for the original base. No memory change while training.",
-        choices=LORA_INITS, lever=Lever("training", (f"{ARGS}.lora_kwargs", PREP), order=3)))
+        choices=LORA_INITS, lever=Lever("training", (f"{ARGS}.lora_kwargs", PREP), order=3, preset=False)))
     loraplus_lr_ratio: float = field(default=0.0, metadata=_help(
         "LoRA+ (peft's create_loraplus_optimizer): lora_B (and DoRA's magnitudes) learn this many times faster "
         "than lora_A, with the configured optimizer. 0: off; the paper suggests 16. No memory change.",
         min=0.0, max=64.0, step=1.0,
         lever=Lever("training", ("core.train.recipe.build_trainer", "core.levers.variants.loraplus_optimizer"),
-                    order=4)))
+                    order=4, preset=False)))
 
     # --- data --------------------------------------------------------------------------------------------
     dataset: str = field(default="databricks/databricks-dolly-15k", metadata=_help(
