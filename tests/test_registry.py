@@ -129,9 +129,12 @@ def test_a_lever_without_an_estimator_term_changes_no_estimate():
 
     base = TrainConfig(per_device_train_batch_size=2, gradient_accumulation_steps=4)
     free = [n for n, lv in levers.LEVERS.items() if not lv.term]
-    assert free == ["bnb_4bit_quant_type", "gradient_accumulation_steps", "compile_layers"]
+    assert free == ["bnb_4bit_quant_type", "use_rslora", "lora_init", "loraplus_lr_ratio",
+                    "gradient_accumulation_steps", "compile_layers"]
     for changed in (base.replace(bnb_4bit_quant_type="fp4"), base.replace(gradient_accumulation_steps=1),
-                    base.replace(compile_layers=True)):  # no term until the GPU call measures one
+                    base.replace(compile_layers=True),  # no term until the GPU call measures one
+                    base.replace(use_rslora=True), base.replace(lora_init="olora"),
+                    base.replace(loraplus_lr_ratio=16.0)):  # the same tensors: another scale, start or lr
         assert estimate(changed).nvml_peak == estimate(base).nvml_peak
     assert estimate(base.replace(quantize_output_head=True)).nvml_peak < estimate(base).nvml_peak  # a term that counts
 

@@ -76,6 +76,10 @@ def lora_kwargs(cfg: TrainConfig, modules: list[str] | None = None,
         "target_modules": list(modules if modules is not None else cfg.lora_target_modules),
         "bias": "none",
         "task_type": "CAUSAL_LM",
+        # The LoRA variants, as peft's own options: DoRA, rsLoRA's alpha / sqrt(r), PiSSA/OLoRA/gaussian starts
+        "use_dora": cfg.use_dora,
+        "use_rslora": cfg.use_rslora,
+        "init_lora_weights": True if cfg.lora_init == "default" else cfg.lora_init,
     }
 
 

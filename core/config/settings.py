@@ -62,6 +62,9 @@ DEVICES = ("auto", "cuda", "cpu")
 LONG_PROMPTS = ("truncate_middle", "truncate_left", "drop")  # what a prompt too long for max_length becomes
 TRAIN_TURNS = ("all", "last")  # which assistant turns of a conversation train
 TRACKERS = ("none", "tensorboard", "wandb")
+# peft's init_lora_weights, as LoraConfig spells it ("default": peft's True, B = 0); pissa/olora move the adapter's
+# start out of the base weights, so the adapter is saved converted to plain LoRA (core/levers/variants.py)
+LORA_INITS = ("default", "gaussian", "pissa", "pissa_niter_4", "olora")
 LORA_TARGET_CHOICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Groups any family resolves (core/model/lora_targets.py), then the fused names of Phi-3-style models; other leaf names of
 # the model's linear layers are accepted too (checked against the model's module tree before any weight loads).
@@ -186,6 +189,27 @@ class TrainConfig:
         "weight, which 4-bit experts never hold) and lora_dropout 0 (peft's rule for it).",
         lever=Lever("training", (PREP, "core.levers.experts.lora_parameters"),
                     (f"{TERMS}.expert_lora_matrices",))))
+    use_dora: bool = field(default=False, metadata=_help(
+        "DoRA (peft's use_dora): each adapted layer also learns a magnitude per output, and each forward computes "
+        "the norm of the whole (dequantized) weight + LoRA update: slower, and it keeps two more outputs per "
+        "adapted layer for backward. Works on a 4-bit base; not with lora_experts or pissa/olora.",
+        lever=Lever("training", (f"{ARGS}.lora_kwargs",), (f"{TERMS}.dora_terms",), order=1, preset=False)))
+    use_rslora: bool = field(default=False, metadata=_help(
+        "rsLoRA (peft's use_rslora): scale the update by lora_alpha / sqrt(r) instead of lora_alpha / r, so higher "
+        "ranks still learn. No memory or speed change.",
+        lever=Lever("training", (f"{ARGS}.lora_kwargs",), order=2, preset=False)))
+    lora_init: str = field(default="default", metadata=_help(
+        "How the adapter starts (peft's init_lora_weights): default (B = 0), gaussian, pissa (the top singular "
+        "vectors of each weight; pissa_niter_4 a fast randomized SVD), olora (QR). pissa and olora change the base "
+        "weights, so they need load_in_4bit off, and are saved converted to a plain LoRA of twice the rank for "
+        "the original base. No memory change while training.",
+        choices=LORA_INITS, lever=Lever("training", (f"{ARGS}.lora_kwargs", PREP), order=3, preset=False)))
+    loraplus_lr_ratio: float = field(default=0.0, metadata=_help(
+        "LoRA+ (peft's create_loraplus_optimizer): lora_B (and DoRA's magnitudes) learn this many times faster "
+        "than lora_A, with the configured optimizer. 0: off; the paper suggests 16. No memory change.",
+        min=0.0, max=64.0, step=1.0,
+        lever=Lever("training", ("core.train.recipe.build_trainer", "core.levers.variants.loraplus_optimizer"),
+                    order=4, preset=False)))
 
     # --- data --------------------------------------------------------------------------------------------
     dataset: str = field(default="databricks/databricks-dolly-15k", metadata=_help(
@@ -570,8 +594,28 @@ def config_problems(cfg: TrainConfig, hw: Hardware | None = None) -> list[Proble
         bad("lora_experts", "problem.lora_experts_4bit")
     if cfg.lora_experts and cfg.lora_dropout > 0:  # peft's ParamWrapper refuses dropout
         bad("lora_experts", "problem.lora_experts_dropout", dropout=f"{cfg.lora_dropout:g}")
+    p.extend(variant_problems(cfg))
     if cfg.lora_alpha and cfg.lora_r and cfg.lora_alpha / cfg.lora_r > 16:
         bad("lora_alpha", "problem.alpha_ratio", ratio=f"{cfg.lora_alpha / cfg.lora_r:g}")
+    return p
+
+
+def variant_problems(cfg: TrainConfig) -> list[Problem]:
+    """The LoRA variants (use_dora, lora_init, loraplus_lr_ratio) that peft cannot combine with the rest."""
+    p: list[Problem] = []
+    moves_base = cfg.lora_init in ("pissa", "pissa_niter_4", "olora")
+    # peft's pissa_init refuses a quantized weight; olora_init re-quantizes W - B0 A0, and the adapter converted for
+    # the original base (Quant(W) + B A - B0 A0) then answers otherwise than the trained model did (peft warns so;
+    # tests/test_lora_variants.py measured it on the demo model): both need the base in 16 bits
+    if moves_base and cfg.load_in_4bit:
+        p.append(Problem.of("lora_init", "problem.init_4bit", init=cfg.lora_init))
+    if cfg.use_dora and moves_base:  # the conversion to plain LoRA on save cannot carry DoRA's magnitudes
+        p.append(Problem.of("use_dora", "problem.dora_init", init=cfg.lora_init))
+    if cfg.lora_experts and (cfg.use_dora or moves_base):  # peft's ParamWrapper (target_parameters) has neither
+        p.append(Problem.of("lora_experts", "problem.variant_experts",
+                            variant="use_dora" if cfg.use_dora else f"lora_init {cfg.lora_init}"))
+    if 0 < cfg.loraplus_lr_ratio < 1:  # peft: "should be >= 1"
+        p.append(Problem.of("loraplus_lr_ratio", "problem.loraplus_ratio", ratio=f"{cfg.loraplus_lr_ratio:g}"))
     return p
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from core.estimate import multi as estimate_multi
 from core.config.settings import OPTIMIZERS, ConfigError, Hardware, TrainConfig, parse_overrides
 from core.data.read import DataError
-from core.estimate.terms import ATTENTIONS, CUDA_CONTEXT, GIB, single_gpu_terms
+from core.estimate.terms import ATTENTIONS, CUDA_CONTEXT, GIB, dora_terms, single_gpu_terms
 from core.config.levers import fit_fields
 from core.config.presets import PRESETS, apply_preset
 from core.model.shapes import ModelShape, ShapeError, get_shape
@@ -145,6 +145,7 @@ def estimate(cfg: TrainConfig, shape: ModelShape | None = None, *, max_row_token
     t = single_gpu_terms(cfg, shape, max_row_tokens=max_row_tokens, full_logits=full_logits,
                          liger_layers=liger_layers, attention=attention, equal_length_rows=equal_length_rows,
                          embedding_via_gpu=embedding_via_gpu)  # measured rows of the loader before 2026-12-01
+    dora_terms(t, cfg, shape)  # use_dora's magnitudes, kept outputs and norm transient (none when off)
     lay = estimate_multi.layout(cfg, lambda: max(t.nvml_training, t.nvml_setup), n_gpus, gpu_bytes)
     estimate_multi.apply(t, cfg, shape, lay)
     notes = ([f"per GPU: {lay.world_size} processes, {lay.strategy} ({lay.reason})"] if lay.world_size > 1 else [])

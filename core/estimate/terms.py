@@ -455,3 +455,48 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
                  temporaries=temporaries, load_alloc=load_alloc, load_reserved=load_reserved,
                  cache_fraction=CACHE_FRACTION_EXPANDABLE if cfg.expandable_segments else CACHE_FRACTION,
                  tokens=tokens, notes=notes, last_notes=last_notes, workspace=workspace)
+
+
+# --- LoRA variants (core/config/settings.py: use_dora, use_rslora, lora_init, loraplus_lr_ratio) ------------------
+# rsLoRA changes the scale, PiSSA/OLoRA the adapter's starting values and LoRA+ the learning rate of lora_B: the same
+# tensors, so no term. DoRA (peft's tuners/lora/dora.py DoraLinearLayer) adds tensors:
+BNB_MIN_8BIT_SIZE = 4096  # bitsandbytes' optimizers keep 32-bit state for tensors smaller than this (min_8bit_size)
+
+
+def dora_terms(t: Terms, cfg: TrainConfig, shape: ModelShape) -> None:
+    """DoRA's memory, added to `t` (core.estimate.predict calls it after single_gpu_terms):
+
+    - a trainable magnitude vector per adapted layer (its output width), with its gradient and optimizer state;
+    - what autograd keeps per token and adapted layer: the base layer's output and the LoRA branch's output (both
+      multiplied by the magnitude scale); measured with saved_tensors_hooks on peft 0.21
+      (tests/test_lora_variants.py);
+    - a transient per forward of an adapted layer: peft builds the LoRA weight B A through an in x in identity
+      (kept while the forward's graph of it lives), the dequantized base weight and W + s B A for its norm.
+    """
+    if not cfg.use_dora:
+        return
+    d = dtypes(cfg)
+    adapters = shape.lora_dims(cfg.lora_target_modules)
+    lora_dtype = 2 if cfg.load_in_4bit else 4  # as the LoRA matrices (single_gpu_terms)
+    widths = [b for _, b in adapters] * shape.num_hidden_layers
+    n = sum(widths)
+    t.lora += 2 * lora_dtype * n
+    _, eight_bit, paged = OPTIMIZERS.get(cfg.optim, (False, False, False))
+    if cfg.optim == "sgd":
+        state = 0
+    elif cfg.optim == "adafactor":
+        state = 4 * n  # a vector: adafactor keeps its full second moment
+    elif eight_bit:
+        state = sum(2 * m + 8 * -(-m // 256) if m >= BNB_MIN_8BIT_SIZE else 8 * m for m in widths)
+    else:
+        state = (8 if paged else 2 * lora_dtype) * n
+    t.optimizer += state
+    kept = sum((d.o + d.c) * b for _, b in adapters)  # per token, one layer
+    t.activations += (0 if cfg.gradient_checkpointing else shape.num_hidden_layers) * kept * t.tokens
+    dequant = d.c if cfg.load_in_4bit else 0
+    transient = max((lora_dtype * a * a + (lora_dtype + d.c + dequant + 2 * d.c) * a * b for a, b in adapters),
+                    default=0)
+    # With checkpointing the layer recomputed in backward keeps its outputs again, beside the transient.
+    t.temporaries += transient + (kept * t.tokens if cfg.gradient_checkpointing else 0)
+    t.notes.append(f"DoRA: {2 * lora_dtype * n / 2**20:.1f} MiB of magnitudes + grads, {kept * t.tokens / GIB:.2f} "
+                   f"GiB kept per layer per micro-batch, {transient / GIB:.2f} GiB while a layer computes its norm")

@@ -23,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.levers import variants
 from core.messages import Said, words_of
 from core.files import (RefusedError, StorageError, atomic_write_text, has_marker, make_tmp, move_into_place,
                         recover, storage_error, storage_message, target, write_marker)
@@ -234,7 +235,9 @@ def save_adapter(model, tokenizer, cfg: "TrainConfig", run_dir: Path, summary: d
         raise storage_error(exc, run_dir) from None
     try:
         # peft: adapter_model.safetensors + adapter_config.json (state_dict: gathered from FSDP shards)
-        model.save_pretrained(tmp, **({"state_dict": state_dict} if state_dict is not None else {}))
+        # PiSSA/OLoRA: saved converted to a plain LoRA for the original base (core/levers/variants.py)
+        with variants.conversion(model) as convert:
+            model.save_pretrained(tmp, **convert, **({"state_dict": state_dict} if state_dict is not None else {}))
         tokenizer.save_pretrained(tmp)
         cfg.save(tmp / "memtune.yaml")
         summary["adapter_bytes"] = dir_size(tmp)

@@ -52,6 +52,7 @@ from core.data.plan import DataError, DataPlan, check_data
 from core.estimate.predict import savings
 from core.files import StorageError, free_memory, has_marker, real, storage_message
 from core.gpus import distributed, vram
+from core.levers import variants
 from core.levers.experts import liger_config, summary as experts_summary
 from core.messages import Said, fields_of, keyed, lines, named, words_of
 from core.model import compile as regional
@@ -366,6 +367,9 @@ def build_trainer(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir:
         eval_dataset=eval_dataset,
         processing_class=tokenizer,  # was `tokenizer=` in the chapter
         callbacks=list(callbacks),
+        # LoRA+: peft's optimizer (lora_B at loraplus_lr_ratio x the lr) over the class `optim` names
+        optimizer_cls_and_kwargs=variants.loraplus_optimizer(args, cfg.loraplus_lr_ratio, cfg.weight_decay)
+        if cfg.loraplus_lr_ratio else None,
     )
     # memtune's own "step N/M  loss ..." lines carry the metrics: the Trainer printing every log dict again (as a
     # dict after each bar update, or PrinterCallback's lines in a log file) only buries them.
