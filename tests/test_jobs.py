@@ -218,6 +218,7 @@ def test_public_queue_each_owner_sees_and_stops_only_their_own_and_the_next_star
     assert a.running and not a.stop_event.is_set() and mgr.position(c) == (1, [a])
     assert mgr.queue() == ([a], [c])
     assert mgr.stop("visitor-a") is a
+    assert mgr.end_now("visitor-a") is a  # at once: A's adapter is not this test's (its child need not finish loading)
     assert a.wait(180)
     assert c.wait(300) and job_view(c).state == "completed", job_view(c).message  # started when A's slot freed
     assert c.started >= a.finished and mgr.seconds_per_step  # measured on the runs: the queue's predictions
@@ -265,8 +266,7 @@ def test_twenty_concurrent_starts_of_one_visitor_make_one_job_and_of_twenty_visi
         jobs = [r for r in results if isinstance(r, Job)]
         if len(set(owners)) == 1:
             assert len(jobs) == 1 and all(r.reason == "yours" for r in results if isinstance(r, JobBusy))
-            mgr.stop("visitor-same")
-            mgr.stop("visitor-same")
+            assert mgr.end_now("visitor-same") is jobs[0]  # no adapter needed: the child ends at once
             assert jobs[0].wait(120)
         else:
             running, waiting = mgr.queue()
@@ -274,7 +274,6 @@ def test_twenty_concurrent_starts_of_one_visitor_make_one_job_and_of_twenty_visi
             assert [mgr.position(j)[0] for j in waiting] == list(range(1, 20))
             for j in waiting:
                 mgr.stop(j.owner)  # out of the queue before it starts
-            mgr.stop(running[0].owner)
-            mgr.stop(running[0].owner)
+            assert mgr.end_now(running[0].owner) is running[0]
             assert running[0].wait(120) and not mgr.busy()
     assert len(list((tmp_path / "one").iterdir())) == 2  # one folder per job that ran, none for the queued ones
