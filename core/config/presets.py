@@ -29,7 +29,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "lowest_memory": {
         "label": "Lowest memory",
-        "description": "Smallest GPU footprint: no fp32 upcast, embedding in CPU memory, two 512-token packs per "
+        "description": "Smallest GPU footprint: no fp32 upcast, embedding in CPU memory, four 512-token packs per "
                        "micro-step with checkpointing, the layers' inputs offloaded to CPU memory, fused "
                        "cross-entropy.",
         "overrides": {
@@ -39,8 +39,11 @@ PRESETS: dict[str, dict[str, Any]] = {
             "expandable_segments": True,  # reserved stays within ~0.1 GiB of allocated
             "lora_dropout": 0.0,  # no dropout copy of every adapted input, fewer kernels
             "packing": True,  # ~3 rows per 512-token pack, no padding
-            "per_device_train_batch_size": 2,  # ~1,000 tokens per micro-step: training peak stays under loading's
-            "gradient_accumulation_steps": 3,  # 6 packs ~ the chapter's 16 rows per optimizer step
+            # ~2,000 tokens per micro-step: 4 packs cost 0.16 GiB more than 2 on 8B and run 2x the tokens/s (fewer,
+            # larger launches: the lean path is host-bound); bench/RESULTS.md, run 18
+            "per_device_train_batch_size": 4,
+            "gradient_accumulation_steps": 2,  # 8 packs (~24 rows) per optimizer step
+            "attention": "varlen",  # FlashAttention per packed row on CUDA (SDPA with a row mask elsewhere)
             "gradient_checkpointing": True,
             # checkpointed layer inputs in CPU memory (measured: bench/RESULTS.md, section "Activation offloading")
             "offload_activations": True,
