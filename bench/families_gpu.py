@@ -96,7 +96,7 @@ def estimates(out: Path, arch: str) -> list[dict]:
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
         cfg = fit_preset(TrainConfig.load(cfg_path).replace(model=model_for(arch, out), device="cuda"),
                                r["variant"]["preset"]).cfg
-        cfg = preset_as_run(cfg, data.get("info", {}).get("date", ""))
+        cfg = preset_as_run(cfg, data.get("info", {}).get("date", ""), r["variant"]["preset"])
         longest = (summary.get("data") or {}).get("longest_row_tokens")
         try:
             est = estimate(cfg, max_row_tokens=longest)

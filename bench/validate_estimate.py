@@ -55,14 +55,19 @@ CHAPTER_BEGIN, CHAPTER_END = "<!-- chapter_table: begin -->", "<!-- chapter_tabl
 MULTIGPU = [HERE / "results" / "2026-12-01-multigpu.json"]  # bench/RESULTS.md run 5 (DDP, 2x H200)
 VARLEN_PRESET_SINCE = "2026-12-01 01:51"  # from this commit on, the fastest preset uses varlen attention
 OFFLOAD_PRESET_SINCE = "2026-12-02 05:00"  # ... and lowest_memory offloads its layer inputs (run 11)
+LEAN_PACKS_SINCE = "2026-12-04 19:00"  # ... and lowest_memory runs 4 packs x 2 with varlen attention (run 18)
 
 
-def preset_as_run(cfg: TrainConfig, date: str) -> TrainConfig:
-    """A config built from today's presets, as the presets were on `date` (a results file's info date)."""
+def preset_as_run(cfg: TrainConfig, date: str, preset: str | None = None) -> TrainConfig:
+    """A config built from today's presets, as the presets were on `date` (a results file's info date); `preset`:
+    the preset the config was built from, for changes that were one preset's."""
     if date < VARLEN_PRESET_SINCE:
         cfg = cfg.replace(attention="sdpa")
     if date < OFFLOAD_PRESET_SINCE:
         cfg = cfg.replace(offload_activations=False)
+    if date < LEAN_PACKS_SINCE and preset == "lowest_memory":
+        cfg = cfg.replace(per_device_train_batch_size=2, gradient_accumulation_steps=3,
+                          attention=TrainConfig.attention)
     return cfg
 ARCH_HUB = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B", "qwen2.5-14b": "Qwen/Qwen2.5-14B",
             "llama-3.1-70b": "meta-llama/Llama-3.1-70B", "llama-3.1-70b-nf4": "meta-llama/Llama-3.1-70B"}
@@ -333,7 +338,7 @@ def multigpu_config(row: dict, info: dict) -> TrainConfig:
                          "(TrainConfig.to_dict()) to the row")
     arch = row.get("arch") or info["arch"]
     cfg = apply_preset(TrainConfig(model=ARCH_HUB[arch], max_length=row.get("max_length", 512)), preset, None)
-    cfg = preset_as_run(cfg, info.get("date", ""))
+    cfg = preset_as_run(cfg, info.get("date", ""), preset)
     strategy = row.get("strategy") if row.get("strategy") in ("ddp", "fsdp") else "ddp"
     cfg = cfg.replace(num_gpus=str(row["processes"]), gradient_accumulation_steps=row["accumulation"],
                       per_device_train_batch_size=row["micro_batch"], distributed_strategy=strategy)
