@@ -29,6 +29,7 @@ Archs outside the issue-20 plans (bench/archs.py FAMILIES_41) run every preset (
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -89,6 +90,11 @@ def estimates(out: Path, arch: str) -> list[dict]:
     data = json.loads(results.read_text())
     for r in data["rows"]:
         name = r["name"]
+        preset = (r.get("variant") or {}).get("preset")
+        # one row per (arch, preset): the preset's own run, not bench.product's discarded warm copy of it (run 17
+        # reported granite's and starcoder2's `fastest` twice) nor a variant with other settings
+        if name != preset:
+            continue
         cfg_path = out / arch / "runs" / f"{name}.yaml"
         summary_path = out / arch / "runs" / name / "summary.json"
         if not cfg_path.is_file():
@@ -97,6 +103,11 @@ def estimates(out: Path, arch: str) -> list[dict]:
         cfg = fit_preset(TrainConfig.load(cfg_path).replace(model=model_for(arch, out), device="cuda"),
                                r["variant"]["preset"]).cfg
         cfg = preset_as_run(cfg, data.get("info", {}).get("date", ""))
+        # the settings the run reports it trained with: today's preset may fit another batch to the same model (the
+        # error is the estimator's on what ran, not a preset change's)
+        ran = {k: v for k, v in (r.get("settings") or {}).items() if k in {f.name for f in dataclasses.fields(cfg)}}
+        if ran:
+            cfg = cfg.replace(**ran)
         longest = (summary.get("data") or {}).get("longest_row_tokens")
         try:
             est = estimate(cfg, max_row_tokens=longest)

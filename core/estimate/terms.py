@@ -256,7 +256,8 @@ def measured_saved(cfg: TrainConfig, shape: ModelShape, kv_repeated: bool) -> in
     if not shape.config_text or upcast(cfg):
         return None
     found = layer_saved(shape.config_text, cfg.precision, tuple(cfg.lora_target_modules), cfg.lora_r,
-                        cfg.lora_dropout > 0, kv_repeated, experts_loop=quantized_experts(cfg, shape))
+                        cfg.lora_dropout > 0, kv_repeated, experts_loop=quantized_experts(cfg, shape),
+                        four_bit=cfg.load_in_4bit)
     return None if found is None else int(found["saved"])
 
 
