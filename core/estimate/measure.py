@@ -81,8 +81,10 @@ def _remember(key: str, value: dict) -> None:
 def layer_saved(config_text: str, precision: str, targets: tuple[str, ...], rank: int, dropout: bool,
                 kv_repeated: bool, experts_loop: bool = False, four_bit: bool = True) -> dict | None:
     """{"saved": bytes per token one decoder layer keeps for backward, "moe": whether the measured layer routes to
-    experts, "own_attention": whether the family's attention bypassed the stand-in}, or None where it cannot be
-    measured (see the module docstring)."""
+    experts, "own_attention": whether the family's attention bypassed the stand-in, "fp32_attention": whether q, k,
+    v reach attention in fp32 (a LayerNorm family on a 4-bit base: memtune's varlen attention then takes SDPA with
+    a [T, T] row mask, core/model/attention.py `usable`)}, or None where it cannot be measured (see the module
+    docstring)."""
     import torch
     import transformers
 
@@ -121,11 +123,12 @@ def _stand_in_attention():
         def backward(ctx, grad):  # pragma: no cover - only the forward's saved tensors are measured
             raise NotImplementedError
 
-    calls = [0]
+    calls, fp32 = [0], [False]
 
     def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                   kv_repeated=False, dtype=None, **kwargs):
         calls[0] += 1
+        fp32[0] = fp32[0] or query.dtype == torch.float32 != dtype
         if dtype is not None and query.dtype == torch.float32 != dtype:
             # fp32 q/k/v (after an fp32 LayerNorm): FlashAttention's wrapper (transformers' get_target_dtype) and
             # SDPA under autocast compute in the autocast dtype, on new copies
@@ -135,7 +138,7 @@ def _stand_in_attention():
             key, value = (t.repeat_interleave(n, dim=1) for t in (key, value))
         return _Saving.apply(query, key, value), None
 
-    return attention, calls
+    return attention, calls, fp32
 
 
 def _one_layer_config(config_text: str):
@@ -250,7 +253,7 @@ def _measure(config_text, precision, targets, rank, dropout, kv_repeated, expert
                 module._parameters[name] = torch.nn.Parameter(one, requires_grad=False)
             elif p is not None and p.is_floating_point():
                 p.data.zero_()  # uninitialized memory may hold NaN; zeros route and compute alike
-    attention, calls = _stand_in_attention()
+    attention, calls, fp32 = _stand_in_attention()
     AttentionInterface.register(STAND_IN, functools.partial(attention, kv_repeated=kv_repeated, dtype=dtype))
     try:
         model.set_attn_implementation(STAND_IN)
@@ -290,4 +293,5 @@ def _measure(config_text, precision, targets, rank, dropout, kv_repeated, expert
     for ptr in stand_in.storages():  # frozen norm weights' fp32 copies: per layer, not per token
         kept.pop(ptr, None)
     moe = any(p.dim() == 3 for p in layer.parameters())
-    return {"saved": int(round(sum(kept.values()) / TOKENS)), "moe": moe, "own_attention": calls[0] == 0}
+    return {"saved": int(round(sum(kept.values()) / TOKENS)), "moe": moe, "own_attention": calls[0] == 0,
+            "fp32_attention": fp32[0]}

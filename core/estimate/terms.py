@@ -250,15 +250,29 @@ except Exception:  # noqa: BLE001 - not installed (a CPU machine): the list abov
     pass
 
 
+def measured_layer(cfg: TrainConfig, shape: ModelShape, kv_repeated: bool) -> dict | None:
+    """core/estimate/measure.py's measurement of one decoder layer for these settings, or None (no config.json,
+    the chapter's fp32 upcast, a config this transformers cannot build)."""
+    if not shape.config_text or upcast(cfg):
+        return None
+    return layer_saved(shape.config_text, cfg.precision, tuple(cfg.lora_target_modules), cfg.lora_r,
+                       cfg.lora_dropout > 0, kv_repeated, experts_loop=quantized_experts(cfg, shape),
+                       four_bit=cfg.load_in_4bit)
+
+
 def measured_saved(cfg: TrainConfig, shape: ModelShape, kv_repeated: bool) -> int | None:
     """Bytes per token one decoder layer keeps, measured (core/estimate/measure.py) where the shape carries its
     config.json and the settings have a CPU stand-in; None: the formula of layer_bytes_per_token."""
-    if not shape.config_text or upcast(cfg):
-        return None
-    found = layer_saved(shape.config_text, cfg.precision, tuple(cfg.lora_target_modules), cfg.lora_r,
-                        cfg.lora_dropout > 0, kv_repeated, experts_loop=quantized_experts(cfg, shape),
-                        four_bit=cfg.load_in_4bit)
+    found = measured_layer(cfg, shape, kv_repeated)
     return None if found is None else int(found["saved"])
+
+
+def varlen_falls_back(cfg: TrainConfig, shape: ModelShape) -> bool:
+    """memtune's varlen attention runs FlashAttention only on 16-bit q/k/v (core/model/attention.py `usable`); a
+    LayerNorm family on a 4-bit base hands it fp32 ones (CUDA autocast's fp32 LayerNorm, bitsandbytes returning
+    its input's dtype), and it then takes SDPA with an explicit [T, T] row mask (StarCoder2-3B, run 17: 3.7 GiB)."""
+    found = measured_layer(cfg, shape, True)
+    return bool(found and found.get("fp32_attention"))
 
 
 @dataclass
@@ -372,6 +386,10 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
 
     # Activations
     is_masked = masked(cfg, attention, batch, equal_length_rows)
+    if attention == "varlen" and (cfg.packing or batch > 1) and varlen_falls_back(cfg, shape):
+        is_masked = True
+        notes.append("q, k and v reach attention in fp32 (an fp32 LayerNorm on a 4-bit base): varlen attention "
+                     "runs SDPA with an explicit mask instead of FlashAttention")
     saved, backward = layer_bytes_per_token(cfg, shape, liger_layers=liger,
                                             kv_repeated=is_masked or attention == "varlen")
     # bitsandbytes dequantizes a whole weight per matmul (a 4-bit expert: that one expert's)
