@@ -190,6 +190,7 @@ def layer_bytes_per_token(cfg: TrainConfig, shape: ModelShape, *, liger_layers: 
     heads before SDPA (no native GQA) and k, v are kept at the query width (also what varlen ran with here).
     """
     liger = cfg.use_liger_kernel if liger_layers is None else liger_layers
+    liger = liger and shape.model_type in LIGER_FAMILIES  # liger patches no other family's norms / MLP
     d = dtypes(cfg)
     h, inter, q, kv = shape.hidden_size, shape.intermediate_size, shape.q_dim, shape.kv_dim
     # RMSNorm: the eager one keeps an fp32 copy of its input (+ 1/rms); liger's keeps the input as it is.
@@ -334,6 +335,7 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     """Every term of one process training `cfg` alone on one GPU (see the module docstring). `embedding_via_gpu`:
     the loader of runs before 2026-12-01 put an offloaded embedding on the GPU first (bench/grid_measured.json)."""
     liger = cfg.use_liger_kernel if liger_layers is None else liger_layers
+    liger = liger and shape.model_type in LIGER_FAMILIES  # liger patches no other family's norms / MLP
     notes: list[str] = []
     q4 = cfg.load_in_4bit
     d = dtypes(cfg)
