@@ -209,17 +209,17 @@ class _CudaAutocastStandIn:
 
             setattr(F, name, upcast)
             self._undo.append((F, name, orig))
+        from transformers.pytorch_utils import Conv1D  # GPT-2's linears: bitsandbytes replaces them too
+
         for module in self.model.modules():
-            if type(module) is torch.nn.Linear and not module.weight.requires_grad:
-                module.forward = self._frozen_linear(module)
+            if isinstance(module, (torch.nn.Linear, Conv1D)) and not module.weight.requires_grad:
+                module.forward = self._frozen_linear(module.forward)
                 self._undo.append((module, "forward", None))
         return self
 
-    def _frozen_linear(self, module):
-        import torch.nn.functional as F
-
-        def forward(x):
-            out = F.linear(x.to(self.dtype), module.weight, module.bias)
+    def _frozen_linear(self, own):
+        def forward(x, *args, **kwargs):
+            out = own(x.to(self.dtype), *args, **kwargs)
             return out.to(x.dtype) if self.four_bit else out
 
         return forward
