@@ -76,7 +76,9 @@ def attention_check(device: str) -> list[dict]:
 
 
 def estimates(out: Path, arch: str) -> list[dict]:
-    """The estimate for each run of `arch`, from the config the run saved and the preset as core.train.recipe applied it."""
+    """The estimate for each preset run of `arch`, for the config the run trained with: the run folder's config.yaml
+    (the preset as core.train applied it), else the preset applied today to the config bench.product wrote, with the
+    settings the results row reports (run 9's Llama-3.2-3B `fastest` ran 8 x 1 where today's preset fits 16 x 1)."""
     from bench.archs import HUB_IDS
     from bench.validate_estimate import preset_as_run
     from core.estimate.predict import fit_preset
@@ -100,9 +102,13 @@ def estimates(out: Path, arch: str) -> list[dict]:
         if not cfg_path.is_file():
             continue
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-        cfg = fit_preset(TrainConfig.load(cfg_path).replace(model=model_for(arch, out), device="cuda"),
-                               r["variant"]["preset"]).cfg
-        cfg = preset_as_run(cfg, data.get("info", {}).get("date", ""))
+        resolved = out / arch / "runs" / name / "config.yaml"  # what the run trained with, its preset applied
+        if resolved.is_file():
+            cfg = TrainConfig.load(resolved).replace(model=model_for(arch, out), device="cuda")
+        else:
+            cfg = fit_preset(TrainConfig.load(cfg_path).replace(model=model_for(arch, out), device="cuda"),
+                             r["variant"]["preset"]).cfg
+            cfg = preset_as_run(cfg, data.get("info", {}).get("date", ""))
         # the settings the run reports it trained with: today's preset may fit another batch to the same model (the
         # error is the estimator's on what ran, not a preset change's)
         ran = {k: v for k, v in (r.get("settings") or {}).items() if k in {f.name for f in dataclasses.fields(cfg)}}
