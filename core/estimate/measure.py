@@ -23,6 +23,10 @@ Stood in for, because the GPU kernels do not run here:
   measured as transformers' "eager" experts implementation (the same loop on 16-bit frozen weights).
 - bitsandbytes' 4-bit matmul keeps only its weight (`ctx.tensors = (None, B)`) and returns its input's dtype: a
   frozen 16-bit Linear keeps the same (autograd does not save an input only a frozen weight's gradient would need).
+- CUDA autocast's fp32 LayerNorm / GroupNorm and bitsandbytes' 4-bit linear returning its input's dtype
+  (`_CudaAutocastStandIn`): a LayerNorm family's stream on a 4-bit base stays fp32 (StarCoder2-3B: 117,488 bytes per
+  token and layer instead of 68,328 measured without; run 17's `fastest` -42.7% -> +2.5%), and q/k/v reach
+  attention in fp32 (`fp32_attention`: memtune's varlen attention then runs SDPA with a [T, T] mask).
 - liger's kernels (Triton, CUDA only): measured without them; core.estimate.terms takes off what its RMSNorm and
   SwiGLU do not keep, only on families liger patches.
 
@@ -32,7 +36,7 @@ config this transformers cannot build.
 
 Cost (this team's shared 2-core CPU, bf16 matmuls without CPU bf16 support): a cold measurement builds one layer and
 runs TOKENS tokens: 2-5 s for a 3B-8B dense layer or Qwen3-30B-A3B's MoE layer, about 30 s for gpt-oss-20b's (its 32
-experts' 2880 x 5760 matmuls); results are cached in this process and on disk (MEMTUNE_CACHE or ~/.cache/memtune/layer_saved.json), keyed by
+experts' 2880 x 5760 matmuls); a LayerNorm family adds ~0.5 s (StarCoder2-3B: 1.2 s after the imports); results are cached in this process and on disk (MEMTUNE_CACHE or ~/.cache/memtune/layer_saved.json), keyed by
 the config text, the settings and the torch/transformers versions, so a warm estimate costs a dictionary lookup.
 """
 
