@@ -367,6 +367,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=3000)
     ap.add_argument("--budget-s", type=float, default=540.0, help="skip variants that would end past this")
     ap.add_argument("--quantized", action="store_true", help="save the model already in 4-bit (70B: disk)")
+    ap.add_argument("--no-warm-row", action="store_true", help="no discarded warm row (the machine is warm already)")
     ap.add_argument("--build-only", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     smoke = args.plan.endswith("smoke")
@@ -406,7 +407,8 @@ def main(argv=None) -> int:
     only = {s for s in args.only.split(",") if s}
     rows = []
     # MoE rows load for minutes and compare memory, not speed across calls: no discarded warm row
-    for v in (plan(args.plan) if args.plan.startswith("moe") else with_warm_row(plan(args.plan), smoke)):
+    for v in (plan(args.plan) if args.plan.startswith("moe") or args.no_warm_row
+              else with_warm_row(plan(args.plan), smoke)):
         if only and v.name not in only and not v.name.endswith("-discarded"):
             continue
         left = args.budget_s - (time.time() - t0)

@@ -96,3 +96,67 @@ def test_the_estimate_uses_the_measured_layer(tmp_path, monkeypatch):
     assert formula != saved
     chapter = apply_preset(TrainConfig(model="x"), "chapter")
     assert layer_bytes_per_token(chapter, shape)[0] == layer_bytes_per_token(chapter, replace(shape, config_text=""))[0]
+
+
+def test_a_layernorm_family_on_4bit_keeps_an_fp32_stream(tmp_path, monkeypatch):
+    """Run 17 (H200): StarCoder2-3B `fastest` peaked at 35.95 GiB against an estimate of 20.59 (-42.7%). CUDA autocast
+    runs LayerNorm in fp32 and bitsandbytes' 4-bit linear returns its input's dtype, so a LayerNorm family's stream
+    stays fp32 (its GELU keeps an fp32 input) and q/k/v reach attention in fp32, where memtune's varlen attention
+    takes SDPA with a [T, T] mask. The measurement reproduces both on the CPU; an RMSNorm family (granite) casts
+    back to its input dtype itself and measures the same whatever the base."""
+    from core.config.presets import apply_preset
+    from core.config.settings import TrainConfig
+    from core.estimate import measure
+    from core.estimate.terms import single_gpu_terms
+    from core.model.shapes import ModelShape
+
+    monkeypatch.setenv("MEMTUNE_CACHE", str(tmp_path))
+    monkeypatch.setattr(measure, "_DISK", None)
+    measure._cached.cache_clear()
+    torch.set_num_threads(1)
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj")
+    got = {}
+    for name in ("starcoder2", "granite"):
+        text = ModelShape.from_config(families_any.hf_config(name).to_dict(), name).config_text
+        got[name] = [measure.layer_saved(text, "bf16", targets, 8, False, True, four_bit=q4) for q4 in (True, False)]
+    (sc_4bit, sc_16bit), (gr_4bit, gr_16bit) = got["starcoder2"], got["granite"]
+    assert sc_4bit["fp32_attention"] and not sc_16bit["fp32_attention"]
+    assert sc_4bit["saved"] > sc_16bit["saved"]
+    assert gr_4bit == gr_16bit and not gr_4bit["fp32_attention"]
+
+    shape = ModelShape.from_config(families_any.hf_config("starcoder2").to_dict(), "starcoder2")
+    cfg = apply_preset(TrainConfig(model="x"), "fastest").replace(attention="varlen", packing=True)
+    t = single_gpu_terms(cfg, shape, max_row_tokens=64, attention="varlen")
+    assert any("SDPA with an explicit mask" in n for n in t.notes)
+    tokens = t.tokens
+    assert t.activations >= 2 * tokens * tokens * shape.num_hidden_layers  # each layer's bf16 [T, T] bias
+
+
+def test_families_table_has_each_preset_once_and_one_warm_row_per_call(tmp_path, monkeypatch):
+    """Run 17's families.md listed granite's and starcoder2's `fastest` twice: bench.product's discarded warm row was
+    read as a preset row. The table keeps the preset's own row, estimated with the settings the run reports (not
+    what today's preset would fit), and only the call's first arch pays for a warm row."""
+    from bench import families_gpu
+    from core.config.settings import TrainConfig
+    from core.estimate import measure
+
+    monkeypatch.setenv("MEMTUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(measure, "_DISK", None)
+    torch.set_num_threads(1)
+    arch = "granite-3.1-2b"
+    runs = tmp_path / arch / "runs"
+    rows = []
+    for name, preset, batch in (("fastest-discarded", "fastest", 8), ("fastest", "fastest", 5),
+                                ("lowest_memory", "lowest_memory", 2)):
+        (runs / name).mkdir(parents=True)
+        TrainConfig(model="x", max_length=256).save(runs / f"{name}.yaml")
+        (runs / name / "summary.json").write_text(json.dumps({"data": {"longest_row_tokens": 300}}))
+        rows.append({"name": name, "variant": {"preset": preset}, "rc": 0, "nvml_peak_gib": 10.0,
+                     "nvml_floor_gib": 0.601, "settings": {"per_device_train_batch_size": batch}})
+    (tmp_path / arch / "results.json").write_text(json.dumps({"info": {"date": "2026-12-04"}, "rows": rows}))
+    got = families_gpu.estimates(tmp_path, arch)
+    assert [(r["preset"], r["batch"].split(" x ")[0]) for r in got] == [("fastest", "5"), ("lowest_memory", "2")]
+    lines = families_gpu.table_lines(got)
+    assert sum(f"| {arch} | fastest |" in line for line in lines) == 1
+    first, later = (families_gpu.product_command(tmp_path, arch, 400, warm_row=w) for w in (True, False))
+    assert "--no-warm-row" not in first and "--no-warm-row" in later

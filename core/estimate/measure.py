@@ -23,6 +23,10 @@ Stood in for, because the GPU kernels do not run here:
   measured as transformers' "eager" experts implementation (the same loop on 16-bit frozen weights).
 - bitsandbytes' 4-bit matmul keeps only its weight (`ctx.tensors = (None, B)`) and returns its input's dtype: a
   frozen 16-bit Linear keeps the same (autograd does not save an input only a frozen weight's gradient would need).
+- CUDA autocast's fp32 LayerNorm / GroupNorm and bitsandbytes' 4-bit linear returning its input's dtype
+  (`_CudaAutocastStandIn`): a LayerNorm family's stream on a 4-bit base stays fp32 (StarCoder2-3B: 117,488 bytes per
+  token and layer instead of 68,328 measured without; run 17's `fastest` -42.7% -> +2.5%), and q/k/v reach
+  attention in fp32 (`fp32_attention`: memtune's varlen attention then runs SDPA with a [T, T] mask).
 - liger's kernels (Triton, CUDA only): measured without them; core.estimate.terms takes off what its RMSNorm and
   SwiGLU do not keep, only on families liger patches.
 
@@ -32,7 +36,7 @@ config this transformers cannot build.
 
 Cost (this team's shared 2-core CPU, bf16 matmuls without CPU bf16 support): a cold measurement builds one layer and
 runs TOKENS tokens: 2-5 s for a 3B-8B dense layer or Qwen3-30B-A3B's MoE layer, about 30 s for gpt-oss-20b's (its 32
-experts' 2880 x 5760 matmuls); results are cached in this process and on disk (MEMTUNE_CACHE or ~/.cache/memtune/layer_saved.json), keyed by
+experts' 2880 x 5760 matmuls); a LayerNorm family adds ~0.5 s (StarCoder2-3B: 1.2 s after the imports); results are cached in this process and on disk (MEMTUNE_CACHE or ~/.cache/memtune/layer_saved.json), keyed by
 the config text, the settings and the torch/transformers versions, so a warm estimate costs a dictionary lookup.
 """
 
@@ -44,6 +48,7 @@ import json
 import os
 from pathlib import Path
 
+MODEL_VERSION = 2  # 2: CUDA autocast's fp32 norms and bitsandbytes' dtype contract (the cache key changes with it)
 TOKENS = 16  # per-token bytes equal at 16 and 64 tokens (Llama-3.2-3B, Qwen3-30B-A3B, gpt-oss); 4x less CPU
 STAND_IN = "memtune_measure"
 _DISK: dict[str, dict] | None = None
@@ -78,25 +83,27 @@ def _remember(key: str, value: dict) -> None:
 
 
 def layer_saved(config_text: str, precision: str, targets: tuple[str, ...], rank: int, dropout: bool,
-                kv_repeated: bool, experts_loop: bool = False) -> dict | None:
+                kv_repeated: bool, experts_loop: bool = False, four_bit: bool = True) -> dict | None:
     """{"saved": bytes per token one decoder layer keeps for backward, "moe": whether the measured layer routes to
-    experts, "own_attention": whether the family's attention bypassed the stand-in}, or None where it cannot be
-    measured (see the module docstring)."""
+    experts, "own_attention": whether the family's attention bypassed the stand-in, "fp32_attention": whether q, k,
+    v reach attention in fp32 (a LayerNorm family on a 4-bit base: memtune's varlen attention then takes SDPA with
+    a [T, T] row mask, core/model/attention.py `usable`)}, or None where it cannot be measured (see the module
+    docstring)."""
     import torch
     import transformers
 
     key = hashlib.sha256(json.dumps([config_text, precision, sorted(targets), rank, dropout, kv_repeated,
-                                     experts_loop, torch.__version__, transformers.__version__, TOKENS]).encode()
-                         ).hexdigest()
-    return _cached(key, config_text, precision, tuple(targets), rank, dropout, kv_repeated, experts_loop)
+                                     experts_loop, four_bit, MODEL_VERSION, torch.__version__,
+                                     transformers.__version__, TOKENS]).encode()).hexdigest()
+    return _cached(key, config_text, precision, tuple(targets), rank, dropout, kv_repeated, experts_loop, four_bit)
 
 
 @functools.lru_cache(maxsize=256)
-def _cached(key, config_text, precision, targets, rank, dropout, kv_repeated, experts_loop):
+def _cached(key, config_text, precision, targets, rank, dropout, kv_repeated, experts_loop, four_bit=True):
     if key in _disk():
         return _disk()[key]
     try:
-        value = _measure(config_text, precision, targets, rank, dropout, kv_repeated, experts_loop)
+        value = _measure(config_text, precision, targets, rank, dropout, kv_repeated, experts_loop, four_bit)
     except Exception:  # noqa: BLE001 - a family this path cannot build or run: the estimator keeps its formula
         return None
     _remember(key, value)
@@ -120,17 +127,22 @@ def _stand_in_attention():
         def backward(ctx, grad):  # pragma: no cover - only the forward's saved tensors are measured
             raise NotImplementedError
 
-    calls = [0]
+    calls, fp32 = [0], [False]
 
     def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
-                  kv_repeated=False, **kwargs):
+                  kv_repeated=False, dtype=None, **kwargs):
         calls[0] += 1
+        fp32[0] = fp32[0] or query.dtype == torch.float32 != dtype
+        if dtype is not None and query.dtype == torch.float32 != dtype:
+            # fp32 q/k/v (after an fp32 LayerNorm): FlashAttention's wrapper (transformers' get_target_dtype) and
+            # SDPA under autocast compute in the autocast dtype, on new copies
+            query, key, value = (t.to(dtype) for t in (query, key, value))
         if kv_repeated and key.shape[1] != query.shape[1]:  # transformers' repeat_kv: new tensors
             n = query.shape[1] // key.shape[1]
             key, value = (t.repeat_interleave(n, dim=1) for t in (key, value))
         return _Saving.apply(query, key, value), None
 
-    return attention, calls
+    return attention, calls, fp32
 
 
 def _one_layer_config(config_text: str):
@@ -154,7 +166,78 @@ def _one_layer_config(config_text: str):
     return config
 
 
-def _measure(config_text, precision, targets, rank, dropout, kv_repeated, experts_loop=False) -> dict:
+class _CudaAutocastStandIn:
+    """What CUDA autocast and bitsandbytes do to dtypes that the CPU does not, for the forward being measured.
+
+    - CUDA autocast runs layer_norm / group_norm in fp32 (its fp32 op list; CPU autocast keeps them in bf16): a
+      LayerNorm family's norm keeps an fp32 input and returns fp32, so the tensors after it are fp32 until a matmul.
+      RMSNorm families cast back to their input dtype themselves: nothing changes for them.
+    - a frozen linear computes in the compute dtype; a 4-bit one (bitsandbytes' Linear4bit.forward: `x.to(
+      compute_dtype)`, `.to(inp_dtype)` on the way out) returns its INPUT's dtype, so an fp32 stream stays fp32
+      (StarCoder2's GELU then keeps its 12,288-wide input in fp32); a 16-bit one under autocast returns the compute dtype.
+    The fp32 copies of the frozen norm weights are per layer, not per token: `casts` holds them so they are not counted.
+    """
+
+    def __init__(self, model, dtype, four_bit: bool):
+        self.model, self.dtype, self.four_bit, self.casts, self._undo = model, dtype, four_bit, {}, []
+
+    def _fp32(self, t):
+        if not t.is_floating_point() or t.element_size() >= 4:
+            return t
+        if id(t) not in self.casts:
+            self.casts[id(t)] = t.float()
+        return self.casts[id(t)]
+
+    def storages(self) -> set[int]:
+        return {t.untyped_storage().data_ptr() for t in self.casts.values()}
+
+    def __enter__(self):
+        import torch
+        import torch.nn.functional as F
+
+        if self.dtype == torch.float32:
+            return self
+        for name in ("layer_norm", "group_norm"):
+            orig = getattr(F, name)
+
+            def upcast(input, *args, _orig=orig, _name=name, **kwargs):
+                args = list(args)
+                # layer_norm(input, shape, weight, bias, eps) / group_norm(input, groups, weight, bias, eps)
+                for i in (1, 2):
+                    if i < len(args) and isinstance(args[i], torch.Tensor):
+                        args[i] = self._fp32(args[i])
+                for k in ("weight", "bias"):
+                    if isinstance(kwargs.get(k), torch.Tensor):
+                        kwargs[k] = self._fp32(kwargs[k])
+                return _orig(input.float(), *args, **kwargs)
+
+            setattr(F, name, upcast)
+            self._undo.append((F, name, orig))
+        from transformers.pytorch_utils import Conv1D  # GPT-2's linears: bitsandbytes replaces them too
+
+        for module in self.model.modules():
+            if isinstance(module, (torch.nn.Linear, Conv1D)) and not module.weight.requires_grad:
+                module.forward = self._frozen_linear(module.forward)
+                self._undo.append((module, "forward", None))
+        return self
+
+    def _frozen_linear(self, own):
+        def forward(x, *args, **kwargs):
+            out = own(x.to(self.dtype), *args, **kwargs)
+            return out.to(x.dtype) if self.four_bit else out
+
+        return forward
+
+    def __exit__(self, *exc):
+        for owner, name, orig in reversed(self._undo):
+            if orig is None:
+                del owner.forward
+            else:
+                setattr(owner, name, orig)
+        return False
+
+
+def _measure(config_text, precision, targets, rank, dropout, kv_repeated, experts_loop=False, four_bit=True) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AttentionInterface, AutoModelForCausalLM
@@ -174,8 +257,8 @@ def _measure(config_text, precision, targets, rank, dropout, kv_repeated, expert
                 module._parameters[name] = torch.nn.Parameter(one, requires_grad=False)
             elif p is not None and p.is_floating_point():
                 p.data.zero_()  # uninitialized memory may hold NaN; zeros route and compute alike
-    attention, calls = _stand_in_attention()
-    AttentionInterface.register(STAND_IN, functools.partial(attention, kv_repeated=kv_repeated))
+    attention, calls, fp32 = _stand_in_attention()
+    AttentionInterface.register(STAND_IN, functools.partial(attention, kv_repeated=kv_repeated, dtype=dtype))
     try:
         model.set_attn_implementation(STAND_IN)
     except Exception:  # noqa: BLE001 - a family without the interface: its own attention, flagged below
@@ -199,6 +282,8 @@ def _measure(config_text, precision, targets, rank, dropout, kv_repeated, expert
     layer.register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
     layer.register_forward_hook(lambda *a: inside.__setitem__(0, False))
 
+    stand_in = _CudaAutocastStandIn(model, dtype, four_bit)
+
     def pack(t):
         storage = t.untyped_storage()
         if inside[0] and storage.data_ptr() not in params and storage.nbytes():
@@ -207,7 +292,10 @@ def _measure(config_text, precision, targets, rank, dropout, kv_repeated, expert
 
     ids = torch.arange(1, TOKENS + 1)[None] % 255 + 1
     model.train()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with stand_in, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(input_ids=ids, use_cache=False)
+    for ptr in stand_in.storages():  # frozen norm weights' fp32 copies: per layer, not per token
+        kept.pop(ptr, None)
     moe = any(p.dim() == 3 for p in layer.parameters())
-    return {"saved": int(round(sum(kept.values()) / TOKENS)), "moe": moe, "own_attention": calls[0] == 0}
+    return {"saved": int(round(sum(kept.values()) / TOKENS)), "moe": moe, "own_attention": calls[0] == 0,
+            "fp32_attention": fp32[0]}

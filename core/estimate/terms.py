@@ -190,6 +190,7 @@ def layer_bytes_per_token(cfg: TrainConfig, shape: ModelShape, *, liger_layers: 
     heads before SDPA (no native GQA) and k, v are kept at the query width (also what varlen ran with here).
     """
     liger = cfg.use_liger_kernel if liger_layers is None else liger_layers
+    liger = liger and shape.model_type in LIGER_FAMILIES  # liger patches no other family's norms / MLP
     d = dtypes(cfg)
     h, inter, q, kv = shape.hidden_size, shape.intermediate_size, shape.q_dim, shape.kv_dim
     # RMSNorm: the eager one keeps an fp32 copy of its input (+ 1/rms); liger's keeps the input as it is.
@@ -250,14 +251,29 @@ except Exception:  # noqa: BLE001 - not installed (a CPU machine): the list abov
     pass
 
 
+def measured_layer(cfg: TrainConfig, shape: ModelShape, kv_repeated: bool) -> dict | None:
+    """core/estimate/measure.py's measurement of one decoder layer for these settings, or None (no config.json,
+    the chapter's fp32 upcast, a config this transformers cannot build)."""
+    if not shape.config_text or upcast(cfg):
+        return None
+    return layer_saved(shape.config_text, cfg.precision, tuple(cfg.lora_target_modules), cfg.lora_r,
+                       cfg.lora_dropout > 0, kv_repeated, experts_loop=quantized_experts(cfg, shape),
+                       four_bit=cfg.load_in_4bit)
+
+
 def measured_saved(cfg: TrainConfig, shape: ModelShape, kv_repeated: bool) -> int | None:
     """Bytes per token one decoder layer keeps, measured (core/estimate/measure.py) where the shape carries its
     config.json and the settings have a CPU stand-in; None: the formula of layer_bytes_per_token."""
-    if not shape.config_text or upcast(cfg):
-        return None
-    found = layer_saved(shape.config_text, cfg.precision, tuple(cfg.lora_target_modules), cfg.lora_r,
-                        cfg.lora_dropout > 0, kv_repeated, experts_loop=quantized_experts(cfg, shape))
+    found = measured_layer(cfg, shape, kv_repeated)
     return None if found is None else int(found["saved"])
+
+
+def varlen_falls_back(cfg: TrainConfig, shape: ModelShape) -> bool:
+    """memtune's varlen attention runs FlashAttention only on 16-bit q/k/v (core/model/attention.py `usable`); a
+    LayerNorm family on a 4-bit base hands it fp32 ones (CUDA autocast's fp32 LayerNorm, bitsandbytes returning
+    its input's dtype), and it then takes SDPA with an explicit [T, T] row mask (StarCoder2-3B, run 17: 3.7 GiB)."""
+    found = measured_layer(cfg, shape, True)
+    return bool(found and found.get("fp32_attention"))
 
 
 @dataclass
@@ -319,6 +335,7 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     """Every term of one process training `cfg` alone on one GPU (see the module docstring). `embedding_via_gpu`:
     the loader of runs before 2026-12-01 put an offloaded embedding on the GPU first (bench/grid_measured.json)."""
     liger = cfg.use_liger_kernel if liger_layers is None else liger_layers
+    liger = liger and shape.model_type in LIGER_FAMILIES  # liger patches no other family's norms / MLP
     notes: list[str] = []
     q4 = cfg.load_in_4bit
     d = dtypes(cfg)
@@ -371,6 +388,10 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
 
     # Activations
     is_masked = masked(cfg, attention, batch, equal_length_rows)
+    if attention == "varlen" and (cfg.packing or batch > 1) and varlen_falls_back(cfg, shape):
+        is_masked = True
+        notes.append("q, k and v reach attention in fp32 (an fp32 LayerNorm on a 4-bit base): varlen attention "
+                     "runs SDPA with an explicit mask instead of FlashAttention")
     saved, backward = layer_bytes_per_token(cfg, shape, liger_layers=liger,
                                             kv_repeated=is_masked or attention == "varlen")
     # bitsandbytes dequantizes a whole weight per matmul (a 4-bit expert: that one expert's)
