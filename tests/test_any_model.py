@@ -120,8 +120,9 @@ def test_config_alone_names_the_features_that_decide(name):
     fastest = apply_preset(TrainConfig(), "fastest")
     changes, _ = families.adapt(fastest, found)
     assert changes.get("packing", True) is (not (want.get("mixers") or want.get("unpacked"))), changes
-    if name == "gpt_oss":  # lowest_memory packs with sdpa: the sinks run per packed row (varlen's own-eager path)
-        assert families.adapt(apply_preset(TrainConfig(), "lowest_memory"), found)[0] == {"attention": "varlen"}
+    if name == "gpt_oss":  # packed rows with sdpa: the sinks run per packed row (varlen's own-eager path)
+        sdpa = apply_preset(TrainConfig(), "lowest_memory").replace(attention="sdpa")
+        assert families.adapt(sdpa, found)[0] == {"attention": "varlen"}
 
 
 @pytest.mark.parametrize("name", families_any.NAMES)
@@ -170,7 +171,8 @@ def test_packed_rows_that_see_each_other_are_found_before_step_1_and_train_unpac
     from core.train.recipe import run_training
 
     events = []
-    result = run_training(_cpu(_folder("opt", tmp_path), tmp_path, "lowest_memory"), sink=events.append)
+    cfg = _cpu(_folder("opt", tmp_path), tmp_path, "lowest_memory").replace(attention="sdpa")  # transformers' mask
+    result = run_training(cfg, sink=events.append)
     assert result.status == "completed", result.message
     pre = result.summary["preflight"]
     assert pre["switched_to"] == "unpacked" and pre["rows"]["error"] > pre["tolerance"]["rows"], pre
