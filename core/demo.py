@@ -56,6 +56,23 @@ def demo_rows() -> list[dict[str, str]]:
     return rows
 
 
+WRONG_SHIFT = 17  # the rejected answer: the French word of the word 17 places further on (never the right one)
+
+
+def preference_rows() -> list[dict[str, str]]:
+    """The demo's 100 prompts as preference pairs (stages dpo, orpo, kto): the prompt as the SFT demo's template
+    renders it, the right French word chosen and another word's French rejected; always the same."""
+    from core.data.formats import default_prompt
+
+    french = list(WORDS.values())
+    wrong = {en: french[(i + WRONG_SHIFT) % len(french)] for i, en in enumerate(WORDS)}
+    rows = []
+    for row in demo_rows():
+        en = row["instruction"].split("'")[1]
+        rows.append({"prompt": default_prompt(row["instruction"]), "chosen": row["response"], "rejected": wrong[en]})
+    return rows
+
+
 def write_demo_dataset(path: Path = DEMO_DATA) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as fh:
