@@ -18,7 +18,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from core.config.settings import DEMO_DATA, cache_root
+from core.config.settings import DEMO_DATA, DEMO_PAIRS, cache_root
 
 DEMO_VERSION = "v3"  # bump when the builder below changes, so old caches are not reused
 
@@ -77,6 +77,15 @@ def write_demo_dataset(path: Path = DEMO_DATA) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as fh:
         for row in demo_rows():
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
+
+
+def write_demo_pairs(path: Path = DEMO_PAIRS) -> Path:
+    """The shipped preference pairs (assets/demo/pairs.jsonl), which core.data.pairs reads for the demo dataset."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as fh:
+        for row in preference_rows():
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     return path
 
@@ -159,4 +168,5 @@ def _ensure(target: Path) -> Path:
 
 if __name__ == "__main__":
     print(write_demo_dataset())
+    print(write_demo_pairs())
     print(ensure_demo_model())

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from transformers import TrainerCallback
 
-from core.config.settings import TrainConfig, config_problems, demo_config, parse_overrides
+from core.config.settings import DEMO_PAIRS, TrainConfig, config_problems, demo_config, parse_overrides
 from core.data.pairs import check_pairs, plan_pairs
 from core.data.read import DataError
 from core.demo import WORDS, preference_rows
@@ -30,7 +30,8 @@ def _write(path: Path, rows) -> str:
 
 def test_demo_pairs_are_fixed_and_always_wrong():
     rows = preference_rows()
-    assert rows == preference_rows() and len(rows) == 100
+    shipped = [json.loads(line) for line in DEMO_PAIRS.read_text(encoding="utf-8").splitlines()]
+    assert rows == shipped and len(rows) == 100  # the shipped file is what the builder makes
     assert all(r["chosen"] in WORDS.values() and r["rejected"] in WORDS.values() for r in rows)
     assert not any(r["chosen"] == r["rejected"] for r in rows)
     assert all(r["prompt"].startswith("### Instruction:\n") and r["prompt"].endswith("### Response:\n") for r in rows)

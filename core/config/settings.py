@@ -35,6 +35,7 @@ from core.messages import plain, say
 DEMO_MODEL = "memtune/demo-tiny-llama"  # built locally by core.demo, never downloaded
 DEMO_DATASET = "memtune/demo"  # shipped in assets/demo/
 DEMO_DATA = Path(__file__).resolve().parents[2] / "assets" / "demo" / "demo.jsonl"  # DEMO_DATASET's file
+DEMO_PAIRS = DEMO_DATA.with_name("pairs.jsonl")  # DEMO_DATASET's preference pairs (stages dpo, orpo, kto)
 
 
 def cache_root() -> Path:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.config.settings import DEMO_DATASET, TrainConfig
+from core.config.settings import DEMO_DATASET, DEMO_PAIRS, TrainConfig
 from core.data.read import DataError, load_raw
 from core.messages import Said
 
@@ -49,11 +49,7 @@ def check_pairs(cfg: TrainConfig) -> tuple[Any, str]:
     """Read the data and check it has what `cfg.stage` needs: (raw dataset, format). Refused with the file, the
     columns found and the fix (data.err.pair_columns) before any model is resolved."""
     if cfg.dataset == DEMO_DATASET:  # the demo's word pairs with a wrong translation as the rejected answer
-        import datasets
-
-        from core.demo import preference_rows
-
-        raw = datasets.Dataset.from_list(preference_rows())
+        raw = load_raw(str(DEMO_PAIRS), cfg.dataset_split)  # core.demo.write_demo_pairs made it
     else:
         raw = load_raw(cfg.dataset, cfg.dataset_split)
     fmt = pair_format(raw.column_names)

@@ -100,8 +100,9 @@ def start_from(model, cfg: TrainConfig, emit: EventSink) -> None:
         emit(make_event("log", level="info", **keyed("log.pref.init_adapter", path=str(folder), r=cfg.lora_r,
                                                      alpha=cfg.lora_alpha,
                                                      modules=", ".join(cfg.lora_target_modules))))
-    key = "log.pref.no_reference" if cfg.stage == "orpo" else "log.pref.reference"
-    emit(make_event("log", level="info", **keyed(key, stage=cfg.stage)))
+    said = (keyed("log.pref.no_reference", stage=cfg.stage) if cfg.stage == "orpo" else
+            keyed("log.pref.reference", stage=cfg.stage))
+    emit(make_event("log", level="info", **said))
 
 
 # --- hook 3: the trainer --------------------------------------------------------------------------------------
