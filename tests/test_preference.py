@@ -185,3 +185,13 @@ def test_dpo_starts_from_an_sft_runs_adapter(tmp_path, finished_run):
     start = {n.replace(".default", ""): w for n, w in first.weights.items()}
     assert set(saved) == set(start)
     assert all((start[n].float() - w.float()).abs().max() < 1e-2 for n, w in saved.items())
+
+
+def test_the_estimate_counts_two_sequences_per_pair():
+    from core.estimate.predict import estimate
+
+    sft, dpo, orpo, kto = (estimate(TrainConfig(stage=s)) for s in ("sft", "dpo", "orpo", "kto"))
+    assert dpo.tokens == orpo.tokens == 2 * sft.tokens and kto.tokens == sft.tokens
+    assert 1.95 <= dpo.activations / sft.activations <= 2.05 and dpo.logits >= sft.logits  # + a padding mask
+    assert dpo.nvml_training > sft.nvml_training and kto.nvml_training == sft.nvml_training
+    assert any("reference pass" in n for n in dpo.notes) and not any("reference" in n for n in orpo.notes)
