@@ -18,7 +18,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from core.config.settings import DEMO_DATA, cache_root
+from core.config.settings import DEMO_DATA, DEMO_PAIRS, cache_root
 
 DEMO_VERSION = "v3"  # bump when the builder below changes, so old caches are not reused
 
@@ -56,10 +56,36 @@ def demo_rows() -> list[dict[str, str]]:
     return rows
 
 
+WRONG_SHIFT = 17  # the rejected answer: the French word of the word 17 places further on (never the right one)
+
+
+def preference_rows() -> list[dict[str, str]]:
+    """The demo's 100 prompts as preference pairs (stages dpo, orpo, kto): the prompt as the SFT demo's template
+    renders it, the right French word chosen and another word's French rejected; always the same."""
+    from core.data.formats import default_prompt
+
+    french = list(WORDS.values())
+    wrong = {en: french[(i + WRONG_SHIFT) % len(french)] for i, en in enumerate(WORDS)}
+    rows = []
+    for row in demo_rows():
+        en = row["instruction"].split("'")[1]
+        rows.append({"prompt": default_prompt(row["instruction"]), "chosen": row["response"], "rejected": wrong[en]})
+    return rows
+
+
 def write_demo_dataset(path: Path = DEMO_DATA) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as fh:
         for row in demo_rows():
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
+
+
+def write_demo_pairs(path: Path = DEMO_PAIRS) -> Path:
+    """The shipped preference pairs (assets/demo/pairs.jsonl), which core.data.pairs reads for the demo dataset."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as fh:
+        for row in preference_rows():
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     return path
 
@@ -142,4 +168,5 @@ def _ensure(target: Path) -> Path:
 
 if __name__ == "__main__":
     print(write_demo_dataset())
+    print(write_demo_pairs())
     print(ensure_demo_model())

@@ -25,7 +25,7 @@ import gradio as gr
 from core.config import checklist, levers
 from core.codegen import cli_command, python_script
 from core.checks import validate
-from core.config.settings import TrainConfig
+from core.config.settings import TrainConfig, field_meta
 from core.i18n import DEFAULT_LANGUAGE, language_choices, request_language, t
 from core.jobs.view import job_view
 from ui import handlers, render
@@ -103,6 +103,14 @@ def gpus_note(lang: str = DEFAULT_LANGUAGE) -> str:
     return t("training.gpus_many", lang, n=n) if n > 1 else t("training.gpus_one" if n else "training.gpus_none", lang)
 
 
+STAGE_FIELDS = tuple(n for n in FIELD_NAMES if "stages" in field_meta(n))  # beta, dpo_loss_type, init_adapter
+
+
+def stage_fields_shown(stage: str) -> list[Any]:
+    """Each stage-specific field shown only when `stage` is one of its stages (TrainConfig metadata `stages`)."""
+    return [gr.update(visible=stage in field_meta(n)["stages"]) for n in STAGE_FIELDS]
+
+
 def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) -> gr.Blocks:
     """Build the page without launching it. `app`: the state every handler acts on (its job manager), built once by
     app.py (None: a fresh one, for a test). For tests it carries `memtune_app` (ui.state.AppState), `memtune_form`
@@ -156,6 +164,10 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
                                     w("dataset_split", scale=1)
                                     w("dataset_format", scale=1)
                                     w("long_prompts", scale=1)
+                                with gr.Row(elem_id="stage-row"):  # issue 44: a stage's own fields only for it
+                                    w("stage", scale=2)
+                                    for name in STAGE_FIELDS:
+                                        w(name, scale=1, visible=cfg0.stage in field_meta(name)["stages"])
                                 types = ", ".join(DATA_TYPES)
                                 upload = tr.add(gr.File(label=t("data.upload", lang0, types=types),
                                                         file_types=DATA_TYPES, type="filepath", elem_id="data-upload",
@@ -435,6 +447,8 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
             comp.blur(changed, inputs=asked, outputs=form.derived_outputs, **quiet)
             if isinstance(comp, gr.Textbox):
                 comp.submit(changed, inputs=asked, outputs=form.derived_outputs, **quiet)
+    FIELDS["stage"].change(stage_fields_shown, inputs=[FIELDS["stage"]], outputs=[FIELDS[n] for n in STAGE_FIELDS],
+                           **quiet)  # .change: a loaded config or the demo button shows or hides them too
     FIELDS["model"].change(handlers.on_model_check, inputs=[lang, FIELDS["model"]], outputs=[FIELDS["model"]],
                            **quiet)
     for key, box in form.checks.items():

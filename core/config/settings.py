@@ -35,6 +35,7 @@ from core.messages import plain, say
 DEMO_MODEL = "memtune/demo-tiny-llama"  # built locally by core.demo, never downloaded
 DEMO_DATASET = "memtune/demo"  # shipped in assets/demo/
 DEMO_DATA = Path(__file__).resolve().parents[2] / "assets" / "demo" / "demo.jsonl"  # DEMO_DATASET's file
+DEMO_PAIRS = DEMO_DATA.with_name("pairs.jsonl")  # DEMO_DATASET's preference pairs (stages dpo, orpo, kto)
 
 
 def cache_root() -> Path:
@@ -65,6 +66,11 @@ TRACKERS = ("none", "tensorboard", "wandb")
 # peft's init_lora_weights, as LoraConfig spells it ("default": peft's True, B = 0); pissa/olora move the adapter's
 # start out of the base weights, so the adapter is saved converted to plain LoRA (core/levers/variants.py)
 LORA_INITS = ("default", "gaussian", "pissa", "pissa_niter_4", "olora")
+# Training stages (core/train/stages.py): sft, or preference tuning through TRL's own trainers. Online RL (GRPO ...)
+# would be one more name here with its trainer there.
+STAGES = ("sft", "dpo", "orpo", "kto")
+PREFERENCE_STAGES = STAGES[1:]
+DPO_LOSSES = ("sigmoid", "ipo", "hinge")  # DPOConfig.loss_type: the DPO paper's, IPO's, SLiC's
 LORA_TARGET_CHOICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Groups any family resolves (core/model/lora_targets.py), then the fused names of Phi-3-style models; other leaf names of
 # the model's linear layers are accepted too (checked against the model's module tree before any weight loads).
@@ -231,6 +237,24 @@ class TrainConfig:
         "turns are context for the later ones); last trains only the last assistant turn. The preview and the log "
         "count the turns trained, cut at max_length and dropped.", choices=TRAIN_TURNS, widget="radio"))
 
+    # --- training stage (core/train/stages.py; `stages`: the stages a field applies to, shown only for those) ----
+    stage: str = field(default="sft", metadata=_help(
+        "What training does: sft (supervised fine-tuning on answers, the chapter's), or preference tuning through "
+        "TRL's trainers: dpo and orpo (data: prompt/chosen/rejected, or chosen/rejected conversations holding the "
+        "prompt), kto (prompt/completion/label, or pairs). With LoRA, DPO and KTO's reference model is the base "
+        "with the adapter disabled, or with init_adapter the model it starts from (TRL's frozen copy of the "
+        "adapter): never a second copy of the base. No eval on pairs: keep_best and early stopping are for sft.",
+        choices=STAGES, widget="radio"))
+    beta: float = field(default=0.1, metadata=_help(
+        "Preference strength: DPO/KTO's beta (how far the model may move from the reference), ORPO's weight of "
+        "the odds-ratio term beside the answer loss.", min=0.001, max=10.0, step=0.01, stages=PREFERENCE_STAGES))
+    dpo_loss_type: str = field(default="sigmoid", metadata=_help(
+        "DPO's loss: sigmoid (the DPO paper), ipo, hinge.", choices=DPO_LOSSES, stages=("dpo",)))
+    init_adapter: str = field(default="", metadata=_help(
+        "A run folder of an earlier memtune run (e.g. an SFT run) whose adapter is the starting point, trained "
+        "further, and the reference of DPO/KTO; its LoRA rank, alpha, layers, DoRA and rsLoRA are used. Empty: a "
+        "fresh adapter.", stages=PREFERENCE_STAGES))
+
     # --- validation (core/data/validation.py: held out before the row plan, never trained on) ----------------
     validation_share: float = field(default=0.05, metadata=_help(
         "Share of the rows held out for validation (seeded, never trained on). The default 5% applies to splits of "
@@ -363,7 +387,8 @@ class TrainConfig:
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field, except those of another stage (beta of a dpo run ... ): an sft config's file is as before."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if self.stage in field_meta(k).get("stages", STAGES)}
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
@@ -597,6 +622,41 @@ def config_problems(cfg: TrainConfig, hw: Hardware | None = None) -> list[Proble
     p.extend(variant_problems(cfg))
     if cfg.lora_alpha and cfg.lora_r and cfg.lora_alpha / cfg.lora_r > 16:
         bad("lora_alpha", "problem.alpha_ratio", ratio=f"{cfg.lora_alpha / cfg.lora_r:g}")
+    p.extend(stage_problems(cfg))
+    return p
+
+
+def stage_problems(cfg: TrainConfig) -> list[Problem]:
+    """A preference stage's settings that cannot work: packing (TRL's preference trainers pad pairs), keep_best and
+    early stopping (no eval on pairs), PiSSA/OLoRA where a reference or init_adapter needs the base as it is, an
+    init_adapter that is not a memtune run folder with an adapter, or whose base model is not `model`."""
+    p: list[Problem] = []
+    if cfg.stage == "sft":
+        return p
+    if cfg.packing:
+        p.append(Problem.of("packing", "problem.stage_packing", stage=cfg.stage))
+    # TRL's preference trainers evaluate no held-out rows here (the pair plan has no validation part): best-checkpoint
+    # keeping and early stopping would have no eval loss to read
+    for name in ("keep_best", "early_stopping_patience"):
+        if getattr(cfg, name):
+            p.append(Problem.of(name, "problem.stage_validation", stage=cfg.stage, name=name))
+    # PiSSA/OLoRA move the base weights into the adapter's start: the reference "base with the adapter off" would no
+    # longer be the model, and init_adapter's weights would sit on a moved base (ORPO from scratch has no reference)
+    if cfg.lora_init in ("pissa", "pissa_niter_4", "olora") and (cfg.stage != "orpo" or cfg.init_adapter.strip()):
+        p.append(Problem.of("lora_init", "problem.stage_lora_init", stage=cfg.stage, init=cfg.lora_init))
+    if cfg.init_adapter.strip():
+        run = Path(cfg.init_adapter.strip()).expanduser()
+        saved = run / "adapter" / "memtune.yaml"  # what core.runs.folders.save_adapter writes beside the adapter
+        if not (run / "adapter" / "adapter_config.json").is_file() or not saved.is_file():
+            p.append(Problem.of("init_adapter", "problem.init_adapter_missing", path=str(run)))
+        else:
+            try:
+                base = (yaml.safe_load(saved.read_text(encoding="utf-8")) or {}).get("model", "")
+            except (OSError, yaml.YAMLError):
+                base = ""
+            if base != cfg.model:
+                p.append(Problem.of("init_adapter", "problem.init_adapter_base", path=str(run), base=base or "-",
+                                    model=cfg.model))
     return p
 
 

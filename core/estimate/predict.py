@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from core.estimate import multi as estimate_multi
+from core.estimate import stages as stage_terms  # issue 44: a preference stage's sequences per row
 from core.config.settings import OPTIMIZERS, ConfigError, Hardware, TrainConfig, parse_overrides
 from core.data.read import DataError
 from core.estimate.terms import ATTENTIONS, CUDA_CONTEXT, GIB, dora_terms, single_gpu_terms
@@ -142,14 +143,15 @@ def estimate(cfg: TrainConfig, shape: ModelShape | None = None, *, max_row_token
     attention = attention or getattr(cfg, "attention", None) or "sdpa"
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, not {attention!r}")
-    t = single_gpu_terms(cfg, shape, max_row_tokens=max_row_tokens, full_logits=full_logits,
+    # stages hook (issue 44): a preference stage's terms are SFT's on its sequences per row
+    t = single_gpu_terms(stage_terms.as_sft(cfg), shape, max_row_tokens=max_row_tokens, full_logits=full_logits,
                          liger_layers=liger_layers, attention=attention, equal_length_rows=equal_length_rows,
                          embedding_via_gpu=embedding_via_gpu)  # measured rows of the loader before 2026-12-01
     dora_terms(t, cfg, shape)  # use_dora's magnitudes, kept outputs and norm transient (none when off)
     lay = estimate_multi.layout(cfg, lambda: max(t.nvml_training, t.nvml_setup), n_gpus, gpu_bytes)
     estimate_multi.apply(t, cfg, shape, lay)
     notes = ([f"per GPU: {lay.world_size} processes, {lay.strategy} ({lay.reason})"] if lay.world_size > 1 else [])
-    notes += t.notes
+    notes += t.notes + stage_terms.notes(cfg)  # stages hook: dpo/orpo's two sequences per row, the reference pass
     nvml = max(t.nvml_training, t.nvml_setup)
     phase = "loading" if nvml > t.nvml_training else "training"
     if phase == "loading":

@@ -236,8 +236,11 @@ def save_adapter(model, tokenizer, cfg: "TrainConfig", run_dir: Path, summary: d
     try:
         # peft: adapter_model.safetensors + adapter_config.json (state_dict: gathered from FSDP shards)
         # PiSSA/OLoRA: saved converted to a plain LoRA for the original base (core/levers/variants.py)
+        # Only the trained adapter: a DPO/KTO run from init_adapter also holds TRL's frozen "ref" copy of it
+        only = {"selected_adapters": ["default"]} if len(getattr(model, "peft_config", {})) > 1 else {}
         with variants.conversion(model) as convert:
-            model.save_pretrained(tmp, **convert, **({"state_dict": state_dict} if state_dict is not None else {}))
+            model.save_pretrained(tmp, **convert, **only,
+                                  **({"state_dict": state_dict} if state_dict is not None else {}))
         tokenizer.save_pretrained(tmp)
         cfg.save(tmp / "memtune.yaml")
         summary["adapter_bytes"] = dir_size(tmp)

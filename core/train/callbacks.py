@@ -29,6 +29,7 @@ from core.gpus import distributed, vram
 from core.messages import keyed
 from core.runs.events import EventSink, make_event, one_line, prompt_gist
 from core.runs.folders import COMPLETE_MARKER
+from core.train.rewards import reward_metrics, rewards_said
 
 HEARTBEAT_S = 2.0  # no phase stays silent longer than this
 
@@ -166,12 +167,15 @@ class EventCallback(TrainerCallback):
         self.first_loss = loss if self.first_loss is None else self.first_loss
         self.last_loss = loss
         lr, grad_norm = logs.get("learning_rate"), logs.get("grad_norm")
+        rewards = reward_metrics(logs)  # preference stages: TRL's reward accuracy, margins, log-probabilities
         self.sink(make_event("metrics", step=state.global_step, total_steps=state.max_steps,
                              epoch=round(state.epoch or 0.0, 4), loss=loss, learning_rate=lr,
-                             grad_norm=float(grad_norm) if grad_norm is not None else None))
+                             grad_norm=float(grad_norm) if grad_norm is not None else None, **rewards))
         said = keyed("log.step", step=state.global_step, total=state.max_steps, loss=loss, lr=float(lr or 0),
                      grad_norm=float(grad_norm or 0))
         self.sink(make_event("log", level="info", **said))
+        if rewards:  # one line of its own (log.pref.rewards), so SFT's step line stays as it was
+            self.sink(make_event("log", level="info", **keyed("log.pref.rewards", **rewards_said(rewards))))
 
     def on_step_end(self, args, state, control, **kw):
         elapsed = time.monotonic() - self.start

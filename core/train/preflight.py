@@ -182,6 +182,8 @@ def check(trainer, cfg: TrainConfig, emit: EventSink, adapted: list[dict[str, An
                 unread = families.traits(model.config).unread_logit
                 if verified:  # tests/test_families.py checks these paths on every preset for the matrix's families
                     loss = {"error": 0.0, "ok": True, "skipped": "verified family"}
+                elif cfg.stage != "sft":  # TRL's preference loss on unpacked pairs: no SFT rows or fused head to check
+                    loss = {"error": 0.0, "ok": True, "skipped": f"stage {cfg.stage}"}
                 else:
                     batches = _batches(trainer, PACKS)
                     logits = None

@@ -62,6 +62,7 @@ from core.model.load import ModelError
 from core.runs.events import EventSink, JsonlSink, fan_out, make_event
 from core.runs.folders import STOP_FILE, create_run_dir, finish_run, record_failure, resume_point, save_adapter
 from core.train import preflight
+from core.train import stages  # issue 44: preference stages (dpo, orpo, kto); the hooks below say "stages hook"
 from core.train.callbacks import BarOnly, EventCallback, WarmUp, phase, warms_up, watch_stop
 
 
@@ -181,7 +182,7 @@ class LoRARecipe:
     def setup(self) -> None:
         """The data planned (its validation part too), the model loaded with LoRA, the trainer built with its
         callbacks: everything train() needs."""
-        cfg = self.cfg
+        cfg = self.cfg = stages.starting_config(self.cfg)  # stages hook: init_adapter's LoRA shape (sft: as is)
         emit = self.context.emit
         cuda = self.context.cuda
         self.plan, self.tokenizer, path, tree = plan_data(cfg, emit)
@@ -191,6 +192,8 @@ class LoRARecipe:
             raise DataError("data.err.refusal", why=self.plan.refusal())
         evaluates = self.plan.evaluates
         model, self.trainable, compiling = load_for_training(cfg, path, emit, evaluates and not cuda)
+        if cfg.stage != "sft":  # stages hook: init_adapter's weights, and the reference said
+            stages.start_from(model, cfg, emit)
         samples = validation.samples(self.plan.validation, self.tokenizer, cfg.eval_samples) if evaluates else []
         compiler = None
         if compiling:  # the layers compile in the warm-up or the first step: from the cache when it has them; say so
@@ -242,6 +245,7 @@ class LoRARecipe:
         summary = summarize(self.cfg, trainer, self.output, self.callback, self.plan, self.started, self.trainable,
                             ctx.resume)
         summary["preflight"] = getattr(trainer, "memtune_preflight", None)  # core/train/preflight.py
+        summary.update(stages.summary_part(self.cfg, trainer))  # stages hook: reward metrics ({} for sft)
         if self.compile_cache is not None and "compile" in summary:  # loaded or compiled, and the seconds it took
             summary["compile"]["cache"] = self.compile_cache.summary()
         summary.update(peaks)
@@ -296,6 +300,8 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan, Any, str, An
     validation rows are held out before the plan (they never reach plan.train_dataset()) and planned alike, as the
     plan's validation part. The caller refuses a plan with nothing to train (plan.refusal()) before loading the
     model, keeping the plan for the failed run's summary."""
+    if cfg.stage != "sft":  # stages hook: preference rows (core/data/pairs.py)
+        return stages.plan_data(cfg, emit)
     with phase(emit, "tokenizing", "log.phase.reading", source=f"{cfg.dataset} [{cfg.dataset_split}]"):
         raw, fmt = check_data(cfg)
         held = validation.split(cfg, raw, fmt)
@@ -357,6 +363,9 @@ def build_sft_config(cfg: TrainConfig, output_dir: str | Path, console: bool = F
 
 def build_trainer(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir: Path, callbacks=(),
                   console: bool = False, eval_dataset=None, cuda: bool | None = None) -> SFTTrainer:
+    if cfg.stage != "sft":  # stages hook: TRL's DPO/ORPO/KTO trainer
+        return stages.trainer_for(cfg, model, tokenizer, train_dataset, output_dir, callbacks, console, eval_dataset,
+                                  cuda)
     args = build_sft_config(cfg, output_dir, console, eval_dataset is not None, output_dir.parent, cuda)
     if args.use_liger_kernel:  # what of liger this model can take (4-bit MoE experts: not its SwiGLU)
         args.liger_kernel_config = {**(args.liger_kernel_config or {}), **liger_config(model)}

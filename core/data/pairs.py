@@ -1,0 +1,169 @@
+"""Preference data (stages dpo, orpo, kto): which rows train, and what each becomes, accounted like SFT rows.
+
+The formats TRL's preference trainers read:
+- `pairs`: prompt / chosen / rejected, plain strings or conversational message lists (DPO, ORPO; KTO unpairs them);
+- `implicit_pairs`: chosen / rejected only, each a conversation holding the prompt (UltraFeedback-style): TRL's own
+  `extract_prompt` takes the shared start as the prompt;
+- `unpaired`: prompt / completion / label (true: desirable), KTO's own format.
+
+`check_pairs(cfg)` reads the data and refuses a file without the columns its stage needs before any model is looked
+up, naming the file, the columns found and the fix. `plan_pairs(cfg, tokenizer, raw, fmt)` tokenizes every row with
+TRL's own tokenizing function (trl.data_utils._tokenize, what DPOTrainer/KTOTrainer call) and decides its fate:
+kept, truncated (the chosen or rejected side, or the completion, is cut at max_length: TRL's collator keeps the
+start), dropped_long (the prompt alone fills max_length: TRL drops it too) or dropped_empty. The trainer gets exactly
+the rows that are not dropped, in the shape TRL reads, so kept + truncated + dropped = rows read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.config.settings import DEMO_DATASET, DEMO_PAIRS, TrainConfig
+from core.data.read import DataError, load_raw
+from core.messages import Said
+
+PAIR_FORMATS = ("pairs", "implicit_pairs", "unpaired")
+REASONS = ("kept", "truncated", "dropped_long", "dropped_empty")
+# what each stage reads: DPO and ORPO need a chosen and a rejected answer; KTO reads unpaired rows (and paired ones,
+# which TRL's unpair_preference_dataset splits into one desirable and one undesirable row)
+NEEDS = {"dpo": ("pairs", "implicit_pairs"), "orpo": ("pairs", "implicit_pairs"),
+         "kto": ("unpaired", "pairs", "implicit_pairs")}
+
+
+def pair_format(columns: list[str]) -> str | None:
+    """The preference format of a dataset with these columns, or None."""
+    names = set(columns)
+    if {"chosen", "rejected"} <= names:
+        return "pairs" if "prompt" in names else "implicit_pairs"
+    if {"prompt", "completion", "label"} <= names:
+        return "unpaired"
+    return None
+
+
+def _where(cfg: TrainConfig) -> str:
+    return f"{cfg.dataset} [{cfg.dataset_split}]"
+
+
+def check_pairs(cfg: TrainConfig) -> tuple[Any, str]:
+    """Read the data and check it has what `cfg.stage` needs: (raw dataset, format). Refused with the file, the
+    columns found and the fix (data.err.pair_columns) before any model is resolved."""
+    if cfg.dataset == DEMO_DATASET:  # the demo's word pairs with a wrong translation as the rejected answer
+        raw = load_raw(str(DEMO_PAIRS), cfg.dataset_split)  # core.demo.write_demo_pairs made it
+    else:
+        raw = load_raw(cfg.dataset, cfg.dataset_split)
+    fmt = pair_format(raw.column_names)
+    if fmt not in NEEDS[cfg.stage]:
+        raise DataError("data.err.pair_columns_kto" if cfg.stage == "kto" else "data.err.pair_columns",
+                        stage=cfg.stage, where=_where(cfg), columns=", ".join(raw.column_names) or "-")
+    if len(raw) == 0:
+        raise DataError("data.err.pair_empty", where=_where(cfg))
+    return raw, fmt
+
+
+def _present(value: Any) -> bool:
+    return value is not None and value != "" and value != []
+
+
+@dataclass
+class PairPlan:
+    """What a preference stage trains on, row by row; the recipe uses it where an SFT run uses a DataPlan
+    (to_dict, describe, log_lines, train_dataset, refusal, evaluates)."""
+
+    source: str
+    format: str
+    stage: str
+    max_length: int
+    n_source: int  # rows read (pairs; for KTO on paired data, the unpaired rows TRL makes of them)
+    counts: dict[str, int]
+    lengths: list[int]  # per row: its longest sequence (prompt + the longer answer) in tokens
+    rows: list[dict[str, Any]] = field(repr=False, default_factory=list)  # the rows that train, as TRL reads them
+    conversational: bool = False
+    notes: list[Any] = field(default_factory=list)
+    held: Any = None  # no validation part (yet): preference evals are TRL's eval_dataset, not planned here
+    validation: Any = None
+    packing: bool = False
+    n_packs: int | None = None
+
+    @property
+    def n_train(self) -> int:
+        return self.counts["kept"] + self.counts["truncated"]
+
+    @property
+    def evaluates(self) -> bool:
+        return False
+
+    @property
+    def longest_row(self) -> int:
+        return max(self.lengths, default=0)
+
+    def validation_dict(self) -> None:
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": self.format, "stage": self.stage, "rows_in_split": self.n_source,
+                "train_rows": self.n_train, **self.counts, "max_length": self.max_length,
+                "conversational": self.conversational, "longest_row_tokens": self.longest_row}
+
+    def describe(self) -> Said:
+        parts = [Said(f"pairs.reason.{r}", n=self.counts[r]) for r in REASONS if self.counts[r] or r == "kept"]
+        return Said("log.pairs", rows=self.n_source, dataset=f"{self.source} ({self.format})", stage=self.stage,
+                    train=self.n_train, max_length=str(self.max_length), outcomes=Said("msg.list", items=parts))
+
+    def log_lines(self) -> list[tuple[str, Any]]:
+        return [("info", line) for line in [self.describe(), *self.notes]]
+
+    def train_dataset(self) -> Any:
+        import datasets
+
+        return datasets.Dataset.from_list(self.rows)
+
+    def refusal(self) -> Said | None:
+        if self.n_train:
+            return None
+        return Said("log.pairs_refusal", rows=self.counts["dropped_long"], empty=self.counts["dropped_empty"],
+                    source=self.source, max_length=str(self.max_length))
+
+
+def plan_pairs(cfg: TrainConfig, tokenizer: Any, raw: Any = None, fmt: str | None = None) -> PairPlan:
+    """Every row of `cfg`'s preference data accounted for (module docstring), tokenized as TRL tokenizes it."""
+    from trl.data_utils import _tokenize, is_conversational, maybe_extract_prompt, unpair_preference_dataset
+
+    if raw is None:
+        raw, fmt = check_pairs(cfg)
+    if cfg.stage == "kto" and fmt != "unpaired":
+        raw = unpair_preference_dataset(raw.map(maybe_extract_prompt))  # TRL's own split: one row per answer
+        fmt = "unpaired"
+    answers = ("completion",) if fmt == "unpaired" else ("chosen", "rejected")
+    counts = dict.fromkeys(REASONS, 0)
+    plan = PairPlan(source=_where(cfg), format=fmt, stage=cfg.stage, max_length=cfg.max_length,
+                    n_source=len(raw), counts=counts, lengths=[])
+    eos = tokenizer.eos_token or ""
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    for row in raw:
+        row = {k: v for k, v in row.items() if k in ("prompt", *answers, "label")}
+        if fmt == "implicit_pairs" and all(_present(row.get(a)) for a in answers):
+            row = maybe_extract_prompt(row)  # TRL's: the conversation's shared start is the prompt
+        if not all(_present(row.get(k)) for k in ("prompt", *answers)) or (fmt == "unpaired" and row["label"] is None):
+            counts["dropped_empty"] += 1
+            continue
+        conversational = is_conversational(row)
+        if conversational and not chat:
+            raise DataError("data.err.pair_no_template", where=plan.source, model=cfg.model)
+        plan.conversational |= conversational
+        if conversational:  # what DPOTrainer/KTOTrainer tokenize: the prompt with the generation prompt, then whole
+            prompt = len(_tokenize(tokenizer, row["prompt"], add_generation_prompt=True)["input_ids"])
+            full = [len(_tokenize(tokenizer, row["prompt"] + row[a])["input_ids"]) for a in answers]
+        else:  # plain text: the answers get EOS, as the trainers add it
+            prompt = len(_tokenize(tokenizer, row["prompt"])["input_ids"])
+            full = [len(_tokenize(tokenizer, row["prompt"] + row[a] + (eos if not row[a].endswith(eos) else ""))
+                        ["input_ids"]) for a in answers]
+        plan.lengths.append(max(full))
+        if prompt >= cfg.max_length:  # TRL drops it too (keep_start would leave no answer token)
+            counts["dropped_long"] += 1
+            continue
+        counts["truncated" if max(full) > cfg.max_length else "kept"] += 1
+        if fmt == "unpaired":
+            row["label"] = bool(row["label"])
+        plan.rows.append(row)
+    return plan

@@ -1,0 +1,48 @@
+"""A preference run's learning signal, read from what TRL's trainers log: reward accuracy and margins, the chosen
+and rejected answers' log-probabilities (DPOTrainer, ORPOTrainer, KTOTrainer name them alike: rewards/accuracies,
+rewards/margins, logps/chosen, logps/rejected; KTO logs no accuracy). Light (no library imports): the event callback
+(core/train/callbacks.py) and the recipe's summary (core/train/stages.py) both read it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# TRL's log name -> memtune's event / summary name
+NAMES = {"rewards/accuracies": "reward_accuracy", "rewards/margins": "reward_margin",
+         "rewards/chosen": "reward_chosen", "rewards/rejected": "reward_rejected",
+         "logps/chosen": "logp_chosen", "logps/rejected": "logp_rejected"}
+
+
+def reward_metrics(logs: dict[str, Any]) -> dict[str, float]:
+    """The reward metrics in one of the Trainer's training logs (none for an SFT run)."""
+    out = {}
+    for trl_name, name in NAMES.items():
+        value = logs.get(trl_name)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            out[name] = round(float(value), 6)
+    return out
+
+
+def reward_summary(log_history: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """summary.json["preference"]: each logged step's reward metrics, the first, final and best reward accuracy
+    (and its step) and the final margin; None when nothing was logged."""
+    steps = [{"step": int(h.get("step", 0)), **reward_metrics(h)} for h in log_history if "loss" in h]
+    steps = [s for s in steps if len(s) > 1]
+    if not steps:
+        return None
+    acc = [(s["step"], s["reward_accuracy"]) for s in steps if "reward_accuracy" in s]
+    best = max(acc, key=lambda sa: (sa[1], -sa[0])) if acc else (None, None)
+    last = steps[-1]
+    return {"first_reward_accuracy": acc[0][1] if acc else None, "final_reward_accuracy": acc[-1][1] if acc else None,
+            "best_reward_accuracy": best[1], "best_reward_accuracy_step": best[0],
+            "final_reward_margin": last.get("reward_margin"), "final_logp_chosen": last.get("logp_chosen"),
+            "final_logp_rejected": last.get("logp_rejected"), "steps": steps}
+
+
+def rewards_said(rewards: dict[str, float]) -> dict[str, float]:
+    """log.pref.rewards' parameters (KTO logs no accuracy: nan, said as such)."""
+    nan = float("nan")
+    return {"accuracy": 100 * rewards.get("reward_accuracy", nan), "margin": rewards.get("reward_margin", nan),
+            "chosen": rewards.get("logp_chosen", nan), "rejected": rewards.get("logp_rejected", nan)}

@@ -1,0 +1,173 @@
+"""Preference stages (TrainConfig.stage: dpo, orpo, kto) through TRL's own trainers and configs.
+
+The recipe (core/train/recipe.py) stays one sequence (data plan -> model with LoRA -> trainer -> adapter); for a
+preference stage it asks this module at four marked hooks:
+- `plan_data`: the preference rows planned (core/data/pairs.py) instead of SFT rows, reported alike;
+- `starting_config` / `start_from`: with init_adapter, the earlier run's LoRA shape, then its weights (peft's
+  load_peft_weights + set_peft_model_state_dict) as the policy's start; the log says which reference is used;
+- `trainer_for`: DPOTrainer / ORPOTrainer / KTOTrainer with DPOConfig / ORPOConfig / KTOConfig built from the same
+  TrainingArguments memtune gives SFT (core/config/arguments.py), plus the stage's own fields;
+- `summary_part`: the reward metrics TRL logged (core/train/rewards.py) in summary.json.
+
+The reference model: TRL, given a peft model and no ref_model, copies the adapter as a frozen "ref" adapter (its
+`use_adapter(model, adapter_name="ref")`: adapter-sized memory, never a second copy of the base). With init_adapter
+that copy is the standard DPO reference, the SFT model the stage starts from, and memtune keeps it. From a fresh
+adapter (B = 0) the copy equals the base, so memtune removes it right after the trainer is made and TRL takes its
+other path, the base with the adapter disabled (`adapter_name=None`). ORPO has no reference. LoRA+ reaches TRL's
+preference trainers through the Trainer's own `optimizer_cls_and_kwargs` attribute (their __init__ lacks it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+from core.config import arguments
+from core.config.settings import ConfigError, Problem, TrainConfig
+from core.data.pairs import PairPlan, check_pairs, plan_pairs
+from core.gpus import distributed
+from core.levers import variants
+from core.messages import keyed, words_of
+from core.model import families
+from core.model import load as model_lib
+from core.runs.events import EventSink, make_event
+from core.train.callbacks import BarOnly, phase
+from core.train.rewards import reward_summary
+
+
+def trainer_classes(stage: str) -> tuple[type, type]:
+    """(trainer, config) of TRL for `stage`: ORPO lives in trl.experimental in TRL 1.x."""
+    if stage == "dpo":
+        from trl import DPOConfig, DPOTrainer
+
+        return DPOTrainer, DPOConfig
+    if stage == "kto":
+        from trl import KTOConfig, KTOTrainer
+
+        return KTOTrainer, KTOConfig
+    if stage == "orpo":
+        from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+        return ORPOTrainer, ORPOConfig
+    raise ValueError(f"no preference trainer for stage {stage!r}")
+
+
+# --- hook 1: the data ---------------------------------------------------------------------------------------------
+def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[PairPlan, Any, str, Any]:
+    """recipe.plan_data for a preference stage: (plan, tokenizer, model path, the model's module tree on the meta
+    device); the data is checked first."""
+    with phase(emit, "tokenizing", "log.phase.reading", source=f"{cfg.dataset} [{cfg.dataset_split}]"):
+        raw, fmt = check_pairs(cfg)
+    with phase(emit, "resolving", "log.phase.finding", model=cfg.model):
+        path = model_lib.resolve_model_path(cfg, emit)
+        tokenizer = model_lib.load_tokenizer(cfg, path)
+    with phase(emit, "tokenizing", "log.phase.formatting", n=len(raw), format=fmt):
+        plan = plan_pairs(cfg, tokenizer, raw, fmt)
+    tree = model_lib.skeleton(cfg, path)
+    targets = model_lib.lora_targets(cfg, model=tree)
+    plan.notes += [targets.describe(), *filter(None, [families.note(targets.model_type)])]
+    emit(make_event("data", **words_of(plan.describe()), **plan.to_dict(), validation=None))
+    for level, line in plan.log_lines():
+        emit(make_event("log", level=level, **words_of(line)))
+    return plan, tokenizer, path, tree
+
+
+# --- hook 2: where the policy starts, and its reference -------------------------------------------------------
+def adapter_dir(cfg: TrainConfig) -> Path | None:
+    return Path(cfg.init_adapter.strip()).expanduser() / "adapter" if cfg.init_adapter.strip() else None
+
+
+def starting_config(cfg: TrainConfig) -> TrainConfig:
+    """With init_adapter, cfg with that adapter's LoRA shape (rank, alpha, layers, dropout, DoRA, rsLoRA), so the
+    fresh adapter memtune makes has the saved one's tensors and scaling; otherwise cfg itself (sft: always)."""
+    folder = adapter_dir(cfg) if cfg.stage != "sft" else None
+    if folder is None:
+        return cfg
+    saved = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
+    return cfg.replace(lora_r=int(saved["r"]), lora_alpha=int(saved["lora_alpha"]),
+                       lora_dropout=float(saved.get("lora_dropout") or 0.0),
+                       lora_target_modules=sorted(saved["target_modules"]),
+                       use_dora=bool(saved.get("use_dora")), use_rslora=bool(saved.get("use_rslora")))
+
+
+def start_from(model, cfg: TrainConfig, emit: EventSink) -> None:
+    """Load init_adapter's weights into the model's (trainable) adapter, and say which reference the stage uses."""
+    folder = adapter_dir(cfg)
+    if folder is not None:
+        from peft import load_peft_weights, set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, load_peft_weights(str(folder)))
+        missing = [k for k in result.missing_keys if "lora_" in k]
+        if missing or result.unexpected_keys:  # a hand-edited adapter_config.json: refuse rather than half-load
+            raise ConfigError([Problem.of("init_adapter", "problem.init_adapter_shape", path=str(folder),
+                                          n=len(missing) + len(result.unexpected_keys))])
+        emit(make_event("log", level="info", **keyed("log.pref.init_adapter", path=str(folder), r=cfg.lora_r,
+                                                     alpha=cfg.lora_alpha,
+                                                     modules=", ".join(cfg.lora_target_modules))))
+    said = (keyed("log.pref.no_reference", stage=cfg.stage) if cfg.stage == "orpo" else
+            keyed("log.pref.reference_adapter", stage=cfg.stage, path=str(folder)) if folder is not None else
+            keyed("log.pref.reference", stage=cfg.stage))
+    emit(make_event("log", level="info", **said))
+
+
+# --- hook 3: the trainer --------------------------------------------------------------------------------------
+def stage_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    """The stage's own arguments on top of the TrainingArguments memtune builds for every run."""
+    out: dict[str, Any] = {"beta": cfg.beta, "max_length": cfg.max_length}
+    if cfg.stage == "dpo":
+        out["loss_type"] = [cfg.dpo_loss_type]
+        out["padding_free"] = False  # TRL 1.16's DPO pads pairs (its padding_free is off for now)
+    return out
+
+
+def build_config(cfg: TrainConfig, output_dir: str | Path, console: bool = False, evaluate: bool = False,
+                 run_dir: str | Path | None = None, cuda: bool | None = None):
+    """The stage's TRL config: sft_kwargs (batch, accumulation, optimizer, precision, checkpointing ...; what the
+    config class lacks, e.g. packing, is left out by installed_names) + eval + tracking + the stage's fields."""
+    _, config_class = trainer_classes(cfg.stage)
+    kwargs = arguments.sft_kwargs(cfg, output_dir, model_lib.use_cuda(cfg) if cuda is None else cuda, console)
+    if evaluate:
+        kwargs.update(arguments.eval_kwargs(cfg))
+    kwargs.update(arguments.tracking_kwargs(cfg, run_dir))
+    kwargs.update(stage_kwargs(cfg))
+    return config_class(**arguments.installed_names(kwargs, config_class))
+
+
+def trainer_for(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir: Path, callbacks=(),
+                console: bool = False, eval_dataset=None, cuda: bool | None = None):
+    """recipe.build_trainer for a preference stage: TRL's trainer on the plan's rows, the reference being TRL's copy
+    of init_adapter's adapter, or else the base with the adapter disabled (module docstring)."""
+    trainer_class, _ = trainer_classes(cfg.stage)
+    args = build_config(cfg, output_dir, console, eval_dataset is not None, output_dir.parent, cuda)
+    trainer = trainer_class(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                            processing_class=tokenizer, callbacks=list(callbacks))
+    peft_config = getattr(trainer.model, "peft_config", {})
+    if "ref" in peft_config and adapter_dir(cfg) is None:  # a fresh adapter's copy is the base: TRL then disables
+        trainer.model.delete_adapter("ref")  # the adapter for the reference instead (module docstring)
+    if cfg.loraplus_lr_ratio:  # LoRA+: the Trainer reads this attribute when it builds the optimizer
+        trainer.optimizer_cls_and_kwargs = variants.loraplus_optimizer(args, cfg.loraplus_lr_ratio, cfg.weight_decay)
+    trainer.remove_callback(PrinterCallback)  # as recipe.build_trainer: memtune's own step lines carry the metrics
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(BarOnly())
+    distributed.fsdp_wrap_policy(trainer)
+    return trainer
+
+
+def reference(cfg: TrainConfig) -> str | None:
+    """summary.json's "reference": what the stage's reference log-probabilities come from."""
+    if cfg.stage == "orpo":
+        return None
+    return "init_adapter, frozen copy" if adapter_dir(cfg) is not None else "base model, adapter disabled"
+
+
+# --- hook 4: the summary ---------------------------------------------------------------------------------------
+def summary_part(cfg: TrainConfig, trainer) -> dict[str, Any]:
+    """summary.json's "stage" and "preference" (the reward metrics TRL logged) of a preference run; {} for sft."""
+    if cfg.stage == "sft":
+        return {}
+    return {"stage": cfg.stage, "init_adapter": cfg.init_adapter or None,
+            "reference": reference(cfg),
+            "preference": reward_summary(trainer.state.log_history)}
