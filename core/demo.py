@@ -73,21 +73,21 @@ def preference_rows() -> list[dict[str, str]]:
     return rows
 
 
-def write_demo_dataset(path: Path = DEMO_DATA) -> Path:
+def _write_jsonl(path: Path, rows: list[dict[str, str]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as fh:
-        for row in demo_rows():
+        for row in rows:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     return path
+
+
+def write_demo_dataset(path: Path = DEMO_DATA) -> Path:
+    return _write_jsonl(path, demo_rows())
 
 
 def write_demo_pairs(path: Path = DEMO_PAIRS) -> Path:
     """The shipped preference pairs (assets/demo/pairs.jsonl), which core.data.pairs reads for the demo dataset."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as fh:
-        for row in preference_rows():
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    return path
+    return _write_jsonl(path, preference_rows())
 
 
 def demo_model_dir() -> Path:
