@@ -364,22 +364,25 @@ def build_sft_config(cfg: TrainConfig, output_dir: str | Path, console: bool = F
 def build_trainer(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir: Path, callbacks=(),
                   console: bool = False, eval_dataset=None, cuda: bool | None = None) -> SFTTrainer:
     if cfg.stage != "sft":  # stages hook: TRL's DPO/ORPO/KTO trainer
-        return stages.trainer_for(cfg, model, tokenizer, train_dataset, output_dir, callbacks, console, eval_dataset,
-                                  cuda)
-    args = build_sft_config(cfg, output_dir, console, eval_dataset is not None, output_dir.parent, cuda)
-    if args.use_liger_kernel:  # what of liger this model can take (4-bit MoE experts: not its SwiGLU)
-        args.liger_kernel_config = {**(args.liger_kernel_config or {}), **liger_config(model)}
-    trainer = SFTTrainer(
-        model=model,
-        args=args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,  # was `tokenizer=` in the chapter
-        callbacks=list(callbacks),
-        # LoRA+: peft's optimizer (lora_B at loraplus_lr_ratio x the lr) over the class `optim` names
-        optimizer_cls_and_kwargs=variants.loraplus_optimizer(args, cfg.loraplus_lr_ratio, cfg.weight_decay)
-        if cfg.loraplus_lr_ratio else None,
-    )
+        trainer = stages.trainer_for(cfg, model, tokenizer, train_dataset, output_dir, callbacks, console,
+                                     eval_dataset, cuda)
+    else:
+        args = build_sft_config(cfg, output_dir, console, eval_dataset is not None, output_dir.parent, cuda)
+        if args.use_liger_kernel:  # what of liger this model can take (4-bit MoE experts: not its SwiGLU)
+            args.liger_kernel_config = {**(args.liger_kernel_config or {}), **liger_config(model)}
+        trainer = SFTTrainer(
+            model=model,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=tokenizer,  # was `tokenizer=` in the chapter
+            callbacks=list(callbacks),
+        )
+    if cfg.loraplus_lr_ratio:
+        # LoRA+: peft's optimizer (lora_B at loraplus_lr_ratio x the lr) over the class `optim` names; the Trainer
+        # reads this attribute when it builds the optimizer (TRL's preference trainers take no such argument)
+        trainer.optimizer_cls_and_kwargs = variants.loraplus_optimizer(trainer.args, cfg.loraplus_lr_ratio,
+                                                                       cfg.weight_decay)
     # memtune's own "step N/M  loss ..." lines carry the metrics: the Trainer printing every log dict again (as a
     # dict after each bar update, or PrinterCallback's lines in a log file) only buries them.
     trainer.remove_callback(PrinterCallback)

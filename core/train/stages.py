@@ -13,8 +13,8 @@ The reference model: TRL, given a peft model and no ref_model, copies the adapte
 `use_adapter(model, adapter_name="ref")`: adapter-sized memory, never a second copy of the base). With init_adapter
 that copy is the standard DPO reference, the SFT model the stage starts from, and memtune keeps it. From a fresh
 adapter (B = 0) the copy equals the base, so memtune removes it right after the trainer is made and TRL takes its
-other path, the base with the adapter disabled (`adapter_name=None`). ORPO has no reference. LoRA+ reaches TRL's
-preference trainers through the Trainer's own `optimizer_cls_and_kwargs` attribute (their __init__ lacks it).
+other path, the base with the adapter disabled (`adapter_name=None`). ORPO has no reference. recipe.build_trainer
+then gives this trainer what every run's trainer gets (LoRA+'s optimizer, memtune's log callbacks, FSDP's wrap policy).
 """
 
 from __future__ import annotations
@@ -23,18 +23,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
 from core.config import arguments
 from core.config.settings import ConfigError, Problem, TrainConfig
 from core.data.pairs import PairPlan, check_pairs, plan_pairs
-from core.gpus import distributed
-from core.levers import variants
 from core.messages import keyed, words_of
 from core.model import families
 from core.model import load as model_lib
 from core.runs.events import EventSink, make_event
-from core.train.callbacks import BarOnly, phase
+from core.train.callbacks import phase
 from core.train.rewards import reward_summary
 
 
@@ -147,13 +143,7 @@ def trainer_for(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir: P
     peft_config = getattr(trainer.model, "peft_config", {})
     if "ref" in peft_config and adapter_dir(cfg) is None:  # a fresh adapter's copy is the base: TRL then disables
         trainer.model.delete_adapter("ref")  # the adapter for the reference instead (module docstring)
-    if cfg.loraplus_lr_ratio:  # LoRA+: the Trainer reads this attribute when it builds the optimizer
-        trainer.optimizer_cls_and_kwargs = variants.loraplus_optimizer(args, cfg.loraplus_lr_ratio, cfg.weight_decay)
-    trainer.remove_callback(PrinterCallback)  # as recipe.build_trainer: memtune's own step lines carry the metrics
-    if trainer.pop_callback(ProgressCallback) is not None:
-        trainer.add_callback(BarOnly())
-    distributed.fsdp_wrap_policy(trainer)
-    return trainer
+    return trainer  # recipe.build_trainer adds what every run's trainer gets (LoRA+, the log's callbacks, FSDP)
 
 
 def reference(cfg: TrainConfig) -> str | None:
