@@ -48,6 +48,7 @@ from core.checks import check
 from core.config import arguments, checklist
 from core.config.settings import ConfigError, TrainConfig
 from core.data import validation
+from core.data.pairs import PairPlan, check_pairs, plan_pairs
 from core.data.plan import DataError, DataPlan, check_data
 from core.estimate.predict import savings
 from core.files import StorageError, free_memory, has_marker, real, storage_message
@@ -292,7 +293,7 @@ class LoRARecipe:
 
 
 # --- the recipe's steps ------------------------------------------------------------------------------------------
-def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan, Any, str, Any]:
+def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan | PairPlan, Any, str, Any]:
     """Read and check the data, find the model and its tokenizer, plan every row: (plan, tokenizer, model path, the
     model's module tree on the meta device).
 
@@ -300,16 +301,15 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan, Any, str, An
     validation rows are held out before the plan (they never reach plan.train_dataset()) and planned alike, as the
     plan's validation part. The caller refuses a plan with nothing to train (plan.refusal()) before loading the
     model, keeping the plan for the failed run's summary."""
-    if cfg.stage != "sft":  # stages hook: preference rows (core/data/pairs.py)
-        return stages.plan_data(cfg, emit)
+    pairs = cfg.stage != "sft"  # stages hook: preference rows (core/data/pairs.py), without a validation part
     with phase(emit, "tokenizing", "log.phase.reading", source=f"{cfg.dataset} [{cfg.dataset_split}]"):
-        raw, fmt = check_data(cfg)
-        held = validation.split(cfg, raw, fmt)
+        raw, fmt = check_pairs(cfg) if pairs else check_data(cfg)
+        held = None if pairs else validation.split(cfg, raw, fmt)
     with phase(emit, "resolving", "log.phase.finding", model=cfg.model):
         path = model_lib.resolve_model_path(cfg, emit)
         tokenizer = model_lib.load_tokenizer(cfg, path)
     with phase(emit, "tokenizing", "log.phase.formatting", n=len(raw), format=fmt):
-        plan = validation.plan_parts(cfg, tokenizer, held, fmt)
+        plan = plan_pairs(cfg, tokenizer, raw, fmt) if pairs else validation.plan_parts(cfg, tokenizer, held, fmt)
     # LoRA targets from the module tree on the meta device, before any weight loads: a name the model lacks is
     # refused here (ConfigError listing its linear layers), and the log says what gets LoRA.
     tree = model_lib.skeleton(cfg, path)
@@ -319,7 +319,7 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan, Any, str, An
     emit(make_event("data", **words_of(said), **counts, validation=part))
     for level, line in lines:
         emit(make_event("log", level=level, **words_of(line)))
-    if (cfg.keep_best or cfg.early_stopping_patience) and not plan.evaluates:
+    if (cfg.keep_best or cfg.early_stopping_patience) and not plan.evaluates:  # a stage's are refused before
         raise DataError("data.err.no_validation_rows", why=held.why)
     return plan, tokenizer, path, tree
 

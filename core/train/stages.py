@@ -1,8 +1,8 @@
 """Preference stages (TrainConfig.stage: dpo, orpo, kto) through TRL's own trainers and configs.
 
 The recipe (core/train/recipe.py) stays one sequence (data plan -> model with LoRA -> trainer -> adapter); for a
-preference stage it asks this module at four marked hooks:
-- `plan_data`: the preference rows planned (core/data/pairs.py) instead of SFT rows, reported alike;
+preference stage it reads and plans the preference rows (core/data/pairs.py) instead of SFT rows, reported alike,
+and asks this module at three marked hooks:
 - `starting_config` / `start_from`: with init_adapter, the earlier run's LoRA shape, then its weights (peft's
   load_peft_weights + set_peft_model_state_dict) as the policy's start; the log says which reference is used;
 - `trainer_for`: DPOTrainer / ORPOTrainer / KTOTrainer with DPOConfig / ORPOConfig / KTOConfig built from the same
@@ -25,12 +25,9 @@ from typing import Any
 
 from core.config import arguments
 from core.config.settings import ConfigError, Problem, TrainConfig
-from core.data.pairs import PairPlan, check_pairs, plan_pairs
-from core.messages import keyed, words_of
-from core.model import families
+from core.messages import keyed
 from core.model import load as model_lib
 from core.runs.events import EventSink, make_event
-from core.train.callbacks import phase
 from core.train.rewards import reward_summary
 
 
@@ -51,27 +48,7 @@ def trainer_classes(stage: str) -> tuple[type, type]:
     raise ValueError(f"no preference trainer for stage {stage!r}")
 
 
-# --- hook 1: the data ---------------------------------------------------------------------------------------------
-def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[PairPlan, Any, str, Any]:
-    """recipe.plan_data for a preference stage: (plan, tokenizer, model path, the model's module tree on the meta
-    device); the data is checked first."""
-    with phase(emit, "tokenizing", "log.phase.reading", source=f"{cfg.dataset} [{cfg.dataset_split}]"):
-        raw, fmt = check_pairs(cfg)
-    with phase(emit, "resolving", "log.phase.finding", model=cfg.model):
-        path = model_lib.resolve_model_path(cfg, emit)
-        tokenizer = model_lib.load_tokenizer(cfg, path)
-    with phase(emit, "tokenizing", "log.phase.formatting", n=len(raw), format=fmt):
-        plan = plan_pairs(cfg, tokenizer, raw, fmt)
-    tree = model_lib.skeleton(cfg, path)
-    targets = model_lib.lora_targets(cfg, model=tree)
-    plan.notes += [targets.describe(), *filter(None, [families.note(targets.model_type)])]
-    emit(make_event("data", **words_of(plan.describe()), **plan.to_dict(), validation=None))
-    for level, line in plan.log_lines():
-        emit(make_event("log", level=level, **words_of(line)))
-    return plan, tokenizer, path, tree
-
-
-# --- hook 2: where the policy starts, and its reference -------------------------------------------------------
+# --- hook 1: where the policy starts, and its reference -------------------------------------------------------
 def adapter_dir(cfg: TrainConfig) -> Path | None:
     return Path(cfg.init_adapter.strip()).expanduser() / "adapter" if cfg.init_adapter.strip() else None
 
@@ -109,7 +86,7 @@ def start_from(model, cfg: TrainConfig, emit: EventSink) -> None:
     emit(make_event("log", level="info", **said))
 
 
-# --- hook 3: the trainer --------------------------------------------------------------------------------------
+# --- hook 2: the trainer --------------------------------------------------------------------------------------
 def stage_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     """The stage's own arguments on top of the TrainingArguments memtune builds for every run."""
     out: dict[str, Any] = {"beta": cfg.beta, "max_length": cfg.max_length}
@@ -153,7 +130,7 @@ def reference(cfg: TrainConfig) -> str | None:
     return "init_adapter, frozen copy" if adapter_dir(cfg) is not None else "base model, adapter disabled"
 
 
-# --- hook 4: the summary ---------------------------------------------------------------------------------------
+# --- hook 3: the summary ---------------------------------------------------------------------------------------
 def summary_part(cfg: TrainConfig, trainer) -> dict[str, Any]:
     """summary.json's "stage" and "preference" (the reward metrics TRL logged) of a preference run; {} for sft."""
     if cfg.stage == "sft":
