@@ -10,6 +10,7 @@ import re
 import shutil
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 
@@ -73,12 +74,13 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
         from ui.validation import split_note
 
         held = split(cfg, raw, fmt)  # as the engine does: held-out rows are not in the plan
-        cfg, model_lines = _model_lines(cfg, lang)  # the run's own changes for this model (unpacked rows...) first
+        # the run's own changes for this model (unpacked rows...) first, from its meta-device tree, built once here
+        cfg, model_lines, tree = _model_lines(cfg, lang)
         plan = plan_rows(cfg, tokenizer, held.train, fmt, n_examples=3)
         plan.notes = [render.log_text(n, lang) for n in plan.notes]  # the plan's notes are the run log's lines
         if plan.multi_turn:  # every assistant turn accounted for (core/data/plan.py)
             plan.notes.append(t("preview.turns", lang, n=sum(plan.turns.values()), **plan.turns))
-        plan.notes.append(_lora_line(cfg, lang))
+        plan.notes.append(_lora_line(cfg, lang, tree))
         plan.notes += model_lines
         return split_note(held, lang) + preview_html(plan, lang)
     except DataError as exc:
@@ -87,19 +89,20 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
         return error_box(t("preview.read_error", lang), f"{type(exc).__name__}: {exc}")
 
 
-def _model_lines(cfg: TrainConfig, lang: str) -> tuple[TrainConfig, list[str]]:
+def _model_lines(cfg: TrainConfig, lang: str) -> tuple[TrainConfig, list[str], Any]:
     """What the run will change for this model before loading, from its config.json and meta-device tree, in the
     run log's words: the pre-flight's adaptations (core.model.families.adapt: rows unpacked for a stateful mixer,
     another attention path), and the experts' weights that get LoRA with lora_experts. `cfg` comes back as the run
-    will train it, so the plan below shows the rows as they will train (unpacked, when so)."""
+    will train it, so the plan below shows the rows as they will train (unpacked, when so); and the tree (None when
+    it cannot be built), which _lora_line reads too."""
     from core.config.settings import ConfigError
     from core.levers.experts import expert_parameters
     from core.model import families
-    from core.model.lora_targets import skeleton
-    from core.model.load import resolve_model_path
+    from core.model.load import resolve_model_path, skeleton
 
+    tree = None
     try:
-        tree = skeleton(resolve_model_path(cfg), cfg.trust_remote_code)
+        tree = skeleton(cfg, resolve_model_path(cfg))  # the run's own: a model that is no causal LM refused by name
         changes, said = families.adapt(cfg, families.traits(tree.config, tree))
         lines = [render.log_text(s, lang) for s in said]
         if cfg.lora_experts:
@@ -107,21 +110,23 @@ def _model_lines(cfg: TrainConfig, lang: str) -> tuple[TrainConfig, list[str]]:
             if not names:
                 raise ConfigError([Problem.of("lora_experts", "problem.lora_experts_dense", model=cfg.model)])
             lines.append(render.log_text(Said("log.moe.lora_experts", params=", ".join(names)), lang))
-        return (cfg.replace(**changes) if changes else cfg), lines
+        return (cfg.replace(**changes) if changes else cfg), lines, tree
     except ConfigError as exc:
-        return cfg, ["; ".join(render.problem_text(p, lang) for p in exc.problems)]
+        return cfg, ["; ".join(render.problem_text(p, lang) for p in exc.problems)], tree
     except Exception:  # noqa: BLE001 - the tree cannot be built: _lora_line below says why, once
-        return cfg, []
+        return cfg, [], tree
 
 
-def _lora_line(cfg: TrainConfig, lang: str) -> str:
-    """Which layers get LoRA and how many parameters train, from the model's module tree (no weights loaded)."""
+def _lora_line(cfg: TrainConfig, lang: str, tree: Any = None) -> str:
+    """Which layers get LoRA and how many parameters train, from the model's module tree (no weights loaded):
+    `tree` when the caller built it, else built here."""
     from core.config.settings import ConfigError
     from core.model.load import lora_targets
 
     try:
         # the run log's own line (Targets.describe: renamed, fused and shared-name layers), in the page's language
-        return render.log_text(lora_targets(cfg).describe(), lang)
+        return render.log_text((lora_targets(cfg, model=tree) if tree is not None else lora_targets(cfg)).describe(),
+                               lang)
     except ConfigError as exc:
         return "; ".join(render.problem_text(p, lang) for p in exc.problems)
     except Exception as exc:  # noqa: BLE001 - the preview stays useful when the tree cannot be built
