@@ -171,6 +171,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--archs", default=",".join(ARCHS))
     ap.add_argument("--budget-s", type=float, default=500.0)
+    ap.add_argument("--only", default="", help="these presets only (comma-separated), e.g. the rows a call missed")
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny-llama, the smoke plan's code paths")
     ap.add_argument("--attention-only", action="store_true", help="only step 1 (what main runs in a child process)")
     ap.add_argument("--recheck", action="store_true", help="no GPU work: the table again from --out's raw files")
@@ -202,7 +203,7 @@ def main(argv=None) -> int:
         if left < 60:
             print(f"skipped {arch}: {left:.0f} s left", flush=True)
             continue
-        cmd = product_command(out, arch, left, warm_row=i == 0)
+        cmd = product_command(out, arch, left, warm_row=i == 0) + (["--only", args.only] if args.only else [])
         subprocess.run(cmd, cwd=str(ROOT), check=False)
         work = Path("/tmp/memtune-bench") / f"model-{arch}"
         shutil.rmtree(work, ignore_errors=True)  # 64 GiB of disk: one model folder at a time
