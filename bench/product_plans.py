@@ -129,7 +129,7 @@ def lean(name: str) -> list[Variant]:
     rows = [
         Variant("chapter-script", steps=3, warm=1, timeout_s=120, note="the chapter's script as written"),
         Variant("lowest_memory", "lowest_memory", off, **lm,
-                note="the preset today: 2 packs x 3, sdpa, offloaded (estimate 6.29 GiB)"),
+                note="the preset: 4 packs x 2, varlen, offloaded (run 18)"),
         Variant("lm-4x2-varlen", "lowest_memory", [*off, *varlen, *x42], **lm,
                 note="run 6's 4,224 tok/s row, with today's offloading: the lead candidate (estimate 6.56 GiB)"),
         Variant("unsloth-low", steps=10, warm=3, timeout_s=100, peer=True,
