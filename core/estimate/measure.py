@@ -89,8 +89,8 @@ def layer_saved(config_text: str, precision: str, targets: tuple[str, ...], rank
     """{"saved": bytes per token one decoder layer keeps for backward, "moe": whether the measured layer routes to
     experts, "own_attention": whether the family's attention bypassed the stand-in, "fp32_attention": whether q, k,
     v reach attention in fp32 (a LayerNorm family on a 4-bit base: memtune's varlen attention casts them to the
-    compute dtype for FlashAttention, core/model/attention.py `_target_dtype`)}, or None where it cannot be measured (see the module
-    docstring)."""
+    compute dtype for FlashAttention, core/model/attention.py `_target_dtype`)}, or None where it cannot be measured
+    (see the module docstring)."""
     import torch
     import transformers
 

@@ -117,7 +117,7 @@ def _target_dtype(query: torch.Tensor, module) -> torch.dtype | None:
 
     try:
         target = get_target_dtype(query, module)
-    except StopIteration:  # no nn.Linear inside the attention module: nothing says which dtype is meant
+    except (StopIteration, AttributeError):  # no config or nn.Linear on the module: nothing says which dtype is meant
         return None
     return target if target in (torch.bfloat16, torch.float16) else None
 
