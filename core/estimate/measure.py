@@ -25,7 +25,8 @@ Stood in for, because the GPU kernels do not run here:
   frozen 16-bit Linear keeps the same (autograd does not save an input only a frozen weight's gradient would need).
 - CUDA autocast's fp32 LayerNorm / GroupNorm and bitsandbytes' 4-bit linear returning its input's dtype
   (`_CudaAutocastStandIn`): a LayerNorm family's stream on a 4-bit base stays fp32 (StarCoder2-3B: 117,488 bytes per
-  token and layer instead of 68,328 measured without; run 17's `fastest` -42.7% -> +2.5%), and q/k/v reach
+  token and layer instead of 68,328 measured without; run 17's `fastest`, which ran before the fp32 q/k/v
+  cast below and so with SDPA's [T, T] mask, -42.7% -> +2.5%), and q/k/v reach
   attention in fp32 (`fp32_attention`), where the stand-in casts them to the compute dtype as
   FlashAttention's callers do (transformers' get_target_dtype; memtune's varlen attention likewise, so no [T, T]
   mask: core/model/attention.py `_target_dtype`).
