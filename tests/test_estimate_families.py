@@ -101,13 +101,16 @@ def test_the_estimate_uses_the_measured_layer(tmp_path, monkeypatch):
 def test_a_layernorm_family_on_4bit_keeps_an_fp32_stream(tmp_path, monkeypatch):
     """Run 17 (H200): StarCoder2-3B `fastest` peaked at 35.95 GiB against an estimate of 20.59 (-42.7%). CUDA autocast
     runs LayerNorm in fp32 and bitsandbytes' 4-bit linear returns its input's dtype, so a LayerNorm family's stream
-    stays fp32 (its GELU keeps an fp32 input) and q/k/v reach attention in fp32, where memtune's varlen attention
-    takes SDPA with a [T, T] mask. The measurement reproduces both on the CPU; an RMSNorm family (granite) casts
-    back to its input dtype itself and measures the same whatever the base."""
+    stays fp32 (its GELU keeps an fp32 input) and q/k/v reach attention in fp32. The measurement reproduces both on
+    the CPU; an RMSNorm family (granite) casts back to its input dtype itself and measures the same whatever the
+    base. memtune's varlen attention then casts q/k/v to bf16 for FlashAttention (core/model/attention.py
+    `_target_dtype`; before that, run 17 and 18's `fastest`, it took SDPA with a [T, T] mask): no mask is counted."""
+    from dataclasses import replace
+
     from core.config.presets import apply_preset
     from core.config.settings import TrainConfig
     from core.estimate import measure
-    from core.estimate.terms import single_gpu_terms
+    from core.estimate.terms import layer_bytes_per_token, single_gpu_terms
     from core.model.shapes import ModelShape
 
     monkeypatch.setenv("MEMTUNE_CACHE", str(tmp_path))
@@ -125,11 +128,19 @@ def test_a_layernorm_family_on_4bit_keeps_an_fp32_stream(tmp_path, monkeypatch):
     assert gr_4bit == gr_16bit and not gr_4bit["fp32_attention"]
 
     shape = ModelShape.from_config(families_any.hf_config("starcoder2").to_dict(), "starcoder2")
-    cfg = apply_preset(TrainConfig(model="x"), "fastest").replace(attention="varlen", packing=True)
+    cfg = apply_preset(TrainConfig(model="x"), "fastest").replace(attention="varlen", packing=True,
+                                                                  gradient_checkpointing=False,
+                                                                  offload_activations=False)
     t = single_gpu_terms(cfg, shape, max_row_tokens=64, attention="varlen")
-    assert any("SDPA with an explicit mask" in n for n in t.notes)
-    tokens = t.tokens
-    assert t.activations >= 2 * tokens * tokens * shape.num_hidden_layers  # each layer's bf16 [T, T] bias
+    assert any("casts them to bf16 for FlashAttention" in n for n in t.notes)
+    saved, _ = layer_bytes_per_token(cfg, shape, kv_repeated=True)
+    # every layer keeps its measured activations and nothing else: no [T, T] bool mask, no per-layer bf16 bias
+    assert t.activations == shape.num_hidden_layers * saved * t.tokens
+    sdpa = single_gpu_terms(cfg, shape, max_row_tokens=64, attention="sdpa")  # SDPA over the pack keeps the mask
+    assert sdpa.activations - t.activations >= 2 * t.tokens ** 2 * shape.num_hidden_layers
+    # the 16-bit base (no fp32 LayerNorm stream) says nothing about a cast
+    plain = single_gpu_terms(cfg.replace(load_in_4bit=False), replace(shape), max_row_tokens=64, attention="varlen")
+    assert not any("casts them" in n for n in plain.notes)
 
 
 def test_families_table_has_each_preset_once_and_one_warm_row_per_call(tmp_path, monkeypatch):

@@ -25,8 +25,11 @@ Stood in for, because the GPU kernels do not run here:
   frozen 16-bit Linear keeps the same (autograd does not save an input only a frozen weight's gradient would need).
 - CUDA autocast's fp32 LayerNorm / GroupNorm and bitsandbytes' 4-bit linear returning its input's dtype
   (`_CudaAutocastStandIn`): a LayerNorm family's stream on a 4-bit base stays fp32 (StarCoder2-3B: 117,488 bytes per
-  token and layer instead of 68,328 measured without; run 17's `fastest` -42.7% -> +2.5%), and q/k/v reach
-  attention in fp32 (`fp32_attention`: memtune's varlen attention then runs SDPA with a [T, T] mask).
+  token and layer instead of 68,328 measured without; run 17's `fastest`, which ran before the fp32 q/k/v
+  cast below and so with SDPA's [T, T] mask, -42.7% -> +2.5%), and q/k/v reach
+  attention in fp32 (`fp32_attention`), where the stand-in casts them to the compute dtype as
+  FlashAttention's callers do (transformers' get_target_dtype; memtune's varlen attention likewise, so no [T, T]
+  mask: core/model/attention.py `_target_dtype`).
 - liger's kernels (Triton, CUDA only): measured without them; core.estimate.terms takes off what its RMSNorm and
   SwiGLU do not keep, only on families liger patches.
 
@@ -86,9 +89,9 @@ def layer_saved(config_text: str, precision: str, targets: tuple[str, ...], rank
                 kv_repeated: bool, experts_loop: bool = False, four_bit: bool = True) -> dict | None:
     """{"saved": bytes per token one decoder layer keeps for backward, "moe": whether the measured layer routes to
     experts, "own_attention": whether the family's attention bypassed the stand-in, "fp32_attention": whether q, k,
-    v reach attention in fp32 (a LayerNorm family on a 4-bit base: memtune's varlen attention then takes SDPA with
-    a [T, T] row mask, core/model/attention.py `usable`)}, or None where it cannot be measured (see the module
-    docstring)."""
+    v reach attention in fp32 (a LayerNorm family on a 4-bit base: memtune's varlen attention casts them to the
+    compute dtype for FlashAttention, core/model/attention.py `_target_dtype`)}, or None where it cannot be measured
+    (see the module docstring)."""
     import torch
     import transformers
 

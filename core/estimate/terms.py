@@ -268,10 +268,12 @@ def measured_saved(cfg: TrainConfig, shape: ModelShape, kv_repeated: bool) -> in
     return None if found is None else int(found["saved"])
 
 
-def varlen_falls_back(cfg: TrainConfig, shape: ModelShape) -> bool:
-    """memtune's varlen attention runs FlashAttention only on 16-bit q/k/v (core/model/attention.py `usable`); a
-    LayerNorm family on a 4-bit base hands it fp32 ones (CUDA autocast's fp32 LayerNorm, bitsandbytes returning
-    its input's dtype), and it then takes SDPA with an explicit [T, T] row mask (StarCoder2-3B, run 17: 3.7 GiB)."""
+def varlen_casts(cfg: TrainConfig, shape: ModelShape) -> bool:
+    """Whether q/k/v reach memtune's varlen attention in fp32: a LayerNorm family on a 4-bit base (CUDA autocast's
+    fp32 LayerNorm, bitsandbytes returning its input's dtype). core/model/attention.py casts them to the compute
+    dtype for FlashAttention, as transformers' wrapper does, so no [T, T] mask is built (before that fix it took
+    SDPA with one: StarCoder2-3B `fastest`, run 17, 35.95 GiB). The measured layer already counts the 16-bit
+    copies the kernel keeps (core/estimate/measure.py's stand-in casts as the kernel's caller does)."""
     found = measured_layer(cfg, shape, True)
     return bool(found and found.get("fp32_attention"))
 
@@ -388,10 +390,9 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
 
     # Activations
     is_masked = masked(cfg, attention, batch, equal_length_rows)
-    if attention == "varlen" and (cfg.packing or batch > 1) and varlen_falls_back(cfg, shape):
-        is_masked = True
-        notes.append("q, k and v reach attention in fp32 (an fp32 LayerNorm on a 4-bit base): varlen attention "
-                     "runs SDPA with an explicit mask instead of FlashAttention")
+    if attention == "varlen" and (cfg.packing or batch > 1) and varlen_casts(cfg, shape):
+        notes.append(f"q, k and v reach attention in fp32 (an fp32 LayerNorm on a 4-bit base): varlen attention "
+                     f"casts them to {cfg.precision} for FlashAttention per packed row (no [T, T] mask)")
     saved, backward = layer_bytes_per_token(cfg, shape, liger_layers=liger,
                                             kv_repeated=is_masked or attention == "varlen")
     # bitsandbytes dequantizes a whole weight per matmul (a 4-bit expert: that one expert's)

@@ -5,7 +5,9 @@ block-diagonal mask: attention costs grow with the square of the micro-batch's t
 an 8-pack micro-step, bench/RESULTS.md), every layer keeps a [T, T] bias (-1.0 GiB at 4k tokens when gone), and
 cuDNN builds a new attention plan for each new micro-batch length. This attention function runs each packed row
 on its own with torch.nn.attention.varlen (FlashAttention) instead; anything it cannot take (CPU, padded batches,
-dropout, fp32) goes to SDPA with an explicit row-and-padding mask, so results are the same everywhere.
+dropout, an fp32 model) goes to SDPA with an explicit row-and-padding mask, so results are the same everywhere.
+fp32 q/k/v of a 16-bit run (a LayerNorm family under autocast on a 4-bit base) are cast to the compute dtype
+first, as transformers' FlashAttention wrapper does (`_target_dtype`).
 
 Every feature of the model's own attention is kept, never dropped (tests/test_families.py compares each family with
 its eager attention): the sliding window (Mistral, Gemma, Phi-3) is the kernel's `window_size` or part of the SDPA
@@ -27,7 +29,8 @@ import sys
 import torch
 
 VARLEN_ATTENTION = "memtune_varlen"
-VARLEN_CALLS: dict = {"varlen": 0, "sdpa": 0, "eager_rows": 0, "error": None}  # which path ran (the benchmark reports it)
+# which path ran (the benchmark reports it); "cast": calls whose fp32 q/k/v were cast to 16 bits for the kernel
+VARLEN_CALLS: dict = {"varlen": 0, "sdpa": 0, "eager_rows": 0, "cast": 0, "error": None}
 
 
 def _segment_mask(position_ids: torch.Tensor, attention_mask: torch.Tensor | None, q_len: int,
@@ -99,6 +102,26 @@ def _varlen_device(t: torch.Tensor) -> bool:
     return t.is_cuda  # FlashAttention kernels; tests substitute a reference kernel on the CPU
 
 
+def _target_dtype(query: torch.Tensor, module) -> torch.dtype | None:
+    """The 16-bit dtype fp32 q/k/v are cast to before the kernel, or None (already 16-bit, or fp32 meant).
+
+    CUDA autocast runs LayerNorm in fp32 and bitsandbytes' 4-bit linear returns its input's dtype, so a LayerNorm
+    family (StarCoder2, GPT-NeoX) on a 4-bit base hands attention fp32 q/k/v. transformers' own FlashAttention
+    wrapper casts them to the autocast dtype (or a quantized model's dtype) with `get_target_dtype` and returns the
+    kernel's 16-bit output; this does the same, so those families keep FlashAttention per packed row instead of
+    SDPA with a [T, T] mask (issue 41: 3.7 GiB on StarCoder2-3B `fastest`). An fp32 model without autocast stays
+    fp32 (SDPA)."""
+    if query.dtype != torch.float32:
+        return None
+    from transformers.integrations.flash_attention import get_target_dtype
+
+    try:
+        target = get_target_dtype(query, module)
+    except (StopIteration, AttributeError):  # no config or nn.Linear on the module: nothing says which dtype is meant
+        return None
+    return target if target in (torch.bfloat16, torch.float16) else None
+
+
 def _eager_rows(module, query, key, value, cu: torch.Tensor, dropout: float, scaling: float,
                 sliding_window: int | None, softcap: float | None) -> torch.Tensor:
     """The models' eager attention (transformers' eager_attention_forward: scores * scale, tanh soft-cap, mask,
@@ -167,7 +190,7 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
                              scaling: float | None = None, sliding_window: int | None = None, **kwargs):
     """transformers attention function: FlashAttention per packed row (cu_seq_lens from TRL's padding-free
     collator, or derived from position ids), so rows never see each other and no N x N mask is built. Anything
-    else (CPU, padded batches, dropout, fp32) goes to PyTorch's SDPA with an explicit row-and-padding mask; a
+    else (CPU, padded batches, dropout, an fp32 model) goes to PyTorch's SDPA with an explicit row-and-padding mask; a
     soft-capped model (Gemma-2) to the eager computation per packed row (module docstring)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -186,9 +209,13 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
         VARLEN_CALLS["eager_rows"] += 1
         return _eager_rows(module, query, key, value, cu.to(query.device), dropout, scaling, sliding_window,
                            softcap), None
-    usable = (softcap is None and _varlen_device(query) and packed and dropout == 0.0
-              and query.dtype in (torch.bfloat16, torch.float16) and key.dtype == query.dtype
-              and _varlen_kernel() is not None)
+    usable = softcap is None and _varlen_device(query) and packed and dropout == 0.0 and _varlen_kernel() is not None
+    if usable:
+        target = _target_dtype(query, module)
+        if target is not None:  # fp32 q/k/v after an fp32 LayerNorm: FlashAttention runs on 16-bit copies
+            query, key, value = (t.to(target) for t in (query, key, value))
+            VARLEN_CALLS["cast"] += 1
+        usable = query.dtype in (torch.bfloat16, torch.float16) and key.dtype == value.dtype == query.dtype
     if usable:
         if cu is None:
             cu, max_len = _rows_from_position_ids(position_ids)
