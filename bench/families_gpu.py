@@ -67,7 +67,7 @@ def attention_check(device: str) -> list[dict]:
                 before = dict(varlen.VARLEN_CALLS)
                 got = m(input_ids=packed.to(device), position_ids=pos.to(device), use_cache=False).logits[0].float()
                 row[f"{setting}_rel_error"] = round(float((got - alone).norm() / alone.norm()), 5)
-                row[f"{setting}_path"] = ({k: varlen.VARLEN_CALLS[k] - before[k] for k in ("varlen", "sdpa", "eager_rows")}
+                row[f"{setting}_path"] = ({k: varlen.VARLEN_CALLS[k] - before[k] for k in ("varlen", "sdpa", "eager_rows", "cast")}
                                           if setting == "varlen" else m.config._attn_implementation)
         row["note"] = varlen.path_note(ref.config, cuda=device == "cuda")
         out.append(row)
