@@ -30,7 +30,7 @@ def dpo_run(tmp_path_factory, demo_model_path):
     from core.config.settings import demo_config
     from core.train.recipe import run_training
 
-    cfg = demo_config(stage="dpo", max_steps=4, logging_steps=2, output_dir=str(tmp_path_factory.mktemp("dpo")))
+    cfg = demo_config(stage="dpo", max_steps=2, logging_steps=1, output_dir=str(tmp_path_factory.mktemp("dpo")))
     result = run_training(cfg)
     assert result.status == "completed", result.message
     return Path(result.run_dir)
@@ -40,14 +40,14 @@ def test_a_dpo_run_draws_its_reward_accuracy_and_margin(dpo_run):
     panel, job = panel_for(dpo_run)
     v = job_view(job)
     logged = [e for e in job.events if e["kind"] == "metrics"]
-    assert [s for s, _ in v.rewards] == [e["step"] for e in logged] == [2, 4]
+    assert [s for s, _ in v.rewards] == [e["step"] for e in logged] == [1, 2]
     out = live.live_update(panel, {})
     chart = out[panel.reward_plot]
     assert chart["visible"] is True
     frame = chart["value"]
     accuracy = frame[frame.series == "reward accuracy"]
     margin = frame[frame.series == "reward margin"]
-    assert accuracy.step.tolist() == margin.step.tolist() == [2, 4]
+    assert accuracy.step.tolist() == margin.step.tolist() == [1, 2]
     assert accuracy.value.tolist() == [e["reward_accuracy"] for e in logged]
     assert margin.value.tolist() == [e["reward_margin"] for e in logged]
     # the loss chart keeps the loss alone
@@ -73,3 +73,25 @@ def test_an_sft_runs_panel_is_as_before(finished_run):
     assert out[panel.reward_plot]["visible"] is False
     assert out[panel.plot]["value"].equals(live.loss_frame(v.losses, v.eval_losses))
     assert "Reward" not in out[panel.result] and render.reward_rows(v.rewards) == []
+
+
+def test_history_and_compare_say_a_preference_runs_reward_accuracy(dpo_run, finished_run):
+    """History's detail of a DPO run says its reward accuracy (summary.json's preference), Compare lists its final
+    one beside an SFT run's "-"; two SFT runs' figures are as before (no reward row)."""
+    import json
+
+    from core.runs.history import FIGURES, PREFERENCE_FIGURES, compare_runs, load_run
+    from ui.validation import compare_html
+
+    pref = json.loads((dpo_run / "summary.json").read_text())["preference"]
+    detail = render.run_detail_html(load_run(dpo_run), "en")
+    assert "Reward accuracy" in detail and 'id="mt-history-reward-accuracy"' in detail
+    assert f'data-value="{pref["final_reward_accuracy"]:.6g}"' in detail
+    assert "Reward" not in render.run_detail_html(load_run(finished_run.result.run_dir), "en")
+    mixed = compare_runs([dpo_run, finished_run.result.run_dir])
+    assert dict(mixed.figures)["final_reward_accuracy"] == [pref["final_reward_accuracy"], None]
+    row = compare_html(mixed, "fr")
+    row = row[row.index('data-figure="final_reward_accuracy"'):].split("</tr>")[0]
+    assert "Précision finale de la récompense" in row and f"{100 * pref['final_reward_accuracy']:.0f} %" in row
+    sft = compare_runs([finished_run.result.run_dir, finished_run.result.run_dir])
+    assert [k for k, _ in sft.figures] == [k for k in FIGURES if k not in PREFERENCE_FIGURES]
