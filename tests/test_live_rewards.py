@@ -37,6 +37,10 @@ def dpo_run(tmp_path_factory, demo_model_path):
 
 
 def test_a_dpo_run_draws_its_reward_accuracy_and_margin(dpo_run):
+    from core.jobs.view import REWARD_FIELDS
+    from core.train.rewards import NAMES
+
+    assert set(REWARD_FIELDS) == set(NAMES.values())  # the page reads every reward figure the engine writes
     panel, job = panel_for(dpo_run)
     v = job_view(job)
     logged = [e for e in job.events if e["kind"] == "metrics"]

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from core.messages import SaidLine, said_of, say
-from core.train.rewards import NAMES as REWARD_NAMES
+
+# A preference run's `metrics` events also carry these (core/runs/events.py, core/train/rewards.py)
+REWARD_FIELDS = ("reward_accuracy", "reward_margin", "reward_chosen", "reward_rejected", "logp_chosen", "logp_rejected")
 
 if TYPE_CHECKING:
     from core.jobs.manager import Job
@@ -145,7 +147,7 @@ class _Fold:
                 loss = e.get("loss")
                 if isinstance(loss, (int, float)) and not isinstance(loss, bool) and e.get("step") is not None:
                     self.losses[int(e["step"])] = v.last_loss = float(loss)  # a resumed run logs a step again
-                    rewards = {k: float(e[k]) for k in REWARD_NAMES.values() if isinstance(e.get(k), (int, float))}
+                    rewards = {k: float(e[k]) for k in REWARD_FIELDS if isinstance(e.get(k), (int, float))}
                     if rewards:
                         self.rewards[int(e["step"])] = rewards
             elif kind == "eval" and isinstance(e.get("eval_loss"), (int, float)) and e.get("step") is not None:
