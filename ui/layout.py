@@ -318,7 +318,7 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
                         reward_plot = gr.LinePlot(reward_frame([]), x="step", y="value", color="series",
                                                   color_title=L("run.series_legend"), title=None,
                                                   y_title=L("run.reward_axis"), x_title=L("run.step_axis"),
-                                                  height=200, elem_id="reward-plot", label=L("run.reward_curve"),
+                                                  height=230, elem_id="reward-plot", label=L("run.reward_curve"),
                                                   show_label=False, visible=False)
                         tr.add(reward_plot, y_title="run.reward_axis", x_title="run.step_axis",
                                label="run.reward_curve", color_title="run.series_legend")
