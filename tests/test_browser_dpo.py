@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.browser_app import MISSING, PROGRESS, REQUIRED, set_number, wait_idle, wait_state
+from tests.browser_app import MISSING, PROGRESS, REQUIRED, set_number, summary_chip, wait_idle, wait_state
 
 pytestmark = pytest.mark.skipif(MISSING is not None and not REQUIRED, reason=MISSING or "")
 
@@ -16,11 +16,17 @@ STEPS = 10  # the demo logs every 10 steps (logging_steps): one logged step of r
 
 def test_a_dpo_demo_from_the_page_draws_reward_accuracy_and_saves_an_adapter(page, server):
     wait_idle(page)
-    page.click("#preset-demo")
-    page.wait_for_function("document.querySelector('#field-dataset input').value === 'memtune/demo'")
+    # The demo (the page opens on it without a GPU). The demo button only when the page holds other settings: its
+    # answer rewrites every field, the stage too, so it must have landed (the model chip tells) before the stage is
+    # picked; a wait on a value the page already showed would not tell.
+    on_demo = "document.querySelector('#mt-summary [data-key=model]')?.textContent.includes('demo-tiny-llama')"
+    if not page.evaluate(on_demo):
+        page.click("#preset-demo")
+        page.wait_for_function(on_demo, timeout=60_000)
+    assert "memtune/demo" in summary_chip(page, "data")
     page.locator("#field-stage").get_by_label("dpo", exact=True).check()
     # The stage's own fields appear (its change event answered); the generated command then holds the stage.
-    page.wait_for_selector("#field-beta", state="visible")
+    page.wait_for_selector("#field-beta", state="visible", timeout=60_000)
     set_number(page, "max_steps", STEPS)
     page.get_by_role("tab", name="4 · Settings & code").click()
     page.wait_for_function("(() => { const c = document.querySelector('#code-cli')?.textContent || '';"
