@@ -1,6 +1,7 @@
 """The run panel's live parts, polled every second by one gr.Timer per page: the GPUs' memory (the gauge) and the
-job manager's current job (progress, loss curve, log, result, download, Start/Stop). Nothing about the run lives in
-the page, so a reload reattaches; what is computed once per job is cached here, process-wide, by job id.
+job manager's current job (progress, loss curve, a preference run's reward curve, log, result, download,
+Start/Stop). Nothing about the run lives in the page, so a reload reattaches; what is computed once per job is
+cached here, process-wide, by job id.
 
 Public mode: the job is the visitor's own (core.jobs.manager's owner: the id the server issued them), queued or
 running; another visitor's job is never read here, so it shows in no form. The Space owner (logged in) sees the
