@@ -125,7 +125,7 @@ def test_every_loss_chart_names_its_series_after_each_new_value(page):
 
     fns = list(page.fns.values()) if isinstance(page.fns, dict) else list(page.fns)
     plots = [b for b in page.blocks.values() if isinstance(b, gr.LinePlot)]
-    assert {p.elem_id for p in plots} == {"loss-plot", "history-plot", "compare-plot"}
+    assert {p.elem_id for p in plots} == {"loss-plot", "reward-plot", "history-plot", "compare-plot"}
     for plot in plots:
         assert any(f.fn is rekey and f.inputs == [plot] and f.outputs == [plot]
                    and (plot._id, "change") in [tuple(t[:2]) for t in f.targets] for f in fns), plot.elem_id

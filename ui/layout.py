@@ -35,7 +35,7 @@ from ui.derive import (DEFAULT_BUDGET_GIB, hardware, initial_config, prediction,
                        preset_of)
 from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
 from ui.form import FORM_QUEUE, Form, confirm_box, derived, facts_for, merged, prediction_state, read_config
-from ui.live import LivePanel, live_update, loss_frame, read_gpus
+from ui.live import LivePanel, live_update, loss_frame, read_gpus, reward_frame
 from ui.state import AppState
 from ui.theme import GRADIO_LOCALE_JS, GRADIO_LOCALES, TABS_KW
 from ui.validation import draw_every_series
@@ -314,6 +314,15 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
                         tr.add(loss_plot, y_title="run.loss_axis", x_title="run.step_axis", label="run.loss_curve",
                                color_title="run.series_legend")
                         draw_every_series(loss_plot)  # the training curve too, not only validation's
+                        # issue 44: a preference run's reward accuracy and margin (ui/live.py), hidden for SFT
+                        reward_plot = gr.LinePlot(reward_frame([]), x="step", y="value", color="series",
+                                                  color_title=L("run.series_legend"), title=None,
+                                                  y_title=L("run.reward_axis"), x_title=L("run.step_axis"),
+                                                  height=230, elem_id="reward-plot", label=L("run.reward_curve"),
+                                                  show_label=False, visible=False)
+                        tr.add(reward_plot, y_title="run.reward_axis", x_title="run.step_axis",
+                               label="run.reward_curve", color_title="run.series_legend")
+                        draw_every_series(reward_plot)
                         log = gr.HTML(render.log_html([], lang0), elem_id="run-log", padding=False)
                         result = gr.HTML(elem_id="run-result")
                         # Its label (with the zip's size) is ui.live's, which re-sends it in a new language.
@@ -347,7 +356,8 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
         # from before that click back on screen (summary, ticks, facts, gauge).
         demo.load(on_page_load, inputs=form.inputs, outputs=form.derived_outputs, show_progress="hidden", **FORM_QUEUE)
         live = LivePanel(gauge=gauge, progress=progress, plot=loss_plot, log=log, result=result, download=download,
-                         start=start_btn, stop=stop_btn, state=tab_state, notice=notice, app=app, end_now=end_btn)
+                         start=start_btn, stop=stop_btn, state=tab_state, notice=notice, app=app, end_now=end_btn,
+                         reward_plot=reward_plot)
         end_btn.click(handlers.on_end_now_ask, inputs=[lang], outputs=[end_confirm, end_text], show_progress="hidden")
         end_cancel.click(lambda: (gr.update(visible=False), ""), outputs=[end_confirm, end_text],
                          show_progress="hidden")

@@ -1,6 +1,7 @@
 """The run panel's live parts, polled every second by one gr.Timer per page: the GPUs' memory (the gauge) and the
-job manager's current job (progress, loss curve, log, result, download, Start/Stop). Nothing about the run lives in
-the page, so a reload reattaches; what is computed once per job is cached here, process-wide, by job id.
+job manager's current job (progress, loss curve, a preference run's reward curve, log, result, download,
+Start/Stop). Nothing about the run lives in the page, so a reload reattaches; what is computed once per job is
+cached here, process-wide, by job id.
 
 Public mode: the job is the visitor's own (core.jobs.manager's owner: the id the server issued them), queued or
 running; another visitor's job is never read here, so it shows in no form. The Space owner (logged in) sees the
@@ -56,6 +57,18 @@ def loss_frame(losses: list[tuple[int, float]], eval_losses: list[tuple[int, flo
     return curves_frame(thin(losses), eval_losses, lang)
 
 
+REWARD_SERIES = (("reward_accuracy", "run.series_reward_accuracy"), ("reward_margin", "run.series_reward_margin"))
+
+
+def reward_frame(rewards: list[tuple[int, dict[str, float]]], lang: str = DEFAULT_LANGUAGE) -> pd.DataFrame:
+    """A preference run's reward chart (column `series`): reward accuracy (a fraction, 0-1) and the mean reward
+    margin of each logged step, as the run's `metrics` events carry them (core/train/rewards.py; KTO logs no
+    accuracy, so only its margin is drawn). Empty for an SFT run."""
+    rows = [(step, r[name], t(label, lang)) for name, label in REWARD_SERIES
+            for step, r in thin(rewards) if name in r]
+    return pd.DataFrame(rows, columns=["step", "value", "series"])
+
+
 def adapter_zip(job_id: int, adapter_dir: str) -> str | None:
     from core.export.adapter import ExportError, zip_adapter
 
@@ -99,11 +112,12 @@ class LivePanel:
     notice: Any = None  # Start / Stop's notice ("Run 2 started", "Stopping"): cleared once that run has ended
     app: Any = None  # ui.state.AppState: the manager whose jobs this panel shows
     end_now: Any = None  # End now (confirmed): usable while a run of this page's owner is running
+    reward_plot: Any = None  # a preference run's reward accuracy and margin (hidden for an SFT run)
 
     @property
     def outputs(self) -> list[Any]:
         return [self.gauge, self.progress, self.plot, self.log, self.result, self.download, self.start, self.stop,
-                self.state] + [c for c in (self.notice, self.end_now) if c is not None]
+                self.state] + [c for c in (self.notice, self.end_now, self.reward_plot) if c is not None]
 
 
 def owner() -> str | None:
@@ -187,6 +201,11 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
                            if v.losses or v.eval_losses else gr.update(visible=False),
                            (job.id if job else None, len(v.losses), v.losses[-1] if v.losses else None,
                             len(v.eval_losses), lang))
+    if panel.reward_plot is not None:  # issue 44: a preference run's learning signal, beside its loss
+        outputs[panel.reward_plot] = (gr.update(value=reward_frame(v.rewards, lang), visible=True) if v.rewards
+                                      else gr.update(visible=False),
+                                      (job.id if job else None, len(v.rewards), v.rewards[-1] if v.rewards else None,
+                                       lang))
     tail = v.log[-LOG_LINES:]
     place = manager.position(job) if job is not None and job.waiting else None
     progress = (render.queue_html(place[0], predicted_wait(place[1], manager.seconds_per_step), lang) if place

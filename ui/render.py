@@ -264,6 +264,29 @@ def peaks_html(summary: dict[str, Any], predicted: dict[str, float] | None, lang
             f'<th>{E(t("peaks.measured", lang))}</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
 
 
+def percent(x: float, lang: str = "en") -> str:
+    """A fraction as a whole percentage: 57% (en, pt), 57 % (fr)."""
+    return f"{100 * x:.0f}" + (" %" if normalize(lang) == "fr" else "%")
+
+
+def reward_rows(rewards: list[tuple[int, dict[str, float]]], lang: str = "en",
+                elem_id: str = "mt-reward-accuracy") -> list[tuple[str, str]]:
+    """A preference run's result row (issue 44), from its logged steps (the `metrics` events, or summary.json's
+    preference.steps): reward accuracy first -> last, the best and its step, the last margin. Nothing for an SFT
+    run, or a KTO run (it logs no accuracy)."""
+    acc = [(step, r["reward_accuracy"]) for step, r in rewards if "reward_accuracy" in r]
+    if not acc:
+        return []
+    best = max(acc, key=lambda sa: (sa[1], -sa[0]))
+    text = (f'<span id="{E(elem_id)}" data-value="{acc[-1][1]:.6g}">{E(percent(acc[0][1], lang))} &rarr; '
+            f'<b>{E(percent(acc[-1][1], lang))}</b></span> ('
+            + E(t("result.reward_best", lang, best=percent(best[1], lang), step=best[0])) + ")")
+    margin = rewards[-1][1].get("reward_margin")
+    if margin is not None:
+        text += " &middot; " + E(t("result.reward_margin", lang, margin=num(margin, 3, lang)))
+    return [(t("result.reward_accuracy", lang), text)]
+
+
 def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None = None) -> str:
     if v.state in ("idle", "running", "stopping"):
         return ""
@@ -292,6 +315,7 @@ def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None
          + (" &middot; " + E(t("progress.tokens_per_s", lang, n=integer(s["tokens_per_s"], lang)))
             if s.get("tokens_per_s") else "")),
     ]
+    rows += reward_rows(v.rewards, lang)
     table = "".join(f'<div class="mt-k">{E(k)}</div><div class="mt-v">{val}</div>' for k, val in rows)
     cls = "mt-result-ok" if v.state == "completed" else "mt-result-stopped"
     return (f'<div class="mt-result {cls}" id="mt-result-{E(v.state)}"><b>{E(head)}</b>'
@@ -517,6 +541,9 @@ def run_detail_html(detail: Any, lang: str = "en", predicted: dict[str, float] |
         (t("result.adapter", lang), f"<code>{E(info.adapter_dir)}</code>" if info.adapter_dir else "-"),
         (t("history.checkpoint", lang), f"<code>{E(info.checkpoint)}</code>" if info.checkpoint else "-"),
     ]
+    pref = s.get("preference") if isinstance(s.get("preference"), dict) else {}
+    rows += reward_rows([(int(x["step"]), x) for x in pref.get("steps") or [] if isinstance(x, dict) and "step" in x],
+                        lang, "mt-history-reward-accuracy")
     if info.message and info.status == "failed":
         rows.append((t("history.message", lang), f'<span class="mt-warn-text">{E(said_text(info.said, info.message, lang))}</span>'))
     table = "".join(f'<div class="mt-k">{E(k)}</div><div class="mt-v">{v}</div>' for k, v in rows)

@@ -132,7 +132,7 @@ def _figure(key: str, x: Any, lang: str) -> str:
     """One of core.runs.history.FIGURES as the rest of the page writes it: time as History's 0:26, speed as the
     progress line's "3,512 tokens/s", counts grouped, losses with 4 decimals."""
     from core.runs.history import format_duration
-    from ui.render import integer
+    from ui.render import integer, percent
 
     if x is None:
         return "-"
@@ -144,6 +144,8 @@ def _figure(key: str, x: Any, lang: str) -> str:
         return integer(x, lang)
     if key == "peak_gib":
         return num(x, 2, lang)
+    if key == "final_reward_accuracy":
+        return percent(x, lang)
     return num(x, 4, lang) if isinstance(x, (int, float)) else _value(x, lang)
 
 

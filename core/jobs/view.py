@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from core.messages import SaidLine, said_of, say
 
+# A preference run's `metrics` events also carry these (core/runs/events.py, core/train/rewards.py)
+REWARD_FIELDS = ("reward_accuracy", "reward_margin", "reward_chosen", "reward_rejected", "logp_chosen", "logp_rejected")
+
 if TYPE_CHECKING:
     from core.jobs.manager import Job
 
@@ -34,6 +37,8 @@ class JobView:
     peak_gib: float | None = None
     losses: list[tuple[int, float]] = field(default_factory=list)
     eval_losses: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss): `eval` events
+    # a preference run's (step, {reward_accuracy, reward_margin, ...}): its `metrics` events (core/train/rewards.py)
+    rewards: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     answers: list[dict[str, str]] = field(default_factory=list)  # the latest eval's prompt/reference/answer
     answers_step: int | None = None
     log: list[str] = field(default_factory=list)
@@ -98,6 +103,7 @@ class _Fold:
         self.v = JobView(state="idle")
         self.losses: dict[int, float] = {}
         self.eval_losses: dict[int, float] = {}
+        self.rewards: dict[int, dict[str, float]] = {}
         self.last_phase: str | None = None  # a phase's heartbeats replace its previous line instead of piling up
         self.seen = 0  # events added so far
         self.started: float | None = None  # the run's first event: "elapsed" counts from it, as the result's Time does
@@ -141,6 +147,9 @@ class _Fold:
                 loss = e.get("loss")
                 if isinstance(loss, (int, float)) and not isinstance(loss, bool) and e.get("step") is not None:
                     self.losses[int(e["step"])] = v.last_loss = float(loss)  # a resumed run logs a step again
+                    rewards = {k: float(e[k]) for k in REWARD_FIELDS if isinstance(e.get(k), (int, float))}
+                    if rewards:
+                        self.rewards[int(e["step"])] = rewards
             elif kind == "eval" and isinstance(e.get("eval_loss"), (int, float)) and e.get("step") is not None:
                 self.eval_losses[int(e["step"])] = float(e["eval_loss"])
                 if e.get("answers"):
@@ -165,6 +174,7 @@ class _Fold:
         v.log = list(v.log)
         v.losses = sorted(self.losses.items())
         v.eval_losses = sorted(self.eval_losses.items())
+        v.rewards = sorted(self.rewards.items())
         if v.state == "running":
             if stopping:
                 v.state = "stopping"

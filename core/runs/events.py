@@ -8,7 +8,9 @@ Training never blocks on a reader: sinks are unbounded queues or files, and the 
           warming_up's last event (kernel_warmup, core/train/callbacks.py make_warmup) adds seconds and tokens
 - step:   step, total_steps, epoch, tokens, tokens_per_s, elapsed_s, eta_s, gpu_mem_gib?, peak_gib?
           (one per optimizer step: drives the progress bar)
-- metrics: step, total_steps, epoch, loss, learning_rate, grad_norm (every `logging_steps`: drives the loss curve)
+- metrics: step, total_steps, epoch, loss, learning_rate, grad_norm (every `logging_steps`: drives the loss curve);
+          a preference run's add reward_accuracy?, reward_margin, reward_chosen, reward_rejected, logp_chosen,
+          logp_rejected (core/train/rewards.py: drive the reward chart)
 - eval:   step, total_steps, eval_loss, best_eval_loss, answers ([{prompt, reference, answer}]: greedy answers to a
           few validation prompts), loss_s and answers_s (seconds each part took); at step 0 (before training),
           every eval_steps and at the end

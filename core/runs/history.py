@@ -286,7 +286,9 @@ def load_run(run_dir: str | Path, is_running: IsRunning | None = None) -> RunDet
 # Settings that name a run rather than change what it learns: never listed as a difference.
 NOT_SETTINGS = {"run_name", "output_dir", "resume_from"}
 # The figures compared side by side: (key, where it is read) in this order; the page labels them history.fig.<key>.
-FIGURES = ("peak_gib", "runtime_s", "tokens_per_s", "final_loss", "final_eval_loss", "best_eval_loss", "steps")
+FIGURES = ("peak_gib", "runtime_s", "tokens_per_s", "final_loss", "final_eval_loss", "best_eval_loss", "steps",
+           "final_reward_accuracy")
+PREFERENCE_FIGURES = ("final_reward_accuracy",)  # listed only when a picked run is a preference run (issue 44)
 
 
 @dataclass
@@ -300,11 +302,13 @@ class Comparison:
 def _figures(detail: RunDetail) -> dict[str, Any]:
     s, info = detail.summary or {}, detail.info
     ev = s.get("eval") if isinstance(s.get("eval"), dict) else {}
+    pref = s.get("preference") if isinstance(s.get("preference"), dict) else {}
     final_eval = detail.eval_losses[-1][1] if detail.eval_losses else _number(ev.get("final"))
     best = min((loss for _, loss in detail.eval_losses), default=_number(ev.get("best")))
     return {"peak_gib": info.peak_gib, "runtime_s": info.duration_s, "tokens_per_s": _number(s.get("tokens_per_s")),
             "final_loss": info.final_loss, "final_eval_loss": final_eval, "best_eval_loss": best,
-            "steps": info.steps}
+            "steps": info.steps,
+            "final_reward_accuracy": _number(pref.get("final_reward_accuracy"))}
 
 
 def compare_runs(run_dirs: list[str | Path], is_running: IsRunning | None = None) -> Comparison:
@@ -320,7 +324,8 @@ def compare_runs(run_dirs: list[str | Path], is_running: IsRunning | None = None
     settings = [(k, [c.get(k) for c in configs]) for k in keys
                 if len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
     figs = [_figures(d) for d in details]
-    return Comparison(names, curves, settings, [(k, [f[k] for f in figs]) for k in FIGURES])
+    return Comparison(names, curves, settings, [(k, [f[k] for f in figs]) for k in FIGURES
+                                                if k not in PREFERENCE_FIGURES or any(f[k] is not None for f in figs)])
 
 
 def resume_config(run_dir: str | Path) -> TrainConfig:

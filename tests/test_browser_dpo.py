@@ -1,0 +1,60 @@
+"""Issue 44 from the page: the demo, the DPO stage picked in the Data tab's Training stage row, Start. The run trains
+through TRL's DPOTrainer in the app's child process like the CLI's `--demo --set stage=dpo`; the page draws its reward
+accuracy and margin (a chart of their own, from the run's `metrics` events) and the result says its reward accuracy;
+the run leaves an adapter."""
+
+import json
+
+import pytest
+
+from tests.browser_app import MISSING, PROGRESS, REQUIRED, set_number, summary_chip, wait_idle, wait_state
+
+pytestmark = pytest.mark.skipif(MISSING is not None and not REQUIRED, reason=MISSING or "")
+
+STEPS = 10  # the demo logs every 10 steps (logging_steps): one logged step of rewards, the fewest that shows any
+
+
+def test_a_dpo_demo_from_the_page_draws_reward_accuracy_and_saves_an_adapter(page, server):
+    wait_idle(page)
+    # The demo (the page opens on it without a GPU). The demo button only when the page holds other settings: its
+    # answer rewrites every field, the stage too, so it must have landed (the model chip tells) before the stage is
+    # picked; a wait on a value the page already showed would not tell.
+    on_demo = "document.querySelector('#mt-summary [data-key=model]')?.textContent.includes('demo-tiny-llama')"
+    if not page.evaluate(on_demo):
+        page.click("#preset-demo")
+        page.wait_for_function(on_demo, timeout=60_000)
+    assert "memtune/demo" in summary_chip(page, "data")
+    page.locator("#field-stage").get_by_label("dpo", exact=True).check()
+    # The stage's own fields appear (its change event answered); the generated command then holds the stage.
+    page.wait_for_selector("#field-beta", state="visible", timeout=60_000)
+    set_number(page, "max_steps", STEPS)
+    page.get_by_role("tab", name="4 · Settings & code").click()
+    page.wait_for_function("(() => { const c = document.querySelector('#code-cli')?.textContent || '';"
+                           f" return c.includes('stage=dpo') && c.includes('max_steps={STEPS}'); }})()",
+                           timeout=60_000)  # 2 busy cores; never a timing assert
+    previous = page.locator(PROGRESS).get_attribute("data-run") or ""
+    page.click("#start-btn")
+    page.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && p.dataset.run"
+                           f" && p.dataset.run !== {previous!r}; }})()", timeout=120_000, polling=200)
+    wait_state(page, ("completed", "stopped", "failed", "interrupted"), timeout=600_000)
+    result = page.locator("#run-result")
+    assert page.locator(PROGRESS).get_attribute("data-state") == "completed", result.inner_text()
+
+    adapter = page.locator("#mt-adapter-path").inner_text()
+    assert (server["work"] / adapter / "adapter_model.safetensors").is_file()
+    run_dir = (server["work"] / adapter).parent
+    assert json.loads((run_dir / "summary.json").read_text())["stage"] == "dpo"
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    logged = [e for e in events if e["kind"] == "metrics"]
+    assert [e["step"] for e in logged] == [STEPS] and "reward_accuracy" in logged[-1], logged
+    # The result's reward accuracy is the run's own figure: the last logged step's, as its event carries it.
+    shown = page.locator("#mt-reward-accuracy")
+    assert float(shown.get_attribute("data-value")) == pytest.approx(logged[-1]["reward_accuracy"], abs=1e-6)
+    assert f"{100 * logged[-1]['reward_accuracy']:.0f}%" in shown.inner_text()
+    assert "Reward accuracy" in result.inner_text()
+    # The reward chart, shown for a preference run only, names both series in its legend.
+    page.wait_for_function("document.querySelector('#reward-plot')?.textContent.includes('reward margin')",
+                           timeout=30_000)
+    legend = page.locator("#reward-plot").inner_text()
+    assert "reward accuracy" in legend and "reward margin" in legend, legend
+    assert page.errors == []
