@@ -9,9 +9,9 @@ The command line (`python -m core.train`, core/train/cli.py) calls it; the app's
 child process (one run = one process; every process of a multi-process run runs it too), and tests may call it
 in-process. It never raises for a user's mistake or an out-of-memory error: it returns a RunResult whose message
 says what went wrong and what to do (what would help after an out-of-memory error depends on the settings alone:
-core/estimate/advice.py, said by whoever shows the failure), and it leaves saved adapters intact. What the run says while it trains (phases,
-the Trainer callbacks, Stop) lives in core/train/callbacks.py; the run folder (markers, checkpoints, atomic writes) in
-core/runs/folders.py. This module is imported once the libraries are (core/train/libraries.py, core/train/cli.py),
+core/estimate/advice.py, said by whoever shows the failure), and it leaves saved adapters intact. What the run
+says while it trains (phases, the Trainer callbacks, Stop) lives in core/train/callbacks.py; the run folder
+(markers, checkpoints, atomic writes) in core/runs/folders.py. This module is imported once the libraries are (core/train/libraries.py, core/train/cli.py),
 so it imports them at its top.
 
 CLI:
@@ -192,7 +192,9 @@ class LoRARecipe:
         if self.plan.refusal():
             raise DataError("data.err.refusal", why=self.plan.refusal())
         evaluates = self.plan.evaluates
-        model, self.trainable, compiling = load_for_training(cfg, path, emit, evaluates and not cuda)
+        with phase(emit, "loading_model", "log.phase.loading_4bit" if cfg.load_in_4bit else "log.phase.loading",
+                   model=cfg.model):
+            model, self.trainable, compiling = model_lib.load_for_training(cfg, path, emit, evaluates and not cuda)
         if cfg.stage != "sft":  # stages hook: init_adapter's weights, and the reference said
             stages.start_from(model, cfg, emit)
         samples = validation.samples(self.plan.validation, self.tokenizer, cfg.eval_samples) if evaluates else []
@@ -322,31 +324,6 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan | PairPlan, A
     if (cfg.keep_best or cfg.early_stopping_patience) and not plan.evaluates:  # a stage's are refused before
         raise DataError("data.err.no_validation_rows", why=held.why)
     return plan, tokenizer, path, tree
-
-
-def load_for_training(cfg: TrainConfig, path: str, emit: EventSink, cpu_eval: bool) -> tuple[Any, int, bool]:
-    """The model loaded (quantized), prepared and wrapped with LoRA: (model, trainable parameters, whether its
-    layers compile in the first step). `cpu_eval`: evals on the CPU come between training steps."""
-    with phase(emit, "loading_model", "log.phase.loading_4bit" if cfg.load_in_4bit else "log.phase.loading",
-               model=cfg.model):
-        model = model_lib.load_model(cfg, path)
-        model = model_lib.prepare_for_training(model, cfg)
-    trainable, total = model_lib.trainable_parameters(model)
-    for note in getattr(model, "memtune_moe_notes", ()):  # MoE: experts stored, routing loss, LoRA on experts
-        emit(make_event("log", level="info", **keyed(f"log.moe.{note.name}", **note.params)))
-    emit(make_event("log", level="info", **keyed("log.lora", n=trainable, total=total)))
-    note = getattr(model, "memtune_compile_note", "")  # core/model/compile.py's words, as is
-    if cfg.compile_layers:
-        emit(make_event("log", level="info", **words_of(note)))
-    if cpu_eval:
-        # bitsandbytes on a CPU with AVX512-BF16 repacks a 4-bit weight for inference the first time it runs in eval
-        # mode, and training then goes through a kernel without a backward (wrong gradients, silently): an eval must
-        # leave training exactly as it was.
-        for module in model.modules():
-            if getattr(module, "support_avx512bf16_for_cpu", False):
-                module.support_avx512bf16_for_cpu = False
-    # compiling, by the note's key (compile_layers says log.compile_skipped when it cannot)
-    return model, trainable, getattr(note, "key", "") in ("log.compile", "log.compile_varlen")
 
 
 # --- config -> library arguments (core/config/arguments.py holds the mapping) -----------------------------------------
