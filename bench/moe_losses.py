@@ -2,10 +2,10 @@
 
     python -m bench.moe_losses --arch qwen3-30b-a3b-12l --preset lowest_memory --batches 4 --out DIR
 
-One process, two loads of the same random-weight folder through the product's own steps (core.train.recipe:
-plan_data, load_for_training, build_trainer): once as memtune loads it (every expert quantized to NF4 as it is read,
-core/levers/experts.py), once with the experts left in bf16 (the loading hook off; everything else, the attention
-and MLP Linears included, still in 4 bits). On the first `--batches` micro-batches of the Trainer's own dataloader
+One process, two loads of the same random-weight folder through the product's own steps (core.train.recipe's
+plan_data and build_trainer, core.model.load's load_for_training): once as memtune loads it (every expert quantized
+to NF4 as it is read, core/levers/experts.py), once with the experts left in bf16 (the loading hook off; everything
+else, the attention and MLP Linears included, still in 4 bits). On the first `--batches` micro-batches of the Trainer's own dataloader
 (the same rows, packed the same way) it records the Trainer's own loss (trainer.compute_loss, the preset's loss path)
 and, on the first batch, the logits' relative difference. The adapter is at its initialisation (B = 0): the losses
 are the base model's, as at step 1. Writes DIR/moe_losses.json.
@@ -38,13 +38,13 @@ def losses_of(cfg, experts_nf4: bool, batches: int) -> dict:
 
     events = []
     emit = events.append
-    plan, tokenizer, path = recipe.plan_data(cfg, emit)
+    plan, tokenizer, path, _ = recipe.plan_data(cfg, emit)
     hook = moe.while_loading
     if not experts_nf4:  # the product's loader with only the experts' quantization off
         model_load.moe.while_loading = lambda c, p: contextlib.nullcontext()
     try:
         t0 = time.time()
-        model, trainable, _ = recipe.load_for_training(cfg, path, emit, False)
+        model, trainable, _ = model_load.load_for_training(cfg, path, emit, False)
         load_s = time.time() - t0
     finally:
         model_load.moe.while_loading = hook

@@ -135,6 +135,7 @@ sys.path.insert(0, {str(ROOT)!r})  # memtune's folder
 from core.gpus import distributed  # noqa: E402
 from core.jobs import launcher
 from core.config.settings import TrainConfig  # noqa: E402
+from core.estimate.advice import oom_advice  # noqa: E402
 from core.train.recipe import run_training  # noqa: E402
 from core.train.cli import console_sink  # noqa: E402
 
@@ -148,7 +149,7 @@ def main() -> int:
     stop = threading.Event()  # Ctrl-C: finish the current step, save the adapter
     signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
     result = run_training(cfg, console_sink, stop=stop)
-    print(result.message)
+    print(oom_advice(cfg) if result.error_type == "oom" else result.message)  # out of memory: what would help
     if result.status == "failed":
         return 1
     print(f"first loss {{result.summary['first_loss']!r}}, last loss {{result.summary['final_loss']!r}}")

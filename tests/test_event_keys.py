@@ -19,11 +19,11 @@ LANGS = ("en", "pt", "fr")
 # what the run log can say: every key a log, phase, error or done event's message may name
 EVENT_PREFIXES = ("log.", "phase.", "preview.reason.", "preview.turns", "preview.lora_fused", "msg.lines", "msg.list",
                   "msg.two", "unit.")  # errors (data.err., model.err.): tests/test_messages.py
-# keys core/train/recipe.py and callbacks.py emit (converted by their owner): named here so they cannot go missing
+# keys the recipe, callbacks.py and core/estimate/advice.py emit (by their owner): named so they cannot go missing
 RECIPE_KEYS = ("log.lora", "log.val_rows", "log.val_share", "log.val_none_fit", "log.not_resuming", "log.eval",
                "log.eval_baseline", "log.answer", "log.checkpoint", "log.stop_ack", "log.stop_after",
-               "log.summary_unwritten", "log.oom", "log.oom_tip", "log.oom_tip_saves", "log.oom_liger",
-               "log.oom_all_on", "log.config_problems", "log.processes", "log.refusal", "log.step",
+               "log.summary_unwritten", "log.oom_ended", "log.oom", "log.oom_tip", "log.oom_tip_saves",
+               "log.oom_liger", "log.oom_all_on", "log.config_problems", "log.processes", "log.refusal", "log.step",
                "log.done.completed", "log.done.completed_one", "log.done.stopped", "log.done.stopped_one",
                *(f"log.phase.{p}" for p in ("loading_4bit", "loading", "tokenizing", "warming_up", "warmed_up",
                                             "training", "saving", "formatting", "reading", "finding")))

@@ -169,24 +169,36 @@ def test_resume_takes_the_newest_complete_checkpoint(out):
     assert resumed.run_dir == first.run_dir
 
 
-def test_out_of_memory_is_caught_and_explained_and_keeps_adapters(out):
+def test_out_of_memory_is_caught_and_explained_and_keeps_adapters(out, capsys):
+    """The run records that it ran out of memory; what would help at its settings (core/estimate/advice.py) is said
+    by the command line that ran it, and by the page's result and History from the run folder's config.yaml."""
+    from core.jobs.view import JobView
+    from core.runs.history import load_run
+    from core.train.cli import main
+    from ui.render import result_html, run_detail_html
+
     cfg = demo_config(output_dir=str(out), run_name="oom", max_steps=1, save_strategy="steps", save_steps=1)  # resumable
     ok = run_training(cfg)
     adapter = Path(ok.adapter_dir) / "adapter_model.safetensors"
     before = adapter.read_bytes()
-    events = []
-    result = run_training(cfg.replace(resume_from=ok.run_dir, max_steps=6), events.append,
-                          callbacks=[OutOfMemoryAt()])
-    assert result.status == "failed" and result.error_type == "oom"
-    assert "ran out of memory" in result.message
-    assert "Enable gradient checkpointing" in result.message  # the demo has it off: the first thing to try
-    assert "Use smaller batches" in result.message
+    settings = out / "oom.yaml"
+    cfg.replace(resume_from=ok.run_dir, max_steps=6).save(settings)
+    assert main(["--config", str(settings)], callbacks=[OutOfMemoryAt()]) == 1
+    err = capsys.readouterr().err
+    assert "training failed (oom): The GPU ran out of memory" in err
+    assert "Enable gradient checkpointing" in err  # the demo has it off: the first thing to try
+    assert "Use smaller batches" in err
     assert adapter.read_bytes() == before  # the earlier adapter is untouched
-    assert events[-1]["kind"] == "done" and events[-2]["kind"] == "error"
-    from ui.render import said  # the advice by its key: a checklist label in the page's language, not English
-    error = events[-2]
-    assert error["key"] == "msg.lines" and "ran out of memory" not in said(error["key"], error["params"], "pt")
-    assert "Ative gradient checkpointing" in said(error["key"], error["params"], "pt")
+    events = read_events(Path(ok.run_dir) / "events.jsonl")  # the resume trained in the first run's folder
+    assert events[-1]["kind"] == "done" and events[-2]["kind"] == "error" and events[-2]["error_type"] == "oom"
+    assert events[-2]["key"] == "log.oom_ended" and "Nothing was lost" in events[-2]["message"]
+    view = JobView(state="failed", run_dir=ok.run_dir, message=events[-2]["message"], error_type="oom")
+    detail = load_run(ok.run_dir)
+    for lang, tip in (("en", "Enable gradient checkpointing"), ("pt", "Ative gradient checkpointing")):
+        for html in (result_html(view, lang), run_detail_html(detail, lang)):  # the advice by its keys
+            assert tip in html and ("ran out of memory" in html) == (lang == "en")
+    (Path(ok.run_dir) / "config.yaml").write_text("lora_r: [", encoding="utf-8")  # no settings: what it recorded
+    assert "Enable gradient" not in result_html(view) and "Nothing was lost" in result_html(view)
 
 
 def test_bad_inputs_fail_with_messages_not_crashes(out, tmp_path):

@@ -10,11 +10,14 @@ it. Styling lives in ui/theme.py's CSS (classes prefixed `mt-`).
 
 from __future__ import annotations
 
+import functools
 import html
 import math
+from pathlib import Path
 from typing import Any, Iterable
 
-from core.config.settings import Problem, TrainConfig
+from core.config.settings import ConfigError, Problem, TrainConfig
+from core.estimate.advice import oom_advice
 from core.estimate.predict import FIT_MARGIN
 from core.i18n import STRINGS, normalize, t
 from core.jobs.view import JobView
@@ -293,8 +296,10 @@ def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None
     s = v.summary or {}
     if v.state in ("failed", "interrupted") or not v.adapter_dir:
         title = t("result.failed" if v.state == "failed" else "result.interrupted", lang)
-        msg = said_text(v.said, v.message, lang) or (t("result.interrupted_message", lang, path=v.run_dir)
-                                            if v.state == "interrupted" else t("result.no_adapter", lang))
+        advice = _run_advice(v.run_dir) if v.error_type == "oom" else None  # what would help, at the run's settings
+        msg = (log_text(advice, lang) if advice else said_text(v.said, v.message, lang)) or (
+            t("result.interrupted_message", lang, path=v.run_dir) if v.state == "interrupted"
+            else t("result.no_adapter", lang))
         kind = f" ({E(t(f'log.error_type.{v.error_type}', lang))})" if v.error_type else ""
         return (f'<div class="mt-result mt-result-failed" id="mt-result-failed"><b>{E(title)}{kind}</b>'
                 f'<pre class="mt-pre">{E(msg)}</pre>'
@@ -393,6 +398,25 @@ def problem_text(p: Problem, lang: str) -> str:
     if not p.key or normalize(lang) == "en":
         return str(p)
     return f"{p.field}{_colon(lang)}{said(p.key, p.params, lang)} -> {said(p.key + '.fix', p.params, lang)}"
+
+
+def _run_advice(run_dir: str | None) -> str | None:
+    """What would help a run that ran out of memory (core/estimate/advice.py), from its folder's config.yaml (the
+    run records only that it did); None without readable settings."""
+    path = Path(run_dir or "") / "config.yaml"
+    try:
+        return _advice_of(str(path), path.stat().st_mtime_ns) if run_dir else None
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=32)
+def _advice_of(config_yaml: str, stamp: int) -> str | None:
+    """Once per version of the file (`stamp`: its mtime; a resume writes it again): the page asks at every poll."""
+    try:
+        return oom_advice(TrainConfig.load(config_yaml))
+    except (OSError, ConfigError, TypeError, ValueError):  # written by another memtune, or edited by hand
+        return None
 
 
 def said_text(record: dict[str, Any] | None, english: str, lang: str) -> str:
@@ -545,7 +569,9 @@ def run_detail_html(detail: Any, lang: str = "en", predicted: dict[str, float] |
     rows += reward_rows([(int(x["step"]), x) for x in pref.get("steps") or [] if isinstance(x, dict) and "step" in x],
                         lang, "mt-history-reward-accuracy")
     if info.message and info.status == "failed":
-        rows.append((t("history.message", lang), f'<span class="mt-warn-text">{E(said_text(info.said, info.message, lang))}</span>'))
+        oom = s.get("error_type") == "oom" and detail.config is not None  # what would help, at the run's settings
+        text = log_text(oom_advice(detail.config), lang) if oom else said_text(info.said, info.message, lang)
+        rows.append((t("history.message", lang), f'<span class="mt-warn-text">{E(text)}</span>'))
     table = "".join(f'<div class="mt-k">{E(k)}</div><div class="mt-v">{v}</div>' for k, v in rows)
     return (f'<div class="mt-result mt-history-detail" id="mt-history-detail" data-run="{E(info.name)}">'
             f'<b>{E(info.name)}</b><div class="mt-kv">{table}</div>'

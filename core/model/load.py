@@ -2,8 +2,8 @@
 
 `build_bnb_config` and `build_lora_config` build the library objects from core/config/arguments.py's keyword dicts (the one
 config -> library mapping, which "Show code" writes into its script too). `load_model` and `prepare_for_training`
-do the heavy work; the levers with modules of their own (the input embedding in CPU memory, the 4-bit output head) are
-core/levers/.
+do the heavy work, and `load_for_training` runs both for the recipe and says what it loaded; the levers with
+modules of their own (the input embedding in CPU memory, the 4-bit output head) are core/levers/.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from core.levers.output_head import quantize_output_head
 from core.model.attention import use_varlen_attention
 from core.model import lora_targets as lt
 from core.model.compile import compile_layers
-from core.messages import Keyed, Said, keyed
+from core.messages import Keyed, Said, keyed, words_of
 from core.runs.events import EventSink, make_event
 
 
@@ -231,6 +231,30 @@ def prepare_for_training(model, cfg: TrainConfig):
         # After peft, so each compiled layer holds its LoRA layers; lazily: the first step compiles.
         model.memtune_compile_note = compile_layers(model)
     return model
+
+
+def load_for_training(cfg: TrainConfig, path: str, emit: EventSink, cpu_eval: bool) -> tuple[Any, int, bool]:
+    """The model loaded (quantized), prepared and wrapped with LoRA, and what the log says of it (LoRA's share, MoE
+    experts, compile): (model, trainable parameters, whether its layers compile in the first step). `cpu_eval`:
+    evals on the CPU come between training steps."""
+    model = load_model(cfg, path)
+    model = prepare_for_training(model, cfg)
+    trainable, total = trainable_parameters(model)
+    for note in getattr(model, "memtune_moe_notes", ()):  # MoE: experts stored, routing loss, LoRA on experts
+        emit(make_event("log", level="info", **keyed(f"log.moe.{note.name}", **note.params)))
+    emit(make_event("log", level="info", **keyed("log.lora", n=trainable, total=total)))
+    note = getattr(model, "memtune_compile_note", "")  # core/model/compile.py's words, as is
+    if cfg.compile_layers:
+        emit(make_event("log", level="info", **words_of(note)))
+    if cpu_eval:
+        # bitsandbytes on a CPU with AVX512-BF16 repacks a 4-bit weight for inference the first time it runs in eval
+        # mode, and training then goes through a kernel without a backward (wrong gradients, silently): an eval must
+        # leave training exactly as it was.
+        for module in model.modules():
+            if getattr(module, "support_avx512bf16_for_cpu", False):
+                module.support_avx512bf16_for_cpu = False
+    # compiling, by the note's key (compile_layers says log.compile_skipped when it cannot)
+    return model, trainable, getattr(note, "key", "") in ("log.compile", "log.compile_varlen")
 
 
 def load_with_adapter(cfg: TrainConfig, adapter_dir: str | Path, path: str | None = None):

@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
             print("[memtune] loading torch, transformers, peft and trl", file=sys.stderr, flush=True)
             import core.train.libraries  # noqa: F401 - all of them now, not one by one as the run reaches them
         if not launches:
+            from core.estimate.advice import oom_advice
             from core.train.recipe import run_training  # it imports the libraries: after the line above; a launcher never needs them
     if launches:
         return launcher.run_launcher(cfg, args.run_dir)  # accelerate launch: this machine's workers
@@ -125,7 +126,8 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
     if result.status == "failed":
         where = f" (details in {Path(result.run_dir) / 'events.jsonl'})" if result.run_dir else ""
         kind = f" ({result.error_type})" if result.error_type else ""
-        print(f"memtune: training failed{kind}: {result.message}{where if result.error_type == 'other' else ''}",
+        message = oom_advice(cfg) if result.error_type == "oom" else result.message  # what would help, at cfg
+        print(f"memtune: training failed{kind}: {message}{where if result.error_type == 'other' else ''}",
               file=sys.stderr)
         return 1
     s = result.summary

@@ -8,9 +8,10 @@ its event sink. `run_training(cfg, sink, stop)` runs them in that order; read it
 The command line (`python -m core.train`, core/train/cli.py) calls it; the app's job manager runs that same CLI as a
 child process (one run = one process; every process of a multi-process run runs it too), and tests may call it
 in-process. It never raises for a user's mistake or an out-of-memory error: it returns a RunResult whose message
-says what went wrong and what to do, and it leaves saved adapters intact. What the run says while it trains (phases,
-the Trainer callbacks, Stop) lives in core/train/callbacks.py; the run folder (markers, checkpoints, atomic writes) in
-core/runs/folders.py. This module is imported once the libraries are (core/train/libraries.py, core/train/cli.py),
+says what went wrong and what to do (what would help after an out-of-memory error depends on the settings alone:
+core/estimate/advice.py, said by whoever shows the failure), and it leaves saved adapters intact. What the run
+says while it trains (phases, the Trainer callbacks, Stop) lives in core/train/callbacks.py; the run folder
+(markers, checkpoints, atomic writes) in core/runs/folders.py. This module is imported once the libraries are (core/train/libraries.py, core/train/cli.py),
 so it imports them at its top.
 
 CLI:
@@ -45,17 +46,16 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import SFTConfig, SFTTrainer
 
 from core.checks import check
-from core.config import arguments, checklist
+from core.config import arguments
 from core.config.settings import ConfigError, TrainConfig
 from core.data import validation
 from core.data.pairs import PairPlan, check_pairs, plan_pairs
 from core.data.plan import DataError, DataPlan, check_data
-from core.estimate.predict import savings
 from core.files import StorageError, free_memory, has_marker, real, storage_message
 from core.gpus import distributed, vram
 from core.levers import variants
 from core.levers.experts import liger_config, summary as experts_summary
-from core.messages import Said, fields_of, keyed, lines, named, words_of
+from core.messages import Said, english, fields_of, keyed, words_of
 from core.model import compile as regional
 from core.model import families
 from core.model import load as model_lib
@@ -96,7 +96,7 @@ def run_training(cfg: TrainConfig, sink: EventSink | None = None, stop: threadin
         recipe.train()
         return recipe.save()
     except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the traceback goes to events.jsonl
-        failure = failure_of(exc, cfg, context.run_dir)
+        failure = failure_of(exc, context.run_dir)
     finally:
         recipe.cleanup()  # before a failure is recorded: its memory is free for the error path
     return recipe.failed(failure)
@@ -192,7 +192,9 @@ class LoRARecipe:
         if self.plan.refusal():
             raise DataError("data.err.refusal", why=self.plan.refusal())
         evaluates = self.plan.evaluates
-        model, self.trainable, compiling = load_for_training(cfg, path, emit, evaluates and not cuda)
+        with phase(emit, "loading_model", "log.phase.loading_4bit" if cfg.load_in_4bit else "log.phase.loading",
+                   model=cfg.model):
+            model, self.trainable, compiling = model_lib.load_for_training(cfg, path, emit, evaluates and not cuda)
         if cfg.stage != "sft":  # stages hook: init_adapter's weights, and the reference said
             stages.start_from(model, cfg, emit)
         samples = validation.samples(self.plan.validation, self.tokenizer, cfg.eval_samples) if evaluates else []
@@ -324,31 +326,6 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan | PairPlan, A
     return plan, tokenizer, path, tree
 
 
-def load_for_training(cfg: TrainConfig, path: str, emit: EventSink, cpu_eval: bool) -> tuple[Any, int, bool]:
-    """The model loaded (quantized), prepared and wrapped with LoRA: (model, trainable parameters, whether its
-    layers compile in the first step). `cpu_eval`: evals on the CPU come between training steps."""
-    with phase(emit, "loading_model", "log.phase.loading_4bit" if cfg.load_in_4bit else "log.phase.loading",
-               model=cfg.model):
-        model = model_lib.load_model(cfg, path)
-        model = model_lib.prepare_for_training(model, cfg)
-    trainable, total = model_lib.trainable_parameters(model)
-    for note in getattr(model, "memtune_moe_notes", ()):  # MoE: experts stored, routing loss, LoRA on experts
-        emit(make_event("log", level="info", **keyed(f"log.moe.{note.name}", **note.params)))
-    emit(make_event("log", level="info", **keyed("log.lora", n=trainable, total=total)))
-    note = getattr(model, "memtune_compile_note", "")  # core/model/compile.py's words, as is
-    if cfg.compile_layers:
-        emit(make_event("log", level="info", **words_of(note)))
-    if cpu_eval:
-        # bitsandbytes on a CPU with AVX512-BF16 repacks a 4-bit weight for inference the first time it runs in eval
-        # mode, and training then goes through a kernel without a backward (wrong gradients, silently): an eval must
-        # leave training exactly as it was.
-        for module in model.modules():
-            if getattr(module, "support_avx512bf16_for_cpu", False):
-                module.support_avx512bf16_for_cpu = False
-    # compiling, by the note's key (compile_layers says log.compile_skipped when it cannot)
-    return model, trainable, getattr(note, "key", "") in ("log.compile", "log.compile_varlen")
-
-
 # --- config -> library arguments (core/config/arguments.py holds the mapping) -----------------------------------------
 def build_sft_config(cfg: TrainConfig, output_dir: str | Path, console: bool = False, evaluate: bool = False,
                      run_dir: str | Path | None = None, cuda: bool | None = None) -> SFTConfig:
@@ -466,12 +443,12 @@ def record_failed(emit: EventSink, run_dir: Path, failure: Failure, plan: DataPl
     return RunResult("failed", str(run_dir), None, summary, failure.message, failure.error_type)
 
 
-def failure_of(exc: Exception, cfg: TrainConfig, run_dir: Path | None = None) -> Failure:
-    """Why a run failed, as its error type and message: out of memory (with what to turn on: oom_message), the
-    user's to fix (config, data, model, disk) or not (other, its traceback kept for events.jsonl)."""
+def failure_of(exc: Exception, run_dir: Path | None = None) -> Failure:
+    """Why a run failed, as its error type and message: out of memory (what would help is said by whoever shows the
+    failure, from the config: core/estimate/advice.py), the user's to fix (config, data, model, disk) or not (other,
+    its traceback kept for events.jsonl)."""
     if isinstance(exc, torch.OutOfMemoryError):
-        advice = oom_message(cfg)
-        return Failure("oom", str(advice), said={"key": advice.key, "params": advice.params})
+        return Failure("oom", english("log.oom_ended"), said={"key": "log.oom_ended", "params": {}})
     kinds = ((DataError, "data"), (ModelError, "model"), (ConfigError, "config"),
              (StorageError, "disk"))  # h2: disk full / read-only: "No space left in FOLDER ..."
     kind = next((name for cls, name in kinds if isinstance(exc, cls)), "other")
@@ -479,26 +456,6 @@ def failure_of(exc: Exception, cfg: TrainConfig, run_dir: Path | None = None) ->
     if kind == "other" and run_dir is not None and (disk := storage_message(exc, run_dir)):
         kind, message = "disk", disk  # e.g. a checkpoint save, in the Trainer
     return Failure(kind, message, traceback.format_exc(limit=12), fields_of(exc))
-
-
-def oom_message(cfg: TrainConfig) -> Said:
-    """Name the checklist items that are off, with what each would save at these settings when we can tell; keyed,
-    so a page says it in its language (a label: named(), its English from the checklist)."""
-    tips = []
-    try:
-        by_key = {s.key: s for s in savings(cfg)}
-    except Exception:  # the estimator is advice only; never let it hide the real error
-        by_key = {}
-    for item in checklist.missing(cfg):
-        saved = by_key.get(item.key)
-        label = named(f"checklist.{item.key}.label", item.label)
-        if saved and getattr(saved, "saved_gib", 0) > 0.05:
-            tips.append(Said("log.oom_tip_saves", label=label, gib=saved.saved_gib, unit=Said("unit.gib")))
-        else:
-            tips.append(Said("log.oom_tip", label=label))
-    if not cfg.use_liger_kernel:
-        tips.append(Said("log.oom_tip", label=Said("log.oom_liger")))
-    return lines(Said("log.oom"), *(tips or [Said("log.oom_tip", label=Said("log.oom_all_on"))]))
 
 
 # --- several processes (core/gpus/distributed.py launches them) -------------------------------------------------------
