@@ -239,3 +239,32 @@ def test_the_estimate_counts_two_sequences_per_pair():
     assert 1.95 <= dpo.activations / sft.activations <= 2.05 and dpo.logits >= sft.logits  # + a padding mask
     assert dpo.nvml_training > sft.nvml_training and kto.nvml_training == sft.nvml_training
     assert any("reference pass" in n for n in dpo.notes) and not any("reference" in n for n in orpo.notes)
+
+
+@pytest.mark.parametrize("stage", ["dpo", "orpo", "kto"])
+def test_every_stage_counts_the_tokens_it_trains_on(tmp_path, demo_tokenizer, stage):
+    """tokens/s and summary.json's train_tokens count every sequence of the batch: prompt + chosen and prompt +
+    rejected of each pair (DPO, ORPO), prompt + completion of each KTO row. ORPO's batch has no input_ids (only
+    chosen_/rejected_input_ids), so the Trainer's own count stayed 0 there."""
+    from trl.data_utils import _tokenize
+
+    prompt = "### Instruction:\nTranslate the word '{}' into French.\n\n### Response:\n"
+    words = [("cat", "chat", "chien"), ("sea", "mer mer", "chat"), ("dog", "chien", "mer chat chien"),
+             ("house", "maison", "chat")]
+    if stage == "kto":
+        rows = [{"prompt": prompt.format(w), "completion": a, "label": i % 2 == 0} for i, (w, a, _) in enumerate(words)]
+        answers = ("completion",)
+    else:
+        rows = [{"prompt": prompt.format(w), "chosen": c, "rejected": r} for w, c, r in words]
+        answers = ("chosen", "rejected")
+    eos = demo_tokenizer.eos_token
+    # what the trainers tokenize: the prompt, its answer and EOS (core/data/pairs.py counts rows the same way)
+    expected = sum(len(_tokenize(demo_tokenizer, r["prompt"] + r[a] + eos)["input_ids"]) for r in rows for a in answers)
+    events = []
+    cfg = demo_config(stage=stage, dataset=_write(tmp_path / "rows.jsonl", rows), per_device_train_batch_size=4,
+                      max_steps=1, output_dir=str(tmp_path / "runs"))
+    result = run_training(cfg, events.append)
+    assert result.status == "completed", result.message
+    step = next(e for e in events if e["kind"] == "step")
+    assert step["tokens"] == result.summary["train_tokens"] == expected
+    assert step["tokens_per_s"] > 0
