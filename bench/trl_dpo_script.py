@@ -49,7 +49,6 @@ def bench_args(model: str, out: str, max_steps: int, cuda: bool) -> list[str]:
     """The benchmark's own arguments (module docstring: what differs and why)."""
     return ["--model_name_or_path", model, "--dataset_name", "json", "--output_dir", out, "--max_steps",
             str(max_steps), "--save_strategy", "no", "--report_to", "none", "--logging_steps", "1",
-            "--include_num_input_tokens_seen", "non_padding",
             *([] if cuda else ["--use_cpu", "--bf16", "false"])]
 
 
@@ -59,7 +58,7 @@ def settings(trainer, model_args) -> dict:
     peft = getattr(trainer.model, "peft_config", {}).get("default")
     return {"per_device_train_batch_size": args.per_device_train_batch_size,
             "gradient_accumulation_steps": args.gradient_accumulation_steps,
-            "gradient_checkpointing": args.gradient_checkpointing, "optim": str(args.optim),
+            "gradient_checkpointing": args.gradient_checkpointing, "optim": getattr(args.optim, "value", args.optim),
             "precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32", "max_length": args.max_length,
             "learning_rate": args.learning_rate, "beta": args.beta, "loss_type": args.loss_type,
             "load_in_4bit": model_args.load_in_4bit, "dtype": model_args.dtype,
@@ -84,6 +83,7 @@ def main(argv=None) -> int:
     script, training_args, model_args, _ = parser.parse_args_and_config(
         [*DOCUMENTED, *bench_args(args.model, str(out / "dpo-output"), args.max_steps, cuda)],
         fail_with_unknown_args=True)
+    training_args.include_num_input_tokens_seen = "non_padding"  # the parser reads this field as a bool only
     # --- trl/scripts/dpo.py's main from here (the dataset is the bench's local file) ---
     model_init_kwargs = dict(
         revision=model_args.model_revision,
