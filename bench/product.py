@@ -4,8 +4,9 @@
 
 Per call: a model folder with random bf16 weights of the architecture (bench/archs.py) is saved with
 `save_pretrained` (in a child process, so this parent never holds GPU memory) and a dolly-format jsonl with
-lognormal lengths (bench/synth.py) is written, once. Then every variant runs as its own process: the chapter's
-script (bench/chapter_script.py) or `python -m core.train --config F --preset P --set ...`. This parent samples
+lognormal lengths (bench/synth.py) is written, once, with preference pairs of the same lengths when a plan's rows read
+them (Variant.data "pairs": prompt, chosen, rejected). Then every variant runs as its own process: a script (the
+chapter's, bench/chapter_script.py, or Variant.module's) or `python -m core.train --config F --preset P --set ...`. This parent samples
 NVML every 10 ms from outside (device used memory; GPU utilisation every 100 ms) and reads tokens and times from
 the run's own events.jsonl (step events: cumulative tokens, seconds since training began).
 
