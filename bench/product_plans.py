@@ -209,9 +209,10 @@ def preference(name: str) -> list[Variant]:
         Variant("orpo-lowest_memory", "lowest_memory", ["stage=orpo", *pref], steps=6, warm=2, timeout_s=100,
                 data="pairs", note="memtune ORPO: no reference pass"),
     ]
-    if smoke:  # the tiny model on the CPU (CUDA-only levers dropped there): the rows' code paths, not a measurement
-        for v in rows:
+    if smoke:  # the tiny model on the CPU (CUDA-only levers dropped there): the rows' code paths, not a measurement;
+        for v in rows:  # the warm-up pass too (CUDA's auto, the CPU's off)
             v.steps, v.warm, v.max_length, v.timeout_s = 2, 1, 128, 600
+            v.sets += ["kernel_warmup=on"] if v.preset else []
     return rows
 
 
