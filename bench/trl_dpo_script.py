@@ -2,8 +2,8 @@
 
     python -m bench.trl_dpo_script --model DIR --data PAIRS.jsonl --out RUN_DIR [--max-steps N]
 
-The setup, from TRL's own documentation (huggingface/trl, docs/source/peft_integration.md, published as
-https://huggingface.co/docs/trl/main/en/peft_integration):
+The setup, from TRL's own documentation (huggingface/trl, docs/source/peft_integration.md as of commit 067322f,
+published as https://huggingface.co/docs/trl/peft_integration):
 - section "PEFT with Different Trainers", DPO, "With LoRA": `python trl/scripts/dpo.py --model_name_or_path
   Qwen/Qwen2-0.5B-Instruct --dataset_name trl-lib/ultrafeedback_binarized --learning_rate 5.0e-6
   --per_device_train_batch_size 2 --gradient_accumulation_steps 8 --use_peft --lora_r 32 --lora_alpha 16
@@ -27,7 +27,7 @@ What differs from the documented command, and why:
   word-level tokenizer has not;
 - benchmark-only: `--max_steps N` instead of one epoch, `--save_strategy no` and no `trainer.save_model` (as the
   chapter's script row), `--report_to none`, `--logging_steps 1` (a loss every step: DPO's first loss is ln 2 =
-  0.6931 while the policy still equals its reference), `--include_num_input_tokens_seen non_padding` (the tokens
+  0.6931 while the policy still equals its reference), `include_num_input_tokens_seen="non_padding"` (the tokens
   behind tokens/s: prompt + chosen and prompt + rejected, as memtune's rows count them), and the chapter script's
   step callback writing events.jsonl and summary.json in the engine's format; on a machine without CUDA
   `--use_cpu` and no bf16 (the CPU smoke run of the plan only).

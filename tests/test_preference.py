@@ -268,3 +268,20 @@ def test_every_stage_counts_the_tokens_it_trains_on(tmp_path, demo_tokenizer, st
     step = next(e for e in events if e["kind"] == "step")
     assert step["tokens"] == result.summary["train_tokens"] == expected
     assert step["tokens_per_s"] > 0
+
+
+def test_the_estimate_sizes_micro_batches_for_the_longest_pair(demo_tokenizer, capsys):
+    """`python -m core.estimate --data` on preference rows: read as the stage reads them (an SFT reading refused the
+    file), each micro-batch two sequences per pair of at most the longest pair's longer side."""
+    from core.config.settings import DEMO_MODEL
+    from core.estimate.predict import main
+
+    base = ["--set", f"model={DEMO_MODEL}", "--set", "dataset=memtune/demo", "--set", "stage=dpo", "--set",
+            "per_device_train_batch_size=4", "--set", "max_length=256", "--json"]
+    assert main(base) == 0
+    assumed = json.loads(capsys.readouterr().out)
+    assert main(base + ["--data"]) == 0
+    measured = json.loads(capsys.readouterr().out)
+    longest = plan_pairs(demo_config(stage="dpo", max_length=256), demo_tokenizer).longest_row
+    assert 10 < longest < 256 and assumed["tokens_per_micro_batch"] == 2 * 4 * 256
+    assert measured["tokens_per_micro_batch"] == 2 * 4 * longest and measured["total_gib"] < assumed["total_gib"]
