@@ -270,18 +270,21 @@ def test_every_stage_counts_the_tokens_it_trains_on(tmp_path, demo_tokenizer, st
     assert step["tokens_per_s"] > 0
 
 
-def test_the_estimate_sizes_micro_batches_for_the_longest_pair(demo_tokenizer, capsys):
-    """`python -m core.estimate --data` on preference rows: read as the stage reads them (an SFT reading refused the
-    file), each micro-batch two sequences per pair of at most the longest pair's longer side."""
+def test_the_estimate_sizes_micro_batches_for_the_longest_pair(tmp_path, demo_tokenizer, capsys):
+    """`python -m core.estimate --data` on a pairs file: read as the stage reads it (an SFT reading refused the file:
+    no instruction/response columns), each micro-batch two sequences per pair of at most the longest side."""
     from core.config.settings import DEMO_MODEL
     from core.estimate.predict import main
 
-    base = ["--set", f"model={DEMO_MODEL}", "--set", "dataset=memtune/demo", "--set", "stage=dpo", "--set",
+    prompt = "### Instruction:\nTranslate the word 'cat' into French.\n\n### Response:\n"
+    rows = [{"prompt": prompt, "chosen": "chat", "rejected": "chien " * n} for n in (1, 30, 12)]
+    data = _write(tmp_path / "pairs.jsonl", rows)
+    base = ["--set", f"model={DEMO_MODEL}", "--set", f"dataset={data}", "--set", "stage=dpo", "--set",
             "per_device_train_batch_size=4", "--set", "max_length=256", "--json"]
     assert main(base) == 0
     assumed = json.loads(capsys.readouterr().out)
     assert main(base + ["--data"]) == 0
     measured = json.loads(capsys.readouterr().out)
-    longest = plan_pairs(demo_config(stage="dpo", max_length=256), demo_tokenizer).longest_row
-    assert 10 < longest < 256 and assumed["tokens_per_micro_batch"] == 2 * 4 * 256
+    longest = plan_pairs(demo_config(stage="dpo", dataset=data, max_length=256), demo_tokenizer).longest_row
+    assert 30 < longest < 256 and assumed["tokens_per_micro_batch"] == 2 * 4 * 256
     assert measured["tokens_per_micro_batch"] == 2 * 4 * longest and measured["total_gib"] < assumed["total_gib"]
