@@ -4,8 +4,9 @@
 
 Per call: a model folder with random bf16 weights of the architecture (bench/archs.py) is saved with
 `save_pretrained` (in a child process, so this parent never holds GPU memory) and a dolly-format jsonl with
-lognormal lengths (bench/synth.py) is written, once. Then every variant runs as its own process: the chapter's
-script (bench/chapter_script.py) or `python -m core.train --config F --preset P --set ...`. This parent samples
+lognormal lengths (bench/synth.py) is written, once, with preference pairs of the same lengths when a plan's rows read
+them (Variant.data "pairs": prompt, chosen, rejected). Then every variant runs as its own process: a script (the
+chapter's, bench/chapter_script.py, or Variant.module's) or `python -m core.train --config F --preset P --set ...`. This parent samples
 NVML every 10 ms from outside (device used memory; GPU utilisation every 100 ms) and reads tokens and times from
 the run's own events.jsonl (step events: cumulative tokens, seconds since training began).
 
@@ -36,6 +37,7 @@ from bench.product_plans import Variant, plan
 from core.gpus.vram import PeakTracker, device_used_bytes, driver_version, snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
+PAIRS = 1000  # preference pairs written at most: a row trains on a few dozen; every pair is tokenized at the start
 
 
 # --- model folder and data (built once per call) ------------------------------------------------------------------
@@ -64,19 +66,26 @@ def build_model_folder(arch: str, folder: Path, quantized: bool = False) -> None
 
 def write_dolly(path: Path, n: int, seed: int = 0) -> dict:
     """Dolly-format rows (instruction, context, response) whose token counts follow synth.dolly_lengths."""
-    from bench.synth import dolly_lengths, texts_of
+    from bench.synth import dolly_rows
 
-    lengths = dolly_lengths(n, seed)
-    words = texts_of(lengths, seed)
+    rows, lengths = dolly_rows(n, seed)
     with path.open("w", encoding="utf-8") as f:
-        for i, text in enumerate(words):
-            w = text.split()
-            cut = max(1, len(w) // 4)  # a quarter of the row is the instruction, the rest the answer
-            context = " ".join(w[cut:2 * cut]) if i % 3 == 0 else ""  # a third of dolly rows have context
-            rest = w[2 * cut:] if context else w[cut:]
-            f.write(json.dumps({"instruction": " ".join(w[:cut]), "context": context,
-                                "response": " ".join(rest) or "w1", "category": "open_qa"}) + "\n")
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
     return {"rows": n, "median_tokens": float(statistics.median(lengths)), "mean_tokens": float(lengths.mean())}
+
+
+def write_pairs(path: Path, n: int, seed: int = 0) -> dict:
+    """Preference pairs (prompt, chosen, rejected) of dolly-like lengths (bench/synth.py preference_pairs)."""
+    from bench.synth import preference_pairs
+
+    rows, sides = preference_pairs(n, seed)
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return {"rows": n, "median_sequence_tokens": float(statistics.median(sides)),
+            "mean_sequence_tokens": round(float(sides.mean()), 1),
+            "over_512_share": round(float((sides > 512).mean()), 4)}
 
 
 # --- NVML sampler (outside the measured process): core.gpus.vram's, the one the run and the app use -------------------
@@ -88,7 +97,7 @@ def make_sampler() -> PeakTracker:
 # --- one variant ----------------------------------------------------------------------------------------------------
 def command(v: Variant, model_dir: Path, data: Path, run_dir: Path, smoke: bool) -> list[str]:
     if v.script:
-        script = "bench.unsloth_script" if v.peer else "bench.chapter_script"
+        script = v.module or ("bench.unsloth_script" if v.peer else "bench.chapter_script")
         return [sys.executable, "-m", script, "--model", str(model_dir), "--data", str(data),
                 "--out", str(run_dir), "--max-steps", str(v.steps), *v.script_args]
     if v.code:  # another commit's tree: only the fields every version since 2026-12-01 reads, as its own YAML
@@ -285,14 +294,23 @@ def fmt(x, nd=2, unit=""):
     return f"{x:,.{nd}f}{unit}" if isinstance(x, (int, float)) else str(x)
 
 
+def estimate_error(r: dict) -> str:
+    """The estimate a user read before Start against the NVML peak measured: "7.12 GiB (+3.1%)", or "-"."""
+    est, got = r.get("estimate_nvml_gib"), r.get("nvml_peak_gib")
+    if est is None:
+        return "-"
+    return f"{est:.2f} GiB ({100 * (est / got - 1):+.1f}%)" if got else f"{est:.2f} GiB"
+
+
 def table(rows: list[dict]) -> str:
-    head = ("| run | peak allocated | NVML peak (phase) | steady tokens/s (window) | median step | to first step | "
-            "warm-up | first step | first/steady | GPU busy | rc |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    head = ("| run | peak allocated | NVML peak (phase) | estimate (error) | steady tokens/s (window) | median step | "
+            "to first step | warm-up | first step | first/steady | GPU busy | rc |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         lines.append(
             f"| {r['name']} | {fmt(r.get('peak_allocated_gib'), 2, ' GiB')} | "
-            f"{fmt(r.get('nvml_peak_gib'), 2, ' GiB')} ({r.get('nvml_peak_phase', '-')}) | "
+            f"{fmt(r.get('nvml_peak_gib'), 2, ' GiB')} ({r.get('nvml_peak_phase', '-')}) | {estimate_error(r)} | "
             f"{fmt(r.get('steady_tokens_per_s'), 0)} ({r.get('steady_window', '-')}) | "
             f"{fmt(r.get('steady_step_s_median'), 2, ' s')} | {fmt(r.get('to_first_step_s'), 1, ' s')} | "
             f"{fmt(r.get('warmup_s'), 2, ' s')} | {fmt(r.get('first_step_s'), 2, ' s')} | {fmt(r.get('first_over_steady'), 1, 'x')} | "
@@ -354,7 +372,7 @@ def with_warm_row(variants: list[Variant], smoke: bool) -> list[Variant]:
         return variants
     v = variants[i]
     warm = Variant(f"{v.name}-discarded", v.preset, list(v.sets), steps=8, warm=3, timeout_s=90, arch=v.arch,
-                   max_length=v.max_length, code=v.code, note="warms the machine: not compared")
+                   max_length=v.max_length, code=v.code, data=v.data, note="warms the machine: not compared")
     return variants[:i] + [warm] + variants[i:]
 
 
@@ -383,6 +401,10 @@ def main(argv=None) -> int:
     data = work / "dolly.jsonl"
     info = {"date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "arch": arch, "plan": args.plan,
             "versions": versions(), "data": write_dolly(data, args.rows), "model_build_s": {}, "model_bytes": {}}
+    variants = plan(args.plan)
+    datas = {"": data, "pairs": work / "pairs.jsonl"}
+    if any(v.data == "pairs" for v in variants):  # the preference rows' data (prompt, chosen, rejected)
+        info["pairs"] = write_pairs(datas["pairs"], min(args.rows, PAIRS))
 
     def folder(name: str) -> Path:
         """The model folder of architecture `name`, built the first time a variant needs it."""
@@ -406,9 +428,10 @@ def main(argv=None) -> int:
     print(json.dumps(info), flush=True)
     only = {s for s in args.only.split(",") if s}
     rows = []
-    # MoE rows load for minutes and compare memory, not speed across calls: no discarded warm row
-    for v in (plan(args.plan) if args.plan.startswith("moe") or args.no_warm_row
-              else with_warm_row(plan(args.plan), smoke)):
+    # MoE rows load for minutes and compare memory, not speed across calls: no discarded warm row; nor the preference
+    # plans (dpo*), whose script row, first, warms the machine within one call's time
+    for v in (variants if args.plan.startswith(("moe", "dpo")) or args.no_warm_row
+              else with_warm_row(variants, smoke)):
         if only and v.name not in only and not v.name.endswith("-discarded"):
             continue
         left = args.budget_s - (time.time() - t0)
@@ -416,7 +439,7 @@ def main(argv=None) -> int:
             rows.append({"name": v.name, "rc": f"skipped: {left:.0f} s left of the budget"})
             continue
         v.timeout_s = int(min(v.timeout_s, left))
-        row = run_variant(v, folder(v.arch or arch), data, root, sampler, smoke)
+        row = run_variant(v, folder(v.arch or arch), datas[v.data], root, sampler, smoke)
         row["arch"] = v.arch or arch
         rows.append(row)
         print(json.dumps({k: row.get(k) for k in ("name", "rc", "wall_s", "peak_allocated_gib", "nvml_peak_gib",

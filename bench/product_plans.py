@@ -26,6 +26,8 @@ class Variant:
     env: dict = field(default_factory=dict)  # extra environment of the run's process
     script_args: list[str] = field(default_factory=list)  # extra arguments of a script row (the peer's settings)
     code: str = ""  # a source tree of another commit (git archive) the row runs from: bisecting a regression
+    module: str = ""  # a script row's module ("": bench.chapter_script, or bench.unsloth_script with `peer`)
+    data: str = ""  # "": the call's dolly rows; "pairs": its preference pairs (bench/synth.py preference_pairs)
 
 
     @property
@@ -189,7 +191,36 @@ def compile2(name: str) -> list[Variant]:
     return rows
 
 
+def preference(name: str) -> list[Variant]:
+    """Issue 44: DPO and ORPO on the Llama-3.1-8B shape with `lowest_memory` (NVML peak, steady tokens/s, the
+    estimate a user reads before Start and its error) beside TRL's documented QLoRA DPO setup as written
+    (bench/trl_dpo_script.py), in one call, all on the call's preference pairs (bench/synth.py preference_pairs,
+    dolly-like lengths). The preset packs rows, which TRL's preference trainers cannot (they pad pairs): packing off,
+    as memtune's check tells a user (problem.stage_packing); its 4 rows per micro-step are then 4 pairs (8
+    sequences), x 2 accumulation. A loss every step: while the policy equals its reference DPO's first loss is
+    ln 2 = 0.6931, on memtune's row and TRL's alike. Timeouts: ~60 s to build the 8B folder, then 200 + 110 + 100 s
+    of rows and two estimates of ~15 s, in one 600 s call with --budget-s 520 (the plan runs no discarded warm row:
+    the script row, first, warms the machine). dpo1smoke: the same rows on the CPU with the tiny model, 2 steps."""
+    smoke = name.endswith("smoke")
+    pref = ["packing=false", "validation_share=0", "logging_steps=1"]
+    rows = [
+        Variant("trl-dpo-qlora", steps=5, warm=1, timeout_s=200, module="bench.trl_dpo_script", data="pairs",
+                note="TRL's documented QLoRA DPO setup as written (2 pairs x 8, max length 1024, float32 base)"),
+        Variant("dpo-lowest_memory", "lowest_memory", ["stage=dpo", *pref], steps=6, warm=2, timeout_s=110,
+                data="pairs", note="memtune DPO: the preset's 4 rows x 2 as pairs, the reference the adapter disabled"),
+        Variant("orpo-lowest_memory", "lowest_memory", ["stage=orpo", *pref], steps=6, warm=2, timeout_s=100,
+                data="pairs", note="memtune ORPO: no reference pass"),
+    ]
+    if smoke:  # the tiny model on the CPU (CUDA-only levers dropped there): the rows' code paths, not a measurement;
+        for v in rows:  # the warm-up pass too (CUDA's auto, the CPU's off)
+            v.steps, v.warm, v.max_length, v.timeout_s = 2, 1, 128, 600
+            v.sets += ["kernel_warmup=on"] if v.preset else []
+    return rows
+
+
 def plan(name: str) -> list[Variant]:
+    if name in ("dpo1", "dpo1smoke"):
+        return preference(name)
     if name in ("compile2", "compile2smoke"):
         return compile2(name)
     if name in ("lean1", "lean1smoke"):

@@ -1,4 +1,4 @@
-"""Random-weight models built straight into 4-bit on the GPU, a word-level tokenizer and dolly-like data.
+"""Random-weight models built straight into 4-bit on the GPU, a word-level tokenizer, dolly-like data and pairs.
 
 `build_model` never materialises the bf16 model: the skeleton is built on the meta device, then every decoder
 Linear is replaced, one at a time, by a bitsandbytes Linear4bit quantized on the GPU from freshly drawn random
@@ -167,3 +167,38 @@ def make_dataset(kind: str, n: int, max_length: int = 512, seed: int = 0):
 
     lengths = dolly_lengths(n, seed) if kind == "dolly" else full_lengths(n, max_length, seed)
     return Dataset.from_dict({"text": texts_of(lengths, seed)}), lengths
+
+
+def dolly_rows(n: int, seed: int = 0) -> tuple[list[dict], np.ndarray]:
+    """Dolly-format rows (instruction, context, response) whose token counts follow dolly_lengths, and the counts."""
+    lengths = dolly_lengths(n, seed)
+    rows = []
+    for i, text in enumerate(texts_of(lengths, seed)):
+        w = text.split()
+        cut = max(1, len(w) // 4)  # a quarter of the row is the instruction, the rest the answer
+        context = " ".join(w[cut:2 * cut]) if i % 3 == 0 else ""  # a third of dolly rows have context
+        rest = w[2 * cut:] if context else w[cut:]
+        rows.append({"instruction": " ".join(w[:cut]), "context": context, "response": " ".join(rest) or "w1",
+                     "category": "open_qa"})
+    return rows, lengths
+
+
+def preference_pairs(n: int, seed: int = 0) -> tuple[list[dict], np.ndarray]:
+    """Preference pairs (prompt, chosen, rejected: TRL's standard format with an explicit prompt) as long as dolly
+    rows, and the token count of each sequence the trainers make of them (prompt + chosen, prompt + rejected).
+
+    The prompt and the chosen answer are dolly_rows(n, seed)'s row (its instruction and context in memtune's
+    default template, the same text the SFT rows train on), the rejected answer the response of another draw's
+    row (dolly_rows(n, seed + 1)): both answers follow dolly's length law, independently, as a preferred and a
+    dispreferred completion of one prompt do. Same seed, same pairs."""
+    from core.data.formats import default_prompt
+
+    rows, _ = dolly_rows(n, seed)
+    other, _ = dolly_rows(n, seed + 1)
+    pairs, sides = [], []
+    for row, alt in zip(rows, other):
+        prompt = default_prompt(row["instruction"], row["context"])
+        pairs.append({"prompt": prompt, "chosen": row["response"], "rejected": alt["response"]})
+        # word-level tokens: <bos> + the prompt's words, the answer's words + <eos> (make_tokenizer, TRL's EOS)
+        sides += [2 + len(prompt.split()) + len(answer.split()) for answer in (row["response"], alt["response"])]
+    return pairs, np.asarray(sides)

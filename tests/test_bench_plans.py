@@ -12,7 +12,7 @@ from core.config.settings import Hardware, TrainConfig, parse_overrides
 GPU = Hardware(cuda=True, bf16=True, bitsandbytes=True)
 
 
-@pytest.mark.parametrize("name", ["lean1", "lean1smoke", "compile2", "compile2smoke"])
+@pytest.mark.parametrize("name", ["lean1", "lean1smoke", "compile2", "compile2smoke", "dpo1", "dpo1smoke"])
 def test_every_row_is_a_setting_the_cli_accepts(name, tmp_path):
     rows = plan(name)
     assert len({v.name for v in rows}) == len(rows)

@@ -239,3 +239,52 @@ def test_the_estimate_counts_two_sequences_per_pair():
     assert 1.95 <= dpo.activations / sft.activations <= 2.05 and dpo.logits >= sft.logits  # + a padding mask
     assert dpo.nvml_training > sft.nvml_training and kto.nvml_training == sft.nvml_training
     assert any("reference pass" in n for n in dpo.notes) and not any("reference" in n for n in orpo.notes)
+
+
+@pytest.mark.parametrize("stage", ["dpo", "orpo", "kto"])
+def test_every_stage_counts_the_tokens_it_trains_on(tmp_path, demo_tokenizer, stage):
+    """tokens/s and summary.json's train_tokens count every sequence of the batch: prompt + chosen and prompt +
+    rejected of each pair (DPO, ORPO), prompt + completion of each KTO row. ORPO's batch has no input_ids (only
+    chosen_/rejected_input_ids), so the Trainer's own count stayed 0 there."""
+    from trl.data_utils import _tokenize
+
+    prompt = "### Instruction:\nTranslate the word '{}' into French.\n\n### Response:\n"
+    words = [("cat", "chat", "chien"), ("sea", "mer mer", "chat"), ("dog", "chien", "mer chat chien"),
+             ("house", "maison", "chat")]
+    if stage == "kto":
+        rows = [{"prompt": prompt.format(w), "completion": a, "label": i % 2 == 0} for i, (w, a, _) in enumerate(words)]
+        answers = ("completion",)
+    else:
+        rows = [{"prompt": prompt.format(w), "chosen": c, "rejected": r} for w, c, r in words]
+        answers = ("chosen", "rejected")
+    eos = demo_tokenizer.eos_token
+    # what the trainers tokenize: the prompt, its answer and EOS (core/data/pairs.py counts rows the same way)
+    expected = sum(len(_tokenize(demo_tokenizer, r["prompt"] + r[a] + eos)["input_ids"]) for r in rows for a in answers)
+    events = []
+    cfg = demo_config(stage=stage, dataset=_write(tmp_path / "rows.jsonl", rows), per_device_train_batch_size=4,
+                      max_steps=1, output_dir=str(tmp_path / "runs"))
+    result = run_training(cfg, events.append)
+    assert result.status == "completed", result.message
+    step = next(e for e in events if e["kind"] == "step")
+    assert step["tokens"] == result.summary["train_tokens"] == expected
+    assert step["tokens_per_s"] > 0
+
+
+def test_the_estimate_sizes_micro_batches_for_the_longest_pair(tmp_path, demo_tokenizer, capsys):
+    """`python -m core.estimate --data` on a pairs file: read as the stage reads it (an SFT reading refused the file:
+    no instruction/response columns), each micro-batch two sequences per pair of at most the longest side."""
+    from core.config.settings import DEMO_MODEL
+    from core.estimate.predict import main
+
+    prompt = "### Instruction:\nTranslate the word 'cat' into French.\n\n### Response:\n"
+    rows = [{"prompt": prompt, "chosen": "chat", "rejected": "chien " * n} for n in (1, 30, 12)]
+    data = _write(tmp_path / "pairs.jsonl", rows)
+    base = ["--set", f"model={DEMO_MODEL}", "--set", f"dataset={data}", "--set", "stage=dpo", "--set",
+            "per_device_train_batch_size=4", "--set", "max_length=256", "--json"]
+    assert main(base) == 0
+    assumed = json.loads(capsys.readouterr().out)
+    assert main(base + ["--data"]) == 0
+    measured = json.loads(capsys.readouterr().out)
+    longest = plan_pairs(demo_config(stage="dpo", dataset=data, max_length=256), demo_tokenizer).longest_row
+    assert 30 < longest < 256 and assumed["tokens_per_micro_batch"] == 2 * 4 * 256
+    assert measured["tokens_per_micro_batch"] == 2 * 4 * longest and measured["total_gib"] < assumed["total_gib"]

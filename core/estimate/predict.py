@@ -304,12 +304,16 @@ def measured_row_tokens(cfg: TrainConfig) -> int | None:
     from core.quiet import offline_if_unreachable
 
     offline_if_unreachable(cfg)  # one quick check, not six "Retrying in Ns" lines before the error
-    raw, fmt = data.check_data(cfg)
+    from core.data import pairs  # a preference stage's rows: each pair's longest sequence, as the stage plans them
+
+    raw, fmt = data.check_data(cfg) if cfg.stage == "sft" else pairs.check_pairs(cfg)
     try:
         tokenizer = load_tokenizer(cfg)
     except Exception as exc:  # noqa: BLE001 - an uncached or gated model: the estimate itself needs no tokenizer
         raise DataError("data.err.measure_tokenizer", dataset=cfg.dataset, model=cfg.model,
                         error=f"{type(exc).__name__}: {exc}") from None
+    if cfg.stage != "sft":
+        return pairs.plan_pairs(cfg, tokenizer, raw, fmt).longest_row or None
     return data.plan_rows(cfg, tokenizer, raw, fmt, n_examples=0).longest_row or None
 
 

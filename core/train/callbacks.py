@@ -291,8 +291,9 @@ def warm_up(trainer, train_dataloader, sink: EventSink, compiler=None) -> int | 
             if not batches:
                 return None
             batch = batches[0]
-            ids = batch.get("input_ids")
-            tokens = int(ids.numel()) if ids is not None else 0
+            # the micro-batch's sequences: SFT's, DPO's and KTO's in input_ids, ORPO's in chosen_/rejected_input_ids
+            tokens = sum(int(batch[k].numel()) for k in ("input_ids", "chosen_input_ids", "rejected_input_ids")
+                         if batch.get(k) is not None)
             said = compiler.words() if compiler is not None else keyed("log.phase.warming_up", tokens=tokens)
             with phase(sink, "compiling" if compiler is not None else "warming_up", said["key"], **said["params"]):
                 if not had_ga:  # set by the training loop per optimizer step; the loss scale is irrelevant here

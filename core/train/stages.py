@@ -44,8 +44,34 @@ def trainer_classes(stage: str) -> tuple[type, type]:
     if stage == "orpo":
         from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
-        return ORPOTrainer, ORPOConfig
+        return counting_pairs(ORPOTrainer), ORPOConfig
     raise ValueError(f"no preference trainer for stage {stage!r}")
+
+
+_COUNTING: dict[type, type] = {}
+
+
+def counting_pairs(trainer_class: type) -> type:
+    """`trainer_class` whose token count (state.num_input_tokens_seen: tokens/s, summary.json's train_tokens) holds
+    the pairs' sequences. The Trainer counts the batch's `input_ids` (model.main_input_name); ORPO's batch has
+    none, only `chosen_input_ids` and `rejected_input_ids` (each the prompt and its answer) with their attention
+    masks, so it counted 0. Each side is handed to the Trainer's own counting as the batch it would read (its
+    non_padding / all setting and the gather across processes stay the Trainer's): the prompt + chosen and
+    prompt + rejected tokens, as DPO's batch (both sides in `input_ids`) counts them."""
+    if trainer_class not in _COUNTING:
+
+        class CountingPairs(trainer_class):
+            def _track_num_input_tokens(self, inputs):
+                name = getattr(self.model, "main_input_name", "input_ids")
+                if name in inputs or "chosen_input_ids" not in inputs:
+                    return super()._track_num_input_tokens(inputs)
+                for side in ("chosen", "rejected"):
+                    super()._track_num_input_tokens({name: inputs[f"{side}_input_ids"],
+                                                     "attention_mask": inputs[f"{side}_attention_mask"]})
+
+        CountingPairs.__name__ = CountingPairs.__qualname__ = trainer_class.__name__
+        _COUNTING[trainer_class] = CountingPairs
+    return _COUNTING[trainer_class]
 
 
 # --- hook 1: where the policy starts, and its reference -------------------------------------------------------
