@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from core.config.settings import demo_config
@@ -64,18 +65,23 @@ def test_a_run_starts_warm_and_a_changed_environment_starts_cold_in_the_same_pro
         "answered = [e for e in act.events_since(0) if e['kind'] == 'answered']\n"
         "assert answered and answered[0]['status'] == 'completed', act.events_since(0)[-3:]\n"
         "starts.append(next(e for e in act.events_since(0) if e.get('phase') == 'loading')['start'])\n"
-        "mgr.shutdown()\n"
         # a variable the libraries read at import (huggingface_hub's constants) that the server read differently
         "os.environ['HF_HUB_ETAG_TIMEOUT'] = '17'\n"
         "starts.append(finished(mgr, out, 'changed')['start'])\n"
-        "print(json.dumps(starts))\n")
+        "print(json.dumps([*starts, act.pid]), flush=True)\n"
+        # the app dies without a word (what SIGKILL leaves): its Try it child, loaded and idle, must end with it
+        "os._exit(0)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_HUB_ETAG_TIMEOUT")}
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=elsewhere, env=env, capture_output=True,
                           text=True, timeout=WAIT)
     assert done.returncode == 0, done.stderr[-2000:]
-    warm, try_it, cold = json.loads(done.stdout.strip().splitlines()[-1])
+    warm, try_it, cold, try_pid = json.loads(done.stdout.strip().splitlines()[-1])
     assert warm == "warm" and try_it == "warm"
     assert cold.startswith("cold: the run's environment differs") and "HF_HUB_ETAG_TIMEOUT" in cold, cold
+    try:  # the fork server ends with the app, and so does the child (its PR_SET_PDEATHSIG, Try it's watch of the app)
+        psutil.Process(try_pid).wait(WAIT)  # raises TimeoutExpired if it outlives the app
+    except psutil.NoSuchProcess:
+        pass
 
 
 def test_warm_start_off_runs_a_new_interpreter(tmp_path, monkeypatch, demo_model_path):
