@@ -21,13 +21,14 @@ MERGE_INTO_HELP = ("which base weights the LoRA delta is added to: 'dequantized'
 
 def quiet_before_loading() -> None:
     """The libraries' progress bars off and their noise silenced (core/quiet.py), without importing them: a refusal
-    or --plan never loads torch and transformers (seconds of imports), and an export that does reads the two
+    of the arguments never loads torch and transformers (seconds of imports), and an export that does reads the two
     variables below when they load (a value the user set wins, as over core.quiet's calls)."""
     from core.quiet import quiet_libraries
 
-    for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):  # transformers follows the hub's
-        os.environ.setdefault(name, "1")
-    loaded = any(name in sys.modules for name in ("datasets", "transformers"))  # called in a process that has them
+    loaded = any(name in sys.modules for name in ("datasets", "transformers"))  # main() called in a process that has
+    if not loaded:  # them: their own calls, and this process's environment stays as it was (a fork server compares it)
+        for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):  # transformers: the hub's
+            os.environ.setdefault(name, "1")
     quiet_libraries(progress_bars=not loaded)  # the warnings and loggers always; the libraries' calls if loaded
 
 
