@@ -4,10 +4,12 @@ prompt starts a fresh child and is answered."""
 
 import os
 import signal
+from pathlib import Path
 
 import psutil
 import pytest
 
+from core.jobs.actions import LOG_FILE
 from tests.browser_app import MISSING, REQUIRED, choose, point_at_runs
 
 pytestmark = pytest.mark.skipif(MISSING is not None and not REQUIRED, reason=MISSING or "")
@@ -28,9 +30,17 @@ def adapter_run(server, demo_model_path):
 
 
 def try_children(server) -> list[psutil.Process]:
-    """The app's model-running children (core.jobs.act; not a training child), under the app's process."""
-    kids = psutil.Process(server["pid"]).children(recursive=True)
-    return [p for p in kids if "core.jobs.act" in " ".join(p.cmdline())]
+    """The app's Try it children (core.jobs.act; not a training child), under the app's process: each writes its
+    output to its action folder's log (core/jobs/actions.py), whether it is a fresh interpreter or a fork of the
+    app's warm server (core/jobs/warm.py), whose command line is the server's."""
+    def acts(p: psutil.Process) -> bool:
+        try:
+            return any(Path(f.path).name == LOG_FILE and Path(f.path).parent.name.startswith("memtune-try-")
+                       for f in p.open_files())
+        except psutil.NoSuchProcess:
+            return False
+
+    return [p for p in psutil.Process(server["pid"]).children(recursive=True) if acts(p)]
 
 
 def test_a_killed_try_it_child_leaves_the_page_serving_and_the_next_prompt_works(page, server, adapter_run):

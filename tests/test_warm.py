@@ -1,6 +1,7 @@
-"""Runs start warm (core/jobs/warm.py): the job manager forks each `python -m core.train` from a server that has
-imported the libraries once. A warm run is the run a cold process would be (same command line, environment, pid,
-session, log file, exit code); where the forked state cannot be trusted it becomes that cold process itself.
+"""Runs and the actions (Try it, merge, GGUF export) start warm (core/jobs/warm.py): the job manager forks each
+`python -m core.train` and `python -m core.jobs.act` from a server that has imported the libraries once. A warm child
+is the process a cold one would be (same command line, environment, pid, session, log file, exit code); where the
+forked state cannot be trusted it becomes that cold process itself.
 
 Real children of the real CLI on the tiny demo model; each test starts what it needs.
 """
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from core.config.settings import demo_config
@@ -35,7 +37,9 @@ def finished(mgr: JobManager, tmp_path, name: str):
 
 
 def test_a_run_starts_warm_and_a_changed_environment_starts_cold_in_the_same_process(tmp_path, demo_model_path):
-    """In a process of its own: the fork server is one per process (multiprocessing's), started with the environment
+    """A run and then a Try it child start warm, and a run after a change to the environment starts cold.
+
+    In a process of its own: the fork server is one per process (multiprocessing's), started with the environment
     of its first use, so this test does not inherit one an earlier test started in another environment.
 
     That process is the app as `python /path/to/app.py` runs it from a home folder: its sys.path names the
@@ -52,17 +56,32 @@ def test_a_run_starts_warm_and_a_changed_environment_starts_cold_in_the_same_pro
         "mgr.prepare()\n"
         "out = Path(sys.argv[1])\n"
         "starts = [finished(mgr, out, 'warm')['start']]\n"
+        # Try it's child forks from the same server (core/jobs/actions.py) and answers from the warm run's adapter
+        "adapter = next(e for e in mgr.current().events_since(0) if e['kind'] == 'done')['adapter_dir']\n"
+        "act = mgr.actions.try_child(adapter)\n"
+        "asked = act.ask(prompt='Hello', max_new_tokens=2, temperature=0.0, top_p=0.9, seed=0, template=True)\n"
+        "while act.running and not any(e.get('request') == asked and e['kind'] == 'answered' for e in act.events_since(0)):\n"
+        "    act.wait(0.1)\n"
+        "answered = [e for e in act.events_since(0) if e['kind'] == 'answered']\n"
+        "assert answered and answered[0]['status'] == 'completed', act.events_since(0)[-3:]\n"
+        "starts.append(next(e for e in act.events_since(0) if e.get('phase') == 'loading')['start'])\n"
         # a variable the libraries read at import (huggingface_hub's constants) that the server read differently
         "os.environ['HF_HUB_ETAG_TIMEOUT'] = '17'\n"
         "starts.append(finished(mgr, out, 'changed')['start'])\n"
-        "print(json.dumps(starts))\n")
+        "print(json.dumps([*starts, act.pid]), flush=True)\n"
+        # the app dies without a word (what SIGKILL leaves): its Try it child, loaded and idle, must end with it
+        "os._exit(0)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_HUB_ETAG_TIMEOUT")}
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=elsewhere, env=env, capture_output=True,
                           text=True, timeout=WAIT)
     assert done.returncode == 0, done.stderr[-2000:]
-    warm, cold = json.loads(done.stdout.strip().splitlines()[-1])
-    assert warm == "warm"
+    warm, try_it, cold, try_pid = json.loads(done.stdout.strip().splitlines()[-1])
+    assert warm == "warm" and try_it == "warm"
     assert cold.startswith("cold: the run's environment differs") and "HF_HUB_ETAG_TIMEOUT" in cold, cold
+    try:  # the fork server ends with the app, and so does the child (its PR_SET_PDEATHSIG, Try it's watch of the app)
+        psutil.Process(try_pid).wait(WAIT)  # raises TimeoutExpired if it outlives the app
+    except psutil.NoSuchProcess:
+        pass
 
 
 def test_warm_start_off_runs_a_new_interpreter(tmp_path, monkeypatch, demo_model_path):

@@ -7,6 +7,7 @@ Modelfile); core/export/__main__.py runs `main` here when started with `python -
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from core.export.adapter import MERGE_TARGETS, ExportError, merge_adapter, zip_adapter
@@ -16,6 +17,19 @@ from core.export.gguf import FAMILY_NAMES, GGUFError
 MERGE_INTO_HELP = ("which base weights the LoRA delta is added to: 'dequantized' (default for adapters trained on a "
                    "4-bit base: the NF4-rounded weights the adapter was trained against, so the merged model answers "
                    "as Try it does) or 'original' (the unrounded weights: answers can differ from Try it)")
+
+
+def quiet_before_loading() -> None:
+    """The libraries' progress bars off and their noise silenced (core/quiet.py), without importing them: a refusal
+    of the arguments never loads torch and transformers (seconds of imports), and an export that does reads the two
+    variables below when they load (a value the user set wins, as over core.quiet's calls)."""
+    from core.quiet import quiet_libraries
+
+    loaded = any(name in sys.modules for name in ("datasets", "transformers"))  # main() called in a process that has
+    if not loaded:  # them: their own calls, and this process's environment stays as it was (a fork server compares it)
+        for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):  # transformers: the hub's
+            os.environ.setdefault(name, "1")
+    quiet_libraries(progress_bars=not loaded)  # the warnings and loggers always; the libraries' calls if loaded
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     zp.add_argument("--out", default=None, help="folder for the zip (default: a temporary folder)")
     zp.add_argument("--replace", action="store_true", help="replace a zip of the same name in --out")
     args = parser.parse_args(argv)
-    from core.quiet import quiet_libraries
-
-    quiet_libraries(progress_bars=False)  # memtune's own progress lines only
+    quiet_before_loading()  # memtune's own progress lines only
 
     def show(fraction: float, message: str) -> None:
         print(f"[{fraction * 100:5.1f}%] {message}", flush=True)

@@ -13,12 +13,14 @@ never loads a model: an out-of-memory merge or a crash in a library ends this pr
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from core.messages import Said, words_of
+from core.jobs.warm import START_ENV
 from core.runs.events import JsonlSink, make_event
 
 REQUESTS = "requests"
@@ -36,6 +38,12 @@ def error_type(exc: BaseException) -> str:
     return "other"
 
 
+def _loading(emit: Callable[[dict], None], p: dict[str, Any], progress: float | None) -> None:
+    """The child's first phase; `start` says how it started, as a training run's first event does (core/jobs/warm.py:
+    "warm", forked from the libraries already imported, or "cold: why"; "" when not started by the app)."""
+    _phase(emit, "loading", progress, Said("action.loading", path=p["adapter"]), start=os.environ.get(START_ENV, ""))
+
+
 def _phase(emit: Callable[[dict], None], phase: str, progress: float | None, message: str, **extra: Any) -> None:
     """A phase event; its words keyed when `message` is (a Said): the page says them in its language."""
     emit(make_event("phase", phase=phase, progress=progress, **words_of(message), **extra))
@@ -44,7 +52,7 @@ def _phase(emit: Callable[[dict], None], phase: str, progress: float | None, mes
 def run_merge(p: dict[str, Any], emit: Callable[[dict], None]) -> dict[str, Any]:
     from core.export.adapter import merge_adapter
 
-    _phase(emit, "loading", 0.0, Said("action.loading", path=p["adapter"]))
+    _loading(emit, p, 0.0)
     path = merge_adapter(p["adapter"], p.get("out_dir"), overwrite=bool(p.get("overwrite")),
                          merge_into=p.get("merge_into"), trust_remote_code=bool(p.get("trust_remote_code")),
                          progress=lambda fraction, message: _phase(emit, "merging", float(fraction), message))
@@ -54,7 +62,7 @@ def run_merge(p: dict[str, Any], emit: Callable[[dict], None]) -> dict[str, Any]
 def run_gguf(p: dict[str, Any], emit: Callable[[dict], None]) -> dict[str, Any]:
     from core.export.gguf_export import export_gguf
 
-    _phase(emit, "loading", 0.0, Said("action.loading", path=p["adapter"]))
+    _loading(emit, p, 0.0)
     result = export_gguf(adapter_dir=p["adapter"], formats=p["formats"], overwrite=bool(p.get("overwrite")),
                          trust_remote_code=bool(p.get("trust_remote_code")),
                          progress=lambda fraction, message: _phase(emit, "converting", float(fraction), message))
@@ -68,7 +76,7 @@ def serve_try(p: dict[str, Any], emit: Callable[[dict], None], folder: Path) -> 
     from core.jobs.supervise import parent_gone
 
     comparer = Comparer()
-    _phase(emit, "loading", None, Said("action.loading", path=p["adapter"]))
+    _loading(emit, p, None)
     comparer.load(p["adapter"], trust_remote_code=bool(p.get("trust_remote_code")))
     _phase(emit, "ready", None, Said("action.ready"))
     inbox = folder / REQUESTS

@@ -1,7 +1,8 @@
 """The app's model-running actions (Try it, merge, GGUF export), each in a child process (no torch, no gradio here).
 
-The web server never loads a model: an action is `python -m core.jobs.act --dir DIR` (core/jobs/act.py), started and
-ended by the one supervisor (core.jobs.supervise.Child, as a training run is), its events followed from
+The web server never loads a model: an action is `python -m core.jobs.act --dir DIR` (core/jobs/act.py), started
+(forked warm from the libraries already imported, as a training run is: core/jobs/warm.py) and ended by the one
+supervisor (core.jobs.supervise.Child), its events followed from
 DIR/events.jsonl by an EventTail into the action's in-memory list, which the page's handler reads. A child that dies
 without its `done` event (SIGKILL, out of memory, a crash in a library) becomes a failed action: an `error` event
 (error_type "died") and `done`, whose message the page shows; the app keeps serving and the next action starts a
@@ -30,6 +31,7 @@ from typing import Any
 
 from core.messages import Said, keyed
 from core.runs.events import EventList, EventTail, make_event
+from core.jobs import warm
 from core.jobs.supervise import PARENT_ENV, Child, exit_text, log_tail
 
 ACT_CLI = [sys.executable, "-m", "core.jobs.act"]
@@ -164,11 +166,17 @@ class Actions:
         env = dict(os.environ, PYTHONUNBUFFERED="1",
                    PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
         env[PARENT_ENV] = str(os.getpid())
-        with open(action.folder / LOG_FILE, "ab") as log:
-            # Stop ends the child (there is nothing to save halfway through a merge or an answer): no stop-file
-            # deadlines, so ack_s/finish_s are never reached; die_with_parent: the app's death ends it too.
-            action._child = Child.spawn([*self._program, "--dir", str(action.folder)], action.folder / "STOP",
-                                        ack_s=0.0, finish_s=0.0, log=log, env=env, die_with_parent=True)
+        argv = [*self._program, "--dir", str(action.folder)]
+        # Stop ends the child (there is nothing to save halfway through a merge or an answer): no stop-file
+        # deadlines, so ack_s/finish_s are never reached; die_with_parent: the app's death ends it too.
+        if self._program == ACT_CLI and warm.enabled():  # forked from the libraries already imported (a Try it
+            # answers seconds sooner); a fresh interpreter where the fork server's state says so (core/jobs/warm.py)
+            action._child = Child(warm.spawn(argv, env, str(action.folder / LOG_FILE), die_with_parent=True),
+                                  action.folder / "STOP", ack_s=0.0, finish_s=0.0)
+        else:
+            with open(action.folder / LOG_FILE, "ab") as log:
+                action._child = Child.spawn(argv, action.folder / "STOP", ack_s=0.0, finish_s=0.0, log=log, env=env,
+                                            die_with_parent=True)
         action.pid = action._child.pid
         self._live.append(action)
         self._last[(owner, kind)] = action

@@ -1,17 +1,19 @@
-"""Runs that start warm: each `python -m core.train` the job manager starts is forked from a server process that has
+"""Children that start warm: each `python -m core.train` the job manager starts, and each model-running action (Try it,
+merge, GGUF export: `python -m core.jobs.act`, core/jobs/actions.py), is forked from a server process that has
 imported the libraries once (core/train/preload.py), instead of a new interpreter importing them again.
 
 Importing torch, transformers, peft, trl, datasets and bitsandbytes costs 5-7 s of CPU per run; the demo's whole
 training costs less. The server is Python's own `multiprocessing` forkserver (Linux): started in the background
 when the job manager is made, its child a fork of it. The child is what the supervisor (core/jobs/supervise.py)
 expects of a process: its own session (process group), its output in the run's log file, stdin empty, the run's
-environment, the exit code of `python -m core.train`.
+environment (torch's thread count included), the exit code of its command, and for an action SIGTERM when the app
+dies (the server's own end follows the app's: PR_SET_PDEATHSIG, as a cold action child gets it from the app).
 
 Where the forked state cannot be trusted (CUDA started or a thread running in the server, or a run environment that
 differs from the one the libraries read at import: core/train/preload.py `fork_safe`), the child replaces itself
 with a fresh interpreter running the same command line (os.execve, same pid and session), which is exactly the
-cold start. The run's first event says which start it had (`start`: "warm" or "cold", and why).
-MEMTUNE_WARM_START=0 turns the server off (every run a new interpreter, as `subprocess` starts it).
+cold start. A training run's first event says which start it had (`start`: "warm" or "cold", and why).
+MEMTUNE_WARM_START=0 turns the server off (every child a new interpreter, as `subprocess` starts it).
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from __future__ import annotations
 import multiprocessing
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import threading
 import time
 from multiprocessing import spawn
 from pathlib import Path
+
+from core.jobs.supervise import die_with_parent as _die_with_parent, parent_gone
 
 
 PRELOAD = "core.train.preload"
@@ -103,11 +108,13 @@ class WarmProcess:
         return self.returncode
 
 
-def spawn(argv: list[str], env: dict[str, str], log_path: str) -> WarmProcess:
-    """Start `argv` (`python -m core.train ...`) as a fork of the server, its output appended to `log_path`."""
+def spawn(argv: list[str], env: dict[str, str], log_path: str, die_with_parent: bool = False) -> WarmProcess:
+    """Start `argv` (`python -m core.train ...`, `python -m core.jobs.act ...`) as a fork of the server, its output
+    appended to `log_path`. `die_with_parent`: SIGTERM to the child when the app dies, as Child.spawn's."""
     ctx = context()
     _start_server()  # a no-op while it runs; else started again, as Process.start would, but with the path
-    process = ctx.Process(target=_child, args=(list(argv), dict(env), str(log_path), os.getcwd()), name=NAME)
+    process = ctx.Process(target=_child, args=(list(argv), dict(env), str(log_path), os.getcwd(), die_with_parent),
+                          name=NAME)
     process.start()
     # Return once the child leads its own process group (its first act), as subprocess's start_new_session does
     # before it returns: a Stop signalled to the group a moment after Start must reach it.
@@ -122,9 +129,12 @@ def spawn(argv: list[str], env: dict[str, str], log_path: str) -> WarmProcess:
     return WarmProcess(process)
 
 
-def _child(argv: list[str], env: dict[str, str], log_path: str, cwd: str) -> None:
-    """In the forked process: become what the cold start would have been, then run `python -m core.train`."""
-    os.setsid()  # its own process group: Stop and the supervisor signal the group
+def _child(argv: list[str], env: dict[str, str], log_path: str, cwd: str, die_with_parent: bool = False) -> None:
+    """In the forked process: become what the cold start would have been, then run `python -m MODULE ...`."""
+    if die_with_parent:  # its own session, and SIGTERM when the server ends, which it does when the app does
+        _die_with_parent()  # (kept across the cold start's execve, as a cold child's own is)
+    else:
+        os.setsid()  # its own process group: Stop and the supervisor signal the group
     # The platform's default start method again, as in a cold process: with the forkserver's, the libraries' own
     # locks (tqdm's) become named semaphores that each run would leave to multiprocessing's tracker as "leaked".
     multiprocessing.set_start_method(None, force=True)
@@ -142,6 +152,11 @@ def _child(argv: list[str], env: dict[str, str], log_path: str, cwd: str) -> Non
         os.execve(argv[0], argv, dict(env, **{START_ENV: f"cold: {why}"}))  # the cold start, same pid
     os.environ.clear()
     os.environ.update({**preload.SET_BY_IMPORTS, **env, START_ENV: "warm"})
+    if die_with_parent and parent_gone():  # the app ended before the line above could notice: as SIGTERM would
+        os.kill(os.getpid(), signal.SIGTERM)
+    threads = env.get("OMP_NUM_THREADS", "").strip()
+    if threads.isdigit() and int(threads) > 0:  # what a cold interpreter's torch reads from it when it loads
+        sys.modules["torch"].set_num_threads(int(threads))
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # the log file, line by line (PYTHONUNBUFFERED's effect)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     module = argv[argv.index("-m") + 1]
