@@ -47,6 +47,20 @@ def test_embedding_offload_gives_identical_logits_and_hides_the_matrix(demo_mode
     assert embedding.offload_input_embeddings(demo_model)  # idempotent
 
 
+def test_the_embedding_loader_leaves_a_16bit_config_without_quantization_as_it_was():
+    """offload_embeddings on a 16-bit base (load_in_4bit off): the flag put back after loading must not assume a
+    quantization config (run 19: AttributeError, then a second full load beside the first, 28.9 GiB for an 8B)."""
+    from transformers import BitsAndBytesConfig, LlamaConfig
+
+    plain = LlamaConfig()
+    embedding.saved_as_asked(plain)
+    assert getattr(plain, "quantization_config", None) is None
+    quantized = LlamaConfig()
+    quantized.quantization_config = BitsAndBytesConfig(load_in_4bit=True, llm_int8_enable_fp32_cpu_offload=True)
+    embedding.saved_as_asked(quantized)
+    assert quantized.quantization_config.llm_int8_enable_fp32_cpu_offload is False
+
+
 def test_embedding_offload_skips_tied_and_trainable_embeddings(demo_model):
     demo_model.get_output_embeddings().weight = demo_model.get_input_embeddings().weight  # tie them
     assert embedding.embeddings_tied(demo_model)

@@ -160,6 +160,13 @@ def load_embedding_on_cpu(path: str, cfg: TrainConfig, kwargs: dict[str, Any]):
     emb.weight.requires_grad_(False)  # frozen in every memtune recipe; CpuEmbedding never trains it
     model.set_input_embeddings(CpuEmbedding(emb, torch.device("cuda", gpu)))  # model.device names the GPU again
     model.hf_device_map = {"": gpu}
-    if model.config.quantization_config is not None and hasattr(model.config.quantization_config, "llm_int8_enable_fp32_cpu_offload"):
-        model.config.quantization_config.llm_int8_enable_fp32_cpu_offload = False  # saved configs stay as asked
+    saved_as_asked(model.config)
     return model
+
+
+def saved_as_asked(config: Any) -> None:
+    """Turn the CPU-offload flag offload_kwargs set back off, so the saved config says what the user asked. A 16-bit
+    base has no quantization config at all (run 19's 16-bit rows failed here and loaded the model twice)."""
+    quant = getattr(config, "quantization_config", None)
+    if quant is not None and hasattr(quant, "llm_int8_enable_fp32_cpu_offload"):
+        quant.llm_int8_enable_fp32_cpu_offload = False

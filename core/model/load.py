@@ -8,6 +8,7 @@ modules of their own (the input embedding in CPU memory, the 4-bit output head) 
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -176,8 +177,10 @@ def load_model(cfg: TrainConfig, path: str | None = None):
                 print(f"[memtune] loading the embedding straight to CPU memory failed ({type(exc).__name__}: "
                       f"{exc}); loading it on the GPU and moving it afterwards", file=sys.stderr, flush=True)
                 model = None
-                torch.cuda.empty_cache()
         if model is None:
+            if cfg.offload_embeddings and use_cuda(cfg):  # a failed first load: its copy goes before the second one
+                gc.collect()
+                torch.cuda.empty_cache()
             with moe.while_loading(cfg, path):
                 model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except ValueError as exc:
