@@ -41,6 +41,21 @@ def test_presets_validate_and_keep_the_users_choices(name):
     assert TrainConfig.from_yaml(cfg.to_yaml()) == cfg
 
 
+@pytest.mark.parametrize("stage", ["dpo", "orpo", "kto"])
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_validates_for_a_preference_stage(name, stage):
+    """TRL's preference trainers pad pairs: a preset gives them its levers without packing, whether the stage came
+    first (the page, a config file) or with the preset (the CLI's --preset P --set stage=S)."""
+    from core.estimate.predict import fit_preset
+
+    first = apply_preset(TrainConfig(stage=stage), name)
+    assert validate(first, GPU) == [] and not first.packing
+    assert matching(first) == name
+    with_set = fit_preset(TrainConfig(), name, GPU, fixed={"stage": stage}).cfg
+    assert validate(with_set, GPU) == [] and not with_set.packing
+    assert apply_preset(TrainConfig(), name).packing == overrides(name).get("packing", False)  # SFT packs as before
+
+
 def test_switching_presets_does_not_leak_levers():
     cfg = apply_preset(apply_preset(TrainConfig(), "lowest_memory"), "fastest")
     assert cfg == apply_preset(TrainConfig(), "fastest")

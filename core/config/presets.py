@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.config.levers import chapter_values, cuda_only
-from core.config.settings import Hardware, TrainConfig
+from core.config.settings import PACKING_STAGES, Hardware, TrainConfig
 
 # Every lever a preset may set, at the chapter's value (the registry's, core/config/levers.py): applying a preset
 # first resets these, so presets do not leak into each other when the user switches between them.
@@ -103,17 +103,27 @@ def overrides(name: str) -> dict[str, Any]:
     return dict(PRESETS[name]["overrides"])
 
 
-def apply_preset(cfg: TrainConfig, name: str, hw: Hardware | None = None) -> TrainConfig:
-    """`cfg` with the preset's levers set. With `hw`, CUDA-only levers are left off where the machine lacks them."""
+def for_stage(name: str, stage: str) -> dict[str, Any]:
+    """The preset's overrides for a training stage: a preference stage's pairs are padded by TRL, never packed, so
+    a preset's packing applies to SFT only (its other levers hold for every stage: bench/RESULTS.md, run 19)."""
     changes = overrides(name)
+    if stage not in PACKING_STAGES and changes.get("packing"):
+        changes["packing"] = False
+    return changes
+
+
+def apply_preset(cfg: TrainConfig, name: str, hw: Hardware | None = None, stage: str | None = None) -> TrainConfig:
+    """`cfg` with the preset's levers set, for `stage` (default: cfg's). With `hw`, CUDA-only levers are left off
+    where the machine lacks them."""
+    changes = for_stage(name, stage or cfg.stage)
     if hw is not None and not (hw.cuda and hw.liger):
         changes = {k: (False if k in CUDA_ONLY else v) for k, v in changes.items()}
     return cfg.replace(**changes)
 
 
 def matching(cfg: TrainConfig) -> str | None:
-    """The preset whose levers `cfg` has exactly, or None (a custom mix)."""
-    for name, preset in PRESETS.items():
-        if all(getattr(cfg, k) == v for k, v in preset["overrides"].items()):
+    """The preset whose levers `cfg` has exactly, for its stage, or None (a custom mix)."""
+    for name in PRESETS:
+        if all(getattr(cfg, k) == v for k, v in for_stage(name, cfg.stage).items()):
             return name
     return None

@@ -70,6 +70,7 @@ LORA_INITS = ("default", "gaussian", "pissa", "pissa_niter_4", "olora")
 # would be one more name here with its trainer there.
 STAGES = ("sft", "dpo", "orpo", "kto")
 PREFERENCE_STAGES = STAGES[1:]
+PACKING_STAGES = ("sft",)  # TRL's preference trainers pad each pair; only SFT packs rows (stage_problems)
 DPO_LOSSES = ("sigmoid", "ipo", "hinge")  # DPOConfig.loss_type: the DPO paper's, IPO's, SLiC's
 LORA_TARGET_CHOICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Groups any family resolves (core/model/lora_targets.py), then the fused names of Phi-3-style models; other leaf names of
@@ -633,7 +634,7 @@ def stage_problems(cfg: TrainConfig) -> list[Problem]:
     p: list[Problem] = []
     if cfg.stage == "sft":
         return p
-    if cfg.packing:
+    if cfg.packing and cfg.stage not in PACKING_STAGES:
         p.append(Problem.of("packing", "problem.stage_packing", stage=cfg.stage))
     # TRL's preference trainers evaluate no held-out rows here (the pair plan has no validation part): best-checkpoint
     # keeping and early stopping would have no eval loss to read

@@ -417,7 +417,7 @@ def fit_preset(cfg: TrainConfig, name: str, hw: Hardware | None = None,
     `fixed`: settings the user gave beside the preset (the CLIs' --set): they win over the preset's levers, and the
     fit sizes the rest around them (it never changes one of them)."""
     fixed = dict(fixed or {})
-    base = apply_preset(cfg, name, hw).replace(**fixed)
+    base = apply_preset(cfg, name, hw, stage=fixed.get("stage")).replace(**fixed)
 
     def keeps(option: TrainConfig) -> bool:
         return all(getattr(option, k) == v for k, v in fixed.items())
