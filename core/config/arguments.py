@@ -173,6 +173,19 @@ def tracking_kwargs(cfg: TrainConfig, run_dir: str | Path | None) -> dict[str, A
     return out
 
 
+def trainer_config(config_class: type, cfg: TrainConfig, output_dir: str | Path, cuda: bool, console: bool = False,
+                   evaluate: bool = False, run_dir: str | Path | None = None, **extra: Any):
+    """Every stage's TRL config (SFTConfig, DPOConfig ...): sft_kwargs, the eval's with validation rows, the
+    tracker's and the stage's own `extra`, in the names the installed `config_class` knows (what it lacks, e.g. a
+    preference config's packing, is left out)."""
+    kwargs = sft_kwargs(cfg, output_dir, cuda, console)
+    if evaluate:
+        kwargs.update(eval_kwargs(cfg))
+    kwargs.update(tracking_kwargs(cfg, run_dir))
+    kwargs.update(extra)
+    return config_class(**installed_names(kwargs, config_class))
+
+
 def installed_names(kwargs: dict[str, Any], config_class: type) -> dict[str, Any]:
     """`kwargs` in the names the installed `config_class` (a dataclass such as SFTConfig) knows.
 

@@ -331,11 +331,8 @@ def build_sft_config(cfg: TrainConfig, output_dir: str | Path, console: bool = F
                      run_dir: str | Path | None = None, cuda: bool | None = None) -> SFTConfig:
     """The chapter's TrainingArguments + SFTTrainer arguments, as one TRL SFTConfig (+ the eval's, with validation
     rows, and the tracker's). `cuda`: whether the run trains on CUDA (RunContext.cuda; None: as cfg.device says)."""
-    kwargs = arguments.sft_kwargs(cfg, output_dir, model_lib.use_cuda(cfg) if cuda is None else cuda, console)
-    if evaluate:
-        kwargs.update(arguments.eval_kwargs(cfg))
-    kwargs.update(arguments.tracking_kwargs(cfg, run_dir))
-    return SFTConfig(**arguments.installed_names(kwargs, SFTConfig))
+    return arguments.trainer_config(SFTConfig, cfg, output_dir, model_lib.use_cuda(cfg) if cuda is None else cuda,
+                                    console, evaluate, run_dir)
 
 
 def build_trainer(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir: Path, callbacks=(),

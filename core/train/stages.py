@@ -127,12 +127,9 @@ def build_config(cfg: TrainConfig, output_dir: str | Path, console: bool = False
     """The stage's TRL config: sft_kwargs (batch, accumulation, optimizer, precision, checkpointing ...; what the
     config class lacks, e.g. packing, is left out by installed_names) + eval + tracking + the stage's fields."""
     _, config_class = trainer_classes(cfg.stage)
-    kwargs = arguments.sft_kwargs(cfg, output_dir, model_lib.use_cuda(cfg) if cuda is None else cuda, console)
-    if evaluate:
-        kwargs.update(arguments.eval_kwargs(cfg))
-    kwargs.update(arguments.tracking_kwargs(cfg, run_dir))
-    kwargs.update(stage_kwargs(cfg))
-    return config_class(**arguments.installed_names(kwargs, config_class))
+    return arguments.trainer_config(config_class, cfg, output_dir,
+                                    model_lib.use_cuda(cfg) if cuda is None else cuda, console, evaluate, run_dir,
+                                    **stage_kwargs(cfg))
 
 
 def trainer_for(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir: Path, callbacks=(),
