@@ -62,7 +62,7 @@ class Child:
         `die_with_parent`: SIGTERM to the child when this process dies (PR_SET_PDEATHSIG, Linux)."""
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL if log is not None else None, stdout=log,
                                 stderr=subprocess.STDOUT if log is not None else None,
-                                **({"preexec_fn": die_with_parent} if die_with_parent else
+                                **({"preexec_fn": dies_with_parent} if die_with_parent else
                                    {"start_new_session": True}))
         return cls(proc, stop_file, ack_s, finish_s)
 
@@ -173,7 +173,7 @@ class Child:
         return message
 
 
-def die_with_parent() -> None:
+def dies_with_parent() -> None:
     """In the child, before exec: its own session (a terminal's Ctrl-C reaches only memtune's parent, which turns it
     into a graceful Stop) and SIGTERM when the parent dies (killed by the app or by hand: no orphans)."""
     os.setsid()

@@ -29,7 +29,7 @@ import time
 from multiprocessing import spawn
 from pathlib import Path
 
-from core.jobs.supervise import die_with_parent as _die_with_parent, parent_gone
+from core.jobs.supervise import dies_with_parent, parent_gone
 
 
 PRELOAD = "core.train.preload"
@@ -132,7 +132,7 @@ def spawn(argv: list[str], env: dict[str, str], log_path: str, die_with_parent: 
 def _child(argv: list[str], env: dict[str, str], log_path: str, cwd: str, die_with_parent: bool = False) -> None:
     """In the forked process: become what the cold start would have been, then run `python -m MODULE ...`."""
     if die_with_parent:  # its own session, and SIGTERM when the server ends, which it does when the app does
-        _die_with_parent()  # (kept across the cold start's execve, as a cold child's own is)
+        dies_with_parent()  # (kept across the cold start's execve, as a cold child's own is)
     else:
         os.setsid()  # its own process group: Stop and the supervisor signal the group
     # The platform's default start method again, as in a cold process: with the forkserver's, the libraries' own
