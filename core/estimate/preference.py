@@ -1,21 +1,24 @@
 """What TRL's ORPO loss holds per (token x vocab) element of the logits, measured on the CPU (issue 44).
 
 TRL's ORPOTrainer (trl/experimental/orpo/orpo_trainer.py) does not go through liger's fused loss nor TRL's chunked LM
-head: `concatenated_forward` keeps the model's whole logits [2B, T, V] (bf16 from the lm_head under autocast), takes
-a shifted contiguous copy of the chosen half for `nn.CrossEntropyLoss` (autocast runs cross_entropy in fp32: an fp32
-log-softmax of [B, T-1, V] is kept for backward), and `get_batch_logps` runs `selective_log_softmax` over all of it
-(on CUDA with Triton: TRL's fused log-prob kernel, which keeps the logits and, in backward, makes a logits-sized
-gradient). The backward then makes those gradients and the slices' zero-padded copies before they are summed into
-the logits' gradient. Which of these coexist at the peak depends on autograd's order, so it is measured, not
-summed by hand: a one-layer Llama of the compute dtype with two vocabulary sizes runs TRL's own
-`get_batch_loss_metrics` (concatenated_forward + odds_ratio_loss) forward and backward under a TorchDispatchMode
-that follows every new storage until it is freed; the peak's growth per added (row token x vocab) element is the
-figure. The input-side terms (layers, hidden states) do not grow with the vocabulary and cancel out.
+head: `concatenated_forward` keeps the model's whole logits [2B, T, V]. They come out of the lm_head in the compute
+dtype, and accelerate (Accelerator.prepare_model under bf16/fp16: autocast around the model's forward only,
+`convert_outputs_to_fp32` on its outputs) hands them over as an fp32 copy; the Trainer's own autocast is a
+nullcontext, so the loss runs in fp32. A shifted contiguous copy of the chosen half goes to `nn.CrossEntropyLoss`
+(its fp32 log-softmax kept for backward) and `get_batch_logps` runs `selective_log_softmax` over all of it (on CUDA
+with Triton: TRL's fused log-prob kernel, which keeps the logits and makes a logits-sized gradient in backward). The
+backward then makes those gradients and the slices' zero-padded copies before they are summed into the logits'
+gradient. Which of these coexist at the peak depends on autograd's order, so it is measured, not summed by hand: a
+one-layer Llama of the compute dtype with two vocabulary sizes runs TRL's own `get_batch_loss_metrics`
+(concatenated_forward + odds_ratio_loss) forward and backward, its forward wrapped as accelerate wraps it, under a
+TorchDispatchMode that follows every new storage until it is freed; the peak's growth per added (row token x
+vocab) element is the figure (12.0 bytes with torch 2.13 / TRL 1.16: fp32 logits, their gradient and a slice's
+zero-padded copy). The input-side terms (layers, hidden states) do not grow with the vocabulary and cancel out.
 
 Stood in for on the CPU: TRL's Triton kernel (`trl.kernels.selective_log_softmax_and_entropy`, which the CPU path
 replaces with a per-row log_softmax loop): `_FusedLogProb` allocates what it allocates (four fp32 [rows, T] vectors
 in forward, saving the logits; an `empty_like(logits)` gradient in backward), its arithmetic done outside the count.
-CPU bf16 autocast runs cross_entropy in fp32 as CUDA's does (both lists hold it).
+CPU bf16 autocast stands in for CUDA's inside the model's forward (the loss itself runs without autocast).
 
 Cost: two tiny forward/backward passes (well under a second); cached in this process and on disk with
 core.estimate.measure's cache, keyed by dtype and the torch / transformers / TRL versions.
@@ -29,7 +32,7 @@ import functools
 ROWS_PER_PAIR = 2
 TOKENS = 32  # tokens per row of the measurement
 VOCABS = (256, 512)  # the two vocabulary sizes whose difference is measured
-MODEL_VERSION = 1
+MODEL_VERSION = 2  # 2: accelerate's fp32 outputs
 
 
 class _Peak:
@@ -103,6 +106,7 @@ def orpo_step(vocab: int, dtype_name: str, device: str = "cpu", pairs: int = 1, 
     import types
 
     import torch
+    from accelerate.utils import convert_outputs_to_fp32
     from transformers import LlamaConfig, LlamaForCausalLM
     from trl.experimental.orpo import ORPOTrainer
 
@@ -128,9 +132,12 @@ def orpo_step(vocab: int, dtype_name: str, device: str = "cpu", pairs: int = 1, 
                                     concatenated_inputs=ORPOTrainer.concatenated_inputs)
     trainer.concatenated_forward = functools.partial(ORPOTrainer.concatenated_forward, trainer)
     trainer.odds_ratio_loss = functools.partial(ORPOTrainer.odds_ratio_loss, trainer)
+    # As Accelerator.prepare_model under mixed precision (the Trainer's own autocast is a nullcontext): autocast
+    # around the model's forward only, whose 16-bit outputs accelerate converts to fp32; the loss runs outside it.
+    autocast = torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32)
+    model.forward = types.MethodType(convert_outputs_to_fp32(autocast(model.forward.__func__)), model)
     with counting():
-        with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
-            loss, _ = ORPOTrainer.get_batch_loss_metrics(trainer, model, batch)
+        loss, _ = ORPOTrainer.get_batch_loss_metrics(trainer, model, batch)
         loss.backward()
         del loss
 

@@ -13,10 +13,12 @@ forward per step), not memory. No second copy of the base exists (core/train/sta
 reference is TRL's frozen copy of the adapter, adapter-sized (megabytes), left out of the figures.
 
 The LM head + loss (`logits_terms`): DPO's and KTO's per-token log-probs go through TRL's lean paths, so SFT's
-chunked-head term stands. ORPO's does not: TRL's ORPOTrainer keeps the whole [2B, T, V] logits and runs a plain
-cross-entropy and a log-softmax over them, whatever liger does; core.estimate.preference measures the peak bytes
-that holds per (token x vocab) element on the CPU, and that replaces the chunked head's tile. Checked on an H200
-(run 19, Llama-3.1-8B lowest_memory, 4 pairs x 512): DPO +0.2% allocated; ORPO was -48.7% with SFT's term.
+chunked-head term stands. ORPO's does not: TRL's ORPOTrainer keeps the whole [2B, T, V] logits (fp32: accelerate
+converts the model's outputs) and runs a plain cross-entropy and a log-softmax over them, whatever liger does;
+core.estimate.preference measures the peak bytes that holds per (token x vocab) element on the CPU, and that
+replaces the chunked head's tile. Run 19 (H200, Llama-3.1-8B lowest_memory, 4 pairs x 512 tokens): ORPO allocated
+10.42 GiB, NVML 13.06: estimated 10.69 / 12.37 (+2.5% / -5.3%; SFT's term gave 5.35 / 6.82, -48.7% / -47.8%);
+DPO 5.24 / 6.80: estimated 5.35 / 6.81 (+2.0% / +0.2%), unchanged.
 """
 
 from __future__ import annotations
@@ -73,8 +75,8 @@ def notes(cfg: TrainConfig) -> list[str]:
         out.append(f"{cfg.stage}: chosen and rejected go through together, "
                    f"{SEQUENCES_PER_ROW[cfg.stage]} x {cfg.per_device_train_batch_size} sequences per micro-batch")
     if cfg.stage == "orpo":
-        out.append("orpo: TRL's ORPO loss keeps the whole logits (cross-entropy and log-softmax over batch x length "
-                   "x vocab), not a chunked head: "
+        out.append("orpo: TRL's ORPO loss keeps the whole logits in fp32 (cross-entropy and log-softmax over batch "
+                   "x length x vocab), not a chunked head: "
                    f"{preference.orpo_bytes_per_logit(TORCH_DTYPES.get(dtypes(cfg).c, 'bfloat16')):.1f} bytes "
                    "per logit at the peak, measured")
     if cfg.stage in ("dpo", "kto"):
