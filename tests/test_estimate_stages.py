@@ -30,7 +30,8 @@ def own_cache(tmp_path, monkeypatch):
 def _saved_per_logit(vocabs=(128, 256), tokens=16) -> float:
     """Bytes autograd keeps at the end of TRL's ORPO forward per (row token x vocab) element, counted with
     saved_tensors_hooks (distinct storages, parameters excluded): a floor under the forward + backward peak, counted
-    independently of core.estimate.preference's storage tracker. Two vocabularies: what does not grow with it cancels."""
+    independently of core.estimate.preference's storage tracker. Two vocabularies: what does not grow with it
+    cancels."""
     kept = []
     for vocab in vocabs:
         storages: dict[int, int] = {}
