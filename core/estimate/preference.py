@@ -98,14 +98,17 @@ def _fused_logprob(peak: _Peak):
 
 
 def orpo_step(vocab: int, dtype_name: str, device: str = "cpu", pairs: int = 1, tokens: int = TOKENS,
-              counting=contextlib.nullcontext) -> None:
+              counting=contextlib.nullcontext, fused_logprob=None) -> None:
     """TRL's ORPO loss (ORPOTrainer.get_batch_loss_metrics: concatenated_forward + odds_ratio_loss) forward and
     backward on a one-layer Llama of the compute dtype `dtype_name` with `vocab` tokens, `pairs` pairs of `tokens`
     tokens, under autocast on `device` (the CPU measurement below; a GPU check runs the same on CUDA). Only the
-    step runs inside `counting()`: the model and the batch exist before it."""
+    step runs inside `counting()`: the model and the batch exist before it. `fused_logprob`: what stands in for TRL's
+    Triton log-prob kernel, for this step only (TRL's modules are left as they are: a run in this process is not
+    touched)."""
     import types
 
     import torch
+    import trl.trainer.utils as trl_utils
     from accelerate.utils import convert_outputs_to_fp32
     from transformers import LlamaConfig, LlamaForCausalLM
     from trl.experimental.orpo import ORPOTrainer
@@ -127,8 +130,19 @@ def orpo_step(vocab: int, dtype_name: str, device: str = "cpu", pairs: int = 1, 
              "rejected_labels": labels[pairs:]}
     accelerator = types.SimpleNamespace(device=torch.device(device), gather_for_metrics=lambda t: t)
     # TRL's own methods, on the attributes of the trainer they read
+    get_batch_logps = ORPOTrainer.get_batch_logps
+    if fused_logprob is not None:  # TRL's own functions, run with the stand-in in a copy of their globals
+        select = trl_utils.selective_log_softmax
+        select = types.FunctionType(select.__code__, {
+            **select.__globals__, "is_triton_available": lambda: True, "_fused_logprob_entropy": fused_logprob,
+            "_supports_trl_loss_kernel": lambda logits, index=None, row_mask=None: (
+                logits.stride(-1) == 1 and index is not None and index.shape == logits.shape[:-1]
+                and row_mask is None)}, select.__name__, select.__defaults__)
+        get_batch_logps = types.FunctionType(get_batch_logps.__code__, {
+            **get_batch_logps.__globals__, "selective_log_softmax": select}, get_batch_logps.__name__,
+            get_batch_logps.__defaults__)
     trainer = types.SimpleNamespace(is_encoder_decoder=False, padding_value=0, aux_loss_enabled=False, beta=0.1,
-                                    accelerator=accelerator, get_batch_logps=ORPOTrainer.get_batch_logps,
+                                    accelerator=accelerator, get_batch_logps=get_batch_logps,
                                     concatenated_inputs=ORPOTrainer.concatenated_inputs)
     trainer.concatenated_forward = functools.partial(ORPOTrainer.concatenated_forward, trainer)
     trainer.odds_ratio_loss = functools.partial(ORPOTrainer.odds_ratio_loss, trainer)
@@ -144,23 +158,8 @@ def orpo_step(vocab: int, dtype_name: str, device: str = "cpu", pairs: int = 1, 
 
 def _peak(vocab: int, dtype_name: str) -> int:
     """Peak bytes of new storages while TRL's ORPO loss runs forward and backward on the CPU (module docstring)."""
-    import trl.trainer.utils as trl_utils
-
     peak = _Peak()
-    saved = {k: getattr(trl_utils, k, None) for k in ("is_triton_available", "_supports_trl_loss_kernel",
-                                                       "_fused_logprob_entropy")}
-    trl_utils.is_triton_available = lambda: True  # as on CUDA, where TRL's Triton kernel takes the log-probs
-    trl_utils._supports_trl_loss_kernel = lambda logits, index=None, row_mask=None: (
-        logits.stride(-1) == 1 and index is not None and index.shape == logits.shape[:-1] and row_mask is None)
-    trl_utils._fused_logprob_entropy = _fused_logprob(peak)
-    try:
-        orpo_step(vocab, dtype_name, counting=lambda: peak.mode)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                delattr(trl_utils, k)
-            else:
-                setattr(trl_utils, k, v)
+    orpo_step(vocab, dtype_name, counting=lambda: peak.mode, fused_logprob=_fused_logprob(peak))
     return peak.peak
 
 
