@@ -147,6 +147,7 @@ def estimate(cfg: TrainConfig, shape: ModelShape | None = None, *, max_row_token
     t = single_gpu_terms(stage_terms.as_sft(cfg), shape, max_row_tokens=max_row_tokens, full_logits=full_logits,
                          liger_layers=liger_layers, attention=attention, equal_length_rows=equal_length_rows,
                          embedding_via_gpu=embedding_via_gpu)  # measured rows of the loader before 2026-12-01
+    stage_terms.logits_terms(t, cfg, shape)  # stages hook: ORPO's loss holds the whole logits
     dora_terms(t, cfg, shape)  # use_dora's magnitudes, kept outputs and norm transient (none when off)
     lay = estimate_multi.layout(cfg, lambda: max(t.nvml_training, t.nvml_setup), n_gpus, gpu_bytes)
     estimate_multi.apply(t, cfg, shape, lay)
