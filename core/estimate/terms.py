@@ -12,7 +12,10 @@ bench/grid_measured.json (H200, torch 2.11) and bench/RESULTS.md shows the table
                and TRL's fused head then dequantizes one such block per vocabulary chunk.
   load spike   The upcast converts one matrix at a time, so for a moment the last one exists in bf16 and fp32:
                on an 8B Llama-3 this, not training, is the recipe's peak (measured 8.22-8.31 GiB allocated). An
-               offloaded embedding is loaded straight into CPU memory (never on the GPU).
+               offloaded embedding is loaded straight into CPU memory (never on the GPU). peft's upcast ends with
+               torch.cuda.empty_cache(): a MoE model's cached expert-stacking segments then go back to the driver,
+               except those holding live 4-bit experts (MOE_STACK_PINNED); max_memory_reserved still sees them
+               for that moment (`load_transient`), NVML's samples do not.
   LoRA         params + grads (bf16 on a 4-bit base, as TRL casts them; fp32 otherwise, as peft keeps them).
   optimizer    Adam's two moments: 8-bit = 2 bytes/param, 32-bit = 8; torch AdamW keeps the params' dtype.
                bitsandbytes pages (CUDA managed memory: NVML counts it, torch's allocator does not) only state
@@ -311,6 +314,10 @@ class Terms:
     kept: int = 0  # broadcast buffers the caching allocator keeps (reserved)
     comm: int = 0  # NCCL's buffers (NVML only), during training ...
     load_comm: int = 0  # ... and during setup
+    # reserved for a moment only, before a library empties the cache (the upcast of a MoE model: its stacking
+    # segments): torch's max_memory_reserved counts it; NVML's samples miss it, and a cudaMalloc that fails makes the
+    # allocator hand cached blocks back and retry, so it needs no room on the GPU
+    load_transient: int = 0
 
     @property
     def static(self) -> int:
@@ -467,13 +474,15 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     stack_cache = max(load_cache, int(MOE_STACK_CACHED * stack))
     stack_peak = int(MOE_STACK_PEAK * stack)
     big = ([] if offloaded_at_load else [shape.embed_params]) + ([shape.head_params] if shape.head_params else [])
+    load_transient = 0
     if upcast(cfg) and big:
         load_cache = max(load_cache, int(MOE_STACK_PINNED * stack))
         load_alloc = base + max(2 * big[-1], stack_peak)
         # before the upcast: the unquantized weights still 16-bit, every stacking segment cached
         loaded_16 = base - (unquantized - offloaded_at_load) * (other_dtype - d.c) // other_dtype
-        load_reserved = max(loaded_16 + stack_cache,
-                            base + 2 * big[-1] + (2 * big[0] if len(big) > 1 else 0) + load_cache)
+        holes = 2 * big[-1] + (2 * big[0] if len(big) > 1 else 0)
+        load_reserved = max(loaded_16 + stack_cache, base + holes + load_cache)
+        load_transient = base + holes + stack_cache  # upcast done, the cache not yet emptied
     else:
         load_cache = stack_cache
         load_alloc = base + stack_peak
@@ -488,6 +497,7 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     return Terms(quantized=quantized, unquantized=unquantized - offloaded, offloaded=offloaded, lora=lora,
                  optimizer=optimizer, paged=paged_bytes, activations=activations, logits=logits,
                  temporaries=temporaries, load_alloc=load_alloc, load_reserved=load_reserved,
+                 load_transient=load_transient,
                  cache_fraction=CACHE_FRACTION_EXPANDABLE if cfg.expandable_segments else CACHE_FRACTION,
                  tokens=tokens, notes=notes, last_notes=last_notes, workspace=workspace)
 
