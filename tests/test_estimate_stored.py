@@ -223,3 +223,29 @@ def test_loading_a_moe_checkpoint_caches_the_stacked_experts_as_measured():
     assert est.peak_allocated / GIB == pytest.approx(15.85, rel=0.01)
     assert est.peak_reserved / GIB == pytest.approx(17.34, rel=0.01)
     assert est.peak_phase == "loading"
+
+
+def test_the_chapters_upcast_of_a_moe_model_empties_the_stacking_cache_as_measured():
+    """Measured on an H200 (transformers 5.17, peft 0.21.0, torch 2.11; run r40 of 2026-12-04, its `chapter` row:
+    runs/chapter/summary.json and chapter.nvml.csv, NVML sampled from outside): the 12-layer Qwen3-30B-A3B shape with
+    the `chapter` preset (fp32 upcast, experts NF4 as they load) held 9.60 GiB NVML after loading and 9.63 through
+    training; peak allocated 6.51, peak reserved 8.95. peft's prepare_model_for_kbit_training empties the CUDA cache
+    after its upcast, so most of the experts' stacking segments go back to the driver: the estimate counted them all
+    (and the whole context on top) and said 10.77 GiB (+11.8%)."""
+    from core.model.shapes import CONFIGS as HUB
+
+    shape = ModelShape.from_config({**HUB["Qwen/Qwen3-30B-A3B"], "num_hidden_layers": 12})
+    cfg = apply_preset(TrainConfig(model="q12"), "chapter").replace(validation_share=0.0)
+    assert kbit_kwargs(cfg) is not None  # the row ran peft's upcast
+    est = estimate(cfg, shape)
+    assert est.nvml_peak / GIB == pytest.approx(9.63, rel=0.05)
+    assert est.peak_allocated / GIB == pytest.approx(6.51, rel=0.05)
+    assert est.peak_reserved / GIB == pytest.approx(8.95, rel=0.06)  # the moment before peft empties the cache
+    assert est.peak_phase == "loading"
+    # Without the upcast nothing empties the cache: the loader's stacking segments stay whole (the bf16-load
+    # measurement above), more than after the upcast's empty_cache.
+    lean = single_gpu_terms(cfg.replace(upcast_to_fp32=False), shape)
+    chapter = single_gpu_terms(cfg, shape)
+    assert (lean.load_reserved - lean.quantized - lean.unquantized
+            > chapter.load_reserved - chapter.quantized - chapter.unquantized - 2 * shape.embed_params
+            - 2 * shape.head_params)

@@ -166,7 +166,8 @@ def estimate(cfg: TrainConfig, shape: ModelShape | None = None, *, max_row_token
         quantized_weights=t.quantized, unquantized_weights=t.unquantized, lora=t.lora, optimizer=t.optimizer,
         activations=t.activations, logits=t.logits, temporaries=t.temporaries, load_spike=nvml - t.nvml_training,
         allocator_cache=t.train_reserved - t.train_alloc - t.kept, cuda_context=CUDA_CONTEXT,
-        peak_allocated=max(t.train_alloc, t.load_alloc), peak_reserved=max(t.train_reserved, t.load_reserved),
+        peak_allocated=max(t.train_alloc, t.load_alloc),
+        peak_reserved=max(t.train_reserved, t.load_reserved, t.load_transient),
         nvml_peak=nvml, tokens=t.tokens, peak_phase=phase, notes=notes + t.last_notes,
         nvml_training=t.nvml_training, cpu_offloaded=t.offloaded, communication=t.buckets + t.kept + t.comm,
         gathered_weights=t.gathered, world_size=lay.world_size, strategy=lay.strategy, strategy_reason=lay.reason)

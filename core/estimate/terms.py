@@ -12,7 +12,10 @@ bench/grid_measured.json (H200, torch 2.11) and bench/RESULTS.md shows the table
                and TRL's fused head then dequantizes one such block per vocabulary chunk.
   load spike   The upcast converts one matrix at a time, so for a moment the last one exists in bf16 and fp32:
                on an 8B Llama-3 this, not training, is the recipe's peak (measured 8.22-8.31 GiB allocated). An
-               offloaded embedding is loaded straight into CPU memory (never on the GPU).
+               offloaded embedding is loaded straight into CPU memory (never on the GPU). peft's upcast ends with
+               torch.cuda.empty_cache(): a MoE model's cached expert-stacking segments then go back to the driver,
+               except those holding live 4-bit experts (MOE_STACK_PINNED); max_memory_reserved still sees them
+               for that moment (`load_transient`), NVML's samples do not.
   LoRA         params + grads (bf16 on a 4-bit base, as TRL casts them; fp32 otherwise, as peft keeps them).
   optimizer    Adam's two moments: 8-bit = 2 bytes/param, 32-bit = 8; torch AdamW keeps the params' dtype.
                bitsandbytes pages (CUDA managed memory: NVML counts it, torch's allocator does not) only state
@@ -79,6 +82,12 @@ OFFLOAD_STASH = 5  # trl's get_act_offloading_ctx_manager max_fwd_stash_size: sa
 # reserved - allocated after loading = 2.99 times its largest fused tensor (gate_up_proj, 0.75 GiB).
 MOE_STACK_PEAK = 1.0
 MOE_STACK_CACHED = 3.0
+# The chapter's fp32 upcast is peft's prepare_model_for_kbit_training, which ends with torch.cuda.empty_cache()
+# (auto_clear_cache, peft 0.21): the stacking segments no live block holds go back to the driver; those the allocator
+# filled (best fit) with later layers' 4-bit experts stay. Measured (H200, the 12-layer Qwen3-30B-A3B shape, `chapter`,
+# 2026-12-04 run r40): NVML 9.63 GiB after loading and through training = fp32 weights + the freed bf16 embedding
+# and head + 1.1 GiB of stacking segments (1.5 times gate_up_proj) + the context; the bf16 load above keeps 3.0.
+MOE_STACK_PINNED = 1.5
 PAGED_MIN_NUMEL = 100_000  # bitsandbytes Optimizer8bit.get_state_buffer pages only tensors at least this large
 ATTENTIONS = ("sdpa", "varlen")
 
@@ -305,6 +314,10 @@ class Terms:
     kept: int = 0  # broadcast buffers the caching allocator keeps (reserved)
     comm: int = 0  # NCCL's buffers (NVML only), during training ...
     load_comm: int = 0  # ... and during setup
+    # reserved for a moment only, before a library empties the cache (the upcast of a MoE model: its stacking
+    # segments): torch's max_memory_reserved counts it; NVML's samples miss it, and a cudaMalloc that fails makes the
+    # allocator hand cached blocks back and retry, so it needs no room on the GPU
+    load_transient: int = 0
 
     @property
     def static(self) -> int:
@@ -455,19 +468,28 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     if q_head and not cfg.offload_embeddings:  # the head is loaded to the GPU in its dtype, then quantized
         base += d.c * shape.head_params
     load_cache = min(LOAD_CACHE, int(LOAD_CACHE_FRACTION * loaded))
-    # Stacking the experts (MOE_STACK_*): a transient while loading, its freed blocks cached for the rest of the run.
+    # Stacking the experts (MOE_STACK_*): a transient while loading, its freed blocks cached for the rest of the run;
+    # after the upcast (peft empties the cache) only the segments live 4-bit experts were placed in stay.
     stack = d.c * shape.largest_expert_params
-    load_cache = max(load_cache, int(MOE_STACK_CACHED * stack))
+    stack_cache = max(load_cache, int(MOE_STACK_CACHED * stack))
     stack_peak = int(MOE_STACK_PEAK * stack)
     big = ([] if offloaded_at_load else [shape.embed_params]) + ([shape.head_params] if shape.head_params else [])
+    load_transient = 0
     if upcast(cfg) and big:
+        load_cache = max(load_cache, int(MOE_STACK_PINNED * stack))
         load_alloc = base + max(2 * big[-1], stack_peak)
-        load_reserved = base + 2 * big[-1] + (2 * big[0] if len(big) > 1 else 0) + load_cache
+        # before the upcast: the unquantized weights still 16-bit, every stacking segment cached
+        loaded_16 = base - (unquantized - offloaded_at_load) * (other_dtype - d.c) // other_dtype
+        holes = 2 * big[-1] + (2 * big[0] if len(big) > 1 else 0)
+        load_reserved = max(loaded_16 + stack_cache, base + holes + load_cache)
+        load_transient = base + holes + stack_cache  # upcast done, the cache not yet emptied
     else:
+        load_cache = stack_cache
         load_alloc = base + stack_peak
         load_reserved = base + load_cache
     if stack:
-        notes.append(f"loading stacks each layer's experts on the GPU: {load_cache / GIB:.2f} GiB stay cached")
+        after = " after the fp32 upcast empties the cache" if upcast(cfg) and big else ""
+        notes.append(f"loading stacks each layer's experts on the GPU: {load_cache / GIB:.2f} GiB stay cached{after}")
     last_notes = []
     if is_masked and cfg.packing and not cfg.gradient_checkpointing and mask_elems:
         last_notes.append(f"SDPA keeps a {tokens} x {tokens} mask per layer over a packed micro-batch "
@@ -475,6 +497,7 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
     return Terms(quantized=quantized, unquantized=unquantized - offloaded, offloaded=offloaded, lora=lora,
                  optimizer=optimizer, paged=paged_bytes, activations=activations, logits=logits,
                  temporaries=temporaries, load_alloc=load_alloc, load_reserved=load_reserved,
+                 load_transient=load_transient,
                  cache_fraction=CACHE_FRACTION_EXPANDABLE if cfg.expandable_segments else CACHE_FRACTION,
                  tokens=tokens, notes=notes, last_notes=last_notes, workspace=workspace)
 
