@@ -166,7 +166,7 @@ def load_model(cfg: TrainConfig, path: str | None = None):
     kwargs = dict(quantization_config=build_bnb_config(cfg), token=hf_token(),
                   **recipe.load_kwargs(cfg, torch.cuda.current_device() if use_cuda(cfg) else None))
     try:
-        model = None
+        model, failed = None, False
         if cfg.offload_embeddings and use_cuda(cfg):
             try:
                 with moe.while_loading(cfg, path):  # MoE experts quantized as they load (core/levers/experts.py)
@@ -176,9 +176,9 @@ def load_model(cfg: TrainConfig, path: str | None = None):
                     raise
                 print(f"[memtune] loading the embedding straight to CPU memory failed ({type(exc).__name__}: "
                       f"{exc}); loading it on the GPU and moving it afterwards", file=sys.stderr, flush=True)
-                model = None
+                failed = True
         if model is None:
-            if cfg.offload_embeddings and use_cuda(cfg):  # a failed first load: its copy goes before the second one
+            if failed:  # the failed first load's copy (run 19: a whole 8B) goes before the second one
                 gc.collect()
                 torch.cuda.empty_cache()
             with moe.while_loading(cfg, path):
