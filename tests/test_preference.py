@@ -84,6 +84,20 @@ def test_every_preference_row_is_accounted_for(tmp_path, demo_tokenizer):
     assert result.summary["data"]["train_rows"] == 3
 
 
+def test_a_held_out_share_asked_of_a_preference_stage_is_said_not_dropped_silently(demo_tokenizer):
+    """Held-out pairs are not evaluated yet: a run that asks for validation (the default share, or a file) is told
+    every pair trains; a run that asks for none hears nothing of it."""
+    from core.messages import words_of
+
+    def notes(**kw):
+        return [words_of(n)["key"] for n in plan_pairs(demo_config(stage="dpo", **kw), demo_tokenizer).notes
+                if hasattr(n, "key")]
+
+    assert demo_config(stage="dpo").validation_share > 0
+    assert "log.pairs_no_validation" in notes()
+    assert "log.pairs_no_validation" not in notes(validation_share=0.0)
+
+
 def test_implicit_pairs_and_kto_rows_are_planned_as_trl_reads_them(tmp_path, demo_tokenizer):
     tok = demo_tokenizer.__class__.from_pretrained(demo_tokenizer.name_or_path)
     tok.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"

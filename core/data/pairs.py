@@ -138,6 +138,8 @@ def plan_pairs(cfg: TrainConfig, tokenizer: Any, raw: Any = None, fmt: str | Non
     counts = dict.fromkeys(REASONS, 0)
     plan = PairPlan(source=_where(cfg), format=fmt, stage=cfg.stage, max_length=cfg.max_length,
                     n_source=len(raw), counts=counts, lengths=[])
+    if cfg.validation_share or cfg.validation_data.strip():  # asked for, and not done: said, not silently dropped
+        plan.notes.append(Said("log.pairs_no_validation", stage=cfg.stage))
     eos = tokenizer.eos_token or ""
     chat = bool(getattr(tokenizer, "chat_template", None))
     for row in raw:
