@@ -116,7 +116,7 @@ CSS = """
 .dark .mt-result-ok, .dark .mt-result-stopped, .dark .mt-result-failed { background: var(--neutral-800); color: inherit; }
 .mt-kv { display: grid; grid-template-columns: max-content 1fr; gap: 3px 14px; margin-top: 6px; font-size: 0.88rem; }
 .mt-k { color: var(--body-text-color-subdued); white-space: nowrap; }
-.mt-v { word-break: break-all; }
+.mt-v { overflow-wrap: anywhere; }  /* a path breaks where it must, a sentence between its words */
 .mt-log { display: flex; flex-direction: column-reverse; height: 210px; overflow-y: auto; padding: 6px 10px;
           border: 1px solid var(--border-color-primary); border-radius: 8px; background: var(--neutral-50); }
 .dark .mt-log { background: var(--neutral-900); }
