@@ -3,6 +3,7 @@
 Longer than ~400 lines on purpose: its module fixtures (the page built once, a finished run) serve every
 handler test, and a second module would build them again on another test worker."""
 
+import json
 import re
 import subprocess
 import sys
@@ -100,6 +101,28 @@ def test_no_event_has_two_listeners_that_write_the_form(page):
     ids = {b._id: b.elem_id for b in page.blocks.values()}
     twice = sorted((ids.get(target), event) for (target, event), n in per_event.items() if n > 1)
     assert not twice, twice
+
+
+def test_an_edit_clears_only_a_preview_made_for_other_settings(page, tmp_path):
+    """CI on 52446ba: a dataset typed, Tab, Preview at once; the preview never showed. The edit's clear reached the
+    form's queue after the Preview (requests sent a few ms apart arrive in any order), and wiped the newer preview.
+    The clear now keeps a preview made for the settings the edit carries, whichever ran first."""
+    from ui.data import on_preview
+
+    form = page.memtune_form
+    fns = list(page.fns.values()) if isinstance(page.fns, dict) else list(page.fns)
+    box = form.fields["dataset"]
+    edit = next(f for f in fns if (box._id, "input") in [tuple(t[:2]) for t in f.targets])
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"instruction": f"Say {w}", "response": w}) + "\n" for w in "abcd"))
+    old, new = widget_values(demo_config()), widget_values(demo_config().replace(dataset=str(data)))
+    made_for_new = on_preview("en", *new)
+    assert "4 of 4 rows train" in made_for_new
+    kept = edit.fn("en", {}, made_for_new, *new)  # the Preview ran first: the edit leaves it
+    assert form.preview not in kept and all(kept[c] == "" for c in form.stale if c is not form.preview)
+    cleared = edit.fn("en", {}, on_preview("en", *old), *new)  # a preview of the dataset before the edit: goes
+    assert cleared[form.preview] == ""
+    assert edit.fn("en", {}, "", *new)[form.preview] == ""
 
 
 def test_new_settings_redraw_the_gauge_at_once_not_at_the_next_tick(page):

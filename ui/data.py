@@ -21,7 +21,7 @@ from core.messages import Said
 from core.runs.public import set_visitor_source, shown, upload_root
 from ui import render
 from ui.fields import collect
-from ui.form import Form, Updates, apply_config, values_dict
+from ui.form import Form, Updates, apply_config, marked, values_dict
 from ui.render_preview import error_box, preview_html
 from ui.visitors import request_visitor
 
@@ -137,7 +137,7 @@ def on_preview(lang: str, *values) -> str:
     cfg, problems = collect(values_dict(values))
     if cfg is None:
         return render.problems_html(problems, t("preview.cannot", lang), lang)
-    return shown(preview(cfg, lang))  # public mode: the engine's messages name the visitor's `uploads/x`
+    return marked(shown(preview(cfg, lang)), cfg)  # public mode: the engine's messages name the visitor's `uploads/x`
 
 
 def upload_name(file_path: str | Path) -> str:
@@ -197,4 +197,4 @@ def on_upload(form: Form, lang: str, file_path, *values) -> Updates:
     cfg, problems = collect(vals)
     if cfg is None:
         return {form.preview: render.problems_html(problems, t("preview.cannot", lang), lang)}
-    return {**apply_config(form, cfg, lang), form.preview: shown(preview(cfg, lang))}
+    return {**apply_config(form, cfg, lang), form.preview: marked(shown(preview(cfg, lang)), cfg)}

@@ -8,6 +8,8 @@ argument, bound with functools.partial when the events are wired.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +90,23 @@ def merged(*parts: Updates) -> Updates:
 
 def values_dict(values) -> dict[str, Any]:
     return dict(zip(FIELD_NAMES, values))
+
+
+def settings_mark(values: Any) -> str:
+    """A short fingerprint of the settings a notice was made for: a config, or the widgets' values (collected)."""
+    cfg = values if isinstance(values, TrainConfig) else collect(values_dict(values))[0]
+    said = json.dumps(cfg.to_dict(), sort_keys=True, default=str) if cfg is not None else repr(list(values))
+    return hashlib.sha256(said.encode()).hexdigest()[:16]
+
+
+def marked(html: str, settings: Any) -> str:
+    """`html` tagged with the settings it describes: an edit's handler then clears it only when they differ, whichever
+    of the edit and the click that made it reaches the form's queue first."""
+    return f'<div data-settings="{settings_mark(settings)}">{html}</div>'
+
+
+def still_describes(html: Any, values: Any) -> bool:
+    return isinstance(html, str) and html.startswith(f'<div data-settings="{settings_mark(values)}">')
 
 
 def read_config(values) -> tuple[TrainConfig | None, list[Problem]]:

@@ -34,7 +34,8 @@ from ui.data import DATA_TYPES, on_preview, on_upload
 from ui.derive import (DEFAULT_BUDGET_GIB, hardware, initial_config, prediction, preset_choices, preset_descriptions,
                        preset_of)
 from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
-from ui.form import FORM_QUEUE, Form, confirm_box, derived, facts_for, merged, prediction_state, read_config
+from ui.form import (FORM_QUEUE, Form, confirm_box, derived, facts_for, merged, prediction_state, read_config,
+                     still_describes)
 from ui.live import LivePanel, live_update, loss_frame, read_gpus, reward_frame
 from ui.state import AppState
 from ui.theme import GRADIO_LOCALE_JS, GRADIO_LOCALES, TABS_KW
@@ -441,8 +442,9 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
     def changed(lg: str, memory: dict, *values):  # the boxes' memory too: the checklist's savings depend on it
         return handlers.on_fields_changed(form, lg, *values, memory=memory)
 
-    def edited(lg: str, memory: dict, *values):  # a user's edit (not a handler's own update, e.g. Fit or an upload)
-        return {**changed(lg, memory, *values), **dict.fromkeys(form.stale, "")}  # what described the old value goes
+    def edited(lg: str, memory: dict, preview: str, *values):  # a user's edit (not a handler's own update, e.g. Fit)
+        gone = [c for c in form.stale if c is not form.preview or not still_describes(preview, values)]
+        return {**changed(lg, memory, *values), **dict.fromkeys(gone, "")}  # what described the old value goes
 
     asked = [lang, form.check_memory, *inputs]
     for name, comp in FIELDS.items():
@@ -450,7 +452,8 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
         # has finished, so a second listener here would reach the form's queue after a Preview clicked meanwhile and
         # clear that newer preview.
         if name in STALE_WHEN_EDITED:
-            comp.input(edited, inputs=asked, outputs=form.derived_outputs + form.stale, **quiet)
+            comp.input(edited, inputs=[lang, form.check_memory, form.preview, *inputs],
+                       outputs=form.derived_outputs + form.stale, **quiet)
         else:
             comp.input(changed, inputs=asked, outputs=form.derived_outputs, **quiet)
         if isinstance(comp, (gr.Textbox, gr.Dropdown)):  # a paste may not fire `input`; leaving the box does
