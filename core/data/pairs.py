@@ -12,6 +12,12 @@ TRL's own tokenizing function (trl.data_utils._tokenize, what DPOTrainer/KTOTrai
 kept, truncated (the chosen or rejected side, or the completion, is cut at max_length: TRL's collator keeps the
 start), dropped_long (the prompt alone fills max_length: TRL drops it too) or dropped_empty. The trainer gets exactly
 the rows that are not dropped, in the shape TRL reads, so kept + truncated + dropped = rows read.
+
+Validation is SFT's (core/data/validation.py): `split_pairs` holds out validation_share of the pairs (seeded, the
+same rule for small splits) or reads validation_data / validation_split as pairs, before the plan; `plan_pairs` with
+that split plans the rows that train and, alike, the validation pairs (PairPlan.validation), which TRL's trainer
+evaluates as its eval_dataset (eval_loss, eval_rewards/accuracies ...). KTO's pairs are split before they are
+unpaired: both answers of a held-out pair are held out.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 
 from core.config.settings import DEMO_DATASET, DEMO_PAIRS, TrainConfig
 from core.data.read import DataError, load_raw
+from core.data.validation import Split, split, val_config
 from core.messages import Said
 
 PAIR_FORMATS = ("pairs", "implicit_pairs", "unpaired")
@@ -61,6 +68,12 @@ def check_pairs(cfg: TrainConfig) -> tuple[Any, str]:
     return raw, fmt
 
 
+def split_pairs(cfg: TrainConfig, raw: Any, fmt: str) -> Split:
+    """The pairs that train and the validation pairs: SFT's split (core.data.validation.split: a seeded share, or a
+    separate file / split, the same rules), the separate data read and checked as this stage's pairs."""
+    return split(cfg, raw, fmt, read=check_pairs)
+
+
 def _present(value: Any) -> bool:
     return value is not None and value != "" and value != []
 
@@ -80,8 +93,10 @@ class PairPlan:
     rows: list[dict[str, Any]] = field(repr=False, default_factory=list)  # the rows that train, as TRL reads them
     conversational: bool = False
     notes: list[Any] = field(default_factory=list)
-    held: Any = None  # no validation part (yet): preference evals are TRL's eval_dataset, not planned here
-    validation: Any = None
+    # The validation part, as DataPlan's: which pairs were held out and why (core.data.validation.Split), and the
+    # validation pairs' own plan (a PairPlan; None: no validation), which the trainer gets as its eval_dataset
+    held: Split | None = None
+    validation: PairPlan | None = None
     packing: bool = False
     n_packs: int | None = None
 
@@ -91,27 +106,40 @@ class PairPlan:
 
     @property
     def evaluates(self) -> bool:
-        return False
+        """Some validation pair is left after the plan: the run has an eval."""
+        return self.validation is not None and self.validation.n_train > 0
 
     @property
     def longest_row(self) -> int:
         return max(self.lengths, default=0)
 
-    def validation_dict(self) -> None:
-        return None
+    def validation_dict(self) -> dict[str, Any] | None:
+        """The validation part's accounting (events.jsonl's data event, summary.json["validation"]), as SFT's."""
+        if self.held is None:
+            return None
+        return {**self.held.to_dict(), **({"plan": self.validation.to_dict()} if self.validation is not None else {})}
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": self.format, "stage": self.stage, "rows_in_split": self.n_source,
                 "train_rows": self.n_train, **self.counts, "max_length": self.max_length,
                 "conversational": self.conversational, "longest_row_tokens": self.longest_row}
 
-    def describe(self) -> Said:
+    def describe(self, validation: bool = False) -> Said:
+        """The run log's line: every row read, accounted for (log.pairs; the validation pairs': log.val_pairs)."""
         parts = [Said(f"pairs.reason.{r}", n=self.counts[r]) for r in REASONS if self.counts[r] or r == "kept"]
-        return Said("log.pairs", rows=self.n_source, dataset=f"{self.source} ({self.format})", stage=self.stage,
-                    train=self.n_train, max_length=str(self.max_length), outcomes=Said("msg.list", items=parts))
+        return Said("log.val_pairs" if validation else "log.pairs", rows=self.n_source,
+                    dataset=f"{self.source} ({self.format})", stage=self.stage, train=self.n_train,
+                    max_length=str(self.max_length), outcomes=Said("msg.list", items=parts))
 
     def log_lines(self) -> list[tuple[str, Any]]:
-        return [("info", line) for line in [self.describe(), *self.notes]]
+        """As DataPlan's: the plan, its notes, what was held out (or why nothing was), the validation pairs' plan."""
+        why = self.held.why if self.held is not None else None
+        out = [("info", line) for line in filter(None, [self.describe(), *self.notes, why])]
+        if self.validation is not None:
+            out.append(("info", self.validation.describe(validation=True)))
+            if not self.validation.n_train:
+                out.append(("warning", Said("log.val_none_fit")))
+        return out
 
     def train_dataset(self) -> Any:
         import datasets
@@ -124,13 +152,47 @@ class PairPlan:
         return Said("log.pairs_refusal", rows=self.counts["dropped_long"], empty=self.counts["dropped_empty"],
                     source=self.source, max_length=str(self.max_length))
 
+    def prompt_samples(self, tokenizer: Any, n: int) -> list[dict[str, Any]]:
+        """core.data.validation.samples for validation pairs: the first `n` rows with a preferred answer (a pair's
+        chosen, a KTO row labelled desirable), as {row, prompt_ids, prompt, reference}: the prompt tokenized as the
+        trainers tokenize it (with the generation prompt for a conversation), the preferred answer the reference."""
+        from trl.data_utils import _tokenize, is_conversational
 
-def plan_pairs(cfg: TrainConfig, tokenizer: Any, raw: Any = None, fmt: str | None = None) -> PairPlan:
-    """Every row of `cfg`'s preference data accounted for (module docstring), tokenized as TRL tokenizes it."""
-    from trl.data_utils import _tokenize, is_conversational, maybe_extract_prompt, unpair_preference_dataset
+        out = []
+        for i, row in enumerate(self.rows):
+            if len(out) >= n:
+                break
+            answer = row.get("chosen", row.get("completion") if row.get("label") else None)
+            if not _present(answer):
+                continue
+            conversational = is_conversational(row)
+            ids = _tokenize(tokenizer, row["prompt"], **({"add_generation_prompt": True} if conversational else {}))
+            ids = [int(x) for x in ids["input_ids"]]
+            reference = (" ".join(str(m.get("content", "")) for m in answer) if isinstance(answer, list) else answer)
+            out.append({"row": i, "prompt_ids": ids, "prompt": tokenizer.decode(ids, skip_special_tokens=True),
+                        "reference": reference})
+        return out
 
+
+def plan_pairs(cfg: TrainConfig, tokenizer: Any, raw: Any = None, fmt: str | None = None,
+               held: Split | None = None) -> PairPlan:
+    """Every row of `cfg`'s preference data accounted for (module docstring), tokenized as TRL tokenizes it. With
+    `held` (split_pairs' split of `raw`), the plan of the pairs that train, its validation part planned alike."""
     if raw is None:
         raw, fmt = check_pairs(cfg)
+    if held is None:
+        return _plan(cfg, tokenizer, raw, fmt)
+    plan = _plan(cfg, tokenizer, held.train, fmt)
+    plan.held = held
+    if held.val is not None:
+        plan.validation = _plan(val_config(cfg), tokenizer, held.val, held.val_format)
+    return plan
+
+
+def _plan(cfg: TrainConfig, tokenizer: Any, raw: Any, fmt: str) -> PairPlan:
+    """One part's plan: every row of `raw` (of format `fmt`) kept, truncated or dropped, as TRL reads it."""
+    from trl.data_utils import _tokenize, is_conversational, maybe_extract_prompt, unpair_preference_dataset
+
     if cfg.stage == "kto" and fmt != "unpaired":
         raw = unpair_preference_dataset(raw.map(maybe_extract_prompt))  # TRL's own split: one row per answer
         fmt = "unpaired"
@@ -138,8 +200,6 @@ def plan_pairs(cfg: TrainConfig, tokenizer: Any, raw: Any = None, fmt: str | Non
     counts = dict.fromkeys(REASONS, 0)
     plan = PairPlan(source=_where(cfg), format=fmt, stage=cfg.stage, max_length=cfg.max_length,
                     n_source=len(raw), counts=counts, lengths=[])
-    if cfg.validation_share or cfg.validation_data.strip():  # asked for, and not done: said, not silently dropped
-        plan.notes.append(Said("log.pairs_no_validation", stage=cfg.stage))
     eos = tokenizer.eos_token or ""
     chat = bool(getattr(tokenizer, "chat_template", None))
     for row in raw:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from core.config.settings import TrainConfig
 from core.data.plan import DataPlan, check_data, plan_rows
@@ -54,12 +54,15 @@ def val_config(cfg: TrainConfig) -> TrainConfig:
                        dataset_split=cfg.validation_split.strip() or "train")
 
 
-def split(cfg: TrainConfig, raw: Any, fmt: str) -> Split:
-    """Divide the loaded training split (`raw`, of format `fmt`) into the part that trains and the validation part."""
+def split(cfg: TrainConfig, raw: Any, fmt: str,
+          read: Callable[[TrainConfig], tuple[Any, str]] = check_data) -> Split:
+    """Divide the loaded training split (`raw`, of format `fmt`) into the part that trains and the validation part.
+    `read` reads and checks a separate validation dataset as the training one was read: SFT rows (check_data), or a
+    preference stage's pairs (core.data.pairs.check_pairs: the same split, the same shares, of pairs)."""
     everything = list(range(len(raw)))
     if separate(cfg):
         vcfg = val_config(cfg)
-        val, vfmt = check_data(vcfg)
+        val, vfmt = read(vcfg)
         source = f"{vcfg.dataset} [{vcfg.dataset_split}]"
         why = Said("log.val_separate", n=len(val), source=source)
         kept = _not_in(raw, val)  # train[:90] + train[50:]: rows 50-89 would train while "never trained on"
@@ -114,7 +117,10 @@ def plan_parts(cfg: TrainConfig, tokenizer: Any, held: Split, fmt: str) -> DataP
 def samples(plan: DataPlan, tokenizer: Any, n: int) -> list[dict[str, Any]]:
     """The first `n` validation rows that train, as {row, prompt_ids, prompt, reference}: the prompt exactly as the
     row plan tokenized and cut it, the reference the answer tokens it trains on. Plain-text rows have no prompt and
-    give none."""
+    give none. A preference stage's validation pairs (core.data.pairs.PairPlan) give their own: the prompt as TRL
+    tokenizes it, the chosen answer as the reference."""
+    if hasattr(plan, "prompt_samples"):  # a PairPlan (duck-typed: core.data.pairs imports this module)
+        return plan.prompt_samples(tokenizer, n)
     out = []
     for i, (ids, labels) in enumerate(zip(plan.input_ids, plan.labels)):
         if len(out) >= n:

@@ -224,13 +224,18 @@ class EventCallback(TrainerCallback):
             answers = [{"prompt": s["prompt"], "reference": s["reference"], "answer": a}
                        for s, a in zip(self.samples, got)]
         self.evals.append({"step": state.global_step, "eval_loss": float(loss)})
+        # a preference stage's eval: TRL's reward accuracy, margins, log-probabilities on the validation pairs
+        rewards = reward_metrics(metrics or {}, prefix="eval_")
         self.sink(make_event("eval", step=state.global_step, total_steps=state.max_steps, eval_loss=float(loss),
                              best_eval_loss=state.best_metric, answers=answers,
-                             loss_s=(metrics or {}).get("eval_runtime"), answers_s=round(time.monotonic() - began, 3)))
+                             loss_s=(metrics or {}).get("eval_runtime"), answers_s=round(time.monotonic() - began, 3),
+                             **rewards))
         # "validation loss": the page's and README's name for it (events and summary.json keep the key eval_loss)
         said = (keyed("log.eval_baseline", loss=float(loss)) if state.global_step == 0 else
                 keyed("log.eval", step=state.global_step, total=state.max_steps, loss=float(loss)))
         self.sink(make_event("log", level="info", **said))
+        if rewards:  # its own line (log.pref.eval_rewards), as the training steps' log.pref.rewards
+            self.sink(make_event("log", level="info", **keyed("log.pref.eval_rewards", **rewards_said(rewards))))
         for a in answers:  # the question asked, whole words, as written: no repr escapes or a cut template
             asked, answer, ref = prompt_gist(a["prompt"]), one_line(a["answer"]), one_line(a["reference"])
             self.sink(make_event("log", level="info", **keyed("log.answer", prompt=asked, answer=answer,

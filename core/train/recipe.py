@@ -49,7 +49,7 @@ from core.checks import check
 from core.config import arguments
 from core.config.settings import ConfigError, TrainConfig
 from core.data import validation
-from core.data.pairs import PairPlan, check_pairs, plan_pairs
+from core.data.pairs import PairPlan, check_pairs, plan_pairs, split_pairs
 from core.data.plan import DataError, DataPlan, check_data
 from core.files import StorageError, free_memory, has_marker, real, storage_message
 from core.gpus import distributed, vram
@@ -303,15 +303,15 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan | PairPlan, A
     validation rows are held out before the plan (they never reach plan.train_dataset()) and planned alike, as the
     plan's validation part. The caller refuses a plan with nothing to train (plan.refusal()) before loading the
     model, keeping the plan for the failed run's summary."""
-    pairs = cfg.stage != "sft"  # stages hook: preference rows (core/data/pairs.py), without a validation part
+    pairs = cfg.stage != "sft"  # stages hook: preference rows (core/data/pairs.py), split for validation alike
     with phase(emit, "tokenizing", "log.phase.reading", source=f"{cfg.dataset} [{cfg.dataset_split}]"):
         raw, fmt = check_pairs(cfg) if pairs else check_data(cfg)
-        held = None if pairs else validation.split(cfg, raw, fmt)
+        held = split_pairs(cfg, raw, fmt) if pairs else validation.split(cfg, raw, fmt)
     with phase(emit, "resolving", "log.phase.finding", model=cfg.model):
         path = model_lib.resolve_model_path(cfg, emit)
         tokenizer = model_lib.load_tokenizer(cfg, path)
     with phase(emit, "tokenizing", "log.phase.formatting", n=len(raw), format=fmt):
-        plan = plan_pairs(cfg, tokenizer, raw, fmt) if pairs else validation.plan_parts(cfg, tokenizer, held, fmt)
+        plan = plan_pairs(cfg, tokenizer, raw, fmt, held) if pairs else validation.plan_parts(cfg, tokenizer, held, fmt)
     # LoRA targets from the module tree on the meta device, before any weight loads: a name the model lacks is
     # refused here (ConfigError listing its linear layers), and the log says what gets LoRA.
     tree = model_lib.skeleton(cfg, path)

@@ -15,11 +15,12 @@ NAMES = {"rewards/accuracies": "reward_accuracy", "rewards/margins": "reward_mar
          "logps/chosen": "logp_chosen", "logps/rejected": "logp_rejected"}
 
 
-def reward_metrics(logs: dict[str, Any]) -> dict[str, float]:
-    """The reward metrics in one of the Trainer's training logs (none for an SFT run)."""
+def reward_metrics(logs: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """The reward metrics in one of the Trainer's training logs (none for an SFT run); prefix "eval_": in one of its
+    evals' (TRL names them eval_rewards/accuracies ...)."""
     out = {}
     for trl_name, name in NAMES.items():
-        value = logs.get(trl_name)
+        value = logs.get(prefix + trl_name)
         if isinstance(value, (int, float)) and math.isfinite(value):
             out[name] = round(float(value), 6)
     return out
