@@ -60,12 +60,16 @@ def loss_frame(losses: list[tuple[int, float]], eval_losses: list[tuple[int, flo
 REWARD_SERIES = (("reward_accuracy", "run.series_reward_accuracy"), ("reward_margin", "run.series_reward_margin"))
 
 
-def reward_frame(rewards: list[tuple[int, dict[str, float]]], lang: str = DEFAULT_LANGUAGE) -> pd.DataFrame:
+def reward_frame(rewards: list[tuple[int, dict[str, float]]], lang: str = DEFAULT_LANGUAGE,
+                 eval_rewards: list[tuple[int, dict[str, float]]] = ()) -> pd.DataFrame:
     """A preference run's reward chart (column `series`): reward accuracy (a fraction, 0-1) and the mean reward
     margin of each logged step, as the run's `metrics` events carry them (core/train/rewards.py; KTO logs no
-    accuracy, so only its margin is drawn). Empty for an SFT run."""
+    accuracy, so only its margin is drawn), and the reward accuracy on the validation pairs at each eval (its
+    `eval` events). Empty for an SFT run."""
     rows = [(step, r[name], t(label, lang)) for name, label in REWARD_SERIES
             for step, r in thin(rewards) if name in r]
+    rows += [(step, r["reward_accuracy"], t("run.series_eval_reward_accuracy", lang))
+             for step, r in eval_rewards if "reward_accuracy" in r]
     return pd.DataFrame(rows, columns=["step", "value", "series"])
 
 
@@ -202,10 +206,10 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
                            (job.id if job else None, len(v.losses), v.losses[-1] if v.losses else None,
                             len(v.eval_losses), lang))
     if panel.reward_plot is not None:  # issue 44: a preference run's learning signal, beside its loss
-        outputs[panel.reward_plot] = (gr.update(value=reward_frame(v.rewards, lang), visible=True) if v.rewards
-                                      else gr.update(visible=False),
+        outputs[panel.reward_plot] = (gr.update(value=reward_frame(v.rewards, lang, v.eval_rewards), visible=True)
+                                      if v.rewards or v.eval_rewards else gr.update(visible=False),
                                       (job.id if job else None, len(v.rewards), v.rewards[-1] if v.rewards else None,
-                                       lang))
+                                       len(v.eval_rewards), lang))
     tail = v.log[-LOG_LINES:]
     place = manager.position(job) if job is not None and job.waiting else None
     progress = (render.queue_html(place[0], predicted_wait(place[1], manager.seconds_per_step), lang) if place

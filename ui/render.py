@@ -273,10 +273,11 @@ def percent(x: float, lang: str = "en") -> str:
 
 
 def reward_rows(rewards: list[tuple[int, dict[str, float]]], lang: str = "en",
-                elem_id: str = "mt-reward-accuracy") -> list[tuple[str, str]]:
+                elem_id: str = "mt-reward-accuracy", label: str = "result.reward_accuracy") -> list[tuple[str, str]]:
     """A preference run's result row (issue 44), from its logged steps (the `metrics` events, or summary.json's
     preference.steps): reward accuracy first -> last, the best and its step, the last margin. Nothing for an SFT
-    run, or a KTO run (it logs no accuracy)."""
+    run, or a KTO run (it logs no accuracy). The same of its evals on validation pairs (the `eval` events, or
+    preference.eval_steps) with label result.eval_reward_accuracy."""
     acc = [(step, r["reward_accuracy"]) for step, r in rewards if "reward_accuracy" in r]
     if not acc:
         return []
@@ -287,7 +288,7 @@ def reward_rows(rewards: list[tuple[int, dict[str, float]]], lang: str = "en",
     margin = rewards[-1][1].get("reward_margin")
     if margin is not None:
         text += " &middot; " + E(t("result.reward_margin", lang, margin=num(margin, 3, lang)))
-    return [(t("result.reward_accuracy", lang), text)]
+    return [(t(label, lang), text)]
 
 
 def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None = None) -> str:
@@ -321,6 +322,7 @@ def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None
             if s.get("tokens_per_s") else "")),
     ]
     rows += reward_rows(v.rewards, lang)
+    rows += reward_rows(v.eval_rewards, lang, "mt-eval-reward-accuracy", "result.eval_reward_accuracy")
     table = "".join(f'<div class="mt-k">{E(k)}</div><div class="mt-v">{val}</div>' for k, val in rows)
     cls = "mt-result-ok" if v.state == "completed" else "mt-result-stopped"
     return (f'<div class="mt-result {cls}" id="mt-result-{E(v.state)}"><b>{E(head)}</b>'
@@ -568,6 +570,9 @@ def run_detail_html(detail: Any, lang: str = "en", predicted: dict[str, float] |
     pref = s.get("preference") if isinstance(s.get("preference"), dict) else {}
     rows += reward_rows([(int(x["step"]), x) for x in pref.get("steps") or [] if isinstance(x, dict) and "step" in x],
                         lang, "mt-history-reward-accuracy")
+    rows += reward_rows([(int(x["step"]), x) for x in pref.get("eval_steps") or []
+                         if isinstance(x, dict) and "step" in x],
+                        lang, "mt-history-eval-reward-accuracy", "result.eval_reward_accuracy")
     if info.message and info.status == "failed":
         oom = s.get("error_type") == "oom" and detail.config is not None  # what would help, at the run's settings
         text = log_text(oom_advice(detail.config), lang) if oom else said_text(info.said, info.message, lang)

@@ -39,6 +39,7 @@ class JobView:
     eval_losses: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss): `eval` events
     # a preference run's (step, {reward_accuracy, reward_margin, ...}): its `metrics` events (core/train/rewards.py)
     rewards: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    eval_rewards: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # the same, of its `eval` events
     answers: list[dict[str, str]] = field(default_factory=list)  # the latest eval's prompt/reference/answer
     answers_step: int | None = None
     log: list[str] = field(default_factory=list)
@@ -104,6 +105,7 @@ class _Fold:
         self.losses: dict[int, float] = {}
         self.eval_losses: dict[int, float] = {}
         self.rewards: dict[int, dict[str, float]] = {}
+        self.eval_rewards: dict[int, dict[str, float]] = {}
         self.last_phase: str | None = None  # a phase's heartbeats replace its previous line instead of piling up
         self.seen = 0  # events added so far
         self.started: float | None = None  # the run's first event: "elapsed" counts from it, as the result's Time does
@@ -152,6 +154,9 @@ class _Fold:
                         self.rewards[int(e["step"])] = rewards
             elif kind == "eval" and isinstance(e.get("eval_loss"), (int, float)) and e.get("step") is not None:
                 self.eval_losses[int(e["step"])] = float(e["eval_loss"])
+                rewards = {k: float(e[k]) for k in REWARD_FIELDS if isinstance(e.get(k), (int, float))}
+                if rewards:  # a preference run's eval on its validation pairs
+                    self.eval_rewards[int(e["step"])] = rewards
                 if e.get("answers"):
                     v.answers, v.answers_step = list(e["answers"]), int(e["step"])
             elif kind == "error":
@@ -175,6 +180,7 @@ class _Fold:
         v.losses = sorted(self.losses.items())
         v.eval_losses = sorted(self.eval_losses.items())
         v.rewards = sorted(self.rewards.items())
+        v.eval_rewards = sorted(self.eval_rewards.items())
         if v.state == "running":
             if stopping:
                 v.state = "stopping"
