@@ -58,6 +58,9 @@ def test_dpo_demo_reward_accuracy_rises(tmp_path):
     adapter = Path(result.adapter_dir)
     assert not (adapter / "ref").exists()
     assert saved["data"]["rows_in_split"] == 100 and saved["data"]["kept"] == 100
+    # the default validation_share on 100 pairs: every pair trains, said as for SFT rows (held-out pairs:
+    # tests/test_preference_eval.py)
+    assert "log.val_small" in keys and saved["validation"]["mode"] == "off" and saved["eval"] is None
 
 
 def test_every_preference_row_is_accounted_for(tmp_path, demo_tokenizer):
@@ -82,20 +85,6 @@ def test_every_preference_row_is_accounted_for(tmp_path, demo_tokenizer):
     assert data_event["kept"] + data_event["truncated"] + data_event["dropped_long"] + data_event["dropped_empty"] == 6
     assert "3 train" in data_event["message"] and "1 dropped (the prompt alone fills max_length)" in data_event["message"]
     assert result.summary["data"]["train_rows"] == 3
-
-
-def test_a_held_out_share_asked_of_a_preference_stage_is_said_not_dropped_silently(demo_tokenizer):
-    """Held-out pairs are not evaluated yet: a run that asks for validation (the default share, or a file) is told
-    every pair trains; a run that asks for none hears nothing of it."""
-    from core.messages import words_of
-
-    def notes(**kw):
-        return [words_of(n)["key"] for n in plan_pairs(demo_config(stage="dpo", **kw), demo_tokenizer).notes
-                if hasattr(n, "key")]
-
-    assert demo_config(stage="dpo").validation_share > 0
-    assert "log.pairs_no_validation" in notes()
-    assert "log.pairs_no_validation" not in notes(validation_share=0.0)
 
 
 def test_implicit_pairs_and_kto_rows_are_planned_as_trl_reads_them(tmp_path, demo_tokenizer):

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from core.config.settings import TrainConfig
 from core.data.plan import DataPlan, check_data, plan_rows
+from core.data.read import DataError
 from core.messages import Said
 
 MIN_ROWS_FOR_SHARE = 200  # with the default share, a smaller split trains on every row: 5% of it would be a handful
@@ -68,8 +69,6 @@ def split(cfg: TrainConfig, raw: Any, fmt: str,
         kept = _not_in(raw, val)  # train[:90] + train[50:]: rows 50-89 would train while "never trained on"
         if len(kept) < len(raw):
             if not kept:
-                from core.data.read import DataError
-
                 raise DataError("data.err.val_is_train", total=len(raw), source=source,
                                 train=f"{cfg.dataset} [{cfg.dataset_split}]")
             why = Said("msg.two", first=why, second=Said("log.val_overlap", n=len(raw) - len(kept), total=len(raw),
@@ -82,6 +81,9 @@ def split(cfg: TrainConfig, raw: Any, fmt: str,
         return Split(raw, None, None, everything, [], "off",
                      Said("log.val_small", rows=len(raw), min=MIN_ROWS_FOR_SHARE))
     n_val = max(1, round(cfg.validation_share * len(raw)))
+    if n_val >= len(raw):  # a tiny split (1 row at 50%): refused by name rather than planned with no row to train
+        raise DataError("data.err.val_share_all", total=len(raw), train=f"{cfg.dataset} [{cfg.dataset_split}]",
+                        share=round(100 * cfg.validation_share))
     held = sorted(random.Random(cfg.seed).sample(everything, n_val))  # seeded: a resumed run holds out the same rows
     held_set = set(held)
     kept = [i for i in everything if i not in held_set]
