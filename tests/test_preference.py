@@ -135,12 +135,15 @@ def test_stage_settings_are_checked_before_any_work(tmp_path, finished_run):
     assert not [p for p in config_problems(demo_config(stage="dpo", init_adapter=finished_run.result.run_dir))
                 if p.field == "init_adapter"]
     assert any(p.field == "stage" for p in config_problems(demo_config(**parse_overrides(["stage=ppo"]))))
-    # no eval on pairs, and PiSSA's moved base under a reference: every one named at once
+    # PiSSA's moved base under a reference: named; keep_best and early stopping read the validation pairs' eval loss
+    # (tests/test_preference_eval.py), refused only without validation, as for SFT
     many = config_problems(demo_config(stage="dpo", keep_best=True, early_stopping_patience=2, lora_init="pissa",
                                        load_in_4bit=False))
     named = {p.field: p.message for p in many}
-    assert "stage dpo" in named["keep_best"] and "stage dpo" in named["early_stopping_patience"]
+    assert "keep_best" not in named and "early_stopping_patience" not in named
     assert "lora_init pissa" in named["lora_init"] and "reference" in named["lora_init"]
+    no_val = {p.field for p in config_problems(demo_config(stage="dpo", keep_best=True, validation_share=0.0))}
+    assert "keep_best" in no_val
     orpo = config_problems(demo_config(stage="orpo", lora_init="pissa", load_in_4bit=False))  # no reference: fine
     assert not [p for p in orpo if p.field == "lora_init"]
     assert not [p for p in config_problems(demo_config(keep_best=True, early_stopping_patience=2))

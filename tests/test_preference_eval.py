@@ -90,8 +90,8 @@ def test_orpo_evaluates_a_validation_file_of_pairs(tmp_path):
     train = _write(tmp_path / "train.jsonl", rows[:6])
     val = _write(tmp_path / "val.jsonl", rows[4:8])  # two of them train too: dropped from training, as SFT does
     events = []
-    cfg = demo_config(stage="orpo", dataset=train, validation_data=val, max_steps=1, eval_steps=1, eval_samples=0,
-                      output_dir=str(tmp_path / "runs"))
+    cfg = demo_config(stage="orpo", dataset=train, validation_data=val, max_steps=2, eval_steps=1, eval_samples=0,
+                      keep_best=True, output_dir=str(tmp_path / "runs"))
     result = run_training(cfg, events.append)
     assert result.status == "completed", result.message
     s = result.summary
@@ -100,9 +100,13 @@ def test_orpo_evaluates_a_validation_file_of_pairs(tmp_path):
     said = [e["message"] for e in events if e["kind"] == "log" and e["message"].startswith("Validation: 4 rows of")]
     assert len(said) == 1 and "2 of the 6 training rows were validation rows too" in said[0]
     evals = [e for e in events if e["kind"] == "eval"]
-    assert [e["step"] for e in evals] == [0, 1] and all("reward_accuracy" in e for e in evals)
+    assert [e["step"] for e in evals] == [0, 1, 2] and all("reward_accuracy" in e for e in evals)
     assert s["preference"]["final_eval_reward_accuracy"] == evals[-1]["reward_accuracy"]
-    assert _keys(events).count("log.pref.eval_rewards") == 2
+    assert _keys(events).count("log.pref.eval_rewards") == 3
+    # keep_best reads the pairs' eval loss (as an SFT run's): the adapter is the best checkpoint's
+    ev = s["eval"]
+    assert ev["best"] == min(e["eval_loss"] for e in evals[1:]) and ev["adapter_step"] == ev["best_step"] > 0
+    assert ev["best_checkpoint"].endswith(f"checkpoint-{ev['best_step']}")
 
 
 def test_kto_holds_out_both_answers_of_a_pair_and_evaluates_them(tmp_path, demo_tokenizer):

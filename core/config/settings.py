@@ -628,19 +628,15 @@ def config_problems(cfg: TrainConfig, hw: Hardware | None = None) -> list[Proble
 
 
 def stage_problems(cfg: TrainConfig) -> list[Problem]:
-    """A preference stage's settings that cannot work: packing (TRL's preference trainers pad pairs), keep_best and
-    early stopping (no eval on pairs), PiSSA/OLoRA where a reference or init_adapter needs the base as it is, an
-    init_adapter that is not a memtune run folder with an adapter, or whose base model is not `model`."""
+    """A preference stage's settings that cannot work: packing (TRL's preference trainers pad pairs), PiSSA/OLoRA
+    where a reference or init_adapter needs the base as it is, an init_adapter that is not a memtune run folder with
+    an adapter, or whose base model is not `model`. (keep_best and early stopping read the eval loss TRL computes on
+    the validation pairs, as an SFT run's: core/data/pairs.py.)"""
     p: list[Problem] = []
     if cfg.stage == "sft":
         return p
     if cfg.packing and cfg.stage not in PACKING_STAGES:
         p.append(Problem.of("packing", "problem.stage_packing", stage=cfg.stage))
-    # TRL's preference trainers evaluate no held-out rows here (the pair plan has no validation part): best-checkpoint
-    # keeping and early stopping would have no eval loss to read
-    for name in ("keep_best", "early_stopping_patience"):
-        if getattr(cfg, name):
-            p.append(Problem.of(name, "problem.stage_validation", stage=cfg.stage, name=name))
     # PiSSA/OLoRA move the base weights into the adapter's start: the reference "base with the adapter off" would no
     # longer be the model, and init_adapter's weights would sit on a moved base (ORPO from scratch has no reference)
     if cfg.lora_init in ("pissa", "pissa_niter_4", "olora") and (cfg.stage != "orpo" or cfg.init_adapter.strip()):
