@@ -244,7 +244,8 @@ class TrainConfig:
         "TRL's trainers: dpo and orpo (data: prompt/chosen/rejected, or chosen/rejected conversations holding the "
         "prompt), kto (prompt/completion/label, or pairs). With LoRA, DPO and KTO's reference model is the base "
         "with the adapter disabled, or with init_adapter the model it starts from (TRL's frozen copy of the "
-        "adapter): never a second copy of the base. No eval on pairs: keep_best and early stopping are for sft.",
+        "adapter): never a second copy of the base. Held-out pairs (validation_share, validation_data) are "
+        "evaluated as SFT rows are.",
         choices=STAGES, widget="radio"))
     beta: float = field(default=0.1, metadata=_help(
         "Preference strength: DPO/KTO's beta (how far the model may move from the reference), ORPO's weight of "
