@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from transformers import TrainerCallback
 
-from core.config.settings import demo_config
+from core.config.settings import DEMO_DATA, demo_config
 from core.data.pairs import check_pairs, plan_pairs, split_pairs
 from core.data.read import DataError
 from core.demo import preference_rows
@@ -175,3 +175,17 @@ def test_the_reward_chart_and_results_show_the_validation_accuracy():
     assert "validação" in reward_frame(rewards, "pt", evals)["series"].iloc[-1]
     (label, text), = reward_rows(evals, "en", "x", "result.eval_reward_accuracy")
     assert label == "Validation reward accuracy" and "0% &rarr; <b>70%</b>" in text
+
+
+def test_the_preview_of_a_preference_stage_accounts_for_the_held_out_pairs():
+    from ui.data import preview
+
+    html = preview(demo_config(stage="dpo", validation_share=0.2))
+    assert "Validation: 20 of 100 rows held out" in html and "80 rows go to the plan below" in html
+    assert "Preference data (dpo): 80 rows" in html and "Validation pairs (dpo): 20 rows" in html
+    assert "20 evaluated at max_length 64" in html
+    assert "Pares de validação (dpo): 20 linhas" in preview(demo_config(stage="dpo", validation_share=0.2), "pt")
+    off = preview(demo_config(stage="kto"))  # the default share on 100 pairs: every pair trains, said
+    assert "Validation off: every row trains" in off and "200 rows" in off and "Validation pairs" not in off
+    sft_file = preview(demo_config(stage="dpo", validation_data=str(DEMO_DATA)))  # SFT rows, not pairs: said
+    assert str(DEMO_DATA) in sft_file and "prompt/chosen/rejected" in sft_file

@@ -59,6 +59,8 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
     from core.data.plan import DataError, check_data, plan_rows
     from core.model.load import ModelError
 
+    if cfg.stage != "sft":  # a preference stage's pairs, as the run plans them (its held-out pairs apart)
+        return pairs_preview(cfg, lang)
     try:
         raw, fmt = check_data(cfg)
     except DataError as exc:
@@ -87,6 +89,32 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
         return error_box(t("preview.data_error", lang), render.error_text(exc, lang))
     except Exception as exc:  # noqa: BLE001
         return error_box(t("preview.read_error", lang), f"{type(exc).__name__}: {exc}")
+
+
+def pairs_preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
+    """A preference stage's preview: what is held out for validation (as for SFT rows) and the run log's lines on
+    the pairs that train and the validation pairs (core.data.pairs.PairPlan), in the page's language."""
+    from core.data.pairs import check_pairs, plan_pairs, split_pairs
+    from core.data.read import DataError
+    from core.model.load import ModelError
+    from ui.validation import split_note
+
+    try:
+        raw, fmt = check_pairs(cfg)
+        held = split_pairs(cfg, raw, fmt)
+    except DataError as exc:
+        return error_box(t("preview.data_error", lang), render.error_text(exc, lang))
+    try:
+        tokenizer = _tokenizer(cfg.model, cfg.trust_remote_code)
+    except (ModelError, OSError, ValueError) as exc:
+        return error_box(t("preview.tokenizer_error", lang), render.error_text(exc, lang))
+    try:
+        plan = plan_pairs(cfg, tokenizer, raw, fmt, held)
+    except DataError as exc:
+        return error_box(t("preview.data_error", lang), render.error_text(exc, lang))
+    lines = "".join(f"<div>{render.E(render.log_text(line, lang))}</div>" for _, line in plan.log_lines()
+                    if line is not held.why)  # split_note says it
+    return split_note(held, lang) + f'<div class="mt-note mt-small" id="preview-pairs">{lines}</div>'
 
 
 def _model_lines(cfg: TrainConfig, lang: str) -> tuple[TrainConfig, list[str], Any]:
