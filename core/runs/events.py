@@ -13,7 +13,8 @@ Training never blocks on a reader: sinks are unbounded queues or files, and the 
           logp_rejected (core/train/rewards.py: drive the reward chart)
 - eval:   step, total_steps, eval_loss, best_eval_loss, answers ([{prompt, reference, answer}]: greedy answers to a
           few validation prompts), loss_s and answers_s (seconds each part took); at step 0 (before training),
-          every eval_steps and at the end
+          every eval_steps and at the end; a preference run's add its validation pairs' reward fields, named as
+          in `metrics` (the reward chart's validation series)
 - log:    message, level (info|warning), ack? ("stop": the run has seen a Stop and ends after the current step)
 - data:   message + core.data.plan.DataPlan.to_dict(): format, rows_in_split, train_rows, kept, truncated,
           prompt_cut, dropped_long, dropped_empty, packs, max_length, long_prompts, longest_row_tokens
