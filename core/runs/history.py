@@ -386,7 +386,7 @@ def preference_config(run_dir: str | Path, is_running: IsRunning | None = None,
         raise HistoryError(Said("history.unreadable", name=info.name))
     if info.status == "running":
         raise HistoryError(Said("history.pref.running", name=info.name))
-    folder = Path(info.run_dir)
+    folder = real(info.run_dir)  # absolute: what the training process reads, whatever its working folder
     if info.adapter_dir is None or not (folder / "adapter" / "memtune.yaml").is_file():
         raise HistoryError(Said("history.pref.no_adapter", name=info.name))
     if cfg.stage != "sft":
