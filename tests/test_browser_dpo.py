@@ -4,10 +4,12 @@ accuracy and margin (a chart of their own, from the run's `metrics` events) and 
 the run leaves an adapter."""
 
 import json
+from pathlib import Path
 
 import pytest
 
-from tests.browser_app import MISSING, PROGRESS, REQUIRED, set_number, summary_chip, wait_idle, wait_state
+from tests.browser_app import (MISSING, PROGRESS, REQUIRED, set_number, summary_chip, trained_run, wait_idle,
+                               wait_state)
 
 pytestmark = pytest.mark.skipif(MISSING is not None and not REQUIRED, reason=MISSING or "")
 
@@ -27,6 +29,7 @@ def test_a_dpo_demo_from_the_page_draws_reward_accuracy_and_saves_an_adapter(pag
     page.locator("#field-stage").get_by_label("dpo", exact=True).check()
     # The stage's own fields appear (its change event answered); the generated command then holds the stage.
     page.wait_for_selector("#field-beta", state="visible", timeout=60_000)
+    assert page.errors == []  # the button's answer drew without an error
     set_number(page, "max_steps", STEPS)
     page.get_by_role("tab", name="4 · Settings & code").click()
     page.wait_for_function("(() => { const c = document.querySelector('#code-cli')?.textContent || '';"
@@ -58,3 +61,47 @@ def test_a_dpo_demo_from_the_page_draws_reward_accuracy_and_saves_an_adapter(pag
     legend = page.locator("#reward-plot").inner_text()
     assert "reward accuracy" in legend and "reward margin" in legend, legend
     assert page.errors == []
+
+
+def test_history_continues_an_sft_run_with_dpo_from_its_adapter(page, server):
+    """History → "Continue with preference tuning" on an SFT demo run: the Train tab holds a DPO run whose
+    init_adapter is that run, Start trains it from the run's adapter (the log's log.pref.init_adapter)."""
+    sft = (server["work"] / trained_run(page, server)).parent  # an SFT demo run of this server
+    wait_idle(page)
+    page.get_by_role("tab", name="History").click()
+    page.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=30_000)
+    cell = page.evaluate("[...document.querySelectorAll('#history-table [data-testid^=cell-][data-testid$=\"-1\"]')]"
+                         f".find(c => c.textContent.trim() === {json.dumps(sft.name)})?.dataset.testid")
+    assert cell, page.locator("#history-table").inner_text()
+    page.click(f"#history-table [data-testid={cell}]")
+    page.wait_for_function("!document.querySelector('#history-prefer')?.disabled", timeout=60_000)
+    page.click("#history-prefer")
+    page.wait_for_function("document.querySelector('#history-status')?.textContent.includes('Press Start')",
+                           timeout=60_000)
+    notice = page.locator("#history-status").inner_text()
+    assert f"{sft.name}-dpo" in notice and "base with the adapter disabled" in notice, notice
+    page.get_by_role("tab", name="1 · Model & data").click()  # the Training stage row, where init_adapter shows
+    page.wait_for_selector("#field-init_adapter", state="visible", timeout=60_000)  # the stage's fields shown
+    assert page.locator("#field-stage").get_by_label("dpo", exact=True).is_checked()
+    box = page.locator("#field-init_adapter input, #field-init_adapter textarea").first
+    assert Path(box.input_value()).resolve() == sft.resolve()
+    assert page.errors == []  # the button's answer drew without an error
+    set_number(page, "max_steps", STEPS)
+    page.get_by_role("tab", name="4 · Settings & code").click()
+    page.wait_for_function("(() => { const c = document.querySelector('#code-cli')?.textContent || '';"
+                           f" return c.includes('stage=dpo') && c.includes('init_adapter='); }})()", timeout=60_000)
+    previous = page.locator(PROGRESS).get_attribute("data-run") or ""
+    page.click("#start-btn")
+    page.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && p.dataset.run"
+                           f" && p.dataset.run !== {previous!r}; }})()", timeout=120_000, polling=200)
+    wait_state(page, ("completed", "stopped", "failed", "interrupted"), timeout=600_000)
+    assert page.locator(PROGRESS).get_attribute("data-state") == "completed", page.locator("#run-result").inner_text()
+    run_dir = (server["work"] / page.locator("#mt-adapter-path").inner_text()).parent
+    assert run_dir.name.startswith(f"{sft.name}-dpo") and run_dir != sft
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stage"] == "dpo" and Path(summary["init_adapter"]).resolve() == sft.resolve()
+    keys = [e.get("key") for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())]
+    assert "log.pref.init_adapter" in keys and "log.pref.reference_adapter" in keys
+    # Not asserted after the run: a run started after any History button that switches to the Train tab (Load
+    # settings too) logs "Cannot read properties of null (reading 'offsetWidth')" in the page (a chart; not this
+    # button's: reproduced with Load settings), reported to the lead.

@@ -1,5 +1,6 @@
 """Run history over folders written by the real engine (core.train.recipe.run_training on the demo), plus damaged ones."""
 
+import html
 import json
 import os
 import shutil
@@ -7,13 +8,14 @@ import time
 
 import pytest
 
-from core.config.settings import TrainConfig
+from core.config.settings import DEMO_DATASET, TrainConfig
 from core.runs.events import read_events
 from core.files import write_marker
 from core.runs.history import (HistoryError, adapter_choices, delete_run, list_runs, load_run, resume_config,
                           run_info)
 from core.train.recipe import run_training
 from tests.helpers import checkpointed_run
+from ui.fields import FIELD_NAMES, collect
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +174,143 @@ def test_summary_of_a_failed_run(runs, tmp_path):
     info = run_info(run_dir)
     assert info.status == "failed" and info.message.startswith("The GPU ran out")
     assert info.adapter_dir is None and info.final_loss is not None  # last logged loss, from the events
+
+
+# --- History → Continue with preference tuning (issue 44): the handler, without a browser -----------------------------
+@pytest.fixture(scope="module")
+def page():
+    from core.config.settings import demo_config
+    from ui.layout import build_ui
+
+    return build_ui(demo_config())
+
+
+def form_values(form, res) -> dict:
+    """The widget values a handler's updates put into the form (every field must be there)."""
+    return {n: (u["value"] if isinstance(u, dict) else u) for n in FIELD_NAMES for u in [res[form.fields[n]]]}
+
+
+def form_config(form, res) -> TrainConfig:
+    cfg, problems = collect(form_values(form, res))
+    assert not problems, problems
+    return cfg
+
+
+def notice(res, h) -> str:
+    return html.unescape(res[h.note])
+
+
+def copy_with(result, dest, exclude=(), **settings):
+    """A copy of the module's run with its config.yaml changed (the module's folder is never written)."""
+    shutil.copytree(result.run_dir, dest, ignore=shutil.ignore_patterns(*exclude))
+    TrainConfig.load(dest / "config.yaml").replace(**settings).save(dest / "config.yaml")
+    return dest
+
+
+def test_continue_with_preference_tuning_fills_the_form_for_dpo_from_the_runs_adapter(runs, page):
+    from core.checks import validate
+    from core.data.pairs import check_pairs
+    from core.train.stages import starting_config
+    from ui import history
+
+    out, result = runs
+    form, h = page.memtune_form, page.memtune_history
+    assert history.history_open(h, "en", result.run_dir)[h.prefer]["interactive"]
+    res = history.on_history_prefer(form, h, "en", result.run_dir)
+    cfg = form_config(form, res)
+    assert cfg.stage == "dpo" and cfg.init_adapter == result.run_dir  # the run folder: stages.py reads its adapter/
+    assert cfg.dataset == DEMO_DATASET and not cfg.packing and cfg.resume_from == ""
+    assert cfg.run_name == "five-dpo" and cfg.output_dir == str(out)  # a new folder beside it, never the old one
+    saved = load_run(result.run_dir).config.to_dict()
+    changed = {"stage", "init_adapter", "run_name", "beta", "dpo_loss_type"}  # beta, loss: the dpo fields' defaults
+    assert {k: v for k, v in cfg.to_dict().items() if k not in changed} == {k: v for k, v in saved.items()
+                                                                              if k not in changed}
+    said = notice(res, h)
+    assert f"{result.adapter_dir}" in said and "five-dpo" in said and "no second copy" in said
+    assert "base with the adapter disabled" in said and "demo's preference pairs" in said
+    assert "mt-note-ok" in res[h.note] and res[h.main_tabs].selected == "tab-train"
+    assert validate(cfg) == []  # what Start checks: a DPO run from the adapter, packing off, on this CPU
+    raw, fmt = check_pairs(cfg)  # the demo's data for dpo: its prompt/chosen/rejected pairs
+    assert fmt == "pairs" and {"prompt", "chosen", "rejected"} <= set(raw.column_names)
+    start = starting_config(cfg)  # the engine's first hook: the saved adapter's LoRA shape
+    assert (start.lora_r, start.lora_alpha) == (32, 64)
+    # A 2-step DPO run from this config (log.pref.init_adapter, log.pref.reference_adapter) took 27 s on this 2-core
+    # machine: tests/test_preference.py trains one from a run folder; this test stops at what Start validates.
+
+
+def test_continue_keeps_the_runs_preset_for_dpo_and_asks_for_pairs_data(runs, page, tmp_path):
+    from core.config.presets import matching, overrides
+    from ui import history
+
+    _, result = runs
+    form, h = page.memtune_form, page.memtune_history
+    data = tmp_path / "sft.jsonl"
+    data.write_text('{"instruction": "hi", "output": "hello"}\n')
+    mine = copy_with(result, tmp_path / "mine", **{**overrides("lowest_memory"), **dict(
+        output_dir=str(tmp_path), run_name="mine", dataset=str(data), keep_best=True, lora_init="pissa")})
+    assert TrainConfig.load(mine / "config.yaml").packing and matching(TrainConfig.load(mine / "config.yaml"))
+    (tmp_path / "mine-dpo").mkdir()  # taken: the next free name
+    res = history.on_history_prefer(form, h, "en", str(mine))
+    cfg = form_config(form, res)
+    assert cfg.stage == "dpo" and cfg.init_adapter == str(mine) and cfg.run_name == "mine-dpo-2"
+    assert not cfg.packing and matching(cfg) == "lowest_memory"  # the preset's levers for dpo (presets.for_stage)
+    assert cfg.use_liger_kernel and cfg.offload_activations  # the rest of the preset kept
+    assert not cfg.keep_best and cfg.lora_init == "default"  # what a preference stage from init_adapter refuses
+    assert cfg.dataset == str(data)  # kept, and the notice says it must change
+    said = notice(res, h)
+    assert "Change the dataset" in said and "prompt/chosen/rejected" in said and "mt-note-warn" in res[h.note]
+
+
+@pytest.mark.filterwarnings("ignore:Pick a run", "ignore:.*saved no adapter", "ignore:.*already a dpo run",
+                            "ignore:.*já é uma execução", "ignore:.*still running")
+def test_continue_with_preference_tuning_refuses_by_name(runs, page, tmp_path, monkeypatch):
+    from ui import history
+
+    _, result = runs
+    form, h = page.memtune_form, page.memtune_history
+
+    def refused(run, lang="en"):
+        res = history.on_history_prefer(form, h, lang, run)
+        assert h.main_tabs not in res and not set(res) & set(form.inputs)  # the form stays as it was
+        return notice(res, h)
+
+    assert "Pick a run" in refused(None)
+    bare = copy_with(result, tmp_path / "bare", exclude=("adapter",))  # failed before saving its adapter
+    assert "bare saved no adapter" in refused(str(bare))
+    dpo = copy_with(result, tmp_path / "pref", stage="dpo", init_adapter=result.run_dir)
+    assert "pref is already a dpo run" in refused(str(dpo)) and "by hand" in refused(str(dpo))
+    assert "pref já é uma execução dpo" in refused(str(dpo), "pt")
+    monkeypatch.setattr(page.memtune_app.manager, "is_running", lambda p: True)
+    assert "five is still running" in refused(result.run_dir)
+    assert not history.history_open(h, "en", result.run_dir)[h.prefer]["interactive"]
+
+
+@pytest.mark.filterwarnings("ignore:On this public server")
+def test_public_mode_continues_only_the_visitors_own_run(runs, page, tmp_path, monkeypatch):
+    from core.checks import validate
+    from core.runs import public
+    from ui import history
+
+    _, result = runs
+    form, h = page.memtune_form, page.memtune_history
+    monkeypatch.chdir(tmp_path)  # as the app runs: its runs folder `runs`, which the form's output_dir names
+    root = tmp_path / "runs"
+    monkeypatch.setenv("MEMTUNE_PUBLIC", "1")
+    monkeypatch.setenv("MEMTUNE_PUBLIC_RUNS", "runs")
+    a, b = "a" * 22, "b" * 22
+    who = {"id": a}
+    monkeypatch.setattr(public, "_visitor_source", lambda: who["id"])
+    mine = copy_with(result, root / f"visitor-{a}" / "five", output_dir=str(root / f"visitor-{a}"))
+    res = history.on_history_prefer(form, h, "en", str(mine))
+    values = form_values(form, res)
+    assert values["init_adapter"] == "runs/five" and values["output_dir"] == "runs"  # no server path on the page
+    said = notice(res, h)
+    assert "runs/five/adapter" in said and str(root) not in said
+    cfg = public.visitor_config(form_config(form, res))  # what Start reads back: the visitor's own run folder
+    assert cfg.init_adapter == str(mine) and validate(cfg) == []
+    who["id"] = b  # another visitor: neither the button nor a typed path reaches visitor a's adapter
+    assert "public server" in notice(history.on_history_prefer(form, h, "en", str(mine)), h)
+    typed = [p.field for p in validate(cfg)]
+    assert "init_adapter" in typed
+    back = collect({**values, "init_adapter": f"runs/../visitor-{a}/five"})[0]
+    assert "init_adapter" in [p.field for p in validate(public.visitor_config(back))]

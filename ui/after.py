@@ -14,7 +14,7 @@ from core.i18n import t
 from ui.form import FORM_QUEUE, Form, confirm_box
 from ui.validation import build_compare, curves_frame, draw_every_series, on_compare
 from ui.history import (HistoryTab, history_frame, history_open, on_history_delete, on_history_delete_yes,
-                        on_history_load, on_history_refresh, on_history_resume, on_history_select)
+                        on_history_load, on_history_prefer, on_history_refresh, on_history_resume, on_history_select)
 from ui.tryexport import (TryExportTab, adapter_dropdown, merge_into_choices, on_action_stop, on_export_adapter,
                           on_merge, on_push, on_try, on_try_stop, on_zip, token_info)
 
@@ -160,6 +160,8 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                                       value="history.load_settings")
                     resume_btn = tr.add(gr.Button(L("history.resume"), interactive=False, elem_id="history-resume"),
                                         value="history.resume")
+                    prefer_btn = tr.add(gr.Button(L("history.prefer"), interactive=False, elem_id="history-prefer"),
+                                        value="history.prefer")
                     delete_btn = tr.add(gr.Button(L("history.delete"), variant="stop", interactive=False,
                                                   elem_id="history-delete"), value="history.delete")
                 confirm_row, confirm_text, yes_btn, cancel_btn = confirm_box(
@@ -206,9 +208,9 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
 
     h = HistoryTab(table=table, runs=runs_state, selected=selected, note=history_note, detail=detail,
                    plot=hist_plot, settings=settings, load=load_btn, resume=resume_btn, delete=delete_btn,
-                   confirm_row=confirm_row, confirm_text=confirm_text, main_tabs=main_tabs, app=app)
+                   confirm_row=confirm_row, confirm_text=confirm_text, main_tabs=main_tabs, app=app, prefer=prefer_btn)
     refresh_out = [table, runs_state, history_note]
-    detail_out = [detail, hist_plot, settings, load_btn, resume_btn, delete_btn]
+    detail_out = [detail, hist_plot, settings, load_btn, resume_btn, delete_btn, prefer_btn]
     history_tab.select(partial(on_history_refresh, h), inputs=[lang, output_dir], outputs=refresh_out, **quiet)
     hist_refresh.click(partial(on_history_refresh, h), inputs=[lang, output_dir], outputs=refresh_out, **quiet)
     def select(lg: str, runs: list[str], evt: gr.SelectData):  # not a partial: Gradio finds SelectData by annotation
@@ -219,6 +221,7 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
     to_form = form.outputs + [history_note, main_tabs]
     load_btn.click(partial(on_history_load, form, h), inputs=[lang, selected], outputs=to_form, **FORM_QUEUE)
     resume_btn.click(partial(on_history_resume, form, h), inputs=[lang, selected], outputs=to_form, **FORM_QUEUE)
+    prefer_btn.click(partial(on_history_prefer, form, h), inputs=[lang, selected], outputs=to_form, **FORM_QUEUE)
     delete_btn.click(partial(on_history_delete, h), inputs=[lang, selected],
                      outputs=[confirm_row, confirm_text, history_note], **quiet)
     cancel_btn.click(lambda: (gr.update(visible=False), ""), outputs=[confirm_row, confirm_text], **quiet)

@@ -94,10 +94,10 @@ def collect(values: dict[str, Any]) -> tuple[TrainConfig | None, list[Problem]]:
             value = [] if tp == list[str] else ("" if tp is str else value)
         if isinstance(value, str) and tp is str:
             value = value.strip()
-        if name == "dataset":
+        if name in ("dataset", "init_adapter"):
             from core.runs.public import from_shown
 
-            value = from_shown(value)  # public mode: the page's `uploads/x` is the visitor's own upload
+            value = from_shown(value, run=name == "init_adapter")  # public mode: the page's `uploads/x`, `runs/x`
         try:
             data[name] = coerce(name, value)
         except ValueError as exc:

@@ -161,7 +161,7 @@ def field_updates(form: Form, cfg: TrainConfig) -> Updates:
     return {form.fields[name]: shown(value) if name in SHOWN_PATHS else value for name, value in to_values(cfg).items()}
 
 
-SHOWN_PATHS = ("dataset", "output_dir", "resume_from")
+SHOWN_PATHS = ("dataset", "output_dir", "resume_from", "init_adapter")
 
 
 def apply_config(form: Form, cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE,

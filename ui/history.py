@@ -1,6 +1,7 @@
 """The History tab's handlers: every run under the form's output folder (core.runs.history); pick one to see its loss
 curve, settings and predicted vs measured peak; load its settings into the form, resume it (a job through
-core.jobs.manager), delete it after a confirmation. Tested without a browser; the layout is ui/after.py's.
+core.jobs.manager), continue its SFT adapter with preference tuning (a new DPO run in the form, issue 44), delete it
+after a confirmation. Tested without a browser; the layout is ui/after.py's.
 
 Handlers take the `HistoryTab` (and, for those that fill the settings, the `Form`) first and return updates keyed
 by component.
@@ -44,6 +45,7 @@ class HistoryTab:
     confirm_text: Any
     main_tabs: Any  # the page's top-level tabs (load and resume show the Train tab)
     app: Any = None  # ui.state.AppState: the manager that says which run is running, and resumes one
+    prefer: Any = None  # button: continue with preference tuning (the run's adapter as init_adapter of a DPO run)
 
 
 def history_rows(output_dir: str | None, manager: Any) -> list[Any]:
@@ -79,7 +81,7 @@ def history_open(h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
 
     off = gr.update(interactive=False)
     closed = {h.plot: gr.update(value=loss_frame([]), visible=False), h.settings: gr.update(value="", visible=False),
-              h.load: off, h.resume: off, h.delete: off}
+              h.load: off, h.resume: off, h.delete: off, h.prefer: off}
     if not run_dir:
         return {h.detail: "", **closed}
     try:
@@ -98,6 +100,9 @@ def history_open(h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
             h.settings: gr.update(value=detail.config_text, visible=True),
             h.load: gr.update(interactive=detail.config is not None),
             h.resume: gr.update(interactive=detail.info.resumable and not running and detail.config is not None),
+            # on for any readable run that is not running: a click on one it cannot continue says why (no adapter, a
+            # preference run already), which a greyed-out button would not
+            h.prefer: gr.update(interactive=detail.config is not None and not running),
             h.delete: gr.update(interactive=not running)}
 
 
@@ -120,7 +125,15 @@ def _picked(h: HistoryTab, lang: str, run_dir: str | None, read):
     try:
         return read(run_dir), None
     except HistoryError as exc:
-        return None, {h.note: warn(str(exc), "history-note", "error")}
+        return None, {h.note: warn(said(exc, lang), "history-note", "error")}
+
+
+def said(exc: Exception, lang: str) -> str:
+    """An error's text in the page's language where it carries a key (core.messages.Said), else as raised."""
+    from core.messages import Said
+
+    message = exc.args[0] if exc.args else ""
+    return t(message.key, lang, **message.params) if isinstance(message, Said) else str(exc)
 
 
 def to_train_tab(form: Form, h: HistoryTab, cfg: Any, lang: str, text: str, kind: str) -> Updates:
@@ -170,6 +183,28 @@ def on_history_resume(form: Form, h: HistoryTab, lang: str, run_dir: str | None)
         return {h.note: warn(busy_message(exc, lang, manager), "history-note")}
     msg = t("history.resuming", lang, name=Path(run_dir).name, checkpoint=checkpoint.name if checkpoint else "-")
     return to_train_tab(form, h, cfg, lang, msg, "ok")
+
+
+def on_history_prefer(form: Form, h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
+    """"Continue with preference tuning": the run's settings into the form as a new DPO run that starts from its
+    adapter (init_adapter; core.runs.history.preference_config), then the Train tab; nothing starts until Start.
+    Refused by name: no run picked, another visitor's run (public mode), a running run, no saved adapter, a
+    preference run already."""
+    from core.runs.history import needs_pairs, preference_config
+    from core.runs.public import shown, without_remote_code
+
+    cfg, refusal = _picked(h, lang, run_dir, lambda d: preference_config(d, is_running=h.app.manager.is_running))
+    if refusal:
+        return refusal
+    cfg, asked = without_remote_code(cfg)  # the user ticks it to confirm, as after Load
+    name = Path(run_dir).name
+    parts = [t("history.pref.loaded", lang, name=name, adapter=shown(str(Path(cfg.init_adapter) / "adapter")),
+               stage=cfg.stage.upper(), run=cfg.run_name),
+             t("history.pref.change_data", lang, dataset=shown(cfg.dataset), stage=cfg.stage.upper()) if needs_pairs(cfg)
+             else t("history.pref.demo_pairs", lang)]
+    if asked:
+        parts.append(t("config.trust_off", lang, model=cfg.model))
+    return to_train_tab(form, h, cfg, lang, " ".join(parts), "warn" if asked or needs_pairs(cfg) else "ok")
 
 
 def on_history_delete(h: HistoryTab, lang: str, run_dir: str | None) -> Updates:

@@ -10,6 +10,7 @@ raises for a damaged run folder, it shows what is known.
 - `load_run(run_dir)` -> RunDetail: settings, loss curve, eval losses and sample answers, summary.
 - `compare_runs([run_dir, ...])` -> Comparison: curves of several runs, the settings that differ, their figures.
 - `resume_config(run_dir)` -> the run's TrainConfig with resume_from set (training continues its step count).
+- `preference_config(run_dir)` -> a new run's TrainConfig that continues the run's SFT adapter with DPO (init_adapter).
 - `delete_run(run_dir, output_dir, is_running)` -> removes a run folder, after refusing anything risky.
 - `tidy(output_dir)` -> at start-up, finishes or undoes what a crash left (core.files.recover) in memtune's runs.
 """
@@ -24,8 +25,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from core.config.settings import ConfigError, TrainConfig
-from core.messages import said_of
+from core.config.settings import DEMO_DATASET, PACKING_STAGES, SAFE_NAME, ConfigError, TrainConfig
+from core.messages import Said, said_of
 from core.runs.events import read_events
 from core.files import RefusedError, real, remove_tree, target
 from core.runs.folders import complete_checkpoints, is_memtune_run, resume_point, resume_problem, tidy_run_dir
@@ -347,6 +348,61 @@ def resume_config(run_dir: str | Path) -> TrainConfig:
     if why:
         raise HistoryError(f"Cannot resume: {why}.")
     return cfg.replace(resume_from=str(run_dir))
+
+
+PREFERENCE_START = "dpo"  # the stage History's "Continue with preference tuning" sets (the default preference stage)
+MOVES_BASE = ("pissa", "pissa_niter_4", "olora")  # lora_init values whose start is taken from the base weights
+
+
+def fresh_run_name(cfg: TrainConfig, run_dir: Path, stage: str) -> str:
+    """`<run>-<stage>`, numbered past any folder already in cfg.output_dir: never the earlier run's folder, and the
+    name the form shows is the folder the run gets (core.runs.folders.new_run_dir would number it the same way)."""
+    base = (cfg.run_name or run_dir.name)[: 63 - len(stage) - 3]
+    name = f"{base}-{stage}" if SAFE_NAME.match(f"{base}-{stage}") else f"run-{stage}"
+    root, suffix, free = Path(cfg.output_dir).expanduser(), 1, name
+    while (root / free).exists() or free == run_dir.name:
+        suffix += 1
+        free = f"{name}-{suffix}"
+    return free
+
+
+def preference_config(run_dir: str | Path, is_running: IsRunning | None = None,
+                      stage: str = PREFERENCE_START) -> TrainConfig:
+    """A new run that continues an earlier SFT run's adapter with preference tuning (issue 44): the run's saved
+    settings with `stage`, init_adapter = the run's folder (core/train/stages.py loads its adapter as the start and,
+    for DPO/KTO, keeps TRL's frozen copy of it as the reference), a fresh run name, no resume_from, and what a
+    preference stage cannot use switched off: packing (the preset's levers for `stage`, presets.for_stage),
+    keep_best and early stopping (no eval on pairs), a lora_init that moves the base (the saved adapter is already
+    plain LoRA on the original base, and its shape comes from its adapter_config.json). The dataset stays: the demo's
+    is read as its preference pairs (core.data.pairs); any other must hold pairs, which the caller says.
+
+    Refused (HistoryError carrying a core.messages.Said) for a run that is running, has no saved adapter, or is
+    itself a preference run. Every memtune run trains a LoRA adapter (there is no full fine-tune to refuse)."""
+    from core.config.presets import apply_preset, matching
+
+    detail = load_run(run_dir, is_running)
+    info, cfg = detail.info, detail.config
+    if cfg is None:
+        raise HistoryError(Said("history.unreadable", name=info.name))
+    if info.status == "running":
+        raise HistoryError(Said("history.pref.running", name=info.name))
+    folder = real(info.run_dir)  # absolute: what the training process reads, whatever its working folder
+    if info.adapter_dir is None or not (folder / "adapter" / "memtune.yaml").is_file():
+        raise HistoryError(Said("history.pref.no_adapter", name=info.name))
+    if cfg.stage != "sft":
+        raise HistoryError(Said("history.pref.from_preference", name=info.name, stage=cfg.stage))
+    new = cfg.replace(stage=stage, init_adapter=str(folder), resume_from="",
+                      run_name=fresh_run_name(cfg, folder, stage), keep_best=False, early_stopping_patience=0,
+                      lora_init="default" if cfg.lora_init in MOVES_BASE else cfg.lora_init)
+    preset = matching(cfg)  # the run's preset (for sft) stays its preset, with that preset's levers for `stage`
+    if preset:
+        return apply_preset(new, preset, stage=stage)
+    return new if stage in PACKING_STAGES else new.replace(packing=False)
+
+
+def needs_pairs(cfg: TrainConfig) -> bool:
+    """Whether cfg's dataset must be changed to pairs by the user: every dataset but the demo's, which has its own."""
+    return cfg.dataset.strip() != DEMO_DATASET
 
 
 def delete_run(run_dir: str | Path, output_dir: str | Path, is_running: IsRunning | None = None) -> Path:

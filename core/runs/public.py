@@ -150,11 +150,14 @@ def shown(text: str) -> str:
     return text
 
 
-def from_shown(value: str) -> str:
+def from_shown(value: str, run: bool = False) -> str:
     """The inverse of `shown` for a dataset box: `uploads/x` -> the visitor's upload folder's x (still checked by
-    dataset_problem: `uploads/../..` resolves outside it and is refused)."""
+    dataset_problem: `uploads/../..` resolves outside it and is refused); for a box naming a run (`run`:
+    init_adapter), `runs/x` -> the visitor's runs folder's x (checked by public_problems alike)."""
     if is_public() and visitor() and value.startswith(UPLOADS + "/"):
         return str(upload_root() / value[len(UPLOADS) + 1:])
+    if run and is_public() and visitor() and value.startswith(RUNS + "/"):
+        return str(public_root() / value[len(RUNS) + 1:])
     return value
 
 
@@ -225,6 +228,8 @@ def public_problems(cfg: "TrainConfig") -> list["Problem"]:
         out.append(Problem.of("output_dir", "problem.public_output", root=root, name=root.name))
     if cfg.resume_from and not inside(cfg.resume_from, root):
         out.append(Problem.of("resume_from", "problem.public_resume", root=root))
+    if cfg.init_adapter.strip() and not inside(cfg.init_adapter.strip(), root):  # another visitor's or a server path
+        out.append(Problem.of("init_adapter", "problem.public_init_adapter", root=root))
     steps = limits().steps
     if steps and cfg.max_steps > steps:
         out.append(Problem.of("max_steps", "problem.public_steps", limit=steps))
