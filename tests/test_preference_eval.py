@@ -83,6 +83,11 @@ def test_dpo_evaluates_the_held_out_share_and_never_trains_on_it(tmp_path, demo_
     fold.add(events)
     view = fold.result(False, False, False)
     assert [step for step, _ in view.eval_rewards] == [0, 2] and len(view.rewards) == 2
+    # Compare lists the final validation reward accuracy beside the training one
+    from core.runs.history import compare_runs
+
+    figures = dict(compare_runs([result.run_dir, result.run_dir]).figures)
+    assert figures["final_eval_reward_accuracy"] == [pref["final_eval_reward_accuracy"]] * 2
 
 
 def test_orpo_evaluates_a_validation_file_of_pairs(tmp_path):

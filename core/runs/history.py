@@ -288,8 +288,8 @@ def load_run(run_dir: str | Path, is_running: IsRunning | None = None) -> RunDet
 NOT_SETTINGS = {"run_name", "output_dir", "resume_from"}
 # The figures compared side by side: (key, where it is read) in this order; the page labels them history.fig.<key>.
 FIGURES = ("peak_gib", "runtime_s", "tokens_per_s", "final_loss", "final_eval_loss", "best_eval_loss", "steps",
-           "final_reward_accuracy")
-PREFERENCE_FIGURES = ("final_reward_accuracy",)  # listed only when a picked run is a preference run (issue 44)
+           "final_reward_accuracy", "final_eval_reward_accuracy")
+PREFERENCE_FIGURES = ("final_reward_accuracy", "final_eval_reward_accuracy")  # listed only when a picked run is a preference run (issue 44)
 
 
 @dataclass
@@ -309,7 +309,8 @@ def _figures(detail: RunDetail) -> dict[str, Any]:
     return {"peak_gib": info.peak_gib, "runtime_s": info.duration_s, "tokens_per_s": _number(s.get("tokens_per_s")),
             "final_loss": info.final_loss, "final_eval_loss": final_eval, "best_eval_loss": best,
             "steps": info.steps,
-            "final_reward_accuracy": _number(pref.get("final_reward_accuracy"))}
+            "final_reward_accuracy": _number(pref.get("final_reward_accuracy")),
+            "final_eval_reward_accuracy": _number(pref.get("final_eval_reward_accuracy"))}
 
 
 def compare_runs(run_dirs: list[str | Path], is_running: IsRunning | None = None) -> Comparison:
