@@ -314,3 +314,6 @@ def test_public_mode_continues_only_the_visitors_own_run(runs, page, tmp_path, m
     assert "init_adapter" in typed
     back = collect({**values, "init_adapter": f"runs/../visitor-{a}/five"})[0]
     assert "init_adapter" in [p.field for p in validate(public.visitor_config(back))]
+    who["id"] = a  # Resume shows `runs/five` in the form too: a Start from that form resumes the visitor's own run
+    again = public.visitor_config(collect({**values, "init_adapter": "", "resume_from": "runs/five"})[0])
+    assert again.resume_from == str(mine) and validate(again) == []

@@ -94,10 +94,10 @@ def collect(values: dict[str, Any]) -> tuple[TrainConfig | None, list[Problem]]:
             value = [] if tp == list[str] else ("" if tp is str else value)
         if isinstance(value, str) and tp is str:
             value = value.strip()
-        if name in ("dataset", "init_adapter"):
+        if name in ("dataset", "init_adapter", "resume_from"):
             from core.runs.public import from_shown
 
-            value = from_shown(value, run=name == "init_adapter")  # public mode: the page's `uploads/x`, `runs/x`
+            value = from_shown(value, run=name != "dataset")  # public mode: the page's `uploads/x`, `runs/x`
         try:
             data[name] = coerce(name, value)
         except ValueError as exc:

@@ -153,7 +153,7 @@ def shown(text: str) -> str:
 def from_shown(value: str, run: bool = False) -> str:
     """The inverse of `shown` for a dataset box: `uploads/x` -> the visitor's upload folder's x (still checked by
     dataset_problem: `uploads/../..` resolves outside it and is refused); for a box naming a run (`run`:
-    init_adapter), `runs/x` -> the visitor's runs folder's x (checked by public_problems alike)."""
+    init_adapter, resume_from), `runs/x` -> the visitor's runs folder's x (checked by public_problems alike)."""
     if is_public() and visitor() and value.startswith(UPLOADS + "/"):
         return str(upload_root() / value[len(UPLOADS) + 1:])
     if run and is_public() and visitor() and value.startswith(RUNS + "/"):
