@@ -74,7 +74,7 @@ def test_an_sft_runs_panel_is_as_before(finished_run):
     v = job_view(job)
     assert v.losses and v.rewards == []
     out = live.live_update(panel, {})
-    assert out[panel.reward_plot]["visible"] is False
+    assert out[panel.reward_plot]["visible"] == live.OUT_OF_SIGHT  # out of sight, still in the page
     assert out[panel.plot]["value"].equals(live.loss_frame(v.losses, v.eval_losses))
     assert "Reward" not in out[panel.result] and render.reward_rows(v.rewards) == []
 

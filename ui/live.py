@@ -24,6 +24,9 @@ from ui.derive import predicted_peaks, run_gpus, valid_budget
 
 LOG_LINES = 400
 PLOT_POINTS = 400
+# A chart with nothing to draw stays in the page, out of sight: gradio's LinePlot keeps a ResizeObserver on its element,
+# and a chart removed by visible=False threw "Cannot read properties of null (reading 'offsetWidth')" from it.
+OUT_OF_SIGHT = "hidden"
 _zips: dict[int, str] = {}
 _job_predictions: dict[int, dict[str, float] | None] = {}
 _gpu_peaks: dict[int, dict[int, float]] = {}  # job id -> GPU index -> highest "used" seen while it ran
@@ -202,12 +205,12 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
                                         budget_gib=valid_budget(budget),
                                         run_gpus=n_run, floor_gib=(pred or {}).get("floor")), None)}
     outputs[panel.plot] = (gr.update(value=loss_frame(v.losses, v.eval_losses, lang), visible=True)
-                           if v.losses or v.eval_losses else gr.update(visible=False),
+                           if v.losses or v.eval_losses else gr.update(visible=OUT_OF_SIGHT),
                            (job.id if job else None, len(v.losses), v.losses[-1] if v.losses else None,
                             len(v.eval_losses), lang))
     if panel.reward_plot is not None:  # issue 44: a preference run's learning signal, beside its loss
         outputs[panel.reward_plot] = (gr.update(value=reward_frame(v.rewards, lang, v.eval_rewards), visible=True)
-                                      if v.rewards or v.eval_rewards else gr.update(visible=False),
+                                      if v.rewards or v.eval_rewards else gr.update(visible=OUT_OF_SIGHT),
                                       (job.id if job else None, len(v.rewards), v.rewards[-1] if v.rewards else None,
                                        len(v.eval_rewards), lang))
     tail = v.log[-LOG_LINES:]
