@@ -51,6 +51,24 @@ def test_every_tab_is_visible_without_an_overflow_menu_at_1280px(lang, browser, 
         own.close()
 
 
+def test_every_field_of_the_settings_tabs_has_room_for_its_label_at_1280px(context, server):
+    """Eight LoRA widgets in one row squeezed each checkbox's column to ~20 px: its help text stood a word per line
+    and a slider's range read "1 ... 5" for 1 ... 512. Every visible field of the settings tabs is at least 180 px wide."""
+    page = laptop_page(context)
+    page.goto(server["url"])
+    page.wait_for_selector("#start-btn")
+    for tab in ("1 · Model & data", "2 · Memory checklist", "3 · Training"):
+        page.get_by_role("tab", name=tab).click()
+        page.wait_for_timeout(300)  # the tab drawn
+        narrow = page.evaluate("""[...document.querySelectorAll('#settings-tabs [id^=field-]')]
+            .filter(e => e.offsetParent !== null)
+            .map(e => [e.id, Math.round(e.getBoundingClientRect().width)])""")
+        assert len(narrow) >= 3, (tab, narrow)  # the tab's fields were found
+        narrow = [(name, width) for name, width in narrow if width < 180]
+        assert narrow == [], (tab, narrow)
+    page.close()
+
+
 def test_notices_about_old_settings_clear_when_the_settings_change(context, server):
     """The data preview and the Fit notice describe the settings they saw: the Chapter recipe button, or a new
     max length typed in, clears them instead of leaving them describing the old settings."""

@@ -211,11 +211,13 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
 
                             with gr.Tab(L("tab.training"), id="tab-training", elem_id="tab-training") as tab_train:
                                 tr.add(tab_train, label="tab.training")
-                                with gr.Row():
-                                    w("lora_r")
-                                    w("lora_alpha")
-                                    for name in levers.placed("training"):  # lora_dropout
-                                        w(name)
+                                # LoRA's fields and the training levers (dropout, the variants), three to a row: eight
+                                # in one row squeezed each checkbox's label to a word per line
+                                lora = ["lora_r", "lora_alpha", *levers.placed("training")]
+                                for i in range(0, len(lora), 3):
+                                    with gr.Row():
+                                        for name in lora[i:i + 3]:
+                                            w(name)
                                 w("lora_target_modules")
                                 with gr.Row():
                                     w("learning_rate")
