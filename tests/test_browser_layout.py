@@ -57,6 +57,8 @@ def test_every_field_of_the_settings_tabs_has_room_for_its_label_at_1280px(conte
     page = laptop_page(context)
     page.goto(server["url"])
     page.wait_for_selector("#start-btn")
+    page.locator("#field-stage").get_by_label("dpo", exact=True).check()  # the DPO stage's own fields shown too
+    page.wait_for_selector("#field-init_adapter", state="visible")
     for tab in ("1 · Model & data", "2 · Memory checklist", "3 · Training"):
         page.get_by_role("tab", name=tab).click()
         page.wait_for_timeout(300)  # the tab drawn

@@ -165,8 +165,11 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
                                     w("dataset_split", scale=1)
                                     w("dataset_format", scale=1)
                                     w("long_prompts", scale=1)
-                                with gr.Row(elem_id="stage-row"):  # issue 44: a stage's own fields only for it
-                                    w("stage", scale=2)
+                                with gr.Row(elem_id="stage-row"):
+                                    w("stage")
+                                # issue 44: a stage's own fields only for it, in a row of their own (beside the stage
+                                # they were four narrow columns, the adapter's box a word wide)
+                                with gr.Row(elem_id="stage-fields-row"):
                                     for name in STAGE_FIELDS:
                                         w(name, scale=1, visible=cfg0.stage in field_meta(name)["stages"])
                                 types = ", ".join(DATA_TYPES)
