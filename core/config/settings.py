@@ -628,6 +628,9 @@ def config_problems(cfg: TrainConfig, hw: Hardware | None = None) -> list[Proble
     return p
 
 
+MOVES_BASE = ("pissa", "pissa_niter_4", "olora")  # lora_init values that change the base weights (peft mutates them)
+
+
 def stage_problems(cfg: TrainConfig) -> list[Problem]:
     """A preference stage's settings that cannot work: packing (TRL's preference trainers pad pairs), PiSSA/OLoRA
     where a reference or init_adapter needs the base as it is, an init_adapter that is not a memtune run folder with
@@ -640,7 +643,7 @@ def stage_problems(cfg: TrainConfig) -> list[Problem]:
         p.append(Problem.of("packing", "problem.stage_packing", stage=cfg.stage))
     # PiSSA/OLoRA move the base weights into the adapter's start: the reference "base with the adapter off" would no
     # longer be the model, and init_adapter's weights would sit on a moved base (ORPO from scratch has no reference)
-    if cfg.lora_init in ("pissa", "pissa_niter_4", "olora") and (cfg.stage != "orpo" or cfg.init_adapter.strip()):
+    if cfg.lora_init in MOVES_BASE and (cfg.stage != "orpo" or cfg.init_adapter.strip()):
         p.append(Problem.of("lora_init", "problem.stage_lora_init", stage=cfg.stage, init=cfg.lora_init))
     if cfg.init_adapter.strip():
         run = Path(cfg.init_adapter.strip()).expanduser()

@@ -21,7 +21,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-MOVES_BASE = ("pissa", "pissa_niter_4", "olora")  # lora_init values that change the base weights (peft mutates them)
 INITIAL = "memtune_initial"  # the initial adapter's name while peft converts (a folder of that name)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from core.config import arguments as recipe
-from core.config.settings import DEMO_MODEL, ConfigError, Problem, TrainConfig
+from core.config.settings import DEMO_MODEL, MOVES_BASE, ConfigError, Problem, TrainConfig
 from core.levers import experts as moe, variants
 from core.levers.embedding import CpuEmbedding, load_embedding_on_cpu, offload_input_embeddings
 from core.levers.output_head import quantize_output_head
@@ -228,7 +228,7 @@ def prepare_for_training(model, cfg: TrainConfig):
     # (the Trainer seeds only later, when it is built).
     set_seed(cfg.seed)
     model = get_peft_model(model, LoraConfig(**lora))
-    if cfg.lora_init in variants.MOVES_BASE:  # PiSSA/OLoRA: the start, for the conversion on save
+    if cfg.lora_init in MOVES_BASE:  # PiSSA/OLoRA: the start, for the conversion on save
         variants.keep_initial(model)
     if cfg.compile_layers:
         # After peft, so each compiled layer holds its LoRA layers; lazily: the first step compiles.

@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from core.config.settings import DEMO_DATASET, PACKING_STAGES, SAFE_NAME, ConfigError, TrainConfig
+from core.config.settings import DEMO_DATASET, MOVES_BASE, PACKING_STAGES, SAFE_NAME, ConfigError, TrainConfig
 from core.messages import Said, said_of
 from core.runs.events import read_events
 from core.files import RefusedError, real, remove_tree, target
@@ -289,7 +289,8 @@ NOT_SETTINGS = {"run_name", "output_dir", "resume_from"}
 # The figures compared side by side: (key, where it is read) in this order; the page labels them history.fig.<key>.
 FIGURES = ("peak_gib", "runtime_s", "tokens_per_s", "final_loss", "final_eval_loss", "best_eval_loss", "steps",
            "final_reward_accuracy", "final_eval_reward_accuracy")
-PREFERENCE_FIGURES = ("final_reward_accuracy", "final_eval_reward_accuracy")  # listed only when a picked run is a preference run (issue 44)
+# listed only when a picked run is a preference run (issue 44)
+PREFERENCE_FIGURES = ("final_reward_accuracy", "final_eval_reward_accuracy")
 
 
 @dataclass
@@ -352,7 +353,6 @@ def resume_config(run_dir: str | Path) -> TrainConfig:
 
 
 PREFERENCE_START = "dpo"  # the stage History's "Continue with preference tuning" sets (the default preference stage)
-MOVES_BASE = ("pissa", "pissa_niter_4", "olora")  # lora_init values whose start is taken from the base weights
 
 
 def fresh_run_name(cfg: TrainConfig, run_dir: Path, stage: str) -> str:
@@ -373,7 +373,8 @@ def preference_config(run_dir: str | Path, is_running: IsRunning | None = None,
     settings with `stage`, init_adapter = the run's folder (core/train/stages.py loads its adapter as the start and,
     for DPO/KTO, keeps TRL's frozen copy of it as the reference), a fresh run name, no resume_from, and what a
     preference stage cannot use switched off: packing (the preset's levers for `stage`, presets.for_stage),
-    keep_best and early stopping (no eval on pairs), a lora_init that moves the base (the saved adapter is already
+    keep_best and early stopping (they need a validation part the new pairs may lack: the user turns them back on),
+    a lora_init that moves the base (the saved adapter is already
     plain LoRA on the original base, and its shape comes from its adapter_config.json). The dataset stays: the demo's
     is read as its preference pairs (core.data.pairs); any other must hold pairs, which the caller says.
 
