@@ -125,15 +125,7 @@ def _picked(h: HistoryTab, lang: str, run_dir: str | None, read):
     try:
         return read(run_dir), None
     except HistoryError as exc:
-        return None, {h.note: warn(said(exc, lang), "history-note", "error")}
-
-
-def said(exc: Exception, lang: str) -> str:
-    """An error's text in the page's language where it carries a key (core.messages.Said), else as raised."""
-    from core.messages import Said
-
-    message = exc.args[0] if exc.args else ""
-    return t(message.key, lang, **message.params) if isinstance(message, Said) else str(exc)
+        return None, {h.note: warn(render.error_text(exc, lang), "history-note", "error")}
 
 
 def to_train_tab(form: Form, h: HistoryTab, cfg: Any, lang: str, text: str, kind: str) -> Updates:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from core.config.settings import DEMO_DATASET, MOVES_BASE, PACKING_STAGES, SAFE_NAME, ConfigError, TrainConfig
-from core.messages import Said, said_of
+from core.messages import Keyed, Said, said_of
 from core.runs.events import read_events
 from core.files import RefusedError, real, remove_tree, target
 from core.runs.folders import complete_checkpoints, is_memtune_run, resume_point, resume_problem, tidy_run_dir
@@ -35,8 +35,16 @@ RUNNING_GRACE_S = 300.0  # without a job manager's word: events written this rec
 IsRunning = Callable[[Path], bool]
 
 
-class HistoryError(RuntimeError):
-    """A history action was refused; the message says why and what to do."""
+class HistoryError(Keyed, RuntimeError):
+    """A history action was refused; the message says why and what to do. Raised with a core.messages.Said, it is
+    keyed (core.messages.Keyed: a page says it in its language); with plain English, as written."""
+
+    def __init__(self, message: str) -> None:
+        if isinstance(message, Said):
+            super().__init__(self._keyed(message.key, message.params))
+        else:
+            self.params = {}
+            super().__init__(message)
 
 
 @dataclass
