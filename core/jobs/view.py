@@ -97,6 +97,11 @@ def format_event(e: dict[str, Any]) -> str | None:
     return None
 
 
+def _rewards(e: dict[str, Any]) -> dict[str, float]:
+    """The reward figures a `metrics` or `eval` event carries (core/train/rewards.py; none for an SFT run)."""
+    return {k: float(e[k]) for k in REWARD_FIELDS if isinstance(e.get(k), (int, float))}
+
+
 class _Fold:
     """What the events so far add up to; `add` takes only new events, so a poll costs the new events, not the run."""
 
@@ -149,13 +154,11 @@ class _Fold:
                 loss = e.get("loss")
                 if isinstance(loss, (int, float)) and not isinstance(loss, bool) and e.get("step") is not None:
                     self.losses[int(e["step"])] = v.last_loss = float(loss)  # a resumed run logs a step again
-                    rewards = {k: float(e[k]) for k in REWARD_FIELDS if isinstance(e.get(k), (int, float))}
-                    if rewards:
+                    if rewards := _rewards(e):
                         self.rewards[int(e["step"])] = rewards
             elif kind == "eval" and isinstance(e.get("eval_loss"), (int, float)) and e.get("step") is not None:
                 self.eval_losses[int(e["step"])] = float(e["eval_loss"])
-                rewards = {k: float(e[k]) for k in REWARD_FIELDS if isinstance(e.get(k), (int, float))}
-                if rewards:  # a preference run's eval on its validation pairs
+                if rewards := _rewards(e):  # a preference run's eval on its validation pairs
                     self.eval_rewards[int(e["step"])] = rewards
                 if e.get("answers"):
                     v.answers, v.answers_step = list(e["answers"]), int(e["step"])
