@@ -29,7 +29,7 @@ from core.config.settings import ConfigError, Problem, TrainConfig
 from core.messages import keyed
 from core.model import load as model_lib
 from core.runs.events import EventSink, make_event
-from core.train.rewards import reward_metrics, reward_summary
+from core.train.rewards import eval_rewards, reward_summary
 
 
 def trainer_classes(stage: str) -> tuple[type, type]:
@@ -166,19 +166,3 @@ def summary_part(cfg: TrainConfig, trainer) -> dict[str, Any]:
     return {"stage": cfg.stage, "init_adapter": cfg.init_adapter or None,
             "reference": reference(cfg), "preference": preference}
 
-
-def eval_rewards(log_history: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """summary.json["preference"]'s validation part: TRL's reward metrics of each eval on the validation pairs
-    (eval_rewards/accuracies ...: core.train.rewards names them), the baseline (before training), final and best
-    reward accuracy (and its step) and the final margin; None without an eval."""
-    evals = [{"step": int(h.get("step", 0)), **reward_metrics(h, prefix="eval_")} for h in log_history
-             if "eval_loss" in h]
-    evals = sorted({e["step"]: e for e in evals if len(e) > 1}.values(), key=lambda e: e["step"])  # a resume logs again
-    if not evals:
-        return None
-    acc = [(e["step"], e["reward_accuracy"]) for e in evals if "reward_accuracy" in e]  # KTO logs no accuracy
-    best = max(acc, key=lambda sa: (sa[1], -sa[0])) if acc else (None, None)
-    return {"baseline_eval_reward_accuracy": acc[0][1] if acc and acc[0][0] == 0 else None,
-            "final_eval_reward_accuracy": acc[-1][1] if acc else None,
-            "best_eval_reward_accuracy": best[1], "best_eval_reward_accuracy_step": best[0],
-            "final_eval_reward_margin": evals[-1].get("reward_margin"), "eval_steps": evals}
