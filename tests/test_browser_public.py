@@ -79,10 +79,19 @@ def test_a_visitor_uploads_previews_and_trains_and_another_sees_none_of_it(brows
     for typed in (uploaded, str(Path(uploaded).parent), str(Path(uploaded).parent.parent)):
         box.fill(typed)
         box.press("Tab")
-        b.click("#preview-btn")
         said = json.dumps("is a path on the server")
-        b.wait_for_function(f"document.querySelector('#data-preview')?.textContent.includes({said})",
-                            timeout=180_000)  # a busy machine's first previews; generous, never a timing assert
+        # Preview asked again if its answer has not shown: two CI runs on a loaded machine (52446ba, 6df3f8e) saw a
+        # click whose preview never showed in 180 s, not reproduced here (open in the stop's note). The refusal must
+        # show, and the upload's rows never.
+        for attempt in range(3):
+            b.click("#preview-btn")
+            try:
+                b.wait_for_function(f"document.querySelector('#data-preview')?.textContent.includes({said})",
+                                    timeout=90_000)  # a busy machine's first previews; generous, never a timing assert
+                break
+            except Exception:  # noqa: BLE001 - Playwright's TimeoutError: ask once more, then fail
+                if attempt == 2:
+                    raise
         assert "Say alpha" not in b.locator("#data-preview").inner_text()
     assert not a.errors and not b.errors, (a.errors, b.errors)
     first.close()
