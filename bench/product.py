@@ -376,6 +376,13 @@ def with_warm_row(variants: list[Variant], smoke: bool) -> list[Variant]:
     return variants[:i] + [warm] + variants[i:]
 
 
+def rows_to_run(variants: list[Variant], only: set[str], warm: bool, smoke: bool) -> list[Variant]:
+    """--only first, then the warm row, a copy of the first row that runs (run 20's `--only lowest_memory` was warmed
+    by a discarded `fastest`, the plan's first row)."""
+    kept = [v for v in variants if not only or v.name in only or v.name.endswith("-discarded")]
+    return with_warm_row(kept, smoke) if warm else kept
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.product")
     ap.add_argument("--out", required=True)
@@ -430,10 +437,8 @@ def main(argv=None) -> int:
     rows = []
     # MoE rows load for minutes and compare memory, not speed across calls: no discarded warm row; nor the preference
     # plans (dpo*), whose script row, first, warms the machine within one call's time
-    for v in (variants if args.plan.startswith(("moe", "dpo")) or args.no_warm_row
-              else with_warm_row(variants, smoke)):
-        if only and v.name not in only and not v.name.endswith("-discarded"):
-            continue
+    warm = not (args.plan.startswith(("moe", "dpo")) or args.no_warm_row)
+    for v in rows_to_run(variants, only, warm, smoke):
         left = args.budget_s - (time.time() - t0)
         if left < min(v.timeout_s, 60):
             rows.append({"name": v.name, "rc": f"skipped: {left:.0f} s left of the budget"})

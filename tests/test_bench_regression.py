@@ -1,7 +1,7 @@
 """bench/product.py's check against the last figures (issue 42): a preset row more than 5% slower than its last
 same-call ratio to the chapter's script is flagged; warm rows, other trees and other settings are not compared."""
 
-from bench.product import compared, say_compared, with_warm_row
+from bench.product import compared, rows_to_run, say_compared, with_warm_row
 from bench.product_plans import Variant
 
 LAST = {"fastest": {"tokens_per_s": 10736, "vs_chapter": 35.5, "section": "Run 10", "date": "2026-12-02"},
@@ -41,3 +41,10 @@ def test_the_first_preset_row_gets_a_discarded_warm_copy_once():
     assert [v.name for v in rows] == ["chapter-script", "fastest-discarded", "fastest"]
     assert rows[1].sets == ["validation_share=0"] and rows[1].steps < rows[2].steps
     assert with_warm_row(rows, smoke=False) == rows and with_warm_row(plan, smoke=True) == plan
+
+
+def test_only_picks_the_rows_before_the_warm_row_copies_the_first_of_them():
+    plan = [Variant("chapter-script"), Variant("fastest", "fastest"), Variant("lowest_memory", "lowest_memory")]
+    rows = rows_to_run(plan, {"lowest_memory"}, warm=True, smoke=False)
+    assert [v.name for v in rows] == ["lowest_memory-discarded", "lowest_memory"]
+    assert [v.name for v in rows_to_run(plan, set(), warm=False, smoke=False)] == [v.name for v in plan]
