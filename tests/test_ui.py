@@ -86,6 +86,19 @@ def test_every_listener_that_writes_the_form_waits_in_one_queue(page):
     assert not apart, apart
 
 
+def test_an_edit_made_while_the_last_one_waits_is_sent_after_it_not_dropped(page):
+    """Gradio drops an `input` (or blur, submit) made while the same box's previous one is pending ("once"): on a
+    busy server a box typed twice showed the first value's summary and estimate for good (CI: the schedule chip never
+    showed the typed max_steps), and a checklist box clicked twice showed the second state over the first's settings."""
+    form = page.memtune_form
+    boxes = {c._id for c in [*form.fields.values(), *form.checks.values(), form.preset]}
+    fns = list(page.fns.values()) if isinstance(page.fns, dict) else list(page.fns)
+    typed = [f for f in fns if any(t[0] in boxes and t[1] in ("input", "blur", "submit") for t in f.targets)]
+    assert len(typed) > len(form.fields)  # every field's input, the text boxes' blur and submit, the checklist
+    dropped = sorted({t[1] for f in typed for t in f.targets if f.trigger_mode != "always_last"})
+    assert not dropped, dropped
+
+
 def test_no_event_has_two_listeners_that_write_the_form(page):
     """Gradio's page sends one event's listeners one after another, each once the one before has FINISHED: a second
     listener on an event joins the form's queue late, after a Preview (or any edit) made meanwhile, and overwrites it

@@ -444,6 +444,9 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
     """The settings' events: each handler bound to the form, the fields' values as its last inputs."""
     inputs, FIELDS = form.inputs, form.fields
     quiet = dict(show_progress="hidden", queue=True, **FORM_QUEUE)  # every listener below writes the form
+    # An edit made while the same box's previous event still waits in the queue is sent once that one ends, not
+    # dropped (Gradio's default for `input`, "once"): the summary and the estimate describe the last value typed.
+    typed = dict(quiet, trigger_mode="always_last")
     def changed(lg: str, memory: dict, *values):  # the boxes' memory too: the checklist's savings depend on it
         return handlers.on_fields_changed(form, lg, *values, memory=memory)
 
@@ -458,22 +461,22 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
         # clear that newer preview.
         if name in STALE_WHEN_EDITED:
             comp.input(edited, inputs=[lang, form.check_memory, form.preview, *inputs],
-                       outputs=form.derived_outputs + form.stale, **quiet)
+                       outputs=form.derived_outputs + form.stale, **typed)
         else:
-            comp.input(changed, inputs=asked, outputs=form.derived_outputs, **quiet)
+            comp.input(changed, inputs=asked, outputs=form.derived_outputs, **typed)
         if isinstance(comp, (gr.Textbox, gr.Dropdown)):  # a paste may not fire `input`; leaving the box does
-            comp.blur(changed, inputs=asked, outputs=form.derived_outputs, **quiet)
+            comp.blur(changed, inputs=asked, outputs=form.derived_outputs, **typed)
             if isinstance(comp, gr.Textbox):
-                comp.submit(changed, inputs=asked, outputs=form.derived_outputs, **quiet)
+                comp.submit(changed, inputs=asked, outputs=form.derived_outputs, **typed)
     FIELDS["stage"].change(stage_fields_shown, inputs=[FIELDS["stage"]], outputs=[FIELDS[n] for n in STAGE_FIELDS],
                            **quiet)  # .change: a loaded config or the demo button shows or hides them too
     FIELDS["model"].change(handlers.on_model_check, inputs=[lang, FIELDS["model"]], outputs=[FIELDS["model"]],
                            **quiet)
     for key, box in form.checks.items():
         box.input(partial(handlers.on_checklist, form, key), inputs=[lang, box, form.check_memory, *inputs],
-                  outputs=form.outputs, **quiet)
+                  outputs=form.outputs, **typed)
     form.preset.input(partial(handlers.on_preset_lever, form), inputs=[lang, form.preset, *inputs],
-                      outputs=form.outputs + form.stale, **quiet)
+                      outputs=form.outputs + form.stale, **typed)
     for btn, kind in ((demo_btn, "demo"), (chapter_btn, "chapter")):
         btn.click(partial(handlers.on_start_from, form, kind), inputs=[lang], outputs=form.outputs + form.stale,
                   **quiet)
