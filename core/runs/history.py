@@ -382,9 +382,9 @@ def preference_config(run_dir: str | Path, is_running: IsRunning | None = None,
     for DPO/KTO, keeps TRL's frozen copy of it as the reference), a fresh run name, no resume_from, and what a
     preference stage cannot use switched off: packing (the preset's levers for `stage`, presets.for_stage),
     keep_best and early stopping (they need a validation part the new pairs may lack: the user turns them back on),
-    a lora_init that moves the base (the saved adapter is already
-    plain LoRA on the original base, and its shape comes from its adapter_config.json). The dataset stays: the demo's
-    is read as its preference pairs (core.data.pairs); any other must hold pairs, which the caller says.
+    a lora_init that moves the base (the saved adapter is already plain LoRA on the original base, and its shape
+    comes from its adapter_config.json). The dataset stays: the demo's is read as its preference pairs
+    (core.data.pairs); any other must hold pairs, which the caller says.
 
     Refused (HistoryError carrying a core.messages.Said) for a run that is running, has no saved adapter, or is
     itself a preference run. Every memtune run trains a LoRA adapter (there is no full fine-tune to refuse)."""
