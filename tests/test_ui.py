@@ -138,6 +138,47 @@ def test_an_edit_clears_only_a_preview_made_for_other_settings(page, tmp_path):
     assert edit.fn("en", {}, "", *new)[form.preview] == ""
 
 
+def test_a_preview_is_made_outside_the_forms_queue_and_shown_from_it(page):
+    """A Preview reads the data and the model's tokenizer (from the Hub too: minutes). In the form's queue it held
+    every page's edits, loads and language switches behind it, on a Space every visitor's. It is made in a queue of its
+    own into the session's state; one step in the form's queue, chained after it, puts it on screen."""
+    from ui.form import FORM_QUEUE, PREVIEW_QUEUE, shown_if_current
+
+    form = page.memtune_form
+    fns = list(page.fns.values()) if isinstance(page.fns, dict) else list(page.fns)
+    button = next(b for b in page.blocks.values() if b.elem_id == "preview-btn")
+    made = [f for f in fns if (button._id, "click") in [tuple(t[:2]) for t in f.targets]]
+    assert len(made) == 1 and made[0].concurrency_id == PREVIEW_QUEUE["concurrency_id"] != FORM_QUEUE["concurrency_id"]
+    assert [type(c) for c in made[0].outputs] == [gr.State]  # nothing on screen: no edit waits for it
+    assert [c._id for c in made[0].show_progress_on] == [form.preview._id]  # but the box shows it is coming
+    shown = [f for f in fns if f.trigger_after == made[0]._id]
+    assert len(shown) == 1 and shown[0].fn is shown_if_current and shown[0].trigger_only_on_success
+    assert shown[0].concurrency_id == FORM_QUEUE["concurrency_id"] and shown[0].outputs == [form.preview]
+    assert shown[0].inputs[1] is made[0].outputs[0]
+
+
+def test_a_made_preview_goes_on_screen_only_while_it_describes_the_form(tmp_path, demo_model_path):
+    """The form's step after a Preview: the preview goes on screen when the settings and the language on screen are
+    the ones it was made for; otherwise nothing changes (the edit made meanwhile cleared the old one, and a newer
+    preview already on screen must not be wiped by an older one that finished after it)."""
+    from ui.form import shown_if_current
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"instruction": f"Say {w}", "response": w}) + "\n" for w in "abc"))
+    before, after = widget_values(demo_config()), widget_values(demo_config(dataset=str(rows)))
+    made = data.on_preview("en", *after)
+    assert "3 of 3 rows train" in made
+    assert shown_if_current("en", made, *after) == made
+    assert isinstance(shown_if_current("en", made, *before), type(gr.skip()))  # the dataset was edited since
+    assert isinstance(shown_if_current("pt", made, *after), type(gr.skip()))  # the language was switched since
+    assert isinstance(shown_if_current("en", "", *after), type(gr.skip()))
+    bad = list(after)
+    bad[FIELD_NAMES.index("max_length")] = "many"
+    refused = data.on_preview("en", *bad)  # settings that make no config: their problems are the preview
+    assert "max_length" in refused and shown_if_current("en", refused, *bad) == refused
+    assert isinstance(shown_if_current("en", refused, *after), type(gr.skip()))
+
+
 def test_new_settings_redraw_the_gauge_at_once_not_at_the_next_tick(page):
     """Every handler that changes the settings writes the prediction state; its change runs the poll itself, so the
     gauge shows the new predicted peak when the summary does (a checklist click moved it up to a second later)."""

@@ -163,9 +163,9 @@ def _lora_line(cfg: TrainConfig, lang: str, tree: Any = None) -> str:
 
 def on_preview(lang: str, *values) -> str:
     cfg, problems = collect(values_dict(values))
-    if cfg is None:
-        return render.problems_html(problems, t("preview.cannot", lang), lang)
-    return marked(shown(preview(cfg, lang)), cfg)  # public mode: the engine's messages name the visitor's `uploads/x`
+    if cfg is None:  # tagged too: the form's step after a Preview shows only what describes the form on screen
+        return marked(render.problems_html(problems, t("preview.cannot", lang), lang), values, lang)
+    return marked(shown(preview(cfg, lang)), cfg, lang)  # public mode: the engine's messages name the visitor's `uploads/x`
 
 
 def upload_name(file_path: str | Path) -> str:
@@ -225,4 +225,4 @@ def on_upload(form: Form, lang: str, file_path, *values) -> Updates:
     cfg, problems = collect(vals)
     if cfg is None:
         return {form.preview: render.problems_html(problems, t("preview.cannot", lang), lang)}
-    return {**apply_config(form, cfg, lang), form.preview: marked(shown(preview(cfg, lang)), cfg)}
+    return {**apply_config(form, cfg, lang), form.preview: marked(shown(preview(cfg, lang)), cfg, lang)}

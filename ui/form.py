@@ -31,6 +31,10 @@ Updates = dict[Any, Any]  # component -> new value or gr.update(...)
 # (Gradio's default: one per function) a slower older event, the page's load or a language switch, could finish
 # after a newer edit and put the settings it read back on screen.
 FORM_QUEUE = {"concurrency_id": "form", "concurrency_limit": 1}
+# A Preview reads the data and the model's tokenizer and config, from the Hub too: seconds to minutes. In the form's
+# queue it held every page's edits, loads and language switches behind it (on a Space, every visitor's). It is made in
+# a queue of its own and put on screen by a second step in the form's queue (ui/layout.py: wire_form).
+PREVIEW_QUEUE = {"concurrency_id": "preview", "concurrency_limit": 2}
 
 
 @dataclass(eq=False)
@@ -92,21 +96,29 @@ def values_dict(values) -> dict[str, Any]:
     return dict(zip(FIELD_NAMES, values))
 
 
-def settings_mark(values: Any) -> str:
-    """A short fingerprint of the settings a notice was made for: a config, or the widgets' values (collected)."""
+def settings_mark(values: Any, lang: str) -> str:
+    """A short fingerprint of the settings a notice was made for, and of its language: a config, or the widgets'
+    values (collected; as they are when they do not make a config)."""
     cfg = values if isinstance(values, TrainConfig) else collect(values_dict(values))[0]
     said = json.dumps(cfg.to_dict(), sort_keys=True, default=str) if cfg is not None else repr(list(values))
-    return hashlib.sha256(said.encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{lang}\n{said}".encode()).hexdigest()[:16]
 
 
-def marked(html: str, settings: Any) -> str:
+def marked(html: str, settings: Any, lang: str) -> str:
     """`html` tagged with the settings it describes: an edit's handler then clears it only when they differ, whichever
     of the edit and the click that made it reaches the form's queue first."""
-    return f'<div data-settings="{settings_mark(settings)}">{html}</div>'
+    return f'<div data-settings="{settings_mark(settings, lang)}">{html}</div>'
 
 
-def still_describes(html: Any, values: Any) -> bool:
-    return isinstance(html, str) and html.startswith(f'<div data-settings="{settings_mark(values)}">')
+def still_describes(html: Any, values: Any, lang: str) -> bool:
+    return isinstance(html, str) and html.startswith(f'<div data-settings="{settings_mark(values, lang)}">')
+
+
+def shown_if_current(lang: str, made: Any, *values) -> Any:
+    """A Preview's second step, in the form's queue: the preview just made goes on screen when it describes the
+    settings and language on screen now. Otherwise nothing changes: an edit made meanwhile has cleared what it
+    replaced, and a newer preview already shown stays (an older one that finished later must not wipe it)."""
+    return made if still_describes(made, values, lang) else gr.skip()
 
 
 def read_config(values) -> tuple[TrainConfig | None, list[Problem]]:

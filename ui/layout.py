@@ -34,8 +34,8 @@ from ui.data import DATA_TYPES, on_preview, on_upload
 from ui.derive import (DEFAULT_BUDGET_GIB, hardware, initial_config, prediction, preset_choices, preset_descriptions,
                        preset_of)
 from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
-from ui.form import (FORM_QUEUE, Form, confirm_box, derived, facts_for, merged, prediction_state, read_config,
-                     still_describes)
+from ui.form import (FORM_QUEUE, PREVIEW_QUEUE, Form, confirm_box, derived, facts_for, merged, prediction_state,
+                     read_config, shown_if_current, still_describes)
 from ui.live import LivePanel, live_update, loss_frame, read_gpus, reward_frame
 from ui.state import AppState
 from ui.theme import GRADIO_LOCALE_JS, GRADIO_LOCALES, TABS_KW
@@ -451,7 +451,7 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
         return handlers.on_fields_changed(form, lg, *values, memory=memory)
 
     def edited(lg: str, memory: dict, preview: str, *values):  # a user's edit (not a handler's own update, e.g. Fit)
-        gone = [c for c in form.stale if c is not form.preview or not still_describes(preview, values)]
+        gone = [c for c in form.stale if c is not form.preview or not still_describes(preview, values, lg)]
         return {**changed(lg, memory, *values), **dict.fromkeys(gone, "")}  # what described the old value goes
 
     asked = [lang, form.check_memory, *inputs]
@@ -483,8 +483,12 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
     refresh_btn.click(lambda m, d: (gr.update(choices=model_choices(m)), gr.update(choices=dataset_choices(d))),
                       inputs=[FIELDS["model"], FIELDS["dataset"]], outputs=[FIELDS["model"], FIELDS["dataset"]],
                       **FORM_QUEUE)
-    # In the form's queue too: the edit typed before the click clears the old preview first, not after this one.
-    preview_btn.click(on_preview, inputs=[lang, *inputs], outputs=[form.preview], **FORM_QUEUE)
+    # Made in its own queue (PREVIEW_QUEUE: no page's edits wait behind it), kept in the session's state, then put on
+    # screen from the form's queue, where the edits are: only if it still describes the form (shown_if_current).
+    made = gr.State("")
+    preview_btn.click(on_preview, inputs=[lang, *inputs], outputs=[made], show_progress_on=[form.preview],
+                      **PREVIEW_QUEUE
+                      ).success(shown_if_current, inputs=[lang, made, *inputs], outputs=[form.preview], **quiet)
     upload.upload(partial(on_upload, form), inputs=[lang, upload, *inputs], outputs=form.outputs + [form.preview],
                   **FORM_QUEUE)
     save_btn.click(partial(handlers.on_save_config, form), inputs=[lang, cfg_name, *inputs],

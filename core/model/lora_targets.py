@@ -16,6 +16,7 @@ peft gets the resolved leaf names, so the adapter_config.json it writes lists wh
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,13 +198,19 @@ def resolve(requested: list[str], linear: dict[str, list[tuple[int, int]]], rank
     return Targets(order, layers, trainable, mapped, list(linear))
 
 
+# transformers builds a model under process-wide switches (torch's default dtype; accelerate's init_empty_weights
+# patches nn.Module.register_parameter): two trees built at once by the app's threads (a Preview beside an edit's
+# estimate, core/model/shapes.py) would each be built under the other's. One at a time, in every builder here.
+TREE_LOCK = threading.RLock()
+
+
 def skeleton(path: str, trust_remote_code: bool = False):
     """The model at `path` (a folder or Hub snapshot) as a module tree on the meta device: no weights, no memory."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    with init_empty_weights():
+    with TREE_LOCK, init_empty_weights():
         return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
 
 

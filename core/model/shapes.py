@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config.settings import DEMO_MODEL
+from core.model.lora_targets import TREE_LOCK
 
 
 class ShapeError(ValueError):
@@ -341,7 +342,7 @@ def _shape_from_json(text: str) -> "ModelShape":
     values = {k: v for k, v in data.items() if k not in ("model_type", "architectures", "auto_map")}
     config = AutoConfig.for_model(data["model_type"], **values)
     text_cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
-    with torch.device("meta"):
+    with TREE_LOCK, torch.device("meta"):  # the app builds trees in several threads: one at a time
         model = AutoModelForCausalLM.from_config(config)
     stored, numbers = _count_meta(model, text_cfg)
     if stored.largest_expert and not _stacks_experts(str(config.model_type)):
