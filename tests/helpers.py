@@ -86,3 +86,20 @@ def tree_hash(path: Path) -> str:
         else:
             h.update(b"D")
     return h.hexdigest()
+
+
+def upload_as_the_page_does(form, lang: str, file_path, values: list) -> dict:
+    """An upload through the steps the page chains (ui/layout.py wire_form): the file checked (ui.data.on_upload),
+    the form told (on_uploaded), the preview made for the form as it then is (preview_upload) and put on screen when
+    it still describes it (shown_if_current). {component: what the page ends up showing} for what the form's step
+    wrote, the preview's last word included."""
+    from ui.data import on_upload, on_uploaded, preview_upload
+    from ui.fields import FIELD_NAMES
+    from ui.form import shown_if_current
+
+    arrived = on_upload(lang, file_path, *values)
+    told = on_uploaded(form, lang, arrived, *values)
+    now = [told.get(form.fields[n], v) for n, v in zip(FIELD_NAMES, values)]
+    now = [v["value"] if isinstance(v, dict) and "value" in v else v for v in now]
+    shown = shown_if_current(lang, preview_upload(lang, arrived, *now), *now)
+    return {**told, form.preview: shown} if isinstance(shown, str) else told

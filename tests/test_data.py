@@ -710,7 +710,7 @@ def test_preview_shows_the_plans_counts_and_a_bounded_page(tmp_path, demo_model_
 
 
 def test_a_rejected_upload_keeps_the_previous_dataset(tmp_path, monkeypatch, demo_model_path):
-    from ui.data import on_upload
+    from tests.helpers import upload_as_the_page_does
     from ui.layout import build_ui
 
     form = build_ui(demo_config()).memtune_form
@@ -718,13 +718,13 @@ def test_a_rejected_upload_keeps_the_previous_dataset(tmp_path, monkeypatch, dem
     good = tmp_path / "in" / "rows.jsonl"
     good.parent.mkdir()
     write_jsonl(good, [DOLLY] * 3)
-    out = on_upload(form, "en", str(good), *widget_values(demo_config()))
+    out = upload_as_the_page_does(form, "en", str(good), widget_values(demo_config()))
     stored = out[form.fields["dataset"]]
     assert Path(stored).name == "rows.jsonl" and "Format: dolly" in out[form.preview]
     broken = tmp_path / "again" / "rows.jsonl"  # same name, broken: must not replace the stored good file
     broken.parent.mkdir()
     broken.write_text('{"instruction": "a", "response": "b"}\n{"instruction": "cut\n', encoding="utf-8")
-    out = on_upload(form, "en", str(broken), *widget_values(demo_config(dataset=stored)))
+    out = upload_as_the_page_does(form, "en", str(broken), widget_values(demo_config(dataset=stored)))
     assert list(out) == [form.preview]  # no field changes: the dataset stays the previous one
     note = out[form.preview]
     assert "Upload not used" in note and f"The dataset stays {stored}" in note and "rows.jsonl" in note

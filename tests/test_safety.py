@@ -669,7 +669,8 @@ def test_public_uploads_work_and_each_visitor_sees_only_their_own(public, tmp_pa
     """SPACE_ID set: an upload is used (it was refused as "a path on the server"), kept in the visitor's own
     folder; another visitor's typed path to it, or to the shared folder, is refused; runs are per visitor too."""
     from core.runs import public as pub
-    from ui.data import on_preview, on_upload
+    from tests.helpers import upload_as_the_page_does
+    from ui.data import on_preview
     from ui.fields import FIELD_NAMES
     from ui.form import read_config
     from ui.layout import build_ui
@@ -684,7 +685,7 @@ def test_public_uploads_work_and_each_visitor_sees_only_their_own(public, tmp_pa
     data = tmp_path / "gradio-tmp" / "pairs.jsonl"  # where Gradio puts an upload: outside memtune's folders
     data.parent.mkdir()
     data.write_text("".join(json.dumps({"instruction": f"Say {w}", "response": w}) + "\n" for w in "abc"))
-    res = on_upload(form, "en", str(data), *values)
+    res = upload_as_the_page_does(form, "en", str(data), values)
     box = res[form.fields["dataset"]]["value"] if isinstance(res[form.fields["dataset"]], dict) \
         else res[form.fields["dataset"]]
     assert box == "uploads/pairs.jsonl"  # the page names it in the visitor's space, never the server's path

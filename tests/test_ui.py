@@ -23,6 +23,7 @@ from ui import data, derive, handlers, history, live, render, tryexport
 from ui.fields import FIELD_NAMES, collect, to_values
 from ui.layout import browser_language, build_ui
 from tests.chapter import CHAPTER_FR, CHAPTER_PT
+from tests.helpers import upload_as_the_page_does
 from tests.tiny_child import GO_FILE, TINY_CHILD
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,8 +109,9 @@ def test_no_event_has_two_listeners_that_write_the_form(page):
     from ui.form import FORM_QUEUE
 
     fns = list(page.fns.values()) if isinstance(page.fns, dict) else list(page.fns)
-    in_queue = [f for f in fns if f.concurrency_id == FORM_QUEUE["concurrency_id"]]
-    assert len(in_queue) > 20  # the fields' edits, the checklist, presets, Preview, the language...
+    # a chained step (a Preview's or an upload's `.success`) follows its own step, not the user's event
+    in_queue = [f for f in fns if f.concurrency_id == FORM_QUEUE["concurrency_id"] and f.trigger_after is None]
+    assert len(in_queue) > 20  # the fields' edits, the checklist, presets, the language...
     per_event = Counter((t[0], t[1]) for f in in_queue for t in f.targets)
     ids = {b._id: b.elem_id for b in page.blocks.values()}
     twice = sorted((ids.get(target), event) for (target, event), n in per_event.items() if n > 1)
@@ -155,6 +157,17 @@ def test_a_preview_is_made_outside_the_forms_queue_and_shown_from_it(page):
     assert len(shown) == 1 and shown[0].fn is shown_if_current and shown[0].trigger_only_on_success
     assert shown[0].concurrency_id == FORM_QUEUE["concurrency_id"] and shown[0].outputs == [form.preview]
     assert shown[0].inputs[1] is made[0].outputs[0]
+    # An upload (a large file takes a while to read): checked in the preview's queue, told to the form in the form's,
+    # then previewed and shown as above.
+    box = next(b for b in page.blocks.values() if b.elem_id == "data-upload")
+    step = next(f for f in fns if (box._id, "upload") in [tuple(t[:2]) for t in f.targets])
+    queues, outputs = [], []
+    while step is not None:
+        queues.append(step.concurrency_id)
+        outputs.append([type(c).__name__ for c in step.outputs if c is not form.preview][:1])
+        step = next((f for f in fns if f.trigger_after == step._id), None)
+    assert queues == ["preview", "form", "preview", "form"], queues
+    assert outputs[0] == outputs[2] == ["State"] and outputs[3] == [] and len(outputs[1]) == 1  # the form's fields
 
 
 def test_a_made_preview_goes_on_screen_only_while_it_describes_the_form(tmp_path, demo_model_path):
@@ -512,13 +525,13 @@ def test_upload_sets_the_dataset_and_previews(tmp_path, monkeypatch, demo_model_
     monkeypatch.setenv("MEMTUNE_HOME", str(tmp_path / "home"))
     f = tmp_path / "my data.jsonl"
     f.write_text("\n".join('{"text": "hello world %d"}' % i for i in range(5)) + "\n")
-    out = data.on_upload(form, "en", str(f), *widget_values(demo_config()))
+    out = upload_as_the_page_does(form, "en", str(f), widget_values(demo_config()))
     cfg = as_config(form, out)
     assert Path(cfg.dataset).name == "my_data.jsonl" and Path(cfg.dataset).is_file() and cfg.dataset_split == "train"
     assert "Format: text" in out[form.preview]
     exe = tmp_path / "x.exe"
     exe.write_text("MZ")
-    assert "Upload not used" in data.on_upload(form, "en", str(exe), *widget_values(demo_config()))[form.preview]
+    assert "Upload not used" in upload_as_the_page_does(form, "en", str(exe), widget_values(demo_config()))[form.preview]
 
 
 # --- rendering ---------------------------------------------------------------------------------------------------

@@ -192,17 +192,21 @@ def store_upload(file_path: str) -> Path:
     return Path(shutil.move(incoming, incoming.with_name(upload_name(file_path))))
 
 
-def on_upload(form: Form, lang: str, file_path, *values) -> Updates:
-    """Use an uploaded data file, or, when it is unusable, say why and keep the dataset that was selected."""
+# An upload is four steps (ui/layout.py: wire_form): the file copied and read in the preview's queue (a large file takes
+# a while: no page's edits wait behind it), the form told in the form's queue, then its preview made and shown as a
+# Preview click's is.
+def on_upload(lang: str, file_path, *values) -> dict[str, str] | None:
+    """Check an uploaded data file into the upload folder. What arrived, for the form's step (on_uploaded):
+    {"dataset": the file as the page names it} or {"refused": why, saying that the selected dataset stays}."""
     if not file_path:
-        return gr.skip()
+        return None
     from core.data.plan import DataError, check_data
 
     previous = values_dict(values).get("dataset") or ""
 
-    def rejected(msg: str) -> Updates:
+    def rejected(msg: str) -> dict[str, str]:
         kept = t("data.upload_kept", lang, dataset=previous)
-        return {form.preview: error_box(t("data.upload_not_used", lang), f"{msg}\n\n{kept}")}
+        return {"refused": error_box(t("data.upload_not_used", lang), f"{msg}\n\n{kept}")}
 
     if Path(file_path).suffix.lower() not in DATA_TYPES:
         return rejected(t("data.bad_type", lang, name=Path(file_path).name, types=", ".join(DATA_TYPES)))
@@ -220,9 +224,24 @@ def on_upload(form: Form, lang: str, file_path, *values) -> Updates:
     except OSError as exc:
         incoming.unlink(missing_ok=True)
         return rejected(str(exc))
+    return {"dataset": shown(str(dest))}
+
+
+def on_uploaded(form: Form, lang: str, arrived: dict[str, str] | None, *values) -> Updates:
+    """The form's step: the uploaded file becomes the dataset (whole, its format detected) and the old preview goes;
+    a refused upload leaves every field as it was and says why in the preview's place."""
+    if not arrived:
+        return gr.skip()
+    if "refused" in arrived:
+        return {form.preview: arrived["refused"]}
     vals = values_dict(values)
-    vals.update(dataset=shown(str(dest)), dataset_split="train", dataset_format="auto")
+    vals.update(dataset=arrived["dataset"], dataset_split="train", dataset_format="auto")
     cfg, problems = collect(vals)
     if cfg is None:
         return {form.preview: render.problems_html(problems, t("preview.cannot", lang), lang)}
-    return {**apply_config(form, cfg, lang), form.preview: marked(shown(preview(cfg, lang)), cfg, lang)}
+    return {**apply_config(form, cfg, lang), form.preview: ""}
+
+
+def preview_upload(lang: str, arrived: dict[str, str] | None, *values) -> str:
+    """The preview of the form as the upload left it (on_preview); none after a refusal, whose notice stays."""
+    return on_preview(lang, *values) if arrived and "dataset" in arrived else ""

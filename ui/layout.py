@@ -30,7 +30,7 @@ from core.i18n import DEFAULT_LANGUAGE, language_choices, request_language, t
 from core.jobs.view import job_view
 from ui import handlers, render
 from ui.after import build_tabs
-from ui.data import DATA_TYPES, on_preview, on_upload
+from ui.data import DATA_TYPES, on_preview, on_upload, on_uploaded, preview_upload
 from ui.derive import (DEFAULT_BUDGET_GIB, hardware, initial_config, prediction, preset_choices, preset_descriptions,
                        preset_of)
 from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
@@ -489,8 +489,15 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
     preview_btn.click(on_preview, inputs=[lang, *inputs], outputs=[made], show_progress_on=[form.preview],
                       **PREVIEW_QUEUE
                       ).success(shown_if_current, inputs=[lang, made, *inputs], outputs=[form.preview], **quiet)
-    upload.upload(partial(on_upload, form), inputs=[lang, upload, *inputs], outputs=form.outputs + [form.preview],
-                  **FORM_QUEUE)
+    # An upload likewise: read and checked in the preview's queue, told to the form in the form's, then previewed.
+    arrived = gr.State(None)
+    upload.upload(on_upload, inputs=[lang, upload, *inputs], outputs=[arrived], show_progress_on=[form.preview],
+                  **PREVIEW_QUEUE
+                  ).success(partial(on_uploaded, form), inputs=[lang, arrived, *inputs],
+                            outputs=form.outputs + [form.preview], **quiet
+                  ).success(preview_upload, inputs=[lang, arrived, *inputs], outputs=[made],
+                            show_progress_on=[form.preview], **PREVIEW_QUEUE
+                  ).success(shown_if_current, inputs=[lang, made, *inputs], outputs=[form.preview], **quiet)
     save_btn.click(partial(handlers.on_save_config, form), inputs=[lang, cfg_name, *inputs],
                    outputs=[form.config_notice, form.config_list])
     load_btn.click(partial(handlers.on_load_config, form), inputs=[lang, form.config_list],
