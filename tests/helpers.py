@@ -101,5 +101,5 @@ def upload_as_the_page_does(form, lang: str, file_path, values: list) -> dict:
     told = on_uploaded(form, lang, arrived, *values)
     now = [told.get(form.fields[n], v) for n, v in zip(FIELD_NAMES, values)]
     now = [v["value"] if isinstance(v, dict) and "value" in v else v for v in now]
-    shown = shown_if_current(lang, preview_upload(lang, arrived, *now), *now)
+    shown = shown_if_current(lang, preview_upload(lang, arrived, None, *now), *now)  # None: no progress bar
     return {**told, form.preview: shown} if isinstance(shown, str) else told

@@ -151,6 +151,7 @@ def test_a_preview_is_made_outside_the_forms_queue_and_shown_from_it(page):
     button = next(b for b in page.blocks.values() if b.elem_id == "preview-btn")
     made = [f for f in fns if (button._id, "click") in [tuple(t[:2]) for t in f.targets]]
     assert len(made) == 1 and made[0].concurrency_id == PREVIEW_QUEUE["concurrency_id"] != FORM_QUEUE["concurrency_id"]
+    assert made[0].fn is data.make_preview
     assert [type(c) for c in made[0].outputs] == [gr.State]  # nothing on screen: no edit waits for it
     assert [c._id for c in made[0].show_progress_on] == [form.preview._id]  # but the box shows it is coming
     shown = [f for f in fns if f.trigger_after == made[0]._id]
@@ -512,6 +513,21 @@ def test_field_problems_name_the_fields():
 def test_preview_shows_examples_and_histogram(demo_model_path):
     html = data.on_preview("en", *widget_values(demo_config()))
     assert "Format: dolly" in html and "<svg" in html and "max_length 64" in html
+
+
+def test_the_preview_says_what_it_reads_then_how_far_the_tokenizing_is(tmp_path, demo_model_path):
+    """A large dataset's preview takes a minute (300,000 rows: ~50 s, most of it tokenizing): the preview's bar says
+    what it does and how far it is, in the page's language, as Gradio's gr.Progress is called."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"instruction": f"Say {i}", "response": str(i)}) + "\n" for i in range(2500)))
+    heard = []
+    html = data.make_preview("pt", lambda p, desc=None, **kw: heard.append((p, desc)),
+                             *widget_values(demo_config(dataset=str(rows))))
+    assert "2375 of 2375" in html or "2375 de 2375" in html  # 5% held out for validation, the rest planned
+    assert heard[0] == (0, "A ler os dados")
+    tokenizing = [p for p, desc in heard if desc == "A tokenizar cada linha como o treino fará"]
+    # prompt + completion, then the prompts alone, 1,000 texts a batch: 2 x 2,375 texts in 6 batches
+    assert len(tokenizing) == 6 and tokenizing == sorted(tokenizing) and tokenizing[-1] == 1.0, heard
 
 
 def test_format_errors_are_shown_in_place(tmp_path, demo_model_path):

@@ -51,17 +51,20 @@ def _tokenizer(model: str, trust_remote_code: bool):
     return load_tokenizer(TrainConfig(model=model, trust_remote_code=trust_remote_code))
 
 
-def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
+def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE, progress: Any = None) -> str:
     """The data plan (counts per outcome, histogram, rows as they train), or the engine's message in place.
 
     The file is read and checked first, without a tokenizer: an empty, non-UTF-8 or malformed file is reported
-    as such even when the model's tokenizer cannot be loaded."""
+    as such even when the model's tokenizer cannot be loaded. `progress`: a gr.Progress (the preview's bar: what it
+    reads, then how much of the tokenizing is done), or None."""
     from core.data.plan import DataError, check_data, plan_rows
     from core.model.load import ModelError
 
     if cfg.stage != "sft":  # a preference stage's pairs, as the run plans them (its held-out pairs apart)
         return pairs_preview(cfg, lang)
+    said = progress if progress is not None else (lambda *a, **k: None)
     try:
+        said(0, desc=t("preview.reading", lang))  # (None would hide the words: Gradio shows a bare spinner)
         raw, fmt = check_data(cfg)
     except DataError as exc:
         return error_box(t("preview.data_error", lang), render.error_text(exc, lang))
@@ -78,7 +81,9 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
         held = split(cfg, raw, fmt)  # as the engine does: held-out rows are not in the plan
         # the run's own changes for this model (unpacked rows...) first, from its meta-device tree, built once here
         cfg, model_lines, tree = _model_lines(cfg, lang)
-        plan = plan_rows(cfg, tokenizer, held.train, fmt, n_examples=3)
+        words = t("preview.tokenizing", lang)
+        plan = plan_rows(cfg, tokenizer, held.train, fmt, n_examples=3,
+                         progress=lambda done, total: said(done / max(total, 1), desc=words))
         plan.notes = [render.log_text(n, lang) for n in plan.notes]  # the plan's notes are the run log's lines
         if plan.multi_turn:  # every assistant turn accounted for (core/data/plan.py)
             plan.notes.append(t("preview.turns", lang, n=sum(plan.turns.values()), **plan.turns))
@@ -161,11 +166,18 @@ def _lora_line(cfg: TrainConfig, lang: str, tree: Any = None) -> str:
         return t("preview.lora_unknown", lang, error=f"{type(exc).__name__}: {exc}")
 
 
-def on_preview(lang: str, *values) -> str:
+def on_preview(lang: str, *values, progress: Any = None) -> str:
     cfg, problems = collect(values_dict(values))
     if cfg is None:  # tagged too: the form's step after a Preview shows only what describes the form on screen
         return marked(render.problems_html(problems, t("preview.cannot", lang), lang), values, lang)
-    return marked(shown(preview(cfg, lang)), cfg, lang)  # public mode: the engine's messages name the visitor's `uploads/x`
+    # public mode: the engine's messages name the visitor's `uploads/x`
+    return marked(shown(preview(cfg, lang, progress)), cfg, lang)
+
+
+def make_preview(lang: str, progress=gr.Progress(), *values) -> str:  # noqa: B008 - Gradio's way to ask for a bar
+    """The Preview button's first step: on_preview, with its progress on the preview's bar (Gradio puts its
+    gr.Progress where the default stands, before the field values)."""
+    return on_preview(lang, *values, progress=progress)
 
 
 def upload_name(file_path: str | Path) -> str:
@@ -242,6 +254,6 @@ def on_uploaded(form: Form, lang: str, arrived: dict[str, str] | None, *values) 
     return {**apply_config(form, cfg, lang), form.preview: ""}
 
 
-def preview_upload(lang: str, arrived: dict[str, str] | None, *values) -> str:
-    """The preview of the form as the upload left it (on_preview); none after a refusal, whose notice stays."""
-    return on_preview(lang, *values) if arrived and "dataset" in arrived else ""
+def preview_upload(lang: str, arrived: dict[str, str] | None, progress=gr.Progress(), *values) -> str:  # noqa: B008
+    """The preview of the form as the upload left it (make_preview); none after a refusal, whose notice stays."""
+    return on_preview(lang, *values, progress=progress) if arrived and "dataset" in arrived else ""

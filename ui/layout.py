@@ -30,7 +30,7 @@ from core.i18n import DEFAULT_LANGUAGE, language_choices, request_language, t
 from core.jobs.view import job_view
 from ui import handlers, render
 from ui.after import build_tabs
-from ui.data import DATA_TYPES, on_preview, on_upload, on_uploaded, preview_upload
+from ui.data import DATA_TYPES, make_preview, on_upload, on_uploaded, preview_upload
 from ui.derive import (DEFAULT_BUDGET_GIB, hardware, initial_config, prediction, preset_choices, preset_descriptions,
                        preset_of)
 from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
@@ -486,7 +486,7 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
     # Made in its own queue (PREVIEW_QUEUE: no page's edits wait behind it), kept in the session's state, then put on
     # screen from the form's queue, where the edits are: only if it still describes the form (shown_if_current).
     made = gr.State("")
-    preview_btn.click(on_preview, inputs=[lang, *inputs], outputs=[made], show_progress_on=[form.preview],
+    preview_btn.click(make_preview, inputs=[lang, *inputs], outputs=[made], show_progress_on=[form.preview],
                       **PREVIEW_QUEUE
                       ).success(shown_if_current, inputs=[lang, made, *inputs], outputs=[form.preview], **quiet)
     # An upload likewise: read and checked in the preview's queue, told to the form in the form's, then previewed.
