@@ -547,7 +547,8 @@ def test_upload_sets_the_dataset_and_previews(tmp_path, monkeypatch, demo_model_
     assert "Format: text" in out[form.preview]
     exe = tmp_path / "x.exe"
     exe.write_text("MZ")
-    assert "Upload not used" in upload_as_the_page_does(form, "en", str(exe), widget_values(demo_config()))[form.preview]
+    refused = upload_as_the_page_does(form, "en", str(exe), widget_values(demo_config()))
+    assert "Upload not used" in refused[form.preview] and form.fields["dataset"] not in refused
 
 
 # --- rendering ---------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.config.settings import DEMO_DATASET, DEMO_PAIRS, TrainConfig
-from core.data.formats import values
+from core.data.formats import column_values
 from core.data.read import DataError, load_raw
 from core.data.validation import Split, split, val_config
 from core.messages import Said
@@ -204,7 +204,7 @@ def _plan(cfg: TrainConfig, tokenizer: Any, raw: Any, fmt: str) -> PairPlan:
     eos = tokenizer.eos_token or ""
     chat = bool(getattr(tokenizer, "chat_template", None))
     kept = [c for c in ("prompt", *answers, "label") if c in raw.column_names]
-    for row in (dict(zip(kept, row)) for row in zip(*(values(raw, c) for c in kept))):  # column slices: fast
+    for row in (dict(zip(kept, cells)) for cells in zip(*(column_values(raw, c) for c in kept))):  # column slices: fast
         if fmt == "implicit_pairs" and all(_present(row.get(a)) for a in answers):
             row = maybe_extract_prompt(row)  # TRL's: the conversation's shared start is the prompt
         if not all(_present(row.get(k)) for k in ("prompt", *answers)) or (fmt == "unpaired" and row["label"] is None):
