@@ -277,3 +277,29 @@ def test_twenty_concurrent_starts_of_one_visitor_make_one_job_and_of_twenty_visi
             assert mgr.end_now(running[0].owner) is running[0]
             assert running[0].wait(120) and not mgr.busy()
     assert len(list((tmp_path / "one").iterdir())) == 2  # one folder per job that ran, none for the queued ones
+
+
+def test_a_phase_that_says_how_far_it_is_shows_it_in_the_log_in_each_language(monkeypatch):
+    """A long data phase (300,000 rows: most of a minute tokenizing) said only its seconds; the phase is handed a
+    function to say how far it is, and its beats carry it: "(12 s, 34%)" on the CLI, in the page's language too."""
+    from core.train import callbacks
+    from ui import render
+
+    monkeypatch.setattr(callbacks, "HEARTBEAT_S", 0.01)  # a beat at once: the test waits for it, never on a clock
+    events, seen = [], threading.Event()
+
+    def sink(e):
+        events.append(e)
+        if e.get("progress") is not None:
+            seen.set()
+
+    with callbacks.phase(sink, "tokenizing", "log.phase.formatting", n=300000, format="dolly") as progressed:
+        progressed(0.34)
+        assert seen.wait(60)
+    beat = next(e for e in events if e.get("progress") is not None)
+    assert beat["progress"] == 0.34 and beat["message"].endswith(f"({beat['elapsed_s']} s, 34%)")
+    line = format_event(beat)
+    assert line.head["percent"] == 34 and line.head["seconds"] == beat["elapsed_s"]
+    assert render.log_line(line, "fr").endswith(f"de 300\u202f000 lignes (dolly) ({beat['elapsed_s']} s, 34 %)")
+    assert render.log_line(line, "pt").endswith(f"300.000 linhas (dolly) ({beat['elapsed_s']} s, 34%)")
+    assert format_event(events[0]).head["percent"] is None  # the phase's first line: no beat, no share yet

@@ -360,6 +360,8 @@ def log_line(line: str, lang: str = "en") -> str:
         name = t(f"phase.{head.get('phase')}", lang)
         name = head.get("phase") or "" if name.startswith("phase.") else name  # a phase without words: its id
         seconds = f" ({head['seconds']} s)" if head.get("seconds") is not None else ""
+        if head.get("percent") is not None:  # how far the phase is: the data's tokenizing
+            seconds = f" ({head['seconds']} s, {percent(head['percent'] / 100, lang)})"
         return f"{when}  {name}{_colon(lang) + body if body else ''}{seconds}"
     if line.kind == "log":
         return f"{when}  {t('log.warning', lang) + ' ' if head.get('warning') else ''}{body}"

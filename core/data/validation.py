@@ -105,11 +105,13 @@ def _not_in(raw: Any, val: Any) -> list[int]:
     return [i for i, row in enumerate(rows(raw)) if row not in held]
 
 
-def plan_parts(cfg: TrainConfig, tokenizer: Any, held: Split, fmt: str) -> DataPlan:
+def plan_parts(cfg: TrainConfig, tokenizer: Any, held: Split, fmt: str,
+               progress: Callable[[int, int], None] | None = None) -> DataPlan:
     """The plan of the rows that train, its validation part declared in it: what was held out (`held`, from `split`)
-    and the validation rows' own plan, made alike (formatting, truncation, every row counted)."""
+    and the validation rows' own plan, made alike (formatting, truncation, every row counted). `progress`: the
+    tokenizing of the rows that train (plan_rows), most of the work."""
     vcfg = val_config(cfg)
-    plan = plan_rows(cfg, tokenizer, held.train, fmt, n_examples=0)
+    plan = plan_rows(cfg, tokenizer, held.train, fmt, n_examples=0, progress=progress)
     val = None
     if held.val is not None:
         val = plan_rows(vcfg, tokenizer, held.val, held.val_format, n_examples=0)

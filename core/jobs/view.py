@@ -75,13 +75,17 @@ def format_event(e: dict[str, Any]) -> str | None:
         return SaidLine(f"{t}  run folder {path}", {"key": "log.run_folder", "params": {"path": str(path)}}, kind)
     if kind == "phase":
         message = e.get("message") or ""
-        seconds = None  # a heartbeat (core.train.callbacks.phase): the phase's message + " (12 s)", its key's params
+        # a heartbeat (core.train.callbacks.phase): the phase's message + " (12 s)" or, when the phase says how far
+        # it is, " (12 s, 34%)"; its key's params
+        seconds = percent = None
         if said and message != (first := say(said["key"], said.get("params"))) and message.startswith(first + " ("):
             tail = message[len(first) + 2:]
             seconds = int(tail[:-3]) if tail.endswith(" s)") and tail[:-3].isdigit() else None
+            if isinstance(e.get("progress"), (int, float)) and isinstance(e.get("elapsed_s"), int):
+                seconds, percent = e["elapsed_s"], round(100 * e["progress"])
             message = first if seconds is not None else message
         line = f"{t}  [{e.get('phase')}] {e.get('message') or ''}".rstrip()
-        return SaidLine(line, said, kind, message, phase=e.get("phase"), seconds=seconds)
+        return SaidLine(line, said, kind, message, phase=e.get("phase"), seconds=seconds, percent=percent)
     if kind == "log":
         warning = e.get("level") == "warning"
         line = f"{t}  {'WARNING ' if warning else ''}{e.get('message', '')}"

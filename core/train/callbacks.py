@@ -16,7 +16,7 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -35,24 +35,27 @@ HEARTBEAT_S = 2.0  # no phase stays silent longer than this
 
 
 @contextlib.contextmanager
-def phase(sink: EventSink, name: str, key: str, **params: Any) -> Iterator[None]:
+def phase(sink: EventSink, name: str, key: str, **params: Any) -> Iterator[Callable[[float], None]]:
     """Announce a phase (its words: locale `key` with `params`) and keep saying it is alive every few seconds until
-    it ends."""
+    it ends. The phase is handed a function to say how far it is (0 to 1): the next beats carry it ("(12 s, 34%)")."""
     said = keyed(key, **params)
     sink(make_event("phase", phase=name, progress=None, **said))
     done = threading.Event()
     start = time.monotonic()
+    share: list[float | None] = [None]
 
     def beat() -> None:
         while not done.wait(HEARTBEAT_S):
             elapsed = round(time.monotonic() - start)  # a page saying the key adds it as the English does
-            sink(make_event("phase", phase=name, progress=None, elapsed_s=elapsed,
-                            **{**said, "message": f"{said['message']} ({elapsed} s)"}))
+            part = share[0]
+            tail = f"{elapsed} s" if part is None else f"{elapsed} s, {round(100 * part)}%"
+            sink(make_event("phase", phase=name, progress=part, elapsed_s=elapsed,
+                            **{**said, "message": f"{said['message']} ({tail})"}))
 
     thread = threading.Thread(target=beat, daemon=True, name=f"memtune-heartbeat-{name}")
     thread.start()
     try:
-        yield
+        yield lambda fraction: share.__setitem__(0, min(1.0, max(0.0, fraction)))
     finally:
         done.set()
         thread.join()
