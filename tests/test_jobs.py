@@ -303,3 +303,6 @@ def test_a_phase_that_says_how_far_it_is_shows_it_in_the_log_in_each_language(mo
     assert render.log_line(line, "fr").endswith(f"de 300\u202f000 lignes (dolly) ({beat['elapsed_s']} s, 34 %)")
     assert render.log_line(line, "pt").endswith(f"300.000 linhas (dolly) ({beat['elapsed_s']} s, 34%)")
     assert format_event(events[0]).head["percent"] is None  # the phase's first line: no beat, no share yet
+    v = view([make_event("run", run_dir="runs/x", config={}, total_steps=None), beat], running=True)
+    assert v.phase_progress == 0.34 and "34%)" in render.progress_html(v, "en")
+    assert "tokenizando 300.000 linhas (dolly) (34%)" in render.progress_html(v, "pt")

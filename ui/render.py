@@ -190,7 +190,8 @@ def progress_html(v: JobView, lang: str = "en") -> str:
         # (a phase's locale text is what follows the name: "Carregando o modelo: carregando ... em 4 bits")
         words = said_text(v.phase_said, "", lang) if v.phase_said.get("key") else ""
         detail = E(v.phase_message if normalize(lang) == "en" and v.phase_message else
-                   t(f"phase.{v.phase}", lang) + (_colon(lang) + words if words else ""))
+                   t(f"phase.{v.phase}", lang) + (_colon(lang) + words if words else "")
+                   + (f" ({percent(v.phase_progress, lang)})" if v.phase_progress is not None else ""))
     elif v.state in ("failed", "interrupted") and not v.step:
         detail = E(t("progress.no_steps", lang))  # not "step 0 / ?": it ended before its first step
     else:

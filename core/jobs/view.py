@@ -26,6 +26,7 @@ class JobView:
     phase: str = ""
     phase_message: str = ""
     phase_said: dict[str, Any] = field(default_factory=dict)  # the phase message's key + params: the page's words
+    phase_progress: float | None = None  # how far the phase is, when it says (the data's tokenizing)
     step: int = 0
     total_steps: int | None = None
     epoch: float | None = None
@@ -143,6 +144,7 @@ class _Fold:
             elif kind == "phase":
                 v.phase, v.phase_message = e.get("phase", ""), e.get("message", "") or ""
                 v.phase_said = {k: e[k] for k in ("key", "params") if k in e}
+                v.phase_progress = e.get("progress") if isinstance(e.get("progress"), (int, float)) else None
             elif kind == "step":
                 v.step = int(e.get("step") or v.step)
                 v.total_steps = e.get("total_steps") or v.total_steps
