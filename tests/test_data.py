@@ -747,3 +747,23 @@ def test_fit_uses_the_previewed_lengths_and_says_so(tmp_path, demo_model_path):
     assert longest and longest < 64
     assert f"real rows (the longest is {longest} tokens)" in on_fit(form, "en", 8, *widget_values(cfg))[form.fit_note]
     assert prediction(cfg).gib < peak_before
+
+
+def test_the_trainers_dataset_holds_exactly_the_planned_rows(demo_tokenizer, tmp_path):
+    """plan.train_dataset() builds its Arrow columns in one piece (Dataset.from_dict converted 57,000 rows one by
+    one: 3.5 s): the same rows, ids and labels, in the same order and types as from_dict gave, and an empty plan too."""
+    import dataclasses
+
+    import datasets
+
+    rows = [{**DOLLY, "response": "Hi " * (i % 7 + 1)} for i in range(40)]
+    cfg = demo_config(dataset=str(write_jsonl(tmp_path / "rows.jsonl", rows)))
+    plan = data.plan_rows(cfg, demo_tokenizer)
+    built = plan.train_dataset()
+    ids = datasets.Sequence(datasets.Value("int64"))
+    expected = datasets.Dataset.from_dict({"input_ids": plan.input_ids, "labels": plan.labels},
+                                          features=datasets.Features({"input_ids": ids, "labels": ids}))
+    assert built.features == expected.features and built[:] == expected[:] and len(built) == 40
+    assert any(-100 in row for row in built["labels"][:])  # the prompts' labels are masked
+    empty = dataclasses.replace(plan, input_ids=[], labels=[]).train_dataset()
+    assert len(empty) == 0 and empty.features == expected.features

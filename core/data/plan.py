@@ -126,12 +126,26 @@ class DataPlan:
 
     def train_dataset(self) -> Any:
         """Tokenized rows (input_ids, labels) for SFTTrainer: it skips its own tokenizing, and since every row is
-        within max_length and has answer tokens, its truncation and its drop of fully masked rows change nothing."""
+        within max_length and has answer tokens, its truncation and its drop of fully masked rows change nothing.
+        Built as Arrow columns from the rows' arrays in one piece: Dataset.from_dict converted them row by row
+        (57,000 rows: 3.6 s against 0.2 s)."""
         import datasets
+        import numpy as np
+        import pyarrow as pa
+        from datasets.fingerprint import generate_random_fingerprint
+
+        def column(rows: list[Any]) -> Any:  # one flat array of every row's ids, and where each row starts
+            offsets = np.zeros(len(rows) + 1, np.int64)
+            np.cumsum(np.fromiter(map(len, rows), np.int64, len(rows)), out=offsets[1:])
+            flat = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
+            return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat)).cast(pa.list_(pa.int64()))
 
         ids = datasets.Sequence(datasets.Value("int64"))
-        return datasets.Dataset.from_dict({"input_ids": self.input_ids, "labels": self.labels},
-                                          features=datasets.Features({"input_ids": ids, "labels": ids}))
+        table = pa.table({"input_ids": column(self.input_ids), "labels": column(self.labels)})
+        # a fresh fingerprint: datasets would otherwise hash every id to make one (~1 s for 57,000 rows), and an
+        # in-memory dataset caches nothing under it
+        return datasets.Dataset(table, info=datasets.DatasetInfo(features=datasets.Features(
+            {"input_ids": ids, "labels": ids})), fingerprint=generate_random_fingerprint())
 
     def refusal(self) -> Said | None:
         """Why nothing would train, with the numbers and the fix (log.refusal); None when some row trains."""
