@@ -299,10 +299,10 @@ def test_a_phase_that_says_how_far_it_is_shows_it_in_the_log_in_each_language(mo
     beat = next(e for e in events if e.get("progress") is not None)
     assert beat["progress"] == 0.34 and beat["message"].endswith(f"({beat['elapsed_s']} s, 34%)")
     line = format_event(beat)
-    assert line.head["percent"] == 34 and line.head["seconds"] == beat["elapsed_s"]
+    assert line.head["progress"] == 0.34 and line.head["seconds"] == beat["elapsed_s"]
     assert render.log_line(line, "fr").endswith(f"de 300\u202f000 lignes (dolly) ({beat['elapsed_s']} s, 34 %)")
     assert render.log_line(line, "pt").endswith(f"300.000 linhas (dolly) ({beat['elapsed_s']} s, 34%)")
-    assert format_event(events[0]).head["percent"] is None  # the phase's first line: no beat, no share yet
+    assert format_event(events[0]).head["progress"] is None  # the phase's first line: no beat, no share yet
     v = view([make_event("run", run_dir="runs/x", config={}, total_steps=None), beat], running=True)
     assert v.phase_progress == 0.34 and "34%)" in render.progress_html(v, "en")
     assert "tokenizando 300.000 linhas (dolly) (34%)" in render.progress_html(v, "pt")

@@ -83,7 +83,7 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE, progress: Any = None
         cfg, model_lines, tree = _model_lines(cfg, lang)
         words = t("preview.tokenizing", lang)
         plan = plan_rows(cfg, tokenizer, held.train, fmt, n_examples=3,
-                         progress=lambda done, total: said(done / max(total, 1), desc=words))
+                         progress=lambda fraction: said(fraction, desc=words))
         plan.notes = [render.log_text(n, lang) for n in plan.notes]  # the plan's notes are the run log's lines
         if plan.multi_turn:  # every assistant turn accounted for (core/data/plan.py)
             plan.notes.append(t("preview.turns", lang, n=sum(plan.turns.values()), **plan.turns))

@@ -360,10 +360,11 @@ def log_line(line: str, lang: str = "en") -> str:
     if line.kind == "phase":
         name = t(f"phase.{head.get('phase')}", lang)
         name = head.get("phase") or "" if name.startswith("phase.") else name  # a phase without words: its id
-        seconds = f" ({head['seconds']} s)" if head.get("seconds") is not None else ""
-        if head.get("percent") is not None:  # how far the phase is: the data's tokenizing
-            seconds = f" ({head['seconds']} s, {percent(head['percent'] / 100, lang)})"
-        return f"{when}  {name}{_colon(lang) + body if body else ''}{seconds}"
+        tail = [f"{head['seconds']} s"] if head.get("seconds") is not None else []
+        if tail and head.get("progress") is not None:  # how far the phase is: the data's tokenizing
+            tail.append(percent(head["progress"], lang))
+        tail_text = f" ({', '.join(tail)})" if tail else ""
+        return f"{when}  {name}{_colon(lang) + body if body else ''}{tail_text}"
     if line.kind == "log":
         return f"{when}  {t('log.warning', lang) + ' ' if head.get('warning') else ''}{body}"
     if line.kind == "error":

@@ -217,7 +217,7 @@ class _naming:
         return False
 
 
-Progress = Callable[[int, int], None]  # (texts tokenized so far, texts to tokenize in all)
+Progress = Callable[[float], None]  # how much of the tokenizing is done, 0 to 1
 
 
 def _tokenize(columns: dict[str, list[str]], tokenizer: Any,
@@ -240,7 +240,7 @@ def _tokenize(columns: dict[str, list[str]], tokenizer: Any,
             out += [np.asarray(ids, dtype=np.int32) for ids in batch]
             done += len(batch)
             if progress is not None:
-                progress(done, total)
+                progress(done / total)
         return out
 
     if "text" in columns:
@@ -339,7 +339,7 @@ def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | 
     """Decide, for `cfg`'s data (or `dataset` of format `fmt`, already read by check_data), which rows train and
     what each becomes, tokenized and templated as the trainer does. Raises DataError when the data cannot be used
     at all (unreadable, wrong columns, every row empty); a plan in which nothing trains has `refusal()`.
-    `progress(done, total)`: how far the tokenizing is (the preview's bar)."""
+    `progress(fraction)`: how far the tokenizing is (the preview's bar, the run's formatting phase)."""
     import numpy as np
 
     if dataset is None:

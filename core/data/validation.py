@@ -106,7 +106,7 @@ def _not_in(raw: Any, val: Any) -> list[int]:
 
 
 def plan_parts(cfg: TrainConfig, tokenizer: Any, held: Split, fmt: str,
-               progress: Callable[[int, int], None] | None = None) -> DataPlan:
+               progress: Callable[[float], None] | None = None) -> DataPlan:
     """The plan of the rows that train, its validation part declared in it: what was held out (`held`, from `split`)
     and the validation rows' own plan, made alike (formatting, truncation, every row counted). `progress`: the
     tokenizing of the rows that train (plan_rows), most of the work."""

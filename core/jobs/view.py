@@ -64,6 +64,11 @@ def _clock(t: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) if t else "--:--:--"
 
 
+def phase_progress(e: dict[str, Any]) -> float | None:
+    """How far a phase event says its phase is (0 to 1), or None."""
+    return e.get("progress") if isinstance(e.get("progress"), (int, float)) else None
+
+
 def format_event(e: dict[str, Any]) -> str | None:
     """One log line for an event (its English text, as the CLI says it), or None for events that only feed the
     progress view. The line is a SaidLine: the message's key + params (core.messages.keyed) and what frames it
@@ -76,17 +81,17 @@ def format_event(e: dict[str, Any]) -> str | None:
         return SaidLine(f"{t}  run folder {path}", {"key": "log.run_folder", "params": {"path": str(path)}}, kind)
     if kind == "phase":
         message = e.get("message") or ""
-        # a heartbeat (core.train.callbacks.phase): the phase's message + " (12 s)" or, when the phase says how far
-        # it is, " (12 s, 34%)"; its key's params
-        seconds = percent = None
+        # a heartbeat (core.train.callbacks.phase): the phase's message + " (12 s)", or " (12 s, 34%)" when the phase
+        # says how far it is; its key's params, its seconds and share (an older run's beat: the seconds from its words)
+        seconds = progress = None
         if said and message != (first := say(said["key"], said.get("params"))) and message.startswith(first + " ("):
             tail = message[len(first) + 2:]
-            seconds = int(tail[:-3]) if tail.endswith(" s)") and tail[:-3].isdigit() else None
-            if isinstance(e.get("progress"), (int, float)) and isinstance(e.get("elapsed_s"), int):
-                seconds, percent = e["elapsed_s"], round(100 * e["progress"])
+            seconds = e["elapsed_s"] if isinstance(e.get("elapsed_s"), int) else (
+                int(tail[:-3]) if tail.endswith(" s)") and tail[:-3].isdigit() else None)
+            progress = phase_progress(e) if seconds is not None else None
             message = first if seconds is not None else message
         line = f"{t}  [{e.get('phase')}] {e.get('message') or ''}".rstrip()
-        return SaidLine(line, said, kind, message, phase=e.get("phase"), seconds=seconds, percent=percent)
+        return SaidLine(line, said, kind, message, phase=e.get("phase"), seconds=seconds, progress=progress)
     if kind == "log":
         warning = e.get("level") == "warning"
         line = f"{t}  {'WARNING ' if warning else ''}{e.get('message', '')}"
@@ -144,7 +149,7 @@ class _Fold:
             elif kind == "phase":
                 v.phase, v.phase_message = e.get("phase", ""), e.get("message", "") or ""
                 v.phase_said = {k: e[k] for k in ("key", "params") if k in e}
-                v.phase_progress = e.get("progress") if isinstance(e.get("progress"), (int, float)) else None
+                v.phase_progress = phase_progress(e)
             elif kind == "step":
                 v.step = int(e.get("step") or v.step)
                 v.total_steps = e.get("total_steps") or v.total_steps

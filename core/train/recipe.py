@@ -312,7 +312,7 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan | PairPlan, A
         tokenizer = model_lib.load_tokenizer(cfg, path)
     with phase(emit, "tokenizing", "log.phase.formatting", n=len(raw), format=fmt) as progressed:
         plan = (plan_pairs(cfg, tokenizer, raw, fmt, held) if pairs else
-                validation.plan_parts(cfg, tokenizer, held, fmt, lambda done, total: progressed(done / total)))
+                validation.plan_parts(cfg, tokenizer, held, fmt, progressed))
     # LoRA targets from the module tree on the meta device, before any weight loads: a name the model lacks is
     # refused here (ConfigError listing its linear layers), and the log says what gets LoRA.
     tree = model_lib.skeleton(cfg, path)
