@@ -323,24 +323,29 @@ SLOWER = 0.05  # a preset more than this much below its last same-call ratio to 
 MEASURED = ROOT / "bench" / "presets_measured.json"
 
 
-def compared(rows: list[dict], last: dict[str, dict], arch: str) -> list[dict]:
+def compared(rows: list[dict], last: dict[str, dict], arch: str, gpu: str = "") -> list[dict]:
     """Each plain preset row of this tree (the 8B shape, no settings but validation off, not a discarded warm row)
     against that preset's last figure (bench/presets_measured.json), as a ratio to the chapter's script in the same
     call: the yardstick absorbs a slower or faster machine (run 13: the same code ran 9,757-13,324 tok/s in one call;
     the chapter's script 311-336 across calls). A row without a same-call yardstick, or a last figure without one, is
-    compared by tokens/s and says so."""
+    compared by tokens/s and says so, only on the GPU that figure was measured on (`gpu`: this call's card, e.g.
+    "NVIDIA H100 80GB HBM3"; run 21's H100 rows were flagged -19% against H200 figures). Profiled rows (stepprof)
+    are never compared: the profiler slows the step it measures."""
     chapter = next((r.get("steady_tokens_per_s") for r in rows if r.get("name") == "chapter-script"), None)
     out = []
     for r in rows:
         v = r.get("variant") or {}
         preset = v.get("preset")
         if (preset not in last or v.get("code") or r.get("name", "").endswith("-discarded")
+                or v.get("profile") or v.get("torch_steps")
                 or set(v.get("sets") or []) - {"validation_share=0"} or (v.get("arch") or arch) != "llama-3.1-8b"
                 or not r.get("steady_tokens_per_s")):
             continue
         before, now = last[preset], r["steady_tokens_per_s"]
         if chapter and before.get("vs_chapter"):
             ratio, was, unit = now / chapter, before["vs_chapter"], "x the chapter's script"
+        elif not same_gpu(gpu, before.get("gpu", "")):
+            continue
         else:
             ratio, was, unit = now, before.get("tokens_per_s"), "tokens/s (no same-call yardstick)"
         if not was:
@@ -350,6 +355,11 @@ def compared(rows: list[dict], last: dict[str, dict], arch: str) -> list[dict]:
                     "last_from": f'{before.get("section")}, {before.get("date")}', "change": round(change, 3),
                     "slower": change < -SLOWER})
     return out
+
+
+def same_gpu(card: str, named: str) -> bool:
+    """Whether this call's card (NVML's name) is the one a last figure names ("H200"); unknown on either side: yes."""
+    return not card or not named or named.lower() in card.lower()
 
 
 def say_compared(found: list[dict]) -> str:
@@ -452,7 +462,7 @@ def main(argv=None) -> int:
                                                   "steady_step_s_median", "gpu_util_steady_pct", "compile_s", "compile_loaded",
                                                   "compile_compiled", "tracing_s", "backend_s")}), flush=True)
         (root / "results.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1), encoding="utf-8")
-    found = compared(rows, json.loads(MEASURED.read_text())["presets"], arch)
+    found = compared(rows, json.loads(MEASURED.read_text())["presets"], arch, info.get("gpu", ""))
     (root / "results.json").write_text(json.dumps({"info": info, "rows": rows, "compared": found}, indent=1),
                                        encoding="utf-8")
     (root / "table.md").write_text(table(rows) + "\n\n" + say_compared(found) + "\n", encoding="utf-8")
