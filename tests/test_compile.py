@@ -41,7 +41,7 @@ def _train(tmp_path, name, **changes):
     events = []
     result = run_training(cfg, events.append)
     assert result.status == "completed", result.message
-    assert ("compile" in result.summary) == cfg.compile_layers
+    assert ("compile" in result.summary) == (cfg.compile_layers == "on")
     return [e["loss"] for e in events if e["kind"] == "metrics" and "loss" in e], events
 
 
@@ -52,7 +52,7 @@ def test_compiled_layers_train_with_the_same_losses(tmp_path, eager_backend):
     common = dict(packing=True, per_device_train_batch_size=4, gradient_checkpointing=True)
     off, _ = _train(tmp_path, "off", **common)
     assert not counters["stats"].get("unique_graphs")
-    on, events = _train(tmp_path, "on", compile_layers=True, **common)
+    on, events = _train(tmp_path, "on", compile_layers="on", **common)
     assert len(on) == len(off) == 2
     for a, b in zip(on, off):
         assert abs(a - b) <= 1e-4 * abs(b), (on, off)
@@ -90,9 +90,9 @@ def test_compiled_layers_do_not_ask_for_ligers_kernels():
     from core.config.arguments import sft_kwargs
     from core.config.settings import TrainConfig
 
-    assert sft_kwargs(TrainConfig(use_liger_kernel=True, compile_layers=True), "out", cuda=True)["use_liger_kernel"] is False
+    assert sft_kwargs(TrainConfig(use_liger_kernel=True, compile_layers="on"), "out", cuda=True)["use_liger_kernel"] is False
     assert sft_kwargs(TrainConfig(use_liger_kernel=True), "out", cuda=True)["use_liger_kernel"] is True
-    assert "liger_kernel_config" not in sft_kwargs(TrainConfig(use_liger_kernel=True, compile_layers=True), "out", True)
+    assert "liger_kernel_config" not in sft_kwargs(TrainConfig(use_liger_kernel=True, compile_layers="on"), "out", True)
 
 
 # --- the compile cache (open_cache): inductor's FX graph and AOT autograd caches in the user's own folder ---------
@@ -132,7 +132,7 @@ def test_the_cache_folder_is_keyed_by_shape_and_settings_and_private(inductor_ca
 
     from core.config.settings import TrainConfig
 
-    cfg = TrainConfig(compile_layers=True)
+    cfg = TrainConfig(compile_layers="on")
     cache = regional.open_cache(cfg, _tiny())
     assert cache.folder is not None and cache.folder.parent == inductor_cache and not cache.refused
     assert cache.known == 0 and cache.words()["key"] == "log.compile.first"
@@ -143,8 +143,8 @@ def test_the_cache_folder_is_keyed_by_shape_and_settings_and_private(inductor_ca
     assert regional.open_cache(cfg, _tiny()).folder == cache.folder  # the same shape and settings: the same folder
     # another hidden size, another LoRA rank, checkpointing off: other graphs, other folders (a miss)
     others = {regional.open_cache(cfg, _tiny(hidden_size=128)).folder,
-              regional.open_cache(TrainConfig(compile_layers=True, lora_r=8), _tiny()).folder,
-              regional.open_cache(TrainConfig(compile_layers=True, gradient_checkpointing=False), _tiny()).folder}
+              regional.open_cache(TrainConfig(compile_layers="on", lora_r=8), _tiny()).folder,
+              regional.open_cache(TrainConfig(compile_layers="on", gradient_checkpointing=False), _tiny()).folder}
     assert len(others) == 3 and cache.folder not in others
     # what the first run left (its manifest) is what the next one's phase says
     (cache.folder / regional.MANIFEST).write_text('{"graphs": 4}')
@@ -170,7 +170,7 @@ def test_a_planted_link_or_someone_elses_folder_is_refused(inductor_cache, tmp_p
 
     from core.config.settings import TrainConfig
 
-    cfg = TrainConfig(compile_layers=True)
+    cfg = TrainConfig(compile_layers="on")
     elsewhere = tmp_path / "theirs"
     elsewhere.mkdir()
     inductor_cache.symlink_to(elsewhere)  # the cache home planted as a link
@@ -191,7 +191,7 @@ def test_a_planted_link_or_someone_elses_folder_is_refused(inductor_cache, tmp_p
 def test_an_uncached_backend_compiles_and_says_so(tmp_path, eager_backend):
     from core.config.settings import TrainConfig
 
-    cache = regional.open_cache(TrainConfig(compile_layers=True), _tiny())
+    cache = regional.open_cache(TrainConfig(compile_layers="on"), _tiny())
     assert cache.folder is None and not cache.refused and "eager backend keeps no compile cache" in cache.why
 
 
@@ -218,7 +218,7 @@ def test_a_second_run_loads_the_compiled_layers_from_the_cache(tmp_path, inducto
             inductor_cache.symlink_to(tmp_path / "theirs")
         fresh()
         cfg = demo_config(output_dir=str(tmp_path), run_name=name, device="cpu", max_steps=2, logging_steps=1,
-                          validation_share=0.0, compile_layers=True, kernel_warmup="on")
+                          validation_share=0.0, compile_layers="on", kernel_warmup="on")
         events = []
         result = run_training(cfg, events.append)
         assert result.status == "completed", result.message
@@ -257,7 +257,7 @@ def test_without_checkpointing_every_layer_shares_one_graph(tmp_path, eager_back
     graph, one compile, the same losses as the uncompiled run."""
     common = dict(packing=True, per_device_train_batch_size=4, gradient_checkpointing=False)
     off, _ = _train(tmp_path, "off", **common)
-    on, _ = _train(tmp_path, "on", compile_layers=True, **common)
+    on, _ = _train(tmp_path, "on", compile_layers="on", **common)
     assert len(on) == len(off) == 2
     for a, b in zip(on, off):
         assert abs(a - b) <= 1e-4 * abs(b), (on, off)
@@ -267,7 +267,7 @@ def test_without_checkpointing_every_layer_shares_one_graph(tmp_path, eager_back
 def test_the_compile_phases_say_where_the_time_went(tmp_path, eager_backend):
     """summary.json's compile.cache.phases: dynamo's own timers over the compile (the capture, the backend...), the
     longest first, so a GPU row can split a cached run's compile into tracing again and loading."""
-    _, events = _train(tmp_path, "on", compile_layers=True, packing=True, per_device_train_batch_size=2)
+    _, events = _train(tmp_path, "on", compile_layers="on", packing=True, per_device_train_batch_size=2)
     phases = next(e for e in events if e["kind"] == "done")["summary"]["compile"]["cache"]["phases"]
     assert phases and all(t > 0 for t in phases.values()), phases
     assert list(phases.values()) == sorted(phases.values(), reverse=True)

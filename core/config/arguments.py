@@ -112,7 +112,7 @@ def sft_kwargs(cfg: TrainConfig, output_dir: str | Path, cuda: bool, console: bo
         # liger's autograd functions (torch 2.11, liger 0.8.5: an AssertionError at the first RMSNorm;
         # bench/RESULTS.md, section "Regional compile"), and inductor fuses the norms, RoPE and the gated MLP itself.
         # TRL's own fused LM head (the loss without the full logits) is applied either way, so liger is not asked for.
-        "use_liger_kernel": cfg.use_liger_kernel and not cfg.compile_layers,
+        "use_liger_kernel": cfg.use_liger_kernel and cfg.compile_layers != "on",
         # TRL's own offloading (saved-tensor hooks around each training step); it needs an accelerator device
         "activation_offloading": cfg.offload_activations and cuda,
         "logging_steps": cfg.logging_steps,
@@ -130,7 +130,7 @@ def sft_kwargs(cfg: TrainConfig, output_dir: str | Path, cuda: bool, console: bo
     if cfg.packing:
         # Best-fit-decreasing packing implies padding-free batches with per-row position ids (no cross-row attention).
         kwargs["packing_strategy"] = "bfd"
-        if cfg.compile_layers:
+        if cfg.compile_layers == "on":  # auto is settled to on/off before the trainer is built
             # Inductor guards on a micro-batch's length being a multiple of 8 and compiled again for each new
             # residue (each a compile of its own: bench/RESULTS.md, section "Regional compile"); padded to 8, one graph
             # serves all.

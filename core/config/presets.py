@@ -66,6 +66,9 @@ PRESETS: dict[str, dict[str, Any]] = {
             "gradient_checkpointing": False,  # no recompute; activations ~3.8 MiB per token on 8B with liger
             # per packed row, no [tokens x tokens] mask: faster and smaller (bench/RESULTS.md, section "Product path")
             "attention": "varlen",
+            # the decoder layers compiled when this run's steps repay the compile (8,718 -> 9,378-9,840 tok/s on
+            # one H100 after 26 s, or 8 s from the compile cache: bench/RESULTS.md run 21); the log says which
+            "compile_layers": "auto",
             "optim": "paged_adamw_8bit",
         },
     },

@@ -324,13 +324,17 @@ class TrainConfig:
         "CUDA GPU): no [tokens x tokens] mask per layer, so less memory and faster long packs. Same results.",
         choices=ATTENTIONS,
         lever=Lever("beyond", (PREP,), ("core.estimate.predict.estimate",), "Results: 8B, max length 512", order=5)))
-    compile_layers: bool = field(default=False, metadata=_help(
+    compile_layers: str = field(default="off", metadata=_help(
         "Regional compilation: torch.compile each decoder layer once (one graph, reused by every layer), so LoRA, "
-        "4-bit dequantization, norms and activations run as fewer fused kernels with less Python per step. The "
-        "first steps compile (~100 s on an H200; the log says how long), then Llama-3.1-8B `fastest` ran 1.32x "
-        "faster (12,593 vs 9,553 tokens/s): worth it for runs of more than ~1,300 steps, not the chapter's. Same "
-        "results on the CPU. It replaces liger's in-layer kernels (use_liger_kernel), which the compiler cannot trace.",
-        lever=Lever("beyond", (PREP,), (), "Run 11", order=8)))
+        "norms and activations run as fewer fused kernels with less Python per step. On one H100, Llama-3.1-8B "
+        "`fastest` ran 1.08-1.13x faster (9,378-9,840 vs 8,718 tokens/s) after 26 s of compiling, or 8 s when an "
+        "earlier run compiled the same shape (the compile cache); with checkpointing it ran slower. auto: on when "
+        "this run's micro-steps save more than the compile costs (a GPU, no checkpointing; the log says the "
+        "figures), else off. Same results. It replaces liger's in-layer kernels (use_liger_kernel), which the "
+        "compiler cannot trace.",
+        choices=("auto", "on", "off"), widget="radio",
+        lever=Lever("beyond", ("core.model.compile.settle", "core.model.compile.compiles", SFT), (), "Run 21",
+                    order=8)))
     offload_activations: bool = field(default=False, metadata=_help(
         "Move what each layer keeps for the backward pass (with checkpointing: its input) to CPU memory as the "
         "forward pass goes, and bring it back just before the backward pass needs it (TRL's activation offloading): "
@@ -491,8 +495,12 @@ def field_meta(name: str) -> dict[str, Any]:
 def coerce(name: str, value: Any) -> Any:
     """Turn a YAML or command-line value into the field's type, or raise ValueError saying why not."""
     tp = field_types()[name]
-    if tp is str and isinstance(value, bool) and {"on", "off"} <= set(field_meta(name).get("choices") or ()):
-        value = "on" if value else "off"  # YAML reads an unquoted `on`/`off` as true/false (kernel_warmup: off)
+    if tp is str and {"on", "off"} <= set(field_meta(name).get("choices") or ()):
+        # YAML reads an unquoted `on`/`off` as true/false (kernel_warmup: off); compile_layers was a bool before auto
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            value = value.strip().lower() == "true"
+        if isinstance(value, bool):
+            value = "on" if value else "off"
     return coerce_to(tp, value)
 
 

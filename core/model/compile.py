@@ -55,6 +55,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -332,9 +333,13 @@ class CompileCache:
         else:
             self.loaded, self.compiled = diff["fx_hit"], diff["fx_miss"]
         if self.folder is not None and (self.loaded or self.compiled):
+            # the seconds too, first or from the cache: compile_layers auto weighs the next run's compile by them
+            seconds = {**_manifest(self.folder).get("seconds", {}),
+                       ("cached" if self.loaded and not self.compiled else "first"): self.seconds}
             with contextlib.suppress(OSError):  # a full disk costs the next run its head start, not this run
                 atomic_write_text(self.folder / MANIFEST, json.dumps(
-                    {"graphs": max(self.known, self.loaded + self.compiled), "key": self.key}, indent=1, default=str))
+                    {"graphs": max(self.known, self.loaded + self.compiled), "key": self.key, "seconds": seconds},
+                    indent=1, default=str))
         return self.summary()
 
     def summary(self) -> dict:
@@ -439,9 +444,81 @@ def open_cache(cfg, model, emit=None) -> CompileCache:
     return CompileCache(folder=folder, key=key, known=_known(folder))
 
 
+def _manifest(folder: Path) -> dict:
+    """What an earlier run of this key wrote in `folder` ({} when nothing readable)."""
+    try:
+        found = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def _known(folder: Path) -> int:
     """Graphs an earlier run left in `folder` (its manifest), 0 when none."""
     try:
-        return int(json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("graphs", 0))
-    except (OSError, ValueError, TypeError, AttributeError):
+        return int(_manifest(folder).get("graphs", 0))
+    except (ValueError, TypeError):
         return 0
+
+
+# --- compile_layers auto: compile when it pays for this run ------------------------------------------------------
+# What compiling costs and saves, measured on the product path (bench/RESULTS.md run 21: one H100, Llama-3.1-8B,
+# `fastest`, 8 packs x 1, one process per row, one call): 26.3 s to compile with an empty cache, 8.4 s from the cache;
+# the median step 0.44 s eager against 0.40-0.41 s compiled (8,718 against 9,378-9,840 tok/s). What compiling removes
+# is per-layer host work (LoRA's scale and add, norms, activations issued as fewer kernels), so the saving is counted
+# per decoder layer and micro-step: 0.03 s over 32 layers. With checkpointing it lost (run 21, `lowest_memory`: 2,682
+# and 3,119 compiled against 3,585 eager tok/s): auto leaves it off there. This machine's own compile seconds for the
+# shape (the cache's manifest) replace the measured ones once a run has compiled it.
+MODES = ("auto", "on", "off")
+FIRST_S, CACHED_S = 26.3, 8.4
+SAVED_PER_LAYER_S = 0.03 / 32
+
+
+def compiles(cfg) -> bool:
+    """Whether the layers compile: compile_layers on (auto is settled by `settle` before loading; elsewhere off)."""
+    return cfg.compile_layers == "on"
+
+
+def micro_steps(cfg, plan, processes: int = 1) -> int:
+    """The micro-steps (forward + backward) one process runs in this training, from the data plan."""
+    if cfg.max_steps > 0:
+        return cfg.max_steps * cfg.gradient_accumulation_steps
+    sequences = plan.n_packs if plan.packing and plan.n_packs else plan.n_train
+    per_epoch = -(-sequences // max(1, cfg.per_device_train_batch_size * processes))
+    return max(1, round(per_epoch * cfg.num_train_epochs))
+
+
+def decide(cfg, *, cuda: bool, steps: int, layers: int, known: int, seconds: dict) -> tuple[bool, Said]:
+    """compile_layers auto for one run: on when the host time compiling saves over its `steps` micro-steps of
+    `layers` decoder layers exceeds the compile's own (from the cache: `known` graphs; `seconds`: this machine's
+    earlier compile seconds of the shape, else the measured ones), and the log line that says why, with the figures."""
+    if not cuda:
+        return False, Said("log.compile.auto_cpu")
+    if cfg.gradient_checkpointing:
+        return False, Said("log.compile.auto_checkpointing")
+    if not layers:
+        return False, Said("log.compile.auto_no_layers")
+    kind = "cached" if known else "first"
+    here = isinstance(seconds.get(kind), (int, float)) and seconds[kind] > 0
+    cost = float(seconds[kind]) if here else (CACHED_S if known else FIRST_S)
+    saved = steps * layers * SAVED_PER_LAYER_S
+    source = Said("log.compile.source_here") if here else Said("log.compile.source_measured")
+    said = Said("log.compile.auto_on" if saved > cost else "log.compile.auto_off", saved=saved, steps=steps,
+                layers=layers, cost=cost, source=source,
+                cache=Said("log.compile.cache_warm", n=known) if known else Said("log.compile.cache_cold"))
+    return saved > cost, said
+
+
+def settle(cfg, tree, plan, cuda: bool, processes: int = 1) -> tuple[Any, Said | None]:
+    """`cfg` with compile_layers auto settled to on or off for this run (`tree`: the model on the meta device, whose
+    decoder layers and compile key are the loaded model's), and the line that says why; as is, with None, when the
+    user chose on or off."""
+    if cfg.compile_layers != "auto":
+        return cfg, None
+    key = cache_key(cfg, tree)
+    folder = cache_home() / _digest(key)
+    known = _known(folder) if key["backend"] in CACHED_BACKENDS else 0
+    recorded = _manifest(folder).get("seconds", {}) if known else {}
+    on, said = decide(cfg, cuda=cuda, steps=micro_steps(cfg, plan, processes), layers=len(decoder_layers(tree)),
+                      known=known, seconds=recorded if isinstance(recorded, dict) else {})
+    return cfg.replace(compile_layers="on" if on else "off"), said

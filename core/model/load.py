@@ -23,7 +23,7 @@ from core.levers.embedding import CpuEmbedding, load_embedding_on_cpu, offload_i
 from core.levers.output_head import quantize_output_head
 from core.model.attention import use_varlen_attention
 from core.model import lora_targets as lt
-from core.model.compile import compile_layers
+from core.model.compile import compile_layers, compiles
 from core.messages import Keyed, Said, keyed, words_of
 from core.runs.events import EventSink, make_event
 
@@ -230,7 +230,7 @@ def prepare_for_training(model, cfg: TrainConfig):
     model = get_peft_model(model, LoraConfig(**lora))
     if cfg.lora_init in MOVES_BASE:  # PiSSA/OLoRA: the start, for the conversion on save
         variants.keep_initial(model)
-    if cfg.compile_layers:
+    if compiles(cfg):
         # After peft, so each compiled layer holds its LoRA layers; lazily: the first step compiles.
         model.memtune_compile_note = compile_layers(model)
     return model
@@ -247,7 +247,7 @@ def load_for_training(cfg: TrainConfig, path: str, emit: EventSink, cpu_eval: bo
         emit(make_event("log", level="info", **keyed(f"log.moe.{note.name}", **note.params)))
     emit(make_event("log", level="info", **keyed("log.lora", n=trainable, total=total)))
     note = getattr(model, "memtune_compile_note", "")  # core/model/compile.py's words, as is
-    if cfg.compile_layers:
+    if compiles(cfg):
         emit(make_event("log", level="info", **words_of(note)))
     if cpu_eval:
         # bitsandbytes on a CPU with AVX512-BF16 repacks a 4-bit weight for inference the first time it runs in eval

@@ -188,6 +188,9 @@ class LoRARecipe:
         cuda = self.context.cuda
         self.plan, self.tokenizer, path, tree = plan_data(cfg, emit)
         cfg, adapted = preflight.before_loading(cfg, tree, self.plan, emit)  # what this model can train exactly
+        cfg, why = regional.settle(cfg, tree, self.plan, cuda, distributed.world_size())  # compile_layers auto
+        if why:
+            emit(make_event("log", level="info", **words_of(why)))
         self.cfg = cfg
         if self.plan.refusal():
             raise DataError("data.err.refusal", why=self.plan.refusal())
@@ -409,7 +412,7 @@ def summarize(cfg: TrainConfig, trainer, output, callback: EventCallback, plan: 
         "eval": callback.eval_summary(trainer.args, trainer.state),
         "finished_at": datetime.now().isoformat(timespec="seconds"),
     }
-    if cfg.compile_layers:  # dynamo's graphs, compiles and graph breaks (bench rows read them here)
+    if regional.compiles(cfg):  # dynamo's graphs, compiles and graph breaks (bench rows read them here)
         summary["compile"] = regional.stats()
     if summary["train_runtime_s"]:
         summary["tokens_per_s"] = round(summary["train_tokens"] / summary["train_runtime_s"], 1)
