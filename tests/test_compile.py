@@ -12,6 +12,9 @@ safety on a tiny model without compiling, and one slow test that trains the demo
 with the cache home replaced by a link).
 """
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -230,6 +233,9 @@ def test_a_second_run_loads_the_compiled_layers_from_the_cache(tmp_path, inducto
     assert first["compiled"] > 0 and first["loaded"] == 0 and not first["hit"], first
     assert second["hit"] and second["loaded"] == first["compiled"] and second["compiled"] == 0, second
     assert second["known_before"] == first["compiled"] and first["folder"] == second["folder"]
+    # the manifest keeps both compiles' seconds: compile_layers auto weighs the next run's compile by them
+    kept = json.loads((Path(first["folder"]) / regional.MANIFEST).read_text(encoding="utf-8"))["seconds"]
+    assert kept == {"first": first["seconds"], "cached": second["seconds"]}, kept
     # where each compile's seconds went, by dynamo's timers: the capture, and inside it the backend (code generated
     # cold, loaded warm); the rest of a cached compile is dynamo tracing the layers again
     for cache in (first, second):
