@@ -96,6 +96,11 @@ def test_settle_reads_the_compile_cache_of_the_users_own_model_before_loading(tm
     settled, said = regional.settle(cfg, tree, data, cuda=True)
     assert settled.compile_layers == "on" and said.params["cost"] == 0.5  # 400 x 2 x 0.94 ms > 0.5 s
     assert said.params["source"]["key"] == "log.compile.source_here"
+    # a manifest someone edited by hand: its seconds are not read, the measured ones stand
+    (folder / regional.MANIFEST).write_text(json.dumps({"graphs": 4, "seconds": {"cached": "soon", "first": -1}}))
+    assert regional.settle(cfg, tree, data, cuda=True)[1].params["cost"] == regional.CACHED_S
+    (folder / regional.MANIFEST).write_text(json.dumps({"graphs": 4, "seconds": [1]}))
+    assert regional.settle(cfg, tree, data, cuda=True)[1].params["cost"] == regional.CACHED_S
     assert regional.settle(cfg.replace(compile_layers="off"), tree, data, cuda=True) == (
         cfg.replace(compile_layers="off"), None)  # the user's choice stands, unsaid
 

@@ -334,8 +334,8 @@ class CompileCache:
             self.loaded, self.compiled = diff["fx_hit"], diff["fx_miss"]
         if self.folder is not None and (self.loaded or self.compiled):
             # the seconds too, first or from the cache: compile_layers auto weighs the next run's compile by them
-            seconds = {**_manifest(self.folder).get("seconds", {}),
-                       ("cached" if self.loaded and not self.compiled else "first"): self.seconds}
+            seconds = _recorded(self.folder)
+            seconds["cached" if self.loaded and not self.compiled else "first"] = self.seconds
             with contextlib.suppress(OSError):  # a full disk costs the next run its head start, not this run
                 atomic_write_text(self.folder / MANIFEST, json.dumps(
                     {"graphs": max(self.known, self.loaded + self.compiled), "key": self.key, "seconds": seconds},
@@ -453,6 +453,13 @@ def _manifest(folder: Path) -> dict:
     return found if isinstance(found, dict) else {}
 
 
+def _recorded(folder: Path) -> dict:
+    """The compile seconds an earlier run of this key recorded in `folder`: {"first": s, "cached": s}, as far as known."""
+    seconds = _manifest(folder).get("seconds")
+    return {k: v for k, v in seconds.items() if k in ("first", "cached") and isinstance(v, (int, float))
+            and not isinstance(v, bool) and v > 0} if isinstance(seconds, dict) else {}
+
+
 def _known(folder: Path) -> int:
     """Graphs an earlier run left in `folder` (its manifest), 0 when none."""
     try:
@@ -499,7 +506,7 @@ def decide(cfg, *, cuda: bool, steps: int, layers: int, known: int, seconds: dic
     if not layers:
         return False, Said("log.compile.auto_no_layers")
     kind = "cached" if known else "first"
-    here = isinstance(seconds.get(kind), (int, float)) and seconds[kind] > 0
+    here = kind in seconds
     cost = float(seconds[kind]) if here else (CACHED_S if known else FIRST_S)
     saved = steps * layers * SAVED_PER_LAYER_S
     source = Said("log.compile.source_here") if here else Said("log.compile.source_measured")
@@ -518,7 +525,6 @@ def settle(cfg, tree, plan, cuda: bool, processes: int = 1) -> tuple[Any, Said |
     key = cache_key(cfg, tree)
     folder = cache_home() / _digest(key)
     known = _known(folder) if key["backend"] in CACHED_BACKENDS else 0
-    recorded = _manifest(folder).get("seconds", {}) if known else {}
     on, said = decide(cfg, cuda=cuda, steps=micro_steps(cfg, plan, processes), layers=len(decoder_layers(tree)),
-                      known=known, seconds=recorded if isinstance(recorded, dict) else {})
+                      known=known, seconds=_recorded(folder) if known else {})
     return cfg.replace(compile_layers="on" if on else "off"), said
