@@ -708,13 +708,29 @@ def test_the_preset_note_says_fastest_grew_a_small_models_micro_batch(monkeypatc
         assert words in note and label("per_device_train_batch_size", lang) in note, (lang, said)
         assert "per_device_train_batch_size" not in note
 
+def model_note(lang, model, shown=None):
+    """The model field's note as the page's two steps give it: checked, then put beside the field showing `shown`."""
+    return handlers.model_note_if_current(lang, handlers.check_model(lang, model), model if shown is None else shown)
+
+
 def test_a_model_neither_here_nor_reachable_is_flagged_beside_the_field(tmp_path, demo_model_path):
     """Offline (the conftest sets HF_HUB_OFFLINE): a Hub id that is not cached cannot be loaded."""
-    assert handlers.on_model_check("en", DEMO_MODEL)["info"] == handlers.help_text("model", "en")
-    assert handlers.on_model_check("en", str(demo_model_path))["info"] == handlers.help_text("model", "en")
-    flagged = handlers.on_model_check("fr", "someone/not-cached-model")["info"]
+    assert model_note("en", DEMO_MODEL)["info"] == handlers.help_text("model", "en")
+    assert model_note("en", str(demo_model_path))["info"] == handlers.help_text("model", "en")
+    flagged = model_note("fr", "someone/not-cached-model")["info"]
     assert flagged.startswith("⚠ someone/not-cached-model n'est pas sur cette machine") and "hf download" in flagged
-    assert "does not exist" in handlers.on_model_check("en", str(tmp_path / "nope" / "x" / "y"))["info"]
+    assert "does not exist" in model_note("en", str(tmp_path / "nope" / "x" / "y"))["info"]
+
+
+def test_a_model_check_that_ends_after_the_field_changed_again_says_nothing(demo_model_path):
+    """The check runs beside the form's queue (it may wait 3 s on the Hub): its note describes one model in one
+    language, and is not put beside a field that shows another model, or on a page since switched to another
+    language, where it would flag the wrong model."""
+    late = handlers.check_model("en", "someone/not-cached-model")
+    assert isinstance(handlers.model_note_if_current("en", late, str(demo_model_path)), type(gr.skip()))
+    assert isinstance(handlers.model_note_if_current("pt", late, "someone/not-cached-model"), type(gr.skip()))
+    assert isinstance(handlers.model_note_if_current("en", None, "x"), type(gr.skip()))
+    assert "someone/not-cached-model" in handlers.model_note_if_current("en", late, " someone/not-cached-model ")["info"]
 
 
 def test_cli_lists_only_changed_fields():

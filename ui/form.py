@@ -35,6 +35,9 @@ FORM_QUEUE = {"concurrency_id": "form", "concurrency_limit": 1}
 # queue it held every page's edits, loads and language switches behind it (on a Space, every visitor's). It is made in
 # a queue of its own and put on screen by a second step in the form's queue (ui/layout.py: wire_form).
 PREVIEW_QUEUE = {"concurrency_id": "preview", "concurrency_limit": 2}
+# The model field's check asks the Hub (up to 3 s each, ui.fields.model_problem): it waits on the network, not the CPU,
+# and runs beside the form's queue likewise, its note put on screen by a step in the form's queue.
+MODEL_CHECK_QUEUE = {"concurrency_id": "model_check", "concurrency_limit": 4}
 
 
 @dataclass(eq=False)

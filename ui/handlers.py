@@ -82,10 +82,20 @@ def on_checklist(form: Form, key: str, lang: str, on: bool, memory: dict[str, An
     return {**apply_config(form, new, lang, memory), form.check_memory: memory}
 
 
-def on_model_check(lang: str, model: str) -> dict:
-    """Beside the model field, before Start: a model neither on this machine nor reachable is flagged."""
+def check_model(lang: str, model: str) -> dict:
+    """Beside the model field, before Start, step one (in its own queue: it may ask the Hub for up to 3 s): whether
+    `model` is on this machine or reachable, as the words the field's note will say, with what they describe."""
     problem = model_problem(model)
-    return gr.update(info=help_text("model", lang) if problem is None else t(problem[0], lang, **problem[1]))
+    return {"model": (model or "").strip(), "lang": lang,
+            "info": help_text("model", lang) if problem is None else t(problem[0], lang, **problem[1])}
+
+
+def model_note_if_current(lang: str, checked: dict | None, model: str) -> Any:
+    """Step two, in the form's queue: the note goes beside the field when it describes the model and language on
+    screen now; an older check that finished after a newer one changes nothing."""
+    if not checked or checked.get("model") != (model or "").strip() or checked.get("lang") != lang:
+        return gr.skip()
+    return gr.update(info=checked["info"])
 
 
 def on_preset_lever(form: Form, lang: str, name: str, *values) -> Updates:

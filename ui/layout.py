@@ -34,7 +34,7 @@ from ui.data import DATA_TYPES, make_preview, on_upload, on_uploaded, preview_up
 from ui.derive import (DEFAULT_BUDGET_GIB, hardware, initial_config, prediction, preset_choices, preset_descriptions,
                        preset_of)
 from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
-from ui.form import (FORM_QUEUE, PREVIEW_QUEUE, Form, confirm_box, derived, facts_for, merged, prediction_state,
+from ui.form import (FORM_QUEUE, MODEL_CHECK_QUEUE, PREVIEW_QUEUE, Form, confirm_box, derived, facts_for, merged, prediction_state,
                      read_config, shown_if_current, still_describes)
 from ui.live import LivePanel, live_update, loss_frame, read_gpus, reward_frame
 from ui.state import AppState
@@ -470,8 +470,10 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
                 comp.submit(changed, inputs=asked, outputs=form.derived_outputs, **typed)
     FIELDS["stage"].change(stage_fields_shown, inputs=[FIELDS["stage"]], outputs=[FIELDS[n] for n in STAGE_FIELDS],
                            **quiet)  # .change: a loaded config or the demo button shows or hides them too
-    FIELDS["model"].change(handlers.on_model_check, inputs=[lang, FIELDS["model"]], outputs=[FIELDS["model"]],
-                           **quiet)
+    checked = gr.State(None)  # the model check's verdict, and the model and language it describes
+    FIELDS["model"].change(handlers.check_model, inputs=[lang, FIELDS["model"]], outputs=[checked],
+                           show_progress="hidden", trigger_mode="always_last", **MODEL_CHECK_QUEUE).success(
+        handlers.model_note_if_current, inputs=[lang, checked, FIELDS["model"]], outputs=[FIELDS["model"]], **quiet)
     for key, box in form.checks.items():
         box.input(partial(handlers.on_checklist, form, key), inputs=[lang, box, form.check_memory, *inputs],
                   outputs=form.outputs, **typed)
