@@ -7,6 +7,7 @@ import json
 import types
 
 import pytest
+import torch
 
 from core.config.presets import apply_preset
 from core.config.settings import TrainConfig, config_problems, demo_config, parse_overrides
@@ -125,3 +126,29 @@ def test_fastest_compiles_when_it_pays_and_older_configs_still_load():
                                                                             "kernel_warmup": "off"}
     problems = [str(p) for p in config_problems(TrainConfig(compile_layers="sometimes"))]
     assert "compile_layers: 'sometimes' is not one of the choices -> pick one of: auto, on, off" in problems
+
+
+def test_auto_stays_off_where_compiling_was_not_measured_read_from_the_users_own_model(tmp_path, demo_model_path):
+    """Compiling was measured on SFT of a dense decoder trained as it is: a preference stage, a model with experts
+    (transformers' experts interface, found in the model's own tree), or one preflight adapted, stays eager under
+    auto, each said by name; a user's explicit on still compiles them."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.test_estimate_stored import _config
+
+    cfg = demo_config(output_dir=str(tmp_path), device="cpu", validation_share=0.0, max_steps=10**5, **FAST)
+    data, _, _, tree = plan_data(cfg, lambda e: None)
+    assert regional.settle(cfg, tree, data, cuda=True)[0].compile_layers == "on"  # 10^5 micro-steps repay it
+    said = regional.settle(cfg.replace(stage="dpo"), tree, data, cuda=True)[1]
+    assert said.key == "log.compile.auto_stage" and said.params["stage"] == "dpo"
+    adapted = [{"key": "log.adapt.unpacked"}]
+    assert regional.settle(cfg, tree, data, cuda=True, adapted=adapted)[1].key == "log.compile.auto_adapted"
+    values = _config("qwen3_moe")
+    with torch.device("meta"):
+        moe = AutoModelForCausalLM.from_config(AutoConfig.for_model(values.pop("model_type"), **values))
+    settled, said = regional.settle(cfg, moe, data, cuda=True)
+    assert settled.compile_layers == "off" and said.key == "log.compile.auto_experts"
+    for line in (said, regional.unmeasured(cfg.replace(stage="orpo"), tree, [])):
+        event = make_event("log", level="info", **words_of(line))
+        assert all("{" not in say(event["key"], event["params"], lang) for lang in ("en", "pt", "fr"))
+    assert regional.settle(cfg.replace(compile_layers="on", stage="dpo"), moe, data, cuda=True)[1] is None

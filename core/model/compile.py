@@ -60,6 +60,7 @@ from typing import Any
 import torch
 
 from core.files import RefusedError, atomic_write_text, target
+from core.levers.experts import experts_modules
 from core.messages import Said, keyed
 
 BACKEND_ENV = "MEMTUNE_COMPILE_BACKEND"
@@ -516,12 +517,28 @@ def decide(cfg, *, cuda: bool, steps: int, layers: int, known: int, seconds: dic
     return saved > cost, said
 
 
-def settle(cfg, tree, plan, cuda: bool, processes: int = 1) -> tuple[Any, Said | None]:
+def unmeasured(cfg, tree, adapted: list) -> Said | None:
+    """What sets this run apart from those compiling was measured on (SFT of a dense decoder trained as it is), from
+    the user's own model: a preference stage (its reference pass runs the same layers with the adapter off), experts
+    (transformers' experts interface), or a model families.adapt changed (`adapted`: preflight's list; stateful
+    mixers, alibi, sinks, a logit transform). None when nothing does."""
+    if cfg.stage != "sft":
+        return Said("log.compile.auto_stage", stage=cfg.stage)
+    if experts_modules(tree):
+        return Said("log.compile.auto_experts")
+    if adapted:
+        return Said("log.compile.auto_adapted")
+    return None
+
+
+def settle(cfg, tree, plan, cuda: bool, processes: int = 1, adapted: list = ()) -> tuple[Any, Said | None]:
     """`cfg` with compile_layers auto settled to on or off for this run (`tree`: the model on the meta device, whose
-    decoder layers and compile key are the loaded model's), and the line that says why; as is, with None, when the
-    user chose on or off."""
+    decoder layers and compile key are the loaded model's; `adapted`: what preflight changed for it), and the line
+    that says why; as is, with None, when the user chose on or off."""
     if cfg.compile_layers != "auto":
         return cfg, None
+    if cuda and (why := unmeasured(cfg, tree, list(adapted))):
+        return cfg.replace(compile_layers="off"), why
     key = cache_key(cfg, tree)
     folder = cache_home() / _digest(key)
     known = _known(folder) if key["backend"] in CACHED_BACKENDS else 0

@@ -188,7 +188,7 @@ class LoRARecipe:
         cuda = self.context.cuda
         self.plan, self.tokenizer, path, tree = plan_data(cfg, emit)
         cfg, adapted = preflight.before_loading(cfg, tree, self.plan, emit)  # what this model can train exactly
-        cfg, why = regional.settle(cfg, tree, self.plan, cuda, distributed.world_size())  # compile_layers auto
+        cfg, why = regional.settle(cfg, tree, self.plan, cuda, distributed.world_size(), adapted)  # compile: auto
         if why:
             emit(make_event("log", level="info", **words_of(why)))
         self.cfg = cfg
