@@ -73,6 +73,27 @@ def test_compiled_layers_train_with_the_same_losses(tmp_path, eager_backend):
     assert cache["folder"] is None and not cache["hit"] and "keeps no compile cache" in cache["why_not"]
 
 
+def test_a_layer_the_compiler_fails_on_trains_uncompiled_with_the_same_losses_and_says_so(tmp_path, eager_backend,
+                                                                                        monkeypatch):
+    """compile_auto turns compiling on for `fastest` on models it was never measured on: a compiler failure there
+    (here a backend that raises) must cost the speed, not the run."""
+    import torch._dynamo
+    from torch._dynamo.backends.registry import list_backends
+
+    def memtune_test_broken(gm, example_inputs):
+        raise RuntimeError("this compiler cannot take the layer")
+
+    if "memtune_test_broken" not in list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(memtune_test_broken)
+    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)  # dynamo's default, put back after
+    monkeypatch.setenv(regional.BACKEND_ENV, "memtune_test_broken")
+    off, _ = _train(tmp_path, "off")
+    on, events = _train(tmp_path, "on", compile_layers="on")
+    assert on == off and len(on) == 2
+    warned = [e for e in events if e.get("key") == "log.compile_no_graph"]
+    assert len(warned) == 1 and warned[0]["level"] == "warning"
+
+
 def test_layers_found_and_compiled_once_per_layer(demo_model_path, eager_backend):
     from transformers import AutoModelForCausalLM
 

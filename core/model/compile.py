@@ -110,6 +110,9 @@ def compile_layers(model) -> Said:
         # "HOP: Unsafe side effect") unless told not to replay it in the recompute; it routes which Python function
         # is traced and is restored on exit, so the traced graph is the same either way.
         setattr(dynamo_config, SIDE_EFFECTS_FLAG, True)
+    # A layer the compiler fails on (a family's code dynamo or inductor cannot take) runs as it is, with the same
+    # results, instead of ending the run at its first step; the log then says no graph was captured (`stats`).
+    dynamo_config.suppress_errors = True
     _one_graph_for_every_layer(model)
     varlen = _attention_outside(model)
     chosen = backend()
