@@ -54,7 +54,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "fastest": {
         "label": "Fastest within 24 GB",
         "description": "Most tokens per second within 24 GB: 8 packs (~4k tokens) per step, no checkpointing, "
-                       "fused kernels, FlashAttention per packed row.",
+                       "fused kernels, FlashAttention per packed row, the layers compiled when the run is long "
+                       "enough to repay it.",
         "overrides": {
             **CHAPTER,
             "upcast_to_fp32": False,
