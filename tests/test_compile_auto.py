@@ -152,3 +152,12 @@ def test_auto_stays_off_where_compiling_was_not_measured_read_from_the_users_own
         event = make_event("log", level="info", **words_of(line))
         assert all("{" not in say(event["key"], event["params"], lang) for lang in ("en", "pt", "fr"))
     assert regional.settle(cfg.replace(compile_layers="on", stage="dpo"), moe, data, cuda=True)[1] is None
+
+
+def test_a_resumed_run_weighs_only_the_steps_it_has_left(tmp_path, demo_model_path):
+    cfg = demo_config(output_dir=str(tmp_path), device="cpu", validation_share=0.0, max_steps=10**5, **FAST)
+    data, _, _, tree = plan_data(cfg, lambda e: None)
+    fresh = regional.settle(cfg, tree, data, cuda=True)[1]
+    resumed = regional.settle(cfg, tree, data, cuda=True, done=10**5 - 10)[1]
+    assert fresh.params["steps"] == 10**5 * cfg.gradient_accumulation_steps
+    assert resumed.params["steps"] == 10 * cfg.gradient_accumulation_steps and resumed.key == "log.compile.auto_off"

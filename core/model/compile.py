@@ -534,10 +534,11 @@ def unmeasured(cfg, tree, adapted: list) -> Said | None:
     return None
 
 
-def settle(cfg, tree, plan, cuda: bool, processes: int = 1, adapted: list = ()) -> tuple[Any, Said | None]:
+def settle(cfg, tree, plan, cuda: bool, processes: int = 1, adapted: list = (), done: int = 0) -> tuple[Any, Said | None]:
     """`cfg` with compile_layers auto settled to on or off for this run (`tree`: the model on the meta device, whose
-    decoder layers and compile key are the loaded model's; `adapted`: what preflight changed for it), and the line
-    that says why; as is, with None, when the user chose on or off."""
+    decoder layers and compile key are the loaded model's; `adapted`: what preflight changed for it; `done`: the
+    optimizer steps a resumed run has behind it), and the line that says why; as is, with None, when the user chose
+    on or off."""
     if cfg.compile_layers != "auto":
         return cfg, None
     if cuda and (why := unmeasured(cfg, tree, list(adapted))):
@@ -545,6 +546,7 @@ def settle(cfg, tree, plan, cuda: bool, processes: int = 1, adapted: list = ()) 
     key = cache_key(cfg, tree)
     folder = cache_home() / _digest(key)
     known = _known(folder) if key["backend"] in CACHED_BACKENDS else 0
-    on, said = decide(cfg, cuda=cuda, steps=micro_steps(cfg, plan, processes), layers=len(decoder_layers(tree)),
+    left = max(0, micro_steps(cfg, plan, processes) - done * cfg.gradient_accumulation_steps)
+    on, said = decide(cfg, cuda=cuda, steps=left, layers=len(decoder_layers(tree)),
                       known=known, seconds=_recorded(folder) if known else {})
     return cfg.replace(compile_layers="on" if on else "off"), said

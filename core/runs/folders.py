@@ -57,7 +57,8 @@ def planted_link(run_dir: Path) -> Path | None:
 
 
 # --- checkpoints -----------------------------------------------------------------------------------------------------
-def _step(p: Path) -> int:
+def checkpoint_step(p: Path) -> int:
+    """The optimizer step a checkpoint-N folder was saved at (-1 for another name)."""
     tail = p.name.rsplit("-", 1)[-1]
     return int(tail) if tail.isdigit() else -1
 
@@ -65,7 +66,7 @@ def _step(p: Path) -> int:
 def complete_checkpoints(run_dir: str | Path) -> list[Path]:
     """Checkpoints whose COMPLETE marker exists, oldest first (whether their files are intact: `resume_point`)."""
     found = [p for p in (Path(run_dir) / "checkpoints").glob("checkpoint-*") if (p / COMPLETE_MARKER).is_file()]
-    return sorted(found, key=_step)
+    return sorted(found, key=checkpoint_step)
 
 
 def _safetensors_problem(path: Path) -> str | None:

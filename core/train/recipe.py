@@ -61,7 +61,8 @@ from core.model import families
 from core.model import load as model_lib
 from core.model.load import ModelError
 from core.runs.events import EventSink, JsonlSink, fan_out, make_event
-from core.runs.folders import STOP_FILE, create_run_dir, finish_run, record_failure, resume_point, save_adapter
+from core.runs.folders import (STOP_FILE, checkpoint_step, create_run_dir, finish_run, record_failure, resume_point,
+                               save_adapter)
 from core.train import preflight
 from core.train import stages  # issue 44: preference stages (dpo, orpo, kto); the hooks below say "stages hook"
 from core.train.callbacks import BarOnly, EventCallback, WarmUp, phase, warms_up, watch_stop
@@ -188,7 +189,8 @@ class LoRARecipe:
         cuda = self.context.cuda
         self.plan, self.tokenizer, path, tree = plan_data(cfg, emit)
         cfg, adapted = preflight.before_loading(cfg, tree, self.plan, emit)  # what this model can train exactly
-        cfg, why = regional.settle(cfg, tree, self.plan, cuda, distributed.world_size(), adapted)  # compile: auto
+        done = checkpoint_step(self.context.resume) if self.context.resume else 0  # a resumed run: the steps left
+        cfg, why = regional.settle(cfg, tree, self.plan, cuda, distributed.world_size(), adapted, done)  # compile: auto
         if why:
             emit(make_event("log", level="info", **words_of(why)))
         self.cfg = cfg
