@@ -141,6 +141,8 @@ def test_auto_stays_off_where_compiling_was_not_measured_read_from_the_users_own
     assert regional.settle(cfg, tree, data, cuda=True)[0].compile_layers == "on"  # 10^5 micro-steps repay it
     said = regional.settle(cfg.replace(stage="dpo"), tree, data, cuda=True)[1]
     assert said.key == "log.compile.auto_stage" and said.params["stage"] == "dpo"
+    said = regional.settle(cfg, tree, data, cuda=True, processes=2)[1]
+    assert said.key == "log.compile.auto_gpus" and said.params["n"] == 2
     adapted = [{"key": "log.adapt.unpacked"}]
     assert regional.settle(cfg, tree, data, cuda=True, adapted=adapted)[1].key == "log.compile.auto_adapted"
     values = _config("qwen3_moe")
@@ -148,7 +150,7 @@ def test_auto_stays_off_where_compiling_was_not_measured_read_from_the_users_own
         moe = AutoModelForCausalLM.from_config(AutoConfig.for_model(values.pop("model_type"), **values))
     settled, said = regional.settle(cfg, moe, data, cuda=True)
     assert settled.compile_layers == "off" and said.key == "log.compile.auto_experts"
-    for line in (said, regional.unmeasured(cfg.replace(stage="orpo"), tree, [])):
+    for line in (said, regional.unmeasured(cfg.replace(stage="orpo"), tree, []), regional.unmeasured(cfg, tree, [], 4)):
         event = make_event("log", level="info", **words_of(line))
         assert all("{" not in say(event["key"], event["params"], lang) for lang in ("en", "pt", "fr"))
     assert regional.settle(cfg.replace(compile_layers="on", stage="dpo"), moe, data, cuda=True)[1] is None

@@ -520,13 +520,15 @@ def decide(cfg, *, cuda: bool, steps: int, layers: int, known: int, seconds: dic
     return saved > cost, said
 
 
-def unmeasured(cfg, tree, adapted: list) -> Said | None:
+def unmeasured(cfg, tree, adapted: list, processes: int = 1) -> Said | None:
     """What sets this run apart from those compiling was measured on (SFT of a dense decoder trained as it is), from
     the user's own model: a preference stage (its reference pass runs the same layers with the adapter off), experts
     (transformers' experts interface), or a model families.adapt changed (`adapted`: preflight's list; stateful
-    mixers, alibi, sinks, a logit transform). None when nothing does."""
+    mixers, alibi, sinks, a logit transform), or several processes. None when nothing does."""
     if cfg.stage != "sft":
         return Said("log.compile.auto_stage", stage=cfg.stage)
+    if processes > 1:  # DDP/FSDP wrap the layers and synchronize between them: not measured compiled
+        return Said("log.compile.auto_gpus", n=processes)
     if experts_modules(tree):
         return Said("log.compile.auto_experts")
     if adapted:
@@ -541,7 +543,7 @@ def settle(cfg, tree, plan, cuda: bool, processes: int = 1, adapted: list = (), 
     on or off."""
     if cfg.compile_layers != "auto":
         return cfg, None
-    if cuda and (why := unmeasured(cfg, tree, list(adapted))):
+    if cuda and (why := unmeasured(cfg, tree, list(adapted), processes)):
         return cfg.replace(compile_layers="off"), why
     key = cache_key(cfg, tree)
     folder = cache_home() / _digest(key)
