@@ -21,5 +21,6 @@ def test_the_lever_names_the_variables_torch_reads_and_nothing_when_off():
 def test_estimate_counts_the_smaller_workspace():
     six = apply_preset(TrainConfig(model="meta-llama/Llama-2-7b-hf"), "six_gb", None)
     shape = SHAPES["meta-llama/Llama-2-7b-hf"]
-    on, off = estimate(six.replace(small_cublas_workspace=True), shape), estimate(six.replace(small_cublas_workspace=False), shape)
+    on = estimate(six.replace(small_cublas_workspace=True), shape)
+    off = estimate(six.replace(small_cublas_workspace=False), shape)
     assert off.peak_allocated - on.peak_allocated == CUBLAS_WORKSPACE - SMALL_CUBLAS_WORKSPACE

@@ -27,7 +27,8 @@ def test_the_lever_reaches_trl_on_a_gpu_and_is_off_without_one(tmp_path):
 
 def test_with_checkpointing_all_but_the_stash_of_layer_inputs_leave_the_gpu():
     low = apply_preset(TrainConfig(model="meta-llama/Llama-3.1-8B"), "six_gb")
-    on, off = estimate(low.replace(offload_activations=True), L8B), estimate(low.replace(offload_activations=False), L8B)
+    on = estimate(low.replace(offload_activations=True), L8B)
+    off = estimate(low.replace(offload_activations=False), L8B)
     tokens = low.per_device_train_batch_size * low.max_length
     layer_input = 2 * L8B.hidden_size * tokens  # one bf16 hidden state per token
     assert off.activations - on.activations == (L8B.num_hidden_layers - OFFLOAD_STASH) * layer_input

@@ -34,8 +34,8 @@ from ui.data import DATA_TYPES, make_preview, on_upload, on_uploaded, preview_up
 from ui.derive import (DEFAULT_BUDGET_GIB, hardware, initial_config, prediction, preset_choices, preset_descriptions,
                        preset_of)
 from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
-from ui.form import (FORM_QUEUE, MODEL_CHECK_QUEUE, PREVIEW_QUEUE, Form, confirm_box, derived, facts_for, merged, prediction_state,
-                     read_config, shown_if_current, still_describes)
+from ui.form import (FORM_QUEUE, MODEL_CHECK_QUEUE, PREVIEW_QUEUE, Form, confirm_box, derived, facts_for, merged,
+                     prediction_state, read_config, shown_if_current, still_describes)
 from ui.live import LivePanel, live_update, loss_frame, read_gpus, reward_frame
 from ui.state import AppState
 from ui.theme import GRADIO_LOCALE_JS, GRADIO_LOCALES, TABS_KW

@@ -338,7 +338,7 @@ class CompileCache:
             self.loaded, self.compiled = diff["fx_hit"], diff["fx_miss"]
         if self.folder is not None and (self.loaded or self.compiled):
             # the seconds too, first or from the cache: compile_layers auto weighs the next run's compile by them
-            seconds = _recorded(self.folder)
+            seconds = _recorded(_manifest(self.folder))
             seconds["cached" if self.loaded and not self.compiled else "first"] = self.seconds
             with contextlib.suppress(OSError):  # a full disk costs the next run its head start, not this run
                 atomic_write_text(self.folder / MANIFEST, json.dumps(
@@ -445,7 +445,7 @@ def open_cache(cfg, model, emit=None) -> CompileCache:
         # without, 10 s with it). Its traced forward and backward are part of the hashed graph, and PyTorch checked
         # the operator pure in its inputs (pytorch#149751) before offering the flag; the user's env var wins.
         setattr(functorch_config, CUSTOM_FUNCTIONS_FLAG, True)
-    return CompileCache(folder=folder, key=key, known=_known(folder))
+    return CompileCache(folder=folder, key=key, known=_known(_manifest(folder)))
 
 
 def _manifest(folder: Path) -> dict:
@@ -457,17 +457,17 @@ def _manifest(folder: Path) -> dict:
     return found if isinstance(found, dict) else {}
 
 
-def _recorded(folder: Path) -> dict:
-    """The compile seconds an earlier run of this key recorded in `folder`: {"first": s, "cached": s}, as far as known."""
-    seconds = _manifest(folder).get("seconds")
+def _recorded(manifest: dict) -> dict:
+    """The compile seconds an earlier run of this key recorded in its manifest: {"first": s, "cached": s}, as known."""
+    seconds = manifest.get("seconds")
     return {k: v for k, v in seconds.items() if k in ("first", "cached") and isinstance(v, (int, float))
             and not isinstance(v, bool) and v > 0} if isinstance(seconds, dict) else {}
 
 
-def _known(folder: Path) -> int:
-    """Graphs an earlier run left in `folder` (its manifest), 0 when none."""
+def _known(manifest: dict) -> int:
+    """Graphs an earlier run of this key left (its manifest), 0 when none."""
     try:
-        return int(_manifest(folder).get("graphs", 0))
+        return int(manifest.get("graphs", 0))
     except (ValueError, TypeError):
         return 0
 
@@ -480,7 +480,6 @@ def _known(folder: Path) -> int:
 # per decoder layer and micro-step: 0.03 s over 32 layers. With checkpointing it lost (run 21, `lowest_memory`: 2,682
 # and 3,119 compiled against 3,585 eager tok/s): auto leaves it off there. This machine's own compile seconds for the
 # shape (the cache's manifest) replace the measured ones once a run has compiled it.
-MODES = ("auto", "on", "off")
 FIRST_S, CACHED_S = 26.3, 8.4
 SAVED_PER_LAYER_S = 0.03 / 32
 
@@ -536,7 +535,8 @@ def unmeasured(cfg, tree, adapted: list, processes: int = 1) -> Said | None:
     return None
 
 
-def settle(cfg, tree, plan, cuda: bool, processes: int = 1, adapted: list = (), done: int = 0) -> tuple[Any, Said | None]:
+def settle(cfg, tree, plan, cuda: bool, processes: int = 1, adapted: list = (),
+           done: int = 0) -> tuple[Any, Said | None]:
     """`cfg` with compile_layers auto settled to on or off for this run (`tree`: the model on the meta device, whose
     decoder layers and compile key are the loaded model's; `adapted`: what preflight changed for it; `done`: the
     optimizer steps a resumed run has behind it), and the line that says why; as is, with None, when the user chose
@@ -546,9 +546,9 @@ def settle(cfg, tree, plan, cuda: bool, processes: int = 1, adapted: list = (), 
     if cuda and (why := unmeasured(cfg, tree, list(adapted), processes)):
         return cfg.replace(compile_layers="off"), why
     key = cache_key(cfg, tree)
-    folder = cache_home() / _digest(key)
-    known = _known(folder) if key["backend"] in CACHED_BACKENDS else 0
+    manifest = _manifest(cache_home() / _digest(key)) if key["backend"] in CACHED_BACKENDS else {}
+    known = _known(manifest)
     left = max(0, micro_steps(cfg, plan, processes) - done * cfg.gradient_accumulation_steps)
     on, said = decide(cfg, cuda=cuda, steps=left, layers=len(decoder_layers(tree)),
-                      known=known, seconds=_recorded(folder) if known else {})
+                      known=known, seconds=_recorded(manifest) if known else {})
     return cfg.replace(compile_layers="on" if on else "off"), said
