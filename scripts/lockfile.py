@@ -56,7 +56,8 @@ def installed() -> dict[str, str]:
     for dist in metadata.distributions():
         name = dist.metadata["Name"]
         if name:
-            found[canonical(name)] = public(dist.version)
+            # the first on sys.path is what an import gets (setuptools' vendored copies join sys.path later)
+            found.setdefault(canonical(name), public(dist.version))
     return found
 
 

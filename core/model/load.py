@@ -24,7 +24,7 @@ from core.levers.output_head import quantize_output_head
 from core.model.attention import use_varlen_attention
 from core.model import lora_targets as lt
 from core.model.compile import compile_layers, compiles
-from core.model.nf4_cpu import correct_cpu_dequantize, keep_4bit_layout
+from core.model.nf4_cpu import keep_4bit_layout
 from core.messages import Keyed, Said, keyed, words_of
 from core.runs.events import EventSink, make_event
 
@@ -164,8 +164,6 @@ def load_model(cfg: TrainConfig, path: str | None = None):
 
     path = path or resolve_model_path(cfg)
     configure_cuda(cfg)
-    if cfg.load_in_4bit:
-        correct_cpu_dequantize()
     kwargs = dict(quantization_config=build_bnb_config(cfg), token=hf_token(),
                   **recipe.load_kwargs(cfg, torch.cuda.current_device() if use_cuda(cfg) else None))
     try:
