@@ -17,7 +17,7 @@ def test_an_eval_forward_on_the_cpu_keeps_the_weight_layout():
     model = torch.nn.Sequential(bnb.nn.Linear4bit(64, 40, bias=False, compute_dtype=torch.bfloat16,
                                                   quant_type="nf4"))
     model[0].weight = bnb.nn.Params4bit(torch.randn(40, 64).to(torch.bfloat16), requires_grad=False,
-                                        quant_type="nf4")._quantize("cpu")
+                                        quant_type="nf4").to("cpu")  # quantized as it moves
     before = model[0].weight.data.clone()
     keep_4bit_layout(model)
     model.eval()
