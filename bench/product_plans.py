@@ -275,7 +275,48 @@ def speed22(name: str) -> list[Variant]:
     return rows
 
 
+def speed23(name: str) -> list[Variant]:
+    """Issue 42 with the pairs repeated (run 22 had one row each, inside the +-8% identical processes spread): the
+    preset and the candidate (no double quantization + torch's fused AdamW) alternated three times in one call, 28
+    steps each so that their steps pair, then the candidate compiled from an empty cache and twice from the cache it
+    filled. speed23a: the 8B beside the chapter's script; speed23b: the 3B the same way, and the lean presets with
+    fused AdamW against their own. speed23smoke: the rows' code paths on the CPU with the tiny model."""
+    import time
+
+    smoke = name.endswith("smoke")
+    cand = [*OFF, "bnb_4bit_use_double_quant=false", "optim=adamw_torch_fused"]
+    cache = {"MEMTUNE_COMPILE_CACHE": f"/tmp/memtune-speed23-{int(time.time())}"}
+    fast = dict(steps=28, warm=4, timeout_s=80)
+    lm = dict(steps=12, warm=3, timeout_s=75)
+
+    def pairs(arch: str = "", tag: str = "") -> list[Variant]:
+        rows = []
+        for i in (1, 2, 3):
+            rows.append(Variant(f"{tag}fastest-{i}", "fastest", OFF, **fast, arch=arch, note="the preset as it is"))
+            rows.append(Variant(f"{tag}cand-{i}", "fastest", cand, **fast, arch=arch,
+                                note="no double quantization + fused AdamW"))
+        compiled = [*cand, "compile_layers=on"]
+        rows += [Variant(f"{tag}cand-compile-cold", "fastest", compiled, steps=28, warm=6, timeout_s=150, arch=arch,
+                         env=cache, note="compile cache empty"),
+                 *(Variant(f"{tag}cand-compile-warm-{i}", "fastest", compiled, steps=28, warm=4, timeout_s=100,
+                           arch=arch, env=cache, note="the cache the cold row filled") for i in (1, 2))]
+        return rows
+
+    a = [Variant("chapter-script", steps=3, warm=1, timeout_s=120, note="the chapter's script as written"), *pairs()]
+    b = [*pairs("llama-3.2-3b", "3b-"),
+         *(Variant(f"{p}{s}", p, [*OFF, *extra], **lm) for p in ("lowest_memory", "six_gb")
+           for s, extra in (("", []), ("-fusedopt", ["optim=adamw_torch_fused"])))]
+    rows = {"speed23a": a, "speed23b": b}.get(name, a + b)
+    if smoke:
+        rows = [v for v in rows if v.preset and not v.name.endswith(("-2", "-3"))]
+        for v in rows:
+            v.steps, v.warm, v.max_length, v.timeout_s, v.arch = 3, 1, 128, 600, ""
+    return rows
+
+
 def plan(name: str) -> list[Variant]:
+    if name.startswith("speed23"):
+        return speed23(name)
     if name.startswith("speed22"):
         return speed22(name)
     if name in ("dpo1", "dpo1smoke"):

@@ -2,13 +2,16 @@
 GGUF export never load a model in the app's process, a child killed with SIGKILL becomes a failed action with a
 message, and the next action starts a fresh child. Real children on the demo model (CPU)."""
 
+import json
 import os
+import subprocess
+import sys
 import signal
 from pathlib import Path
 
 import pytest
 
-from core.jobs.actions import ActionBusy
+from core.jobs.actions import ActionBusy, sweep_orphans, this_app
 from core.jobs.manager import JobManager
 
 SETTINGS = dict(max_new_tokens=6, temperature=0.0, top_p=0.9, seed=0, template=True)
@@ -119,3 +122,29 @@ def test_the_pages_merge_stop_ends_the_merge_and_the_page_says_so(finished_run, 
     merging.join(120)
     assert "The merge was stopped" in stopped and "The merge was stopped" in said[0], (stopped, said)
     assert not (tmp_path / "m" / "config.json").exists()
+
+
+def _action_folder(where: Path, kind: str, app, tag: str = "abc123") -> Path:
+    folder = where / f"memtune-{kind}-{tag}"
+    folder.mkdir()
+    (folder / "action.json").write_text(json.dumps({"kind": kind, "params": {}, **({"app": app} if app else {})}))
+    (folder / "merged.safetensors").write_bytes(b"0" * 64)
+    return folder
+
+
+def test_an_app_killed_mid_action_leaves_no_folder_and_a_live_apps_folders_stay(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    mine = this_app()
+    orphan = _action_folder(tmp_path, "merge", {"pid": gone.pid, "started": mine["started"]})
+    reused = _action_folder(tmp_path, "gguf", {"pid": mine["pid"], "started": mine["started"] - 3600})  # pid reused
+    live = _action_folder(tmp_path, "try", mine)
+    unnamed = _action_folder(tmp_path, "merge", None, "old")  # an older version's: whose it is is unknown
+    other = tmp_path / "memtune-launch-xyz"  # not an action's folder
+    other.mkdir()
+
+    removed = sweep_orphans(tmp_path)
+
+    assert sorted(removed) == sorted([orphan, reused])
+    assert not orphan.exists() and not reused.exists()
+    assert live.exists() and unnamed.exists() and other.exists()

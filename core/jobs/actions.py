@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from core.messages import Said, keyed
 from core.runs.events import EventList, EventTail, make_event
 from core.jobs import warm
@@ -116,6 +118,7 @@ class Actions:
         self._ids = itertools.count(1)
         self._live: list[Action] = []  # running actions (one at a time, by the rule above)
         self._last: dict[tuple[str | None, str], Action] = {}  # (owner, kind) -> the newest
+        sweep_orphans()
 
     # --- control ------------------------------------------------------------------------------------------------
     def start(self, kind: str, params: dict[str, Any], owner: str | None = None) -> Action:
@@ -157,7 +160,8 @@ class Actions:
     def _launch(self, kind: str, params: dict[str, Any], owner: str | None) -> Action:
         action = Action(id=next(self._ids), kind=kind, params=params, owner=owner)
         action.folder = Path(tempfile.mkdtemp(prefix=f"memtune-{kind}-"))
-        (action.folder / "action.json").write_text(json.dumps({"kind": kind, "params": params}), encoding="utf-8")
+        spec = {"kind": kind, "params": params, "app": this_app()}  # `app`: whose folder it is (sweep_orphans)
+        (action.folder / "action.json").write_text(json.dumps(spec), encoding="utf-8")
         starting = make_event("phase", phase="starting", progress=None, what=kind,
                               **keyed("action.starting", what=Said(f"action.what.{kind}")))
         action.emit(starting)
@@ -238,6 +242,41 @@ class Actions:
                 if action in self._live:
                     self._live.remove(action)
             shutil.rmtree(action.folder, ignore_errors=True)
+
+
+def this_app() -> dict[str, float]:
+    """This process as an action folder records its owner: the pid and its start time (a pid is reused)."""
+    me = psutil.Process()
+    return {"pid": me.pid, "started": me.create_time()}
+
+
+def _alive(app: dict) -> bool:
+    """The app process `app` names still runs (its pid, started when recorded); True where that cannot be told."""
+    try:
+        return abs(psutil.Process(int(app["pid"])).create_time() - float(app["started"])) < 1.0
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return True
+
+
+def sweep_orphans(where: Path | None = None) -> list[Path]:
+    """Remove the action folders (a merged model, a GGUF, a Try it child's requests) of app processes that are gone:
+    an app killed mid-action never reached `_follow`'s cleanup (its children die with it). Only folders whose
+    action.json names a dead app are touched: another app on this machine, live, keeps its own, and a folder that
+    names no app is left alone. Returns the removed folders."""
+    removed = []
+    for folder in Path(where or tempfile.gettempdir()).glob("memtune-*-*"):
+        if folder.name.split("-")[1] not in KINDS or not folder.is_dir():
+            continue
+        try:
+            app = json.loads((folder / "action.json").read_text(encoding="utf-8")).get("app")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(app, dict) and "pid" in app and not _alive(app):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 def death(action: Action, child: Child) -> dict[str, Any]:
