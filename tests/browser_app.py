@@ -161,7 +161,9 @@ def context(browser):
 @pytest.fixture
 def page(context, server):
     pg = context.new_page()
-    pg.set_default_timeout(30_000)
+    # a bound for a busy 2-core machine (a checklist tick once took over 30 s while the suite's first tests loaded
+    # models beside it), never a timing assert; waits that must be quick name their own
+    pg.set_default_timeout(120_000)
     pg.errors = []
     pg.foreign = []
     pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)

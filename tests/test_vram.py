@@ -94,6 +94,7 @@ def test_the_sampler_thread_keeps_the_peak_and_the_series(monkeypatch):
     assert {util for _, _, util in tracker.series} == {42}
     times = [t for t, _, _ in tracker.series]
     assert times == sorted(times)
+    tracker.interval = 3600  # the thread then never samples between start and stop: exactly their two readings
     again = tracker.start()  # a second start measures afresh
     again.stop()
     assert again.samples == 2 and again.series[0][1] == served[-2]
