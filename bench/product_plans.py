@@ -314,7 +314,64 @@ def speed23(name: str) -> list[Variant]:
     return rows
 
 
+def speed24(name: str) -> list[Variant]:
+    """Issue 42 on the card its goals name (an H200, when lent): today's presets with the chapter's script and the
+    peer at its best in one call, then what compiling adds to today's `fastest` (alternated with the eager preset,
+    the cache warm), where its step goes now, and the 3B. speed24a: the chapter's script, `fastest` three times
+    (first, middle, last), Unsloth's fastest within 24 GB (8 packs x 1, its offloaded checkpointing: run 10's row) and
+    its lowest memory (2 packs x 3) beside `lowest_memory`, then `six_gb`. speed24b: `fastest` compiled from an empty
+    cache, then eager / compiled-from-the-cache alternated twice (28 steps each: their steps pair), torch.profiler over
+    two steady steps of `fastest` eager and compiled, the 3B with one pair. speed24smoke: the preset rows' code paths on the CPU."""
+    import time
+
+    smoke = name.endswith("smoke")
+    cache = {"MEMTUNE_COMPILE_CACHE": f"/tmp/memtune-speed24-{int(time.time())}"}
+    fast = dict(steps=28, warm=4, timeout_s=80)
+    lm = dict(steps=12, warm=3, timeout_s=75)
+    peer = ["--packing", "--checkpointing", "unsloth"]
+    a = [
+        Variant("chapter-script", steps=3, warm=1, timeout_s=120, note="the chapter's script as written"),
+        Variant("fastest-1", "fastest", OFF, **fast),
+        Variant("unsloth-fast", steps=10, warm=3, timeout_s=110, peer=True,
+                script_args=[*peer, "--batch", "8", "--accum", "1"],
+                note="Unsloth 2026.10.9, its packing, 8 packs x 1, its offloaded checkpointing (its fastest in 24 GB)"),
+        Variant("lowest_memory", "lowest_memory", OFF, **lm),
+        Variant("unsloth-low", steps=10, warm=3, timeout_s=110, peer=True,
+                script_args=[*peer, "--batch", "2", "--accum", "3"],
+                note="Unsloth 2026.10.9, its packing, 2 packs x 3, its offloaded checkpointing (its lowest memory)"),
+        Variant("fastest-2", "fastest", OFF, **fast),
+        Variant("six_gb", "six_gb", OFF, **lm),
+        Variant("fastest-3", "fastest", OFF, **fast),
+    ]
+
+    on = [*OFF, "compile_layers=on"]
+
+    def compiled(arch: str = "", tag: str = "", pairs: int = 2) -> list[Variant]:
+        rows = [Variant(f"{tag}compile-cold", "fastest", on, steps=28, warm=6, timeout_s=150, arch=arch, env=cache,
+                        note="compile cache empty")]
+        for i in range(1, pairs + 1):
+            rows += [Variant(f"{tag}eager-{i}", "fastest", [*OFF, "compile_layers=off"], **fast, arch=arch),
+                     Variant(f"{tag}compile-warm-{i}", "fastest", on, steps=28, warm=4, timeout_s=100, arch=arch,
+                             env=cache, note="the cache the cold row filled")]
+        return rows
+
+    b = [*compiled(),
+         Variant("prof-fastest", "fastest", [*OFF, "compile_layers=off"], steps=10, torch_steps="8-9", timeout_s=90,
+                 note="torch.profiler over two optimizer steps of today's preset"),
+         Variant("prof-compiled", "fastest", on, steps=10, torch_steps="8-9", timeout_s=90, env=cache,
+                 note="the same, compiled from the cache: what compiling leaves of the host's work"),
+         *compiled("llama-3.2-3b", "3b-", pairs=1)]
+    rows = {"speed24a": a, "speed24b": b}.get(name, a + b)
+    if smoke:
+        rows = [v for v in rows if v.preset and not v.name.endswith(("-2", "-3")) and not v.torch_steps]
+        for v in rows:
+            v.steps, v.warm, v.max_length, v.timeout_s, v.arch = 3, 1, 128, 600, ""
+    return rows
+
+
 def plan(name: str) -> list[Variant]:
+    if name.startswith("speed24"):
+        return speed24(name)
     if name.startswith("speed23"):
         return speed23(name)
     if name.startswith("speed22"):

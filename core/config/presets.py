@@ -67,8 +67,9 @@ PRESETS: dict[str, dict[str, Any]] = {
             "gradient_checkpointing": False,  # no recompute; activations ~3.8 MiB per token on 8B with liger
             # per packed row, no [tokens x tokens] mask: faster and smaller (bench/RESULTS.md, section "Product path")
             "attention": "varlen",
-            # the decoder layers compiled when this run's steps repay the compile (8,718 -> 9,378-9,840 tok/s on
-            # one H100 after 26 s, or 8 s from the compile cache: bench/RESULTS.md run 21); the log says which
+            # the decoder layers compiled when this run's steps repay the compile (each step 1.08x faster, median
+            # of 96 paired steps, after 23 s, or 7 s from the compile cache: one H100, bench/RESULTS.md run 24);
+            # the log says which
             "compile_layers": "auto",
             # Two levers that remove launches, kept after three alternated pairs of processes in one call (8B, one
             # H100, bench/RESULTS.md run 23): 12,216 tok/s against 10,759 on the same batches, every step 1.125x

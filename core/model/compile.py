@@ -473,15 +473,17 @@ def _known(manifest: dict) -> int:
 
 
 # --- compile_layers auto: compile when it pays for this run ------------------------------------------------------
-# What compiling costs and saves, measured on the product path (bench/RESULTS.md run 21: one H100, Llama-3.1-8B,
-# `fastest`, 8 packs x 1, one process per row, one call): 26.3 s to compile with an empty cache, 8.4 s from the cache;
-# the median step 0.44 s eager against 0.40-0.41 s compiled (8,718 against 9,378-9,840 tok/s). What compiling removes
-# is per-layer host work (LoRA's scale and add, norms, activations issued as fewer kernels), so the saving is counted
-# per decoder layer and micro-step: 0.03 s over 32 layers. With checkpointing it lost (run 21, `lowest_memory`: 2,682
-# and 3,119 compiled against 3,585 eager tok/s): auto leaves it off there. This machine's own compile seconds for the
-# shape (the cache's manifest) replace the measured ones once a run has compiled it.
-FIRST_S, CACHED_S = 26.3, 8.4
-SAVED_PER_LAYER_S = 0.03 / 32
+# What compiling costs and saves, measured on the product path with today's `fastest` (bench/RESULTS.md run 24: one
+# H100, Llama-3.1-8B, 8 packs x 1, one process per row, eager and compiled-from-the-cache rows alternated twice in
+# one call, 28 steps each on the same batches): 22.6 s to compile with an empty cache, 6.3-7.1 s from the cache
+# (median 6.8); each compiled micro-step 0.0295 s shorter than the eager one it pairs with (median of 96 pairs,
+# 1.08x; run 21 with the older levers: 0.03 s). What compiling removes is per-layer host work (LoRA's scale and add,
+# norms, activations issued as fewer kernels: 3,263 launches per step against 3,644), so the saving is counted per
+# decoder layer and micro-step: 0.0295 s over 32 layers. With checkpointing it lost (run 21, `lowest_memory`: 2,682
+# and 3,119 compiled against 3,585 eager tok/s): auto leaves it off there. This machine's own compile seconds for
+# the shape (the cache's manifest) replace the measured ones once a run has compiled it.
+FIRST_S, CACHED_S = 22.6, 6.8
+SAVED_PER_LAYER_S = 0.0295 / 32
 
 
 def compiles(cfg) -> bool:
