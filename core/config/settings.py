@@ -328,11 +328,10 @@ class TrainConfig:
     compile_layers: str = field(default="off", metadata=_help(
         "Regional compilation: torch.compile each decoder layer once (one graph, reused by every layer), so LoRA, "
         "norms and activations run as fewer fused kernels with less Python per step. On one H100, Llama-3.1-8B "
-        "`fastest` ran 1.08x faster step for step (11,797 vs 10,906 tokens/s, two alternated pairs) after 23 s of "
+        "`fastest` ran 1.08x faster step for step (11,803 vs 10,904 tokens/s, two alternated pairs) after 23 s of "
         "compiling, or 7 s when an earlier run compiled the same shape (the compile cache); with checkpointing it ran "
-        "slower. auto: on when "
-        "this run's micro-steps save more than the compile costs (a GPU, no checkpointing; the log says the "
-        "figures), else off. Same results. It replaces liger's in-layer kernels (use_liger_kernel), which the "
+        "slower. auto: on when this run's micro-steps save more than the compile costs (a GPU, no checkpointing; the "
+        "log says the figures), else off. Same results. It replaces liger's in-layer kernels (use_liger_kernel), which the "
         "compiler cannot trace.",
         choices=("auto", "on", "off"), widget="radio",
         lever=Lever("beyond", ("core.model.compile.settle", "core.model.compile.compiles", SFT), (), "Run 24",
