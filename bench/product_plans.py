@@ -6,7 +6,7 @@ plans stay as they were run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -369,7 +369,61 @@ def speed24(name: str) -> list[Variant]:
     return rows
 
 
+def speed25(name: str) -> list[Variant]:
+    """Issue 42, host time: `fastest` is host-bound (GPU busy ~70%), and on the CPU the Trainer's flop count walks
+    every parameter per micro-batch and the varlen attention read its kernel's signature per layer; this tree counts
+    once and reads once (core/train/host.py, core/model/attention.py). Rows from dcb0998's tree (`bash
+    bench/bisect_trees.sh dcb0998`, before) alternate with this tree's, eager, their steps paired. Then inductor's CUDA
+    graphs over the compiled layers (MEMTUNE_COMPILE_MODE=reduce-overhead, every micro-batch padded to 8 x 512 tokens so
+    each layer piece is recorded once), cold and from its cache, beside today's compile from its own cache.
+    speed25a: the 8B. speed25b: the 3B. speed25c: after 25a (the first process of a fresh machine slow, the host
+    faster row by row; CUDA graphs +1-2% over today's compile for +2.3 GiB): the chapter's script, old and new eager,
+    today's compile, then the 3B eager and compiled. speed25smoke: this tree's rows on the CPU with the tiny model."""
+    import time
+    from pathlib import Path
+
+    smoke = name.endswith("smoke")
+    stamp = int(time.time())
+    arch = "llama-3.2-3b" if name.startswith("speed25b") else ""
+    tag = "3b-" if arch else ""
+    old = str(Path(".bisect") / "dcb0998")
+    eager = [*OFF, "compile_layers=off"]
+    on = [*OFF, "compile_layers=on"]
+    graphs = {"MEMTUNE_COMPILE_MODE": "reduce-overhead", "TORCH_LOGS": "perf_hints",
+              "MEMTUNE_COMPILE_CACHE": f"/tmp/memtune-graphs25-{tag}{stamp}"}
+    plain = {"MEMTUNE_COMPILE_CACHE": f"/tmp/memtune-plain25-{tag}{stamp}"}
+    fast = dict(steps=28, warm=4, timeout_s=80, arch=arch)
+    rows = []
+    for i in (1, 2):  # new, old, old, new: a drift over the call weighs on both alike
+        pair = [Variant(f"{tag}new-{i}", "fastest", eager, **fast, note="this tree, eager"),
+                Variant(f"{tag}old-{i}", "fastest", eager, **fast, code=old, note="dcb0998's tree, eager")]
+        rows += pair if i == 1 else pair[::-1]
+    rows += [Variant(f"{tag}graphs-cold", "fastest", on, steps=28, warm=8, timeout_s=170, arch=arch, env=graphs,
+                     note="compiled layers with CUDA graphs, cache empty"),
+             Variant(f"{tag}graphs-warm", "fastest", on, steps=28, warm=6, timeout_s=110, arch=arch, env=graphs,
+                     note="the same from the cache the cold row filled")]
+    if not arch:
+        rows += [Variant("plain-cold", "fastest", on, steps=8, warm=4, timeout_s=120, env=plain,
+                         note="today's compile, filling its cache (not compared)"),
+                 Variant("plain-warm", "fastest", on, steps=28, warm=4, timeout_s=100, env=plain,
+                         note="today's compile from its cache")]
+    if name.startswith("speed25c"):  # run 25a's lesson: a warm machine first, the yardstick in the call
+        rows = [Variant("chapter-script", steps=3, warm=1, timeout_s=120, note="the chapter's script as written"),
+                *rows[:4], *(v for v in rows if v.name.startswith("plain")),
+                *(replace(v, name=f"3b-{v.name}", arch="llama-3.2-3b",
+                          env={k: f"{x}-3b" if k == "MEMTUNE_COMPILE_CACHE" else x for k, x in v.env.items()})
+                  for v in (next(r for r in rows if r.name == n) for n in ("new-1", "plain-cold", "plain-warm",
+                                                                             "new-2")))]
+    if smoke:
+        rows = [v for v in rows if not v.code and not v.name.endswith("-2")]
+        for v in rows:
+            v.steps, v.warm, v.max_length, v.timeout_s, v.arch = 3, 1, 128, 900, ""
+    return rows
+
+
 def plan(name: str) -> list[Variant]:
+    if name.startswith("speed25"):
+        return speed25(name)
     if name.startswith("speed24"):
         return speed24(name)
     if name.startswith("speed23"):

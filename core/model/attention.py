@@ -71,12 +71,19 @@ def _rows_from_position_ids(position_ids: torch.Tensor):
     return cu, max_len
 
 
+@functools.lru_cache(maxsize=4)
+def _parameters(kernel) -> frozenset:
+    """The kernel's argument names, read once per kernel: inspect.signature on every layer's call was host time
+    in a host-bound step (bench/RESULTS.md run 25)."""
+    return frozenset(inspect.signature(kernel).parameters)
+
+
 def _run_varlen(q, k, v, cu, max_len: int, scaling: float, sliding_window: int | None = None):
     """torch.nn.attention.varlen.varlen_attn on [tokens, heads, dim] tensors, causal, whatever its signature:
     2.10 (`is_causal`), 2.11 (`window_size`, no `enable_gqa`), 2.13 (`window_size`, `enable_gqa`, `scale`).
     None where the installed kernel cannot express the call (the caller then uses SDPA)."""
     varlen_attn = _varlen_kernel()
-    params = inspect.signature(varlen_attn).parameters
+    params = _parameters(varlen_attn)
     kwargs = {}
     if "window_size" in params:
         # causal; FlashAttention's left window counts the keys before the query: transformers' q - k < window

@@ -66,6 +66,7 @@ from core.runs.folders import (STOP_FILE, checkpoint_step, create_run_dir, finis
 from core.train import preflight
 from core.train import stages  # issue 44: preference stages (dpo, orpo, kto); the hooks below say "stages hook"
 from core.train.callbacks import BarOnly, EventCallback, WarmUp, phase, warms_up, watch_stop
+from core.train.host import counted_once
 
 
 @dataclass
@@ -350,7 +351,7 @@ def build_trainer(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir:
         args = build_sft_config(cfg, output_dir, console, eval_dataset is not None, output_dir.parent, cuda)
         if args.use_liger_kernel:  # what of liger this model can take (4-bit MoE experts: not its SwiGLU)
             args.liger_kernel_config = {**(args.liger_kernel_config or {}), **liger_config(model)}
-        trainer = SFTTrainer(
+        trainer = counted_once(SFTTrainer)(  # the Trainer's flop count without a walk per micro-batch (host.py)
             model=model,
             args=args,
             train_dataset=train_dataset,

@@ -29,6 +29,7 @@ from core.config.settings import ConfigError, Problem, TrainConfig
 from core.messages import keyed
 from core.model import load as model_lib
 from core.runs.events import EventSink, make_event
+from core.train.host import counted_once
 from core.train.rewards import eval_rewards, reward_summary
 
 
@@ -139,8 +140,9 @@ def trainer_for(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir: P
     of init_adapter's adapter, or else the base with the adapter disabled (module docstring)."""
     trainer_class, _ = trainer_classes(cfg.stage)
     args = build_config(cfg, output_dir, console, eval_dataset is not None, output_dir.parent, cuda)
-    trainer = trainer_class(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                            processing_class=tokenizer, callbacks=list(callbacks))
+    trainer = counted_once(trainer_class)(model=model, args=args, train_dataset=train_dataset,
+                                          eval_dataset=eval_dataset, processing_class=tokenizer,
+                                          callbacks=list(callbacks))
     peft_config = getattr(trainer.model, "peft_config", {})
     if "ref" in peft_config and adapter_dir(cfg) is None:  # a fresh adapter's copy is the base: TRL then disables
         trainer.model.delete_adapter("ref")  # the adapter for the reference instead (module docstring)
