@@ -375,7 +375,9 @@ def speed25(name: str) -> list[Variant]:
     once and reads once (core/train/host.py, core/model/attention.py). Rows from dcb0998's tree (`bash
     bench/bisect_trees.sh dcb0998`, before) alternate with this tree's, eager, their steps paired. Then inductor's CUDA
     graphs over the compiled layers (MEMTUNE_COMPILE_MODE=reduce-overhead, every micro-batch padded to 8 x 512 tokens so
-    each layer piece is recorded once), cold and from its cache, beside today's compile from its own cache.
+    each layer piece is recorded once), cold and from its cache, beside today's compile from its own cache. That switch
+    lived in commit 6f8d4af (core/model/compile.py, core/config/arguments.py) and was removed after run 25 measured it
+    (+1.6% a step over today's compile, +2.3 GiB, past 24 GiB): its rows now run today's compile.
     speed25a: the 8B. speed25b: the 3B. speed25c: after 25a (the first process of a fresh machine slow, the host
     faster row by row; CUDA graphs +1-2% over today's compile for +2.3 GiB): the chapter's script, old and new eager,
     today's compile, then the 3B eager and compiled. speed25smoke: this tree's rows on the CPU with the tiny model."""

@@ -8,7 +8,6 @@ and from_pretrained both accept), no torch/transformers import at module level.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -137,10 +136,6 @@ def sft_kwargs(cfg: TrainConfig, output_dir: str | Path, cuda: bool, console: bo
             # serves all.
             # The padding is one-token rows of their own (position 0, label -100): nothing trains on it.
             kwargs["pad_to_multiple_of"] = 8
-            if os.environ.get("MEMTUNE_COMPILE_MODE", "").strip() in ("reduce-overhead", "max-autotune"):
-                # bench's CUDA graph experiment (core/model/compile.py MODE_ENV): one length for every micro-batch,
-                # so each layer piece is recorded once (the padding is one-token rows that train on nothing)
-                kwargs["pad_to_multiple_of"] = cfg.per_device_train_batch_size * cfg.max_length
     return kwargs
 
 

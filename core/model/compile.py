@@ -64,9 +64,6 @@ from core.levers.experts import experts_modules
 from core.messages import Said, keyed
 
 BACKEND_ENV = "MEMTUNE_COMPILE_BACKEND"
-# bench only, until a GPU call measures it: "reduce-overhead" compiles the layers with inductor's CUDA graphs (one
-# replay per layer piece instead of one launch per kernel), the packs padded to one length (core/config/arguments.py)
-MODE_ENV = "MEMTUNE_COMPILE_MODE"
 RECOMPILE_LIMIT = 16  # per code object: train/eval mode, grad on/off, per-layer constants (Gemma's sliding window)
 SIDE_EFFECTS_FLAG = "skip_fwd_side_effects_in_bwd_under_checkpoint"  # dynamo config; older torch lacks it
 SPECIALIZE_FLOAT = "specialize_float"  # dynamo config: Python floats as constants, not symbols
@@ -74,15 +71,6 @@ SPECIALIZE_FLOAT = "specialize_float"  # dynamo config: Python floats as constan
 
 def backend() -> str:
     return os.environ.get(BACKEND_ENV, "").strip() or "inductor"
-
-
-def mode() -> str | None:
-    """torch.compile's mode for the layers: MEMTUNE_COMPILE_MODE (bench's experiment), else inductor's default."""
-    return os.environ.get(MODE_ENV, "").strip() or None
-
-
-def cudagraphs() -> bool:
-    return mode() in ("reduce-overhead", "max-autotune") and backend() == "inductor"
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:
@@ -131,7 +119,7 @@ def compile_layers(model) -> Said:
     for layer in layers:
         # dynamic=True: one graph for every packed length (automatic dynamic would compile a static graph first and
         # a dynamic one at the second length). Parameters keep static shapes (force_parameter_static_shapes).
-        layer.compile(backend=chosen, dynamic=True, **({"mode": mode()} if chosen == "inductor" and mode() else {}))
+        layer.compile(backend=chosen, dynamic=True)
     kinds = sorted({type(layer).__name__ for layer in layers})
     return Said("log.compile_varlen" if varlen else "log.compile", n=len(layers), kinds=", ".join(kinds), backend=chosen)
 
@@ -214,8 +202,6 @@ def callback(emit, cache: CompileCache | None = None):
             emit(make_event("log", level="info", **cache.result_words()))
 
         def on_step_begin(self, args, state, control, **kwargs):
-            if cudagraphs():  # a new iteration for inductor's CUDA graph trees: last step's outputs may be reused
-                torch.compiler.cudagraph_mark_step_begin()
             if self.started is None:
                 self.started = time.monotonic()
                 if not self.announced:  # no warm-up compiled: the first step does
@@ -236,10 +222,6 @@ def callback(emit, cache: CompileCache | None = None):
                 emit(make_event("phase", phase="training", progress=None, **keyed("log.phase.compiled")))
 
         def on_train_end(self, args, state, control, **kwargs):
-            if cudagraphs():  # bench's experiment: whether inductor skipped CUDA graphs (TORCH_LOGS=perf_hints: why)
-                from torch._dynamo.utils import counters
-
-                print(f"[compile] mode {mode()}: inductor counters {dict(counters['inductor'])}", flush=True)
             emit(make_event("log", level="info", **keyed("log.compile_end", counts=describe(stats()))))
 
     return CompileCallback()
