@@ -20,6 +20,7 @@ then gives this trainer what every run's trainer gets (LoRA+'s optimizer, memtun
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -50,9 +51,7 @@ def trainer_classes(stage: str) -> tuple[type, type]:
     raise ValueError(f"no preference trainer for stage {stage!r}")
 
 
-_COUNTING: dict[type, type] = {}
-
-
+@functools.cache  # one class per trainer class, not one per run
 def counting_pairs(trainer_class: type) -> type:
     """`trainer_class` whose token count (state.num_input_tokens_seen: tokens/s, summary.json's train_tokens) holds
     the pairs' sequences. The Trainer counts the batch's `input_ids` (model.main_input_name); ORPO's batch has
@@ -60,20 +59,17 @@ def counting_pairs(trainer_class: type) -> type:
     masks, so it counted 0. Each side is handed to the Trainer's own counting as the batch it would read (its
     non_padding / all setting and the gather across processes stay the Trainer's): the prompt + chosen and
     prompt + rejected tokens, as DPO's batch (both sides in `input_ids`) counts them."""
-    if trainer_class not in _COUNTING:
+    class CountingPairs(trainer_class):
+        def _track_num_input_tokens(self, inputs):
+            name = getattr(self.model, "main_input_name", "input_ids")
+            if name in inputs or "chosen_input_ids" not in inputs:
+                return super()._track_num_input_tokens(inputs)
+            for side in ("chosen", "rejected"):
+                super()._track_num_input_tokens({name: inputs[f"{side}_input_ids"],
+                                                 "attention_mask": inputs[f"{side}_attention_mask"]})
 
-        class CountingPairs(trainer_class):
-            def _track_num_input_tokens(self, inputs):
-                name = getattr(self.model, "main_input_name", "input_ids")
-                if name in inputs or "chosen_input_ids" not in inputs:
-                    return super()._track_num_input_tokens(inputs)
-                for side in ("chosen", "rejected"):
-                    super()._track_num_input_tokens({name: inputs[f"{side}_input_ids"],
-                                                     "attention_mask": inputs[f"{side}_attention_mask"]})
-
-        CountingPairs.__name__ = CountingPairs.__qualname__ = trainer_class.__name__
-        _COUNTING[trainer_class] = CountingPairs
-    return _COUNTING[trainer_class]
+    CountingPairs.__name__ = CountingPairs.__qualname__ = trainer_class.__name__
+    return CountingPairs
 
 
 # --- hook 1: where the policy starts, and its reference -------------------------------------------------------
