@@ -222,6 +222,9 @@ def launch(args):
         from ui.visitors import VisitorCookie
 
         middleware.append(Middleware(VisitorCookie))  # each visitor an id the server issued, in a signed cookie
+        from ui.files_guard import FilesGuard
+
+        middleware.append(Middleware(FilesGuard))  # inside it: a file Gradio handed a visitor, served to them only
     if auth:
         from ui.login import LoginRequired
 

@@ -3,14 +3,15 @@
 core/config/settings.py is a leaf (it imports none of memtune but its own helpers), so the checks that need the run folders
 (resume), public mode or the multi-GPU plan cannot live there; `validate()` here adds them to
 `config.config_problems()`, and `check()` raises them all at once. Everything that asks "can this config run?" (the
-page, the CLI, the launcher) calls these two.
+page, the CLI, the launcher) calls these two. What needs the data too (public mode's limit on the steps a run plans)
+is `rows_to_train()` before Start and `check_planned()` in the training child, once its rows are planned.
 """
 
 from __future__ import annotations
 
 from core.gpus import distributed
 from core.config.settings import ConfigError, Hardware, Problem, TrainConfig, config_problems
-from core.runs.public import public_problems
+from core.runs.public import public_problems, steps_problem
 from core.runs.folders import resume_problem
 
 
@@ -35,3 +36,34 @@ def check(cfg: TrainConfig, hw: Hardware | None = None) -> TrainConfig:
     if problems:
         raise ConfigError(problems)
     return cfg
+
+
+def rows_to_train(cfg: TrainConfig) -> int | None:
+    """Before Start: the rows that may train (the split less its held-out part), read where that is cheap (the demo
+    and local files); None where it is not (Hub data: the training child counts them) or where the rows are not what
+    trains (packing). An upper bound of what the plan keeps: the plan drops rows, never adds any."""
+    from core.config.settings import DEMO_DATASET
+    from core.data.read import is_local
+
+    local = [v for v in (cfg.dataset, cfg.validation_data) if v.strip() and v.strip() != DEMO_DATASET]
+    if cfg.packing or not all(is_local(v.strip()) for v in local):
+        return None
+    if cfg.stage != "sft":
+        from core.data.pairs import check_pairs, split_pairs
+
+        raw, fmt = check_pairs(cfg)
+        return len(split_pairs(cfg, raw, fmt).train)
+    from core.data.plan import check_data
+    from core.data.validation import split
+
+    raw, fmt = check_data(cfg)
+    return len(split(cfg, raw, fmt).train)
+
+
+def check_planned(cfg: TrainConfig, plan, world: int) -> None:
+    """The training child, its rows planned (a DataPlan or PairPlan): raise ConfigError when the run would take more
+    optimizer steps than public mode allows, naming the numbers."""
+    rows = plan.n_packs if cfg.packing and getattr(plan, "n_packs", None) else plan.n_train
+    problem = steps_problem(cfg, rows, world)
+    if problem is not None:
+        raise ConfigError([problem])

@@ -26,12 +26,23 @@ from typing import Any, Callable, Iterator
 from core.config.settings import ConfigError, TrainConfig
 from core.demo import demo_rows
 from core.files import free_memory
+from core.messages import Keyed, Said
 
 ADAPTER_CONFIG = "memtune.yaml"  # the TrainConfig that trained the adapter (written by core.train.recipe.save_adapter)
 
 
-class InferError(RuntimeError):
-    """The model could not answer; the message says why and what to do."""
+class InferError(Keyed, RuntimeError):
+    """The model could not answer; the message says why and what to do. Given as a Said, it keeps its locale key
+    and parameters (core.messages.Keyed), so the page says it in its language."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(self._keyed(message.key, message.params) if isinstance(message, Said) else message)
+
+
+def said(exc: BaseException) -> str:
+    """An error's message to hand on to another error (ExportError, GGUFError): a Said when the error is keyed, so
+    the key travels with the words; else its text."""
+    return Said(exc.key, **exc.params) if isinstance(exc, Keyed) and exc.key else str(exc)
 
 
 # --- prompt formatting -------------------------------------------------------------------------------------------
@@ -180,13 +191,19 @@ def _damaged(path: Path, why: str) -> InferError:
     return InferError(f"The adapter file {path} {why}, so the adapter cannot be loaded. {DAMAGED_FIX}")
 
 
-def adapter_problem(adapter_dir: str | Path) -> InferError | None:
+LORA = "LORA"  # peft_type of every adapter memtune trains: DoRA and rsLoRA are options of LoRA, not types of their own
+
+
+def adapter_problem(adapter_dir: str | Path, cfg: TrainConfig | None = None,
+                    path: str | None = None) -> InferError | None:
     """What is wrong with an adapter folder's own files, found before any library loads them (each would otherwise
     fail with its own words: SafetensorError, JSONDecodeError, "Repo id must be...", a size-mismatch RuntimeError):
-    adapter_config.json unreadable or not LoRA's, the weights file missing, not a whole safetensors file (its header
-    and length, checked by safetensors itself without reading the tensors), or holding LoRA matrices of another
-    rank than adapter_config.json's `r`. None when the files are sound. Try it, merge and GGUF export all call it
-    (through adapter_config)."""
+    adapter_config.json unreadable or not LoRA's (its peft_type: peft would load another type's weights silently, or
+    fail inside torch), the weights file missing, not a whole safetensors file (its header and length, checked by
+    safetensors itself without reading the tensors), or holding LoRA matrices of another rank than
+    adapter_config.json's `r`. With `cfg` and `path` (the base model's folder, as the loader resolved it), also its
+    target_modules against that model's layers (target_problem). None when the adapter is sound. Try it, merge and
+    GGUF export all call it: through adapter_config, then with the base before loading it."""
     import json
 
     adapter_dir = Path(adapter_dir)
@@ -197,9 +214,14 @@ def adapter_problem(adapter_dir: str | Path) -> InferError | None:
         return _damaged(config_file, f"is not valid JSON ({exc})")
     except OSError as exc:
         return _damaged(config_file, f"cannot be read ({exc.strerror or exc})")
+    kind = settings.get("peft_type") if isinstance(settings, dict) else None
+    if kind is not None and kind != LORA:
+        return InferError(Said("infer.err.peft_type", path=str(config_file), type=json.dumps(kind)))
     rank = settings.get("r") if isinstance(settings, dict) else None
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         return _damaged(config_file, "does not hold a LoRA rank (\"r\": a whole number of at least 1)")
+    if kind is None:
+        return _damaged(config_file, f"does not name its adapter type (\"peft_type\": \"{LORA}\")")
     if not weights.is_file():
         return InferError(f"{adapter_dir} has no {ADAPTER_WEIGHTS} (the adapter's weights), so the adapter cannot be "
                           f"loaded. {DAMAGED_FIX}")
@@ -218,7 +240,35 @@ def adapter_problem(adapter_dir: str | Path) -> InferError | None:
             if found is not None and len(shape) == 2 and found != rank:
                 return _damaged(weights, f"holds {name} of rank {found}, but adapter_config.json says r = {rank} "
                                 "(the two files come from different adapters)")
+    if cfg is not None and path is not None:
+        return target_problem(config_file, settings.get("target_modules"), cfg, path)
     return None
+
+
+def target_problem(config_file: Path, targets: Any, cfg: TrainConfig, path: str) -> InferError | None:
+    """target_modules (adapter_config.json's) that name no linear layer of the model at `path`, matched as peft
+    matches them (a name equal to a layer's path or ending it; a string: a pattern the whole path matches), said with
+    the model's own layers; None when each is there. The model is built on the meta device from its config.json (the
+    tree LoRA targets are resolved on: core/model/lora_targets.py), no weight read. ModelError for a model that is
+    no causal LM."""
+    import re
+
+    from core.model import load as model_lib, lora_targets as lt
+
+    if not targets or targets == "all-linear":
+        return None
+    tree = model_lib.skeleton(cfg, path)
+    if isinstance(targets, str):
+        try:
+            missing = [] if any(re.fullmatch(targets, name) for name, _ in tree.named_modules()) else [targets]
+        except re.error:  # not a pattern peft could match either
+            missing = [targets]
+    else:
+        missing = [m for m in targets if not lt.paths(tree, [m])]
+    if not missing:
+        return None
+    return InferError(Said("infer.err.targets", path=str(config_file), modules=", ".join(missing), model=cfg.model,
+                           linear=", ".join(lt.linear_layers(tree))))
 
 
 def load_problem(exc: BaseException, adapter_dir: str | Path) -> InferError | None:
@@ -245,6 +295,17 @@ def _saved_config(adapter_dir: str | Path) -> TrainConfig:
         return TrainConfig.load(adapter_dir / ADAPTER_CONFIG)
     except ConfigError as exc:
         raise InferError(f"{adapter_dir / ADAPTER_CONFIG} cannot be read: {exc}") from None
+
+
+def base_for(adapter_dir: Path, cfg: TrainConfig) -> str:
+    """The folder of the adapter's base model, once the adapter is known to fit it (adapter_problem with the model's
+    tree): what a load takes next. InferError when it does not fit; ModelError when the model cannot be found."""
+    from core.model.load import resolve_model_path
+
+    path = resolve_model_path(cfg)
+    if (problem := adapter_problem(adapter_dir, cfg, path)) is not None:
+        raise problem
+    return path
 
 
 def _runnable(cfg: TrainConfig) -> TrainConfig:
@@ -325,12 +386,12 @@ class Comparer:
             return self._loaded
         self._unload()  # first free the old model: two models at once may not fit
         try:
-            path = model_lib.resolve_model_path(cfg)
+            path = base_for(adapter_dir, cfg)
             tok_src = str(adapter_dir) if (adapter_dir / "tokenizer_config.json").is_file() else path
             tokenizer = model_lib.load_tokenizer(cfg, tok_src)
             peft_model = model_lib.load_with_adapter(cfg, adapter_dir, path)
         except model_lib.ModelError as exc:
-            raise InferError(str(exc)) from None
+            raise InferError(said(exc)) from None
         except Exception as exc:
             import torch
 
@@ -410,8 +471,8 @@ def demo_answers(adapter_dir: str | Path, rows: list[dict[str, str]] | None = No
 
     from core.model.load import load_with_adapter
 
-    cfg = adapter_config(adapter_dir)
-    model = load_with_adapter(_runnable(cfg), adapter_dir)
+    cfg = _runnable(adapter_config(adapter_dir))
+    model = load_with_adapter(cfg, adapter_dir, base_for(Path(adapter_dir), cfg))
     tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir))  # save_adapter writes it beside the weights
     return model_answers(model, tokenizer, rows, max_new_tokens)
 

@@ -765,12 +765,14 @@ def test_a_visitor_is_the_id_the_server_signed_and_a_session_hash_stays_with_its
 
     visitor_id, value = identity.issue()
     assert identity.verified(value) == visitor_id and len(visitor_id) == 22
-    forged = [f"{visitor_id}.{'0' * 64}", value[:-1] + ("0" if value[-1] != "0" else "1"), visitor_id, "",
-              f"{'A' * 22}.{value.split('.')[1]}", f"../../etc.{value.split('.')[1]}"]
+    _, issued, signature = value.split(".")
+    forged = [f"{visitor_id}.{issued}.{'0' * 64}", value[:-1] + ("0" if value[-1] != "0" else "1"), visitor_id, "",
+              f"{'A' * 22}.{issued}.{signature}", f"../../etc.{issued}.{signature}",
+              f"{visitor_id}.{int(issued) + 1}.{signature}", f"{visitor_id}.{signature}"]
     assert [identity.verified(v) for v in forged] == [None] * len(forged)
 
-    def who(request):
-        return PlainTextResponse(identity.verified(request.cookies.get(identity.COOKIE)) or "nobody")
+    def who(request):  # the id the middleware verified or issued, as a handler reads it
+        return PlainTextResponse(request_visitor(request) or "nobody")
 
     app = VisitorCookie(Starlette(routes=[Route("/who", who, methods=["GET", "POST"]),
                                           Route("/gradio_api/heartbeat/{h}", who)]))
@@ -784,8 +786,8 @@ def test_a_visitor_is_the_id_the_server_signed_and_a_session_hash_stays_with_its
     a_id = first.text
     assert a.get("/who").text == a_id and "set-cookie" not in a.get("/who").headers  # kept, not issued again
     assert b.get("/who").text not in (a_id, "nobody")  # another browser, another visitor
-    b.cookies.set(identity.COOKIE, f"{a_id}.{'0' * 64}")  # A's id with a made-up signature: a new visitor
-    assert b.get("/who").text != a_id
+    forger = TestClient(app, cookies={identity.COOKIE: f"{a_id}.{issued}.{'0' * 64}"})  # A's id, a made-up signature
+    assert forger.get("/who").text not in (a_id, "nobody")  # a new visitor
     assert a.post("/who", json={"session_hash": "page-of-a-1"}).status_code == 200
     for request in (lambda c: c.post("/who", json={"session_hash": "page-of-a-1"}),
                     lambda c: c.post("/who", content=b'{"session_hash": "page-of-a-1"}'),  # no content type
@@ -796,7 +798,7 @@ def test_a_visitor_is_the_id_the_server_signed_and_a_session_hash_stays_with_its
         assert request(b).status_code == 403 and request(a).status_code == 200
     padded = b'{"session_hash": "page-of-a-1", "pad": "' + b"x" * 2048 + b'"}'
     with pytest.MonkeyPatch.context() as mp:  # a body too large to read is refused, not passed on unchecked
-        mp.setattr("ui.visitors.MAX_JSON", 1024)
+        mp.setattr("ui.requests_guard.MAX_BODY", 1024)
         assert b.post("/who", content=padded).status_code == 413
     assert request_visitor(None) is None
 

@@ -18,7 +18,8 @@ from core.config.settings import Problem, TrainConfig
 from core.files import target
 from core.i18n import DEFAULT_LANGUAGE, t
 from core.messages import Said
-from core.runs.public import set_visitor_source, shown, upload_root
+from core.runs.public import (client_address, disk_used, is_public, limits, set_address_source, set_visitor_source,
+                               shown, upload_root, visitor)
 from ui import render
 from ui.fields import collect
 from ui.form import Form, Updates, apply_config, marked, values_dict
@@ -36,7 +37,23 @@ def _session() -> str | None:
     return request_visitor(LocalContext.request.get(None))
 
 
+def request_address(request: Any) -> str | None:
+    """The network address a Gradio request came from (core.runs.public.client_address: behind a proxy, the client it
+    names). A queued event's request is Gradio's copy of the join request: its client and headers, as dicts."""
+    if request is None:
+        return None
+    client, headers = getattr(request, "client", None), getattr(request, "headers", None) or {}
+    return client_address(getattr(client, "host", None), headers.get("x-forwarded-for"))
+
+
+def _address() -> str | None:
+    from gradio.context import LocalContext
+
+    return request_address(LocalContext.request.get(None))
+
+
 set_visitor_source(_session)  # public mode: each visitor's uploads and runs in a folder of their own
+set_address_source(_address)  # public mode: the queue's limit per address
 
 
 def upload_dir() -> Path:
@@ -55,9 +72,11 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE, progress: Any = None
     """The data plan (counts per outcome, histogram, rows as they train), or the engine's message in place.
 
     The file is read and checked first, without a tokenizer: an empty, non-UTF-8 or malformed file is reported
-    as such even when the model's tokenizer cannot be loaded. `progress`: a gr.Progress (the preview's bar: what it
-    reads, then how much of the tokenizing is done), or None."""
+    as such even when the model's tokenizer cannot be loaded. What it reads and plans is bounded (PREVIEW_LIMIT:
+    rows and bytes, refused by name past them, with the slice that fits): a preview never holds its queue for long.
+    `progress`: a gr.Progress (the preview's bar: what it reads, then how much of the tokenizing is done), or None."""
     from core.data.plan import DataError, check_data, plan_rows
+    from core.data.read import PREVIEW_LIMIT
     from core.model.load import ModelError
 
     if cfg.stage != "sft":  # a preference stage's pairs, as the run plans them (its held-out pairs apart)
@@ -65,7 +84,7 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE, progress: Any = None
     said = progress if progress is not None else (lambda *a, **k: None)
     try:
         said(0, desc=t("preview.reading", lang))  # (None would hide the words: Gradio shows a bare spinner)
-        raw, fmt = check_data(cfg)
+        raw, fmt = check_data(cfg, PREVIEW_LIMIT)
     except DataError as exc:
         return error_box(t("preview.data_error", lang), render.error_text(exc, lang))
     except Exception as exc:  # noqa: BLE001 - keep the page alive whatever the data holds
@@ -78,7 +97,7 @@ def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE, progress: Any = None
         from core.data.validation import split
         from ui.validation import split_note
 
-        held = split(cfg, raw, fmt)  # as the engine does: held-out rows are not in the plan
+        held = split(cfg, raw, fmt, limit=PREVIEW_LIMIT)  # as the engine does: held-out rows are not in the plan
         # the run's own changes for this model (unpacked rows...) first, from its meta-device tree, built once here
         cfg, model_lines, tree = _model_lines(cfg, lang)
         words = t("preview.tokenizing", lang)
@@ -100,13 +119,13 @@ def pairs_preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
     """A preference stage's preview: what is held out for validation (as for SFT rows) and the run log's lines on
     the pairs that train and the validation pairs (core.data.pairs.PairPlan), in the page's language."""
     from core.data.pairs import check_pairs, plan_pairs, split_pairs
-    from core.data.read import DataError
+    from core.data.read import PREVIEW_LIMIT, DataError
     from core.model.load import ModelError
     from ui.validation import split_note
 
     try:
-        raw, fmt = check_pairs(cfg)
-        held = split_pairs(cfg, raw, fmt)
+        raw, fmt = check_pairs(cfg, PREVIEW_LIMIT)  # bounded as an SFT preview is
+        held = split_pairs(cfg, raw, fmt, PREVIEW_LIMIT)
     except DataError as exc:
         return error_box(t("preview.data_error", lang), render.error_text(exc, lang))
     try:
@@ -198,6 +217,34 @@ def incoming_copy(file_path: str | Path) -> Path:
     return incoming
 
 
+def over_budget(size: int, replaced: int = 0) -> tuple[float, float] | None:
+    """Public mode, a visitor: (GiB their runs and uploads would then take, the limit) when `size` bytes more, less
+    `replaced` bytes of an earlier upload of the same name, take them past MEMTUNE_SPACE_DISK_GIB; None otherwise."""
+    limit = limits().disk_gib
+    if not (is_public() and visitor() and limit):
+        return None
+    total = disk_used() - replaced + size
+    return (total / 2**30, limit) if total > limit * 2**30 else None
+
+
+def drop_gradio_copy(file_path: str | Path) -> None:
+    """Remove Gradio's temporary copy of an upload (and its folder, when empty) once memtune has stored its own or
+    refused it: the visitor's file is then kept once, in their own folder, within their disk budget. Only a file in
+    Gradio's upload folder is touched."""
+    from gradio.utils import get_upload_folder
+
+    base = Path(get_upload_folder()).resolve()
+    try:
+        path = Path(file_path).resolve()
+        if base not in path.parents or not path.is_file():
+            return
+        path.unlink()
+        if path.parent != base:
+            path.parent.rmdir()  # OSError when something else is in it: left alone
+    except OSError:
+        return
+
+
 def store_upload(file_path: str) -> Path:
     """Copy an upload into the upload folder (its name made safe) and return where it is."""
     incoming = incoming_copy(file_path)
@@ -212,7 +259,15 @@ def on_upload(lang: str, file_path, *values) -> dict[str, str] | None:
     {"dataset": the file as the page names it} or {"refused": why, saying that the selected dataset stays}."""
     if not file_path:
         return None
-    from core.data.plan import DataError, check_data
+    try:
+        return _checked_upload(lang, file_path, values)
+    finally:
+        drop_gradio_copy(file_path)
+
+
+def _checked_upload(lang: str, file_path: str, values: tuple) -> dict[str, str]:
+    from core.data.read import PREVIEW_LIMIT, DataError
+    from core.data.upload import check_upload
 
     previous = values_dict(values).get("dataset") or ""
 
@@ -223,11 +278,28 @@ def on_upload(lang: str, file_path, *values) -> dict[str, str] | None:
     if Path(file_path).suffix.lower() not in DATA_TYPES:
         return rejected(t("data.bad_type", lang, name=Path(file_path).name, types=", ".join(DATA_TYPES)))
     try:
+        size = Path(file_path).stat().st_size
+        earlier = upload_dir() / upload_name(file_path)
+        replaced = earlier.stat().st_size if earlier.is_file() else 0
+    except OSError as exc:
+        return rejected(str(exc))
+
+    def too_big(over: tuple[float, float]) -> dict[str, str]:
+        return rejected(t("data.upload_disk", lang, name=Path(file_path).name, size=f"{size / 2**20:.1f}",
+                          total=f"{over[0]:.2f}", limit=f"{over[1]:g}"))
+
+    if over := over_budget(size, replaced):  # refused before a byte is copied
+        return too_big(over)
+    try:
         incoming = incoming_copy(file_path)
     except (OSError, ValueError) as exc:
         return rejected(str(exc))
-    try:  # checked under a hidden name, before it replaces an earlier upload of the same name
-        check_data(TrainConfig(dataset=str(incoming), dataset_split="train", dataset_format="auto"))
+    if over := over_budget(0, replaced):  # counted again with the copy in place: two uploads at once
+        incoming.unlink(missing_ok=True)
+        return too_big(over)
+    try:  # checked under a hidden name, before it replaces an earlier upload of the same name (public mode: within
+        # the preview's bound, so a stranger's file of a million rows is refused here, not planned by the preview)
+        check_upload(incoming, PREVIEW_LIMIT if is_public() else None)  # by its columns: SFT rows, pairs or KTO's
     except DataError as exc:
         incoming.unlink(missing_ok=True)
         return rejected(render.error_text(exc, lang).replace(str(incoming), Path(file_path).name))

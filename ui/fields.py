@@ -15,6 +15,7 @@ import gradio as gr
 
 from core.config.settings import (DEMO_DATASET, DEMO_MODEL, ConfigError, Problem, TrainConfig, coerce, field_meta,
                          field_types)
+from core.runs.public import from_shown, path_fields
 
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))
 
@@ -94,10 +95,8 @@ def collect(values: dict[str, Any]) -> tuple[TrainConfig | None, list[Problem]]:
             value = [] if tp == list[str] else ("" if tp is str else value)
         if isinstance(value, str) and tp is str:
             value = value.strip()
-        if name in ("dataset", "init_adapter", "resume_from"):
-            from core.runs.public import from_shown
-
-            value = from_shown(value, run=name != "dataset")  # public mode: the page's `uploads/x`, `runs/x`
+        if name in path_fields() and isinstance(value, str):
+            value = from_shown(value)  # public mode: the page's `uploads/x`, `runs/x`, for every path field
         try:
             data[name] = coerce(name, value)
         except ValueError as exc:

@@ -171,12 +171,12 @@ def derived(form: Form, cfg: TrainConfig | None, problems: list[Problem], lang: 
 
 
 def field_updates(form: Form, cfg: TrainConfig) -> Updates:
-    from core.runs.public import shown  # public mode: `uploads/x`, `runs/...`, never the server's paths
+    """Every field's widget value; public mode: each path field (core.runs.public.path_fields) as `uploads/x`,
+    `runs/...`, never the server's paths."""
+    from core.runs.public import path_fields, shown
 
-    return {form.fields[name]: shown(value) if name in SHOWN_PATHS else value for name, value in to_values(cfg).items()}
-
-
-SHOWN_PATHS = ("dataset", "output_dir", "resume_from", "init_adapter")
+    paths = path_fields()
+    return {form.fields[name]: shown(value) if name in paths else value for name, value in to_values(cfg).items()}
 
 
 def apply_config(form: Form, cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE,

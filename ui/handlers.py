@@ -16,7 +16,7 @@ import gradio as gr
 from core.config import checklist, levers
 from core.config import presets
 from core.estimate.predict import FIT_MARGIN, fit_preset
-from core.config.settings import SAFE_NAME, ConfigError, TrainConfig, demo_config, field_problems
+from core.config.settings import SAFE_NAME, ConfigError, Problem, TrainConfig, demo_config, field_problems
 from core.i18n import DEFAULT_LANGUAGE, t
 from core.jobs.manager import JobBusy
 from core.runs.public import is_public
@@ -219,12 +219,31 @@ def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
 
 
 # --- start / stop ------------------------------------------------------------------------------------------------
+def planned_step_problems(cfg: TrainConfig) -> list[Problem]:
+    """Public mode, a run counted in epochs: the step limit against the steps it plans on its data's rows, where
+    they can be counted before Start (core.checks.rows_to_train; elsewhere the training child refuses it once it has
+    planned them). max_steps itself is validate()'s."""
+    from core.checks import rows_to_train
+    from core.runs.public import steps_problem
+
+    if not is_public() or cfg.max_steps > 0:
+        return []
+    try:
+        rows = rows_to_train(cfg)
+    except Exception:  # noqa: BLE001 - data that cannot be read: the run says why, as it always has
+        return []
+    problem = steps_problem(cfg, rows, max(1, run_gpus(cfg)))
+    return [problem] if problem else []
+
+
 def on_start(form: Form, lang: str, *values) -> Updates:
     """Validate (every problem at once), then start the run in the background (public mode: queue it), or say why
     not."""
     from core.runs.public import shown
 
     cfg, problems = read_config(values)
+    if cfg is not None and not problems:
+        problems = planned_step_problems(cfg)
     if cfg is None or problems:
         gr.Warning(t("msg.not_started", lang, n=len(problems)))
         return {form.run_notice: render.problems_html(problems, t("msg.not_started_title", lang), lang)}

@@ -137,7 +137,7 @@ def owner() -> str | None:
 def start_run(cfg, manager) -> Job:
     """Start `cfg` for whoever asks: public mode, in the queue, within the Space owner's limits (JobBusy beyond);
     otherwise at once, or JobBusy while a run goes on."""
-    from core.runs.public import disk_used, is_public, limits, prune_visitors
+    from core.runs.public import address, disk_used, is_public, limits, prune_visitors
 
     who = owner()
     if not (is_public() and who):
@@ -147,7 +147,8 @@ def start_run(cfg, manager) -> Job:
     used = disk_used()
     if lim.disk_gib and used > lim.disk_gib * 2**30:
         raise JobBusy("over the disk limit", "disk", lim.disk_gib)
-    return manager.start(cfg, owner=who, queue=True, per_owner=lim.jobs or None, max_s=lim.minutes * 60 or None)
+    return manager.start(cfg, owner=who, queue=True, per_owner=lim.jobs or None, max_s=lim.minutes * 60 or None,
+                         address=address(), per_address=lim.per_address or None, queue_cap=lim.queue or None)
 
 
 def busy_message(exc: JobBusy, lang: str, manager) -> str:
@@ -158,6 +159,8 @@ def busy_message(exc: JobBusy, lang: str, manager) -> str:
         return t("msg.own_limit", lang, n=exc.limit)
     if exc.reason == "disk":
         return t("msg.disk_limit", lang, used=f"{disk_used() / 2**30:.2f}", limit=exc.limit)
+    if exc.key:  # the queue's own limits (core.jobs.manager.admission), said by key
+        return t(exc.key, lang, **exc.params)
     running = manager.current()
     return t("msg.one_job", lang, model=running.config.model if running else "?")
 

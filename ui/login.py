@@ -5,7 +5,8 @@ description out of the login page.
 Why: Gradio guards most of its routes with the login but leaves a few open (`/gradio_api/heartbeat/*`,
 `/gradio_api/startup-events`, `POST /gradio_api/cancel`), and its page embeds `window.gradio_api_info` (every
 endpoint with its parameters and defaults) even before the login. Here the rule is the other way round: only what
-is listed below is open. The login is Gradio's own: its `access-token-*` cookie, checked against the app's tokens.
+is listed below is open. The login is Gradio's own: its `access-token-*` cookie, checked against the app's tokens,
+the cookies read by Starlette's own parser, as Gradio's routes read them (a token sent twice is the same one here).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import re
 from typing import Any, Callable
 
-from ui.visitors import cookies_of
+from starlette.requests import HTTPConnection
 
 OPEN_PATHS = {"/", "/login", "/login/", "/theme.css", "/favicon.ico"}  # the login page and its form's POST
 OPEN_PREFIXES = ("/assets/", "/static/")  # the login page's scripts, styles and fonts (Gradio's own files)
@@ -27,7 +28,7 @@ def logged_in(scope: dict) -> bool:
     tokens = getattr(app, "tokens", None)
     if tokens is None:
         return False  # not Gradio's app: nobody is known
-    cookies = cookies_of(scope.get("headers", []))
+    cookies = HTTPConnection(scope).cookies
     cookie_id = getattr(app, "cookie_id", "")
     token = cookies.get(f"access-token-{cookie_id}") or cookies.get(f"access-token-unsecure-{cookie_id}")
     return token is not None and tokens.get(token) is not None

@@ -59,15 +59,11 @@ def adapter_dropdown(output_dir: str | None, current: str | None = None, lang: s
 
 
 def said(event: dict[str, Any], lang: str) -> str:
-    """An action's event in the page's language: its locale key when it has one (core.messages.keyed), the end of the
-    child's log after it; else the child's own message (a library's words)."""
+    """An action's event in the page's language: its locale key when it has one (core.messages.keyed), its nested
+    messages (what, how: Said parameters) said in that language too, the end of the child's log after it; else the
+    child's own message (a library's words)."""
     if event.get("key"):
-        params = dict(event.get("params") or {})
-        if isinstance(params.get("what"), dict):  # a nested message (core.jobs.actions: Said("action.what.KIND"))
-            params["what"] = t(params["what"]["key"], lang)
-        elif "what" in params and event.get("what"):
-            params["what"] = t(f"action.what.{event['what']}", lang)
-        text = t(event["key"], lang, **params)
+        text = render.said(event["key"], event.get("params"), lang)
     else:
         text = str(event.get("message") or "")
     return text + (f"\n{event['tail']}" if event.get("tail") else "")
@@ -134,7 +130,7 @@ def on_try(x: TryExportTab, lang: str, adapter: str | None, prompt: str, max_new
     try:
         model = adapter_config(adapter).model
     except InferError as exc:
-        yield refused(str(exc), "error")
+        yield refused(render.error_text(exc, lang), "error")
         return
     if asks_remote_code(adapter) and not trust_remote_code:
         yield refused(t("try.remote_code_needed", lang, model=model))
@@ -246,7 +242,8 @@ def on_export_adapter(x: TryExportTab, lang: str, adapter: str | None) -> Update
     try:
         cfg = adapter_config(adapter)
     except InferError as exc:
-        return {x.merge_warning: note(str(exc), "error"), x.merge_check: "", x.merge_dir: "", **cleared}
+        return {x.merge_warning: note(render.error_text(exc, lang), "error"), x.merge_check: "", x.merge_dir: "",
+                **cleared}
     try:
         needed, available, ok, message = merge_memory_check(cfg)
     except Exception as exc:  # noqa: BLE001 - psutil missing or the like: say so, keep the tab usable

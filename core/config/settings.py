@@ -81,6 +81,9 @@ SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # Every whole-number field has an upper bound (a test checks): 10 million optimizer steps is weeks on any GPU, and
 # a 30-digit max_steps would otherwise train until killed (and overflow the 64-bit numbers the page and torch use).
 MAX_STEPS = 10_000_000
+# A path field's kind (metadata `path`): a model (Hub id or folder), data (Hub id or file), one run folder, the
+# folder runs go into.
+PATH_KINDS = ("model", "data", "run", "runs")
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")  # the local files core.data.read reads (its LOADERS)
 HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")  # org/name as the Hub spells ids (core.data.read refuses others too)
 CONTROL_CHAR = re.compile(r"[\x00-\x1f\x7f]")  # a newline or NUL in a name: no file or Hub id has one
@@ -89,7 +92,8 @@ CONTROL_CHAR = re.compile(r"[\x00-\x1f\x7f]")  # a newline or NUL in a name: no 
 def _help(text: str, **kw: Any) -> dict[str, Any]:
     """A field's metadata: help (English; the UI's other languages are in core/locales), min/max, choices, and for
     the UI the widget kind ("slider" with `step`, "radio"; otherwise a number box, dropdown, checkbox or text box
-    by type) and a number box's `step`; `lever` for a memory/speed lever (`Lever`)."""
+    by type) and a number box's `step`; `lever` for a memory/speed lever (`Lever`); `path` for a field whose value
+    can name a place on this machine (PATH_KINDS: what public mode allows there, core.runs.public.path_fields)."""
     return {"help": text, **kw}
 
 
@@ -138,7 +142,7 @@ TOLD = "Levers, one at a time"  # bench/RESULTS.md's section measuring the lever
 class TrainConfig:
     # --- model ---------------------------------------------------------------------------------------
     model: str = field(default="meta-llama/Llama-3.1-8B", metadata=_help(
-        "Hub id (org/name) or local folder of a causal LM. memtune/demo-tiny-llama is the offline demo."))
+        "Hub id (org/name) or local folder of a causal LM. memtune/demo-tiny-llama is the offline demo.", path="model"))
     trust_remote_code: bool = field(default=False, metadata=_help(
         "Run Python code shipped with the model. Off unless you trust its author."))
 
@@ -221,7 +225,7 @@ class TrainConfig:
 
     # --- data --------------------------------------------------------------------------------------------
     dataset: str = field(default="databricks/databricks-dolly-15k", metadata=_help(
-        "Hub dataset id, a local .jsonl/.json/.csv/.parquet/.txt file, or memtune/demo."))
+        "Hub dataset id, a local .jsonl/.json/.csv/.parquet/.txt file, or memtune/demo.", path="data"))
     dataset_split: str = field(default="train[:1000]", metadata=_help("Split with optional slicing, e.g. train[:1000]."))
     dataset_format: str = field(default="auto", metadata=_help(
         "Row format; auto detects it from the columns.", choices=DATASET_FORMATS))
@@ -256,7 +260,7 @@ class TrainConfig:
     init_adapter: str = field(default="", metadata=_help(
         "A run folder of an earlier memtune run (e.g. an SFT run) whose adapter is the starting point, trained "
         "further, and the reference of DPO/KTO; its LoRA rank, alpha, layers, DoRA and rsLoRA are used. Empty: a "
-        "fresh adapter.", stages=PREFERENCE_STAGES))
+        "fresh adapter.", stages=PREFERENCE_STAGES, path="run"))
 
     # --- validation (core/data/validation.py: held out before the row plan, never trained on) ----------------
     validation_share: float = field(default=0.05, metadata=_help(
@@ -266,7 +270,7 @@ class TrainConfig:
         min=0.0, max=0.5, widget="slider", step=0.01))
     validation_data: str = field(default="", metadata=_help(
         "A separate validation dataset (Hub id or local file, any format memtune reads); empty: the training "
-        "dataset (with validation_split) or a held-out share."))
+        "dataset (with validation_split) or a held-out share.", path="data"))
     validation_split: str = field(default="", metadata=_help(
         "Split of validation_data (or of the training dataset when that is empty), e.g. test or train[1000:1100]."))
     eval_steps: float = field(default=0.25, metadata=_help(
@@ -358,10 +362,10 @@ class TrainConfig:
         "When to write checkpoints.", choices=SAVE_STRATEGIES, widget="radio"))
     save_steps: int = field(default=500, metadata=_help(
         "Checkpoint interval when save_strategy is steps.", min=1, max=MAX_STEPS))
-    output_dir: str = field(default="runs", metadata=_help("Folder holding one sub-folder per run."))
+    output_dir: str = field(default="runs", metadata=_help("Folder holding one sub-folder per run.", path="runs"))
     run_name: str = field(default="", metadata=_help("Run folder name; empty picks a timestamped name."))
     resume_from: str = field(default="", metadata=_help(
-        "A run folder to continue from its newest complete checkpoint; empty starts fresh."))
+        "A run folder to continue from its newest complete checkpoint; empty starts fresh.", path="run"))
     device: str = field(default="auto", metadata=_help(
         "auto (CUDA if present), cuda or cpu.", choices=DEVICES, widget="radio"))
     kernel_warmup: str = field(default="auto", metadata=_help(

@@ -15,7 +15,7 @@ from typing import Any
 
 from core.config.settings import TrainConfig
 from core.messages import Said
-from core.data.read import DataError, is_local, load_raw, row_line
+from core.data.read import DataError, Limit, is_local, load_raw, row_line
 from core.data.formats import _adds_bos, check_format, detect_format, nothing_to_train, render_rows
 
 
@@ -185,18 +185,27 @@ def known_longest_row(cfg: TrainConfig) -> int | None:
     return _LONGEST.get(_lengths_key(cfg, is_local(cfg.dataset)))
 
 
-def check_data(cfg: TrainConfig) -> tuple[Any, str]:
+def check_data(cfg: TrainConfig, limit: Limit | None = None) -> tuple[Any, str]:
     """Read the data and check its format, with no tokenizer: (raw dataset, format). Runs before the model is
-    resolved, so a broken file is reported as such whatever the model."""
-    naming = _naming(cfg.dataset, cfg.dataset_split)
-    raw = load_raw(cfg.dataset, cfg.dataset_split)
+    resolved, so a broken file is reported as such whatever the model. `limit` (core.data.read.PREVIEW_LIMIT for a
+    preview): the rows and bytes it may read, refused by name past them; None for training."""
+    naming = Naming(cfg.dataset, cfg.dataset_split)
+    raw = load_raw(cfg.dataset, cfg.dataset_split, limit)
     with naming:
         fmt = detect_format(raw) if cfg.dataset_format == "auto" else cfg.dataset_format
         check_format(raw, fmt)
+        check_sft_columns(raw, fmt, naming.where)
     return raw, fmt
 
 
-class _naming:
+def check_sft_columns(raw: Any, fmt: str, where: str) -> None:
+    """Refuse KTO's rows given to SFT: prompt/completion with a `label` column would train every completion, the
+    undesirable ones included (a label beside another format, e.g. a classifier's beside `text`, is not KTO's)."""
+    if fmt == "prompt_completion" and "label" in raw.column_names:
+        raise DataError("data.err.sft_label", where=where, columns=", ".join(raw.column_names))
+
+
+class Naming:
     """Prefix a DataError that does not name the data (`source`) with its file or dataset id (`where`)."""
 
     def __init__(self, source: str, split: str = "train") -> None:
@@ -335,16 +344,17 @@ def take(ids: Any, spans: Spans) -> Any:
 
 
 def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | None = None,
-              n_examples: int = 3, progress: Progress | None = None) -> DataPlan:
+              n_examples: int = 3, progress: Progress | None = None, limit: Limit | None = None) -> DataPlan:
     """Decide, for `cfg`'s data (or `dataset` of format `fmt`, already read by check_data), which rows train and
     what each becomes, tokenized and templated as the trainer does. Raises DataError when the data cannot be used
     at all (unreadable, wrong columns, every row empty); a plan in which nothing trains has `refusal()`.
-    `progress(fraction)`: how far the tokenizing is (the preview's bar, the run's formatting phase)."""
+    `progress(fraction)`: how far the tokenizing is (the preview's bar, the run's formatting phase). `limit`: the
+    bound check_data reads `cfg`'s data within (when `dataset` is not given)."""
     import numpy as np
 
     if dataset is None:
-        dataset, fmt = check_data(cfg)
-    naming = _naming(cfg.dataset, cfg.dataset_split)
+        dataset, fmt = check_data(cfg, limit)
+    naming = Naming(cfg.dataset, cfg.dataset_split)
     with naming:
         columns, kept_rows = render_rows(dataset, fmt, tokenizer, cfg.train_turns)
         if not kept_rows:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,26 @@ assert tuple(LOADERS) == DATA_SUFFIXES  # config validation refuses other suffix
 # Suffixes that mark a data file even when it does not exist (so "data.tsv" is not mistaken for a Hub id).
 ROW_SHAPE = '{"column": value, ...}'  # a message parameter: braces in a locale text would be placeholders
 FILE_LIKE = set(LOADERS) | {".tsv", ".xlsx", ".xls", ".gz", ".zip", ".arrow", ".xml", ".yaml", ".yml", ".md"}
+MIB = 2**20
+# A CSV field of more characters is refused by name, with its size (the csv module's own default, 131,072, refused
+# ordinary long documents; a JSON line has no such limit, and an upload is at most 64 MiB anyway).
+CSV_FIELD_LIMIT = 64 * MIB
+
+
+@dataclass(frozen=True)
+class Limit:
+    """How much a check may read and plan: `rows` the split selects, and `bytes` of data (a local file's size on
+    disk, and a parquet file's size once decompressed, measured from its metadata and as it is decoded, never
+    after). Past either, a DataError with both numbers and the fix (data.err.limit_rows, limit_file,
+    limit_decoded)."""
+
+    rows: int
+    bytes: int
+
+
+# What a preview or an upload check reads and plans at most (ui/data.py passes it; training is not bounded by it):
+# planning is tokenizing: 20 MB of text planned in 2 s (1 KB rows) to 23 s (20 KB rows) on a shared 2-core machine.
+PREVIEW_LIMIT = Limit(rows=50_000, bytes=32 * MIB)
 
 
 class DataError(Keyed, ValueError):
@@ -59,10 +80,11 @@ def is_local(source: str) -> bool:
             or "\\" in source or source.count("/") > 1)
 
 
-def load_raw(source: str, split: str = "train") -> Any:
+def load_raw(source: str, split: str = "train", limit: Limit | None = None) -> Any:
     """Load `source` (DEMO_DATASET, a local data file or folder, or a Hub dataset id) and select `split`.
 
     `split` accepts datasets' slicing syntax (train[:1000], train[10%:20%]) for Hub and local data alike.
+    `limit` (a preview's, an upload check's: PREVIEW_LIMIT) bounds what is read and selected; None: no bound.
     """
     import datasets
 
@@ -70,7 +92,7 @@ def load_raw(source: str, split: str = "train") -> Any:
     if not source:
         raise DataError("data.err.no_dataset", types="/".join(LOADERS), demo=DEMO_DATASET)
     if source == DEMO_DATASET:
-        return _load_file(DEMO_DATA, split)
+        return _load_file(DEMO_DATA, split, limit)
     from core.runs.public import dataset_problem
 
     if (why := dataset_problem(source)):  # public mode: a visitor's typed path is never read
@@ -78,15 +100,15 @@ def load_raw(source: str, split: str = "train") -> Any:
     if is_local(source):
         path = Path(source).expanduser()
         if path.is_dir():  # a folder of data files, e.g. a git clone of a Hub dataset
-            _scan_folder(path)  # a bad file is named by its own path, not as "the folder failed"
-            return _checked(lambda s: datasets.load_dataset(str(path), split=s), str(path), split)
-        return _load_file(path, split)
+            _scan_folder(path, limit)  # a bad file is named by its own path, not as "the folder failed"
+            return _checked(lambda s: datasets.load_dataset(str(path), split=s), str(path), split, limit)
+        return _load_file(path, split, limit)
     if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
         raise DataError("data.err.not_a_source", source=repr(source))
-    return _checked(lambda s: _load_hub(source, s), source, split)
+    return _checked(lambda s: _load_hub(source, s), source, split, limit)
 
 
-def _load_file(path: Path, split: str) -> Any:
+def _load_file(path: Path, split: str, limit: Limit | None = None) -> Any:
     import datasets
 
     if not path.is_file():
@@ -95,16 +117,23 @@ def _load_file(path: Path, split: str) -> Any:
     if builder is None:
         raise DataError("data.err.suffix" if path.suffix else "data.err.no_suffix", name=path.name, suffix=path.suffix,
                         accepted=", ".join(LOADERS))
+    if limit is not None:
+        _check_size(path, path.stat().st_size, limit, decoded=False)
     if builder != "parquet":
         scan_text_file(path)
     if builder == "csv":
         columns = read_csv(path)
-        return _checked(lambda s: _sliced(datasets.Dataset.from_dict(columns), s), str(path), split)
-    return _checked(lambda s: datasets.load_dataset(builder, data_files=str(path), split=s), str(path), split)
+        return _checked(lambda s: _sliced(datasets.Dataset.from_dict(columns), s), str(path), split, limit)
+    if builder == "parquet" and limit is not None:  # decoded here, within the limit, never whole first
+        table = read_parquet(path, split, limit)
+        return _checked(lambda s: _sliced(datasets.Dataset(table), s), str(path), split, limit)
+    return _checked(lambda s: datasets.load_dataset(builder, data_files=str(path), split=s), str(path), split, limit)
 
 
-def _scan_folder(folder: Path) -> None:
-    """Check every data file of a folder dataset the way a single file is checked, naming the bad one."""
+def _scan_folder(folder: Path, limit: Limit | None = None) -> None:
+    """Check every data file of a folder dataset the way a single file is checked, naming the bad one; with a
+    `limit`, the folder's files together (parquet files by their metadata: rows and decompressed size)."""
+    size, rows = 0, 0
     for path in sorted(folder.rglob("*")):
         if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts):
             suffix = path.suffix.lower()
@@ -113,6 +142,84 @@ def _scan_folder(folder: Path) -> None:
             elif suffix == ".csv":
                 scan_text_file(path)
                 read_csv(path)
+            if limit is not None and suffix in LOADERS:
+                meta = _parquet_meta(path) if suffix == ".parquet" else None
+                size += _decompressed(meta) if meta is not None else path.stat().st_size
+                rows += meta.num_rows if meta is not None else 0
+                _check_size(folder, size, limit, decoded=True)
+                if rows > limit.rows:
+                    raise DataError("data.err.limit_rows", where=folder, rows=rows, split="train", max=limit.rows,
+                                    example=f"train[:{limit.rows}]")
+
+
+def _check_size(where: Path, size: int, limit: Limit, decoded: bool) -> None:
+    """Refuse `size` bytes past the limit: a file's size on disk, or its data's once decompressed (`decoded`)."""
+    if size > limit.bytes:
+        raise DataError("data.err.limit_decoded" if decoded else "data.err.limit_file", where=where, size=_mib(size),
+                        max=_mib(limit.bytes))
+
+
+def _mib(size: int) -> str:
+    return f"{size / MIB:,.1f} MiB"
+
+
+def _parquet_meta(path: Path) -> Any:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata
+    except Exception as exc:  # noqa: BLE001 - not a parquet file, or a damaged one: said as unreadable
+        raise DataError("data.err.unreadable", where=path, error=f"{type(exc).__name__}: {exc}") from None
+
+
+def _decompressed(meta: Any) -> int:
+    """A parquet file's column chunks' size once decompressed, as its metadata declares it (before decoding: a
+    dictionary-encoded value counts once there however many rows repeat it)."""
+    return sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
+
+
+def split_rows(split: str, total: int) -> tuple[int, int]:
+    """(rows `split` selects, the row after the last one it reaches) of a local file of `total` rows; the whole
+    file where the split is not one datasets' parser reads (the load then says why)."""
+    import datasets
+
+    try:
+        parts = datasets.ReadInstruction.from_spec(split).to_absolute({"train": total})
+    except (ValueError, AssertionError, KeyError):
+        return total, total
+    return sum(p.to - p.from_ for p in parts), max((p.to for p in parts), default=0)
+
+
+def read_parquet(path: Path, split: str, limit: Limit) -> Any:
+    """A parquet file read as an Arrow table within `limit`: its rows counted from the metadata before any is read,
+    its declared decompressed size checked, then the rows `split` reaches decoded in batches whose decoded size is
+    counted as they come. A batch is never larger than the budget left: a row group's declared size bounds any one
+    value in it, so a batch holds at most budget / that size rows (one value repeated by a dictionary costs its full
+    size in every row once decoded: 24 KB of zstd can decode to GiBs)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    meta = _parquet_meta(path)
+    selected, end = split_rows(split, meta.num_rows)
+    if selected > limit.rows:
+        raise DataError("data.err.limit_rows", where=path, rows=selected, split=split, max=limit.rows,
+                        example=f"{_split_name(split)}[:{limit.rows}]")
+    _check_size(path, _decompressed(meta), limit, decoded=True)
+    reader = pq.ParquetFile(path)
+    batches, size, rows = [], 0, 0
+    for group in range(meta.num_row_groups):
+        if rows >= end:
+            break
+        widest = max(1, meta.row_group(group).total_byte_size)
+        step = int(max(1, min(4096, (limit.bytes - size) // widest)))
+        for batch in reader.iter_batches(batch_size=step, row_groups=[group]):
+            batch = batch.slice(0, end - rows)
+            size, rows = size + batch.nbytes, rows + batch.num_rows
+            _check_size(path, size, limit, decoded=True)
+            batches.append(batch)
+            if rows >= end:
+                break
+    return pa.Table.from_batches(batches, schema=reader.schema_arrow)
 
 
 def read_csv(path: Path) -> dict[str, list[str]]:
@@ -125,6 +232,7 @@ def read_csv(path: Path) -> dict[str, list[str]]:
 
     columns: dict[str, list[str]] = {}
     starts: list[int] = []
+    csv.field_size_limit(CSV_FIELD_LIMIT)  # process-wide (the csv module has no per-reader limit)
     with path.open(encoding="utf-8-sig", newline="") as fh:
         reader = csv.reader(fh, strict=True)
         end = 0  # the line the previous record ended on: a record starts on the next one
@@ -155,11 +263,35 @@ def read_csv(path: Path) -> dict[str, list[str]]:
                 for name, value in zip(names, record):
                     columns[name].append(value)
         except csv.Error as exc:
+            if "field larger than field limit" in str(exc):
+                raise DataError("data.err.csv_field_large", path=path, line=end + 1, max=CSV_FIELD_LIMIT,
+                                size=_longest_field(path, end + 1)) from None
             raise DataError("data.err.csv_unreadable", path=path, line=reader.line_num, error=exc) from None
     if not starts:
         raise DataError("data.err.csv_no_rows", path=path)
     _ROW_LINES[str(path.resolve())] = starts
     return columns
+
+
+_CSV_FIELD = re.compile(r'"((?:[^"]|"")*)"|([^,\r\n"]*)')
+
+
+def _longest_field(path: Path, line: int) -> int:
+    """The longest field (in characters, a doubled quote counted once, as the csv module counts) of the CSV record
+    that starts on `line`: the size of the field the csv module refused."""
+    with path.open(encoding="utf-8-sig", newline="") as fh:
+        for _ in range(line - 1):
+            fh.readline()
+        text = fh.read()
+    longest, at = 0, 0
+    while at < len(text):
+        m = _CSV_FIELD.match(text, at)
+        longest = max(longest, len(m.group(1).replace('""', '"')) if m.group(1) is not None else len(m.group(2)))
+        at = m.end()
+        if at >= len(text) or text[at] != ",":
+            break
+        at += 1
+    return longest
 
 
 def _sliced(ds: Any, split: str) -> Any:
@@ -201,8 +333,9 @@ def _is_offline_error(exc: BaseException) -> bool:
     return False
 
 
-def _checked(load, where: str, split: str) -> Any:
-    """Run `load(split)`, translating datasets' split errors, and refuse an empty result."""
+def _checked(load, where: str, split: str, limit: Limit | None = None) -> Any:
+    """Run `load(split)`, translating datasets' split errors, and refuse an empty result (and, with a `limit`, one
+    of more rows than it allows)."""
     try:
         ds = load(split)
     except DataError:
@@ -223,6 +356,9 @@ def _checked(load, where: str, split: str) -> Any:
         raise DataError("data.err.unreadable", where=where, error=f"{type(exc).__name__}: {exc}") from None
     if ds is None or len(ds) == 0:
         raise _empty_error(load, where, split)
+    if limit is not None and len(ds) > limit.rows:
+        raise DataError("data.err.limit_rows", where=where, rows=len(ds), split=split, max=limit.rows,
+                        example=f"{_split_name(split)}[:{limit.rows}]")
     return ds
 
 
@@ -252,10 +388,12 @@ def scan_text_file(path: Path) -> None:
     offset, n_data, lines = 0, 0, []
     with path.open("rb") as fh:
         for number, raw in enumerate(fh, start=1):
-            if number == 1 and (raw.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in raw):
-                # UTF-16 (Windows' "Unicode"): a byte-order mark, or a NUL beside every ASCII letter
+            if number == 1 and looks_utf16(raw):
                 raise DataError("data.err.utf16", path=path,
                                 command=f"iconv -f utf-16 -t utf-8 {path.name} > fixed{path.suffix}")
+            if b"\x00" in raw:  # valid UTF-8, but never in text: a binary or damaged file
+                at = raw.index(b"\x00")
+                raise DataError("data.err.nul_byte", path=path, line=number, column=at + 1, offset=offset + at)
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:  # a line ends at b"\n", which never occurs inside a UTF-8 character
@@ -277,6 +415,17 @@ def scan_text_file(path: Path) -> None:
         raise DataError("data.err.empty_file", path=path)
     if path.suffix.lower() == ".json":
         _check_json_document(path)
+
+
+def looks_utf16(raw: bytes) -> bool:
+    """UTF-16 (Windows' "Unicode"): a byte-order mark, or a NUL beside nearly every byte of the first line's start
+    (ASCII text in UTF-16 is a letter and a NUL, in turn). A NUL elsewhere is a damaged or binary file instead."""
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return True
+    head = raw[:256].rstrip(b"\r\n")
+    if len(head) < 4:
+        return False
+    return any(half.count(0) >= 0.8 * len(half) for half in (head[0::2], head[1::2]))
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from core.config.settings import TrainConfig
 from core.data.plan import DataPlan, check_data, plan_rows
-from core.data.read import DataError
+from core.data.read import DataError, Limit
 from core.messages import Said
 
 MIN_ROWS_FOR_SHARE = 200  # with the default share, a smaller split trains on every row: 5% of it would be a handful
@@ -55,15 +55,16 @@ def val_config(cfg: TrainConfig) -> TrainConfig:
                        dataset_split=cfg.validation_split.strip() or "train")
 
 
-def split(cfg: TrainConfig, raw: Any, fmt: str,
-          read: Callable[[TrainConfig], tuple[Any, str]] = check_data) -> Split:
+def split(cfg: TrainConfig, raw: Any, fmt: str, read: Callable[..., tuple[Any, str]] = check_data,
+          limit: Limit | None = None) -> Split:
     """Divide the loaded training split (`raw`, of format `fmt`) into the part that trains and the validation part.
     `read` reads and checks a separate validation dataset as the training one was read: SFT rows (check_data), or a
-    preference stage's pairs (core.data.pairs.check_pairs: the same split, the same shares, of pairs)."""
+    preference stage's pairs (core.data.pairs.check_pairs: the same split, the same shares, of pairs), within
+    `limit` when given (a preview's: core.data.read.PREVIEW_LIMIT)."""
     everything = list(range(len(raw)))
     if separate(cfg):
         vcfg = val_config(cfg)
-        val, vfmt = read(vcfg)
+        val, vfmt = read(vcfg, limit)
         source = f"{vcfg.dataset} [{vcfg.dataset_split}]"
         why = Said("log.val_separate", n=len(val), source=source)
         kept = _not_in(raw, val)  # train[:90] + train[50:]: rows 50-89 would train while "never trained on"

@@ -37,6 +37,7 @@ from typing import Any, Callable
 from core.config.settings import TrainConfig
 from core.files import (RefusedError, free_memory, make_tmp, marker, move_into_place, real, recover, require_marker,
                         storage_message, target, write_marker)
+from core.messages import Keyed, Said
 
 GiB = 2**30
 ZIP_KEEP_S = 3600  # download zips older than this are removed when the next one is made
@@ -56,8 +57,12 @@ def size_text(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-class ExportError(RuntimeError):
-    """An export could not be done; the message says why and what to do."""
+class ExportError(Keyed, RuntimeError):
+    """An export could not be done; the message says why and what to do (keyed when given as a Said: the page says
+    it in its language)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(self._keyed(message.key, message.params) if isinstance(message, Said) else message)
 
 
 # --- zip -------------------------------------------------------------------------------------------------------
@@ -333,8 +338,8 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     Runs in the caller's process (the app's): a one-off load-merge-save with no optimizer or patched modules, and
     its memory is freed at the end (free_memory).
     """
-    from core.infer import InferError, adapter_config, load_problem
-    from core.model.load import ModelError, load_model, load_tokenizer, resolve_model_path
+    from core.infer import InferError, adapter_config, base_for, load_problem, said
+    from core.model.load import ModelError, load_model, load_tokenizer
 
     adapter_dir = real(adapter_dir)
     out = merge_destination(adapter_dir, out_dir, overwrite)
@@ -346,7 +351,7 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     try:
         cfg = adapter_config(adapter_dir, trust_remote_code=trust_remote_code)
     except InferError as exc:
-        raise ExportError(str(exc)) from None
+        raise ExportError(said(exc)) from None
     into = merge_target(cfg, merge_into)
     needed, _, ok, message = merge_memory_check(cfg)
     if not ok:
@@ -370,7 +375,7 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     model = None
     try:
         quant: list[dict[str, Any]] = []
-        path = resolve_model_path(mcfg)
+        path = base_for(adapter_dir, mcfg)  # the adapter's modules checked against the model's, before it loads
         if into == "dequantized":
             step(0.02, f"Loading {cfg.model} in 4 bits ({cfg.bnb_4bit_quant_type}), as the adapter was trained")
             model = load_model(mcfg, path)
@@ -403,8 +408,8 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
         move_into_place(tmp, out)
         step(1.0, f"Merged model saved to {out}")
         return out
-    except ModelError as exc:
-        raise ExportError(str(exc)) from None
+    except (ModelError, InferError) as exc:
+        raise ExportError(said(exc)) from None
     except Exception as exc:
         import torch
 

@@ -32,6 +32,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from core.messages import Keyed, Said
+
 GiB = 2**30
 MiB = 2**20
 Progress = Callable[[float, str], Any]
@@ -80,8 +82,12 @@ MEMTUNE_CHAT_TEMPLATE = (
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 
 
-class GGUFError(RuntimeError):
-    """A GGUF export could not be done; the message says why and what to do."""
+class GGUFError(Keyed, RuntimeError):
+    """A GGUF export could not be done; the message says why and what to do (keyed when given as a Said: the page
+    says it in its language)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(self._keyed(message.key, message.params) if isinstance(message, Said) else message)
 
 
 def supported_text() -> str:

@@ -295,12 +295,12 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
         raise GGUFError("Give either an adapter folder (merged into its base first) or a model folder.")
     cfg = None
     if adapter_dir:
-        from core.infer import InferError, adapter_config
+        from core.infer import InferError, adapter_config, said
 
         try:
             cfg = adapter_config(adapter_dir)
         except InferError as exc:
-            raise GGUFError(str(exc)) from None
+            raise GGUFError(said(exc)) from None
         source = _local_model_dir(cfg)
         if source is None or not (source / "config.json").is_file():
             raise GGUFError(f"The base model {cfg.model} is not on this machine, so memtune cannot check that it "
@@ -384,12 +384,15 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
     if not plan.ok:
         raise GGUFError(plan.message)
     if plan.adapter_dir is not None:  # refused before anything is written (merge_adapter checks it again)
-        from core.infer import InferError, adapter_config
+        from core.infer import InferError, adapter_config, adapter_problem, said
 
-        try:
-            adapter_config(plan.adapter_dir, trust_remote_code=trust_remote_code)
+        try:  # with the base's modules: plan_gguf found its folder on this machine
+            cfg = adapter_config(plan.adapter_dir, trust_remote_code=trust_remote_code)
+            problem = adapter_problem(plan.adapter_dir, cfg, str(plan.source))
         except InferError as exc:
-            raise GGUFError(str(exc)) from None
+            problem = exc
+        if problem is not None:
+            raise GGUFError(said(problem)) from None
     out = plan.out_dir
     if out.exists() and any(out.iterdir()):
         if not overwrite:
@@ -415,7 +418,7 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
                 source = merge_adapter(plan.adapter_dir, tmp / "merged", progress=merge_step, merge_into=merge_into,
                                        trust_remote_code=trust_remote_code)
             except ExportError as exc:
-                raise GGUFError(str(exc)) from None
+                raise GGUFError(said(exc)) from None
             start = 0.5
         meta = tokenizer_metadata(source, int(read_config(source)["vocab_size"]))
         template, stops, why = ollama_template(source, meta)

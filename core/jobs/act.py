@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from core.messages import Said, words_of
+from core.messages import Said, fields_of, words_of
 from core.jobs.warm import START_ENV
 from core.runs.events import JsonlSink, make_event
 
@@ -98,7 +98,7 @@ def serve_try(p: dict[str, Any], emit: Callable[[dict], None], folder: Path) -> 
                                                 **ask):
                 emit(make_event("answer", request=n, base=base, tuned=tuned))
         except InferError as exc:  # this prompt only (an empty prompt, an OOM while generating): the model stays
-            emit(make_event("error", request=n, error_type=error_type(exc), message=str(exc)))
+            emit(make_event("error", request=n, error_type=error_type(exc), message=str(exc), **fields_of(exc)))
             emit(make_event("answered", request=n, status="failed", base=base, tuned=tuned))
             continue
         emit(make_event("answered", request=n, status="completed", base=base, tuned=tuned))
@@ -115,7 +115,7 @@ def main(argv: list[str]) -> int:
         result = serve_try(params, emit, folder) if kind == "try" else work(params, emit)
     except Exception as exc:  # noqa: BLE001 - recorded for the page: the app shows the message, this process ends
         emit(make_event("error", error_type=error_type(exc), message=f"{exc}" if error_type(exc) == "refused"
-                        else f"{type(exc).__name__}: {exc}"))
+                        else f"{type(exc).__name__}: {exc}", **fields_of(exc)))  # the key: said in the page's language
         emit(make_event("done", status="failed", message=str(exc)))
         return 1
     emit(make_event("done", status="completed", message="", **result))

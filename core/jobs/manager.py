@@ -3,8 +3,11 @@
 The GPU is one, so the manager runs at most `slots` jobs (one) behind a lock: a second `start()` from any tab
 raises `JobBusy`, or, with `queue=True` (public mode: strangers share the GPU), waits in the manager's queue and
 starts when a slot is free, first come first served. A job records its `owner` (public mode: the visitor the
-server issued an id to, core.runs.public.visitor), and `current(owner)` / `stop(owner)` act on that owner's own
-job only; `owner=None` is the app's own user (or the Space owner), who sees and stops the running one.
+server issued an id to, core.runs.public.visitor) and the network `address` it came from, and `current(owner)` /
+`stop(owner)` act on that owner's own job only; `owner=None` is the app's own user (or the Space owner), who sees and
+stops the running one. Who may join the queue (`admission`): at most so many jobs per owner and per address, and so
+many waiting in all, each refusal a JobBusy saying which limit and the queue as it stands. A visitor's child is told
+whose run it is (core.runs.public.VISITOR_ENV), and checks the config again as that visitor.
 
 A job is the same command a user runs, `python -m core.train --config RUN/config.yaml`, started
 as a child process in its own session (process group): the manager chooses the run folder, writes config.yaml
@@ -39,11 +42,12 @@ from typing import Any
 
 from core.runs.folders import STOP_FILE
 from core.config.settings import TrainConfig
-from core.messages import keyed
+from core.messages import Said, keyed
 from core.runs.events import EventList, EventTail, JsonlSink, make_event, read_events
 from core.jobs import warm
 from core.jobs.actions import Actions
-from core.jobs.supervise import PARENT_ENV, Child
+from core.jobs.supervise import PARENT_ENV, Child, torch_threads
+from core.runs.public import VISITOR_ENV
 
 CLI = [sys.executable, "-m", "core.train"]
 ROOT = Path(__file__).resolve().parents[2]  # the child imports `core` from here, whatever the app's cwd
@@ -61,12 +65,37 @@ SHUTDOWN_GRACE_S = 10.0  # app exit: time for the child to finish its step and s
 
 
 class JobBusy(RuntimeError):
-    """A job is already running (`reason` "busy"), or the owner has as many queued or running as allowed ("yours");
-    the message says which and what to do."""
+    """A job is already running (`reason` "busy"), or the owner has as many queued or running as allowed ("yours"),
+    or the asker's address has ("address"), or the queue is full ("full"); the message says which and what to do.
+    A refusal said by key carries it (`key`, `params`: the page says it in its language)."""
 
     def __init__(self, message: str, reason: str = "busy", limit: int = 0) -> None:
         super().__init__(message)
         self.reason, self.limit = reason, limit
+        self.key: str = getattr(message, "key", "")
+        self.params: dict[str, Any] = dict(getattr(message, "params", {}))
+
+
+def admission(active: list[tuple[str | None, str | None]], waiting: int, would_wait: bool, owner: str | None,
+              address: str | None = None, per_owner: int | None = None, per_address: int | None = None,
+              queue_cap: int | None = None) -> JobBusy | None:
+    """Whether a job of `owner` from `address` may join: None, or the JobBusy that refuses it. `active`: (owner,
+    address) of each job running or waiting; `waiting`: how many wait; `would_wait`: no slot is free for it now.
+    The owner's own limit first, then the address's (one machine's throw-away cookies count together), then the
+    queue's length."""
+    if owner is not None and per_owner is not None:
+        mine = sum(o == owner for o, _ in active)
+        if mine >= per_owner:
+            return JobBusy(f"You already have {mine} run(s) queued or running; the limit is {per_owner}.",
+                           "yours", per_owner)
+    if address and per_address is not None:
+        theirs = sum(a == address for _, a in active)
+        if theirs >= per_address:
+            return JobBusy(Said("msg.address_limit", n=theirs, limit=per_address, waiting=waiting), "address",
+                           per_address)
+    if would_wait and queue_cap is not None and waiting >= queue_cap:
+        return JobBusy(Said("msg.queue_full", waiting=waiting, place=waiting + 1, limit=queue_cap), "full", queue_cap)
+    return None
 
 
 @dataclass
@@ -82,6 +111,7 @@ class Job(EventList):
     folder: str | None = None  # the run folder, known from the start for a child job
     pid: int | None = None  # the child process (its process group has the same id)
     owner: str | None = None  # public mode: the visitor who started it; None: the app's own user
+    address: str | None = None  # public mode: the network address the Start came from
     waiting: bool = False  # in the queue: no folder, no process yet
     max_s: float | None = None  # the Space owner's limit: Stopped (and saved) after this long
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -152,9 +182,11 @@ class JobManager:
 
     # --- control ----------------------------------------------------------------------------------------
     def start(self, cfg: TrainConfig, owner: str | None = None, queue: bool = False, per_owner: int | None = None,
-              max_s: float | None = None) -> Job:
+              max_s: float | None = None, address: str | None = None, per_address: int | None = None,
+              queue_cap: int | None = None) -> Job:
         """Start `cfg` as a child process; if every slot is taken, raise JobBusy, or with `queue` put it in the queue.
-        `per_owner`: how many queued or running jobs one owner may have (JobBusy "yours" beyond); `max_s`: the job
+        `per_owner`: how many queued or running jobs one owner may have (JobBusy "yours" beyond); `per_address`:
+        likewise from one network `address` ("address"); `queue_cap`: how many may wait ("full"); `max_s`: the job
         is Stopped after this long.
 
         A run that cannot even be started (its folder cannot be made, Python cannot be run) is returned as a
@@ -165,18 +197,17 @@ class JobManager:
                 if old.running and old.said_done():
                     old.wait(DONE_EXIT_WAIT_S)  # finished, only its process is still exiting
             self._running = [j for j in self._running if j.running]
-            if owner is not None and per_owner is not None:
-                mine = sum(j.owner == owner for j in self._running + self._waiting)
-                if mine >= per_owner:
-                    raise JobBusy(f"You already have {mine} run(s) queued or running; the limit is {per_owner}.",
-                                  "yours", per_owner)
             free = len(self._running) < self._slots and not self._waiting
+            refused = admission([(j.owner, j.address) for j in self._running + self._waiting], len(self._waiting),
+                                not free, owner, address, per_owner, per_address, queue_cap)
+            if refused is not None:
+                raise refused
             if not free and not queue:
                 job = self._running[0]
                 what = "stopping" if job.stopping else "running"
                 raise JobBusy(f"A training run is already {what} (job {job.id}, {job.config.model}); "
                               "one run at a time uses the GPU. Wait for it to finish or press Stop.")
-            job = Job(id=next(self._ids), config=cfg, owner=owner, max_s=max_s, waiting=not free)
+            job = Job(id=next(self._ids), config=cfg, owner=owner, max_s=max_s, waiting=not free, address=address)
             self._jobs = [j for j in self._jobs if j.owner != owner or j.active] + [job]
             if job.waiting:
                 self._waiting.append(job)
@@ -359,10 +390,7 @@ class JobManager:
         job.emit(starting)
         tail = EventTail(events)
         tail.offset = events.stat().st_size  # what follows is the child's (a resumed run's older events are not)
-        env = dict(os.environ, PYTHONUNBUFFERED="1",
-                   PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-        env[PARENT_ENV] = str(os.getpid())  # the child stops and saves if the app dies (core.jobs.supervise)
-        env.setdefault("MEMTUNE_NUM_THREADS", str(max(1, _cores() - 1)))  # one core for the web server + browser
+        env = child_env(job.owner)
         if self._program == CLI and warm.enabled():  # forked from the libraries already imported
             job._child = Child(warm.spawn(command, env, str(run_dir / LOG_FILE)), run_dir / STOP_FILE,
                                ack_s=STOP_ACK_S, finish_s=STOP_FINISH_S)
@@ -403,18 +431,24 @@ class JobManager:
             self._dispatch()  # the next in the queue, if any
 
 
+def child_env(owner: str | None) -> dict[str, str]:
+    """The environment of a run's child: the app's, with `owner` (a visitor's job: core.runs.public checks the config
+    again there as that visitor; the app's own user's: as the app) and the child's supervision."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    env.pop(VISITOR_ENV, None)
+    if owner is not None:
+        env[VISITOR_ENV] = owner
+    env[PARENT_ENV] = str(os.getpid())  # the child stops and saves if the app dies (core.jobs.supervise)
+    env.setdefault("MEMTUNE_NUM_THREADS", str(torch_threads(env).n))  # one core for the web server + browser
+    return env
+
+
 def _seconds_per_step(events: list[dict[str, Any]]) -> float | None:
     """A run's measured training speed (its last step event), for predicting the queue's waits."""
     last = next((e for e in reversed(events) if e.get("kind") == "step" and e.get("step") and e.get("elapsed_s")),
                 None)
     return float(last["elapsed_s"]) / int(last["step"]) if last else None
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 

@@ -15,8 +15,9 @@ session (process group), and everything a parent does with it:
 - `record_death`: a child that ended without its `done` event becomes a failed run (runs.record_failure, the one
   failed-run writer), its message saying how it ended.
 
-The child's side of the same contract is here too: `stop_on_signals` (SIGTERM/Ctrl-C = Stop) and
-`stop_when_orphaned` (the app died: stop and save).
+The child's side of the same contract is here too: `stop_on_signals` (SIGTERM/Ctrl-C = Stop),
+`stop_when_orphaned` (the app died: stop and save) and `torch_threads` (the CPU threads of a run's process, for the
+app's child and the command line alike: every core but one, unless a setting says otherwise).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import signal
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -183,6 +185,46 @@ def dies_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the parent's own handlers still end the group
         pass
+
+
+THREAD_SETTINGS = ("MEMTUNE_NUM_THREADS", "OMP_NUM_THREADS")  # a number set by hand (or by the app), in this order
+
+
+@dataclass(frozen=True)
+class Threads:
+    """How many CPU threads torch gets in a run's process (`n`), out of the cores it may use, and which setting
+    chose the number ("" for the rule itself)."""
+
+    n: int
+    cores: int
+    setting: str = ""
+
+    def said(self) -> Said:
+        if self.setting:
+            return Said("log.threads.env", n=self.n, name=self.setting, cores=self.cores)
+        return Said("log.threads.auto", n=self.n, cores=self.cores, left=self.cores - self.n)
+
+
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity: taskset's, a container's cpuset), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def torch_threads(env: dict[str, str] | None = None) -> Threads:
+    """The torch threads of a run's process, for the app's child and the command line alike: a whole number in
+    MEMTUNE_NUM_THREADS, else in OMP_NUM_THREADS (what torch itself reads); else every core this process may use
+    but one, at least one: torch's threads on every core wait for each other whenever anything else takes a core
+    (the page, the browser, another program), and a CPU run then goes many times slower than with one core left."""
+    env = os.environ if env is None else env
+    available = cores()
+    for name in THREAD_SETTINGS:
+        value = env.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return Threads(int(value), available, name)
+    return Threads(max(1, available - 1), available)
 
 
 def signal_group(pgid: int | None, sig: int) -> None:

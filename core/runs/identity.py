@@ -1,10 +1,14 @@
 """Who a public-mode visitor is: an id the server issues, never one the client chooses (no gradio here).
 
 On a visitor's first request the server draws a random id and hands it to the browser in a cookie signed with this
-server's key (HMAC-SHA256): `<id>.<signature>`. The cookie is HttpOnly (no script reads it) and never sent by
-another site's page (SameSite=Lax, or over https a partitioned cookie: set_cookie_header). A request is that visitor only if its cookie's signature checks; anything
-else (no cookie, a forged or edited one, another server's) is a new visitor. Gradio's session hash, which the
-client picks, is never used to tell visitors apart.
+server's key (HMAC-SHA256): `<id>.<issued>.<signature>`, `issued` the Unix time it was signed. The cookie is HttpOnly
+(no script reads it) and never sent by another site's page (SameSite=Lax, or over https a partitioned cookie:
+set_cookie_header). A request is that visitor only if its cookie's signature checks and it was issued less than
+KEEP_S ago (the server's own expiry: the browser's Max-Age is only a request); anything else (no cookie, a forged,
+edited, expired or another server's one) is a new visitor. The same id is signed again, with a fresh time, once its
+cookie is older than RENEW_S (`renew`): a visitor who comes back within the month keeps their id, and so their runs.
+Cookies of the older form `<id>.<signature>`, without a time, are not read: their visitors become new ones.
+Gradio's session hash, which the client picks, is never used to tell visitors apart.
 
 The key lives in MEMTUNE_HOME/visitor-key (made once, readable by this user only), so visitors keep their runs
 across a restart of the app; where it cannot be written, a key for this process alone.
@@ -18,9 +22,13 @@ import os
 import re
 import secrets
 import threading
+import time
+from typing import NamedTuple
 
 COOKIE = "memtune-visitor"
-KEEP_S = 30 * 24 * 3600  # the browser keeps the id a month: a visitor's runs are pruned long before that
+KEEP_S = 30 * 24 * 3600  # a cookie is good for a month after it was signed: a visitor's runs are pruned long before
+RENEW_S = 24 * 3600  # a cookie older than a day is signed again for the same id: an active visitor never expires
+SKEW_S = 300  # a cookie signed "in the future" by this much: the clock went back; further, it is refused
 ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{22}")  # secrets.token_urlsafe(16)
 _key: bytes | None = None
 _key_lock = threading.Lock()
@@ -51,22 +59,51 @@ def key() -> bytes:
         return _key
 
 
-def _sign(visitor_id: str) -> str:
-    return hmac.new(key(), visitor_id.encode(), hashlib.sha256).hexdigest()
+class Cookie(NamedTuple):
+    visitor_id: str
+    issued: int  # Unix seconds, as signed
 
 
-def issue() -> tuple[str, str]:
+ISSUED = re.compile(r"[0-9]{1,12}")
+
+
+def _sign(visitor_id: str, issued: str) -> str:
+    return hmac.new(key(), f"{visitor_id}.{issued}".encode(), hashlib.sha256).hexdigest()
+
+
+def _value(visitor_id: str, now: float | None) -> str:
+    issued = str(int(time.time() if now is None else now))
+    return f"{visitor_id}.{issued}.{_sign(visitor_id, issued)}"
+
+
+def issue(now: float | None = None) -> tuple[str, str]:
     """A new visitor: (id, the cookie's value)."""
     visitor_id = secrets.token_urlsafe(16)
-    return visitor_id, f"{visitor_id}.{_sign(visitor_id)}"
+    return visitor_id, _value(visitor_id, now)
 
 
-def verified(value: str | None) -> str | None:
-    """The visitor id a cookie's value carries, if this server signed it; None otherwise."""
-    visitor_id, dot, signature = (value or "").partition(".")
-    if not dot or not ID_PATTERN.fullmatch(visitor_id):
+def renew(cookie: Cookie, now: float | None = None) -> str | None:
+    """A fresh value for the same visitor when its cookie is older than RENEW_S; None while it is recent."""
+    now = time.time() if now is None else now
+    return _value(cookie.visitor_id, now) if now - cookie.issued >= RENEW_S else None
+
+
+def read(value: str | None, now: float | None = None) -> Cookie | None:
+    """The visitor a cookie's value names, if this server signed it less than KEEP_S ago; None otherwise."""
+    parts = (value or "").split(".")
+    if len(parts) != 3 or not ID_PATTERN.fullmatch(parts[0]) or not ISSUED.fullmatch(parts[1]):
         return None
-    return visitor_id if hmac.compare_digest(signature.encode(), _sign(visitor_id).encode()) else None
+    visitor_id, issued, signature = parts
+    if not hmac.compare_digest(signature.encode(), _sign(visitor_id, issued).encode()):
+        return None
+    age = (time.time() if now is None else now) - int(issued)
+    return Cookie(visitor_id, int(issued)) if -SKEW_S <= age < KEEP_S else None
+
+
+def verified(value: str | None, now: float | None = None) -> str | None:
+    """The visitor id a cookie's value carries, if this server signed it and it has not expired; None otherwise."""
+    cookie = read(value, now)
+    return cookie.visitor_id if cookie else None
 
 
 def set_cookie_header(value: str, secure: bool) -> str:

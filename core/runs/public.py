@@ -10,8 +10,13 @@ Each visitor (one browser, known by the id the server issued it in a signed cook
 of their own: `public_root()` and `upload_root()` name the visitor's sub-folder while a page request is being answered
 (the UI registers who is asking: `set_visitor_source`), so
 History, Try it, Export and Preview see only that visitor's runs and uploads, and a path typed into another
-visitor's folder is refused like any other server path. Outside a request (the training child the app started, the
-CLI) the whole folders are allowed: that code is the app's, not a visitor's.
+visitor's folder is refused like any other server path. The training child the app starts for a visitor is told whose
+run it is (VISITOR_ENV) and checks the same rules again, for that visitor. Outside a request and such a child (the
+app's own retention, the CLI) the whole folders are allowed: that code is the app's, not a visitor's.
+
+Every config field that can name a place on this machine is declared once, on its field (`path=` in
+core/config/settings.py, `path_fields()` here): the page's `uploads/...` and `runs/...` forms (`shown`, `from_shown`)
+and the checks (`public_problems`) go over that declaration, so a new path field is checked as soon as it is declared.
 
 Outside public mode, a config loaded from a file or from History never switches trust_remote_code on by itself:
 `without_remote_code(cfg)` turns it off and says so, and the user ticks it again to confirm.
@@ -20,9 +25,13 @@ Outside public mode, a config loaded from a file or from History never switches 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, fields
+from functools import cache
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable
 
 from core.files import real
@@ -42,6 +51,9 @@ def is_public() -> bool:
 
 _visitor_source: Callable[[], str | None] = lambda: None  # the UI's: who is asking (None: no page request)
 NOBODY = "unknown"  # the folder of a request without a valid visitor cookie: empty, never another visitor's
+VISITOR_ENV = "MEMTUNE_VISITOR"  # set by core.jobs.manager for a visitor's training child: whose run it is
+OWNER = re.compile(rf"visitor-(?:{ID_PATTERN.pattern}|{NOBODY})")
+_address_source: Callable[[], str | None] = lambda: None  # the UI's: the network address of who is asking
 
 
 def set_visitor_source(source: Callable[[], str | None]) -> None:
@@ -51,13 +63,45 @@ def set_visitor_source(source: Callable[[], str | None]) -> None:
 
 
 def visitor() -> str | None:
-    """Public mode, while a page request is answered: the visitor's folder name; None otherwise."""
+    """Public mode, while a page request is answered: the visitor's folder name; in a training child started for a
+    visitor, that visitor's (VISITOR_ENV); None otherwise."""
     if not is_public():
         return None
     who = _visitor_source()
     if who is None:
-        return None
+        owner = os.environ.get(VISITOR_ENV)
+        if owner is None:
+            return None
+        return owner if OWNER.fullmatch(owner) else f"visitor-{NOBODY}"  # a garbled one never means "everyone"
     return f"visitor-{who}" if ID_PATTERN.fullmatch(str(who)) else f"visitor-{NOBODY}"
+
+
+def set_address_source(source: Callable[[], str | None]) -> None:
+    """The UI registers how to tell the network address of the current page request (client_address)."""
+    global _address_source
+    _address_source = source
+
+
+def address() -> str | None:
+    """Public mode, while a page request is answered: the asker's network address (None when unknown)."""
+    return _address_source() if is_public() else None
+
+
+def behind_proxy() -> bool:
+    """Whether requests reach the app through a proxy that names the client in X-Forwarded-For: a Hugging Face Space
+    (SPACE_ID), or where the server's owner says so (MEMTUNE_BEHIND_PROXY=1)."""
+    return bool(os.environ.get("SPACE_ID")) or os.environ.get("MEMTUNE_BEHIND_PROXY", "").strip() in ("1", "true")
+
+
+def client_address(host: str | None, forwarded: str | None) -> str | None:
+    """The client's address: behind a proxy, X-Forwarded-For's first hop (the client as the proxy saw it; the
+    connection itself comes from the proxy); otherwise the connection's address, whatever the header says (a client
+    could write any)."""
+    if forwarded and behind_proxy():
+        first = forwarded.split(",")[0].strip()
+        if first:
+            return first
+    return host or None
 
 
 @dataclass(frozen=True)
@@ -67,13 +111,16 @@ class SpaceLimits:
 
     jobs: int = 1  # MEMTUNE_SPACE_JOBS: runs one visitor may have queued or running at once
     minutes: float = 30.0  # MEMTUNE_SPACE_MINUTES: a run is Stopped (it saves its adapter) after this long
-    steps: int = 1000  # MEMTUNE_SPACE_STEPS: the largest max_steps a visitor may set
-    disk_gib: float = 2.0  # MEMTUNE_SPACE_DISK_GIB: a visitor's runs and uploads; above it, Start is refused
+    steps: int = 1000  # MEMTUNE_SPACE_STEPS: the most optimizer steps a run may plan (max_steps, or from epochs)
+    disk_gib: float = 2.0  # MEMTUNE_SPACE_DISK_GIB: a visitor's runs and uploads; an upload or Start past it is refused
     keep_hours: float = 48.0  # MEMTUNE_SPACE_KEEP_HOURS: a visitor's folders untouched this long are deleted
+    queue: int = 8  # MEMTUNE_SPACE_QUEUE: runs waiting in the queue, everyone's together
+    per_address: int = 2  # MEMTUNE_SPACE_PER_ADDRESS: runs queued or running from one network address
 
 
 LIMIT_ENV = {"jobs": "MEMTUNE_SPACE_JOBS", "minutes": "MEMTUNE_SPACE_MINUTES", "steps": "MEMTUNE_SPACE_STEPS",
-             "disk_gib": "MEMTUNE_SPACE_DISK_GIB", "keep_hours": "MEMTUNE_SPACE_KEEP_HOURS"}
+             "disk_gib": "MEMTUNE_SPACE_DISK_GIB", "keep_hours": "MEMTUNE_SPACE_KEEP_HOURS",
+             "queue": "MEMTUNE_SPACE_QUEUE", "per_address": "MEMTUNE_SPACE_PER_ADDRESS"}
 
 
 def limits() -> SpaceLimits:
@@ -133,6 +180,15 @@ UPLOADS = "uploads"  # what a visitor sees of their upload folder: `uploads/mine
 RUNS = "runs"
 
 
+@cache
+def path_fields() -> MappingProxyType:
+    """Every TrainConfig field whose value can name a place on this machine -> its kind (core.config.settings
+    PATH_KINDS), as declared on the field (`path=`): what the page maps and public mode checks."""
+    from core.config.settings import TrainConfig
+
+    return MappingProxyType({f.name: f.metadata["path"] for f in fields(TrainConfig) if f.metadata.get("path")})
+
+
 def _places() -> list[tuple[str, str]]:
     from core.config.settings import cache_root
 
@@ -150,26 +206,32 @@ def shown(text: str) -> str:
     return text
 
 
-def from_shown(value: str, run: bool = False) -> str:
-    """The inverse of `shown` for a dataset box: `uploads/x` -> the visitor's upload folder's x (still checked by
-    dataset_problem: `uploads/../..` resolves outside it and is refused); for a box naming a run (`run`:
-    init_adapter, resume_from), `runs/x` -> the visitor's runs folder's x (checked by public_problems alike)."""
-    if is_public() and visitor() and value.startswith(UPLOADS + "/"):
-        return str(upload_root() / value[len(UPLOADS) + 1:])
-    if run and is_public() and visitor() and value.startswith(RUNS + "/"):
-        return str(public_root() / value[len(RUNS) + 1:])
+def from_shown(value: str) -> str:
+    """The inverse of `shown` for a path field's box: `uploads/x` -> the visitor's upload folder's x, `runs/x` -> the
+    visitor's runs folder's x (`runs` alone: that folder). Still checked by public_problems afterwards: `uploads/../..`
+    resolves outside the visitor's folder and is refused like any other server path."""
+    if not (is_public() and visitor()):
+        return value
+    for name, root in ((UPLOADS, upload_root), (RUNS, public_root)):
+        if value == name:
+            return str(root())
+        if value.startswith(name + "/"):
+            return str(root() / value[len(name) + 1:])
     return value
 
 
 def visitor_config(cfg: "TrainConfig") -> "TrainConfig":
-    """Public mode: a run the page starts goes into the visitor's own runs folder (the form's output_dir, e.g. the
-    default `runs`, names the app's folder; a visitor cannot choose another), on their upload as the page names it."""
+    """Public mode: every path field as the page names it (`uploads/...`, `runs/...`) mapped to the visitor's own
+    folders; a run the page starts goes into the visitor's own runs folder (the form's output_dir, e.g. the default
+    `runs`, names the app's folder; a visitor cannot choose another)."""
     if not (is_public() and visitor()):
         return cfg
+    changes = {name: from_shown(getattr(cfg, name)) for name in path_fields()}
+    changes = {name: value for name, value in changes.items() if value != getattr(cfg, name)}
+    cfg = cfg.replace(**changes) if changes else cfg
     if inside(cfg.output_dir, shared_public_root()):
         cfg = cfg.replace(output_dir=str(public_root()))
-    dataset = from_shown(cfg.dataset)
-    return cfg.replace(dataset=dataset) if dataset != cfg.dataset else cfg
+    return cfg
 
 
 def inside(path: str | Path, root: Path) -> bool:
@@ -177,63 +239,115 @@ def inside(path: str | Path, root: Path) -> bool:
     return p == root or root in p.parents
 
 
+def _looks_local(value: str) -> bool:
+    return value.startswith((".", "/", "~")) or value.count("/") > 1 or Path(value).expanduser().exists()
+
+
 def local_path_refusal(what: str, value: str) -> str:
-    return Said("public.dataset_path" if what == "dataset" else "public.model_path", value=value)
+    if what == "model":
+        return Said("public.model_path", value=value)
+    return Said("public.dataset_path", value=value) if what == "dataset" else Said("public.data_path", value=value,
+                                                                                    field=what)
 
 
-def dataset_problem(source: str) -> str | None:
-    """Public mode: a dataset that is a local path outside the upload folder is refused."""
+def dataset_problem(source: str, what: str = "dataset") -> str | None:
+    """Public mode: data (`what`: its field) that is a local path outside the visitor's upload folder is refused."""
     from core.config.settings import DEMO_DATASET
 
     source = (source or "").strip()
     if not is_public() or not source or source == DEMO_DATASET:
         return None
-    looks_local = source.startswith((".", "/", "~")) or source.count("/") > 1 or Path(source).expanduser().exists()
-    if looks_local and not inside(source, upload_root()):
-        return local_path_refusal("dataset", source)
+    if _looks_local(source) and not inside(source, upload_root()):
+        return local_path_refusal(what, source)
+    return None
+
+
+def model_path_problem(model: str) -> str | None:
+    """Public mode: a model that is a local folder is refused (the demo and Hub ids are not)."""
+    from core.config.settings import DEMO_MODEL
+
+    model = (model or "").strip()
+    if is_public() and model and model != DEMO_MODEL and _looks_local(model):
+        return local_path_refusal("model", model)
     return None
 
 
 def model_problem(cfg: "TrainConfig") -> str | None:
     """Public mode: no trust_remote_code, no local model folder."""
-    from core.config.settings import DEMO_MODEL
-
     if not is_public():
         return None
     if cfg.trust_remote_code:
         return Said("public.trust")
-    model = cfg.model.strip()
-    if model != DEMO_MODEL and (model.startswith((".", "/", "~")) or model.count("/") > 1
-                                or Path(model).expanduser().exists()):
-        return local_path_refusal("model", model)
-    return None
+    return model_path_problem(cfg.model)
+
+
+def path_problem(name: str, kind: str, value: str) -> "Problem | None":
+    """Public mode: the one rule for a path field of `kind`. A model: the demo or a Hub id; data: the demo, a Hub id
+    or the visitor's upload; a run (`run`): empty or one of the visitor's runs; the runs folder (`runs`): the
+    visitor's own."""
+    from core.config.settings import Problem
+
+    value = (value or "").strip()
+    if kind == "model":
+        why = model_path_problem(value)
+        return Problem.of(name, "problem.public_model", why=why) if why else None
+    if kind == "data":
+        why = dataset_problem(value, name)
+        return Problem.of(name, "problem.public_dataset", why=why) if why else None
+    root = public_root()
+    if kind == "run":
+        ok = not value or inside(value, root)  # another visitor's run or a server path is refused
+        if ok:
+            return None
+        return Problem.of(name, "problem.public_resume" if name == "resume_from"  # these two have fixes of their own
+                          else "problem.public_init_adapter" if name == "init_adapter" else "problem.public_run",
+                          root=root, setting=name)
+    return None if inside(value, root) else Problem.of(name, "problem.public_output", root=root, name=root.name)
+
+
+def planned_steps(cfg: "TrainConfig", rows: int, world: int = 1) -> tuple[int, int]:
+    """(optimizer steps a run of `cfg` takes on `rows` training rows, or packed sequences, over `world` processes;
+    steps per epoch): max_steps when set, else as transformers' Trainer counts them (set_initial_training_values):
+    each process's batches per epoch, divided by the accumulation rounded up, times the epochs rounded up."""
+    batches = math.ceil(max(0, rows) / (cfg.per_device_train_batch_size * max(1, world)))
+    per_epoch = max(math.ceil(batches / cfg.gradient_accumulation_steps), 1)
+    return (cfg.max_steps if cfg.max_steps > 0 else math.ceil(cfg.num_train_epochs * per_epoch)), per_epoch
+
+
+def steps_problem(cfg: "TrainConfig", rows: int | None = None, world: int = 1) -> "Problem | None":
+    """Public mode: a run planning more optimizer steps than the Space owner's limit. max_steps is checked as it is;
+    a run counted in epochs once its training `rows` are known (None: not yet; the page counts them before Start,
+    the training child after planning them)."""
+    from core.config.settings import Problem
+
+    limit = limits().steps
+    if not is_public() or not limit:
+        return None
+    if cfg.max_steps > 0:
+        return Problem.of("max_steps", "problem.public_steps", limit=limit) if cfg.max_steps > limit else None
+    if rows is None:
+        return None
+    steps, per_epoch = planned_steps(cfg, rows, world)
+    if steps <= limit:
+        return None
+    return Problem.of("num_train_epochs", "problem.public_planned_steps", steps=steps, limit=limit, rows=rows,
+                      per_epoch=per_epoch, epochs=f"{cfg.num_train_epochs:g}",
+                      batch=cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * max(1, world))
 
 
 def public_problems(cfg: "TrainConfig") -> list["Problem"]:
-    """What validation adds in public mode (an empty list outside it)."""
+    """What validation adds in public mode (an empty list outside it): every path field by its kind, no remote code,
+    the step limit as far as it is known without reading the data."""
     from core.config.settings import Problem
 
     if not is_public():
         return []
     out = []
-    root = public_root()
-    why = model_problem(cfg)
-    if why:
-        field = "trust_remote_code" if cfg.trust_remote_code else "model"
-        out.append(Problem.of(field, "problem.public_trust" if cfg.trust_remote_code else "problem.public_model", why=why))
-    why = dataset_problem(cfg.dataset)
-    if why:
-        out.append(Problem.of("dataset", "problem.public_dataset", why=why))
-    if not inside(cfg.output_dir, root):
-        out.append(Problem.of("output_dir", "problem.public_output", root=root, name=root.name))
-    if cfg.resume_from and not inside(cfg.resume_from, root):
-        out.append(Problem.of("resume_from", "problem.public_resume", root=root))
-    if cfg.init_adapter.strip() and not inside(cfg.init_adapter.strip(), root):  # another visitor's or a server path
-        out.append(Problem.of("init_adapter", "problem.public_init_adapter", root=root))
-    steps = limits().steps
-    if steps and cfg.max_steps > steps:
-        out.append(Problem.of("max_steps", "problem.public_steps", limit=steps))
-    return out
+    if cfg.trust_remote_code:
+        out.append(Problem.of("trust_remote_code", "problem.public_trust", why=Said("public.trust")))
+    out += [p for name, kind in path_fields().items() if (p := path_problem(name, kind, getattr(cfg, name)))]
+    steps = steps_problem(cfg)
+    return out + [steps] if steps else out
 
 
 def check_folder(path: str | Path | None, what: str) -> Path | None:

@@ -1,10 +1,11 @@
 """The command line of the training recipe: `python -m core.train` (usage in core/train/recipe.py's docstring)
 runs `run()`.
 
-Argument parsing, the process around one run (torch threads, quiet libraries; signals and a parent that died are
-core/jobs/supervise.py's) and, when the config asks for several processes, the hand-off to accelerate's launcher
-(core/jobs/launcher.py). The recipe itself, `run_training`, is core/train/ (imported when a run starts); `python -m
-core.train` is core/train/__main__.py, which runs `run()` here.
+Argument parsing, the process around one run (torch threads, by the rule the app's child follows, said in the run's
+first line; quiet libraries; signals and a parent that died are core/jobs/supervise.py's) and, when the config asks
+for several processes, the hand-off to accelerate's launcher (core/jobs/launcher.py). The recipe itself,
+`run_training`, is core/train/ (imported when a run starts); `python -m core.train` is core/train/__main__.py, which
+runs `run()` here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from core.config.settings import ConfigError, Hardware, TrainConfig, demo_config, parse_overrides
 from core.config.presets import PRESETS
-from core.jobs.supervise import stop_on_signals, stop_when_orphaned
+from core.jobs.supervise import Threads, stop_on_signals, stop_when_orphaned, torch_threads
 
 
 def console_sink(event: dict[str, Any]) -> None:
@@ -38,13 +39,11 @@ def quiet_libraries(console: bool) -> None:
     quiet(progress_bars=console)
 
 
-def set_threads_from_env() -> None:
-    """MEMTUNE_NUM_THREADS (the app sets it to cores - 1 for its child, leaving a core to the page); else all cores."""
-    value = os.environ.get("MEMTUNE_NUM_THREADS", "").strip()
-    if value.isdigit() and int(value) > 0:
-        import torch
+def set_threads(threads: Threads) -> None:
+    """torch's intra-op threads as core.jobs.supervise.torch_threads chose them (the app's child by the same rule)."""
+    import torch
 
-        torch.set_num_threads(int(value))
+    torch.set_num_threads(threads.n)
 
 
 def main(argv: list[str] | None = None, callbacks=()) -> int:
@@ -98,6 +97,9 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
             print("[memtune] several GPUs are visible and num_gpus is 1: training on GPU 0 "
                   "(set num_gpus to use more)", file=sys.stderr, flush=True)
         launches = distributed.plan(cfg).distributed and not distributed.in_worker()
+        threads = torch_threads()  # said first by the process that trains (a launcher's workers each say theirs)
+        if not launches:
+            print(f"[memtune] {threads.said()}", file=sys.stderr, flush=True)
         if not launches and "core.train.libraries" not in sys.modules:  # (accelerate's launcher only waits)
             print("[memtune] loading torch, transformers, peft and trl", file=sys.stderr, flush=True)
             import core.train.libraries  # noqa: F401 - all of them now, not one by one as the run reaches them
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
             from core.train.recipe import run_training  # it imports the libraries: after the line above; a launcher never needs them
     if launches:
         return launcher.run_launcher(cfg, args.run_dir)  # accelerate launch: this machine's workers
-    set_threads_from_env()
+    set_threads(threads)
     quiet_libraries(console=sys.stderr.isatty())
     from core.quiet import offline_if_unreachable
 

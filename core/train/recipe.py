@@ -45,7 +45,7 @@ from transformers import EarlyStoppingCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import SFTConfig, SFTTrainer
 
-from core.checks import check
+from core.checks import check, check_planned
 from core.config import arguments
 from core.config.settings import ConfigError, TrainConfig
 from core.data import validation
@@ -195,6 +195,7 @@ class LoRARecipe:
         if why:
             emit(make_event("log", level="info", **words_of(why)))
         self.cfg = cfg
+        check_planned(cfg, self.plan, distributed.world_size())  # public mode: the steps it plans, within the limit
         if self.plan.refusal():
             raise DataError("data.err.refusal", why=self.plan.refusal())
         evaluates = self.plan.evaluates
