@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from core.gpus import distributed
 from core.config.settings import ConfigError, Hardware, Problem, TrainConfig, config_problems
-from core.runs.public import public_problems, steps_problem
+from core.runs.public import plan_problems, public_problems
 from core.runs.folders import resume_problem
 
 
@@ -62,8 +62,8 @@ def rows_to_train(cfg: TrainConfig) -> int | None:
 
 def check_planned(cfg: TrainConfig, plan, world: int) -> None:
     """The training child, its rows planned (a DataPlan or PairPlan): raise ConfigError when the run would take more
-    optimizer steps than public mode allows, naming the numbers."""
+    optimizer steps or tokens than public mode allows, naming the numbers."""
     rows = plan.n_packs if cfg.packing and getattr(plan, "n_packs", None) else plan.n_train
-    problem = steps_problem(cfg, rows, world)
-    if problem is not None:
-        raise ConfigError([problem])
+    problems = plan_problems(cfg, rows, world)
+    if problems:
+        raise ConfigError(problems)

@@ -188,6 +188,27 @@ def test_epochs_over_the_step_limit_are_refused_before_start_and_in_the_child(pu
     assert not [e for e in events if e.get("phase") == "loading_model"]
 
 
+def test_a_large_batch_cannot_walk_round_the_step_limit(public, monkeypatch):
+    """Steps alone let a run within 1,000 steps train without bound through its batch and accumulation: the tokens
+    a run plans (steps x rows per step x max_length, from above) have a limit too, checked with max_steps before any
+    data is read and, for a run counted in epochs, once its rows are known."""
+    from core.runs import public as pub
+
+    monkeypatch.setenv("MEMTUNE_SPACE_TOKENS", "1000000")
+    ok = demo_config(output_dir=str(pub.public_root()), max_steps=100, per_device_train_batch_size=4,
+                     gradient_accumulation_steps=4, max_length=512)  # 819,200 tokens at most
+    assert validate(ok) == []
+    big = ok.replace(per_device_train_batch_size=64, gradient_accumulation_steps=64, max_length=4096)
+    [problem] = validate(big)
+    assert problem.field == "max_length" and "1,677,721,600" in problem.message and "1,000,000" in problem.message
+    epochs = ok.replace(max_steps=-1, num_train_epochs=3.0)  # 100 rows, 16 a step: 7 steps an epoch, 21 in all
+    assert pub.plan_problems(epochs, rows=100) == []
+    [problem] = pub.plan_problems(epochs.replace(max_length=8192), rows=100)  # 21 x 16 x 8,192 = 2,752,512
+    assert problem.field == "max_length" and "2,752,512" in problem.message
+    monkeypatch.setenv("MEMTUNE_SPACE_TOKENS", "0")  # the owner lifts it
+    assert validate(big) == []
+
+
 # --- uploads within the disk budget -------------------------------------------------------------------------------
 def test_an_upload_over_the_disk_limit_is_refused_at_upload_time_and_nothing_is_kept(public, tmp_path, monkeypatch):
     """An upload that takes the visitor past MEMTUNE_SPACE_DISK_GIB is refused before it is copied (it was kept, and

@@ -220,11 +220,11 @@ def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
 
 # --- start / stop ------------------------------------------------------------------------------------------------
 def planned_step_problems(cfg: TrainConfig) -> list[Problem]:
-    """Public mode, a run counted in epochs: the step limit against the steps it plans on its data's rows, where
+    """Public mode, a run counted in epochs: the step and token limits against what it plans on its data's rows, where
     they can be counted before Start (core.checks.rows_to_train; elsewhere the training child refuses it once it has
     planned them). max_steps itself is validate()'s."""
     from core.checks import rows_to_train
-    from core.runs.public import steps_problem
+    from core.runs.public import plan_problems
 
     if not is_public() or cfg.max_steps > 0:
         return []
@@ -232,8 +232,7 @@ def planned_step_problems(cfg: TrainConfig) -> list[Problem]:
         rows = rows_to_train(cfg)
     except Exception:  # noqa: BLE001 - data that cannot be read: the run says why, as it always has
         return []
-    problem = steps_problem(cfg, rows, max(1, run_gpus(cfg)))
-    return [problem] if problem else []
+    return plan_problems(cfg, rows, max(1, run_gpus(cfg)))
 
 
 def on_start(form: Form, lang: str, *values) -> Updates:

@@ -116,11 +116,14 @@ class SpaceLimits:
     keep_hours: float = 48.0  # MEMTUNE_SPACE_KEEP_HOURS: a visitor's folders untouched this long are deleted
     queue: int = 8  # MEMTUNE_SPACE_QUEUE: runs waiting in the queue, everyone's together
     per_address: int = 2  # MEMTUNE_SPACE_PER_ADDRESS: runs queued or running from one network address
+    # MEMTUNE_SPACE_TOKENS: the most tokens a run may plan (steps x rows per step x max_length): the step limit alone
+    # lets a large batch or accumulation train without bound
+    tokens: int = 16_000_000
 
 
 LIMIT_ENV = {"jobs": "MEMTUNE_SPACE_JOBS", "minutes": "MEMTUNE_SPACE_MINUTES", "steps": "MEMTUNE_SPACE_STEPS",
              "disk_gib": "MEMTUNE_SPACE_DISK_GIB", "keep_hours": "MEMTUNE_SPACE_KEEP_HOURS",
-             "queue": "MEMTUNE_SPACE_QUEUE", "per_address": "MEMTUNE_SPACE_PER_ADDRESS"}
+             "queue": "MEMTUNE_SPACE_QUEUE", "per_address": "MEMTUNE_SPACE_PER_ADDRESS", "tokens": "MEMTUNE_SPACE_TOKENS"}
 
 
 def limits() -> SpaceLimits:
@@ -314,25 +317,33 @@ def planned_steps(cfg: "TrainConfig", rows: int, world: int = 1) -> tuple[int, i
     return (cfg.max_steps if cfg.max_steps > 0 else math.ceil(cfg.num_train_epochs * per_epoch)), per_epoch
 
 
-def steps_problem(cfg: "TrainConfig", rows: int | None = None, world: int = 1) -> "Problem | None":
-    """Public mode: a run planning more optimizer steps than the Space owner's limit. max_steps is checked as it is;
-    a run counted in epochs once its training `rows` are known (None: not yet; the page counts them before Start,
-    the training child after planning them)."""
+def plan_problems(cfg: "TrainConfig", rows: int | None = None, world: int = 1) -> list["Problem"]:
+    """Public mode: a run planning more optimizer steps, or more tokens, than the Space owner's limits. max_steps is
+    checked as it is; a run counted in epochs once its training `rows` are known (None: not yet; the page counts them
+    before Start, the training child after planning them). Tokens are bounded from above: every row of every step
+    at max_length."""
     from core.config.settings import Problem
 
-    limit = limits().steps
-    if not is_public() or not limit:
-        return None
+    if not is_public():
+        return []
+    bound = limits()
     if cfg.max_steps > 0:
-        return Problem.of("max_steps", "problem.public_steps", limit=limit) if cfg.max_steps > limit else None
-    if rows is None:
-        return None
-    steps, per_epoch = planned_steps(cfg, rows, world)
-    if steps <= limit:
-        return None
-    return Problem.of("num_train_epochs", "problem.public_planned_steps", steps=steps, limit=limit, rows=rows,
-                      per_epoch=per_epoch, epochs=f"{cfg.num_train_epochs:g}",
-                      batch=cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * max(1, world))
+        steps, per_epoch = cfg.max_steps, 0
+    elif rows is not None:
+        steps, per_epoch = planned_steps(cfg, rows, world)
+    else:
+        return []
+    per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * max(1, world)
+    out = []
+    if bound.steps and steps > bound.steps:
+        out.append(Problem.of("max_steps", "problem.public_steps", limit=bound.steps) if cfg.max_steps > 0 else
+                   Problem.of("num_train_epochs", "problem.public_planned_steps", steps=steps, limit=bound.steps,
+                              rows=rows, per_epoch=per_epoch, epochs=f"{cfg.num_train_epochs:g}", batch=per_step))
+    tokens = steps * per_step * cfg.max_length
+    if bound.tokens and tokens > bound.tokens:
+        out.append(Problem.of("max_length", "problem.public_tokens", tokens=tokens, steps=steps, batch=per_step,
+                              max_length=cfg.max_length, limit=bound.tokens))
+    return out
 
 
 def public_problems(cfg: "TrainConfig") -> list["Problem"]:
@@ -346,8 +357,7 @@ def public_problems(cfg: "TrainConfig") -> list["Problem"]:
     if cfg.trust_remote_code:
         out.append(Problem.of("trust_remote_code", "problem.public_trust", why=Said("public.trust")))
     out += [p for name, kind in path_fields().items() if (p := path_problem(name, kind, getattr(cfg, name)))]
-    steps = steps_problem(cfg)
-    return out + [steps] if steps else out
+    return out + plan_problems(cfg)
 
 
 def check_folder(path: str | Path | None, what: str) -> Path | None:
