@@ -21,7 +21,6 @@ import argparse
 import ipaddress
 import os
 import sys
-import threading
 
 # Before gradio is imported: no usage analytics, no version check against the network.
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -110,19 +109,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def warm_demo_model() -> None:
-    """Build the offline demo model in the background so the first demo run starts at once."""
-    def build() -> None:
-        try:
-            from core.demo import ensure_demo_model
-
-            ensure_demo_model()
-        except Exception as exc:  # noqa: BLE001 - the run itself will report it properly
-            print(f"memtune: could not pre-build the demo model ({exc})", file=sys.stderr)
-
-    threading.Thread(target=build, name="memtune-demo-warmup", daemon=True).start()
-
-
 def tidy_runs() -> None:
     """Finish or undo what a crash left in the default output folder (an adapter replace cut in half, temp
     folders): only in folders carrying memtune's marker. Runs before any job can start."""
@@ -208,6 +194,7 @@ def launch(args):
 
     from starlette.middleware import Middleware
 
+    from core.estimate.measure import measuring_here
     from core.jobs.manager import JobManager
     from ui import CSS, EarlyScript, build_ui, make_theme
     from ui.state import AppState
@@ -215,7 +202,9 @@ def launch(args):
     tidy_runs()
     manager = JobManager()  # the app's one manager (its queue, its children), handed to the page once
     end_training_on_exit(manager)
-    warm_demo_model()
+    # This process never builds a model (no torch, transformers or peft here): the estimate reads what inspect
+    # children measured (core/jobs/actions.py Inspections), the first of which builds the offline demo model.
+    measuring_here(False)
     demo = build_ui(app=AppState(manager))
     middleware = [Middleware(EarlyScript)]  # Gradio's frontend fixed before it loads (ui/early.py)
     if args.public:

@@ -146,12 +146,6 @@ def dolly_lengths(n: int, seed: int = 0, median: float = 140.0, sigma: float = 0
     return np.clip(rng.lognormal(math.log(median), sigma, n), 12, 6000).astype(int)
 
 
-def full_lengths(n: int, max_length: int, seed: int = 0) -> np.ndarray:
-    """Rows all longer than max_length: every micro-batch is exactly batch x max_length tokens (the worst case)."""
-    rng = np.random.default_rng(seed)
-    return rng.integers(max_length + 8, max_length + 256, n)
-
-
 def texts_of(lengths: np.ndarray, seed: int = 0) -> list[str]:
     """One text per length; `length` counts <bos> and the <eos> TRL appends. Word frequencies are Zipf-like."""
     rng = np.random.default_rng(seed + 1)
@@ -160,13 +154,6 @@ def texts_of(lengths: np.ndarray, seed: int = 0) -> list[str]:
         ids = (rng.zipf(1.3, max(1, int(length) - 2)) - 1) % N_WORDS
         out.append(" ".join(f"w{i}" for i in ids))
     return out
-
-
-def make_dataset(kind: str, n: int, max_length: int = 512, seed: int = 0):
-    from datasets import Dataset
-
-    lengths = dolly_lengths(n, seed) if kind == "dolly" else full_lengths(n, max_length, seed)
-    return Dataset.from_dict({"text": texts_of(lengths, seed)}), lengths
 
 
 def dolly_rows(n: int, seed: int = 0) -> tuple[list[dict], np.ndarray]:

@@ -26,15 +26,19 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from core.messages import Said
+from core.messages import Keyed, Said
 
 MARKER = ".memtune.json"
 MEMTUNE_VERSION = "0.9"
 KINDS = ("run", "adapter", "merged", "export")
 
 
-class RefusedError(RuntimeError):
-    """memtune refused to touch a folder it did not make; the message names the folder and why."""
+class RefusedError(Keyed, RuntimeError):
+    """memtune refused to touch a folder it did not make; the message names the folder and why (keyed when given as
+    a Said: a page says it in its language)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(self._keyed(message.key, message.params) if isinstance(message, Said) else message)
 
 
 class StorageError(OSError):
@@ -76,34 +80,34 @@ def _walk(path: str, start: str, hops: list[int]) -> str:
         if os.path.islink(step):
             ours = _inside_ours(current)
             if ours is not None:
-                raise RefusedError(f"{step} is a link inside memtune's folder {ours}: memtune made no link there, "
-                                   "so it will not write, replace or delete through it. Remove the link.")
+                raise RefusedError(Said("files.refused.link_inside", path=step, ours=str(ours)))
             hops[0] += 1
             if hops[0] > MAX_LINKS:
-                raise RefusedError(f"{step}: too many links in a row (a loop?), so memtune will not use it.")
+                raise RefusedError(Said("files.refused.link_loop", path=step))
             step = _walk(os.readlink(step), current, hops)
         current = step
     return current
 
 
-def target(path: str | Path, action: str = "write", folder: bool = True) -> Path:
+def target(path: str | Path, action: str | Said = "write", folder: bool = True) -> Path:
     """THE resolver of every path memtune creates, replaces or deletes: call it before any check, then use only
     what it returns.
 
     Relative paths are taken from the current folder, `~` is expanded, links and `..` are followed exactly as
     os.path.realpath does (`missing/../victim` is `victim`), so the check and the action see the same folder. A
     link inside a folder memtune made (RUN/merged planted as a link) is refused, and so (folder=True) is a path
-    that names a file where a folder is expected. RefusedError names the path; `action` says what was wanted.
+    that names a file where a folder is expected. RefusedError names the path; `action` says what was wanted (a
+    files.action.* Said, so a page says the refusal in its language).
     """
     if not str(path).strip():
-        raise RefusedError(f"An empty path was given for the folder to {action}: choose a folder.")
+        raise RefusedError(Said("files.refused.empty", action=action))
     long = next((part for part in Path(os.fspath(path)).parts if len(os.fsencode(part)) > NAME_MAX), None)
     if long is not None:  # else ENAMETOOLONG from the first mkdir, as a traceback
-        raise RefusedError(f"The name {long[:40]}... in the folder to {action} is {len(os.fsencode(long))} bytes "
-                           f"long; file systems allow at most {NAME_MAX}. Choose a shorter name.")
+        raise RefusedError(Said("files.refused.long_name", name=long[:40], action=action,
+                                bytes=len(os.fsencode(long)), max=NAME_MAX))
     resolved = Path(os.path.realpath(_walk(os.path.expanduser(os.fspath(path)), os.getcwd(), [0])))
     if folder and os.path.lexists(resolved) and not resolved.is_dir():
-        raise RefusedError(f"{resolved} is a file, not a folder, so memtune will not {action} it. Choose a folder.")
+        raise RefusedError(Said("files.refused.is_file", path=str(resolved), action=action))
     return resolved
 
 
@@ -130,16 +134,16 @@ def has_marker(folder: str | Path, kinds: str | Iterable[str]) -> bool:
     return m is not None and m["kind"] in kinds
 
 
-def require_marker(folder: str | Path, kinds: str | Iterable[str], action: str) -> Path:
+def require_marker(folder: str | Path, kinds: str | Iterable[str], action: str | Said) -> Path:
     """The resolved folder if it carries a marker of one of `kinds`; else RefusedError naming it."""
     path = target(folder, action)
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
     if not has_marker(path, kinds):
-        what, found = " or ".join(kinds), marker(path)
-        why = (f"is memtune's {found['kind']} folder, not a {what} folder" if found else
-               f"was not made by memtune (it has no {MARKER} marker)")
-        raise RefusedError(f"{path} {why}, so memtune will not {action} it. Choose a folder memtune made for "
-                           "this, or a new folder.")
+        found = marker(path)
+        if found:
+            raise RefusedError(Said("files.refused.other_kind", path=str(path), found=found["kind"],
+                                    kinds="/".join(kinds), action=action))
+        raise RefusedError(Said("files.refused.no_marker", path=str(path), marker=MARKER, action=action))
     return path
 
 
@@ -258,7 +262,7 @@ def make_tmp(final: str | Path, kind: str) -> Path:
     tmp = tmp_for(final)
     if os.path.lexists(tmp):
         if not _ours(tmp):
-            raise RefusedError(f"{tmp} is in the way and was not made by memtune: move it, then try again.")
+            raise RefusedError(Said("files.refused.in_way", path=str(tmp)))
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     write_marker(tmp, kind)
@@ -275,7 +279,7 @@ def move_into_place(tmp: str | Path, final: str | Path) -> Path:
     old = _old_for(final)
     if os.path.lexists(old):
         if not _ours(old):
-            raise RefusedError(f"{old} is in the way and was not made by memtune: move it, then try again.")
+            raise RefusedError(Said("files.refused.in_way", path=str(old)))
         if not os.path.lexists(final):
             os.replace(old, final)  # an earlier crash between the renames: that folder is the current one
         else:

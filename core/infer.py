@@ -26,23 +26,26 @@ from typing import Any, Callable, Iterator
 from core.config.settings import ConfigError, TrainConfig
 from core.demo import demo_rows
 from core.files import free_memory
-from core.messages import Keyed, Said
+from core.messages import HandsOn, Keyed, Said, said_again
 
 ADAPTER_CONFIG = "memtune.yaml"  # the TrainConfig that trained the adapter (written by core.train.recipe.save_adapter)
 
 
-class InferError(Keyed, RuntimeError):
-    """The model could not answer; the message says why and what to do. Given as a Said, it keeps its locale key
-    and parameters (core.messages.Keyed), so the page says it in its language."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(self._keyed(message.key, message.params) if isinstance(message, Said) else message)
+class InferError(HandsOn, RuntimeError):
+    """The model could not answer; the message says why and what to do: an `infer.err.*` locale key and its
+    parameters (core.messages.Keyed), or a message handed on whole (a Said: said(exc)), so the page says it in its
+    language."""
 
 
-def said(exc: BaseException) -> str:
-    """An error's message to hand on to another error (ExportError, GGUFError): a Said when the error is keyed, so
-    the key travels with the words; else its text."""
-    return Said(exc.key, **exc.params) if isinstance(exc, Keyed) and exc.key else str(exc)
+def said(what: BaseException | str) -> Said:
+    """A message to hand on to another error (ExportError, GGUFError) with its key: a Said as it is, a keyed error's
+    key and parameters; anything else (a library's own words: an OSError, a transformers error) quoted as written
+    (msg.text), the only English a page may then show."""
+    if isinstance(what, Said):
+        return what
+    if isinstance(what, Keyed) and what.key:
+        return said_again(what.key, what.params)
+    return Said("msg.text", text=str(what))
 
 
 # --- prompt formatting -------------------------------------------------------------------------------------------
@@ -59,12 +62,12 @@ def format_prompt(tokenizer: Any, user_text: str, context: str = "") -> str:
 
     text = (user_text or "").strip()
     if not text:
-        raise InferError("The prompt is empty: type a question or an instruction first.")
+        raise InferError("infer.err.empty_prompt")
     row = datasets.Dataset.from_dict({"instruction": [text], "context": [context or ""], "response": ["-"]})
     try:
         sft = to_sft(row, "dolly", tokenizer)
     except DataError as exc:
-        raise InferError(str(exc)) from None
+        raise InferError(said(exc)) from None
     return sft["prompt"][0]
 
 
@@ -104,7 +107,7 @@ def generate_stream(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int
     from transformers import TextIteratorStreamer
 
     if max_new_tokens < 1:
-        raise InferError("max_new_tokens must be at least 1.")
+        raise InferError("infer.err.max_new_tokens")
     inputs = tokenizer(prompt, return_tensors="pt")  # add_special_tokens as in training (TRL adds BOS the same way)
     device = getattr(model, "device", None) or next(model.parameters()).device
     inputs = {k: v.to(device) for k, v in inputs.items()}
@@ -148,17 +151,14 @@ def generate_stream(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int
     if failure:
         exc = failure[0]
         if isinstance(exc, torch.OutOfMemoryError):
-            raise InferError("Out of GPU memory while generating. Lower max_new_tokens, or wait until no training "
-                             "run is using the GPU.") from None
-        raise InferError(f"Generation failed: {type(exc).__name__}: {exc}") from exc
+            raise InferError("infer.err.oom_generating") from None
+        raise InferError("infer.err.generation", error=f"{type(exc).__name__}: {exc}") from exc
 
 
 # --- base vs base + adapter --------------------------------------------------------------------------------------
-def remote_code_refusal(adapter_dir: str | Path, model: str) -> str:
+def remote_code_refusal(adapter_dir: str | Path, model: str) -> InferError:
     """What a load says when the adapter's settings ask for trust_remote_code and the user has not confirmed it."""
-    return (f"{Path(adapter_dir) / ADAPTER_CONFIG} has trust_remote_code: true, so loading {model} would run Python "
-            "code shipped with the model on this machine. memtune does that only when you confirm it: tick "
-            "trust_remote_code here (on the command line: --trust-remote-code), and only if you trust that code.")
+    return InferError("infer.err.remote_code", path=str(Path(adapter_dir) / ADAPTER_CONFIG), model=model)
 
 
 def adapter_config(adapter_dir: str | Path, trust_remote_code: bool | None = None) -> TrainConfig:
@@ -170,7 +170,7 @@ def adapter_config(adapter_dir: str | Path, trust_remote_code: bool | None = Non
     """
     cfg = _saved_config(adapter_dir)
     if cfg.trust_remote_code and trust_remote_code is False:
-        raise InferError(remote_code_refusal(adapter_dir, cfg.model))
+        raise remote_code_refusal(adapter_dir, cfg.model)
     return cfg if trust_remote_code else cfg.replace(trust_remote_code=False)
 
 
@@ -183,12 +183,11 @@ def asks_remote_code(adapter_dir: str | Path) -> bool:
 
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # what peft's save_pretrained writes (safe_serialization, its default)
-DAMAGED_FIX = ("Copy the adapter folder again from where it came, or train again (a run saved with checkpoints can "
-               "resume from its newest intact one).")
 
 
-def _damaged(path: Path, why: str) -> InferError:
-    return InferError(f"The adapter file {path} {why}, so the adapter cannot be loaded. {DAMAGED_FIX}")
+def _damaged(path: Path, why: Said) -> InferError:
+    """A damaged adapter file: `why` is what is wrong with it (an infer.damaged.* message)."""
+    return InferError("infer.err.damaged", path=str(path), why=why)
 
 
 LORA = "LORA"  # peft_type of every adapter memtune trains: DoRA and rsLoRA are options of LoRA, not types of their own
@@ -211,35 +210,33 @@ def adapter_problem(adapter_dir: str | Path, cfg: TrainConfig | None = None,
     try:
         settings = json.loads(config_file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        return _damaged(config_file, f"is not valid JSON ({exc})")
+        return _damaged(config_file, Said("infer.damaged.json", error=str(exc)))
     except OSError as exc:
-        return _damaged(config_file, f"cannot be read ({exc.strerror or exc})")
+        return _damaged(config_file, Said("infer.damaged.unreadable", error=str(exc.strerror or exc)))
     kind = settings.get("peft_type") if isinstance(settings, dict) else None
     if kind is not None and kind != LORA:
-        return InferError(Said("infer.err.peft_type", path=str(config_file), type=json.dumps(kind)))
+        return InferError("infer.err.peft_type", path=str(config_file), type=json.dumps(kind))
     rank = settings.get("r") if isinstance(settings, dict) else None
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        return _damaged(config_file, "does not hold a LoRA rank (\"r\": a whole number of at least 1)")
+        return _damaged(config_file, Said("infer.damaged.no_rank"))
     if kind is None:
-        return _damaged(config_file, f"does not name its adapter type (\"peft_type\": \"{LORA}\")")
+        return _damaged(config_file, Said("infer.damaged.no_type", type=LORA))
     if not weights.is_file():
-        return InferError(f"{adapter_dir} has no {ADAPTER_WEIGHTS} (the adapter's weights), so the adapter cannot be "
-                          f"loaded. {DAMAGED_FIX}")
+        return InferError("infer.err.no_weights", path=str(adapter_dir), file=ADAPTER_WEIGHTS)
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(weights), framework="numpy") as sf:  # the header and the file's length; no tensor read
             shapes = {name: sf.get_slice(name).get_shape() for name in sf.keys()}
     except (SafetensorError, OSError) as exc:
-        return _damaged(weights, f"is not a whole safetensors file ({exc})")
+        return _damaged(weights, Said("infer.damaged.safetensors", error=str(exc)))
     if not any(".lora_A." in name for name in shapes):
-        return _damaged(weights, "holds no LoRA weights (no lora_A matrix)")
+        return _damaged(weights, Said("infer.damaged.no_lora"))
     if not settings.get("rank_pattern"):  # one rank for every layer: each lora_A is [r, in], each lora_B [out, r]
         for name, shape in shapes.items():
             found = shape[0] if ".lora_A." in name else shape[-1] if ".lora_B." in name else None
             if found is not None and len(shape) == 2 and found != rank:
-                return _damaged(weights, f"holds {name} of rank {found}, but adapter_config.json says r = {rank} "
-                                "(the two files come from different adapters)")
+                return _damaged(weights, Said("infer.damaged.rank", name=name, found=found, rank=rank))
     if cfg is not None and path is not None:
         return target_problem(config_file, settings.get("target_modules"), cfg, path)
     return None
@@ -267,34 +264,31 @@ def target_problem(config_file: Path, targets: Any, cfg: TrainConfig, path: str)
         missing = [m for m in targets if not lt.paths(tree, [m])]
     if not missing:
         return None
-    return InferError(Said("infer.err.targets", path=str(config_file), modules=", ".join(missing), model=cfg.model,
-                           linear=", ".join(lt.linear_layers(tree))))
+    return InferError("infer.err.targets", path=str(config_file), modules=", ".join(missing), model=cfg.model,
+                      linear=", ".join(lt.linear_layers(tree)))
 
 
 def load_problem(exc: BaseException, adapter_dir: str | Path) -> InferError | None:
     """A library's error while putting a sound-looking adapter on its base, said plainly: the adapter's matrices do
     not fit the base model's layers (trained on another model, or memtune.yaml names another one)."""
     if isinstance(exc, RuntimeError) and "size mismatch" in str(exc):
-        return InferError(f"The adapter in {adapter_dir} does not fit its base model: its matrices have other sizes "
-                          "than the model's layers (it was trained on another model, or memtune.yaml was changed). "
-                          "Pick the base model it was trained on, or train again.")
+        return InferError("infer.err.size_mismatch", path=str(adapter_dir))
     return None
 
 
 def _saved_config(adapter_dir: str | Path) -> TrainConfig:
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
-        raise InferError(f"{adapter_dir} is not an adapter folder (no adapter_config.json). Pick a run's adapter/ "
-                         "folder, e.g. runs/run-20260101-120000/adapter.")
+        raise InferError("infer.err.not_adapter", path=str(adapter_dir))
     if (problem := adapter_problem(adapter_dir)) is not None:
         raise problem
     if not (adapter_dir / ADAPTER_CONFIG).is_file():
-        raise InferError(f"{adapter_dir} has no {ADAPTER_CONFIG}, so memtune does not know its base model and "
-                         "settings. Only adapters trained by memtune can be tried here.")
+        raise InferError("infer.err.no_settings", path=str(adapter_dir), file=ADAPTER_CONFIG)
     try:
         return TrainConfig.load(adapter_dir / ADAPTER_CONFIG)
     except ConfigError as exc:
-        raise InferError(f"{adapter_dir / ADAPTER_CONFIG} cannot be read: {exc}") from None
+        raise InferError("infer.err.settings_unreadable", path=str(adapter_dir / ADAPTER_CONFIG),
+                         error=str(exc)) from None
 
 
 def base_for(adapter_dir: Path, cfg: TrainConfig) -> str:
@@ -357,8 +351,7 @@ class Comparer:
 
     def _acquire(self) -> None:
         if not self._lock.acquire(timeout=self.wait_s):
-            raise InferError("The model is busy answering another prompt (maybe in another tab). Try again when "
-                             "it has finished.")
+            raise InferError("infer.err.busy")
 
     def load(self, adapter_dir: str | Path, trust_remote_code: bool = False) -> Loaded:
         """Base + adapter for `adapter_dir`: the cached one if it is the same adapter, else a fresh load.
@@ -397,8 +390,7 @@ class Comparer:
 
             if isinstance(exc, torch.OutOfMemoryError):
                 _free()
-                raise InferError("Out of GPU memory while loading the model. Wait until no training run is "
-                                 "using the GPU, then try again.") from None
+                raise InferError("infer.err.oom_loading") from None
             if (problem := load_problem(exc, adapter_dir)) is not None:
                 raise problem from None
             raise
@@ -434,7 +426,7 @@ class Comparer:
             model, tokenizer = loaded.model, loaded.tokenizer
             text = format_prompt(tokenizer, prompt) if template else prompt
             if not text.strip():
-                raise InferError("The prompt is empty: type a question or an instruction first.")
+                raise InferError("infer.err.empty_prompt")
             settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                             stop=halted)
             base = ""

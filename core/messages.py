@@ -130,6 +130,12 @@ def lines(*parts: Any) -> "Said":
     return Said("msg.lines", lines=[p for p in parts if p])
 
 
+def said_again(key: str, params: dict[str, Any]) -> "Said":
+    """A message recorded before (an error's, an event's, a resolved change's) said again as a Said: its key was
+    checked where it was first said (tests/test_messages.py checks every other Said for a literal key)."""
+    return Said(key, **params)
+
+
 def words_of(text: str) -> dict[str, Any]:
     """An event's words for a text that may carry its key (a Said): keyed()'s fields, or the message alone (a text
     from outside memtune: an exception's str, a log's tail). `make_event("log", level="info", **words_of(note))`."""
@@ -160,9 +166,15 @@ class Keyed:
         self.key, self.params = key, {k: plain(v, k) for k, v in params.items()}
         return say(key, self.params)
 
-    def as_param(self) -> dict[str, Any]:
-        """This message as a parameter of another one (said in the same language)."""
-        return {"key": self.key, "params": self.params}
+
+class HandsOn(Keyed):
+    """Mixin for a keyed exception made from a key and its parameters, or from a message handed on whole (a Said,
+    e.g. core.infer.said(exc)): the key travels with the words either way."""
+
+    def __init__(self, key: "str | Said", **params: Any) -> None:
+        if isinstance(key, Said):
+            key, params = key.key, key.params
+        super().__init__(self._keyed(key, params))
 
 
 def fields_of(exc: BaseException) -> dict[str, Any]:

@@ -5,7 +5,7 @@
 For each run: wall time from launching the process to the finished adapter, time from launch to the first
 optimizer step (the first `step` event in the run's events.jsonl), and the adapter's exact answers to the 100
 training prompts (core.infer.score_adapter, greedy). Then whether every run logged identical losses. The bars
-(issue 14): under 45 s wall, first step within 10 s, at least 90/100 exact, identical losses. Exit status 1 when a
+(README's demo promise): under 45 s wall, first step within 10 s, at least 90/100 exact, identical losses. Exit status 1 when a
 bar is missed. Timings depend on the machine and its load, so they live here and not in the test suite; the load
 average is printed alongside.
 """

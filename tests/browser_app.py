@@ -1,8 +1,9 @@
 """The browser tests' shared set-up: ONE `python app.py` (offline, its own MEMTUNE_HOME, a free port) and ONE headless
 Debian chromium per test process for the browser modules (tests/test_browser*.py), which tests/conftest.py makes
 every module's fixtures. Starting the app and the browser costs seconds each; tests/conftest.py puts the browser
-modules in two xdist groups (test_browser, then the others), so that each group runs in file order in one worker, on
-that worker's server, and stops both after the last browser test of the worker.
+modules in three xdist groups (BROWSER_GROUPS), so that each group runs in file order in one worker, on that worker's
+server, and stops both after the last browser test of a run of them. Every wait here is a bound for an idle machine
+stretched by the machine's load (tests/helpers.py patient), never a timing assert.
 """
 
 import os
@@ -15,6 +16,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import Patience, patient
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("MEMTUNE_CHROMIUM", "/usr/bin/chromium")
@@ -58,7 +61,8 @@ def app_server(tmp_path_factory, *args: str, **env_extra: str):
     proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port), *args], cwd=work, env=env,
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + 120
+    # seconds on an idle machine; a loaded one gets longer (a fixed 120 s failed at load 30-39 on 2 cores)
+    waiting = Patience(120)
     retries = 2
     while True:
         if proc.poll() is not None:
@@ -75,9 +79,9 @@ def app_server(tmp_path_factory, *args: str, **env_extra: str):
             urllib.request.urlopen(url, timeout=2)
             break
         except OSError:  # refused at once until the server listens: look again soon (a try costs ~1 ms)
-            if time.time() > deadline:
+            if waiting.over():
                 proc.kill()
-                pytest.fail("app.py did not answer within 120 s")
+                pytest.fail(f"app.py did not answer within {waiting}")
             time.sleep(0.1)
     yield {"url": url, "work": work, "port": port, "pid": proc.pid}
     import psutil
@@ -85,11 +89,11 @@ def app_server(tmp_path_factory, *args: str, **env_extra: str):
     children = psutil.Process(proc.pid).children(recursive=True)  # a training child, if one still runs
     proc.terminate()  # SIGTERM: the app stops (then kills) its training child before it exits
     try:
-        proc.wait(timeout=60)
+        proc.wait(timeout=patient(60))
     except subprocess.TimeoutExpired:
         proc.kill()
     log.close()
-    gone, alive = psutil.wait_procs(children, timeout=30)
+    gone, alive = psutil.wait_procs(children, timeout=patient(30))
     assert not alive, f"app.py left processes behind: {alive}"
 
 
@@ -149,6 +153,7 @@ def browser_context(browser):
     keeps nothing in the browser (no cookies, no storage): each page load is its own Gradio session all the same.
     Tests that need another browser session (another visitor, another locale) make their own context."""
     context = browser.new_context(locale="en-US", viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(patient(30) * 1000)  # Playwright's own 30 s, stretched by the load
     yield context
     context.close()
 
@@ -162,8 +167,8 @@ def context(browser):
 def page(context, server):
     pg = context.new_page()
     # a bound for a busy 2-core machine (a checklist tick once took over 30 s while the suite's first tests loaded
-    # models beside it), never a timing assert; waits that must be quick name their own
-    pg.set_default_timeout(120_000)
+    # models beside it), stretched by the load, never a timing assert; waits that must be quick name their own
+    pg.set_default_timeout(patient(120) * 1000)
     pg.errors = []
     pg.foreign = []
     pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)
@@ -197,7 +202,7 @@ def set_number(pg, field: str, value: int) -> None:
     box.fill(str(value))
     box.press("Tab")
     pg.wait_for_function(f"document.querySelector('#mt-summary [data-key=schedule]').textContent.includes('{value}')",
-                         timeout=120_000)  # a busy 2-core machine (CI once took over 30 s); never a timing assert
+                         timeout=patient(120) * 1000)  # a busy 2-core machine (CI once took over 30 s)
 
 
 def point_at_runs(pg, folder) -> None:
@@ -209,6 +214,8 @@ def point_at_runs(pg, folder) -> None:
 
 
 def wait_state(pg, states, timeout=120_000):
+    """Until the progress bar shows one of `states`; `timeout` (ms) is for an idle machine, stretched by the load."""
+    timeout = patient(timeout)
     cond = " || ".join(f"p.dataset.state === '{s}'" for s in states)
     pg.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && ({cond}); }})()",
                          timeout=timeout, polling=200)
@@ -223,6 +230,7 @@ def choose(pg, dropdown: str, option_text: str) -> None:
 def wait_idle(pg, timeout=240_000):
     """Until no run is going: an earlier test's run may still be saving, or its process exiting after its `done`
     (Start comes back, and Try it accepts, only once the training process has ended)."""
+    timeout = patient(timeout)  # ms for an idle machine
     pg.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}');"
                          " return p && !['running', 'stopping'].includes(p.dataset.state)"
                          " && !document.querySelector('#start-btn').disabled; })()",
@@ -238,9 +246,9 @@ def train_here(pg, steps: int, timeout_s: float = 600) -> tuple[str, list[int]]:
     pg.click("#start-btn")
     # Until the next poll the page may still show the previous run: wait for this one's folder.
     pg.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && p.dataset.run"
-                         f" && p.dataset.run !== {previous!r}; }})()", timeout=120_000, polling=200)
-    seen, deadline = [], time.time() + timeout_s
-    while time.time() < deadline:
+                         f" && p.dataset.run !== {previous!r}; }})()", timeout=patient(120) * 1000, polling=200)
+    seen, waiting = [], Patience(timeout_s)
+    while not waiting.over():
         st, step = state(pg)
         seen.append(step)
         if st not in ("running", "stopping"):

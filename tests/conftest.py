@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import patient
+
 # Set before any test imports transformers/datasets/huggingface_hub: no test may reach the network.
 _HOME = Path(tempfile.mkdtemp(prefix="memtune-test-home-"))
 # A MEMTUNE_HOME given by the user is kept. One this file set in pytest-xdist's controller (MEMTUNE_TEST_HOME) is not:
@@ -22,8 +24,9 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
 # The browser tests' app server and chromium: one per process for every browser module. Its fixtures (server, browser,
 # page) reach every module as a pytest plugin, after the environment above is set (imported by pytest, not here first,
-# so that its asserts are rewritten).
-pytest_plugins = ["tests.browser_app"]
+# so that its asserts are rewritten). tests/tiers.py: each test's category (unit, training, subprocess, browser), the
+# fast tier (-m fast) and the CPU seconds per category.
+pytest_plugins = ["tests.browser_app", "tests.tiers"]
 
 
 def pytest_configure(config):
@@ -85,10 +88,15 @@ def rank(item) -> int:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks
 def pytest_collection_modifyitems(config, items):
+    # pytest.ini's timeout is for an idle machine: a loaded one gets it times its load (tests/helpers.py)
+    timeout = config.getini("timeout")
+    scaled = patient(float(timeout)) if timeout else None
     for item in items:
         group = xdist_group(item)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+        if scaled and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(scaled))
     if hasattr(config, "workerinput"):  # every worker sorts alike: they must report the same collection
         items.sort(key=rank)  # stable: file order within a rank
 

@@ -4,9 +4,41 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import psutil
+
+
+def load_factor() -> float:
+    """How many times slower than on an idle machine a process runs now: the 1-minute load average per core this
+    process may use, at least 1 (load 8 on 2 cores: 4)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1.0, os.getloadavg()[0] / cores)
+
+
+def patient(seconds: float) -> float:
+    """A bound given for an idle machine (a start-up, a page's answer), stretched by the machine's load now. A bound
+    on a wait, never a timing assert."""
+    return seconds * load_factor()
+
+
+class Patience:
+    """A wait's bound for an idle machine, stretched by the load as it is while waiting (a machine that gets busier
+    during a start-up gives it longer)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.began = seconds, time.monotonic()
+
+    def waited(self) -> float:
+        return time.monotonic() - self.began
+
+    def over(self) -> bool:
+        return self.waited() > patient(self.seconds)
+
+    def __str__(self) -> str:
+        return (f"{self.waited():.0f} s (the bound: {self.seconds:.0f} s on an idle machine, times the load per core, "
+                f"{load_factor():.1f} now)")
 
 
 def group_members(pgid: int) -> list[int]:

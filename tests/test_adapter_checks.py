@@ -12,22 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from core.config.settings import demo_config
+from tests.test_faults import tiny_adapter  # noqa: F401 - the fixture: a real LoRA adapter of the demo model
 
 SETTINGS = dict(temperature=0.0, top_p=0.9, seed=0, template=True)
-
-
-@pytest.fixture(scope="module")
-def tiny_adapter(tmp_path_factory, demo_model_path) -> Path:
-    """A real (untrained) LoRA adapter of the demo model, saved by peft, with the memtune.yaml it would have."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    folder = tmp_path_factory.mktemp("adapter") / "run" / "adapter"
-    model = AutoModelForCausalLM.from_pretrained(demo_model_path)
-    get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"])).save_pretrained(folder)
-    demo_config(lora_r=4, lora_alpha=8, lora_target_modules=["q_proj"]).save(folder / "memtune.yaml")
-    return folder
 
 
 def edited(tiny_adapter: Path, where: Path, **change) -> Path:

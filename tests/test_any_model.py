@@ -167,7 +167,7 @@ def _cpu(folder, tmp_path, preset):
 
 def test_packed_rows_that_see_each_other_are_found_before_step_1_and_train_unpacked(tmp_path):
     """OPT's mask under sdpa ignores packed rows (config.json cannot tell): the pre-flight finds it on the model
-    itself, says so, and the run trains unpacked (the trainer rebuilt before step 1)."""
+    itself before the trainer is built, says so, and the run trains unpacked (tests/test_resolve.py: one trainer)."""
     from core.train.recipe import run_training
 
     events = []

@@ -25,8 +25,11 @@ def plan(n_packs=None, n_train=100, packing=True):
 
 
 def test_micro_steps_come_from_the_plan_the_batch_and_the_epochs_or_max_steps():
-    cfg = TrainConfig(per_device_train_batch_size=8, gradient_accumulation_steps=1, num_train_epochs=2.0)
+    cfg = TrainConfig(per_device_train_batch_size=8, gradient_accumulation_steps=1, num_train_epochs=2.0,
+                      packing=True)
     assert regional.micro_steps(cfg, plan(n_packs=81)) == 2 * 11  # 81 packs in micro-batches of 8, twice
+    # a model that trains unpacked (core.model.resolve): its rows, though the plan counted packs as asked
+    assert regional.micro_steps(cfg.replace(packing=False), plan(n_packs=81, n_train=16)) == 4
     assert regional.micro_steps(cfg, plan(n_packs=81), processes=2) == 2 * 6  # each of 2 processes: half
     assert regional.micro_steps(cfg.replace(packing=False), plan(packing=False, n_train=16)) == 4
     assert regional.micro_steps(cfg.replace(max_steps=5, gradient_accumulation_steps=3), plan(n_packs=81)) == 15

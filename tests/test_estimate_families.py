@@ -45,7 +45,7 @@ def test_layer_activations_are_measured(name, tmp_path, monkeypatch):
 
     monkeypatch.setenv("MEMTUNE_CACHE", str(tmp_path))
     monkeypatch.setattr(measure, "_DISK", None)
-    measure._cached.cache_clear()
+    monkeypatch.setattr(measure, "_MEMO", {})
     torch.set_num_threads(1)
     text = ModelShape.from_config(families_any.hf_config(name).to_dict(), name).config_text
     plain = measure.layer_saved(text, "bf16", ("q_proj", "k_proj", "v_proj", "o_proj"), 8, False, False)
@@ -115,7 +115,7 @@ def test_a_layernorm_family_on_4bit_keeps_an_fp32_stream(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MEMTUNE_CACHE", str(tmp_path))
     monkeypatch.setattr(measure, "_DISK", None)
-    measure._cached.cache_clear()
+    monkeypatch.setattr(measure, "_MEMO", {})
     torch.set_num_threads(1)
     targets = ("q_proj", "k_proj", "v_proj", "o_proj")
     got = {}

@@ -22,9 +22,7 @@ def own_cache(tmp_path, monkeypatch):
     """A fresh measurement: no disk or in-process cache from an earlier run."""
     monkeypatch.setenv("MEMTUNE_CACHE", str(tmp_path))
     monkeypatch.setattr(measure, "_DISK", None)
-    preference.orpo_bytes_per_logit.cache_clear()
-    yield
-    preference.orpo_bytes_per_logit.cache_clear()
+    monkeypatch.setattr(measure, "_MEMO", {})
 
 
 def _saved_per_logit(vocabs=(128, 256), tokens=16) -> float:

@@ -18,7 +18,12 @@ from ui.render import log_line, said
 LANGS = ("en", "pt", "fr")
 # what the run log can say: every key a log, phase, error or done event's message may name
 EVENT_PREFIXES = ("log.", "phase.", "preview.reason.", "preview.turns", "preview.lora_fused", "msg.lines", "msg.list",
-                  "msg.two", "unit.")  # errors (data.err., model.err.): tests/test_messages.py
+                  "msg.two", "msg.text", "unit.",  # errors (data.err., model.err.): tests/test_messages.py
+                  # Try it's, the merge's and the GGUF export's events: their phases, errors and done, the refusals
+                  # they hand on (core/files.py's), and the gauge's reason for no GPU
+                  "action.", "infer.err.", "infer.damaged.", "export.err.", "export.check.", "export.where.",
+                  "export.mem.", "export.owner.", "export.step.", "gguf.err.", "gguf.what.", "gguf.plan.", "gguf.step.",
+                  "files.refused.", "files.action.", "gpu.")
 # keys the recipe, callbacks.py and core/estimate/advice.py emit (by their owner): named so they cannot go missing
 RECIPE_KEYS = ("log.lora", "log.val_rows", "log.val_share", "log.val_none_fit", "log.not_resuming", "log.eval",
                "log.eval_baseline", "log.answer", "log.checkpoint", "log.stop_ack", "log.stop_after",
@@ -115,3 +120,26 @@ def test_several_lines_and_a_log_tail_travel_as_one_message():
     assert text.splitlines()[0] == "The training process died unexpectedly (no exit status)."
     pt = said(text.key, text.params, "pt").splitlines()
     assert pt[-1] == "ValueError: x" and "inesperadamente" in pt[0]
+
+
+def test_an_actions_phase_error_and_done_events_carry_their_keys(tmp_path):
+    """A merge's step, its refusal and its end as core/jobs/act.py writes them: each carries its key, and the page's
+    log says it in pt and fr with the user's path as it is."""
+    from core.export.adapter import ExportError
+    from core.infer import said as handed_on
+    from core.jobs import act
+
+    events: list[dict] = []
+    act._phase(events.append, "merging", 0.55, Said("export.step.merge"))
+    refusal = ExportError(handed_on(ExportError("export.err.not_empty", path=str(tmp_path / "merged"))))
+    events.append(make_event("error", error_type=act.error_type(refusal), message=str(refusal),
+                             **act.fields_of(refusal)))
+    events.append(make_event("done", status="failed", message=str(refusal), **act.fields_of(refusal)))
+    for e in events:
+        line = format_event(e)
+        assert line.said.get("key"), e
+        for lang in ("pt", "fr"):
+            rendered = log_line(line, lang)
+            assert not english_left(rendered), (lang, rendered, english_left(rendered))
+    assert str(tmp_path / "merged") in log_line(format_event(events[1]), "pt")
+    assert "já existe e não está vazia" in log_line(format_event(events[2]), "pt")

@@ -210,7 +210,7 @@ def copy_with(result, dest, exclude=(), **settings):
 def test_continue_with_preference_tuning_fills_the_form_for_dpo_from_the_runs_adapter(runs, page):
     from core.checks import validate
     from core.data.pairs import check_pairs
-    from core.train.stages import starting_config
+    from core.model.resolve import starting_values
     from ui import history
 
     out, result = runs
@@ -232,8 +232,8 @@ def test_continue_with_preference_tuning_fills_the_form_for_dpo_from_the_runs_ad
     assert validate(cfg) == []  # what Start checks: a DPO run from the adapter, packing off, on this CPU
     raw, fmt = check_pairs(cfg)  # the demo's data for dpo: its prompt/chosen/rejected pairs
     assert fmt == "pairs" and {"prompt", "chosen", "rejected"} <= set(raw.column_names)
-    start = starting_config(cfg)  # the engine's first hook: the saved adapter's LoRA shape
-    assert (start.lora_r, start.lora_alpha) == (32, 64)
+    start = starting_values(cfg)  # what the engine resolves first: the saved adapter's LoRA shape
+    assert (start["lora_r"], start["lora_alpha"]) == (32, 64)
     # A 2-step DPO run from this config (log.pref.init_adapter, log.pref.reference_adapter) took 27 s on this 2-core
     # machine: tests/test_preference.py trains one from a run folder; this test stops at what Start validates.
 

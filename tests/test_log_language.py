@@ -260,7 +260,11 @@ def test_the_preview_says_gpt2_c_proj_is_a_shared_name_not_a_fused_layer(tmp_pat
     from transformers import GPT2Config
 
     from core.config.settings import TrainConfig
-    from ui.data import _lora_line
+    from core.jobs.preview import lora_line
+    from ui.data import text_of
+
+    def _lora_line(cfg, lang):  # worked out as the preview child does, said as the page does
+        return text_of(lora_line(cfg), lang)
 
     GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=64).save_pretrained(tmp_path)
     cfg = TrainConfig(model=str(tmp_path))  # the chapter's q, k, v, o

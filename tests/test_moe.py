@@ -1,5 +1,5 @@
-"""Mixture-of-experts models (core/levers/experts.py): experts stored in 4 bits as they load, computed one expert at
-a time through bitsandbytes; the router's load-balancing loss as config.json says; LoRA on experts (16-bit experts).
+"""Mixture-of-experts models (core/levers/experts.py): experts stored in 4 bits as they load, computed in grouped
+products (tests/test_moe_grouped.py: equal to one expert at a time through bitsandbytes); the router's load-balancing loss as config.json says; LoRA on experts (16-bit experts).
 
 Tiny CPU models of Qwen3-MoE, Mixtral, gpt-oss and OLMoE: their real configs scaled down (tests/test_estimate_stored.py's
 CONFIGS: same model_type, routing, layer structure; fewer, narrower experts), random weights from a fixed seed, saved
@@ -78,10 +78,10 @@ def test_nf4_experts_forward_equals_the_model_with_its_experts_dequantized_to_bf
     from core.model.load import load_model
 
     model = load_model(_cfg(folders[name], upcast_to_fp32=False), str(folders[name]))
-    assert [n.key for n in model.memtune_moe_notes] == ["log.moe.experts_4bit", "log.moe.aux_off"]
+    assert [n.key for n in model.memtune_moe_notes] == ["log.moe.experts_4bit_grouped", "log.moe.aux_off"]
     assert model.memtune_moe_notes[0].params["experts"] == _experts_count(name)
     assert model.memtune_moe_notes[0].params["layers"] == 2
-    assert model.config._experts_implementation == moe.IMPLEMENTATION
+    assert model.config._experts_implementation == moe.GROUPED  # tests/test_moe_grouped.py: equal to moe.LOOP
     quantized = [m for m in model.modules() if isinstance(m, moe.NF4Experts)]
     assert len(quantized) == 4 and all(m.packed.dtype == torch.uint8 for m in quantized)
     assert all(s.quant_type == "nf4" and s.nested for m in quantized for s in m.states)  # double quant as configured
@@ -99,7 +99,7 @@ def test_nf4_experts_forward_equals_the_model_with_its_experts_dequantized_to_bf
         nf4 = model(ids).logits.float()
     default = model.memtune_experts_default
     assert moe.dequantize_experts(model) == 4  # what a merge into the dequantized weights starts from
-    assert model.config._experts_implementation == default != moe.IMPLEMENTATION
+    assert model.config._experts_implementation == default not in (moe.GROUPED, moe.LOOP)
     model.set_experts_implementation("eager")  # transformers' own per-expert loop
     assert not any(isinstance(m, moe.NF4Experts) for m in model.modules())
     assert all(p.dtype == torch.bfloat16 for n, p in model.named_parameters() if p.dim() == 3)
@@ -124,9 +124,9 @@ def test_qlora_trains_with_the_experts_in_4_bits(name, folders, tmp_path):
     result = run_training(_cfg(folders[name], tmp_path), sink=events.append)
     assert result.status == "completed", result.message
     logs = _logs(events)
-    assert logs["log.moe.experts_4bit"]["layers"] == 2
-    assert logs["log.moe.experts_4bit"]["experts"] == _experts_count(name)
-    assert logs["log.moe.experts_4bit"]["quant"] == "nf4"
+    assert logs["log.moe.experts_4bit_grouped"]["layers"] == 2
+    assert logs["log.moe.experts_4bit_grouped"]["experts"] == _experts_count(name)
+    assert logs["log.moe.experts_4bit_grouped"]["quant"] == "nf4"
     assert "log.moe.aux_off" in logs and "log.moe.lora_experts" not in logs
     assert result.summary["experts_4bit_layers"] == 2 and result.summary["lora_parameters"] == []
     losses = [e["params"]["loss"] for e in events if e.get("key") == "log.step"]

@@ -151,7 +151,8 @@ def test_a_preview_is_made_outside_the_forms_queue_and_shown_from_it(page):
     button = next(b for b in page.blocks.values() if b.elem_id == "preview-btn")
     made = [f for f in fns if (button._id, "click") in [tuple(t[:2]) for t in f.targets]]
     assert len(made) == 1 and made[0].concurrency_id == PREVIEW_QUEUE["concurrency_id"] != FORM_QUEUE["concurrency_id"]
-    assert made[0].fn is data.make_preview
+    # made in a child of the app's (core.jobs.actions.Actions.preview): the web server loads no tokenizer
+    assert made[0].fn.func is data.make_preview and made[0].fn.keywords == {"actions": page.memtune_app.manager.actions}
     assert [type(c) for c in made[0].outputs] == [gr.State]  # nothing on screen: no edit waits for it
     assert [c._id for c in made[0].show_progress_on] == [form.preview._id]  # but the box shows it is coming
     shown = [f for f in fns if f.trigger_after == made[0]._id]
@@ -553,9 +554,11 @@ def test_upload_sets_the_dataset_and_previews(tmp_path, monkeypatch, demo_model_
 
 # --- rendering ---------------------------------------------------------------------------------------------------
 def test_gauge_without_a_gpu_says_so_plainly():
-    html = render.gauge_html([], "no NVIDIA GPU found")
+    from core.gpus.vram import NO_GPU
+
+    html = render.gauge_html([], NO_GPU)
     assert "No NVIDIA GPU found" in html
-    assert "Nenhuma GPU NVIDIA encontrada" in render.gauge_html([], "no NVIDIA GPU found", lang="pt")
+    assert "Nenhuma GPU NVIDIA encontrada" in render.gauge_html([], NO_GPU, lang="pt")
 
 
 def test_gauge_bands_and_peak_marker():
@@ -812,11 +815,11 @@ def test_gauge_draws_the_prediction_against_free_memory_or_a_hypothetical_card()
     assert "mt-pred-over" in over and 'data-fits="false"' in over and "does not fit" in over
     running = render.gauge_html(gpu, predicted_gib=10.0, running=True, run_peak_gib=9.0)
     assert "mt-pred-seg" not in running and "mt-predicted" in running and "mt-peak" in running
-    cpu = render.gauge_html([], "no NVIDIA GPU found", predicted_gib=10.9, budget_gib=8)
+    cpu = render.gauge_html([], "", predicted_gib=10.9, budget_gib=8)
     assert "No NVIDIA GPU found" in cpu and "10.9 GiB" in cpu and "hypothetical 8 GiB card" in cpu
     assert "does not fit a card of 8 GiB" in cpu and "no GPU here" in cpu  # not "a 8 GiB card"
     # When even Fit's smallest settings need more than the card, the gauge does not send the user to Fit (item 5).
-    hopeless = render.gauge_html([], "no NVIDIA GPU found", predicted_gib=10.9, budget_gib=8, floor_gib=9.0)
+    hopeless = render.gauge_html([], "", predicted_gib=10.9, budget_gib=8, floor_gib=9.0)
     assert "try Fit" not in hopeless and "nothing Fit to my GPU may change gets it there" in hopeless
     assert "a card of 10.0 GiB" in hopeless  # 9.0 GiB with Fit's 10% kept spare
     assert "10,9 Gio" in render.gauge_html([], "", predicted_gib=10.9, budget_gib=8, lang="fr")

@@ -133,10 +133,6 @@ class StopAfter(TrainerCallback):
             self.stop.set()
 
 
-def _best_step(summary):
-    return summary["eval"]["best_step"]
-
-
 def test_keep_best_saves_the_best_checkpoint_as_the_adapter_with_stop_and_resume(rising, demo_model_path):
     from safetensors.torch import load_file
 

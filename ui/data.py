@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import re
 import shutil
-from functools import lru_cache
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import gradio as gr
 
-from core.config.settings import Problem, TrainConfig
+from core.config.settings import TrainConfig
 from core.files import target
 from core.i18n import DEFAULT_LANGUAGE, t
-from core.messages import Said
+from core.messages import said_again, words_of
 from core.runs.public import (client_address, disk_used, is_public, limits, set_address_source, set_visitor_source,
                                shown, upload_root, visitor)
 from ui import render
@@ -27,6 +27,7 @@ from ui.render_preview import error_box, preview_html
 from ui.visitors import request_visitor
 
 DATA_TYPES = [".jsonl", ".json", ".csv", ".parquet", ".txt"]
+POLL_S = 0.1  # how often a waiting preview looks for its child's progress
 
 
 def _session() -> str | None:
@@ -61,142 +62,102 @@ def upload_dir() -> Path:
     return target(upload_root(), "keep uploads in")
 
 
-@lru_cache(maxsize=4)
-def _tokenizer(model: str, trust_remote_code: bool):
-    from core.model.load import load_tokenizer
-
-    return load_tokenizer(TrainConfig(model=model, trust_remote_code=trust_remote_code))
-
-
-def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE, progress: Any = None) -> str:
-    """The data plan (counts per outcome, histogram, rows as they train), or the engine's message in place.
-
-    The file is read and checked first, without a tokenizer: an empty, non-UTF-8 or malformed file is reported
-    as such even when the model's tokenizer cannot be loaded. What it reads and plans is bounded (PREVIEW_LIMIT:
-    rows and bytes, refused by name past them, with the slice that fits): a preview never holds its queue for long.
+def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE, progress: Any = None, actions: Any = None) -> str:
+    """The data plan (counts per outcome, histogram, rows as they train), or the engine's message in place: what
+    core.jobs.preview answers, rendered here. `actions` (core.jobs.actions.Actions: the app's) works it out in a
+    child, as the page's visitor, so the web server never loads a tokenizer; None: in this process (a caller
+    without an app). What it reads and plans is bounded (PREVIEW_LIMIT): a preview never holds its queue for long.
     `progress`: a gr.Progress (the preview's bar: what it reads, then how much of the tokenizing is done), or None."""
-    from core.data.plan import DataError, check_data, plan_rows
-    from core.data.read import PREVIEW_LIMIT
-    from core.model.load import ModelError
-
-    if cfg.stage != "sft":  # a preference stage's pairs, as the run plans them (its held-out pairs apart)
-        return pairs_preview(cfg, lang)
     said = progress if progress is not None else (lambda *a, **k: None)
-    try:
-        said(0, desc=t("preview.reading", lang))  # (None would hide the words: Gradio shows a bare spinner)
-        raw, fmt = check_data(cfg, PREVIEW_LIMIT)
-    except DataError as exc:
-        return error_box(t("preview.data_error", lang), render.error_text(exc, lang))
-    except Exception as exc:  # noqa: BLE001 - keep the page alive whatever the data holds
-        return error_box(t("preview.read_error", lang), f"{type(exc).__name__}: {exc}")
-    try:
-        tokenizer = _tokenizer(cfg.model, cfg.trust_remote_code)
-    except (ModelError, OSError, ValueError) as exc:
-        return error_box(t("preview.tokenizer_error", lang), render.error_text(exc, lang))
-    try:
-        from core.data.validation import split
-        from ui.validation import split_note
+    if actions is None:
+        from core.jobs.preview import answer
+        from core.data.read import PREVIEW_LIMIT
 
-        held = split(cfg, raw, fmt, limit=PREVIEW_LIMIT)  # as the engine does: held-out rows are not in the plan
-        # the run's own changes for this model (unpacked rows...) first, from its meta-device tree, built once here
-        cfg, model_lines, tree = _model_lines(cfg, lang)
-        words = t("preview.tokenizing", lang)
-        plan = plan_rows(cfg, tokenizer, held.train, fmt, n_examples=3,
-                         progress=lambda fraction: said(fraction, desc=words))
-        plan.notes = [render.log_text(n, lang) for n in plan.notes]  # the plan's notes are the run log's lines
-        if plan.multi_turn:  # every assistant turn accounted for (core/data/plan.py)
-            plan.notes.append(t("preview.turns", lang, n=sum(plan.turns.values()), **plan.turns))
-        plan.notes.append(_lora_line(cfg, lang, tree))
-        plan.notes += model_lines
-        return split_note(held, lang) + preview_html(plan, lang)
-    except DataError as exc:
-        return error_box(t("preview.data_error", lang), render.error_text(exc, lang))
-    except Exception as exc:  # noqa: BLE001
-        return error_box(t("preview.read_error", lang), f"{type(exc).__name__}: {exc}")
+        found = answer(cfg.to_dict(), PREVIEW_LIMIT, lambda words, f: said(f, desc=text_of(words_of(words), lang)))
+    else:
+        found = child_preview(actions, cfg, lang, said)
+    return preview_from(found, cfg, lang)
 
 
-def pairs_preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE) -> str:
-    """A preference stage's preview: what is held out for validation (as for SFT rows) and the run log's lines on
-    the pairs that train and the validation pairs (core.data.pairs.PairPlan), in the page's language."""
-    from core.data.pairs import check_pairs, plan_pairs, split_pairs
-    from core.data.read import PREVIEW_LIMIT, DataError
-    from core.model.load import ModelError
+def child_preview(actions: Any, cfg: TrainConfig, lang: str, said: Any) -> dict[str, Any]:
+    """core.jobs.preview's answer from a preview child (its phase events on the bar as they come), or
+    {"error": "read", "words": why it ended without one (keyed: action.died...)}."""
+    action = actions.preview(cfg.to_dict(), owner=visitor())
+    seen = 0
+    while True:
+        over = action.wait(POLL_S)
+        events = action.events_since(seen)
+        seen += len(events)
+        for e in events:
+            if e.get("kind") == "phase" and e.get("phase") == "previewing":
+                said(e.get("progress") or 0, desc=text_of(e, lang))
+        if over:
+            break
+    done = action.result() or {}
+    if done.get("status") == "completed" and isinstance(done.get("preview"), dict):
+        return done["preview"]
+    error = next((e for e in reversed(action.events_since(0)) if e.get("kind") == "error"), done)
+    return {"error": "read", "words": {k: error[k] for k in ("key", "params", "problems", "message") if k in error}}
+
+
+def text_of(words: dict[str, Any], lang: str) -> str:
+    """A text of the preview's answer (its words: core.messages.words_of, or an error's fields) in the page's language:
+    a ConfigError's problems as the form says them, a keyed text by its key, else as the engine wrote it."""
+    if words.get("problems"):
+        return "; ".join(problem_line(p, lang) for p in words["problems"])
+    if words.get("key"):
+        return render.log_text(said_again(words["key"], words.get("params") or {}), lang)
+    return str(words.get("message", ""))
+
+
+def problem_line(p: dict[str, Any], lang: str) -> str:
+    """A problem recorded as fields_of writes it ({"field", "key", "params"}) on one line, as the form says one
+    (render.problem_text): "field: message -> fix" by its key in the page's language."""
+    said = {"key": p["key"], "params": p.get("params") or {}}
+    fix = {**said, "key": p["key"] + ".fix"}
+    return f'{p.get("field", "")}{render._colon(lang)}{text_of(said, lang)} -> {text_of(fix, lang)}'
+
+
+TITLES = {"data": "preview.data_error", "read": "preview.read_error", "tokenizer": "preview.tokenizer_error"}
+
+
+def preview_from(found: dict[str, Any], cfg: TrainConfig, lang: str) -> str:
+    """The preview's HTML from core.jobs.preview's answer; the longest row it measured is kept for the estimates."""
+    from core.data.plan import DataPlan, remember_longest
     from ui.validation import split_note
 
-    try:
-        raw, fmt = check_pairs(cfg, PREVIEW_LIMIT)  # bounded as an SFT preview is
-        held = split_pairs(cfg, raw, fmt, PREVIEW_LIMIT)
-    except DataError as exc:
-        return error_box(t("preview.data_error", lang), render.error_text(exc, lang))
-    try:
-        tokenizer = _tokenizer(cfg.model, cfg.trust_remote_code)
-    except (ModelError, OSError, ValueError) as exc:
-        return error_box(t("preview.tokenizer_error", lang), render.error_text(exc, lang))
-    try:
-        plan = plan_pairs(cfg, tokenizer, raw, fmt, held)
-    except DataError as exc:
-        return error_box(t("preview.data_error", lang), render.error_text(exc, lang))
-    lines = "".join(f"<div>{render.E(render.log_text(line, lang))}</div>" for _, line in plan.log_lines()
-                    if line is not held.why)  # split_note says it
-    return split_note(held, lang) + f'<div class="mt-note mt-small" id="preview-pairs">{lines}</div>'
+    if "error" in found:
+        return error_box(t(TITLES.get(found["error"], "preview.read_error"), lang), text_of(found["words"], lang))
+    part = found["split"]
+    held = SimpleNamespace(mode=part["mode"], source=part["source"], train_ids=range(part["train"]),
+                           val_ids=range(part["val"]))
+    if found["stage"] != "sft":
+        lines = "".join(f"<div>{render.E(text_of(w, lang))}</div>" for w in found["lines"])
+        return split_note(held, lang) + f'<div class="mt-note mt-small" id="preview-pairs">{lines}</div>'
+    remember_longest(cfg, found["longest"])
+    p = found["plan"]
+    examples = [{**ex, **({"note": text_of(ex["note"], lang)} if ex.get("note") else {})} for ex in p["examples"]]
+    plan = DataPlan(**{**p, "examples": examples}, rows=[], notes=[text_of(w, lang) for w in found["notes"]])
+    return split_note(held, lang) + preview_html(plan, lang)
 
 
-def _model_lines(cfg: TrainConfig, lang: str) -> tuple[TrainConfig, list[str], Any]:
-    """What the run will change for this model before loading, from its config.json and meta-device tree, in the
-    run log's words: the pre-flight's adaptations (core.model.families.adapt: rows unpacked for a stateful mixer,
-    another attention path), and the experts' weights that get LoRA with lora_experts. `cfg` comes back as the run
-    will train it, so the plan below shows the rows as they will train (unpacked, when so); and the tree (None when
-    it cannot be built), which _lora_line reads too."""
-    from core.config.settings import ConfigError
-    from core.levers.experts import expert_parameters
-    from core.model import families
-    from core.model.load import resolve_model_path, skeleton
-
-    tree = None
-    try:
-        tree = skeleton(cfg, resolve_model_path(cfg))  # the run's own: a model that is no causal LM refused by name
-        changes, said = families.adapt(cfg, families.traits(tree.config, tree))
-        lines = [render.log_text(s, lang) for s in said]
-        if cfg.lora_experts:
-            names = expert_parameters(tree)
-            if not names:
-                raise ConfigError([Problem.of("lora_experts", "problem.lora_experts_dense", model=cfg.model)])
-            lines.append(render.log_text(Said("log.moe.lora_experts", params=", ".join(names)), lang))
-        return (cfg.replace(**changes) if changes else cfg), lines, tree
-    except ConfigError as exc:
-        return cfg, ["; ".join(render.problem_text(p, lang) for p in exc.problems)], tree
-    except Exception:  # noqa: BLE001 - the tree cannot be built: _lora_line below says why, once
-        return cfg, [], tree
-
-
-def _lora_line(cfg: TrainConfig, lang: str, tree: Any = None) -> str:
-    """Which layers get LoRA and how many parameters train, from the model's module tree (no weights loaded):
-    `tree` when the caller built it, else built here."""
-    from core.config.settings import ConfigError
-    from core.model.load import lora_targets
-
-    try:
-        # the run log's own line (Targets.describe: renamed, fused and shared-name layers), in the page's language
-        return render.log_text((lora_targets(cfg, model=tree) if tree is not None else lora_targets(cfg)).describe(),
-                               lang)
-    except ConfigError as exc:
-        return "; ".join(render.problem_text(p, lang) for p in exc.problems)
-    except Exception as exc:  # noqa: BLE001 - the preview stays useful when the tree cannot be built
-        return t("preview.lora_unknown", lang, error=f"{type(exc).__name__}: {exc}")
-
-
-def on_preview(lang: str, *values, progress: Any = None) -> str:
+def on_preview(lang: str, *values, progress: Any = None, actions: Any = None) -> str:
     cfg, problems = collect(values_dict(values))
     if cfg is None:  # tagged too: the form's step after a Preview shows only what describes the form on screen
         return marked(render.problems_html(problems, t("preview.cannot", lang), lang), values, lang)
     # public mode: the engine's messages name the visitor's `uploads/x`
-    return marked(shown(preview(cfg, lang, progress)), cfg, lang)
+    return marked(shown(preview(cfg, lang, progress, actions)), cfg, lang)
 
 
-def make_preview(lang: str, progress=gr.Progress(), *values) -> str:  # noqa: B008 - Gradio's way to ask for a bar
-    """The Preview button's first step: on_preview, with its progress on the preview's bar (Gradio puts its
-    gr.Progress where the default stands, before the field values)."""
-    return on_preview(lang, *values, progress=progress)
+def make_preview(lang: str, progress=gr.Progress(), *values, actions: Any = None) -> str:  # noqa: B008 - the bar
+    """The Preview button's first step: on_preview (in a child of `actions`, the app's: app_actions), with its
+    progress on the preview's bar (Gradio puts its gr.Progress where the default stands, before the field values)."""
+    return on_preview(lang, *values, progress=progress, actions=actions)
+
+
+def app_actions(form: Form) -> Any:
+    """The app's model-running children (core.jobs.actions.Actions), where the page has an app."""
+    return getattr(getattr(form.app, "manager", None), "actions", None)
 
 
 def upload_name(file_path: str | Path) -> str:
@@ -243,12 +204,6 @@ def drop_gradio_copy(file_path: str | Path) -> None:
             path.parent.rmdir()  # OSError when something else is in it: left alone
     except OSError:
         return
-
-
-def store_upload(file_path: str) -> Path:
-    """Copy an upload into the upload folder (its name made safe) and return where it is."""
-    incoming = incoming_copy(file_path)
-    return Path(shutil.move(incoming, incoming.with_name(upload_name(file_path))))
 
 
 # An upload is four steps (ui/layout.py: wire_form): the file copied and read in the preview's queue (a large file takes
@@ -326,6 +281,9 @@ def on_uploaded(form: Form, lang: str, arrived: dict[str, str] | None, *values) 
     return {**apply_config(form, cfg, lang), form.preview: ""}
 
 
-def preview_upload(lang: str, arrived: dict[str, str] | None, progress=gr.Progress(), *values) -> str:  # noqa: B008
+def preview_upload(lang: str, arrived: dict[str, str] | None, progress=gr.Progress(), *values,  # noqa: B008
+                   actions: Any = None) -> str:
     """The preview of the form as the upload left it (make_preview); none after a refusal, whose notice stays."""
-    return on_preview(lang, *values, progress=progress) if arrived and "dataset" in arrived else ""
+    if not (arrived and "dataset" in arrived):
+        return ""
+    return on_preview(lang, *values, progress=progress, actions=actions)

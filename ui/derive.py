@@ -3,6 +3,8 @@ the preset the settings match, and how many GPUs a run of them uses. Pure, so ha
 
 from __future__ import annotations
 
+import hashlib
+import json
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -89,23 +91,83 @@ class Prediction(NamedTuple):
     saves: dict[str, float]  # checklist item -> GiB it saves here
     gpus: int = 1  # the run's processes (world size): >1 means the figures are per GPU
     floor: float | None = None  # the peak of the smallest settings "Fit to my GPU" may choose (GiB per GPU)
+    measuring: str | None = None  # the inspect child the page waits for (its key), while the formula stands in
+    failed: tuple[str, ...] = ()  # measurements that failed (their errors): the formula stands in, named
+    changes: tuple[dict, ...] = ()  # what the resolved run changes from the settings (field, before, after, key)
+    busy: bool = False  # the inspect queue was full: the formula stands in until the next change asks again
 
 
-def prediction(cfg: TrainConfig, memory: dict[str, Any] | None = None) -> Prediction:
+def inspect_base(cfg: TrainConfig) -> str:
+    """The settings an inspection answers for (and the machine's GPUs, which the resolution reads)."""
+    hw = hardware()
+    said = json.dumps([cfg.to_dict(), hw.cuda, run_gpus(cfg)], sort_keys=True, default=str)
+    return hashlib.sha256(said.encode()).hexdigest()[:24]
+
+
+def resolved(cfg: TrainConfig, changes: tuple[dict, ...]) -> TrainConfig:
+    """`cfg` with an inspection's resolved changes: what will train."""
+    try:
+        return cfg.replace(**{c["field"]: c["after"] for c in changes if c.get("field")}) if changes else cfg
+    except (TypeError, ValueError):  # a field this config does not have: the settings as typed
+        return cfg
+
+
+def answered(action: Any) -> tuple[tuple[dict, ...], tuple[str, ...]]:
+    """(the resolved changes, the failures) an inspect child answered."""
+    done = action.result() if action is not None else None
+    if not done:
+        return (), ()
+    if done.get("status") != "completed":
+        error = next((e for e in reversed(action.events) if e.get("kind") == "error"), done)
+        return (), (str(error.get("message") or done.get("message") or ""),)
+    return tuple(done.get("changes") or ()), tuple(str(v) for v in (done.get("failed") or {}).values())
+
+
+def _predicted(cfg: TrainConfig, memory: dict[str, Any] | None) -> tuple[Any, dict[str, float], float]:
+    from core.estimate.predict import estimate, fit_floor, savings
+
+    rows = row_tokens(cfg)
+    est = estimate(cfg, max_row_tokens=rows)
+    switch = (lambda c, key, on: toggled(c, key, on, memory)) if memory else None
+    saves = savings(cfg, max_row_tokens=rows, switch=switch)
+    floor = fit_floor(cfg, max_row_tokens=rows).nvml_peak / 2**30
+    return est, {s.key: s.saved_gib for s in saves}, floor
+
+
+def prediction(cfg: TrainConfig, memory: dict[str, Any] | None = None, inspections: Any = None) -> Prediction:
     """Predicted peak GPU memory (GiB, NVML) and the GiB each checklist item saves here; advice only. One estimate
     for the gauge and the checklist: an item's saving is the peak now minus the peak after its box is clicked
-    (`memory`: the page's record of the boxes' last changes, which a click may undo)."""
-    try:
-        from core.estimate.predict import estimate, fit_floor, savings
+    (`memory`: the page's record of the boxes' last changes, which a click may undo).
 
-        rows = row_tokens(cfg)
-        est = estimate(cfg, max_row_tokens=rows)
-        switch = (lambda c, key, on: toggled(c, key, on, memory)) if memory else None
-        saves = savings(cfg, max_row_tokens=rows, switch=switch)
-        floor = fit_floor(cfg, max_row_tokens=rows).nvml_peak / 2**30
-        return Prediction(est.nvml_peak / 2**30, {s.key: s.saved_gib for s in saves}, world_size(est), floor)
-    except Exception:  # unknown model shape, estimator missing: the page works without a prediction
-        return Prediction(None, {})
+    `inspections` (core.jobs.actions.Inspections): in the web server, which never builds a model
+    (core.estimate.measure.measuring_here(False)), the estimate is the formula plus what is measured already, for
+    the run an inspect child resolved; what it lacks is asked of a child, and `measuring` names the one to wait for."""
+    from core.estimate import measure
+    from core.jobs.act import resolves
+
+    base = inspect_base(cfg) if inspections is not None else ""
+    answer = inspections.answer(base) if inspections is not None else None
+    changes, failed = answered(answer)
+    run = resolved(cfg, changes)
+    with measure.collecting() as wants:
+        try:
+            est, saves, floor = _predicted(run, memory)
+            pred = Prediction(est.nvml_peak / 2**30, saves, world_size(est), floor)
+        except Exception:  # unknown model shape, estimator missing: the page works without a prediction
+            pred = Prediction(None, {})
+    failed = tuple(dict.fromkeys((*failed, *wants.failed.values())))
+    pred = pred._replace(failed=failed, changes=changes)
+    if inspections is None or measure.measures_here() or not (wants.missing or (answer is None and resolves())):
+        return pred  # nothing to measure, nor a run to resolve (an unknown model: the summary says why)
+    from core.runs.public import visitor
+
+    key = hashlib.sha256(json.dumps([base, sorted(wants.missing)]).encode()).hexdigest()[:24]
+    params = {"base": base, "config": cfg.to_dict(), "wanted": list(wants.missing.values()),
+              "cuda": hardware().cuda, "world": run_gpus(cfg) or 1, "max_row_tokens": row_tokens(cfg)}
+    action = inspections.request(key, params, owner=visitor())
+    if action is None:
+        return pred._replace(busy=True)
+    return pred._replace(measuring=key if action.running else None)
 
 
 @lru_cache(maxsize=1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from html import escape
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,8 @@ from core.config import checklist
 from core.codegen import cli_command, python_script
 from core.checks import validate
 from core.config.settings import Problem, TrainConfig
-from core.i18n import DEFAULT_LANGUAGE, t
+from core.i18n import DEFAULT_LANGUAGE, EN, t
+from core.messages import say
 from ui import render
 from ui.derive import chapter_gib, hardware, prediction, preset_choices, preset_of, run_gpus
 from ui.fields import FIELD_NAMES, collect, to_values
@@ -60,6 +62,7 @@ class Form:
     check_memory: Any  # gr.State: what each checklist box changed last (so unticking undoes it)
     budget: Any = None  # "Fit to my GPU"'s hypothetical card (GiB), without a GPU: not a TrainConfig field
     app: Any = None  # ui.state.AppState: the manager Start and Stop act on
+    measuring: Any = None  # gr.Timer: active while an inspect child measures for the settings on screen
 
     @property
     def inputs(self) -> list[Any]:
@@ -69,7 +72,7 @@ class Form:
     @property
     def derived_outputs(self) -> list[Any]:
         return [self.summary, self.prediction, *self.checks.values(), *self.facts.values(), self.preset,
-                self.code_py, self.code_cli]
+                self.code_py, self.code_cli] + ([self.measuring] if self.measuring is not None else [])
 
     @property
     def outputs(self) -> list[Any]:
@@ -148,8 +151,43 @@ def facts_for(cfg: TrainConfig, key: str, saves: dict[str, float], lang: str) ->
 
 
 def prediction_state(cfg: TrainConfig, pred: Any) -> dict[str, Any]:
-    """The page's prediction state, read by the live gauge: the peak per GPU, and the GPUs here the run uses."""
-    return {"gib": pred.gib, "gpus": run_gpus(cfg), "floor": pred.floor}
+    """The page's prediction state, read by the live gauge: the peak per GPU, and the GPUs here the run uses;
+    `measuring`: the inspect child the page waits for (ui/layout.py's measuring timer)."""
+    return {"gib": pred.gib, "gpus": run_gpus(cfg), "floor": pred.floor, "measuring": pred.measuring}
+
+
+def inspections(form: Form) -> Any:
+    """The app's inspect children (core.jobs.actions.Inspections), where the page has an app."""
+    return getattr(getattr(getattr(form.app, "manager", None), "actions", None), "inspections", None)
+
+
+def _said(value: Any, lang: str) -> str:
+    if isinstance(value, bool):
+        return t("inspect.on" if value else "inspect.off", lang)
+    return str(value)
+
+
+def change_line(change: dict[str, Any], lang: str) -> str:
+    """One resolved change in the page's language: the field, its value as typed and as it trains, and why (its key)."""
+    line = t("inspect.change", lang, field=change.get("field", ""), before=_said(change.get("before"), lang),
+             after=_said(change.get("after"), lang))
+    key = change.get("key") or ""
+    return f"{line}: {say(key, change.get('params') or {}, lang)}" if key in EN else line  # nested reasons too
+
+
+def inspect_note(pred: Any, lang: str) -> str:
+    """Under the summary: the resolved run's changes, a measurement still running (the formula stands in) or failed."""
+    parts = []
+    if getattr(pred, "changes", ()):
+        items = "".join(f"<li>{escape(change_line(c, lang))}</li>" for c in pred.changes)
+        parts.append(f'<div class="mt-resolved" id="mt-resolved">{escape(t("inspect.changes", lang))}<ul>{items}</ul></div>')
+    if getattr(pred, "measuring", None):
+        parts.append(f'<div class="mt-measuring" id="mt-measuring">{escape(t("inspect.measuring", lang))}</div>')
+    elif getattr(pred, "busy", False):
+        parts.append(f'<div class="mt-measuring" id="mt-measuring">{escape(t("inspect.busy", lang))}</div>')
+    for error in getattr(pred, "failed", ()):
+        parts.append(f'<div class="mt-measure-failed">{escape(t("inspect.failed", lang, error=error))}</div>')
+    return "".join(parts)
 
 
 def derived(form: Form, cfg: TrainConfig | None, problems: list[Problem], lang: str = DEFAULT_LANGUAGE,
@@ -161,13 +199,15 @@ def derived(form: Form, cfg: TrainConfig | None, problems: list[Problem], lang: 
         return {form.summary: render.summary_html(None, problems, lang=lang), form.preset: preset_update(lang),
                 **{form.checks[i.key]: check_update(i, lang) for i in checks}}
     on = checklist.active(cfg)
-    pred = prediction(cfg, memory)
-    return {form.summary: render.summary_html(cfg, problems, on, predicted_gib=pred.gib, lang=lang, gpus=pred.gpus),
+    pred = prediction(cfg, memory, inspections(form))
+    summary = render.summary_html(cfg, problems, on, predicted_gib=pred.gib, lang=lang, gpus=pred.gpus)
+    return {form.summary: summary + inspect_note(pred, lang),
             form.prediction: prediction_state(cfg, pred),
             **{form.checks[i.key]: check_update(i, lang, value=on[i.key]) for i in checks},
             **{form.facts[i.key]: facts_for(cfg, i.key, pred.saves, lang) for i in checks},
             form.preset: preset_update(lang, value=preset_of(cfg)),
-            form.code_py: python_script(cfg), form.code_cli: cli_command(cfg)}
+            form.code_py: python_script(cfg), form.code_cli: cli_command(cfg),
+            **({form.measuring: gr.Timer(active=bool(pred.measuring))} if form.measuring is not None else {})}
 
 
 def field_updates(form: Form, cfg: TrainConfig) -> Updates:

@@ -47,7 +47,7 @@ def on_gguf_plan(lang: str, adapter: str | None, formats: list[str] | None) -> s
     try:
         plan = plan_gguf(adapter_dir=adapter, formats=formats)
     except GGUFError as exc:
-        return _note(str(exc), "error")
+        return _note(render.error_text(exc, lang), "error")
     except Exception as exc:  # noqa: BLE001 - an unreadable adapter or the like: say so, keep the tab usable
         return _note(f"{type(exc).__name__}: {exc}", "error")
     files = ", ".join(f"{fmt} {_size(n, lang)}" for fmt, n in plan.file_bytes.items())
@@ -57,7 +57,7 @@ def on_gguf_plan(lang: str, adapter: str | None, formats: list[str] | None) -> s
     if plan.foreign:  # the export refuses a folder memtune did not make, Replace or not
         return _note(text + "\n" + t("gguf.foreign", lang, path=plan.out_dir), "error")
     if not plan.ok:
-        text += "\n" + t("gguf.not_enough", lang, message=plan.message)
+        text += "\n" + t("gguf.not_enough", lang, message=render.log_text(plan.message, lang))
     elif plan.replaces:  # said before the click, not only as the refusal after it
         return _note(text + "\n" + t("gguf.replaces", lang, path=plan.out_dir), "warn")
     return _note(text, "ok" if plan.ok else "error")
@@ -89,11 +89,11 @@ def on_gguf_export(app: Any, lang: str, adapter: str | None, formats: list[str] 
     try:  # a refused folder or a machine without the room is said here, before a child starts (it checks again)
         plan = plan_gguf(adapter_dir=adapter, formats=formats)
     except GGUFError as exc:
-        return _warn(t("export.failed", lang, message=str(exc)), "error"), no_commands
+        return _warn(t("export.failed", lang, message=render.error_text(exc, lang)), "error"), no_commands
     except Exception:  # noqa: BLE001 - anything else (an unreadable file...): the child's failure record says it
         plan = None
     if plan is not None and not plan.ok:
-        return _warn(t("export.failed", lang, message=plan.message), "error"), no_commands
+        return _warn(t("export.failed", lang, message=render.log_text(plan.message, lang)), "error"), no_commands
     try:
         action = app.manager.actions.start("gguf", {"adapter": adapter, "formats": list(formats),
                                                     "overwrite": bool(replace),

@@ -1,6 +1,6 @@
 """The History tab's handlers: every run under the form's output folder (core.runs.history); pick one to see its loss
 curve, settings and predicted vs measured peak; load its settings into the form, resume it (a job through
-core.jobs.manager), continue its SFT adapter with preference tuning (a new DPO run in the form, issue 44), delete it
+core.jobs.manager), continue its SFT adapter with preference tuning (a new DPO run in the form), delete it
 after a confirmation. Tested without a browser; the layout is ui/after.py's.
 
 Handlers take the `HistoryTab` (and, for those that fill the settings, the `Form`) first and return updates keyed

@@ -30,12 +30,13 @@ from core.i18n import DEFAULT_LANGUAGE, language_choices, request_language, t
 from core.jobs.view import job_view
 from ui import handlers, render
 from ui.after import build_tabs
-from ui.data import DATA_TYPES, make_preview, on_upload, on_uploaded, preview_upload
+from ui.data import DATA_TYPES, app_actions, make_preview, on_upload, on_uploaded, preview_upload
 from ui.derive import (DEFAULT_BUDGET_GIB, hardware, initial_config, prediction, preset_choices, preset_descriptions,
                        preset_of)
 from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
-from ui.form import (FORM_QUEUE, MODEL_CHECK_QUEUE, PREVIEW_QUEUE, Form, confirm_box, derived, facts_for, merged,
-                     prediction_state, read_config, shown_if_current, still_describes)
+from ui.form import (FORM_QUEUE, MODEL_CHECK_QUEUE, PREVIEW_QUEUE, Form, confirm_box, derived, facts_for,
+                     inspect_note, inspections, merged, prediction_state, read_config, shown_if_current,
+                     still_describes)
 from ui.live import LivePanel, live_update, loss_frame, read_gpus, reward_frame
 from ui.state import AppState
 from ui.theme import GRADIO_LOCALE_JS, GRADIO_LOCALES, TABS_KW
@@ -139,9 +140,13 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
             tr.add(lang, label="app.language")
         tab_state = gr.State({})
         check_memory = gr.State({})  # per page: what each checklist box changed last, so unticking can undo it
-        pred0 = prediction(cfg0)
+        pred0 = prediction(cfg0, inspections=app.manager.actions.inspections)
         peak0 = pred0.gib
         pred_state = gr.State(prediction_state(cfg0, pred0))
+        # While an inspect child measures (prediction_state's `measuring`), a cheap check each second (the timer is
+        # active only then: ui.form.derived); its answer re-derives the form once, in the form's queue.
+        measured = gr.State(None)
+        measuring = gr.Timer(1.0, active=bool(pred0.measuring))
         with gr.Tabs(elem_id="main-tabs", **TABS_KW) as main_tabs:
             with gr.Tab(L("tab.train"), id="tab-train", elem_id="tab-train") as train_tab:
                 tr.add(train_tab, label="tab.train")
@@ -167,8 +172,8 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
                                     w("long_prompts", scale=1)
                                 with gr.Row(elem_id="stage-row"):
                                     w("stage")
-                                # issue 44: a stage's own fields only for it, in a row of their own (beside the stage
-                                # they were four narrow columns, the adapter's box a word wide)
+                                # a stage's own fields only for it, in a row of their own (beside the stage they
+                                # would be four narrow columns, the adapter's box a word wide)
                                 with gr.Row(elem_id="stage-fields-row"):
                                     for name in STAGE_FIELDS:
                                         w(name, scale=1, visible=cfg0.stage in field_meta(name)["stages"])
@@ -232,7 +237,7 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
                                 with gr.Row():
                                     w("output_dir")
                                     w("run_name")
-                                with gr.Row(elem_id="gpus-row"):  # issue 11: always shown, with what this machine has
+                                with gr.Row(elem_id="gpus-row"):  # always shown, with what this machine has
                                     w("num_gpus")
                                     w("distributed_strategy")
                                 tr.add(gr.Markdown(gpus_note(lang0), elem_id="gpus-note", elem_classes=["mt-small"]),
@@ -292,14 +297,15 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
                                              value="fit.button")
                         fit_note = gr.HTML(elem_id="fit-notice")
                         summary = gr.HTML(render.summary_html(cfg0, validate(cfg0, hardware()), on0, predicted_gib=peak0,
-                                                              lang=lang0, gpus=pred0.gpus), elem_id="config-summary")
+                                                              lang=lang0, gpus=pred0.gpus)
+                                          + inspect_note(pred0, lang0), elem_id="config-summary")
                         with gr.Row():
                             start_btn = tr.add(gr.Button(L("run.start"), variant="primary", elem_id="start-btn"),
                                                value="run.start")
                             stop_btn = tr.add(gr.Button(L("run.stop"), variant="stop", elem_id="stop-btn",
                                                         interactive=False), value="run.stop")
                             # Ending at once (no adapter) is its own control, asked to confirm: Stop pressed twice,
-                            # or ten times, is one Stop (issue 43).
+                            # or ten times, is one Stop.
                             end_btn = tr.add(gr.Button(L("run.end_now"), variant="secondary", elem_id="end-now-btn",
                                                        interactive=False, scale=0, min_width=120), value="run.end_now")
                         end_confirm, end_text, end_yes, end_cancel = confirm_box(
@@ -320,7 +326,7 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
                         tr.add(loss_plot, y_title="run.loss_axis", x_title="run.step_axis", label="run.loss_curve",
                                color_title="run.series_legend")
                         draw_every_series(loss_plot)  # the training curve too, not only validation's
-                        # issue 44: a preference run's reward accuracy and margin (ui/live.py), hidden for SFT
+                        # a preference run's reward accuracy and margin (ui/live.py), hidden for SFT
                         reward_plot = gr.LinePlot(reward_frame([]), x="step", y="value", color="series",
                                                   color_title=L("run.series_legend"), title=None,
                                                   y_title=L("run.reward_axis"), x_title=L("run.step_axis"),
@@ -341,10 +347,11 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
             form = Form(fields=FIELDS, summary=summary, prediction=pred_state, checks=checks, facts=facts,
                         preset=preset, code_py=code_py, code_cli=code_cli, fit_note=fit_note, preview=preview_out,
                         run_notice=notice, config_notice=cfg_notice, config_list=cfg_list, start=start_btn,
-                        stop=stop_btn, check_memory=check_memory, budget=budget, app=app)
+                        stop=stop_btn, check_memory=check_memory, budget=budget, app=app, measuring=measuring)
             tabs = build_tabs(lang0, tr, main_tabs, lang, FIELDS["output_dir"], form, app)
         wire_form(form, lang, budget, demo_btn, chapter_btn, refresh_btn, preview_btn, upload, save_btn, cfg_name,
                   load_btn, fit_btn)
+        wire_measuring(form, lang, measuring, measured)
         # The saved settings, listed again each time their tab opens: the page was built once, for everybody (public
         # mode: no one's), and the list is the visitor's own (ui/handlers.config_dir).
         tab_code.select(lambda: gr.update(choices=handlers.saved_configs()), inputs=None, outputs=[cfg_list],
@@ -435,6 +442,43 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
     return demo
 
 
+def measured_now(inspections: Any, pred: dict | None) -> Any:
+    """The measuring timer's check: the key of the inspection the page waited for once it has answered (the state
+    then changes, and the form is derived again); nothing while it runs or when there is none."""
+    key = (pred or {}).get("measuring")
+    if not key or inspections is None:
+        return gr.skip()
+    action = inspections.get(key)
+    return key if action is None or not action.running else gr.skip()
+
+
+def wire_measuring(form: Form, lang: Any, timer: Any, measured: Any) -> None:
+    """An inspect child's answer on the page: the timer's check (a queue of its own: a state changed by a queued
+    event is what fires the state's `change`); the form is derived again once, in the form's queue, from the
+    settings on screen (an edit made meanwhile asked its own inspection)."""
+    timer.tick(partial(measured_now, inspections(form)), inputs=[form.prediction], outputs=[measured],
+               show_progress="hidden", concurrency_id="measuring", concurrency_limit=None)
+
+    shown_only = [form.summary, form.prediction, *form.facts.values(), form.code_py, form.code_cli] + \
+        ([form.measuring] if form.measuring is not None else [])
+
+    def again(lg: str, key: str | None, pred: dict | None, memory: dict, *values):
+        # `pred` is the session's state as the form's queue reaches this event: an edit queued before it has moved
+        # the page on (another inspection, or none), and these values, read when the timer fired, are then stale
+        if not key or (pred or {}).get("measuring") != key:
+            return gr.skip()
+        cfg, problems = read_config(values)
+        if cfg is None:
+            return gr.skip()
+        # only what the measurement changes, never a widget's value (the checklist boxes, the preset)
+        updates = derived(form, cfg, problems, lg, memory)
+        return {comp: update for comp, update in updates.items() if comp in shown_only}
+
+    measured.change(again, inputs=[lang, measured, form.prediction, form.check_memory, *form.inputs],
+                    outputs=form.derived_outputs,
+                    show_progress="hidden", **FORM_QUEUE)
+
+
 PUBLIC_API = ("poll", "start", "stop")  # the endpoints scripts drive (bench/app_gpu.py): the rest is the page's own
 STALE_WHEN_EDITED = ("model", "dataset", "dataset_split", "dataset_format", "max_length")  # the preview, Fit's note...
 
@@ -488,7 +532,7 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
     # Made in its own queue (PREVIEW_QUEUE: no page's edits wait behind it), kept in the session's state, then put on
     # screen from the form's queue, where the edits are: only if it still describes the form (shown_if_current).
     made = gr.State("")
-    preview_btn.click(make_preview, inputs=[lang, *inputs], outputs=[made], show_progress_on=[form.preview],
+    preview_btn.click(partial(make_preview, actions=app_actions(form)), inputs=[lang, *inputs], outputs=[made], show_progress_on=[form.preview],
                       **PREVIEW_QUEUE
                       ).success(shown_if_current, inputs=[lang, made, *inputs], outputs=[form.preview], **quiet)
     # An upload likewise: read and checked in the preview's queue, told to the form in the form's, then previewed.
@@ -497,7 +541,7 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
                   **PREVIEW_QUEUE
                   ).success(partial(on_uploaded, form), inputs=[lang, arrived, *inputs],
                             outputs=form.outputs + [form.preview], **quiet
-                  ).success(preview_upload, inputs=[lang, arrived, *inputs], outputs=[made],
+                  ).success(partial(preview_upload, actions=app_actions(form)), inputs=[lang, arrived, *inputs], outputs=[made],
                             show_progress_on=[form.preview], **PREVIEW_QUEUE
                   ).success(shown_if_current, inputs=[lang, made, *inputs], outputs=[form.preview], **quiet)
     save_btn.click(partial(handlers.on_save_config, form), inputs=[lang, cfg_name, *inputs],

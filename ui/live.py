@@ -19,6 +19,7 @@ import pandas as pd
 from core.i18n import DEFAULT_LANGUAGE, t
 from core.jobs.manager import Job, JobBusy, latest_run_dir
 from core.jobs.view import job_view, predicted_wait
+from core.messages import Said
 from ui import render
 from ui.derive import predicted_peaks, run_gpus, valid_budget
 
@@ -39,9 +40,9 @@ def read_gpus() -> tuple[list[dict[str, Any]], str]:
     try:
         snap = vram.snapshot()
     except Exception as exc:  # the gauge is informational: never break the page
-        return [], f"GPU monitor unavailable ({type(exc).__name__}: {exc})"
+        return [], Said("gauge.unavailable", error=f"{type(exc).__name__}: {exc}")
     gpus = [{"index": g.index, "name": g.name, "used_gib": g.used_gib, "total_gib": g.total_gib} for g in snap.gpus]
-    return gpus, (getattr(snap, "message", "") or ("" if gpus else "No NVIDIA GPU found"))
+    return gpus, (getattr(snap, "message", "") or ("" if gpus else vram.NO_GPU))
 
 
 def thin(points: list[tuple[int, float]], limit: int = PLOT_POINTS) -> list[tuple[int, float]]:
@@ -211,7 +212,7 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
                            if v.losses or v.eval_losses else gr.update(visible=OUT_OF_SIGHT),
                            (job.id if job else None, len(v.losses), v.losses[-1] if v.losses else None,
                             len(v.eval_losses), lang))
-    if panel.reward_plot is not None:  # issue 44: a preference run's learning signal, beside its loss
+    if panel.reward_plot is not None:  # a preference run's learning signal, beside its loss
         outputs[panel.reward_plot] = (gr.update(value=reward_frame(v.rewards, lang, v.eval_rewards), visible=True)
                                       if v.rewards or v.eval_rewards else gr.update(visible=OUT_OF_SIGHT),
                                       (job.id if job else None, len(v.rewards), v.rewards[-1] if v.rewards else None,
@@ -223,7 +224,7 @@ def live_update(panel: LivePanel, state: dict | None, lang: str = DEFAULT_LANGUA
     if is_public() and who is None:  # the Space owner: the whole queue
         progress += render.queue_list_html(*manager.queue(), lang)
     outputs[panel.progress] = (shown(progress), None)
-    from ui.validation import answers_html  # issue 22: what the model answers now, as evals land
+    from ui.validation import answers_html  # what the model answers now, as evals land
 
     outputs[panel.log] = (shown(render.log_html(tail, lang) + answers_html(v.answers, v.answers_step, lang)),
                           (lang, job.id if job else None, len(v.log), tail[-1] if tail else None, v.answers_step))

@@ -23,6 +23,8 @@ from core.i18n import STRINGS, normalize, t
 from core.jobs.view import JobView
 from core.messages import SaidLine, fields_of, say
 
+NO_GPU_KEYS = ("gpu.none", "gpu.none_why")  # core.gpus.vram's "no NVIDIA GPU found": the gauge's own title says it
+
 E = html.escape
 
 
@@ -156,7 +158,8 @@ def gauge_html(gpus: list[dict[str, Any]], message: str = "", run_peak_gib: floa
 
 def _no_gpu_html(message: str, predicted_gib: float | None, lang: str, budget_gib: float | None,
                  floor_gib: float | None = None) -> str:
-    text = t("gauge.no_gpu", lang) if (not message or message.lower().startswith("no nvidia gpu")) else message
+    no_gpu = not message or getattr(message, "key", "") in NO_GPU_KEYS
+    text = t("gauge.no_gpu", lang) if no_gpu else log_text(message, lang)
     out = [f'<div class="mt-gauge mt-nogpu" id="mt-gauge-none"><span class="mt-dot"></span><b>{E(text)}</b>'
            f'<div class="mt-muted">{E(t("gauge.cpu_note", lang))}</div>']
     if predicted_gib:
@@ -275,7 +278,7 @@ def percent(x: float, lang: str = "en") -> str:
 
 def reward_rows(rewards: list[tuple[int, dict[str, float]]], lang: str = "en",
                 elem_id: str = "mt-reward-accuracy", label: str = "result.reward_accuracy") -> list[tuple[str, str]]:
-    """A preference run's result row (issue 44), from its logged steps (the `metrics` events, or summary.json's
+    """A preference run's result row, from its logged steps (the `metrics` events, or summary.json's
     preference.steps): reward accuracy first -> last, the best and its step, the last margin. Nothing for an SFT
     run, or a KTO run (it logs no accuracy). The same of its evals on validation pairs (the `eval` events, or
     preference.eval_steps) with label result.eval_reward_accuracy."""

@@ -203,7 +203,7 @@ def _size(path: Path, lang: str = DEFAULT_LANGUAGE) -> str:
 
 
 def token_info(lang: str) -> str:
-    from core.model.load import hf_token
+    from core.hub import hf_token
 
     return t("export.token_env_set" if hf_token() else "export.token_env_missing", lang)
 
@@ -252,9 +252,9 @@ def on_export_adapter(x: TryExportTab, lang: str, adapter: str | None) -> Update
         # the same units as the merge warning above it ("423.9 KiB", never "<0.01 GiB" of the same need)
         check = t("export.memory_ok" if ok else "export.memory_low", lang, needed=render.size(needed, lang),
                   available=render.size(available, lang))
-        check = check if ok else f"{check}\n{message}"
+        check = check if ok else f"{check}\n{render.log_text(message, lang)}"
     else:
-        check = message
+        check = render.log_text(message, lang)
     target = default_merge_dir(adapter)
     if target.is_dir() and any(target.iterdir()):  # said before the click, not only as the refusal after it
         check += "\n" + t("export.merge_replaces", lang, path=target)
@@ -276,7 +276,7 @@ def on_zip(x: TryExportTab, lang: str, adapter: str | None) -> Updates:
     try:
         path = zip_adapter(adapter)
     except (ExportError, OSError) as exc:
-        return refused(t("export.failed", lang, message=exc), "error")
+        return refused(t("export.failed", lang, message=render.error_text(exc, lang)), "error")
     size = _size(path, lang)  # in the label: Gradio's own "148.8 KB" beside the link is hidden (ui/theme.py)
     return {x.zip_file: gr.update(value=str(path), visible=True, label=t("run.download_size", lang, size=size)),
             x.export_note: note(t("export.zip_ready", lang, path=path.name, size=size), "ok", "export-note")}
@@ -313,7 +313,7 @@ def on_merge(x: TryExportTab, lang: str, adapter: str | None, out_dir: str, repl
     try:  # a folder it may not write is refused here, before a child starts (the child checks it again)
         merge_destination(adapter, (out_dir or "").strip() or None, bool(replace))
     except ExportError as exc:
-        return warn(t("export.failed", lang, message=str(exc)), "merge-note", "error")
+        return warn(t("export.failed", lang, message=render.error_text(exc, lang)), "merge-note", "error")
     try:
         action = manager.actions.start("merge", {
             "adapter": adapter, "out_dir": (out_dir or "").strip() or None, "overwrite": bool(replace),
@@ -333,7 +333,7 @@ def on_push(x: TryExportTab, lang: str, adapter: str | None, what: str, merged_d
             private: bool, token: str | None) -> Updates:
     """Push the adapter or the merged folder; the typed token is used for this call only, then cleared."""
     from core.export.adapter import ExportError, push_to_hub
-    from core.model.load import hf_token
+    from core.hub import hf_token
 
     def said(html: str) -> Updates:
         return {x.export_note: html, x.token: ""}
@@ -350,7 +350,7 @@ def on_push(x: TryExportTab, lang: str, adapter: str | None, what: str, merged_d
     try:
         url = push_to_hub(folder, repo_id, token=(token or "").strip() or None, private=bool(private))
     except ExportError as exc:
-        return said(warn(t("export.failed", lang, message=exc), "export-note", "error"))
+        return said(warn(t("export.failed", lang, message=render.error_text(exc, lang)), "export-note", "error"))
     except Exception as exc:  # noqa: BLE001 - push_to_hub scrubs the token from its own messages; be safe here too
         message = f"{type(exc).__name__}: {exc}"
         if token:

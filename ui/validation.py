@@ -62,7 +62,7 @@ def rekey(value: Any) -> Any:
 def draw_every_series(plot: Any) -> None:
     """Gradio's LinePlot fixes which series it draws (its colour domain) when it builds its chart: when first shown and
     when a setting such as color_map changes; a new value only swaps the data. A series that appeared later (the
-    training curve after the baseline eval: issue 37), other runs, or the names in another language were not drawn.
+    training curve after the baseline eval), other runs, or the names in another language were not drawn.
     After each new value the page is sent a color_map of exactly the series it holds (read back from the page, so
     the value has landed), which rebuilds the chart with them; an unchanged map rebuilds nothing."""
     plot.change(rekey, inputs=[plot], outputs=[plot], show_progress="hidden", queue=False)

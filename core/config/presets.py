@@ -95,8 +95,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             "lora_dropout": 0.0,
             "packing": True,
             # 2 packs per micro-step with per-row FlashAttention, offloaded layer inputs and small workspaces ran
-            # 1,266 tok/s at 5.20 GiB where 1 pack x 6 ran 675 at 5.35 (8B, one H100, one call: bench/RESULTS.md,
-            # run 21): the second pack's activations are paid by the offloading and the workspaces
+            # 1,266 tok/s at 5.20 GiB where 1 pack x 6 ran 675 at 5.35 (8B, one H100, one call: bench/RESULTS.md run
+            # 21): the second pack's activations are paid by the offloading and the workspaces
             "per_device_train_batch_size": 2,
             "gradient_accumulation_steps": 3,  # 6 packs per optimizer step
             "attention": "varlen",

@@ -185,6 +185,11 @@ def known_longest_row(cfg: TrainConfig) -> int | None:
     return _LONGEST.get(_lengths_key(cfg, is_local(cfg.dataset)))
 
 
+def remember_longest(cfg: TrainConfig, tokens: int) -> None:
+    """Keep the longest row a plan made elsewhere measured (the preview's child): known_longest_row answers it."""
+    _LONGEST[_lengths_key(cfg, is_local(cfg.dataset))] = int(tokens)
+
+
 def check_data(cfg: TrainConfig, limit: Limit | None = None) -> tuple[Any, str]:
     """Read the data and check its format, with no tokenizer: (raw dataset, format). Runs before the model is
     resolved, so a broken file is reported as such whatever the model. `limit` (core.data.read.PREVIEW_LIMIT for a

@@ -67,12 +67,6 @@ def row_line(source: str | Path, row: int) -> int | None:
     return lines[row] if lines is not None and 0 <= row < len(lines) else None
 
 
-def row_name(source: str | Path, row: int) -> str:
-    """"row 3 (line 4 of data.csv)": one numbering (1-based, the preview's) and the line an editor shows."""
-    line = row_line(source, row)
-    return f"row {row + 1}" + (f" (line {line} of {Path(source).name})" if line is not None else "")
-
-
 def is_local(source: str) -> bool:
     """A path rather than a Hub id (org/name): it exists, ends like a data file, or is written like a path."""
     path = Path(source).expanduser()

@@ -1,4 +1,4 @@
-"""What autograd keeps for one decoder layer, measured at the model's real widths (issue 41), instead of a per-family
+"""What autograd keeps for one decoder layer, measured at the model's real widths, instead of a per-family
 formula.
 
 The model of config.json is built with ONE decoder layer and a 256-token vocabulary on the CPU (transformers' own
@@ -25,8 +25,8 @@ Stood in for, because the GPU kernels do not run here:
   frozen 16-bit Linear keeps the same (autograd does not save an input only a frozen weight's gradient would need).
 - CUDA autocast's fp32 LayerNorm / GroupNorm and bitsandbytes' 4-bit linear returning its input's dtype
   (`_CudaAutocastStandIn`): a LayerNorm family's stream on a 4-bit base stays fp32 (StarCoder2-3B: 117,488 bytes per
-  token and layer instead of 68,328 measured without; run 17's `fastest`, which ran before the fp32 q/k/v
-  cast below and so with SDPA's [T, T] mask, -42.7% -> +2.5%), and q/k/v reach
+  token and layer instead of 68,328 measured without; bench/RESULTS.md run 17's `fastest`, with SDPA's [T, T]
+  mask as it ran then: -42.7% -> +2.5%), and q/k/v reach
   attention in fp32 (`fp32_attention`), where the stand-in casts them to the compute dtype as
   FlashAttention's callers do (transformers' get_target_dtype; memtune's varlen attention likewise, so no [T, T]
   mask: core/model/attention.py `_target_dtype`).
@@ -40,49 +40,175 @@ config this transformers cannot build.
 Cost (this team's shared 2-core CPU, bf16 matmuls without CPU bf16 support): a cold measurement builds one layer and
 runs TOKENS tokens: 2-5 s for a 3B-8B dense layer or Qwen3-30B-A3B's MoE layer, about 30 s for gpt-oss-20b's (its 32
 experts' 2880 x 5760 matmuls); a LayerNorm family adds ~0.5 s (StarCoder2-3B: 1.2 s after the imports); results are cached in this process and on disk (MEMTUNE_CACHE or ~/.cache/memtune/layer_saved.json), keyed by
-the config text, the settings and the torch/transformers versions, so a warm estimate costs a dictionary lookup.
+the config text, the settings and the torch/transformers versions (read from their metadata), so a warm estimate
+costs a dictionary lookup.
+
+The web server never measures (`measuring_here(False)`: it never imports torch): its estimates read this cache or keep
+the formula, and what they lacked (`collecting`) is measured by an inspect child (core/jobs/act.py,
+core/estimate/inspect.py), which writes it here. A measurement that raised is kept as failed and named to the page.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import fcntl
 import functools
 import hashlib
 import json
 import os
+from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
+from typing import Any, Iterator
 
 MODEL_VERSION = 2  # 2: CUDA autocast's fp32 norms and bitsandbytes' dtype contract (the cache key changes with it)
 TOKENS = 16  # per-token bytes equal at 16 and 64 tokens (Llama-3.2-3B, Qwen3-30B-A3B, gpt-oss); 4x less CPU
 STAND_IN = "memtune_measure"
 _DISK: dict[str, dict] | None = None
+_DISK_STAMP: tuple[int, int] | None = None  # the cache file's (mtime, size) when read: another process may add to it
+_MEMO: dict[str, dict] = {}  # this process's measurements (a read-only home keeps them here only)
+_HERE = True  # whether this process may build a model to measure it (the web server: never; see `measuring_here`)
 
 
+# --- where a measurement may run, and what an estimate lacked -------------------------------------------------------
+@dataclass
+class Wants:
+    """What the estimates made inside `collecting()` found neither measured nor measurable here: `missing` (cache key ->
+    what to measure, for the inspect child: core/jobs/act.py) and `failed` (cache key -> the measurement's error)."""
+
+    missing: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+_WANTS: contextvars.ContextVar[Wants | None] = contextvars.ContextVar("memtune_wants", default=None)
+
+
+def measuring_here(on: bool) -> None:
+    """The web server calls this with False: its estimates read measurements from the disk cache or keep the formula,
+    and never import torch; what they lacked is collected (`collecting`) for a child process to measure."""
+    global _HERE
+    _HERE = bool(on)
+
+
+def measures_here() -> bool:
+    return _HERE
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[Wants]:
+    """The measurements the estimates inside this block lacked (this thread's, this context's)."""
+    wants = Wants()
+    token = _WANTS.set(wants)
+    try:
+        yield wants
+    finally:
+        _WANTS.reset(token)
+
+
+def note_missing(key: str, spec: dict[str, Any]) -> None:
+    wants = _WANTS.get()
+    if wants is not None:
+        wants.missing.setdefault(key, spec)
+
+
+def _failed_here(key: str, error: str) -> None:
+    wants = _WANTS.get()
+    if wants is not None:
+        wants.failed.setdefault(key, error)
+
+
+def versions(*packages: str) -> list[str]:
+    """The installed versions, read from the packages' metadata: the key is the same without importing them."""
+    out = []
+    for name in packages:
+        try:
+            out.append(metadata.version(name))
+        except metadata.PackageNotFoundError:
+            out.append("")
+    return out
+
+
+# --- the disk cache -------------------------------------------------------------------------------------------------
 def _cache_file() -> Path:
     base = os.environ.get("MEMTUNE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "memtune")
     return Path(base) / "layer_saved.json"
 
 
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def _read(path: Path) -> dict[str, dict]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _disk() -> dict[str, dict]:
-    global _DISK
-    if _DISK is None:
-        try:
-            _DISK = json.loads(_cache_file().read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            _DISK = {}
+    """The cache file's entries, read again when the file changed (an inspect child wrote to it)."""
+    global _DISK, _DISK_STAMP
+    path = _cache_file()
+    stamp = _stamp(path)
+    if _DISK is None or stamp != _DISK_STAMP:
+        _DISK, _DISK_STAMP = _read(path), stamp
     return _DISK
 
 
-def _remember(key: str, value: dict) -> None:
-    data = _disk()
-    data[key] = value
+def cached(key: str) -> dict | None:
+    return _MEMO.get(key) or _disk().get(key)
+
+
+def remember(key: str, value: dict) -> None:
+    """Add one entry, merged into the file under a lock: several children may measure at once."""
+    global _DISK, _DISK_STAMP
+    _MEMO[key] = value
     path = _cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data), encoding="utf-8")
-        tmp.replace(path)
-    except OSError:  # a read-only home: the in-process cache still holds it
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = {**_read(path), key: value}
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data), encoding="utf-8")
+            tmp.replace(path)
+        _DISK, _DISK_STAMP = data, _stamp(path)
+    except OSError:  # a read-only home: this process's memo still holds it
         pass
+
+
+def lookup(key: str, spec: dict[str, Any], measure) -> dict | None:
+    """The cache entry `key`, measured by `measure()` when this process may (`measuring_here`), else noted as missing
+    (None: the estimate keeps its formula meanwhile). A measurement that raised is remembered as failed (the entry
+    {"failed": "Type: message"}) and named to the collector, never silently taken for the formula."""
+    found = cached(key)
+    if found is None and _HERE:
+        try:
+            found = measure()
+        except Exception as exc:  # noqa: BLE001 - a family this path cannot build or run: named, the formula kept
+            found = {"failed": f"{type(exc).__name__}: {exc}"[:500]}
+        remember(key, found)
+    if found is None:
+        note_missing(key, spec)
+        return None
+    if "failed" in found:
+        _failed_here(key, str(found["failed"]))
+        return None
+    return found
+
+
+def layer_key(config_text: str, precision: str, targets, rank: int, dropout: bool, kv_repeated: bool,
+              experts_loop: bool = False, four_bit: bool = True) -> str:
+    torch_version, transformers_version = versions("torch", "transformers")
+    return hashlib.sha256(json.dumps([config_text, precision, sorted(targets), rank, dropout, kv_repeated,
+                                      experts_loop, four_bit, MODEL_VERSION, torch_version, transformers_version,
+                                      TOKENS]).encode()).hexdigest()
 
 
 def layer_saved(config_text: str, precision: str, targets: tuple[str, ...], rank: int, dropout: bool,
@@ -90,27 +216,13 @@ def layer_saved(config_text: str, precision: str, targets: tuple[str, ...], rank
     """{"saved": bytes per token one decoder layer keeps for backward, "moe": whether the measured layer routes to
     experts, "own_attention": whether the family's attention bypassed the stand-in, "fp32_attention": whether q, k,
     v reach attention in fp32 (a LayerNorm family on a 4-bit base: memtune's varlen attention casts them to the
-    compute dtype for FlashAttention, core/model/attention.py `_target_dtype`)}, or None where it cannot be measured
-    (see the module docstring)."""
-    import torch
-    import transformers
-
-    key = hashlib.sha256(json.dumps([config_text, precision, sorted(targets), rank, dropout, kv_repeated,
-                                     experts_loop, four_bit, MODEL_VERSION, torch.__version__,
-                                     transformers.__version__, TOKENS]).encode()).hexdigest()
-    return _cached(key, config_text, precision, tuple(targets), rank, dropout, kv_repeated, experts_loop, four_bit)
-
-
-@functools.lru_cache(maxsize=256)
-def _cached(key, config_text, precision, targets, rank, dropout, kv_repeated, experts_loop, four_bit=True):
-    if key in _disk():
-        return _disk()[key]
-    try:
-        value = _measure(config_text, precision, targets, rank, dropout, kv_repeated, experts_loop, four_bit)
-    except Exception:  # noqa: BLE001 - a family this path cannot build or run: the estimator keeps its formula
-        return None
-    _remember(key, value)
-    return value
+    compute dtype for FlashAttention, core/model/attention.py `_target_dtype`)}, or None where it is not measured
+    (see the module docstring; in the web server, until a child has measured it: `lookup`)."""
+    args = dict(config_text=config_text, precision=precision, targets=sorted(targets), rank=rank, dropout=dropout,
+                kv_repeated=kv_repeated, experts_loop=experts_loop, four_bit=four_bit)
+    key = layer_key(**args)
+    return lookup(key, {"kind": "layer", **args}, lambda: _measure(
+        config_text, precision, tuple(targets), rank, dropout, kv_repeated, experts_loop, four_bit))
 
 
 def _stand_in_attention():

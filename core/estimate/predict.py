@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from core.estimate import multi as estimate_multi
-from core.estimate import stages as stage_terms  # issue 44: a preference stage's sequences per row
+from core.estimate import stages as stage_terms  # a preference stage's sequences per row
 from core.config.settings import OPTIMIZERS, ConfigError, Hardware, TrainConfig, parse_overrides
 from core.data.read import DataError
+from core.estimate.known import shape_of
 from core.estimate.terms import ATTENTIONS, CUDA_CONTEXT, GIB, dora_terms, single_gpu_terms
 from core.config.levers import fit_fields
 from core.config.presets import PRESETS, apply_preset
@@ -122,7 +123,7 @@ class Estimate:
 
 
 def _resolve_shape(cfg: TrainConfig, shape: ModelShape | None) -> ModelShape:
-    return shape if shape is not None else get_shape(cfg.model)
+    return shape if shape is not None else shape_of(cfg.model)  # the web server: without building the model
 
 
 def estimate(cfg: TrainConfig, shape: ModelShape | None = None, *, max_row_tokens: int | None = None,
@@ -143,10 +144,10 @@ def estimate(cfg: TrainConfig, shape: ModelShape | None = None, *, max_row_token
     attention = attention or getattr(cfg, "attention", None) or "sdpa"
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, not {attention!r}")
-    # stages hook (issue 44): a preference stage's terms are SFT's on its sequences per row
+    # stages hook: a preference stage's terms are SFT's on its sequences per row
     t = single_gpu_terms(stage_terms.as_sft(cfg), shape, max_row_tokens=max_row_tokens, full_logits=full_logits,
                          liger_layers=liger_layers, attention=attention, equal_length_rows=equal_length_rows,
-                         embedding_via_gpu=embedding_via_gpu)  # measured rows of the loader before 2026-12-01
+                         embedding_via_gpu=embedding_via_gpu)  # rows measured with a loader that went through the GPU
     stage_terms.logits_terms(t, cfg, shape)  # stages hook: ORPO's loss holds the whole logits
     dora_terms(t, cfg, shape)  # use_dora's magnitudes, kept outputs and norm transient (none when off)
     lay = estimate_multi.layout(cfg, lambda: max(t.nvml_training, t.nvml_setup), n_gpus, gpu_bytes)
@@ -325,7 +326,7 @@ def measured_row_tokens(cfg: TrainConfig) -> int | None:
 # Presets that keep their promise for the model in hand: "Fastest within 24 GB" stays within 24 GB.
 # 
 # A preset is a fixed set of levers measured on Llama-3.1-8B (core/config/presets.py). On another model the same levers can
-# need more: Gemma-2-9B's 256k vocabulary and 42 layers took 29.0 GiB with `fastest` (issue 20). `apply` sets the
+# need more: Gemma-2-9B's 256k vocabulary and 42 layers take 29.0 GiB with `fastest` (bench/RESULTS.md). `apply` sets the
 # preset's levers, then, for a preset with a memory promise, asks the estimator (core/estimate/predict.py) for this model and
 # takes the fastest micro-batch / checkpointing that keeps the promise: fewer packs per micro-step first (with the
 # accumulation raised to keep ~the same packs per optimizer step), then checkpointing. It says what it changed, or,

@@ -1,4 +1,4 @@
-"""What TRL's ORPO loss holds per (token x vocab) element of the logits, measured on the CPU (issue 44).
+"""What TRL's ORPO loss holds per (token x vocab) element of the logits, measured on the CPU.
 
 TRL's ORPOTrainer (trl/experimental/orpo/orpo_trainer.py) does not go through liger's fused loss nor TRL's chunked LM
 head: `concatenated_forward` keeps the model's whole logits [2B, T, V]. They come out of the lm_head in the compute
@@ -21,7 +21,8 @@ in forward, saving the logits; an `empty_like(logits)` gradient in backward), it
 CPU bf16 autocast stands in for CUDA's inside the model's forward (the loss itself runs without autocast).
 
 Cost: two tiny forward/backward passes (well under a second); cached in this process and on disk with
-core.estimate.measure's cache, keyed by dtype and the torch / transformers / TRL versions.
+core.estimate.measure's cache, keyed by dtype and the torch / transformers / TRL versions (the web server reads it
+and never measures: core.estimate.measure.measuring_here).
 """
 
 from __future__ import annotations
@@ -163,24 +164,26 @@ def _peak(vocab: int, dtype_name: str) -> int:
     return peak.peak
 
 
-def _versions() -> str:
-    import torch
-    import transformers
-    import trl
-
-    return f"{torch.__version__}|{transformers.__version__}|{trl.__version__}"
+FORMULA_PER_LOGIT = 12.0  # the figure measured with torch 2.13 / TRL 1.16 (module docstring): until measured here
 
 
-@functools.cache
-def orpo_bytes_per_logit(dtype_name: str = "bfloat16") -> float:
-    """Peak bytes TRL's ORPO loss holds per (row token x vocab) element of the logits at the compute dtype
-    `dtype_name` ("bfloat16", "float16", "float32"), measured (module docstring)."""
+def orpo_key(dtype_name: str) -> str:
     from core.estimate import measure  # its disk cache (measure imports nothing of this module)
 
-    key = f"orpo_logits|v{MODEL_VERSION}|{dtype_name}|{_versions()}"
-    if key in measure._disk():
-        return measure._disk()[key]["per_logit"]
+    return f"orpo_logits|v{MODEL_VERSION}|{dtype_name}|{'|'.join(measure.versions('torch', 'transformers', 'trl'))}"
+
+
+def orpo_bytes_per_logit(dtype_name: str = "bfloat16") -> float:
+    """Peak bytes TRL's ORPO loss holds per (row token x vocab) element of the logits at the compute dtype
+    `dtype_name` ("bfloat16", "float16", "float32"), measured (module docstring); FORMULA_PER_LOGIT where it is not
+    measured (in the web server, until a child has: core.estimate.measure.lookup)."""
+    from core.estimate import measure
+
+    found = measure.lookup(orpo_key(dtype_name), {"kind": "orpo", "dtype_name": dtype_name},
+                           lambda: _measured(dtype_name))
+    return FORMULA_PER_LOGIT if found is None else found["per_logit"]
+
+
+def _measured(dtype_name: str) -> dict:
     grown = _peak(VOCABS[1], dtype_name) - _peak(VOCABS[0], dtype_name)
-    value = grown / (ROWS_PER_PAIR * TOKENS * (VOCABS[1] - VOCABS[0]))
-    measure._remember(key, {"per_logit": value})
-    return value
+    return {"per_logit": grown / (ROWS_PER_PAIR * TOKENS * (VOCABS[1] - VOCABS[0]))}

@@ -1,4 +1,4 @@
-"""What a preference stage (TrainConfig.stage: dpo, orpo, kto) changes in the memory estimate (issue 44).
+"""What a preference stage (TrainConfig.stage: dpo, orpo, kto) changes in the memory estimate.
 
 DPO and ORPO put the chosen and the rejected sequence of each pair through the model together (TRL's collators
 concatenate them: one micro-batch of 2 x per_device_train_batch_size rows), so the kept activations, the logits'
@@ -16,7 +16,7 @@ The LM head + loss (`logits_terms`): DPO's and KTO's per-token log-probs go thro
 chunked-head term stands. ORPO's does not: TRL's ORPOTrainer keeps the whole [2B, T, V] logits (fp32: accelerate
 converts the model's outputs) and runs a plain cross-entropy and a log-softmax over them, whatever liger does;
 core.estimate.preference measures the peak bytes that holds per (token x vocab) element on the CPU, and that
-replaces the chunked head's tile. Run 19 (H200, Llama-3.1-8B lowest_memory, 4 pairs x 512 tokens): ORPO allocated
+replaces the chunked head's tile. bench/RESULTS.md run 19 (H200, Llama-3.1-8B lowest_memory, 4 pairs x 512 tokens): ORPO allocated
 10.42 GiB, NVML 13.06: estimated 10.69 / 12.37 (+2.5% / -5.3%; SFT's term gave 5.35 / 6.82, -48.7% / -47.8%);
 DPO 5.24 / 6.80: estimated 5.35 / 6.81 (+2.0% / +0.2%), unchanged.
 """

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 
 from core.config.settings import OPTIMIZERS, TrainConfig
 from core.estimate.measure import layer_saved
+from core.levers import grouping
 from core.model.shapes import ModelShape
 
 GIB = 2**30
@@ -85,7 +86,7 @@ MOE_STACK_CACHED = 3.0
 # The chapter's fp32 upcast is peft's prepare_model_for_kbit_training, which ends with torch.cuda.empty_cache()
 # (auto_clear_cache, peft 0.21): the stacking segments no live block holds go back to the driver; those the allocator
 # filled (best fit) with later layers' 4-bit experts stay. Measured (H200, the 12-layer Qwen3-30B-A3B shape, `chapter`,
-# 2026-12-04 run r40): NVML 9.63 GiB after loading and through training = fp32 weights + the freed bf16 embedding
+# bench/RESULTS.md run 19): NVML 9.63 GiB after loading and through training = fp32 weights + the freed bf16 embedding
 # and head + 1.1 GiB of stacking segments (1.5 times gate_up_proj) + the context; the bf16 load above keeps 3.0.
 MOE_STACK_PINNED = 1.5
 PAGED_MIN_NUMEL = 100_000  # bitsandbytes Optimizer8bit.get_state_buffer pages only tensors at least this large
@@ -126,6 +127,32 @@ def expert_lora_matrices(shape: ModelShape, cfg: TrainConfig) -> list[int]:
     if not cfg.lora_experts:
         return []
     return [n for e, a, b in shape.expert_weights() for n in (cfg.lora_r * e * a, cfg.lora_r * e * b)]
+
+
+def experts_transient(cfg: TrainConfig, shape: ModelShape, element_size: int) -> int:
+    """Bytes of 4-bit experts dequantized at once (core/levers/experts.py): on the grouped path a group of a layer's
+    routed experts within its budget (core/levers/grouping.py), one expert at a time its largest weight. 0 without
+    them."""
+    if not quantized_experts(cfg, shape):
+        return 0
+    if grouping.requested() == grouping.GROUPED:
+        return max(grouping.group_bytes(e, a * b, element_size) for e, a, b in shape.expert_weights())
+    return element_size * shape.largest_expert_weight
+
+
+def grouped_rows_transient(cfg: TrainConfig, shape: ModelShape, tokens: int) -> int:
+    """Bytes the grouped path (core/levers/experts.py `nf4_grouped_experts_forward`) holds at once in one MoE layer
+    beyond what autograd keeps (the same tensors as the loop's): its rows are the tokens' k copies sorted by expert,
+    so every per-row tensor is tokens x k rows at once, where the loop holds one expert's rows. The larger of
+    backward through one experts weight (a group dequantized, the gradient of its output and of its input: rows x
+    (out + in) in the compute dtype) and the forward's end (the weighted copy, the zeroed output and index_copy's
+    result: rows x hidden, the last two in the stream's dtype). 0 on the loop or without 4-bit experts."""
+    if not quantized_experts(cfg, shape) or grouping.requested() != grouping.GROUPED:
+        return 0
+    d = dtypes(cfg)
+    rows = tokens * (shape.num_experts_per_tok or 1)
+    through = max(grouping.group_bytes(e, a * b, d.c) + rows * d.c * (a + b) for e, a, b in shape.expert_weights())
+    return max(through, rows * shape.hidden_size * (d.c + 2 * d.s))
 
 
 def quantized_experts(cfg: TrainConfig, shape: ModelShape) -> bool:
@@ -281,7 +308,7 @@ def varlen_casts(cfg: TrainConfig, shape: ModelShape) -> bool:
     """Whether q/k/v reach memtune's varlen attention in fp32: a LayerNorm family on a 4-bit base (CUDA autocast's
     fp32 LayerNorm, bitsandbytes returning its input's dtype). core/model/attention.py casts them to the compute
     dtype for FlashAttention, as transformers' wrapper does, so no [T, T] mask is built (before that fix it took
-    SDPA with one: StarCoder2-3B `fastest`, run 17, 35.95 GiB). The measured layer already counts the 16-bit
+    SDPA with one: StarCoder2-3B `fastest`, bench/RESULTS.md run 17, 35.95 GiB). The measured layer already counts the 16-bit
     copies the kernel keeps (core/estimate/measure.py's stand-in casts as the kernel's caller does)."""
     found = measured_layer(cfg, shape, True)
     return bool(found and found.get("fp32_attention"))
@@ -348,7 +375,7 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
                      full_logits: bool = False, liger_layers: bool | None = None, attention: str = "sdpa",
                      equal_length_rows: bool = False, embedding_via_gpu: bool = False) -> Terms:
     """Every term of one process training `cfg` alone on one GPU (see the module docstring). `embedding_via_gpu`:
-    the loader of runs before 2026-12-01 put an offloaded embedding on the GPU first (bench/grid_measured.json)."""
+    rows measured with an older loader that put an offloaded embedding on the GPU first (bench/grid_measured.json)."""
     liger = cfg.use_liger_kernel if liger_layers is None else liger_layers
     liger = liger and shape.model_type in LIGER_FAMILIES  # liger patches no other family's norms / MLP
     notes: list[str] = []
@@ -408,9 +435,10 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
                      f"casts them to {cfg.precision} for FlashAttention per packed row (no [T, T] mask)")
     saved, backward = layer_bytes_per_token(cfg, shape, liger_layers=liger,
                                             kv_repeated=is_masked or attention == "varlen")
-    # bitsandbytes dequantizes a whole weight per matmul (a 4-bit expert: that one expert's)
-    dequant = d.c * max(shape.largest_linear, shape.largest_expert_weight if quantized_experts(cfg, shape) else 0) \
-        if q4 else 0
+    # bitsandbytes dequantizes a whole weight per matmul (4-bit experts: a group of them, `experts_transient`; on
+    # the grouped path with the layer's routed rows around it, `grouped_rows_transient`)
+    dequant = max(d.c * shape.largest_linear, experts_transient(cfg, shape, d.c),
+                  grouped_rows_transient(cfg, shape, tokens)) if q4 else 0
     # lora_experts: peft's parametrization makes W + BA of a layer's experts weights whole (16-bit), kept for
     # backward while the layer's graph lives, and backward makes its gradient (same size).
     moe_lora = d.c * shape.expert_weight_params // max(1, shape.moe_layers) if expert_lora_matrices(shape, cfg) else 0
@@ -457,8 +485,8 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
 
     # Loading: the fp32 upcast converts one matrix at a time; the bf16 copy of the first is freed but stays cached.
     # An offloaded embedding is loaded straight into CPU memory (core.levers.embedding.load_embedding_on_cpu) and upcast
-    # there: it never was on the GPU. (Counting it at load made lowest_memory's estimate +9% on Llama-3.1-8B and
-    # +12% on Qwen3-8B, issue 20: the loading peak it predicted does not exist.)
+    # there: it never is on the GPU. (Counting it at load would make lowest_memory's estimate +9% on Llama-3.1-8B and
+    # +12% on Qwen3-8B: the loading peak it would predict does not exist.)
     if embedding_via_gpu:
         offloaded_at_load = 0
     else:

@@ -37,7 +37,7 @@ from typing import Any, Callable
 from core.config.settings import TrainConfig
 from core.files import (RefusedError, free_memory, make_tmp, marker, move_into_place, real, recover, require_marker,
                         storage_message, target, write_marker)
-from core.messages import Keyed, Said
+from core.messages import HandsOn, Said
 
 GiB = 2**30
 ZIP_KEEP_S = 3600  # download zips older than this are removed when the next one is made
@@ -48,21 +48,24 @@ MERGE_TARGETS = ("dequantized", "original")
 Progress = Callable[..., Any]  # progress(fraction, message): gr.Progress fits (its 2nd argument is desc)
 
 
-def size_text(n: float) -> str:
+def size_said(n: float) -> Said:
     """Bytes in the unit that shows the number: "1.5 GiB", "340.2 MiB", "12.0 KiB" (a tiny model's merge needs
-    KiBs: "0.0 GiB" said nothing)."""
-    for unit, scale in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale or unit == "KiB":
-            return f"{n / scale:.1f} {unit}"
+    KiBs: "0.0 GiB" said nothing), as a message: a page writes the number and the unit in its language."""
+    for unit, scale in ((Said("unit.gib"), GiB), (Said("unit.mib"), 2**20), (Said("unit.kib"), 2**10)):
+        if abs(n) >= scale or scale == 2**10:
+            return Said("unit.size1", n=n / scale, unit=unit)
     raise AssertionError("unreachable")
 
 
-class ExportError(Keyed, RuntimeError):
-    """An export could not be done; the message says why and what to do (keyed when given as a Said: the page says
-    it in its language)."""
+def size_text(n: float) -> str:
+    """size_said's English: "1.5 GiB"."""
+    return str(size_said(n))
 
-    def __init__(self, message: str) -> None:
-        super().__init__(self._keyed(message.key, message.params) if isinstance(message, Said) else message)
+
+class ExportError(HandsOn, RuntimeError):
+    """An export could not be done; the message says why and what to do: an `export.err.*` locale key and its
+    parameters (core.messages.Keyed), or a message handed on whole (a Said: core.infer.said), so the page says it in
+    its language."""
 
 
 # --- zip -------------------------------------------------------------------------------------------------------
@@ -74,8 +77,7 @@ def zip_dir() -> Path:
     """
     path = Path(tempfile.gettempdir()) / f"memtune-zips-{os.getuid()}"
     if path.is_symlink() or (path.exists() and (not path.is_dir() or marker(path) is None)):
-        raise ExportError(f"{path} exists but was not made by memtune; memtune will not write into it. Remove it "
-                          "or set TMPDIR to another folder.")
+        raise ExportError("export.err.zip_dir_foreign", path=str(path))
     if not path.exists():
         path.mkdir(mode=0o700)
         write_marker(path, "export")
@@ -83,10 +85,8 @@ def zip_dir() -> Path:
     # is the one memtune made (another user could swap or read the zips in it).
     st = path.lstat()
     if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        owner = "another user" if st.st_uid != os.getuid() else "you"
-        raise ExportError(f"{path} belongs to {owner} and has mode {st.st_mode & 0o777:o} (others may write "
-                          "into it), so memtune will not put zips there. Remove it, or set TMPDIR to a folder of "
-                          "your own.")
+        owner = Said("export.owner.other" if st.st_uid != os.getuid() else "export.owner.you")
+        raise ExportError("export.err.zip_dir_mode", path=str(path), owner=owner, mode=f"{st.st_mode & 0o777:o}")
     for old in path.glob("*.zip"):  # Gradio has long copied them to its own cache: don't let adapters pile up
         with contextlib.suppress(OSError):
             if time.time() - old.stat().st_mtime > ZIP_KEEP_S:
@@ -100,20 +100,20 @@ def zip_adapter(adapter_dir: str | Path, dest_dir: str | Path | None = None, ove
     dest_dir defaults to `zip_dir()`: repeated zips replace each other instead of piling up temporary folders. In
     a folder the user named, an existing zip of that name is the user's file: refused unless overwrite=True.
     """
+    from core.infer import said
+
     adapter_dir = real(adapter_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
-        raise ExportError(f"{adapter_dir} is not an adapter folder (no adapter_config.json). Pick a run's "
-                          "adapter/ folder.")
+        raise ExportError("export.err.not_adapter", path=str(adapter_dir))
     try:
-        dest = target(dest_dir, "write the zip into") if dest_dir else zip_dir()
+        dest = target(dest_dir, Said("files.action.zip")) if dest_dir else zip_dir()
     except RefusedError as exc:
-        raise ExportError(str(exc)) from None
+        raise ExportError(said(exc)) from None
     final = dest / f"{adapter_dir.parent.name or 'memtune'}-adapter.zip"
     if dest_dir and os.path.lexists(final) and not overwrite:
-        raise ExportError(f"{final} already exists. Choose another folder, move that file away, or allow "
-                          "replacing it (--replace on the command line).")
+        raise ExportError("export.err.zip_exists", path=str(final))
     if os.path.lexists(final) and not final.is_file():
-        raise ExportError(f"{final} is in the way and is not a file: move it, or choose another folder.")
+        raise ExportError("export.err.zip_in_way", path=str(final))
     tmp = final.with_name(f".{final.name}.tmp")
     try:
         dest.mkdir(parents=True, exist_ok=True)
@@ -123,7 +123,8 @@ def zip_adapter(adapter_dir: str | Path, dest_dir: str | Path | None = None, ove
                     zf.write(path, path.relative_to(adapter_dir).as_posix())
         os.replace(tmp, final)
     except OSError as exc:
-        raise ExportError(storage_message(exc, dest) or f"Could not write the zip in {dest}: {exc}") from None
+        message = storage_message(exc, dest) or Said("export.err.zip_write", path=str(dest), error=str(exc))
+        raise ExportError(said(message)) from None
     finally:
         tmp.unlink(missing_ok=True)
     return final
@@ -218,26 +219,20 @@ def merge_plan(cfg: TrainConfig) -> dict[str, Any]:
     return dict(device=device, params=params, needed=needed, available=available, gpu_free=gpu, ram_free=ram)
 
 
-def merge_memory_check(cfg: TrainConfig) -> tuple[int, int, bool, str]:
+def merge_memory_check(cfg: TrainConfig) -> tuple[int, int, bool, Said]:
     """(needed_bytes, available_bytes, ok, message) for merging an adapter of `cfg` into its bf16 base."""
     plan = merge_plan(cfg)
     needed, available = plan["needed"], plan["available"]
     if plan["params"] is None:
-        return 0, available, False, (
-            f"The size of {cfg.model} is unknown here (no config.json or weights on this machine and not in "
-            "memtune's table), so memtune cannot tell whether merging fits in memory. Download the model first, "
-            "or merge on a machine where it is cached.")
+        return 0, available, False, Said("export.check.unknown", model=cfg.model)
     if plan["device"] is None:
-        where = f"{size_text(plan['ram_free'])} of free RAM"
-        if plan["gpu_free"] is not None:
-            where += f" and {size_text(plan['gpu_free'])} of free GPU memory"
-        return needed, available, False, (
-            f"Merging needs about {size_text(needed)} of memory to hold {cfg.model} unquantized in bf16, but "
-            f"this machine has only {where}. Close other programs (or stop the training run), merge on a bigger "
-            "machine, or use the adapter as it is (the zip) with the base model loaded in 4 bits.")
-    where = "GPU memory" if plan["device"] == "cuda" else "RAM"
-    return needed, available, True, (
-        f"Merging needs about {size_text(needed)} of {where}; {size_text(available)} is free.")
+        where = (Said("export.where.ram", ram=size_said(plan["ram_free"])) if plan["gpu_free"] is None else
+                 Said("export.where.ram_gpu", ram=size_said(plan["ram_free"]), gpu=size_said(plan["gpu_free"])))
+        return needed, available, False, Said("export.check.too_big", size=size_said(needed), model=cfg.model,
+                                              where=where)
+    where = Said("export.mem.gpu" if plan["device"] == "cuda" else "export.mem.ram")
+    return needed, available, True, Said("export.check.ok", size=size_said(needed), where=where,
+                                         free=size_said(available))
 
 
 def merge_size(cfg: TrainConfig) -> tuple[int, int, int] | None:
@@ -261,24 +256,25 @@ def merge_destination(adapter_dir: str | Path, out_dir: str | Path | None = None
     (core.files.target: every check and the final rename act on this same folder), after tidying what a crashed
     merge into it left; ExportError when it may not be written. The page asks this before it starts the merge's
     child (a refusal costs no process start), and merge_adapter again in the child."""
+    from core.infer import said
+
     adapter_dir = real(adapter_dir)
     try:
-        out = target(out_dir or default_merge_dir(adapter_dir), "write the merged model into")
+        out = target(out_dir or default_merge_dir(adapter_dir), Said("files.action.merged"))
     except RefusedError as exc:
-        raise ExportError(str(exc)) from None
+        raise ExportError(said(exc)) from None
     recover(out)  # an earlier merge into `out` that crashed half-way
     if out.exists() and not out.is_dir():
-        raise ExportError(f"{out} is a file, not a folder. Choose another folder for the merged model.")
+        raise ExportError("export.err.merge_is_file", path=str(out))
     if out.exists() and any(out.iterdir()):
         if not overwrite:
-            raise ExportError(f"{out} already exists and is not empty. Choose another folder, or allow replacing it "
-                              "(Replace on the page, --replace on the command line).")
+            raise ExportError("export.err.not_empty", path=str(out))
         try:  # Replace deletes the folder: only ever a merged model memtune wrote
-            require_marker(out, "merged", "replace")
+            require_marker(out, "merged", Said("files.action.replace"))
         except RefusedError as exc:
-            raise ExportError(str(exc)) from None
+            raise ExportError(said(exc)) from None
     if out == adapter_dir or out in adapter_dir.parents:
-        raise ExportError(f"{out} holds the adapter itself. Choose another folder for the merged model.")
+        raise ExportError("export.err.merge_holds_adapter", path=str(out))
     return out
 
 
@@ -286,7 +282,8 @@ def merge_target(cfg: TrainConfig, merge_into: str | None = None) -> str:
     """The weights a merge adds the delta to: `merge_into` if given, else "dequantized" for a 4-bit run; an adapter
     trained on an unquantized base has only its original weights."""
     if merge_into is not None and merge_into not in MERGE_TARGETS:
-        raise ExportError(f"merge_into {merge_into!r} is unknown: choose {' or '.join(MERGE_TARGETS)}.")
+        raise ExportError("export.err.merge_into", value=repr(merge_into), first=MERGE_TARGETS[0],
+                          second=MERGE_TARGETS[1])
     if not cfg.load_in_4bit:
         return "original"
     return merge_into or "dequantized"
@@ -314,8 +311,7 @@ def dequantize_4bit_linears(model) -> list[dict[str, Any]]:
         key = (state.quant_type, int(state.blocksize), bool(state.nested))
         seen.setdefault(key, dict(quant_type=key[0], blocksize=key[1], double_quant=key[2]))
     if not seen:
-        raise ExportError("The base model loaded without 4-bit layers, so there is nothing to dequantize. Merge "
-                          "into the original weights instead (merge_into original, --merge-into original).")
+        raise ExportError("export.err.no_4bit")
     if getattr(model, "hf_quantizer", None) is not None:  # a plain model now: save_pretrained writes no bnb config
         model.hf_quantizer = None
     for attr in ("is_quantized", "is_loaded_in_4bit"):
@@ -344,7 +340,7 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     adapter_dir = real(adapter_dir)
     out = merge_destination(adapter_dir, out_dir, overwrite)
 
-    def step(fraction: float, message: str) -> None:
+    def step(fraction: float, message: Said) -> None:
         if progress is not None:
             progress(fraction, message)
 
@@ -355,13 +351,13 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     into = merge_target(cfg, merge_into)
     needed, _, ok, message = merge_memory_check(cfg)
     if not ok:
-        raise ExportError(message)
+        raise ExportError(said(message))
     out.parent.mkdir(parents=True, exist_ok=True)
     disk_needed = int(needed / MERGE_OVERHEAD)
     free_disk = shutil.disk_usage(out.parent).free
     if free_disk < disk_needed * 1.05:
-        raise ExportError(f"The merged model takes about {size_text(disk_needed)} on disk, but {out.parent} has "
-                          f"only {size_text(free_disk)} free. Free some space or choose another folder.")
+        raise ExportError("export.err.merge_disk", size=size_said(disk_needed), path=str(out.parent),
+                          free=size_said(free_disk))
 
     device = merge_plan(cfg)["device"]
     # bf16 on the device that fits; no fp32 upcast: the merged weights are saved in bf16. "dequantized" loads in 4
@@ -371,30 +367,30 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
     try:
         tmp = make_tmp(out, "merged")  # marked first: a crash leaves a folder the next start may remove
     except RefusedError as exc:
-        raise ExportError(str(exc)) from None
+        raise ExportError(said(exc)) from None
     model = None
     try:
         quant: list[dict[str, Any]] = []
         path = base_for(adapter_dir, mcfg)  # the adapter's modules checked against the model's, before it loads
         if into == "dequantized":
-            step(0.02, f"Loading {cfg.model} in 4 bits ({cfg.bnb_4bit_quant_type}), as the adapter was trained")
+            step(0.02, Said("export.step.load_4bit", model=cfg.model, quant=cfg.bnb_4bit_quant_type))
             model = load_model(mcfg, path)
-            step(0.35, "Dequantizing the 4-bit weights the adapter was trained against")
+            step(0.35, Said("export.step.dequantize"))
             quant = dequantize_4bit_linears(model)
             from core.levers.experts import dequantize_experts
 
             dequantize_experts(model)  # MoE: the 4-bit experts too (core/levers/experts.py)
         else:
-            step(0.02, f"Loading {cfg.model} unquantized (bf16)")
+            step(0.02, Said("export.step.load_bf16", model=cfg.model))
             model = load_model(mcfg, path)
-        step(0.45, "Adding the adapter")
+        step(0.45, Said("export.step.adapter"))
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(adapter_dir))
-        step(0.55, "Merging the LoRA weights into the base weights")
+        step(0.55, Said("export.step.merge"))
         model = model.merge_and_unload()
         model.config.use_cache = True  # load_model turned it off for training; a shipped model wants it on
-        step(0.65, f"Saving to {out}")
+        step(0.65, Said("export.step.save", path=str(out)))
         model.save_pretrained(tmp)
         tok_src = str(adapter_dir) if (adapter_dir / "tokenizer_config.json").is_file() else path
         load_tokenizer(cfg, tok_src).save_pretrained(tmp)
@@ -406,7 +402,7 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
             + "; load with AutoModelForCausalLM.from_pretrained",
         }, indent=2), encoding="utf-8")
         move_into_place(tmp, out)
-        step(1.0, f"Merged model saved to {out}")
+        step(1.0, Said("export.step.saved", path=str(out)))
         return out
     except (ModelError, InferError) as exc:
         raise ExportError(said(exc)) from None
@@ -415,13 +411,12 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
 
         message = storage_message(exc, out.parent)
         if message:  # disk full while saving: the temporary folder goes (finally), an earlier merge stays
-            raise ExportError(message) from None
+            raise ExportError(said(message)) from None
 
         if isinstance(exc, torch.OutOfMemoryError) or isinstance(exc, MemoryError):
-            raise ExportError("Ran out of memory while merging. Stop any training run, close other programs, "
-                              "or merge on a machine with more memory.") from None
+            raise ExportError("export.err.merge_oom") from None
         if (problem := load_problem(exc, adapter_dir)) is not None:
-            raise ExportError(str(problem)) from None
+            raise ExportError(said(problem)) from None
         raise
     finally:
         model = None
@@ -454,8 +449,7 @@ def push_to_hub(folder: str | Path, repo_id: str, token: str | None = None, priv
 
     folder = Path(folder)
     if not folder.is_dir() or not ((folder / "config.json").is_file() or (folder / "adapter_config.json").is_file()):
-        raise ExportError(f"{folder} is neither an adapter folder nor a model folder. Pick a run's adapter/ or "
-                          "merged/ folder.")
+        raise ExportError("export.err.push_folder", path=str(folder))
     repo_id = (repo_id or "").strip()
     try:
         from huggingface_hub.utils import validate_repo_id
@@ -464,17 +458,12 @@ def push_to_hub(folder: str | Path, repo_id: str, token: str | None = None, priv
         if repo_id.count("/") != 1:
             raise ValueError(repo_id)
     except Exception:
-        raise ExportError(f"{repo_id!r} is not a Hub repository id. Write it as your-user-name/model-name (letters, "
-                          "digits, '-', '_' and '.').") from None
+        raise ExportError("export.err.repo_id", repo=repr(repo_id)) from None
     token = (token or "").strip() or hf_token()
     if not token:
-        raise ExportError("No Hugging Face token: pushing needs a token with write access. Create one at "
-                          "https://huggingface.co/settings/tokens and start memtune with it in the environment "
-                          "(export HF_TOKEN=hf_...); memtune never stores it.")
+        raise ExportError("export.err.no_token")
     if _offline():
-        raise ExportError("The Hugging Face Hub is switched off on this machine (HF_HUB_OFFLINE is set), so "
-                          "nothing can be pushed. Unset HF_HUB_OFFLINE and check the network, or download the "
-                          "zip / merged folder and upload it from elsewhere.")
+        raise ExportError("export.err.offline")
     from huggingface_hub import HfApi
 
     api = HfApi(token=token)
@@ -483,21 +472,18 @@ def push_to_hub(folder: str | Path, repo_id: str, token: str | None = None, priv
         api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
                           commit_message="Upload from memtune", ignore_patterns=[".*", "*.tmp"])
     except Exception as exc:  # every failure becomes one message, with the token scrubbed from it
-        raise ExportError(_push_message(exc, repo_id, token)) from None
+        raise _push_error(exc, repo_id, token) from None
     return str(url)
 
 
-def _push_message(exc: Exception, repo_id: str, token: str) -> str:
+def _push_error(exc: Exception, repo_id: str, token: str) -> ExportError:
     status = getattr(getattr(exc, "response", None), "status_code", None)
     name = type(exc).__name__
     if status == 401:
-        return ("The Hub refused the token (401): it is invalid or expired. Create a new token with write access "
-                "at https://huggingface.co/settings/tokens and restart memtune with HF_TOKEN set to it.")
+        return ExportError("export.err.push_401")
     if status == 403:
-        return (f"The token may not write to {repo_id} (403). Use a token with write access, and a repository "
-                "under your own user name or an organisation you can write to.")
+        return ExportError("export.err.push_403", repo=repo_id)
     if name in ("OfflineModeIsEnabled",) or isinstance(exc, (ConnectionError, TimeoutError)) or any(
             k in name for k in ("Connect", "Timeout", "NameResolution")):
-        return ("The Hugging Face Hub cannot be reached (no network?). Check the connection and try again, or "
-                "download the zip / merged folder and upload it from elsewhere.")
-    return _scrub(f"Pushing to {repo_id} failed: {name}: {exc}", token)
+        return ExportError("export.err.push_network")
+    return ExportError("export.err.push_failed", repo=repo_id, error=_scrub(f"{name}: {exc}", token))

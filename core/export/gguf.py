@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from core.messages import Keyed, Said
+from core.messages import HandsOn, Said
 
 GiB = 2**30
 MiB = 2**20
@@ -82,16 +82,15 @@ MEMTUNE_CHAT_TEMPLATE = (
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 
 
-class GGUFError(Keyed, RuntimeError):
-    """A GGUF export could not be done; the message says why and what to do (keyed when given as a Said: the page
-    says it in its language)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(self._keyed(message.key, message.params) if isinstance(message, Said) else message)
+class GGUFError(HandsOn, RuntimeError):
+    """A GGUF export could not be done; the message says why and what to do: a `gguf.err.*` locale key and its
+    parameters (core.messages.Keyed), or a message handed on whole (a Said: core.infer.said), so the page says it in
+    its language."""
 
 
-def supported_text() -> str:
-    return f"{FAMILY_NAMES} models (" + ", ".join(ARCHITECTURES) + ")"
+def supported() -> dict[str, str]:
+    """The supported families and architectures, as the parameters of a refusal that names them."""
+    return {"families": FAMILY_NAMES, "archs": ", ".join(ARCHITECTURES)}
 
 
 def parse_formats(formats: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -100,8 +99,8 @@ def parse_formats(formats: str | list[str] | tuple[str, ...]) -> list[str]:
     names = [f.strip().lower() for f in items if f and f.strip()]
     bad = [f for f in names if f not in FORMATS]
     if bad or not names:
-        raise GGUFError(f"Unknown GGUF format(s) {', '.join(bad) or '(none chosen)'}: choose one or more of "
-                        f"{', '.join(FORMATS)} (f16 = full quality, q8_0 = half the size, near full quality).")
+        raise GGUFError("gguf.err.formats" if bad else "gguf.err.no_formats", bad=", ".join(bad),
+                        formats=", ".join(FORMATS))
     return list(dict.fromkeys(names))
 
 
@@ -109,7 +108,7 @@ def parse_formats(formats: str | list[str] | tuple[str, ...]) -> list[str]:
 def read_config(model_dir: Path) -> dict[str, Any]:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
-        raise GGUFError(f"{model_dir} has no config.json: it is not a transformers model folder.")
+        raise GGUFError("gguf.err.no_config", path=str(model_dir))
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -129,11 +128,10 @@ def family(config: dict[str, Any]) -> tuple[str, bool, bool, bool]:
     if named:
         what = ", ".join(named)
     elif config.get("vision_config") or config.get("text_config"):
-        what = "a multimodal model"
+        what = Said("gguf.what.multimodal")
     else:
-        what = ", ".join(archs) or config.get("model_type", "an unknown architecture")
-    raise GGUFError(f"GGUF export supports {supported_text()}; this model is {what}. Use the merged model folder "
-                    "or the adapter zip instead, or llama.cpp's own convert_hf_to_gguf.py on the merged folder.")
+        what = ", ".join(archs) or config.get("model_type") or Said("gguf.what.unknown")
+    raise GGUFError("gguf.err.unsupported", what=what, **supported())
 
 
 # llama.cpp architectures whose attention honours a sliding window (the window and its layer pattern are written
@@ -169,10 +167,7 @@ def _refuse_unrun_window(config: dict[str, Any], arch: str) -> None:
     if arch in SLIDING_WINDOW_ARCHS or window is None or (context and window >= context):
         return
     name = next(iter(config.get("architectures") or []), arch)
-    raise GGUFError(f"This model ({name}) attends through a sliding window of {window} tokens (config.json "
-                    f"sliding_window), which llama.cpp's {arch} does not run: prompts longer than {window} tokens "
-                    "would be answered differently from the model you trained. GGUF export refuses it; use the "
-                    "merged model folder or the adapter zip with transformers (or vLLM) instead.")
+    raise GGUFError("gguf.err.window", name=name, window=window, arch=arch)
 
 
 def architecture(config: dict[str, Any]) -> tuple[str, bool]:
@@ -277,11 +272,10 @@ def tensor_plan(model_dir: Path, config: dict[str, Any]) -> list[tuple[str, str 
             continue  # recomputed from the metadata / the same matrix as token_embd
         dst = names.get_name(src, try_suffixes=(".weight", ".bias"))
         if dst is None:
-            raise GGUFError(f"The weight {src} has no GGUF name for {arch}: this model variant is not supported. "
-                            f"GGUF export supports {supported_text()}.")
+            raise GGUFError("gguf.err.weight", weight=src, arch=arch, **supported())
         plan.append((dst, src, shape))
     if not plan:
-        raise GGUFError(f"{model_dir} has no .safetensors weights to convert.")
+        raise GGUFError("gguf.err.no_weights", path=str(model_dir))
     if rope_params(config)["rope_type"] == "llama3":
         plan.append(("rope_freqs.weight", None, [head_dim(config) // 2]))
     return plan
@@ -406,7 +400,7 @@ def write_model_metadata(writer, config: dict[str, Any], name: str, fmt: str) ->
         if rp.get("original_max_position_embeddings"):
             writer.add_rope_scaling_orig_ctx_len(int(rp["original_max_position_embeddings"]))
     elif kind not in ("default", "llama3"):  # llama3 is the rope_freqs tensor
-        raise GGUFError(f"RoPE scaling {kind!r} has no GGUF mapping here (supported: none, linear, yarn, llama3).")
+        raise GGUFError("gguf.err.rope", kind=repr(kind))
     _family_metadata(writer, config, arch, dim)
 
 
@@ -420,19 +414,17 @@ def _family_metadata(writer, config: dict[str, Any], arch: str, dim: int) -> Non
         big = layers == (46 if arch == "gemma2" else 62)
         expected = int(config["hidden_size"]) // int(config["num_attention_heads"]) if big else dim
         if scalar is not None and int(scalar) != expected:
-            raise GGUFError(f"query_pre_attn_scalar is {scalar}, but llama.cpp scales {arch} queries by "
-                            f"1/sqrt({expected}): llama.cpp would compute different attention than training.")
+            raise GGUFError("gguf.err.query_scalar", scalar=scalar, arch=arch, expected=expected)
     if arch == "gemma2":
         writer.add_attn_logit_softcapping(float(config.get("attn_logit_softcapping") or 0.0))
         writer.add_final_logit_softcapping(float(config.get("final_logit_softcapping") or 0.0))
         writer.add_sliding_window(int(config.get("sliding_window") or 4096))
         types = config.get("layer_types")
         if types and [t == "sliding_attention" for t in types] != [i % 2 == 0 for i in range(layers)]:
-            raise GGUFError("This Gemma-2 does not alternate sliding and full attention layers, the pattern "
-                            "llama.cpp runs Gemma-2 with.")
+            raise GGUFError("gguf.err.gemma2_pattern")
     elif arch == "gemma3":
         if config.get("attn_logit_softcapping"):
-            raise GGUFError("Gemma-3 with attention soft-capping: llama.cpp's gemma3 has none.")
+            raise GGUFError("gguf.err.gemma3_softcap")
         if config.get("final_logit_softcapping"):
             writer.add_final_logit_softcapping(float(config["final_logit_softcapping"]))
         types = config.get("layer_types") or [
@@ -445,16 +437,14 @@ def _family_metadata(writer, config: dict[str, Any], arch: str, dim: int) -> Non
     elif arch == "phi3":
         rp = rope_params(config)
         if rp["rope_type"] not in ("default",) or rp.get("long_factor"):
-            raise GGUFError(f"Phi-3 with {rp['rope_type']!r} RoPE scaling (the 128k-context variants) is not "
-                            "converted here; use llama.cpp's convert_hf_to_gguf.py on the merged folder.")
+            raise GGUFError("gguf.err.phi3_rope", kind=repr(rp["rope_type"]))
         orig = rp.get("original_max_position_embeddings") or config.get("original_max_position_embeddings")
         writer.add_rope_scaling_orig_ctx_len(int(orig or config.get("max_position_embeddings", 4096)))
         writer.add_sliding_window(int(config.get("sliding_window") or 0))
     elif arch == "smollm3":
         nope = config.get("no_rope_layers")
         if nope is not None and list(nope) != [int((i + 1) % 4 != 0) for i in range(layers)]:
-            raise GGUFError("This SmolLM3 skips RoPE on other layers than every 4th, the rule llama.cpp "
-                            "hard-codes for smollm3.")
+            raise GGUFError("gguf.err.smollm3_nope")
 
 
 def _swa_period(sliding: list[bool]) -> int:
@@ -464,8 +454,7 @@ def _swa_period(sliding: list[bool]) -> int:
     for n in [6, 0, *range(1, len(sliding) + 2)]:
         if all(flag == (n == 0 or i % n < n - 1) for i, flag in enumerate(sliding)):
             return n
-    raise GGUFError("This Gemma-3 mixes sliding and full attention layers in a pattern llama.cpp cannot run (it "
-                    "runs every n-th layer with full attention and the others with the window).")
+    raise GGUFError("gguf.err.gemma3_pattern")
 
 
 def _token_text(token: Any) -> str:
@@ -479,13 +468,11 @@ def tokenizer_metadata(model_dir: Path, vocab_size: int) -> dict[str, Any]:
 
     path = Path(model_dir) / "tokenizer.json"
     if not path.is_file():
-        raise GGUFError(f"{model_dir} has no tokenizer.json (a fast tokenizer), which GGUF export reads the "
-                        "vocabulary from. Save the tokenizer with transformers (tokenizer.save_pretrained).")
+        raise GGUFError("gguf.err.no_tokenizer", path=str(model_dir))
     spec = json.loads(path.read_text(encoding="utf-8"))
     model = spec.get("model") or {}
     if model.get("type") != "BPE":
-        raise GGUFError(f"The tokenizer is {model.get('type')!r}; GGUF export supports BPE tokenizers (byte-level "
-                        "like Llama 3 and Qwen2, or SentencePiece-style like Llama 2 and Mistral).")
+        raise GGUFError("gguf.err.tokenizer_type", type=repr(model.get("type")))
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     text = json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
     byte_level = '"ByteLevel"' in text
@@ -498,14 +485,12 @@ def tokenizer_metadata(model_dir: Path, vocab_size: int) -> dict[str, Any]:
         elif patterns[0] in PRE_TOKENIZERS:
             pre = PRE_TOKENIZERS[patterns[0]]
         else:
-            raise GGUFError("The tokenizer splits text with a pattern llama.cpp does not know (supported: GPT-2, "
-                            "Llama 3, Qwen2), so llama.cpp would tokenize differently from training.")
+            raise GGUFError("gguf.err.pre_tokenizer")
         ggml_model = "gpt2"
     elif model.get("byte_fallback"):
         ggml_model, pre = "llama", "default"  # SentencePiece BPE as exported to tokenizer.json
     else:
-        raise GGUFError("The tokenizer is neither byte-level BPE nor SentencePiece BPE with byte fallback; "
-                        "llama.cpp could not reproduce it.")
+        raise GGUFError("gguf.err.tokenizer_kind")
     vocab = tok.get_vocab()
     by_id = {i: t for t, i in vocab.items()}
     added = {a["content"]: a for a in spec.get("added_tokens", [])}
@@ -538,7 +523,7 @@ def tokenizer_metadata(model_dir: Path, vocab_size: int) -> dict[str, Any]:
                 space_prefix=space_prefix(spec) if ggml_model == "llama" else None,
                 eos_text=tok.eos_token, bos_text=tok.bos_token)
     if len(tokens) > vocab_size:
-        raise GGUFError(f"The tokenizer has {len(tokens)} tokens but the model's embedding only {vocab_size} rows.")
+        raise GGUFError("gguf.err.vocab", tokens=len(tokens), rows=vocab_size)
     return meta
 
 
@@ -636,7 +621,7 @@ def write_gguf(model_dir: Path, path: Path, fmt: str, name: str, progress: Progr
         for i, (data, kind) in enumerate(zip(_tensor_data(model_dir, config, plan), kinds)):
             writer.write_tensor_data(_encode(data, kind))
             if progress is not None and (i % 8 == 0 or i == len(plan) - 1):
-                progress((i + 1) / len(plan), f"{path.name}: tensor {i + 1}/{len(plan)}")
+                progress((i + 1) / len(plan), Said("gguf.step.tensor", file=path.name, n=i + 1, total=len(plan)))
     finally:
         writer.close()
     return path

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.messages import Said
 from core.export.gguf import (FORMATS, GiB, MiB, GGUFError, Progress, architecture, file_bytes, general_name,
                        metadata_bytes, parse_formats, read_config, tensor_plan, tokenizer_metadata, write_gguf)
 
@@ -116,7 +117,7 @@ def chat_pieces(render) -> dict[str, str]:
         parts, rest = [], text
         for mark in marks:
             if rest.count(mark) != 1:
-                raise GGUFError("the chat template does not render each message once, in order")
+                raise GGUFError("gguf.err.template_order")
             head, rest = rest.split(mark)
             parts.append(head)
         return parts + [rest]
@@ -127,9 +128,9 @@ def chat_pieces(render) -> dict[str, str]:
     if su is not None:
         start_system, system_user, su_end = cut(su, S["system"], S["user"])
         if su_end != user_end:
-            raise GGUFError("the chat template renders a turn differently depending on what follows it")
+            raise GGUFError("gguf.err.template_follows")
     if uau_start != start_user or uau_end != user_end:
-        raise GGUFError("the chat template renders a turn differently depending on what follows it")
+        raise GGUFError("gguf.err.template_follows")
     pieces = dict(start_user=start_user, start_system=start_system, system_user=system_user,
                   user_assistant=user_assistant, assistant_user=assistant_user, user_end=user_end,
                   system_error=system_error)
@@ -139,8 +140,7 @@ def chat_pieces(render) -> dict[str, str]:
         if su is None and any(m["role"] == "system" for m in messages):
             continue
         if render_pieces(pieces, messages) != render(messages, True):
-            raise GGUFError("the chat template renders a conversation differently from turn by turn (e.g. the "
-                            "system turn moved into the last user message)")
+            raise GGUFError("gguf.err.template_conversation")
     # Which roles' content the template strips (Llama-3.1's and Gemma-2's `| trim`): the Ollama template does too.
     # A role rendered neither stripped nor as sent (Qwen3 drops reasoning) is left as sent.
     pad = " \n\u00a0"
@@ -174,7 +174,7 @@ def render_pieces(pieces: dict[str, str | None], messages: list[dict[str, str]])
         role = m["role"]
         if role == "system":
             if pieces["start_system"] is None:
-                raise GGUFError("this chat template takes no system turn")
+                raise GGUFError("gguf.err.template_system")
             out.append(pieces["start_system"])
         elif role == "user":
             out.append(pieces["system_user"] if prev == "system" else
@@ -278,8 +278,11 @@ def _quote(text: str) -> str:
     return f'"{text}"' if not re.search(r'["$`\\!]', text.replace("\\n", "")) else shlex.quote(text)
 
 
-def _gib(n: int) -> str:
-    return f"{n / GiB:.2f} GiB" if n >= GiB / 10 else f"{n / MiB:.1f} MiB"
+def _gib(n: int) -> Said:
+    """"1.50 GiB", or "340.2 MiB" below a tenth of a GiB, as a message: a page writes it in its language."""
+    if n >= GiB / 10:
+        return Said("unit.size2", n=n / GiB, unit=Said("unit.gib"))
+    return Said("unit.size1", n=n / MiB, unit=Said("unit.mib"))
 
 
 def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | None = None,
@@ -292,7 +295,7 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
 
     fmts = parse_formats(formats)
     if bool(adapter_dir) == bool(model_dir):
-        raise GGUFError("Give either an adapter folder (merged into its base first) or a model folder.")
+        raise GGUFError("gguf.err.source")
     cfg = None
     if adapter_dir:
         from core.infer import InferError, adapter_config, said
@@ -303,8 +306,7 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
             raise GGUFError(said(exc)) from None
         source = _local_model_dir(cfg)
         if source is None or not (source / "config.json").is_file():
-            raise GGUFError(f"The base model {cfg.model} is not on this machine, so memtune cannot check that it "
-                            "can be converted nor how big it is. Try the adapter once (Try it) to download it.")
+            raise GGUFError("gguf.err.base_missing", model=cfg.model)
         name = _slug(f"{Path(cfg.model).name}-{Path(adapter_dir).resolve().parent.name}")
     else:
         source = Path(model_dir)
@@ -320,30 +322,34 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
     merge_bytes = params * 2 if adapter_dir else 0
     ram = max(merge_plan(cfg)["needed"] if cfg else 0, biggest)
     from core.files import RefusedError, has_marker, target
+    from core.infer import said
 
     try:  # resolved once (core.files.target): the checks and the final rename act on this same folder
-        out = target(out_dir or default_gguf_dir(adapter_dir, model_dir), "write the GGUF export into")
+        out = target(out_dir or default_gguf_dir(adapter_dir, model_dir), Said("files.action.gguf"))
     except RefusedError as exc:
-        raise GGUFError(str(exc)) from None
+        raise GGUFError(said(exc)) from None
     parent = _existing_parent(out)
     disk_free, ram_free = shutil.disk_usage(parent).free, int(psutil.virtual_memory().available)
     disk = merge_bytes + sum(sizes.values())
-    what = ", ".join(f"{f} {_gib(b)}" for f, b in sizes.items())
-    merge_text = f" + {_gib(merge_bytes)} for the merged model while converting" if merge_bytes else ""
-    message = (f"Needs about {_gib(ram)} of RAM and {_gib(disk)} of disk in {parent} ({what}{merge_text}); "
-               f"free: {_gib(ram_free)} RAM, {_gib(disk_free)} disk.")
+    what = Said("msg.list", items=[Said("gguf.plan.file", format=f, size=_gib(b)) for f, b in sizes.items()])
+    message = Said("gguf.plan.needs_merge" if merge_bytes else "gguf.plan.needs", ram=_gib(ram), disk=_gib(disk),
+                   path=str(parent), sizes=what, merge=_gib(merge_bytes), ram_free=_gib(ram_free),
+                   disk_free=_gib(disk_free))
+
+    def plus(more: Said) -> Said:
+        return Said("msg.two", first=message, second=more)
+
     ok = True
     replaces = out.exists() and (not out.is_dir() or any(out.iterdir()))
     foreign = replaces and not has_marker(out, "export")
     if foreign:  # what export_gguf does with it: refuse, whatever --replace says
-        ok, message = False, message + (f" {out} is not empty and was not made by memtune: the export will not "
-                                        "write into it. Choose an empty or new folder (--out).")
+        ok, message = False, plus(Said("gguf.plan.foreign", path=str(out)))
     elif replaces:
-        message += f" {out} holds an earlier export: exporting replaces it (Replace, --replace)."
+        message = plus(Said("gguf.plan.replaces", path=str(out)))
     if ram > ram_free and not (cfg is not None and merge_plan(cfg)["device"] == "cuda"):
-        ok, message = False, message + " Not enough memory: close other programs or stop the training run."
+        ok, message = False, plus(Said("gguf.plan.no_ram"))
     if disk * 1.05 > disk_free:
-        ok, message = False, message + " Not enough disk space: free some space or choose another folder."
+        ok, message = False, plus(Said("gguf.plan.no_disk"))
     return GGUFPlan(source=source, out_dir=out, name=name, formats=fmts, file_bytes=sizes, merge_bytes=merge_bytes,
                     ram_bytes=ram, ram_free=ram_free, disk_free=disk_free, ok=ok, message=message, replaces=replaces,
                     adapter_dir=Path(adapter_dir) if adapter_dir else None, model_name=model_name,
@@ -373,18 +379,18 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
     trust_remote_code: the user's confirmation, for an adapter whose settings ask for it (merge_adapter)."""
     from core.export.adapter import ExportError, merge_adapter
     from core.files import RefusedError, make_tmp, move_into_place, recover, require_marker
+    from core.infer import InferError, adapter_config, adapter_problem, said
 
     plan = plan_gguf(adapter_dir, model_dir, formats, out_dir)
 
-    def step(fraction: float, message: str) -> None:
+    def step(fraction: float, message: Said) -> None:
         if progress is not None:
             progress(min(max(fraction, 0.0), 1.0), message)
 
     step(0.0, plan.message)
     if not plan.ok:
-        raise GGUFError(plan.message)
+        raise GGUFError(said(plan.message))
     if plan.adapter_dir is not None:  # refused before anything is written (merge_adapter checks it again)
-        from core.infer import InferError, adapter_config, adapter_problem, said
 
         try:  # with the base's modules: plan_gguf found its folder on this machine
             cfg = adapter_config(plan.adapter_dir, trust_remote_code=trust_remote_code)
@@ -396,18 +402,17 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
     out = plan.out_dir
     if out.exists() and any(out.iterdir()):
         if not overwrite:
-            raise GGUFError(f"{out} already exists and is not empty. Choose another folder, or allow replacing it "
-                            "(Replace on the page, --replace on the command line).")
+            raise GGUFError("export.err.not_empty", path=str(out))
         try:
-            require_marker(out, "export", "replace")  # memtune only replaces what it made
+            require_marker(out, "export", Said("files.action.replace"))  # memtune only replaces what it made
         except RefusedError as exc:
-            raise GGUFError(str(exc)) from None
+            raise GGUFError(said(exc)) from None
     out.parent.mkdir(parents=True, exist_ok=True)
     recover(out)  # what an interrupted earlier export left
     try:
         tmp = make_tmp(out, "export")  # marked first: a crash leaves a folder a later start may remove
     except RefusedError as exc:
-        raise GGUFError(str(exc)) from None
+        raise GGUFError(said(exc)) from None
     try:
         source, start = plan.source, 0.0
         if plan.adapter_dir is not None:
@@ -430,12 +435,12 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
             def file_step(fraction: float, message: str, begin: float = begin) -> None:
                 step(begin + share * fraction * 0.98, message)
 
-            step(begin, f"Writing {plan.name}-{fmt}.gguf ({FORMATS[fmt][0]})")
+            step(begin, Said("gguf.step.writing", file=f"{plan.name}-{fmt}.gguf", type=FORMATS[fmt][0]))
             files[fmt] = write_gguf(source, tmp / f"{plan.name}-{fmt}.gguf", fmt, plan.model_name, file_step)
         shutil.rmtree(tmp / "merged", ignore_errors=True)
         result = _write_extras(tmp, out, plan, files, meta, template, stops, why)
         move_into_place(tmp, out)
-        step(1.0, f"GGUF export done: {', '.join(p.name for p in result.files.values())} in {out}")
+        step(1.0, Said("gguf.step.done", files=", ".join(p.name for p in result.files.values()), path=str(out)))
         return result
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

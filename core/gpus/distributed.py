@@ -51,6 +51,8 @@ class Plan:
 
 
 def visible_gpus() -> int:
+    if "torch" not in sys.modules and nvml_gpu_count() == 0:  # none: said without importing torch (the web server)
+        return 0
     try:
         import torch
 

@@ -21,8 +21,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.messages import Said
+
 GIB = 2**30
-NO_GPU = "no NVIDIA GPU found"
+NO_GPU = Said("gpu.none")  # "no NVIDIA GPU found", keyed: the gauge says it in the page's language
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"tried": False, "ok": False, "error": ""}
@@ -77,7 +79,7 @@ class GpuInfo:
 @dataclass(frozen=True)
 class GpuSnapshot:
     gpus: list[GpuInfo] = field(default_factory=list)
-    message: str = ""  # empty when GPUs were read; otherwise why not (e.g. "no NVIDIA GPU found")
+    message: str = ""  # empty when GPUs were read; otherwise why not, keyed (a Said: "no NVIDIA GPU found")
 
     @property
     def ok(self) -> bool:
@@ -92,7 +94,7 @@ def snapshot() -> GpuSnapshot:
     try:
         count = nv.nvmlDeviceGetCount()
     except Exception as exc:
-        return GpuSnapshot([], f"{NO_GPU} ({type(exc).__name__})")
+        return GpuSnapshot([], Said("gpu.none_why", why=type(exc).__name__))
     gpus = []
     for i in range(count):
         try:
@@ -151,10 +153,10 @@ def device_count() -> int:
 
 
 def unavailable_reason() -> str:
-    """"" when NVML works; otherwise "no NVIDIA GPU found (why)"."""
+    """"" when NVML works; otherwise "no NVIDIA GPU found (why)" (a Said)."""
     if _nvml() is not None:
         return ""
-    return f"{NO_GPU} ({_state['error']})" if _state["error"] else NO_GPU
+    return Said("gpu.none_why", why=_state["error"]) if _state["error"] else NO_GPU
 
 
 # --- formatting (the UI gauge) ----------------------------------------------------------------------------------

@@ -11,6 +11,10 @@ fresh child.
 The GPU is one, so one action runs at a time. A Try it child stays loaded between prompts (same owner, same adapter,
 same weights): any other action first ends it. A merge or GGUF export in progress refuses another action
 (ActionBusy). `owner` is the public mode's visitor: Stop and reuse apply to that owner's own action only.
+
+The estimate's inspect children (Inspections: the run resolved and its layers measured, on the CPU) run beside that
+rule, deduplicated per settings and bounded per owner and in all; so do the data previews' children (the tokenizer
+loaded and the rows planned, on the CPU), as many as the page's preview queue lets through, each as its visitor.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
@@ -35,12 +39,15 @@ from core.messages import Said, keyed
 from core.runs.events import EventList, EventTail, make_event
 from core.jobs import warm
 from core.jobs.supervise import PARENT_ENV, Child, exit_text, log_tail
+from core.runs.public import VISITOR_ENV
 
 ACT_CLI = [sys.executable, "-m", "core.jobs.act"]
 ROOT = Path(__file__).resolve().parents[2]
 LOG_FILE = "action.log"
 POLL_S = 0.1
 KINDS = ("try", "merge", "gguf")
+INSPECT = "inspect"  # the estimate's measurements (Inspections below): CPU only, beside the GPU's one action
+PREVIEW = "preview"  # the data preview (Actions.preview): CPU only, bounded by the page's own queue
 
 
 class ActionBusy(RuntimeError):
@@ -118,6 +125,8 @@ class Actions:
         self._ids = itertools.count(1)
         self._live: list[Action] = []  # running actions (one at a time, by the rule above)
         self._last: dict[tuple[str | None, str], Action] = {}  # (owner, kind) -> the newest
+        self.inspections = Inspections(self._program)  # the estimate's measurements: beside the rule above
+        self._previews: set[Action] = set()  # running preview children (shutdown ends them)
         sweep_orphans()
 
     # --- control ------------------------------------------------------------------------------------------------
@@ -145,6 +154,20 @@ class Actions:
             action.key = key
             return action
 
+    def preview(self, config: dict[str, Any], owner: str | None = None) -> Action:
+        """Start a data preview's child for `config` (a TrainConfig's dict); `owner`, a public Space's visitor
+        (core.runs.public.visitor()), is whose folders it reads (VISITOR_ENV). Beside the one-action rule: the page's
+        preview queue bounds how many run at once; the caller waits for its `done` (the answer is in it)."""
+        action = Action(id=next(self._ids), kind=PREVIEW, params={"config": config}, owner=owner)
+        with self._lock:
+            self._previews.add(action)
+        spawn_child(action, self._program, self._preview_ended, visitor=owner)
+        return action
+
+    def _preview_ended(self, action: Action) -> None:
+        with self._lock:
+            self._previews.discard(action)
+
     def _make_room(self, owner: str | None) -> None:
         """Under the lock: end idle Try it children; refuse while another action works."""
         for action in list(self._live):
@@ -159,34 +182,15 @@ class Actions:
 
     def _launch(self, kind: str, params: dict[str, Any], owner: str | None) -> Action:
         action = Action(id=next(self._ids), kind=kind, params=params, owner=owner)
-        action.folder = Path(tempfile.mkdtemp(prefix=f"memtune-{kind}-"))
-        spec = {"kind": kind, "params": params, "app": this_app()}  # `app`: whose folder it is (sweep_orphans)
-        (action.folder / "action.json").write_text(json.dumps(spec), encoding="utf-8")
-        starting = make_event("phase", phase="starting", progress=None, what=kind,
-                              **keyed("action.starting", what=Said(f"action.what.{kind}")))
-        action.emit(starting)
-        events = action.folder / "events.jsonl"
-        events.touch()
-        env = dict(os.environ, PYTHONUNBUFFERED="1",
-                   PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-        env[PARENT_ENV] = str(os.getpid())
-        argv = [*self._program, "--dir", str(action.folder)]
-        # Stop ends the child (there is nothing to save halfway through a merge or an answer): no stop-file
-        # deadlines, so ack_s/finish_s are never reached; die_with_parent: the app's death ends it too.
-        if self._program == ACT_CLI and warm.enabled():  # forked from the libraries already imported (a Try it
-            # answers seconds sooner); a fresh interpreter where the fork server's state says so (core/jobs/warm.py)
-            action._child = Child(warm.spawn(argv, env, str(action.folder / LOG_FILE), die_with_parent=True),
-                                  action.folder / "STOP", ack_s=0.0, finish_s=0.0)
-        else:
-            with open(action.folder / LOG_FILE, "ab") as log:
-                action._child = Child.spawn(argv, action.folder / "STOP", ack_s=0.0, finish_s=0.0, log=log, env=env,
-                                            die_with_parent=True)
-        action.pid = action._child.pid
+        spawn_child(action, self._program, self._ended)  # under the lock: its end waits for the line below
         self._live.append(action)
         self._last[(owner, kind)] = action
-        threading.Thread(target=self._follow, args=(action, EventTail(events)), daemon=True,
-                         name=f"memtune-{kind}-{action.id}").start()
         return action
+
+    def _ended(self, action: Action) -> None:
+        with self._lock:
+            if action in self._live:
+                self._live.remove(action)
 
     def stop(self, owner: str | None = None, kind: str | None = None) -> Action | None:
         """End `owner`'s running action (of `kind`): its child is ended at once; None if there is none."""
@@ -209,7 +213,10 @@ class Actions:
             action._child.kill("stopped" if stopped else "replaced")  # SIGTERM now, SIGKILL after the grace
 
     def shutdown(self) -> None:
-        for action in list(self._live):
+        self.inspections.shutdown()
+        with self._lock:
+            ending = [*self._live, *self._previews]
+        for action in ending:
             if action.running and action._child is not None:
                 action._child.end("shutdown")
                 action.wait(10)
@@ -219,29 +226,178 @@ class Actions:
         """A merge or GGUF export is working (training waits for it; an idle Try it child does not count)."""
         return any(a.running and a.kind != "try" for a in list(self._live))
 
-    # --- the child ----------------------------------------------------------------------------------------------
-    def _follow(self, action: Action, tail: EventTail) -> None:
-        child = action._child
+class Inspections:
+    """The estimate's inspect children (`python -m core.jobs.act`, kind "inspect": the run resolved on the meta device,
+    the layers it needs measured into core.estimate.measure's disk cache), so that the web server never builds a
+    model. Thread-safe and bounded: one child per key (a config's digest) however many pages ask; one pending request
+    per owner (a newer one supersedes it: its child is ended or its place in the queue taken); at most `running`
+    children at once and `queued` requests waiting, beyond which a request is refused (the page keeps the formula).
+    Answers (the child's `done` event) are kept for the last `kept` keys."""
 
-        def take() -> None:
-            for e in tail.read():
-                action.emit(e)
+    def __init__(self, program: list[str] | None = None, running: int = 1, queued: int = 16, kept: int = 256) -> None:
+        self._program = list(program or ACT_CLI)
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._limits = (running, queued, kept)
+        self._running: list[Action] = []
+        self._queue: list[Action] = []  # not started yet, oldest first
+        self._by_key: dict[str, Action] = {}  # the newest request of each key, answered or not (oldest first)
+        self._pending: dict[str | None, Action] = {}  # owner -> their request not answered yet
+        self._answers: dict[str, Action] = {}  # params["base"] (the settings) -> the newest answered request
+        self._wake = threading.Condition(self._lock)
+        self._starter: threading.Thread | None = None
+        self._closed = False
 
-        try:
-            child.follow(take, POLL_S)
-            if action.result() is None:
-                action.emit(make_event("error", error_type="stopped" if action.stopped else "died", what=action.kind,
-                                       **death(action, child)))
-                error = action.events_since(len(action.events) - 1)[0]
-                action.emit(make_event("done", status="stopped" if action.stopped else "failed",
-                                       message=error["message"]))
-        finally:
+    def request(self, key: str, params: dict[str, Any], owner: str | None = None) -> Action | None:
+        """The inspection of `key`: the one asked already (running, queued or answered), else a new one; None when
+        the queue is full."""
+        running, queued, kept = self._limits
+        with self._lock:
+            known = self._by_key.get(key)
+            if known is not None and not (known.finished and known.stopped):
+                return known
+            older = self._pending.get(owner)
+            if older is not None and older.running:
+                self._drop(older)
+            if len(self._queue) >= queued:
+                return None
+            action = Action(id=next(self._ids), kind=INSPECT, params=params, owner=owner, key=(key,))
+            self._by_key.pop(key, None)
+            self._by_key[key] = action
+            while len(self._by_key) > kept:
+                self._by_key.pop(next(iter(self._by_key)))
+            self._pending[owner] = action
+            self._queue.append(action)
+            self._start_queued()
+            return action
+
+    def get(self, key: str) -> Action | None:
+        with self._lock:
+            return self._by_key.get(key)
+
+    def answer(self, base: str) -> Action | None:
+        """The newest finished, not superseded, inspection of the settings `base` (its params["base"])."""
+        with self._lock:
+            return self._answers.get(base)
+
+    def _drop(self, action: Action) -> None:
+        """Under the lock: a superseded request, ended (its child) or taken out of the queue (ended as stopped)."""
+        action.stopped = True
+        if action in self._queue:
+            self._queue.remove(action)
+            action.emit(make_event("done", status="stopped", message=""))
             action.finished = time.time()
             action._ended.set()
-            with self._lock:
-                if action in self._live:
-                    self._live.remove(action)
-            shutil.rmtree(action.folder, ignore_errors=True)
+        elif action._child is not None:
+            action._child.kill("replaced")
+        if self._by_key.get(action.key[0]) is action:
+            del self._by_key[action.key[0]]
+
+    def _start_queued(self) -> None:
+        """Under the lock: wake the starter. Children are started by one long-lived thread: a cold child's
+        PR_SET_PDEATHSIG follows the thread that started it, and a follower or a request's thread ends."""
+        if self._starter is None:
+            self._starter = threading.Thread(target=self._start_loop, daemon=True, name="memtune-inspect-starter")
+            self._starter.start()
+        self._wake.notify()
+
+    def _start_loop(self) -> None:
+        with self._wake:
+            while not self._closed:
+                while self._queue and len(self._running) < self._limits[0]:
+                    action = self._queue.pop(0)
+                    self._running.append(action)
+                    try:
+                        spawn_child(action, self._program, self._ended)
+                    except Exception as exc:  # noqa: BLE001 - no child (out of processes): this request fails, named
+                        self._running.remove(action)
+                        action.emit(make_event("error", error_type="died", what=INSPECT,
+                                               **keyed("action.died", what=Said("action.what.inspect"), how=str(exc))))
+                        action.emit(make_event("done", status="failed", message=str(exc)))
+                        action.finished = time.time()
+                        action._ended.set()
+                self._wake.wait()
+
+    def _ended(self, action: Action) -> None:
+        with self._lock:
+            if action in self._running:
+                self._running.remove(action)
+            if self._pending.get(action.owner) is action:
+                del self._pending[action.owner]
+            if not action.stopped and "base" in action.params:
+                self._answers.pop(action.params["base"], None)
+                self._answers[action.params["base"]] = action
+                while len(self._answers) > self._limits[2]:
+                    self._answers.pop(next(iter(self._answers)))
+            self._start_queued()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._queue.clear()
+            self._wake.notify()
+            running = list(self._running)
+        for action in running:
+            if action._child is not None:
+                action._child.end("shutdown")
+                action.wait(10)
+
+
+def spawn_child(action: Action, program: list[str], ended: Callable[[Action], None], visitor: str | None = None) -> None:
+    """Start `action`'s child (`program --dir FOLDER`, forked warm where it may be) and follow its events; `ended` is
+    called once it is over, whatever ended it. `visitor`: the public Space's visitor it acts for (VISITOR_ENV: it
+    reads and writes only their folders); None: the app's own, never a visitor left in the app's environment."""
+    kind = action.kind
+    action.folder = Path(tempfile.mkdtemp(prefix=f"memtune-{kind}-"))
+    spec = {"kind": kind, "params": action.params, "app": this_app()}  # `app`: whose folder it is (sweep_orphans)
+    (action.folder / "action.json").write_text(json.dumps(spec), encoding="utf-8")
+    starting = make_event("phase", phase="starting", progress=None, what=kind,
+                          **keyed("action.starting", what=Said(f"action.what.{kind}")))
+    action.emit(starting)
+    events = action.folder / "events.jsonl"
+    events.touch()
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    env[PARENT_ENV] = str(os.getpid())
+    env.pop(VISITOR_ENV, None)
+    if visitor is not None:
+        env[VISITOR_ENV] = visitor
+    argv = [*program, "--dir", str(action.folder)]
+    # Stop ends the child (there is nothing to save halfway through a merge or an answer): no stop-file
+    # deadlines, so ack_s/finish_s are never reached; die_with_parent: the app's death ends it too.
+    if program == ACT_CLI and warm.enabled():  # forked from the libraries already imported (a Try it
+        # answers seconds sooner); a fresh interpreter where the fork server's state says so (core/jobs/warm.py)
+        action._child = Child(warm.spawn(argv, env, str(action.folder / LOG_FILE), die_with_parent=True),
+                              action.folder / "STOP", ack_s=0.0, finish_s=0.0)
+    else:
+        with open(action.folder / LOG_FILE, "ab") as log:
+            action._child = Child.spawn(argv, action.folder / "STOP", ack_s=0.0, finish_s=0.0, log=log, env=env,
+                                        die_with_parent=True)
+    action.pid = action._child.pid
+    threading.Thread(target=_follow, args=(action, EventTail(events), ended), daemon=True,
+                     name=f"memtune-{kind}-{action.id}").start()
+
+
+def _follow(action: Action, tail: EventTail, ended: Callable[[Action], None]) -> None:
+    child = action._child
+
+    def take() -> None:
+        for e in tail.read():
+            action.emit(e)
+
+    try:
+        child.follow(take, POLL_S)
+        if action.result() is None:
+            action.emit(make_event("error", error_type="stopped" if action.stopped else "died", what=action.kind,
+                                   **death(action, child)))
+            error = action.events_since(len(action.events) - 1)[0]
+            action.emit(make_event("done", status="stopped" if action.stopped else "failed",
+                                   message=error["message"]))
+    finally:
+        ended(action)  # first: whoever sees it finished finds it where it is kept (Inspections.answer)
+        action.finished = time.time()
+        action._ended.set()
+        shutil.rmtree(action.folder, ignore_errors=True)
 
 
 def this_app() -> dict[str, float]:
@@ -267,7 +423,7 @@ def sweep_orphans(where: Path | None = None) -> list[Path]:
     names no app is left alone. Returns the removed folders."""
     removed = []
     for folder in Path(where or tempfile.gettempdir()).glob("memtune-*-*"):
-        if folder.name.split("-")[1] not in KINDS or not folder.is_dir():
+        if folder.name.split("-")[1] not in (*KINDS, INSPECT, PREVIEW) or not folder.is_dir():
             continue
         try:
             app = json.loads((folder / "action.json").read_text(encoding="utf-8")).get("app")

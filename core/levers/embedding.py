@@ -166,7 +166,7 @@ def load_embedding_on_cpu(path: str, cfg: TrainConfig, kwargs: dict[str, Any]):
 
 def saved_as_asked(config: Any) -> None:
     """Turn the CPU-offload flag offload_kwargs set back off, so the saved config says what the user asked. A 16-bit
-    base has no quantization config at all (run 19's 16-bit rows failed here and loaded the model twice)."""
+    base has no quantization config at all: reading one there would fail and load the model a second time."""
     quant = getattr(config, "quantization_config", None)
     if quant is not None and hasattr(quant, "llm_int8_enable_fp32_cpu_offload"):
         quant.llm_int8_enable_fp32_cpu_offload = False

@@ -9,10 +9,18 @@ weights) stay 16-bit, and fp32 after the chapter's upcast.
   weight is replaced, the moment transformers sets it, by `NF4Experts`: every expert quantized on its own by
   bitsandbytes' `quantize_4bit` (the config's quant type and double quantization), as a Linear4bit weight would be.
   So at most one layer's one 3-D weight exists in 16 bits at a time, never the whole model.
-- Training (`nf4_experts_forward`, registered in transformers' ExpertsInterface as "memtune_nf4" and selected with
-  `set_experts_implementation`): the family's eager loop over the experts a batch routes to, each expert's matmul
-  through bitsandbytes' `matmul_4bit` (the Linear4bit path: it dequantizes that one expert's weight, and again in
-  backward, keeping only the packed one). The packed weights are uint8 buffers: peft's fp32 upcast never sees them.
+- Training: two forwards registered in transformers' ExpertsInterface, chosen in `finish` (`path`):
+  - "memtune_nf4_grouped" (`nf4_grouped_experts_forward`, the default): transformers' grouped layout (tokens sorted
+    by expert, one grouped matrix product per weight through transformers' `_grouped_mm`: torch's grouped GEMM on the
+    GPU, its fallback loop on the CPU). Only the experts a batch routes to are dequantized, a group of them per
+    bitsandbytes call (every expert's absmax and double-quant statistics stacked at load time so one call covers
+    the group), groups sized to `GROUP_BYTES` (core/levers/grouping.py, torch-free: the estimate reads it). A
+    custom autograd Function saves nothing of the weight: backward dequantizes the same groups again (the frozen
+    weights need no gradient, the input's is grad @ W).
+  - "memtune_nf4" (`nf4_experts_forward`, the reference): the family's eager loop over the routed experts, each
+    expert's matmul through bitsandbytes' `matmul_4bit` (the Linear4bit path: one expert dequantized at a time).
+  `MEMTUNE_EXPERTS=loop` (or `grouped`) in the environment picks one; unset: grouped wherever transformers has its
+  grouped product, else the loop. The log's line says which.
 - Routing (`routing_note`): the router's load-balancing loss is on exactly when config.json's
   `output_router_logits` says so (TRL's SFTTrainer turns it on whenever `router_aux_loss_coef` is non-zero, so the
   coefficient is set to 0 in memory when the config says off).
@@ -31,6 +39,7 @@ import torch
 
 from core.config.arguments import bnb_kwargs
 from core.config.settings import ConfigError, Problem
+from core.levers.grouping import GROUPED, LOOP, Group, groups, requested
 
 
 class Note(NamedTuple):
@@ -49,7 +58,6 @@ def _note(key: str, **params: Any) -> Note:
     return Note(key.removeprefix("log.moe."), params)
 
 
-IMPLEMENTATION = "memtune_nf4"  # our experts forward's name in transformers' ExpertsInterface
 # The 3-D weights of transformers' experts interface (use_experts_implementation): what this lever stores in 4 bits,
 # one expert at a time, what lora_experts puts LoRA on, and what core/model/shapes.py counts as such.
 WEIGHTS = ("gate_up_proj", "up_proj", "down_proj")
@@ -87,7 +95,39 @@ class NF4Experts(torch.nn.Module):
             packed[e].copy_(q.view(-1))
             self.states.append(state)
         self.register_buffer("packed", packed)
+        self._stacked = _stack_statistics(self.states)
         self._is_hf_initialized = True  # transformers' weight init must not touch it
+
+    @property
+    def out_in(self) -> tuple[int, int]:
+        """One expert's (out, in): the Linear4bit layout every expert is quantized in."""
+        return (self.shape[2], self.shape[1]) if self.transposed else (self.shape[1], self.shape[2])
+
+    def dequantize_group(self, experts: list[int], dtype: torch.dtype) -> torch.Tensor:
+        """Experts `experts` (ascending) dequantized at once: [len, out, in] in `dtype`, each expert's values exactly
+        those its own dequantize (and matmul_4bit) gives. One bitsandbytes call for the group (two with double
+        quantization), where every expert's blocks are whole; else one call per expert."""
+        import bitsandbytes.functional as bnbf
+
+        first, (rows, cols) = self.states[0], self.out_in
+        if self._stacked is None:  # partial 64-value blocks: experts' data cannot be laid end to end
+            return torch.stack([bnbf.dequantize_4bit(self.packed[e].view(-1, 1), self.states[e]).to(dtype)
+                                for e in experts])
+        contiguous = experts == list(range(experts[0], experts[0] + len(experts)))  # a view, no copy of the bytes
+        pick = slice(experts[0], experts[-1] + 1) if contiguous else torch.tensor(experts, device=self.packed.device)
+        absmax, absmax2, offset = self._stacked
+        if first.nested:  # the absmax are themselves 8-bit blocks of 256 (padded per expert to whole blocks)
+            n = first.absmax.numel()
+            scale = bnbf.dequantize_blockwise(absmax[pick].reshape(-1), absmax=absmax2[pick].reshape(-1),
+                                              code=first.state2.code, blocksize=first.state2.blocksize)
+            scale = scale.view(len(experts), -1)[:, :n] + offset[pick, None]
+        else:
+            scale = absmax[pick]
+        state = bnbf.QuantState(absmax=scale.reshape(-1).float(), shape=torch.Size((len(experts) * rows, cols)),
+                                dtype=first.dtype, blocksize=first.blocksize, quant_type=first.quant_type,
+                                code=first.code)
+        w = bnbf.dequantize_4bit(self.packed[pick].reshape(-1, 1), state)
+        return w.view(len(experts), rows, cols).to(dtype)
 
     @property
     def num_experts(self) -> int:
@@ -116,6 +156,30 @@ class NF4Experts(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.shape}, {self.states[0].quant_type} per expert" if self.states else str(self.shape)
+
+
+def _stack_statistics(states: list) -> tuple | None:
+    """Every expert's quantization statistics as rows of one tensor each, so a group of experts dequantizes in one
+    call: (absmax [E, n] (uint8, padded to whole blocks of 256 when double-quantized), the second-level absmax
+    [E, m] or None, the offsets [E] or None). Each QuantState then holds views of its rows: no memory is added but
+    the padding. None where an expert's data ends inside a 64-value block (its packed bytes cannot be concatenated)."""
+    first = states[0]
+    n = first.absmax.numel()
+    if torch.Size(first.shape).numel() % first.blocksize or any(s.absmax.numel() != n for s in states):
+        return None
+    if not first.nested:
+        absmax = torch.stack([s.absmax for s in states])
+        for e, s in enumerate(states):
+            s.absmax = absmax[e]
+        return absmax, None, None
+    width = -(-n // first.state2.blocksize) * first.state2.blocksize
+    absmax = torch.zeros((len(states), width), dtype=first.absmax.dtype, device=first.absmax.device)
+    absmax[:, :n] = torch.stack([s.absmax for s in states])
+    absmax2 = torch.stack([s.state2.absmax for s in states])
+    offset = torch.stack([torch.as_tensor(s.offset, device=first.absmax.device).reshape(()) for s in states])
+    for e, s in enumerate(states):
+        s.absmax, s.state2.absmax, s.offset = absmax[e, :n], absmax2[e], offset[e]
+    return absmax, absmax2, offset
 
 
 def nf4_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -147,11 +211,102 @@ def nf4_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Te
     return out
 
 
+def _grouped_product(x: torch.Tensor, weight: NF4Experts, plan: list[Group], dtype: torch.dtype,
+                     transposed: bool) -> torch.Tensor:
+    """x @ W_e^T per group of rows (transposed: x @ W_e, backward's product), each group's experts dequantized just
+    for it, through transformers' grouped product."""
+    from transformers.integrations.moe import _grouped_mm
+
+    outs = []
+    for g in plan:
+        w = weight.dequantize_group(g.experts, dtype)
+        offsets = torch.tensor(g.offsets, dtype=torch.int32, device=x.device)
+        mat = w if transposed else w.transpose(-2, -1)
+        rows = x[g.start:g.end].contiguous()  # torch's grouped GEMM reads row-major inputs
+        if w.device.type == "cuda" and w.dtype != torch.bfloat16:  # torch's grouped GEMM is bf16-only on CUDA
+            outs.append(torch.ops.transformers.grouped_mm_fallback(rows.to(w.dtype), mat, offs=offsets))
+        else:
+            outs.append(_grouped_mm(rows, mat, offs=offsets))
+        del w
+    if not outs:
+        width = weight.out_in[1 if transposed else 0]
+        return x.new_zeros((0, width), dtype=dtype)
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+class _GroupedNF4(torch.autograd.Function):
+    """The grouped product with 4-bit experts: forward and backward each dequantize the groups they need, so no
+    16-bit copy of the experts outlives a call. Nothing is saved: the weights are frozen (no gradient) and the
+    input's gradient needs only the weights."""
+
+    @staticmethod
+    def forward(ctx, x, weight, plan, dtype):
+        ctx.weight, ctx.plan, ctx.dtype, ctx.x_dtype = weight, plan, dtype, x.dtype
+        return _grouped_product(x, weight, plan, dtype, transposed=False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        dx = _grouped_product(grad, ctx.weight, ctx.plan, ctx.dtype, transposed=True)
+        return dx.to(ctx.x_dtype), None, None, None
+
+
+@torch.compiler.disable  # data-dependent groups (a host copy of the routing's counts): always eager
+def nf4_grouped_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                                top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' grouped experts forward (grouped_mm_experts_forward: tokens sorted by expert, one grouped
+    product per weight, the k copies of a token summed) with 4-bit weights (`_GroupedNF4`). Biases, the family's
+    gate (_apply_gate) and activation are the module's own, as in `nf4_experts_forward`."""
+    tokens, k = top_k_index.shape
+    first = self.gate_up_proj if self.has_gate else self.up_proj
+    first_bias = (self.gate_up_proj_bias if self.has_gate else self.up_proj_bias) if self.has_bias else None
+    dtype = first.compute_dtype
+    ids, order = torch.sort(top_k_index.reshape(-1), stable=True)
+    with torch.no_grad():  # each expert's end in the sorted rows (expert parallelism's sentinel ids sort last)
+        ends = torch.searchsorted(ids, torch.arange(1, self.num_experts + 1, device=ids.device)).tolist()
+    rows = ends[-1] if ends else 0
+    ids, order = ids[:rows], order[:rows]
+    x = hidden_states[order // k]
+    h = _GroupedNF4.apply(x, first, groups(ends, _expert_bytes(first, dtype)), dtype)
+    if first_bias is not None:
+        h = h + first_bias[ids]
+    h = self._apply_gate(h) if self.has_gate else self.act_fn(h)
+    h = _GroupedNF4.apply(h, self.down_proj, groups(ends, _expert_bytes(self.down_proj, dtype)), dtype)
+    if self.has_bias:
+        h = h + self.down_proj_bias[ids]
+    if getattr(self, "has_post_expert_norm", False):
+        h = self.post_expert_norm(h)
+    h = h * top_k_weights.reshape(-1)[order, None]
+    out = hidden_states.new_zeros((tokens * k, hidden_states.shape[-1]))
+    out = out.index_copy(0, order, h.to(out.dtype))  # back in token order; sentinel rows stay 0
+    return out.view(tokens, k, -1).sum(dim=1)
+
+
+def _expert_bytes(weight: NF4Experts, dtype: torch.dtype) -> int:
+    rows, cols = weight.out_in
+    return rows * cols * torch.empty((), dtype=dtype).element_size()
+
+
+def grouped_available() -> bool:
+    """transformers' grouped product (and its CPU fallback) is there to call."""
+    try:
+        from transformers.integrations.moe import _grouped_mm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def path() -> str:
+    """The experts forward this process uses for 4-bit experts: `MEMTUNE_EXPERTS` (core/levers/grouping.py), grouped
+    only where transformers has its grouped product."""
+    return GROUPED if requested() == GROUPED and grouped_available() else LOOP
+
+
 def _register() -> None:
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
-    if IMPLEMENTATION not in ALL_EXPERTS_FUNCTIONS:
-        ALL_EXPERTS_FUNCTIONS.register(IMPLEMENTATION, nf4_experts_forward)
+    for name, forward in ((LOOP, nf4_experts_forward), (GROUPED, nf4_grouped_experts_forward)):
+        if name not in ALL_EXPERTS_FUNCTIONS:
+            ALL_EXPERTS_FUNCTIONS.register(name, forward)
 
 
 def _experts_classes(config) -> list[type]:
@@ -237,7 +392,7 @@ def _experts_element_size(original, classes: tuple[type, ...]):
 
 
 def finish(model) -> list[Note]:
-    """After loading: the quantized experts compute through `nf4_experts_forward`; the routing loss follows
+    """After loading: the quantized experts compute through `path()`'s forward; the routing loss follows
     config.json. Returns the log's lines (what was quantized, what the routing loss does)."""
     notes = []
     found = experts_modules(model)
@@ -247,10 +402,12 @@ def finish(model) -> list[Note]:
     if quantized:
         _register()
         model.memtune_experts_default = model.config._experts_implementation  # what dequantize_experts restores
-        model.set_experts_implementation(IMPLEMENTATION)
+        how = path()
+        model.set_experts_implementation(how)
         first = quantized[0].down_proj
-        notes.append(_note("log.moe.experts_4bit", layers=len(quantized), experts=first.num_experts,
-                          quant=first.states[0].quant_type, gib=sum(stored_bytes(m) for m in quantized) / 2**30))
+        notes.append(_note("log.moe.experts_4bit_grouped" if how == GROUPED else "log.moe.experts_4bit",
+                           layers=len(quantized), experts=first.num_experts, quant=first.states[0].quant_type,
+                           gib=sum(stored_bytes(m) for m in quantized) / 2**30))
     elif found:
         notes.append(_note("log.moe.experts_16bit", layers=len(found), experts=int(found[0][1].num_experts),
                           dtype=str(found[0][1].down_proj.dtype).removeprefix("torch.")))

@@ -116,7 +116,7 @@ def _target_dtype(query: torch.Tensor, module) -> torch.dtype | None:
     family (StarCoder2, GPT-NeoX) on a 4-bit base hands attention fp32 q/k/v. transformers' own FlashAttention
     wrapper casts them to the autocast dtype (or a quantized model's dtype) with `get_target_dtype` and returns the
     kernel's 16-bit output; this does the same, so those families keep FlashAttention per packed row instead of
-    SDPA with a [T, T] mask (issue 41: 3.7 GiB on StarCoder2-3B `fastest`). An fp32 model without autocast stays
+    SDPA with a [T, T] mask (3.7 GiB on StarCoder2-3B `fastest`). An fp32 model without autocast stays
     fp32 (SDPA)."""
     if query.dtype != torch.float32:
         return None

@@ -474,14 +474,14 @@ def _known(manifest: dict) -> int:
 
 # --- compile_layers auto: compile when it pays for this run ------------------------------------------------------
 # What compiling costs and saves, measured on the product path with today's `fastest` (bench/RESULTS.md run 24: one
-# H100, Llama-3.1-8B, 8 packs x 1, one process per row, eager and compiled-from-the-cache rows alternated twice in
-# one call, 28 steps each on the same batches): 22.6 s to compile with an empty cache, 6.3-7.1 s from the cache
-# (median 6.8); each compiled micro-step 0.0295 s shorter than the eager one it pairs with (median of 96 pairs,
-# 1.08x; run 21 with the older levers: 0.03 s). What compiling removes is per-layer host work (LoRA's scale and add,
-# norms, activations issued as fewer kernels: 3,263 launches per step against 3,644), so the saving is counted per
-# decoder layer and micro-step: 0.0295 s over 32 layers. With checkpointing it lost (run 21, `lowest_memory`: 2,682
-# and 3,119 compiled against 3,585 eager tok/s): auto leaves it off there. This machine's own compile seconds for
-# the shape (the cache's manifest) replace the measured ones once a run has compiled it.
+# H100, Llama-3.1-8B, 8 packs x 1, one process per row, eager and compiled-from-the-cache rows alternated twice in one
+# call, 28 steps each on the same batches): 22.6 s to compile with an empty cache, 6.3-7.1 s from the cache (median
+# 6.8); each compiled micro-step 0.0295 s shorter than the eager one it pairs with (median of 96 pairs, 1.08x;
+# RESULTS.md run 21 with the older levers: 0.03 s). What compiling removes is per-layer host work (LoRA's scale and
+# add, norms, activations issued as fewer kernels: 3,263 launches per step against 3,644), so the saving is counted
+# per decoder layer and micro-step: 0.0295 s over 32 layers. With checkpointing it lost (RESULTS.md run 21,
+# `lowest_memory`: 2,682 and 3,119 compiled against 3,585 eager tok/s): auto leaves it off there. This machine's own
+# compile seconds for the shape (the cache's manifest) replace the measured ones once a run has compiled it.
 FIRST_S, CACHED_S = 22.6, 6.8
 SAVED_PER_LAYER_S = 0.0295 / 32
 
@@ -495,7 +495,8 @@ def micro_steps(cfg, plan, processes: int = 1) -> int:
     """The micro-steps (forward + backward) one process runs in this training, from the data plan."""
     if cfg.max_steps > 0:
         return cfg.max_steps * cfg.gradient_accumulation_steps
-    sequences = plan.n_packs if plan.packing and plan.n_packs else plan.n_train
+    # packs where this run packs them (the plan counted them as asked; a model that trains unpacked, its rows)
+    sequences = plan.n_packs if cfg.packing and plan.packing and plan.n_packs else plan.n_train
     per_epoch = -(-sequences // max(1, cfg.per_device_train_batch_size * processes))
     return max(1, round(per_epoch * cfg.num_train_epochs))
 
@@ -542,15 +543,19 @@ def settle(cfg, tree, plan, cuda: bool, processes: int = 1, adapted: list = (),
     """`cfg` with compile_layers auto settled to on or off for this run (`tree`: the model on the meta device, whose
     decoder layers and compile key are the loaded model's; `adapted`: what preflight changed for it; `done`: the
     optimizer steps a resumed run has behind it), and the line that says why; as is, with None, when the user chose
-    on or off."""
+    on or off, or when only the data plan's steps can decide (`plan` None: a run of epochs on a GPU)."""
     if cfg.compile_layers != "auto":
         return cfg, None
     if cuda and (why := unmeasured(cfg, tree, list(adapted), processes)):
         return cfg.replace(compile_layers="off"), why
+    counted = plan is not None or cfg.max_steps > 0
+    if not counted and cuda and not cfg.gradient_checkpointing and decoder_layers(tree):
+        return cfg, None
     key = cache_key(cfg, tree)
     manifest = _manifest(cache_home() / _digest(key)) if key["backend"] in CACHED_BACKENDS else {}
     known = _known(manifest)
-    left = max(0, micro_steps(cfg, plan, processes) - done * cfg.gradient_accumulation_steps)
+    # uncounted, the decision is made before the steps matter (the CPU, checkpointing, no decoder layers)
+    left = max(0, micro_steps(cfg, plan, processes) - done * cfg.gradient_accumulation_steps) if counted else 0
     on, said = decide(cfg, cuda=cuda, steps=left, layers=len(decoder_layers(tree)),
                       known=known, seconds=_recorded(manifest) if known else {})
     return cfg.replace(compile_layers="on" if on else "off"), said

@@ -102,33 +102,38 @@ def traits(config, tree=None) -> Traits:
     return found
 
 
-def adapt(cfg, found: Traits) -> tuple[dict[str, Any], list[Said]]:
-    """The config changes this model needs to train exactly what `cfg` asks, and one keyed line per change (why,
-    and what it costs). Nothing changes for a model that trains as asked."""
-    changes: dict[str, Any] = {}
-    said: list[Said] = []
+def adaptations(cfg, found: Traits) -> list[tuple[str, Any, Said]]:
+    """The config changes this model needs to train exactly what `cfg` asks, as (field, value, why): one keyed
+    reason per change (why, and what it costs). Nothing changes for a model that trains as asked."""
+    out: list[tuple[str, Any, Said]] = []
     name = found.model_type or "this model"
-    packing, attention = cfg.packing, cfg.attention
+    packing = cfg.packing
     if packing and found.mixers:
         packing = False
-        said.append(Said("log.adapt.unpacked_mixer", model_type=name, kinds=", ".join(found.mixers)))
+        out.append(("packing", False, Said("log.adapt.unpacked_mixer", model_type=name, kinds=", ".join(found.mixers))))
     elif packing and not found.padding_free:
         # no FlashAttention path: its mask code (BLOOM's alibi from the padding mask) ignores packed rows' positions
         packing = False
-        said.append(Said("log.adapt.unpacked_mask", model_type=name))
-    if attention == "varlen" and (not packing or found.alibi or not found.attention_backend):
-        attention = "sdpa"
-        if packing or cfg.packing:  # varlen with packing was asked: say why it is not used
-            said.append(Said("log.adapt.no_varlen", model_type=name,
-                             why=Said("log.adapt.why_alibi" if found.alibi else "log.adapt.why_own_mask"
-                                      if not found.attention_backend else "log.adapt.why_unpacked")))
-    elif packing and found.sinks and attention != "varlen":
+        out.append(("packing", False, Said("log.adapt.unpacked_mask", model_type=name)))
+    if cfg.attention == "varlen" and (not packing or found.alibi or not found.attention_backend):
+        out.append(("attention", "sdpa", Said("log.adapt.no_varlen", model_type=name, why=Said(
+            "log.adapt.why_alibi" if found.alibi else "log.adapt.why_own_mask" if not found.attention_backend
+            else "log.adapt.why_unpacked"))))
+    elif packing and found.sinks and cfg.attention != "varlen":
         # transformers' own attention for sinks (eager) does not keep packed rows apart; memtune's varlen runs the
         # model's own eager attention on each packed row (exact)
-        attention = "varlen"
-        said.append(Said("log.adapt.sinks_rows", model_type=name))
-    if packing != cfg.packing:
-        changes["packing"] = packing
-    if attention != cfg.attention:
-        changes["attention"] = attention
-    return changes, said
+        out.append(("attention", "varlen", Said("log.adapt.sinks_rows", model_type=name)))
+    return out
+
+
+def said(cfg, field_name: str, why: Said) -> bool:
+    """Whether the run log says this adaptation: varlen falling back to sdpa where packing was never asked for
+    (a preference stage, a custom mix) loses nothing the user asked for, and goes unsaid."""
+    return cfg.packing or field_name != "attention" or why.key != "log.adapt.no_varlen"
+
+
+def adapt(cfg, found: Traits) -> tuple[dict[str, Any], list[Said]]:
+    """`adaptations` as the changes (field -> value) and the lines the run log says."""
+    found_changes = adaptations(cfg, found)
+    return ({name: value for name, value, _ in found_changes},
+            [why for name, _, why in found_changes if said(cfg, name, why)])

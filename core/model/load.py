@@ -1,6 +1,6 @@
 """Turning a TrainConfig into a tokenizer, a (quantized) model and a LoRA-wrapped model.
 
-`build_bnb_config` and `build_lora_config` build the library objects from core/config/arguments.py's keyword dicts (the one
+`build_bnb_config` and `prepare_for_training` build the library objects from core/config/arguments.py's keyword dicts (the one
 config -> library mapping, which "Show code" writes into its script too). `load_model` and `prepare_for_training`
 do the heavy work, and `load_for_training` runs both for the recipe and says what it loaded; the levers with
 modules of their own (the input embedding in CPU memory, the 4-bit output head) are core/levers/.
@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from core.config import arguments as recipe
+from core.hub import hf_token  # the loader passes it on (core/hub.py)
 from core.config.settings import DEMO_MODEL, MOVES_BASE, ConfigError, Problem, TrainConfig
 from core.levers import experts as moe, variants
 from core.levers.embedding import CpuEmbedding, load_embedding_on_cpu, offload_input_embeddings
@@ -51,18 +52,10 @@ def build_bnb_config(cfg: TrainConfig):
     return BitsAndBytesConfig(**kwargs)
 
 
-def build_lora_config(cfg: TrainConfig, modules: list[str] | None = None, parameters: list[str] | None = None):
-    """peft's LoraConfig; `modules`: the resolved leaf names (lora_targets), else the config's names as written;
-    `parameters`: MoE experts' 3-D weights (lora_experts)."""
-    from peft import LoraConfig
-
-    return LoraConfig(**recipe.lora_kwargs(cfg, modules, parameters))
-
-
 def skeleton(cfg: TrainConfig, path: str):
     """The model at `path` as a module tree on the meta device (no weights, no memory: core/model/lora_targets.py),
-    built once per run: what LoRA targets (lora_targets) and what the model can train exactly (the pre-flight's
-    before_loading) are read from it. A model that is no causal LM (an encoder, seq2seq) is refused by name."""
+    built once per run: what LoRA targets (lora_targets) and what the model can train exactly (core.model.resolve)
+    are read from it. A model that is no causal LM (an encoder, seq2seq) is refused by name."""
     try:
         return lt.skeleton(path, cfg.trust_remote_code)
     except ValueError as exc:
@@ -84,11 +77,6 @@ def lora_targets(cfg: TrainConfig, path: str | None = None, model=None):
                                       model=cfg.model, linear=", ".join(exc.linear))]) from None
     found.model_type = getattr(getattr(model, "config", None), "model_type", None)
     return found
-
-
-def hf_token() -> str | None:
-    # Read from the environment only: never logged, never written to a config or run folder.
-    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
 
 
 def resolve_model_path(cfg: TrainConfig, sink: EventSink | None = None) -> str:
@@ -179,7 +167,7 @@ def load_model(cfg: TrainConfig, path: str | None = None):
                       f"{exc}); loading it on the GPU and moving it afterwards", file=sys.stderr, flush=True)
                 failed = True
         if model is None:
-            if failed:  # the failed first load's copy (run 19: a whole 8B) goes before the second one
+            if failed:  # the failed first load's copy (a whole 8B) goes before the second one
                 gc.collect()
                 torch.cuda.empty_cache()
             with moe.while_loading(cfg, path):

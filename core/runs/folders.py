@@ -283,14 +283,16 @@ def finish_run(run_dir: str | Path, summary: dict[str, Any]) -> str | None:
 
 
 def record_failure(run_dir: str | Path, message: str, error_type: str = "other", emit=None,
-                   trace: str | None = None, data: dict[str, Any] | None = None, **details: Any) -> dict[str, Any]:
+                   trace: str | None = None, data: dict[str, Any] | None = None,
+                   resolved: dict[str, Any] | None = None, **details: Any) -> dict[str, Any]:
     """The one record of a failed run: the `error` event, a failed summary.json, the `done` event, so the page and
     History show why. Returns the summary.
 
     Two writers call it: the run itself (core.train.recipe, `emit` its event sink, `trace` the traceback, `data` the row
     plan once there is one), and the supervisor of a process that ended without its own `done` event (killed,
     crashed, a worker died; `emit` None: appended to events.jsonl, and summary.json kept if the run wrote one).
-    `details` (e.g. exit_code, world_size) go into both the event and the summary."""
+    `resolved` (the run's core.model.resolve.ResolvedRun.as_dict(), once decided) goes into the summary; `details`
+    (e.g. exit_code, world_size) go into both the event and the summary."""
     from core.runs.events import JsonlSink, make_event
 
     run_dir = Path(run_dir)
@@ -300,6 +302,8 @@ def record_failure(run_dir: str | Path, message: str, error_type: str = "other",
                "finished_at": datetime.now().isoformat(timespec="seconds")}
     if data is not None:
         summary["data"] = data
+    if resolved is not None:
+        summary["resolved"] = resolved
     own = emit is not None
     emit = emit or JsonlSink(run_dir / "events.jsonl")
     emit(make_event("error", error_type=error_type, message=message, **({"traceback": trace} if own else {}),

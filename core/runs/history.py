@@ -297,7 +297,7 @@ NOT_SETTINGS = {"run_name", "output_dir", "resume_from"}
 # The figures compared side by side: (key, where it is read) in this order; the page labels them history.fig.<key>.
 FIGURES = ("peak_gib", "runtime_s", "tokens_per_s", "final_loss", "final_eval_loss", "best_eval_loss", "steps",
            "final_reward_accuracy", "final_eval_reward_accuracy")
-# listed only when a picked run is a preference run (issue 44)
+# listed only when a picked run is a preference run: SFT runs have no reward
 PREFERENCE_FIGURES = ("final_reward_accuracy", "final_eval_reward_accuracy")
 
 
@@ -377,7 +377,7 @@ def fresh_run_name(cfg: TrainConfig, run_dir: Path, stage: str) -> str:
 
 def preference_config(run_dir: str | Path, is_running: IsRunning | None = None,
                       stage: str = PREFERENCE_START) -> TrainConfig:
-    """A new run that continues an earlier SFT run's adapter with preference tuning (issue 44): the run's saved
+    """A new run that continues an earlier SFT run's adapter with preference tuning: the run's saved
     settings with `stage`, init_adapter = the run's folder (core/train/stages.py loads its adapter as the start and,
     for DPO/KTO, keeps TRL's frozen copy of it as the reference), a fresh run name, no resume_from, and what a
     preference stage cannot use switched off: packing (the preset's levers for `stage`, presets.for_stage),

@@ -1,25 +1,19 @@
-"""Any model trains exactly what was asked: decided from its config before loading, checked on it before step 1.
+"""Any model trains exactly what was asked: checked on the user's own model and rows before step 1.
 
-`before_loading(cfg, tree, plan, emit)`: from config.json and the module tree on the meta device (no weights), the
-changes a model needs (core/model/families.py `traits` / `adapt`): a recurrent, convolutional or state-space mixer
-(lfm2, qwen3_next, granitemoehybrid, recurrent_gemma, mamba-style layer_types) never gets packed rows; a model
-without a FlashAttention path (BLOOM, MPT: their own mask code) neither; alibi or a model outside transformers'
-AttentionInterface never gets memtune's varlen attention (flash-attention's mask builder gives it no bias); attention
-sinks (gpt-oss) with packed rows run the model's own eager attention per row. One keyed log line per change: why and
-what it costs.
-
-`check(trainer, cfg, emit, adapted)`: the pre-flight phase, after the model loaded with LoRA and before step 1, on
-the user's own model and data, a few forward passes without gradients:
-  1. row separation (packed runs): the first packs of real rows, collated by the trainer's own collator exactly as
-     training packs them, against each row alone: logits within ROW_TOLERANCE (relative L2);
-  2. the loss path: TRL's fused loss head (what training computes) against the loss from the model's own logits,
-     within LOSS_TOLERANCE (relative);
-  3. LoRA landed on exactly the layers asked for, and nowhere else.
-A failure switches to the exact path (rows unpacked: the caller builds the trainer again; the model's own logits for
-the loss) with a line saying why and what it costs, or refuses the run by name (LoRA). The results go to summary.json
-("preflight"). The families of README's matrix (families.VERIFIED) skip checks 1 and 2, which tests/test_families.py
-makes on every preset for them (the log says so); every other model runs all three: a few forward passes on one
-pack of real rows.
+What a model needs from its config alone (a stateful mixer never gets packed rows, alibi never gets varlen, ...) is
+decided before loading, with the rest of the run, by core/model/resolve.py (families.adaptations); `adapted` lists
+those changes for summary.json. On the loaded model with LoRA, a few forward passes without gradients:
+  1. row separation (packed runs), `rows`, before the trainer exists: the first packs of real rows, packed by TRL's
+     own packing and collated by the collator SFTTrainer builds for the same arguments (`trainer_collator`), against
+     each row alone: logits within ROW_TOLERANCE (relative L2). A failure unpacks the rows (the caller adds it to the
+     ResolvedRun, with a line saying why and what it costs), so the one trainer is built on unpacked rows;
+  2. `check`, on the trainer: LoRA landed on exactly the layers asked for, and nowhere else (or the run is refused by
+     name), and the loss path: TRL's fused loss head (what training computes) against the loss from the model's own
+     logits, within LOSS_TOLERANCE (relative). A failure sets the trainer's compute_loss_func to the model's own
+     logits, with a line saying why.
+The results go to summary.json ("preflight"). The families of README's matrix (families.VERIFIED) skip checks 1 and
+the loss path, which tests/test_families.py makes on every preset for them (the log says so); every other model runs
+them all: a few forward passes on one pack of real rows.
 """
 
 from __future__ import annotations
@@ -31,7 +25,7 @@ import torch
 
 from core.config.arguments import sharded
 from core.config.settings import TrainConfig
-from core.messages import Said, keyed, words_of
+from core.messages import Said, words_of
 from core.model import families
 from core.model import lora_targets as lt
 from core.model.load import ModelError
@@ -46,22 +40,6 @@ PACKS = 1  # packs (or rows) the checks run on: one pack holds several rows
 
 def _log(emit: EventSink, said: Said, level: str = "warning") -> None:
     emit(make_event("log", level=level, **words_of(said)))
-
-
-def before_loading(cfg: TrainConfig, tree, plan, emit: EventSink) -> tuple[TrainConfig, list[dict[str, Any]]]:
-    """`cfg` as this model can train it exactly (families.adapt on its config and `tree`, its module tree on the
-    meta device: core.model.load.skeleton), each change said, and the changes as summary.json lists them; the data
-    plan follows (no packs when rows go unpacked)."""
-    changes, said = families.adapt(cfg, families.traits(tree.config, tree))
-    adapted = []
-    for line in said:
-        _log(emit, line)
-        adapted.append({"key": line.key, **{k: v for k, v in line.params.items() if isinstance(v, (str, int))}})
-    if not changes:
-        return cfg, adapted
-    if "packing" in changes and plan is not None:
-        plan.packing, plan.n_packs = changes["packing"], None
-    return cfg.replace(**changes), adapted
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -153,12 +131,72 @@ def own_logits_loss(model) -> Callable:
     return loss
 
 
-def check(trainer, cfg: TrainConfig, emit: EventSink, adapted: list[dict[str, Any]]) -> TrainConfig:
-    """The pre-flight phase (module docstring) on `trainer`: the config the run trains, unpacked when packed rows
-    bled into each other (the caller then builds the trainer again; `carry` hands it this one's decisions). Results
-    in trainer.memtune_preflight (summary.json's "preflight"), with before_loading's changes (`adapted`)."""
+def checks_rows(model, cfg: TrainConfig) -> bool:
+    """Whether check 1 runs: packed SFT rows of a model outside README's matrix, not sharded (FSDP places the shards
+    when training starts: no whole model to run before it)."""
+    model_type = getattr(model.config.get_text_config(), "model_type", None)
+    return cfg.packing and cfg.stage == "sft" and model_type not in families.VERIFIED and not sharded(cfg)
+
+
+def trainer_collator(args, tokenizer):
+    """The collator SFTTrainer builds for `args` when given none (trl's SFTTrainer.__init__): TRL's own class, with
+    the pad token and padding-free mode it chooses (bfd packing implies padding-free)."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    padding_free = args.padding_free or (args.packing and args.packing_strategy in {"bfd", "bfd_split"})
+    pad = args.pad_token or tokenizer.pad_token or tokenizer.eos_token
+    return DataCollatorForLanguageModeling(pad_token_id=tokenizer.convert_tokens_to_ids(pad),
+                                           padding_free=padding_free, pad_to_multiple_of=args.pad_to_multiple_of)
+
+
+def packed(rows, args):
+    """Tokenized `rows` (input_ids, labels) packed as SFTTrainer packs them for `args` (its _prepare_dataset)."""
+    from trl import pack_dataset
+
+    rows = rows.select_columns(["input_ids", "labels"])
+    if args.shuffle_dataset:
+        rows = rows.shuffle(seed=args.seed)
+    rows = pack_dataset(rows, args.max_length, args.packing_strategy)
+    return rows.shuffle(seed=args.seed) if args.shuffle_dataset else rows
+
+
+def rows(model, cfg: TrainConfig, args, tokenizer, train_rows, emit: EventSink) -> tuple[dict[str, Any], Said | None]:
+    """Check 1 (module docstring) on `model`, before the trainer is built with `args`: the first packs of
+    `train_rows` (the plan's tokenized rows) as the trainer will pack and collate them, each against its rows alone.
+    The result (summary.json's preflight "rows"), and the reason to train unpacked when packed rows see each other."""
+    started = time.monotonic()
+    with phase(emit, "preflight", "log.phase.preflight"):
+        data = packed(train_rows, args)
+        collator = trainer_collator(args, tokenizer)
+        batches = [collator([data[i]]) for i in range(min(PACKS, len(data)))]
+        was_training = model.training
+        model.eval()  # no dropout: the same rows give the same logits
+        try:
+            with torch.no_grad():
+                result = rows_apart(model, batches, args.device)  # where the Trainer puts each batch
+        finally:
+            model.train(was_training)
+    result.pop("logits")
+    result["seconds"] = round(time.monotonic() - started, 3)
+    tolerance = ROW_TOLERANCE[cfg.precision]
+    result["ok"] = result["error"] <= max(tolerance, 4 * result["first_row_error"])
+    why = None if result["ok"] else Said("log.preflight.unpacked", model=cfg.model, error=result["error"],
+                                         tolerance=tolerance)
+    return result, why
+
+
+def check(trainer, cfg: TrainConfig, emit: EventSink, adapted: list[dict[str, Any]],
+          rows_result: dict[str, Any] | None = None) -> None:
+    """The pre-flight phase (module docstring, check 2) on `trainer`, built on the run's final config: the loss
+    path it trains with, or the run refused when LoRA did not land as asked. Results in trainer.memtune_preflight
+    (summary.json's "preflight"), with the family's adaptations (`adapted`) and check 1's result (`rows_result`;
+    "switched_to": unpacked where it unpacked the rows)."""
     started = time.monotonic()
     result: dict[str, Any] = {"adapted": adapted}
+    if rows_result is not None:
+        result["rows"] = rows_result
+        if not rows_result["ok"]:
+            result["switched_to"] = "unpacked"
     with phase(emit, "preflight", "log.phase.preflight"):
         model = trainer.model
         text = model.config.get_text_config()
@@ -185,14 +223,7 @@ def check(trainer, cfg: TrainConfig, emit: EventSink, adapted: list[dict[str, An
                 elif cfg.stage != "sft":  # TRL's preference loss on unpacked pairs: no SFT rows or fused head to check
                     loss = {"error": 0.0, "ok": True, "skipped": f"stage {cfg.stage}"}
                 else:
-                    batches = _batches(trainer, PACKS)
-                    logits = None
-                    if cfg.packing:
-                        rows = rows_apart(model, batches, device)
-                        logits = rows.pop("logits")
-                        rows["ok"] = rows["error"] <= max(tol_rows, 4 * rows["first_row_error"])
-                        result["rows"] = rows
-                    loss = loss_paths(model, batches[0], device, logits)
+                    loss = loss_paths(model, _batches(trainer, PACKS)[0], device)
                     loss["ok"] = loss["error"] <= tol_loss and not unread
                 result["loss"] = loss
         finally:
@@ -200,12 +231,6 @@ def check(trainer, cfg: TrainConfig, emit: EventSink, adapted: list[dict[str, An
         if lora["missing"] or lora["unasked"]:
             raise ModelError("model.err.lora_landed", model=cfg.model, missing=", ".join(lora["missing"]) or "-",
                              unasked=", ".join(lora["unasked"]) or "-")
-        if not result.get("rows", {"ok": True})["ok"]:
-            rows = result["rows"]
-            emit(make_event("log", level="warning", **keyed("log.preflight.unpacked", model=cfg.model,
-                                                            error=rows["error"], tolerance=tol_rows)))
-            cfg = cfg.replace(packing=False, attention="sdpa")
-            result["switched_to"] = "unpacked"
         if not loss["ok"]:
             trainer.compute_loss_func = own_logits_loss(trainer.model)
             why = (Said("log.preflight.why_unread", names=", ".join(unread)) if unread else
@@ -214,7 +239,7 @@ def check(trainer, cfg: TrainConfig, emit: EventSink, adapted: list[dict[str, An
             result["loss_path"] = "own_logits"
         else:
             result["loss_path"] = "fused"
-        result["seconds"] = round(time.monotonic() - started, 3)
+        result["seconds"] = round(time.monotonic() - started + (rows_result or {}).get("seconds", 0.0), 3)
         if verified:
             _log(emit, Said("log.preflight.verified", lora=lora["layers"], model_type=text.model_type), level="info")
         else:
@@ -224,12 +249,3 @@ def check(trainer, cfg: TrainConfig, emit: EventSink, adapted: list[dict[str, An
                                                         Said("log.preflight.no_packs")),
                             loss=loss["error"], lora=lora["layers"], seconds=result["seconds"]), level="info")
     trainer.memtune_preflight = result
-    return cfg
-
-
-def carry(checked, trainer):
-    """`trainer`, built again after the pre-flight on `checked` switched to unpacked rows, with what it decided:
-    the loss path and the results."""
-    trainer.compute_loss_func = checked.compute_loss_func
-    trainer.memtune_preflight = checked.memtune_preflight
-    return trainer

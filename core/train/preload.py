@@ -10,8 +10,8 @@ forking thread, so a lock another thread held would never be released). `fork_sa
 says no, the child becomes a fresh interpreter instead (core/jobs/warm.py), exactly as before.
 
 On a GPU machine the imports would start CUDA: bitsandbytes (imported by peft, which trl imports) asks torch for
-the GPU's compute capability while importing, and torch makes a CUDA context to answer (run 10: every run on the
-H200 started cold). Here NVML answers that one question instead (`_no_cuda_context`), and the server checks that
+the GPU's compute capability while importing, and torch makes a CUDA context to answer (bench/RESULTS.md run 10:
+every run on the H200 started cold). Here NVML answers that one question instead (`_no_cuda_context`), and the server checks that
 bitsandbytes still loaded its CUDA library, as a cold run's import does.
 """
 

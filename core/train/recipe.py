@@ -60,11 +60,12 @@ from core.model import compile as regional
 from core.model import families
 from core.model import load as model_lib
 from core.model.load import ModelError
+from core.model.resolve import ResolvedRun, resolve
 from core.runs.events import EventSink, JsonlSink, fan_out, make_event
 from core.runs.folders import (STOP_FILE, checkpoint_step, create_run_dir, finish_run, record_failure, resume_point,
                                save_adapter)
 from core.train import preflight
-from core.train import stages  # issue 44: preference stages (dpo, orpo, kto); the hooks below say "stages hook"
+from core.train import stages  # preference stages (dpo, orpo, kto); the hooks below say "stages hook"
 from core.train.callbacks import BarOnly, EventCallback, WarmUp, phase, warms_up, watch_stop
 from core.train.host import counted_once
 
@@ -166,7 +167,8 @@ class LoRARecipe:
     Made, it has started the stop watch, the GPU memory tracker and the run's clock."""
 
     def __init__(self, cfg: TrainConfig, context: RunContext, callbacks=(), console: bool = False) -> None:
-        self.cfg = cfg
+        self.asked = cfg
+        self.run: ResolvedRun | None = None  # what trains: decided once, in setup, before the trainer exists
         self.context = context
         self.extra_callbacks = list(callbacks)
         self.console = console
@@ -182,19 +184,24 @@ class LoRARecipe:
         self.trainable = 0
         self.compile_cache: regional.CompileCache | None = None  # compile_layers: where the compiled graphs are kept
 
+    @property
+    def cfg(self) -> TrainConfig:
+        """The config that trains (the resolved run's)."""
+        return self.run.cfg
+
     def setup(self) -> None:
-        """The data planned (its validation part too), the model loaded with LoRA, the trainer built with its
-        callbacks: everything train() needs."""
-        cfg = self.cfg = stages.starting_config(self.cfg)  # stages hook: init_adapter's LoRA shape (sft: as is)
+        """The data planned (its validation part too), the run resolved, the model loaded with LoRA, the trainer
+        built with its callbacks: everything train() needs."""
         emit = self.context.emit
         cuda = self.context.cuda
-        self.plan, self.tokenizer, path, tree = plan_data(cfg, emit)
-        cfg, adapted = preflight.before_loading(cfg, tree, self.plan, emit)  # what this model can train exactly
+        self.plan, self.tokenizer, path, tree = read_plan(self.asked, emit)
         done = checkpoint_step(self.context.resume) if self.context.resume else 0  # a resumed run: the steps left
-        cfg, why = regional.settle(cfg, tree, self.plan, cuda, distributed.world_size(), adapted, done)  # compile: auto
-        if why:
-            emit(make_event("log", level="info", **words_of(why)))
-        self.cfg = cfg
+        run = resolve(self.asked, tree, self.plan, cuda=cuda, world=distributed.world_size(), done_steps=done)
+        announce(run.cfg, self.plan, tree, emit)  # the LoRA targets the run trains, the data and its log lines
+        follow(self.plan, run.cfg)
+        for level, line in run.lines():  # each change from what was asked, and why
+            emit(make_event("log", level=level, **words_of(line)))
+        cfg = run.cfg
         check_planned(cfg, self.plan, distributed.world_size())  # public mode: the steps it plans, within the limit
         if self.plan.refusal():
             raise DataError("data.err.refusal", why=self.plan.refusal())
@@ -204,6 +211,17 @@ class LoRARecipe:
             model, self.trainable, compiling = model_lib.load_for_training(cfg, path, emit, evaluates and not cuda)
         if cfg.stage != "sft":  # stages hook: init_adapter's weights, and the reference said
             stages.start_from(model, cfg, emit)
+        checkpoints = self.context.run_dir / "checkpoints"
+        rows = None
+        if preflight.checks_rows(model, cfg):  # before the trainer: packed rows that see each other train unpacked
+            args = build_sft_config(cfg, checkpoints, self.console, evaluates, self.context.run_dir, cuda)
+            rows, why = preflight.rows(model, cfg, args, self.tokenizer, self.plan.train_dataset(), emit)
+            if why is not None:
+                run = run.then(why, packing=False, attention="sdpa")
+                follow(self.plan, run.cfg)
+                emit(make_event("log", level="warning", **words_of(why)))
+        self.run = run
+        cfg = run.cfg
         samples = validation.samples(self.plan.validation, self.tokenizer, cfg.eval_samples) if evaluates else []
         compiler = None
         if compiling:  # the layers compile in the warm-up or the first step: from the cache when it has them; say so
@@ -217,18 +235,12 @@ class LoRARecipe:
                                       cfg.eval_max_new_tokens, warmup)
         # The warm-up before the event callback: training's clock (step events, tokens/s) starts after it.
         callbacks = [*([warmup] if warmup else []), self.callback, *extra, *self.extra_callbacks]
-
-        def trainer_for(c: TrainConfig) -> SFTTrainer:
-            # plan.train_dataset(): exactly the plan's training rows, already tokenized and cut (validation's likewise)
-            return build_trainer(c, model, self.tokenizer, self.plan.train_dataset(),
-                                 self.context.run_dir / "checkpoints", callbacks, self.console,
-                                 self.plan.validation.train_dataset() if evaluates else None, cuda)
-
         with phase(emit, "tokenizing", "log.phase.tokenizing"):
-            self.trainer = trainer_for(cfg)
-        self.cfg = preflight.check(self.trainer, cfg, emit, adapted)  # before step 1
-        if self.cfg is not cfg:  # packed rows bled into each other: the trainer again, on unpacked rows
-            self.trainer = preflight.carry(self.trainer, trainer_for(self.cfg))
+            # plan.train_dataset(): exactly the plan's training rows, already tokenized and cut (validation's likewise)
+            self.trainer = build_trainer(cfg, model, self.tokenizer, self.plan.train_dataset(), checkpoints, callbacks,
+                                         self.console, self.plan.validation.train_dataset() if evaluates else None,
+                                         cuda)
+        preflight.check(self.trainer, cfg, emit, adapted(run), rows)  # before step 1: the loss path, LoRA
         if warmup:
             warmup.trainer = self.trainer  # it runs the Trainer's own training_step on the Trainer's own dataloader
 
@@ -255,6 +267,7 @@ class LoRARecipe:
         summary = summarize(self.cfg, trainer, self.output, self.callback, self.plan, self.started, self.trainable,
                             ctx.resume)
         summary["preflight"] = getattr(trainer, "memtune_preflight", None)  # core/train/preflight.py
+        summary["resolved"] = self.run.as_dict()  # the config that trained, and each change from the asked one
         summary.update(stages.summary_part(self.cfg, trainer))  # stages hook: reward metrics ({} for sft)
         if self.compile_cache is not None and "compile" in summary:  # loaded or compiled, and the seconds it took
             summary["compile"]["cache"] = self.compile_cache.summary()
@@ -298,13 +311,21 @@ class LoRARecipe:
         if not self.context.main:
             print(f"memtune (rank {distributed.rank()}): {failure.message}", file=sys.stderr)
             return RunResult("failed", message=failure.message, error_type=failure.error_type)
-        return record_failed(self.context.emit, self.context.run_dir, failure, self.plan)
+        return record_failed(self.context.emit, self.context.run_dir, failure, self.plan, self.run)
 
 
 # --- the recipe's steps ------------------------------------------------------------------------------------------
 def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan | PairPlan, Any, str, Any]:
+    """read_plan then announce, for a config taken as it trains: (plan, tokenizer, model path, the model's module
+    tree on the meta device)."""
+    plan, tokenizer, path, tree = read_plan(cfg, emit)
+    announce(cfg, plan, tree, emit)
+    return plan, tokenizer, path, tree
+
+
+def read_plan(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan | PairPlan, Any, str, Any]:
     """Read and check the data, find the model and its tokenizer, plan every row: (plan, tokenizer, model path, the
-    model's module tree on the meta device).
+    model's module tree on the meta device, for core.model.resolve).
 
     The data comes first: a broken file is reported as such before any model is looked up or downloaded. The
     validation rows are held out before the plan (they never reach plan.train_dataset()) and planned alike, as the
@@ -320,9 +341,13 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan | PairPlan, A
     with phase(emit, "tokenizing", "log.phase.formatting", n=len(raw), format=fmt) as progressed:
         plan = (plan_pairs(cfg, tokenizer, raw, fmt, held) if pairs else
                 validation.plan_parts(cfg, tokenizer, held, fmt, progressed))
-    # LoRA targets from the module tree on the meta device, before any weight loads: a name the model lacks is
-    # refused here (ConfigError listing its linear layers), and the log says what gets LoRA.
-    tree = model_lib.skeleton(cfg, path)
+    return plan, tokenizer, path, model_lib.skeleton(cfg, path)
+
+
+def announce(cfg: TrainConfig, plan: DataPlan | PairPlan, tree, emit: EventSink) -> None:
+    """The LoRA targets of `cfg` (the run that trains) on the module tree, before any weight loads: a name the
+    model lacks is refused here (ConfigError listing its linear layers), and the log says what gets LoRA; then the
+    data event and its log lines. A run that needs validation rows and has none is refused."""
     targets = model_lib.lora_targets(cfg, model=tree)
     plan.notes += [targets.describe(), *filter(None, [families.note(targets.model_type)])]
     said, counts, part, lines = plan.describe(), plan.to_dict(), plan.validation_dict(), plan.log_lines()
@@ -330,8 +355,23 @@ def plan_data(cfg: TrainConfig, emit: EventSink) -> tuple[DataPlan | PairPlan, A
     for level, line in lines:
         emit(make_event("log", level=level, **words_of(line)))
     if (cfg.keep_best or cfg.early_stopping_patience) and not plan.evaluates:  # a stage's are refused before
-        raise DataError("data.err.no_validation_rows", why=held.why)
-    return plan, tokenizer, path, tree
+        raise DataError("data.err.no_validation_rows", why=plan.held.why)
+
+
+def follow(plan: DataPlan | PairPlan, cfg: TrainConfig) -> None:
+    """The data plan trains as `cfg` does: no packs where its rows train unpacked."""
+    if getattr(plan, "packing", False) and not cfg.packing:
+        plan.packing, plan.n_packs = False, None
+
+
+def adapted(run: ResolvedRun) -> list[dict[str, Any]]:
+    """The family's adaptations as summary.json's preflight lists them: the key and its plain values, once each."""
+    out = []
+    for change in run.adapted():
+        item = {"key": change.key, **{k: v for k, v in change.params.items() if isinstance(v, (str, int))}}
+        if item not in out:
+            out.append(item)
+    return out
 
 
 # --- config -> library arguments (core/config/arguments.py holds the mapping) -----------------------------------------
@@ -440,11 +480,13 @@ class Failure:
     said: dict[str, Any] = field(default_factory=dict)
 
 
-def record_failed(emit: EventSink, run_dir: Path, failure: Failure, plan: DataPlan | None = None) -> RunResult:
-    """A run that failed in this process: its record (runs.record_failure, with the data plan once there is one:
-    History lists the run and why), as the RunResult run_training returns."""
+def record_failed(emit: EventSink, run_dir: Path, failure: Failure, plan: DataPlan | None = None,
+                  run: ResolvedRun | None = None) -> RunResult:
+    """A run that failed in this process: its record (runs.record_failure, with the data plan and the resolved run
+    once there are: History lists the run and why), as the RunResult run_training returns."""
     summary = record_failure(run_dir, failure.message, failure.error_type, emit=emit, trace=failure.trace,
-                             data=plan.to_dict() if plan is not None else None, **failure.said)
+                             data=plan.to_dict() if plan is not None else None,
+                             resolved=run.as_dict() if run is not None else None, **failure.said)
     return RunResult("failed", str(run_dir), None, summary, failure.message, failure.error_type)
 
 

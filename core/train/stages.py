@@ -3,8 +3,8 @@
 The recipe (core/train/recipe.py) stays one sequence (data plan -> model with LoRA -> trainer -> adapter); for a
 preference stage it reads and plans the preference rows (core/data/pairs.py) instead of SFT rows, reported alike,
 and asks this module at three marked hooks:
-- `starting_config` / `start_from`: with init_adapter, the earlier run's LoRA shape, then its weights (peft's
-  load_peft_weights + set_peft_model_state_dict) as the policy's start; the log says which reference is used;
+- `start_from`: with init_adapter, the earlier run's weights (peft's load_peft_weights + set_peft_model_state_dict)
+  as the policy's start, in the LoRA shape core.model.resolve took from it; the log says which reference is used;
 - `trainer_for`: DPOTrainer / ORPOTrainer / KTOTrainer with DPOConfig / ORPOConfig / KTOConfig built from the same
   TrainingArguments memtune gives SFT (core/config/arguments.py), plus the stage's own fields;
 - `summary_part`: the reward metrics TRL logged (core/train/rewards.py) in summary.json, those of its evals on the
@@ -21,7 +21,6 @@ then gives this trainer what every run's trainer gets (LoRA+'s optimizer, memtun
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from core.config import arguments
 from core.config.settings import ConfigError, Problem, TrainConfig
 from core.messages import keyed
 from core.model import load as model_lib
+from core.model.resolve import adapter_dir
 from core.runs.events import EventSink, make_event
 from core.train.host import counted_once
 from core.train.rewards import eval_rewards, reward_summary
@@ -73,23 +73,6 @@ def counting_pairs(trainer_class: type) -> type:
 
 
 # --- hook 1: where the policy starts, and its reference -------------------------------------------------------
-def adapter_dir(cfg: TrainConfig) -> Path | None:
-    return Path(cfg.init_adapter.strip()).expanduser() / "adapter" if cfg.init_adapter.strip() else None
-
-
-def starting_config(cfg: TrainConfig) -> TrainConfig:
-    """With init_adapter, cfg with that adapter's LoRA shape (rank, alpha, layers, dropout, DoRA, rsLoRA), so the
-    fresh adapter memtune makes has the saved one's tensors and scaling; otherwise cfg itself (sft: always)."""
-    folder = adapter_dir(cfg) if cfg.stage != "sft" else None
-    if folder is None:
-        return cfg
-    saved = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
-    return cfg.replace(lora_r=int(saved["r"]), lora_alpha=int(saved["lora_alpha"]),
-                       lora_dropout=float(saved.get("lora_dropout") or 0.0),
-                       lora_target_modules=sorted(saved["target_modules"]),
-                       use_dora=bool(saved.get("use_dora")), use_rslora=bool(saved.get("use_rslora")))
-
-
 def start_from(model, cfg: TrainConfig, emit: EventSink) -> None:
     """Load init_adapter's weights into the model's (trainable) adapter, and say which reference the stage uses."""
     folder = adapter_dir(cfg)

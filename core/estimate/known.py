@@ -1,0 +1,111 @@
+"""A model's shape where no model may be built: the web server (core.estimate.measure.measuring_here(False)).
+
+core.model.shapes.get_shape counts the model transformers builds of config.json on the meta device, which imports
+torch. The server finds the same config.json as get_shape does (the demo model's folder, a local folder or file, the
+Hugging Face cache, memtune's CONFIGS, then the built-in table) and reads the counted shape from measure's disk
+cache, which an inspect child fills (core/estimate/inspect.py); until then the shape read from config.json's own keys
+(ModelShape.from_keys: the formula) stands in, and the shape is noted as missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from core.config.settings import DEMO_MODEL
+from core.estimate import measure
+from core.model.shapes import (CONFIGS, _SUFFIXES, ModelShape, ShapeError, StoredCount, _hf_cache_config, get_shape,
+                               table_lookup)
+
+def _config_file(model: str) -> Path | None:
+    local = Path(model).expanduser()
+    if local.is_dir():
+        if (local / "config.json").is_file():
+            return local / "config.json"
+        raise ShapeError(f"the folder {local} has no config.json")
+    if local.is_file():
+        return local
+    return _hf_cache_config(model)
+
+
+def config_source(model: str) -> dict[str, Any] | ModelShape | None:
+    """What get_shape reads `model`'s shape from, without building it: config.json's mapping, or the table's shape;
+    None for the demo model before its folder exists (a child builds it)."""
+    model = (model or "").strip()
+    if not model:
+        raise ShapeError("no model given")
+    if model == DEMO_MODEL:
+        from core.demo import demo_model_dir  # core.demo builds with torch only when asked to
+
+        path = demo_model_dir() / "config.json"
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    path = _config_file(model)
+    if path is not None:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ShapeError(f"cannot read {path}: {exc}") from None
+        if not isinstance(data, dict):
+            raise ShapeError(f"{path} does not hold a JSON object")
+        return data
+    for hub_id, config in CONFIGS.items():
+        if model.lower() in (hub_id.lower(), hub_id.split("/")[-1].lower()) or \
+                any(model.lower() == (hub_id + s).lower() for s in _SUFFIXES):
+            return config
+    shape = table_lookup(model)
+    if shape is not None:
+        return dataclasses.replace(shape, name=model) if shape.name.lower() != model.lower() else shape
+    return get_shape(model)  # the shapes module's own refusal (it names what was tried), reached without building
+
+
+def shape_key(config: dict[str, Any]) -> str:
+    text = json.dumps(config, sort_keys=True)
+    return "shape|" + hashlib.sha256(json.dumps([text, *measure.versions("transformers")]).encode()).hexdigest()
+
+
+def as_entry(shape: ModelShape) -> dict[str, Any]:
+    return {"shape": dataclasses.asdict(shape)}
+
+
+def from_entry(entry: dict[str, Any], name: str) -> ModelShape:
+    def tuples(v: Any) -> Any:
+        return tuple(tuples(x) for x in v) if isinstance(v, list) else v
+
+    data = dict(entry["shape"])
+    stored = data.pop("stored", None)
+    data = {k: tuples(v) for k, v in data.items()}
+    if stored is not None:
+        stored = StoredCount(**{k: tuples(v) for k, v in stored.items()})
+    return ModelShape(**{**data, "name": name, "stored": stored})
+
+
+def shape_of(model: str) -> ModelShape:
+    """get_shape(model) where this process may build models; else the counted shape from the cache, or config.json's
+    keys meanwhile (noted missing for the inspect child). ShapeError where there is nothing to read yet."""
+    if measure.measures_here():
+        return get_shape(model)
+    source = config_source(model)
+    if isinstance(source, ModelShape):
+        return source
+    spec = {"kind": "shape", "model": (model or "").strip()}
+    if source is None:  # the demo model, not built yet
+        measure.note_missing(f"shape|{spec['model']}", spec)
+        raise ShapeError(f"{model} is not built yet")
+    key = shape_key(source)
+    found = measure.lookup(key, spec, lambda: as_entry(get_shape(model)))
+    if found is not None:
+        return from_entry(found, model.strip())
+    return ModelShape.from_keys(source, model.strip())
+
+
+def remember_shape(model: str) -> ModelShape:
+    """In a child that may build models: get_shape, written to the cache under the key the server looks it up by."""
+    shape = get_shape(model)
+    source = config_source(model)
+    if isinstance(source, dict):
+        measure.remember(shape_key(source), as_entry(shape))
+    return shape
+
