@@ -21,7 +21,8 @@ ENTRY_POINTS: dict[str, str] = {}
 
 
 def python_files() -> list[Path]:
-    return [p for p in sorted(ROOT.rglob("*.py")) if not SKIPPED_PARTS & set(p.relative_to(ROOT).parts)]
+    return [p for p in sorted(ROOT.rglob("*.py")) if not SKIPPED_PARTS & set(parts := p.relative_to(ROOT).parts)
+            and not any(part.startswith(".") for part in parts)]  # a hidden folder is no part of the repository
 
 
 def _docstrings(tree: ast.AST) -> set[int]:

@@ -113,9 +113,7 @@ def text_of(words: dict[str, Any], lang: str) -> str:
 def problem_line(p: dict[str, Any], lang: str) -> str:
     """A problem recorded as fields_of writes it ({"field", "key", "params"}) on one line, as the form says one
     (render.problem_text): "field: message -> fix" by its key in the page's language."""
-    said = {"key": p["key"], "params": p.get("params") or {}}
-    fix = {**said, "key": p["key"] + ".fix"}
-    return f'{p.get("field", "")}{render._colon(lang)}{text_of(said, lang)} -> {text_of(fix, lang)}'
+    return render.problem_text(p.get("field", ""), p["key"], p.get("params") or {}, lang)
 
 
 TITLES = {"data": "preview.data_error", "read": "preview.read_error", "tokenizer": "preview.tokenizer_error"}

@@ -402,11 +402,9 @@ def error_text(exc: BaseException, lang: str) -> str:
     return said_text(fields_of(exc), str(exc), lang)
 
 
-def problem_text(p: Problem, lang: str) -> str:
+def problem_text(field: str, key: str, params: dict[str, Any], lang: str) -> str:
     """A configuration problem on one line, "field: message -> fix", by its key in the page's language."""
-    if not p.key or normalize(lang) == "en":
-        return str(p)
-    return f"{p.field}{_colon(lang)}{said(p.key, p.params, lang)} -> {said(p.key + '.fix', p.params, lang)}"
+    return f"{field}{_colon(lang)}{said(key, params, lang)} -> {said(key + '.fix', params, lang)}"
 
 
 def _run_advice(run_dir: str | None) -> str | None:
