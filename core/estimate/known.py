@@ -12,53 +12,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
 from core.config.settings import DEMO_MODEL
 from core.estimate import measure
-from core.model.shapes import (CONFIGS, _SUFFIXES, ModelShape, ShapeError, StoredCount, _hf_cache_config, get_shape,
-                               table_lookup)
-
-def _config_file(model: str) -> Path | None:
-    local = Path(model).expanduser()
-    if local.is_dir():
-        if (local / "config.json").is_file():
-            return local / "config.json"
-        raise ShapeError(f"the folder {local} has no config.json")
-    if local.is_file():
-        return local
-    return _hf_cache_config(model)
-
+from core.model import shapes
+from core.model.shapes import ModelShape, ShapeError, StoredCount, get_shape
 
 def config_source(model: str) -> dict[str, Any] | ModelShape | None:
-    """What get_shape reads `model`'s shape from, without building it: config.json's mapping, or the table's shape;
-    None for the demo model before its folder exists (a child builds it)."""
-    model = (model or "").strip()
-    if not model:
-        raise ShapeError("no model given")
-    if model == DEMO_MODEL:
-        from core.demo import demo_model_dir  # core.demo builds with torch only when asked to
+    """What get_shape reads `model`'s shape from, without building it (core.model.shapes.config_source): None for
+    the demo model before its folder exists (a child builds it)."""
+    from core.demo import demo_model_dir  # core.demo builds with torch only when asked to
 
-        path = demo_model_dir() / "config.json"
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-    path = _config_file(model)
-    if path is not None:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ShapeError(f"cannot read {path}: {exc}") from None
-        if not isinstance(data, dict):
-            raise ShapeError(f"{path} does not hold a JSON object")
-        return data
-    for hub_id, config in CONFIGS.items():
-        if model.lower() in (hub_id.lower(), hub_id.split("/")[-1].lower()) or \
-                any(model.lower() == (hub_id + s).lower() for s in _SUFFIXES):
-            return config
-    shape = table_lookup(model)
-    if shape is not None:
-        return dataclasses.replace(shape, name=model) if shape.name.lower() != model.lower() else shape
-    return get_shape(model)  # the shapes module's own refusal (it names what was tried), reached without building
+    return shapes.config_source(model, demo_model_dir() if (model or "").strip() == DEMO_MODEL else None)
 
 
 def shape_key(config: dict[str, Any]) -> str:

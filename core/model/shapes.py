@@ -472,14 +472,14 @@ def table_lookup(model_id: str) -> ModelShape | None:
     return None
 
 
-def _read_config(path: Path, name: str) -> ModelShape:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ShapeError(f"cannot read {path}: {exc}") from None
     if not isinstance(data, dict):
         raise ShapeError(f"{path} does not hold a JSON object")
-    return ModelShape.from_config(data, name)
+    return data
 
 
 def _hf_cache_config(model_id: str) -> Path | None:
@@ -493,29 +493,30 @@ def _hf_cache_config(model_id: str) -> Path | None:
     return Path(found) if isinstance(found, str) and Path(found).is_file() else None
 
 
-def get_shape(model: str) -> ModelShape:
-    """The shape of `model`: a Hub id, a local model folder, a config.json path, or the demo model."""
+def config_source(model: str, demo_folder: Path | None = None) -> dict[str, Any] | ModelShape | None:
+    """Where `model`'s shape comes from, without building anything: config.json's mapping (the demo model's, in
+    `demo_folder`; a local folder or file; the Hugging Face cache; memtune's CONFIGS) or the built-in table's shape.
+    None for the demo model before its folder exists; ShapeError naming what was tried for an unknown model."""
     model = (model or "").strip()
     if not model:
         raise ShapeError("no model given")
     if model == DEMO_MODEL:
-        from core.demo import ensure_demo_model
-
-        return _read_config(ensure_demo_model() / "config.json", DEMO_MODEL)
+        path = (demo_folder or Path()) / "config.json"
+        return _read_json(path) if demo_folder is not None and path.is_file() else None
     local = Path(model).expanduser()
     if local.is_dir():
         if (local / "config.json").is_file():
-            return _read_config(local / "config.json", model)
+            return _read_json(local / "config.json")
         raise ShapeError(f"the folder {local} has no config.json")
     if local.is_file():
-        return _read_config(local, model)
+        return _read_json(local)
     cached = _hf_cache_config(model)
     if cached is not None:
-        return _read_config(cached, model)
+        return _read_json(cached)
     for hub_id, config in CONFIGS.items():
         if model.lower() in (hub_id.lower(), hub_id.split("/")[-1].lower()) or \
                 any(model.lower() == (hub_id + s).lower() for s in _SUFFIXES):
-            return ModelShape.from_config(config, model)
+            return config
     shape = table_lookup(model)
     if shape is not None:
         return replace(shape, name=model) if shape.name.lower() != model.lower() else shape
@@ -523,3 +524,15 @@ def get_shape(model: str) -> ModelShape:
     raise ShapeError(f"the shape of {model!r} is unknown: it is not a local folder, not in the Hugging Face cache "
                      f"and not in memtune's table ({known}). Download the model once, or give the path of its "
                      "config.json.")
+
+
+def get_shape(model: str) -> ModelShape:
+    """The shape of `model`: a Hub id, a local model folder, a config.json path, or the demo model."""
+    model = (model or "").strip()
+    demo = None
+    if model == DEMO_MODEL:
+        from core.demo import ensure_demo_model
+
+        demo = ensure_demo_model()
+    source = config_source(model, demo)
+    return source if isinstance(source, ModelShape) else ModelShape.from_config(source, model)
