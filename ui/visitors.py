@@ -171,9 +171,15 @@ def own_address(scope: dict) -> str:
         return f"https://{host}"
     sent = headers_named(scope, b"host")
     host = re.sub(r"[^A-Za-z0-9.:\[\]-]", "", sent[0].decode("latin-1"))[:255] if sent else ""
+    return f"{'https' if over_https(scope) else 'http'}://{host or 'localhost'}/"
+
+
+def over_https(scope: dict) -> bool:
+    """Whether the browser reached the app over https: the connection's own scheme, or behind a proxy (a Space) the
+    first X-Forwarded-Proto."""
     forwarded = headers_named(scope, b"x-forwarded-proto")
-    scheme = forwarded[0].decode("latin-1").split(",")[0].strip() if forwarded else scope.get("scheme", "http")
-    return f"{'https' if scheme == 'https' else 'http'}://{host or 'localhost'}/"
+    return scope.get("scheme") == "https" or (bool(forwarded) and
+                                              forwarded[0].decode("latin-1").split(",")[0].strip() == "https")
 
 
 class VisitorCookie:
@@ -233,10 +239,7 @@ def _with_cookie(scope: dict, value: str) -> dict:
 
 
 def _setting_cookie(send: Callable[..., Any], scope: dict, value: str) -> Callable[..., Any]:
-    forwarded = headers_named(scope, b"x-forwarded-proto")
-    secure = scope.get("scheme") == "https" or (bool(forwarded) and
-                                                forwarded[0].decode("latin-1").split(",")[0].strip() == "https")
-    header = (b"set-cookie", set_cookie_header(value, secure).encode("latin-1"))
+    header = (b"set-cookie", set_cookie_header(value, over_https(scope)).encode("latin-1"))
 
     async def with_cookie(message: dict) -> None:
         if message["type"] == "http.response.start":
