@@ -16,7 +16,10 @@ if [[ "$(uname -s)" == "Linux" ]] && ! nvidia-smi >/dev/null 2>&1; then
   HAVE="$(python3 -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)"
   if [[ "$HAVE" != "$TORCH" ]]; then
     echo "memtune: no NVIDIA GPU found: installing the CPU build of torch $TORCH (download.pytorch.org/whl/cpu)" >&2
-    "${PIP[@]}" "torch==$TORCH" --index-url https://download.pytorch.org/whl/cpu
+    # where that index cannot be reached (a mirror of PyPI only), the same release from the configured index
+    "${PIP[@]}" --retries 1 --timeout 20 "torch==$TORCH" --index-url https://download.pytorch.org/whl/cpu \
+      || { echo "memtune: download.pytorch.org unreachable: torch $TORCH from the configured index instead" >&2
+           "${PIP[@]}" "torch==$TORCH"; }
   fi
 fi
 "${PIP[@]}" -c requirements.lock -c requirements-dev.lock -r "$REQS"
