@@ -2,8 +2,8 @@
 
     python -m bench.moe_losses --arch qwen3-30b-a3b-12l --preset lowest_memory --batches 4 --out DIR
 
-One process, two loads of the same random-weight folder through the product's own steps (core.train.recipe's
-plan_data and build_trainer, core.model.load's load_for_training): once as memtune loads it (every expert quantized
+One process, two loads of the same random-weight folder through the product's own steps (core.train.data's
+plan_data, core.train.trainer's build_trainer, core.model.load's load_for_training): once as memtune loads it (every expert quantized
 to NF4 as it is read, core/levers/experts.py), once with the experts left in bf16 (the loading hook off; everything
 else, the attention and MLP Linears included, still in 4 bits). On the first `--batches` micro-batches of the Trainer's own dataloader
 (the same rows, packed the same way) it records the Trainer's own loss (trainer.compute_loss, the preset's loss path)
@@ -34,11 +34,11 @@ def losses_of(cfg, experts_nf4: bool, batches: int) -> dict:
 
     from core.levers import experts as moe
     from core.model import load as model_load
-    from core.train import recipe
+    from core.train import data, trainer as train_lib
 
     events = []
     emit = events.append
-    plan, tokenizer, path, _ = recipe.plan_data(cfg, emit)
+    plan, tokenizer, path, _ = data.plan_data(cfg, emit)
     hook = moe.while_loading
     if not experts_nf4:  # the product's loader with only the experts' quantization off
         model_load.moe.while_loading = lambda c, p: contextlib.nullcontext()
@@ -49,8 +49,8 @@ def losses_of(cfg, experts_nf4: bool, batches: int) -> dict:
     finally:
         model_load.moe.while_loading = hook
     out_dir = Path(cfg.output_dir) / ("nf4" if experts_nf4 else "bf16")
-    trainer = recipe.build_trainer(cfg, model, tokenizer, plan.train_dataset(), out_dir, (), False, None,
-                                   torch.cuda.is_available())
+    trainer = train_lib.build_trainer(cfg, model, tokenizer, plan.train_dataset(), out_dir, (), False, None,
+                                      torch.cuda.is_available())
     loader = trainer.get_train_dataloader()
     losses, logits = [], None
     model.eval()  # no dropout; the adapter is at B = 0 either way

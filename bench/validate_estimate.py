@@ -38,8 +38,10 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from core.config.settings import TrainConfig, apply_overrides
+from core.config.slices import ModelSlice, PlaceSlice, TrainerSlice, Training
 from core.estimate.predict import GIB, estimate
 from core.config.presets import PRESETS, apply_preset
 from core.model.shapes import SHAPES
@@ -58,7 +60,18 @@ OFFLOAD_PRESET_SINCE = "2026-12-02 05:00"  # ... and lowest_memory offloads its 
 LEAN_PACKS_SINCE = "2026-12-04 19:00"  # ... and lowest_memory runs 4 packs x 2 with varlen attention (run 18)
 
 
-def preset_as_run(cfg: TrainConfig, date: str, preset: str | None = None) -> TrainConfig:
+class _Levers(ModelSlice, TrainerSlice, Protocol):
+    """The levers a preset changed since: attention, activation offloading, the micro-batch and accumulation."""
+
+
+class _Run(Training, PlaceSlice, Protocol):
+    """What core.estimate.predict.estimate reads."""
+
+
+L = TypeVar("L", bound=_Levers)
+
+
+def preset_as_run(cfg: L, date: str, preset: str | None = None) -> L:
     """A config built from today's presets, as the presets were on `date` (a results file's info date); `preset`:
     the preset the config was built from, for changes that were one preset's."""
     if date < VARLEN_PRESET_SINCE:
@@ -285,7 +298,7 @@ def chapter_table(rows: list[dict] | None = None) -> str:
         + reading(seed, low, by))
 
 
-def reading(seed: TrainConfig, low: TrainConfig, by: dict) -> str:
+def reading(seed: _Run, low: _Run, by: dict) -> str:
     """The paragraph under the chapter's table, from the same numbers."""
     gb = GIB / 1e9
     l7, l13, l8 = (estimate(seed, SHAPES[m]) for m in ("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-13b-hf",

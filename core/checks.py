@@ -9,10 +9,17 @@ is `rows_to_train()` before Start and `check_planned()` in the training child, o
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from core.gpus import distributed
 from core.config.settings import ConfigError, Hardware, Problem, TrainConfig, config_problems
+from core.config.slices import DataSlice, ModelSlice, StageSlice, TrainerSlice
 from core.runs.public import plan_problems, public_problems
 from core.runs.folders import resume_problem
+
+
+class _Counted(ModelSlice, DataSlice, StageSlice, TrainerSlice, Protocol):
+    """The rows a run reads and holds out, and the steps it plans on them."""
 
 
 def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
@@ -38,7 +45,7 @@ def check(cfg: TrainConfig, hw: Hardware | None = None) -> TrainConfig:
     return cfg
 
 
-def rows_to_train(cfg: TrainConfig) -> int | None:
+def rows_to_train(cfg: _Counted) -> int | None:
     """Before Start: the rows that may train (the split less its held-out part), read where that is cheap (the demo
     and local files); None where it is not (Hub data: the training child counts them) or where the rows are not what
     trains (packing). An upper bound of what the plan keeps: the plan drops rows, never adds any."""
@@ -60,7 +67,7 @@ def rows_to_train(cfg: TrainConfig) -> int | None:
     return len(split(cfg, raw, fmt).train)
 
 
-def check_planned(cfg: TrainConfig, plan, world: int) -> None:
+def check_planned(cfg: _Counted, plan, world: int) -> None:
     """The training child, its rows planned (a DataPlan or PairPlan): raise ConfigError when the run would take more
     optimizer steps or tokens than public mode allows, naming the numbers."""
     rows = plan.n_packs if cfg.packing and getattr(plan, "n_packs", None) else plan.n_train

@@ -21,13 +21,15 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from core.config.settings import ConfigError, TrainConfig
+from core.config.slices import ModelSlice
 from core.demo import demo_rows
 from core.files import free_memory
 from core.messages import HandsOn, Keyed, Said, said_again
 
+M = TypeVar("M", bound=ModelSlice)
 ADAPTER_CONFIG = "memtune.yaml"  # the TrainConfig that trained the adapter (written by core.train.recipe.save_adapter)
 
 
@@ -193,7 +195,7 @@ def _damaged(path: Path, why: Said) -> InferError:
 LORA = "LORA"  # peft_type of every adapter memtune trains: DoRA and rsLoRA are options of LoRA, not types of their own
 
 
-def adapter_problem(adapter_dir: str | Path, cfg: TrainConfig | None = None,
+def adapter_problem(adapter_dir: str | Path, cfg: ModelSlice | None = None,
                     path: str | None = None) -> InferError | None:
     """What is wrong with an adapter folder's own files, found before any library loads them (each would otherwise
     fail with its own words: SafetensorError, JSONDecodeError, "Repo id must be...", a size-mismatch RuntimeError):
@@ -242,7 +244,7 @@ def adapter_problem(adapter_dir: str | Path, cfg: TrainConfig | None = None,
     return None
 
 
-def target_problem(config_file: Path, targets: Any, cfg: TrainConfig, path: str) -> InferError | None:
+def target_problem(config_file: Path, targets: Any, cfg: ModelSlice, path: str) -> InferError | None:
     """target_modules (adapter_config.json's) that name no linear layer of the model at `path`, matched as peft
     matches them (a name equal to a layer's path or ending it; a string: a pattern the whole path matches), said with
     the model's own layers; None when each is there. The model is built on the meta device from its config.json (the
@@ -291,7 +293,7 @@ def _saved_config(adapter_dir: str | Path) -> TrainConfig:
                          error=str(exc)) from None
 
 
-def base_for(adapter_dir: Path, cfg: TrainConfig) -> str:
+def base_for(adapter_dir: Path, cfg: ModelSlice) -> str:
     """The folder of the adapter's base model, once the adapter is known to fit it (adapter_problem with the model's
     tree): what a load takes next. InferError when it does not fit; ModelError when the model cannot be found."""
     from core.model.load import resolve_model_path
@@ -302,7 +304,7 @@ def base_for(adapter_dir: Path, cfg: TrainConfig) -> str:
     return path
 
 
-def _runnable(cfg: TrainConfig) -> TrainConfig:
+def _runnable(cfg: M) -> M:
     """A config trained on a GPU still loads here when the GPU is gone (4-bit NF4 runs on the CPU too)."""
     import torch
 

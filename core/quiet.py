@@ -8,6 +8,8 @@ Each silenced message says nothing about the user's settings:
   4-bit results, and no remote code to turn on. `silence_loggers` runs before the libraries are imported;
 - TRL 1.x warns that `use_liger_kernel` will go in v2 (memtune's fused-loss lever is that very setting), and liger
   logs an import error for each backend it does not find (on a CUDA machine, the others);
+- TRL warns at each import of trl.experimental (ORPO lives there in TRL 1.x) that its APIs may change: TRL's own
+  TRL_EXPERIMENTAL_SILENCE, set before that import;
 - datasets' and transformers' progress bars (per map, per shard, per weight load): kilobytes of \\r in a log file.
 """
 
@@ -25,6 +27,7 @@ def silence_loggers() -> None:
     """The loggers above at CRITICAL; before the libraries import, as some of them speak while importing."""
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
 def quiet_libraries(progress_bars: bool = False) -> None:

@@ -77,7 +77,10 @@ def app_server(tmp_path_factory, *args: str, **env_extra: str):
             pytest.fail(f"app.py exited: {said}")
         try:
             urllib.request.urlopen(url, timeout=2)
-            break
+            # ready once launch() has returned (it prints its URL before its own first startup-events request)
+            if "memtune: running on" in (work / "app.log").read_text(errors="replace"):
+                break
+            raise ConnectionRefusedError
         except OSError:  # refused at once until the server listens: look again soon (a try costs ~1 ms)
             if waiting.over():
                 proc.kill()

@@ -201,3 +201,13 @@ def finished_run(tmp_path_factory, demo_model_path) -> FinishedRun:
     result = run_training(cfg, events.append, callbacks=[keep])
     assert result.status == "completed", result.message
     return FinishedRun(cfg, result, events, keep.before, keep.model)
+
+
+@pytest.fixture
+def public_mode(monkeypatch, tmp_path) -> Path:
+    """Public mode (a Space) with the app's runs folder in tmp_path; returns that folder."""
+    root = tmp_path / "app-runs"
+    root.mkdir()
+    monkeypatch.setenv("MEMTUNE_PUBLIC", "1")
+    monkeypatch.setenv("MEMTUNE_PUBLIC_RUNS", str(root))
+    return root

@@ -23,6 +23,12 @@ def patient(seconds: float) -> float:
     return seconds * load_factor()
 
 
+def ms(seconds: float) -> float:
+    """A browser wait's bound in milliseconds (Playwright's `timeout=`): `seconds` on an idle machine, stretched by
+    the load now, as `patient`."""
+    return patient(seconds) * 1000
+
+
 class Patience:
     """A wait's bound for an idle machine, stretched by the load as it is while waiting (a machine that gets busier
     during a start-up gives it longer)."""

@@ -12,6 +12,7 @@ import pytest
 
 # The fixtures server, browser and page: tests/browser_app.py, through tests/conftest.py (one app, one browser).
 from tests.browser_app import MISSING, REQUIRED
+from tests.helpers import ms
 
 if MISSING and not REQUIRED:
     pytest.skip(f"browser tests skipped: {MISSING}; set MEMTUNE_REQUIRE_BROWSER=1 to make this a failure",
@@ -29,7 +30,7 @@ from tests.browser_app import (PROGRESS, choose, set_number, state, summary_chip
 
 
 def test_page_loads_without_console_errors_or_outside_requests(page):
-    page.wait_for_timeout(2500)  # a couple of timer ticks
+    page.wait_for_timeout(ms(2.5))  # a couple of timer ticks
     assert page.errors == []
     assert page.foreign == []  # nothing from a CDN, font service or the Hub
     assert "no nvidia gpu found" in page.locator("#vram-gauge").inner_text().lower()
@@ -75,7 +76,7 @@ def test_bad_settings_are_listed_and_nothing_starts(page):
     name.fill("")
     name.press("Tab")
     page.wait_for_function("!document.querySelector('#config-summary #mt-problems')",
-                           timeout=120_000)  # a busy 2-core machine (CI once took over 30 s); never a timing assert
+                           timeout=ms(120))  # a busy 2-core machine (CI once took over 30 s); never a timing assert
     assert page.errors == []
 
 
@@ -129,7 +130,7 @@ def test_demo_run_streams_log_steps_curve_and_adapter(page, server):
     elapsed = re.search(r"elapsed (\d+:\d\d)", stats)
     assert elapsed and re.search(rf"\bTime\s+{elapsed.group(1)}\b", result), (stats, result)
     # "Run 1 started ..." described the run while it went; once it has ended the notice is gone (item 10).
-    page.wait_for_function("!document.querySelector('#run-notice').textContent.trim()", timeout=10_000)
+    page.wait_for_function("!document.querySelector('#run-notice').textContent.trim()", timeout=ms(10))
     assert page.errors == []
 
 
@@ -141,7 +142,7 @@ def test_try_it_answers_with_the_base_and_the_adapter(page, server):
     choose(page, "#try-adapter", "demo-tiny-llama")
     page.locator("#try-prompt textarea").fill("Translate the word 'cat' into French.")
     page.click("#try-send")
-    page.wait_for_function("document.querySelector('#try-status')?.textContent.includes('Done')", timeout=180_000,
+    page.wait_for_function("document.querySelector('#try-status')?.textContent.includes('Done')", timeout=ms(180),
                            polling=250)
     base = page.locator("#try-base textarea").input_value()
     tuned = page.locator("#try-tuned textarea").input_value()
@@ -152,7 +153,7 @@ def test_try_it_answers_with_the_base_and_the_adapter(page, server):
 def test_history_lists_the_run_and_opens_it(page, server):
     trained_run(page, server)
     page.get_by_role("tab", name="History").click()
-    page.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=30_000)
+    page.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=ms(30))
     assert "completed" in page.locator("#history-table").inner_text()
     page.click("#history-table [data-testid=cell-0-1]")
     page.wait_for_selector("#mt-history-detail")
@@ -171,18 +172,18 @@ def test_reload_reattaches_and_stop_from_another_tab_saves_the_adapter(page, con
     # Until the next poll the page still shows the previous run (and its last step): wait for the new run's own steps.
     page.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && p.dataset.run"
                            f" && p.dataset.run !== {json.dumps(previous)} && +p.dataset.step >= 2; }})()",
-                           timeout=120_000, polling=200)
+                           timeout=ms(120), polling=200)
     _, before = state(page)
     new_run = page.locator(PROGRESS).get_attribute("data-run")
 
     page.reload()
     page.errors.clear()
     page.wait_for_selector("#start-btn")
-    page.wait_for_function(f"+document.querySelector('{PROGRESS}').dataset.step > {before}", timeout=90_000)
+    page.wait_for_function(f"+document.querySelector('{PROGRESS}').dataset.step > {before}", timeout=ms(90))
     assert state(page)[0] == "running" and page.locator(PROGRESS).get_attribute("data-run") == new_run
     assert "Training" in page.locator("#run-log").inner_text()
     # the chart shows once the run has logged a loss (every 10 steps): the reattached page may be at step 3
-    page.wait_for_selector("#loss-plot", state="visible", timeout=90_000)
+    page.wait_for_selector("#loss-plot", state="visible", timeout=ms(90))
     assert page.locator("#start-btn").is_disabled()  # one run at a time
 
     other = context.new_page()  # another tab of the same browser
@@ -192,17 +193,17 @@ def test_reload_reattaches_and_stop_from_another_tab_saves_the_adapter(page, con
     other.click("#stop-btn")
     # "Stopping: ..." shows until the run has stopped; on 2 busy cores the stop can land before a frame shows it
     other.wait_for_function(f"document.querySelector('#run-notice').textContent.includes('Stopping') || "
-                            f"document.querySelector('{PROGRESS}')?.dataset.state === 'stopped'", timeout=120_000)
+                            f"document.querySelector('{PROGRESS}')?.dataset.state === 'stopped'", timeout=ms(120))
     wait_state(other, ["stopped"], timeout=120_000)
     assert "Stopped after step" in other.locator("#run-result").inner_text()
     # "Stopping: ..." is gone once the run has stopped (item 10): the result says how it ended.
-    other.wait_for_function("!document.querySelector('#run-notice').textContent.trim()", timeout=10_000)
+    other.wait_for_function("!document.querySelector('#run-notice').textContent.trim()", timeout=ms(10))
     adapter = other.locator("#mt-adapter-path").inner_text()
     assert (server["work"] / adapter / "adapter_model.safetensors").is_file()
     wait_state(page, ["stopped"], timeout=20_000)  # the first tab sees it too
     # "stopped" shows as soon as the child's done event arrives; the manager takes a new Start once the child has
     # exited, and the button follows on the next poll (1 s).
-    page.wait_for_function("!document.querySelector('#start-btn').disabled", timeout=10_000)
+    page.wait_for_function("!document.querySelector('#start-btn').disabled", timeout=ms(10))
     assert page.locator("#start-btn").is_enabled()
     other.close()
     assert [e for e in page.errors if "AbortError" not in e] == []  # aborts: the reload's own cancelled requests
@@ -247,11 +248,11 @@ def click_and_check_saving(pg, key: str) -> None:
     summary = pg.locator("#mt-summary").inner_text()  # every item changes a chip (quant, batch, length...)
     box.click()
     pg.wait_for_function("(c) => document.querySelector('#mt-summary').innerText !== c", arg=summary,
-                         timeout=120_000)  # a busy 2-core machine; never a timing assert
+                         timeout=ms(120))  # a busy 2-core machine; never a timing assert
     expected = before + saves if was_on else before - saves  # unticking gives up the saving, ticking gains it
     try:  # the gauge follows on the next poll (1 s)
         pg.wait_for_function("(e) => Math.abs(+document.querySelector('#mt-gauge-prediction').dataset.predicted - e)"
-                             " < 0.003", arg=expected, timeout=60_000, polling=200)
+                             " < 0.003", arg=expected, timeout=ms(60), polling=200)
     except Exception:  # noqa: BLE001 - fail with the figures, not a timeout
         pytest.fail(f"{key} ({'untick' if was_on else 'tick'}): gauge {before:.3f} -> {gauge_gib(pg):.3f}, but its line "
                     f"said it saves {saves:.3f} GiB (expected {expected:.3f})")
@@ -271,7 +272,7 @@ def test_the_gauge_moves_by_what_each_checklist_line_says_it_saves(page):
     page.click("#preset-chapter")  # an 8B model: several GiB per item, and bf16 beside upcast_to_fp32
     page.wait_for_function("document.querySelector('#mt-summary [data-key=model]')?.textContent.includes('Llama')")
     page.wait_for_function("Math.abs(+document.querySelector('#mt-gauge-prediction').dataset.predicted - 10.9) < 1",
-                           timeout=15_000)
+                           timeout=ms(15))
     page.get_by_role("tab", name="2 · Memory checklist").click()
     for key in keys:
         click_and_check_saving(page, key)
@@ -282,7 +283,7 @@ def test_deleting_a_run_in_history_clears_the_train_tabs_adapter(page, server):
     adapter = trained_run(page, server, steps=3, fresh=True)  # the newest run, shown in the Train tab: this test's own
     page.wait_for_selector("#adapter-download a[href*='.zip'], #adapter-download a[download]")
     page.get_by_role("tab", name="History").click()
-    page.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=30_000)
+    page.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=ms(30))
     page.click("#history-table [data-testid=cell-0-1]")
     page.wait_for_selector("#mt-history-detail")
     page.click("#history-delete")
@@ -292,22 +293,22 @@ def test_deleting_a_run_in_history_clears_the_train_tabs_adapter(page, server):
     page.get_by_role("tab", name="Train").click()
     shown = "(a) => { const e = document.querySelector('#mt-adapter-path'); return e && e.textContent === a; }"
     page.wait_for_function(f"(a) => !({shown})(a) && !document.querySelector('#adapter-download a')", arg=adapter,
-                           timeout=10_000)
+                           timeout=ms(10))
     page.reload()
     page.wait_for_selector("#vram-gauge .mt-gauge")
-    page.wait_for_timeout(2500)  # a couple of polls: a reloaded page looks for the latest run on disk
+    page.wait_for_timeout(ms(2.5))  # a couple of polls: a reloaded page looks for the latest run on disk
     assert page.locator("#mt-adapter-path").count() == 0 or page.locator("#mt-adapter-path").inner_text() != adapter
 
 
 def test_the_gguf_plan_note_follows_the_language(page, server):
     trained_run(page, server)
     page.get_by_role("tab", name="Export").click()
-    page.wait_for_function("document.querySelector('#export-adapter input')?.value", timeout=30_000)
+    page.wait_for_function("document.querySelector('#export-adapter input')?.value", timeout=ms(30))
     page.wait_for_function("document.querySelector('#gguf-plan-note')?.textContent.includes('Needs about')",
-                           timeout=60_000)
+                           timeout=ms(60))
     choose(page, "#lang-select", "Français")
     page.wait_for_function("document.querySelector('#gguf-plan-note')?.textContent.includes('Il faut environ')",
-                           timeout=60_000)
+                           timeout=ms(60))
     note = page.locator("#gguf-plan-note").inner_text().split("Écrit dans")[0]  # (the path may hold anything)
     assert "Gio" in note and "GiB" not in note and not re.search(r"\d\.\d", note), note  # units, decimal commas
 

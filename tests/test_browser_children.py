@@ -11,6 +11,7 @@ import pytest
 
 from core.jobs.actions import LOG_FILE
 from tests.browser_app import MISSING, REQUIRED, choose, point_at_runs
+from tests.helpers import ms
 
 pytestmark = pytest.mark.skipif(MISSING is not None and not REQUIRED, reason=MISSING or "")
 
@@ -51,7 +52,7 @@ def test_a_killed_try_it_child_leaves_the_page_serving_and_the_next_prompt_works
     choose(page, "#try-adapter", "demo-tiny-llama")
     page.locator("#try-prompt textarea").fill("Translate the word 'cat' into French.")
     page.click("#try-send")
-    page.wait_for_function(f"{STATUS}.includes('Done')", timeout=180_000, polling=250)  # answered (a 3-step
+    page.wait_for_function(f"{STATUS}.includes('Done')", timeout=ms(180), polling=250)  # answered (a 3-step
     # adapter may answer with its end-of-text at once: "Done, but ... produced no text" is an answer too)
     (child,) = try_children(server)  # the model lives there, not in the server
     assert child.pid != server["pid"]
@@ -60,15 +61,15 @@ def test_a_killed_try_it_child_leaves_the_page_serving_and_the_next_prompt_works
     # answered, then SIGKILL; the handler following it says so, and the page keeps serving.
     os.kill(child.pid, signal.SIGSTOP)
     page.click("#try-send")
-    page.wait_for_function(f"{STATUS}.includes('Loading')", timeout=60_000, polling=100)
+    page.wait_for_function(f"{STATUS}.includes('Loading')", timeout=ms(60), polling=100)
     os.kill(child.pid, signal.SIGKILL)
-    page.wait_for_function(f"{STATUS}.includes('ended unexpectedly')", timeout=120_000, polling=250)
+    page.wait_for_function(f"{STATUS}.includes('ended unexpectedly')", timeout=ms(120), polling=250)
     said = page.evaluate(STATUS)
     assert "SIGKILL" in said and "still running" in said, said
     assert psutil.Process(server["pid"]).is_running()
 
     page.click("#try-send")  # a fresh child loads the model again and answers
-    page.wait_for_function(f"{STATUS}.includes('Done')", timeout=180_000, polling=250)
+    page.wait_for_function(f"{STATUS}.includes('Done')", timeout=ms(180), polling=250)
     assert "ended unexpectedly" not in page.evaluate(STATUS)
     (fresh,) = try_children(server)
     assert fresh.pid != child.pid

@@ -4,6 +4,7 @@ picked in the page: both runs' training and validation curves on one chart, and 
 import pytest
 
 from tests.browser_app import MISSING, REQUIRED, choose, point_at_runs
+from tests.helpers import ms
 
 pytestmark = pytest.mark.skipif(MISSING is not None and not REQUIRED, reason=MISSING or "")
 
@@ -37,15 +38,15 @@ def test_history_compares_two_runs(page, two_runs):
             # it under the click: open it and pick again.
             try:
                 picker.click()
-                page.get_by_role("option", name=name).first.click(timeout=15_000)
-                page.wait_for_function(f"{chosen}.includes({name!r})", timeout=15_000)
+                page.get_by_role("option", name=name).first.click(timeout=ms(15))
+                page.wait_for_function(f"{chosen}.includes({name!r})", timeout=ms(15))
                 break
             except Exception:  # noqa: BLE001 - not picked yet; the assert below says what the page holds
                 page.keyboard.press("Escape")
         assert name in page.evaluate(chosen), page.evaluate(chosen)
     page.keyboard.press("Escape")
     page.click("#compare-btn")
-    page.wait_for_selector("#mt-compare", timeout=120_000)  # the first Compare on a server still warming up, on 2 busy cores
+    page.wait_for_selector("#mt-compare", timeout=ms(120))  # the first Compare on a server still warming up, on 2 busy cores
     settings = page.locator("#compare-settings-table")
     assert settings.locator("tr[data-field]").count() == 1  # only what differs
     assert "learning_rate" in settings.inner_text()
@@ -62,7 +63,7 @@ def test_history_compares_two_runs(page, two_runs):
     # Issue 37: after a switch to Português the legend still read "training"; the tables and chart follow now.
     choose(page, "#lang-select", "Português")
     page.wait_for_function("document.querySelector('#compare-plot')?.textContent.includes('cmp-b · validação')",
-                           timeout=60_000)
+                           timeout=ms(60))
     page.wait_for_function(drawn)
     legend = plot.inner_text()
     assert "cmp-a · treino" in legend and "training" not in legend, legend
@@ -96,7 +97,7 @@ def test_a_run_with_validation_draws_both_curves_while_it_trains_and_after(page)
         page.get_by_role("tab", name="4 · Settings & code").click()
         try:
             page.wait_for_function("document.querySelector('#code-cli')?.textContent.includes('train[90:]')",
-                                   timeout=40_000)  # 2 busy cores; never a timing assert
+                                   timeout=ms(40))  # 2 busy cores; never a timing assert
             break
         except PlaywrightTimeout:
             if attempt == 2:
@@ -108,7 +109,7 @@ def test_a_run_with_validation_draws_both_curves_while_it_trains_and_after(page)
     previous = page.locator(PROGRESS).get_attribute("data-run") or ""
     page.click("#start-btn")
     page.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && p.dataset.run"
-                           f" && p.dataset.run !== {previous!r}; }})()", timeout=120_000, polling=200)
+                           f" && p.dataset.run !== {previous!r}; }})()", timeout=ms(120), polling=200)
     seen = []  # (state, lines drawn, both series in the legend) as the run goes
     stopped = False
     while True:
@@ -121,10 +122,10 @@ def test_a_run_with_validation_draws_both_curves_while_it_trains_and_after(page)
         if seen[-1] == ("running", 2, True) and not stopped:  # one press: a second one ends the run at once
             page.click("#stop-btn")
             stopped = True
-        page.wait_for_timeout(300)
+        page.wait_for_timeout(ms(0.3))
     assert st in ("stopped", "completed"), page.locator("#run-result").inner_text()
     assert ("running", 2, True) in seen, seen  # both curves while it trained
-    page.wait_for_function(f"document.querySelectorAll({LINES!r}).length === 2", timeout=30_000)  # and after
+    page.wait_for_function(f"document.querySelectorAll({LINES!r}).length === 2", timeout=ms(30))  # and after
     legend = page.locator("#loss-plot").inner_text()
     assert "training" in legend and "validation" in legend, legend
     assert page.errors == []

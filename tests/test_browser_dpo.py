@@ -10,6 +10,7 @@ import pytest
 
 from tests.browser_app import (MISSING, PROGRESS, REQUIRED, set_number, summary_chip, trained_run, wait_idle,
                                wait_state)
+from tests.helpers import ms
 
 pytestmark = pytest.mark.skipif(MISSING is not None and not REQUIRED, reason=MISSING or "")
 
@@ -24,21 +25,21 @@ def test_a_dpo_demo_from_the_page_draws_reward_accuracy_and_saves_an_adapter(pag
     on_demo = "document.querySelector('#mt-summary [data-key=model]')?.textContent.includes('demo-tiny-llama')"
     if not page.evaluate(on_demo):
         page.click("#preset-demo")
-        page.wait_for_function(on_demo, timeout=60_000)
+        page.wait_for_function(on_demo, timeout=ms(60))
     assert "memtune/demo" in summary_chip(page, "data")
     page.locator("#field-stage").get_by_label("dpo", exact=True).check()
     # The stage's own fields appear (its change event answered); the generated command then holds the stage.
-    page.wait_for_selector("#field-beta", state="visible", timeout=60_000)
+    page.wait_for_selector("#field-beta", state="visible", timeout=ms(60))
     assert page.errors == []  # the button's answer drew without an error
     set_number(page, "max_steps", STEPS)
     page.get_by_role("tab", name="4 · Settings & code").click()
     page.wait_for_function("(() => { const c = document.querySelector('#code-cli')?.textContent || '';"
                            f" return c.includes('stage=dpo') && c.includes('max_steps={STEPS}'); }})()",
-                           timeout=60_000)  # 2 busy cores; never a timing assert
+                           timeout=ms(60))  # 2 busy cores; never a timing assert
     previous = page.locator(PROGRESS).get_attribute("data-run") or ""
     page.click("#start-btn")
     page.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && p.dataset.run"
-                           f" && p.dataset.run !== {previous!r}; }})()", timeout=120_000, polling=200)
+                           f" && p.dataset.run !== {previous!r}; }})()", timeout=ms(120), polling=200)
     wait_state(page, ("completed", "stopped", "failed", "interrupted"), timeout=600_000)
     result = page.locator("#run-result")
     assert page.locator(PROGRESS).get_attribute("data-state") == "completed", result.inner_text()
@@ -57,7 +58,7 @@ def test_a_dpo_demo_from_the_page_draws_reward_accuracy_and_saves_an_adapter(pag
     assert "Reward accuracy" in result.inner_text()
     # The reward chart, shown for a preference run only, names both series in its legend.
     page.wait_for_function("document.querySelector('#reward-plot')?.textContent.includes('reward margin')",
-                           timeout=30_000)
+                           timeout=ms(30))
     legend = page.locator("#reward-plot").inner_text()
     assert "reward accuracy" in legend and "reward margin" in legend, legend
     assert page.errors == []
@@ -69,19 +70,19 @@ def test_history_continues_an_sft_run_with_dpo_from_its_adapter(page, server):
     sft = (server["work"] / trained_run(page, server)).parent  # an SFT demo run of this server
     wait_idle(page)
     page.get_by_role("tab", name="History").click()
-    page.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=30_000)
+    page.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=ms(30))
     cell = page.evaluate("[...document.querySelectorAll('#history-table [data-testid^=cell-][data-testid$=\"-1\"]')]"
                          f".find(c => c.textContent.trim() === {json.dumps(sft.name)})?.dataset.testid")
     assert cell, page.locator("#history-table").inner_text()
     page.click(f"#history-table [data-testid={cell}]")
-    page.wait_for_function("!document.querySelector('#history-prefer')?.disabled", timeout=60_000)
+    page.wait_for_function("!document.querySelector('#history-prefer')?.disabled", timeout=ms(60))
     page.click("#history-prefer")
     page.wait_for_function("document.querySelector('#history-status')?.textContent.includes('Press Start')",
-                           timeout=60_000)
+                           timeout=ms(60))
     notice = page.locator("#history-status").inner_text()
     assert f"{sft.name}-dpo" in notice and "base with the adapter disabled" in notice, notice
     page.get_by_role("tab", name="1 · Model & data").click()  # the Training stage row, where init_adapter shows
-    page.wait_for_selector("#field-init_adapter", state="visible", timeout=60_000)  # the stage's fields shown
+    page.wait_for_selector("#field-init_adapter", state="visible", timeout=ms(60))  # the stage's fields shown
     assert page.locator("#field-stage").get_by_label("dpo", exact=True).is_checked()
     box = page.locator("#field-init_adapter input, #field-init_adapter textarea").first
     assert Path(box.input_value()).resolve() == sft.resolve()
@@ -89,11 +90,11 @@ def test_history_continues_an_sft_run_with_dpo_from_its_adapter(page, server):
     set_number(page, "max_steps", STEPS)
     page.get_by_role("tab", name="4 · Settings & code").click()
     page.wait_for_function("(() => { const c = document.querySelector('#code-cli')?.textContent || '';"
-                           f" return c.includes('stage=dpo') && c.includes('init_adapter='); }})()", timeout=60_000)
+                           f" return c.includes('stage=dpo') && c.includes('init_adapter='); }})()", timeout=ms(60))
     previous = page.locator(PROGRESS).get_attribute("data-run") or ""
     page.click("#start-btn")
     page.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && p.dataset.run"
-                           f" && p.dataset.run !== {previous!r}; }})()", timeout=120_000, polling=200)
+                           f" && p.dataset.run !== {previous!r}; }})()", timeout=ms(120), polling=200)
     wait_state(page, ("completed", "stopped", "failed", "interrupted"), timeout=600_000)
     assert page.locator(PROGRESS).get_attribute("data-state") == "completed", page.locator("#run-result").inner_text()
     run_dir = (server["work"] / page.locator("#mt-adapter-path").inner_text()).parent

@@ -7,6 +7,7 @@ import pytest
 
 from core.i18n import STRINGS, t
 from tests.browser_app import MISSING, REQUIRED, choose, point_at_runs
+from tests.helpers import ms
 
 pytestmark = pytest.mark.skipif(MISSING is not None and not REQUIRED, reason=MISSING or "")
 
@@ -34,7 +35,7 @@ def misfit_run(server):
 
 def wait_for(page, selector: str, words: str) -> str:
     page.wait_for_function(f"(document.querySelector({selector!r})?.textContent || '').includes({words!r})",
-                           timeout=180_000, polling=250)
+                           timeout=ms(180), polling=250)
     return page.locator(selector).inner_text()
 
 

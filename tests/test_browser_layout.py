@@ -8,6 +8,7 @@ through the browser's Accept-Language, as a visitor's browser would.
 import pytest
 
 from tests.browser_app import MISSING, REQUIRED  # the fixtures browser and server: tests/browser_app.py
+from tests.helpers import ms
 
 if MISSING and not REQUIRED:
     pytest.skip(f"browser tests skipped: {MISSING}; set MEMTUNE_REQUIRE_BROWSER=1 to make this a failure",
@@ -22,7 +23,7 @@ def laptop_page(context):
     """A tab at a laptop's width (1280 x 900) in `context`."""
     page = context.new_page()
     page.set_viewport_size({"width": 1280, "height": 900})
-    page.set_default_timeout(30_000)
+    page.set_default_timeout(ms(30))
     return page
 
 
@@ -61,7 +62,7 @@ def test_every_field_of_the_settings_tabs_has_room_for_its_label_at_1280px(conte
     page.wait_for_selector("#field-init_adapter", state="visible")
     for tab in ("1 · Model & data", "2 · Memory checklist", "3 · Training"):
         page.get_by_role("tab", name=tab).click()
-        page.wait_for_timeout(300)  # the tab drawn
+        page.wait_for_timeout(ms(0.3))  # the tab drawn
         narrow = page.evaluate("""[...document.querySelectorAll('#settings-tabs [id^=field-]')]
             .filter(e => e.offsetParent !== null)
             .map(e => [e.id, Math.round(e.getBoundingClientRect().width)])""")
@@ -98,7 +99,7 @@ def test_notices_about_old_settings_clear_when_the_settings_change(context, serv
     length.press("Tab")
     # the edit waits in the form's queue behind every page's events: on a loaded machine (CI's other worker, a
     # browser beside it) that took over 30 s once; the clearing is what is checked, not how soon
-    page.wait_for_function("!document.querySelector('#data-preview #mt-preview')", timeout=120_000)
+    page.wait_for_function("!document.querySelector('#data-preview #mt-preview')", timeout=ms(120))
     page.close()
 
 
@@ -133,7 +134,7 @@ def test_an_idle_page_asks_for_a_few_frames_a_second_not_sixty(context, server):
     counts = []
     while len(counts) < 30 and not (len(counts) >= 2 and max(counts[-2:]) < 2 * 20):
         before = page.evaluate("window.__frames")
-        page.wait_for_timeout(2_000)
+        page.wait_for_timeout(ms(2))
         counts.append(page.evaluate("window.__frames") - before)
     assert max(counts[-2:]) < 2 * 20, (f"an idle page asked for {counts} frames in each 2 s (Gradio's timer loop "
                                        "unpaced: ui/early.py)")
@@ -164,7 +165,7 @@ def test_a_card_out_of_range_is_said_beside_its_box_and_the_form_stays_usable(br
     chip = "document.querySelector('#mt-summary [data-key=checkpointing]')?.textContent"
     before = page.evaluate(chip)
     page.locator("#check-gradient_checkpointing input[type=checkbox]").click()
-    page.wait_for_function(f"{chip} && {chip} !== {before!r}", timeout=120_000)  # 2 busy cores; not a timing assert
+    page.wait_for_function(f"{chip} && {chip} !== {before!r}", timeout=ms(120))  # 2 busy cores; not a timing assert
     assert t("gauge.hypothetical", "pt", gib="8") in page.locator("#vram-gauge").inner_text()
     # A language switch says it in the new language, gauge included.
     choose(page, "#lang-select", "Français")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser_app import MISSING, PROGRESS, REQUIRED, app_server, set_number, state, wait_state
+from tests.helpers import ms, patient
 
 if MISSING and not REQUIRED:
     pytest.skip(f"browser tests skipped: {MISSING}; set MEMTUNE_REQUIRE_BROWSER=1 to make this a failure",
@@ -30,7 +31,7 @@ def public_server(tmp_path_factory):
 def visitor(browser, server):
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     pg = context.new_page()
-    pg.set_default_timeout(30_000)
+    pg.set_default_timeout(ms(30))
     pg.errors, pg.console = [], []
     pg.on("pageerror", lambda exc: pg.errors.append(str(exc)))
     pg.on("console", lambda msg: pg.console.append(f"{msg.type}: {msg.text}"))
@@ -44,12 +45,12 @@ def upload_four_rows(page, data: Path) -> None:
     """The demo's settings, then an upload of four rows as `data`'s name: the page names it uploads/NAME."""
     page.click("#preset-demo")
     page.wait_for_function("document.querySelector('#field-dataset input').value === 'memtune/demo'",
-                           timeout=120_000)  # a busy machine's first clicks; generous, never a timing assert
+                           timeout=ms(120))  # a busy machine's first clicks; generous, never a timing assert
     data.write_text("".join(json.dumps({"instruction": f"Say {w}", "response": w}) + "\n"
                             for w in ("alpha", "beta", "gamma", "delta")), encoding="utf-8")
     page.set_input_files("#data-upload input[type=file]", str(data))
     page.wait_for_function(f"document.querySelector('#field-dataset input').value === 'uploads/{data.name}'",
-                           timeout=120_000)
+                           timeout=ms(120))
 
 
 def test_a_visitor_uploads_previews_and_trains_and_another_sees_none_of_it(browser, public_server, tmp_path):
@@ -68,12 +69,12 @@ def test_a_visitor_uploads_previews_and_trains_and_another_sees_none_of_it(brows
     assert len(runs) == 1, runs  # trained on the upload, saved in the visitor's runs folder
     run_name = runs[0].parent.parent.name
     a.get_by_role("tab", name="History").click()
-    a.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=30_000)
+    a.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=ms(30))
     assert run_name in a.locator("#history-table").inner_text()
 
     second, b = visitor(browser, public_server)  # another visitor: a new browser session
     b.get_by_role("tab", name="History").click()
-    b.wait_for_timeout(1500)  # its refresh has answered (a table with no rows)
+    b.wait_for_timeout(ms(1.5))  # its refresh has answered (a table with no rows)
     assert run_name not in b.locator("#history-table").inner_text()
     b.get_by_role("tab", name="Train", exact=True).click()
     b.get_by_role("tab", name="1 · Model & data").click()
@@ -89,7 +90,7 @@ def test_a_visitor_uploads_previews_and_trains_and_another_sees_none_of_it(brows
             b.click("#preview-btn")
             try:
                 b.wait_for_function(f"document.querySelector('#data-preview')?.textContent.includes({said})",
-                                    timeout=90_000)  # a busy machine's first previews; generous, never a timing assert
+                                    timeout=ms(90))  # a busy machine's first previews; generous, never a timing assert
                 break
             except Exception as exc:  # noqa: BLE001 - Playwright's TimeoutError: ask once more, then fail
                 # what the next session needs to find the cause: shown in CI's log as a warning, or in the failure
@@ -133,7 +134,7 @@ def urllib_get(server, path: str, cookie: str) -> str:
     import urllib.request
 
     req = urllib.request.Request(server["url"] + path, headers={"cookie": cookie})
-    with urllib.request.urlopen(req, timeout=60) as r:
+    with urllib.request.urlopen(req, timeout=patient(60)) as r:
         return r.read().decode()
 
 
@@ -144,7 +145,7 @@ def post(server, path: str, body: dict, cookie: str | None = None) -> tuple[int,
     headers = {"content-type": "application/json", **({"cookie": cookie} if cookie else {})}
     req = urllib.request.Request(server["url"] + path.lstrip("/"), data=json.dumps(body).encode(), headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=patient(60)) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -167,13 +168,13 @@ def test_two_visitors_and_a_forger_each_see_only_their_own_and_share_the_gpu_thr
     assert "/" not in a.locator("#config-notice").inner_text().split("a-settings.yaml")[0].split()[-1]  # no folder
     a.click("#start-btn")
     wait_state(a, ["running"], timeout=180_000)
-    a.wait_for_function("document.querySelector('#run-log')?.textContent.includes('run folder')", timeout=180_000)
+    a.wait_for_function("document.querySelector('#run-log')?.textContent.includes('run folder')", timeout=ms(180))
     a_log = a.locator("#run-log").inner_text()
     assert str(public_server["work"]) not in a_log and "/home/" not in a_log  # names in the visitor's space only
     a_run = next(p.name for p in (public_server["work"] / "runs").glob("visitor-*/*") if p.is_dir())
 
     second, b = visitor(browser, public_server)
-    b.wait_for_timeout(2500)  # a few polls have answered
+    b.wait_for_timeout(ms(2.5))  # a few polls have answered
     assert state(b)[0] == "idle"  # A's run is not B's: no progress, chart, log or result
     assert "secret-a" not in b.locator("#run-log").inner_text() and a_run not in b.content()
     assert not b.locator("#loss-plot").is_visible() and not b.locator("#adapter-download").is_visible()
@@ -181,11 +182,11 @@ def test_two_visitors_and_a_forger_each_see_only_their_own_and_share_the_gpu_thr
     assert str(public_server["work"]) not in b.content()  # no server path anywhere in the page
     b.get_by_role("tab", name="4 · Settings & code").click()
     b.click("#config-list input")
-    b.wait_for_timeout(500)
+    b.wait_for_timeout(ms(0.5))
     assert b.get_by_role("option", name="a-settings").count() == 0  # A's saved settings are not listed for B
     b.keyboard.press("Escape")
     b.get_by_role("tab", name="History").click()
-    b.wait_for_timeout(1500)
+    b.wait_for_timeout(ms(1.5))
     assert a_run not in b.locator("#history-table").inner_text()
     b.get_by_role("tab", name="Train", exact=True).click()
     b.get_by_role("tab", name="1 · Model & data").click()
@@ -194,7 +195,7 @@ def test_two_visitors_and_a_forger_each_see_only_their_own_and_share_the_gpu_thr
     box.press("Tab")
     b.click("#preview-btn")
     b.wait_for_function("document.querySelector('#data-preview')?.textContent.includes('does not exist')",
-                        timeout=180_000)
+                        timeout=ms(180))
     assert "Say alpha" not in b.locator("#data-preview").inner_text()
     assert b.locator("#stop-btn").is_disabled()  # B has no run; B's Stop sent anyway acts on B's runs only:
     cookie = "; ".join(f"{c['name']}={c['value']}" for c in second.cookies())
@@ -202,7 +203,7 @@ def test_two_visitors_and_a_forger_each_see_only_their_own_and_share_the_gpu_thr
                 if d.get("api_name") == "stop")
     assert post(public_server, "gradio_api/queue/join", {"data": ["en"], "fn_index": stop, "trigger_id": None,
                                                          "session_hash": "visitor-b-stop-1"}, cookie)[0] == 200
-    b.wait_for_timeout(3000)  # the queued Stop has been answered
+    b.wait_for_timeout(ms(3))  # the queued Stop has been answered
     assert state(a)[0] == "running"
 
     # A third client copies A's session hash: the server binds each hash to the visitor who used it first.
@@ -230,13 +231,13 @@ def test_two_visitors_and_a_forger_each_see_only_their_own_and_share_the_gpu_thr
     assert not b.locator("#adapter-download").is_visible() or state(b)[0] == "completed"
     wait_state(b, ["completed"], timeout=300_000)
     assert state(b) == ("completed", 3), b.locator("#run-result").inner_text()
-    a.wait_for_selector("#adapter-download", state="visible", timeout=60_000)
+    a.wait_for_selector("#adapter-download", state="visible", timeout=ms(60))
     assert state(a)[0] == "stopped"  # B's run never shows on A's page
     a.reload()  # A's saved settings are still A's after a reload (listed when their tab opens)
     a.wait_for_selector("#start-btn")
     a.get_by_role("tab", name="4 · Settings & code").click()
     a.click("#config-list input")
-    a.get_by_role("option", name="a-settings").wait_for(timeout=30_000)
+    a.get_by_role("option", name="a-settings").wait_for(timeout=ms(30))
     a.keyboard.press("Escape")
     assert not a.errors and not b.errors, (a.errors, b.errors)
     first.close()
@@ -250,7 +251,7 @@ def request(server, path: str, method: str = "GET", body: bytes | None = None, h
 
     req = urllib.request.Request(server["url"] + path.lstrip("/"), data=body, method=method, headers=headers or {})
     try:
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=patient(60)) as r:
             return r.status, r.headers, r.read(200_000).decode(errors="replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.headers, exc.read().decode(errors="replace")
@@ -285,12 +286,13 @@ def test_with_a_login_every_route_but_the_login_page_needs_it_and_the_page_shows
         for path in ("config", "gradio_api/info", "gradio_api/startup-events"):
             assert request(server, path, headers={"cookie": cookie})[0] == 200, path
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        context.set_default_timeout(ms(30))
         pg = context.new_page()  # the login page still works without the API description
         pg.goto(server["url"])
         pg.fill("input[type=text]", "me")
         pg.fill("input[type=password]", "long-secret-pw")
         pg.keyboard.press("Enter")
-        pg.wait_for_selector("#start-btn", timeout=60_000)
+        pg.wait_for_selector("#start-btn", timeout=ms(60))
         context.close()
     finally:
         next(started, None)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tests.browser_app import MISSING, REQUIRED
+from tests.helpers import ms
 
 if MISSING and not REQUIRED:
     pytest.skip(f"browser tests skipped: {MISSING}; set MEMTUNE_REQUIRE_BROWSER=1 to make this a failure",
@@ -22,8 +23,8 @@ def test_many_stop_clicks_are_one_stop_and_end_now_asks_first(page, server):
     page.click("#start-btn")
     page.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && p.dataset.run"
                            f" && p.dataset.run !== {json.dumps(previous)} && +p.dataset.step >= 1; }})()",
-                           timeout=120_000, polling=200)
-    page.wait_for_function("!document.querySelector('#end-now-btn').disabled", timeout=30_000)
+                           timeout=ms(120), polling=200)
+    page.wait_for_function("!document.querySelector('#end-now-btn').disabled", timeout=ms(30))
 
     page.click("#end-now-btn")  # asks first: nothing ends yet
     box = page.locator("#end-now-confirm")

@@ -11,6 +11,7 @@ import re
 import pytest
 
 from tests.browser_app import MISSING, REQUIRED, choose, train_here
+from tests.helpers import ms
 
 if MISSING and not REQUIRED:
     pytest.skip(f"browser tests skipped: {MISSING}; set MEMTUNE_REQUIRE_BROWSER=1 to make this a failure",
@@ -33,7 +34,7 @@ def pick_language(pg, lang: str) -> None:
         choose(pg, "#lang-select", NAMES[lang])
         try:
             pg.wait_for_function(f"document.querySelector('#start-btn')?.textContent.includes({start!r})",
-                                 timeout=40_000)
+                                 timeout=ms(40))
             return
         except PlaywrightTimeout:
             if attempt == 2:
@@ -50,10 +51,10 @@ def test_gradios_own_strings_follow_the_language_picker(page):
     before = box.inner_text()
     for lang, code in (("pt", "pt-BR"), ("fr", "fr")):
         pick_language(page, lang)
-        page.wait_for_function(f"document.documentElement.lang === {code!r}", timeout=30_000)
+        page.wait_for_function(f"document.documentElement.lang === {code!r}", timeout=ms(30))
         # The box is drawn again in the new language: other words than the last language's, none of them English.
         page.wait_for_function(f"(() => {{ const e = document.querySelector({UPLOAD_TEXT!r}); const t = e ? e.innerText"
-                               f" : ''; return t.trim() && t !== {before!r} && !({english}); }})()", timeout=30_000)
+                               f" : ''; return t.trim() && t !== {before!r} && !({english}); }})()", timeout=ms(30))
         before = page.locator(UPLOAD_TEXT).inner_text()
         assert before.strip() and not any(w in before for w in GRADIO_ENGLISH), (lang, before)
     pick_language(page, "en")
@@ -89,13 +90,13 @@ def test_after_a_run_the_zip_chart_and_history_follow_the_language(page):
         axis, legend = t("run.step_axis", lang), t("run.series_legend", lang)
         page.wait_for_function(f"""(() => {{ const q = s => [...document.querySelectorAll('#loss-plot ' + s)]
             .map(e => e.textContent); return q('.role-axis-title text').includes({axis!r})
-            && q('.role-legend-title text').includes({legend!r}); }})()""", timeout=30_000)
+            && q('.role-legend-title text').includes({legend!r}); }})()""", timeout=ms(30))
         titles = chart_titles(page)
         assert titles["axes"][0] == axis and titles["legend"] == [legend], (lang, titles)
         # The label comes with the next poll of the run panel (a second at most), the titles with the switch itself.
         prefix = t("run.download_size", lang, size="").split("(")[0]
         page.wait_for_function(f"document.querySelector('#adapter-download [data-testid=block-label]')"
-                               f"?.innerText.startsWith({prefix!r})", timeout=30_000)
+                               f"?.innerText.startsWith({prefix!r})", timeout=ms(30))
         label = page.locator("#adapter-download [data-testid=block-label]").inner_text()
         assert re.search(units[lang], label), (lang, label)
 

@@ -15,7 +15,8 @@ from core.messages import say, words_of
 from core.model import compile as regional
 from core.model import load as model_lib
 from core.runs.events import make_event
-from core.train.recipe import plan_data, run_training
+from core.train.data import plan_data
+from core.train.recipe import run_training
 
 FAST = dict(gradient_checkpointing=False, compile_layers="auto")
 

@@ -668,7 +668,8 @@ def test_wrong_columns_and_row_errors_name_the_file(tmp_path, tok):
 
 # --- the page: preview, upload, fit ----------------------------------------------------------------------
 def widget_values(cfg):
-    from ui.fields import FIELD_NAMES, to_values
+    from ui.fields import FIELD_NAMES
+    from ui.form import to_values
 
     v = to_values(cfg)
     return [v[n] for n in FIELD_NAMES]
@@ -713,7 +714,7 @@ def test_a_rejected_upload_keeps_the_previous_dataset(tmp_path, monkeypatch, dem
     from tests.helpers import upload_as_the_page_does
     from ui.layout import build_ui
 
-    form = build_ui(demo_config()).memtune_form
+    form = build_ui(demo_config().to_dict()).memtune_form
     monkeypatch.setenv("MEMTUNE_HOME", str(tmp_path / "home"))
     good = tmp_path / "in" / "rows.jsonl"
     good.parent.mkdir()
@@ -738,7 +739,7 @@ def test_fit_uses_the_previewed_lengths_and_says_so(tmp_path, demo_model_path):
     from ui.handlers import on_fit
     from ui.layout import build_ui
 
-    form = build_ui(demo_config()).memtune_form
+    form = build_ui(demo_config().to_dict()).memtune_form
     cfg = demo_config(dataset=str(write_jsonl(tmp_path / "short.jsonl", [DOLLY] * 4)), max_length=2048)
     assert "as if every row reached max_length" in on_fit(form, "en", 8, *widget_values(cfg))[form.fit_note]
     peak_before = prediction(cfg).gib

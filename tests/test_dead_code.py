@@ -51,8 +51,12 @@ def names_used(tree: ast.AST) -> list[tuple[str, str | None]]:
     for node in tree.body:
         owner = node.name if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else None
         if owner:  # its decorators and default values are uses from outside it
-            for outer in [*node.decorator_list, *getattr(getattr(node, "args", None), "defaults", [])]:
-                visit(outer, None)
+            args = getattr(node, "args", None)
+            annotations = [a.annotation for a in ([*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg,
+                                                    args.kwarg] if args else []) if a is not None and a.annotation]
+            for outer in [*node.decorator_list, *getattr(args, "defaults", []), *annotations,
+                          *([node.returns] if getattr(node, "returns", None) else [])]:
+                visit(outer, None)  # a slice or type named in a signature is used by the function
             for child in node.body:
                 visit(child, owner)
             if isinstance(node, ast.ClassDef):

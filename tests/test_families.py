@@ -268,7 +268,8 @@ def test_the_data_preview_says_which_modules_get_lora(family_dirs):
     from ui.data import preview
 
     folder = family_dirs("phi3")
-    html = preview(demo_config(model=str(folder), lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]), "fr")
+    cfg = demo_config(model=str(folder), lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    html = preview(cfg.to_dict(), "fr")
     assert "LoRA sur o_proj, qkv_proj : 4 couches" in html and "qkv_proj s&#x27;entraîne en entier" in html
 
 

@@ -53,7 +53,7 @@ def test_history_lists_engine_runs_newest_first_and_skips_foreign_folders(runs):
     assert five.checkpoint.endswith("checkpoint-5") and five.resumable
     assert five.peak_gib is None  # a CPU run has no GPU peak
     assert five.date.startswith(time.strftime("%Y-"))
-    assert len(five.row()) == 10
+    assert len(five.row()) == 11
     assert infos[1].status == "interrupted" and infos[1].model == "" and infos[1].adapter_dir is None
     assert adapter_choices(out) == [(f"five (memtune/demo-tiny-llama, loss {s['final_loss']:.3f})",
                                      result.adapter_dir)]
@@ -182,7 +182,7 @@ def page():
     from core.config.settings import demo_config
     from ui.layout import build_ui
 
-    return build_ui(demo_config())
+    return build_ui(demo_config().to_dict())
 
 
 def form_values(form, res) -> dict:
@@ -222,10 +222,12 @@ def test_continue_with_preference_tuning_fills_the_form_for_dpo_from_the_runs_ad
     assert cfg.dataset == DEMO_DATASET and not cfg.packing and cfg.resume_from == ""
     assert cfg.run_name == "five-dpo" and cfg.output_dir == str(out)  # a new folder beside it, never the old one
     saved = load_run(result.run_dir).config.to_dict()
-    changed = {"stage", "init_adapter", "run_name", "beta", "dpo_loss_type"}  # beta, loss: the dpo fields' defaults
+    # beta, loss: the dpo fields' defaults; the learning rate: the stage's own (tests/test_heldout_run.py)
+    changed = {"stage", "init_adapter", "run_name", "beta", "dpo_loss_type", "learning_rate"}
     assert {k: v for k, v in cfg.to_dict().items() if k not in changed} == {k: v for k, v in saved.items()
                                                                               if k not in changed}
     said = notice(res, h)
+    assert "Learning rate 0.008 → 0.0001" in said
     assert f"{result.adapter_dir}" in said and "five-dpo" in said and "no second copy" in said
     assert "base with the adapter disabled" in said and "demo's preference pairs" in said
     assert "mt-note-ok" in res[h.note] and res[h.main_tabs].selected == "tab-train"

@@ -177,7 +177,8 @@ def test_the_page_shows_the_resolved_run_a_conv_mixer_trains_unpacked(cache, tmp
     monkeypatch.setattr(measure, "_DISK", None)
     monkeypatch.setattr(measure, "_MEMO", {})
     _server(monkeypatch)
-    pred = prediction(asked, inspections=_Answered({"kind": "done", "status": "completed", **answer}))
+    pred = prediction(asked, inspections=_Answered({"kind": "done", "status": "completed", **answer}),
+                      settings=asked.to_dict())
     assert pred.gib == pytest.approx(expected) and not pred.measuring and not pred.failed
     note = inspect_note(pred, "en")
     assert "packing: on → off: lfm2 has" in note and "rows train unpacked" in note

@@ -130,7 +130,7 @@ def test_the_preview_of_the_same_data_says_its_notes_in_pt_and_fr(chat_run):
 
     cfg, _ = chat_run
     for lang in LANGS:
-        page = preview(cfg, lang)
+        page = preview(cfg.to_dict(), lang)
         notes = [html.unescape(n) for n in re.findall(r'class="mt-small mt-warn-text">([^<]*)<', page)]
         assert len(notes) == 3, page  # the longest row, the turns, the LoRA line
         for note in notes:
@@ -180,7 +180,7 @@ def test_the_lines_of_rarer_cases_read_in_pt_and_fr(tmp_path, demo_model_path, d
     texts.append(("error", words_of(refusal)))
     from core.data.plan import DataError
     from core.messages import fields_of
-    from core.train.recipe import plan_data
+    from core.train.data import plan_data
 
     with pytest.raises(DataError) as no_validation:  # keep_best on the demo's 100 rows: nothing is held out
         plan_data(demo_config(keep_best=True), lambda e: None)
@@ -304,7 +304,8 @@ def test_historys_failed_run_says_its_message_in_the_pages_language(tmp_path):
     from core.runs.history import load_run
     from ui.render import run_detail_html, said
 
-    run = create_run_dir(demo_config(output_dir=str(tmp_path / "runs")))
+    cfg = demo_config(output_dir=str(tmp_path / "runs"))
+    run = create_run_dir(cfg, cfg.to_yaml())
     message = Said("log.died", how=Said("log.exit_code", code=3))  # the supervisor's, by its key
     assert message == "The training process died unexpectedly (exit code 3)."
     record_failure(run, message, "crash", exit_code=3)

@@ -177,10 +177,11 @@ def test_the_preview_says_a_csv_line_with_a_wrong_field_count_in_the_pages_langu
     from ui.data import preview
 
     path = _csv(tmp_path)
-    html = preview(demo_config(dataset=str(path)), lang)
+    html = preview(demo_config(dataset=str(path)).to_dict(), lang)
     assert escape(WORDS["csv"][lang]) in html and "meus-dados.csv" in html
     assert "fields where the header" not in html and "Fix or delete" not in html
-    assert "has 3 fields where the header (line 1) has 2" in preview(demo_config(dataset=str(path)), "en")
+    assert "has 3 fields where the header (line 1) has 2" in preview(demo_config(dataset=str(path)).to_dict(),
+                                                                        "en")
 
 
 @pytest.mark.parametrize("lang", ["pt", "fr"])
@@ -191,7 +192,7 @@ def test_the_preview_says_a_missing_model_folder_in_the_pages_language(tmp_path,
     good = tmp_path / "ok.csv"
     good.write_text("prompt,completion\nhello,bonjour\n", encoding="utf-8")
     missing = tmp_path / "modelos" / "meu-modelo"
-    html = preview(demo_config(dataset=str(good), model=str(missing)), lang)
+    html = preview(demo_config(dataset=str(good), model=str(missing)).to_dict(), lang)
     assert escape(str(missing)) in html and escape(WORDS["model"][lang]) in html
     assert "does not exist" not in html
 

@@ -62,15 +62,19 @@ def _loss_and_grads(model, ids) -> tuple[float, dict[str, torch.Tensor]]:
     return loss.item(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
+@pytest.mark.parametrize("chunk", [None, 3])
 @pytest.mark.parametrize("name", FAMILIES)
-def test_grouped_experts_equal_the_one_at_a_time_path(name, folders, monkeypatch):
+def test_grouped_experts_equal_the_one_at_a_time_path(name, chunk, folders, monkeypatch):
     """The grouped path is the default where transformers has a grouped product (here, its CPU fallback), the log
     says so, and the loss and every LoRA gradient (the attention's, which reach back through both layers' experts)
-    equal the one-expert-at-a-time path's on the same batch."""
+    equal the one-expert-at-a-time path's on the same batch; also where the memory budget splits a layer's experts
+    into chunks (`chunk` experts each), whose rows start wherever the routing put them."""
     from core.levers import experts as moe
     from core.model.load import load_model, prepare_for_training
 
     monkeypatch.delenv(grouping.CHOICE, raising=False)
+    if chunk:
+        monkeypatch.setattr(moe, "chunks", lambda n, one: grouping.chunks(n, one, budget=chunk * one))
     cfg = _cfg(folders[name], precision="fp32", upcast_to_fp32=False, lora_dropout=0.0)
     model = prepare_for_training(load_model(cfg, str(folders[name])), cfg)
     assert model.config._experts_implementation == moe.GROUPED
@@ -110,8 +114,8 @@ def test_grouped_experts_keep_no_dequantized_weight_for_backward(folders):
     model = load_model(_cfg(path, precision="fp32", upcast_to_fp32=False), str(path))
     model.set_experts_implementation(moe.GROUPED)
     layer = model.model.layers[0].mlp
-    hidden = torch.randn(1, 3, model.config.hidden_size, requires_grad=True)
-    index = torch.tensor([[0, 5], [2, 5], [7, 1]])  # 3 tokens, top-2 of 8 experts
+    hidden = torch.randn(1, 5, model.config.hidden_size, requires_grad=True)
+    index = torch.tensor([[0, 5], [2, 5], [7, 1], [0, 3], [6, 5]])  # 5 tokens, top-2 of 8 experts
     saved = []
 
     def pack(t):
@@ -119,7 +123,7 @@ def test_grouped_experts_keep_no_dequantized_weight_for_backward(folders):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = layer.experts(hidden.view(-1, hidden.shape[-1]), index, torch.softmax(torch.randn(3, 2), dim=-1))
+        out = layer.experts(hidden.view(-1, hidden.shape[-1]), index, torch.softmax(torch.randn(5, 2), dim=-1))
     rows, cols = layer.experts.gate_up_proj.out_in
     assert not [s for s, _ in saved if len(s) == 3], saved
     assert sum(b for _, b in saved) < rows * cols * 2, saved
@@ -127,41 +131,38 @@ def test_grouped_experts_keep_no_dequantized_weight_for_backward(folders):
     assert hidden.grad is not None and hidden.grad.abs().sum() > 0
 
 
-def test_groups_hold_only_routed_experts_within_the_budget():
-    from core.levers.grouping import Group, groups
+def test_chunks_are_fixed_by_the_shapes_within_the_budget():
+    from core.levers.grouping import chunks
 
-    ends = [3, 3, 5, 9, 9, 12]  # experts 1 and 4 received no row
-    assert groups(ends, expert_bytes=10, budget=100) == [Group([0, 2, 3, 5], 0, 12, [3, 5, 9, 12])]
-    assert groups(ends, expert_bytes=10, budget=25) == [Group([0, 2], 0, 5, [3, 5]), Group([3, 5], 5, 12, [4, 7])]
-    assert groups(ends, expert_bytes=10, budget=1) == [Group([0], 0, 3, [3]), Group([2], 3, 5, [2]),
-                                                       Group([3], 5, 9, [4]), Group([5], 9, 12, [3])]
-    assert groups([0, 0], expert_bytes=10) == []
+    assert chunks(6, expert_bytes=10, budget=100) == [(0, 6)]
+    assert chunks(6, expert_bytes=10, budget=25) == [(0, 2), (2, 4), (4, 6)]
+    assert chunks(5, expert_bytes=10, budget=30) == [(0, 3), (3, 5)]
+    assert chunks(3, expert_bytes=10, budget=1) == [(0, 1), (1, 2), (2, 3)]
 
 
-def test_group_bytes_is_the_largest_buffer_the_groups_dequantize():
-    from core.levers.grouping import group_bytes, groups
+def test_group_bytes_is_the_largest_buffer_the_chunks_dequantize():
+    from core.levers.grouping import chunks, group_bytes
 
-    # Qwen3-30B-A3B's gate_up (768 MiB in bf16): one group within 1 GiB, groups of 85 experts within 512 MiB
+    # Qwen3-30B-A3B's gate_up (768 MiB in bf16): one chunk within 1 GiB, chunks of 85 experts within 512 MiB
     assert group_bytes(128, 1536 * 2048, 2, budget=2**30) == 128 * 1536 * 2048 * 2
     assert group_bytes(128, 1536 * 2048, 2, budget=512 * 2**20) == 85 * 1536 * 2048 * 2
-    ends = list(range(1, 129))
-    largest = max(len(g.experts) for g in groups(ends, 1536 * 2048 * 2, budget=512 * 2**20))
+    largest = max(stop - start for start, stop in chunks(128, 1536 * 2048 * 2, budget=512 * 2**20))
     assert largest * 1536 * 2048 * 2 == group_bytes(128, 1536 * 2048, 2, budget=512 * 2**20)
 
 
 @pytest.mark.parametrize("nested", [True, False])
 @pytest.mark.parametrize("layout", [(6, 128, 64, False), (4, 64, 192, True), (3, 96, 40, False)])
 def test_a_group_dequantizes_to_each_experts_own_values(nested, layout):
-    """One bitsandbytes call per group gives every expert exactly its own dequantized values, double-quantized or
-    not, whole blocks of 256 absmax or not (96 x 40 / 64 = 60), any subset of experts, either family layout."""
+    """One bitsandbytes call per chunk gives every expert exactly its own dequantized values, double-quantized or
+    not, whole blocks of 256 absmax or not (96 x 40 / 64 = 60), any run of experts, either family layout."""
     from core.levers.experts import NF4Experts
 
     experts, a, b, transposed = layout
     torch.manual_seed(0)
     q = NF4Experts(torch.randn(experts, a, b, dtype=torch.bfloat16), transposed, "nf4", nested, torch.float32)
-    for pick in ([0, 1, 2], [0, experts - 1], [1, experts - 1]):
-        got = q.dequantize_group(pick, torch.float32)
-        own = torch.stack([q.dequantize(e).float() for e in pick])
+    for start, stop in ((0, 3), (0, experts), (1, experts), (experts - 1, experts)):
+        got = q.dequantize_group(start, stop, torch.float32)
+        own = torch.stack([q.dequantize(e).float() for e in range(start, stop)])
         assert torch.equal(got, own.transpose(-2, -1) if transposed else own)
 
 
@@ -237,3 +238,19 @@ def test_the_plans_verdict_says_pass_and_fail_per_check(tmp_path):
     assert any(x.startswith("PASS log: qwen3-12l-lowest_memory-loop") for x in lines)
     assert any(x.startswith("PASS OLMoE grouped / dense 8B lowest_memory: 2.67x") for x in lines)
     assert not [x for x in lines if x.startswith("FAIL ran")]
+
+
+@pytest.mark.parametrize("name", ["moe5", "moe5smoke", "moe5b"])
+def test_the_no_sync_plans_are_settings_the_cli_accepts(name, tmp_path):
+    """bench/product_plans.py moe5 / moe5b: every row a setting the CLI accepts, on an architecture bench/archs.py
+    knows; the compile pair differs only in compile_layers."""
+    from bench.archs import ARCHS
+    from bench.product_plans import plan
+    from tests.test_bench_plans import test_every_row_is_a_setting_the_cli_accepts
+
+    test_every_row_is_a_setting_the_cli_accepts(name, tmp_path)
+    rows = {v.name: v for v in plan(name)}
+    assert all(not v.arch or v.arch in ARCHS for v in rows.values())
+    if name == "moe5":
+        on, off = rows["olmoe-fastest-grouped"], rows["olmoe-fastest-grouped-nocompile"]
+        assert off.sets == [*on.sets, "compile_layers=off"] and on.env == off.env

@@ -185,12 +185,13 @@ def test_the_reward_chart_and_results_show_the_validation_accuracy():
 def test_the_preview_of_a_preference_stage_accounts_for_the_held_out_pairs():
     from ui.data import preview
 
-    html = preview(demo_config(stage="dpo", validation_share=0.2))
+    html = preview(demo_config(stage="dpo", validation_share=0.2).to_dict())
     assert "Validation: 20 of 100 rows held out" in html and "80 rows go to the plan below" in html
     assert "Preference data (dpo): 80 rows" in html and "Validation pairs (dpo): 20 rows" in html
     assert "20 evaluated at max_length 64" in html
-    assert "Pares de validação (dpo): 20 linhas" in preview(demo_config(stage="dpo", validation_share=0.2), "pt")
-    off = preview(demo_config(stage="kto"))  # the default share on 100 pairs: every pair trains, said
+    held = demo_config(stage="dpo", validation_share=0.2).to_dict()
+    assert "Pares de validação (dpo): 20 linhas" in preview(held, "pt")
+    off = preview(demo_config(stage="kto").to_dict())  # the default share on 100 pairs: every pair trains, said
     assert "Validation off: every row trains" in off and "200 rows" in off and "Validation pairs" not in off
-    sft_file = preview(demo_config(stage="dpo", validation_data=str(DEMO_DATA)))  # SFT rows, not pairs: said
+    sft_file = preview(demo_config(stage="dpo", validation_data=str(DEMO_DATA)).to_dict())  # SFT rows, not pairs: said
     assert str(DEMO_DATA) in sft_file and "prompt/chosen/rejected" in sft_file

@@ -48,16 +48,16 @@ def test_the_childs_progress_is_on_the_bar_and_it_reads_as_its_visitor(tmp_path,
     """)
     monkeypatch.setattr(data, "visitor", lambda: "visitor-abc")
     bar = []
-    html = data.preview(rows(tmp_path), "pt", lambda f, desc: bar.append((f, desc)), actions=actions)
+    html = data.preview(rows(tmp_path).to_dict(), "pt", lambda f, desc: bar.append((f, desc)), actions=actions)
     assert (0.5, "A tokenizar cada linha como o treino fará") in bar
     assert "visitor-abc" in html and "mt-data-error" in html
     monkeypatch.setattr(data, "visitor", lambda: None)  # the app's own user: no visitor in the child's environment
-    assert "nobody" in data.preview(rows(tmp_path), "pt", actions=actions)
+    assert "nobody" in data.preview(rows(tmp_path).to_dict(), "pt", actions=actions)
 
 
 def test_a_preview_child_that_dies_is_said_in_the_pages_language(tmp_path):
     actions = fake(tmp_path, "sys.exit(3)")
-    html = data.preview(rows(tmp_path), "pt", actions=actions)
+    html = data.preview(rows(tmp_path).to_dict(), "pt", actions=actions)
     assert "Não foi possível ler os dados" in html and "A pré-visualização dos dados terminou inesperadamente" in html
 
 
@@ -79,8 +79,8 @@ def test_a_real_preview_child_shows_what_an_in_process_preview_shows(tmp_path):
     actions = Actions()
     try:
         bar = []
-        child = data.preview(cfg, "fr", lambda f, desc: bar.append(f), actions=actions)
+        child = data.preview(cfg.to_dict(), "fr", lambda f, desc: bar.append(f), actions=actions)
     finally:
         actions.shutdown()
-    assert child == data.preview(cfg, "fr")
+    assert child == data.preview(cfg.to_dict(), "fr")
     assert "mt-preview" in child and bar and bar[-1] == 1.0

@@ -19,7 +19,8 @@ from core.i18n import t
 from tests import families_any
 from tests.test_estimate_stored import _config
 from ui import data
-from ui.fields import FIELD_NAMES, to_values
+from ui.fields import FIELD_NAMES
+from ui.form import to_values
 
 
 def _save(config, folder: Path) -> Path:

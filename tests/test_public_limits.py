@@ -21,6 +21,7 @@ NOT_PATHS = {
     "run_name": "one folder name inside output_dir (SAFE_NAME: no separator)",
     "num_gpus": "a count, or all",
     "main_process_ip": "a network address",
+    "heldout_options": "the scorer's JSON options: a schema file or a function's file in them is refused in public mode",
 }
 
 
@@ -37,15 +38,12 @@ class Visitors:
 
 
 @pytest.fixture
-def public(monkeypatch, tmp_path):
+def public(public_mode, monkeypatch, tmp_path):
     """Public mode with its runs in tmp_path, visitor a asking."""
     import ui.data  # noqa: F401 - registers the page's visitor source at import: replaced below, for this test
     from core.runs import public as pub
 
-    root = tmp_path / "app-runs"
-    root.mkdir()
-    monkeypatch.setenv("MEMTUNE_PUBLIC", "1")
-    monkeypatch.setenv("MEMTUNE_PUBLIC_RUNS", str(root))
+    root = public_mode
     monkeypatch.delenv(pub.VISITOR_ENV, raising=False)
     visitors = Visitors()
     monkeypatch.setattr(pub, "_visitor_source", lambda: visitors.now)
@@ -103,7 +101,8 @@ def test_the_page_form_of_every_path_field_maps_both_ways(public, tmp_path):
     `uploads/val.jsonl` used to reach the child as is and fail there with a server path), and go back on screen as
     they were typed; `..` out of the visitor's folder is still refused."""
     from core.runs import public as pub
-    from ui.fields import FIELD_NAMES, collect, to_values
+    from ui.fields import FIELD_NAMES, collect
+    from ui.form import to_values
     from ui.form import Form, field_updates, read_config
 
     public.asks(public.b)

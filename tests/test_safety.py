@@ -150,14 +150,14 @@ def test_a_job_manager_can_prepare_the_run_folder(tmp_path):
     from core.runs.folders import create_run_dir
 
     cfg = demo_config(output_dir=str(tmp_path), run_name="job")
-    run_dir = create_run_dir(cfg)
+    run_dir = create_run_dir(cfg, cfg.to_yaml())
     assert files.marker(run_dir)["kind"] == "run" and (run_dir / "config.yaml").is_file()
-    assert create_run_dir(cfg, prepared=run_dir) == run_dir  # the child continues in it
-    assert create_run_dir(cfg).name == "job-2"  # a second run never reuses the folder
+    assert create_run_dir(cfg, cfg.to_yaml(), prepared=run_dir) == run_dir  # the child continues in it
+    assert create_run_dir(cfg, cfg.to_yaml()).name == "job-2"  # a second run never reuses the folder
     v = victim(tmp_path)
     before = tree_hash(v)
     with pytest.raises(ConfigError, match="not a fresh run folder"):
-        create_run_dir(cfg, prepared=v)
+        create_run_dir(cfg, cfg.to_yaml(), prepared=v)
     assert tree_hash(v) == before
 
 
@@ -323,7 +323,7 @@ def test_disk_full_while_saving_keeps_the_previous_adapter(run, tmp_path, monkey
             monkeypatch.setattr(core.runs.folders, "dir_size", full)
             monkeypatch.setattr(core.runs.folders, "atomic_write_text", lambda path, text: full(path))
         with pytest.raises(OSError) as err:
-            save_adapter(model, tokenizer, cfg, mine, {"status": "completed"})
+            save_adapter(model, tokenizer, cfg.to_yaml(), mine, {"status": "completed"})
         assert str(err.value).startswith(f"No space left in {mine}")
         if disk:
             _fill(disk, 0, "filler2")  # the failed save freed its temporary folder: full again
@@ -414,7 +414,7 @@ def test_the_apps_load_shows_a_huge_number_as_a_message(tmp_path, monkeypatch):
     from ui.handlers import on_load_config
     from ui.layout import build_ui
 
-    form = build_ui(demo_config()).memtune_form
+    form = build_ui(demo_config().to_dict()).memtune_form
     monkeypatch.setenv("MEMTUNE_CONFIG_DIR", str(tmp_path))
     (tmp_path / "huge.yaml").write_text("max_steps: 99999999999999999999999999999\n")
     (tmp_path / "twice.yaml").write_text("lora_r: 8\nlora_r: 16\n")
@@ -494,7 +494,7 @@ def test_a_loaded_config_never_turns_trust_remote_code_on_by_itself(run, tmp_pat
     from ui.handlers import on_load_config
     from ui.layout import build_ui
 
-    page = build_ui(demo_config())
+    page = build_ui(demo_config().to_dict())
     form, h = page.memtune_form, page.memtune_history
     monkeypatch.setenv("MEMTUNE_CONFIG_DIR", str(tmp_path / "configs"))
     demo_config(trust_remote_code=True).save(tmp_path / "configs" / "remote.yaml")
@@ -608,12 +608,8 @@ def test_a_resumed_run_keeps_the_adapters_dtype(run, tmp_path):
 
 # --- public mode -----------------------------------------------------------------------------------------------------
 @pytest.fixture
-def public(monkeypatch, tmp_path):
-    root = tmp_path / "app-runs"
-    root.mkdir()
-    monkeypatch.setenv("MEMTUNE_PUBLIC", "1")
-    monkeypatch.setenv("MEMTUNE_PUBLIC_RUNS", str(root))
-    return root
+def public(public_mode):
+    return public_mode
 
 
 def test_public_mode_reads_no_server_path_a_visitor_types(public, run, tmp_path, demo_model_path):
@@ -646,7 +642,7 @@ def test_public_history_and_export_act_only_inside_the_apps_folder(public, run, 
     from ui import history, tryexport
     from ui.layout import build_ui, header_html
 
-    page = build_ui(demo_config())
+    page = build_ui(demo_config().to_dict())
     form, h = page.memtune_form, page.memtune_history
     copy_run(run, public / "visitor-run")
     outside = copy_run(run, tmp_path / "elsewhere")  # a memtune run, but not in the app's folder
@@ -680,7 +676,7 @@ def test_public_uploads_work_and_each_visitor_sees_only_their_own(public, tmp_pa
     monkeypatch.setenv("SPACE_ID", "someone/memtune")
     who = {"now": "visitorAAAA1xxxxxxxxxx"}
     monkeypatch.setattr(pub, "_visitor_source", lambda: who["now"])
-    form = build_ui(demo_config()).memtune_form
+    form = build_ui(demo_config().to_dict()).memtune_form
     values = [getattr(demo_config(output_dir=str(public)), n) for n in FIELD_NAMES]  # the app's runs folder
     data = tmp_path / "gradio-tmp" / "pairs.jsonl"  # where Gradio puts an upload: outside memtune's folders
     data.parent.mkdir()

@@ -18,7 +18,8 @@ from transformers import TrainerCallback
 from core.config.settings import TrainConfig, demo_config
 from core.runs.events import read_events
 from core.runs.folders import COMPLETE_MARKER, latest_checkpoint
-from core.train.recipe import build_sft_config, run_training
+from core.train.recipe import run_training
+from core.train.trainer import build_sft_config
 
 
 

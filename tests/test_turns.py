@@ -119,7 +119,8 @@ def test_the_preview_counts_the_turns(tmp_path):
 
     path = tmp_path / "chat.jsonl"
     path.write_text(json.dumps({"messages": CHAT}) + "\n", encoding="utf-8")
-    html = preview(TrainConfig(model="memtune/demo-tiny-llama", dataset=str(path), dataset_split="train"), "pt")
+    cfg = TrainConfig(model="memtune/demo-tiny-llama", dataset=str(path), dataset_split="train")
+    html = preview(cfg.to_dict(), "pt")
     assert "2 turnos do assistente: 2 treinados inteiros, 0 cortados em max_length, 0 descartados" in html
 
 

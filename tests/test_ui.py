@@ -20,7 +20,8 @@ from core.config.settings import (DEMO_MODEL, LORA_TARGET_CHOICES, TrainConfig, 
 from core.jobs.manager import JobManager
 from core.jobs.view import JobView
 from ui import data, derive, handlers, history, live, render, tryexport
-from ui.fields import FIELD_NAMES, collect, to_values
+from ui.fields import FIELD_NAMES, collect
+from ui.form import to_values
 from ui.layout import browser_language, build_ui
 from tests.chapter import CHAPTER_FR, CHAPTER_PT
 from tests.helpers import upload_as_the_page_does
@@ -40,7 +41,7 @@ def value_of(update):
 
 @pytest.fixture(scope="module")
 def page():
-    return build_ui(demo_config())
+    return build_ui(demo_config().to_dict())
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ from transformers import TrainerCallback
 
 from core.checks import validate
 from core.config.settings import TrainConfig, demo_config
-from core.train.recipe import plan_data, run_training
+from core.train.data import plan_data
+from core.train.recipe import run_training
 
 
 def quiet(e):

@@ -6,12 +6,13 @@ import types
 
 import pytest
 
+from core import nvml
 from core.gpus import vram
 
 
 def fresh_nvml_state(monkeypatch):
     """NVML not yet initialised in this process (the real state comes back after the test)."""
-    monkeypatch.setattr(vram, "_state", {"tried": False, "ok": False, "error": ""})
+    monkeypatch.setattr(nvml, "_state", {"tried": False, "ok": False, "error": ""})
 
 
 @pytest.fixture
@@ -37,7 +38,7 @@ def test_without_pynvml_the_message_path(no_pynvml):
     assert not snap.ok
     assert vram.nvml_available() is False
     assert vram.device_used_bytes(0) is None
-    assert "ImportError" in vram._state["error"] or "import" in vram._state["error"].lower()
+    assert "ImportError" in nvml.error() or "import" in nvml.error().lower()
 
 
 def test_nvml_is_initialised_once_across_threads(monkeypatch):

@@ -16,7 +16,8 @@ from transformers import TrainerCallback
 
 from core.config.settings import TrainConfig, config_problems, demo_config
 from core.runs.events import read_events
-from core.train.recipe import run_training, warms_up
+from core.train.callbacks import warms_up
+from core.train.recipe import run_training
 
 # What the Trainer times itself (its clock starts before on_train_begin, so it includes the warm-up): not training.
 CLOCKS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_tokens_per_second"}

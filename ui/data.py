@@ -10,11 +10,12 @@ import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Protocol
 
 import gradio as gr
 
 from core.config.settings import TrainConfig
+from core.config.slices import DataSlice, ModelSlice
 from core.files import target
 from core.i18n import DEFAULT_LANGUAGE, t
 from core.messages import said_again, words_of
@@ -28,6 +29,10 @@ from ui.visitors import request_visitor
 
 DATA_TYPES = [".jsonl", ".json", ".csv", ".parquet", ".txt"]
 POLL_S = 0.1  # how often a waiting preview looks for its child's progress
+
+
+class _Rows(ModelSlice, DataSlice, Protocol):
+    """The data and the model that tokenizes it: what the measured longest row is kept under."""
 
 
 def _session() -> str | None:
@@ -62,27 +67,28 @@ def upload_dir() -> Path:
     return target(upload_root(), "keep uploads in")
 
 
-def preview(cfg: TrainConfig, lang: str = DEFAULT_LANGUAGE, progress: Any = None, actions: Any = None) -> str:
+def preview(settings: dict[str, Any], lang: str = DEFAULT_LANGUAGE, progress: Any = None, actions: Any = None) -> str:
     """The data plan (counts per outcome, histogram, rows as they train), or the engine's message in place: what
-    core.jobs.preview answers, rendered here. `actions` (core.jobs.actions.Actions: the app's) works it out in a
-    child, as the page's visitor, so the web server never loads a tokenizer; None: in this process (a caller
-    without an app). What it reads and plans is bounded (PREVIEW_LIMIT): a preview never holds its queue for long.
+    core.jobs.preview answers for `settings` (a config's to_dict), rendered here. `actions` (core.jobs.actions.Actions:
+    the app's) works it out in a child, as the page's visitor, so the web server never loads a tokenizer; None: in
+    this process (a caller without an app). What it reads and plans is bounded (PREVIEW_LIMIT): a preview never holds
+    its queue for long.
     `progress`: a gr.Progress (the preview's bar: what it reads, then how much of the tokenizing is done), or None."""
     said = progress if progress is not None else (lambda *a, **k: None)
     if actions is None:
         from core.jobs.preview import answer
         from core.data.read import PREVIEW_LIMIT
 
-        found = answer(cfg.to_dict(), PREVIEW_LIMIT, lambda words, f: said(f, desc=text_of(words_of(words), lang)))
+        found = answer(settings, PREVIEW_LIMIT, lambda words, f: said(f, desc=text_of(words_of(words), lang)))
     else:
-        found = child_preview(actions, cfg, lang, said)
-    return preview_from(found, cfg, lang)
+        found = child_preview(actions, settings, lang, said)
+    return preview_from(found, TrainConfig.from_dict(settings), lang)
 
 
-def child_preview(actions: Any, cfg: TrainConfig, lang: str, said: Any) -> dict[str, Any]:
+def child_preview(actions: Any, settings: dict[str, Any], lang: str, said: Any) -> dict[str, Any]:
     """core.jobs.preview's answer from a preview child (its phase events on the bar as they come), or
     {"error": "read", "words": why it ended without one (keyed: action.died...)}."""
-    action = actions.preview(cfg.to_dict(), owner=visitor())
+    action = actions.preview(settings, owner=visitor())
     seen = 0
     while True:
         over = action.wait(POLL_S)
@@ -119,7 +125,7 @@ def problem_line(p: dict[str, Any], lang: str) -> str:
 TITLES = {"data": "preview.data_error", "read": "preview.read_error", "tokenizer": "preview.tokenizer_error"}
 
 
-def preview_from(found: dict[str, Any], cfg: TrainConfig, lang: str) -> str:
+def preview_from(found: dict[str, Any], cfg: _Rows, lang: str) -> str:
     """The preview's HTML from core.jobs.preview's answer; the longest row it measured is kept for the estimates."""
     from core.data.plan import DataPlan, remember_longest
     from ui.validation import split_note
@@ -144,7 +150,7 @@ def on_preview(lang: str, *values, progress: Any = None, actions: Any = None) ->
     if cfg is None:  # tagged too: the form's step after a Preview shows only what describes the form on screen
         return marked(render.problems_html(problems, t("preview.cannot", lang), lang), values, lang)
     # public mode: the engine's messages name the visitor's `uploads/x`
-    return marked(shown(preview(cfg, lang, progress, actions)), cfg, lang)
+    return marked(shown(preview(cfg.to_dict(), lang, progress, actions)), cfg, lang)
 
 
 def make_preview(lang: str, progress=gr.Progress(), *values, actions: Any = None) -> str:  # noqa: B008 - the bar

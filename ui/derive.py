@@ -6,14 +6,35 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from core.config import presets
 from core.config.settings import Hardware, TrainConfig, demo_config
+from core.config.slices import DataSlice, ModelSlice, PlaceSlice, TrainerSlice, Training
 from core.i18n import DEFAULT_LANGUAGE, EN, t
 from ui.speed import preset_line
 
 CUSTOM = "custom"  # the preset radio's value when the settings match no preset
+
+
+class _Rows(ModelSlice, DataSlice, Protocol):
+    """The data and the model that tokenizes it: what the measured longest row is kept under."""
+
+
+class _Processes(ModelSlice, PlaceSlice, Protocol):
+    """The device and the GPU count: how many processes a run starts here."""
+
+
+class _Switched(ModelSlice, DataSlice, TrainerSlice, Protocol):
+    """What the checklist's boxes switch: quantization and precision, the rows' length, batch and optimizer."""
+
+
+class _Estimated(Training, PlaceSlice, Protocol):
+    """What an estimate reads: the step's work and memory, and the processes it is spread over."""
+
+
+C = TypeVar("C", bound=_Switched)
+E = TypeVar("E", bound=_Estimated)
 
 
 @lru_cache(maxsize=1)
@@ -26,14 +47,14 @@ def initial_config() -> TrainConfig:
     return TrainConfig() if hardware().cuda else demo_config()
 
 
-def row_tokens(cfg: TrainConfig) -> int | None:
+def row_tokens(cfg: _Rows) -> int | None:
     """The dataset's longest row in tokens when the preview has measured it (estimates then use it), else None."""
     from core.data.plan import known_longest_row
 
     return None if cfg.packing else known_longest_row(cfg)
 
 
-def run_gpus(cfg: TrainConfig | None) -> int:
+def run_gpus(cfg: _Processes | None) -> int:
     """How many of this machine's GPUs a run of `cfg` uses (0 on a CPU run): one process per GPU."""
     from core.gpus.distributed import processes_per_machine, runs_on_cpu
 
@@ -48,7 +69,7 @@ def world_size(est: Any) -> int:
     return int(getattr(est, "world_size", 1) or 1)
 
 
-def toggled(cfg: TrainConfig, key: str, on: bool, memory: dict[str, Any] | None) -> TrainConfig:
+def toggled(cfg: C, key: str, on: bool, memory: dict[str, Any] | None) -> C:
     """What ticking (on) or unticking a checklist box does: checklist.toggle, except that undoing this item's last
     tick or untick (its fields untouched since) gives back the user's values from before it: untick and re-tick
     "Reduce max_seq_length" and 384 stays 384. `memory`: the page's record of each box's last change."""
@@ -97,14 +118,14 @@ class Prediction(NamedTuple):
     busy: bool = False  # the inspect queue was full: the formula stands in until the next change asks again
 
 
-def inspect_base(cfg: TrainConfig) -> str:
-    """The settings an inspection answers for (and the machine's GPUs, which the resolution reads)."""
-    hw = hardware()
-    said = json.dumps([cfg.to_dict(), hw.cuda, run_gpus(cfg)], sort_keys=True, default=str)
+def inspect_base(settings: dict[str, Any], gpus: int) -> str:
+    """The settings an inspection answers for (`settings`: the config's to_dict), and the machine's GPUs and the
+    run's (`gpus`: run_gpus), which the resolution reads."""
+    said = json.dumps([settings, hardware().cuda, gpus], sort_keys=True, default=str)
     return hashlib.sha256(said.encode()).hexdigest()[:24]
 
 
-def resolved(cfg: TrainConfig, changes: tuple[dict, ...]) -> TrainConfig:
+def resolved(cfg: E, changes: tuple[dict, ...]) -> E:
     """`cfg` with an inspection's resolved changes: what will train."""
     try:
         return cfg.replace(**{c["field"]: c["after"] for c in changes if c.get("field")}) if changes else cfg
@@ -123,7 +144,7 @@ def answered(action: Any) -> tuple[tuple[dict, ...], tuple[str, ...]]:
     return tuple(done.get("changes") or ()), tuple(str(v) for v in (done.get("failed") or {}).values())
 
 
-def _predicted(cfg: TrainConfig, memory: dict[str, Any] | None) -> tuple[Any, dict[str, float], float]:
+def _predicted(cfg: _Estimated, memory: dict[str, Any] | None) -> tuple[Any, dict[str, float], float]:
     from core.estimate.predict import estimate, fit_floor, savings
 
     rows = row_tokens(cfg)
@@ -134,18 +155,22 @@ def _predicted(cfg: TrainConfig, memory: dict[str, Any] | None) -> tuple[Any, di
     return est, {s.key: s.saved_gib for s in saves}, floor
 
 
-def prediction(cfg: TrainConfig, memory: dict[str, Any] | None = None, inspections: Any = None) -> Prediction:
+def prediction(cfg: _Estimated, memory: dict[str, Any] | None = None, inspections: Any = None,
+               settings: dict[str, Any] | None = None) -> Prediction:
     """Predicted peak GPU memory (GiB, NVML) and the GiB each checklist item saves here; advice only. One estimate
     for the gauge and the checklist: an item's saving is the peak now minus the peak after its box is clicked
     (`memory`: the page's record of the boxes' last changes, which a click may undo).
 
     `inspections` (core.jobs.actions.Inspections): in the web server, which never builds a model
     (core.estimate.measure.measuring_here(False)), the estimate is the formula plus what is measured already, for
-    the run an inspect child resolved; what it lacks is asked of a child, and `measuring` names the one to wait for."""
+    the run an inspect child resolved; what it lacks is asked of a child, and `measuring` names the one to wait for.
+    `settings`: cfg.to_dict(), what the child is asked about (with `inspections`; the caller holds the whole config)."""
     from core.estimate import measure
     from core.jobs.act import resolves
 
-    base = inspect_base(cfg) if inspections is not None else ""
+    if inspections is not None and settings is None:
+        raise TypeError("prediction: `settings` (the config's to_dict) comes with `inspections`")
+    base = inspect_base(settings, run_gpus(cfg)) if settings is not None and inspections is not None else ""
     answer = inspections.answer(base) if inspections is not None else None
     changes, failed = answered(answer)
     run = resolved(cfg, changes)
@@ -162,7 +187,7 @@ def prediction(cfg: TrainConfig, memory: dict[str, Any] | None = None, inspectio
     from core.runs.public import visitor
 
     key = hashlib.sha256(json.dumps([base, sorted(wants.missing)]).encode()).hexdigest()[:24]
-    params = {"base": base, "config": cfg.to_dict(), "wanted": list(wants.missing.values()),
+    params = {"base": base, "config": settings, "wanted": list(wants.missing.values()),
               "cuda": hardware().cuda, "world": run_gpus(cfg) or 1, "max_row_tokens": row_tokens(cfg)}
     action = inspections.request(key, params, owner=visitor())
     if action is None:
@@ -177,11 +202,11 @@ def chapter_savings() -> dict[str, float]:
     return prediction(TrainConfig()).saves
 
 
-def chapter_gib(cfg: TrainConfig, key: str) -> float | None:
+def chapter_gib(cfg: ModelSlice, key: str) -> float | None:
     return None if cfg.model == TrainConfig().model else chapter_savings().get(key)
 
 
-def predicted_peaks(cfg: TrainConfig | None) -> dict[str, float] | None:
+def predicted_peaks(cfg: _Estimated | None) -> dict[str, float] | None:
     """core.estimate.predict's peaks for a config, as the result panel compares them: allocated, reserved, nvml (GiB)."""
     if cfg is None:
         return None
@@ -212,7 +237,7 @@ def preset_descriptions(lang: str = DEFAULT_LANGUAGE) -> str:
                      f"{preset_line(n, lang)}".rstrip() for n in presets.names())
 
 
-def preset_of(cfg: TrainConfig) -> str:
+def preset_of(cfg: _Estimated) -> str:
     """The preset the form has, as this machine applies it (without CUDA, "fastest" minus its CUDA-only levers
     is still "fastest", not a custom mix)."""
     hw = hardware()

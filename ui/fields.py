@@ -3,7 +3,7 @@
 `make_widget(name)` builds the widget for a field with its label and help text; its kind (slider, radio, number
 box, ...), step and bounds come from the field's metadata (`config.field_meta`): sliders and number boxes, never free
 text parsed later. `collect(values)` turns widget values (a dict field -> value) into a TrainConfig or the list of
-every problem; `to_values(cfg)` goes back.
+every problem; ui.form.to_values(cfg) goes back.
 """
 
 from __future__ import annotations
@@ -107,10 +107,6 @@ def collect(values: dict[str, Any]) -> tuple[TrainConfig | None, list[Problem]]:
         return TrainConfig.from_dict(data), []
     except ConfigError as exc:
         return None, exc.problems
-
-
-def to_values(cfg: TrainConfig) -> dict[str, Any]:
-    return {name: (list(v) if isinstance(v := getattr(cfg, name), list) else v) for name in FIELD_NAMES}
 
 
 # --- suggestions ----------------------------------------------------------------------------------------------

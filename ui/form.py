@@ -24,7 +24,7 @@ from core.i18n import DEFAULT_LANGUAGE, EN, t
 from core.messages import say
 from ui import render
 from ui.derive import chapter_gib, hardware, prediction, preset_choices, preset_of, run_gpus
-from ui.fields import FIELD_NAMES, collect, to_values
+from ui.fields import FIELD_NAMES, collect
 from ui.speed import speed_lines
 
 Updates = dict[Any, Any]  # component -> new value or gr.update(...)
@@ -100,6 +100,11 @@ def merged(*parts: Updates) -> Updates:
 
 def values_dict(values) -> dict[str, Any]:
     return dict(zip(FIELD_NAMES, values))
+
+
+def to_values(cfg: TrainConfig) -> dict[str, Any]:
+    """A config as its widgets' values (ui.fields.collect reads them back)."""
+    return {name: (list(v) if isinstance(v := getattr(cfg, name), list) else v) for name in FIELD_NAMES}
 
 
 def settings_mark(values: Any, lang: str) -> str:
@@ -199,7 +204,7 @@ def derived(form: Form, cfg: TrainConfig | None, problems: list[Problem], lang: 
         return {form.summary: render.summary_html(None, problems, lang=lang), form.preset: preset_update(lang),
                 **{form.checks[i.key]: check_update(i, lang) for i in checks}}
     on = checklist.active(cfg)
-    pred = prediction(cfg, memory, inspections(form))
+    pred = prediction(cfg, memory, inspections(form), settings=cfg.to_dict())
     summary = render.summary_html(cfg, problems, on, predicted_gib=pred.gib, lang=lang, gpus=pred.gpus)
     return {form.summary: summary + inspect_note(pred, lang),
             form.prediction: prediction_state(cfg, pred),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import gradio as gr
 
@@ -17,6 +17,7 @@ from core.config import checklist, levers
 from core.config import presets
 from core.estimate.predict import FIT_MARGIN, fit_preset
 from core.config.settings import SAFE_NAME, ConfigError, Problem, TrainConfig, demo_config, field_problems
+from core.config.slices import DataSlice, ModelSlice, PlaceSlice, StageSlice, TrainerSlice
 from core.i18n import DEFAULT_LANGUAGE, t
 from core.jobs.manager import JobBusy
 from core.runs.public import is_public
@@ -29,6 +30,18 @@ from ui.tryexport import free_try_model
 
 FIT_FIELDS = levers.fit_fields()  # what core.estimate.predict.fit_to_gpu may change (the registry's)
 MARGIN_PCT = round(FIT_MARGIN * 100)  # the share of the card Fit keeps spare: said with every figure it gives
+
+
+class _Processes(ModelSlice, PlaceSlice, Protocol):
+    """The device and the GPU count: which of this machine's GPUs a run uses."""
+
+
+class _Fitted(DataSlice, TrainerSlice, Protocol):
+    """The batch, length, checkpointing and optimizer: what Fit to my GPU changes (levers.fit_fields)."""
+
+
+class _Planned(ModelSlice, DataSlice, StageSlice, TrainerSlice, PlaceSlice, Protocol):
+    """The rows that train (data, stage), the batch and schedule, and the processes that share them."""
 
 
 def config_dir() -> Path:
@@ -127,7 +140,7 @@ def on_start_from(form: Form, kind: str, lang: str = DEFAULT_LANGUAGE) -> Update
 
 
 # --- fit to my GPU -----------------------------------------------------------------------------------------------
-def fit_budget_gib(budget: float | None, cfg: TrainConfig | None = None) -> tuple[float | None, bool]:
+def fit_budget_gib(budget: float | None, cfg: _Processes | None = None) -> tuple[float | None, bool]:
     """(GiB to fit, whether it is a real GPU's free memory): the least free memory among the GPUs the run uses (the
     figures are per GPU). Without a GPU: the hypothetical card's budget."""
     if hardware().cuda:
@@ -150,7 +163,7 @@ def shown(value: Any, lang: str) -> str:
     return t("fit.on", lang) if value is True else t("fit.off", lang) if value is False else str(value)
 
 
-def describe_changes(old: TrainConfig, new: TrainConfig, lang: str) -> list[str]:
+def describe_changes(old: _Fitted, new: _Fitted, lang: str) -> list[str]:
     return [f"{label(n, lang)}: {shown(getattr(old, n), lang)} → {shown(getattr(new, n), lang)}" for n in FIT_FIELDS
             if getattr(old, n) != getattr(new, n)]
 
@@ -219,7 +232,7 @@ def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
 
 
 # --- start / stop ------------------------------------------------------------------------------------------------
-def planned_step_problems(cfg: TrainConfig) -> list[Problem]:
+def planned_step_problems(cfg: _Planned) -> list[Problem]:
     """Public mode, a run counted in epochs: the step and token limits against what it plans on its data's rows, where
     they can be counted before Start (core.checks.rows_to_train; elsewhere the training child refuses it once it has
     planned them). max_steps itself is validate()'s."""

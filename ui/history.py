@@ -26,7 +26,8 @@ from ui.notices import note, public_refusal, runs_folder, warn
 from ui.tryexport import free_try_model
 from ui.validation import curves_frame, detail_extra
 
-COLUMNS = ("date", "name", "model", "dataset", "status", "final_loss", "peak", "duration", "steps", "resumable")
+COLUMNS = ("date", "name", "model", "dataset", "status", "final_loss", "peak", "duration", "steps", "resumable",
+           "heldout")
 
 
 @dataclass(eq=False)
@@ -64,7 +65,9 @@ def history_frame(runs: list[Any], lang: str) -> pd.DataFrame:
              t("history.peak_cpu", lang) if r.status in ("completed", "stopped") else "",  # a finished run without
              # a GPU peak trained on the CPU, where GPU memory is not measured: say so rather than leave it blank
              format_duration(r.duration_s), "" if r.steps is None else str(r.steps),
-             t("history.yes", lang) if r.resumable else ""] for r in runs]
+             t("history.yes", lang) if r.resumable else "",
+             "" if r.heldout is None else render.percent(r.heldout, lang) + (" ▼" if r.heldout_worse else "")]
+            for r in runs]
     return pd.DataFrame(rows, columns=[t(f"history.col.{c}", lang) for c in COLUMNS])
 
 
@@ -85,7 +88,7 @@ def history_open(h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
     if not run_dir:
         return {h.detail: "", **closed}
     try:
-        if (refusal := public_refusal((run_dir, "the run"))):
+        if (refusal := public_refusal(lang, (run_dir, "run"))):
             raise HistoryError(refusal)
         detail = load_run(run_dir, is_running=h.app.manager.is_running)
     except HistoryError as exc:
@@ -120,7 +123,7 @@ def _picked(h: HistoryTab, lang: str, run_dir: str | None, read):
 
     if not run_dir:
         return None, {h.note: warn(t("history.pick", lang), "history-note")}
-    if (refusal := public_refusal((run_dir, "the run"))):
+    if (refusal := public_refusal(lang, (run_dir, "run"))):
         return None, {h.note: warn(refusal, "history-note", "error")}
     try:
         return read(run_dir), None
@@ -182,7 +185,7 @@ def on_history_prefer(form: Form, h: HistoryTab, lang: str, run_dir: str | None)
     adapter (init_adapter; core.runs.history.preference_config), then the Train tab; nothing starts until Start.
     Refused by name: no run picked, another visitor's run (public mode), a running run, no saved adapter, a
     preference run already."""
-    from core.runs.history import needs_pairs, preference_config
+    from core.runs.history import load_run, needs_pairs, preference_config, schedule_note
     from core.runs.public import shown, without_remote_code
 
     cfg, refusal = _picked(h, lang, run_dir, lambda d: preference_config(d, is_running=h.app.manager.is_running))
@@ -194,6 +197,9 @@ def on_history_prefer(form: Form, h: HistoryTab, lang: str, run_dir: str | None)
                stage=cfg.stage.upper(), run=cfg.run_name),
              t("history.pref.change_data", lang, dataset=shown(cfg.dataset), stage=cfg.stage.upper()) if needs_pairs(cfg)
              else t("history.pref.demo_pairs", lang)]
+    parent = load_run(run_dir).config
+    if parent is not None and (changed := schedule_note(parent, cfg)) is not None:
+        parts.append(t(changed.key, lang, **changed.params))
     if asked:
         parts.append(t("config.trust_off", lang, model=cfg.model))
     return to_train_tab(form, h, cfg, lang, " ".join(parts), "warn" if asked or needs_pairs(cfg) else "ok")

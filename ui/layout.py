@@ -18,6 +18,7 @@ writes text); switching it relabels every component (`Translations`) and re-rend
 from __future__ import annotations
 
 from functools import partial
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import gradio as gr
@@ -33,10 +34,10 @@ from ui.after import build_tabs
 from ui.data import DATA_TYPES, app_actions, make_preview, on_upload, on_uploaded, preview_upload
 from ui.derive import (DEFAULT_BUDGET_GIB, hardware, initial_config, prediction, preset_choices, preset_descriptions,
                        preset_of)
-from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices, to_values
+from ui.fields import FIELD_NAMES, dataset_choices, help_text, label, make_widget, model_choices
 from ui.form import (FORM_QUEUE, MODEL_CHECK_QUEUE, PREVIEW_QUEUE, Form, confirm_box, derived, facts_for,
                      inspect_note, inspections, merged, prediction_state, read_config, shown_if_current,
-                     still_describes)
+                     still_describes, to_values)
 from ui.live import LivePanel, live_update, loss_frame, read_gpus, reward_frame
 from ui.state import AppState
 from ui.theme import GRADIO_LOCALE_JS, GRADIO_LOCALES, TABS_KW
@@ -113,13 +114,14 @@ def stage_fields_shown(stage: str) -> list[Any]:
     return [gr.update(visible=stage in field_meta(n)["stages"]) for n in STAGE_FIELDS]
 
 
-def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) -> gr.Blocks:
+def build_ui(initial: Mapping[str, Any] | None = None, app: AppState | None = None) -> gr.Blocks:
     """Build the page without launching it. `app`: the state every handler acts on (its job manager), built once by
     app.py (None: a fresh one, for a test). For tests it carries `memtune_app` (ui.state.AppState), `memtune_form`
     (ui.form.Form), `memtune_live` (ui.live.LivePanel), `memtune_history` (ui.history.HistoryTab), `memtune_fields`
-    (field name -> widget) and `memtune_translations`."""
+    (field name -> widget) and `memtune_translations`. `initial`: the settings the page opens with, as a saved
+    config holds them (`TrainConfig.to_dict()`); None: the chapter's recipe with a GPU, else the demo."""
     app = app or AppState()
-    cfg0 = initial or initial_config()
+    cfg0 = TrainConfig.from_dict(dict(initial)) if initial is not None else initial_config()
     v0 = to_values(cfg0)
     lang0 = DEFAULT_LANGUAGE
     L = partial(t, lang=lang0)
@@ -140,7 +142,7 @@ def build_ui(initial: TrainConfig | None = None, app: AppState | None = None) ->
             tr.add(lang, label="app.language")
         tab_state = gr.State({})
         check_memory = gr.State({})  # per page: what each checklist box changed last, so unticking can undo it
-        pred0 = prediction(cfg0, inspections=app.manager.actions.inspections)
+        pred0 = prediction(cfg0, inspections=app.manager.actions.inspections, settings=cfg0.to_dict())
         peak0 = pred0.gib
         pred_state = gr.State(prediction_state(cfg0, pred0))
         # While an inspect child measures (prediction_state's `measuring`), a cheap check each second (the timer is

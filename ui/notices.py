@@ -27,13 +27,12 @@ def runs_folder(output_dir: str | None) -> str:
     return (output_dir or "").strip() or "runs"
 
 
-def public_refusal(*folders: tuple[str | None, str]) -> str | None:
-    """Public mode: why one of these (folder, what) lies outside the app's runs folder, or None."""
-    from core.runs.public import check_folder
+def public_refusal(lang: str, *folders: tuple[str | None, str]) -> str | None:
+    """Public mode: why one of these (folder, what: core.runs.public.FOLDER_KINDS) lies outside the app's runs
+    folder, in the page's language, or None."""
+    from core.runs.public import folder_refusal
 
-    try:
-        for folder, what in folders:
-            check_folder(folder, what)
-    except ValueError as exc:
-        return str(exc)
+    for folder, what in folders:
+        if (why := folder_refusal(folder, what)):
+            return render.said(why.key, why.params, lang)
     return None

@@ -14,9 +14,10 @@ import functools
 import html
 import math
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol
 
 from core.config.settings import ConfigError, Problem, TrainConfig
+from core.config.slices import DataSlice, LoraSlice, ModelSlice, TrainerSlice
 from core.estimate.advice import oom_advice
 from core.estimate.predict import FIT_MARGIN
 from core.i18n import STRINGS, normalize, t
@@ -295,6 +296,38 @@ def reward_rows(rewards: list[tuple[int, dict[str, float]]], lang: str = "en",
     return [(t(label, lang), text)]
 
 
+def heldout_of(summary: dict[str, Any] | None) -> dict[str, Any]:
+    """summary.json's held-out score (core/train/recipe.py), or {} for a run without one."""
+    held = (summary or {}).get("heldout")
+    return held if isinstance(held, dict) and isinstance(held.get("verdict"), dict) else {}
+
+
+def heldout_worse(summary: dict[str, Any] | None) -> bool:
+    """The adapter scored lower on the held-out prompts than its parent or the base model."""
+    return bool(heldout_of(summary).get("verdict", {}).get("worse"))
+
+
+def heldout_rows(summary: dict[str, Any] | None, lang: str = "en", elem_id: str = "mt-heldout") -> list[tuple[str, str]]:
+    """Did it help? Base · Parent · Adapter on the held-out prompts, and the verdict said plainly (a warning when
+    the adapter scored lower); that the rows were training rows where the run held none out."""
+    held = heldout_of(summary)
+    if not held:
+        return []
+    verdict = held["verdict"]
+    names = [("base", held.get("base")), ("parent", held.get("parent")), ("adapter", held.get("adapter"))]
+    cells = " &middot; ".join(
+        f'{E(t(f"result.heldout.{name}", lang))} <b data-score="{name}">{E(percent(part["mean"], lang))}</b>'
+        for name, part in names if isinstance(part, dict) and "mean" in part)
+    words = said(verdict["key"], verdict.get("params"), lang) if verdict.get("key") else verdict.get("message", "")
+    text = (f'<span id="{E(elem_id)}" data-verdict="{E(verdict.get("verdict", ""))}">{cells}</span><br>'
+            f'<span class="{"mt-warn-text" if verdict.get("worse") else "mt-muted"}" id="{E(elem_id)}-verdict">'
+            f'{E(words)}</span>')
+    if held.get("source") == "train":
+        text += f'<br><span class="mt-muted">{E(t("result.heldout.on_train", lang))}</span>'
+    scorer = t(f"score.name.{held.get('scorer')}", lang)
+    return [(t("result.heldout.title", lang, scorer=scorer, n=held.get("rows", "-")), text)]
+
+
 def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None = None) -> str:
     if v.state in ("idle", "running", "stopping"):
         return ""
@@ -327,8 +360,10 @@ def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None
     ]
     rows += reward_rows(v.rewards, lang)
     rows += reward_rows(v.eval_rewards, lang, "mt-eval-reward-accuracy", "result.eval_reward_accuracy")
+    rows += heldout_rows(s, lang)
     table = "".join(f'<div class="mt-k">{E(k)}</div><div class="mt-v">{val}</div>' for k, val in rows)
-    cls = "mt-result-ok" if v.state == "completed" else "mt-result-stopped"
+    # never green when the held-out score fell, whatever the loss or the reward accuracy say
+    cls = ("mt-result-worse" if heldout_worse(s) else "mt-result-ok") if v.state == "completed" else "mt-result-stopped"
     return (f'<div class="mt-result {cls}" id="mt-result-{E(v.state)}"><b>{E(head)}</b>'
             f'<div class="mt-kv">{table}</div>'
             f'<div class="mt-peaks-title">{E(t("result.peak", lang))}</div>{peaks_html(s, predicted, lang)}</div>')
@@ -451,7 +486,11 @@ def log_html(lines: list[str], lang: str = "en") -> str:
 
 
 # --- config summary, checklist facts and problems ------------------------------------------------------------------
-def summary_html(cfg: TrainConfig | None, problems: list[Problem], checklist_on: dict[str, bool] | None = None,
+class _Summary(ModelSlice, LoraSlice, DataSlice, TrainerSlice, Protocol):
+    """What the summary's chips show: the model and its quantization, the data, the adapter and the step."""
+
+
+def summary_html(cfg: _Summary | None, problems: list[Problem], checklist_on: dict[str, bool] | None = None,
                  predicted_gib: float | None = None, lang: str = "en", gpus: int = 1) -> str:
     """The settings at a glance, with every problem. `gpus`: the run's processes; above 1 the peak is per GPU."""
     if cfg is None:
@@ -578,6 +617,7 @@ def run_detail_html(detail: Any, lang: str = "en", predicted: dict[str, float] |
     rows += reward_rows([(int(x["step"]), x) for x in pref.get("eval_steps") or []
                          if isinstance(x, dict) and "step" in x],
                         lang, "mt-history-eval-reward-accuracy", "result.eval_reward_accuracy")
+    rows += heldout_rows(s, lang, "mt-history-heldout")
     if info.message and info.status == "failed":
         oom = s.get("error_type") == "oom" and detail.config is not None  # what would help, at the run's settings
         text = log_text(oom_advice(detail.config), lang) if oom else said_text(info.said, info.message, lang)

@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
+from typing import Protocol
 
 from core.config.levers import speed_context
-from core.config.settings import TrainConfig
+from core.config.slices import DataSlice, ModelSlice, TrainerSlice
 from core.i18n import EN, t
 from ui.render import integer, num
 
@@ -27,6 +28,10 @@ FACTS = ROOT / "assets" / "lever_facts.json"
 LEVERS_SOURCE = "bench/levers.json"  # where an item's "not measured" reason is kept
 # Settings that say where a measurement was made, and by which the one closest to the user's settings is picked.
 CONTEXT = speed_context()
+
+
+class _Context(ModelSlice, DataSlice, TrainerSlice, Protocol):
+    """The settings a measurement was made at (CONTEXT): precision and quantization, length and packing, the step."""
 
 
 @lru_cache(maxsize=1)
@@ -80,7 +85,7 @@ def _change(ratio: float) -> str:
     return f"{round(100 * (ratio - 1)):+d}%".replace("-", "\u2212")
 
 
-def _distance(m: dict, cfg: TrainConfig) -> int:
+def _distance(m: dict, cfg: _Context) -> int:
     s = m.get("settings")
     return len(CONTEXT) + 1 if s is None else sum(s.get(n) != getattr(cfg, n) for n in CONTEXT)
 
@@ -102,7 +107,7 @@ def _line(m: dict, entry: dict, lang: str) -> tuple[str, str] | None:
               off=integer(off["tokens_per_s"], lang)), source)
 
 
-def speed_lines(key: str, cfg: TrainConfig | None = None, lang: str = "en",
+def speed_lines(key: str, cfg: _Context | None = None, lang: str = "en",
                 facts: dict[str, dict] | None = None) -> list[tuple[str, str]]:
     """What checklist item `key` costs in speed, as (text, source) lines; measured figures only, never a guess.
 

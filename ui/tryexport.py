@@ -271,7 +271,7 @@ def on_zip(x: TryExportTab, lang: str, adapter: str | None) -> Updates:
 
     if not adapter:
         return refused(t("try.pick_adapter", lang))
-    if (refusal := public_refusal((adapter, "the adapter"))):
+    if (refusal := public_refusal(lang, (adapter, "adapter"))):
         return refused(t("export.failed", lang, message=refusal), "error")
     try:
         path = zip_adapter(adapter)
@@ -306,7 +306,7 @@ def on_merge(x: TryExportTab, lang: str, adapter: str | None, out_dir: str, repl
         return warn(t("export.busy_training", lang), "merge-note")
     if asks_remote_code(adapter) and not trust_remote_code:
         return warn(t("try.remote_code_needed", lang, model=adapter_config(adapter).model), "merge-note")
-    if (refusal := public_refusal((adapter, "the adapter"), ((out_dir or "").strip() or None, "the merged folder"))):
+    if (refusal := public_refusal(lang, (adapter, "adapter"), ((out_dir or "").strip() or None, "merged"))):
         return warn(t("export.failed", lang, message=refusal), "merge-note", "error")
     from core.export.adapter import ExportError, merge_destination
 
@@ -343,7 +343,7 @@ def on_push(x: TryExportTab, lang: str, adapter: str | None, what: str, merged_d
     folder = adapter if what != "merged" else ((merged_dir or "").strip())
     if what == "merged" and not (folder and Path(folder).is_dir()):
         return said(warn(t("export.merge_first", lang), "export-note"))
-    if (refusal := public_refusal((folder, "the folder to push"))):
+    if (refusal := public_refusal(lang, (folder, "push"))):
         return said(warn(t("export.failed", lang, message=refusal), "export-note", "error"))
     if not (token or "").strip() and not hf_token():  # point to the box on this page, not only to HF_TOKEN
         return said(warn(t("export.no_token", lang, field=t("export.token", lang)), "export-note", "error"))

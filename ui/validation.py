@@ -212,7 +212,7 @@ def on_compare(manager: Any, lang: str, run_dirs: list[str] | None) -> tuple[Any
         return gr.update(visible=False), warn(t("history.compare.need_two", lang), "compare-note")
     try:
         for d in picked:
-            if (refusal := public_refusal((d, "the run"))):
+            if (refusal := public_refusal(lang, (d, "run"))):
                 raise HistoryError(refusal)
         cmp = compare_runs(picked, manager.is_running)
     except HistoryError as exc:

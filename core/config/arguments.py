@@ -9,18 +9,34 @@ and from_pretrained both accept), no torch/transformers import at module level.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from core.config.settings import TrainConfig
+from core.config.slices import DataSlice, LoraSlice, ModelSlice, PlaceSlice, TrainerSlice
+
+
+class _Placed(ModelSlice, PlaceSlice, Protocol):
+    """The weights as this process loads them: their dtype and quantization, and whether FSDP shards them."""
+
+
+class _Steps(ModelSlice, DataSlice, TrainerSlice, Protocol):
+    """The Trainer's step: the optimizer loop, its precision and kernels, and the rows' length and packing."""
+
+
+class _Evaluated(TrainerSlice, PlaceSlice, Protocol):
+    """The Trainer's evals: their schedule and levers, and whether the run resumes (its baseline is then saved)."""
+
+
+class _Trained(ModelSlice, DataSlice, TrainerSlice, PlaceSlice, Protocol):
+    """A stage's whole TRL config: the step, the evals and the tracker."""
 
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-def dtype_name(cfg: TrainConfig) -> str:
+def dtype_name(cfg: ModelSlice) -> str:
     return DTYPE_NAMES[cfg.precision]
 
 
-def bnb_kwargs(cfg: TrainConfig) -> dict[str, Any] | None:
+def bnb_kwargs(cfg: _Placed) -> dict[str, Any] | None:
     """BitsAndBytesConfig(**...): the chapter's NF4 + double quantization with the training dtype for compute."""
     if not cfg.load_in_4bit:
         return None
@@ -34,12 +50,12 @@ def bnb_kwargs(cfg: TrainConfig) -> dict[str, Any] | None:
     }
 
 
-def sharded(cfg: TrainConfig) -> bool:
+def sharded(cfg: PlaceSlice) -> bool:
     """An FSDP run over several processes (the launcher writes the resolved strategy into the workers' config)."""
     return cfg.distributed_strategy == "fsdp" and (cfg.num_gpus != "1" or cfg.num_machines > 1)
 
 
-def load_kwargs(cfg: TrainConfig, cuda_device: int | None) -> dict[str, Any]:
+def load_kwargs(cfg: _Placed, cuda_device: int | None) -> dict[str, Any]:
     """AutoModelForCausalLM.from_pretrained(path, quantization_config=..., **...); cuda_device None = the CPU.
 
     The whole model goes on one GPU: device_map="auto" could spill layers to the CPU silently, which trains very
@@ -53,7 +69,7 @@ def load_kwargs(cfg: TrainConfig, cuda_device: int | None) -> dict[str, Any]:
     }
 
 
-def kbit_kwargs(cfg: TrainConfig) -> dict[str, Any] | None:
+def kbit_kwargs(cfg: ModelSlice) -> dict[str, Any] | None:
     """prepare_model_for_kbit_training(model, **...), or None where the base stays in its loaded dtype (lean).
 
     The chapter's recipe upcasts every non-quantized parameter (embeddings, norms, lm_head) to fp32. Checkpointing
@@ -64,7 +80,7 @@ def kbit_kwargs(cfg: TrainConfig) -> dict[str, Any] | None:
     return {"use_gradient_checkpointing": False}
 
 
-def lora_kwargs(cfg: TrainConfig, modules: list[str] | None = None,
+def lora_kwargs(cfg: LoraSlice, modules: list[str] | None = None,
                 parameters: list[str] | None = None) -> dict[str, Any]:
     """peft LoraConfig(**...); `modules`: the target names resolved for the model in hand (core/model/lora_targets.py);
     `parameters`: MoE experts' 3-D weights for peft's target_parameters (lora_experts, core/levers/experts.py)."""
@@ -83,7 +99,7 @@ def lora_kwargs(cfg: TrainConfig, modules: list[str] | None = None,
     }
 
 
-def sft_kwargs(cfg: TrainConfig, output_dir: str | Path, cuda: bool, console: bool = True) -> dict[str, Any]:
+def sft_kwargs(cfg: _Steps, output_dir: str | Path, cuda: bool, console: bool = True) -> dict[str, Any]:
     """TRL SFTConfig(**installed_names(..., SFTConfig)): the chapter's TrainingArguments + SFTTrainer arguments.
 
     Checkpointing is named gradient_checkpointing here, for every transformers version; installed_names renames it
@@ -139,7 +155,7 @@ def sft_kwargs(cfg: TrainConfig, output_dir: str | Path, cuda: bool, console: bo
     return kwargs
 
 
-def eval_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+def eval_kwargs(cfg: _Evaluated) -> dict[str, Any]:
     """What SFTConfig gets on top of sft_kwargs when there are validation rows (the engine adds them with its
     eval_dataset): the Trainer's own eval, once before training (the baseline) and every eval_steps (a share of the
     run below 1); core.train.callbacks adds the one at the end. Same micro-batch as training and loss only (no logits kept
@@ -162,7 +178,7 @@ def eval_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     return kwargs
 
 
-def tracking_kwargs(cfg: TrainConfig, run_dir: str | Path | None) -> dict[str, Any]:
+def tracking_kwargs(cfg: TrainerSlice, run_dir: str | Path | None) -> dict[str, Any]:
     """report_to for the optional tracker; TensorBoard writes into RUN/tensorboard (logging_dir where the installed
     transformers still has it; core.train.recipe sets TENSORBOARD_LOGGING_DIR for the newer ones)."""
     if cfg.tracking == "none":
@@ -173,7 +189,7 @@ def tracking_kwargs(cfg: TrainConfig, run_dir: str | Path | None) -> dict[str, A
     return out
 
 
-def trainer_config(config_class: type, cfg: TrainConfig, output_dir: str | Path, cuda: bool, console: bool = False,
+def trainer_config(config_class: type, cfg: _Trained, output_dir: str | Path, cuda: bool, console: bool = False,
                    evaluate: bool = False, run_dir: str | Path | None = None, **extra: Any):
     """Every stage's TRL config (SFTConfig, DPOConfig ...): sft_kwargs, the eval's with validation rows, the
     tracker's and the stage's own `extra`, in the names the installed `config_class` knows (what it lacks, e.g. a

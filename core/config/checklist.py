@@ -11,13 +11,22 @@ section are its first field's (core.config.levers).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol, TypeVar
 
-from core.config.settings import OPTIMIZERS, TrainConfig
+from core.config.settings import OPTIMIZERS
+from core.config.slices import DataSlice, ModelSlice, TrainerSlice
 
 LONG_MAX_LENGTH = 2048  # what "not shortened" means when the box is unticked
 SHORT_MAX_LENGTH = 512  # the chapter's value
 LARGE_BATCH = 8  # what "not small" means when the box is unticked
+
+
+class _Levers(ModelSlice, DataSlice, TrainerSlice, Protocol):
+    """What the items switch: quantization and precision, the rows' length, batch, accumulation and optimizer."""
+
+
+L = TypeVar("L", bound=_Levers)
+T = TypeVar("T", bound=TrainerSlice)
 
 
 @dataclass(frozen=True)
@@ -26,19 +35,19 @@ class ChecklistItem:
     label: str  # the chapter's wording
     tradeoff: str  # what it saves and what it costs, briefly
     fields: tuple[str, ...]  # the config fields it governs
-    is_on: Callable[[TrainConfig], bool]
-    turn_on: Callable[[TrainConfig], TrainConfig]
-    turn_off: Callable[[TrainConfig], TrainConfig]
+    is_on: Callable[[_Levers], bool]
+    turn_on: Callable[[_Levers], _Levers]
+    turn_off: Callable[[_Levers], _Levers]
     switch: str = ""  # the one boolean field the item's box is, if it is one (its widget then sits in Advanced)
 
 
-def _keep_effective_batch(cfg: TrainConfig, batch: int) -> TrainConfig:
+def _keep_effective_batch(cfg: T, batch: int) -> T:
     """Change the micro-batch while keeping batch x accumulation (rounded up) the same."""
     effective = cfg.effective_batch_size
     return cfg.replace(per_device_train_batch_size=batch, gradient_accumulation_steps=max(1, -(-effective // batch)))
 
 
-def _accumulate(cfg: TrainConfig) -> TrainConfig:
+def _accumulate(cfg: T) -> T:
     if cfg.gradient_accumulation_steps > 1:
         return cfg
     # The chapter's pattern: micro-batch 1, accumulated up to the effective batch (16 when there was none).
@@ -117,16 +126,16 @@ ITEMS: tuple[ChecklistItem, ...] = (
 BY_KEY = {item.key: item for item in ITEMS}
 
 
-def active(cfg: TrainConfig) -> dict[str, bool]:
+def active(cfg: _Levers) -> dict[str, bool]:
     """Which checklist items this config has on, in the chapter's order."""
     return {item.key: bool(item.is_on(cfg)) for item in ITEMS}
 
 
-def toggle(cfg: TrainConfig, key: str, on: bool) -> TrainConfig:
+def toggle(cfg: L, key: str, on: bool) -> L:
     item = BY_KEY[key]
     return item.turn_on(cfg) if on else item.turn_off(cfg)
 
 
-def missing(cfg: TrainConfig) -> list[ChecklistItem]:
+def missing(cfg: _Levers) -> list[ChecklistItem]:
     """Items that are off: what an out-of-memory message suggests first."""
     return [item for item in ITEMS if not item.is_on(cfg)]

@@ -5,6 +5,7 @@ to the schema."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,28 +29,43 @@ class Hardware:
 
     @classmethod
     def detect(cls) -> "Hardware":
+        """This machine, read without importing torch (the web server never does): the GPUs from NVML
+        (core.nvml.cards); where torch is loaded already (the training child), torch's own answer."""
         import importlib.util
 
-        if no_gpu_driver():  # spares the app's start-up the ~2 s import of torch on a machine without a GPU
-            cuda = False
-        else:
-            import torch
-
-            cuda = torch.cuda.is_available()
+        gpus, bf16 = torch_gpus() if "torch" in sys.modules else nvml_gpus()
         return cls(
-            cuda=cuda,
-            bf16=(_torch_bf16() if cuda else True),  # CPUs emulate bf16 via autocast
+            cuda=gpus > 0,
+            bf16=bf16 if gpus else True,  # CPUs emulate bf16 via autocast
             bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None,
             liger=importlib.util.find_spec("liger_kernel") is not None,
-            gpus=torch.cuda.device_count() if cuda else 0,
+            gpus=gpus,
         )
+
+
+def nvml_gpus() -> tuple[int, bool]:
+    """(GPUs a CUDA process here would see, whether the first computes bfloat16 natively), from NVML."""
+    from core.nvml import cards
+
+    found = [] if no_gpu_driver() else cards()
+    return len(found), bool(found) and found[0].bf16
+
+
+def torch_gpus() -> tuple[int, bool]:
+    """The same, as torch sees it (torch's current device is the first)."""
+    import torch
+
+    try:
+        if not torch.cuda.is_available():
+            return 0, False
+        return torch.cuda.device_count(), torch.cuda.is_bf16_supported(including_emulation=False)
+    except Exception:  # noqa: BLE001 - a broken driver counts as no GPU; validation then says so
+        return 0, False
 
 
 def no_gpu_driver() -> bool:
     """True when this machine surely has no GPU torch could use: Linux without the NVIDIA driver (/proc/driver/nvidia,
-    /dev/nvidia*), ROCm (/dev/kfd) or WSL's GPU bridge (/dev/dxg), or a Mac (no CUDA). Elsewhere, ask torch."""
-    import sys
-
+    /dev/nvidia*), ROCm (/dev/kfd) or WSL's GPU bridge (/dev/dxg), or a Mac (no CUDA). Elsewhere, ask NVML or torch."""
     if "torch" in sys.modules:  # already paid for: torch's own answer is the authority
         return False
     if sys.platform == "darwin":
@@ -59,12 +75,6 @@ def no_gpu_driver() -> bool:
         return not (Path("/proc/driver/nvidia").exists() or (dev / "kfd").exists() or (dev / "dxg").exists()
                     or any(dev.glob("nvidia*")))
     return False
-
-
-def _torch_bf16() -> bool:
-    import torch
-
-    return torch.cuda.is_bf16_supported()
 
 
 def output_problem(folder: str) -> str | None:

@@ -11,10 +11,13 @@ With packing on, a micro-batch is `per_device_train_batch_size` packs of rows, e
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from core.config.levers import chapter_values, cuda_only
-from core.config.settings import PACKING_STAGES, Hardware, TrainConfig
+from core.config.settings import PACKING_STAGES, Hardware
+from core.config.slices import Training
+
+C = TypeVar("C", bound=Training)  # a preset's levers are fields of the training slices, never where the run lives
 
 # Every lever a preset may set, at the chapter's value (the registry's, core/config/levers.py): applying a preset
 # first resets these, so presets do not leak into each other when the user switches between them.
@@ -131,7 +134,7 @@ def for_stage(name: str, stage: str) -> dict[str, Any]:
     return changes
 
 
-def apply_preset(cfg: TrainConfig, name: str, hw: Hardware | None = None, stage: str | None = None) -> TrainConfig:
+def apply_preset(cfg: C, name: str, hw: Hardware | None = None, stage: str | None = None) -> C:
     """`cfg` with the preset's levers set, for `stage` (default: cfg's). With `hw`, CUDA-only levers are left off
     where the machine lacks them."""
     changes = for_stage(name, stage or cfg.stage)
@@ -140,7 +143,7 @@ def apply_preset(cfg: TrainConfig, name: str, hw: Hardware | None = None, stage:
     return cfg.replace(**changes)
 
 
-def matching(cfg: TrainConfig) -> str | None:
+def matching(cfg: Training) -> str | None:
     """The preset whose levers `cfg` has exactly, for its stage, or None (a custom mix)."""
     for name in PRESETS:
         if all(getattr(cfg, k) == v for k, v in for_stage(name, cfg.stage).items()):

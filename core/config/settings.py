@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, get_type_hints
+from typing import Any, Protocol, get_type_hints
 
 import yaml
 
 from core.config.hardware import Hardware, output_problem
+from core.config.slices import DataSlice, ModelSlice
 from core.config.values import coerce_to, type_key
 from core.messages import plain, say
 
@@ -71,6 +73,9 @@ LORA_INITS = ("default", "gaussian", "pissa", "pissa_niter_4", "olora")
 STAGES = ("sft", "dpo", "orpo", "kto")
 PREFERENCE_STAGES = STAGES[1:]
 PACKING_STAGES = ("sft",)  # TRL's preference trainers pad each pair; only SFT packs rows (stage_problems)
+# core/scoring/scorers.py's SCORERS by name (config imports none of memtune: tests/test_heldout_run.py checks they
+# agree), and off
+HELDOUT_SCORERS = ("exact", "normalized", "contains", "regex", "numeric", "json_schema", "python", "off")
 DPO_LOSSES = ("sigmoid", "ipo", "hinge")  # DPOConfig.loss_type: the DPO paper's, IPO's, SLiC's
 LORA_TARGET_CHOICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Groups any family resolves (core/model/lora_targets.py), then the fused names of Phi-3-style models; other leaf names of
@@ -220,7 +225,7 @@ class TrainConfig:
         "LoRA+ (peft's create_loraplus_optimizer): lora_B (and DoRA's magnitudes) learn this many times faster "
         "than lora_A, with the configured optimizer. 0: off; the paper suggests 16. No memory change.",
         min=0.0, max=64.0, step=1.0,
-        lever=Lever("training", ("core.train.recipe.build_trainer", "core.levers.variants.loraplus_optimizer"),
+        lever=Lever("training", ("core.train.trainer.build_trainer", "core.levers.variants.loraplus_optimizer"),
                     order=4, preset=False)))
 
     # --- data --------------------------------------------------------------------------------------------
@@ -281,6 +286,17 @@ class TrainConfig:
         min=0, max=16, widget="slider", step=1))
     eval_max_new_tokens: int = field(default=32, metadata=_help(
         "Longest answer generated for each of those prompts, in tokens.", min=1, max=512, widget="slider", step=1))
+    heldout_scorer: str = field(default="exact", metadata=_help(
+        "Did it help? Before and after training, the base model, the parent adapter (a continued run) and the new "
+        "adapter answer the held-out prompts greedily (the validation part; the demo's own prompts for the demo; "
+        "else training rows, said so), each answer scored by this scorer (core/scoring). off: no held-out score.",
+        choices=HELDOUT_SCORERS))
+    heldout_options: str = field(default="", metadata=_help(
+        "The scorer's options as a JSON object, e.g. {\"pattern\": \"[A-Z]+\"} (regex), {\"abs_tol\": 0.01} "
+        "(numeric), {\"schema\": {...}} (json_schema), {\"function\": \"file.py:name\"} (python); empty: none."))
+    heldout_rows: int = field(default=100, metadata=_help(
+        "How many held-out prompts are scored (answers as long as eval_max_new_tokens); 0: no held-out score.",
+        min=0, max=2000))
     keep_best: bool = field(default=False, metadata=_help(
         "Save the checkpoint with the lowest eval loss as the adapter (checkpoints are then written at each new "
         "best, instead of save_strategy); the summary names its step."))
@@ -693,7 +709,11 @@ def variant_problems(cfg: TrainConfig) -> list[Problem]:
     return p
 
 
-def source_problems(cfg: TrainConfig) -> list[Problem]:
+class _Sources(ModelSlice, DataSlice, Protocol):
+    """The model and the data a run reads from."""
+
+
+def source_problems(cfg: _Sources) -> list[Problem]:
     """The model and data names a run cannot start from, refused before its folder is made: a control character
     (a newline, a NUL), a model that is neither a path nor a Hub id, a local data path that is not a data file
     (/etc/passwd, a device)."""
@@ -734,11 +754,32 @@ def eval_problems(cfg: TrainConfig) -> list[Problem]:
     for name, on in (("keep_best", cfg.keep_best), ("early_stopping_patience", cfg.early_stopping_patience > 0)):
         if on and no_val:
             p.append(Problem.of(name, "problem.needs_validation"))
+    if (why := options_problem(cfg.heldout_options)) is not None:
+        p.append(Problem.of("heldout_options", "problem.heldout_options", value=cfg.heldout_options, why=why))
     package = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(cfg.tracking)
     if package and not (importlib.util.find_spec(package) or (package == "tensorboard"
                                                                and importlib.util.find_spec("tensorboardX"))):
         p.append(Problem.of("tracking", "problem.tracking", tracking=cfg.tracking, package=package))
     return p
+
+
+def heldout_options(text: str) -> dict[str, Any]:
+    """The held-out scorer's options (heldout_options): a JSON object, or {} when empty. Raises ValueError."""
+    if not text.strip():
+        return {}
+    options = json.loads(text)
+    if not isinstance(options, dict):
+        raise ValueError("not a JSON object")
+    return options
+
+
+def options_problem(text: str) -> str | None:
+    """Why heldout_options is no JSON object, or None (the options themselves: core.scoring.scorers.bind, in the child)."""
+    try:
+        heldout_options(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def demo_config(**changes: Any) -> TrainConfig:

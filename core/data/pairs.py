@@ -23,9 +23,10 @@ unpaired: both answers of a held-out pair are held out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from core.config.settings import DEMO_DATASET, DEMO_PAIRS, TrainConfig
+from core.config.settings import DEMO_DATASET, DEMO_PAIRS
+from core.config.slices import DataSlice, ModelSlice, StageSlice, TrainerSlice
 from core.data.formats import column_values
 from core.data.plan import Naming
 from core.data.read import DataError, Limit, load_raw
@@ -57,11 +58,23 @@ def pair_format(columns: list[str]) -> str | None:
     return None
 
 
-def _where(cfg: TrainConfig) -> str:
+class _Pairs(DataSlice, StageSlice, Protocol):
+    """The data and the stage whose columns it must have."""
+
+
+class _HeldPairs(DataSlice, StageSlice, TrainerSlice, Protocol):
+    """The pairs and the seed their validation share is drawn with."""
+
+
+class _PlannedPairs(DataSlice, StageSlice, ModelSlice, Protocol):
+    """The pairs, their stage and the model whose tokenizer plans them."""
+
+
+def _where(cfg: DataSlice) -> str:
     return f"{cfg.dataset} [{cfg.dataset_split}]"
 
 
-def check_pairs(cfg: TrainConfig, limit: Limit | None = None) -> tuple[Any, str]:
+def check_pairs(cfg: _Pairs, limit: Limit | None = None) -> tuple[Any, str]:
     """Read the data and check it has what `cfg.stage` needs: (raw dataset, format). Refused with the file, the
     columns found and the fix (data.err.pair_columns) before any model is resolved, and every row's cells by type
     (check_rows: KTO's labels come back as booleans). `limit` (core.data.read.PREVIEW_LIMIT for a preview): the
@@ -170,7 +183,7 @@ def _shared_prompt(chosen: Any, rejected: Any) -> bool:
     return _present(extract_prompt({"chosen": chosen, "rejected": rejected})["prompt"])
 
 
-def split_pairs(cfg: TrainConfig, raw: Any, fmt: str, limit: Limit | None = None) -> Split:
+def split_pairs(cfg: _HeldPairs, raw: Any, fmt: str, limit: Limit | None = None) -> Split:
     """The pairs that train and the validation pairs: SFT's split (core.data.validation.split: a seeded share, or a
     separate file / split, the same rules), the separate data read and checked as this stage's pairs (within
     `limit`, when given)."""
@@ -286,7 +299,7 @@ class PairPlan:
         return out
 
 
-def plan_pairs(cfg: TrainConfig, tokenizer: Any, raw: Any = None, fmt: str | None = None,
+def plan_pairs(cfg: _PlannedPairs, tokenizer: Any, raw: Any = None, fmt: str | None = None,
                held: Split | None = None) -> PairPlan:
     """Every row of `cfg`'s preference data accounted for (module docstring), tokenized as TRL tokenizes it. With
     `held` (split_pairs' split of `raw`), the plan of the pairs that train, its validation part planned alike."""
@@ -301,7 +314,7 @@ def plan_pairs(cfg: TrainConfig, tokenizer: Any, raw: Any = None, fmt: str | Non
     return plan
 
 
-def _plan(cfg: TrainConfig, tokenizer: Any, raw: Any, fmt: str) -> PairPlan:
+def _plan(cfg: _PlannedPairs, tokenizer: Any, raw: Any, fmt: str) -> PairPlan:
     """One part's plan: every row of `raw` (of format `fmt`) kept, truncated or dropped, as TRL reads it."""
     from trl.data_utils import _tokenize, is_conversational, maybe_extract_prompt, unpair_preference_dataset
 

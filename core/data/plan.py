@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from core.config.settings import TrainConfig
+from core.config.slices import DataSlice, ModelSlice
 from core.messages import Said
 from core.data.read import DataError, Limit, is_local, load_raw, row_line
 from core.data.formats import _adds_bos, check_format, detect_format, nothing_to_train, render_rows
@@ -168,10 +168,14 @@ def suggest_max_length(lengths: list[int], step: int = 16, limit: int = 131072) 
     return min(limit, -(-p90 // step) * step)
 
 
+class _Measured(DataSlice, ModelSlice, Protocol):
+    """The rows and the model whose tokenizer measures them."""
+
+
 _LONGEST: dict[tuple, int] = {}  # data + model -> the longest row in tokens, from the last plan made of it
 
 
-def _lengths_key(cfg: TrainConfig, local: bool) -> tuple:
+def _lengths_key(cfg: _Measured, local: bool) -> tuple:
     try:  # a file edited since is measured again
         stamp = Path(cfg.dataset).expanduser().stat().st_mtime_ns if local else None
     except OSError:
@@ -179,18 +183,18 @@ def _lengths_key(cfg: TrainConfig, local: bool) -> tuple:
     return cfg.dataset, cfg.dataset_split, cfg.dataset_format, cfg.model, stamp
 
 
-def known_longest_row(cfg: TrainConfig) -> int | None:
+def known_longest_row(cfg: _Measured) -> int | None:
     """The longest row of cfg's data, in tokens of cfg's model, when this process has planned it (the preview
     did); None otherwise. For memory estimates: unpadded micro-batches are never longer than this."""
     return _LONGEST.get(_lengths_key(cfg, is_local(cfg.dataset)))
 
 
-def remember_longest(cfg: TrainConfig, tokens: int) -> None:
+def remember_longest(cfg: _Measured, tokens: int) -> None:
     """Keep the longest row a plan made elsewhere measured (the preview's child): known_longest_row answers it."""
     _LONGEST[_lengths_key(cfg, is_local(cfg.dataset))] = int(tokens)
 
 
-def check_data(cfg: TrainConfig, limit: Limit | None = None) -> tuple[Any, str]:
+def check_data(cfg: DataSlice, limit: Limit | None = None) -> tuple[Any, str]:
     """Read the data and check its format, with no tokenizer: (raw dataset, format). Runs before the model is
     resolved, so a broken file is reported as such whatever the model. `limit` (core.data.read.PREVIEW_LIMIT for a
     preview): the rows and bytes it may read, refused by name past them; None for training."""
@@ -348,7 +352,7 @@ def take(ids: Any, spans: Spans) -> Any:
     return np.concatenate([np.asarray(ids[a:b], dtype=np.int32) for a, b in spans] or [np.zeros(0, np.int32)])
 
 
-def plan_rows(cfg: TrainConfig, tokenizer: Any, dataset: Any = None, fmt: str | None = None,
+def plan_rows(cfg: _Measured, tokenizer: Any, dataset: Any = None, fmt: str | None = None,
               n_examples: int = 3, progress: Progress | None = None, limit: Limit | None = None) -> DataPlan:
     """Decide, for `cfg`'s data (or `dataset` of format `fmt`, already read by check_data), which rows train and
     what each becomes, tokenized and templated as the trainer does. Raises DataError when the data cannot be used

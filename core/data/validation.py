@@ -13,15 +13,27 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, TypeVar
 
 from core.config.settings import TrainConfig
+from core.config.slices import DataSlice, ModelSlice, TrainerSlice
 from core.data.plan import DataPlan, check_data, plan_rows
 from core.data.read import DataError, Limit
 from core.messages import Said
 
 MIN_ROWS_FOR_SHARE = 200  # with the default share, a smaller split trains on every row: 5% of it would be a handful
 DEFAULT_SHARE = TrainConfig.__dataclass_fields__["validation_share"].default  # only the default steps aside
+
+
+class _Held(DataSlice, TrainerSlice, Protocol):
+    """The data and the seed its validation share is drawn with."""
+
+
+class _Rows(DataSlice, ModelSlice, Protocol):
+    """The rows and the model whose tokenizer plans them."""
+
+
+D = TypeVar("D", bound=DataSlice)
 
 
 @dataclass
@@ -42,12 +54,12 @@ class Split:
                 "source": self.source, "why": self.why}
 
 
-def separate(cfg: TrainConfig) -> bool:
+def separate(cfg: DataSlice) -> bool:
     """A validation file or split was given (it wins over validation_share)."""
     return bool(cfg.validation_data.strip() or cfg.validation_split.strip())
 
 
-def val_config(cfg: TrainConfig) -> TrainConfig:
+def val_config(cfg: D) -> D:
     """The config whose dataset fields name the validation data, for core.data.plan's readers and plan."""
     if not separate(cfg):
         return cfg
@@ -55,7 +67,7 @@ def val_config(cfg: TrainConfig) -> TrainConfig:
                        dataset_split=cfg.validation_split.strip() or "train")
 
 
-def split(cfg: TrainConfig, raw: Any, fmt: str, read: Callable[..., tuple[Any, str]] = check_data,
+def split(cfg: _Held, raw: Any, fmt: str, read: Callable[..., tuple[Any, str]] = check_data,
           limit: Limit | None = None) -> Split:
     """Divide the loaded training split (`raw`, of format `fmt`) into the part that trains and the validation part.
     `read` reads and checks a separate validation dataset as the training one was read: SFT rows (check_data), or a
@@ -106,7 +118,7 @@ def _not_in(raw: Any, val: Any) -> list[int]:
     return [i for i, row in enumerate(rows(raw)) if row not in held]
 
 
-def plan_parts(cfg: TrainConfig, tokenizer: Any, held: Split, fmt: str,
+def plan_parts(cfg: _Rows, tokenizer: Any, held: Split, fmt: str,
                progress: Callable[[float], None] | None = None) -> DataPlan:
     """The plan of the rows that train, its validation part declared in it: what was held out (`held`, from `split`)
     and the validation rows' own plan, made alike (formatting, truncation, every row counted). `progress`: the

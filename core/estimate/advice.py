@@ -8,13 +8,19 @@ config.yaml (ui/render.py). The run itself records only that it ran out of memor
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from core.config import checklist
-from core.config.settings import TrainConfig
+from core.config.slices import PlaceSlice, Training
 from core.estimate.predict import savings
 from core.messages import Said, lines, named
 
 
-def oom_advice(cfg: TrainConfig) -> Said:
+class _Run(Training, PlaceSlice, Protocol):
+    """What the estimate of each item's saving reads (core.estimate.predict.savings)."""
+
+
+def oom_advice(cfg: _Run) -> Said:
     """Name the checklist items that are off, with what each would save at these settings when we can tell; keyed,
     so a page says it in its language (a label: named(), its English from the checklist)."""
     tips = []

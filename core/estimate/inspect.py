@@ -48,19 +48,6 @@ def change_dict(change: Any) -> dict[str, Any]:
             "key": str(data.get("key") or ""), "params": dict(data.get("params") or {})}
 
 
-def resolved_run(cfg: TrainConfig, resolve: Callable[..., Any] | None, cuda: bool,
-                 world: int) -> tuple[TrainConfig, list[dict[str, Any]]]:
-    """(what trains, the changes from `cfg`): `resolve` run on the model's tree on the meta device; `cfg` as it is
-    without one."""
-    if resolve is None:
-        return cfg, []
-    from core.model.load import resolve_model_path, skeleton
-
-    tree = skeleton(cfg, resolve_model_path(cfg))
-    run = resolve(cfg, tree, cuda=cuda, world=world)
-    return run.cfg, [change_dict(c) for c in run.changes]
-
-
 def inspect(config: dict[str, Any], wanted: list[dict[str, Any]], *, resolve: Callable[..., Any] | None = None,
             cuda: bool = False, world: int = 1, max_row_tokens: int | None = None) -> dict[str, Any]:
     """The child's answer: {"changes": [change_dict...], "failed": {cache key: error}}; the cache holds the rest."""
@@ -68,7 +55,12 @@ def inspect(config: dict[str, Any], wanted: list[dict[str, Any]], *, resolve: Ca
     cfg = TrainConfig.from_dict(config)
     with measure.collecting() as wants:
         remember_shape(cfg.model)
-        run, changes = resolved_run(cfg, resolve, cuda, world)
+        run, changes = cfg, []
+        if resolve is not None:  # what trains: `resolve` run on the model's tree on the meta device
+            from core.model.load import resolve_model_path, skeleton
+
+            resolved = resolve(cfg, skeleton(cfg, resolve_model_path(cfg)), cuda=cuda, world=world)
+            run, changes = resolved.cfg, [change_dict(c) for c in resolved.changes]
         for spec in wanted:
             measure_one(spec)
         for c in (cfg, run) if run != cfg else (cfg,):

@@ -31,9 +31,9 @@ growth larger was not profiled (it is within 10% either way).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
-from core.config.settings import TrainConfig
+from core.config.slices import Loading, LoraSlice, ModelSlice, PlaceSlice, TrainerSlice
 from core.estimate.terms import (CUBLAS_WORKSPACE, GIB, Terms, expert_lora_matrices, optimizer_bytes,
                                   other_weight_bytes)
 from core.model.shapes import ModelShape
@@ -42,6 +42,14 @@ NCCL_BUFFERS = int(0.6 * GIB)  # NCCL communicator + its kernels, per process, o
 BROADCAST_BUCKET = 250 * 2**20  # torch's _sync_module_states: parameters broadcast from rank 0 in flat buckets
 BROADCAST_IN_FLIGHT = 2  # c10d broadcast_coalesced keeps at most two buckets in flight
 AUTO_FIT_SHARE = 0.95  # `auto` picks ddp when one GPU's estimate is within this share of the smallest GPU (launcher)
+
+
+class _Placed(ModelSlice, PlaceSlice, Protocol):
+    """The processes and machines a run asks for, and the device the launcher plans them on."""
+
+
+class _Sharded(ModelSlice, LoraSlice, TrainerSlice, Protocol):
+    """What each GPU holds of the weights, the adapter and its optimizer state."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +68,7 @@ def machine_gpus() -> tuple[int, int | None]:
     return nvml_gpu_count(), (min(g.total_bytes for g in gpus) if gpus else None)
 
 
-def layout(cfg: TrainConfig, single_nvml: Callable[[], int], n_gpus: int | None = None,
+def layout(cfg: _Placed, single_nvml: Callable[[], int], n_gpus: int | None = None,
            gpu_bytes: int | None = None) -> Layout:
     """How many processes `cfg` runs and with which strategy, resolved as core.gpus.distributed.plan() does for the
     launcher (`auto`: ddp when one GPU's estimate fits the smallest GPU, fsdp otherwise; ddp where that is unknown).
@@ -81,7 +89,7 @@ def layout(cfg: TrainConfig, single_nvml: Callable[[], int], n_gpus: int | None 
     return Layout(p.world_size, p.strategy, p.reason)
 
 
-def _ddp(t: Terms, cfg: TrainConfig, shape: ModelShape) -> None:
+def _ddp(t: Terms, cfg: Loading, shape: ModelShape) -> None:
     grads = (2 if cfg.load_in_4bit else 4) * (shape.lora_params(cfg.lora_r, cfg.lora_target_modules)
                                               + sum(expert_lora_matrices(shape, cfg)))
     t.buckets = grads
@@ -93,7 +101,7 @@ def _ddp(t: Terms, cfg: TrainConfig, shape: ModelShape) -> None:
                    f"{t.kept / GIB:.2f} GiB, NCCL buffers {NCCL_BUFFERS / GIB:.2f} GiB")
 
 
-def _fsdp(t: Terms, cfg: TrainConfig, shape: ModelShape, world: int) -> None:
+def _fsdp(t: Terms, cfg: _Sharded, shape: ModelShape, world: int) -> None:
     h, layers = shape.hidden_size, shape.num_hidden_layers
     other = other_weight_bytes(cfg) if cfg.load_in_4bit else (4 if cfg.precision == "fp32" else 2)
     if cfg.load_in_4bit:  # the packed 4-bit data is the flat parameter; the quantization constants are not
@@ -124,7 +132,7 @@ def _fsdp(t: Terms, cfg: TrainConfig, shape: ModelShape, world: int) -> None:
                    f"and two layers ({2 * layer / GIB:.2f} GiB)")
 
 
-def apply(t: Terms, cfg: TrainConfig, shape: ModelShape, lay: Layout) -> None:
+def apply(t: Terms, cfg: _Sharded, shape: ModelShape, lay: Layout) -> None:
     """Turn one process's terms (alone on one GPU) into what each GPU of `lay` holds (nothing for one process)."""
     if lay.strategy == "ddp":
         _ddp(t, cfg, shape)

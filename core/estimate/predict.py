@@ -18,7 +18,7 @@ import json
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Generic, Protocol, TypeVar
 
 from core.estimate import multi as estimate_multi
 from core.estimate import stages as stage_terms  # a preference stage's sequences per row
@@ -27,8 +27,26 @@ from core.data.read import DataError
 from core.estimate.known import shape_of
 from core.estimate.terms import ATTENTIONS, CUDA_CONTEXT, GIB, dora_terms, single_gpu_terms
 from core.config.levers import fit_fields
+from core.config.slices import DataSlice, ModelSlice, PlaceSlice, StageSlice, TrainerSlice, Training
 from core.config.presets import PRESETS, apply_preset
 from core.model.shapes import ModelShape, ShapeError, get_shape
+
+
+class _Run(Training, PlaceSlice, Protocol):
+    """What the estimate reads: the step's work and memory (Training) and the processes it is spread over."""
+
+
+class _Rows(ModelSlice, DataSlice, StageSlice, Protocol):
+    """The dataset's rows as the stage reads them, tokenized by the model's tokenizer."""
+
+
+class _Grown(DataSlice, TrainerSlice, Protocol):
+    """The micro-batch, its accumulation and the length of its rows."""
+
+
+R = TypeVar("R", bound=_Run)
+T = TypeVar("T", bound=TrainerSlice)
+G = TypeVar("G", bound=_Grown)
 
 
 def _gib(name: str) -> property:
@@ -122,11 +140,11 @@ class Estimate:
         return "\n".join(lines)
 
 
-def _resolve_shape(cfg: TrainConfig, shape: ModelShape | None) -> ModelShape:
+def _resolve_shape(cfg: ModelSlice, shape: ModelShape | None) -> ModelShape:
     return shape if shape is not None else shape_of(cfg.model)  # the web server: without building the model
 
 
-def estimate(cfg: TrainConfig, shape: ModelShape | None = None, *, max_row_tokens: int | None = None,
+def estimate(cfg: _Run, shape: ModelShape | None = None, *, max_row_tokens: int | None = None,
              full_logits: bool = False, liger_layers: bool | None = None, attention: str | None = None,
              equal_length_rows: bool = False, n_gpus: int | None = None, gpu_bytes: int | None = None,
              embedding_via_gpu: bool = False) -> Estimate:
@@ -195,7 +213,7 @@ class ItemSaving:
         return f"saves {self.saved_gib:.1f} GiB here"
 
 
-def savings(cfg: TrainConfig, shape: ModelShape | None = None, switch=None, **kw) -> list[ItemSaving]:
+def savings(cfg: _Run, shape: ModelShape | None = None, switch=None, **kw) -> list[ItemSaving]:
     """For each of the chapter's seven checklist items, the GiB it saves at the current settings (on vs off).
 
     `switch(cfg, key, on)` is what ticking or unticking the item does (default core.config.checklist.toggle; the page passes
@@ -218,7 +236,7 @@ class FitError(ValueError):
     it itself: `smallest` (the smallest setting tried), `need_gib` (a GPU that fits it) and `advice` (a code:
     fsdp_loading, ddp, upcast, no_4bit, smaller_model)."""
 
-    def __init__(self, message: str, smallest: TrainConfig | None = None, smallest_gib: float | None = None,
+    def __init__(self, message: str, smallest: _Run | None = None, smallest_gib: float | None = None,
                  need_gib: float | None = None, advice: str = "smaller_model") -> None:
         super().__init__(message)
         self.smallest, self.smallest_gib, self.need_gib, self.advice = smallest, smallest_gib, need_gib, advice
@@ -236,7 +254,7 @@ def _lengths(max_length: int, floor: int = 64) -> list[int]:
 FIT_MARGIN = 0.1  # what fit_to_gpu keeps spare of the budget
 
 
-def fit_floor(cfg: TrainConfig, shape: ModelShape | None = None, **kw) -> Estimate:
+def fit_floor(cfg: _Run, shape: ModelShape | None = None, **kw) -> Estimate:
     """The estimate of the smallest setting fit_to_gpu may choose for cfg (batch 1, its shortest length, gradient
     checkpointing, a paged 8-bit optimizer): when even this does not fit a budget, Fit cannot help."""
     effective = cfg.effective_batch_size
@@ -246,8 +264,8 @@ def fit_floor(cfg: TrainConfig, shape: ModelShape | None = None, **kw) -> Estima
                                 optim=optim), _resolve_shape(cfg, shape), **kw)
 
 
-def fit_to_gpu(cfg: TrainConfig, budget_bytes: int, margin: float = FIT_MARGIN, shape: ModelShape | None = None,
-               **kw) -> tuple[TrainConfig, Estimate]:
+def fit_to_gpu(cfg: R, budget_bytes: int, margin: float = FIT_MARGIN, shape: ModelShape | None = None,
+               **kw) -> tuple[R, Estimate]:
     """The config closest to `cfg` whose predicted NVML peak fits `budget_bytes` with `margin` to spare.
 
     Changes only the micro-batch (keeping batch x accumulation via accumulation), max_length (never above the
@@ -260,7 +278,7 @@ def fit_to_gpu(cfg: TrainConfig, budget_bytes: int, margin: float = FIT_MARGIN, 
     ckpts = [cfg.gradient_checkpointing] + ([] if cfg.gradient_checkpointing else [True])
     variants = [(g, o) for g in ckpts for o in optims]
     variants.sort(key=lambda v: (v[0] != cfg.gradient_checkpointing, v[1] != cfg.optim))
-    last: tuple[TrainConfig, Estimate] | None = None
+    last: tuple[R, Estimate] | None = None
     for length in _lengths(cfg.max_length):
         batches, b = [], cfg.per_device_train_batch_size
         while b >= 1:
@@ -296,7 +314,7 @@ def fit_to_gpu(cfg: TrainConfig, budget_bytes: int, margin: float = FIT_MARGIN, 
 
 
 # --- the dataset's real lengths -------------------------------------------------------------------------------------
-def measured_row_tokens(cfg: TrainConfig) -> int | None:
+def measured_row_tokens(cfg: _Rows) -> int | None:
     """The longest row of cfg's dataset in tokens (read and tokenized as training will), for `max_row_tokens`;
     None with packing, where a micro-batch is packs of up to max_length whatever the rows."""
     if cfg.packing:
@@ -345,8 +363,8 @@ GROW_MAX_TOKENS = 16384
 
 
 @dataclass
-class PresetFit:
-    cfg: TrainConfig
+class PresetFit(Generic[R]):
+    cfg: R
     preset: str = ""
     key: str | None = None  # core/locales key of the note (preset.fit.*), None when there is nothing to say
     values: dict[str, Any] = field(default_factory=dict)  # the note's placeholders
@@ -371,7 +389,7 @@ class PresetFit:
                                     else PRESETS[self.preset]["label"]})
 
 
-def _predict(cfg: TrainConfig) -> float | None:
+def _predict(cfg: _Run) -> float | None:
     from core.data.plan import known_longest_row
 
     try:
@@ -380,7 +398,7 @@ def _predict(cfg: TrainConfig) -> float | None:
         return None
 
 
-def preset_candidates(cfg: TrainConfig) -> list[TrainConfig]:
+def preset_candidates(cfg: T) -> list[T]:
     """The preset's own setting first, then fewer packs per micro-step, then the same with checkpointing."""
     packs = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps  # per optimizer step
     out = []
@@ -392,7 +410,7 @@ def preset_candidates(cfg: TrainConfig) -> list[TrainConfig]:
     return _unique(out)
 
 
-def grown_candidates(cfg: TrainConfig) -> list[TrainConfig]:
+def grown_candidates(cfg: G) -> list[G]:
     """Twice, four times ... the preset's packs per micro-step, up to GROW_MAX_TOKENS tokens, largest first; the
     accumulation divided where it can be (the same packs per optimizer step), else left at 1."""
     packs = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
@@ -404,7 +422,7 @@ def grown_candidates(cfg: TrainConfig) -> list[TrainConfig]:
     return out[::-1]
 
 
-def _unique(items: list[TrainConfig]) -> list[TrainConfig]:
+def _unique(items: list[T]) -> list[T]:
     seen, out = set(), []
     for c in items:
         key = (c.per_device_train_batch_size, c.gradient_checkpointing)
@@ -414,15 +432,15 @@ def _unique(items: list[TrainConfig]) -> list[TrainConfig]:
     return out
 
 
-def fit_preset(cfg: TrainConfig, name: str, hw: Hardware | None = None,
-               fixed: Mapping[str, Any] | None = None) -> PresetFit:
+def fit_preset(cfg: R, name: str, hw: Hardware | None = None,
+               fixed: Mapping[str, Any] | None = None) -> PresetFit[R]:
     """`cfg` with preset `name` applied for this model (see the module docstring), and the note saying what changed.
     `fixed`: settings the user gave beside the preset (the CLIs' --set): they win over the preset's levers, and the
     fit sizes the rest around them (it never changes one of them)."""
     fixed = dict(fixed or {})
     base = apply_preset(cfg, name, hw, stage=fixed.get("stage")).replace(**fixed)
 
-    def keeps(option: TrainConfig) -> bool:
+    def keeps(option: R) -> bool:
         return all(getattr(option, k) == v for k, v in fixed.items())
 
     budget = PRESET_BUDGETS_GIB.get(name)

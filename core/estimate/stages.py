@@ -23,14 +23,31 @@ DPO 5.24 / 6.80: estimated 5.35 / 6.81 (+2.0% / +0.2%), unchanged.
 
 from __future__ import annotations
 
-from core.config.settings import TrainConfig
+from typing import Protocol, TypeVar
+
+from core.config.slices import ModelSlice, StageSlice, TrainerSlice
 from core.estimate import preference
 from core.estimate.terms import LM_HEAD_TOKEN_CHUNK, LM_HEAD_VOCAB_CHUNK, QUANTIZED_HEAD_ROWS, Terms, dtypes
 
 SEQUENCES_PER_ROW = {"sft": 1, "dpo": 2, "orpo": 2, "kto": 1}  # sequences one data row puts through the model
 
 
-def as_sft(cfg: TrainConfig) -> TrainConfig:
+class _Batch(StageSlice, TrainerSlice, Protocol):
+    """The stage and the micro-batch of rows it puts through the model."""
+
+
+class _Head(ModelSlice, StageSlice, Protocol):
+    """The stage's loss and the dtypes and head of the model it runs on."""
+
+
+class _Noted(ModelSlice, StageSlice, TrainerSlice, Protocol):
+    """What the stage's notes name: the stage, its reference, the micro-batch and the compute dtype."""
+
+
+B = TypeVar("B", bound=_Batch)
+
+
+def as_sft(cfg: B) -> B:
     """The SFT config whose training step holds the memory a step of `cfg`'s stage holds (module docstring)."""
     factor = SEQUENCES_PER_ROW.get(cfg.stage, 1)
     if factor == 1:
@@ -41,7 +58,7 @@ def as_sft(cfg: TrainConfig) -> TrainConfig:
 TORCH_DTYPES = {2: "bfloat16", 4: "float32"}  # compute dtype bytes -> the measurement's dtype (fp16: bf16's sizes)
 
 
-def full_logits_bytes(cfg: TrainConfig, shape, tokens: int) -> int:
+def full_logits_bytes(cfg: _Head, shape, tokens: int) -> int:
     """ORPO's LM head + loss peak that grows with the vocabulary: measured bytes per logit x tokens x vocab; 0 for
     the other stages (their log-probs never hold the whole logits)."""
     if cfg.stage != "orpo":
@@ -50,7 +67,7 @@ def full_logits_bytes(cfg: TrainConfig, shape, tokens: int) -> int:
     return int(per_logit * tokens * shape.vocab_size)
 
 
-def logits_terms(t: Terms, cfg: TrainConfig, shape) -> None:
+def logits_terms(t: Terms, cfg: _Head, shape) -> None:
     """Put ORPO's whole-logits loss in `t` (terms of `as_sft(cfg)`): its measured bytes replace the chunked head's
     tile (TRL's chunked log-prob never runs under ORPOTrainer), and the layers' backward phase, counted in
     `temporaries` as what it needs beyond the logits term, shrinks to what is left beyond the new term."""
@@ -66,7 +83,7 @@ def logits_terms(t: Terms, cfg: TrainConfig, shape) -> None:
     t.temporaries = max(0, working_peak - t.logits) + t.workspace
 
 
-def notes(cfg: TrainConfig) -> list[str]:
+def notes(cfg: _Noted) -> list[str]:
     """The estimate's words about the stage (none for sft)."""
     if cfg.stage == "sft":
         return []

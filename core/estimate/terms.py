@@ -56,8 +56,10 @@ Llama model built after a liger run in the same process has liger's layers whate
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from core.config.settings import OPTIMIZERS, TrainConfig
+from core.config.settings import OPTIMIZERS
+from core.config.slices import DataSlice, Loading, LoraSlice, ModelSlice, TrainerSlice
 from core.estimate.measure import layer_saved
 from core.levers import grouping
 from core.model.shapes import ModelShape
@@ -93,6 +95,18 @@ PAGED_MIN_NUMEL = 100_000  # bitsandbytes Optimizer8bit.get_state_buffer pages o
 ATTENTIONS = ("sdpa", "varlen")
 
 
+class _Optimizer(LoraSlice, TrainerSlice, Protocol):
+    """The adapter's matrices and the optimizer that keeps state for them."""
+
+
+class _Layer(ModelSlice, LoraSlice, TrainerSlice, Protocol):
+    """One decoder layer's step: the base's dtypes, the adapter on it and the step's kernels and optimizer."""
+
+
+class _Step(ModelSlice, LoraSlice, DataSlice, TrainerSlice, Protocol):
+    """One process's training step: the model, its adapter, the rows' length and packing, and the loop's levers."""
+
+
 def nf4_bytes(n: int, double_quant: bool, blocksize: int = 64) -> int:
     """Bytes bitsandbytes stores for one n-element 4-bit weight (packed data + quantization constants)."""
     blocks = -(-n // blocksize)
@@ -106,22 +120,22 @@ def precision_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def upcast(cfg: TrainConfig) -> bool:
+def upcast(cfg: ModelSlice) -> bool:
     """memtune's engine upcasts (prepare_model_for_kbit_training) only a 4-bit model, and only when asked."""
     return cfg.load_in_4bit and cfg.upcast_to_fp32 and cfg.precision != "fp32"
 
 
-def other_weight_bytes(cfg: TrainConfig) -> int:
+def other_weight_bytes(cfg: ModelSlice) -> int:
     """Bytes per parameter of the unquantized weights (embeddings, head, norms): fp32 after the upcast."""
     return 4 if (upcast(cfg) or cfg.precision == "fp32") else precision_bytes(cfg.precision)
 
 
-def lora_matrices(shape: ModelShape, cfg: TrainConfig) -> list[int]:
+def lora_matrices(shape: ModelShape, cfg: LoraSlice) -> list[int]:
     """Element counts of one layer's LoRA matrices (A: r x in, B: out x r) for the targeted modules."""
     return [n for a, b in shape.lora_dims(cfg.lora_target_modules) for n in (cfg.lora_r * a, cfg.lora_r * b)]
 
 
-def expert_lora_matrices(shape: ModelShape, cfg: TrainConfig) -> list[int]:
+def expert_lora_matrices(shape: ModelShape, cfg: LoraSlice) -> list[int]:
     """Element counts of the whole model's LoRA matrices on experts weights (lora_experts; A: r x experts x one side,
     B: the other side x r x experts, per 3-D weight)."""
     if not cfg.lora_experts:
@@ -129,7 +143,7 @@ def expert_lora_matrices(shape: ModelShape, cfg: TrainConfig) -> list[int]:
     return [n for e, a, b in shape.expert_weights() for n in (cfg.lora_r * e * a, cfg.lora_r * e * b)]
 
 
-def experts_transient(cfg: TrainConfig, shape: ModelShape, element_size: int) -> int:
+def experts_transient(cfg: ModelSlice, shape: ModelShape, element_size: int) -> int:
     """Bytes of 4-bit experts dequantized at once (core/levers/experts.py): on the grouped path a group of a layer's
     routed experts within its budget (core/levers/grouping.py), one expert at a time its largest weight. 0 without
     them."""
@@ -140,7 +154,7 @@ def experts_transient(cfg: TrainConfig, shape: ModelShape, element_size: int) ->
     return element_size * shape.largest_expert_weight
 
 
-def grouped_rows_transient(cfg: TrainConfig, shape: ModelShape, tokens: int) -> int:
+def grouped_rows_transient(cfg: ModelSlice, shape: ModelShape, tokens: int) -> int:
     """Bytes the grouped path (core/levers/experts.py `nf4_grouped_experts_forward`) holds at once in one MoE layer
     beyond what autograd keeps (the same tensors as the loop's): its rows are the tokens' k copies sorted by expert,
     so every per-row tensor is tokens x k rows at once, where the loop holds one expert's rows. The larger of
@@ -151,16 +165,19 @@ def grouped_rows_transient(cfg: TrainConfig, shape: ModelShape, tokens: int) -> 
         return 0
     d = dtypes(cfg)
     rows = tokens * (shape.num_experts_per_tok or 1)
-    through = max(grouping.group_bytes(e, a * b, d.c) + rows * d.c * (a + b) for e, a, b in shape.expert_weights())
+    # a weight split into several chunks also holds one chunk's gathered rows and product beside the whole output
+    through = max(grouping.group_bytes(e, a * b, d.c)
+                  + rows * d.c * (a + b) * (2 if len(grouping.chunks(e, a * b * d.c)) > 1 else 1)
+                  for e, a, b in shape.expert_weights())
     return max(through, rows * shape.hidden_size * (d.c + 2 * d.s))
 
 
-def quantized_experts(cfg: TrainConfig, shape: ModelShape) -> bool:
+def quantized_experts(cfg: ModelSlice, shape: ModelShape) -> bool:
     """Whether the MoE experts are stored in 4 bits (core/levers/experts.py does it whenever the model loads in 4)."""
     return bool(cfg.load_in_4bit and shape.expert_weights())
 
 
-def optimizer_bytes(cfg: TrainConfig, shape: ModelShape, param_bytes: int, shards: int = 1) -> tuple[int, int]:
+def optimizer_bytes(cfg: _Optimizer, shape: ModelShape, param_bytes: int, shards: int = 1) -> tuple[int, int]:
     """(bytes of optimizer state for the LoRA params, how many of them bitsandbytes pages); with `shards` > 1 each
     LoRA matrix is one flat FSDP shard of 1/shards of it (what the optimizer then sees)."""
     _, eight_bit, paged = OPTIMIZERS.get(cfg.optim, (False, False, False))
@@ -191,20 +208,20 @@ class Dtypes:
     o: int  # output of a decoder linear: bitsandbytes returns its input's dtype (so s); a 16-bit one, c
 
 
-def dtypes(cfg: TrainConfig) -> Dtypes:
+def dtypes(cfg: ModelSlice) -> Dtypes:
     c = precision_bytes(cfg.precision)
     s = 4 if (upcast(cfg) or cfg.precision == "fp32") else c
     return Dtypes(c=c, s=s, o=s if cfg.load_in_4bit else c)
 
 
-def masked(cfg: TrainConfig, attention: str, batch: int, equal_length_rows: bool) -> bool:
+def masked(cfg: DataSlice, attention: str, batch: int, equal_length_rows: bool) -> bool:
     """Whether attention gets an explicit mask (a packed or padded micro-batch under SDPA)."""
     if attention == "varlen":
         return False
     return cfg.packing or (batch > 1 and not equal_length_rows)
 
 
-def moe_routed_bytes_per_token(cfg: TrainConfig, shape: ModelShape) -> int:
+def moe_routed_bytes_per_token(cfg: ModelSlice, shape: ModelShape) -> int:
     """What one MoE layer keeps for backward per token, averaged over the layers: each token goes to its top-k
     experts, which compute in the compute dtype (4-bit ones through bitsandbytes' matmul), and each of the k copies
     keeps the expert MLP's input, gate/up output (2 x width) and act(gate) (width), plus the router's logits and
@@ -218,7 +235,7 @@ def moe_routed_bytes_per_token(cfg: TrainConfig, shape: ModelShape) -> int:
     return (routed + router) * shape.moe_layers // shape.num_hidden_layers
 
 
-def layer_bytes_per_token(cfg: TrainConfig, shape: ModelShape, *, liger_layers: bool | None = None,
+def layer_bytes_per_token(cfg: _Layer, shape: ModelShape, *, liger_layers: bool | None = None,
                           kv_repeated: bool = False) -> tuple[int, int]:
     """(bytes one decoder layer keeps for backward per token, extra bytes its backward needs per token).
 
@@ -287,7 +304,7 @@ except Exception:  # noqa: BLE001 - not installed (a CPU machine): the list abov
     pass
 
 
-def measured_layer(cfg: TrainConfig, shape: ModelShape, kv_repeated: bool) -> dict | None:
+def measured_layer(cfg: Loading, shape: ModelShape, kv_repeated: bool) -> dict | None:
     """core/estimate/measure.py's measurement of one decoder layer for these settings, or None (no config.json,
     the chapter's fp32 upcast, a config this transformers cannot build)."""
     if not shape.config_text or upcast(cfg):
@@ -297,14 +314,14 @@ def measured_layer(cfg: TrainConfig, shape: ModelShape, kv_repeated: bool) -> di
                        four_bit=cfg.load_in_4bit)
 
 
-def measured_saved(cfg: TrainConfig, shape: ModelShape, kv_repeated: bool) -> int | None:
+def measured_saved(cfg: Loading, shape: ModelShape, kv_repeated: bool) -> int | None:
     """Bytes per token one decoder layer keeps, measured (core/estimate/measure.py) where the shape carries its
     config.json and the settings have a CPU stand-in; None: the formula of layer_bytes_per_token."""
     found = measured_layer(cfg, shape, kv_repeated)
     return None if found is None else int(found["saved"])
 
 
-def varlen_casts(cfg: TrainConfig, shape: ModelShape) -> bool:
+def varlen_casts(cfg: Loading, shape: ModelShape) -> bool:
     """Whether q/k/v reach memtune's varlen attention in fp32: a LayerNorm family on a 4-bit base (CUDA autocast's
     fp32 LayerNorm, bitsandbytes returning its input's dtype). core/model/attention.py casts them to the compute
     dtype for FlashAttention, as transformers' wrapper does, so no [T, T] mask is built (before that fix it took
@@ -371,7 +388,7 @@ class Terms:
         return self.load_reserved + CUDA_CONTEXT + self.load_comm
 
 
-def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int | None = None,
+def single_gpu_terms(cfg: _Step, shape: ModelShape, *, max_row_tokens: int | None = None,
                      full_logits: bool = False, liger_layers: bool | None = None, attention: str = "sdpa",
                      equal_length_rows: bool = False, embedding_via_gpu: bool = False) -> Terms:
     """Every term of one process training `cfg` alone on one GPU (see the module docstring). `embedding_via_gpu`:
@@ -536,7 +553,7 @@ def single_gpu_terms(cfg: TrainConfig, shape: ModelShape, *, max_row_tokens: int
 BNB_MIN_8BIT_SIZE = 4096  # bitsandbytes' optimizers keep 32-bit state for tensors smaller than this (min_8bit_size)
 
 
-def dora_terms(t: Terms, cfg: TrainConfig, shape: ModelShape) -> None:
+def dora_terms(t: Terms, cfg: _Layer, shape: ModelShape) -> None:
     """DoRA's memory, added to `t` (core.estimate.predict calls it after single_gpu_terms):
 
     - a trainable magnitude vector per adapted layer (its output width), with its gradient and optimizer state;

@@ -34,7 +34,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
-from core.config.settings import TrainConfig
+from core.config.slices import ModelSlice
 from core.files import (RefusedError, free_memory, make_tmp, marker, move_into_place, real, recover, require_marker,
                         storage_message, target, write_marker)
 from core.messages import HandsOn, Said
@@ -131,7 +131,7 @@ def zip_adapter(adapter_dir: str | Path, dest_dir: str | Path | None = None, ove
 
 
 # --- merge: how big, does it fit --------------------------------------------------------------------------------
-def _local_model_dir(cfg: TrainConfig) -> Path | None:
+def _local_model_dir(cfg: ModelSlice) -> Path | None:
     """The model's folder if it is on this machine (demo, local folder, Hub cache); never downloads."""
     from core.config.settings import DEMO_MODEL
 
@@ -168,7 +168,7 @@ def safetensors_params(folder: Path) -> int:
     return total
 
 
-def parameter_count(cfg: TrainConfig) -> int | None:
+def parameter_count(cfg: ModelSlice) -> int | None:
     """The base model's parameter count: from its architecture (core.model.shapes), else its safetensors headers."""
     try:
         from core.model.shapes import get_shape
@@ -202,7 +202,7 @@ def _ram_free() -> int:
     return int(psutil.virtual_memory().available)
 
 
-def merge_plan(cfg: TrainConfig) -> dict[str, Any]:
+def merge_plan(cfg: ModelSlice) -> dict[str, Any]:
     """Where the merge would run and whether it fits: device (cuda|cpu|None), needed, available, params."""
     params = parameter_count(cfg)
     needed = int(params * BF16_BYTES * MERGE_OVERHEAD) if params else 0
@@ -219,7 +219,7 @@ def merge_plan(cfg: TrainConfig) -> dict[str, Any]:
     return dict(device=device, params=params, needed=needed, available=available, gpu_free=gpu, ram_free=ram)
 
 
-def merge_memory_check(cfg: TrainConfig) -> tuple[int, int, bool, Said]:
+def merge_memory_check(cfg: ModelSlice) -> tuple[int, int, bool, Said]:
     """(needed_bytes, available_bytes, ok, message) for merging an adapter of `cfg` into its bf16 base."""
     plan = merge_plan(cfg)
     needed, available = plan["needed"], plan["available"]
@@ -235,7 +235,7 @@ def merge_memory_check(cfg: TrainConfig) -> tuple[int, int, bool, Said]:
                                          free=size_said(available))
 
 
-def merge_size(cfg: TrainConfig) -> tuple[int, int, int] | None:
+def merge_size(cfg: ModelSlice) -> tuple[int, int, int] | None:
     """What a merge costs: (parameters, bytes on disk in bf16, bytes of RAM or GPU memory to merge), or None when
     the model's size cannot be told here. The page words it (ui.tryexport.merge_warning)."""
     params = parameter_count(cfg)
@@ -278,7 +278,7 @@ def merge_destination(adapter_dir: str | Path, out_dir: str | Path | None = None
     return out
 
 
-def merge_target(cfg: TrainConfig, merge_into: str | None = None) -> str:
+def merge_target(cfg: ModelSlice, merge_into: str | None = None) -> str:
     """The weights a merge adds the delta to: `merge_into` if given, else "dequantized" for a 4-bit run; an adapter
     trained on an unquantized base has only its original weights."""
     if merge_into is not None and merge_into not in MERGE_TARGETS:

@@ -51,8 +51,10 @@ class Plan:
 
 
 def visible_gpus() -> int:
-    if "torch" not in sys.modules and nvml_gpu_count() == 0:  # none: said without importing torch (the web server)
-        return 0
+    """CUDA GPUs this process can use: torch's count where torch is loaded (the training child), else NVML's, so the
+    web server counts them without importing torch."""
+    if "torch" not in sys.modules:
+        return nvml_gpu_count()
     try:
         import torch
 
@@ -62,13 +64,10 @@ def visible_gpus() -> int:
 
 
 def nvml_gpu_count() -> int:
-    """Visible GPUs without initialising CUDA (NVML, honouring CUDA_VISIBLE_DEVICES' count); 0 without NVML."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    from core.gpus.vram import device_count
+    """Visible GPUs without initialising CUDA (NVML, CUDA_VISIBLE_DEVICES applied as CUDA reads it); 0 without NVML."""
+    from core.nvml import cards
 
-    return device_count()  # 0 without a driver
+    return len(cards())
 
 
 def pin_one_gpu(cfg) -> str | None:

@@ -4,7 +4,7 @@
 (bench/product.py, bench/multigpu.py, bench/app_gpu.py) read the card through this module, not pynvml directly.
 
 No gradio here. NVML (the `nvidia-ml-py` package, imported as `pynvml`) is initialised once per process, under a
-lock; where there is no NVIDIA driver (a laptop, CI, this machine) every function answers "no NVIDIA GPU found"
+lock (core/nvml.py, which also says which GPUs a CUDA process of this environment sees); where there is no NVIDIA driver (a laptop, CI, this machine) every function answers "no NVIDIA GPU found"
 instead of raising, so the UI can show that as a plain message.
 
 Three numbers people confuse, and which one this module gives:
@@ -19,35 +19,13 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from core.messages import Said
+from core.nvml import error as nvml_error
+from core.nvml import nvml as _nvml
 
 GIB = 2**30
 NO_GPU = Said("gpu.none")  # "no NVIDIA GPU found", keyed: the gauge says it in the page's language
-
-_lock = threading.Lock()
-_state: dict[str, Any] = {"tried": False, "ok": False, "error": ""}
-
-
-def _nvml():
-    """The initialised pynvml module, or None (with the reason in _state['error']). Initialises once."""
-    with _lock:
-        if not _state["tried"]:
-            _state["tried"] = True
-            try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                _state["ok"] = True
-            except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded, ...
-                _state["ok"] = False
-                _state["error"] = f"{type(exc).__name__}: {exc}"
-        if not _state["ok"]:
-            return None
-    import pynvml
-
-    return pynvml
 
 
 def nvml_available() -> bool:
@@ -156,7 +134,7 @@ def unavailable_reason() -> str:
     """"" when NVML works; otherwise "no NVIDIA GPU found (why)" (a Said)."""
     if _nvml() is not None:
         return ""
-    return Said("gpu.none_why", why=_state["error"]) if _state["error"] else NO_GPU
+    return Said("gpu.none_why", why=nvml_error()) if nvml_error() else NO_GPU
 
 
 # --- formatting (the UI gauge) ----------------------------------------------------------------------------------

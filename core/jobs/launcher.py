@@ -73,7 +73,7 @@ def run_launcher(cfg, run_dir: str | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="memtune-launch-"))
     try:
         check(resolved)
-        run = create_run_dir(resolved, prepared=Path(run_dir) if run_dir else None) if p.machine_rank == 0 else None
+        run = create_run_dir(resolved, resolved.to_yaml(), prepared=Path(run_dir) if run_dir else None) if p.machine_rank == 0 else None
     except ConfigError as exc:
         print(f"memtune: {exc}", file=sys.stderr)
         return 2

@@ -377,7 +377,7 @@ class JobManager:
 
         # Marked, config.yaml written, resume_from and output_dir checked: a refusal (ConfigError) fails the job
         # before any child starts, and the child continues in exactly this folder.
-        run_dir = create_run_dir(job.config)
+        run_dir = create_run_dir(job.config, job.config.to_yaml())
         job.folder = str(run_dir)
         config_path = run_dir / "config.yaml"
         (run_dir / STOP_FILE).unlink(missing_ok=True)  # a resumed run's folder may keep one from its last Stop

@@ -14,14 +14,30 @@ What it reads and plans is bounded by `limit` (core.data.read.PREVIEW_LIMIT, or 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, TypeVar
 
 from core.config.settings import ConfigError, Problem, TrainConfig
+from core.config.slices import DataSlice, LoraSlice, Loading, ModelSlice, StageSlice, TrainerSlice
 from core.messages import Said, fields_of, words_of
 
 Phase = Callable[[Said, "float | None"], None]  # (what the bar says, how far: 0..1 or None)
 PLAN_FIELDS = ("source", "format", "max_length", "long_prompts", "packing", "n_source", "counts", "lengths",
                "reasons", "n_packs", "turns")
+
+
+class _Rows(ModelSlice, LoraSlice, DataSlice, TrainerSlice, Protocol):
+    """An SFT preview's: the rows, held out and planned with the model's tokenizer, and the layers LoRA reaches."""
+
+
+class _Pairs(ModelSlice, DataSlice, StageSlice, TrainerSlice, Protocol):
+    """A preference preview's: the pairs its stage needs, held out and planned with the model's tokenizer."""
+
+
+class _Adapted(ModelSlice, LoraSlice, DataSlice, Protocol):
+    """What the model's own adaptations read and change (packing, attention) and its experts' LoRA."""
+
+
+A = TypeVar("A", bound=_Adapted)
 
 
 def failure(exc: BaseException) -> dict[str, Any]:
@@ -47,7 +63,7 @@ def as_json(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda x: x.item() if hasattr(x, "item") else str(x)))
 
 
-def sft(cfg: TrainConfig, limit: Any, said: Phase) -> dict[str, Any]:
+def sft(cfg: _Rows, limit: Any, said: Phase) -> dict[str, Any]:
     """The file read and checked first, without a tokenizer (an empty, non-UTF-8 or malformed file is named as such
     even when the model's tokenizer cannot be loaded), then the rows planned as the run will."""
     from core.data.plan import DataError, check_data, plan_rows
@@ -82,7 +98,7 @@ def sft(cfg: TrainConfig, limit: Any, said: Phase) -> dict[str, Any]:
         return {"error": "read", "words": failure(exc)}
 
 
-def pairs(cfg: TrainConfig, limit: Any, said: Phase) -> dict[str, Any]:
+def pairs(cfg: _Pairs, limit: Any, said: Phase) -> dict[str, Any]:
     """A preference stage's preview: what is held out for validation, and the run log's lines on its pairs."""
     from core.data.pairs import check_pairs, plan_pairs, split_pairs
     from core.data.read import DataError
@@ -109,7 +125,7 @@ class TokenizerError(Exception):
     """The model's tokenizer cannot be loaded (its cause: a ModelError, an OSError, a ValueError)."""
 
 
-def load_tokenizer(cfg: TrainConfig) -> Any:
+def load_tokenizer(cfg: ModelSlice) -> Any:
     from core.model.load import ModelError, load_tokenizer as load
 
     try:
@@ -118,7 +134,7 @@ def load_tokenizer(cfg: TrainConfig) -> Any:
         raise TokenizerError(exc) from exc
 
 
-def model_changes(cfg: TrainConfig) -> tuple[TrainConfig, list[dict[str, Any]], Any]:
+def model_changes(cfg: A) -> tuple[A, list[dict[str, Any]], Any]:
     """What the run will change for this model before loading, from its config.json and meta-device tree, as the run
     log's words: the pre-flight's adaptations (core.model.families.adapt: rows unpacked for a stateful mixer, another
     attention path), and the experts' weights that get LoRA with lora_experts. `cfg` comes back as the run will train
@@ -144,7 +160,7 @@ def model_changes(cfg: TrainConfig) -> tuple[TrainConfig, list[dict[str, Any]], 
         return cfg, [], tree
 
 
-def lora_line(cfg: TrainConfig, tree: Any = None) -> dict[str, Any]:
+def lora_line(cfg: Loading, tree: Any = None) -> dict[str, Any]:
     """Which layers get LoRA and how many parameters train (the run log's line: renamed, fused and shared-name
     layers), from the model's module tree (no weights loaded): `tree` when the caller built it, else built here."""
     from core.model.load import lora_targets

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from core.config.settings import TrainConfig
+from core.config.slices import ModelSlice
 from core.levers.output_head import embeddings_tied  # a question about the head: is it the embedding's matrix?
 
 
@@ -79,7 +79,7 @@ def offload_input_embeddings(model) -> bool:
 
 
 
-def embedding_device_map(config: Any, cfg: TrainConfig, gpu: int) -> dict[str, Any] | None:
+def embedding_device_map(config: Any, cfg: ModelSlice, gpu: int) -> dict[str, Any] | None:
     """A device map that puts every module of the model `config` describes on `gpu` except the input embedding (on
     "cpu"); None where the embedding is tied to the output head or cannot be found (then nothing is offloaded)."""
     from transformers import AutoModelForCausalLM
@@ -130,7 +130,7 @@ def offload_kwargs(config: Any, kwargs: dict[str, Any], dmap: dict[str, Any]) ->
     return kwargs
 
 
-def load_embedding_on_cpu(path: str, cfg: TrainConfig, kwargs: dict[str, Any]):
+def load_embedding_on_cpu(path: str, cfg: ModelSlice, kwargs: dict[str, Any]):
     """offload_embeddings: load the input embedding straight into CPU memory, so it never takes GPU memory (loading
     it on the GPU and moving it afterwards made loading the 8B peak: +1 GiB). None where it does not apply.
 

@@ -12,11 +12,14 @@ weights) stay 16-bit, and fp32 after the chapter's upcast.
 - Training: two forwards registered in transformers' ExpertsInterface, chosen in `finish` (`path`):
   - "memtune_nf4_grouped" (`nf4_grouped_experts_forward`, the default): transformers' grouped layout (tokens sorted
     by expert, one grouped matrix product per weight through transformers' `_grouped_mm`: torch's grouped GEMM on the
-    GPU, its fallback loop on the CPU). Only the experts a batch routes to are dequantized, a group of them per
-    bitsandbytes call (every expert's absmax and double-quant statistics stacked at load time so one call covers
-    the group), groups sized to `GROUP_BYTES` (core/levers/grouping.py, torch-free: the estimate reads it). A
-    custom autograd Function saves nothing of the weight: backward dequantizes the same groups again (the frozen
-    weights need no gradient, the input's is grad @ W).
+    GPU, its fallback loop on the CPU). Each expert's rows end where the GPU says (offsets computed on the device,
+    never read back: no host sync in forward or backward). A layer's experts are dequantized in fixed chunks of
+    consecutive experts, one bitsandbytes call each (every expert's absmax and double-quant statistics stacked at
+    load time so one call covers the chunk), chunks sized to `GROUP_BYTES` (core/levers/grouping.py, torch-free: the
+    estimate reads it); a chunk's grouped product reads the rows from its first expert's start on, so it computes
+    only its own experts' rows. A custom autograd Function saves nothing of the weight: backward dequantizes the
+    same chunks again (the frozen weights need no gradient, the input's is grad @ W). A call with fewer routed rows
+    than experts (generation's single tokens) goes through the loop below, which dequantizes only what it uses.
   - "memtune_nf4" (`nf4_experts_forward`, the reference): the family's eager loop over the routed experts, each
     expert's matmul through bitsandbytes' `matmul_4bit` (the Linear4bit path: one expert dequantized at a time).
   `MEMTUNE_EXPERTS=loop` (or `grouped`) in the environment picks one; unset: grouped wherever transformers has its
@@ -39,7 +42,7 @@ import torch
 
 from core.config.arguments import bnb_kwargs
 from core.config.settings import ConfigError, Problem
-from core.levers.grouping import GROUPED, LOOP, Group, groups, requested
+from core.levers.grouping import GROUPED, LOOP, chunks, requested
 
 
 class Note(NamedTuple):
@@ -103,31 +106,29 @@ class NF4Experts(torch.nn.Module):
         """One expert's (out, in): the Linear4bit layout every expert is quantized in."""
         return (self.shape[2], self.shape[1]) if self.transposed else (self.shape[1], self.shape[2])
 
-    def dequantize_group(self, experts: list[int], dtype: torch.dtype) -> torch.Tensor:
-        """Experts `experts` (ascending) dequantized at once: [len, out, in] in `dtype`, each expert's values exactly
+    def dequantize_group(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        """Experts [start, stop) dequantized at once: [stop - start, out, in] in `dtype`, each expert's values exactly
         those its own dequantize (and matmul_4bit) gives. One bitsandbytes call for the group (two with double
-        quantization), where every expert's blocks are whole; else one call per expert."""
+        quantization) on views of the stored bytes, where every expert's blocks are whole; else one call per expert."""
         import bitsandbytes.functional as bnbf
 
-        first, (rows, cols) = self.states[0], self.out_in
+        first, (rows, cols), count = self.states[0], self.out_in, stop - start
         if self._stacked is None:  # partial 64-value blocks: experts' data cannot be laid end to end
             return torch.stack([bnbf.dequantize_4bit(self.packed[e].view(-1, 1), self.states[e]).to(dtype)
-                                for e in experts])
-        contiguous = experts == list(range(experts[0], experts[0] + len(experts)))  # a view, no copy of the bytes
-        pick = slice(experts[0], experts[-1] + 1) if contiguous else torch.tensor(experts, device=self.packed.device)
+                                for e in range(start, stop)])
         absmax, absmax2, offset = self._stacked
         if first.nested:  # the absmax are themselves 8-bit blocks of 256 (padded per expert to whole blocks)
             n = first.absmax.numel()
-            scale = bnbf.dequantize_blockwise(absmax[pick].reshape(-1), absmax=absmax2[pick].reshape(-1),
+            scale = bnbf.dequantize_blockwise(absmax[start:stop].reshape(-1), absmax=absmax2[start:stop].reshape(-1),
                                               code=first.state2.code, blocksize=first.state2.blocksize)
-            scale = scale.view(len(experts), -1)[:, :n] + offset[pick, None]
+            scale = scale.view(count, -1)[:, :n] + offset[start:stop, None]
         else:
-            scale = absmax[pick]
-        state = bnbf.QuantState(absmax=scale.reshape(-1).float(), shape=torch.Size((len(experts) * rows, cols)),
+            scale = absmax[start:stop]
+        state = bnbf.QuantState(absmax=scale.reshape(-1).float(), shape=torch.Size((count * rows, cols)),
                                 dtype=first.dtype, blocksize=first.blocksize, quant_type=first.quant_type,
                                 code=first.code)
-        w = bnbf.dequantize_4bit(self.packed[pick].reshape(-1, 1), state)
-        return w.view(len(experts), rows, cols).to(dtype)
+        w = bnbf.dequantize_4bit(self.packed[start:stop].reshape(-1, 1), state)
+        return w.view(count, rows, cols).to(dtype)
 
     @property
     def num_experts(self) -> int:
@@ -211,73 +212,96 @@ def nf4_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Te
     return out
 
 
-def _grouped_product(x: torch.Tensor, weight: NF4Experts, plan: list[Group], dtype: torch.dtype,
-                     transposed: bool) -> torch.Tensor:
-    """x @ W_e^T per group of rows (transposed: x @ W_e, backward's product), each group's experts dequantized just
-    for it, through transformers' grouped product."""
+def _matmul(rows: torch.Tensor, weights: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     from transformers.integrations.moe import _grouped_mm
 
-    outs = []
-    for g in plan:
-        w = weight.dequantize_group(g.experts, dtype)
-        offsets = torch.tensor(g.offsets, dtype=torch.int32, device=x.device)
-        mat = w if transposed else w.transpose(-2, -1)
-        rows = x[g.start:g.end].contiguous()  # torch's grouped GEMM reads row-major inputs
-        if w.device.type == "cuda" and w.dtype != torch.bfloat16:  # torch's grouped GEMM is bf16-only on CUDA
-            outs.append(torch.ops.transformers.grouped_mm_fallback(rows.to(w.dtype), mat, offs=offsets))
-        else:
-            outs.append(_grouped_mm(rows, mat, offs=offsets))
+    if weights.device.type == "cuda" and weights.dtype != torch.bfloat16:  # torch's grouped GEMM is bf16-only on CUDA
+        return torch.ops.transformers.grouped_mm_fallback(rows.to(weights.dtype), weights, offs=offsets)
+    return _grouped_mm(rows, weights, offs=offsets)
+
+
+def _grouped_product(x: torch.Tensor, weight: NF4Experts, ends: torch.Tensor, dtype: torch.dtype,
+                     transposed: bool) -> torch.Tensor:
+    """x @ W_e^T for the rows of each expert e (transposed: x @ W_e, backward's product); expert e's rows end at
+    ends[e] (int32, on x's device) of the expert-sorted rows. Rows past ends[-1] are left unwritten. The experts are
+    dequantized a chunk at a time; a chunk after the first reads the rows from its first expert's start on (a
+    gather whose offsets stay on the device), and its results are written back in place, the rows it does not own
+    sent to a spare last row."""
+    rows = x.shape[0]
+    width = weight.out_in[1 if transposed else 0]
+    plan = chunks(weight.num_experts, _expert_bytes(weight, dtype))
+    x = x.contiguous()  # torch's grouped GEMM reads row-major inputs
+    if len(plan) == 1:
+        w = weight.dequantize_group(0, weight.num_experts, dtype)
+        return _matmul(x, w if transposed else w.transpose(-2, -1), ends)
+    out = x.new_empty((rows + 1, width), dtype=dtype)
+    position = torch.arange(rows, device=x.device)
+    for start, stop in plan:
+        w = weight.dequantize_group(start, stop, dtype)
+        first = ends[start - 1] if start else ends.new_zeros(())
+        offsets = ends[start:stop] - first
+        part = _matmul(x[(position + first).clamp_(max=rows - 1)], w if transposed else w.transpose(-2, -1), offsets)
         del w
-    if not outs:
-        width = weight.out_in[1 if transposed else 0]
-        return x.new_zeros((0, width), dtype=dtype)
-    return outs[0] if len(outs) == 1 else torch.cat(outs)
+        out.index_copy_(0, torch.where(position < offsets[-1], position + first, rows), part.to(dtype))
+    return out[:rows]
 
 
 class _GroupedNF4(torch.autograd.Function):
-    """The grouped product with 4-bit experts: forward and backward each dequantize the groups they need, so no
-    16-bit copy of the experts outlives a call. Nothing is saved: the weights are frozen (no gradient) and the
-    input's gradient needs only the weights."""
+    """The grouped product with 4-bit experts: forward and backward each dequantize the chunks they need, so no
+    16-bit copy of the experts outlives a call. Only the experts' row ends are saved: the weights are frozen (no
+    gradient) and the input's gradient needs only the weights."""
 
     @staticmethod
-    def forward(ctx, x, weight, plan, dtype):
-        ctx.weight, ctx.plan, ctx.dtype, ctx.x_dtype = weight, plan, dtype, x.dtype
-        return _grouped_product(x, weight, plan, dtype, transposed=False)
+    def forward(ctx, x, weight, ends, dtype):
+        ctx.weight, ctx.dtype, ctx.x_dtype = weight, dtype, x.dtype
+        ctx.save_for_backward(ends)
+        return _grouped_product(x, weight, ends, dtype, transposed=False)
 
     @staticmethod
     def backward(ctx, grad):
-        dx = _grouped_product(grad, ctx.weight, ctx.plan, ctx.dtype, transposed=True)
+        (ends,) = ctx.saved_tensors
+        dx = _grouped_product(grad, ctx.weight, ends, ctx.dtype, transposed=True)
         return dx.to(ctx.x_dtype), None, None, None
 
 
-@torch.compiler.disable  # data-dependent groups (a host copy of the routing's counts): always eager
+@torch.compiler.disable  # bitsandbytes' calls on NF4Experts (a module argument): eager
 def nf4_grouped_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                                 top_k_weights: torch.Tensor) -> torch.Tensor:
     """transformers' grouped experts forward (grouped_mm_experts_forward: tokens sorted by expert, one grouped
-    product per weight, the k copies of a token summed) with 4-bit weights (`_GroupedNF4`). Biases, the family's
-    gate (_apply_gate) and activation are the module's own, as in `nf4_experts_forward`."""
+    product per weight, the k copies of a token summed) with 4-bit weights (`_GroupedNF4`), nothing read back to
+    the host. Biases, the family's gate (_apply_gate) and activation are the module's own, as in
+    `nf4_experts_forward`; expert parallelism's sentinel rows (ids past the last expert) sort last and are zeroed,
+    as transformers does. Fewer routed rows than experts: the loop (`nf4_experts_forward`)."""
     tokens, k = top_k_index.shape
+    if tokens * k < self.num_experts:
+        return nf4_experts_forward(self, hidden_states, top_k_index, top_k_weights)
     first = self.gate_up_proj if self.has_gate else self.up_proj
     first_bias = (self.gate_up_proj_bias if self.has_gate else self.up_proj_bias) if self.has_bias else None
     dtype = first.compute_dtype
     ids, order = torch.sort(top_k_index.reshape(-1), stable=True)
-    with torch.no_grad():  # each expert's end in the sorted rows (expert parallelism's sentinel ids sort last)
-        ends = torch.searchsorted(ids, torch.arange(1, self.num_experts + 1, device=ids.device)).tolist()
-    rows = ends[-1] if ends else 0
-    ids, order = ids[:rows], order[:rows]
+    with torch.no_grad():  # each expert's end in the sorted rows, on the device
+        bounds = torch.arange(1, self.num_experts + 1, device=ids.device, dtype=ids.dtype)
+        ends = torch.searchsorted(ids, bounds, out_int32=True)
+    sentinel = (ids >= self.num_experts)[:, None] if getattr(self, "_is_expert_parallel", False) else None
+    if sentinel is not None:
+        ids = ids.clamp(max=self.num_experts - 1)
     x = hidden_states[order // k]
-    h = _GroupedNF4.apply(x, first, groups(ends, _expert_bytes(first, dtype)), dtype)
+    if sentinel is not None:  # its backward zeroes the unwritten rows of the input's gradient
+        x = x.masked_fill(sentinel, 0.0)
+    h = _GroupedNF4.apply(x, first, ends, dtype)
     if first_bias is not None:
         h = h + first_bias[ids]
     h = self._apply_gate(h) if self.has_gate else self.act_fn(h)
-    h = _GroupedNF4.apply(h, self.down_proj, groups(ends, _expert_bytes(self.down_proj, dtype)), dtype)
+    h = _GroupedNF4.apply(h, self.down_proj, ends, dtype)
     if self.has_bias:
         h = h + self.down_proj_bias[ids]
+    if sentinel is not None:
+        h = h.masked_fill(sentinel, 0.0)
     if getattr(self, "has_post_expert_norm", False):
         h = self.post_expert_norm(h)
     h = h * top_k_weights.reshape(-1)[order, None]
-    out = hidden_states.new_zeros((tokens * k, hidden_states.shape[-1]))
-    out = out.index_copy(0, order, h.to(out.dtype))  # back in token order; sentinel rows stay 0
+    out = hidden_states.new_empty((tokens * k, hidden_states.shape[-1]))
+    out = out.index_copy(0, order, h.to(out.dtype))  # back in token order
     return out.view(tokens, k, -1).sum(dim=1)
 
 

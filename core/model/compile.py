@@ -61,7 +61,7 @@ import torch
 
 from core.files import RefusedError, atomic_write_text, target
 from core.levers.experts import experts_modules
-from core.messages import Said, keyed
+from core.messages import Said, keyed, said_again
 
 BACKEND_ENV = "MEMTUNE_COMPILE_BACKEND"
 RECOMPILE_LIMIT = 16  # per code object: train/eval mode, grad on/off, per-layer constants (Gemma's sliding window)
@@ -182,7 +182,7 @@ def callback(emit, cache: CompileCache | None = None):
 
     from core.runs.events import make_event
 
-    cache = cache or CompileCache(why="no compile cache was opened")
+    cache = cache or CompileCache(why=Said("log.compile.why_unopened"))
 
     class CompileCallback(TrainerCallback):
         started: float | None = None  # the first step's start
@@ -278,11 +278,11 @@ def _own_folder(path: Path) -> None:
         pass
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
-        raise RefusedError(f"{path} is a link")
+        raise RefusedError(Said("files.refused.cache_link", path=str(path)))
     if not stat.S_ISDIR(st.st_mode):
-        raise RefusedError(f"{path} is not a folder")
+        raise RefusedError(Said("files.refused.cache_not_folder", path=str(path)))
     if st.st_uid != os.getuid():
-        raise RefusedError(f"{path} belongs to another user (uid {st.st_uid})")
+        raise RefusedError(Said("files.refused.cache_other_user", path=str(path), uid=st.st_uid))
     if st.st_mode & 0o077:
         os.chmod(path, 0o700)  # ours, made looser by hand or an old umask: others must not write code into it
 
@@ -415,7 +415,7 @@ def open_cache(cfg, model, emit=None) -> CompileCache:
 
     key = cache_key(cfg, model)
     if key["backend"] not in CACHED_BACKENDS:
-        return CompileCache(key=key, why=f"the {key['backend']} backend keeps no compile cache")
+        return CompileCache(key=key, why=Said("log.compile.why_backend", backend=key["backend"]))
     home = cache_home()
     folder = None
     try:
@@ -427,14 +427,16 @@ def open_cache(cfg, model, emit=None) -> CompileCache:
         folder = parent / home.name / _digest(key)
         _own_folder(folder)
     except (RefusedError, OSError) as exc:
+        keyed_refusal = isinstance(exc, RefusedError) and exc.key
+        why = said_again(exc.key, exc.params) if keyed_refusal else Said("msg.text", text=str(exc))
         inductor_config.fx_graph_cache = False
         functorch_config.enable_autograd_cache = False
         if emit is not None:
             from core.messages import keyed
             from core.runs.events import make_event
 
-            emit(make_event("log", level="warning", **keyed("log.compile.refused", why=str(exc))))
-        return CompileCache(key=key, why=str(exc), refused=True)
+            emit(make_event("log", level="warning", **keyed("log.compile.refused", why=why)))
+        return CompileCache(key=key, why=why, refused=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)  # read at every cache access (runtime_utils.cache_dir)
     os.environ["TRITON_CACHE_DIR"] = str(folder / "triton")
     inductor_config.fx_graph_cache = True

@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from core.config.slices import DataSlice, ModelSlice
 from core.messages import Said
 
 VERIFIED = {  # config.json model_type -> the families README's matrix lists for it
@@ -102,7 +103,11 @@ def traits(config, tree=None) -> Traits:
     return found
 
 
-def adaptations(cfg, found: Traits) -> list[tuple[str, Any, Said]]:
+class _Packed(ModelSlice, DataSlice, Protocol):
+    """What an adaptation can change: whether rows pack, and the attention kernel."""
+
+
+def adaptations(cfg: _Packed, found: Traits) -> list[tuple[str, Any, Said]]:
     """The config changes this model needs to train exactly what `cfg` asks, as (field, value, why): one keyed
     reason per change (why, and what it costs). Nothing changes for a model that trains as asked."""
     out: list[tuple[str, Any, Said]] = []
@@ -126,13 +131,13 @@ def adaptations(cfg, found: Traits) -> list[tuple[str, Any, Said]]:
     return out
 
 
-def said(cfg, field_name: str, why: Said) -> bool:
+def said(cfg: DataSlice, field_name: str, why: Said) -> bool:
     """Whether the run log says this adaptation: varlen falling back to sdpa where packing was never asked for
     (a preference stage, a custom mix) loses nothing the user asked for, and goes unsaid."""
     return cfg.packing or field_name != "attention" or why.key != "log.adapt.no_varlen"
 
 
-def adapt(cfg, found: Traits) -> tuple[dict[str, Any], list[Said]]:
+def adapt(cfg: _Packed, found: Traits) -> tuple[dict[str, Any], list[Said]]:
     """`adaptations` as the changes (field -> value) and the lines the run log says."""
     found_changes = adaptations(cfg, found)
     return ({name: value for name, value, _ in found_changes},

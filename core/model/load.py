@@ -12,13 +12,14 @@ import gc
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from core.config import arguments as recipe
 from core.hub import hf_token  # the loader passes it on (core/hub.py)
-from core.config.settings import DEMO_MODEL, MOVES_BASE, ConfigError, Problem, TrainConfig
+from core.config.settings import DEMO_MODEL, MOVES_BASE, ConfigError, Problem
+from core.config.slices import Loading, ModelSlice, PlaceSlice, TrainerSlice
 from core.levers import experts as moe, variants
 from core.levers.embedding import CpuEmbedding, load_embedding_on_cpu, offload_input_embeddings
 from core.levers.output_head import quantize_output_head
@@ -30,6 +31,18 @@ from core.messages import Keyed, Said, keyed, words_of
 from core.runs.events import EventSink, make_event
 
 
+class _Placed(ModelSlice, PlaceSlice, Protocol):
+    """The weights as this process loads them: which, how, and whether FSDP shards them."""
+
+
+class _Prepared(Loading, TrainerSlice, Protocol):
+    """The model made ready to train: its weights, the adapter, and the step's levers (checkpointing, the seed)."""
+
+
+class _Trained(Loading, TrainerSlice, PlaceSlice, Protocol):
+    """Loaded and prepared: the weights as this process loads them and the model ready to train."""
+
+
 class ModelError(Keyed, RuntimeError):
     """A model could not be found or loaded; the message says why and what to do (a `model.err.*` locale key and
     its parameters, core.messages.Keyed: str() is en.json's text)."""
@@ -38,11 +51,11 @@ class ModelError(Keyed, RuntimeError):
         super().__init__(self._keyed(key, params))
 
 
-def use_cuda(cfg: TrainConfig) -> bool:
+def use_cuda(cfg: ModelSlice) -> bool:
     return cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
 
 
-def build_bnb_config(cfg: TrainConfig):
+def build_bnb_config(cfg: _Placed):
     """The chapter's BitsAndBytesConfig (NF4, double quant, bf16 compute), or None without 4-bit."""
     kwargs = recipe.bnb_kwargs(cfg)
     if kwargs is None:
@@ -52,7 +65,7 @@ def build_bnb_config(cfg: TrainConfig):
     return BitsAndBytesConfig(**kwargs)
 
 
-def skeleton(cfg: TrainConfig, path: str):
+def skeleton(cfg: ModelSlice, path: str):
     """The model at `path` as a module tree on the meta device (no weights, no memory: core/model/lora_targets.py),
     built once per run: what LoRA targets (lora_targets) and what the model can train exactly (core.model.resolve)
     are read from it. A model that is no causal LM (an encoder, seq2seq) is refused by name."""
@@ -64,7 +77,7 @@ def skeleton(cfg: TrainConfig, path: str):
         raise ModelError("model.err.not_causal", model=cfg.model) from None
 
 
-def lora_targets(cfg: TrainConfig, path: str | None = None, model=None):
+def lora_targets(cfg: Loading, path: str | None = None, model=None):
     """cfg.lora_target_modules resolved against the model's linear layers (core/model/lora_targets.py): from `model`
     (loaded, or its skeleton), or from the skeleton of the model at `path`. A name the model lacks is a ConfigError
     that lists the model's real linear layers."""
@@ -79,7 +92,7 @@ def lora_targets(cfg: TrainConfig, path: str | None = None, model=None):
     return found
 
 
-def resolve_model_path(cfg: TrainConfig, sink: EventSink | None = None) -> str:
+def resolve_model_path(cfg: ModelSlice, sink: EventSink | None = None) -> str:
     """A local folder holding the model: the demo, a user folder, or the Hub snapshot (downloaded if needed)."""
     from core.runs.public import model_problem
 
@@ -135,7 +148,7 @@ def _download(repo_id: str, sink: EventSink | None) -> str:
         raise ModelError("model.err.offline", model=repo_id, error=type(exc).__name__) from None
 
 
-def load_tokenizer(cfg: TrainConfig, path: str | None = None):
+def load_tokenizer(cfg: ModelSlice, path: str | None = None):
     from transformers import AutoTokenizer
 
     path = path or resolve_model_path(cfg)
@@ -146,7 +159,7 @@ def load_tokenizer(cfg: TrainConfig, path: str | None = None):
     return tokenizer
 
 
-def load_model(cfg: TrainConfig, path: str | None = None):
+def load_model(cfg: _Placed, path: str | None = None):
     """Load the base model, quantized to 4 bits when the config asks for it."""
     from transformers import AutoModelForCausalLM
 
@@ -182,7 +195,7 @@ def load_model(cfg: TrainConfig, path: str | None = None):
     return model
 
 
-def prepare_for_training(model, cfg: TrainConfig):
+def prepare_for_training(model, cfg: _Prepared):
     """Freeze the base, apply the chapter's k-bit preparation (or memtune's lean variant) and wrap with LoRA."""
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import set_seed
@@ -226,7 +239,7 @@ def prepare_for_training(model, cfg: TrainConfig):
     return model
 
 
-def load_for_training(cfg: TrainConfig, path: str, emit: EventSink, cpu_eval: bool) -> tuple[Any, int, bool]:
+def load_for_training(cfg: _Trained, path: str, emit: EventSink, cpu_eval: bool) -> tuple[Any, int, bool]:
     """The model loaded (quantized), prepared and wrapped with LoRA, and what the log says of it (LoRA's share, MoE
     experts, compile): (model, trainable parameters, whether its layers compile in the first step). `cpu_eval`:
     evals on the CPU come between training steps."""
@@ -250,7 +263,7 @@ def load_for_training(cfg: TrainConfig, path: str, emit: EventSink, cpu_eval: bo
     return model, trainable, getattr(note, "key", "") in ("log.compile", "log.compile_varlen")
 
 
-def load_with_adapter(cfg: TrainConfig, adapter_dir: str | Path, path: str | None = None):
+def load_with_adapter(cfg: _Placed, adapter_dir: str | Path, path: str | None = None):
     """Base model + a saved adapter, with the same dtype policy as in training, ready for inference.
 
     The model is loaded fresh on every call, so adapters never stack on a reused model.
@@ -267,7 +280,7 @@ def load_with_adapter(cfg: TrainConfig, adapter_dir: str | Path, path: str | Non
 
 
 # --- the CUDA allocator's and cuBLAS' levers, set before the model loads (bench/RESULTS.md measures each) ---------
-def configure_cuda(cfg: TrainConfig) -> None:
+def configure_cuda(cfg: ModelSlice) -> None:
     """Process-wide CUDA allocator settings a config asks for; a no-op without CUDA.
 
     expandable_segments lets the caching allocator grow a segment in place instead of caching many fixed-size
@@ -289,7 +302,7 @@ def configure_cuda(cfg: TrainConfig) -> None:
 SMALL_CUBLAS_WORKSPACE = {"CUBLAS_WORKSPACE_CONFIG": ":4096:1", "CUBLASLT_WORKSPACE_SIZE": "1024"}  # KiB
 
 
-def cublas_env(cfg: TrainConfig) -> dict[str, str]:
+def cublas_env(cfg: ModelSlice) -> dict[str, str]:
     """small_cublas_workspace: the environment torch sizes cuBLAS' and cuBLASLt's workspaces by (4 MiB and 1 MiB
     instead of 32 MiB each on Hopper): the last ~0.2 GiB of a small card (measured: bench/RESULTS.md, section
     "The 7B shape at <= 5.0 GiB")."""

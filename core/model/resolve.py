@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config.settings import TrainConfig
+from core.config.slices import StageSlice
 from core.messages import Said, said_again
 from core.model import compile as regional
 from core.model import families
@@ -89,7 +90,7 @@ class ResolvedRun:
         return {"config": self.cfg.to_dict(), "changes": [c.as_dict() for c in self.changes]}
 
 
-def adapter_dir(cfg: TrainConfig) -> Path | None:
+def adapter_dir(cfg: StageSlice) -> Path | None:
     """init_adapter's adapter folder (a run folder's `adapter`), or None."""
     return Path(cfg.init_adapter.strip()).expanduser() / "adapter" if cfg.init_adapter.strip() else None
 

@@ -4,7 +4,7 @@ A run folder `output_dir/NAME/` holds `.memtune.json` (kind "run", written first
 checkpoints/checkpoint-N/ (a `COMPLETE` file written last), adapter/ (its own marker, kind "adapter") and
 summary.json. Only a folder that is memtune's (see `is_memtune_run`) is ever resumed into or deleted.
 
-- `create_run_dir(cfg)`: a fresh, marked folder (or the checked resume folder) with config.yaml written.
+- `create_run_dir(cfg, config_yaml)`: a fresh, marked folder (or the checked resume folder) with config.yaml written.
 - `resume_problem(folder)`: why `resume_from=folder` cannot work (None when it can); checks.validate uses it.
 - `resume_point(run_dir)`: the newest usable checkpoint and what was skipped (damaged ones, named).
 - `save_adapter(...)`, `finish_run(run_dir, summary)`: atomic writes; a full disk gives a plain message.
@@ -21,15 +21,18 @@ import struct
 import zipfile
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from core.levers import variants
 from core.messages import Said, words_of
 from core.files import (RefusedError, StorageError, atomic_write_text, has_marker, make_tmp, move_into_place,
                         recover, storage_error, storage_message, target, write_marker)
 
-if TYPE_CHECKING:
-    from core.config.settings import TrainConfig
+from core.config.slices import DataSlice, ModelSlice, PlaceSlice
+
+
+class _Folder(ModelSlice, DataSlice, PlaceSlice, Protocol):
+    """Where a run goes, and the model and data names a folder must not be made for (source_problems)."""
 
 STOP_FILE = "STOP"  # in a run folder: asks the run to end after its current step and save the adapter
 COMPLETE_MARKER = "COMPLETE"  # written last into a checkpoint folder: only these are offered for resume
@@ -150,7 +153,7 @@ def resume_problem(folder: str | Path) -> str | None:
 
 
 # --- creating a run folder -----------------------------------------------------------------------------------------
-def new_run_dir(cfg: "TrainConfig") -> Path:
+def new_run_dir(cfg: "PlaceSlice") -> Path:
     """Where a run with these settings would go (nothing is created): the resume folder, or a free name."""
     if cfg.resume_from:
         return target(cfg.resume_from, "resume into")
@@ -164,8 +167,9 @@ def new_run_dir(cfg: "TrainConfig") -> Path:
     return run_dir
 
 
-def create_run_dir(cfg: "TrainConfig", prepared: str | Path | None = None) -> Path:
-    """Make (or, to resume, check) the run folder, mark it memtune's and write config.yaml into it.
+def create_run_dir(cfg: _Folder, config_yaml: str, prepared: str | Path | None = None) -> Path:
+    """Make (or, to resume, check) the run folder, mark it memtune's and write config.yaml into it: `config_yaml`,
+    the whole config's text (`TrainConfig.to_yaml()`), which the child reads back.
 
     `prepared`: a run folder an earlier create_run_dir made for this run (a job manager makes the folder, then
     starts the trainer in a child process that continues in it); it must carry the run marker and hold no
@@ -209,7 +213,7 @@ def create_run_dir(cfg: "TrainConfig", prepared: str | Path | None = None) -> Pa
             message = storage_message(exc, root) or f"{root} cannot be created or written ({exc.strerror or exc})"
             raise ConfigError([Problem.of("output_dir", "problem.output_dir", why=message)]) from None
     try:
-        cfg.save(run_dir / "config.yaml")
+        atomic_write_text(run_dir / "config.yaml", config_yaml)
     except OSError as exc:
         raise ConfigError([Problem.of("output_dir", "problem.output_full",
                                       why=str(storage_error(exc, run_dir)))]) from None
@@ -221,7 +225,7 @@ def dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
-def save_adapter(model, tokenizer, cfg: "TrainConfig", run_dir: Path, summary: dict[str, Any],
+def save_adapter(model, tokenizer, config_yaml: str, run_dir: Path, summary: dict[str, Any],
                  state_dict: dict | None = None) -> Path:
     """Write the adapter to a temporary folder, then rename it into place: a crash never leaves half an adapter.
 
@@ -243,7 +247,7 @@ def save_adapter(model, tokenizer, cfg: "TrainConfig", run_dir: Path, summary: d
             model.save_pretrained(tmp, **convert, **only,
                                   **({"state_dict": state_dict} if state_dict is not None else {}))
         tokenizer.save_pretrained(tmp)
-        cfg.save(tmp / "memtune.yaml")
+        atomic_write_text(tmp / "memtune.yaml", config_yaml)  # the settings it trained with
         summary["adapter_bytes"] = dir_size(tmp)
         atomic_write_text(tmp / "summary.json", json.dumps(summary, indent=2))
         return move_into_place(tmp, final)

@@ -32,14 +32,27 @@ from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol, TypeVar
 
+from core.config.slices import DataSlice, ModelSlice, PlaceSlice, StageSlice, TrainerSlice
 from core.files import real
 from core.runs.identity import ID_PATTERN
 from core.messages import Said
 
 if TYPE_CHECKING:
-    from core.config.settings import Problem, TrainConfig
+    from core.config.settings import Problem
+
+
+class _Steps(DataSlice, TrainerSlice, Protocol):
+    """The rows' length and the batches, steps and epochs: how much a run computes."""
+
+
+class _Visited(ModelSlice, DataSlice, StageSlice, TrainerSlice, PlaceSlice, Protocol):
+    """Every part holding a path field (tests/test_slices.py checks path_fields() stays inside it), and the steps."""
+
+
+V = TypeVar("V", bound=_Visited)
+M = TypeVar("M", bound=ModelSlice)
 
 PUBLIC_ENV = "MEMTUNE_PUBLIC"  # set by app.py --public (and implied by SPACE_ID)
 
@@ -223,7 +236,7 @@ def from_shown(value: str) -> str:
     return value
 
 
-def visitor_config(cfg: "TrainConfig") -> "TrainConfig":
+def visitor_config(cfg: V) -> V:
     """Public mode: every path field as the page names it (`uploads/...`, `runs/...`) mapped to the visitor's own
     folders; a run the page starts goes into the visitor's own runs folder (the form's output_dir, e.g. the default
     `runs`, names the app's folder; a visitor cannot choose another)."""
@@ -246,14 +259,14 @@ def _looks_local(value: str) -> bool:
     return value.startswith((".", "/", "~")) or value.count("/") > 1 or Path(value).expanduser().exists()
 
 
-def local_path_refusal(what: str, value: str) -> str:
+def local_path_refusal(what: str, value: str) -> Said:
     if what == "model":
         return Said("public.model_path", value=value)
     return Said("public.dataset_path", value=value) if what == "dataset" else Said("public.data_path", value=value,
                                                                                     field=what)
 
 
-def dataset_problem(source: str, what: str = "dataset") -> str | None:
+def dataset_problem(source: str, what: str = "dataset") -> Said | None:
     """Public mode: data (`what`: its field) that is a local path outside the visitor's upload folder is refused."""
     from core.config.settings import DEMO_DATASET
 
@@ -265,7 +278,7 @@ def dataset_problem(source: str, what: str = "dataset") -> str | None:
     return None
 
 
-def model_path_problem(model: str) -> str | None:
+def model_path_problem(model: str) -> Said | None:
     """Public mode: a model that is a local folder is refused (the demo and Hub ids are not)."""
     from core.config.settings import DEMO_MODEL
 
@@ -275,7 +288,7 @@ def model_path_problem(model: str) -> str | None:
     return None
 
 
-def model_problem(cfg: "TrainConfig") -> str | None:
+def model_problem(cfg: ModelSlice) -> Said | None:
     """Public mode: no trust_remote_code, no local model folder."""
     if not is_public():
         return None
@@ -308,7 +321,7 @@ def path_problem(name: str, kind: str, value: str) -> "Problem | None":
     return None if inside(value, root) else Problem.of(name, "problem.public_output", root=root, name=root.name)
 
 
-def planned_steps(cfg: "TrainConfig", rows: int, world: int = 1) -> tuple[int, int]:
+def planned_steps(cfg: TrainerSlice, rows: int, world: int = 1) -> tuple[int, int]:
     """(optimizer steps a run of `cfg` takes on `rows` training rows, or packed sequences, over `world` processes;
     steps per epoch): max_steps when set, else as transformers' Trainer counts them (set_initial_training_values):
     each process's batches per epoch, divided by the accumulation rounded up, times the epochs rounded up."""
@@ -317,7 +330,7 @@ def planned_steps(cfg: "TrainConfig", rows: int, world: int = 1) -> tuple[int, i
     return (cfg.max_steps if cfg.max_steps > 0 else math.ceil(cfg.num_train_epochs * per_epoch)), per_epoch
 
 
-def plan_problems(cfg: "TrainConfig", rows: int | None = None, world: int = 1) -> list["Problem"]:
+def plan_problems(cfg: _Steps, rows: int | None = None, world: int = 1) -> list["Problem"]:
     """Public mode: a run planning more optimizer steps, or more tokens, than the Space owner's limits. max_steps is
     checked as it is; a run counted in epochs once its training `rows` are known (None: not yet; the page counts them
     before Start, the training child after planning them). Tokens are bounded from above: every row of every step
@@ -346,7 +359,7 @@ def plan_problems(cfg: "TrainConfig", rows: int | None = None, world: int = 1) -
     return out
 
 
-def public_problems(cfg: "TrainConfig") -> list["Problem"]:
+def public_problems(cfg: _Visited) -> list["Problem"]:
     """What validation adds in public mode (an empty list outside it): every path field by its kind, no remote code,
     the step limit as far as it is known without reading the data."""
     from core.config.settings import Problem
@@ -360,14 +373,19 @@ def public_problems(cfg: "TrainConfig") -> list["Problem"]:
     return out + plan_problems(cfg)
 
 
-def check_folder(path: str | Path | None, what: str) -> Path | None:
-    """Public mode: refuse (ValueError) a History/Export folder outside the app's runs folder; else the path."""
-    if path and is_public() and not inside(path, public_root()):
-        raise ValueError(f"On this public server {what} must be inside {public_root()}; {path} is not.")
-    return Path(path) if path else None
+FOLDER_KINDS = ("run", "adapter", "merged", "push")  # what folder_refusal's `what` may name: a public.what.* key each
 
 
-def without_remote_code(cfg: "TrainConfig") -> tuple["TrainConfig", bool]:
+def folder_refusal(path: str | Path | None, what: str) -> Said | None:
+    """Public mode: why `path` (a `what` of FOLDER_KINDS) may not be used here, or None. The places are said as the
+    visitor sees them (`shown`): never the server's own paths."""
+    if not (path and is_public()) or inside(path, public_root()):
+        return None
+    return Said("public.outside_runs", what=Said(f"public.what.{what}"), root=shown(str(public_root())),
+                path=shown(str(path)))
+
+
+def without_remote_code(cfg: M) -> tuple[M, bool]:
     """A loaded config never turns trust_remote_code on by itself: (cfg with it off, whether it had asked for it)."""
     return (cfg.replace(trust_remote_code=False), True) if cfg.trust_remote_code else (cfg, False)
 

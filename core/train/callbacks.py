@@ -23,7 +23,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
-from core.config.settings import TrainConfig
+from core.config.slices import ModelSlice
 from core.data.validation import generate_answers
 from core.gpus import distributed, vram
 from core.messages import keyed
@@ -32,6 +32,21 @@ from core.runs.folders import COMPLETE_MARKER
 from core.train.rewards import reward_metrics, rewards_said
 
 HEARTBEAT_S = 2.0  # no phase stays silent longer than this
+
+
+def rewards_line(rewards: dict[str, float], logs: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A preference step's (prefix "eval_": an eval's) reward line. KTO has no pairs, so no accuracy: its line says
+    what KTO measures, the desirable and undesirable answers' rewards and the KL term (TRL's `kl`), a value this
+    batch lacked as a dash, never nan."""
+    kind = "eval_" if prefix else ""
+    if "reward_accuracy" in rewards:
+        return keyed(f"log.pref.{kind}rewards", **rewards_said(rewards))
+    kl = logs.get(prefix + "kl")
+    values = {**rewards, "kl": kl if isinstance(kl, (int, float)) and np.isfinite(kl) else None}
+    shown = {name: "-" if values.get(field) is None else f"{values[field]:.{digits}f}" for name, field, digits in
+             (("chosen", "reward_chosen", 3), ("rejected", "reward_rejected", 3), ("kl", "kl", 3),
+              ("logp_chosen", "logp_chosen", 2), ("logp_rejected", "logp_rejected", 2))}
+    return keyed(f"log.pref.kto_{kind}rewards", **shown)
 
 
 @contextlib.contextmanager
@@ -81,7 +96,7 @@ def watch_stop(emit: EventSink, stop: threading.Event, stop_file: Path) -> threa
     return done
 
 
-def warms_up(cfg: TrainConfig, cuda: bool) -> bool:
+def warms_up(cfg: ModelSlice, cuda: bool) -> bool:
     """kernel_warmup: auto is on with CUDA (the first step pays seconds of one-time set-up there), off on the CPU,
     which has no such set-up: there the pass would only cost one more micro-step."""
     return cfg.kernel_warmup == "on" or (cfg.kernel_warmup == "auto" and cuda)
@@ -178,7 +193,7 @@ class EventCallback(TrainerCallback):
                      grad_norm=float(grad_norm or 0))
         self.sink(make_event("log", level="info", **said))
         if rewards:  # one line of its own (log.pref.rewards), so SFT's step line stays as it was
-            self.sink(make_event("log", level="info", **keyed("log.pref.rewards", **rewards_said(rewards))))
+            self.sink(make_event("log", level="info", **rewards_line(rewards, logs)))
 
     def on_step_end(self, args, state, control, **kw):
         elapsed = time.monotonic() - self.start
@@ -238,7 +253,7 @@ class EventCallback(TrainerCallback):
                 keyed("log.eval", step=state.global_step, total=state.max_steps, loss=float(loss)))
         self.sink(make_event("log", level="info", **said))
         if rewards:  # its own line (log.pref.eval_rewards), as the training steps' log.pref.rewards
-            self.sink(make_event("log", level="info", **keyed("log.pref.eval_rewards", **rewards_said(rewards))))
+            self.sink(make_event("log", level="info", **rewards_line(rewards, metrics or {}, "eval_")))
         for a in answers:  # the question asked, whole words, as written: no repr escapes or a cut template
             asked, answer, ref = prompt_gist(a["prompt"]), one_line(a["answer"]), one_line(a["reference"])
             self.sink(make_event("log", level="info", **keyed("log.answer", prompt=asked, answer=answer,

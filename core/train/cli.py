@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config.settings import ConfigError, Hardware, TrainConfig, demo_config, parse_overrides
+from core.config.slices import TrainerSlice
 from core.config.presets import PRESETS
 from core.jobs.supervise import Threads, stop_on_signals, stop_when_orphaned, torch_threads
 
@@ -138,11 +139,13 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
     runtime = s.get("train_runtime_s")
     runtime = f"{runtime:.1f}" if isinstance(runtime, (int, float)) else "-"
     print(f"{result.message}\n{loss_line(s, cfg)}, {tokens} tokens in {runtime} s")
+    if isinstance(s.get("heldout"), dict):  # did it help? the verdict, last words before the adapter's path
+        print(s["heldout"]["verdict"]["message"])
     print(result.adapter_dir)
     return 0
 
 
-def loss_line(summary: dict, cfg: TrainConfig) -> str:
+def loss_line(summary: dict, cfg: TrainerSlice) -> str:
     """"first loss 2.31, last loss 1.02", or why there is none (never "first loss None")."""
     first, last = summary.get("first_loss"), summary.get("final_loss")
     if first is not None and last is not None:  # "0.0141", not 0.014143562316894532

@@ -19,12 +19,12 @@ them all: a few forward passes on one pack of real rows.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
 from core.config.arguments import sharded
-from core.config.settings import TrainConfig
+from core.config.slices import DataSlice, LoraSlice, ModelSlice, PlaceSlice, StageSlice
 from core.messages import Said, words_of
 from core.model import families
 from core.model import lora_targets as lt
@@ -40,6 +40,14 @@ PACKS = 1  # packs (or rows) the checks run on: one pack holds several rows
 
 def _log(emit: EventSink, said: Said, level: str = "warning") -> None:
     emit(make_event("log", level=level, **words_of(said)))
+
+
+class _Packed(DataSlice, StageSlice, PlaceSlice, Protocol):
+    """Whether the rows pack: packing, the stage (preference pairs never pack) and FSDP (no whole model here)."""
+
+
+class _Checked(ModelSlice, LoraSlice, StageSlice, PlaceSlice, Protocol):
+    """The trainer's checks: the layers LoRA was asked for, the loss path of the stage and precision, FSDP."""
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -96,7 +104,7 @@ def loss_paths(model, batch: dict, device, logits: torch.Tensor | None = None) -
     return {"fused": fused_loss, "own": own, "error": abs(fused_loss - own) / max(abs(own), 1e-12)}
 
 
-def lora_landed(model, cfg: TrainConfig) -> dict[str, Any]:
+def lora_landed(model, cfg: LoraSlice) -> dict[str, Any]:
     """Where peft put LoRA against where it was asked (lora_targets.resolve on the model itself)."""
     from peft.tuners.lora import LoraLayer
 
@@ -131,7 +139,7 @@ def own_logits_loss(model) -> Callable:
     return loss
 
 
-def checks_rows(model, cfg: TrainConfig) -> bool:
+def checks_rows(model, cfg: _Packed) -> bool:
     """Whether check 1 runs: packed SFT rows of a model outside README's matrix, not sharded (FSDP places the shards
     when training starts: no whole model to run before it)."""
     model_type = getattr(model.config.get_text_config(), "model_type", None)
@@ -160,7 +168,7 @@ def packed(rows, args):
     return rows.shuffle(seed=args.seed) if args.shuffle_dataset else rows
 
 
-def rows(model, cfg: TrainConfig, args, tokenizer, train_rows, emit: EventSink) -> tuple[dict[str, Any], Said | None]:
+def rows(model, cfg: ModelSlice, args, tokenizer, train_rows, emit: EventSink) -> tuple[dict[str, Any], Said | None]:
     """Check 1 (module docstring) on `model`, before the trainer is built with `args`: the first packs of
     `train_rows` (the plan's tokenized rows) as the trainer will pack and collate them, each against its rows alone.
     The result (summary.json's preflight "rows"), and the reason to train unpacked when packed rows see each other."""
@@ -185,7 +193,7 @@ def rows(model, cfg: TrainConfig, args, tokenizer, train_rows, emit: EventSink) 
     return result, why
 
 
-def check(trainer, cfg: TrainConfig, emit: EventSink, adapted: list[dict[str, Any]],
+def check(trainer, cfg: _Checked, emit: EventSink, adapted: list[dict[str, Any]],
           rows_result: dict[str, Any] | None = None) -> None:
     """The pre-flight phase (module docstring, check 2) on `trainer`, built on the run's final config: the loss
     path it trains with, or the run refused when LoRA did not land as asked. Results in trainer.memtune_preflight

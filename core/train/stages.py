@@ -14,7 +14,7 @@ The reference model: TRL, given a peft model and no ref_model, copies the adapte
 `use_adapter(model, adapter_name="ref")`: adapter-sized memory, never a second copy of the base). With init_adapter
 that copy is the standard DPO reference, the SFT model the stage starts from, and memtune keeps it. From a fresh
 adapter (B = 0) the copy equals the base, so memtune removes it right after the trainer is made and TRL takes its
-other path, the base with the adapter disabled (`adapter_name=None`). ORPO has no reference. recipe.build_trainer
+other path, the base with the adapter disabled (`adapter_name=None`). ORPO has no reference. trainer.build_trainer
 then gives this trainer what every run's trainer gets (LoRA+'s optimizer, memtune's log callbacks, FSDP's wrap policy).
 """
 
@@ -22,16 +22,29 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from core.config import arguments
-from core.config.settings import ConfigError, Problem, TrainConfig
+from core.config.settings import ConfigError, Problem
+from core.config.slices import DataSlice, LoraSlice, ModelSlice, PlaceSlice, StageSlice, TrainerSlice
 from core.messages import keyed
 from core.model import load as model_lib
 from core.model.resolve import adapter_dir
 from core.runs.events import EventSink, make_event
 from core.train.host import counted_once
 from core.train.rewards import eval_rewards, reward_summary
+
+
+class _Started(LoraSlice, StageSlice, Protocol):
+    """Where the policy starts: init_adapter and the LoRA shape it was resolved to."""
+
+
+class _Objective(DataSlice, StageSlice, Protocol):
+    """The stage's own arguments: its loss, beta and the pairs' length."""
+
+
+class _Staged(ModelSlice, DataSlice, StageSlice, TrainerSlice, PlaceSlice, Protocol):
+    """A stage's trainer: its TRL config (the step, evals, tracker) and the stage's own arguments."""
 
 
 def trainer_classes(stage: str) -> tuple[type, type]:
@@ -73,7 +86,7 @@ def counting_pairs(trainer_class: type) -> type:
 
 
 # --- hook 1: where the policy starts, and its reference -------------------------------------------------------
-def start_from(model, cfg: TrainConfig, emit: EventSink) -> None:
+def start_from(model, cfg: _Started, emit: EventSink) -> None:
     """Load init_adapter's weights into the model's (trainable) adapter, and say which reference the stage uses."""
     folder = adapter_dir(cfg)
     if folder is not None:
@@ -94,16 +107,18 @@ def start_from(model, cfg: TrainConfig, emit: EventSink) -> None:
 
 
 # --- hook 2: the trainer --------------------------------------------------------------------------------------
-def stage_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+def stage_kwargs(cfg: _Objective) -> dict[str, Any]:
     """The stage's own arguments on top of the TrainingArguments memtune builds for every run."""
     out: dict[str, Any] = {"beta": cfg.beta, "max_length": cfg.max_length}
     if cfg.stage == "dpo":
         out["loss_type"] = [cfg.dpo_loss_type]
         out["padding_free"] = False  # TRL 1.16's DPO pads pairs (its padding_free is off for now)
+    if cfg.stage == "orpo":  # ORPO's collator reads the pairs' own columns: TRL warns unless the Trainer keeps them
+        out["remove_unused_columns"] = False
     return out
 
 
-def build_config(cfg: TrainConfig, output_dir: str | Path, console: bool = False, evaluate: bool = False,
+def build_config(cfg: _Staged, output_dir: str | Path, console: bool = False, evaluate: bool = False,
                  run_dir: str | Path | None = None, cuda: bool | None = None):
     """The stage's TRL config: sft_kwargs (batch, accumulation, optimizer, precision, checkpointing ...; what the
     config class lacks, e.g. packing, is left out by installed_names) + eval + tracking + the stage's fields."""
@@ -113,9 +128,9 @@ def build_config(cfg: TrainConfig, output_dir: str | Path, console: bool = False
                                     **stage_kwargs(cfg))
 
 
-def trainer_for(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir: Path, callbacks=(),
+def trainer_for(cfg: _Staged, model, tokenizer, train_dataset, output_dir: Path, callbacks=(),
                 console: bool = False, eval_dataset=None, cuda: bool | None = None):
-    """recipe.build_trainer for a preference stage: TRL's trainer on the plan's rows, the reference being TRL's copy
+    """trainer.build_trainer for a preference stage: TRL's trainer on the plan's rows, the reference being TRL's copy
     of init_adapter's adapter, or else the base with the adapter disabled (module docstring)."""
     trainer_class, _ = trainer_classes(cfg.stage)
     args = build_config(cfg, output_dir, console, eval_dataset is not None, output_dir.parent, cuda)
@@ -125,10 +140,10 @@ def trainer_for(cfg: TrainConfig, model, tokenizer, train_dataset, output_dir: P
     peft_config = getattr(trainer.model, "peft_config", {})
     if "ref" in peft_config and adapter_dir(cfg) is None:  # a fresh adapter's copy is the base: TRL then disables
         trainer.model.delete_adapter("ref")  # the adapter for the reference instead (module docstring)
-    return trainer  # recipe.build_trainer adds what every run's trainer gets (LoRA+, the log's callbacks, FSDP)
+    return trainer  # trainer.build_trainer adds what every run's trainer gets (LoRA+, the log's callbacks, FSDP)
 
 
-def reference(cfg: TrainConfig) -> str | None:
+def reference(cfg: StageSlice) -> str | None:
     """summary.json's "reference": what the stage's reference log-probabilities come from."""
     if cfg.stage == "orpo":
         return None
@@ -136,7 +151,7 @@ def reference(cfg: TrainConfig) -> str | None:
 
 
 # --- hook 3: the summary ---------------------------------------------------------------------------------------
-def summary_part(cfg: TrainConfig, trainer) -> dict[str, Any]:
+def summary_part(cfg: StageSlice, trainer) -> dict[str, Any]:
     """summary.json's "stage" and "preference" (the reward metrics TRL logged) of a preference run; {} for sft."""
     if cfg.stage == "sft":
         return {}
