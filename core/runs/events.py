@@ -4,7 +4,7 @@ Training never blocks on a reader: sinks are unbounded queues or files, and the 
 (or `tail -f`) reattach to a run. Every event has `kind` and `time` (Unix seconds). Kinds and their fields:
 
 - run:    run_dir, config (dict), resume_from (the checkpoint resumed, or ""), pid, threads (torch CPU threads)
-- phase:  phase (starting|resolving|loading_model|tokenizing|preflight|warming_up|training|saving|done; starting: the job manager's), message, progress (0..1 or null);
+- phase:  phase (starting|resolving|loading_model|tokenizing|preflight|scoring|warming_up|training|saving|done; scoring: the held-out score before training (core/train/heldout.py); starting: the job manager's), message, progress (0..1 or null);
           warming_up's last event (kernel_warmup, core/train/callbacks.py make_warmup) adds seconds and tokens
 - step:   step, total_steps, epoch, tokens, tokens_per_s, elapsed_s, eta_s, gpu_mem_gib?, peak_gib?
           (one per optimizer step: drives the progress bar)
