@@ -220,6 +220,21 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return path
 
 
+def plain_mode(folder: str | Path, pattern: str) -> None:
+    """Give the files of `folder` matching `pattern` the mode every other file there has (what open() gives under
+    the umask, 0644 for most): safetensors writes its files 0600, readable by their owner alone."""
+    folder = Path(folder)
+    probe = folder / ".memtune-mode"
+    probe.write_bytes(b"")
+    try:
+        mode = probe.stat().st_mode & 0o777
+    finally:
+        probe.unlink()
+    for path in folder.glob(pattern):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(mode)
+
+
 def tmp_for(final: str | Path) -> Path:
     """Where a folder is written before it is renamed to `final` (same parent: the rename is atomic)."""
     final = target(final, folder=False)

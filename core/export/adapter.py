@@ -14,6 +14,10 @@
 - `push_to_hub(folder, repo_id)` uploads a folder with the token from the argument or $HF_TOKEN (never stored,
   never logged, never put into an error message).
 
+The adapter folder, its zip and the merged folder carry the run's model card as README.md (core.runs.card; a zip of an
+adapter saved before cards gets one in place of peft's blank template), and their weights the mode of every other
+file (safetensors writes 0600).
+
 The same on the command line: `python -m core.export gguf|merge|zip` (core/export/cli.py).
 
 Every folder or zip is written under a temporary name and renamed into place, so a crash or a full disk never
@@ -27,6 +31,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import struct
 import tempfile
 import time
@@ -35,9 +40,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from core.config.slices import ModelSlice
-from core.files import (RefusedError, free_memory, make_tmp, marker, move_into_place, real, recover, require_marker,
-                        storage_message, target, write_marker)
+from core.files import (RefusedError, free_memory, make_tmp, marker, move_into_place, plain_mode, real, recover,
+                        require_marker, storage_message, target, write_marker)
 from core.messages import HandsOn, Said
+from core.runs.card import adapter_card
 
 GiB = 2**30
 ZIP_KEEP_S = 3600  # download zips older than this are removed when the next one is made
@@ -94,6 +100,14 @@ def zip_dir() -> Path:
     return path
 
 
+def _entry(name: str) -> zipfile.ZipInfo:
+    """A zip entry unpacked as a plain 0644 file, whatever mode the file had here (safetensors writes 0600)."""
+    info = zipfile.ZipInfo(name, time.localtime()[:6])
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = (stat.S_IFREG | 0o644) << 16
+    return info
+
+
 def zip_adapter(adapter_dir: str | Path, dest_dir: str | Path | None = None, overwrite: bool = False) -> Path:
     """Zip the adapter folder's files (at the zip's root) into dest_dir/<run>-adapter.zip; return its path.
 
@@ -117,10 +131,16 @@ def zip_adapter(adapter_dir: str | Path, dest_dir: str | Path | None = None, ove
     tmp = final.with_name(f".{final.name}.tmp")
     try:
         dest.mkdir(parents=True, exist_ok=True)
+        card = adapter_card(adapter_dir, "adapter")  # an adapter saved before cards gets one in its zip too
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
             for path in sorted(adapter_dir.rglob("*")):
                 if path.is_file() and not path.name.startswith("."):
-                    zf.write(path, path.relative_to(adapter_dir).as_posix())
+                    name = path.relative_to(adapter_dir).as_posix()
+                    if name == "README.md" and card is not None:
+                        zf.writestr(_entry(name), card)
+                    else:
+                        with path.open("rb") as src, zf.open(_entry(name), "w") as dst:
+                            shutil.copyfileobj(src, dst, 2**20)
         os.replace(tmp, final)
     except OSError as exc:
         message = storage_message(exc, dest) or Said("export.err.zip_write", path=str(dest), error=str(exc))
@@ -394,8 +414,12 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path | None = None, pr
         model.save_pretrained(tmp)
         tok_src = str(adapter_dir) if (adapter_dir / "tokenizer_config.json").is_file() else path
         load_tokenizer(cfg, tok_src).save_pretrained(tmp)
+        plain_mode(tmp, "*.safetensors")
+        if (card := adapter_card(adapter_dir, "merged")) is not None:
+            (tmp / "README.md").write_text(card, encoding="utf-8")
+        # the adapter as seen from the merged folder: a record that travels with the folder names no absolute path
         (tmp / "memtune-merge.json").write_text(json.dumps({
-            "base_model": cfg.model, "adapter": str(adapter_dir.resolve()), "dtype": "bfloat16",
+            "base_model": cfg.model, "adapter": Path(os.path.relpath(adapter_dir, out)).as_posix(), "dtype": "bfloat16",
             "merged_into": into, "quantization": quant,
             "note": ("LoRA adapter merged into the dequantized 4-bit base weights it was trained against"
                      if into == "dequantized" else "LoRA adapter merged into the original (unquantized) base")

@@ -349,25 +349,57 @@ def _encode(data: np.ndarray, kind: str) -> np.ndarray:
 NAME_TRIGGERS = {"phi3": ("phi-3", "phi3"), "modern-bert": ("modern-bert",)}
 
 
+def _untriggered(name: str, arch: str | None) -> str:
+    """`name` less the words that would make llama.cpp treat the file as another architecture (all of them when
+    `arch` is None: free text, which may name any), "model" when nothing is left."""
+    for owner, words in NAME_TRIGGERS.items():
+        if owner != arch:
+            for word in words:
+                name = re.sub(re.escape(word), "", name, flags=re.I)
+    return re.sub(r"[-_. ]{2,}", lambda m: m.group(0)[0], name).strip("-_. ") or "model"
+
+
 def general_name(config: dict[str, Any], model: str | None = None) -> str:
-    """GGUF `general.name`: what the weights are (the base model's name, e.g. "SmolLM2-135M-Instruct", else the
-    transformers architecture, e.g. "MistralForCausalLM"), never free text like a run folder's name, which llama.cpp
-    would pattern-match; a name that would trigger another architecture's handling falls back to the architecture.
-    (Not the bare model type: transformers' GGUF loader reads a general.name of exactly "mistral" as its own.)"""
+    """GGUF `general.name`: what the weights are: the base model's name (e.g. "SmolLM2-135M-Instruct"), or for a
+    model folder its folder's name, never the transformers class ("Phi3ForCausalLM" gets llama.cpp's Phi-3 token
+    handling, which fails on another vocabulary) nor the bare model type (transformers' GGUF loader reads a
+    general.name of exactly "mistral" as its own). Words that trigger another architecture's handling are left out;
+    a folder's name is free text, so its own architecture's words too."""
     arch = architecture(config)[0]
-    kind = str(next(iter(config.get("architectures") or []), arch))
-    name = Path(str(model)).name if model else kind
-    if any(word in name.lower() for owner, words in NAME_TRIGGERS.items() if owner != arch for word in words):
-        name = kind
-    return name
+    if not model:
+        return "model"
+    return _untriggered(Path(str(model)).name, arch if not Path(str(model)).expanduser().is_dir() else None)
 
 
-def write_model_metadata(writer, config: dict[str, Any], name: str, fmt: str) -> None:
-    """`name`: general.name (general_name)."""
+def naming(config: dict[str, Any], model: str | None, finetune: str | None = None,
+           repo: str | None = None) -> dict[str, Any]:
+    """The general.* keys of llama.cpp's naming convention: name, basename (the base model's), finetune (what this
+    file adds: the run's name), and the base model (its name and, for a Hub repo, its URL)."""
+    name = general_name(config, model)
+    keys: dict[str, Any] = {"name": name, "basename": name}
+    if finetune:
+        keys["finetune"] = _untriggered(finetune, None)
+        keys["base_models"] = [{"name": name, **({"repo_url": f"https://huggingface.co/{repo}"} if repo else {})}]
+    return keys
+
+
+def write_model_metadata(writer, config: dict[str, Any], name: str | dict[str, Any], fmt: str) -> None:
+    """`name`: general.name (general_name), or the general.* keys (naming)."""
     import gguf
 
     arch, _, _, _ = family(config)
-    writer.add_name(name)
+    keys = name if isinstance(name, dict) else {"name": name}
+    writer.add_name(keys["name"])
+    if keys.get("basename"):
+        writer.add_basename(keys["basename"])
+    if keys.get("finetune"):
+        writer.add_finetune(keys["finetune"])
+    if keys.get("base_models"):
+        writer.add_base_model_count(len(keys["base_models"]))
+        for i, base in enumerate(keys["base_models"]):
+            writer.add_base_model_name(i, base["name"])
+            if base.get("repo_url"):
+                writer.add_base_model_repo_url(i, base["repo_url"])
     writer.add_file_type(getattr(gguf.LlamaFileType, FORMATS[fmt][1]))
     if fmt == "q8_0":
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -590,10 +622,12 @@ def write_tokenizer_metadata(writer, meta: dict[str, Any]) -> None:
 
 
 # --- one file ---------------------------------------------------------------------------------------------------------
-def write_gguf(model_dir: Path, path: Path, fmt: str, name: str, progress: Progress | None = None) -> Path:
+def write_gguf(model_dir: Path, path: Path, fmt: str, name: str | dict[str, Any],
+               progress: Progress | None = None) -> Path:
     """Convert the transformers model folder `model_dir` into the GGUF file `path` in format `fmt`, one tensor at
     a time (the GGUF writer's streaming API: tensor infos first, then each tensor's data). `name`: general.name
-    (general_name: what the model is, never free text llama.cpp would pattern-match)."""
+    (general_name: what the model is, never free text llama.cpp would pattern-match), or the general.* keys
+    (naming)."""
     import gguf
 
     model_dir, path = Path(model_dir), Path(path)

@@ -5,13 +5,17 @@ anything starts), merge the adapter into its base (core.export.adapter.merge_ada
 Layout of the result (default: the run's folder/gguf):
     <name>-f16.gguf, <name>-q8_0.gguf, ...   one file per format
     Modelfile                                 Ollama: FROM the smallest file, TEMPLATE, stop tokens
-    README.md                                 ollama create / ollama run / llama-cli commands
+    README.md                                 the run's model card (core.runs.card), then ollama create / ollama run /
+                                              llama-cli commands, run in this folder (relative paths only)
     .memtune.json                             memtune's marker (kind export): formats, files, source
+The files carry llama.cpp's naming keys (general.name, basename, finetune, base_model.*: gguf.naming) and the mode of
+every other file; the Ollama name keeps to Ollama's rules (ollama_name), and the plan says when it was shortened.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import re
 import shlex
@@ -20,11 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.files import plain_mode
 from core.messages import Said
+from core.runs.card import adapter_card
 from core.export.gguf import (FORMATS, GiB, MiB, GGUFError, Progress, architecture, file_bytes, general_name,
-                       metadata_bytes, parse_formats, read_config, tensor_plan, tokenizer_metadata, write_gguf)
+                       metadata_bytes, naming, parse_formats, read_config, tensor_plan, tokenizer_metadata, write_gguf)
 
 DEMO_PROMPT = "Translate the word 'cat' into French."
+# Ollama's model names (its types/model/name.go): at most 80 characters, a letter, digit or underscore first, then
+# those, "-" and "."; _slug gives the characters, ollama_name the length.
+OLLAMA_NAME_MAX = 80
 # The llama.cpp release the printed commands and the tests were checked against: the one node-llama-cpp bundles
 # (tests/llama/package.json pins it; tests/test_llama.py checks the harness reports this same release).
 LLAMA_CPP_VERSION = "v0.4.0"
@@ -250,6 +259,8 @@ class GGUFPlan:
     replaces: bool = False  # out_dir already holds files: the export needs overwrite=True (--replace, Replace)
     model_name: str = ""  # GGUF general.name: what the model is (gguf.general_name), not the run folder's name
     foreign: bool = False  # out_dir holds files memtune did not make: the export refuses it, with or without Replace
+    names: dict[str, Any] = field(default_factory=dict)  # the general.* keys (gguf.naming)
+    long_name: str = ""  # the Ollama name before ollama_name shortened it ("" when it fits)
 
 
 @dataclass
@@ -271,6 +282,16 @@ def default_gguf_dir(adapter_dir: str | Path | None = None, model_dir: str | Pat
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._") or "memtune"
+
+
+def ollama_name(text: str) -> str:
+    """`text` as an Ollama model name: slugged; past OLLAMA_NAME_MAX characters, its start and a hash of the whole
+    (two long runs of one base stay two names)."""
+    name = _slug(text)
+    if len(name) <= OLLAMA_NAME_MAX:
+        return name
+    digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+    return f"{name[:OLLAMA_NAME_MAX - 9].rstrip('-._')}-{digest}"
 
 
 def _quote(text: str) -> str:
@@ -307,13 +328,18 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
         source = _local_model_dir(cfg)
         if source is None or not (source / "config.json").is_file():
             raise GGUFError("gguf.err.base_missing", model=cfg.model)
-        name = _slug(f"{Path(cfg.model).name}-{Path(adapter_dir).resolve().parent.name}")
+        run = Path(adapter_dir).resolve().parent.name
+        full = _slug(f"{Path(cfg.model).name}-{run}")
     else:
         source = Path(model_dir)
-        name = _slug(source.resolve().name)
+        full, run = _slug(source.resolve().name), None
+    name = ollama_name(full)
     config = read_config(source)
     architecture(config)  # refuses unsupported models (and windows llama.cpp ignores) before anything is merged
-    model_name = general_name(config, cfg.model if cfg else None)
+    model_name = general_name(config, cfg.model if cfg else str(source.resolve()))
+    from core.runs.card import hub_id
+
+    names = naming(config, cfg.model if cfg else str(source.resolve()), run, hub_id(cfg.model) if cfg else None)
     tplan = tensor_plan(source, config)
     extra = metadata_bytes(source, tplan, int(config["vocab_size"]))  # vocabulary, merges, chat template, infos
     sizes = {f: file_bytes(tplan, f) + extra for f in fmts}
@@ -339,6 +365,8 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
     def plus(more: Said) -> Said:
         return Said("msg.two", first=message, second=more)
 
+    if name != full:
+        message = plus(Said("gguf.plan.name_short", name=name, n=OLLAMA_NAME_MAX, full=full))
     ok = True
     replaces = out.exists() and (not out.is_dir() or any(out.iterdir()))
     foreign = replaces and not has_marker(out, "export")
@@ -353,7 +381,7 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
     return GGUFPlan(source=source, out_dir=out, name=name, formats=fmts, file_bytes=sizes, merge_bytes=merge_bytes,
                     ram_bytes=ram, ram_free=ram_free, disk_free=disk_free, ok=ok, message=message, replaces=replaces,
                     adapter_dir=Path(adapter_dir) if adapter_dir else None, model_name=model_name,
-                    foreign=foreign)
+                    foreign=foreign, names=names, long_name=full if name != full else "")
 
 
 def _count(shape: list[int]) -> int:
@@ -436,7 +464,8 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
                 step(begin + share * fraction * 0.98, message)
 
             step(begin, Said("gguf.step.writing", file=f"{plan.name}-{fmt}.gguf", type=FORMATS[fmt][0]))
-            files[fmt] = write_gguf(source, tmp / f"{plan.name}-{fmt}.gguf", fmt, plan.model_name, file_step)
+            files[fmt] = write_gguf(source, tmp / f"{plan.name}-{fmt}.gguf", fmt, plan.names or plan.model_name,
+                                    file_step)
         shutil.rmtree(tmp / "merged", ignore_errors=True)
         result = _write_extras(tmp, out, plan, files, meta, template, stops, why)
         move_into_place(tmp, out)
@@ -476,6 +505,25 @@ def ollama_template(model_dir: Path, meta: dict[str, Any]) -> tuple[str | None, 
             list(dict.fromkeys(end_of_turn + eos)), "")
 
 
+def _commands(name: str, files: dict[str, Path], primary: Path, meta: dict[str, Any], prompt: str,
+              folder: Path | None) -> list[str]:
+    """ollama create / ollama run, llama-cli per file (llama-completion for a raw prompt), llama-server: with the
+    files' paths in `folder`, or their bare names (folder None: run in the export's folder)."""
+    def at(file: str) -> str:
+        return shlex.quote(str(folder / file) if folder else file)
+
+    commands = [f"ollama create {name} -f {at('Modelfile')}", f"ollama run {name} {_quote(prompt)}"]
+    chat, raw = [], []
+    for path in files.values():
+        # llama-cli and llama-server prompt through the chat template stored in the file (memtune's own prompt
+        # format for a base model); --temp 0 answers greedily, as Try it does.
+        chat.append(f"llama-cli -m {at(path.name)} --temp 0 -st -p {_quote(prompt)}")
+        if not meta.get("has_chat_template"):  # a raw prompt in the format the adapter was trained on
+            text = "### Instruction:\\n" + prompt + "\\n\\n### Response:\\n"
+            raw.append(f"llama-completion -m {at(path.name)} -no-cnv -e -n 32 --temp 0 -p {_quote(text)}")
+    return commands + chat + raw + [f"llama-server -m {at(primary.name)} --temp 0 --port 8080"]
+
+
 def _modelfile_safe(template: str) -> bool:
     """Whether Ollama's Modelfile parser reads `template` back whole from TEMPLATE's triple quotes: no three double
     quotes in a row (the value would end there) and only characters it keeps (printable, tab, newline). _go writes every
@@ -512,29 +560,27 @@ def _write_extras(tmp: Path, out: Path, plan: GGUFPlan, files: dict[str, Path], 
 
         base = adapter_config(plan.adapter_dir).model
     prompt = DEMO_PROMPT if base == DEMO_MODEL else "Hello! Who are you?"
-    commands = [f"ollama create {plan.name} -f {shlex.quote(str(out / 'Modelfile'))}",
-                f"ollama run {plan.name} {_quote(prompt)}"]
-    chat, raw = [], []
-    for path in files.values():
-        gguf_path = shlex.quote(str(out / path.name))
-        # llama-cli and llama-server prompt through the chat template stored in the file (memtune's own prompt
-        # format for a base model); --temp 0 answers greedily, as Try it does.
-        chat.append(f"llama-cli -m {gguf_path} --temp 0 -st -p {_quote(prompt)}")
-        if not meta.get("has_chat_template"):  # a raw prompt in the format the adapter was trained on
-            text = "### Instruction:\\n" + prompt + "\\n\\n### Response:\\n"
-            raw.append(f"llama-completion -m {gguf_path} -no-cnv -e -n 32 --temp 0 -p {_quote(text)}")
-    server = f"llama-server -m {shlex.quote(str(out / primary.name))} --temp 0 --port 8080"
-    commands += chat + raw + [server]
+    commands = _commands(plan.name, files, primary, meta, prompt, out)
+    here = _commands(plan.name, files, primary, meta, prompt, None)  # the README's: run in its own folder
+    plain_mode(tmp, "*.gguf")
     sizes = "\n".join(f"| {p.name} | {fmt} | {p.stat().st_size / MiB:,.1f} MiB |" for fmt, p in files.items())
-    source = f"the adapter {plan.adapter_dir.resolve()} merged into {base}" if plan.adapter_dir else str(plan.source)
-    readme = (f"# {plan.name} (GGUF)\n\nWritten by memtune on {_dt.date.today().isoformat()} from {source}.\n\n"
+    run = plan.adapter_dir.resolve().parent.name if plan.adapter_dir else ""
+    source = (f"the adapter of the run {run} merged into {Path(base).name}" if plan.adapter_dir else
+              plan.source.resolve().name)
+    card = adapter_card(plan.adapter_dir, "gguf") if plan.adapter_dir else None
+    shortened = (f"The Ollama name is {plan.name}: Ollama takes at most {OLLAMA_NAME_MAX} characters "
+                 f"(the full name was {plan.long_name}).\n\n" if plan.long_name else "")
+    readme = ((card + "\n" if card else "") +
+              f"{'##' if card else '#'} {plan.name} (GGUF)\n\n"
+              f"Written by memtune on {_dt.date.today().isoformat()} from {source}. "
+              "Run the commands below in this folder.\n\n"
               f"| file | format | size |\n|---|---|---|\n{sizes}\n\n"
               "## Ollama\n\nThe Modelfile points at the smallest file; edit its FROM line to use another.\n\n"
-              f"```sh\n{commands[0]}\n{commands[1]}\n```\n\n"
+              f"{shortened}```sh\n{here[0]}\n{here[1]}\n```\n\n"
               f"## llama.cpp\n\nChecked with llama.cpp {LLAMA_CPP_VERSION}: `llama-cli` chats through the chat template "
               "stored in the file (`-st`: one turn, then exit), `llama-completion -no-cnv` completes a raw prompt, "
               "`llama-server` serves the chat template over HTTP (http://127.0.0.1:8080).\n\n"
-              "```sh\n" + "\n".join(commands[2:]) + "\n```\n\n"
+              "```sh\n" + "\n".join(here[2:]) + "\n```\n\n"
               "## LM Studio\n\nCopy or import a .gguf file (`lms import <file>`), then load it in the chat tab.\n")
     (tmp / "README.md").write_text(readme, encoding="utf-8")
     from core.files import write_marker

@@ -26,8 +26,10 @@ from typing import Any, Protocol
 from core.levers import variants
 from core.messages import Said, words_of
 from core.files import (RefusedError, StorageError, atomic_write_text, has_marker, make_tmp, move_into_place,
-                        recover, storage_error, storage_message, target, write_marker)
+                        plain_mode, recover, storage_error, storage_message, target, write_marker)
+from core.runs.card import base_license, model_card
 
+from core.config.settings import TrainConfig
 from core.config.slices import DataSlice, ModelSlice, PlaceSlice
 
 
@@ -248,6 +250,9 @@ def save_adapter(model, tokenizer, config_yaml: str, run_dir: Path, summary: dic
                                   **({"state_dict": state_dict} if state_dict is not None else {}))
         tokenizer.save_pretrained(tmp)
         atomic_write_text(tmp / "memtune.yaml", config_yaml)  # the settings it trained with
+        plain_mode(tmp, "*.safetensors")
+        cfg = TrainConfig.from_yaml(config_yaml)  # peft's README is a blank template: the run's own card instead
+        atomic_write_text(tmp / "README.md", model_card(summary, cfg, "adapter", base_license(cfg.model)))
         summary["adapter_bytes"] = dir_size(tmp)
         atomic_write_text(tmp / "summary.json", json.dumps(summary, indent=2))
         return move_into_place(tmp, final)
