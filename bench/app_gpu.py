@@ -109,9 +109,8 @@ def main(argv=None) -> int:
         text = [(v.get("value") if isinstance(v, dict) else v) or "" for v in (gauge, result)]
         return str(text[0]), str(text[1])
 
-    def start(c: TrainConfig) -> Path:
+    def start(values: dict) -> Path:  # the page's widget values (ui.form.to_values of a config)
         before = {p.name for p in runs.glob("*")}
-        values = to_values(c)
         notice = client.predict("en", *[values[n] for n in FIELD_NAMES], api_name="/start")
         notice = notice[0] if isinstance(notice, (list, tuple)) else notice  # one visible output: a bare value
         deadline = time.time() + 60
@@ -138,7 +137,7 @@ def main(argv=None) -> int:
     for i in range(args.runs):
         c = cfg.replace(max_steps=args.steps, run_name=f"app-{i + 1}")
         before = {"nvml_gib": gpu.used_gib(), "app_process_gib": gpu.process_gib(app.pid)}
-        run = start(c)
+        run = start(to_values(c))
         done = wait_done(run)
         time.sleep(2.0)  # the child has exited: what is still held belongs to the app (or nobody)
         after = {"nvml_gib": gpu.used_gib(), "app_process_gib": gpu.process_gib(app.pid)}
@@ -154,7 +153,7 @@ def main(argv=None) -> int:
             (out / "result.html").write_text(done["result"])
     report["runs"] = rows
     # Stop: a long run, stopped after its first step, must save an adapter
-    run = start(cfg.replace(max_steps=100000, run_name="app-stop"))
+    run = start(to_values(cfg.replace(max_steps=100000, run_name="app-stop")))
     deadline = time.time() + 300
     while time.time() < deadline and not any('"kind": "step"' in line for line in
                                               (run / "events.jsonl").read_text().splitlines()):

@@ -128,6 +128,10 @@ def _read(name: str, file: Path, modules: dict[str, Path]) -> Module:
             for item in node.body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     functions[f"{node.name}.{item.name}"] = item
+    for qual, fn in list(functions.items()):  # functions defined inside functions, checked alike
+        for node in ast.walk(fn):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node is not fn:
+                functions[f"{qual}.<locals>.{node.name}"] = node
     return Module(name, tree, protocols, typevars, imports, functions)
 
 
@@ -229,7 +233,8 @@ def test_the_checker_sees_a_function_reading_outside_its_slice():
     source = ("from core.config.slices import LoraSlice, Loading\n"
               "def g(cfg: Loading):\n    return cfg.model\n"
               "def f(cfg: LoraSlice):\n    return cfg.lora_r + cfg.learning_rate + g(cfg) and cfg.replace(seed=1)\n"
-              "def h(cfg: 'LoraSlice | None' = None):\n    return cfg.optim\n")
+              "def h(cfg: 'LoraSlice | None' = None):\n    return cfg.optim\n"
+              "def outer():\n    def inner(cfg: LoraSlice):\n        return cfg.max_length\n    return inner\n")
     module = _read_source("probe", source)
     found = _violations(module)
     assert any("reads learning_rate" in v for v in found), found
@@ -237,6 +242,7 @@ def test_the_checker_sees_a_function_reading_outside_its_slice():
     assert any("hands its slice to probe.g(cfg)" in v for v in found), found
     assert not any("probe.g(cfg) reads" in v for v in found), found
     assert any("probe.h(cfg) reads optim" in v for v in found), found
+    assert any("probe.outer.<locals>.inner(cfg) reads max_length" in v for v in found), found
 
 
 def _read_source(name: str, source: str) -> Module:
