@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     gg.add_argument("source", help="a run's adapter folder (runs/<run>/adapter), or a transformers model folder "
                     "with --model")
     gg.add_argument("--model", action="store_true", help="SOURCE is a model folder (already merged), not an adapter")
-    gg.add_argument("--formats", default="f16,q8_0", help="comma-separated, from: f16, bf16, q8_0, f32 "
-                    "(default: f16,q8_0)")
+    gg.add_argument("--formats", default="f16,q8_0", help="comma-separated, from: f16, bf16, q8_0, f32, q4_k_m, "
+                    "q5_k_m, q6_k (the last three by llama.cpp's quantizer; default: f16,q8_0)")
     gg.add_argument("--out", default=None, help="output folder (default: the run's gguf/ folder)")
     gg.add_argument("--replace", action="store_true", help="replace an earlier GGUF export in --out")
     gg.add_argument("--merge-into", choices=MERGE_TARGETS, default=None, help=MERGE_INTO_HELP)

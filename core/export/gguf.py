@@ -41,6 +41,9 @@ Progress = Callable[[float, str], Any]
 # memtune format name -> (GGML tensor type for 2-D weights, llama.cpp file type). 1-D tensors stay F32.
 FORMATS = {"f16": ("F16", "MOSTLY_F16"), "bf16": ("BF16", "MOSTLY_BF16"), "q8_0": ("Q8_0", "MOSTLY_Q8_0"),
            "f32": ("F32", "ALL_F32")}
+# K-quants, written from the F16 file by llama.cpp's own quantizer (core.export.kquant): format -> (the main GGML
+# type, llama.cpp file type); llama.cpp's mix gives some tensors more bits.
+KQUANTS = {"q4_k_m": ("Q4_K", "MOSTLY_Q4_K_M"), "q5_k_m": ("Q5_K", "MOSTLY_Q5_K_M"), "q6_k": ("Q6_K", "MOSTLY_Q6_K")}
 # transformers architecture -> (llama.cpp architecture, q/k rows permuted for llama.cpp's RoPE, RMSNorm weights
 # stored as w - 1 (Gemma), tie_word_embeddings when config.json leaves it out: the config class's default)
 ARCHITECTURES = {"LlamaForCausalLM": ("LLAMA", True, False, False), "MistralForCausalLM": ("LLAMA", True, False, False),
@@ -97,10 +100,10 @@ def parse_formats(formats: str | list[str] | tuple[str, ...]) -> list[str]:
     """'f16,q8_0' or ['f16', 'q8_0'] -> the known format names in order, once each; GGUFError for unknown ones."""
     items = formats.split(",") if isinstance(formats, str) else list(formats)
     names = [f.strip().lower() for f in items if f and f.strip()]
-    bad = [f for f in names if f not in FORMATS]
+    bad = [f for f in names if f not in FORMATS and f not in KQUANTS]
     if bad or not names:
         raise GGUFError("gguf.err.formats" if bad else "gguf.err.no_formats", bad=", ".join(bad),
-                        formats=", ".join(FORMATS))
+                        formats=", ".join([*FORMATS, *KQUANTS]))
     return list(dict.fromkeys(names))
 
 

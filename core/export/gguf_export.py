@@ -27,8 +27,10 @@ from typing import Any
 from core.files import plain_mode
 from core.messages import Said
 from core.runs.card import adapter_card
-from core.export.gguf import (FORMATS, GiB, MiB, GGUFError, Progress, architecture, file_bytes, general_name,
-                       metadata_bytes, naming, parse_formats, read_config, tensor_plan, tokenizer_metadata, write_gguf)
+from core.export.gguf import (FORMATS, KQUANTS, GiB, MiB, GGUFError, Progress, architecture, file_bytes,
+                       general_name, metadata_bytes, naming, parse_formats, read_config, tensor_plan,
+                       tokenizer_metadata, write_gguf)
+from core.export.kquant import kquant_library, planned_bytes, quantize
 
 DEMO_PROMPT = "Translate the word 'cat' into French."
 # Ollama's model names (its types/model/name.go): at most 80 characters, a letter, digit or underscore first, then
@@ -270,6 +272,7 @@ class GGUFResult:
     modelfile: Path
     readme: Path
     commands: list[str] = field(default_factory=list)
+    notes: list[Said] = field(default_factory=list)  # what llama.cpp's quantizer did differently (fallbacks)
 
 
 def default_gguf_dir(adapter_dir: str | Path | None = None, model_dir: str | Path | None = None) -> Path:
@@ -342,7 +345,13 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
     names = naming(config, cfg.model if cfg else str(source.resolve()), run, hub_id(cfg.model) if cfg else None)
     tplan = tensor_plan(source, config)
     extra = metadata_bytes(source, tplan, int(config["vocab_size"]))  # vocabulary, merges, chat template, infos
-    sizes = {f: file_bytes(tplan, f) + extra for f in fmts}
+    kquants = [f for f in fmts if f in KQUANTS]
+    if kquants:  # refused by name before anything is merged or written
+        lib, why = kquant_library()
+        if lib is None:
+            raise GGUFError("gguf.err.kquant_missing", formats=", ".join(kquants), why=why)
+    layers = int(config["num_hidden_layers"])
+    sizes = {f: (planned_bytes(tplan, f, layers) if f in KQUANTS else file_bytes(tplan, f)) + extra for f in fmts}
     params = sum(_count(shape) for _, src, shape in tplan if src)
     biggest = max(_count(shape) for _, _, shape in tplan) * 4 * 3  # one tensor in f32, permuted, encoded
     merge_bytes = params * 2 if adapter_dir else 0
@@ -356,7 +365,9 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
         raise GGUFError(said(exc)) from None
     parent = _existing_parent(out)
     disk_free, ram_free = shutil.disk_usage(parent).free, int(psutil.virtual_memory().available)
-    disk = merge_bytes + sum(sizes.values())
+    # k-quants are written from an F16 file: a temporary one when f16 itself is not asked for
+    f16_scratch = file_bytes(tplan, "f16") + extra if kquants and "f16" not in fmts else 0
+    disk = merge_bytes + sum(sizes.values()) + f16_scratch
     what = Said("msg.list", items=[Said("gguf.plan.file", format=f, size=_gib(b)) for f, b in sizes.items()])
     message = Said("gguf.plan.needs_merge" if merge_bytes else "gguf.plan.needs", ram=_gib(ram), disk=_gib(disk),
                    path=str(parent), sizes=what, merge=_gib(merge_bytes), ram_free=_gib(ram_free),
@@ -455,19 +466,36 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
             start = 0.5
         meta = tokenizer_metadata(source, int(read_config(source)["vocab_size"]))
         template, stops, why = ollama_template(source, meta)
-        files: dict[str, Path] = {}
-        share = (1.0 - start) / len(plan.formats)
-        for i, fmt in enumerate(plan.formats):
+        written: dict[str, Path] = {}
+        notes: list[Said] = []
+        # memtune's own formats first: the k-quants are quantized from the F16 file by llama.cpp
+        order = sorted(plan.formats, key=lambda f: f in KQUANTS)
+        share = (1.0 - start) / len(order)
+        for i, fmt in enumerate(order):
             begin = start + i * share
 
             def file_step(fraction: float, message: str, begin: float = begin) -> None:
                 step(begin + share * fraction * 0.98, message)
 
-            step(begin, Said("gguf.step.writing", file=f"{plan.name}-{fmt}.gguf", type=FORMATS[fmt][0]))
-            files[fmt] = write_gguf(source, tmp / f"{plan.name}-{fmt}.gguf", fmt, plan.names or plan.model_name,
-                                    file_step)
+            path = tmp / f"{plan.name}-{fmt}.gguf"
+            if fmt in KQUANTS:
+                f16 = written.get("f16") or written.setdefault(
+                    "scratch", write_gguf(source, tmp / "scratch-f16.gguf", "f16", plan.names or plan.model_name,
+                                          file_step))
+                step(begin, Said("gguf.step.quantizing", file=path.name, type=KQUANTS[fmt][0]))
+                done = quantize(f16, path, fmt)
+                if done.note is not None:
+                    notes.append(done.note)
+                    step(begin + share * 0.98, done.note)
+                written[fmt] = path
+            else:
+                step(begin, Said("gguf.step.writing", file=path.name, type=FORMATS[fmt][0]))
+                written[fmt] = write_gguf(source, path, fmt, plan.names or plan.model_name, file_step)
+        if "scratch" in written:
+            written.pop("scratch").unlink()
+        files = {fmt: written[fmt] for fmt in plan.formats}
         shutil.rmtree(tmp / "merged", ignore_errors=True)
-        result = _write_extras(tmp, out, plan, files, meta, template, stops, why)
+        result = _write_extras(tmp, out, plan, files, meta, template, stops, why, notes)
         move_into_place(tmp, out)
         step(1.0, Said("gguf.step.done", files=", ".join(p.name for p in result.files.values()), path=str(out)))
         return result
@@ -532,7 +560,7 @@ def _modelfile_safe(template: str) -> bool:
 
 
 def _write_extras(tmp: Path, out: Path, plan: GGUFPlan, files: dict[str, Path], meta: dict[str, Any],
-                  template: str | None, stops: list[str], why: str = "") -> GGUFResult:
+                  template: str | None, stops: list[str], why: str = "", notes: list[Said] = ()) -> GGUFResult:
     """Modelfile, README.md and the marker, inside `tmp`; paths in the result and commands point into `out`."""
     primary = min(files.values(), key=lambda p: p.stat().st_size)  # Ollama gets the smallest file
     lines = [f"# Ollama Modelfile written by memtune: ollama create {plan.name} -f Modelfile", f"FROM ./{primary.name}"]
@@ -575,6 +603,7 @@ def _write_extras(tmp: Path, out: Path, plan: GGUFPlan, files: dict[str, Path], 
               f"Written by memtune on {_dt.date.today().isoformat()} from {source}. "
               "Run the commands below in this folder.\n\n"
               f"| file | format | size |\n|---|---|---|\n{sizes}\n\n"
+              + "".join(f"{note}.\n\n" for note in notes) +
               "## Ollama\n\nThe Modelfile points at the smallest file; edit its FROM line to use another.\n\n"
               f"{shortened}```sh\n{here[0]}\n{here[1]}\n```\n\n"
               f"## llama.cpp\n\nChecked with llama.cpp {LLAMA_CPP_VERSION}: `llama-cli` chats through the chat template "
@@ -588,4 +617,4 @@ def _write_extras(tmp: Path, out: Path, plan: GGUFPlan, files: dict[str, Path], 
     write_marker(tmp, "export", what="gguf", source=source, formats=list(files),
                  files=[p.name for p in files.values()], ollama_name=plan.name)
     return GGUFResult(out_dir=out, files={f: out / p.name for f, p in files.items()}, modelfile=out / "Modelfile",
-                      readme=out / "README.md", commands=commands)
+                      readme=out / "README.md", commands=commands, notes=list(notes))
