@@ -275,3 +275,39 @@ def trained_run(pg, server, steps: int = 60, fresh: bool = False) -> str:
     if not fresh:  # a fresh run is its test's own (it may delete it): later tests keep reusing the shared one
         server["trained"] = adapter
     return adapter
+
+
+def continue_with_preference(pg, run_name: str, shown: str | None = None) -> str:
+    """History: select the run named `run_name` (its cell reads `shown`, default the name), press "Continue with
+    preference tuning", and return the notice that says what the Train tab now holds."""
+    import json
+
+    from tests.helpers import ms
+
+    pg.get_by_role("tab", name="History").click()
+    text = json.dumps(shown or run_name)
+    pg.wait_for_function("[...document.querySelectorAll('#history-table [data-testid^=cell-]')]"
+                         f".some(c => c.textContent.trim() === {text})", timeout=ms(60))
+    cell = pg.evaluate("[...document.querySelectorAll('#history-table [data-testid^=cell-][data-testid$=\"-1\"]')]"
+                       f".find(c => c.textContent.trim() === {text})?.dataset.testid")
+    assert cell, pg.locator("#history-table").inner_text()
+    pg.click(f"#history-table [data-testid={cell}]")
+    pg.wait_for_function("!document.querySelector('#history-prefer')?.disabled", timeout=ms(60))
+    pg.click("#history-prefer")
+    pg.wait_for_function("document.querySelector('#history-status')?.textContent.includes('Press Start')",
+                         timeout=ms(60))
+    return pg.locator("#history-status").inner_text()
+
+
+def start_and_finish(pg):
+    """Press Start and wait until the new run ends completed; returns the result card's locator."""
+    from tests.helpers import ms
+
+    previous = pg.locator(PROGRESS).get_attribute("data-run") or ""
+    pg.click("#start-btn")
+    pg.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && p.dataset.run"
+                         f" && p.dataset.run !== {previous!r}; }})()", timeout=ms(120), polling=200)
+    wait_state(pg, ("completed", "stopped", "failed", "interrupted"), timeout=600_000)
+    result = pg.locator("#run-result")
+    assert pg.locator(PROGRESS).get_attribute("data-state") == "completed", result.inner_text()
+    return result

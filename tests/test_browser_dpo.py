@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser_app import (MISSING, PROGRESS, REQUIRED, set_number, summary_chip, trained_run, wait_idle,
-                               wait_state)
+from tests.browser_app import (MISSING, PROGRESS, REQUIRED, continue_with_preference, set_number, start_and_finish,
+                               summary_chip, trained_run, wait_idle, wait_state)
 from tests.helpers import ms
 
 pytestmark = pytest.mark.skipif(MISSING is not None and not REQUIRED, reason=MISSING or "")
@@ -36,13 +36,7 @@ def test_a_dpo_demo_from_the_page_draws_reward_accuracy_and_saves_an_adapter(pag
     page.wait_for_function("(() => { const c = document.querySelector('#code-cli')?.textContent || '';"
                            f" return c.includes('stage=dpo') && c.includes('max_steps={STEPS}'); }})()",
                            timeout=ms(60))  # 2 busy cores; never a timing assert
-    previous = page.locator(PROGRESS).get_attribute("data-run") or ""
-    page.click("#start-btn")
-    page.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && p.dataset.run"
-                           f" && p.dataset.run !== {previous!r}; }})()", timeout=ms(120), polling=200)
-    wait_state(page, ("completed", "stopped", "failed", "interrupted"), timeout=600_000)
-    result = page.locator("#run-result")
-    assert page.locator(PROGRESS).get_attribute("data-state") == "completed", result.inner_text()
+    result = start_and_finish(page)
 
     adapter = page.locator("#mt-adapter-path").inner_text()
     assert (server["work"] / adapter / "adapter_model.safetensors").is_file()
@@ -69,17 +63,7 @@ def test_history_continues_an_sft_run_with_dpo_from_its_adapter(page, server):
     init_adapter is that run, Start trains it from the run's adapter (the log's log.pref.init_adapter)."""
     sft = (server["work"] / trained_run(page, server)).parent  # an SFT demo run of this server
     wait_idle(page)
-    page.get_by_role("tab", name="History").click()
-    page.wait_for_selector("#history-table [data-testid=cell-0-1]", timeout=ms(30))
-    cell = page.evaluate("[...document.querySelectorAll('#history-table [data-testid^=cell-][data-testid$=\"-1\"]')]"
-                         f".find(c => c.textContent.trim() === {json.dumps(sft.name)})?.dataset.testid")
-    assert cell, page.locator("#history-table").inner_text()
-    page.click(f"#history-table [data-testid={cell}]")
-    page.wait_for_function("!document.querySelector('#history-prefer')?.disabled", timeout=ms(60))
-    page.click("#history-prefer")
-    page.wait_for_function("document.querySelector('#history-status')?.textContent.includes('Press Start')",
-                           timeout=ms(60))
-    notice = page.locator("#history-status").inner_text()
+    notice = continue_with_preference(page, sft.name)
     assert f"{sft.name}-dpo" in notice and "base with the adapter disabled" in notice, notice
     page.get_by_role("tab", name="1 · Model & data").click()  # the Training stage row, where init_adapter shows
     page.wait_for_selector("#field-init_adapter", state="visible", timeout=ms(60))  # the stage's fields shown

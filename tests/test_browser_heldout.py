@@ -8,8 +8,8 @@ import json
 import pytest
 
 from core.i18n import t
-from tests.browser_app import (MISSING, PROGRESS, REQUIRED, choose, point_at_runs, set_number, wait_idle,
-                               wait_state)
+from tests.browser_app import (MISSING, REQUIRED, choose, continue_with_preference, point_at_runs, set_number,
+                               start_and_finish, wait_idle)
 from tests.helpers import ms
 
 pytestmark = pytest.mark.skipif(MISSING is not None and not REQUIRED, reason=MISSING or "")
@@ -34,18 +34,7 @@ def sft_parent(server):
 def test_a_dpo_continuation_that_got_worse_says_so_in_portuguese(page, server, sft_parent):
     wait_idle(page)
     point_at_runs(page, sft_parent)
-    page.get_by_role("tab", name="History").click()
-    page.wait_for_function("[...document.querySelectorAll('#history-table [data-testid^=cell-]')]"
-                           ".some(c => c.textContent.trim() === 'pai')", timeout=ms(60))
-    cell = page.evaluate("[...document.querySelectorAll('#history-table [data-testid^=cell-][data-testid$=\"-1\"]')]"
-                         ".find(c => c.textContent.trim() === 'pai')?.dataset.testid")
-    assert cell, page.locator("#history-table").inner_text()
-    page.click(f"#history-table [data-testid={cell}]")
-    page.wait_for_function("!document.querySelector('#history-prefer')?.disabled", timeout=ms(60))
-    page.click("#history-prefer")
-    page.wait_for_function("document.querySelector('#history-status')?.textContent.includes('Press Start')",
-                           timeout=ms(60))
-    notice = page.locator("#history-status").inner_text()
+    notice = continue_with_preference(page, "pai")
     assert f"Learning rate {PARENT_LR} → 0.0001" in notice, notice  # the stage's own rate, said
     # forced back to the parent's rate, the one that makes the adapter worse
     page.get_by_role("tab", name="3 · Training").click()
@@ -59,13 +48,7 @@ def test_a_dpo_continuation_that_got_worse_says_so_in_portuguese(page, server, s
                            f" && c.includes('max_steps={STEPS}'); }})()", timeout=ms(60))  # 8e-3: the demo's own
     choose(page, "#lang-select", "Português")
     page.wait_for_function(f"document.querySelector('#start-btn')?.textContent.includes({t('run.start', 'pt')!r})")
-    previous = page.locator(PROGRESS).get_attribute("data-run") or ""
-    page.click("#start-btn")
-    page.wait_for_function(f"(() => {{ const p = document.querySelector('{PROGRESS}'); return p && p.dataset.run"
-                           f" && p.dataset.run !== {previous!r}; }})()", timeout=ms(120), polling=200)
-    wait_state(page, ("completed", "stopped", "failed", "interrupted"), timeout=600_000)
-    result = page.locator("#run-result")
-    assert page.locator(PROGRESS).get_attribute("data-state") == "completed", result.inner_text()
+    result = start_and_finish(page)
     run_dir = (server["work"] / page.locator("#mt-adapter-path").inner_text()).parent
     held = json.loads((run_dir / "summary.json").read_text())["heldout"]
     assert held["verdict"]["verdict"] == "worse_parent", held
