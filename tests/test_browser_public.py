@@ -23,7 +23,9 @@ if MISSING and not REQUIRED:
 @pytest.fixture(scope="module")
 def public_server(tmp_path_factory):
     # --public, as on a Space (SPACE_ID itself makes Gradio act as if it ran on the Spaces servers)
-    started = app_server(tmp_path_factory, "--public", "--host", "127.0.0.1")
+    # room for a run that is still running however long the other visitor's checks take on a loaded machine
+    started = app_server(tmp_path_factory, "--public", "--host", "127.0.0.1", MEMTUNE_SPACE_STEPS="1000000",
+                         MEMTUNE_SPACE_TOKENS=str(10**12))
     yield next(started)
     next(started, None)  # stop it, and check it left no process behind
 
@@ -160,7 +162,7 @@ def test_two_visitors_and_a_forger_each_see_only_their_own_and_share_the_gpu_thr
     a_sessions = sessions_of(a)
     upload_four_rows(a, tmp_path / "secret-a.jsonl")
     a.wait_for_selector("#mt-preview")
-    set_number(a, "max_steps", 1000)  # long enough to be running while B looks (A stops it below)
+    set_number(a, "max_steps", 1000000)  # long enough to be running while B looks (A stops it below)
     a.get_by_role("tab", name="4 · Settings & code").click()
     a.fill("#config-name input", "a-settings")
     a.click("#save-config-btn")

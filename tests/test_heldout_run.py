@@ -146,12 +146,12 @@ def test_the_card_says_a_worse_adapter_in_the_pages_language_and_is_not_green():
 
 
 def test_a_held_out_score_that_fails_costs_the_run_nothing(tmp_path, monkeypatch):
-    import core.train.recipe as recipe
+    import core.train.heldout as heldout
 
     def broken(*args, **kw):
         raise RuntimeError("generate failed")
 
-    monkeypatch.setattr(recipe, "score_start", broken)
+    monkeypatch.setattr(heldout, "score_start", broken)
     events = []
     result = run_training(demo_config(output_dir=str(tmp_path), max_steps=1), events.append)
     assert result.status == "completed" and "heldout" not in result.summary, result.message
