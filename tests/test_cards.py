@@ -7,7 +7,6 @@ The adapter is an untrained LoRA on the demo model, saved by the run's own save_
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat

@@ -183,7 +183,6 @@ def test_the_estimate_counts_the_group_the_grouped_path_dequantizes(monkeypatch)
     from core.config.presets import apply_preset
     from core.config.settings import TrainConfig
     from core.estimate.terms import experts_transient
-    from core.levers import experts as moe
     from core.model.shapes import get_shape
 
     shape = get_shape("Qwen/Qwen3-30B-A3B")

@@ -43,7 +43,6 @@ def public(public_mode, monkeypatch, tmp_path):
     import ui.data  # noqa: F401 - registers the page's visitor source at import: replaced below, for this test
     from core.runs import public as pub
 
-    root = public_mode
     monkeypatch.delenv(pub.VISITOR_ENV, raising=False)
     visitors = Visitors()
     monkeypatch.setattr(pub, "_visitor_source", lambda: visitors.now)
