@@ -76,6 +76,9 @@ def test_the_card_says_what_the_run_recorded_and_invents_nothing():
     assert "see the base model's card" in bare and "AutoModelForCausalLM" in bare and "AutoPeft" not in bare
     for absent in ("loss", "GPU memory", "Held-out", "rows trained", "steps"):
         assert absent not in bare, absent
+    assert "## Held-out scores" in card and "rows the run did not train on" in card
+    demo = model_card({**SUMMARY, "heldout": {**SUMMARY["heldout"], "source": "demo"}}, cfg, "adapter")
+    assert "## Scores on trained rows" in demo and "trained on (it held none out)" in demo and "Held-out" not in demo
     gguf = model_card(SUMMARY, cfg, "gguf")
     assert "from_pretrained" not in gguf  # the GGUF README adds its own llama.cpp and Ollama sections
 

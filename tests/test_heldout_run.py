@@ -142,7 +142,11 @@ def test_the_card_says_a_worse_adapter_in_the_pages_language_and_is_not_green():
     assert "mt-result-ok" in render.result_html(JobView(state="completed", adapter_dir="/r/a/adapter", run_dir="/r/a",
                                                         summary={**summary, "heldout": better}), "fr")
     on_train = render.heldout_rows({"heldout": {**better, "source": "train"}}, "en")
-    assert "Scored on training rows" in on_train[0][1]
+    assert "Scored on training rows" in on_train[0][1] and "Held-out" not in on_train[0][0]
+    on_demo = render.heldout_rows({"heldout": {**better, "source": "demo"}}, "en")  # the demo's prompts train
+    assert "which it trained on" in on_demo[0][1] and on_demo[0][0].endswith("prompts it trained on"), on_demo
+    held = render.heldout_rows({"heldout": {**better, "source": "validation"}}, "en")
+    assert held[0][0].startswith("Did it help? Held-out") and "trained on" not in held[0][1], held
 
 
 def test_a_held_out_score_that_fails_costs_the_run_nothing(tmp_path, monkeypatch):

@@ -322,10 +322,12 @@ def heldout_rows(summary: dict[str, Any] | None, lang: str = "en", elem_id: str 
     text = (f'<span id="{E(elem_id)}" data-verdict="{E(verdict.get("verdict", ""))}">{cells}</span><br>'
             f'<span class="{"mt-warn-text" if verdict.get("worse") else "mt-muted"}" id="{E(elem_id)}-verdict">'
             f'{E(words)}</span>')
-    if held.get("source") == "train":
-        text += f'<br><span class="mt-muted">{E(t("result.heldout.on_train", lang))}</span>'
+    trained = {"train": "result.heldout.on_train", "demo": "result.heldout.on_demo"}.get(held.get("source"))
+    if trained:  # scored on rows it trained on: never called held-out
+        text += f'<br><span class="mt-muted">{E(t(trained, lang))}</span>'
     scorer = t(f"score.name.{held.get('scorer')}", lang)
-    return [(t("result.heldout.title", lang, scorer=scorer, n=held.get("rows", "-")), text)]
+    title = "result.heldout.title_trained" if trained else "result.heldout.title"
+    return [(t(title, lang, scorer=scorer, n=held.get("rows", "-")), text)]
 
 
 def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None = None) -> str:

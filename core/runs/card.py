@@ -82,8 +82,10 @@ def _heldout(summary: dict[str, Any]) -> list[str]:
     held = summary.get("heldout")
     if not isinstance(held, dict) or _percent(held.get("adapter")) is None:
         return []
-    lines = ["## Held-out scores", "",
-             f"Scorer `{held.get('scorer', '?')}` on {held.get('rows', '?')} rows the run did not train on.", "",
+    trained = held.get("source") in ("train", "demo")  # no rows held out: scored on rows it trained on
+    lines = ["## Scores on trained rows" if trained else "## Held-out scores", "",
+             f"Scorer `{held.get('scorer', '?')}` on {held.get('rows', '?')} rows the run "
+             f"{'trained on (it held none out)' if trained else 'did not train on'}.", "",
              "| model | score |", "|---|---|"]
     for who, label in (("base", "base model"), ("parent", "starting adapter"), ("adapter", "this adapter")):
         if (score := _percent(held.get(who))) is not None:
