@@ -58,8 +58,17 @@ def build_model_folder(arch: str, folder: Path, quantized: bool = False) -> None
     if quantized:
         model = build_model(arch, device, quantize=True, quant_storage=torch.bfloat16)
     else:
-        with torch.device(device):
+        try:
+            with torch.device(device):
+                model = AutoModelForCausalLM.from_config(hf_config(arch), dtype=torch.bfloat16)
+        except torch.OutOfMemoryError:  # larger than the GPU: drawn on the CPU (minutes for a 30B)
+            model = None
+            torch.cuda.empty_cache()
             model = AutoModelForCausalLM.from_config(hf_config(arch), dtype=torch.bfloat16)
+        # saved from the CPU: transformers 5 splits fused experts back into per-expert tensors as it saves, a copy a
+        # 61 GB MoE has no room for beside itself on an 80 GB card
+        model.to("cpu")
+        torch.cuda.empty_cache()
     model.save_pretrained(folder, max_shard_size="5GB")
     make_tokenizer().save_pretrained(folder)
 

@@ -10,6 +10,8 @@ import pytest
 
 from core.config.settings import DEMO_DATASET, TrainConfig
 from core.runs.events import read_events
+from core.i18n import STRINGS
+from core.messages import say
 from core.files import write_marker
 from core.runs.history import (HistoryError, adapter_choices, delete_run, list_runs, load_run, resume_config,
                           run_info)
@@ -142,8 +144,11 @@ def test_delete_refuses_anything_but_a_finished_run_inside_output_dir(runs, tmp_
     (root / "link").symlink_to(elsewhere)
     with pytest.raises(HistoryError, match="link"):
         delete_run(root / "link", root)
-    with pytest.raises(HistoryError, match="still running"):
+    with pytest.raises(HistoryError, match="still running") as running:
         delete_run(run_dir, root, is_running=lambda p: True)
+    # keyed, so the page says it in its language
+    assert running.value.key == "history.refuse_running" and running.value.params == {"name": run_dir.name}
+    assert "em execução" in say(running.value.key, running.value.params, "pt", lookup=lambda k, lg: STRINGS[lg].get(k))
     assert run_dir.is_dir() and elsewhere.is_dir() and (root / "foreign").is_dir()
 
     deleted = delete_run(run_dir, root, is_running=lambda p: False)

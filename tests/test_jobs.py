@@ -32,8 +32,9 @@ def test_second_start_is_refused_while_a_job_runs(tmp_path):
     mgr = JobManager()
     job = mgr.start(demo_config(output_dir=str(tmp_path)))
     assert mgr.busy() and job.pid
-    with pytest.raises(JobBusy, match="already running"):
+    with pytest.raises(JobBusy, match="already in progress") as busy:
         mgr.start(demo_config(output_dir=str(tmp_path)))
+    assert busy.value.key == "msg.one_job" and busy.value.params["model"] == job.config.model  # said by key
     stop_at_once(mgr, job)
     assert not mgr.busy()
     assert job_view(job).state == "failed" and "End now" in job_view(job).message
@@ -210,7 +211,7 @@ def test_public_queue_each_owner_sees_and_stops_only_their_own_and_the_next_star
     assert mgr.position(a) is None and mgr.position(b) == (1, [a]) and mgr.position(c) == (2, [a, b])
     with pytest.raises(JobBusy) as refused:
         mgr.start(demo_config(output_dir=str(tmp_path / "b")), owner="visitor-b", queue=True, per_owner=1)
-    assert refused.value.reason == "yours" and refused.value.limit == 1
+    assert refused.value.reason == "yours" and refused.value.limit == 1 and refused.value.key == "msg.own_limit"
     assert mgr.current("visitor-b") is b and mgr.current("visitor-a") is a and mgr.current("visitor-z") is None
     assert mgr.current() is a  # the app's own user (the Space owner): the running job
     assert mgr.stop("visitor-z") is None and a.running and not a.stop_event.is_set()  # nothing of theirs

@@ -92,7 +92,7 @@ def history_open(h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
             raise HistoryError(refusal)
         detail = load_run(run_dir, is_running=h.app.manager.is_running)
     except HistoryError as exc:
-        return {h.detail: warn(str(exc), "history-note"), **closed}
+        return {h.detail: warn(render.error_text(exc, lang), "history-note"), **closed}
     running = detail.info.status == "running"
     html = render.run_detail_html(detail, lang, predicted_peaks(detail.config)) + detail_extra(detail, lang)
     if not detail.info.resumable and not running:  # a greyed-out Resume says why
@@ -225,6 +225,7 @@ def on_history_delete_yes(h: HistoryTab, lang: str, run_dir: str | None, output_
         path = delete_run(run_dir, runs_folder(output_dir), is_running=h.app.manager.is_running)
     except HistoryError as exc:
         return {**hide, **on_history_refresh(h, lang, output_dir),
-                h.note: warn(t("history.delete_refused", lang, message=exc), "history-note", "error")}
+                h.note: warn(t("history.delete_refused", lang, message=render.error_text(exc, lang)), "history-note",
+                             "error")}
     return {**hide, **on_history_refresh(h, lang, output_dir), h.selected: None, **history_open(h, lang, None),
             h.note: note(t("history.deleted", lang, path=path), "ok", "history-note")}

@@ -86,8 +86,7 @@ def admission(active: list[tuple[str | None, str | None]], waiting: int, would_w
     if owner is not None and per_owner is not None:
         mine = sum(o == owner for o, _ in active)
         if mine >= per_owner:
-            return JobBusy(f"You already have {mine} run(s) queued or running; the limit is {per_owner}.",
-                           "yours", per_owner)
+            return JobBusy(Said("msg.own_limit", n=per_owner), "yours", per_owner)
     if address and per_address is not None:
         theirs = sum(a == address for _, a in active)
         if theirs >= per_address:
@@ -204,9 +203,7 @@ class JobManager:
                 raise refused
             if not free and not queue:
                 job = self._running[0]
-                what = "stopping" if job.stopping else "running"
-                raise JobBusy(f"A training run is already {what} (job {job.id}, {job.config.model}); "
-                              "one run at a time uses the GPU. Wait for it to finish or press Stop.")
+                raise JobBusy(Said("msg.one_job", model=job.config.model))
             job = Job(id=next(self._ids), config=cfg, owner=owner, max_s=max_s, waiting=not free, address=address)
             self._jobs = [j for j in self._jobs if j.owner != owner or j.active] + [job]
             if job.waiting:

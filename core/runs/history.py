@@ -463,18 +463,18 @@ def delete_run(run_dir: str | Path, output_dir: str | Path, is_running: IsRunnin
     """
     raw = Path(run_dir)
     if raw.is_symlink():
-        raise HistoryError(f"{raw} is a link, not a run folder: memtune deletes only real run folders.")
+        raise HistoryError(Said("history.refuse_link", path=str(raw)))
     try:  # resolved once: every check below and the removal act on this folder
         root, target_dir = target(output_dir, "delete runs in"), target(raw, "delete")
     except RefusedError as exc:
-        raise HistoryError(str(exc)) from None
+        raise HistoryError(Said(exc.key, **exc.params) if exc.key else str(exc)) from None
     if target_dir.parent != root or target_dir == root:
-        raise HistoryError(f"{raw} is not a run folder inside {root}: memtune deletes only its own runs there.")
+        raise HistoryError(Said("history.refuse_outside", path=str(raw), root=str(root)))
     if not is_run_dir(target_dir):
-        raise HistoryError(f"{target_dir} is not a memtune run (no .memtune.json marker of a run folder): not deleted.")
+        raise HistoryError(Said("history.refuse_not_run", path=str(target_dir)))
     summary = _json(target_dir / "summary.json")
     if (is_running(target_dir) if is_running is not None else _looks_running(target_dir, summary)):
-        raise HistoryError(f"{target_dir.name} is still running: stop it first, then delete it.")
+        raise HistoryError(Said("history.refuse_running", name=target_dir.name))
     remove_tree(target_dir)  # gone from the list at once; a failure part-way leaves only a hidden folder
     return target_dir
 
