@@ -685,8 +685,8 @@ MOVES_BASE = ("pissa", "pissa_niter_4", "olora")  # lora_init values that change
 def stage_problems(cfg: TrainConfig) -> list[Problem]:
     """A preference stage's settings that cannot work: packing (TRL's preference trainers pad pairs), PiSSA/OLoRA
     where a reference or init_adapter needs the base as it is, an init_adapter that is not a memtune run folder with
-    an adapter, or whose base model is not `model`. (keep_best and early stopping read the eval loss TRL computes on
-    the validation pairs, as an SFT run's: core/data/pairs.py.)"""
+    an adapter, or whose base model is not `model`; GRPO's own (grpo_problems). (keep_best and early stopping read
+    the eval loss TRL computes on the validation pairs, as an SFT run's: core/data/pairs.py.)"""
     p: list[Problem] = []
     if cfg.stage == "sft":
         return p
