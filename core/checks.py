@@ -49,13 +49,13 @@ def rows_to_train(cfg: _Counted) -> int | None:
     """Before Start: the rows that may train (the split less its held-out part), read where that is cheap (the demo
     and local files); None where it is not (Hub data: the training child counts them) or where the rows are not what
     trains (packing). An upper bound of what the plan keeps: the plan drops rows, never adds any."""
-    from core.config.settings import DEMO_DATASET
+    from core.config.settings import DEMO_DATASET, PREFERENCE_STAGES
     from core.data.read import is_local
 
     local = [v for v in (cfg.dataset, cfg.validation_data) if v.strip() and v.strip() != DEMO_DATASET]
     if cfg.packing or not all(is_local(v.strip()) for v in local):
         return None
-    if cfg.stage != "sft":
+    if cfg.stage in PREFERENCE_STAGES:  # GRPO reads SFT rows (prompts and their answers)
         from core.data.pairs import check_pairs, split_pairs
 
         raw, fmt = check_pairs(cfg)

@@ -111,7 +111,8 @@ def _triple_quoted(text: str) -> str:
     return '"""\\\n' + text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"') + '"""'
 
 
-TRAINERS = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "orpo": "ORPOTrainer", "kto": "KTOTrainer"}  # by stage
+TRAINERS = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "orpo": "ORPOTrainer", "kto": "KTOTrainer",
+            "grpo": "GRPOTrainer"}  # by stage
 
 
 def changes_note(changes: list[dict[str, Any]]) -> str:

@@ -277,9 +277,10 @@ def trained_run(pg, server, steps: int = 60, fresh: bool = False) -> str:
     return adapter
 
 
-def continue_with_preference(pg, run_name: str, shown: str | None = None) -> str:
+def continue_with_preference(pg, run_name: str, shown: str | None = None, button: str = "#history-prefer") -> str:
     """History: select the run named `run_name` (its cell reads `shown`, default the name), press "Continue with
-    preference tuning", and return the notice that says what the Train tab now holds."""
+    preference tuning" (`button` #history-grpo: "Continue with GRPO"), and return the notice that says what the
+    Train tab now holds."""
     import json
 
     from tests.helpers import ms
@@ -292,8 +293,8 @@ def continue_with_preference(pg, run_name: str, shown: str | None = None) -> str
                        f".find(c => c.textContent.trim() === {text})?.dataset.testid")
     assert cell, pg.locator("#history-table").inner_text()
     pg.click(f"#history-table [data-testid={cell}]")
-    pg.wait_for_function("!document.querySelector('#history-prefer')?.disabled", timeout=ms(60))
-    pg.click("#history-prefer")
+    pg.wait_for_function(f"!document.querySelector('{button}')?.disabled", timeout=ms(60))
+    pg.click(button)
     pg.wait_for_function("document.querySelector('#history-status')?.textContent.includes('Press Start')",
                          timeout=ms(60))
     return pg.locator("#history-status").inner_text()

@@ -1,13 +1,15 @@
 """Issue 44 from the page: the demo, the DPO stage picked in the Data tab's Training stage row, Start. The run trains
 through TRL's DPOTrainer in the app's child process like the CLI's `--demo --set stage=dpo`; the page draws its reward
 accuracy and margin (a chart of their own, from the run's `metrics` events) and the result says its reward accuracy;
-the run leaves an adapter."""
+the run leaves an adapter. History's "Continue with GRPO" fills the form with the demo's GRPO run, which trains and
+draws its mean reward."""
 
 import json
 from pathlib import Path
 
 import pytest
 
+from core.runs.history import DEMO_GRPO
 from tests.browser_app import (MISSING, PROGRESS, REQUIRED, continue_with_preference, set_number, start_and_finish,
                                summary_chip, trained_run, wait_idle, wait_state)
 from tests.helpers import ms
@@ -89,4 +91,27 @@ def test_history_continues_an_sft_run_with_dpo_from_its_adapter(page, server):
     assert "log.pref.init_adapter" in keys and "log.pref.reference_adapter" in keys
     # no page error after the run either: the reward chart hidden at the new run's start stays in the page (ui/live.py
     # OUT_OF_SIGHT); removed, gradio's LinePlot threw from its ResizeObserver ("reading 'offsetWidth'")
+    assert page.errors == []
+
+
+def test_continue_with_grpo_from_history_trains_and_draws_the_mean_reward(page, server):
+    wait_idle(page)
+    adapter = trained_run(page, server)
+    notice = continue_with_preference(page, Path(adapter).parent.name, button="#history-grpo")
+    assert "GRPO" in notice and DEMO_GRPO["grpo_rewards"] in notice, notice
+    # the stage radio holds grpo, and GRPO's own fields show in their row
+    page.get_by_role("tab", name="1 · Model & data").click()
+    assert page.locator("#field-stage").get_by_label("grpo", exact=True).is_checked()
+    page.wait_for_selector("#grpo-fields-row #field-num_generations", state="visible", timeout=ms(60))
+    assert page.locator("#field-num_generations input").first.input_value() == str(DEMO_GRPO["num_generations"])
+    set_number(page, "max_steps", STEPS)
+    result = start_and_finish(page)
+    run_dir = (server["work"] / page.locator("#mt-adapter-path").inner_text()).parent
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stage"] == "grpo" and summary["grpo"]["steps"][-1]["step"] == STEPS
+    shown = page.locator("#mt-grpo-reward")
+    assert float(shown.get_attribute("data-value")) == pytest.approx(summary["grpo"]["final_reward"], abs=1e-6)
+    assert "Mean reward" in result.inner_text()
+    page.wait_for_function("document.querySelector('#reward-plot')?.textContent.includes('mean reward')",
+                           timeout=ms(30))
     assert page.errors == []

@@ -22,6 +22,8 @@ NOT_PATHS = {
     "num_gpus": "a count, or all",
     "main_process_ip": "a network address",
     "heldout_options": "the scorer's JSON options: a schema file or a function's file in them is refused in public mode",
+    "grpo_rewards": "scorer names with their weights",
+    "grpo_reward_options": "the reward scorers' JSON options: refused in public mode as heldout_options' are",
 }
 
 

@@ -162,6 +162,8 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
                                         value="history.resume")
                     prefer_btn = tr.add(gr.Button(L("history.prefer"), interactive=False, elem_id="history-prefer"),
                                         value="history.prefer")
+                    grpo_btn = tr.add(gr.Button(L("history.grpo"), interactive=False, elem_id="history-grpo"),
+                                      value="history.grpo")
                     delete_btn = tr.add(gr.Button(L("history.delete"), variant="stop", interactive=False,
                                                   elem_id="history-delete"), value="history.delete")
                 confirm_row, confirm_text, yes_btn, cancel_btn = confirm_box(
@@ -208,9 +210,10 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
 
     h = HistoryTab(table=table, runs=runs_state, selected=selected, note=history_note, detail=detail,
                    plot=hist_plot, settings=settings, load=load_btn, resume=resume_btn, delete=delete_btn,
-                   confirm_row=confirm_row, confirm_text=confirm_text, main_tabs=main_tabs, app=app, prefer=prefer_btn)
+                   confirm_row=confirm_row, confirm_text=confirm_text, main_tabs=main_tabs, app=app, prefer=prefer_btn,
+                   grpo=grpo_btn)
     refresh_out = [table, runs_state, history_note]
-    detail_out = [detail, hist_plot, settings, load_btn, resume_btn, delete_btn, prefer_btn]
+    detail_out = [detail, hist_plot, settings, load_btn, resume_btn, delete_btn, prefer_btn, grpo_btn]
     history_tab.select(partial(on_history_refresh, h), inputs=[lang, output_dir], outputs=refresh_out, **quiet)
     hist_refresh.click(partial(on_history_refresh, h), inputs=[lang, output_dir], outputs=refresh_out, **quiet)
     def select(lg: str, runs: list[str], evt: gr.SelectData):  # not a partial: Gradio finds SelectData by annotation
@@ -222,6 +225,8 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
     load_btn.click(partial(on_history_load, form, h), inputs=[lang, selected], outputs=to_form, **FORM_QUEUE)
     resume_btn.click(partial(on_history_resume, form, h), inputs=[lang, selected], outputs=to_form, **FORM_QUEUE)
     prefer_btn.click(partial(on_history_prefer, form, h), inputs=[lang, selected], outputs=to_form, **FORM_QUEUE)
+    grpo_btn.click(partial(on_history_prefer, form, h, stage="grpo"), inputs=[lang, selected], outputs=to_form,
+                   **FORM_QUEUE)
     delete_btn.click(partial(on_history_delete, h), inputs=[lang, selected],
                      outputs=[confirm_row, confirm_text, history_note], **quiet)
     cancel_btn.click(lambda: (gr.update(visible=False), ""), outputs=[confirm_row, confirm_text], **quiet)

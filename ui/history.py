@@ -47,6 +47,7 @@ class HistoryTab:
     main_tabs: Any  # the page's top-level tabs (load and resume show the Train tab)
     app: Any = None  # ui.state.AppState: the manager that says which run is running, and resumes one
     prefer: Any = None  # button: continue with preference tuning (the run's adapter as init_adapter of a DPO run)
+    grpo: Any = None  # button: continue with GRPO (the run's adapter as init_adapter of a GRPO run)
 
 
 def history_rows(output_dir: str | None, manager: Any) -> list[Any]:
@@ -84,7 +85,7 @@ def history_open(h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
 
     off = gr.update(interactive=False)
     closed = {h.plot: gr.update(value=loss_frame([]), visible=False), h.settings: gr.update(value="", visible=False),
-              h.load: off, h.resume: off, h.delete: off, h.prefer: off}
+              h.load: off, h.resume: off, h.delete: off, h.prefer: off, h.grpo: off}
     if not run_dir:
         return {h.detail: "", **closed}
     try:
@@ -106,6 +107,7 @@ def history_open(h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
             # on for any readable run that is not running: a click on one it cannot continue says why (no adapter, a
             # preference run already), which a greyed-out button would not
             h.prefer: gr.update(interactive=detail.config is not None and not running),
+            h.grpo: gr.update(interactive=detail.config is not None and not running),
             h.delete: gr.update(interactive=not running)}
 
 
@@ -180,29 +182,34 @@ def on_history_resume(form: Form, h: HistoryTab, lang: str, run_dir: str | None)
     return to_train_tab(form, h, cfg, lang, msg, "ok")
 
 
-def on_history_prefer(form: Form, h: HistoryTab, lang: str, run_dir: str | None) -> Updates:
-    """"Continue with preference tuning": the run's settings into the form as a new DPO run that starts from its
-    adapter (init_adapter; core.runs.history.preference_config), then the Train tab; nothing starts until Start.
-    Refused by name: no run picked, another visitor's run (public mode), a running run, no saved adapter, a
-    preference run already."""
+def on_history_prefer(form: Form, h: HistoryTab, lang: str, run_dir: str | None, stage: str = "dpo") -> Updates:
+    """"Continue with preference tuning" (`stage` dpo) or "Continue with GRPO" (grpo): the run's settings into the
+    form as a new run of that stage that starts from its adapter (init_adapter; core.runs.history.preference_config),
+    then the Train tab; nothing starts until Start. Refused by name: no run picked, another visitor's run (public
+    mode), a running run, no saved adapter, a preference or GRPO run already. GRPO reads the run's own data (prompts
+    and their answers): only preference tuning asks for pairs."""
     from core.runs.history import load_run, needs_pairs, preference_config, schedule_note
     from core.runs.public import shown, without_remote_code
 
-    cfg, refusal = _picked(h, lang, run_dir, lambda d: preference_config(d, is_running=h.app.manager.is_running))
+    cfg, refusal = _picked(h, lang, run_dir,
+                           lambda d: preference_config(d, is_running=h.app.manager.is_running, stage=stage))
     if refusal:
         return refusal
     cfg, asked = without_remote_code(cfg)  # the user ticks it to confirm, as after Load
     name = Path(run_dir).name
-    parts = [t("history.pref.loaded", lang, name=name, adapter=shown(str(Path(cfg.init_adapter) / "adapter")),
-               stage=cfg.stage.upper(), run=cfg.run_name),
-             t("history.pref.change_data", lang, dataset=shown(cfg.dataset), stage=cfg.stage.upper()) if needs_pairs(cfg)
-             else t("history.pref.demo_pairs", lang)]
+    adapter = shown(str(Path(cfg.init_adapter) / "adapter"))
+    pairs = needs_pairs(cfg) and stage != "grpo"
+    parts = ([t("history.grpo.loaded", lang, name=name, adapter=adapter, run=cfg.run_name, n=cfg.num_generations,
+                rewards=cfg.grpo_rewards)] if stage == "grpo" else
+             [t("history.pref.loaded", lang, name=name, adapter=adapter, stage=cfg.stage.upper(), run=cfg.run_name),
+              t("history.pref.change_data", lang, dataset=shown(cfg.dataset), stage=cfg.stage.upper()) if pairs
+              else t("history.pref.demo_pairs", lang)])
     parent = load_run(run_dir).config
     if parent is not None and (changed := schedule_note(parent, cfg)) is not None:
         parts.append(t(changed.key, lang, **changed.params))
     if asked:
         parts.append(t("config.trust_off", lang, model=cfg.model))
-    return to_train_tab(form, h, cfg, lang, " ".join(parts), "warn" if asked or needs_pairs(cfg) else "ok")
+    return to_train_tab(form, h, cfg, lang, " ".join(parts), "warn" if asked or pairs else "ok")
 
 
 def on_history_delete(h: HistoryTab, lang: str, run_dir: str | None) -> Updates:

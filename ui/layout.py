@@ -106,7 +106,8 @@ def gpus_note(lang: str = DEFAULT_LANGUAGE) -> str:
     return t("training.gpus_many", lang, n=n) if n > 1 else t("training.gpus_one" if n else "training.gpus_none", lang)
 
 
-STAGE_FIELDS = tuple(n for n in FIELD_NAMES if "stages" in field_meta(n))  # beta, dpo_loss_type, init_adapter
+STAGE_FIELDS = tuple(n for n in FIELD_NAMES if "stages" in field_meta(n))  # beta, dpo_loss_type, init_adapter, GRPO's
+GRPO_FIELDS = tuple(n for n in STAGE_FIELDS if field_meta(n)["stages"] == ("grpo",))  # in a row of their own
 
 
 def stage_fields_shown(stage: str) -> list[Any]:
@@ -178,7 +179,11 @@ def build_ui(initial: Mapping[str, Any] | None = None, app: AppState | None = No
                                 # would be four narrow columns, the adapter's box a word wide)
                                 with gr.Row(elem_id="stage-fields-row"):
                                     for name in STAGE_FIELDS:
-                                        w(name, scale=1, visible=cfg0.stage in field_meta(name)["stages"])
+                                        if name not in GRPO_FIELDS:
+                                            w(name, scale=1, visible=cfg0.stage in field_meta(name)["stages"])
+                                with gr.Row(elem_id="grpo-fields-row"):  # the rewards and the sampling
+                                    for name in GRPO_FIELDS:
+                                        w(name, scale=1, visible=cfg0.stage == "grpo")
                                 types = ", ".join(DATA_TYPES)
                                 upload = tr.add(gr.File(label=t("data.upload", lang0, types=types),
                                                         file_types=DATA_TYPES, type="filepath", elem_id="data-upload",

@@ -61,17 +61,24 @@ def loss_frame(losses: list[tuple[int, float]], eval_losses: list[tuple[int, flo
     return curves_frame(thin(losses), eval_losses, lang)
 
 
-REWARD_SERIES = (("reward_accuracy", "run.series_reward_accuracy"), ("reward_margin", "run.series_reward_margin"))
+REWARD_SERIES = (("reward_accuracy", "run.series_reward_accuracy"), ("reward_margin", "run.series_reward_margin"),
+                 ("reward_mean", "run.series_reward_mean"), ("completion_share", "run.series_completion_share"),
+                 ("kl", "run.series_kl"))
 
 
 def reward_frame(rewards: list[tuple[int, dict[str, float]]], lang: str = DEFAULT_LANGUAGE,
                  eval_rewards: list[tuple[int, dict[str, float]]] = ()) -> pd.DataFrame:
     """A preference run's reward chart (column `series`): reward accuracy (a fraction, 0-1) and the mean reward
     margin of each logged step, as the run's `metrics` events carry them (core/train/rewards.py; KTO logs no
-    accuracy, so only its margin is drawn), and the reward accuracy on the validation pairs at each eval (its
+    accuracy, so only its margin is drawn; GRPO: its mean reward, each scorer's when there are several, the answers'
+    length as a share of max_completion_length and the KL to the reference), and the reward accuracy on the validation pairs at each eval (its
     `eval` events). Empty for an SFT run."""
     rows = [(step, r[name], t(label, lang)) for name, label in REWARD_SERIES
             for step, r in thin(rewards) if name in r]
+    scorers = sorted({k for _, r in rewards for k in r if k.startswith("reward_by_")})  # GRPO: each scorer's reward
+    if len(scorers) > 1:
+        rows += [(step, r[k], t("run.series_reward_by", lang, scorer=k[len("reward_by_"):]))
+                 for k in scorers for step, r in thin(rewards) if k in r]
     rows += [(step, r["reward_accuracy"], t("run.series_eval_reward_accuracy", lang))
              for step, r in eval_rewards if "reward_accuracy" in r]
     return pd.DataFrame(rows, columns=["step", "value", "series"])

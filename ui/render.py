@@ -296,6 +296,29 @@ def reward_rows(rewards: list[tuple[int, dict[str, float]]], lang: str = "en",
     return [(t(label, lang), text)]
 
 
+def grpo_rows(rewards: list[tuple[int, dict[str, float]]], lang: str = "en",
+              elem_id: str = "mt-grpo-reward") -> list[tuple[str, str]]:
+    """A GRPO run's result row, from its logged steps (the `metrics` events, or summary.json's grpo.steps): the mean
+    reward first -> last and the best with its step, each scorer's last, the answers' mean length and the KL.
+    Nothing for other stages."""
+    mean = [(step, r["reward_mean"]) for step, r in rewards if "reward_mean" in r]
+    if not mean:
+        return []
+    best = max(mean, key=lambda sm: (sm[1], -sm[0]))
+    last = rewards[-1][1]
+    text = (f'<span id="{E(elem_id)}" data-value="{mean[-1][1]:.6g}">{E(num(mean[0][1], 3, lang))} &rarr; '
+            f'<b>{E(num(mean[-1][1], 3, lang))}</b></span> ('
+            + E(t("result.reward_best", lang, best=num(best[1], 3, lang), step=best[0])) + ")")
+    scorers = [(k[len("reward_by_"):], v) for k, v in last.items() if k.startswith("reward_by_")]
+    if len(scorers) > 1:
+        text += " &middot; " + E(", ".join(f"{name} {num(v, 3, lang)}" for name, v in scorers))
+    if last.get("completion_length") is not None:
+        text += " &middot; " + E(t("result.grpo_length", lang, n=num(last["completion_length"], 1, lang)))
+    if last.get("kl") is not None:
+        text += " &middot; " + E(t("result.grpo_kl", lang, kl=num(last["kl"], 4, lang)))
+    return [(t("result.grpo_reward", lang), text)]
+
+
 def heldout_of(summary: dict[str, Any] | None) -> dict[str, Any]:
     """summary.json's held-out score (core/train/recipe.py), or {} for a run without one."""
     held = (summary or {}).get("heldout")
@@ -361,6 +384,7 @@ def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None
             if s.get("tokens_per_s") else "")),
     ]
     rows += reward_rows(v.rewards, lang)
+    rows += grpo_rows(v.rewards, lang)
     rows += reward_rows(v.eval_rewards, lang, "mt-eval-reward-accuracy", "result.eval_reward_accuracy")
     rows += heldout_rows(s, lang)
     table = "".join(f'<div class="mt-k">{E(k)}</div><div class="mt-v">{val}</div>' for k, val in rows)
@@ -619,6 +643,9 @@ def run_detail_html(detail: Any, lang: str = "en", predicted: dict[str, float] |
     rows += reward_rows([(int(x["step"]), x) for x in pref.get("eval_steps") or []
                          if isinstance(x, dict) and "step" in x],
                         lang, "mt-history-eval-reward-accuracy", "result.eval_reward_accuracy")
+    grpo = s.get("grpo") if isinstance(s.get("grpo"), dict) else {}
+    rows += grpo_rows([(int(x["step"]), x) for x in grpo.get("steps") or [] if isinstance(x, dict) and "step" in x],
+                      lang, "mt-history-grpo-reward")
     rows += heldout_rows(s, lang, "mt-history-heldout")
     if info.message and info.status == "failed":
         oom = s.get("error_type") == "oom" and detail.config is not None  # what would help, at the run's settings

@@ -68,10 +68,11 @@ TRACKERS = ("none", "tensorboard", "wandb")
 # peft's init_lora_weights, as LoraConfig spells it ("default": peft's True, B = 0); pissa/olora move the adapter's
 # start out of the base weights, so the adapter is saved converted to plain LoRA (core/levers/variants.py)
 LORA_INITS = ("default", "gaussian", "pissa", "pissa_niter_4", "olora")
-# Training stages (core/train/stages.py): sft, or preference tuning through TRL's own trainers. Online RL (GRPO ...)
-# would be one more name here with its trainer there.
-STAGES = ("sft", "dpo", "orpo", "kto")
-PREFERENCE_STAGES = STAGES[1:]
+# Training stages (core/train/stages.py): sft, preference tuning through TRL's own trainers, or GRPO (online RL with
+# the scorers as rewards, core/train/grpo.py)
+STAGES = ("sft", "dpo", "orpo", "kto", "grpo")
+PREFERENCE_STAGES = ("dpo", "orpo", "kto")
+CONTINUED_STAGES = (*PREFERENCE_STAGES, "grpo")  # the stages that may start from an earlier run's adapter
 PACKING_STAGES = ("sft",)  # TRL's preference trainers pad each pair; only SFT packs rows (stage_problems)
 # core/scoring/scorers.py's SCORERS by name (config imports none of memtune: tests/test_heldout_run.py checks they
 # agree), and off
@@ -255,7 +256,8 @@ class TrainConfig:
         "prompt), kto (prompt/completion/label, or pairs). With LoRA, DPO and KTO's reference model is the base "
         "with the adapter disabled, or with init_adapter the model it starts from (TRL's frozen copy of the "
         "adapter): never a second copy of the base. Held-out pairs (validation_share, validation_data) are "
-        "evaluated as SFT rows are.",
+        "evaluated as SFT rows are. grpo: online RL through TRL's GRPOTrainer: for each prompt of SFT-format data "
+        "the model samples num_generations answers, each scored against the row's answer by grpo_rewards.",
         choices=STAGES, widget="radio"))
     beta: float = field(default=0.1, metadata=_help(
         "Preference strength: DPO/KTO's beta (how far the model may move from the reference), ORPO's weight of "
@@ -265,7 +267,27 @@ class TrainConfig:
     init_adapter: str = field(default="", metadata=_help(
         "A run folder of an earlier memtune run (e.g. an SFT run) whose adapter is the starting point, trained "
         "further, and the reference of DPO/KTO; its LoRA rank, alpha, layers, DoRA and rsLoRA are used. Empty: a "
-        "fresh adapter.", stages=PREFERENCE_STAGES, path="run"))
+        "fresh adapter.", stages=CONTINUED_STAGES, path="run"))
+    grpo_rewards: str = field(default="exact", metadata=_help(
+        "GRPO's reward: one or several scorers (core/scoring: exact, normalized, contains, regex, numeric, "
+        "json_schema, python), each with an optional weight, e.g. \"contains\" or \"contains:1, regex:0.5\". Each "
+        "answer is scored against its row's reference answer; the reward is the weighted sum.", stages=("grpo",)))
+    grpo_reward_options: str = field(default="", metadata=_help(
+        "The reward scorers' options as a JSON object by scorer, e.g. {\"regex\": {\"pattern\": \"[a-z]+!\"}}; "
+        "empty: none. A python scorer (your own file.py:function) is refused in public mode.", stages=("grpo",)))
+    num_generations: int = field(default=4, metadata=_help(
+        "GRPO: answers sampled per prompt (the group each answer is compared with). Rows per micro-batch x "
+        "accumulation (x GPUs) must be a multiple of it.", min=2, max=64, widget="slider", step=1, stages=("grpo",)))
+    max_completion_length: int = field(default=32, metadata=_help(
+        "GRPO: longest sampled answer, in tokens. The generation's cache and the step's activations grow with it.",
+        min=1, max=8192, stages=("grpo",)))
+    temperature: float = field(default=1.0, metadata=_help(
+        "GRPO: sampling temperature of the answers; higher gives more varied groups to learn from.", min=0.05,
+        max=4.0, step=0.05, stages=("grpo",)))
+    grpo_beta: float = field(default=0.04, metadata=_help(
+        "GRPO: weight of the KL term that keeps the model near its reference (the base with the adapter disabled, or "
+        "init_adapter's frozen copy): no second copy of the base. 0: no reference pass (faster, no KL).",
+        min=0.0, max=10.0, step=0.01, stages=("grpo",)))
 
     # --- validation (core/data/validation.py: held out before the row plan, never trained on) ----------------
     validation_share: float = field(default=0.05, metadata=_help(
@@ -663,8 +685,8 @@ MOVES_BASE = ("pissa", "pissa_niter_4", "olora")  # lora_init values that change
 def stage_problems(cfg: TrainConfig) -> list[Problem]:
     """A preference stage's settings that cannot work: packing (TRL's preference trainers pad pairs), PiSSA/OLoRA
     where a reference or init_adapter needs the base as it is, an init_adapter that is not a memtune run folder with
-    an adapter, or whose base model is not `model`. (keep_best and early stopping read the eval loss TRL computes on
-    the validation pairs, as an SFT run's: core/data/pairs.py.)"""
+    an adapter, or whose base model is not `model`; GRPO's own (grpo_problems). (keep_best and early stopping read
+    the eval loss TRL computes on the validation pairs, as an SFT run's: core/data/pairs.py.)"""
     p: list[Problem] = []
     if cfg.stage == "sft":
         return p
@@ -674,6 +696,8 @@ def stage_problems(cfg: TrainConfig) -> list[Problem]:
     # longer be the model, and init_adapter's weights would sit on a moved base (ORPO from scratch has no reference)
     if cfg.lora_init in MOVES_BASE and (cfg.stage != "orpo" or cfg.init_adapter.strip()):
         p.append(Problem.of("lora_init", "problem.stage_lora_init", stage=cfg.stage, init=cfg.lora_init))
+    if cfg.stage == "grpo":
+        p.extend(grpo_problems(cfg))
     if cfg.init_adapter.strip():
         run = Path(cfg.init_adapter.strip()).expanduser()
         saved = run / "adapter" / "memtune.yaml"  # what core.runs.folders.save_adapter writes beside the adapter
@@ -687,6 +711,72 @@ def stage_problems(cfg: TrainConfig) -> list[Problem]:
             if base != cfg.model:
                 p.append(Problem.of("init_adapter", "problem.init_adapter_base", path=str(run), base=base or "-",
                                     model=cfg.model))
+    return p
+
+
+REWARD_SCORERS = HELDOUT_SCORERS[:-1]  # every scorer but off
+
+
+def reward_spec(text: str) -> list[tuple[str, float]]:
+    """grpo_rewards as [(scorer, weight)]: "contains" -> [("contains", 1.0)]; "contains:1, regex:0.5" -> two.
+    Raises ValueError naming the part that is no scorer or no weight."""
+    out: list[tuple[str, float]] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, weight = (x.strip() for x in part.partition(":"))
+        if name not in REWARD_SCORERS:
+            raise ValueError(f"{name!r} is no scorer")
+        try:
+            value = float(weight) if sep else 1.0
+        except ValueError:
+            raise ValueError(f"{weight!r} is no weight") from None
+        if not math.isfinite(value):
+            raise ValueError(f"{weight!r} is no weight")
+        if name in (n for n, _ in out):
+            raise ValueError(f"{name!r} is named twice")
+        out.append((name, value))
+    if not out:
+        raise ValueError("no scorer named")
+    return out
+
+
+def reward_options(text: str) -> dict[str, dict[str, Any]]:
+    """grpo_reward_options as {scorer: {option: value}}, or {} when empty. Raises ValueError."""
+    if not text.strip():
+        return {}
+    options = json.loads(text)
+    if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
+        raise ValueError("not a JSON object of objects, one per scorer")
+    return options
+
+
+def grpo_problems(cfg: TrainConfig) -> list[Problem]:
+    """GRPO's settings that cannot work: a group that does not divide the batch (TRL's generation batch is rows per
+    micro-batch x accumulation, cut into groups of num_generations), rewards or options that cannot be read, options
+    for a scorer not among the rewards, keep_best or early stopping (GRPO has no eval loss to read)."""
+    p: list[Problem] = []
+    batch = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    if cfg.num_generations >= 2 and batch % cfg.num_generations:
+        fit = -(-batch // cfg.num_generations) * cfg.num_generations
+        p.append(Problem.of("num_generations", "problem.grpo_group", n=cfg.num_generations, batch=batch,
+                            rows=cfg.per_device_train_batch_size, accumulation=cfg.gradient_accumulation_steps,
+                            fit=fit))
+    names: list[str] = []
+    try:
+        names = [name for name, _ in reward_spec(cfg.grpo_rewards)]
+    except ValueError as exc:
+        p.append(Problem.of("grpo_rewards", "problem.grpo_rewards", value=cfg.grpo_rewards, why=str(exc),
+                            scorers=", ".join(REWARD_SCORERS)))
+    try:
+        extra = sorted(set(reward_options(cfg.grpo_reward_options)) - set(names)) if names else []
+        if extra:
+            p.append(Problem.of("grpo_reward_options", "problem.grpo_options_unused", names=", ".join(extra),
+                                rewards=cfg.grpo_rewards))
+    except ValueError as exc:
+        p.append(Problem.of("grpo_reward_options", "problem.grpo_reward_options", value=cfg.grpo_reward_options,
+                            why=str(exc)))
+    for name, on in (("keep_best", cfg.keep_best), ("early_stopping_patience", cfg.early_stopping_patience > 0)):
+        if on:
+            p.append(Problem.of(name, "problem.grpo_no_eval"))
     return p
 
 

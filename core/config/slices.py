@@ -73,12 +73,19 @@ class DataSlice(Slice, Protocol):
 
 
 class StageSlice(Slice, Protocol):
-    """What the run optimizes: supervised or a preference objective, and the adapter it starts from."""
+    """What the run optimizes: supervised, a preference objective or GRPO's rewards and sampling, and the adapter it
+    starts from."""
 
     stage: str
     beta: float
     dpo_loss_type: str
     init_adapter: str
+    grpo_rewards: str
+    grpo_reward_options: str
+    num_generations: int
+    max_completion_length: int
+    temperature: float
+    grpo_beta: float
 
 
 class TrainerSlice(Slice, Protocol):

@@ -167,6 +167,7 @@ def estimate(cfg: _Run, shape: ModelShape | None = None, *, max_row_tokens: int 
                          liger_layers=liger_layers, attention=attention, equal_length_rows=equal_length_rows,
                          embedding_via_gpu=embedding_via_gpu)  # rows measured with a loader that went through the GPU
     stage_terms.logits_terms(t, cfg, shape)  # stages hook: ORPO's loss holds the whole logits
+    stage_terms.generation_terms(t, cfg, shape)  # stages hook: GRPO's sampling (KV cache, a decoding step's logits)
     dora_terms(t, cfg, shape)  # use_dora's magnitudes, kept outputs and norm transient (none when off)
     lay = estimate_multi.layout(cfg, lambda: max(t.nvml_training, t.nvml_setup), n_gpus, gpu_bytes)
     estimate_multi.apply(t, cfg, shape, lay)
@@ -327,6 +328,8 @@ def measured_row_tokens(cfg: _Rows) -> int | None:
     offline_if_unreachable(cfg)  # one quick check, not six "Retrying in Ns" lines before the error
     from core.data import pairs  # a preference stage's rows: each pair's longest sequence, as the stage plans them
 
+    if cfg.stage == "grpo":  # a sampled answer's length is max_completion_length's, whatever the rows' answers
+        return None
     raw, fmt = data.check_data(cfg) if cfg.stage == "sft" else pairs.check_pairs(cfg)
     try:
         tokenizer = load_tokenizer(cfg)

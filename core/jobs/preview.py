@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Protocol, TypeVar
 
-from core.config.settings import ConfigError, Problem, TrainConfig
+from core.config.settings import PREFERENCE_STAGES, ConfigError, Problem, TrainConfig
 from core.config.slices import DataSlice, LoraSlice, Loading, ModelSlice, StageSlice, TrainerSlice
 from core.messages import Said, fields_of, words_of
 
@@ -54,7 +54,7 @@ def answer(config: dict[str, Any], limit: Any = None, phase: Phase | None = None
     """The preview of `config` (a TrainConfig's dict), as the module's docstring says."""
     cfg = TrainConfig.from_dict(config)
     said = phase or (lambda words, progress: None)
-    return as_json(sft(cfg, limit, said) if cfg.stage == "sft" else pairs(cfg, limit, said))
+    return as_json(pairs(cfg, limit, said) if cfg.stage in PREFERENCE_STAGES else sft(cfg, limit, said))
 
 
 def as_json(value: Any) -> Any:

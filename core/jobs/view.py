@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 from core.messages import SaidLine, said_of, say
 
 # A preference run's `metrics` events also carry these (core/runs/events.py, core/train/rewards.py)
-REWARD_FIELDS = ("reward_accuracy", "reward_margin", "reward_chosen", "reward_rejected", "logp_chosen", "logp_rejected")
+REWARD_FIELDS = ("reward_accuracy", "reward_margin", "reward_chosen", "reward_rejected", "logp_chosen", "logp_rejected",
+                 "reward_mean", "reward_std", "completion_length", "completion_share", "kl")  # the last: GRPO's
+BY_SCORER = "reward_by_"  # + a scorer's name: its mean reward in a GRPO run (core/train/rewards.py)
 
 if TYPE_CHECKING:
     from core.jobs.manager import Job
@@ -109,7 +111,8 @@ def format_event(e: dict[str, Any]) -> str | None:
 
 def _rewards(e: dict[str, Any]) -> dict[str, float]:
     """The reward figures a `metrics` or `eval` event carries (core/train/rewards.py; none for an SFT run)."""
-    return {k: float(e[k]) for k in REWARD_FIELDS if isinstance(e.get(k), (int, float))}
+    return {k: float(v) for k, v in e.items()
+            if (k in REWARD_FIELDS or k.startswith(BY_SCORER)) and isinstance(v, (int, float))}
 
 
 class _Fold:

@@ -393,7 +393,8 @@ def preference_config(run_dir: str | Path, is_running: IsRunning | None = None,
     keep_best and early stopping (they need a validation part the new pairs may lack: the user turns them back on),
     a lora_init that moves the base (the saved adapter is already plain LoRA on the original base, and its shape
     comes from its adapter_config.json). The dataset stays: the demo's is read as its preference pairs
-    (core.data.pairs); any other must hold pairs, which the caller says.
+    (core.data.pairs); any other must hold pairs, which the caller says. With `stage` grpo the run's own rows are the
+    prompts and reference answers (core/train/grpo.py); the demo's run takes DEMO_GRPO, the settings README measured.
 
     Refused (HistoryError carrying a core.messages.Said) for a run that is running, has no saved adapter, or is
     itself a preference run. Every memtune run trains a LoRA adapter (there is no full fine-tune to refuse)."""
@@ -414,6 +415,8 @@ def preference_config(run_dir: str | Path, is_running: IsRunning | None = None,
                       run_name=fresh_run_name(cfg, folder, stage), keep_best=False, early_stopping_patience=0,
                       lora_init="default" if cfg.lora_init in MOVES_BASE else cfg.lora_init)
     new = new.replace(**stage_schedule(cfg, stage))  # the stage's own learning rate and schedule, never the parent's
+    if stage == "grpo" and not needs_pairs(cfg):  # the demo: README's measured GRPO settings
+        new = new.replace(**DEMO_GRPO)
     preset = matching(cfg)  # the run's preset (for sft) stays its preset, with that preset's levers for `stage`
     if preset:
         return apply_preset(new, preset, stage=stage)
@@ -426,14 +429,23 @@ def preference_config(run_dir: str | Path, is_running: IsRunning | None = None,
 DEMO_STAGE_LR = 1e-4
 # TRL's own defaults for each stage's config (DPOConfig, KTOConfig, ORPOConfig: learning_rate, lr_scheduler_type),
 # written here because the web server imports no torch (TRL does); tests/test_heldout_run.py checks them against TRL.
-STAGE_DEFAULTS = {"dpo": (1e-6, "linear"), "kto": (1e-6, "linear"), "orpo": (1e-6, "linear")}
+STAGE_DEFAULTS = {"dpo": (1e-6, "linear"), "kto": (1e-6, "linear"), "orpo": (1e-6, "linear"),
+                  "grpo": (1e-6, "linear")}
+# The demo's GRPO (README's CPU command, measured there): from the demo SFT adapter, the answers sampled at a
+# temperature the SFT run never answered at, rewarded for the right word (exact) and for being one lowercase word
+# (regex), 8 answers per prompt, 4 prompts per step.
+DEMO_GRPO = {"learning_rate": 1e-3, "grpo_rewards": "exact:1, regex:0.5",
+             "grpo_reward_options": '{"regex": {"pattern": "[a-z]+"}}', "temperature": 2.0, "num_generations": 8,
+             "max_completion_length": 8, "per_device_train_batch_size": 32, "gradient_accumulation_steps": 1,
+             "grpo_beta": 0.6, "warmup_steps": 0, "max_steps": 200}
 
 
 def stage_schedule(cfg: DataSlice, stage: str) -> dict[str, Any]:
     """The learning rate and schedule a run continued with `stage` starts with: the demo's measured rate (DEMO_STAGE_LR),
     else TRL's default for the stage; the schedule TRL's default. Empty where none is found (the parent's stay)."""
     default_lr, schedule = STAGE_DEFAULTS.get(stage, (None, None))
-    lr = DEMO_STAGE_LR if cfg.dataset.strip() == DEMO_DATASET else default_lr
+    demo = cfg.dataset.strip() == DEMO_DATASET
+    lr = (DEMO_GRPO["learning_rate"] if stage == "grpo" else DEMO_STAGE_LR) if demo else default_lr
     out: dict[str, Any] = {}
     if isinstance(lr, (int, float)) and lr > 0:
         out["learning_rate"] = float(lr)

@@ -16,20 +16,20 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
-from core.config.slices import ModelSlice
+from core.config.slices import ModelSlice, StageSlice
 from core.data.validation import generate_answers
 from core.gpus import distributed, vram
 from core.messages import keyed
 from core.runs.events import EventSink, make_event, one_line, prompt_gist
 from core.runs.folders import COMPLETE_MARKER
-from core.train.rewards import reward_metrics, rewards_said
+from core.train.rewards import BY_SCORER, grpo_metrics, reward_metrics, rewards_said
 
 HEARTBEAT_S = 2.0  # no phase stays silent longer than this
 
@@ -39,6 +39,11 @@ def rewards_line(rewards: dict[str, float], logs: dict[str, Any], prefix: str = 
     what KTO measures, the desirable and undesirable answers' rewards and the KL term (TRL's `kl`), a value this
     batch lacked as a dash, never nan."""
     kind = "eval_" if prefix else ""
+    if "reward_mean" in rewards:  # GRPO
+        by = ", ".join(f"{k[len(BY_SCORER):]} {v:.3f}" for k, v in rewards.items() if k.startswith(BY_SCORER))
+        kl = rewards.get("kl")
+        return keyed("log.grpo.rewards", reward=rewards["reward_mean"], scorers=by or "-",
+                     length=rewards.get("completion_length", 0.0), kl="-" if kl is None else f"{kl:.4f}")
     if "reward_accuracy" in rewards:
         return keyed(f"log.pref.{kind}rewards", **rewards_said(rewards))
     kl = logs.get(prefix + "kl")
@@ -96,9 +101,16 @@ def watch_stop(emit: EventSink, stop: threading.Event, stop_file: Path) -> threa
     return done
 
 
-def warms_up(cfg: ModelSlice, cuda: bool) -> bool:
+class _WarmedUp(ModelSlice, StageSlice, Protocol):
+    """kernel_warmup and the stage whose training step it would run."""
+
+
+def warms_up(cfg: _WarmedUp, cuda: bool) -> bool:
     """kernel_warmup: auto is on with CUDA (the first step pays seconds of one-time set-up there), off on the CPU,
-    which has no such set-up: there the pass would only cost one more micro-step."""
+    which has no such set-up: there the pass would only cost one more micro-step. Never for GRPO: its training_step
+    samples answers and counts micro-steps to know when to sample again, so a pass of it is a step of training."""
+    if cfg.stage == "grpo":
+        return False
     return cfg.kernel_warmup == "on" or (cfg.kernel_warmup == "auto" and cuda)
 
 
@@ -185,7 +197,10 @@ class EventCallback(TrainerCallback):
         self.first_loss = loss if self.first_loss is None else self.first_loss
         self.last_loss = loss
         lr, grad_norm = logs.get("learning_rate"), logs.get("grad_norm")
-        rewards = reward_metrics(logs)  # preference stages: TRL's reward accuracy, margins, log-probabilities
+        # preference stages: TRL's reward accuracy, margins, log-probabilities; GRPO: its rewards, lengths, KL
+        rewards = grpo_metrics(logs) or reward_metrics(logs)
+        if "completion_length" in rewards and getattr(args, "max_completion_length", None):
+            rewards["completion_share"] = round(rewards["completion_length"] / args.max_completion_length, 6)
         self.sink(make_event("metrics", step=state.global_step, total_steps=state.max_steps,
                              epoch=round(state.epoch or 0.0, 4), loss=loss, learning_rate=lr,
                              grad_norm=float(grad_norm) if grad_norm is not None else None, **rewards))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from core.checks import check_planned
-from core.config.settings import DEMO_DATASET, ConfigError, Problem, heldout_options
+from core.config.settings import DEMO_DATASET, PREFERENCE_STAGES, ConfigError, Problem, heldout_options
 from core.config.slices import DataSlice, Loading, ModelSlice, StageSlice, TrainerSlice, Training
 from core.data import validation
 from core.data.pairs import PairPlan, check_pairs, plan_pairs, split_pairs
@@ -53,7 +53,9 @@ def read_plan(cfg: _Read, emit: EventSink) -> tuple[DataPlan | PairPlan, Any, st
     The validation rows are held out before the plan (they never reach plan.train_dataset()) and planned alike, as
     the plan's validation part. The caller refuses a plan with nothing to train (`checked`) before loading the
     model, keeping the plan for the failed run's summary."""
-    pairs = cfg.stage != "sft"  # stages hook: preference rows (core/data/pairs.py), split for validation alike
+    # stages hook: preference rows (core/data/pairs.py), split for validation alike; GRPO's prompts and reference
+    # answers are SFT rows (core/train/grpo.py)
+    pairs = cfg.stage in PREFERENCE_STAGES
     with phase(emit, "tokenizing", "log.phase.reading", source=f"{cfg.dataset} [{cfg.dataset_split}]"):
         raw, fmt = check_pairs(cfg) if pairs else check_data(cfg)
         held = split_pairs(cfg, raw, fmt) if pairs else validation.split(cfg, raw, fmt)

@@ -1,6 +1,7 @@
 """A preference run's learning signal, read from what TRL's trainers log: reward accuracy and margins, the chosen
 and rejected answers' log-probabilities (DPOTrainer, ORPOTrainer, KTOTrainer name them alike: rewards/accuracies,
-rewards/margins, logps/chosen, logps/rejected; KTO logs no accuracy). Light (no library imports): the event callback
+rewards/margins, logps/chosen, logps/rejected; KTO logs no accuracy), and GRPO's: the mean reward, each scorer's
+(rewards/<scorer>/mean), the sampled answers' mean length and the KL to the reference. Light (no library imports): the event callback
 (core/train/callbacks.py) and the recipe's summary (core/train/stages.py) both read it.
 """
 
@@ -13,6 +14,40 @@ from typing import Any
 NAMES = {"rewards/accuracies": "reward_accuracy", "rewards/margins": "reward_margin",
          "rewards/chosen": "reward_chosen", "rewards/rejected": "reward_rejected",
          "logps/chosen": "logp_chosen", "logps/rejected": "logp_rejected"}
+# GRPOTrainer's (reward: the weighted sum over the scorers, averaged over the sampled answers)
+GRPO_NAMES = {"reward": "reward_mean", "reward_std": "reward_std", "completions/mean_length": "completion_length",
+              "kl": "kl"}
+BY_SCORER = "reward_by_"  # + the scorer's name: its mean reward (TRL's rewards/<name>/mean)
+
+
+def grpo_metrics(logs: dict[str, Any]) -> dict[str, float]:
+    """GRPO's figures in one of the Trainer's training logs: GRPO_NAMES' and each scorer's mean reward ({} for other
+    stages: only GRPOTrainer logs `reward`)."""
+    if not isinstance(logs.get("reward"), (int, float)):
+        return {}
+    out = {name: round(float(logs[trl]), 6) for trl, name in GRPO_NAMES.items()
+           if isinstance(logs.get(trl), (int, float)) and math.isfinite(logs[trl])}
+    for key, value in logs.items():
+        scorer = key[len("rewards/"):-len("/mean")] if key.startswith("rewards/") and key.endswith("/mean") else ""
+        if scorer and isinstance(value, (int, float)) and math.isfinite(value):
+            out[BY_SCORER + scorer] = round(float(value), 6)
+    return out
+
+
+def grpo_summary(log_history: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """summary.json["grpo"]: each logged step's figures, the first, final and best mean reward (and its step), the
+    final completion length and KL; None when nothing was logged."""
+    steps = [{"step": int(h.get("step", 0)), **grpo_metrics(h)} for h in log_history if "loss" in h]
+    steps = [s for s in steps if "reward_mean" in s]
+    if not steps:
+        return None
+    best = max(steps, key=lambda s: (s["reward_mean"], -s["step"]))
+    first, last = steps[0], steps[-1]
+    return {"first_reward": first["reward_mean"], "final_reward": last["reward_mean"],
+            "best_reward": best["reward_mean"], "best_reward_step": best["step"],
+            "first_rewards_by_scorer": {k[len(BY_SCORER):]: v for k, v in first.items() if k.startswith(BY_SCORER)},
+            "final_rewards_by_scorer": {k[len(BY_SCORER):]: v for k, v in last.items() if k.startswith(BY_SCORER)},
+            "final_completion_length": last.get("completion_length"), "final_kl": last.get("kl"), "steps": steps}
 
 
 def reward_metrics(logs: dict[str, Any], prefix: str = "") -> dict[str, float]:

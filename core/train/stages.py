@@ -1,4 +1,5 @@
-"""Preference stages (TrainConfig.stage: dpo, orpo, kto) through TRL's own trainers and configs.
+"""Preference stages (TrainConfig.stage: dpo, orpo, kto) through TRL's own trainers and configs; GRPO's trainer is
+core/train/grpo.py's, its start and summary go through the same hooks here.
 
 The recipe (core/train/recipe.py) stays one sequence (data plan -> model with LoRA -> trainer -> adapter); for a
 preference stage it reads and plans the preference rows (core/data/pairs.py) instead of SFT rows, reported alike,
@@ -31,8 +32,9 @@ from core.messages import keyed
 from core.model import load as model_lib
 from core.model.resolve import adapter_dir
 from core.runs.events import EventSink, make_event
+from core.train import grpo
 from core.train.host import counted_once
-from core.train.rewards import eval_rewards, reward_summary
+from core.train.rewards import eval_rewards, grpo_summary, reward_summary
 
 
 class _Started(LoraSlice, StageSlice, Protocol):
@@ -100,7 +102,8 @@ def start_from(model, cfg: _Started, emit: EventSink) -> None:
         emit(make_event("log", level="info", **keyed("log.pref.init_adapter", path=str(folder), r=cfg.lora_r,
                                                      alpha=cfg.lora_alpha,
                                                      modules=", ".join(cfg.lora_target_modules))))
-    said = (keyed("log.pref.no_reference", stage=cfg.stage) if cfg.stage == "orpo" else
+    said = (grpo.reference_said(cfg, folder) if cfg.stage == "grpo" else
+            keyed("log.pref.no_reference", stage=cfg.stage) if cfg.stage == "orpo" else
             keyed("log.pref.reference_adapter", stage=cfg.stage, path=str(folder)) if folder is not None else
             keyed("log.pref.reference", stage=cfg.stage))
     emit(make_event("log", level="info", **said))
@@ -155,6 +158,9 @@ def summary_part(cfg: StageSlice, trainer) -> dict[str, Any]:
     """summary.json's "stage" and "preference" (the reward metrics TRL logged) of a preference run; {} for sft."""
     if cfg.stage == "sft":
         return {}
+    if cfg.stage == "grpo":  # its rewards, completion lengths and KL, as TRL logged them
+        return {"stage": "grpo", "init_adapter": cfg.init_adapter or None, "reference": grpo.reference(cfg),
+                "grpo": grpo_summary(trainer.state.log_history)}
     preference = reward_summary(trainer.state.log_history)
     evals = eval_rewards(trainer.state.log_history)
     if evals:  # the validation pairs' (summary.json["eval"] holds their eval losses, as an SFT run's)

@@ -26,7 +26,7 @@ from core.levers.experts import liger_config, summary as experts_summary
 from core.model import compile as regional
 from core.model import load as model_lib
 from core.model.resolve import ResolvedRun
-from core.train import stages
+from core.train import grpo, stages
 from core.train.callbacks import BarOnly, EventCallback
 from core.train.host import counted_once
 
@@ -50,7 +50,9 @@ def build_sft_config(cfg: _Configured, output_dir: str | Path, console: bool = F
 
 def build_trainer(cfg: _Built, model, tokenizer, train_dataset, output_dir: Path, callbacks=(),
                   console: bool = False, eval_dataset=None, cuda: bool | None = None) -> SFTTrainer:
-    if cfg.stage != "sft":  # stages hook: TRL's DPO/ORPO/KTO trainer
+    if cfg.stage == "grpo":  # stages hook: TRL's GRPOTrainer on the plan's prompts, the scorers as rewards
+        trainer = grpo.trainer_for(cfg, model, tokenizer, train_dataset, output_dir, callbacks, console, cuda)
+    elif cfg.stage != "sft":  # stages hook: TRL's DPO/ORPO/KTO trainer
         trainer = stages.trainer_for(cfg, model, tokenizer, train_dataset, output_dir, callbacks, console,
                                      eval_dataset, cuda)
     else:
