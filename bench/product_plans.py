@@ -409,6 +409,25 @@ def preference(name: str) -> list[Variant]:
     return rows
 
 
+def grpo(name: str) -> list[Variant]:
+    """GRPO (stage=grpo, TRL's GRPOTrainer) on the Llama-3.1-8B shape with `lowest_memory`, 4 answers of up to 256
+    tokens per prompt (issue 61: the estimate within 10% of NVML, tokens/s and the sampling's share of the step),
+    beside the SFT row of the same preset in the same call. Rewards on random weights are 0: the row measures memory
+    and time, not learning. grpo1smoke: the same rows on the CPU with the tiny model."""
+    smoke = name.endswith("smoke")
+    sets = ["stage=grpo", "packing=false", "validation_share=0", "logging_steps=1", "num_generations=4",
+            "max_completion_length=256", "grpo_rewards=exact"]
+    rows = [Variant("sft-lowest_memory", "lowest_memory", [*OFF, "logging_steps=1"], steps=8, warm=3, timeout_s=100,
+                    note="SFT, the same preset"),
+            Variant("grpo-lowest_memory", "lowest_memory", sets, steps=4, warm=1, timeout_s=300,
+                    note="GRPO, 4 answers x 256 tokens per prompt, sampled with transformers' generate")]
+    if smoke:
+        for v in rows:
+            v.steps, v.warm, v.max_length, v.timeout_s = 2, 1, 128, 600
+            v.sets = [s.replace("max_completion_length=256", "max_completion_length=8") for s in v.sets]
+    return rows
+
+
 def speed22(name: str) -> list[Variant]:
     """Issue 42 after run 21's profile of `fastest` (4,779 launches per step, the GPU idle half the step): two levers
     that remove launches at a known memory cost, each alone and together, beside the preset as it is. (1) 4-bit
@@ -619,6 +638,8 @@ def plan(name: str) -> list[Variant]:
         return speed23(name)
     if name.startswith("speed22"):
         return speed22(name)
+    if name in ("grpo1", "grpo1smoke"):
+        return grpo(name)
     if name in ("dpo1", "dpo1smoke"):
         return preference(name)
     if name in ("compile2", "compile2smoke"):
