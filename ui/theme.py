@@ -21,7 +21,7 @@ TABS_KW = {"overflow_behavior": "wrap"} if "overflow_behavior" in inspect.signat
 # through `changeLocale`, what its own settings panel calls; the module is found by the name it was loaded under
 # (hashed per release). Without it (another Gradio), only the page's lang attribute follows. memtune's pt is
 # Brazilian Portuguese, Gradio's "pt" European.
-GRADIO_LOCALES = {"en": "en", "pt": "pt-BR", "fr": "fr"}
+GRADIO_LOCALES = {"en": "en", "pt": "pt-BR", "fr": "fr", "es": "es", "de": "de", "zh": "zh-CN", "ja": "ja", "ko": "ko"}
 GRADIO_LOCALE_JS = """async (lang) => {
   const code = %s[lang] || "en";
   const core = performance.getEntriesByType("resource").map(e => e.name)
