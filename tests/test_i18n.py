@@ -28,14 +28,15 @@ def placeholders(text: str) -> set[str]:
 KEPT_TERMS = {
     "QLoRA", "LoRA", "DoRA", "GGUF", "Q4_K_M", "GPU", "RAM", "GiB", "MiB", "KiB", "Top-p", "tokens/s", "tokens", "lr",
     "batch", "packing", "Prompt", "Dataset", "Split", "Log", "tensor", "checklist", "precision", "fp16",
-    "Gradient", "gradient", "checkpointing", "accumulation", "Weight", "decay",
+    "Gradient", "gradient", "checkpointing", "accumulation", "Weight", "decay", "Adapter", "Seed", "Loss", "Tracking",
+    "true", "false", "true/false",
 }
 # Words each language writes as English does (not English left behind): French "Message", Portuguese "use"...
 COGNATES = {
     "pt": {"Base", "Use", "use"},
     "fr": {"Base", "Parent", "Machines", "Date", "Message", "validation"},
-    "es": {"Base"},
-    "de": {"Base", "Log", "Dataset", "Prompt", "Split", "Parent"},
+    "es": {"Base", "ERROR", "Error"},
+    "de": {"Log", "Split", "Training", "Format", "Name", "Status"},
 }
 EXPECTED = {"en", "pt", "fr", "es", "de"}  # the tables this repository ships itself (zh, ja, ko: when present)
 
@@ -187,3 +188,19 @@ def test_request_language_reads_the_header():
 
     assert request_language(Request()) == "fr"
     assert request_language(None) == "en"
+
+
+@pytest.mark.parametrize("lang_env, words", [("de_DE.UTF-8", "m wird geladen"), ("C.UTF-8", "Loading m")])
+def test_the_command_line_speaks_its_terminals_language(lang_env, words, monkeypatch, capsys):
+    from core.config.settings import demo_config
+    from core.messages import keyed
+    from core.train.cli import console_sink, loss_line
+
+    for name in ("LC_ALL", "LC_MESSAGES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LANG", lang_env)
+    console_sink({"kind": "log", "level": "info", **keyed("log.phase.loading", model="m")})
+    assert capsys.readouterr().err == f"[memtune] {words}\n"
+    lang = environment_language({"LANG": lang_env})
+    line = loss_line({"first_loss": 2.5, "final_loss": 1.25}, demo_config(), lang)
+    assert line == ("erster Loss 2,5000, letzter Loss 1,2500" if lang == "de" else "first loss 2.5000, last loss 1.2500")
