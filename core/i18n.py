@@ -27,8 +27,8 @@ from typing import Any, Mapping
 from core.messages import say
 
 # code -> name shown in the picker, in its own language; the picker's order
-KNOWN = {"en": "English", "pt": "Português", "fr": "Français", "es": "Español", "de": "Deutsch", "zh": "简体中文",
-         "ja": "日本語", "ko": "한국어"}
+KNOWN = {"en": "English", "pt": "Português", "fr": "Français", "es": "Español", "de": "Deutsch",
+         "zh": "简体中文", "ja": "日本語", "ko": "한국어"}
 DEFAULT_LANGUAGE = "en"
 LOCALES = Path(__file__).resolve().parent / "locales"
 LANGUAGES = {code: name for code, name in KNOWN.items() if (LOCALES / f"{code}.json").is_file()}
@@ -179,6 +179,15 @@ def percent(x: float, lang: str | None = DEFAULT_LANGUAGE) -> str:
     return f"{100 * x:.0f}" + (" %" if normalize(lang) in SPACED_PERCENT else "%")
 
 
+# the colon between a heading and its text: French sets it off with spaces, Chinese and Japanese write it full-width
+COLONS = {"fr": " : ", "zh": "：", "ja": "："}
+
+
+def colon(lang: str | None = DEFAULT_LANGUAGE) -> str:
+    """': ' as the language writes it between a name and what follows (a log line's phase and its message)."""
+    return COLONS.get(normalize(lang), ": ")
+
+
 def byte_units(lang: str | None = DEFAULT_LANGUAGE) -> tuple[str, ...]:
     """B, KiB, MiB, GiB, TiB as the language writes them."""
     return BYTE_UNITS.get(normalize(lang), IEC_UNITS)
@@ -189,6 +198,22 @@ def said(key: str, params: dict[str, Any] | None, lang: str | None) -> str:
     the language writes them (`formatted`)."""
     return say(key, params, normalize(lang), lookup=lambda k, lg: STRINGS[lg].get(k),
                number=lambda value, lg, spec: formatted(value, spec.replace(",", ""), lg))
+
+
+def record_words(record: dict[str, Any] | None, english: str, lang: str | None) -> str:
+    """A failed run's message (its error event's or summary.json's `key`/`params`/`problems`, core.messages.fields_of)
+    in `lang`; `english` (the message as the engine wrote it) for English or a record without them."""
+    record = record or {}
+    if normalize(lang) == DEFAULT_LANGUAGE or not (record.get("key") or record.get("problems")):
+        return english
+    if record.get("key"):
+        return said(record["key"], record.get("params"), lang)
+    problems = record["problems"]
+    lines = [t("problem.count", lang, n=integer(len(problems), lang))]
+    for p in problems:
+        lines.append(f'  - {p.get("field", "")}: {said(p["key"], p.get("params"), lang)} -> '
+                     f'{said(p["key"] + ".fix", p.get("params"), lang)}')
+    return "\n".join(lines)
 
 
 def words(event: dict[str, Any], lang: str | None) -> str:

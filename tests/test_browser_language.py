@@ -158,7 +158,7 @@ def test_every_language_fits_the_page_and_leaves_no_english(lang, width, browser
         text += shown
         assert t("tab.checklist", lang) in text and t("checklist.qlora.label", lang) in text  # the tabs were read
         pieces = english_left(lang)
-        assert EN["checklist.title"] in pieces and EN["run.log_empty"].rstrip(".") in pieces  # what an English page shows
+        assert EN["checklist.title"] in pieces and EN["run.log_empty"].rstrip(".") in pieces  # an English page's
         left = [piece for piece in pieces if piece in text]
         assert left == [], (lang, width, left)
     finally:

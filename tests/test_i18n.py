@@ -204,4 +204,27 @@ def test_the_command_line_speaks_its_terminals_language(lang_env, words, monkeyp
     assert capsys.readouterr().err == f"[memtune] {words}\n"
     lang = environment_language({"LANG": lang_env})
     line = loss_line({"first_loss": 2.5, "final_loss": 1.25}, demo_config(), lang)
-    assert line == ("erster Loss 2,5000, letzter Loss 1,2500" if lang == "de" else "first loss 2.5000, last loss 1.2500")
+    english = "first loss 2.5000, last loss 1.2500"
+    assert line == ("erster Loss 2,5000, letzter Loss 1,2500" if lang == "de" else english)
+
+
+@pytest.mark.parametrize("lang, sep", [("en", ": "), ("fr", " : "), ("de", ": "), ("zh", "："), ("ja", "："),
+                                       ("ko", ": ")])
+def test_a_heading_and_its_text_are_joined_as_the_language_writes_it(lang, sep, monkeypatch):
+    import core.i18n as i18n
+    from core.i18n import colon
+
+    monkeypatch.setitem(i18n.STRINGS, lang, i18n.STRINGS.get(lang, {}))
+    assert colon(lang) == sep
+
+
+def test_a_failed_run_is_said_in_the_terminals_language(monkeypatch, capsys):
+    """A configuration the run refuses (output_dir in a system folder): the failure, its kind and each problem in
+    German, by the keys the run's error event carries."""
+    from core.train.cli import main
+
+    monkeypatch.setenv("LANG", "de_DE.UTF-8")
+    assert main(["--demo", "--set", "output_dir=/dev/null/x"]) == 1
+    err = capsys.readouterr().err
+    assert "Training fehlgeschlagen (Konfiguration): 1 Problem(e) in der Konfiguration" in err
+    assert t("output.system", "de", path="/dev/null/x", folder="/dev") in err and "system folder" not in err

@@ -20,7 +20,7 @@ from core.config.settings import ConfigError, Problem, TrainConfig
 from core.config.slices import DataSlice, LoraSlice, ModelSlice, TrainerSlice
 from core.estimate.advice import oom_advice
 from core.estimate.predict import FIT_MARGIN
-from core.i18n import byte_units, decimal, formatted, normalize, t
+from core.i18n import byte_units, colon, decimal, formatted, normalize, record_words, t
 from core.i18n import said as say_in
 from core.i18n import integer as grouped, percent as whole_percent
 from core.jobs.view import JobView
@@ -366,7 +366,7 @@ def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None
 
 
 def _colon(lang: str) -> str:
-    return " : " if normalize(lang) == "fr" else ": "  # French typography, as fr.json's own lines
+    return colon(lang)  # French typography, as fr.json's own lines; the full-width colon in zh and ja
 
 
 def log_text(text: str, lang: str = "en") -> str:
@@ -444,19 +444,12 @@ def _advice_of(config_yaml: str, stamp: int) -> str | None:
 
 def said_text(record: dict[str, Any] | None, english: str, lang: str) -> str:
     """A failed run's message (its error event's or summary.json's `key`/`params`/`problems`, core.messages.said_of)
-    in the page's language; a record without them (an older run, an unexpected error) as its English through the log
-    rules."""
+    in the page's language (core.i18n.record_words); a record without them (an older run, an unexpected error) as its
+    English through the log rules."""
     record = record or {}
     if normalize(lang) == "en" or not (record.get("key") or record.get("problems")):
         return log_text(english, lang)
-    if record.get("key"):
-        return said(record["key"], record.get("params"), lang)
-    problems = record["problems"]
-    lines = [t("problem.count", lang, n=integer(len(problems), lang))]
-    for p in problems:
-        lines.append(f'  - {p.get("field", "")}: {said(p["key"], p.get("params"), lang)} -> '
-                     f'{said(p["key"] + ".fix", p.get("params"), lang)}')
-    return "\n".join(lines)
+    return record_words(record, english, lang)
 
 
 def log_html(lines: list[str], lang: str = "en") -> str:

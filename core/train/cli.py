@@ -20,7 +20,7 @@ from typing import Any
 from core.config.settings import ConfigError, Hardware, TrainConfig, demo_config, parse_overrides
 from core.config.slices import TrainerSlice
 from core.config.presets import PRESETS
-from core.i18n import environment_language, formatted, t, words
+from core.i18n import environment_language, formatted, record_words, t, words
 from core.jobs.supervise import Threads, stop_on_signals, stop_when_orphaned, torch_threads
 
 
@@ -38,6 +38,16 @@ def console_sink(event: dict[str, Any]) -> None:
     kind = event["kind"]
     if (kind == "phase" and event.get("phase") != "training") or kind == "log":
         print(f"[memtune] {words(event, console_language())}", file=sys.stderr, flush=True)
+
+
+def console_keeping(errors: list[dict[str, Any]]):
+    """console_sink, keeping the run's error events: their key and values say the failure in the terminal's language."""
+    def sink(event: dict[str, Any]) -> None:
+        if event["kind"] == "error":
+            errors.append(event)
+        console_sink(event)
+
+    return sink
 
 
 def said(text: Any, lang: str) -> str:
@@ -129,21 +139,25 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
     stop = threading.Event()
     stop_on_signals(stop, args.run_dir)
     stop_when_orphaned(stop)
+    errors: list[dict[str, Any]] = []
     try:
         # A progress bar only on a terminal: in a log file (the app's RUN/train.log, a pipe) it is kilobytes of \r.
-        result = run_training(cfg, console_sink, stop=stop, callbacks=callbacks, console=sys.stderr.isatty(),
+        result = run_training(cfg, console_keeping(errors), stop=stop, callbacks=callbacks, console=sys.stderr.isatty(),
                               run_dir=args.run_dir)
     except OSError as exc:  # e.g. an output folder that cannot be created: the user's to fix, not a bug report
         what = f"{exc.strerror}: {exc.filename}" if exc.filename and exc.strerror else str(exc)
-        print(f"memtune: cannot write the run folder ({what}); choose an output_dir you can write to",
-              file=sys.stderr)
+        print(f"memtune: {t('cli.unwritable', lang, what=what)}", file=sys.stderr)
         return 1
     if result.status == "failed":
-        where = f" (details in {Path(result.run_dir) / 'events.jsonl'})" if result.run_dir else ""
-        kind = f" ({result.error_type})" if result.error_type else ""
-        message = said(oom_advice(cfg) if result.error_type == "oom" else result.message, lang)  # what would help
-        print(f"memtune: training failed{kind}: {message}{where if result.error_type == 'other' else ''}",
-              file=sys.stderr)
+        # what would help, at cfg; else the failure in the terminal's language, by the key its record carries
+        message = (said(oom_advice(cfg), lang) if result.error_type == "oom"
+                   else record_words(result.summary or (errors[-1] if errors else {}), str(result.message), lang))
+        if result.error_type == "other" and result.run_dir:
+            message += " " + t("cli.details", lang, path=Path(result.run_dir) / "events.jsonl")
+        kind = t(f"log.error_type.{result.error_type}", lang) if result.error_type else ""
+        failed = (t("cli.failed_kind", lang, kind=kind, message=message) if kind
+                  else t("cli.failed", lang, message=message))
+        print(f"memtune: {failed}", file=sys.stderr)
         return 1
     s = result.summary
     tokens = s.get("train_tokens")
