@@ -21,6 +21,11 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HOME"] = str(_HOME / "hf")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+# The command line speaks the terminal's language (LC_ALL > LC_MESSAGES > LANG): the suite's checks of its words are
+# English's whatever the developer's terminal says; a test of another language sets the variables itself.
+for _name in ("LC_ALL", "LC_MESSAGES"):
+    os.environ.pop(_name, None)
+os.environ["LANG"] = "C.UTF-8"
 
 # The browser tests' app server and chromium: one per process for every browser module. Its fixtures (server, browser,
 # page) reach every module as a pytest plugin, after the environment above is set (imported by pytest, not here first,

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 from core.config import presets
 from core.config.settings import Hardware, TrainConfig, demo_config
 from core.config.slices import DataSlice, ModelSlice, PlaceSlice, TrainerSlice, Training
-from core.i18n import DEFAULT_LANGUAGE, EN, t
+from core.i18n import DEFAULT_LANGUAGE, EN, formatted, t
 from ui.speed import preset_line
 
 CUSTOM = "custom"  # the preset radio's value when the settings match no preset
@@ -97,9 +97,7 @@ def budget_problem(budget: float | None, lang: str = DEFAULT_LANGUAGE) -> str | 
         return t("fit.no_budget", lang)
     lo, hi = BUDGET_GIB
     if not math.isfinite(budget) or not lo <= budget <= hi:
-        shown = f"{budget:g}"
-        return t("fit.budget_range", lang, gib=shown.replace(".", ",") if lang in ("pt", "fr") else shown, min=lo,
-                 max=hi)
+        return t("fit.budget_range", lang, gib=formatted(budget, "g", lang), min=lo, max=hi)
     return None
 
 

@@ -71,7 +71,7 @@ class Translations:
 
 # --- the page -------------------------------------------------------------------------------------------------------
 def browser_language(request: gr.Request):
-    """On page load: the language picker follows the browser's Accept-Language (en, pt or fr)."""
+    """On page load: the language picker follows the browser's Accept-Language (core.i18n.LANGUAGES)."""
     return gr.update(value=request_language(request))
 
 

@@ -20,9 +20,11 @@ from core.config.settings import ConfigError, Problem, TrainConfig
 from core.config.slices import DataSlice, LoraSlice, ModelSlice, TrainerSlice
 from core.estimate.advice import oom_advice
 from core.estimate.predict import FIT_MARGIN
-from core.i18n import STRINGS, normalize, t
+from core.i18n import byte_units, colon, decimal, formatted, normalize, record_words, t
+from core.i18n import said as say_in
+from core.i18n import integer as grouped, percent as whole_percent
 from core.jobs.view import JobView
-from core.messages import SaidLine, fields_of, say
+from core.messages import SaidLine, fields_of
 
 NO_GPU_KEYS = ("gpu.none", "gpu.none_why")  # core.gpus.vram's "no NVIDIA GPU found": the gauge's own title says it
 
@@ -30,9 +32,8 @@ E = html.escape
 
 
 def num(x: float, digits: int = 1, lang: str = "en") -> str:
-    """A decimal number as the language writes it: 5.4 (en), 5,4 (pt, fr)."""
-    text = f"{x:.{digits}f}"
-    return text.replace(".", ",") if normalize(lang) in ("pt", "fr") else text
+    """A decimal number as the language writes it: 5.4 (en), 5,4 (pt, fr, es, de): core.i18n.decimal."""
+    return decimal(x, digits, lang)
 
 
 def _duration(s: float | None) -> str:
@@ -45,23 +46,16 @@ def _duration(s: float | None) -> str:
 
 
 def integer(n: int | float | None, lang: str = "en") -> str:
-    """A count as the language groups digits: 1,698 (en), 1.698 (pt), 1 698 (fr, narrow no-break space)."""
-    if n is None:
-        return "-"
-    text = f"{round(n):,}"
-    return text.replace(",", {"pt": ".", "fr": "\u202f"}.get(normalize(lang), ","))
+    """A count as the language groups digits (core.i18n.integer): 1,698 (en), 1.698 (pt), 1 698 (fr)."""
+    return "-" if n is None else grouped(n, lang)
 
 
-# One unit system for sizes: binary (KiB, MiB, GiB), as the GPU memory figures everywhere on the page; French
-# writes the octet (Kio, Mio, Gio). A tiny model's size reads 352 KiB, never 0.000352 GiB.
-BYTE_UNITS = {"fr": ("o", "Kio", "Mio", "Gio", "Tio")}
-IEC_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-
-
+# One unit system for sizes: binary (KiB, MiB, GiB), as the GPU memory figures everywhere on the page, each
+# language's spelling (core.i18n.byte_units). A tiny model's size reads 352 KiB, never 0.000352 GiB.
 def size(n: int | float | None, lang: str = "en") -> str:
     if n is None:
         return "-"
-    units = BYTE_UNITS.get(normalize(lang), IEC_UNITS)
+    units = byte_units(lang)
     value, i = float(n), 0
     while value >= 1024 and i < len(units) - 1:
         value /= 1024
@@ -273,8 +267,8 @@ def peaks_html(summary: dict[str, Any], predicted: dict[str, float] | None, lang
 
 
 def percent(x: float, lang: str = "en") -> str:
-    """A fraction as a whole percentage: 57% (en, pt), 57 % (fr)."""
-    return f"{100 * x:.0f}" + (" %" if normalize(lang) == "fr" else "%")
+    """A fraction as a whole percentage (core.i18n.percent): 57% (en, pt), 57 % (fr)."""
+    return whole_percent(x, lang)
 
 
 def reward_rows(rewards: list[tuple[int, dict[str, float]]], lang: str = "en",
@@ -396,11 +390,7 @@ def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None
 
 
 def _colon(lang: str) -> str:
-    return " : " if normalize(lang) == "fr" else ": "  # French typography, as fr.json's own lines
-
-
-def _dec(text: str, lang: str) -> str:
-    return text.replace(".", ",") if normalize(lang) in ("pt", "fr") else text
+    return colon(lang)  # French typography, as fr.json's own lines; the full-width colon in zh and ja
 
 
 def log_text(text: str, lang: str = "en") -> str:
@@ -440,21 +430,10 @@ def log_line(line: str, lang: str = "en") -> str:
     return line
 
 
-def _number(value: int | float, lang: str, spec: str = "") -> str:
-    """A number parameter of an engine message as the language writes it (ints grouped, decimal comma), to the
-    locale text's format spec ("{loss:.4f}")."""
-    if isinstance(value, int) and not spec.endswith(("f", "e", "g", "%")):
-        return integer(value, lang)
-    try:
-        return _dec(format(value, spec.replace(",", "")) if spec else str(value), lang)
-    except ValueError:
-        return _dec(str(value), lang)
-
-
 def said(key: str, params: dict[str, Any] | None, lang: str) -> str:
     """An engine message by its locale key (core.messages.say) in the page's language: the user's values as they
-    are, numbers as the language writes them (a byte unit is a nested message: unit.gib)."""
-    return say(key, params, lang, lookup=lambda k, lg: STRINGS[normalize(lg)].get(k), number=_number)
+    are, numbers as the language writes them (a byte unit is a nested message: unit.gib): core.i18n.said."""
+    return say_in(key, params, lang)
 
 
 def error_text(exc: BaseException, lang: str) -> str:
@@ -489,19 +468,12 @@ def _advice_of(config_yaml: str, stamp: int) -> str | None:
 
 def said_text(record: dict[str, Any] | None, english: str, lang: str) -> str:
     """A failed run's message (its error event's or summary.json's `key`/`params`/`problems`, core.messages.said_of)
-    in the page's language; a record without them (an older run, an unexpected error) as its English through the log
-    rules."""
+    in the page's language (core.i18n.record_words); a record without them (an older run, an unexpected error) as its
+    English through the log rules."""
     record = record or {}
     if normalize(lang) == "en" or not (record.get("key") or record.get("problems")):
         return log_text(english, lang)
-    if record.get("key"):
-        return said(record["key"], record.get("params"), lang)
-    problems = record["problems"]
-    lines = [t("problem.count", lang, n=integer(len(problems), lang))]
-    for p in problems:
-        lines.append(f'  - {p.get("field", "")}: {said(p["key"], p.get("params"), lang)} -> '
-                     f'{said(p["key"] + ".fix", p.get("params"), lang)}')
-    return "\n".join(lines)
+    return record_words(record, english, lang)
 
 
 def log_html(lines: list[str], lang: str = "en") -> str:
@@ -539,7 +511,7 @@ def summary_html(cfg: _Summary | None, problems: list[Problem], checklist_on: di
                             lang)),
         ("schedule", t("summary.steps", lang, n=cfg.max_steps) if cfg.max_steps > 0
          else t("summary.epochs", lang, n=f"{cfg.num_train_epochs:g}")),
-        ("lr", t("summary.lr", lang, lr=_dec(f"{cfg.learning_rate:g}", lang))),
+        ("lr", t("summary.lr", lang, lr=formatted(cfg.learning_rate, "g", lang))),
     ]
     if cfg.packing:
         chips.append(("packing", t("summary.packing", lang)))

@@ -21,7 +21,7 @@ TABS_KW = {"overflow_behavior": "wrap"} if "overflow_behavior" in inspect.signat
 # through `changeLocale`, what its own settings panel calls; the module is found by the name it was loaded under
 # (hashed per release). Without it (another Gradio), only the page's lang attribute follows. memtune's pt is
 # Brazilian Portuguese, Gradio's "pt" European.
-GRADIO_LOCALES = {"en": "en", "pt": "pt-BR", "fr": "fr"}
+GRADIO_LOCALES = {"en": "en", "pt": "pt-BR", "fr": "fr", "es": "es", "de": "de", "zh": "zh-CN", "ja": "ja", "ko": "ko"}
 GRADIO_LOCALE_JS = """async (lang) => {
   const code = %s[lang] || "en";
   const core = performance.getEntriesByType("resource").map(e => e.name)
@@ -221,4 +221,12 @@ CSS = """
 .mt-bottom-row > button { align-self: flex-end; max-height: 42px; margin-bottom: 2px; }
 .mt-small, .mt-small p, .mt-small li { font-size: 0.8rem !important; color: var(--body-text-color-subdued); }
 footer { display: none !important; }
+
+/* Long words (German compounds) and a phone's width: a label breaks inside a word rather than being clipped by its
+   field's box, and below 640 px each settings field takes the whole row (three checkboxes side by side left each
+   ~100 px at 390 px, their help cut off). */
+[data-testid=block-info], .info-text { overflow-wrap: anywhere; }
+@media (max-width: 640px) {
+  #settings-tabs .form > .block, #settings-tabs .row > .block { min-width: 100% !important; }
+}
 """

@@ -379,12 +379,11 @@ class PresetFit(Generic[R]):
         (the CLI's words); the page passes its widgets' labels, which core/ does not know."""
         if not self.key:
             return ""
-        from core.i18n import normalize, t
+        from core.i18n import decimal, t
 
         label = t(f"preset.{self.preset}.label", lang)
-        comma = normalize(lang) in ("pt", "fr")  # 23,0 GiB, as the rest of the page writes decimals there
-        values = {k: (f"{v:.1f}".replace(".", ",") if comma else f"{v:.1f}") if isinstance(v, float) else v
-                  for k, v in self.values.items()}
+        # 23,0 GiB where the language writes a decimal comma, as the rest of the page does
+        values = {k: decimal(v, 1, lang) if isinstance(v, float) else v for k, v in self.values.items()}
         if self.changes:
             word = word or (lambda name, value: f"{name}={str(value).lower() if isinstance(value, bool) else value}")
             values["changes"] = ", ".join(word(name, value) for name, value in self.changes.items())

@@ -20,17 +20,39 @@ from typing import Any
 from core.config.settings import ConfigError, Hardware, TrainConfig, demo_config, parse_overrides
 from core.config.slices import TrainerSlice
 from core.config.presets import PRESETS
+from core.i18n import environment_language, formatted, record_words, t, words
 from core.jobs.supervise import Threads, stop_on_signals, stop_when_orphaned, torch_threads
 
 
+def console_language() -> str:
+    """The terminal's language: LC_ALL, LC_MESSAGES, LANG (core.i18n.environment_language), English by default."""
+    return environment_language(os.environ)
+
+
 def console_sink(event: dict[str, Any]) -> None:
-    """Phase messages and log lines on stderr; the Trainer's own progress bar shows steps, ETA and speed.
+    """Phase messages and log lines on stderr, in the terminal's language; the Trainer's own progress bar shows
+    steps, ETA and speed.
 
     Errors are not printed here: `main` prints the failure once, and the traceback stays in events.jsonl.
     """
     kind = event["kind"]
     if (kind == "phase" and event.get("phase") != "training") or kind == "log":
-        print(f"[memtune] {event['message']}", file=sys.stderr, flush=True)
+        print(f"[memtune] {words(event, console_language())}", file=sys.stderr, flush=True)
+
+
+def console_keeping(errors: list[dict[str, Any]]):
+    """console_sink, keeping the run's error events: their key and values say the failure in the terminal's language."""
+    def sink(event: dict[str, Any]) -> None:
+        if event["kind"] == "error":
+            errors.append(event)
+        console_sink(event)
+
+    return sink
+
+
+def said(text: Any, lang: str) -> str:
+    """A message that may carry its key (a core.messages.Said) in `lang`; any other text as it is."""
+    return words({"key": getattr(text, "key", None), "params": getattr(text, "params", None), "message": text}, lang)
 
 
 def quiet_libraries(console: bool) -> None:
@@ -77,7 +99,7 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
             fit = fit_preset(cfg, args.preset, None if args.dump_config else Hardware.detect(), fixed=changes)
             cfg = fit.cfg
             if fit.key:
-                print(f"[memtune] preset {args.preset}: {fit.note()}", file=sys.stderr, flush=True)
+                print(f"[memtune] preset {args.preset}: {fit.note(console_language())}", file=sys.stderr, flush=True)
         cfg = cfg.replace(**changes)
     except ConfigError as exc:
         print(f"memtune: {exc}", file=sys.stderr)
@@ -90,19 +112,19 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
         return 0
     from core.files import long_lived
 
+    lang = console_language()
     with long_lived():  # what a run imports lives as long as its process
         from core.gpus import distributed
         from core.jobs import launcher
 
         if distributed.pin_one_gpu(cfg):  # one process, several GPUs visible: use GPU 0, not nn.DataParallel
-            print("[memtune] several GPUs are visible and num_gpus is 1: training on GPU 0 "
-                  "(set num_gpus to use more)", file=sys.stderr, flush=True)
+            print(f"[memtune] {t('cli.one_gpu', lang)}", file=sys.stderr, flush=True)
         launches = distributed.plan(cfg).distributed and not distributed.in_worker()
         threads = torch_threads()  # said first by the process that trains (a launcher's workers each say theirs)
         if not launches:
-            print(f"[memtune] {threads.said()}", file=sys.stderr, flush=True)
+            print(f"[memtune] {said(threads.said(), lang)}", file=sys.stderr, flush=True)
         if not launches and "core.train.libraries" not in sys.modules:  # (accelerate's launcher only waits)
-            print("[memtune] loading torch, transformers, peft and trl", file=sys.stderr, flush=True)
+            print(f"[memtune] {t('cli.loading', lang)}", file=sys.stderr, flush=True)
             import core.train.libraries  # noqa: F401 - all of them now, not one by one as the run reaches them
         if not launches:
             from core.estimate.advice import oom_advice
@@ -117,42 +139,46 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
     stop = threading.Event()
     stop_on_signals(stop, args.run_dir)
     stop_when_orphaned(stop)
+    errors: list[dict[str, Any]] = []
     try:
         # A progress bar only on a terminal: in a log file (the app's RUN/train.log, a pipe) it is kilobytes of \r.
-        result = run_training(cfg, console_sink, stop=stop, callbacks=callbacks, console=sys.stderr.isatty(),
+        result = run_training(cfg, console_keeping(errors), stop=stop, callbacks=callbacks, console=sys.stderr.isatty(),
                               run_dir=args.run_dir)
     except OSError as exc:  # e.g. an output folder that cannot be created: the user's to fix, not a bug report
         what = f"{exc.strerror}: {exc.filename}" if exc.filename and exc.strerror else str(exc)
-        print(f"memtune: cannot write the run folder ({what}); choose an output_dir you can write to",
-              file=sys.stderr)
+        print(f"memtune: {t('cli.unwritable', lang, what=what)}", file=sys.stderr)
         return 1
     if result.status == "failed":
-        where = f" (details in {Path(result.run_dir) / 'events.jsonl'})" if result.run_dir else ""
-        kind = f" ({result.error_type})" if result.error_type else ""
-        message = oom_advice(cfg) if result.error_type == "oom" else result.message  # what would help, at cfg
-        print(f"memtune: training failed{kind}: {message}{where if result.error_type == 'other' else ''}",
-              file=sys.stderr)
+        # what would help, at cfg; else the failure in the terminal's language, by the key its record carries
+        message = (said(oom_advice(cfg), lang) if result.error_type == "oom"
+                   else record_words(result.summary or (errors[-1] if errors else {}), str(result.message), lang))
+        if result.error_type == "other" and result.run_dir:
+            message += " " + t("cli.details", lang, path=Path(result.run_dir) / "events.jsonl")
+        kind = t(f"log.error_type.{result.error_type}", lang) if result.error_type else ""
+        failed = (t("cli.failed_kind", lang, kind=kind, message=message) if kind
+                  else t("cli.failed", lang, message=message))
+        print(f"memtune: {failed}", file=sys.stderr)
         return 1
     s = result.summary
     tokens = s.get("train_tokens")
-    tokens = f"{tokens:,}" if isinstance(tokens, int) else "-"
+    tokens = formatted(tokens, ",", lang) if isinstance(tokens, int) else "-"
     runtime = s.get("train_runtime_s")
-    runtime = f"{runtime:.1f}" if isinstance(runtime, (int, float)) else "-"
-    print(f"{result.message}\n{loss_line(s, cfg)}, {tokens} tokens in {runtime} s")
+    runtime = formatted(runtime, ".1f", lang) if isinstance(runtime, (int, float)) else "-"
+    counts = t("cli.tokens", lang, losses=loss_line(s, cfg, lang), tokens=tokens, seconds=runtime)
+    print(f"{said(result.message, lang)}\n{counts}")
     if isinstance(s.get("heldout"), dict):  # did it help? the verdict, last words before the adapter's path
-        print(s["heldout"]["verdict"]["message"])
+        print(words(s["heldout"]["verdict"], lang))
     print(result.adapter_dir)
     return 0
 
 
-def loss_line(summary: dict, cfg: TrainerSlice) -> str:
+def loss_line(summary: dict, cfg: TrainerSlice, lang: str = "en") -> str:
     """"first loss 2.31, last loss 1.02", or why there is none (never "first loss None")."""
     first, last = summary.get("first_loss"), summary.get("final_loss")
     if first is not None and last is not None:  # "0.0141", not 0.014143562316894532
-        return f"first loss {first:.4f}, last loss {last:.4f}"
+        return t("cli.losses", lang, first=formatted(first, ".4f", lang), last=formatted(last, ".4f", lang))
     steps = summary.get("steps")
-    return (f"no loss was logged: the run made {steps if steps is not None else 'no'} optimizer step(s) and the "
-            f"loss is logged every {cfg.logging_steps} (logging_steps; set it lower to see the loss of a short run)")
+    return t("cli.no_loss", lang, steps=steps if steps is not None else 0, every=cfg.logging_steps)
 
 
 def run() -> None:
