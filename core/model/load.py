@@ -20,7 +20,7 @@ from core.config import arguments as recipe
 from core.hub import hf_token  # the loader passes it on (core/hub.py)
 from core.config.settings import DEMO_MODEL, MOVES_BASE, ConfigError, Problem
 from core.config.slices import Loading, ModelSlice, PlaceSlice, TrainerSlice
-from core.levers import experts as moe, variants
+from core.levers import expert_store, experts as moe, variants
 from core.levers.embedding import CpuEmbedding, load_embedding_on_cpu, offload_input_embeddings
 from core.levers.output_head import quantize_output_head
 from core.model.attention import use_varlen_attention
@@ -89,6 +89,9 @@ def lora_targets(cfg: Loading, path: str | None = None, model=None):
         raise ConfigError([Problem.of("lora_target_modules", "problem.lora_targets", modules=", ".join(exc.missing),
                                       model=cfg.model, linear=", ".join(exc.linear))]) from None
     found.model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if cfg.lora_experts and (why := expert_store.lora_problem(model)):  # before any weight loads (the tree)
+        key, params = why
+        raise ConfigError([Problem.of("lora_experts", key, model=cfg.model, **params)])
     return found
 
 
