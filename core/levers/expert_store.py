@@ -141,16 +141,15 @@ def _holds_experts(model: Any, path: str) -> bool:
     return "expert" in path.lower() or "expert" in type(owner).__name__.lower()
 
 
-def lora_problem(model: Any) -> tuple[str, dict[str, str]] | None:
-    """Why lora_experts cannot adapt this model's experts (a locale key under problem.* and its values), from its
-    module tree before any weight loads; None where it can. lora_experts is peft's target_parameters on the
+def lora_problem(model: Any) -> tuple[str, str] | None:
+    """Why lora_experts cannot adapt this model's experts, from its module tree before any weight loads: ("family",
+    its experts classes) or ("dense", ""); None where it can. lora_experts is peft's target_parameters on the
     experts interface's 3-D weights: a model without experts has nothing for it, and a family whose experts class
     is its own (FAMILY: DBRX's 2-D stacks, JetMoE's and Llama-4's classes) is not adapted by memtune's experts path."""
-    found = plan(model)
-    own = sorted({type(m).__name__.removeprefix("NF4") for _, m in model.named_modules()
-                  if route(m) == FAMILY_ROUTE})
+    own = sorted({c.__name__ for _, m in model.named_modules() if route(m) == FAMILY_ROUTE
+                  for c in type(m).__mro__ if c.__name__ in FAMILY})
     if own:
-        return "problem.lora_experts_family", {"classes": ", ".join(own)}
-    if not found.quantized:
-        return "problem.lora_experts_dense", {}
+        return "family", ", ".join(own)
+    if not plan(model).quantized:
+        return "dense", ""
     return None

@@ -90,8 +90,10 @@ def lora_targets(cfg: Loading, path: str | None = None, model=None):
                                       model=cfg.model, linear=", ".join(exc.linear))]) from None
     found.model_type = getattr(getattr(model, "config", None), "model_type", None)
     if cfg.lora_experts and (why := expert_store.lora_problem(model)):  # before any weight loads (the tree)
-        key, params = why
-        raise ConfigError([Problem.of("lora_experts", key, model=cfg.model, **params)])
+        kind, classes = why
+        raise ConfigError([Problem.of("lora_experts", "problem.lora_experts_family", model=cfg.model, classes=classes)
+                           if kind == "family" else
+                           Problem.of("lora_experts", "problem.lora_experts_dense", model=cfg.model)])
     return found
 
 
