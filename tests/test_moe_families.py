@@ -215,3 +215,24 @@ def test_llama4_text_trains_in_4_bits_on_its_own_logits_where_the_fused_head_fai
     assert pre["loss_path"] == "own_logits" and pre["loss"]["failed"] and pre["loss"]["own"] > 0
     losses = [e["params"]["loss"] for e in events if e.get("key") == "log.step"]
     assert len(losses) == 2 and all(0 < x < 20 for x in losses)
+
+
+def test_a_family_without_gradient_checkpointing_trains_without_it_and_says_so():
+    """JetMoE's class refuses gradient checkpointing (transformers raises once the Trainer enables it): the run is
+    resolved without it before loading, with the reason in the log; a family that supports it keeps it."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    from core.config.presets import apply_preset
+    from core.config.settings import TrainConfig
+    from core.model import families
+
+    cfg = apply_preset(TrainConfig(), "lowest_memory")
+    assert cfg.gradient_checkpointing
+    for name, refused in (("jetmoe", True), ("llama4_text", False), ("dbrx", False)):
+        config = families_any.hf_config(name)
+        with init_empty_weights():
+            found = families.traits(config, AutoModelForCausalLM.from_config(config))
+        changes, said = families.adapt(cfg, found)
+        assert (changes.get("gradient_checkpointing") is False) == refused, (name, changes)
+        assert ("log.adapt.no_checkpointing" in [s.key for s in said]) == refused
