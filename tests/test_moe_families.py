@@ -236,3 +236,15 @@ def test_a_family_without_gradient_checkpointing_trains_without_it_and_says_so()
         changes, said = families.adapt(cfg, found)
         assert (changes.get("gradient_checkpointing") is False) == refused, (name, changes)
         assert ("log.adapt.no_checkpointing" in [s.key for s in said]) == refused
+
+
+def test_the_preview_refuses_lora_experts_with_the_runs_reason(own):
+    """The data preview says what the run would: lora_experts on Llama-4's own experts class, not "no experts"."""
+    import json
+
+    from core.jobs.preview import model_changes
+
+    cfg = _cfg(own["llama4_text"], load_in_4bit=False, lora_experts=True, lora_dropout=0.0)
+    _, lines, tree = model_changes(cfg)
+    said = json.dumps(lines)
+    assert tree is not None and "problem.lora_experts_family" in said and "problem.lora_experts_dense" not in said

@@ -22,8 +22,9 @@ bench/grid_measured.json (H200, torch 2.11) and bench/RESULTS.md shows the table
                tensors of >= 1e5 elements: LoRA matrices of a 70B model, none of an 8B one at r=16.
   MoE experts  Fused 3-D parameters (experts.gate_up_proj, experts.down_proj), not nn.Linear, counted from the
                meta-device model (core/model/shapes.py). Under load_in_4bit core/levers/experts.py stores each
-               expert as its own 4-bit weight (nf4_bytes per expert); bitsandbytes dequantizes one expert's weight at
-               a time. Without 4 bits they stay 16-bit (fp32 after the upcast). Their activations:
+               expert as its own 4-bit weight (nf4_bytes per expert), for exactly the weights that
+               core/levers/expert_store.py's rule routes (the loader's own); bitsandbytes dequantizes one expert's
+               weight at a time (a group on the grouped path, which families with their own experts class lack). Without 4 bits they stay 16-bit (fp32 after the upcast). Their activations:
                `moe_routed_bytes_per_token` (top-k copies per token). `lora_experts` (16-bit experts only): peft's
                target_parameters adds its update to each experts weight whole, a 16-bit copy of one layer's experts
                per forward (kept for backward) and its gradient.

@@ -8,7 +8,9 @@ weights) stay 16-bit, and fp32 after the chapter's upcast.
 - Loading (`quantizing_experts`, around from_pretrained): while the weights are read, each experts module's 3-D
   weight is replaced, the moment transformers sets it, by `NF4Experts`: every expert quantized on its own by
   bitsandbytes' `quantize_4bit` (the config's quant type and double quantization), as a Linear4bit weight would be.
-  So at most one layer's one 3-D weight exists in 16 bits at a time, never the whole model.
+  So at most one layer's one 3-D weight exists in 16 bits at a time, never the whole model. Which weights of which
+  families (the interface's, and Llama-4's, DBRX's and JetMoE's own experts classes) is core/levers/expert_store.py's
+  rule, which the estimate reads too; the families' own classes compute through core/levers/family_experts.py.
 - Training: two forwards registered in transformers' ExpertsInterface, chosen in `finish` (`path`):
   - "memtune_nf4_grouped" (`nf4_grouped_experts_forward`, the default): transformers' grouped layout (tokens sorted
     by expert, one grouped matrix product per weight through transformers' `_grouped_mm`: torch's grouped GEMM on the

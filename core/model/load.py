@@ -89,12 +89,20 @@ def lora_targets(cfg: Loading, path: str | None = None, model=None):
         raise ConfigError([Problem.of("lora_target_modules", "problem.lora_targets", modules=", ".join(exc.missing),
                                       model=cfg.model, linear=", ".join(exc.linear))]) from None
     found.model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if cfg.lora_experts and (why := expert_store.lora_problem(model)):  # before any weight loads (the tree)
-        kind, classes = why
-        raise ConfigError([Problem.of("lora_experts", "problem.lora_experts_family", model=cfg.model, classes=classes)
-                           if kind == "family" else
-                           Problem.of("lora_experts", "problem.lora_experts_dense", model=cfg.model)])
+    refuse_lora_experts(cfg, model)
     return found
+
+
+def refuse_lora_experts(cfg: Loading, model) -> None:
+    """lora_experts refused by name where it cannot adapt this model's experts (core/levers/expert_store.py
+    lora_problem), from the module tree before any weight loads; nothing without lora_experts."""
+    why = expert_store.lora_problem(model) if cfg.lora_experts else None
+    if why is None:
+        return
+    kind, classes = why
+    raise ConfigError([Problem.of("lora_experts", "problem.lora_experts_family", model=cfg.model, classes=classes)
+                       if kind == "family" else
+                       Problem.of("lora_experts", "problem.lora_experts_dense", model=cfg.model)])
 
 
 def resolve_model_path(cfg: ModelSlice, sink: EventSink | None = None) -> str:
