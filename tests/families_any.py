@@ -103,11 +103,36 @@ FAMILIES: dict[str, dict[str, Any]] = {
 }
 NAMES = tuple(FAMILIES)
 
+# Mixture-of-experts families whose experts class is their own, not transformers' experts interface
+# (core/levers/expert_store.py FAMILY; tests/test_moe_families.py). Widths of whole 64-value quantization blocks, as
+# the real models' (tests/test_moe.py WHOLE_BLOCKS). Not in NAMES: their q/o projections are experts (JetMoE) and
+# TRL's fused head cannot run Llama-4 (the pre-flight falls back), which NAMES' tests do not expect.
+OWN_EXPERTS: dict[str, dict[str, Any]] = {
+    # meta-llama/Llama-4-Scout-17B-16E (text_config): 16 experts, top-1, a shared expert, chunked attention, NoPE
+    # every 4th layer, q/k norms, llama3 rope scaling
+    "llama4_text": dict(model_type="llama4_text", num_hidden_layers=2, hidden_size=64, intermediate_size=64,
+                        intermediate_size_mlp=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=1,
+                        no_rope_layers=[1, 0], attention_chunk_size=16, use_qk_norm=True,
+                        max_position_embeddings=1024,
+                        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0,
+                                         "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                         "original_max_position_embeddings": 64}),
+    # databricks/dbrx-base: 16 experts of width 10752, top-4, fused Wqkv with clip_qkv 8, experts as 2-D stacks
+    "dbrx": dict(model_type="dbrx", n_layers=2, d_model=64, n_heads=4, max_seq_len=256,
+                 attn_config={"kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 500000.0},
+                 ffn_config={"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2,
+                             "moe_normalize_expert_weights": 1.0}),
+    # jetmoe/jetmoe-8b: 8 experts, top-2, in its MLP and in its attention (mixture of attention heads), kv_proj
+    "jetmoe": dict(model_type="jetmoe", num_hidden_layers=2, hidden_size=64, num_key_value_heads=2, kv_channels=32,
+                   intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=256),
+}
+
 
 def hf_config(name: str, attn: str = "eager"):
     from transformers import AutoConfig
 
-    values = {"vocab_size": VOCAB, **IDS, **FAMILIES[name]}
+    values = {"vocab_size": VOCAB, **IDS, **(FAMILIES.get(name) or OWN_EXPERTS[name])}
     config = AutoConfig.for_model(values.pop("model_type"), **values)
     config._attn_implementation = attn
     return config

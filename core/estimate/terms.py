@@ -22,8 +22,9 @@ bench/grid_measured.json (H200, torch 2.11) and bench/RESULTS.md shows the table
                tensors of >= 1e5 elements: LoRA matrices of a 70B model, none of an 8B one at r=16.
   MoE experts  Fused 3-D parameters (experts.gate_up_proj, experts.down_proj), not nn.Linear, counted from the
                meta-device model (core/model/shapes.py). Under load_in_4bit core/levers/experts.py stores each
-               expert as its own 4-bit weight (nf4_bytes per expert); bitsandbytes dequantizes one expert's weight at
-               a time. Without 4 bits they stay 16-bit (fp32 after the upcast). Their activations:
+               expert as its own 4-bit weight (nf4_bytes per expert), for exactly the weights that
+               core/levers/expert_store.py's rule routes (the loader's own); bitsandbytes dequantizes one expert's
+               weight at a time (a group on the grouped path, which families with their own experts class lack). Without 4 bits they stay 16-bit (fp32 after the upcast). Their activations:
                `moe_routed_bytes_per_token` (top-k copies per token). `lora_experts` (16-bit experts only): peft's
                target_parameters adds its update to each experts weight whole, a 16-bit copy of one layer's experts
                per forward (kept for backward) and its gradient.
@@ -149,7 +150,7 @@ def experts_transient(cfg: ModelSlice, shape: ModelShape, element_size: int) -> 
     them."""
     if not quantized_experts(cfg, shape):
         return 0
-    if grouping.requested() == grouping.GROUPED:
+    if grouping.requested() == grouping.GROUPED and shape.experts_grouped:
         return max(grouping.group_bytes(e, a * b, element_size) for e, a, b in shape.expert_weights())
     return element_size * shape.largest_expert_weight
 
@@ -161,7 +162,7 @@ def grouped_rows_transient(cfg: ModelSlice, shape: ModelShape, tokens: int) -> i
     backward through one experts weight (a group dequantized, the gradient of its output and of its input: rows x
     (out + in) in the compute dtype) and the forward's end (the weighted copy, the zeroed output and index_copy's
     result: rows x hidden, the last two in the stream's dtype). 0 on the loop or without 4-bit experts."""
-    if not quantized_experts(cfg, shape) or grouping.requested() != grouping.GROUPED:
+    if not quantized_experts(cfg, shape) or grouping.requested() != grouping.GROUPED or not shape.experts_grouped:
         return 0
     d = dtypes(cfg)
     rows = tokens * (shape.num_experts_per_tok or 1)
@@ -173,7 +174,8 @@ def grouped_rows_transient(cfg: ModelSlice, shape: ModelShape, tokens: int) -> i
 
 
 def quantized_experts(cfg: ModelSlice, shape: ModelShape) -> bool:
-    """Whether the MoE experts are stored in 4 bits (core/levers/experts.py does it whenever the model loads in 4)."""
+    """Whether MoE experts are stored in 4 bits: the loader does it whenever the model loads in 4, for the weights
+    core/levers/expert_store.py routes (shape.expert_weights: the same rule)."""
     return bool(cfg.load_in_4bit and shape.expert_weights())
 
 

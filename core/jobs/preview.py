@@ -33,8 +33,9 @@ class _Pairs(ModelSlice, DataSlice, StageSlice, TrainerSlice, Protocol):
     """A preference preview's: the pairs its stage needs, held out and planned with the model's tokenizer."""
 
 
-class _Adapted(ModelSlice, LoraSlice, DataSlice, Protocol):
-    """What the model's own adaptations read and change (packing, attention) and its experts' LoRA."""
+class _Adapted(ModelSlice, LoraSlice, DataSlice, TrainerSlice, Protocol):
+    """What the model's own adaptations read and change (packing, attention, gradient checkpointing) and its
+    experts' LoRA."""
 
 
 A = TypeVar("A", bound=_Adapted)
@@ -141,7 +142,7 @@ def model_changes(cfg: A) -> tuple[A, list[dict[str, Any]], Any]:
     it, so the plan shows the rows as they will train; and the tree (None when it cannot be built)."""
     from core.levers.experts import expert_parameters
     from core.model import families
-    from core.model.load import resolve_model_path, skeleton
+    from core.model.load import refuse_lora_experts, resolve_model_path, skeleton
 
     tree = None
     try:
@@ -149,6 +150,7 @@ def model_changes(cfg: A) -> tuple[A, list[dict[str, Any]], Any]:
         changes, said = families.adapt(cfg, families.traits(tree.config, tree))
         lines = [words_of(s) for s in said]
         if cfg.lora_experts:
+            refuse_lora_experts(cfg, tree)  # as the run refuses it, with the same reason
             names = expert_parameters(tree)
             if not names:
                 raise ConfigError([Problem.of("lora_experts", "problem.lora_experts_dense", model=cfg.model)])

@@ -8,7 +8,9 @@ weights) stay 16-bit, and fp32 after the chapter's upcast.
 - Loading (`quantizing_experts`, around from_pretrained): while the weights are read, each experts module's 3-D
   weight is replaced, the moment transformers sets it, by `NF4Experts`: every expert quantized on its own by
   bitsandbytes' `quantize_4bit` (the config's quant type and double quantization), as a Linear4bit weight would be.
-  So at most one layer's one 3-D weight exists in 16 bits at a time, never the whole model.
+  So at most one layer's one 3-D weight exists in 16 bits at a time, never the whole model. Which weights of which
+  families (the interface's, and Llama-4's, DBRX's and JetMoE's own experts classes) is core/levers/expert_store.py's
+  rule, which the estimate reads too; the families' own classes compute through core/levers/family_experts.py.
 - Training: two forwards registered in transformers' ExpertsInterface, chosen in `finish` (`path`):
   - "memtune_nf4_grouped" (`nf4_grouped_experts_forward`, the default): transformers' grouped layout (tokens sorted
     by expert, one grouped matrix product per weight through transformers' `_grouped_mm`: torch's grouped GEMM on the
@@ -42,6 +44,8 @@ import torch
 
 from core.config.arguments import bnb_kwargs
 from core.config.settings import ConfigError, Problem
+from core.levers import expert_store, family_experts
+from core.levers.expert_store import WEIGHTS, is_experts  # noqa: F401 - this lever's names for them
 from core.levers.grouping import GROUPED, LOOP, chunks, requested
 
 
@@ -61,14 +65,9 @@ def _note(key: str, **params: Any) -> Note:
     return Note(key.removeprefix("log.moe."), params)
 
 
-# The 3-D weights of transformers' experts interface (use_experts_implementation): what this lever stores in 4 bits,
-# one expert at a time, what lora_experts puts LoRA on, and what core/model/shapes.py counts as such.
-WEIGHTS = ("gate_up_proj", "up_proj", "down_proj")
-
-
-def is_experts(module: torch.nn.Module) -> bool:
-    """An experts module of transformers' experts interface (the decorator sets has_gate / is_transposed)."""
-    return hasattr(module, "has_gate") and hasattr(module, "is_transposed") and hasattr(module, "num_experts")
+# WEIGHTS: the 3-D weights of transformers' experts interface (use_experts_implementation): what this lever stores in
+# 4 bits, one expert at a time, and what lora_experts puts LoRA on. Which weights of which families are stored in 4
+# bits, for the loader here and the estimate alike: core/levers/expert_store.py.
 
 
 def experts_modules(model) -> list[tuple[str, torch.nn.Module]]:
@@ -334,8 +333,9 @@ def _register() -> None:
 
 
 def _experts_classes(config) -> list[type]:
-    """The experts classes of the model class transformers builds for `config` (those its modeling module decorated
-    with use_experts_implementation), found without building the model."""
+    """The experts classes of the model class transformers builds for `config`, found without building the model:
+    those its modeling module decorated with use_experts_implementation, and the family's own experts class where
+    core/levers/expert_store.py has a 4-bit route for it (FAMILY)."""
     from transformers import AutoModelForCausalLM
 
     try:
@@ -345,15 +345,32 @@ def _experts_classes(config) -> list[type]:
     module = sys.modules.get(model_class.__module__)
     # use_experts_implementation gives every class it decorates an _apply_gate (its own, or the default SwiGLU)
     return [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, torch.nn.Module)
-            and hasattr(c, "_apply_gate")]
+            and (hasattr(c, "_apply_gate") or c.__name__ in expert_store.FAMILY)]
+
+
+def _quantized(module: torch.nn.Module, name: str, value, quant_type: str, double_quant: bool,
+               compute_dtype: torch.dtype):
+    """`value` as NF4Experts where expert_store's rule stores this weight of this module in 4 bits, else None."""
+    if not (isinstance(value, torch.Tensor) and value.device.type != "meta" and value.is_floating_point()
+            and value.dim() in (2, 3)):
+        return None
+    layout = expert_store.layouts(module).get(name)
+    if layout is None:
+        return None
+    experts, transposed = layout
+    stacked = expert_store.experts_view(value.detach(), experts)
+    q = NF4Experts(stacked, transposed, quant_type, double_quant, compute_dtype)
+    q.param_shape = tuple(value.shape)  # the family's own shape (DBRX's 2-D stacks), for a merge's restore
+    return q
 
 
 @contextlib.contextmanager
 def quantizing_experts(path: str, quant_type: str, double_quant: bool, compute_dtype: torch.dtype,
                        trust_remote_code: bool = False):
-    """Around from_pretrained: each experts module's 3-D weight is quantized (NF4Experts) the moment transformers
-    sets it from the checkpoint (core_model_loading.set_param_for_module's setattr), on the device it was read to.
-    A model without experts classes: nothing changes."""
+    """Around from_pretrained: each experts module's weight (expert_store's rule: the experts interface's 3-D
+    weights, a family's own experts class's) is quantized (NF4Experts) the moment transformers sets it from the
+    checkpoint (core_model_loading.set_param_for_module's setattr), on the device it was read to. A model without
+    experts classes: nothing changes."""
     from transformers import AutoConfig
 
     try:
@@ -365,11 +382,10 @@ def quantizing_experts(path: str, quant_type: str, double_quant: bool, compute_d
 
     def hooked(original):
         def __setattr__(self, name, value):
-            if (name in WEIGHTS and isinstance(value, torch.Tensor) and value.dim() == 3
-                    and value.device.type != "meta" and value.is_floating_point()):
-                value = NF4Experts(value.detach(), bool(getattr(self, "is_transposed", False)), quant_type,
-                                   double_quant, compute_dtype)
+            q = _quantized(self, name, value, quant_type, double_quant, compute_dtype)
+            if q is not None:
                 self._parameters.pop(name, None)  # the 16-bit placeholder parameter becomes a submodule
+                value = q
             original(self, name, value)
         return __setattr__
 
@@ -409,20 +425,25 @@ def _bnb_quantizer_class():
 def _experts_element_size(original, classes: tuple[type, ...]):
     def param_element_size(self, model, param_name, param):
         path, _, name = param_name.rpartition(".")
-        if name in WEIGHTS and path and isinstance(model.get_submodule(path), classes):
+        if path and isinstance(module := model.get_submodule(path), classes) and name in expert_store.layouts(module):
             return 0.5  # 4 bits per weight, as the quantizer counts its own Linear4bit weights
         return original(self, model, param_name, param)
     return param_element_size
 
 
 def finish(model) -> list[Note]:
-    """After loading: the quantized experts compute through `path()`'s forward; the routing loss follows
-    config.json. Returns the log's lines (what was quantized, what the routing loss does)."""
+    """After loading: the quantized experts compute through `path()`'s forward (a family's own experts class:
+    core/levers/family_experts.py, one expert at a time); the routing loss follows config.json. Returns the log's
+    lines (what was quantized, what stays 16-bit, what the routing loss does)."""
     notes = []
     found = experts_modules(model)
     quantized = [m for _, m in found if isinstance(getattr(m, "down_proj", None), NF4Experts)]
     if quantized and len(quantized) != len(found):  # a partial swap would be a model computing two ways: refuse it
         raise RuntimeError(f"{len(quantized)} of {len(found)} experts modules were quantized while loading")
+    family = [(n, m) for n, m in model.named_modules() if expert_store.route(m) == expert_store.FAMILY_ROUTE]
+    own = [(n, m) for n, m in family if any(isinstance(q, NF4Experts) for q in m.children())]
+    if own and len(own) != len(family):
+        raise RuntimeError(f"{len(own)} of {len(family)} experts modules were quantized while loading")
     if quantized:
         _register()
         model.memtune_experts_default = model.config._experts_implementation  # what dequantize_experts restores
@@ -432,12 +453,34 @@ def finish(model) -> list[Note]:
         notes.append(_note("log.moe.experts_4bit_grouped" if how == GROUPED else "log.moe.experts_4bit",
                            layers=len(quantized), experts=first.num_experts, quant=first.states[0].quant_type,
                            gib=sum(stored_bytes(m) for m in quantized) / 2**30))
-    elif found:
-        notes.append(_note("log.moe.experts_16bit", layers=len(found), experts=int(found[0][1].num_experts),
-                          dtype=str(found[0][1].down_proj.dtype).removeprefix("torch.")))
-    if found:
+    elif own:
+        family_experts.use_4bit(model)
+        first = next(q for _, m in own for q in m.children() if isinstance(q, NF4Experts))
+        notes.append(_note("log.moe.experts_4bit", layers=_layers(own), experts=first.num_experts,
+                           quant=first.states[0].quant_type, gib=sum(stored_bytes(m) for _, m in own) / 2**30))
+    elif found or family:
+        every = found + family
+        weight = next(p for _, m in every for p in m.parameters() if p.is_floating_point())
+        notes.append(_note("log.moe.experts_16bit", layers=_layers(every),
+                           experts=next(iter(expert_store.layouts(every[0][1]).values()))[0],
+                           dtype=str(weight.dtype).removeprefix("torch.")))
+    unrouted = expert_store.plan(model).unrouted
+    if unrouted:  # several experts in one parameter that no route stores in 4 bits: said, and counted 16-bit
+        dtype = model.get_parameter(unrouted[0][0]).dtype
+        notes.append(_note("log.moe.experts_unrouted", n=len(unrouted), params=sum(n for _, n in unrouted),
+                           names=", ".join(dict.fromkeys(p.rsplit(".", 1)[-1] for p, _ in unrouted)),
+                           dtype=str(dtype).removeprefix("torch.")))
+    if found or family:
         notes.append(routing_note(model))
     return notes
+
+
+def _layers(modules: list[tuple[str, torch.nn.Module]]) -> int:
+    """Decoder layers holding these experts modules (JetMoE has four per layer: its MLP's two, its attention's two)."""
+    def layer(name: str) -> str:
+        parts = name.split(".")
+        return ".".join(parts[:next((i + 1 for i, p in enumerate(parts) if p.isdigit()), len(parts))])
+    return len({layer(n) for n, _ in modules})
 
 
 def stored_bytes(module: torch.nn.Module) -> int:
@@ -510,7 +553,7 @@ def dequantize_experts(model) -> int:
                 n += 1
     if n and getattr(model, "memtune_experts_default", None):
         model.set_experts_implementation(model.memtune_experts_default)
-    return n
+    return n + family_experts.restore(model)
 
 
 def while_loading(cfg, path: str):

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from core.config.slices import DataSlice, ModelSlice
+from core.config.slices import DataSlice, ModelSlice, TrainerSlice
 from core.messages import Said
 
 VERIFIED = {  # config.json model_type -> the families README's matrix lists for it
@@ -57,6 +57,7 @@ class Traits:
     sinks: bool = False
     attention_backend: bool = True
     padding_free: bool = True  # the class declares FlashAttention support: its code reads packed rows' position ids
+    checkpointing: bool = True  # the class supports gradient checkpointing (JetMoE's does not)
     unread_logit: dict[str, Any] = field(default_factory=dict)  # config name -> value the fused head would drop
 
 
@@ -86,6 +87,7 @@ def traits(config, tree=None) -> Traits:
         cls = type(tree)
         found.attention_backend = bool(getattr(cls, "_supports_attention_backend", False))
         found.padding_free = bool(getattr(cls, "_supports_flash_attn", False))
+        found.checkpointing = bool(getattr(cls, "supports_gradient_checkpointing", True))
         module = sys.modules.get(cls.__module__)
         if not hasattr(text, "alibi") and attn_config is None and module is not None:
             # a family whose alibi has no switch (BLOOM): its modeling code builds the alibi tensor
@@ -103,8 +105,8 @@ def traits(config, tree=None) -> Traits:
     return found
 
 
-class _Packed(ModelSlice, DataSlice, Protocol):
-    """What an adaptation can change: whether rows pack, and the attention kernel."""
+class _Packed(ModelSlice, DataSlice, TrainerSlice, Protocol):
+    """What an adaptation can change: whether rows pack, the attention kernel, gradient checkpointing."""
 
 
 def adaptations(cfg: _Packed, found: Traits) -> list[tuple[str, Any, Said]]:
@@ -128,6 +130,8 @@ def adaptations(cfg: _Packed, found: Traits) -> list[tuple[str, Any, Said]]:
         # transformers' own attention for sinks (eager) does not keep packed rows apart; memtune's varlen runs the
         # model's own eager attention on each packed row (exact)
         out.append(("attention", "varlen", Said("log.adapt.sinks_rows", model_type=name)))
+    if cfg.gradient_checkpointing and not found.checkpointing:  # transformers refuses it for this class
+        out.append(("gradient_checkpointing", False, Said("log.adapt.no_checkpointing", model_type=name)))
     return out
 
 

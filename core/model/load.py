@@ -20,7 +20,7 @@ from core.config import arguments as recipe
 from core.hub import hf_token  # the loader passes it on (core/hub.py)
 from core.config.settings import DEMO_MODEL, MOVES_BASE, ConfigError, Problem
 from core.config.slices import Loading, ModelSlice, PlaceSlice, TrainerSlice
-from core.levers import experts as moe, variants
+from core.levers import expert_store, experts as moe, variants
 from core.levers.embedding import CpuEmbedding, load_embedding_on_cpu, offload_input_embeddings
 from core.levers.output_head import quantize_output_head
 from core.model.attention import use_varlen_attention
@@ -89,7 +89,20 @@ def lora_targets(cfg: Loading, path: str | None = None, model=None):
         raise ConfigError([Problem.of("lora_target_modules", "problem.lora_targets", modules=", ".join(exc.missing),
                                       model=cfg.model, linear=", ".join(exc.linear))]) from None
     found.model_type = getattr(getattr(model, "config", None), "model_type", None)
+    refuse_lora_experts(cfg, model)
     return found
+
+
+def refuse_lora_experts(cfg: Loading, model) -> None:
+    """lora_experts refused by name where it cannot adapt this model's experts (core/levers/expert_store.py
+    lora_problem), from the module tree before any weight loads; nothing without lora_experts."""
+    why = expert_store.lora_problem(model) if cfg.lora_experts else None
+    if why is None:
+        return
+    kind, classes = why
+    raise ConfigError([Problem.of("lora_experts", "problem.lora_experts_family", model=cfg.model, classes=classes)
+                       if kind == "family" else
+                       Problem.of("lora_experts", "problem.lora_experts_dense", model=cfg.model)])
 
 
 def resolve_model_path(cfg: ModelSlice, sink: EventSink | None = None) -> str:

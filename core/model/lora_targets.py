@@ -6,7 +6,9 @@ only its o_proj (a quarter of what was asked, silently, if handed to peft as the
 mapped onto the layers the model really has, before any weight loads (the tree is built on the meta device):
 
 - a group: "attention" (the attention projections of any family), "mlp", "all_linear" (every linear layer of the
-  decoder blocks; never the output head);
+  decoder blocks; never the output head). No group and no q/k/v/o role takes a mixture-of-experts router (a
+  linear layer choosing experts: Llama-4's, DBRX's, JetMoE's, inside its attention too): a router is adapted only
+  when named;
 - a Llama-style name the model lacks maps to the fused layer that holds it (q_proj -> qkv_proj, up_proj ->
   gate_up_proj, ...); the fused layer then trains whole (its k and v parts too), which the log says;
 - any other name must be a linear layer of the model, or the run is refused with the model's real layers listed.
@@ -38,7 +40,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
 # What a fused layer holds, in words (the page says them in its language: ui/render.py, locale keys log.lora_parts.*)
 # a fused layer -> what it holds (key log.lora_parts.<it>); c_proj: one name for two projections (log.lora_shared)
 FUSED = {"qkv_proj": "qkv", "W_pack": "qkv", "query_key_value": "qkv", "c_attn": "qkv", "gate_up_proj": "gate_up",
-         "c_proj": "shared"}
+         "c_proj": "shared", "kv_proj": "kv"}
 
 
 class TargetError(ValueError):
@@ -72,11 +74,28 @@ class Targets:
 
 
 class Layers(dict):
-    """Target name -> (in, out) of each linear layer it names; `attention`: the names inside an attention block. A
-    leaf name found both inside and outside the attention block (GPT-2's c_proj, LFM2's out_proj) is split into
-    "parent.leaf" names (attn.c_proj, mlp.c_proj), which peft matches as module-path suffixes."""
+    """Target name -> (in, out) of each linear layer it names; `attention`: the names inside an attention block;
+    `routers`: the names of mixture-of-experts routers. A leaf name found both inside and outside the attention
+    block (GPT-2's c_proj, LFM2's out_proj) is split into "parent.leaf" names (attn.c_proj, mlp.c_proj), which peft
+    matches as module-path suffixes."""
 
     attention: set
+    routers: set
+
+
+ROUTER_WORDS = ("router", "gating")
+
+
+def _is_router(model: Any, path: str) -> bool:
+    """Whether the linear layer at `path` routes tokens to experts: named so (a path part "router"), or its class or
+    its parent's names a router or a gating (Llama4Router, DbrxRouter, JetMoeTopKGating)."""
+    parts = path.split(".")
+    if "router" in parts:
+        return True
+    classes = [type(model.get_submodule(path)).__name__]
+    if len(parts) > 1:
+        classes.append(type(model.get_submodule(".".join(parts[:-1]))).__name__)
+    return any(w in c.lower() for c in classes for w in ROUTER_WORDS)
 
 
 def _in_attention(model: Any, path: str) -> bool:
@@ -117,13 +136,15 @@ def linear_layers(model: Any) -> Layers:
     for path, _, attn in entries:
         roles.setdefault(path.rsplit(".", 1)[-1], set()).add(attn)
     found = Layers()
-    found.attention = set()
+    found.attention, found.routers = set(), set()
     for path, dims, attn in entries:
         leaf = path.rsplit(".", 1)[-1]
         name = ".".join(path.split(".")[-2:]) if len(roles[leaf]) > 1 else leaf
         found.setdefault(name, []).append(dims)
         if attn:
             found.attention.add(name)
+        if _is_router(model, path):
+            found.routers.add(name)
     return found
 
 
@@ -141,7 +162,7 @@ def _leaf(name: str) -> str:
 INPUTS = ("qkv_proj", "W_pack", "query_key_value", "c_attn", "Wqkv", "wqkv")
 MLA = {"q_proj": ("q_a_proj", "q_b_proj"), "k_proj": ("kv_a_proj_with_mqa", "kv_b_proj"),
        "v_proj": ("kv_a_proj_with_mqa", "kv_b_proj")}
-SPLIT = {"q_proj": ("wq",), "k_proj": ("wk",), "v_proj": ("wv",)}
+SPLIT = {"q_proj": ("wq",), "k_proj": ("wk", "kv_proj"), "v_proj": ("wv", "kv_proj")}  # kv_proj: JetMoE's k and v
 OUTPUTS = ("o_proj", "dense", "out_proj", "c_proj", "wo", "o")
 
 
@@ -155,7 +176,9 @@ def resolve(requested: list[str], linear: dict[str, list[tuple[int, int]]], rank
     attention = getattr(linear, "attention", None)
     if attention is None:  # a plain {name: dims}: names only
         attention = {n for n in linear if _leaf(n) in ATTENTION or any(_leaf(n) in ALIASES[a] for a in ATTENTION)}
-    outside = [n for n in linear if n not in attention]
+    routers = getattr(linear, "routers", set())
+    attention = {n for n in attention if n not in routers}  # a router in an attention block (JetMoE's) is no role
+    outside = [n for n in linear if n not in attention and n not in routers]
 
     def among(names: list[str], wanted: tuple[str, ...]) -> list[str]:
         for w in wanted:  # in order of preference
@@ -179,7 +202,7 @@ def resolve(requested: list[str], linear: dict[str, list[tuple[int, int]]], rank
 
     for name in requested:
         if name == "all_linear":
-            hits = list(linear)
+            hits = [n for n in linear if n not in routers]
         elif name == "attention":
             hits = [n for n in linear if n in attention]
         elif name in GROUPS:

@@ -130,6 +130,12 @@ class ModelShape:
         return list(self.stored.expert_weights) if self.stored is not None else []
 
     @property
+    def experts_grouped(self) -> bool:
+        """Whether the 4-bit experts compute in grouped products (transformers' experts interface); a family's own
+        experts class computes one expert at a time (core/levers/family_experts.py)."""
+        return self.stored.experts_grouped if self.stored is not None else True
+
+    @property
     def expert_weight_params(self) -> int:
         return sum(e * a * b for e, a, b in self.expert_weights())
 
@@ -256,7 +262,11 @@ class StoredCount:
     experts: int = 0  # of `other`: the MoE experts' 3-D parameters
     largest_expert: int = 0  # the largest one (one layer's gate_up_proj) where loading stacks it from one tensor per
     # expert (transformers' checkpoint conversion merges them: Qwen3-MoE, Mixtral, OLMoE); 0 where stored fused (gpt-oss)
-    expert_weights: tuple[tuple[int, int, int], ...] = ()  # shape of each 3-D experts weight (core.levers.experts.WEIGHTS)
+    # [experts, rows, cols] of each experts weight stored in 4 bits under load_in_4bit (core/levers/expert_store.py,
+    # the loader's own rule); any other weight holding several experts stays 16-bit, counted in `other`
+    expert_weights: tuple[tuple[int, int, int], ...] = ()
+    experts_grouped: bool = True  # the 4-bit experts compute in grouped products (transformers' experts interface)
+    moe_layers: int = 0  # decoder layers holding experts
 
 
 def _count_meta(model, config) -> tuple[StoredCount, dict[str, Any]]:
@@ -264,7 +274,7 @@ def _count_meta(model, config) -> tuple[StoredCount, dict[str, Any]]:
     import torch
     from transformers.pytorch_utils import Conv1D
 
-    from core.levers.experts import WEIGHTS as EXPERT_WEIGHTS  # what the experts lever stores in 4 bits
+    from core.levers import expert_store  # what the loader stores in 4 bits
     from transformers.quantizers.base import get_keys_to_not_convert
     from transformers.quantizers.quantizers_utils import should_convert_module
 
@@ -291,25 +301,35 @@ def _count_meta(model, config) -> tuple[StoredCount, dict[str, Any]]:
     head_n = 0 if tied else head.weight.numel()
     skip_ids = counted | ({id(emb.weight)} if emb is not None else set()) | ({id(head.weight)} if not tied else set())
     other = experts = largest = 0
-    expert_weights = []
+    store = expert_store.plan(model)
+    routed = {s.path: s for s in store.quantized}
     expert_inter = n_experts = 0
     for name, p in model.named_parameters(remove_duplicate=True):
         if id(p) in skip_ids:
             continue
         other += p.numel()
-        if p.dim() == 3 and "expert" in name:
+        stored = routed.get(name)
+        if stored is not None or (p.dim() == 3 and "expert" in name):
             experts += p.numel()
             largest = max(largest, p.numel())
-            n_experts = int(p.shape[0])
-            if name.rpartition(".")[2] in EXPERT_WEIGHTS:
-                expert_weights.append((int(p.shape[0]), int(p.shape[1]), int(p.shape[2])))
+            n_experts = stored.experts if stored is not None else int(p.shape[0])
             if name.endswith("gate_up_proj"):  # (experts, hidden, 2 x width) or (experts, 2 x width, hidden)
                 dims = [int(d) for d in p.shape[1:]]
                 wide = dims[1] if dims[0] == hidden else dims[0]
                 expert_inter = wide // 2
+            elif name.endswith(".w1") and stored is not None:  # DBRX: [experts x width, hidden]
+                expert_inter = stored.rows
+    layers = {_layer_of(path) for path in [*routed, *(n for n, _ in store.unrouted)]}
     numbers = {"mlp_inter": mlp_inter, "experts": n_experts, "expert_inter": expert_inter}
     return StoredCount(tuple(quantized), int(embed), int(head_n), int(other), int(experts), int(largest),
-                       tuple(expert_weights)), numbers
+                       tuple(s.shape for s in store.quantized),
+                       experts_grouped=store.routes <= {expert_store.INTERFACE}, moe_layers=len(layers)), numbers
+
+
+def _layer_of(path: str) -> str:
+    """A parameter path up to its decoder layer's index ("model.layers.3"), which experts share per layer."""
+    parts = path.split(".")
+    return ".".join(parts[:next((i + 1 for i, p in enumerate(parts) if p.isdigit()), len(parts))])
 
 
 def _stacks_experts(model_type: str) -> bool:
@@ -331,6 +351,11 @@ def _first(config, *names):
     return None
 
 
+def _special_float(value: dict) -> Any:
+    """transformers writes inf and nan into config.json as {"__float__": "Infinity"} (Mamba's time_step_limit)."""
+    return float(value["__float__"]) if set(value) == {"__float__"} else value
+
+
 @functools.lru_cache(maxsize=32)
 def _shape_from_json(text: str) -> "ModelShape":
     """The shape of config.json `text` from the model transformers builds of it on the meta device (no weights,
@@ -338,7 +363,7 @@ def _shape_from_json(text: str) -> "ModelShape":
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    data = json.loads(text)
+    data = json.loads(text, object_hook=_special_float)
     values = {k: v for k, v in data.items() if k not in ("model_type", "architectures", "auto_map")}
     config = AutoConfig.for_model(data["model_type"], **values)
     text_cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -361,9 +386,7 @@ def _shape_from_json(text: str) -> "ModelShape":
     vocab = int(c.vocab_size)
     model_type = str(c.model_type)
     norms_per_layer = 4 if model_type in ("gemma2", "gemma3", "gemma3_text") else 2
-    moe_layers = 0
-    if n_experts:
-        moe_layers = sum(1 for m in model.modules() if type(m).__name__.endswith("Experts"))
+    moe_layers = stored.moe_layers if n_experts else 0
     return ModelShape(
         name=model_type, vocab_size=vocab, hidden_size=hidden,
         intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,

@@ -9,8 +9,9 @@ those changes for summary.json. On the loaded model with LoRA, a few forward pas
      ResolvedRun, with a line saying why and what it costs), so the one trainer is built on unpacked rows;
   2. `check`, on the trainer: LoRA landed on exactly the layers asked for, and nowhere else (or the run is refused by
      name), and the loss path: TRL's fused loss head (what training computes) against the loss from the model's own
-     logits, within LOSS_TOLERANCE (relative). A failure sets the trainer's compute_loss_func to the model's own
-     logits, with a line saying why.
+     logits, within LOSS_TOLERANCE (relative). A difference, or a fused head that fails on the model, sets the
+     trainer's compute_loss_func to the model's own logits (and, where the fused head failed, TRL's fused forward
+     computes from those logits too: `logits_head`), with a line saying why.
 The results go to summary.json ("preflight"). The families of README's matrix (families.VERIFIED) skip checks 1 and
 the loss path, which tests/test_families.py makes on every preset for them (the log says so); every other model runs
 them all: a few forward passes on one pack of real rows.
@@ -139,6 +140,35 @@ def own_logits_loss(model) -> Callable:
     return loss
 
 
+def logits_head(model) -> None:
+    """TRL's fused-head forward (trl add_fused_lm_head, on the base model under peft) made to compute its outputs
+    from the model's own logits: what the trainer's metrics call (`fused_lm_head=True`) still runs once the loss
+    comes from the logits (`own_logits_loss`), on a model whose fused head fails. Same fields, same loss."""
+    from trl.trainer.utils import FusedCausalLMOutput
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    fused = base.forward  # TRL's: without fused_lm_head, the model's own forward
+
+    def forward(*args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
+        if not fused_lm_head:
+            return fused(*args, labels=labels, shift_labels=shift_labels, num_items_in_batch=num_items_in_batch,
+                         **kwargs)
+        kwargs["use_cache"] = False
+        out = fused(*args, **kwargs)
+        logits = out.logits if shift_labels is not None else out.logits[:, :-1]
+        labels = shift_labels if shift_labels is not None else labels[:, 1:]
+        mask = labels != -100
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        log_probs = logp.gather(-1, labels.clamp(min=0)[..., None]).squeeze(-1).masked_fill(~mask, 0.0)
+        entropy = -(logp.exp() * logp).sum(-1).masked_fill(~mask, 0.0)
+        loss = -log_probs.sum() / (mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch)
+        return FusedCausalLMOutput(loss=loss, log_probs=log_probs, entropy=entropy, label_mask=mask,
+                                   is_top1=(logits.argmax(-1) == labels) & mask,
+                                   aux_loss=getattr(out, "aux_loss", None))
+
+    base.forward = forward
+
+
 def checks_rows(model, cfg: _Packed) -> bool:
     """Whether check 1 runs: packed SFT rows of a model outside README's matrix, not sharded (FSDP places the shards
     when training starts: no whole model to run before it)."""
@@ -231,8 +261,15 @@ def check(trainer, cfg: _Checked, emit: EventSink, adapted: list[dict[str, Any]]
                 elif cfg.stage != "sft":  # TRL's preference loss on unpacked pairs: no SFT rows or fused head to check
                     loss = {"error": 0.0, "ok": True, "skipped": f"stage {cfg.stage}"}
                 else:
-                    loss = loss_paths(model, _batches(trainer, PACKS)[0], device)
-                    loss["ok"] = loss["error"] <= tol_loss and not unread
+                    batch = _batches(trainer, PACKS)[0]
+                    try:
+                        loss = loss_paths(model, batch, device)
+                        loss["ok"] = loss["error"] <= tol_loss and not unread
+                    except Exception as exc:  # noqa: BLE001 - TRL's fused head cannot run this model (e.g. a
+                        # backbone it does not find by base_model_prefix): the model's own logits, checked below
+                        loss = {"error": None, "ok": False, "failed": f"{type(exc).__name__}: {exc}"[:300]}
+                        logits_head(model)
+                        loss["own"] = loss_paths(model, batch, device)["own"]  # the fallback runs, or the run fails
                 result["loss"] = loss
         finally:
             model.train(was_training)
@@ -241,7 +278,8 @@ def check(trainer, cfg: _Checked, emit: EventSink, adapted: list[dict[str, Any]]
                              unasked=", ".join(lora["unasked"]) or "-")
         if not loss["ok"]:
             trainer.compute_loss_func = own_logits_loss(trainer.model)
-            why = (Said("log.preflight.why_unread", names=", ".join(unread)) if unread else
+            why = (Said("log.preflight.why_failed", error=loss["failed"]) if loss.get("failed") else
+                   Said("log.preflight.why_unread", names=", ".join(unread)) if unread else
                    Said("log.preflight.why_differs", fused=loss["fused"], own=loss["own"], error=loss["error"]))
             _log(emit, Said("log.preflight.own_head", why=why))
             result["loss_path"] = "own_logits"
@@ -251,9 +289,10 @@ def check(trainer, cfg: _Checked, emit: EventSink, adapted: list[dict[str, Any]]
         if verified:
             _log(emit, Said("log.preflight.verified", lora=lora["layers"], model_type=text.model_type), level="info")
         else:
-            _log(emit, Said("log.preflight.done", rows=(Said("log.preflight.rows_ok", n=result["rows"]["rows"],
-                                                         error=result["rows"]["error"])
-                                                        if result.get("rows", {}).get("ok") else
-                                                        Said("log.preflight.no_packs")),
-                            loss=loss["error"], lora=lora["layers"], seconds=result["seconds"]), level="info")
+            rows_said = (Said("log.preflight.rows_ok", n=result["rows"]["rows"], error=result["rows"]["error"])
+                         if result.get("rows", {}).get("ok") else Said("log.preflight.no_packs"))
+            _log(emit, Said("log.preflight.done_own", rows=rows_said, lora=lora["layers"], seconds=result["seconds"])
+                 if loss.get("failed") else
+                 Said("log.preflight.done", rows=rows_said, loss=loss["error"], lora=lora["layers"],
+                      seconds=result["seconds"]), level="info")
     trainer.memtune_preflight = result

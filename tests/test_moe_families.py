@@ -1,0 +1,250 @@
+"""Every mixture-of-experts family gets 4-bit experts, counted by the estimate as the loader stores them
+(core/levers/expert_store.py: one rule for both); the families whose experts class is their own (Llama-4, DBRX,
+JetMoE: core/levers/family_experts.py) compute with them exactly as with their dequantized weights; Llama-4 trains
+on the product path, where TRL's fused loss head cannot run it (the pre-flight falls back to its own logits);
+lora_experts is refused before loading where it cannot adapt the experts, with the true reason; routers are never
+LoRA targets unless named.
+
+Tiny models of the real configs (tests/families_any.py OWN_EXPERTS and its MoE families, tests/test_estimate_stored.py
+MOE), random weights from a fixed seed, saved in bf16 with the demo tokenizer, loaded by memtune's own loader in 4
+bits (bitsandbytes NF4 on the CPU).
+"""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+
+import pytest
+import torch
+
+from core.config.settings import ConfigError, demo_config
+from tests import families_any
+from tests.test_estimate_stored import CONFIGS, MOE, _config, _stored
+
+OWN = tuple(families_any.OWN_EXPERTS)
+ANY_MOE = ("mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss", "qwen3_next", "granitemoehybrid")
+EVERY = [*(("stored", n) for n in MOE), *(("any", n) for n in ANY_MOE), *(("any", n) for n in OWN)]
+
+
+def _hf_config(source: str, name: str):
+    from transformers import AutoConfig
+
+    if source == "any":
+        return families_any.hf_config(name)
+    values = _config(name)
+    return AutoConfig.for_model(values.pop("model_type"), **values)
+
+
+def _save(config, folder):
+    from transformers import AutoModelForCausalLM
+
+    from core.demo import ensure_demo_model
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_config(config)
+        model.config.use_cache = False
+        model.to(torch.bfloat16).save_pretrained(folder)
+    for f in ensure_demo_model().iterdir():
+        if "token" in f.name or f.name == "chat_template.jinja":
+            shutil.copy(f, folder / f.name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory):
+    root = tmp_path_factory.mktemp("own")
+    return {name: _save(_hf_config("any", name), root / name) for name in OWN}
+
+
+def _cfg(folder, **changes):
+    base = dict(model=str(folder), load_in_4bit=True, upcast_to_fp32=False, offload_embeddings=False,
+                quantize_output_head=False, bnb_4bit_use_double_quant=True)
+    return demo_config(**{**base, **changes})
+
+
+@pytest.mark.parametrize("source,name", EVERY, ids=[f"{s}-{n}" for s, n in EVERY])
+def test_the_estimate_counts_the_experts_as_the_loader_stores_them(source, name, tmp_path):
+    """For every MoE family: the bytes the loaded model holds in 4 bits and in bf16 equal what the estimator counts
+    from the same config (the experts through expert_store's rule on both sides), and no weight holding several
+    experts is left 16-bit where the rule routes it to 4 bits."""
+    from core.estimate.terms import single_gpu_terms
+    from core.levers import expert_store
+    from core.model.load import load_model
+    from core.model.shapes import get_shape
+
+    folder = _save(_hf_config(source, name), tmp_path / name)
+    cfg = _cfg(folder)
+    model = load_model(cfg, str(folder))
+    held = _stored(model)
+    shape = get_shape(str(folder))
+    terms = single_gpu_terms(cfg, shape)
+    assert held.pop("4bit") == terms.quantized, name  # Linear4bit weights and every 4-bit expert
+    # the rest in bf16 (DeepSeek-V3 keeps its routers' score-correction bias in fp32, which the estimate counts
+    # 16-bit like every other small parameter)
+    assert held.get("bfloat16", 0) + held.get("float32", 0) // 2 == terms.unquantized, name
+    assert shape.expert_weights(), name  # every one of these families has experts the rule stores in 4 bits
+    assert not expert_store.plan(model).unrouted
+    left = [n for n, p in model.named_parameters() if p.dim() == 3 and "expert" in n]  # not convolutions' [o, i, w]
+    assert not left, (name, left)
+
+
+@pytest.mark.parametrize("name", OWN)
+def test_a_familys_own_experts_are_stored_in_4_bits_and_said(name, own):
+    """Llama-4, DBRX and JetMoE: every experts weight is bitsandbytes NF4 once loaded (none left 16-bit), the log's
+    line says so, and the estimate counts them 4-bit, one expert at a time (no grouped product)."""
+    from core.levers import experts as moe
+    from core.model.load import load_model
+    from core.model.shapes import get_shape
+
+    model = load_model(_cfg(own[name]), str(own[name]))
+    notes = {n.key: n.params for n in model.memtune_moe_notes}
+    assert list(notes) == ["log.moe.experts_4bit", "log.moe.aux_off"], notes
+    assert notes["log.moe.experts_4bit"]["layers"] == 2 and notes["log.moe.experts_4bit"]["experts"] == 4
+    quantized = [m for m in model.modules() if isinstance(m, moe.NF4Experts)]
+    shape = get_shape(str(own[name]))
+    assert len(quantized) == len(shape.expert_weights()) > 0 and not shape.experts_grouped
+    assert all(s.quant_type == "nf4" and s.nested for m in quantized for s in m.states)
+    assert shape.moe_layers == 2
+
+
+@pytest.mark.parametrize("name", OWN)
+def test_a_familys_own_experts_compute_in_4_bits_as_their_dequantized_selves(name, own):
+    """The family's 4-bit forward (one routed expert at a time through bitsandbytes) gives the logits and the
+    gradients of the family's own forward on the dequantized weights (a real quantization: those differ from the
+    checkpoint's)."""
+    from transformers import AutoModelForCausalLM
+
+    from core.levers import expert_store, experts as moe
+    from core.model.load import load_model
+
+    model = load_model(_cfg(own[name]), str(own[name]))  # bf16, as trained
+    ids = torch.randint(3, families_any.VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+
+    def run():
+        model.zero_grad()
+        emb = model.get_input_embeddings().weight
+        emb.requires_grad_(True)
+        out = model(ids, labels=ids)
+        out.loss.backward()
+        return out.logits.detach(), emb.grad.clone()
+
+    nf4_logits, nf4_grad = run()
+    paths = [w.path for w in expert_store.plan(model).quantized]
+    assert paths and moe.dequantize_experts(model) == len(paths)
+    assert not any(isinstance(m, moe.NF4Experts) for m in model.modules())
+    assert all(not type(m).__name__.startswith("NF4") for m in model.modules())  # the family's own forward again
+    own_logits, own_grad = run()
+    torch.testing.assert_close(nf4_logits, own_logits, rtol=0, atol=1e-2 * own_logits.abs().max().item())
+    assert (nf4_grad.float() - own_grad.float()).norm() <= 1e-2 * own_grad.float().norm()
+    saved = AutoModelForCausalLM.from_pretrained(own[name], dtype=torch.float32)
+    for path in paths:  # restored in the family's own shape, with the 4-bit values (not the checkpoint's)
+        restored, original = model.get_parameter(path).detach().float(), saved.get_parameter(path).detach()
+        assert restored.shape == original.shape and not torch.equal(restored, original), path
+        assert (restored - original).abs().max() < 0.25 * original.abs().max(), path
+
+
+@pytest.mark.parametrize("name", OWN)
+def test_lora_experts_is_refused_before_loading_with_the_true_reason(name, own):
+    """lora_experts adapts transformers' experts interface: on a family whose experts class is its own it is
+    refused on the module tree (before any weight loads), saying so, not that the model has no experts."""
+    from core.model.load import lora_targets, skeleton
+
+    cfg = _cfg(own[name], load_in_4bit=False, lora_experts=True, lora_dropout=0.0, lora_target_modules=["attention"])
+    tree = skeleton(cfg, str(own[name]))
+    with pytest.raises(ConfigError) as err:
+        lora_targets(cfg, model=tree)
+    [problem] = err.value.problems
+    assert problem.field == "lora_experts" and problem.key == "problem.lora_experts_family", problem
+    assert "no mixture-of-experts" not in problem.message
+
+
+def test_lora_experts_on_a_dense_model_is_refused_before_loading(demo_model_path):
+    from core.model.load import lora_targets, skeleton
+
+    cfg = demo_config(load_in_4bit=False, lora_experts=True, lora_dropout=0.0)
+    with pytest.raises(ConfigError) as err:
+        lora_targets(cfg, model=skeleton(cfg, str(demo_model_path)))
+    assert err.value.problems[0].key == "problem.lora_experts_dense"
+
+
+@pytest.mark.parametrize("name", OWN)
+def test_routers_are_never_lora_targets_unless_named(name):
+    """No group (attention, mlp, all_linear) and no q/k/v/o role takes a router (JetMoE's sits in its attention
+    block); a router named by the user is adapted."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    from core.model import lora_targets as lt
+
+    with init_empty_weights():
+        tree = AutoModelForCausalLM.from_config(families_any.hf_config(name))
+    linear = lt.linear_layers(tree)
+    assert linear.routers, name
+    for group in (["attention"], ["all_linear"]):
+        chosen = lt.resolve(group, linear, 8).modules
+        assert chosen and not set(chosen) & linear.routers, (name, group, chosen)
+        assert not any(lt._is_router(tree, p) for p in lt.paths(tree, chosen)), (name, group)
+    router = sorted(linear.routers)[0]
+    assert lt.resolve([router], linear, 8).modules == [router]
+    if name == "jetmoe":  # its attention's linear layers: kv_proj (k and v) and the heads' router
+        assert lt.resolve(["attention"], linear, 8).modules == ["kv_proj"]
+        assert lt.resolve(["k_proj", "v_proj"], linear, 8).modules == ["kv_proj"]
+
+
+def test_llama4_text_trains_in_4_bits_on_its_own_logits_where_the_fused_head_fails(own, tmp_path):
+    """The product path on Llama-4 (text): experts in 4 bits; TRL's fused loss head fails on it (it looks for the
+    backbone under base_model_prefix "language_model"), so the pre-flight makes the model's own logits the loss,
+    says why in the log, and the run trains: no crash, losses finite, summary.json records the loss path."""
+    from core.train.recipe import run_training
+
+    events = []
+    cfg = _cfg(own["llama4_text"], output_dir=str(tmp_path / "runs"), upcast_to_fp32=True,
+               lora_target_modules=["attention"], max_steps=2, logging_steps=1, per_device_train_batch_size=2,
+               gradient_accumulation_steps=1, max_length=32, dataset_split="train[:8]", validation_share=0.0,
+               eval_samples=0)
+    result = run_training(cfg, sink=events.append)
+    assert result.status == "completed", result.message
+    keys = [e.get("key") for e in events]
+    assert "log.moe.experts_4bit" in keys and "log.preflight.done_own" in keys
+    own_head = next(e for e in events if e.get("key") == "log.preflight.own_head")
+    assert own_head["params"]["why"]["key"] == "log.preflight.why_failed"
+    pre = result.summary["preflight"]
+    assert pre["loss_path"] == "own_logits" and pre["loss"]["failed"] and pre["loss"]["own"] > 0
+    losses = [e["params"]["loss"] for e in events if e.get("key") == "log.step"]
+    assert len(losses) == 2 and all(0 < x < 20 for x in losses)
+
+
+def test_a_family_without_gradient_checkpointing_trains_without_it_and_says_so():
+    """JetMoE's class refuses gradient checkpointing (transformers raises once the Trainer enables it): the run is
+    resolved without it before loading, with the reason in the log; a family that supports it keeps it."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    from core.config.presets import apply_preset
+    from core.config.settings import TrainConfig
+    from core.model import families
+
+    cfg = apply_preset(TrainConfig(), "lowest_memory")
+    assert cfg.gradient_checkpointing
+    for name, refused in (("jetmoe", True), ("llama4_text", False), ("dbrx", False)):
+        config = families_any.hf_config(name)
+        with init_empty_weights():
+            found = families.traits(config, AutoModelForCausalLM.from_config(config))
+        changes, said = families.adapt(cfg, found)
+        assert (changes.get("gradient_checkpointing") is False) == refused, (name, changes)
+        assert ("log.adapt.no_checkpointing" in [s.key for s in said]) == refused
+
+
+def test_the_preview_refuses_lora_experts_with_the_runs_reason(own):
+    """The data preview says what the run would: lora_experts on Llama-4's own experts class, not "no experts"."""
+    import json
+
+    from core.jobs.preview import model_changes
+
+    cfg = _cfg(own["llama4_text"], load_in_4bit=False, lora_experts=True, lora_dropout=0.0)
+    _, lines, tree = model_changes(cfg)
+    said = json.dumps(lines)
+    assert tree is not None and "problem.lora_experts_family" in said and "problem.lora_experts_dense" not in said
