@@ -29,7 +29,7 @@ KEPT_TERMS = {
     "QLoRA", "LoRA", "DoRA", "GGUF", "Q4_K_M", "GPU", "RAM", "GiB", "MiB", "KiB", "Top-p", "tokens/s", "tokens", "lr",
     "batch", "packing", "Prompt", "Dataset", "Split", "Log", "tensor", "checklist", "precision", "fp16",
     "Gradient", "gradient", "checkpointing", "accumulation", "Weight", "decay", "Adapter", "Seed", "Loss", "Tracking",
-    "true", "false", "true/false", "alpha", "dropout",
+    "true", "false", "true/false", "alpha", "dropout", "KL",
     "my-run", "your-name/my-adapter",  # example identifiers: a run folder's and a Hub repository's names are ASCII
 }
 # Words each language writes as English does (not English left behind): French "Message", Portuguese "use"...
