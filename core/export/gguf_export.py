@@ -364,32 +364,71 @@ def _gib(n: int) -> Said:
     return Said("unit.size1", n=n / MiB, unit=Said("unit.mib"))
 
 
+def _source(adapter_dir: str | Path | None, model_dir: str | Path | None) -> tuple[Path, Any]:
+    """(the model folder whose weights are converted, the adapter's settings or None); GGUFError when there is
+    none on this machine."""
+    from core.export.adapter import _local_model_dir
+
+    if bool(adapter_dir) == bool(model_dir):
+        raise GGUFError("gguf.err.source")
+    if not adapter_dir:
+        return Path(model_dir), None
+    from core.infer import InferError, adapter_config, said
+
+    try:
+        cfg = adapter_config(adapter_dir)
+    except InferError as exc:
+        raise GGUFError(said(exc)) from None
+    source = _local_model_dir(cfg)
+    if source is None or not (source / "config.json").is_file():
+        raise GGUFError("gguf.err.base_missing", model=cfg.model)
+    return source, cfg
+
+
+def _sizes(source: Path, config: dict[str, Any], tplan: list, fmts: list[str]) -> dict[str, int]:
+    """Each format's file size in bytes: its tensors as written (the k-quants as llama.cpp's mix writes them) and
+    the metadata (vocabulary, merges, chat template, names)."""
+    extra = metadata_bytes(source, tplan, int(config["vocab_size"]))
+    layers = int(config["num_hidden_layers"])
+    return {f: (planned_bytes(tplan, f, layers) if f in KQUANTS else file_bytes(tplan, f)) + extra for f in fmts}
+
+
+# The formats the Export tab lists, smallest last, each with its size and when to pick it (gguf.pick.<format>)
+LISTED_FORMATS = ("f16", "q8_0", "q6_k", "q5_k_m", "q4_k_m")
+
+
+@dataclass
+class FormatRow:
+    format: str
+    bytes: int  # the planned file size
+    missing: Said | None = None  # why this machine cannot write it (a k-quant without llama.cpp's library), and how
+
+
+def format_rows(adapter_dir: str | Path | None = None, model_dir: str | Path | None = None) -> list[FormatRow]:
+    """The formats an export can write, each with its planned size (plan_gguf's own) and, for the k-quants where
+    llama.cpp's library is missing, why and how to get it: said before anything is written."""
+    source, _ = _source(adapter_dir, model_dir)
+    config = read_config(source)
+    architecture(config)
+    sizes = _sizes(source, config, tensor_plan(source, config), list(LISTED_FORMATS))
+    _, why = kquant_library()
+    return [FormatRow(f, sizes[f], why if f in KQUANTS else None) for f in LISTED_FORMATS]
+
+
 def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | None = None,
               formats: Any = ("f16", "q8_0"), out_dir: str | Path | None = None) -> GGUFPlan:
     """How much RAM and disk the export needs and whether this machine has it (message says both); GGUFError for
     inputs that cannot be exported at all (no model, unsupported architecture, unknown format)."""
     import psutil
 
-    from core.export.adapter import _local_model_dir, merge_plan
+    from core.export.adapter import merge_plan
 
     fmts = parse_formats(formats)
-    if bool(adapter_dir) == bool(model_dir):
-        raise GGUFError("gguf.err.source")
-    cfg = None
+    source, cfg = _source(adapter_dir, model_dir)
     if adapter_dir:
-        from core.infer import InferError, adapter_config, said
-
-        try:
-            cfg = adapter_config(adapter_dir)
-        except InferError as exc:
-            raise GGUFError(said(exc)) from None
-        source = _local_model_dir(cfg)
-        if source is None or not (source / "config.json").is_file():
-            raise GGUFError("gguf.err.base_missing", model=cfg.model)
         run = Path(adapter_dir).resolve().parent.name
         full = _slug(f"{Path(cfg.model).name}-{run}")
     else:
-        source = Path(model_dir)
         full, run = _slug(source.resolve().name), None
     name = ollama_name(full)
     config = read_config(source)
@@ -399,14 +438,13 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
 
     names = naming(config, cfg.model if cfg else str(source.resolve()), run, hub_id(cfg.model) if cfg else None)
     tplan = tensor_plan(source, config)
-    extra = metadata_bytes(source, tplan, int(config["vocab_size"]))  # vocabulary, merges, chat template, infos
     kquants = [f for f in fmts if f in KQUANTS]
     if kquants:  # refused by name before anything is merged or written
         lib, why = kquant_library()
         if lib is None:
             raise GGUFError("gguf.err.kquant_missing", formats=", ".join(kquants), why=why)
-    layers = int(config["num_hidden_layers"])
-    sizes = {f: (planned_bytes(tplan, f, layers) if f in KQUANTS else file_bytes(tplan, f)) + extra for f in fmts}
+    sizes = _sizes(source, config, tplan, fmts)
+    extra = metadata_bytes(source, tplan, int(config["vocab_size"]))
     params = sum(_count(shape) for _, src, shape in tplan if src)
     biggest = max(_count(shape) for _, _, shape in tplan) * 4 * 3  # one tensor in f32, permuted, encoded
     merge_bytes = params * 2 if adapter_dir else 0
