@@ -23,3 +23,16 @@ if [[ "$(uname -s)" == "Linux" ]] && ! nvidia-smi >/dev/null 2>&1; then
   fi
 fi
 "${PIP[@]}" -c requirements.lock -c requirements-dev.lock -r "$REQS"
+# The k-quant GGUF export's quantizer (core/export/kquant.py): llama.cpp's library from node-llama-cpp's prebuilt CPU
+# package for this system, at the version scripts/quantizer/package-lock.json pins, where Node.js is installed. Without
+# it memtune still runs; the Export tab's k-quant formats say how to add it.
+if command -v npm >/dev/null 2>&1; then
+  Q=scripts/quantizer
+  if [[ ! "$Q/node_modules/.package-lock.json" -nt "$Q/package-lock.json" ]]; then
+    echo "memtune: installing llama.cpp's quantizer for 4-bit GGUF files (npm ci in $Q)" >&2
+    (cd "$Q" && npm ci --no-audit --no-fund --loglevel=error) \
+      || echo "memtune: the quantizer did not install; GGUF Q4_K_M/Q5_K_M/Q6_K stay unavailable (run: cd $Q && npm ci)" >&2
+  fi
+else
+  echo "memtune: no npm found: GGUF Q4_K_M/Q5_K_M/Q6_K need Node.js 20+ (nodejs.org), then: cd scripts/quantizer && npm ci" >&2
+fi

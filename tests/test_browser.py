@@ -306,8 +306,14 @@ def test_the_gguf_plan_note_follows_the_language(page, server):
     page.wait_for_function("document.querySelector('#export-adapter input')?.value", timeout=ms(30))
     page.wait_for_function("document.querySelector('#gguf-plan-note')?.textContent.includes('Needs about')",
                            timeout=ms(60))
+    # the formats with their sizes and when to pick each, before anything is written
+    page.wait_for_function("document.querySelector('#gguf-format-table')?.textContent.includes('When to pick it')",
+                           timeout=ms(60))
+    assert page.locator("#gguf-format-table tr[data-format]").count() == 5
     choose(page, "#lang-select", "Français")
     page.wait_for_function("document.querySelector('#gguf-plan-note')?.textContent.includes('Il faut environ')",
+                           timeout=ms(60))
+    page.wait_for_function("document.querySelector('#gguf-format-table')?.textContent.includes('Quand le choisir')",
                            timeout=ms(60))
     note = page.locator("#gguf-plan-note").inner_text().split("Écrit dans")[0]  # (the path may hold anything)
     assert "Gio" in note and "GiB" not in note and not re.search(r"\d\.\d", note), note  # units, decimal commas

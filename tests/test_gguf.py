@@ -458,9 +458,9 @@ def _with_template(demo_model_path, template: str | None):
 def test_ollama_template_renders_what_the_chat_template_renders(path, demo_model_path):
     """The Modelfile's TEMPLATE, rendered as Ollama renders it (tests/ollama_go.py), is the HF chat template's
     text for the same messages: default system turns (Qwen2.5's, Llama-3.1's date header) and end-of-turn tokens
-    included. A template that moves the system turn into a later message (Mistral-Nemo) is refused by name."""
-    from core.export.gguf import GGUFError
-    from core.export.gguf_export import chat_pieces, go_chat_template
+    included; Mistral-Nemo's system text inside the last user turn; Gemma-2's, which takes no system turn, folded
+    into the first user turn as llama.cpp folds it."""
+    from core.export.gguf_export import chat_pieces, folded, go_chat_template
     from tests import ollama_go
 
     tok = _with_template(demo_model_path, path.read_text(encoding="utf-8"))
@@ -468,17 +468,13 @@ def test_ollama_template_renders_what_the_chat_template_renders(path, demo_model
     def hf(messages, generation=True):
         return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
 
-    if "Mistral" in path.stem:
-        with pytest.raises(GGUFError, match="system turn moved into the last user message"):
-            chat_pieces(hf)
-        return
     go = go_chat_template(chat_pieces(hf), bos=None)
     rendered = ollama_go.render_template(go, CONVERSATIONS)  # Ollama's own template code (tests/go)
     for messages, text in zip(CONVERSATIONS, rendered):
         if "gemma" in path.stem and messages[0]["role"] == "system":  # Gemma's template refuses system turns
             with pytest.raises(Exception, match="System role not supported"):
                 hf(messages)
-            assert text is None  # and so does Ollama's render (tests/test_modelfile.py)
+            assert text == hf(folded(messages)), messages
             continue
         assert text == hf(messages), messages
     if "Qwen2.5" in path.stem:  # the default system turn the old Modelfile left out
@@ -503,8 +499,8 @@ def test_memtune_chat_template_is_the_training_prompt(demo_model_path):
 
 def test_export_writes_the_model_chat_template_and_a_matching_modelfile(tmp_path, demo_model_path):
     """A chat model's GGUF keeps its own chat template; its Modelfile's TEMPLATE renders the same text (Qwen2.5's
-    default system turn included), stops at its end-of-turn token and samples greedily. A template Ollama's
-    per-message form cannot express (Mistral-Nemo's) gets no TEMPLATE and says why."""
+    default system turn included), stops at its end-of-turn token and samples greedily; Mistral-Nemo's template
+    gets one too (Ollama renders it in tests/test_templates_ollama.py)."""
     import re
 
     from gguf import GGUFReader
@@ -533,4 +529,4 @@ def test_export_writes_the_model_chat_template_and_a_matching_modelfile(tmp_path
                          "mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text(encoding="utf-8")
     tok.save_pretrained(folder)
     modelfile = export_gguf(model_dir=folder, formats="f32", overwrite=True).modelfile.read_text()
-    assert "TEMPLATE" not in modelfile.replace("# No TEMPLATE", "") and "system turn moved" in modelfile
+    assert "[INST]" in re.search(r'TEMPLATE """(.*?)"""', modelfile, re.S).group(1)

@@ -139,6 +139,7 @@ def test_kquants_are_refused_by_name_without_a_library(wide_files, monkeypatch, 
     assert err.value.params["why"]["key"] == "gguf.kquant.env_missing"
     monkeypatch.delenv(kquant.ENV)
     monkeypatch.setattr(kquant, "NODE_MODULES", tmp_path / "node_modules")
+    monkeypatch.setattr(kquant, "TEST_NODE_MODULES", tmp_path / "node_modules")
     with pytest.raises(GGUFError) as err:
         export_gguf(model_dir=plan.source, formats="q4_k_m", out_dir=tmp_path / "out")
     assert err.value.params["why"]["key"] == "gguf.kquant.no_library" and not (tmp_path / "out").exists()

@@ -14,7 +14,8 @@ from core.i18n import t
 from core.jobs.actions import ActionBusy
 from ui import render
 
-FORMAT_KEYS = {"f16": "gguf.format_f16", "bf16": "gguf.format_bf16", "q8_0": "gguf.format_q8_0"}
+FORMAT_KEYS = {"f16": "gguf.format_f16", "bf16": "gguf.format_bf16", "q8_0": "gguf.format_q8_0",
+               "q6_k": "gguf.format_q6_k", "q5_k_m": "gguf.format_q5_k_m", "q4_k_m": "gguf.format_q4_k_m"}
 DEFAULT_FORMATS = ["f16", "q8_0"]
 
 
@@ -33,6 +34,33 @@ def _size(n_bytes: int, lang: str = "en") -> str:
 
 def format_choices(lang: str) -> list[tuple[str, str]]:
     return [(t(key, lang), fmt) for fmt, key in FORMAT_KEYS.items()]
+
+
+def on_gguf_formats(lang: str, adapter: str | None) -> str:
+    """The formats with their planned file sizes (core.export.gguf_export.format_rows) and when to pick each, before
+    anything is written; a k-quant this machine cannot write says why and how to get llama.cpp's quantizer."""
+    from html import escape
+
+    from core.export.gguf_export import format_rows
+
+    if not adapter:
+        return ""
+    try:
+        rows = format_rows(adapter_dir=adapter)
+    except Exception:  # noqa: BLE001 - the plan below says what is wrong with this adapter
+        return ""
+    head = "".join(f"<th>{escape(t(k, lang))}</th>" for k in ("gguf.table.format", "gguf.table.size",
+                                                              "gguf.table.pick"))
+    body = []
+    for row in rows:
+        pick = escape(t(f"gguf.pick.{row.format}", lang))
+        if row.missing is not None:
+            pick += ('<br><span class="mt-gguf-missing">'
+                     + escape(t("gguf.table.missing", lang, why=render.log_text(row.missing, lang))) + "</span>")
+        body.append(f'<tr data-format="{row.format}"><td><code>{row.format.upper()}</code></td>'
+                    f"<td>{escape(_size(row.bytes, lang))}</td><td>{pick}</td></tr>")
+    return (f'<table class="mt-gguf-formats" id="gguf-format-table"><caption>{escape(t("gguf.table.caption", lang))}'
+            f"</caption><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
 
 
 def on_gguf_plan(lang: str, adapter: str | None, formats: list[str] | None) -> str:
@@ -125,6 +153,7 @@ def build_section(lang0: str, tr: Any, lang: gr.Dropdown, adapter: gr.Dropdown, 
     """The GGUF widgets and their events; returns the components a language switch re-renders."""
     tr.add(gr.Markdown(f"#### {t('gguf.title', lang0)}\n{t('gguf.intro', lang0)}", elem_id="gguf-title"),
            value=lambda lg: f"#### {t('gguf.title', lg)}\n{t('gguf.intro', lg)}")
+    table = gr.HTML(elem_id="gguf-format-sizes")
     with gr.Row(equal_height=False):
         formats = tr.add(gr.CheckboxGroup(choices=format_choices(lang0), value=DEFAULT_FORMATS,
                                           label=t("gguf.formats", lang0), elem_id="gguf-formats", scale=3),
@@ -140,6 +169,8 @@ def build_section(lang0: str, tr: Any, lang: gr.Dropdown, adapter: gr.Dropdown, 
     status = gr.HTML(elem_id="gguf-status")
     commands = tr.add(gr.Code("", language="shell", label=t("gguf.commands", lang0), interactive=False,
                               visible=False, elem_id="gguf-commands"), label="gguf.commands")
+    for trigger in (adapter.change, lang.change):
+        trigger(on_gguf_formats, inputs=[lang, adapter], outputs=[table], show_progress="hidden")
     for trigger in (adapter.change, formats.change, lang.change):  # a language switch re-writes the plan too
         trigger(on_gguf_plan, inputs=[lang, adapter, formats], outputs=[plan], show_progress="hidden")
     asked = [lang, adapter, formats, replace] + ([remote] if remote is not None else [])
@@ -148,4 +179,4 @@ def build_section(lang0: str, tr: Any, lang: gr.Dropdown, adapter: gr.Dropdown, 
     # not queued behind the export it stops (Gradio's default concurrency of one per event would wait for it)
     stop.click(partial(on_gguf_stop, app), inputs=[lang], outputs=[status], concurrency_limit=None,
                show_progress="hidden")
-    return [formats, plan]
+    return [formats, plan, table]

@@ -111,9 +111,11 @@ _SENTINELS = {"system": "SYS\u2063S1", "user": "USR\u2063U1", "assistant": "AST\
 def chat_pieces(render) -> dict[str, str]:
     """The text a chat template puts around messages, read off `render(messages, add_generation_prompt)`:
     start_user (no system turn: the template's default system turn, if any, + the user header), start_system,
-    system_user, user_assistant, assistant_user and user_end (end of turn + the generation prompt).
-    GGUFError when the template does not render the messages in order (e.g. a system turn moved into a later
-    message), which a per-message Ollama template cannot express."""
+    system_user, user_assistant, assistant_user and user_end (end of turn + the generation prompt), and where the
+    system text goes (fold): None, a turn of its own; "last", inside the last message when it is the user's
+    (Mistral's [INST] templates); "next", inside the next user turn (llama.cpp's folding for templates without a
+    system role, Gemma's: the template's refusal is kept in system_error).
+    GGUFError when the template renders messages in an order none of these express."""
     S = _SENTINELS
     u = render([{"role": "user", "content": S["user"]}], True)
     uau = render([{"role": "user", "content": S["user"]}, {"role": "assistant", "content": S["assistant"]},
@@ -121,7 +123,7 @@ def chat_pieces(render) -> dict[str, str]:
     system_error = None
     try:
         su = render([{"role": "system", "content": S["system"]}, {"role": "user", "content": S["user"]}], True)
-    except Exception as exc:  # noqa: BLE001 - Gemma's templates raise on a system turn: so will the Modelfile's
+    except Exception as exc:  # noqa: BLE001 - Gemma's templates raise on a system turn: llama.cpp folds it instead
         su, system_error = None, f"{type(exc).__name__}: {exc}"
 
     def cut(text: str, *marks: str) -> list[str]:
@@ -135,23 +137,23 @@ def chat_pieces(render) -> dict[str, str]:
 
     start_user, user_end = cut(u, S["user"])
     uau_start, user_assistant, assistant_user, uau_end = cut(uau, S["user"], S["assistant"], S["user2"])
-    start_system = system_user = None
-    if su is not None:
+    if uau_start != start_user or uau_end != user_end:
+        raise GGUFError("gguf.err.template_follows")
+    base = dict(start_user=start_user, user_assistant=user_assistant, assistant_user=assistant_user,
+                user_end=user_end, system_error=system_error, trim=[])
+    if su is None:  # llama.cpp's folding: the system text, a blank line, then the first user message
+        candidates = [dict(base, start_system=None, system_user=FOLD_SEPARATOR, fold="next")]
+    else:
         start_system, system_user, su_end = cut(su, S["system"], S["user"])
         if su_end != user_end:
             raise GGUFError("gguf.err.template_follows")
-    if uau_start != start_user or uau_end != user_end:
-        raise GGUFError("gguf.err.template_follows")
-    pieces = dict(start_user=start_user, start_system=start_system, system_user=system_user,
-                  user_assistant=user_assistant, assistant_user=assistant_user, user_end=user_end,
-                  system_error=system_error)
-    # The pieces must rebuild longer conversations too (Mistral's templates move the system turn into the LAST
-    # user message, which per-message pieces cannot express).
-    for messages in CHECK_CONVERSATIONS:
-        if su is None and any(m["role"] == "system" for m in messages):
-            continue
-        if render_pieces(pieces, messages) != render(messages, True):
-            raise GGUFError("gguf.err.template_conversation")
+        candidates = [dict(base, start_system=start_system, system_user=system_user, fold=None)]
+        if start_system == start_user:  # the system text inside a user turn: the next one, or only the last
+            candidates += [dict(base, start_system=start_system, system_user=system_user, fold=fold)
+                           for fold in ("next", "last")]
+    pieces = next((c for c in candidates if _rebuilds(c, render)), None)
+    if pieces is None:
+        raise GGUFError("gguf.err.template_conversation")
     # Which roles' content the template strips (Llama-3.1's and Gemma-2's `| trim`): the Ollama template does too.
     # A role rendered neither stripped nor as sent (Qwen3 drops reasoning) is left as sent.
     pad = " \n\u00a0"
@@ -166,33 +168,72 @@ def chat_pieces(render) -> dict[str, str]:
     for role, messages in padded.items():
         if render(messages, True) == render_pieces(dict(pieces, trim=[role]), messages):
             trim.append(role)
+    if su is None and "user" in trim:  # llama.cpp trims the folded system text as it trims the turns (Gemma)
+        trim.append("system")
     pieces["trim"] = trim
     return pieces
 
 
+# Between the system text and the user's where a template without a system role gets it folded in (llama.cpp's
+# llm_chat_apply_template for Gemma and Mistral v1-v3, and Ollama's own Mistral template)
+FOLD_SEPARATOR = "\n\n"
 CHECK_CONVERSATIONS = [
     [{"role": "system", "content": "SYS"}, {"role": "user", "content": "U1"}, {"role": "assistant", "content": "A1"},
      {"role": "user", "content": "U2"}],
     [{"role": "user", "content": "U1"}, {"role": "assistant", "content": "A1"}, {"role": "user", "content": "U2"},
      {"role": "assistant", "content": "A2"}, {"role": "user", "content": "U3"}],
+    [{"role": "system", "content": "SYS"}, {"role": "user", "content": "U1"}],
 ]
+
+
+def folded(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """llama.cpp's folding for a template without a system role: the system text, stripped, and a blank line
+    start the first user message after it."""
+    out, system = [], None
+    for m in messages:
+        if m["role"] == "system":
+            system = m["content"].strip()
+        elif m["role"] == "user" and system is not None:
+            out.append(dict(m, content=(system + FOLD_SEPARATOR if system else "") + m["content"].strip()))
+            system = None
+        else:
+            out.append(dict(m))
+    return out
+
+
+def _rebuilds(pieces: dict[str, Any], render) -> bool:
+    """Whether `pieces` rebuild longer conversations as the template renders them (or, where it refuses system
+    turns, as it renders them folded)."""
+    for messages in CHECK_CONVERSATIONS:
+        expected = render(folded(messages) if pieces["system_error"] else messages, True)
+        if render_pieces(pieces, messages) != expected:
+            return False
+    return True
 
 
 def render_pieces(pieces: dict[str, str | None], messages: list[dict[str, str]]) -> str:
     """What go_chat_template's TEMPLATE renders for `messages` (the same rules, in Python)."""
-    out, prev = [], ""
-    for m in messages:
-        role = m["role"]
+    out, prev, fold, system = [], "", pieces.get("fold"), None
+    trim = pieces.get("trim") or ()
+    for i, m in enumerate(messages):
+        role, content = m["role"], m["content"].strip() if m["role"] in trim else m["content"]
         if role == "system":
+            if fold:
+                system = content
+                continue
             if pieces["start_system"] is None:
                 raise GGUFError("gguf.err.template_system")
             out.append(pieces["start_system"])
         elif role == "user":
             out.append(pieces["system_user"] if prev == "system" else
                        pieces["assistant_user"] if prev == "assistant" else pieces["start_user"])
+            if system is not None and (fold == "next" or i == len(messages) - 1):
+                if system or fold == "last":  # llama.cpp folds no empty system text; Mistral's template does
+                    content = system + pieces["system_user"] + content
+                system = None
         elif role == "assistant":
             out.append(pieces["user_assistant"])
-        out.append(m["content"].strip() if role in (pieces.get("trim") or ()) else m["content"])
+        out.append(content)
         prev = role
     return "".join(out) + pieces["user_end"]
 
@@ -226,22 +267,36 @@ def _go_error(text: str) -> str:
 
 def go_chat_template(pieces: dict[str, str], bos: str | None) -> str:
     """An Ollama TEMPLATE over .Messages that renders what the chat template renders (pieces: chat_pieces), less
-    the leading BOS text when llama.cpp's tokenizer adds BOS itself (bos = that text)."""
+    the leading BOS text when llama.cpp's tokenizer adds BOS itself (bos = that text). A system text that the chat
+    template folds into a user turn (pieces["fold"]) is held in $sys until that turn."""
     p = {k: _go(v[len(bos):] if bos and k.startswith("start_") and v.startswith(bos) else v)
-         for k, v in pieces.items() if isinstance(v, str) and k != "system_error"}
+         for k, v in pieces.items() if isinstance(v, str) and k not in ("system_error", "fold")}
     trim = pieces.get("trim") or ()
+    fold = pieces.get("fold")
     content = {role: '{{ template "memtune-trim" .Content }}' if role in trim else "{{ .Content }}"
                for role in ("system", "user", "assistant")}
-    # a template without system turns (Gemma's raises "System role not supported"): so does Ollama's render
-    system = (p["start_system"] + content["system"] if "start_system" in p else
-              _go_error(pieces.get("system_error") or "this model's chat template takes no system message"))
-    return ((GO_TRIM if trim else "") + '{{- $prev := "" }}{{- range .Messages }}'
+    if fold:
+        system = '{{ $sys = .Content }}{{ $held = true }}'
+        here = "true" if fold == "next" else "(eq (len (slice $.Messages $i)) 1)"
+        # llama.cpp folds no empty system text (Gemma); Mistral's template writes even an empty one
+        when = "(and $held $sys)" if fold == "next" else "$held"
+        held = ('{{ if and ' + when + ' ' + here + ' }}' +
+                ('{{ template "memtune-trim" $sys }}' if "system" in trim else "{{ $sys }}") +
+                p["system_user"] + '{{ $held = false }}{{ end }}')
+        after = '{{ if ne .Role "system" }}{{ $prev = .Role }}{{ end }}'
+        declare, over = '{{- $sys := "" }}{{- $held := false }}', "{{- range $i, $m := .Messages }}"
+    else:
+        system = p["start_system"] + content["system"] if "start_system" in p else \
+            _go_error(pieces.get("system_error") or "this model's chat template takes no system message")
+        held, after = "", "{{ $prev = .Role }}"
+        declare, over = "", "{{- range .Messages }}"
+    return ((GO_TRIM if trim else "") + '{{- $prev := "" }}' + declare + over +
             '{{- if eq .Role "system" }}' + system +
             '{{- else if eq .Role "user" }}{{ if eq $prev "system" }}' + p.get("system_user", p["start_user"])
             + '{{ else if eq $prev "assistant" }}' + p["assistant_user"] + '{{ else }}' + p["start_user"]
-            + '{{ end }}' + content["user"] +
+            + '{{ end }}' + held + content["user"] +
             '{{- else if eq .Role "assistant" }}' + p["user_assistant"] + content["assistant"] +
-            '{{- end }}{{ $prev = .Role }}{{- end }}' + p["user_end"])
+            '{{- end }}' + after + '{{- end }}' + p["user_end"])
 
 
 @dataclass
@@ -309,32 +364,71 @@ def _gib(n: int) -> Said:
     return Said("unit.size1", n=n / MiB, unit=Said("unit.mib"))
 
 
+def _source(adapter_dir: str | Path | None, model_dir: str | Path | None) -> tuple[Path, Any]:
+    """(the model folder whose weights are converted, the adapter's settings or None); GGUFError when there is
+    none on this machine."""
+    from core.export.adapter import _local_model_dir
+
+    if bool(adapter_dir) == bool(model_dir):
+        raise GGUFError("gguf.err.source")
+    if not adapter_dir:
+        return Path(model_dir), None
+    from core.infer import InferError, adapter_config, said
+
+    try:
+        cfg = adapter_config(adapter_dir)
+    except InferError as exc:
+        raise GGUFError(said(exc)) from None
+    source = _local_model_dir(cfg)
+    if source is None or not (source / "config.json").is_file():
+        raise GGUFError("gguf.err.base_missing", model=cfg.model)
+    return source, cfg
+
+
+def _sizes(source: Path, config: dict[str, Any], tplan: list, fmts: list[str]) -> dict[str, int]:
+    """Each format's file size in bytes: its tensors as written (the k-quants as llama.cpp's mix writes them) and
+    the metadata (vocabulary, merges, chat template, names)."""
+    extra = metadata_bytes(source, tplan, int(config["vocab_size"]))
+    layers = int(config["num_hidden_layers"])
+    return {f: (planned_bytes(tplan, f, layers) if f in KQUANTS else file_bytes(tplan, f)) + extra for f in fmts}
+
+
+# The formats the Export tab lists, smallest last, each with its size and when to pick it (gguf.pick.<format>)
+LISTED_FORMATS = ("f16", "q8_0", "q6_k", "q5_k_m", "q4_k_m")
+
+
+@dataclass
+class FormatRow:
+    format: str
+    bytes: int  # the planned file size
+    missing: Said | None = None  # why this machine cannot write it (a k-quant without llama.cpp's library), and how
+
+
+def format_rows(adapter_dir: str | Path | None = None, model_dir: str | Path | None = None) -> list[FormatRow]:
+    """The formats an export can write, each with its planned size (plan_gguf's own) and, for the k-quants where
+    llama.cpp's library is missing, why and how to get it: said before anything is written."""
+    source, _ = _source(adapter_dir, model_dir)
+    config = read_config(source)
+    architecture(config)
+    sizes = _sizes(source, config, tensor_plan(source, config), list(LISTED_FORMATS))
+    _, why = kquant_library()
+    return [FormatRow(f, sizes[f], why if f in KQUANTS else None) for f in LISTED_FORMATS]
+
+
 def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | None = None,
               formats: Any = ("f16", "q8_0"), out_dir: str | Path | None = None) -> GGUFPlan:
     """How much RAM and disk the export needs and whether this machine has it (message says both); GGUFError for
     inputs that cannot be exported at all (no model, unsupported architecture, unknown format)."""
     import psutil
 
-    from core.export.adapter import _local_model_dir, merge_plan
+    from core.export.adapter import merge_plan
 
     fmts = parse_formats(formats)
-    if bool(adapter_dir) == bool(model_dir):
-        raise GGUFError("gguf.err.source")
-    cfg = None
+    source, cfg = _source(adapter_dir, model_dir)
     if adapter_dir:
-        from core.infer import InferError, adapter_config, said
-
-        try:
-            cfg = adapter_config(adapter_dir)
-        except InferError as exc:
-            raise GGUFError(said(exc)) from None
-        source = _local_model_dir(cfg)
-        if source is None or not (source / "config.json").is_file():
-            raise GGUFError("gguf.err.base_missing", model=cfg.model)
         run = Path(adapter_dir).resolve().parent.name
         full = _slug(f"{Path(cfg.model).name}-{run}")
     else:
-        source = Path(model_dir)
         full, run = _slug(source.resolve().name), None
     name = ollama_name(full)
     config = read_config(source)
@@ -344,14 +438,13 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
 
     names = naming(config, cfg.model if cfg else str(source.resolve()), run, hub_id(cfg.model) if cfg else None)
     tplan = tensor_plan(source, config)
-    extra = metadata_bytes(source, tplan, int(config["vocab_size"]))  # vocabulary, merges, chat template, infos
     kquants = [f for f in fmts if f in KQUANTS]
     if kquants:  # refused by name before anything is merged or written
         lib, why = kquant_library()
         if lib is None:
             raise GGUFError("gguf.err.kquant_missing", formats=", ".join(kquants), why=why)
-    layers = int(config["num_hidden_layers"])
-    sizes = {f: (planned_bytes(tplan, f, layers) if f in KQUANTS else file_bytes(tplan, f)) + extra for f in fmts}
+    sizes = _sizes(source, config, tplan, fmts)
+    extra = metadata_bytes(source, tplan, int(config["vocab_size"]))
     params = sum(_count(shape) for _, src, shape in tplan if src)
     biggest = max(_count(shape) for _, _, shape in tplan) * 4 * 3  # one tensor in f32, permuted, encoded
     merge_bytes = params * 2 if adapter_dir else 0
@@ -465,7 +558,7 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
                 raise GGUFError(said(exc)) from None
             start = 0.5
         meta = tokenizer_metadata(source, int(read_config(source)["vocab_size"]))
-        template, stops, why = ollama_template(source, meta)
+        template, stops, differs = ollama_template(source, meta)
         written: dict[str, Path] = {}
         notes: list[Said] = []
         # memtune's own formats first: the k-quants are quantized from the F16 file by llama.cpp
@@ -495,7 +588,9 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
             written.pop("scratch").unlink()
         files = {fmt: written[fmt] for fmt in plan.formats}
         shutil.rmtree(tmp / "merged", ignore_errors=True)
-        result = _write_extras(tmp, out, plan, files, meta, template, stops, why, notes)
+        if differs is not None:
+            notes.append(differs)
+        result = _write_extras(tmp, out, plan, files, meta, template, stops, notes)
         move_into_place(tmp, out)
         step(1.0, Said("gguf.step.done", files=", ".join(p.name for p in result.files.values()), path=str(out)))
         return result
@@ -503,17 +598,51 @@ def export_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | N
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def ollama_template(model_dir: Path, meta: dict[str, Any]) -> tuple[str | None, list[str], str]:
-    """(Ollama TEMPLATE, stop strings, why there is none) for a converted model folder: memtune's plain prompt for
-    a model without a chat template, else a .Messages template read off the model's own chat template
-    (chat_pieces), which renders the same text for the same messages, the template's default system turn
-    included. A chat template that cannot be expressed that way gets no TEMPLATE (Ollama then picks one from the
-    chat template stored in the GGUF file) and the reason."""
+# Ollama's own library templates (ollama.com/library: llama3.1, qwen2.5, gemma2, mistral, phi3; tools left out), for
+# a chat template memtune cannot express: the family's, found by its markers, else by llama.cpp's architecture.
+# (markers in the chat template, architectures, TEMPLATE, stops)
+LIBRARY_TEMPLATES = {
+    "llama3": (("<|start_header_id|>",), ("llama",), (
+        '{{- range .Messages }}<|start_header_id|>{{ .Role }}<|end_header_id|>\n\n{{ .Content }}<|eot_id|>'
+        '{{- end }}<|start_header_id|>assistant<|end_header_id|>\n\n'), ["<|eot_id|>"]),
+    "chatml": (("<|im_start|>",), ("qwen2", "qwen3", "smollm3"), (
+        '{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n{{ end }}<|im_start|>assistant\n'),
+        ["<|im_end|>"]),
+    "gemma2": (("<start_of_turn>",), ("gemma2", "gemma3"), (
+        '{{- range $i, $_ := .Messages }}{{- $last := eq (len (slice $.Messages $i)) 1 }}'
+        '{{- if or (eq .Role "user") (eq .Role "system") }}<start_of_turn>user\n{{ .Content }}<end_of_turn>\n'
+        '{{ if $last }}<start_of_turn>model\n{{ end }}'
+        '{{- else if eq .Role "assistant" }}<start_of_turn>model\n{{ .Content }}{{ if not $last }}<end_of_turn>\n'
+        '{{ end }}{{- end }}{{- end }}'), ["<end_of_turn>"]),
+    "mistral": (("[INST]",), (), (
+        '{{- range $i, $_ := .Messages }}{{- if eq .Role "user" }}[INST] '
+        '{{ if and $.System (eq (len (slice $.Messages $i)) 1) }}{{ $.System }}\n\n{{ end }}{{ .Content }}[/INST]'
+        '{{- else if eq .Role "assistant" }} {{ .Content }}</s>{{- end }}{{- end }}'), ["[INST]"]),
+    "phi3": (("<|user|>",), ("phi3",), (
+        '{{- range .Messages }}<|{{ .Role }}|>\n{{ .Content }}<|end|>\n{{ end }}<|assistant|>\n'), ["<|end|>"]),
+}
+
+
+def library_template(chat_template: str, arch: str) -> str:
+    """The name of Ollama's library template closest to `chat_template` (LIBRARY_TEMPLATES)."""
+    for name, (marks, _, _, _) in LIBRARY_TEMPLATES.items():
+        if any(m in chat_template for m in marks):
+            return name
+    return next((n for n, (_, archs, _, _) in LIBRARY_TEMPLATES.items() if arch in archs), "chatml")
+
+
+def ollama_template(model_dir: Path, meta: dict[str, Any]) -> tuple[str, list[str], Said | None]:
+    """(Ollama TEMPLATE, stop strings, what it does differently from the chat template) for a converted model
+    folder: memtune's plain prompt for a model without a chat template, else a .Messages template read off the
+    model's own chat template (chat_pieces), which renders the same text for the same messages, the template's
+    default system turn included, a system text folded into a user turn where the template takes none (llama.cpp's
+    folding, said). A chat template that cannot be expressed that way gets Ollama's own library template for its
+    family, and the reason."""
     from transformers import AutoTokenizer
 
     eos = [meta["eos_text"]] if meta.get("eos_text") else []
     if not meta.get("has_chat_template"):
-        return PLAIN_TEMPLATE, eos + ["### Instruction:"], ""
+        return PLAIN_TEMPLATE, eos + ["### Instruction:"], None
     tok = AutoTokenizer.from_pretrained(str(model_dir))
 
     def render(messages, generation):
@@ -521,16 +650,19 @@ def ollama_template(model_dir: Path, meta: dict[str, Any]) -> tuple[str | None, 
 
     try:
         pieces = chat_pieces(render)
-    except GGUFError as exc:
-        return None, eos, str(exc)
-    except Exception as exc:  # noqa: BLE001 - e.g. a template that refuses alternating turns
-        return None, eos, f"the chat template failed on a plain conversation ({type(exc).__name__}: {exc})"
+    except Exception as exc:  # noqa: BLE001 - GGUFError, or a template that refuses even a plain conversation
+        from core.infer import said
+
+        name = library_template(str(tok.chat_template or ""), architecture(read_config(model_dir))[0])
+        _, _, template, stops = LIBRARY_TEMPLATES[name]
+        return template, list(dict.fromkeys(stops + eos)), Said("gguf.template.library", family=name, why=said(exc))
     specials = {t for t in tok.all_special_tokens if t} | {a.content for a in tok.added_tokens_decoder.values()
                                                            if a.special}
     specials = sorted(specials, key=len, reverse=True)
     end_of_turn = [t for t in specials if pieces["assistant_user"].startswith(t)][:1]  # <|im_end|>, <|eot_id|>...
+    note = Said("gguf.template.folded") if pieces.get("system_error") else None
     return (go_chat_template(pieces, meta.get("bos_text") if meta.get("add_bos") else None),
-            list(dict.fromkeys(end_of_turn + eos)), "")
+            list(dict.fromkeys(end_of_turn + eos)), note)
 
 
 def _commands(name: str, files: dict[str, Path], primary: Path, meta: dict[str, Any], prompt: str,
@@ -560,17 +692,16 @@ def _modelfile_safe(template: str) -> bool:
 
 
 def _write_extras(tmp: Path, out: Path, plan: GGUFPlan, files: dict[str, Path], meta: dict[str, Any],
-                  template: str | None, stops: list[str], why: str = "", notes: list[Said] = ()) -> GGUFResult:
+                  template: str, stops: list[str], notes: list[Said] = ()) -> GGUFResult:
     """Modelfile, README.md and the marker, inside `tmp`; paths in the result and commands point into `out`."""
     primary = min(files.values(), key=lambda p: p.stat().st_size)  # Ollama gets the smallest file
     lines = [f"# Ollama Modelfile written by memtune: ollama create {plan.name} -f Modelfile", f"FROM ./{primary.name}"]
-    if template is not None and _modelfile_safe(template):
-        lines.append(f'TEMPLATE """{template}"""')
-    else:  # Ollama then matches the GGUF's chat template against the ones it knows: check `ollama show --template`
-        why = why or "the template cannot be written inside TEMPLATE's triple quotes"
-        # one line: a newline in a comment would end it, and the next line would be read as a Modelfile command
-        lines.append(f"# No TEMPLATE: {' '.join(why.split())}. Ollama picks one from the chat template stored in "
-                     "the GGUF file.")
+    if not _modelfile_safe(template):  # _go escapes every chat template's text: a library template is plain
+        raise GGUFError("gguf.err.template_quotes")
+    lines.append(f'TEMPLATE """{template}"""')
+    # what the TEMPLATE does differently from the chat template, as a comment of one line: a newline in it would
+    # end the comment, and the next line would be read as a Modelfile command
+    lines += [f"# {' '.join(str(note).split())}" for note in notes if note.key.startswith("gguf.template.")]
     for stop in stops:
         if '"' not in stop and stop.isprintable() and stop.strip() == stop:  # Ollama's parser unescapes nothing
             lines.append(f'PARAMETER stop "{stop}"')

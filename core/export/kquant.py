@@ -1,8 +1,9 @@
 """K-quant GGUF files (Q4_K_M, Q5_K_M, Q6_K) written by llama.cpp's own quantizer, `llama_model_quantize` in
 libllama, called through ctypes on memtune's own F16 file: the mix of types per tensor is llama.cpp's, not ours.
 
-The library comes from node-llama-cpp's prebuilt package for this system (the tests' tests/llama/node_modules; npm
-installs the one for Linux, macOS or Windows) or from MEMTUNE_LLAMA_LIB (libllama's path, or its folder). The
+The library comes from node-llama-cpp's prebuilt CPU package for this system, which scripts/install.sh installs with
+npm where node is present (scripts/quantizer, pinned by its package-lock.json; npm picks the one for Linux, macOS or
+Windows), or the tests' copy (tests/llama/node_modules), or from MEMTUNE_LLAMA_LIB (libllama's path, or its folder). The
 quantizer's settings struct changes between llama.cpp releases, so the library's own defaults are read back and
 checked against the layout below (llama.h of LLAMA_RELEASE) before anything is quantized.
 
@@ -28,8 +29,10 @@ from core.messages import Said
 
 ENV = "MEMTUNE_LLAMA_LIB"
 LLAMA_RELEASE = "v0.4.0"  # the llama.cpp whose include/llama.h the struct below copies
-NODE_MODULES = Path(__file__).resolve().parents[2] / "tests" / "llama" / "node_modules"
-INSTALL = "cd tests/llama && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm ci"
+ROOT = Path(__file__).resolve().parents[2]
+NODE_MODULES = ROOT / "scripts" / "quantizer" / "node_modules"  # what scripts/install.sh installs
+TEST_NODE_MODULES = ROOT / "tests" / "llama" / "node_modules"  # the tests' llama.cpp: the same prebuilt build
+INSTALL = "cd scripts/quantizer && npm ci"  # needs Node.js 20+ (nodejs.org); scripts/install.sh runs it
 BLOCK = 256  # values per k-quant block (QK_K)
 # llama.h's enum llama_ftype
 FTYPES = {"q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}
@@ -88,7 +91,8 @@ def kquant_library() -> tuple[Path | None, Said | None]:
             return None, Said("gguf.kquant.env_missing", path=given)
         candidates = [lib]
     else:
-        candidates = [lib for folder in _prebuilt(NODE_MODULES) if (lib := _library_in(folder))]
+        candidates = [lib for modules in (NODE_MODULES, TEST_NODE_MODULES) for folder in _prebuilt(modules)
+                      if (lib := _library_in(folder))]
         if not candidates:
             return None, Said("gguf.kquant.no_library", install=INSTALL)
     lib = candidates[0]

@@ -14,6 +14,7 @@ Paths in a card are relative: a card travels with its folder.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,17 @@ def hub_id(model: str) -> str | None:
     if model == DEMO_MODEL or Path(model).expanduser().exists() or model.startswith((".", "/", "~")):
         return None
     return model if re.fullmatch(r"[\w.-]+/[\w.-]+", model) else None
+
+
+def portable_base(written: str, model: str, adapter_dir: Path) -> str:
+    """What adapter_config.json names as the base model (peft wrote `written`, the folder it loaded): the Hub id
+    where the run's model is one, else that folder relative to the adapter folder, which the card's peft commands
+    run from; never an absolute path of this machine."""
+    if (hub := hub_id(model)) is not None:
+        return hub
+    if not Path(written).is_absolute():
+        return written
+    return os.path.relpath(written, Path(adapter_dir).resolve()).replace(os.sep, "/")
 
 
 def _number(value: Any) -> float | None:

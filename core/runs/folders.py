@@ -27,7 +27,7 @@ from core.levers import variants
 from core.messages import Said, words_of
 from core.files import (RefusedError, StorageError, atomic_write_text, has_marker, make_tmp, move_into_place,
                         plain_mode, recover, storage_error, storage_message, target, write_marker)
-from core.runs.card import base_license, model_card
+from core.runs.card import base_license, model_card, portable_base
 
 from core.config.settings import TrainConfig
 from core.config.slices import DataSlice, ModelSlice, PlaceSlice
@@ -252,6 +252,7 @@ def save_adapter(model, tokenizer, config_yaml: str, run_dir: Path, summary: dic
         atomic_write_text(tmp / "memtune.yaml", config_yaml)  # the settings it trained with
         plain_mode(tmp, "*.safetensors")
         cfg = TrainConfig.from_yaml(config_yaml)  # peft's README is a blank template: the run's own card instead
+        _portable_base(tmp / "adapter_config.json", cfg.model, final)
         atomic_write_text(tmp / "README.md", model_card(summary, cfg, "adapter", base_license(cfg.model)))
         summary["adapter_bytes"] = dir_size(tmp)
         atomic_write_text(tmp / "summary.json", json.dumps(summary, indent=2))
@@ -263,6 +264,17 @@ def save_adapter(model, tokenizer, config_yaml: str, run_dir: Path, summary: dic
         raise error from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _portable_base(path: Path, model: str, final: Path) -> None:
+    """peft names the base by the folder it loaded from, an absolute path of this machine: the Hub id or a path
+    relative to the adapter folder instead (core.runs.card.portable_base). memtune itself reads memtune.yaml."""
+    if not path.is_file():
+        return
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(saved.get("base_model_name_or_path"), str):
+        saved["base_model_name_or_path"] = portable_base(saved["base_model_name_or_path"], model, final)
+        atomic_write_text(path, json.dumps(saved, indent=2, sort_keys=True) + "\n")
 
 
 def tidy_run_dir(run_dir: str | Path) -> None:
