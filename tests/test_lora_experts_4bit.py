@@ -255,10 +255,13 @@ def test_the_estimate_counts_expert_lora_without_peft_s_whole_weight_on_4bit_exp
     cfg = apply_preset(TrainConfig(model="q12"), "lowest_memory").replace(validation_share=0.0)
     assert cfg.load_in_4bit
     off = single_gpu_terms(cfg, shape)
-    on = single_gpu_terms(cfg.replace(lora_experts=True, lora_dropout=0.05), shape)
+    on = single_gpu_terms(cfg.replace(lora_experts=True, lora_dropout=0.0), shape)
     n = shape.expert_lora_params(cfg.lora_r)
     assert n > 0 and on.lora - off.lora == 2 * 2 * n
     assert on.optimizer > off.optimizer
     layer_experts = 2 * shape.expert_weight_params // shape.moe_layers  # peft's W + BA of one layer, bf16
     grown = (on.activations + on.temporaries) - (off.activations + off.temporaries)
     assert 0 < grown < layer_experts / 10, grown / GIB
+    # with dropout each routed row's dropped input too (k copies of the hidden state and of the expert activation)
+    dropped = single_gpu_terms(cfg.replace(lora_experts=True, lora_dropout=0.05), shape)
+    assert dropped.activations + dropped.temporaries > on.activations + on.temporaries
