@@ -265,3 +265,36 @@ def test_the_estimate_counts_expert_lora_without_peft_s_whole_weight_on_4bit_exp
     # with dropout each routed row's dropped input too (k copies of the hidden state and of the expert activation)
     dropped = single_gpu_terms(cfg.replace(lora_experts=True, lora_dropout=0.05), shape)
     assert dropped.activations + dropped.temporaries > on.activations + on.temporaries
+
+
+def test_a_checkpoint_holds_the_experts_lora_and_peft_s_load_adapter_restores_it(folders, tmp_path):
+    """A Trainer checkpoint is peft's save_pretrained of the training model: the experts' LoRA (a peft tuner layer)
+    is in it under memtune's own keys, and peft's load_adapter (what the Trainer's resume calls) puts it back into a
+    freshly prepared model; an init_adapter (peft's layout) loads through expert_lora.from_peft the same way."""
+    from peft import load_peft_weights, set_peft_model_state_dict
+
+    from core.levers import expert_lora
+    from core.model.load import load_model, prepare_for_training
+
+    cfg = _cfg(folders["olmoe"], lora_experts=True, lora_dropout=0.0, upcast_to_fp32=False)
+    trained = prepare_for_training(load_model(cfg, str(folders["olmoe"])), cfg)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for m in _expert_lora(trained):
+            m.lora_B["default"].weight.normal_(std=0.05)
+    want = {n: p.detach().clone() for n, p in trained.named_parameters() if ".experts." in n}
+    trained.save_pretrained(tmp_path / "checkpoint")
+    assert any(".lora.lora_A." in k for k in load_peft_weights(str(tmp_path / "checkpoint")))
+
+    fresh = prepare_for_training(load_model(cfg, str(folders["olmoe"])), cfg)
+    fresh.load_adapter(str(tmp_path / "checkpoint"), adapter_name="default", is_trainable=True)
+    got = dict(fresh.named_parameters())
+    assert all(torch.equal(got[n], want[n]) for n in want)
+
+    expert_lora.to_peft_files(trained, tmp_path / "checkpoint")  # now the layout a run's adapter is saved in
+    fresh = prepare_for_training(load_model(cfg, str(folders["olmoe"])), cfg)
+    result = set_peft_model_state_dict(fresh, expert_lora.from_peft(
+        fresh, load_peft_weights(str(tmp_path / "checkpoint"))))
+    assert not result.unexpected_keys
+    got = dict(fresh.named_parameters())
+    assert all(torch.equal(got[n], want[n]) for n in want)
