@@ -23,10 +23,9 @@ from pathlib import Path
 import torch
 from peft.tuners.tuners_utils import BaseTunerLayer
 
-from core.levers.experts import WEIGHTS, NF4Experts, _matmul, experts_modules
+from core.levers.experts import LORA as CHILD, WEIGHTS, NF4Experts, _matmul, experts_modules
 
-ADAPTER = "default"
-CHILD = "lora"  # the NF4Experts child holding its LoRA: "<experts>.<weight>.lora.lora_A.weight" in memtune's keys
+ADAPTER = "default"  # peft's adapter name; memtune's keys: "<experts>.<weight>.lora.lora_A.weight"
 
 
 class ExpertLoRA(torch.nn.Module, BaseTunerLayer):
@@ -58,11 +57,16 @@ class ExpertLoRA(torch.nn.Module, BaseTunerLayer):
             torch.nn.init.zeros_(b)
 
     def factors(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(A^T per expert [experts, in, r], B^T per expert [experts, r, out]) in `dtype`: the grouped product's
-        weights."""
+        """(A^T per expert [experts, in, r'], B^T per expert [experts, r', out]) in `dtype`: the grouped product's
+        weights, r' = r rounded up to a multiple of 8 with zeros (the same products): torch's grouped GEMM on the GPU
+        needs rows of a multiple of 16 bytes."""
         e, r = self.num_experts, self.r[ADAPTER]
         a = self.lora_A[ADAPTER].weight.view(e, r, self.in_features).transpose(1, 2)
         b = self.lora_B[ADAPTER].weight.view(self.out_features, r, e).permute(2, 1, 0)
+        pad = -r % 8
+        if pad:
+            a = torch.nn.functional.pad(a, (0, pad))
+            b = torch.nn.functional.pad(b, (0, 0, 0, pad))
         return a.to(dtype).contiguous(), b.to(dtype).contiguous()
 
     @property

@@ -213,10 +213,13 @@ def nf4_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Te
     return out
 
 
+LORA = "lora"  # the NF4Experts child holding its LoRA (core/levers/expert_lora.py: ExpertLoRA)
+
+
 def lora_of(weight: NF4Experts):
-    """The LoRA (core/levers/expert_lora.py: ExpertLoRA, the weight's child "lora") added to this weight's products,
-    when it has one and peft's adapters are on; else None."""
-    lora = weight._modules.get("lora")
+    """The LoRA added to this weight's products (its ExpertLoRA child), when it has one and peft's adapters are on;
+    else None."""
+    lora = weight._modules.get(LORA)
     return lora if lora is not None and lora.active else None
 
 
@@ -505,7 +508,7 @@ def summary(model) -> dict:
     if not found:
         return {}
     on_4bit = {".".join(n.split(".")[-2:] + [w]) for n, m in found for w in WEIGHTS
-               if isinstance(m._modules.get(w), NF4Experts) and "lora" in m._modules[w]._modules}
+               if isinstance(m._modules.get(w), NF4Experts) and LORA in m._modules[w]._modules}
     return {"lora_parameters": sorted(set(getattr(peft_config, "target_parameters", None) or []) | on_4bit),
             "experts_4bit_layers": sum(1 for _, m in found if isinstance(m._modules.get("down_proj"), NF4Experts))}
 
