@@ -235,13 +235,33 @@ def adapter_problem(adapter_dir: str | Path, cfg: ModelSlice | None = None,
     if not any(".lora_A." in name for name in shapes):
         return _damaged(weights, Said("infer.damaged.no_lora"))
     if not settings.get("rank_pattern"):  # one rank for every layer: each lora_A is [r, in], each lora_B [out, r]
+        on_3d = parameter_modules(settings.get("target_parameters"))
         for name, shape in shapes.items():
             found = shape[0] if ".lora_A." in name else shape[-1] if ".lora_B." in name else None
-            if found is not None and len(shape) == 2 and found != rank:
+            # LoRA on a 3-D experts weight (target_parameters): r rows per expert, r x experts in all
+            if found is not None and len(shape) == 2 and found != rank and not (
+                    found % rank == 0 and _on_parameter(name, on_3d)):
                 return _damaged(weights, Said("infer.damaged.rank", name=name, found=found, rank=rank))
     if cfg is not None and path is not None:
         return target_problem(config_file, settings.get("target_modules"), cfg, path)
     return None
+
+
+def parameter_modules(targets: Any) -> tuple[str, ...]:
+    """The modules whose parameters adapter_config.json's target_parameters name ("mlp.experts.gate_up_proj" ->
+    "mlp.experts")."""
+    if not isinstance(targets, list):
+        return ()
+    return tuple({t.rpartition(".")[0] for t in targets if isinstance(t, str) and "." in t})
+
+
+def _on_parameter(name: str, modules: tuple[str, ...]) -> bool:
+    """A saved LoRA matrix of peft's ParamWrapper on one of `modules` ("...mlp.experts[.base_layer...].lora_A.weight":
+    one wrapper per targeted parameter, nested)."""
+    path = name.rpartition(".lora_")[0]
+    while path.endswith(".base_layer"):
+        path = path.removesuffix(".base_layer")
+    return any(path == m or path.endswith("." + m) for m in modules)
 
 
 def target_problem(config_file: Path, targets: Any, cfg: ModelSlice, path: str) -> InferError | None:

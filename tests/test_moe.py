@@ -1,5 +1,6 @@
 """Mixture-of-experts models (core/levers/experts.py): experts stored in 4 bits as they load, computed in grouped
-products (tests/test_moe_grouped.py: equal to one expert at a time through bitsandbytes); the router's load-balancing loss as config.json says; LoRA on experts (16-bit experts).
+products (tests/test_moe_grouped.py: equal to one expert at a time through bitsandbytes); the router's
+load-balancing loss as config.json says; LoRA on experts (16-bit experts; 4-bit ones: tests/test_lora_experts_4bit.py).
 
 Tiny CPU models of Qwen3-MoE, Mixtral, gpt-oss and OLMoE: their real configs scaled down (tests/test_estimate_stored.py's
 CONFIGS: same model_type, routing, layer structure; fewer, narrower experts), random weights from a fixed seed, saved
@@ -177,15 +178,18 @@ def test_lora_on_experts_is_said_in_the_log_summary_and_adapter_config(folders, 
     assert sorted(saved["target_parameters"]) == expected
 
 
-def test_lora_on_4bit_experts_or_with_dropout_or_on_a_dense_model_is_refused_by_name(folders, demo_model_path):
+def test_lora_on_16bit_experts_with_dropout_or_on_a_dense_model_is_refused_by_name(folders, demo_model_path):
+    """peft's ParamWrapper (16-bit experts) refuses dropout; 4-bit experts carry memtune's own LoRA
+    (tests/test_lora_experts_4bit.py), dropout included."""
     from core.config.settings import ConfigError, config_problems
     from core.model.load import load_model, prepare_for_training
 
     problems = {(p.field, p.key) for p in config_problems(_cfg(folders["mixtral"], lora_experts=True,
-                                                                lora_dropout=0.05))}
-    assert {("lora_experts", "problem.lora_experts_4bit"), ("lora_experts", "problem.lora_experts_dropout")} <= problems
-    assert not [p for p in config_problems(_cfg(folders["mixtral"], lora_experts=True, lora_dropout=0.0,
-                                                load_in_4bit=False)) if p.field == "lora_experts"]
+                                                                lora_dropout=0.05, load_in_4bit=False))}
+    assert ("lora_experts", "problem.lora_experts_dropout") in problems
+    for changes in (dict(lora_dropout=0.0, load_in_4bit=False), dict(lora_dropout=0.05, load_in_4bit=True)):
+        assert not [p for p in config_problems(_cfg(folders["mixtral"], lora_experts=True, **changes))
+                    if p.field == "lora_experts"]
     cfg = demo_config(load_in_4bit=False, lora_experts=True, lora_dropout=0.0)
     with pytest.raises(ConfigError) as err:
         prepare_for_training(load_model(cfg, str(demo_model_path)), cfg)

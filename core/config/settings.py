@@ -202,11 +202,12 @@ class TrainConfig:
                        "included), mlp, all_linear, or layer names. A name the model lacks is refused with the "
                        "model's linear layers listed.", choices=LORA_TARGET_OFFERED, pattern=MODULE_NAME))
     lora_experts: bool = field(default=False, metadata=_help(
-        "Mixture-of-experts models: LoRA on every expert's weights too (peft's target_parameters on the fused 3-D "
-        "experts), beside lora_target_modules. Needs load_in_4bit off (peft adds its update to the whole 16-bit "
-        "weight, which 4-bit experts never hold) and lora_dropout 0 (peft's rule for it).",
-        lever=Lever("training", (PREP, "core.levers.experts.lora_parameters"),
-                    (f"{TERMS}.expert_lora_matrices",))))
+        "Mixture-of-experts models: LoRA on every expert's weights too (its own A and B per expert), beside "
+        "lora_target_modules. With load_in_4bit: memtune's own LoRA on the 4-bit experts, dropout allowed; with "
+        "16-bit experts: peft's target_parameters, lora_dropout 0 (peft's rule for it). Saved as peft saves LoRA on "
+        "3-D weights.",
+        lever=Lever("training", (PREP, "core.levers.experts.lora_parameters", "core.levers.expert_lora.attach"),
+                    (f"{TERMS}.expert_lora_matrices", f"{TERMS}.expert_lora_bytes_per_token"))))
     use_dora: bool = field(default=False, metadata=_help(
         "DoRA (peft's use_dora): each adapted layer also learns a magnitude per output, and each forward computes "
         "the norm of the whole (dequantized) weight + LoRA update: slower, and it keeps two more outputs per "
@@ -668,9 +669,8 @@ def config_problems(cfg: TrainConfig, hw: Hardware | None = None) -> list[Proble
     if cfg.use_liger_kernel and (device != "cuda" or not hw.liger):
         bad("use_liger_kernel", "problem.no_liger")
     p.extend(eval_problems(cfg))
-    if cfg.lora_experts and cfg.load_in_4bit:  # peft's target_parameters adds to the whole 16-bit 3-D weight
-        bad("lora_experts", "problem.lora_experts_4bit")
-    if cfg.lora_experts and cfg.lora_dropout > 0:  # peft's ParamWrapper refuses dropout
+    # 16-bit experts: peft's ParamWrapper, which refuses dropout; 4-bit experts: memtune's own (expert_lora.py)
+    if cfg.lora_experts and cfg.lora_dropout > 0 and not cfg.load_in_4bit:
         bad("lora_experts", "problem.lora_experts_dropout", dropout=f"{cfg.lora_dropout:g}")
     p.extend(variant_problems(cfg))
     if cfg.lora_alpha and cfg.lora_r and cfg.lora_alpha / cfg.lora_r > 16:
@@ -791,7 +791,8 @@ def variant_problems(cfg: TrainConfig) -> list[Problem]:
         p.append(Problem.of("lora_init", "problem.init_4bit", init=cfg.lora_init))
     if cfg.use_dora and moves_base:  # the conversion to plain LoRA on save cannot carry DoRA's magnitudes
         p.append(Problem.of("use_dora", "problem.dora_init", init=cfg.lora_init))
-    if cfg.lora_experts and (cfg.use_dora or moves_base):  # peft's ParamWrapper (target_parameters) has neither
+    # peft's ParamWrapper (target_parameters) has neither, and the adapter is saved in its layout (expert_lora.py)
+    if cfg.lora_experts and (cfg.use_dora or moves_base):
         p.append(Problem.of("lora_experts", "problem.variant_experts",
                             variant="use_dora" if cfg.use_dora else f"lora_init {cfg.lora_init}"))
     if 0 < cfg.loraplus_lr_ratio < 1:  # peft: "should be >= 1"

@@ -24,10 +24,12 @@ bench/grid_measured.json (H200, torch 2.11) and bench/RESULTS.md shows the table
                meta-device model (core/model/shapes.py). Under load_in_4bit core/levers/experts.py stores each
                expert as its own 4-bit weight (nf4_bytes per expert), for exactly the weights that
                core/levers/expert_store.py's rule routes (the loader's own); bitsandbytes dequantizes one expert's
-               weight at a time (a group on the grouped path, which families with their own experts class lack). Without 4 bits they stay 16-bit (fp32 after the upcast). Their activations:
-               `moe_routed_bytes_per_token` (top-k copies per token). `lora_experts` (16-bit experts only): peft's
+               weight at a time (a group on the grouped path, which families with their own experts class lack).
+               Without 4 bits they stay 16-bit (fp32 after the upcast). Their activations:
+               `moe_routed_bytes_per_token` (top-k copies per token). `lora_experts` on 16-bit experts: peft's
                target_parameters adds its update to each experts weight whole, a 16-bit copy of one layer's experts
-               per forward (kept for backward) and its gradient.
+               per forward (kept for backward) and its gradient; on 4-bit experts: per-expert A/B on each routed
+               row (`expert_lora_bytes_per_token`), the parameters, grads and optimizer state as any LoRA's.
   activations  What autograd keeps per token and layer (`layer_bytes_per_token`): measured on one decoder layer of
                the model's config.json at its real widths (core/estimate/measure.py, `measured_saved`) wherever the
                shape carries its config and the settings have a CPU stand-in; the formula below where not (the
@@ -237,6 +239,20 @@ def moe_routed_bytes_per_token(cfg: ModelSlice, shape: ModelShape) -> int:
     return (routed + router) * shape.moe_layers // shape.num_hidden_layers
 
 
+def expert_lora_bytes_per_token(cfg: _Layer, shape: ModelShape) -> int:
+    """lora_experts on 4-bit experts (core/levers/expert_lora.py), per token averaged over the layers: each of the
+    token's k expert copies keeps, per experts weight, its LoRA's r-wide intermediate (compute dtype), and with
+    dropout its dropped input (compute dtype + a 1-byte mask). 0 otherwise (16-bit experts: `moe_lora`)."""
+    if not (cfg.lora_experts and quantized_experts(cfg, shape)) or not shape.num_hidden_layers:
+        return 0
+    c, k = precision_bytes(cfg.precision), shape.num_experts_per_tok or 1
+    weights = len(shape.expert_weights()) // max(1, shape.moe_layers)  # per layer: gate_up (or up) and down
+    # the dropped inputs: the hidden state (gate_up's) and the expert's gated activation (down's)
+    inputs = shape.hidden_size + (shape.expert_intermediate_size or shape.intermediate_size)
+    per_layer = c * cfg.lora_r * weights + ((c + 1) * inputs if cfg.lora_dropout > 0 else 0)
+    return k * per_layer * shape.moe_layers // shape.num_hidden_layers
+
+
 def layer_bytes_per_token(cfg: _Layer, shape: ModelShape, *, liger_layers: bool | None = None,
                           kv_repeated: bool = False) -> tuple[int, int]:
     """(bytes one decoder layer keeps for backward per token, extra bytes its backward needs per token).
@@ -288,6 +304,7 @@ def layer_bytes_per_token(cfg: _Layer, shape: ModelShape, *, liger_layers: bool 
         saved = measured
         if liger and shape.model_type in LIGER_FAMILIES:  # measured without liger's kernels (CUDA only)
             saved -= shape.norms_per_layer * (4 - d.s) * h + (d.o * inter if shape.dense_mlp else 0)
+    saved += expert_lora_bytes_per_token(cfg, shape)
     # Backward of the MLP holds the gradient of the gate*up product (and, unfused, the second gradient of the
     # multiply at the same time) and the residual stream's gradient (two copies).
     backward = (1 if liger else 2) * d.o * inter + 2 * d.s * h
@@ -460,7 +477,9 @@ def single_gpu_terms(cfg: _Step, shape: ModelShape, *, max_row_tokens: int | Non
                   grouped_rows_transient(cfg, shape, tokens)) if q4 else 0
     # lora_experts: peft's parametrization makes W + BA of a layer's experts weights whole (16-bit), kept for
     # backward while the layer's graph lives, and backward makes its gradient (same size).
-    moe_lora = d.c * shape.expert_weight_params // max(1, shape.moe_layers) if expert_lora_matrices(shape, cfg) else 0
+    # On 4-bit experts memtune's own LoRA never makes W + BA (expert_lora_bytes_per_token counts what it keeps).
+    moe_lora = (d.c * shape.expert_weight_params // max(1, shape.moe_layers)
+                if expert_lora_matrices(shape, cfg) and not quantized_experts(cfg, shape) else 0)
     # An explicit mask: a bool [T, T] (packed; batch x [L, L] padded) shared by the layers, and the compute-dtype
     # bias SDPA makes of it, kept by every layer that has run forward (one layer with checkpointing).
     mask_elems = (tokens * tokens if cfg.packing else batch * row * row) if is_masked else 0

@@ -29,9 +29,10 @@ weights) stay 16-bit, and fp32 after the chapter's upcast.
 - Routing (`routing_note`): the router's load-balancing loss is on exactly when config.json's
   `output_router_logits` says so (TRL's SFTTrainer turns it on whenever `router_aux_loss_coef` is non-zero, so the
   coefficient is set to 0 in memory when the config says off).
-- LoRA on experts (`lora_experts`): peft's `target_parameters` on the 3-D weights. peft adds its update to the whole
-  3-D tensor (a parametrization of the parameter), which NF4 experts never hold: the combination is refused by name
-  (core/config/settings.py), LoRA on experts needs `load_in_4bit` off.
+- LoRA on experts (`lora_experts`): on 16-bit experts, peft's `target_parameters` on the 3-D weights (peft adds its
+  update to the whole 3-D tensor, a parametrization of the parameter); on 4-bit experts, which never hold that
+  tensor, per-expert A/B beside each NF4Experts weight (core/levers/expert_lora.py), added to each expert's rows by
+  both forwards here (`_with_lora`, `_grouped_with_lora`), saved in peft's layout for those 3-D weights.
 """
 
 from __future__ import annotations
@@ -197,11 +198,11 @@ def nf4_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Te
         if e == self.num_experts:  # expert parallelism's sentinel
             continue
         pos, token = torch.where(mask[e])
-        h = first.linear(hidden_states[token], e)
+        h = _with_lora(first.linear(hidden_states[token], e), first, hidden_states[token], e)
         if first_bias is not None:
             h = h + first_bias[e]
         h = self._apply_gate(h) if self.has_gate else self.act_fn(h)
-        h = self.down_proj.linear(h, e)
+        h = _with_lora(self.down_proj.linear(h, e), self.down_proj, h, e)
         if self.has_bias:
             h = h + self.down_proj_bias[e]
         if getattr(self, "has_post_expert_norm", False):
@@ -209,6 +210,29 @@ def nf4_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Te
         h = h * top_k_weights[token, pos, None]
         out.index_add_(0, token, h.to(out.dtype))
     return out
+
+
+LORA = "lora"  # the NF4Experts child holding its LoRA (core/levers/expert_lora.py: ExpertLoRA)
+
+
+def lora_of(weight: NF4Experts):
+    """The LoRA added to this weight's products (its ExpertLoRA child), when it has one and peft's adapters are on;
+    else None."""
+    lora = weight._modules.get(LORA)
+    return lora if lora is not None and lora.active else None
+
+
+def _with_lora(h: torch.Tensor, weight: NF4Experts, x: torch.Tensor, e: int) -> torch.Tensor:
+    """Expert e's product h (of its rows x) plus its LoRA term, when the weight has LoRA."""
+    lora = lora_of(weight)
+    return h if lora is None else h + lora.expert(x, e, h.dtype)
+
+
+def _grouped_with_lora(h: torch.Tensor, weight: NF4Experts, x: torch.Tensor, ends: torch.Tensor,
+                       dtype: torch.dtype) -> torch.Tensor:
+    """The grouped product h (of the expert-sorted rows x) plus every expert's LoRA term, when the weight has LoRA."""
+    lora = lora_of(weight)
+    return h if lora is None else h + lora.grouped(x, ends, dtype)
 
 
 def _matmul(rows: torch.Tensor, weights: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -287,11 +311,11 @@ def nf4_grouped_experts_forward(self, hidden_states: torch.Tensor, top_k_index: 
     x = hidden_states[order // k]
     if sentinel is not None:  # its backward zeroes the unwritten rows of the input's gradient
         x = x.masked_fill(sentinel, 0.0)
-    h = _GroupedNF4.apply(x, first, ends, dtype)
+    h = _grouped_with_lora(_GroupedNF4.apply(x, first, ends, dtype), first, x, ends, dtype)
     if first_bias is not None:
         h = h + first_bias[ids]
     h = self._apply_gate(h) if self.has_gate else self.act_fn(h)
-    h = _GroupedNF4.apply(h, self.down_proj, ends, dtype)
+    h = _grouped_with_lora(_GroupedNF4.apply(h, self.down_proj, ends, dtype), self.down_proj, h, ends, dtype)
     if self.has_bias:
         h = h + self.down_proj_bias[ids]
     if sentinel is not None:
@@ -502,9 +526,14 @@ def routing_note(model) -> Note:
     return _note("log.moe.aux_off")
 
 
+def quantized(model) -> bool:
+    """The model's experts are stored in 4 bits (NF4Experts)."""
+    return any(isinstance(m, NF4Experts) for m in model.modules())
+
+
 def lora_parameters(model, cfg) -> list[str]:
-    """peft's target_parameters for lora_experts, named in the log's lines; a model without
-    experts is refused by name (a ConfigError on lora_experts)."""
+    """The experts weights lora_experts puts LoRA on (peft's target_parameters names), named in the log's lines; a
+    model without experts is refused by name (a ConfigError on lora_experts)."""
     names = expert_parameters(model)
     if not names:
         raise ConfigError([Problem.of("lora_experts", "problem.lora_experts_dense", model=cfg.model)])
@@ -521,17 +550,20 @@ def summary(model) -> dict:
     found = experts_modules(model)
     if not found:
         return {}
-    return {"lora_parameters": sorted(getattr(peft_config, "target_parameters", None) or []),
+    on_4bit = {".".join(n.split(".")[-2:] + [w]) for n, m in found for w in WEIGHTS
+               if isinstance(m._modules.get(w), NF4Experts) and LORA in m._modules[w]._modules}
+    return {"lora_parameters": sorted(set(getattr(peft_config, "target_parameters", None) or []) | on_4bit),
             "experts_4bit_layers": sum(1 for _, m in found if isinstance(m._modules.get("down_proj"), NF4Experts))}
 
 
 def expert_parameters(model) -> list[str]:
-    """peft's target_parameters for LoRA on every experts module's 3-D weights ("mlp.experts.gate_up_proj", ...)."""
+    """peft's target_parameters for LoRA on every experts module's 3-D weights ("mlp.experts.gate_up_proj", ...),
+    16-bit or 4-bit (NF4Experts)."""
     names = []
     for name, module in experts_modules(model):
         for w in WEIGHTS:
             p = module._parameters.get(w)
-            if p is not None and p.dim() == 3:
+            if isinstance(module._modules.get(w), NF4Experts) or (p is not None and p.dim() == 3):
                 suffix = ".".join(name.split(".")[-2:] + [w])
                 if suffix not in names:
                     names.append(suffix)

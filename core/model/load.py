@@ -218,7 +218,9 @@ def prepare_for_training(model, cfg: _Prepared):
     # target_parameters; core/levers/experts.py). Then the library arguments, once.
     targets = lora_targets(cfg, model=model)
     experts = moe.lora_parameters(model, cfg) if cfg.lora_experts else []
-    kbit, lora = recipe.kbit_kwargs(cfg), recipe.lora_kwargs(cfg, list(targets.modules), experts)
+    # 4-bit experts hold no 3-D parameter for peft to wrap: their LoRA is memtune's own (core/levers/expert_lora.py)
+    on_4bit = bool(experts) and moe.quantized(model)
+    kbit, lora = recipe.kbit_kwargs(cfg), recipe.lora_kwargs(cfg, list(targets.modules), [] if on_4bit else experts)
     if kbit is not None:
         # The chapter's recipe: peft upcasts every non-quantized parameter (embeddings, norms, lm_head) to fp32.
         # Checkpointing itself is left to the Trainer (SFTConfig), which enables it with our kwargs.
@@ -244,6 +246,11 @@ def prepare_for_training(model, cfg: _Prepared):
     # (the Trainer seeds only later, when it is built).
     set_seed(cfg.seed)
     model = get_peft_model(model, LoraConfig(**lora))
+    if on_4bit:  # after peft, which would freeze them; seeded like peft's own matrices
+        from core.levers import expert_lora  # peft's tuner layer: imported where LoRA is made
+
+        expert_lora.attach(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.use_rslora,
+                           lora["init_lora_weights"])
     if cfg.lora_init in MOVES_BASE:  # PiSSA/OLoRA: the start, for the conversion on save
         variants.keep_initial(model)
     if compiles(cfg):
@@ -281,14 +288,22 @@ def load_with_adapter(cfg: _Placed, adapter_dir: str | Path, path: str | None = 
 
     The model is loaded fresh on every call, so adapters never stack on a reused model.
     """
-    from peft import PeftModel, prepare_model_for_kbit_training
+    from peft import LoraConfig, PeftModel, prepare_model_for_kbit_training
 
     model = load_model(cfg, path)
     kbit = recipe.kbit_kwargs(cfg)
     if kbit is not None:
         # Same fp32 norms/embeddings/head as the trained model had, so the logits match it.
         model = prepare_model_for_kbit_training(model, **kbit)
-    model = PeftModel.from_pretrained(model, str(adapter_dir))
+    config = LoraConfig.from_pretrained(str(adapter_dir))
+    on_4bit = bool(config.target_parameters) and moe.quantized(model)
+    if on_4bit:  # peft wraps 16-bit 3-D parameters only: the experts' LoRA goes on memtune's 4-bit experts
+        config.target_parameters = None
+    model = PeftModel.from_pretrained(model, str(adapter_dir), config=config)
+    if on_4bit:
+        from core.levers import expert_lora
+
+        expert_lora.load_onto(model, adapter_dir, config)
     return model.eval()
 
 

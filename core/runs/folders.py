@@ -248,6 +248,10 @@ def save_adapter(model, tokenizer, config_yaml: str, run_dir: Path, summary: dic
         with variants.conversion(model) as convert:
             model.save_pretrained(tmp, **convert, **only,
                                   **({"state_dict": state_dict} if state_dict is not None else {}))
+        from core.levers import expert_lora  # peft's tuner layer: imported where an adapter is saved
+
+        if expert_lora.has_lora(model):  # LoRA on 4-bit experts: written as peft writes LoRA on 3-D weights
+            expert_lora.to_peft_files(model, tmp)
         tokenizer.save_pretrained(tmp)
         atomic_write_text(tmp / "memtune.yaml", config_yaml)  # the settings it trained with
         plain_mode(tmp, "*.safetensors")

@@ -111,12 +111,15 @@ def lora_landed(model, cfg: LoraSlice) -> dict[str, Any]:
 
     from peft.tuners.lora import layer as lora_layer
 
+    from core.levers.expert_lora import ExpertLoRA
+
     base = model.get_base_model()
     asked = lt.resolve(cfg.lora_target_modules, lt.linear_layers(base), cfg.lora_r)
     expected = set(lt.paths(base, asked.modules))
     # LoRA on parameters (lora_experts: peft's target_parameters on MoE experts) wraps the experts module itself
-    by_parameter = getattr(lora_layer, "ParamWrapper", ())
-    on_params = {name for name, m in base.named_modules() if by_parameter and isinstance(m, by_parameter)}
+    # (on 4-bit experts: memtune's ExpertLoRA on each experts weight, core/levers/expert_lora.py)
+    by_parameter = tuple(c for c in (getattr(lora_layer, "ParamWrapper", None), ExpertLoRA) if c is not None)
+    on_params = {name for name, m in base.named_modules() if isinstance(m, by_parameter)}
     landed = {name for name, m in base.named_modules() if isinstance(m, LoraLayer)} - on_params
     missing = sorted(expected - landed) + (["experts"] if cfg.lora_experts and not on_params else [])
     unasked = sorted(landed - expected) + ([] if cfg.lora_experts else sorted(on_params))

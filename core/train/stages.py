@@ -94,7 +94,10 @@ def start_from(model, cfg: _Started, emit: EventSink) -> None:
     if folder is not None:
         from peft import load_peft_weights, set_peft_model_state_dict
 
-        result = set_peft_model_state_dict(model, load_peft_weights(str(folder)))
+        from core.levers import expert_lora
+
+        # LoRA on 4-bit experts: the file's ParamWrapper keys to this model's ExpertLoRA keys
+        result = set_peft_model_state_dict(model, expert_lora.from_peft(model, load_peft_weights(str(folder))))
         missing = [k for k in result.missing_keys if "lora_" in k]
         if missing or result.unexpected_keys:  # a hand-edited adapter_config.json: refuse rather than half-load
             raise ConfigError([Problem.of("init_adapter", "problem.init_adapter_shape", path=str(folder),
