@@ -62,12 +62,20 @@ def layouts(module: Any) -> dict[str, tuple[int, bool]]:
     which = route(module)
     if which == INTERFACE:
         transposed = bool(getattr(module, "is_transposed", False))
-        return {w: (int(module.num_experts), transposed) for w in WEIGHTS
-                if getattr(module._parameters.get(w), "dim", lambda: 0)() == 3}
+        return {w: (int(module.num_experts), transposed) for w in WEIGHTS if _three_d(module, w)}
     if which == FAMILY_ROUTE:
         weights, count = _family_entry(module)
         return {w: (int(getattr(module, count)), t) for w, t in weights.items()}
     return {}
+
+
+def _three_d(module: Any, weight: str) -> bool:
+    """The module holds `weight` as a 3-D experts weight: a 3-D parameter, or once loaded its NF4Experts (which
+    keeps the 16-bit parameter's shape)."""
+    value = module._parameters.get(weight)
+    if value is not None:
+        return value.dim() == 3
+    return len(getattr(module._modules.get(weight), "shape", ())) == 3
 
 
 def experts_view(value, experts: int):
