@@ -125,6 +125,8 @@ def moe(name: str) -> list[Variant]:
         return gpt_oss_full()
     if name == "moe7":
         return olmoe_against_dense()
+    if name == "moe8":
+        return lora_on_4bit_experts()
     return [Variant("lowest_memory", "lowest_memory", steps=2, warm=1), Variant("fastest", "fastest", steps=2, warm=1)]
 
 
@@ -233,6 +235,18 @@ def olmoe_against_dense() -> list[Variant]:
                     note="the chapter's script as written"),
             Variant("olmoe-lowest_memory-profile", "lowest_memory", log, steps=8, warm=3, timeout_s=120,
                     arch="olmoe-1b-7b", env=grouped, torch_steps="6-7", note="torch.profiler over steps 6-7")]
+
+
+def lora_on_4bit_experts() -> list[Variant]:
+    """OLMoE-1B-7B at `lowest_memory`, experts grouped, without and with `lora_experts` (per-expert LoRA beside the
+    4-bit experts, core/levers/expert_lora.py): it trains on CUDA, its speed and memory against the same row without,
+    and its estimate."""
+    log = [*OFF, "logging_steps=1"]
+    grouped = {"MEMTUNE_EXPERTS": "grouped"}
+    return [Variant("olmoe-lowest_memory-grouped", "lowest_memory", log, steps=10, warm=3, timeout_s=100,
+                    env=grouped, note="experts in grouped products"),
+            Variant("olmoe-lowest_memory-lora_experts", "lowest_memory", [*log, "lora_experts=true"], steps=10, warm=3,
+                    timeout_s=120, env=grouped, note="the same with LoRA on every expert")]
 
 
 # issue 60's targets for Qwen3-30B-A3B at full depth: tok/s at least, NVML GiB at most
