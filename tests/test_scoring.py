@@ -232,3 +232,20 @@ def test_the_verdict_says_worse_for_an_adapter_whose_answers_got_worse(demo_peft
     verdict = heldout.judge(after.mean, start["base"].mean, start["parent"].mean, scorer="exact", n=len(rows))
     assert verdict.kind == "worse_parent" and verdict.worse
     assert heldout.judge(after.mean, start["base"].mean, scorer="exact").kind == "worse_base"
+
+
+def test_scoring_batches_fit_a_training_micro_batch_of_tokens():
+    from core.scoring.heldout import batches
+    from core.train.heldout import scoring_tokens
+    from core.config.settings import TrainConfig
+
+    lengths = [135, 140, 120, 600, 30, 30, 30, 30, 30]
+    budget = scoring_tokens(TrainConfig(per_device_train_batch_size=1, max_length=512))
+    assert budget == 512
+    got = batches(lengths, 32, 16, budget)
+    assert [i for b in got for i in b] == list(range(len(lengths)))  # every row once, in order
+    for b in got:  # within the budget, or a row alone
+        assert len(b) == 1 or len(b) * (max(lengths[i] for i in b) + 32) <= budget
+    assert [len(b) for b in got] == [2, 1, 1, 5]  # 3 x (140 + 32) > 512; 600 alone
+    # no budget: batch_size alone, as before
+    assert [len(b) for b in batches(lengths, 32, 4)] == [4, 4, 1]

@@ -46,16 +46,34 @@ def prompt_ids(tokenizer: Any, row: dict[str, Any]) -> list[int]:
     return tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
 
 
+def batches(lengths: Sequence[int], max_new_tokens: int, batch_size: int, tokens: int | None = None) -> list[range]:
+    """Consecutive rows per generate call: at most `batch_size`, and (with `tokens`) no more than fit `tokens`
+    left-padded tokens (rows x (longest prompt + max_new_tokens)), one row at least. Fixed by the prompts' lengths
+    alone, so the same rows always meet the same batches (greedy answers then repeat exactly)."""
+    out, start = [], 0
+    while start < len(lengths):
+        stop, longest = start + 1, lengths[start]
+        while stop < len(lengths) and stop - start < max(1, batch_size):
+            wider = max(longest, lengths[stop])
+            if tokens is not None and (stop + 1 - start) * (wider + max_new_tokens) > tokens:
+                break
+            stop, longest = stop + 1, wider
+        out.append(range(start, stop))
+        start = stop
+    return out
+
+
 def score_model(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], scorer: Callable[[str, str], float] | str,
-                max_new_tokens: int = 32, batch_size: int = 8) -> Scored:
-    """Each row's greedy answer (at most `max_new_tokens`) scored against its `reference`, `batch_size` rows per
-    generate call; the same model, rows and batch size give the same scores. `scorer`: a bound scorer, or a scorer's
-    name without options."""
+                max_new_tokens: int = 32, batch_size: int = 8, tokens: int | None = None) -> Scored:
+    """Each row's greedy answer (at most `max_new_tokens`) scored against its `reference`, in `batches` of rows per
+    generate call; the same model, rows and batching give the same scores. `tokens`: the most tokens one generate
+    call holds (a training run passes its micro-batch's, so scoring never needs more GPU memory than a training
+    step). `scorer`: a bound scorer, or a scorer's name without options."""
     score = bind(scorer) if isinstance(scorer, str) else scorer
+    prompts = [prompt_ids(tokenizer, row) for row in rows]
     answers: list[str] = []
-    for start in range(0, len(rows), max(1, batch_size)):
-        batch = rows[start:start + max(1, batch_size)]
-        answers += generate_answers(model, tokenizer, [prompt_ids(tokenizer, row) for row in batch], max_new_tokens)
+    for batch in batches([len(p) for p in prompts], max_new_tokens, batch_size, tokens):
+        answers += generate_answers(model, tokenizer, [prompts[i] for i in batch], max_new_tokens)
     scores = tuple(float(score(answer, str(row.get("reference", "")))) for answer, row in zip(answers, rows))
     return Scored(scores, tuple(answers))
 
@@ -68,12 +86,13 @@ def base_of(model: Any) -> contextlib.AbstractContextManager:
 
 
 def score_start(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], scorer: Callable[[str, str], float],
-                continued: bool, max_new_tokens: int = 32, batch_size: int = 8) -> dict[str, Scored]:
+                continued: bool, max_new_tokens: int = 32, batch_size: int = 8,
+                tokens: int | None = None) -> dict[str, Scored]:
     """Before training: {"base": ...} and, for a continued run (its adapter loaded from init_adapter), "parent"."""
     with base_of(model):
-        scored = {"base": score_model(model, tokenizer, rows, scorer, max_new_tokens, batch_size)}
+        scored = {"base": score_model(model, tokenizer, rows, scorer, max_new_tokens, batch_size, tokens)}
     if continued:
-        scored["parent"] = score_model(model, tokenizer, rows, scorer, max_new_tokens, batch_size)
+        scored["parent"] = score_model(model, tokenizer, rows, scorer, max_new_tokens, batch_size, tokens)
     return scored
 
 

@@ -43,6 +43,13 @@ def unscored(emit, score, *args) -> Any:
         return None
 
 
+def scoring_tokens(cfg: _Scoring) -> int:
+    """The most tokens one scoring generate call may hold: a training micro-batch's (its rows x max_length). Without
+    gradients, a prompt's KV cache and one layer's transient are smaller than what training keeps for the same
+    tokens, so scoring stays under the training step's peak (the estimate's)."""
+    return max(1, cfg.per_device_train_batch_size) * cfg.max_length
+
+
 def heldout_start(cfg: _Scoring, plan, tokenizer, model, scorer, emit) -> HeldOut | None:
     """The base model's score on the held-out rows (peft's disable_adapter) and, for a run continued from
     init_adapter (its weights loaded), the parent's; said in the log. None when off or without rows."""
@@ -52,7 +59,8 @@ def heldout_start(cfg: _Scoring, plan, tokenizer, model, scorer, emit) -> HeldOu
     continued = cfg.stage != "sft" and bool(cfg.init_adapter.strip())
     with phase(emit, "scoring", "log.phase.scoring", n=len(rows)):
         with torch.compiler.set_stance("force_eager"):  # as heldout_end says why
-            start = score_start(model, tokenizer, rows, scorer, continued, cfg.eval_max_new_tokens, HELDOUT_BATCH)
+            start = score_start(model, tokenizer, rows, scorer, continued, cfg.eval_max_new_tokens, HELDOUT_BATCH,
+                                scoring_tokens(cfg))
     params = dict(n=len(rows), base=100 * start["base"].mean, source={"key": f"score.source.{source}", "params": {}})
     line = (Said("log.heldout.start_parent", parent=100 * start["parent"].mean, **params) if continued
             else Said("log.heldout.start", **params))
@@ -65,7 +73,8 @@ def heldout_end(cfg: _Scoring, held: HeldOut, model, tokenizer, emit) -> dict[st
     verdict in the log (a warning when the adapter scores lower)."""
     # eagerly (torch's own switch): compiled layers would compile again for every generated length, for the same answers
     with torch.compiler.set_stance("force_eager"):
-        adapter = score_model(model, tokenizer, held.rows, held.scorer, cfg.eval_max_new_tokens, HELDOUT_BATCH)
+        adapter = score_model(model, tokenizer, held.rows, held.scorer, cfg.eval_max_new_tokens, HELDOUT_BATCH,
+                              scoring_tokens(cfg))
     base, parent = held.start["base"], held.start.get("parent")
     verdict = judge(adapter.mean, base.mean, parent.mean if parent else None, scorer=cfg.heldout_scorer,
                     n=len(held.rows))
