@@ -35,7 +35,7 @@ KEPT_TERMS = {
 # Words each language writes as English does (not English left behind): French "Message", Portuguese "use"...
 COGNATES = {
     "pt": {"Base", "Use", "use"},
-    "fr": {"Base", "Parent", "Machines", "Date", "Message", "validation"},
+    "fr": {"Base", "Parent", "Machines", "Date", "Message", "validation", "Format"},
     "es": {"Base", "ERROR", "Error"},
     "de": {"Log", "Split", "Training", "Format", "Name", "Status"},
 }

@@ -39,14 +39,16 @@ IsRunning = Callable[[Path], bool]
 
 class HistoryError(Keyed, RuntimeError):
     """A history action was refused; the message says why and what to do. Raised with a core.messages.Said, it is
-    keyed (core.messages.Keyed: a page says it in its language); with plain English, as written."""
+    keyed (core.messages.Keyed: a page says it in its language), as it is when handed on from another keyed refusal
+    (core.files.RefusedError); with plain English, as written."""
 
-    def __init__(self, message: str) -> None:
-        if isinstance(message, Said):
-            super().__init__(self._keyed(message.key, message.params))
+    def __init__(self, message: "str | Said | Keyed") -> None:
+        key = getattr(message, "key", "")
+        if key:
+            super().__init__(self._keyed(key, getattr(message, "params", {})))
         else:
             self.params = {}
-            super().__init__(message)
+            super().__init__(str(message))
 
 
 @dataclass
@@ -479,7 +481,7 @@ def delete_run(run_dir: str | Path, output_dir: str | Path, is_running: IsRunnin
     try:  # resolved once: every check below and the removal act on this folder
         root, target_dir = target(output_dir, "delete runs in"), target(raw, "delete")
     except RefusedError as exc:
-        raise HistoryError(Said(exc.key, **exc.params) if exc.key else str(exc)) from None
+        raise HistoryError(exc) from None
     if target_dir.parent != root or target_dir == root:
         raise HistoryError(Said("history.refuse_outside", path=str(raw), root=str(root)))
     if not is_run_dir(target_dir):
