@@ -141,3 +141,26 @@ def upload_as_the_page_does(form, lang: str, file_path, values: list) -> dict:
     now = [v["value"] if isinstance(v, dict) and "value" in v else v for v in now]
     shown = shown_if_current(lang, preview_upload(lang, arrived, None, *now), *now)  # None: no progress bar
     return {**told, form.preview: shown} if isinstance(shown, str) else told
+
+
+def tiny_model_folder(config, folder: Path) -> Path:
+    """A model of `config` (a transformers config) with seed-0 random weights, saved in bf16 beside the demo's
+    tokenizer: a folder the product loads as it would a Hub download."""
+    import shutil
+    import warnings
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from core.demo import ensure_demo_model
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_config(config)
+    model.config.use_cache = False
+    model.to(torch.bfloat16).save_pretrained(folder)
+    for f in ensure_demo_model().iterdir():
+        if "token" in f.name or f.name == "chat_template.jinja":
+            shutil.copy(f, folder / f.name)
+    return folder

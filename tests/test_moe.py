@@ -10,7 +10,6 @@ in bf16 with the demo tokenizer, loaded by memtune's own loader.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,24 +17,16 @@ import torch
 
 from core.config.settings import demo_config
 from tests.test_estimate_stored import CONFIGS, MOE, _config
+from tests.helpers import tiny_model_folder
 
 FAMILIES = MOE  # qwen3_moe, mixtral, gpt_oss, olmoe
 
 
 def _build(name: str, folder: Path, **changes) -> Path:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from core.demo import ensure_demo_model
+    from transformers import AutoConfig
 
     values = {**_config(name), **changes}
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(values.pop("model_type"), **values))
-    model.config.use_cache = False
-    model.to(torch.bfloat16).save_pretrained(folder)
-    for f in ensure_demo_model().iterdir():
-        if "token" in f.name or f.name == "chat_template.jinja":
-            shutil.copy(f, folder / f.name)
-    return folder
+    return tiny_model_folder(AutoConfig.for_model(values.pop("model_type"), **values), folder)
 
 
 # Expert widths of whole 64-value quantization blocks, as every real MoE's (768, 14336, 2880, 1024): bitsandbytes'

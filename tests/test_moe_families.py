@@ -12,15 +12,14 @@ bits (bitsandbytes NF4 on the CPU).
 
 from __future__ import annotations
 
-import shutil
-import warnings
 
 import pytest
 import torch
 
 from core.config.settings import ConfigError, demo_config
 from tests import families_any
-from tests.test_estimate_stored import CONFIGS, MOE, _config, _stored
+from tests.test_estimate_stored import MOE, _config, _stored
+from tests.helpers import tiny_model_folder
 
 OWN = tuple(families_any.OWN_EXPERTS)
 ANY_MOE = ("mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss", "qwen3_next", "granitemoehybrid")
@@ -37,20 +36,7 @@ def _hf_config(source: str, name: str):
 
 
 def _save(config, folder):
-    from transformers import AutoModelForCausalLM
-
-    from core.demo import ensure_demo_model
-
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = AutoModelForCausalLM.from_config(config)
-        model.config.use_cache = False
-        model.to(torch.bfloat16).save_pretrained(folder)
-    for f in ensure_demo_model().iterdir():
-        if "token" in f.name or f.name == "chat_template.jinja":
-            shutil.copy(f, folder / f.name)
-    return folder
+    return tiny_model_folder(config, folder)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import torch
 
 from core.levers import grouping
 from tests.test_moe import WHOLE_BLOCKS, _build, _cfg, families_vocab
+from tests.helpers import tiny_model_folder
 
 # DeepSeek-V3's tiny config (tests/families_any.py) with expert widths of whole 64-value blocks (tests/test_moe.py)
 DEEPSEEK_V3 = dict(model_type="deepseek_v3", num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
@@ -33,20 +34,10 @@ def _folder(name: str, root):
 
 
 def _build_raw(values: dict, folder):
-    import shutil
-
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from core.demo import ensure_demo_model
+    from transformers import AutoConfig
 
     values = dict(values)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(values.pop("model_type"), **values))
-    model.to(torch.bfloat16).save_pretrained(folder)
-    for f in ensure_demo_model().iterdir():
-        if "token" in f.name or f.name == "chat_template.jinja":
-            shutil.copy(f, folder / f.name)
-    return folder
+    return tiny_model_folder(AutoConfig.for_model(values.pop("model_type"), **values), folder)
 
 
 @pytest.fixture(scope="module")
