@@ -10,10 +10,12 @@ peak on the gauge), 02-checklist.png (the chapter's recipe: what each item saves
 07-history.png (the runs, one opened), 08-export.png, 09-checklist-pt.png (the checklist in Portuguese).
 
 It also writes the tutorial, docs/tutorial/{en,pt,fr}.md with one screenshot per step in that language
-(docs/tutorial/img/), and docs/tutorial/manifest.json (texts and rules: scripts/tutorial.py):
+(docs/tutorial/img/), and docs/tutorial/manifest.json (texts and rules: scripts/tutorial.py). It renders any of
+the page's eight languages (en, pt, fr, es, de, zh, ja, ko); en/pt/fr are the committed ones:
 
     python scripts/screenshots.py                                # everything
     python scripts/screenshots.py --only tutorial --languages en # one language's tutorial
+    python scripts/screenshots.py --only tutorial --languages de --tutorial-out /tmp/tut  # elsewhere
     python scripts/screenshots.py --only tutorial --pass-dir /tmp/pass  # and every tab, for a review
 """
 
@@ -33,6 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 if str(ROOT) not in sys.path:  # scripts.tutorial and core.i18n, when run as a file
     sys.path.insert(0, str(ROOT))
+from scripts.tutorial import COMMITTED, LANGUAGES as TUTORIAL_LANGUAGES, TUTORIAL_DIR  # noqa: E402
+
 BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
@@ -180,12 +184,15 @@ def readme_shots(browser, url: str, out: Path, width: int) -> None:
     page.close()
 
 
-def tutorial_pass(browser, url: str, lang: str, width: int, pass_dir: Path | None = None) -> None:
-    """One language's tutorial: a fresh page whose browser asks for `lang`, the demo from start to GGUF export."""
+def tutorial_pass(browser, url: str, lang: str, width: int, pass_dir: Path | None = None,
+                  out_dir: Path | None = None) -> None:
+    """One language's tutorial: a fresh page whose browser asks for `lang`, the demo from start to GGUF export,
+    written into `out_dir` (default docs/tutorial/)."""
     from core.i18n import t
     from scripts.tutorial import LOCALES, STEPS, TUTORIAL_DIR, DEMO_PROMPT, image_name, write_tutorial
 
-    img = TUTORIAL_DIR / "img"
+    out_dir = out_dir or TUTORIAL_DIR
+    img = out_dir / "img"
     img.mkdir(parents=True, exist_ok=True)
     context = browser.new_context(locale=LOCALES[lang], viewport={"width": width, "height": 1000},
                                   device_scale_factor=1)
@@ -248,7 +255,7 @@ def tutorial_pass(browser, url: str, lang: str, width: int, pass_dir: Path | Non
     open_newest_run(page)
     shot("history")
     context.close()
-    print(write_tutorial(lang, shown), flush=True)
+    print(write_tutorial(lang, shown, out_dir), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,10 +264,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--width", type=int, default=1440)
     ap.add_argument("--only", choices=["readme", "tutorial"], default=None, help="only the README screenshots or "
                     "only the tutorial (default: both)")
-    ap.add_argument("--languages", default="en,pt,fr", help="tutorial languages, comma-separated")
+    ap.add_argument("--languages", default=",".join(COMMITTED), help="tutorial languages, comma-separated, any of "
+                    f"{', '.join(TUTORIAL_LANGUAGES)} (default: the committed ones, {', '.join(COMMITTED)})")
+    ap.add_argument("--tutorial-out", default=str(TUTORIAL_DIR), help="where the tutorial's pages, screenshots, "
+                    "texts and manifest go (default: docs/tutorial/)")
     ap.add_argument("--pass-dir", default=None, help="also save a screenshot (and its text) of every tab, in each "
                     "tutorial language, into this folder: a reviewer's pass over the whole page")
     args = ap.parse_args(argv)
+    languages = [code.strip() for code in args.languages.split(",") if code.strip()]
+    unknown = [code for code in languages if code not in TUTORIAL_LANGUAGES]
+    if unknown:
+        ap.error(f"--languages: {', '.join(unknown)} not among {', '.join(TUTORIAL_LANGUAGES)}")
+    tutorial_out = Path(args.tutorial_out)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pass_dir = Path(args.pass_dir) if args.pass_dir else None
@@ -279,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
                 if args.only != "tutorial":
                     readme_shots(browser, f"http://127.0.0.1:{port}/", out, args.width)
                 if args.only != "readme":
-                    for lang in [code.strip() for code in args.languages.split(",") if code.strip()]:
-                        tutorial_pass(browser, f"http://127.0.0.1:{port}/", lang, args.width, pass_dir)
+                    for lang in languages:
+                        tutorial_pass(browser, f"http://127.0.0.1:{port}/", lang, args.width, pass_dir,
+                                      tutorial_out)
                 browser.close()
         finally:
             proc.terminate()

@@ -1,5 +1,6 @@
-"""The screenshot tutorial (docs/tutorial/{en,pt,fr}.md): its steps, their texts and the manifest that ties the
-screenshots to the code that rendered them. scripts/screenshots.py drives the app and calls `write_tutorial`.
+"""The screenshot tutorial (docs/tutorial/{en,pt,fr}.md; es, de, zh, ja and ko render too): its steps, their texts
+and the manifest that ties the screenshots to the code that rendered them. scripts/screenshots.py drives the app and
+calls `write_tutorial`.
 
 Button and tab names come from core/i18n.py, so the tutorial names what the page shows in that language; the
 memory checklist items are the chapter's own wording (the course's Portuguese and French names). Each step is one
@@ -15,6 +16,10 @@ Regenerate (about two minutes per language on a CPU; commit docs/tutorial/ after
 
     python scripts/screenshots.py --only tutorial                  # en, pt and fr
     python scripts/screenshots.py --only tutorial --languages fr   # one language
+    python scripts/screenshots.py --only tutorial --languages de --tutorial-out /tmp/tut  # one not committed
+
+LANGUAGES are the eight the tutorial can render (each has every step's text); COMMITTED are those whose pages are
+in docs/tutorial/ and checked by tests/test_tutorial.py. A page links to the committed languages' pages.
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ from core.config.checklist import ITEMS  # noqa: E402
 from core.i18n import LANGUAGES as LANGUAGE_NAMES, t  # noqa: E402
 
 TUTORIAL_DIR = ROOT / "docs" / "tutorial"
-LANGUAGES = ("en", "pt", "fr")
-LOCALES = {"en": "en-US", "pt": "pt-BR", "fr": "fr-FR"}  # the browser's Accept-Language picks the page's language
+LANGUAGES = ("en", "pt", "fr", "es", "de", "zh", "ja", "ko")  # the languages the tutorial can render
+COMMITTED = ("en", "pt", "fr")  # the ones whose pages and screenshots are committed in docs/tutorial/
+LOCALES = {"en": "en-US", "pt": "pt-BR", "fr": "fr-FR", "es": "es-ES", "de": "de-DE", "zh": "zh-CN", "ja": "ja-JP",
+           "ko": "ko-KR"}  # the browser's Accept-Language picks the page's language
 STEPS = ("start", "checklist", "training", "finished", "try", "export", "history")
 CHECKLIST_KEYS = tuple(item.key for item in ITEMS)  # the chapter's seven items, in its order
 DEMO_PROMPT = "Translate the word 'cat' into French."
@@ -137,6 +144,167 @@ TEXT = {
                     "**{history.resume}** reprend un entraînement à son dernier checkpoint enregistré ; la démo "
                     "n'en enregistre aucun, le bouton reste donc désactivé et la page dit pourquoi."),
     },
+    "de": {
+        "title": "memtune-Tutorial: von der Installation bis zur GGUF-Datei, auf einer CPU",
+        "intro": ("Diese Anleitung nutzt die Offline-Demo und funktioniert daher auf jedem Rechner ohne GPU: Ein "
+                  "winziges Modell mit Llama-Architektur lernt in etwa einer Minute englische → französische "
+                  "Wörter. Jedes Bild zeigt die App selbst, neu erzeugt mit `python scripts/screenshots.py`."),
+        "start": ("**Installieren und starten.** Laden Sie memtune herunter (klonen Sie das Repository oder laden "
+                  "Sie es als Archiv); führen Sie mit Python 3.11 in dessen Ordner den Befehl aus dem README aus: "
+                  "`bash scripts/install.sh && python app.py` (er installiert den torch-Build, den dieser Rechner "
+                  "braucht), und öffnen Sie http://127.0.0.1:7860. Ohne GPU öffnet sich die Seite mit der Demo: "
+                  "ihr Modell, ihre Daten (klicken Sie auf **{data.preview}**) und rechts der vorhergesagte "
+                  "Spitzenspeicher auf der Anzeige."),
+        "checklist": ("**Die Speicher-Checkliste.** Der Tab **{tab.checklist}** führt die sieben Punkte des Kapitels "
+                      "auf: {items}. Jeder Punkt zeigt, was er bei diesen Einstellungen einspart und was er kostet. "
+                      "Die Demo ist bereits für die CPU eingerichtet: Lassen Sie die Punkte, wie sie sind."),
+        "training": ("**Trainieren.** Klicken Sie, zurück in **{tab.data}**, auf **{run.start}**. Der Bereich des "
+                     "Laufs rechts, neben jedem Einstellungs-Tab, zeigt den Fortschritt, die Loss-Kurve und das Log "
+                     "(der Tab **{tab.training}** enthält die Einstellungen des Laufs: LoRA, Lernrate, Schritte); "
+                     "der Lauf geht weiter, wenn Sie die Seite neu laden."),
+        "finished": ("**Der fertige Adapter.** Am Ende des Laufs zeigt die Seite, wo der LoRA-Adapter gespeichert "
+                     "wurde, und stellt den vorhergesagten Spitzenspeicher dem gemessenen gegenüber; auf einer CPU "
+                     "steht in der gemessenen Spalte „{peaks.not_measured_cpu}“, da es keinen GPU-Speicher zu "
+                     "messen gibt."),
+        "try": ("**Ausprobieren.** Wählen Sie in **{tab.try}** den Adapter, geben Sie `{prompt}` ein und klicken "
+                "Sie auf **{try.send}**: Die Antwort des Basismodells und die des feinabgestimmten Modells stehen "
+                "nebeneinander."),
+        "export": ("**Als GGUF exportieren.** Lassen Sie in **{tab.export}** unter **{gguf.title}** f16 und q8_0 "
+                   "angehakt und klicken Sie auf **{gguf.export}**. memtune führt den Adapter mit dem Basismodell "
+                   "zusammen, schreibt beide Dateien, eine `Modelfile` für Ollama und eine `README.md` in den "
+                   "Ordner `gguf/` des Laufs und zeigt die Befehle: `ollama create … -f …/Modelfile`, dann "
+                   "`ollama run …`, oder `llama-cli -m …gguf`. Dasselbe im Terminal: "
+                   "`python -m core.export gguf runs/<lauf>/adapter --formats f16,q8_0`."),
+        "history": ("**Verlauf.** **{tab.history}** listet jeden Lauf auf. Klicken Sie auf einen Lauf, um seine "
+                    "Loss-Kurve und seine Einstellungen zu sehen, die Einstellungen ins Formular zu laden oder den "
+                    "Lauf zu löschen. **{history.resume}** setzt einen Lauf ab seinem letzten gespeicherten "
+                    "Checkpoint fort; die Demo speichert keinen, daher bleibt die Schaltfläche deaktiviert und die "
+                    "Seite nennt den Grund."),
+    },
+    "es": {
+        "title": "Tutorial de memtune: de la instalación a un archivo GGUF, en una CPU",
+        "intro": ("Esta guía paso a paso usa la demo sin conexión, así que funciona en cualquier máquina sin GPU: un "
+                  "modelo diminuto de arquitectura Llama aprende palabras del inglés → francés en aproximadamente "
+                  "un minuto. Cada imagen es la propia aplicación, regenerada con `python scripts/screenshots.py`."),
+        "start": ("**Instala e inicia.** Consigue memtune (clona o descarga su repositorio); con Python 3.11, en su "
+                  "carpeta, ejecuta el comando del README: `bash scripts/install.sh && python app.py` (instala la "
+                  "versión de torch que necesita esta máquina) y abre http://127.0.0.1:7860. Sin GPU, la página se "
+                  "abre en la demo: su modelo, sus datos (haz clic en **{data.preview}**) y, a la derecha, el pico "
+                  "de memoria previsto en el indicador."),
+        "checklist": ("**La lista de memoria.** La pestaña **{tab.checklist}** recoge los siete puntos del "
+                      "capítulo: {items}. Cada uno muestra cuánto ahorra con estos ajustes y cuánto cuesta. La demo "
+                      "ya está configurada para la CPU: déjalos como están."),
+        "training": ("**Entrena.** De vuelta en **{tab.data}**, haz clic en **{run.start}**. El panel de la "
+                     "ejecución, a la derecha, junto a cada pestaña de ajustes, muestra el progreso, la curva de "
+                     "pérdida y el registro (la pestaña **{tab.training}** contiene los ajustes de la ejecución: "
+                     "LoRA, tasa de aprendizaje, pasos); la ejecución sigue aunque recargues la página."),
+        "finished": ("**El adaptador terminado.** Cuando termina la ejecución, la página indica dónde se guardó el "
+                     "adaptador LoRA y coloca el pico de memoria previsto junto al medido; en una CPU, la columna "
+                     "medida dice «{peaks.not_measured_cpu}», ya que no hay memoria de GPU que medir."),
+        "try": ("**Pruébalo.** En **{tab.try}**, elige el adaptador, escribe `{prompt}` y haz clic en "
+                "**{try.send}**: la respuesta del modelo base y la del modelo ajustado, una al lado de la otra."),
+        "export": ("**Exporta a GGUF.** En **{tab.export}**, en la sección **{gguf.title}**, deja marcados f16 y "
+                   "q8_0 y haz clic en **{gguf.export}**. memtune fusiona el adaptador con el modelo base, escribe "
+                   "los dos archivos, un `Modelfile` de Ollama y un `README.md` en la carpeta `gguf/` de la "
+                   "ejecución, y muestra los comandos: `ollama create … -f …/Modelfile` y luego `ollama run …`, o "
+                   "`llama-cli -m …gguf`. Lo mismo desde una terminal: "
+                   "`python -m core.export gguf runs/<ejecución>/adapter --formats f16,q8_0`."),
+        "history": ("**Historial.** **{tab.history}** muestra todas las ejecuciones. Haz clic en una para ver su "
+                    "curva de pérdida y sus ajustes, cargarlos en el formulario o borrarla. **{history.resume}** "
+                    "continúa una ejecución desde su último checkpoint guardado; la demo no guarda ninguno, así que "
+                    "el botón queda desactivado y la página explica por qué."),
+    },
+    "zh": {
+        "title": "memtune 教程：从安装到 GGUF 文件，全程使用 CPU",
+        "intro": ("本教程使用离线演示，因此在任何没有 GPU 的机器上都能运行：一个 Llama 架构的微型模型大约一分钟就能"
+                  "学会英语 → 法语的单词。每张图片都是应用本身，由 `python scripts/screenshots.py` 重新生成。"),
+        "start": ("**安装并启动。** 获取 memtune（克隆或下载其仓库）；使用 Python 3.11，在其文件夹中运行 README 中的"
+                  "命令：`bash scripts/install.sh && python app.py`（它会安装本机所需的 torch 版本），然后打开 "
+                  "http://127.0.0.1:7860。没有 GPU 时，页面会打开演示：它的模型、数据（点击 **{data.preview}**），"
+                  "以及右侧仪表上的预测峰值显存。"),
+        "checklist": ("**显存清单。** **{tab.checklist}** 选项卡列出了本章的七项：{items}。每一项都会显示在当前设置下"
+                      "能节省多少显存、要付出什么代价。演示已经为 CPU 配置好了：保持原样即可。"),
+        "training": ("**训练。** 回到 **{tab.data}**，点击 **{run.start}**。右侧的运行面板位于每个设置选项卡旁边，"
+                     "显示进度、损失曲线和日志（**{tab.training}** 选项卡包含本次运行的设置：LoRA、学习率、步数）；"
+                     "即使重新加载页面，运行也会继续。"),
+        "finished": ("**训练好的适配器。** 运行结束后，页面会显示 LoRA 适配器的保存位置，并把预测峰值显存与实测值并列"
+                     "显示；在 CPU 上，实测一栏显示“{peaks.not_measured_cpu}”，因为没有 GPU 显存可测。"),
+        "try": ("**试用。** 在 **{tab.try}** 中选择适配器，输入 `{prompt}` 并点击 **{try.send}**：基础模型的回答和"
+                "微调后模型的回答并排显示。"),
+        "export": ("**导出为 GGUF。** 在 **{tab.export}** 的 **{gguf.title}** 部分，保持勾选 f16 和 q8_0，然后点击 "
+                   "**{gguf.export}**。memtune 会把适配器合并进基础模型，将这两个文件、一个 Ollama `Modelfile` 和"
+                   "一个 `README.md` 写入本次运行的 `gguf/` 文件夹，并显示命令：先 `ollama create … -f …/Modelfile`"
+                   " 再 `ollama run …`，或者 `llama-cli -m …gguf`。在终端中也可以完成同样的操作："
+                   "`python -m core.export gguf runs/<运行>/adapter --formats f16,q8_0`。"),
+        "history": ("**历史。** **{tab.history}** 列出所有运行。点击其中一次运行即可查看它的损失曲线和设置、把设置载入"
+                    "表单或删除它。**{history.resume}** 会从上次保存的检查点继续运行；演示不保存检查点，因此该按钮"
+                    "保持禁用，页面会说明原因。"),
+    },
+    "ja": {
+        "title": "memtune チュートリアル：インストールから GGUF ファイルまで、CPU で",
+        "intro": ("このチュートリアルはオフラインのデモを使うため、GPU のないどのマシンでも動作します。Llama "
+                  "アーキテクチャの小さなモデルが、英語 → フランス語の単語を 1 分ほどで学習します。画像はすべて"
+                  "アプリそのもので、`python scripts/screenshots.py` で再生成しています。"),
+        "start": ("**インストールと起動。** memtune を入手し（リポジトリをクローンするかダウンロードします）、"
+                  "Python 3.11 を使って、そのフォルダーで README のコマンド `bash scripts/install.sh && python app.py` "
+                  "を実行します（このマシンに必要な torch のビルドがインストールされます）。続いて "
+                  "http://127.0.0.1:7860 を開きます。GPU がない場合、ページはデモの状態で開き、デモのモデルと"
+                  "データ（**{data.preview}** をクリックします）、右側のゲージには予測ピークメモリが表示されます。"),
+        "checklist": ("**メモリチェックリスト。** **{tab.checklist}** タブには、この章の 7 つの項目が並んでいます："
+                      "{items}。各項目には、現在の設定で節約できる量とそのコストが表示されます。デモはすでに CPU "
+                      "向けに設定されているので、そのままにしておきます。"),
+        "training": ("**学習。** **{tab.data}** に戻り、**{run.start}** をクリックします。右側の実行パネルは、どの"
+                     "設定タブの横にも表示され、進捗、損失曲線、ログを示します（**{tab.training}** タブには実行の"
+                     "設定、つまり LoRA、学習率、ステップ数があります）。ページを再読み込みしても実行は続きます。"),
+        "finished": ("**完成したアダプター。** 実行が終わると、LoRA アダプターの保存先が表示され、予測ピークメモリと"
+                     "実測値が並べて示されます。CPU では計測できる GPU メモリがないため、実測の列には"
+                     "「{peaks.not_measured_cpu}」と表示されます。"),
+        "try": ("**試す。** **{tab.try}** でアダプターを選び、`{prompt}` と入力して **{try.send}** をクリックします。"
+                "ベースモデルの回答とファインチューニング後のモデルの回答が並んで表示されます。"),
+        "export": ("**GGUF へのエクスポート。** **{tab.export}** の **{gguf.title}** で f16 と q8_0 にチェックを"
+                   "入れたまま、**{gguf.export}** をクリックします。memtune はアダプターをベースモデルにマージし、"
+                   "2 つのファイル、Ollama 用の `Modelfile`、`README.md` を実行の `gguf/` フォルダーに書き出して、"
+                   "コマンドを表示します：`ollama create … -f …/Modelfile` のあとに `ollama run …`、または "
+                   "`llama-cli -m …gguf`。ターミナルからも同じことができます："
+                   "`python -m core.export gguf runs/<実行>/adapter --formats f16,q8_0`。"),
+        "history": ("**履歴。** **{tab.history}** にはすべての実行が一覧表示されます。実行をクリックすると、損失曲線と"
+                    "設定を確認したり、設定をフォームに読み込んだり、実行を削除したりできます。"
+                    "**{history.resume}** は、最後に保存されたチェックポイントから実行を再開します。デモはチェック"
+                    "ポイントを保存しないため、このボタンは無効のままで、ページにその理由が表示されます。"),
+    },
+    "ko": {
+        "title": "memtune 튜토리얼: 설치부터 GGUF 파일까지, CPU에서",
+        "intro": ("이 안내는 오프라인 데모를 사용하므로 GPU가 없는 어떤 컴퓨터에서도 동작합니다. Llama 아키텍처의 "
+                  "아주 작은 모델이 약 1분 만에 영어 → 프랑스어 단어를 학습합니다. 모든 그림은 앱 자체의 화면이며 "
+                  "`python scripts/screenshots.py`로 다시 생성합니다."),
+        "start": ("**설치 및 시작.** memtune을 받습니다(저장소를 클론하거나 다운로드합니다). Python 3.11로 해당 "
+                  "폴더에서 README의 명령 `bash scripts/install.sh && python app.py`를 실행하고(이 컴퓨터에 필요한 "
+                  "torch 빌드를 설치합니다) http://127.0.0.1:7860을 엽니다. GPU가 없으면 페이지가 데모로 열립니다. "
+                  "데모의 모델과 데이터(**{data.preview}** 버튼을 클릭합니다), 그리고 오른쪽 게이지에 예측 최대 "
+                  "메모리가 표시됩니다."),
+        "checklist": ("**메모리 체크리스트.** **{tab.checklist}** 탭에는 이 장의 일곱 가지 항목이 나열됩니다: "
+                      "{items}. 각 항목은 현재 설정에서 절약되는 메모리와 그 비용을 보여 줍니다. 데모는 이미 CPU에 "
+                      "맞게 설정되어 있으므로 그대로 둡니다."),
+        "training": ("**학습.** **{tab.data}** 탭으로 돌아가 **{run.start}** 버튼을 클릭합니다. 오른쪽의 실행 "
+                     "패널은 모든 설정 탭 옆에 표시되며 진행 상황, 손실 곡선, 로그를 보여 줍니다"
+                     "(**{tab.training}** 탭에는 실행 설정인 LoRA, 학습률, 스텝 수가 있습니다). 페이지를 새로 "
+                     "고쳐도 실행은 계속됩니다."),
+        "finished": ("**완성된 어댑터.** 실행이 끝나면 페이지에 LoRA 어댑터가 저장된 위치가 표시되고, 예측 최대 "
+                     "메모리와 측정값이 나란히 표시됩니다. CPU에서는 측정할 GPU 메모리가 없으므로 측정 열에 "
+                     "“{peaks.not_measured_cpu}” 문구가 표시됩니다."),
+        "try": ("**사용해 보기.** **{tab.try}** 탭에서 어댑터를 고르고 프롬프트로 `{prompt}` 문장을 입력한 뒤 "
+                "**{try.send}** 버튼을 클릭합니다. 기본 모델의 답과 파인튜닝된 모델의 답이 나란히 표시됩니다."),
+        "export": ("**GGUF로 내보내기.** **{tab.export}** 탭의 **{gguf.title}** 섹션에서 f16과 q8_0을 선택된 상태로 "
+                   "두고 **{gguf.export}** 버튼을 클릭합니다. memtune은 어댑터를 기본 모델에 병합하고, 두 파일과 "
+                   "Ollama `Modelfile`, `README.md`를 실행의 `gguf/` 폴더에 쓴 뒤 명령을 보여 줍니다: "
+                   "`ollama create … -f …/Modelfile` 다음에 `ollama run …`, 또는 `llama-cli -m …gguf`. "
+                   "터미널에서는 `python -m core.export gguf runs/<실행>/adapter --formats f16,q8_0` 명령으로 같은 "
+                   "작업을 합니다."),
+        "history": ("**기록.** **{tab.history}** 탭에는 모든 실행이 나열됩니다. 실행 하나를 클릭하면 손실 곡선과 "
+                    "설정을 보거나, 설정을 양식에 불러오거나, 실행을 삭제할 수 있습니다. **{history.resume}** "
+                    "버튼은 마지막으로 저장된 체크포인트에서 실행을 이어 갑니다. 데모는 체크포인트를 저장하지 "
+                    "않으므로 이 버튼은 비활성화된 상태로 남고, 페이지에 그 이유가 표시됩니다."),
+    },
 }
 UI_KEYS = ("data.preview", "tab.checklist", "tab.data", "run.start", "tab.training", "tab.try", "try.send",
            "tab.export", "gguf.title", "gguf.export", "tab.history", "peaks.not_measured_cpu", "history.resume")
@@ -171,12 +339,12 @@ def step_text(lang: str, step: str) -> str:
 
 def render_markdown(lang: str) -> str:
     parts = [f"# {TEXT[lang]['title']}", "", TEXT[lang]["intro"], ""]
-    others = " · ".join(f"[{LANGUAGE_NAMES[code]}]({code}.md)" for code in LANGUAGES if code != lang)
+    others = " · ".join(f"[{LANGUAGE_NAMES[code]}]({code}.md)" for code in COMMITTED if code != lang)
     parts += [f"🌐 {others}", ""]
     for i, step in enumerate(STEPS):
         _, heading, body = step_text(lang, step).split("**", 2)  # "**Heading.** body" -> a section
-        parts += [f"## {i + 1}. {heading.rstrip('.')}", "", body.strip(), "",
-                  f"![{heading.rstrip('.')}](img/{image_name(lang, i, step)})", ""]
+        heading = heading.rstrip(".。")  # "Install and start." / "安装并启动。" -> the section's title
+        parts += [f"## {i + 1}. {heading}", "", body.strip(), "", f"![{heading}](img/{image_name(lang, i, step)})", ""]
     return "\n".join(parts)
 
 

@@ -1,5 +1,8 @@
 """The screenshot tutorial (docs/tutorial/{en,pt,fr}.md) is complete and says what its pictures show.
 
+These check the committed languages (scripts/tutorial.py's COMMITTED); tests/test_tutorial_languages.py checks that
+every language the tutorial can render has every step's text.
+
 `python scripts/screenshots.py --only tutorial` takes one screenshot per step in each language and keeps, beside
 each, the text the page showed at that moment (docs/tutorial/text/). These tests read that text, not a hash of the
 sources: each step's picture shows every button, tab and item the step's text names, in the words the UI uses now
@@ -16,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from core.i18n import EN, t
-from scripts.tutorial import LANGUAGES, STEPS, TUTORIAL_DIR, named, render_markdown, shown_path
+from scripts.tutorial import COMMITTED as LANGUAGES, STEPS, TUTORIAL_DIR, named, render_markdown, shown_path
 
 REGENERATE = "run `python scripts/screenshots.py --only tutorial` and commit docs/tutorial/"
 # Where a number and its unit are written with the other language's decimal separator ("1.23 s" in pt, "6,0 GiB" in
