@@ -38,9 +38,11 @@ def dpo_run(tmp_path_factory, demo_model_path):
 
 def test_a_dpo_run_draws_its_reward_accuracy_and_margin(dpo_run):
     from core.jobs.view import REWARD_FIELDS
-    from core.train.rewards import NAMES
+    from core.train.rewards import GRPO_NAMES, NAMES
 
-    assert set(REWARD_FIELDS) == set(NAMES.values())  # the page reads every reward figure the engine writes
+    # the page reads every reward figure the engine writes: the preference stages', GRPO's, and GRPO's answer length
+    # as a share of its maximum (core/train/callbacks.py)
+    assert set(REWARD_FIELDS) == set(NAMES.values()) | set(GRPO_NAMES.values()) | {"completion_share"}
     panel, job = panel_for(dpo_run)
     v = job_view(job)
     logged = [e for e in job.events if e["kind"] == "metrics"]
