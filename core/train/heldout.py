@@ -77,7 +77,7 @@ def heldout_end(cfg: _Scoring, held: HeldOut, model, tokenizer, emit) -> dict[st
                               scoring_tokens(cfg))
     base, parent = held.start["base"], held.start.get("parent")
     verdict = judge(adapter.mean, base.mean, parent.mean if parent else None, scorer=cfg.heldout_scorer,
-                    n=len(held.rows))
+                    n=len(held.rows), source=held.source)
     emit(make_event("log", level="warning" if verdict.worse else "info", **words_of(verdict.message)))
     return {"scorer": cfg.heldout_scorer, "rows": len(held.rows), "source": held.source, "base": base.to_dict(),
             "parent": parent.to_dict() if parent else None, "adapter": adapter.to_dict(),
