@@ -46,7 +46,7 @@ def _text(page: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", page))
 
 
-# --- the verdict on rows the run trained on ----------------------------------------------------------------------------
+# --- the verdict on rows the run trained on ------------------------------------------------------------------------
 @pytest.mark.parametrize("adapter,base,parent", [(0.9, 0.1, None), (0.5, 0.5, None), (0.9, 0.1, 0.5),
                                                   (0.5, 0.1, 0.5), (0.3, 0.1, 0.9), (0.1, 0.9, None)])
 def test_a_verdict_on_training_rows_never_says_held_out(adapter, base, parent):
