@@ -7,7 +7,7 @@ through the browser's Accept-Language, as a visitor's browser would.
 
 import pytest
 
-from tests.browser_app import MISSING, REQUIRED  # the fixtures browser and server: tests/browser_app.py
+from tests.browser_app import MISSING, REQUIRED, choose  # the fixtures browser and server: tests/browser_app.py
 from tests.helpers import ms
 
 if MISSING and not REQUIRED:
@@ -184,3 +184,23 @@ def test_a_card_out_of_range_is_said_beside_its_box_and_the_form_stays_usable(br
     assert "minimum value" not in text and page.locator(".toast-body").count() == 0, text[:500]
     page.close()
     own.close()
+
+
+def test_the_heldout_scorer_preview_shows_what_it_accepts_on_the_previewed_rows(context, server):
+    """Beside heldout_scorer (Training tab, advanced settings): three rows of the data preview with what the chosen
+    scorer accepts, again when the scorer changes."""
+    page = laptop_page(context)
+    page.goto(server["url"])
+    page.wait_for_selector("#vram-gauge .mt-gauge")
+    page.click("#preview-btn")
+    page.wait_for_selector("#data-preview #mt-preview")
+    page.get_by_role("tab", name="3 · Training").click()
+    page.click("#advanced-acc button, #advanced-acc .label-wrap")
+    box = page.locator("#scorer-preview #scorer-preview-box")
+    box.wait_for(timeout=ms(60))
+    assert box.locator("tr").count() == 4, box.inner_html()  # a header and three rows
+    assert "exactly “ami”" in box.inner_text(), box.inner_text()  # the demo's first row, as its score reads it
+    choose(page, "#field-heldout_scorer", "regex")
+    page.wait_for_function("document.querySelector('#scorer-preview')?.textContent.includes('pattern')",
+                           timeout=ms(60))
+    page.close()

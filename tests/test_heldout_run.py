@@ -55,7 +55,11 @@ def test_a_demo_sft_run_scores_base_and_adapter_on_the_demos_prompts(sft_run):
     assert held["base"]["mean"] < 0.1 and held["adapter"]["mean"] >= 0.98, held
     assert held["verdict"]["verdict"] == "better" and not held["verdict"]["worse"]
     verdicts = [e for e in events if e["kind"] == "log" and e.get("key", "").startswith("score.verdict")]
-    assert [(e["key"], e["level"]) for e in verdicts] == [("score.verdict.better", "info")]
+    # the demo's own prompts train: its verdict never calls them held-out
+    assert [(e["key"], e["level"]) for e in verdicts] == [("score.verdict.trained.better", "info")]
+    assert "held-out" not in verdicts[0]["message"].lower()
+    started = [e for e in events if e["kind"] == "log" and e.get("key", "").startswith("log.heldout.start")]
+    assert [e["key"] for e in started] == ["log.heldout.start_trained"], started
 
 
 def test_dpo_at_the_parents_rate_is_flagged_worse_than_its_parent(sft_run, tmp_path):
@@ -68,7 +72,7 @@ def test_dpo_at_the_parents_rate_is_flagged_worse_than_its_parent(sft_run, tmp_p
     held = json.loads((Path(result.run_dir) / "summary.json").read_text())["heldout"]
     assert held["parent"]["mean"] >= 0.98 and held["adapter"]["mean"] < held["parent"]["mean"] - 0.02, held
     assert held["verdict"]["verdict"] == "worse_parent" and held["verdict"]["worse"]
-    warned = [e for e in events if e["kind"] == "log" and e.get("key") == "score.verdict.worse_parent"]
+    warned = [e for e in events if e["kind"] == "log" and e.get("key") == "score.verdict.trained.worse_parent"]
     assert len(warned) == 1 and warned[0]["level"] == "warning"
     assert "got worse than its parent" in warned[0]["message"]
     # the reward accuracy alone would have called it a success
@@ -143,6 +147,7 @@ def test_the_card_says_a_worse_adapter_in_the_pages_language_and_is_not_green():
                                                         summary={**summary, "heldout": better}), "fr")
     on_train = render.heldout_rows({"heldout": {**better, "source": "train"}}, "en")
     assert "Scored on training rows" in on_train[0][1] and "Held-out" not in on_train[0][0]
+    assert "held-out" not in on_train[0][1].lower(), on_train  # the verdict's sentence too
     on_demo = render.heldout_rows({"heldout": {**better, "source": "demo"}}, "en")  # the demo's prompts train
     assert "which it trained on" in on_demo[0][1] and on_demo[0][0].endswith("prompts it trained on"), on_demo
     held = render.heldout_rows({"heldout": {**better, "source": "validation"}}, "en")

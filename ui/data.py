@@ -128,7 +128,7 @@ TITLES = {"data": "preview.data_error", "read": "preview.read_error", "tokenizer
 def preview_from(found: dict[str, Any], cfg: _Rows, lang: str) -> str:
     """The preview's HTML from core.jobs.preview's answer; the longest row it measured is kept for the estimates."""
     from core.data.plan import DataPlan, remember_longest
-    from ui.validation import split_note
+    from ui.validation import sample_tag, split_note
 
     if "error" in found:
         return error_box(t(TITLES.get(found["error"], "preview.read_error"), lang), text_of(found["words"], lang))
@@ -142,7 +142,7 @@ def preview_from(found: dict[str, Any], cfg: _Rows, lang: str) -> str:
     p = found["plan"]
     examples = [{**ex, **({"note": text_of(ex["note"], lang)} if ex.get("note") else {})} for ex in p["examples"]]
     plan = DataPlan(**{**p, "examples": examples}, rows=[], notes=[text_of(w, lang) for w in found["notes"]])
-    return split_note(held, lang) + preview_html(plan, lang)
+    return split_note(held, lang) + preview_html(plan, lang) + sample_tag(found.get("heldout"))
 
 
 def on_preview(lang: str, *values, progress: Any = None, actions: Any = None) -> str:

@@ -41,7 +41,7 @@ from ui.form import (FORM_QUEUE, MODEL_CHECK_QUEUE, PREVIEW_QUEUE, Form, confirm
 from ui.live import LivePanel, live_update, loss_frame, read_gpus, reward_frame
 from ui.state import AppState
 from ui.theme import GRADIO_LOCALE_JS, GRADIO_LOCALES, TABS_KW
-from ui.validation import draw_every_series
+from ui.validation import draw_every_series, on_scorer_preview
 
 # Where the levers are shown comes from their declarations (core/config/levers.py); the other fields are placed
 # below by hand, and every field not placed by the time the Advanced accordion is built goes there.
@@ -251,6 +251,10 @@ def build_ui(initial: Mapping[str, Any] | None = None, app: AppState | None = No
                                        value=gpus_note)
                                 with gr.Accordion(L("training.advanced"), open=False, elem_id="advanced-acc") as adv:
                                     tr.add(adv, label="training.advanced")
+                                    with gr.Row(elem_id="heldout-row"):  # the scorer, with what it checks below
+                                        for name in ("heldout_scorer", "heldout_options", "heldout_rows"):
+                                            w(name)
+                                    scorer_box = gr.HTML(elem_id="scorer-preview")
                                     # Every field not shown elsewhere, so a new TrainConfig field always gets a widget.
                                     rest = [n for n in FIELD_NAMES if n not in FIELDS]
                                     for i in range(0, len(rest), 3):
@@ -359,6 +363,7 @@ def build_ui(initial: Mapping[str, Any] | None = None, app: AppState | None = No
         wire_form(form, lang, budget, demo_btn, chapter_btn, refresh_btn, preview_btn, upload, save_btn, cfg_name,
                   load_btn, fit_btn)
         wire_measuring(form, lang, measuring, measured)
+        wire_scorer_preview(form, lang, scorer_box)
         # The saved settings, listed again each time their tab opens: the page was built once, for everybody (public
         # mode: no one's), and the list is the visitor's own (ui/handlers.config_dir).
         tab_code.select(lambda: gr.update(choices=handlers.saved_configs()), inputs=None, outputs=[cfg_list],
@@ -407,7 +412,7 @@ def build_ui(initial: Mapping[str, Any] | None = None, app: AppState | None = No
         pred_state.change(poll, **polling)
 
         # Language: the browser's on load, the picker afterwards; everything written re-renders.
-        one_off = [notice, fit_note, cfg_notice, preview_out]  # written in the old language: cleared
+        one_off = [notice, fit_note, cfg_notice, preview_out, scorer_box]  # written in the old language: cleared
         lang_out = tr.components + form.derived_outputs + tabs.language_outputs + one_off
         n = len(FIELD_NAMES)
 
@@ -488,6 +493,14 @@ def wire_measuring(form: Form, lang: Any, timer: Any, measured: Any) -> None:
 
 PUBLIC_API = ("poll", "start", "stop")  # the endpoints scripts drive (bench/app_gpu.py): the rest is the page's own
 STALE_WHEN_EDITED = ("model", "dataset", "dataset_split", "dataset_format", "max_length")  # the preview, Fit's note...
+
+
+def wire_scorer_preview(form: Form, lang: Any, box: Any) -> None:
+    """The held-out scorer's preview, again whenever the data preview, the scorer or its options change."""
+    scorer, options = form.fields["heldout_scorer"], form.fields["heldout_options"]
+    for comp in (form.preview, scorer, options):
+        comp.change(on_scorer_preview, inputs=[lang, form.preview, scorer, options], outputs=[box],
+                    show_progress="hidden", queue=False)
 
 
 def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: Any, refresh_btn: Any, preview_btn: Any,

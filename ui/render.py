@@ -25,6 +25,7 @@ from core.i18n import said as say_in
 from core.i18n import integer as grouped, percent as whole_percent
 from core.jobs.view import JobView
 from core.messages import SaidLine, fields_of
+from core.scoring.heldout import verdict_key
 
 NO_GPU_KEYS = ("gpu.none", "gpu.none_why")  # core.gpus.vram's "no NVIDIA GPU found": the gauge's own title says it
 
@@ -324,6 +325,14 @@ def heldout_worse(summary: dict[str, Any] | None) -> bool:
     return bool(heldout_of(summary).get("verdict", {}).get("worse"))
 
 
+def verdict_words(verdict: dict[str, Any], source: str | None, lang: str = "en") -> str:
+    """A held-out verdict (summary.json's heldout.verdict) in the page's language, by its key: rows the run trained
+    on are never called held-out (core.scoring.heldout.verdict_key), whatever memtune wrote the summary."""
+    if not verdict.get("key"):
+        return str(verdict.get("message", ""))
+    return said(verdict_key(verdict["key"], source), verdict.get("params"), lang)
+
+
 def heldout_rows(summary: dict[str, Any] | None, lang: str = "en", elem_id: str = "mt-heldout") -> list[tuple[str, str]]:
     """Did it help? Base · Parent · Adapter on the held-out prompts, and the verdict said plainly (a warning when
     the adapter scored lower); that the rows were training rows where the run held none out."""
@@ -335,7 +344,7 @@ def heldout_rows(summary: dict[str, Any] | None, lang: str = "en", elem_id: str 
     cells = " &middot; ".join(
         f'{E(t(f"result.heldout.{name}", lang))} <b data-score="{name}">{E(percent(part["mean"], lang))}</b>'
         for name, part in names if isinstance(part, dict) and "mean" in part)
-    words = said(verdict["key"], verdict.get("params"), lang) if verdict.get("key") else verdict.get("message", "")
+    words = verdict_words(verdict, held.get("source"), lang)
     text = (f'<span id="{E(elem_id)}" data-verdict="{E(verdict.get("verdict", ""))}">{cells}</span><br>'
             f'<span class="{"mt-warn-text" if verdict.get("worse") else "mt-muted"}" id="{E(elem_id)}-verdict">'
             f'{E(words)}</span>')

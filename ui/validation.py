@@ -4,15 +4,20 @@ tab. Plain HTML/DataFrames from core's data; tested without a browser, and in te
 
 from __future__ import annotations
 
+import html
+import json
+import re
 from functools import partial
 from typing import Any
 
 import gradio as gr
 import pandas as pd
 
-from core.i18n import DEFAULT_LANGUAGE, t
+from core.config.settings import heldout_options
+from core.i18n import DEFAULT_LANGUAGE, said, t
 from core.runs.events import prompt_gist
-from ui.render import E, num
+from core.scoring.scorers import ScorerError, accepts
+from ui.render import E, num, percent, verdict_words
 
 PLOT_POINTS = 400
 
@@ -117,6 +122,64 @@ def split_note(held: Any, lang: str = DEFAULT_LANGUAGE) -> str:
     return f'<div class="mt-note mt-small" id="preview-validation">{E(text)}</div>'
 
 
+# --- the held-out scorer's preview ----------------------------------------------------------------------------------
+SAMPLE_ID = "preview-heldout-rows"  # the data preview's tag carrying the rows the scorer's preview shows
+
+
+def sample_tag(sample: dict[str, Any] | None) -> str:
+    """The held-out rows of a data preview's answer (core.jobs.preview.heldout_sample), kept in the preview's HTML:
+    the scorer's preview beside heldout_scorer reads them there, whichever scorer is chosen later."""
+    if not isinstance(sample, dict):
+        return ""
+    return f'<div id="{SAMPLE_ID}" hidden data-sample="{E(json.dumps(sample, ensure_ascii=False))}"></div>'
+
+
+def sample_of(preview: Any) -> dict[str, Any] | None:
+    """The held-out rows sample_tag kept in a data preview's HTML, or None (no preview yet, or a preference stage's)."""
+    found = re.search(rf'id="{SAMPLE_ID}" hidden data-sample="([^"]*)"', str(preview or ""))
+    if not found:
+        return None
+    try:
+        sample = json.loads(html.unescape(found.group(1)))
+    except ValueError:
+        return None
+    return sample if isinstance(sample, dict) and isinstance(sample.get("rows"), list) else None
+
+
+def scorer_preview(sample: dict[str, Any] | None, scorer: str, options: str, lang: str = DEFAULT_LANGUAGE) -> str:
+    """What the held-out scorer checks on three rows of the data: each prompt, its reference answer and what the
+    scorer would accept (core.scoring.scorers.accepts), or why the options cannot be used; none when off."""
+    if not scorer or scorer == "off":
+        return ""
+    if not sample:
+        return f'<div class="mt-note mt-small" id="scorer-preview-empty">{E(t("score.preview.empty", lang))}</div>'
+    try:
+        opts = heldout_options(options or "")
+    except ValueError as exc:
+        why = t("problem.heldout_options", lang, value=options, why=str(exc))
+        return f'<div class="mt-warn-text mt-small" id="scorer-preview-error">{E(why)}</div>'
+    rows = []
+    for row in sample.get("rows", []):
+        try:
+            what = accepts(scorer, str(row.get("reference", "")), **opts)
+            cell, cls = said(what.key, what.params, lang), ""
+        except (ScorerError, TypeError, ValueError) as exc:
+            cell, cls = said(exc.key, exc.params, lang) if getattr(exc, "key", "") else str(exc), "mt-warn-text"
+        rows.append(f'<tr><td><code>{E(prompt_gist(str(row.get("prompt", "")), 200))}</code></td>'
+                    f'<td>{E(str(row.get("reference", "")))}</td><td class="{cls}">{E(cell)}</td></tr>')
+    trained = sample.get("source") in ("train", "demo")
+    title = t("score.preview.title_trained" if trained else "score.preview.title", lang,
+              scorer=t(f"score.name.{scorer}", lang), n=len(rows))
+    head = "".join(f"<th>{E(t(k, lang))}</th>" for k in ("eval.prompt", "eval.reference", "score.preview.accepts"))
+    return (f'<div class="mt-answers" id="scorer-preview-box" data-source="{E(str(sample.get("source", "")))}">'
+            f'<b>{E(title)}</b><table class="mt-table"><tr>{head}</tr>{"".join(rows)}</table></div>')
+
+
+def on_scorer_preview(lang: str, preview: Any, scorer: str, options: str) -> str:
+    """The scorer's preview for the form's scorer and options, on the rows the data preview holds."""
+    return scorer_preview(sample_of(preview), scorer, options, lang)
+
+
 # --- History: compare runs -----------------------------------------------------------------------------------------
 def _value(x: Any, lang: str) -> str:
     if x is None:
@@ -132,7 +195,7 @@ def _figure(key: str, x: Any, lang: str) -> str:
     """One of core.runs.history.FIGURES as the rest of the page writes it: time as History's 0:26, speed as the
     progress line's "3,512 tokens/s", counts grouped, losses with 4 decimals."""
     from core.runs.history import format_duration
-    from ui.render import integer, percent
+    from ui.render import integer
 
     if x is None:
         return "-"
@@ -177,6 +240,44 @@ def compare_frame(cmp: Any, lang: str = DEFAULT_LANGUAGE) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["step", "loss", "series"])
 
 
+def heldout_cell(scores: dict[str, Any] | None, lang: str = DEFAULT_LANGUAGE) -> str:
+    """One run's held-out scores in Compare's column: the scorer, base · parent · adapter, where the rows came from
+    when the run trained on them, and, when the adapter scored lower than its parent or the base, the verdict in
+    the page's language, marked."""
+    if not scores:
+        return "-"
+    parts = [(name, scores.get(name)) for name in ("base", "parent", "adapter")]
+    cells = " &middot; ".join(f'{E(t(f"result.heldout.{name}", lang))} <b data-score="{name}">'
+                              f"{E(percent(value, lang))}</b>" for name, value in parts if value is not None)
+    scorer, source = scores.get("scorer"), scores.get("source")
+    text = f'{E(t(f"score.name.{scorer}", lang))}: {cells}'
+    if source in ("train", "demo"):
+        text += f'<br><span class="mt-muted">{E(t(f"score.source.{source}", lang))}</span>'
+    if scores.get("worse"):
+        words = verdict_words({k: scores.get(k) for k in ("key", "params", "message")}, source, lang)
+        kind = E(str(scores.get("verdict", "")))
+        text += f'<br><span class="mt-warn-text" data-worse="{kind}">&#9660; {E(words)}</span>'
+    return text
+
+
+def heldout_table(cmp: Any, lang: str = DEFAULT_LANGUAGE) -> str:
+    """Did it help? One row per run: its held-out scores in a column of their own, and a GRPO run's final mean
+    reward; none when no picked run has either."""
+    held = list(getattr(cmp, "heldout", []) or [None] * len(cmp.names))
+    rewards = list(getattr(cmp, "rewards", []) or [None] * len(cmp.names))
+    if not any(held) and all(r is None for r in rewards):
+        return ""
+    head = "".join(f"<th>{E(t(k, lang))}</th>" for k in
+                   ("history.compare.run", "history.compare.heldout", "history.compare.final_reward"))
+    rows = "".join(
+        f'<tr data-run="{E(name)}" data-worse="{int(bool(h and h.get("worse")))}"><td>{E(name)}</td>'
+        f'<td class="mt-compare-heldout">{heldout_cell(h, lang)}</td>'
+        f'<td>{"-" if r is None else E(num(r, 3, lang))}</td></tr>'
+        for name, h, r in zip(cmp.names, held, rewards))
+    return (f'<b>{E(t("history.compare.heldout_title", lang))}</b>'
+            f'<table class="mt-table" id="compare-heldout-table"><tr>{head}</tr>{rows}</table>')
+
+
 def compare_html(cmp: Any, lang: str = DEFAULT_LANGUAGE) -> str:
     """The settings that differ (only those), then the figures side by side."""
     head = f"<th>{E(t('history.compare.setting', lang))}</th>" + "".join(f"<th>{E(n)}</th>" for n in cmp.names)
@@ -191,7 +292,8 @@ def compare_html(cmp: Any, lang: str = DEFAULT_LANGUAGE) -> str:
     results = f"<th>{E(t('history.compare.result', lang))}</th>" + "".join(f"<th>{E(n)}</th>" for n in cmp.names)
     return (f'<div class="mt-compare" id="mt-compare"><b>{E(t("history.compare.settings", lang))}</b>{settings}'
             f'<b>{E(t("history.compare.figures", lang))}</b>'
-            f'<table class="mt-table" id="compare-figures-table"><tr>{results}</tr>{figs}</table></div>')
+            f'<table class="mt-table" id="compare-figures-table"><tr>{results}</tr>{figs}</table>'
+            f'{heldout_table(cmp, lang)}</div>')
 
 
 def run_choices(output_dir: str | None, manager: Any) -> list[tuple[str, str]]:

@@ -4,8 +4,9 @@ never imports transformers or torch.
 
 The answer is one of
 - {"error": "data" | "read" | "tokenizer", "words": {message, key/params or problems}}: the preview's place says why;
-- {"stage": "sft", "split", "plan", "notes", "longest"}: the plan's counts, lengths, outcomes and examples (each text
-  that carries a key as its words), the run's changes for this model, and the longest row in tokens (the estimate's);
+- {"stage": "sft", "split", "plan", "notes", "longest", "heldout"}: the plan's counts, lengths, outcomes and examples
+  (each text that carries a key as its words), the run's changes for this model, the longest row in tokens (the
+  estimate's), and up to three rows the held-out scorer would score (heldout_sample: the scorer's preview);
 - {"stage": "pairs", "split", "lines"}: a preference stage's run-log lines on its pairs.
 Every text is its words (core.messages.words_of: key and params when it has them), said in the page's language there.
 What it reads and plans is bounded by `limit` (core.data.read.PREVIEW_LIMIT, or None: the whole split).
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Protocol, TypeVar
 
-from core.config.settings import PREFERENCE_STAGES, ConfigError, Problem, TrainConfig
+from core.config.settings import DEMO_DATASET, PREFERENCE_STAGES, ConfigError, Problem, TrainConfig
 from core.config.slices import DataSlice, LoraSlice, Loading, ModelSlice, StageSlice, TrainerSlice
 from core.messages import Said, fields_of, words_of
 
@@ -92,11 +93,46 @@ def sft(cfg: _Rows, limit: Any, said: Phase) -> dict[str, Any]:
         examples = [{**ex, **({"note": words_of(ex["note"])} if ex.get("note") else {})} for ex in plan.examples]
         return {"stage": "sft", "split": split_dict(held), "longest": int(plan.longest_row), "notes": lines,
                 "plan": {**{k: getattr(plan, k) for k in PLAN_FIELDS}, "lengths": [int(n) for n in plan.lengths],
-                         "examples": examples}}
+                         "examples": examples}, "heldout": heldout_sample(cfg, held, tokenizer, plan)}
     except DataError as exc:
         return {"error": "data", "words": failure(exc)}
     except Exception as exc:  # noqa: BLE001
         return {"error": "read", "words": failure(exc)}
+
+
+SAMPLE_ROWS = 3  # rows the held-out scorer's preview shows
+SAMPLE_CHARS = 300  # of each prompt and reference: the preview stays small
+
+
+def heldout_sample(cfg: DataSlice, held: Any, tokenizer: Any, plan: Any) -> dict[str, Any]:
+    """The held-out scorer's preview rows: the first SAMPLE_ROWS of the validation part as the run plans them, or the
+    first training rows when nothing is held out (source "train"; "demo" for the demo, whose own prompts it scores),
+    each {row, prompt, reference}. Plain-text rows have no reference and give none."""
+    from core.data.plan import plan_rows
+    from core.data.validation import val_config
+
+    source, examples = "train", plan.examples
+    if held.val is not None and len(held.val):
+        some = held.val.select(range(min(SAMPLE_ROWS, len(held.val))))
+        source, examples = "validation", plan_rows(val_config(cfg), tokenizer, some, held.val_format,
+                                                   n_examples=SAMPLE_ROWS).examples
+    elif cfg.dataset.strip() == DEMO_DATASET:
+        source = "demo"
+    rows = [{"row": ex["row"], "prompt": ex["prompt"][-SAMPLE_CHARS:],
+             "reference": answer_text(tokenizer, ex["completion"])[:SAMPLE_CHARS]}
+            for ex in examples if ex.get("reason") == "kept" and "prompt" in ex][:SAMPLE_ROWS]
+    return {"source": source, "rows": rows}
+
+
+def answer_text(tokenizer: Any, completion: str) -> str:
+    """A planned row's answer as the scorer reads its reference: without the special tokens the template ends it
+    with (the EOS the row trains on), as core.data.validation.samples decodes it."""
+    specials = [tok for tok in getattr(tokenizer, "all_special_tokens", []) if tok]
+    text, cut = completion.rstrip(), True
+    while cut:
+        cut = next((tok for tok in specials if text.endswith(tok)), None)
+        text = text[:-len(cut)].rstrip() if cut else text
+    return text
 
 
 def pairs(cfg: _Pairs, limit: Any, said: Phase) -> dict[str, Any]:

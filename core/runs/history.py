@@ -8,7 +8,8 @@ raises for a damaged run folder, it shows what is known.
 
 - `list_runs(output_dir)` -> [RunInfo], newest first: one row of the history table each.
 - `load_run(run_dir)` -> RunDetail: settings, loss curve, eval losses and sample answers, summary.
-- `compare_runs([run_dir, ...])` -> Comparison: curves of several runs, the settings that differ, their figures.
+- `compare_runs([run_dir, ...])` -> Comparison: curves of several runs, the settings that differ, their figures,
+  their held-out scores and verdicts, and a GRPO run's final mean reward.
 - `resume_config(run_dir)` -> the run's TrainConfig with resume_from set (training continues its step count).
 - `preference_config(run_dir)` -> a new run's TrainConfig that continues the run's SFT adapter with DPO (init_adapter).
 - `delete_run(run_dir, output_dir, is_running)` -> removes a run folder, after refusing anything risky.
@@ -318,6 +319,34 @@ class Comparison:
     curves: list[tuple[str, str, int, float]]  # (run, "train" | "validation", step, loss): one chart
     settings: list[tuple[str, list[Any]]]  # only the settings that differ: (field, value per run)
     figures: list[tuple[str, list[Any]]]  # FIGURES: (key, value per run; None when unknown)
+    heldout: list[dict[str, Any] | None] = field(default_factory=list)  # heldout_scores per run
+    rewards: list[float | None] = field(default_factory=list)  # final_reward per run (GRPO runs)
+
+
+def _mean(part: Any) -> float | None:
+    return _number(part.get("mean")) if isinstance(part, dict) else None
+
+
+def heldout_scores(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """A run's held-out scores as Compare shows them (summary.json's `heldout`): the base, parent and adapter means
+    (0-1; None where not scored), the scorer, where the rows came from, and the verdict (its kind, whether the
+    adapter scored lower, its key and params). None for a run without a held-out score."""
+    held = summary.get("heldout") if isinstance(summary, dict) else None
+    if not isinstance(held, dict) or _mean(held.get("adapter")) is None:
+        return None
+    verdict = held.get("verdict") if isinstance(held.get("verdict"), dict) else {}
+    return {"scorer": str(held.get("scorer", "")), "source": str(held.get("source", "")), "rows": held.get("rows"),
+            "base": _mean(held.get("base")), "parent": _mean(held.get("parent")),
+            "adapter": _mean(held.get("adapter")), "verdict": str(verdict.get("verdict", "")),
+            "worse": bool(verdict.get("worse")), "key": str(verdict.get("key", "")),
+            "params": verdict.get("params") if isinstance(verdict.get("params"), dict) else {},
+            "message": str(verdict.get("message", ""))}
+
+
+def final_reward(summary: dict[str, Any]) -> float | None:
+    """A GRPO run's final mean reward (summary.json's `grpo`, core/train/rewards.py grpo_summary), else None."""
+    grpo = summary.get("grpo") if isinstance(summary, dict) else None
+    return _number(grpo.get("final_reward")) if isinstance(grpo, dict) else None
 
 
 def _figures(detail: RunDetail) -> dict[str, Any]:
@@ -347,7 +376,9 @@ def compare_runs(run_dirs: list[str | Path], is_running: IsRunning | None = None
                 if len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
     figs = [_figures(d) for d in details]
     return Comparison(names, curves, settings, [(k, [f[k] for f in figs]) for k in FIGURES
-                                                if k not in PREFERENCE_FIGURES or any(f[k] is not None for f in figs)])
+                                                if k not in PREFERENCE_FIGURES or any(f[k] is not None for f in figs)],
+                      heldout=[heldout_scores(d.summary or {}) for d in details],
+                      rewards=[final_reward(d.summary or {}) for d in details])
 
 
 def resume_config(run_dir: str | Path) -> TrainConfig:

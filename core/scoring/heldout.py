@@ -125,20 +125,35 @@ def verdict_kind(adapter: float, base: float, parent: float | None = None, toler
     return "better" if adapter > (base if parent is None else parent) + tolerance else "same"
 
 
+TRAINED_SOURCES = ("train", "demo")  # rows the run trained on (core/train/data.py heldout_rows): never called held-out
+
+
+def verdict_key(key: str, source: str | None) -> str:
+    """The verdict's locale key for rows from `source`: score.verdict.<kind> for held-out rows, its
+    score.verdict.trained.<kind> twin for rows the run trained on (a summary written before the twins is said
+    rightly too)."""
+    prefix, trained = "score.verdict.", "score.verdict.trained."
+    if source in TRAINED_SOURCES and key.startswith(prefix) and not key.startswith(trained):
+        return trained + key[len(prefix):]
+    return key
+
+
 def judge(adapter: float, base: float, parent: float | None = None, tolerance: float = TOLERANCE,
-          scorer: str = "exact", n: int = 0) -> Verdict:
+          scorer: str = "exact", n: int = 0, source: str = "validation") -> Verdict:
     """The verdict on the three held-out means (fractions 0-1), said with its key: `scorer` names the scorer (its
-    label is said in the page's language), `n` the held-out rows."""
+    label is said in the page's language), `n` the scored rows, `source` where they come from (rows it trained on
+    are not called held-out: verdict_key)."""
     kind = verdict_kind(adapter, base, parent, tolerance)
     label = {"key": SCORERS[scorer].label if scorer in SCORERS else "score.name.python", "params": {}}
     words = dict(scorer=label, adapter=100 * adapter, base=100 * base, n=n, tolerance=100 * tolerance)
     if kind == "worse_parent":
-        message = Said("score.verdict.worse_parent", parent=100 * parent, **words)
+        key, words["parent"] = "worse_parent", 100 * parent
     elif kind == "worse_base":
-        message = Said("score.verdict.worse_base", **words)
+        key = "worse_base"
     elif parent is not None:
-        message = Said("score.verdict.better_parent" if kind == "better" else "score.verdict.same_parent",
-                       parent=100 * parent, **words)
+        key, words["parent"] = ("better_parent" if kind == "better" else "same_parent"), 100 * parent
     else:
-        message = Said("score.verdict.better" if kind == "better" else "score.verdict.same", **words)
+        key = "better" if kind == "better" else "same"
+    trained = source in TRAINED_SOURCES  # verdict_key's twin, written out: every key a message can take is readable
+    message = Said(f"score.verdict.trained.{key}" if trained else f"score.verdict.{key}", **words)
     return Verdict(kind, message, base, adapter, parent, tolerance)

@@ -25,7 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from core.messages import HandsOn
+from core.messages import HandsOn, Said
 from core.runs.public import is_public
 
 QUOTE = 80  # characters of an answer quoted in a message: enough to recognise it
@@ -329,6 +329,34 @@ def bind(name: str, **options: Any) -> Callable[[str, str], float]:
                               items=list(scorer.options) or ["-"])
     ready = scorer.prepare(**options) if scorer.prepare else {}
     return partial(scorer.score, **ready)
+
+
+def accepts(name: str, reference: str, **options: Any) -> Said:
+    """What scorer `name` (with its options) accepts as the answer to a row whose reference is `reference`, said:
+    the page's preview of the held-out scorer. Options that cannot be used raise ScorerError, as bind does. A user's
+    function is named, never imported: the page's process runs no user code."""
+    if name == "python":
+        return Said("score.accepts.python", function=_quote(str(options.get("function", ""))))
+    ready = bind(name, **options).keywords  # checked as the run checks them: a bad pattern is named here too
+    ref = _quote(str(reference).strip())
+    if name == "exact":
+        return Said("score.accepts.exact", reference=ref)
+    if name == "normalized":
+        return Said("score.accepts.normalized", reference=_quote(normalize(reference)))
+    if name == "contains":
+        want = normalize(reference)
+        return Said("score.accepts.contains", reference=_quote(want)) if want else Said("score.accepts.nothing")
+    if name == "regex":
+        pattern = ready["pattern"].pattern if "pattern" in ready else pattern_of(str(reference)).pattern
+        return Said("score.accepts.regex", pattern=_quote(pattern))
+    if name == "numeric":
+        want = last_number(reference)
+        if want is None:
+            return Said("score.accepts.no_number", reference=ref)
+        tolerance = max(ready["abs_tol"], ready["rel_tol"] * abs(want))
+        return Said("score.accepts.numeric", number=f"{want:g}", tolerance=f"{tolerance:g}")
+    schema = ready.get("schema") or schema_of(str(reference))  # json_schema: the option's, else the row's
+    return Said("score.accepts.json_schema", schema=_quote(json.dumps(schema, ensure_ascii=False)))
 
 
 def completion_text(completion: Any) -> str:

@@ -13,7 +13,7 @@ from core.config.slices import DataSlice, StageSlice, TrainerSlice
 from core.files import free_memory
 from core.messages import Said, words_of
 from core.runs.events import make_event
-from core.scoring.heldout import Scored, judge, score_model, score_start
+from core.scoring.heldout import TRAINED_SOURCES, Scored, judge, score_model, score_start
 from core.train import data
 from core.train.callbacks import phase
 
@@ -62,8 +62,12 @@ def heldout_start(cfg: _Scoring, plan, tokenizer, model, scorer, emit) -> HeldOu
             start = score_start(model, tokenizer, rows, scorer, continued, cfg.eval_max_new_tokens, HELDOUT_BATCH,
                                 scoring_tokens(cfg))
     params = dict(n=len(rows), base=100 * start["base"].mean, source={"key": f"score.source.{source}", "params": {}})
-    line = (Said("log.heldout.start_parent", parent=100 * start["parent"].mean, **params) if continued
-            else Said("log.heldout.start", **params))
+    if source in TRAINED_SOURCES:  # rows it trains on: never called held-out
+        line = (Said("log.heldout.start_parent_trained", parent=100 * start["parent"].mean, **params) if continued
+                else Said("log.heldout.start_trained", **params))
+    else:
+        line = (Said("log.heldout.start_parent", parent=100 * start["parent"].mean, **params) if continued
+                else Said("log.heldout.start", **params))
     emit(make_event("log", level="info", **words_of(line)))
     return HeldOut(rows, source, scorer, start)
 
@@ -77,7 +81,7 @@ def heldout_end(cfg: _Scoring, held: HeldOut, model, tokenizer, emit) -> dict[st
                               scoring_tokens(cfg))
     base, parent = held.start["base"], held.start.get("parent")
     verdict = judge(adapter.mean, base.mean, parent.mean if parent else None, scorer=cfg.heldout_scorer,
-                    n=len(held.rows))
+                    n=len(held.rows), source=held.source)
     emit(make_event("log", level="warning" if verdict.worse else "info", **words_of(verdict.message)))
     return {"scorer": cfg.heldout_scorer, "rows": len(held.rows), "source": held.source, "base": base.to_dict(),
             "parent": parent.to_dict() if parent else None, "adapter": adapter.to_dict(),
