@@ -56,7 +56,6 @@ def _english() -> dict[str, str]:
 
 EN: dict[str, str] = _english()
 STRINGS: dict[str, dict[str, str]] = {code: EN if code == "en" else _load(code) for code in LANGUAGES}
-PT, FR = STRINGS["pt"], STRINGS["fr"]
 
 
 class _Keep(dict):

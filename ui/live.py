@@ -18,7 +18,7 @@ import pandas as pd
 
 from core.i18n import DEFAULT_LANGUAGE, t
 from core.jobs.manager import Job, JobBusy, latest_run_dir
-from core.jobs.view import job_view, predicted_wait
+from core.jobs.view import BY_SCORER, job_view, predicted_wait
 from core.messages import Said
 from ui import render
 from ui.derive import predicted_peaks, run_gpus, valid_budget
@@ -75,9 +75,9 @@ def reward_frame(rewards: list[tuple[int, dict[str, float]]], lang: str = DEFAUL
     `eval` events). Empty for an SFT run."""
     rows = [(step, r[name], t(label, lang)) for name, label in REWARD_SERIES
             for step, r in thin(rewards) if name in r]
-    scorers = sorted({k for _, r in rewards for k in r if k.startswith("reward_by_")})  # GRPO: each scorer's reward
+    scorers = sorted({k for _, r in rewards for k in r if k.startswith(BY_SCORER)})  # GRPO: each scorer's reward
     if len(scorers) > 1:
-        rows += [(step, r[k], t("run.series_reward_by", lang, scorer=k[len("reward_by_"):]))
+        rows += [(step, r[k], t("run.series_reward_by", lang, scorer=k[len(BY_SCORER):]))
                  for k in scorers for step, r in thin(rewards) if k in r]
     rows += [(step, r["reward_accuracy"], t("run.series_eval_reward_accuracy", lang))
              for step, r in eval_rewards if "reward_accuracy" in r]

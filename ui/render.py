@@ -23,7 +23,7 @@ from core.estimate.predict import FIT_MARGIN
 from core.i18n import byte_units, colon, decimal, formatted, normalize, record_words, t
 from core.i18n import said as say_in
 from core.i18n import integer as grouped, percent as whole_percent
-from core.jobs.view import JobView
+from core.jobs.view import BY_SCORER, JobView
 from core.messages import SaidLine, fields_of
 from core.scoring.heldout import verdict_key
 
@@ -304,7 +304,7 @@ def grpo_rows(rewards: list[tuple[int, dict[str, float]]], lang: str = "en",
     text = (f'<span id="{E(elem_id)}" data-value="{mean[-1][1]:.6g}">{E(num(mean[0][1], 3, lang))} &rarr; '
             f'<b>{E(num(mean[-1][1], 3, lang))}</b></span> ('
             + E(t("result.reward_best", lang, best=num(best[1], 3, lang), step=best[0])) + ")")
-    scorers = [(k[len("reward_by_"):], v) for k, v in last.items() if k.startswith("reward_by_")]
+    scorers = [(k[len(BY_SCORER):], v) for k, v in last.items() if k.startswith(BY_SCORER)]
     if len(scorers) > 1:
         text += " &middot; " + E(", ".join(f"{name} {num(v, 3, lang)}" for name, v in scorers))
     if last.get("completion_length") is not None:

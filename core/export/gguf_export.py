@@ -28,7 +28,7 @@ from core.files import plain_mode
 from core.messages import Said
 from core.runs.card import adapter_card
 from core.export.gguf import (FORMATS, KQUANTS, GiB, MiB, GGUFError, Progress, architecture, file_bytes,
-                       general_name, metadata_bytes, naming, parse_formats, read_config, tensor_plan,
+                       metadata_bytes, naming, parse_formats, read_config, tensor_plan,
                        tokenizer_metadata, write_gguf)
 from core.export.kquant import kquant_library, planned_bytes, quantize
 
@@ -385,10 +385,9 @@ def _source(adapter_dir: str | Path | None, model_dir: str | Path | None) -> tup
     return source, cfg
 
 
-def _sizes(source: Path, config: dict[str, Any], tplan: list, fmts: list[str]) -> dict[str, int]:
+def _sizes(config: dict[str, Any], tplan: list, fmts: list[str], extra: int) -> dict[str, int]:
     """Each format's file size in bytes: its tensors as written (the k-quants as llama.cpp's mix writes them) and
-    the metadata (vocabulary, merges, chat template, names)."""
-    extra = metadata_bytes(source, tplan, int(config["vocab_size"]))
+    the metadata, `extra` (metadata_bytes: vocabulary, merges, chat template, names)."""
     layers = int(config["num_hidden_layers"])
     return {f: (planned_bytes(tplan, f, layers) if f in KQUANTS else file_bytes(tplan, f)) + extra for f in fmts}
 
@@ -410,7 +409,8 @@ def format_rows(adapter_dir: str | Path | None = None, model_dir: str | Path | N
     source, _ = _source(adapter_dir, model_dir)
     config = read_config(source)
     architecture(config)
-    sizes = _sizes(source, config, tensor_plan(source, config), list(LISTED_FORMATS))
+    tplan = tensor_plan(source, config)
+    sizes = _sizes(config, tplan, list(LISTED_FORMATS), metadata_bytes(source, tplan, int(config["vocab_size"])))
     _, why = kquant_library()
     return [FormatRow(f, sizes[f], why if f in KQUANTS else None) for f in LISTED_FORMATS]
 
@@ -433,18 +433,18 @@ def plan_gguf(adapter_dir: str | Path | None = None, model_dir: str | Path | Non
     name = ollama_name(full)
     config = read_config(source)
     architecture(config)  # refuses unsupported models (and windows llama.cpp ignores) before anything is merged
-    model_name = general_name(config, cfg.model if cfg else str(source.resolve()))
     from core.runs.card import hub_id
 
     names = naming(config, cfg.model if cfg else str(source.resolve()), run, hub_id(cfg.model) if cfg else None)
+    model_name = names["name"]  # general_name's
     tplan = tensor_plan(source, config)
     kquants = [f for f in fmts if f in KQUANTS]
     if kquants:  # refused by name before anything is merged or written
         lib, why = kquant_library()
         if lib is None:
             raise GGUFError("gguf.err.kquant_missing", formats=", ".join(kquants), why=why)
-    sizes = _sizes(source, config, tplan, fmts)
-    extra = metadata_bytes(source, tplan, int(config["vocab_size"]))
+    extra = metadata_bytes(source, tplan, int(config["vocab_size"]))  # parses tokenizer.json: once
+    sizes = _sizes(config, tplan, fmts, extra)
     params = sum(_count(shape) for _, src, shape in tplan if src)
     biggest = max(_count(shape) for _, _, shape in tplan) * 4 * 3  # one tensor in f32, permuted, encoded
     merge_bytes = params * 2 if adapter_dir else 0

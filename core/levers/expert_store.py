@@ -111,11 +111,6 @@ class Plan:
     def routes(self) -> set[str]:
         return {s.route for s in self.quantized}
 
-    @property
-    def family_only(self) -> bool:
-        """Every 4-bit expert goes the family's own route (no grouped product: one expert at a time)."""
-        return bool(self.quantized) and self.routes == {FAMILY_ROUTE}
-
 
 def plan(model: Any) -> Plan:
     """The rule on a model (built on the meta device, or loaded: an NF4Experts counts by its 16-bit shape)."""

@@ -31,7 +31,7 @@ from core.messages import keyed
 from core.model import load as model_lib
 from core.model.resolve import adapter_dir
 from core.runs.events import EventSink, make_event, one_line
-from core.scoring.scorers import QUOTE, Reward, ScorerError
+from core.scoring.scorers import Reward, ScorerError
 from core.train.host import counted_once
 
 SAMPLES_PER_LOG = 2  # sampled answers said in the log at each logging step
@@ -164,11 +164,6 @@ def reference_said(cfg: StageSlice, folder: Path | None) -> dict[str, Any]:
 
 
 # --- the log --------------------------------------------------------------------------------------------------------
-def _quote(text: str) -> str:
-    text = one_line(text)
-    return text if len(text) <= QUOTE else text[:QUOTE - 1] + "…"
-
-
 class SampleLog(TrainerCallback):
     """At each logging step, a few of the last sampled answers, their prompt and each scorer's reward, in the log."""
 
@@ -186,5 +181,5 @@ class SampleLog(TrainerCallback):
                 break
             rewards = ", ".join(f"{name} {values[i]:g}" for name, values in scores.items() if i < len(values))
             self.sink(make_event("log", level="info", **keyed(
-                "log.grpo.sample", step=state.global_step, prompt=_quote(completion_text(prompt)),
-                answer=_quote(completion_text(completion)), rewards=rewards)))
+                "log.grpo.sample", step=state.global_step, prompt=one_line(completion_text(prompt)),
+                answer=one_line(completion_text(completion)), rewards=rewards)))
