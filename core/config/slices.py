@@ -10,7 +10,7 @@ the types against TrainConfig's, and that each function reads only the fields of
 slice on only to functions that need no more). A function needing two parts declares a slice made of both
 (`class _Both(ModelSlice, LoraSlice, Protocol)`), with no fields of its own. Only the code that handles the whole
 config (defining and checking it, resolving the run, showing it as a script, mapping the page's widgets, queueing a
-run for its child, the recipe's entry) takes `TrainConfig`.
+the recipe's entry) takes `TrainConfig`; the job manager takes `Queued`, which writes the whole config as text.
 """
 
 from __future__ import annotations
@@ -141,6 +141,13 @@ BASE_SLICES = (ModelSlice, LoraSlice, DataSlice, StageSlice, TrainerSlice, Place
 
 class Loading(ModelSlice, LoraSlice, Protocol):
     """Loading the model with its adapter: the weights and the LoRA that wraps them."""
+
+
+class Queued(ModelSlice, DataSlice, PlaceSlice, TrainerSlice, Protocol):
+    """A run handed to the job manager: the names its folder and messages use, its planned steps (the queue's view),
+    and its whole text, which the child reads back and resolves; the manager decides nothing from the rest."""
+
+    def to_yaml(self) -> str: ...
 
 
 class Training(ModelSlice, LoraSlice, DataSlice, StageSlice, TrainerSlice, Protocol):

@@ -42,6 +42,7 @@ from typing import Any
 
 from core.runs.folders import STOP_FILE
 from core.config.settings import TrainConfig
+from core.config.slices import Queued
 from core.messages import Said, keyed
 from core.runs.events import EventList, EventTail, JsonlSink, make_event, read_events
 from core.jobs import warm
@@ -100,7 +101,7 @@ def admission(active: list[tuple[str | None, str | None]], waiting: int, would_w
 @dataclass
 class Job(EventList):
     id: int
-    config: TrainConfig
+    config: Queued  # a TrainConfig: the manager reads its names and writes its text for the child
     started: float = field(default_factory=time.time)
     stop_event: threading.Event = field(default_factory=threading.Event)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -180,7 +181,7 @@ class JobManager:
             warm.context()
 
     # --- control ----------------------------------------------------------------------------------------
-    def start(self, cfg: TrainConfig, owner: str | None = None, queue: bool = False, per_owner: int | None = None,
+    def start(self, cfg: Queued, owner: str | None = None, queue: bool = False, per_owner: int | None = None,
               max_s: float | None = None, address: str | None = None, per_address: int | None = None,
               queue_cap: int | None = None) -> Job:
         """Start `cfg` as a child process; if every slot is taken, raise JobBusy, or with `queue` put it in the queue.
