@@ -239,6 +239,7 @@ def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: Pe
     row.update(speeds(steps[:first_prof - 1] if first_prof > v.warm + 1 else steps, v.warm, started))
     row.update(warmup(events, row))
     losses = [e.get("loss") for e in events if e.get("kind") == "metrics" and e.get("loss") is not None]
+    row.update(sampling_share(events, v.warm, row.get("steady_step_s_median")))
     row["first_losses"] = [round(x, 4) for x in losses[:5]]
     run_cfg = next((e.get("config") for e in events if e.get("kind") == "run" and e.get("config")), None) or {}
     row["settings"] = {k: run_cfg.get(k) for k in (  # what the preset resolved to: a changed lever shows here
@@ -250,6 +251,17 @@ def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: Pe
     if prof.is_file():
         row["profile"] = json.loads(prof.read_text())
     return row
+
+
+def sampling_share(events: list[dict], warm: int, steady_step_s: float | None) -> dict:
+    """GRPO: the median seconds a steady step spent sampling answers (the metrics events' `sampling_s`, timed around
+    GRPOTrainer's generate) and their share of the median step; {} for the stages that sample nothing."""
+    sampled = [e["sampling_s"] for e in events if e.get("kind") == "metrics" and e.get("sampling_s") is not None
+               and e.get("step", 0) > warm]
+    if not sampled or not steady_step_s:
+        return {}
+    median = statistics.median(sampled)
+    return {"sampling_s_median": round(median, 3), "sampling_share": round(median / steady_step_s, 3)}
 
 
 def compile_split(compiled: dict | None) -> dict:
@@ -469,7 +481,7 @@ def main(argv=None) -> int:
         print(json.dumps({k: row.get(k) for k in ("name", "rc", "wall_s", "peak_allocated_gib", "nvml_peak_gib",
                                                   "steady_tokens_per_s", "to_first_step_s", "warmup_s", "first_step_s",
                                                   "steady_step_s_median", "gpu_util_steady_pct", "compile_s", "compile_loaded",
-                                                  "compile_compiled", "tracing_s", "backend_s")}), flush=True)
+                                                  "compile_compiled", "tracing_s", "backend_s", "sampling_share")}), flush=True)
         (root / "results.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1), encoding="utf-8")
     found = compared(rows, json.loads(MEASURED.read_text())["presets"], arch, info.get("gpu", ""))
     (root / "results.json").write_text(json.dumps({"info": info, "rows": rows, "compared": found}, indent=1),

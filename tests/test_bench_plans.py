@@ -56,3 +56,12 @@ def test_a_compile_rows_seconds_split_into_tracing_and_the_backend():
     got = compile_split(summary)
     assert (got["compile_s"], got["compile_loaded"], got["compile_compiled"]) == (52.1, 7, 0)
     assert (got["capture_s"], got["backend_s"], got["tracing_s"]) == (40.0, 12.5, 27.5)
+
+
+def test_a_grpo_rows_sampling_share_is_its_steady_steps_sampling_over_the_median_step():
+    from bench.product import sampling_share
+
+    events = [{"kind": "metrics", "step": s, "sampling_s": x} for s, x in ((1, 30.0), (2, 10.0), (3, 12.0), (4, 14.0))]
+    assert sampling_share(events, warm=1, steady_step_s=20.0) == {"sampling_s_median": 12.0, "sampling_share": 0.6}
+    assert sampling_share([{"kind": "metrics", "step": 3, "loss": 1.0}], warm=1, steady_step_s=20.0) == {}
+    assert sampling_share(events, warm=1, steady_step_s=None) == {}

@@ -148,6 +148,7 @@ def test_a_tiny_grpo_run_logs_rewards_and_samples_and_writes_its_summary(tmp_pat
         assert {"reward_mean", "reward_by_exact", "reward_by_regex", "completion_length", "completion_share",
                 "kl"} <= set(m), m
         assert m["reward_mean"] == pytest.approx(m["reward_by_exact"] + 0.5 * m["reward_by_regex"], abs=1e-5)
+        assert m["sampling_s"] > 0  # the step's sampling seconds (generate), timed apart from the training
     keys = [e.get("key") for e in events if e["kind"] == "log"]
     assert keys.count("log.grpo.rewards") == 2 and "log.grpo.sample" in keys and "log.pref.reference" in keys
     summary = json.loads((Path(result.run_dir) / "summary.json").read_text())

@@ -19,6 +19,7 @@ sampled answers with their rewards in the log at each logging step.
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,6 +34,7 @@ from core.model.resolve import adapter_dir
 from core.runs.events import EventSink, make_event, one_line
 from core.scoring.scorers import Reward, ScorerError
 from core.train.host import counted_once
+from core.train.rewards import SAMPLING_S
 
 SAMPLES_PER_LOG = 2  # sampled answers said in the log at each logging step
 
@@ -50,12 +52,23 @@ def trainer_classes() -> tuple[type, type]:
 
 @functools.cache  # one class per trainer class, not one per run
 def counting_itself(trainer_class: type) -> type:
-    """`trainer_class` without the Trainer's own token count per micro-batch: GRPOTrainer adds every generation's
-    prompt and completion tokens to state.num_input_tokens_seen itself (tokens/s, summary.json's train_tokens),
-    and its batches hold no `input_ids` for the Trainer to count, which made it warn at every micro-batch."""
+    """`trainer_class` timing its sampling (SAMPLING_S in its logs), without the Trainer's own token count per
+    micro-batch: GRPOTrainer adds every generation's prompt and completion tokens to state.num_input_tokens_seen
+    itself (tokens/s, summary.json's train_tokens), and its batches hold no `input_ids` for the Trainer to count,
+    which made it warn at every micro-batch."""
     class CountingItself(trainer_class):
         def _track_num_input_tokens(self, inputs):
             return None
+
+        def _generate(self, prompts):
+            # the sampling's own seconds, logged as GRPOTrainer logs its other figures (averaged over the logging
+            # window's generation batches, one per optimizer step by default): the step's sampling share
+            started = time.perf_counter()
+            try:
+                return super()._generate(prompts)
+            finally:
+                mode = "train" if self.model.training else "eval"
+                self._metrics[mode][SAMPLING_S].append(time.perf_counter() - started)
 
     CountingItself.__name__ = CountingItself.__qualname__ = trainer_class.__name__
     return CountingItself

@@ -17,6 +17,7 @@ NAMES = {"rewards/accuracies": "reward_accuracy", "rewards/margins": "reward_mar
 # GRPOTrainer's (reward: the weighted sum over the scorers, averaged over the sampled answers)
 GRPO_NAMES = {"reward": "reward_mean", "reward_std": "reward_std", "completions/mean_length": "completion_length",
               "kl": "kl"}
+SAMPLING_S = "sampling_s"  # GRPO: seconds spent generating answers per generation batch (core/train/grpo.py)
 BY_SCORER = "reward_by_"  # + the scorer's name: its mean reward (TRL's rewards/<name>/mean)
 
 
@@ -27,6 +28,8 @@ def grpo_metrics(logs: dict[str, Any]) -> dict[str, float]:
         return {}
     out = {name: round(float(logs[trl]), 6) for trl, name in GRPO_NAMES.items()
            if isinstance(logs.get(trl), (int, float)) and math.isfinite(logs[trl])}
+    if isinstance(logs.get(SAMPLING_S), (int, float)) and math.isfinite(logs[SAMPLING_S]):
+        out[SAMPLING_S] = round(float(logs[SAMPLING_S]), 4)
     for key, value in logs.items():
         scorer = key[len("rewards/"):-len("/mean")] if key.startswith("rewards/") and key.endswith("/mean") else ""
         if scorer and isinstance(value, (int, float)) and math.isfinite(value):
