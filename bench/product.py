@@ -215,6 +215,7 @@ def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: Pe
            "peak_allocated_gib": summary.get("peak_allocated_gib"), "peak_reserved_gib": summary.get("peak_reserved_gib"),
            "status": summary.get("status"), "final_loss": summary.get("final_loss"),
            **compile_split(summary.get("compile")),
+           **({"stream_layers": summary["stream_layers"]} if summary.get("stream_layers") else {}),
            "nvml_floor_gib": round(floor / 2**30, 3) if floor is not None else None}
     samples = sampler.series
     if samples:
