@@ -126,7 +126,9 @@ def command(v: Variant, model_dir: Path, data: Path, run_dir: Path, smoke: bool)
     cfg_path = run_dir.parent / f"{run_dir.name}.yaml"
     cfg.save(cfg_path)
     cmd = [sys.executable, "-m", "core.train", "--config", str(cfg_path), "--preset", v.preset]
-    if v.torch_steps:
+    if v.card_gib:  # the allocator capped like a smaller card (bench/capped.py runs the same CLI)
+        cmd[1:3] = ["-m", "bench.capped", "--card-gib", f"{v.card_gib:g}", "--"]
+    elif v.torch_steps:
         cmd[1:3] = ["-m", "bench.stepprof", "--out", str(run_dir.parent / f"{run_dir.name}.prof.json"),
                     "--torch-steps", v.torch_steps, "--"]
     elif v.profile:

@@ -138,7 +138,7 @@ def test_the_estimate_keeps_a_ring_on_the_gpu_and_the_frozen_layers_in_ram():
 def test_too_little_ram_is_refused_by_name_before_loading():
     cfg = TrainConfig(model="meta-llama/Llama-3.1-70B", stream_layers=True, offload_embeddings=True)
     need = estimate(cfg, L70B).cpu_offloaded
-    problem = host_memory_problem(cfg, L70B, available=need // 2)
+    problem = host_memory_problem(cfg, L70B, available=need // 2, name=cfg.model)
     assert problem is not None and problem.field == "stream_layers" and problem.key == "problem.stream_layers_ram"
     assert "Llama-3.1-70B" in problem.message
     assert host_memory_problem(cfg, L70B, available=need * 2) is None
@@ -182,3 +182,12 @@ def test_a_run_is_refused_by_name_before_loading_when_the_ram_cannot_hold_it(tmp
     assert result.status == "failed" and "stream_layers" in result.message
     events = (tmp_path / "r" / "events.jsonl").read_text()
     assert "problem.stream_layers_ram" in events and "loading_model" not in events
+
+
+def test_compile_auto_stays_off_when_the_layers_stream():
+    from core.model.compile import decide
+
+    cfg = TrainConfig(gradient_checkpointing=False, compile_layers="auto")
+    on, _ = decide(cfg, cuda=True, steps=10**6, layers=32, known=1, seconds={})
+    off, said = decide(cfg.replace(stream_layers=True), cuda=True, steps=10**6, layers=32, known=1, seconds={})
+    assert on and not off and said.key == "log.compile.auto_stream"

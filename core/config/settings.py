@@ -196,7 +196,8 @@ class TrainConfig:
         "every step copies every layer over the PCIe link two or three times; offload_activations and longer "
         "micro-batches give compute to hide it behind. The machine needs the weights' size in free RAM. Same "
         "results. Needs load_in_4bit and one GPU.",
-        lever=Lever("beyond", (f"{LOAD}.load_model", PREP, f"{STREAM}.attach"), (TERM,), order=11, preset=False,
+        lever=Lever("beyond", (f"{LOAD}.load_model", PREP, f"{STREAM}.attach"),
+                    (f"{TERMS}.streamed_bytes", f"{TERMS}.stream_ring_bytes"), order=11, preset=False,
                     fit=6)))
 
     # --- LoRA --------------------------------------------------------------------------------------------

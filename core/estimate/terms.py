@@ -378,16 +378,18 @@ def stream_ring_bytes(cfg: ModelSlice, shape: ModelShape) -> int:
     return min(layers, STREAM_SLOTS) * -(-streamed_bytes(cfg, shape) // layers)
 
 
-def host_memory_problem(cfg: _Step, shape: ModelShape, available: int | None = None) -> Problem | None:
+def host_memory_problem(cfg: _Step, shape: ModelShape, available: int | None = None,
+                        name: str = "") -> Problem | None:
     """stream_layers refused by name when this machine's available RAM (`available`, default: read now) cannot hold
-    what the run keeps there (host_bytes); None when it can, cannot be read, or nothing streams."""
+    what the run keeps there (host_bytes); None when it can, cannot be read, or nothing streams. `name`: the model
+    as the user named it (default: the shape's)."""
     if not cfg.stream_layers:
         return None
     available = available_ram() if available is None else available
     need = host_bytes(cfg, shape)
     if available is None or need <= available:
         return None
-    return Problem.of("stream_layers", "problem.stream_layers_ram", model=cfg.model, need=f"{need / GIB:.1f}",
+    return Problem.of("stream_layers", "problem.stream_layers_ram", model=name or shape.name, need=f"{need / GIB:.1f}",
                       available=f"{available / GIB:.1f}")
 
 

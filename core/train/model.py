@@ -31,7 +31,7 @@ def load(cfg: _Loaded, path: str, emit: EventSink, cpu_eval: bool) -> tuple[Any,
     if cfg.stream_layers:
         from core.model.shapes import get_shape
 
-        problem = host_memory_problem(cfg, get_shape(path))
+        problem = host_memory_problem(cfg, get_shape(path), name=cfg.model)
         if problem is not None:
             raise ConfigError([problem])
     with phase(emit, "loading_model", "log.phase.loading_4bit" if cfg.load_in_4bit else "log.phase.loading",
