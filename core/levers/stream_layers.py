@@ -176,10 +176,9 @@ class Streamer:
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.stats = Stats()
         self._end_queued = False
-        self.handles = []
         for i, module in enumerate(self.modules):
-            self.handles.append(module.register_forward_pre_hook(self._pre_hook(i), with_kwargs=True))
-            self.handles.append(module.register_forward_hook(self._post_hook(i)))
+            module.register_forward_pre_hook(self._pre_hook(i), with_kwargs=True)
+            module.register_forward_hook(self._post_hook(i))
 
     # --- the ring ------------------------------------------------------------------------------------------------
     def slot_of(self, index: int) -> int:
@@ -327,10 +326,6 @@ class Streamer:
                 continue
             self.stats.wait_s += before.elapsed_time(after) / 1000.0
         self.stats.pending = left
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
 
 
 def attach(model, device: torch.device | str | None = None, slots: int = SLOTS) -> Streamer:
