@@ -18,6 +18,7 @@ LLAMA31 = dict(
 
 # The Hub model each architecture is (a run's TrainConfig names it; its estimate reads the shape by this id)
 HUB_IDS = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B", "qwen2.5-14b": "Qwen/Qwen2.5-14B",
+           "qwen2.5-32b": "Qwen/Qwen2.5-32B",
            "gemma-2-9b": "google/gemma-2-9b", "phi-3-mini": "microsoft/Phi-3-mini-4k-instruct",
            "qwen3-8b": "Qwen/Qwen3-8B", "llama-3.2-3b": "meta-llama/Llama-3.2-3B",
            "llama-2-7b": "meta-llama/Llama-2-7b-hf",
@@ -46,6 +47,14 @@ ARCHS: dict[str, dict] = {
         num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
         rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=False, use_sliding_window=False,
         sliding_window=131072, max_window_layers=48, bos_token_id=151643, eos_token_id=151643,
+        initializer_range=0.02, torch_dtype="bfloat16",
+    ),
+    # Qwen/Qwen2.5-32B (as the 14B: q/k/v biases; 64 layers of 5120, MLP 27648)
+    "qwen2.5-32b": dict(
+        model_type="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
+        num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=False, use_sliding_window=False,
+        sliding_window=131072, max_window_layers=64, bos_token_id=151643, eos_token_id=151643,
         initializer_range=0.02, torch_dtype="bfloat16",
     ),
     # meta-llama/Llama-3.1-70B

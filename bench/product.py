@@ -126,7 +126,9 @@ def command(v: Variant, model_dir: Path, data: Path, run_dir: Path, smoke: bool)
     cfg_path = run_dir.parent / f"{run_dir.name}.yaml"
     cfg.save(cfg_path)
     cmd = [sys.executable, "-m", "core.train", "--config", str(cfg_path), "--preset", v.preset]
-    if v.torch_steps:
+    if v.card_gib:  # the allocator capped like a smaller card (bench/capped.py runs the same CLI)
+        cmd[1:3] = ["-m", "bench.capped", "--card-gib", f"{v.card_gib:g}", "--"]
+    elif v.torch_steps:
         cmd[1:3] = ["-m", "bench.stepprof", "--out", str(run_dir.parent / f"{run_dir.name}.prof.json"),
                     "--torch-steps", v.torch_steps, "--"]
     elif v.profile:
@@ -215,6 +217,7 @@ def run_variant(v: Variant, model_dir: Path, data: Path, root: Path, sampler: Pe
            "peak_allocated_gib": summary.get("peak_allocated_gib"), "peak_reserved_gib": summary.get("peak_reserved_gib"),
            "status": summary.get("status"), "final_loss": summary.get("final_loss"),
            **compile_split(summary.get("compile")),
+           **({"stream_layers": summary["stream_layers"]} if summary.get("stream_layers") else {}),
            "nvml_floor_gib": round(floor / 2**30, 3) if floor is not None else None}
     samples = sampler.series
     if samples:

@@ -29,6 +29,7 @@ class Variant:
     code: str = ""  # a source tree of another commit (git archive) the row runs from: bisecting a regression
     module: str = ""  # a script row's module ("": bench.chapter_script, or bench.unsloth_script with `peer`)
     data: str = ""  # "": the call's dolly rows; "pairs": its preference pairs (bench/synth.py preference_pairs)
+    card_gib: float = 0.0  # > 0: the run's CUDA allocator capped like a card of this many GiB (bench/capped.py)
 
 
     @property
@@ -719,6 +720,27 @@ def plan(name: str) -> list[Variant]:
     if name == "evalsmoke":  # the same on the CPU with a tiny model (checks the command before a GPU call)
         return [Variant("chapter-noeval", "chapter", ["validation_share=0", "optim=adamw_torch"], steps=2, warm=1),
                 Variant("chapter-eval", "chapter", ["eval_steps=2", "optim=adamw_torch"], steps=2, warm=1)]
+    if name in ("stream70", "stream70-smoke"):  # stream_layers: the 70B shape (saved in 4-bit) on a 24 GB card,
+        # max length 2048, 8 steps, beside the non-streamed lowest_memory row; a 14B on 8 GiB, a 32B on 16 GiB.
+        # --arch llama-3.1-70b --quantized; summary.json's stream_layers (the row's) has the share of the training
+        # time compute waited on copies. lowest_memory has offload_activations on already.
+        smoke = name.endswith("smoke")
+        log = ["logging_steps=1", "validation_share=0", "heldout_scorer=off"]
+        stream = [*log, "stream_layers=true", "offload_activations=true"]
+        rows = [
+            Variant("lowest_memory-2048", "lowest_memory", log, steps=8, warm=2, max_length=2048, timeout_s=420,
+                    note="not streamed, not capped (run 11: 36.13 GiB at 512): the speed to compare with"),
+            Variant("stream-24g", "lowest_memory", stream, steps=8, warm=2, max_length=2048, timeout_s=600,
+                    card_gib=24.0, note="frozen layers streamed from pinned memory, allocator capped as a 24 GiB card"),
+            Variant("14b-stream-8g", "lowest_memory", stream, steps=8, warm=2, max_length=2048, timeout_s=420,
+                    arch="qwen2.5-14b", card_gib=8.0),
+            Variant("32b-stream-16g", "lowest_memory", stream, steps=8, warm=2, max_length=2048, timeout_s=540,
+                    arch="qwen2.5-32b", card_gib=16.0),
+        ]
+        if smoke:  # the tiny model on the CPU: the commands and the summary's fields, no cap
+            for v in rows:
+                v.steps, v.warm, v.arch, v.max_length, v.timeout_s, v.card_gib = 2, 1, "", 128, 400, 0.0
+        return rows
     if name == "call70b":  # the 70B's last GiB: one pack per micro-step (the same 6 packs per optimizer step)
         return [
             Variant("lowest_memory-1pack", "lowest_memory",

@@ -157,17 +157,21 @@ def test_presets_fit_and_tutorial_lists_come_from_the_registry():
     assert presets.CUDA_ONLY == ("use_liger_kernel", "offload_activations") == levers.cuda_only()
     assert tutorial.CHECKLIST_KEYS == tuple(i.key for i in checklist.ITEMS)
     assert levers.fit_fields() == ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length",
-                                   "gradient_checkpointing", "optim")  # the order Fit's note lists them in
+                                   "gradient_checkpointing", "optim", "stream_layers")  # the order Fit's note lists
 
 
-def test_fit_to_my_gpu_changes_only_the_fields_the_registry_gives_it():
+def test_fit_to_my_gpu_changes_only_the_fields_the_registry_gives_it(monkeypatch):
+    from core.estimate import terms
     from core.estimate.predict import FIT_MARGIN, fit_floor, fit_to_gpu
 
+    monkeypatch.setattr(terms, "available_ram", lambda: 64 * 2**30)  # RAM for streamed layers (Fit's last resort)
     cfg = TrainConfig(upcast_to_fp32=False, per_device_train_batch_size=8, gradient_accumulation_steps=2,
                       gradient_checkpointing=False, max_length=2048, optim="adamw_torch")
     floor = int(fit_floor(cfg).nvml_peak / (1 - FIT_MARGIN)) + 1  # just fits the smallest setting Fit may choose
+    streamed = int(fit_floor(cfg.replace(stream_layers=True)).nvml_peak / (1 - FIT_MARGIN)) + 1  # only streamed
+    assert streamed < floor
     changed = set()
-    for budget in (floor, 3 * floor):
+    for budget in (streamed, floor, 3 * floor):
         fitted, _ = fit_to_gpu(cfg, budget)
         changed |= {f for f in FIELDS if getattr(fitted, f) != getattr(cfg, f)}
     assert changed == set(levers.fit_fields())  # every one of them is used, and nothing else

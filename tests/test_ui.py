@@ -863,8 +863,11 @@ def test_checklist_shows_the_chapters_8b_figure_beside_the_demos_own(form):
 
 
 @pytest.mark.filterwarnings("ignore:Does not fit")
-def test_fit_button_respects_the_budget(form):
+def test_fit_button_respects_the_budget(form, monkeypatch):
+    from core.estimate import terms
     from core.estimate.predict import estimate
+
+    monkeypatch.setattr(terms, "available_ram", lambda: 2**30)  # no RAM for streamed layers: Fit never streams here
 
     cfg = TrainConfig(upcast_to_fp32=False, per_device_train_batch_size=8, gradient_accumulation_steps=2,
                       gradient_checkpointing=False, max_length=2048)
@@ -914,6 +917,22 @@ def test_a_card_out_of_range_is_said_beside_its_box_in_the_pages_language(page, 
     # The poll draws the default card meanwhile, instead of failing with the box's value.
     polled = live.live_update(page.memtune_live, {}, "pt", {"gib": 1.0, "gpus": 0}, 0.5)
     assert "placa hipotética de 8 GiB" in polled[page.memtune_live.gauge]
+
+
+def test_fit_streams_the_layers_only_when_nothing_else_fits_and_says_what_it_costs(form, monkeypatch):
+    from core.estimate import terms
+
+    if derive.hardware().cuda:
+        pytest.skip("with a GPU the budget is the GPU's free memory")
+    monkeypatch.setattr(terms, "available_ram", lambda: 64 * 2**30)
+    cfg = TrainConfig(upcast_to_fp32=False, per_device_train_batch_size=8, gradient_accumulation_steps=2,
+                      gradient_checkpointing=False, max_length=2048)
+    roomy = handlers.on_fit(form, "en", 24, *widget_values(cfg))
+    assert not as_config(form, roomy).stream_layers and "stream_layers" not in roomy[form.fit_note]
+    out = handlers.on_fit(form, "en", 6, *widget_values(cfg))  # the 8B in 4 bits: does not fit 6 GiB otherwise
+    assert as_config(form, out).stream_layers
+    note = out[form.fit_note]
+    assert "Stream the frozen layers from CPU memory" in note and "several times slower" in note
 
 
 @pytest.mark.filterwarnings("ignore:Does not fit")

@@ -220,6 +220,8 @@ def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
         gr.Warning(t("fit.unknown_model", lang, model=cfg.model))
         return fit_note(t("fit.unknown_model", lang, model=cfg.model) + "\n" + str(exc), "error")
     changes = describe_changes(cfg, new, lang)
+    if new.stream_layers and not cfg.stream_layers:  # Fit's last resort: what it costs
+        sized = "\n" + t("fit.streamed", lang) + sized
     n = world_size(est)
     per_gpu = "\n" + t("fit.per_gpu", lang, n=n) if n > 1 else ""
     peak = render.num(est.total_gib, 1, lang)

@@ -96,3 +96,21 @@ def output_problem(folder: str) -> str | None:
     if not os.access(existing, os.W_OK | os.X_OK):
         return Said("output.no_permission", path=path, existing=existing)
     return None
+
+
+def available_ram() -> int | None:
+    """Bytes of memory this machine can give a new process without swapping (Linux's MemAvailable), or None where
+    it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - no psutil, or a platform it cannot read
+        return None

@@ -140,6 +140,7 @@ class Lever:
 # tests/test_registry.py imports every name, checks each function reads the field it is given for, and each section.
 ARGS, LOAD, TERMS = "core.config.arguments", "core.model.load", "core.estimate.terms"
 EMBEDDING, HEAD = "core.levers.embedding", "core.levers.output_head"  # the levers with modules of their own
+STREAM = "core.levers.stream_layers"
 SFT, PREP, TERM = f"{ARGS}.sft_kwargs", f"{LOAD}.prepare_for_training", f"{TERMS}.single_gpu_terms"
 TOLD = "Levers, one at a time"  # bench/RESULTS.md's section measuring the levers one by one and in pairs
 
@@ -187,6 +188,17 @@ class TrainConfig:
         "Let PyTorch's CUDA allocator grow memory segments in place (expandable_segments) instead of caching "
         "many fixed blocks: less memory reserved but unused, so a lower GPU peak. Same results. CUDA only.",
         lever=Lever("beyond", (f"{LOAD}.configure_cuda",), (TERM,), TOLD, order=6)))
+
+    stream_layers: bool = field(default=False, metadata=_help(
+        "Keep the frozen 4-bit weights of the decoder layers in CPU memory (pinned) and copy each layer's to the "
+        "GPU just before it runs, forward and backward, through a ring of two layer-sized buffers: a model far "
+        "larger than the GPU trains on it (a 70B's ~35 GiB of NF4 weights become ~1 GiB of buffers). Costs speed: "
+        "every step copies every layer over the PCIe link two or three times; offload_activations and longer "
+        "micro-batches give compute to hide it behind. The machine needs the weights' size in free RAM. Same "
+        "results. Needs load_in_4bit and one GPU.",
+        lever=Lever("beyond", (f"{LOAD}.load_model", PREP, f"{STREAM}.attach"),
+                    (f"{TERMS}.streamed_bytes", f"{TERMS}.stream_ring_bytes"), order=11, preset=False,
+                    fit=6)))
 
     # --- LoRA --------------------------------------------------------------------------------------------
     lora_r: int = field(default=16, metadata=_help(
@@ -669,6 +681,7 @@ def config_problems(cfg: TrainConfig, hw: Hardware | None = None) -> list[Proble
     if cfg.use_liger_kernel and (device != "cuda" or not hw.liger):
         bad("use_liger_kernel", "problem.no_liger")
     p.extend(eval_problems(cfg))
+    p.extend(stream_problems(cfg, hw))
     # 16-bit experts: peft's ParamWrapper, which refuses dropout; 4-bit experts: memtune's own (expert_lora.py)
     if cfg.lora_experts and cfg.lora_dropout > 0 and not cfg.load_in_4bit:
         bad("lora_experts", "problem.lora_experts_dropout", dropout=f"{cfg.lora_dropout:g}")
@@ -676,6 +689,24 @@ def config_problems(cfg: TrainConfig, hw: Hardware | None = None) -> list[Proble
     if cfg.lora_alpha and cfg.lora_r and cfg.lora_alpha / cfg.lora_r > 16:
         bad("lora_alpha", "problem.alpha_ratio", ratio=f"{cfg.lora_alpha / cfg.lora_r:g}")
     p.extend(stage_problems(cfg))
+    return p
+
+
+def stream_problems(cfg: TrainConfig, hw: Hardware) -> list[Problem]:
+    """stream_layers where it cannot work: a 16-bit base (the ring holds 4-bit layers), several processes (each
+    would stream its own copy; FSDP shards instead), regional compile (its graphs would hold one layer's buffers)."""
+    if not cfg.stream_layers:
+        return []
+    p: list[Problem] = []
+    if not cfg.load_in_4bit:
+        p.append(Problem.of("stream_layers", "problem.stream_layers_4bit"))
+    gpus = cfg.num_gpus.strip().lower()
+    several = cfg.num_machines > 1 or (gpus == "all" and hw.n_gpus > 1) or (gpus.isdigit() and int(gpus) > 1)
+    if several:
+        p.append(Problem.of("stream_layers", "problem.stream_layers_gpus", gpus=cfg.num_gpus,
+                            machines=cfg.num_machines))
+    if cfg.compile_layers == "on":
+        p.append(Problem.of("stream_layers", "problem.stream_layers_compile"))
     return p
 
 

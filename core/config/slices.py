@@ -34,6 +34,7 @@ class ModelSlice(Slice, Protocol):
     precision: str
     upcast_to_fp32: bool
     offload_embeddings: bool
+    stream_layers: bool
     quantize_output_head: bool
     expandable_segments: bool
     attention: str

@@ -25,7 +25,7 @@ from core.estimate import stages as stage_terms  # a preference stage's sequence
 from core.config.settings import OPTIMIZERS, ConfigError, Hardware, TrainConfig, parse_overrides
 from core.data.read import DataError
 from core.estimate.known import shape_of
-from core.estimate.terms import ATTENTIONS, CUDA_CONTEXT, GIB, dora_terms, single_gpu_terms
+from core.estimate.terms import ATTENTIONS, CUDA_CONTEXT, GIB, dora_terms, host_memory_problem, single_gpu_terms
 from core.config.levers import fit_fields
 from core.config.slices import DataSlice, ModelSlice, PlaceSlice, StageSlice, TrainerSlice, Training
 from core.config.presets import PRESETS, apply_preset
@@ -78,7 +78,8 @@ class Estimate:
     tokens: int  # per micro-batch
     peak_phase: str  # "training" or "loading"
     nvml_training: int = 0  # NVML peak of the training steps alone (what a sampler started after loading sees)
-    cpu_offloaded: int = 0  # bytes kept in CPU memory instead (offload_embeddings)
+    cpu_offloaded: int = 0  # weights kept in CPU memory instead (offload_embeddings, stream_layers)
+    cpu_activations: int = 0  # offload_activations: saved activations waiting in CPU memory
     notes: list[str] = field(default_factory=list)
     communication: int = 0  # several GPUs: DDP's gradient buckets, broadcast buffers, NCCL's buffers
     gathered_weights: int = 0  # FSDP: the unsharded weights of the units being computed
@@ -120,7 +121,8 @@ class Estimate:
         out.update(peak_allocated_gib=round(self.peak_allocated_gib, 3),
                    peak_reserved_gib=round(self.peak_reserved_gib, 3), nvml_peak_gib=round(self.total_gib, 3),
                    nvml_training_gib=round(self.nvml_training / GIB, 3), tokens_per_micro_batch=self.tokens,
-                   cpu_offloaded_gib=round(self.cpu_offloaded / GIB, 3), peak_phase=self.peak_phase,
+                   cpu_offloaded_gib=round(self.cpu_offloaded / GIB, 3),
+                   cpu_activations_gib=round(self.cpu_activations / GIB, 3), peak_phase=self.peak_phase,
                    world_size=self.world_size, strategy=self.strategy, notes=list(self.notes))
         return out
 
@@ -135,7 +137,9 @@ class Estimate:
         lines.append(f"  peak allocated {self.peak_allocated_gib:.2f} GiB, peak reserved {self.peak_reserved_gib:.2f} "
                      f"GiB (peak while {self.peak_phase}); {self.tokens} tokens per micro-batch")
         if self.cpu_offloaded:
-            lines.append(f"  in CPU memory instead: {self.cpu_offloaded / GIB:.2f} GiB (input embedding)")
+            lines.append(f"  weights in CPU memory instead: {self.cpu_offloaded / GIB:.2f} GiB")
+        if self.cpu_activations:
+            lines.append(f"  activations waiting in CPU memory: {self.cpu_activations / GIB:.2f} GiB")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -189,7 +193,8 @@ def estimate(cfg: _Run, shape: ModelShape | None = None, *, max_row_tokens: int 
         peak_allocated=max(t.train_alloc, t.load_alloc),
         peak_reserved=max(t.train_reserved, t.load_reserved, t.load_transient),
         nvml_peak=nvml, tokens=t.tokens, peak_phase=phase, notes=notes + t.last_notes,
-        nvml_training=t.nvml_training, cpu_offloaded=t.offloaded, communication=t.buckets + t.kept + t.comm,
+        nvml_training=t.nvml_training, cpu_offloaded=t.offloaded, cpu_activations=t.host_activations,
+        communication=t.buckets + t.kept + t.comm,
         gathered_weights=t.gathered, world_size=lay.world_size, strategy=lay.strategy, strategy_reason=lay.reason)
 
 
@@ -295,6 +300,9 @@ def fit_to_gpu(cfg: R, budget_bytes: int, margin: float = FIT_MARGIN, shape: Mod
                     return cand, est
                 last = (cand, est)
     cand, est = last  # the smallest setting: batch 1, the shortest length, checkpointing, 8-bit optimizer
+    streamed = _streamed_fit(cfg, budget_bytes, margin, shape, est, **kw)
+    if streamed is not None:
+        return streamed
     need = est.nvml_peak / (1.0 - margin)
     if est.strategy == "fsdp" and est.peak_phase == "loading":
         code, advice = "fsdp_loading", "The peak is loading: each GPU holds the whole 4-bit model before FSDP shards it."
@@ -312,6 +320,25 @@ def fit_to_gpu(cfg: R, budget_bytes: int, margin: float = FIT_MARGIN, shape: Mod
         f"{'on' if cand.gradient_checkpointing else 'off'}, {cand.optim}) needs {est.total_gib:.1f} GiB{' per GPU' if est.world_size > 1 else ''}, so a GPU with at "
         f"least {need / GIB:.1f} GiB. {advice}", smallest=cand, smallest_gib=est.total_gib, need_gib=need / GIB,
         advice=code)
+
+
+def _streamed_fit(cfg: R, budget_bytes: int, margin: float, shape: ModelShape, smallest: Estimate,
+                  **kw) -> tuple[R, Estimate] | None:
+    """The last resort of fit_to_gpu: the same search with the frozen layers streamed from CPU memory
+    (stream_layers), where nothing else fits one GPU, the base is 4-bit and this machine's RAM holds them; its
+    estimate says that it costs speed. None where it does not apply or does not fit either."""
+    if cfg.stream_layers or not cfg.load_in_4bit or smallest.world_size > 1:
+        return None
+    streamed = cfg.replace(stream_layers=True)
+    if host_memory_problem(streamed, shape) is not None:
+        return None
+    try:
+        fitted, est = fit_to_gpu(streamed, budget_bytes, margin, shape, **kw)
+    except FitError:
+        return None
+    est.notes.insert(0, f"nothing else fits {budget_bytes / GIB:.1f} GiB: stream_layers streams the frozen layers "
+                        "from CPU memory; each step copies every layer over the link, several times slower")
+    return fitted, est
 
 
 # --- the dataset's real lengths -------------------------------------------------------------------------------------

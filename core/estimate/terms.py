@@ -45,6 +45,12 @@ bench/grid_measured.json (H200, torch 2.11) and bench/RESULTS.md shows the table
   logits       TRL 1.16's SFTTrainer computes the loss with a chunked LM head (trl.kernels.chunked_logprob): only
                a 4096 x 32768 tile of logits exists, never batch x length x vocab. A plain `model(labels=...)` loss
                (full_logits=True) keeps the bf16 logits, their fp32 copy, log-softmax and its gradient.
+  streaming    `stream_layers` keeps each decoder layer's frozen weights (4-bit linears, norms, biases) in host
+               memory and copies them into STREAM_SLOTS layer-sized device buffers as the layers run
+               (core/levers/stream_layers.py): on the GPU only the ring, the rest of the weights (embeddings, head,
+               final norm) and the step's working memory. The model loads into CPU memory, so loading has no GPU
+               spike. In CPU memory: the layers (pinned), the offloaded embedding and activations, and the process
+               itself (HOST_BASE); `host_memory_problem` refuses a machine whose available RAM cannot hold them.
   allocator    Cached free blocks (reserved - allocated) grow with the working set; less with expandable
                segments. The CUDA context + cuBLAS/cuDNN (NVML - reserved) is 1.37 GiB on an H200 with torch 2.11.
 
@@ -61,7 +67,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from core.config.settings import OPTIMIZERS
+from core.config.hardware import available_ram
+from core.config.settings import OPTIMIZERS, Problem
 from core.config.slices import DataSlice, Loading, LoraSlice, ModelSlice, TrainerSlice
 from core.estimate.measure import layer_saved
 from core.levers import grouping
@@ -94,6 +101,10 @@ MOE_STACK_CACHED = 3.0
 # bench/RESULTS.md run 19): NVML 9.63 GiB after loading and through training = fp32 weights + the freed bf16 embedding
 # and head + 1.1 GiB of stacking segments (1.5 times gate_up_proj) + the context; the bf16 load above keeps 3.0.
 MOE_STACK_PINNED = 1.5
+STREAM_SLOTS = 2  # core.levers.stream_layers.SLOTS: the ring's layer-sized buffers
+# What a training process holds in CPU memory beside the weights and activations it keeps there: torch, CUDA's host
+# side and the libraries (~3 GiB RSS of an idle CUDA process with transformers imported), the loader's read buffers
+HOST_BASE = 5 * GIB
 PAGED_MIN_NUMEL = 100_000  # bitsandbytes Optimizer8bit.get_state_buffer pages only tensors at least this large
 ATTENTIONS = ("sdpa", "varlen")
 
@@ -350,6 +361,44 @@ def varlen_casts(cfg: Loading, shape: ModelShape) -> bool:
     return bool(found and found.get("fp32_attention"))
 
 
+def streamed_bytes(cfg: ModelSlice, shape: ModelShape) -> int:
+    """Bytes of frozen decoder-layer weights stream_layers keeps in host memory: the 4-bit linears with their
+    constants and the layers' norms and biases (the final norm stays on the GPU). 0 without it."""
+    if not (cfg.stream_layers and cfg.load_in_4bit):
+        return 0
+    quantized = sum(nf4_bytes(a * b, cfg.bnb_4bit_use_double_quant) for a, b in shape.quantized_weights())
+    return quantized + other_weight_bytes(cfg) * max(0, shape.small_params - shape.hidden_size)
+
+
+def stream_ring_bytes(cfg: ModelSlice, shape: ModelShape) -> int:
+    """The ring of device buffers: STREAM_SLOTS times one decoder layer's frozen bytes (stream_layers); 0 without."""
+    layers = max(1, shape.num_hidden_layers)
+    if not (cfg.stream_layers and cfg.load_in_4bit):
+        return 0
+    return min(layers, STREAM_SLOTS) * -(-streamed_bytes(cfg, shape) // layers)
+
+
+def host_memory_problem(cfg: _Step, shape: ModelShape, available: int | None = None,
+                        name: str = "") -> Problem | None:
+    """stream_layers refused by name when this machine's available RAM (`available`, default: read now) cannot hold
+    what the run keeps there (host_bytes); None when it can, cannot be read, or nothing streams. `name`: the model
+    as the user named it (default: the shape's)."""
+    if not cfg.stream_layers:
+        return None
+    available = available_ram() if available is None else available
+    need = host_bytes(cfg, shape)
+    if available is None or need <= available:
+        return None
+    return Problem.of("stream_layers", "problem.stream_layers_ram", model=name or shape.name, need=f"{need / GIB:.1f}",
+                      available=f"{available / GIB:.1f}")
+
+
+def host_bytes(cfg: _Step, shape: ModelShape) -> int:
+    """CPU memory a stream_layers run holds: the streamed layers, what else is offloaded, and the process itself."""
+    t = single_gpu_terms(cfg, shape)
+    return t.offloaded + t.host_activations + HOST_BASE
+
+
 @dataclass
 class Terms:
     """One process's GPU memory before it is summed into peaks, in bytes (core.estimate.predict sums it; core.estimate.multi
@@ -381,6 +430,7 @@ class Terms:
     # segments): torch's max_memory_reserved counts it; NVML's samples miss it, and a cudaMalloc that fails makes the
     # allocator hand cached blocks back and retry, so it needs no room on the GPU
     load_transient: int = 0
+    host_activations: int = 0  # offload_activations: what waits in CPU memory for the backward pass
 
     @property
     def static(self) -> int:
@@ -455,6 +505,15 @@ def single_gpu_terms(cfg: _Step, shape: ModelShape, *, max_row_tokens: int | Non
     if offloaded:
         notes.append(f"the input embedding ({offloaded / GIB:.2f} GiB) is kept in CPU memory (loaded straight "
                      "there)")
+    # stream_layers: the decoder layers' frozen weights in CPU memory, a ring of two of them on the GPU
+    streamed, ring = streamed_bytes(cfg, shape), stream_ring_bytes(cfg, shape)
+    if streamed:
+        layer_small = other_dtype * max(0, shape.small_params - shape.hidden_size)  # the layers' norms, biases
+        quantized += ring - (streamed - layer_small)
+        unquantized -= layer_small
+        notes.append(f"stream_layers: {streamed / GIB:.2f} GiB of frozen layers in CPU memory, a ring of "
+                     f"{ring / GIB:.2f} GiB on the GPU; every step copies each layer over the link two or three "
+                     "times, so steps are slower")
 
     # LoRA: TRL casts the adapters of a quantized model to bf16; peft keeps them fp32 on a 16-bit base.
     n_lora = shape.lora_params(cfg.lora_r, cfg.lora_target_modules) + sum(expert_lora_matrices(shape, cfg))
@@ -502,8 +561,11 @@ def single_gpu_terms(cfg: _Step, shape: ModelShape, *, max_row_tokens: int | Non
         kept = min(layers, 1) if cfg.offload_activations else layers
         activations = kept * (saved * tokens + row_scores) + mask_kept + min(kept, shape.moe_layers) * moe_lora
         layer_phase = backward * tokens + dequant + moe_lora
+    host_activations = 0
     if cfg.offload_activations:
         notes.append(f"offload_activations: {layers - kept} layers' saved activations wait in CPU memory")
+        host_activations = ((layers - kept) * d.s * h * tokens if cfg.gradient_checkpointing else
+                            (layers - kept) * (saved * tokens + row_scores))
 
     # LM head + loss: the final norm's kept input, its output, TRL's compact copy of the labelled positions and the
     # fp32 gradient of it (+ its cast back), a logits tile, and the head cast to the compute dtype per vocab chunk.
@@ -531,7 +593,7 @@ def single_gpu_terms(cfg: _Step, shape: ModelShape, *, max_row_tokens: int | Non
         offloaded_at_load = offloaded
     loaded = quantized + unquantized - offloaded_at_load
     base = loaded + workspace  # the workspace stays from an earlier run of the process
-    if q_head and not cfg.offload_embeddings:  # the head is loaded to the GPU in its dtype, then quantized
+    if q_head and not cfg.offload_embeddings and not streamed:  # loaded to the GPU in its dtype, then quantized
         base += d.c * shape.head_params
     load_cache = min(LOAD_CACHE, int(LOAD_CACHE_FRACTION * loaded))
     # Stacking the experts (MOE_STACK_*): a transient while loading, its freed blocks cached for the rest of the run;
@@ -541,7 +603,9 @@ def single_gpu_terms(cfg: _Step, shape: ModelShape, *, max_row_tokens: int | Non
     stack_peak = int(MOE_STACK_PEAK * stack)
     big = ([] if offloaded_at_load else [shape.embed_params]) + ([shape.head_params] if shape.head_params else [])
     load_transient = 0
-    if upcast(cfg) and big:
+    if streamed:  # loaded and upcast in CPU memory (core.model.load.load_model): the GPU gets the finished weights
+        load_alloc, load_reserved = base, base + load_cache
+    elif upcast(cfg) and big:
         load_cache = max(load_cache, int(MOE_STACK_PINNED * stack))
         load_alloc = base + max(2 * big[-1], stack_peak)
         # before the upcast: the unquantized weights still 16-bit, every stacking segment cached
@@ -560,12 +624,13 @@ def single_gpu_terms(cfg: _Step, shape: ModelShape, *, max_row_tokens: int | Non
     if is_masked and cfg.packing and not cfg.gradient_checkpointing and mask_elems:
         last_notes.append(f"SDPA keeps a {tokens} x {tokens} mask per layer over a packed micro-batch "
                      f"({d.c * mask_elems * layers / GIB:.2f} GiB here)")
-    return Terms(quantized=quantized, unquantized=unquantized - offloaded, offloaded=offloaded, lora=lora,
+    return Terms(quantized=quantized, unquantized=unquantized - offloaded, offloaded=offloaded + streamed, lora=lora,
                  optimizer=optimizer, paged=paged_bytes, activations=activations, logits=logits,
                  temporaries=temporaries, load_alloc=load_alloc, load_reserved=load_reserved,
                  load_transient=load_transient,
                  cache_fraction=CACHE_FRACTION_EXPANDABLE if cfg.expandable_segments else CACHE_FRACTION,
-                 tokens=tokens, notes=notes, last_notes=last_notes, workspace=workspace)
+                 tokens=tokens, notes=notes, last_notes=last_notes, workspace=workspace,
+                 host_activations=host_activations)
 
 
 # --- LoRA variants (core/config/settings.py: use_dora, use_rslora, lora_init, loraplus_lr_ratio) ------------------

@@ -511,6 +511,8 @@ def decide(cfg, *, cuda: bool, steps: int, layers: int, known: int, seconds: dic
         return False, Said("log.compile.auto_cpu")
     if cfg.gradient_checkpointing:
         return False, Said("log.compile.auto_checkpointing")
+    if cfg.stream_layers:  # the layers' weights move between ring buffers: a graph would hold one layer's
+        return False, Said("log.compile.auto_stream")
     if not layers:
         return False, Said("log.compile.auto_no_layers")
     kind = "cached" if known else "first"

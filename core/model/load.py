@@ -23,6 +23,7 @@ from core.config.slices import Loading, ModelSlice, PlaceSlice, TrainerSlice
 from core.levers import expert_store, experts as moe, variants
 from core.levers.embedding import CpuEmbedding, load_embedding_on_cpu, offload_input_embeddings
 from core.levers.output_head import quantize_output_head
+from core.levers.stream_layers import attach as stream_frozen_layers, streamed_parameters
 from core.model.attention import use_varlen_attention
 from core.model import lora_targets as lt
 from core.model.compile import compile_layers, compiles
@@ -178,11 +179,13 @@ def load_model(cfg: _Placed, path: str | None = None):
 
     path = path or resolve_model_path(cfg)
     configure_cuda(cfg)
-    kwargs = dict(quantization_config=build_bnb_config(cfg), token=hf_token(),
-                  **recipe.load_kwargs(cfg, torch.cuda.current_device() if use_cuda(cfg) else None))
+    # stream_layers: the whole model loads (4-bit) into CPU memory, so the GPU never holds it; the layers' frozen
+    # weights stay there and the rest goes to the GPU when they are streamed (prepare_for_training)
+    gpu = torch.cuda.current_device() if use_cuda(cfg) and not cfg.stream_layers else None
+    kwargs = dict(quantization_config=build_bnb_config(cfg), token=hf_token(), **recipe.load_kwargs(cfg, gpu))
     try:
         model, failed = None, False
-        if cfg.offload_embeddings and use_cuda(cfg):
+        if cfg.offload_embeddings and gpu is not None:
             try:
                 with moe.while_loading(cfg, path):  # MoE experts quantized as they load (core/levers/experts.py)
                     model = load_embedding_on_cpu(path, cfg, kwargs)
@@ -256,7 +259,22 @@ def prepare_for_training(model, cfg: _Prepared):
     if compiles(cfg):
         # After peft, so each compiled layer holds its LoRA layers; lazily: the first step compiles.
         model.memtune_compile_note = compile_layers(model)
+    if cfg.stream_layers:
+        stream_layers(model, cfg)
     return model
+
+
+def stream_layers(model, cfg: ModelSlice) -> None:
+    """stream_layers (core/levers/stream_layers.py), last: LoRA's weights exist and train, so what streams is
+    exactly the frozen part of each decoder layer. On CUDA everything else moves to the GPU (the model was loaded
+    into CPU memory), an offloaded input embedding included as the place its rows go to."""
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda(cfg) else torch.device("cpu")
+    stream_frozen_layers(model, device)
+    emb = model.get_input_embeddings()
+    if isinstance(emb, CpuEmbedding):
+        emb.target_device = device
+    if device.type == "cuda":
+        model.base_model.model.hf_device_map = {"": device.index}  # one device now, as a one-GPU load says
 
 
 def load_for_training(cfg: _Trained, path: str, emit: EventSink, cpu_eval: bool) -> tuple[Any, int, bool]:
@@ -339,5 +357,5 @@ def cublas_env(cfg: ModelSlice) -> dict[str, str]:
 
 def trainable_parameters(model) -> tuple[int, int]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
+    total = sum(p.numel() for p in model.parameters()) + streamed_parameters(model)  # in host memory now
     return trainable, total

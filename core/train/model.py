@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from core.config.settings import ConfigError
 from core.config.slices import DataSlice, Loading, PlaceSlice, StageSlice, TrainerSlice
+from core.estimate.terms import host_memory_problem
 from core.model import compile as regional
 from core.model import load as model_lib
 from core.runs.events import EventSink
@@ -14,7 +16,7 @@ from core.train import stages
 from core.train.callbacks import phase
 
 
-class _Loaded(Loading, StageSlice, TrainerSlice, PlaceSlice, Protocol):
+class _Loaded(Loading, DataSlice, StageSlice, TrainerSlice, PlaceSlice, Protocol):
     """The model as this process trains it: its weights, the adapter and where it starts, the step's levers."""
 
 
@@ -24,7 +26,14 @@ class _Compiled(Loading, DataSlice, TrainerSlice, Protocol):
 
 def load(cfg: _Loaded, path: str, emit: EventSink, cpu_eval: bool) -> tuple[Any, int, bool]:
     """The model at `path` ready to train, said in the log: (model, trainable parameters, whether its layers
-    compile in the first step). `cpu_eval`: evals on the CPU come between training steps."""
+    compile in the first step). `cpu_eval`: evals on the CPU come between training steps. stream_layers on a
+    machine whose available RAM cannot hold what it keeps there is refused by name first (a ConfigError)."""
+    if cfg.stream_layers:
+        from core.model.shapes import get_shape
+
+        problem = host_memory_problem(cfg, get_shape(path), name=cfg.model)
+        if problem is not None:
+            raise ConfigError([problem])
     with phase(emit, "loading_model", "log.phase.loading_4bit" if cfg.load_in_4bit else "log.phase.loading",
                model=cfg.model):
         model, trainable, compiling = model_lib.load_for_training(cfg, path, emit, cpu_eval)

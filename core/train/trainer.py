@@ -21,7 +21,7 @@ from core.config import arguments
 from core.config.slices import DataSlice, Loading, ModelSlice, PlaceSlice, StageSlice, TrainerSlice
 from core.data.plan import DataPlan
 from core.gpus import distributed, vram
-from core.levers import variants
+from core.levers import stream_layers as streaming, variants
 from core.levers.experts import liger_config, summary as experts_summary
 from core.model import compile as regional
 from core.model import load as model_lib
@@ -133,6 +133,7 @@ def summarize(run: ResolvedRun, trainer, output, callback: EventCallback, plan: 
     summary["preflight"] = getattr(trainer, "memtune_preflight", None)  # core/train/preflight.py
     summary["resolved"] = run.as_dict()  # the config that trained, and each change from the asked one
     summary.update(stages.summary_part(cfg, trainer))  # stages hook: reward metrics ({} for sft)
+    summary.update(streaming.summary_part(trainer.model, summary["train_runtime_s"]))  # stream_layers: the copies' wait
     if compile_cache is not None and "compile" in summary:  # loaded or compiled, and the seconds it took
         summary["compile"]["cache"] = compile_cache.summary()
     return summary
