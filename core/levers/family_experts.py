@@ -28,16 +28,20 @@ def _out(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def _llama4_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    sparse = float(self.act_fn(torch.zeros((), dtype=torch.float32))) == 0.0
-    if sparse and getattr(self, "memtune_grouped", False) and getattr(self, "memtune_top_k", None):
+    if getattr(self, "memtune_grouped", False):
         return _llama4_grouped(self, hidden_states)
     return _llama4_loop(self, hidden_states)
+
+
+def _zero_at_zero(act) -> bool:
+    """The activation maps 0 to 0 (SiLU): a row of zeros then gives zeros through the expert."""
+    return float(act(torch.zeros((), dtype=torch.float32))) == 0.0
 
 
 def _llama4_loop(self, hidden_states: torch.Tensor) -> torch.Tensor:
     """The reference: expert by expert, its routed rows found on the host (nonzero)."""
     rows = hidden_states.view(self.num_experts, -1, self.hidden_size)
-    sparse = float(self.act_fn(torch.zeros((), dtype=torch.float32))) == 0.0
+    sparse = _zero_at_zero(self.act_fn)
     parts = []
     for e in range(self.num_experts):
         x = rows[e]
@@ -147,11 +151,14 @@ def set_grouped(model, grouped: bool) -> bool:
     for name, module in model.named_modules():
         if not getattr(type(module), "memtune_nf4", False):
             continue
-        module.memtune_grouped = grouped and type(module).__bases__[0].__name__ in GROUPED_FAMILIES
+        family = type(module).__bases__[0].__name__
+        module.memtune_grouped = grouped and family in GROUPED_FAMILIES
+        if family == "Llama4TextExperts":  # its grouped rows: the routed ones, which need its block's top_k
+            parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else None
+            module.memtune_top_k = int(getattr(parent, "top_k", 0) or 0)
+            module.memtune_grouped = module.memtune_grouped and module.memtune_top_k > 0 and _zero_at_zero(
+                module.act_fn)
         any_grouped = any_grouped or module.memtune_grouped
-        parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else None
-        if getattr(parent, "top_k", None):
-            module.memtune_top_k = int(parent.top_k)
     return any_grouped
 
 
