@@ -388,3 +388,64 @@ def test_a_familys_experts_adapter_is_peft_s_layout_and_reloads_to_the_same_logi
                                                   dtype=torch.bfloat16).eval()
     with torch.no_grad():
         torch.testing.assert_close(merged(input_ids=ids).logits.float(), try_it, rtol=0, atol=tol)
+
+
+def _llama4_layer(folder, experts: int):
+    """A one-layer Llama-4 (text) of real proportions at a small width, `experts` experts, top-1."""
+    from transformers import AutoConfig
+
+    values = dict(num_hidden_layers=1, hidden_size=256, intermediate_size=512, intermediate_size_mlp=512,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_local_experts=experts,
+                  num_experts_per_tok=1, interleave_moe_layer_step=1, no_rope_layers=[1], attention_chunk_size=8192,
+                  use_qk_norm=True, max_position_embeddings=4096, vocab_size=families_any.VOCAB, **families_any.IDS,
+                  tie_word_embeddings=False)
+    return _save(AutoConfig.for_model("llama4_text", **values), folder)
+
+
+def _kept_per_token(model, layer, tokens: int) -> float:
+    """Bytes per token autograd keeps inside `layer` in one training forward of `tokens` tokens (weights and the
+    4-bit experts' buffers excluded), as core/estimate/measure.py counts them."""
+    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    inside, kept = [False], {}
+    layer.register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
+    layer.register_forward_hook(lambda *a: inside.__setitem__(0, False))
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if inside[0] and storage.data_ptr() not in own and storage.nbytes():
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    ids = torch.arange(tokens)[None] % (families_any.VOCAB - 3) + 3
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids)
+    return sum(kept.values()) / tokens
+
+
+def test_the_estimate_counts_llama4s_copy_of_every_token_to_every_expert(tmp_path, monkeypatch):
+    """Llama-4's MoE block hands every expert a copy of every token (scaled by its router score, 0 where not routed)
+    and keeps those copies for backward: experts x hidden per token, however few experts a token routes to. The
+    estimate's layer term is measured (core/estimate/measure.py: the router and memtune's 4-bit forward of those
+    copies stood in), and grows with the experts as memtune's own training forward does: 4 -> 16 experts, within
+    10%. (The formula it fell back to when the measurement failed counted k copies: about 70 bytes of the growth.)"""
+    from core.estimate import terms
+    from core.estimate.measure import TOKENS
+    from core.model.load import load_model, prepare_for_training
+    from core.model.shapes import get_shape
+
+    monkeypatch.setenv("MEMTUNE_CACHE", str(tmp_path / "cache"))
+    real, estimated = {}, {}
+    for experts in (4, 16):
+        folder = _llama4_layer(tmp_path / f"e{experts}", experts)
+        cfg = _cfg(folder, precision="bf16", lora_target_modules=["attention"], lora_dropout=0.0,
+                   gradient_checkpointing=False)
+        model = prepare_for_training(load_model(cfg, str(folder)), cfg)
+        assert model.get_base_model().model.layers[0].feed_forward.experts.memtune_grouped
+        real[experts] = _kept_per_token(model, model.get_base_model().model.layers[0], TOKENS)
+        shape = get_shape(str(folder))
+        assert terms.measured_saved(cfg, shape, False) is not None  # measured, not the formula
+        estimated[experts] = terms.layer_bytes_per_token(cfg, shape)[0]
+    grown, estimate_grown = real[16] - real[4], estimated[16] - estimated[4]
+    assert grown > 12 * 256 * 2  # the 12 more copies of each token's bf16 hidden state
+    assert estimate_grown == pytest.approx(grown, rel=0.10), (real, estimated)

@@ -80,7 +80,8 @@ def _llama4_grouped(self, hidden_states: torch.Tensor) -> torch.Tensor:
     x = hidden_states[order].masked_fill(spare, 0.0)  # its backward zeroes the spare rows' gradient
     gate, up = self.gate_up_proj.grouped(x, ends, dtype).chunk(2, dim=-1)
     y = self.down_proj.grouped(up * self.act_fn(gate), ends, dtype).masked_fill(spare, 0.0)
-    return hidden_states.new_zeros(hidden_states.shape).index_copy(0, order, _out(y, hidden_states))
+    out = hidden_states.new_zeros(hidden_states.shape)  # written in place: one buffer of every expert's rows
+    return out.index_copy_(0, order, _out(y, hidden_states))
 
 
 def _dbrx_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
