@@ -20,7 +20,10 @@ Stood in for, because the GPU kernels do not run here:
   soft-capped rows and the backward's extras stay analytic in core.estimate.terms. A family whose attention does not
   go through the interface is measured with its own CPU attention at TOKENS tokens (flagged: `own_attention`).
 - 4-bit MoE experts (`experts_loop`): memtune's loop over the routed experts, one bitsandbytes matmul each,
-  measured as transformers' "eager" experts implementation (the same loop on 16-bit frozen weights).
+  measured as transformers' "eager" experts implementation (the same loop on 16-bit frozen weights). Llama-4's
+  experts class, handed every token's copy for every expert, computes only the routed (non-zero) copies in memtune's
+  4-bit forward: stood in by the same on frozen 16-bit weights (`ROUTED_ROWS`), the layer's other weights 0.01 so
+  the routed copies are non-zero.
 - bitsandbytes' 4-bit matmul keeps only its weight (`ctx.tensors = (None, B)`) and returns its input's dtype: a
   frozen 16-bit Linear keeps the same (autograd does not save an input only a frozen weight's gradient would need).
 - CUDA autocast's fp32 LayerNorm / GroupNorm and bitsandbytes' 4-bit linear returning its input's dtype
