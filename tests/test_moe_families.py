@@ -1,7 +1,7 @@
 """Every mixture-of-experts family gets 4-bit experts, counted by the estimate as the loader stores them
 (core/levers/expert_store.py: one rule for both); the families whose experts class is their own (Llama-4, DBRX,
 JetMoE: core/levers/family_experts.py) compute with them exactly as with their dequantized weights; Llama-4 trains
-on the product path, where TRL's fused loss head cannot run it (the pre-flight falls back to its own logits);
+on the product path, on TRL's fused loss head (or its own logits where that head fails);
 lora_experts is refused before loading where it cannot adapt the experts, with the true reason; routers are never
 LoRA targets unless named.
 
@@ -191,25 +191,38 @@ def test_routers_are_never_lora_targets_unless_named(name):
         assert lt.resolve(["k_proj", "v_proj"], linear, 8).modules == ["kv_proj"]
 
 
-def test_llama4_text_trains_in_4_bits_on_its_own_logits_where_the_fused_head_fails(own, tmp_path):
-    """The product path on Llama-4 (text): experts in 4 bits; TRL's fused loss head fails on it (it looks for the
-    backbone under base_model_prefix "language_model"), so the pre-flight makes the model's own logits the loss,
-    says why in the log, and the run trains: no crash, losses finite, summary.json records the loss path."""
+@pytest.mark.parametrize("backbone", ["named", "unnamed"])
+def test_llama4_text_trains_in_4_bits_on_trls_fused_head_or_its_own_logits_where_that_fails(backbone, own, tmp_path,
+                                                                                            monkeypatch):
+    """The product path on Llama-4 (text): experts in 4 bits. TRL's fused loss head finds its backbone by
+    base_model_prefix, which Llama-4's text model inherits from the multimodal one ("language_model"); memtune's
+    loader names the backbone on the instance (`name_backbone`), so the run trains on the fused head, the pre-flight
+    having found it equal to the model's own logits. Without that (`unnamed`: the head fails on the model), the
+    pre-flight makes the model's own logits the loss, says why in the log, and the run still trains: no crash, losses
+    finite, summary.json records the loss path."""
+    from core.model import load
     from core.train.recipe import run_training
 
+    if backbone == "unnamed":
+        monkeypatch.setattr(load, "name_backbone", lambda model: None)
     events = []
     cfg = _cfg(own["llama4_text"], output_dir=str(tmp_path / "runs"), upcast_to_fp32=True,
                lora_target_modules=["attention"], max_steps=2, logging_steps=1, per_device_train_batch_size=2,
                gradient_accumulation_steps=1, max_length=32, dataset_split="train[:8]", validation_share=0.0,
-               eval_samples=0)
+               eval_samples=0, heldout_rows=0)
     result = run_training(cfg, sink=events.append)
     assert result.status == "completed", result.message
     keys = [e.get("key") for e in events]
-    assert "log.moe.experts_4bit" in keys and "log.preflight.done_own" in keys
-    own_head = next(e for e in events if e.get("key") == "log.preflight.own_head")
-    assert own_head["params"]["why"]["key"] == "log.preflight.why_failed"
     pre = result.summary["preflight"]
-    assert pre["loss_path"] == "own_logits" and pre["loss"]["failed"] and pre["loss"]["own"] > 0
+    assert "log.moe.experts_4bit_grouped" in keys
+    if backbone == "named":
+        assert pre["loss_path"] == "fused" and pre["loss"]["ok"] and "failed" not in pre["loss"], pre
+        assert "log.preflight.own_head" not in keys and "log.preflight.done" in keys
+    else:
+        assert "log.preflight.done_own" in keys
+        own_head = next(e for e in events if e.get("key") == "log.preflight.own_head")
+        assert own_head["params"]["why"]["key"] == "log.preflight.why_failed"
+        assert pre["loss_path"] == "own_logits" and pre["loss"]["failed"] and pre["loss"]["own"] > 0
     losses = [e["params"]["loss"] for e in events if e.get("key") == "log.step"]
     assert len(losses) == 2 and all(0 < x < 20 for x in losses)
 
