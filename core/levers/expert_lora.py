@@ -6,8 +6,9 @@ never hold. Here each NF4Experts weight gets an `ExpertLoRA` child holding the s
 holds for that 3-D weight, in its layout (A: [r x experts, in], expert e's rows e*r..e*r+r-1; B: [out, r x experts],
 expert e's columns e, e+experts, ...), and memtune's two experts forwards (core/levers/experts.py,
 core/levers/family_experts.py) add scaling * B_e A_e dropout(x) to each expert's rows (where peft reads the weight
-the other way round, Llama-4's x @ W: scaling * dropout(x) B_e A_e, `flipped`): the loop per expert, the grouped path with the same grouped
-product and row ends as the frozen weight (no host sync). The frozen NF4 bytes are never touched.
+the other way round, Llama-4's x @ W: scaling * dropout(x) B_e A_e, `flipped`): the loop per expert, the grouped
+path with the same grouped product and row ends as the frozen weight (no host sync). The frozen NF4 bytes are never
+touched.
 
 `ExpertLoRA` is a peft tuner layer (BaseTunerLayer): peft saves and reloads it in checkpoints with the rest of the
 adapter (resume), and turns it off with the others (`disable_adapter`, a preference stage's reference). The adapter a
@@ -63,8 +64,8 @@ class ExpertLoRA(torch.nn.Module, BaseTunerLayer):
 
     def factors(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(the in side per expert [experts, in, r'], the out side [experts, r', out]) in `dtype`: the grouped
-        product's weights, r' = r rounded up to a multiple of 8 with zeros (the same products): torch's grouped GEMM on the GPU
-        needs rows of a multiple of 16 bytes."""
+        product's weights, r' = r rounded up to a multiple of 8 with zeros (the same products): torch's grouped GEMM
+        on the GPU needs rows of a multiple of 16 bytes."""
         e, r = self.num_experts, self.r[ADAPTER]
         a, b = self.lora_A[ADAPTER].weight, self.lora_B[ADAPTER].weight
         if self.flipped:  # x B_e A_e

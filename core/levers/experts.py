@@ -474,8 +474,8 @@ def _experts_element_size(original, classes: tuple[type, ...]):
 
 def finish(model) -> list[Note]:
     """After loading: the quantized experts compute through `path()`'s forward (a family's own experts class:
-    core/levers/family_experts.py, grouped where it has a grouped path); the routing loss follows config.json. Returns the log's
-    lines (what was quantized, what stays 16-bit, what the routing loss does)."""
+    core/levers/family_experts.py, grouped where it has a grouped path); the routing loss follows config.json.
+    Returns the log's lines (what was quantized, what stays 16-bit, what the routing loss does)."""
     notes = []
     found = experts_modules(model)
     quantized = [m for _, m in found if isinstance(getattr(m, "down_proj", None), NF4Experts)]
@@ -498,8 +498,9 @@ def finish(model) -> list[Note]:
         family_experts.use_4bit(model)
         grouped = family_experts.set_grouped(model, path() == GROUPED)
         first = next(q for _, m in own for q in m.children() if isinstance(q, NF4Experts))
-        notes.append(_note("log.moe.experts_4bit_grouped" if grouped else "log.moe.experts_4bit", layers=_layers(own), experts=first.num_experts,
-                           quant=first.states[0].quant_type, gib=sum(stored_bytes(m) for _, m in own) / 2**30))
+        notes.append(_note("log.moe.experts_4bit_grouped" if grouped else "log.moe.experts_4bit", layers=_layers(own),
+                           experts=first.num_experts, quant=first.states[0].quant_type,
+                           gib=sum(stored_bytes(m) for _, m in own) / 2**30))
     elif found or family:
         every = found + family
         weight = next(p for _, m in every for p in m.parameters() if p.is_floating_point())
