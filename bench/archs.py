@@ -116,6 +116,22 @@ HUB_IDS["tiny-qwen3-moe"] = "bench/tiny-qwen3-moe"
 # the same shapes with fewer decoder layers (the estimator checked at two depths; a bf16 folder that fits the disk)
 ARCHS["qwen3-30b-a3b-12l"] = dict(ARCHS["qwen3-30b-a3b"], num_hidden_layers=12)
 ARCHS["qwen3-30b-a3b-24l"] = dict(ARCHS["qwen3-30b-a3b"], num_hidden_layers=24)
+# meta-llama/Llama-4-Scout-17B-16E's text model (config.json's text_config: 16 experts of width 8192, top-1, a shared
+# expert of 16384, chunked attention, q/k norms, NoPE every 4th layer), cut to 4 of its 48 layers (each layer's
+# experts ~1 GiB in NF4); values that do not change memory are the family's defaults
+ARCHS["llama4-scout-text-4l"] = dict(
+    model_type="llama4_text", vocab_size=202048, hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384,
+    num_hidden_layers=4, num_attention_heads=40, num_key_value_heads=8, head_dim=128, num_local_experts=16,
+    num_experts_per_tok=1, interleave_moe_layer_step=1, no_rope_layers=[1, 1, 1, 0], attention_chunk_size=8192,
+    use_qk_norm=True, max_position_embeddings=10485760, rms_norm_eps=1e-5, hidden_act="silu",
+    rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0, "high_freq_factor": 4.0,
+                     "low_freq_factor": 1.0, "original_max_position_embeddings": 8192},
+    tie_word_embeddings=False, bos_token_id=200000, eos_token_id=200008, pad_token_id=200018, torch_dtype="bfloat16")
+# a CPU dry run of those rows (bench.product --plan moe9smoke)
+ARCHS["tiny-llama4-text"] = dict(ARCHS["llama4-scout-text-4l"], vocab_size=9000, hidden_size=64, intermediate_size=64,
+                                 intermediate_size_mlp=128, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, head_dim=16, num_local_experts=4, no_rope_layers=[1, 0],
+                                 bos_token_id=8000, eos_token_id=8001, pad_token_id=8002)
 
 
 def hf_config(name: str):

@@ -128,6 +128,8 @@ def moe(name: str) -> list[Variant]:
         return olmoe_against_dense()
     if name == "moe8":
         return lora_on_4bit_experts()
+    if name in ("moe9", "moe9smoke"):
+        return llama4_grouped(name.endswith("smoke"))
     return [Variant("lowest_memory", "lowest_memory", steps=2, warm=1), Variant("fastest", "fastest", steps=2, warm=1)]
 
 
@@ -245,6 +247,30 @@ def lora_on_4bit_experts() -> list[Variant]:
                     env=grouped, note="experts in grouped products"),
             Variant("olmoe-lowest_memory-lora_experts", "lowest_memory", [*log, "lora_experts=true"], steps=10, warm=3,
                     timeout_s=120, env=grouped, note="the same with LoRA on every expert")]
+
+
+def llama4_grouped(smoke: bool) -> list[Variant]:
+    """Llama-4 (Scout's text model, 4 of 48 layers) with its own experts class in 4 bits: `lowest_memory` in grouped
+    products (core/levers/family_experts.py, no host sync) then one expert at a time (the first losses of the pair
+    compared), with `lora_experts` (per-expert LoRA on the 4-bit experts), and `fastest` grouped: speed, NVML peak
+    against each row's estimate (Llama-4's every-token copies, measured: core/estimate/measure.py ROUTED_ROWS).
+    moe9smoke: the same rows on the CPU, a tiny Llama-4."""
+    log = [*OFF, "logging_steps=1"]
+    grouped, loop = {"MEMTUNE_EXPERTS": "grouped"}, {"MEMTUNE_EXPERTS": "loop"}
+    arch = "llama4-scout-text-4l"
+    rows = [Variant("llama4-lowest_memory-grouped", "lowest_memory", log, steps=8, warm=3, timeout_s=150, arch=arch,
+                    env=grouped, note="its own experts class in grouped products"),
+            Variant("llama4-lowest_memory-loop", "lowest_memory", log, steps=5, warm=2, timeout_s=150, arch=arch,
+                    env=loop, note="experts one at a time (the reference)"),
+            Variant("llama4-lowest_memory-lora_experts", "lowest_memory", [*log, "lora_experts=true"], steps=8, warm=3,
+                    timeout_s=150, arch=arch, env=grouped, note="the same with LoRA on every expert"),
+            Variant("llama4-fastest-grouped", "fastest", log, steps=8, warm=3, timeout_s=150, arch=arch, env=grouped,
+                    note="experts in grouped products")]
+    if smoke:
+        for v in rows:
+            v.steps, v.warm, v.max_length, v.timeout_s = 3, 1, 128, 400
+            v.arch = "tiny-llama4-text"
+    return rows
 
 
 # issue 60's targets for Qwen3-30B-A3B at full depth: tok/s at least, NVML GiB at most

@@ -118,3 +118,50 @@ def test_on_the_gpu_the_grouped_experts_never_synchronize(name):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert grad is not None and torch.isfinite(grad).all()
+
+
+def _llama4_block(grouped: bool):
+    """The MoE block of a one-layer tiny Llama-4 (tests/families_any.py's config) with its own experts class in NF4
+    as memtune's loader stores them (core/levers/family_experts.py), on the grouped path or the loop."""
+    from transformers import AutoModelForCausalLM
+
+    from core.levers import expert_store, family_experts
+    from core.levers import experts as moe
+    from tests import families_any
+
+    config = families_any.hf_config("llama4_text")
+    config.num_hidden_layers, config.no_rope_layers = 1, [1]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)  # every expert's output well above rounding
+    experts = model.model.layers[0].feed_forward.experts
+    for weight, (_, transposed) in expert_store.layouts(experts).items():
+        p = experts._parameters.pop(weight)
+        experts.add_module(weight, moe.NF4Experts(p.detach(), transposed, "nf4", True, torch.float32))
+    assert family_experts.use_4bit(model) == 1
+    assert family_experts.set_grouped(model, grouped) == grouped
+    return model.model.layers[0].feed_forward, config.hidden_size
+
+
+def test_llama4s_grouped_experts_read_nothing_back_and_equal_its_loop(monkeypatch):
+    """Llama-4's own experts class (every token copied to every expert, scaled by its router score) on the grouped
+    path: forward and backward of its MoE block read nothing back from the device (its loop reads each expert's
+    routed rows with nonzero, once per expert per layer), and give the loop's output and input gradient."""
+    results, tolist = {}, []
+    original = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: tolist.append(tuple(t.shape)) or original(t))
+    for grouped in (True, False):
+        block, width = _llama4_block(grouped)
+        hidden = torch.randn(2, 16, width, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        tolist.clear()
+        with _HostReads() as reads:
+            out = block(hidden)[0]
+            out.float().square().sum().backward()
+        results[grouped] = out.detach(), hidden.grad, reads.seen + [f"tolist{s}" for s in tolist]
+    (out, grad, seen), (loop_out, loop_grad, loop_seen) = results[True], results[False]
+    assert seen == [] and any("nonzero" in s for s in loop_seen), (seen, loop_seen)
+    assert grad is not None and grad.abs().sum() > 0
+    torch.testing.assert_close(out, loop_out, rtol=1e-5, atol=1e-5 * loop_out.abs().max().item())
+    torch.testing.assert_close(grad, loop_grad, rtol=1e-5, atol=1e-5 * loop_grad.abs().max().item())

@@ -20,7 +20,10 @@ Stood in for, because the GPU kernels do not run here:
   soft-capped rows and the backward's extras stay analytic in core.estimate.terms. A family whose attention does not
   go through the interface is measured with its own CPU attention at TOKENS tokens (flagged: `own_attention`).
 - 4-bit MoE experts (`experts_loop`): memtune's loop over the routed experts, one bitsandbytes matmul each,
-  measured as transformers' "eager" experts implementation (the same loop on 16-bit frozen weights).
+  measured as transformers' "eager" experts implementation (the same loop on 16-bit frozen weights). Llama-4's
+  experts class, handed every token's copy for every expert, computes only the routed (non-zero) copies in memtune's
+  4-bit forward: stood in by the same on frozen 16-bit weights (`ROUTED_ROWS`), the layer's other weights 0.01 so
+  the routed copies are non-zero.
 - bitsandbytes' 4-bit matmul keeps only its weight (`ctx.tensors = (None, B)`) and returns its input's dtype: a
   frozen 16-bit Linear keeps the same (autograd does not save an input only a frozen weight's gradient would need).
 - CUDA autocast's fp32 LayerNorm / GroupNorm and bitsandbytes' 4-bit linear returning its input's dtype
@@ -62,7 +65,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
-MODEL_VERSION = 2  # 2: CUDA autocast's fp32 norms and bitsandbytes' dtype contract (the cache key changes with it)
+MODEL_VERSION = 3  # 2: CUDA autocast's fp32 norms and bitsandbytes' dtype contract; 3: Llama-4's routed rows
+# (the cache key changes with it)
 TOKENS = 16  # per-token bytes equal at 16 and 64 tokens (Llama-3.2-3B, Qwen3-30B-A3B, gpt-oss); 4x less CPU
 STAND_IN = "memtune_measure"
 _DISK: dict[str, dict] | None = None
@@ -233,7 +237,7 @@ def _stand_in_attention():
 
         @staticmethod
         def forward(ctx, q, k, v):  # [batch, heads, tokens, dim]
-            out = torch.empty(q.shape[0], q.shape[2], q.shape[1], v.shape[-1], dtype=q.dtype)  # [b, T, H, D]
+            out = torch.zeros(q.shape[0], q.shape[2], q.shape[1], v.shape[-1], dtype=q.dtype)  # [b, T, H, D]: no NaN
             lse = torch.empty(q.shape[0], q.shape[1], q.shape[2], dtype=torch.float32)
             ctx.save_for_backward(q, k, v, out, lse)
             return out
@@ -337,9 +341,12 @@ class _CudaAutocastStandIn:
         return self
 
     def _frozen_linear(self, own):
+        import torch
+
         def forward(x, *args, **kwargs):
             out = own(x.to(self.dtype), *args, **kwargs)
-            return out.to(x.dtype) if self.four_bit else out
+            # a linear subclass may return more than its product (Llama-4's router: scores and logits)
+            return out.to(x.dtype) if self.four_bit and isinstance(out, torch.Tensor) else out
 
         return forward
 
@@ -350,6 +357,26 @@ class _CudaAutocastStandIn:
             else:
                 setattr(owner, name, orig)
         return False
+
+
+def _llama4_routed_rows(self, hidden_states):
+    """Llama4TextExperts as memtune computes it with 4-bit experts (core/levers/family_experts.py): only each
+    expert's routed (non-zero) rows, through frozen weights (which save no input), written back among zeros."""
+    import torch
+
+    rows = hidden_states.view(self.num_experts, -1, self.hidden_size)
+    parts = []
+    for e in range(self.num_experts):
+        with torch.no_grad():
+            hit = (rows[e] != 0).any(dim=-1).nonzero().flatten()
+        gate, up = (rows[e][hit] @ self.gate_up_proj[e]).chunk(2, dim=-1)
+        y = (up * self.act_fn(gate)) @ self.down_proj[e]
+        parts.append(torch.zeros_like(rows[e]).index_copy(0, hit, y.to(rows.dtype)))
+    return torch.stack(parts).view(-1, self.hidden_size)
+
+
+# experts classes whose 4-bit forward computes fewer rows than their own (every expert, every token): its stand-in
+ROUTED_ROWS = {"Llama4TextExperts": _llama4_routed_rows}
 
 
 def _measure(config_text, precision, targets, rank, dropout, kv_repeated, experts_loop=False, four_bit=True) -> dict:
@@ -378,7 +405,18 @@ def _measure(config_text, precision, targets, rank, dropout, kv_repeated, expert
         model.set_attn_implementation(STAND_IN)
     except Exception:  # noqa: BLE001 - a family without the interface: its own attention, flagged below
         pass
-    if experts_loop and any(p.dim() == 3 for p in model.parameters()):
+    routed = [m for m in model.modules() if type(m).__name__ in ROUTED_ROWS]
+    if experts_loop and routed:
+        # memtune's 4-bit forward of a family that hands every expert every token (core/levers/family_experts.py)
+        # computes only the rows routed to it, found by their values: the layer's other weights are made non-zero
+        # so its rows are (a constant: every token routes alike, the experts' stride-0 weights stay zero)
+        for module in routed:
+            module.forward = functools.partial(ROUTED_ROWS[type(module).__name__], module)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.is_floating_point() and p.stride()[0] != 0:
+                    p.fill_(0.01)
+    if experts_loop and any(p.dim() == 3 for p in model.parameters()) and not routed:
         # 4-bit experts compute in memtune's loop over the routed experts (core/levers/experts.py), which keeps
         # what transformers' eager loop keeps (a frozen weight's matmul saves no input); the default grouped_mm
         # keeps other tensors (and is slow on the CPU)

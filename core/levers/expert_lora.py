@@ -1,11 +1,14 @@
-"""LoRA on 4-bit experts (`lora_experts` with `load_in_4bit`): per-expert A/B beside each NF4Experts weight.
+"""LoRA on 4-bit experts (`lora_experts` with `load_in_4bit`): per-expert A/B beside each NF4Experts weight, on
+transformers' experts interface and on Llama-4's and JetMoE's own experts classes (expert_store.lora_adaptable).
 
 peft's `target_parameters` adds its update to a whole 16-bit 3-D parameter (a parametrization), which 4-bit experts
 never hold. Here each NF4Experts weight gets an `ExpertLoRA` child holding the same matrices peft's ParamWrapper
 holds for that 3-D weight, in its layout (A: [r x experts, in], expert e's rows e*r..e*r+r-1; B: [out, r x experts],
-expert e's columns e, e+experts, ...), and memtune's two experts forwards (core/levers/experts.py) add
-scaling * B_e A_e dropout(x) to each expert's rows: the loop per expert, the grouped path with the same grouped
-product and row ends as the frozen weight (no host sync). The frozen NF4 bytes are never touched.
+expert e's columns e, e+experts, ...), and memtune's two experts forwards (core/levers/experts.py,
+core/levers/family_experts.py) add scaling * B_e A_e dropout(x) to each expert's rows (where peft reads the weight
+the other way round, Llama-4's x @ W: scaling * dropout(x) B_e A_e, `flipped`): the loop per expert, the grouped
+path with the same grouped product and row ends as the frozen weight (no host sync). The frozen NF4 bytes are never
+touched.
 
 `ExpertLoRA` is a peft tuner layer (BaseTunerLayer): peft saves and reloads it in checkpoints with the rest of the
 adapter (resume), and turns it off with the others (`disable_adapter`, a preference stage's reference). The adapter a
@@ -23,7 +26,8 @@ from pathlib import Path
 import torch
 from peft.tuners.tuners_utils import BaseTunerLayer
 
-from core.levers.experts import LORA as CHILD, WEIGHTS, NF4Experts, _matmul, experts_modules
+from core.levers import expert_store
+from core.levers.experts import LORA as CHILD, NF4Experts, _matmul, lora_modules
 
 ADAPTER = "default"  # peft's adapter name; memtune's keys: "<experts>.<weight>.lora.lora_A.weight"
 
@@ -36,15 +40,17 @@ class ExpertLoRA(torch.nn.Module, BaseTunerLayer):
 
     def __init__(self, experts: int, in_features: int, out_features: int, r: int, alpha: float,
                  dropout: float = 0.0, rslora: bool = False, init: bool | str = True,
-                 device: torch.device | None = None):
+                 device: torch.device | None = None, flipped: bool = False):
         super().__init__()
+        # in/out: one expert's product (x [n, in] -> [n, out]); `flipped`: peft reads the 3-D weight the other way
+        # round (expert_store.lora_flipped), so its A holds the out side and B the in side
         self.num_experts, self.in_features, self.out_features = experts, in_features, out_features
+        self.flipped = flipped
+        a_in, b_out = (out_features, in_features) if flipped else (in_features, out_features)
         self.r, self.lora_alpha = {ADAPTER: r}, {ADAPTER: alpha}
         self.scaling = {ADAPTER: alpha / math.sqrt(r) if rslora else alpha / r}
-        self.lora_A = torch.nn.ModuleDict({ADAPTER: torch.nn.Linear(in_features, r * experts, bias=False,
-                                                                    device=device)})
-        self.lora_B = torch.nn.ModuleDict({ADAPTER: torch.nn.Linear(r * experts, out_features, bias=False,
-                                                                    device=device)})
+        self.lora_A = torch.nn.ModuleDict({ADAPTER: torch.nn.Linear(a_in, r * experts, bias=False, device=device)})
+        self.lora_B = torch.nn.ModuleDict({ADAPTER: torch.nn.Linear(r * experts, b_out, bias=False, device=device)})
         self.lora_dropout = torch.nn.ModuleDict({ADAPTER: torch.nn.Dropout(dropout) if dropout > 0
                                                  else torch.nn.Identity()})
         self._disable_adapters, self._active_adapter, self.merged_adapters = False, ADAPTER, []
@@ -57,12 +63,15 @@ class ExpertLoRA(torch.nn.Module, BaseTunerLayer):
             torch.nn.init.zeros_(b)
 
     def factors(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(A^T per expert [experts, in, r'], B^T per expert [experts, r', out]) in `dtype`: the grouped product's
-        weights, r' = r rounded up to a multiple of 8 with zeros (the same products): torch's grouped GEMM on the GPU
-        needs rows of a multiple of 16 bytes."""
+        """(the in side per expert [experts, in, r'], the out side [experts, r', out]) in `dtype`: the grouped
+        product's weights, r' = r rounded up to a multiple of 8 with zeros (the same products): torch's grouped GEMM
+        on the GPU needs rows of a multiple of 16 bytes."""
         e, r = self.num_experts, self.r[ADAPTER]
-        a = self.lora_A[ADAPTER].weight.view(e, r, self.in_features).transpose(1, 2)
-        b = self.lora_B[ADAPTER].weight.view(self.out_features, r, e).permute(2, 1, 0)
+        a, b = self.lora_A[ADAPTER].weight, self.lora_B[ADAPTER].weight
+        if self.flipped:  # x B_e A_e
+            a, b = b.view(self.in_features, r, e).permute(2, 0, 1), a.view(e, r, self.out_features)
+        else:  # x A_e^T B_e^T
+            a, b = a.view(e, r, self.in_features).transpose(1, 2), b.view(self.out_features, r, e).permute(2, 1, 0)
         pad = -r % 8
         if pad:
             a = torch.nn.functional.pad(a, (0, pad))
@@ -74,12 +83,14 @@ class ExpertLoRA(torch.nn.Module, BaseTunerLayer):
         return not self.disable_adapters and ADAPTER in self.active_adapters
 
     def expert(self, x: torch.Tensor, e: int, dtype: torch.dtype) -> torch.Tensor:
-        """scaling * dropout(x) A_e^T B_e^T: expert e's LoRA term for its rows x (the loop's)."""
+        """scaling * dropout(x) A_e^T B_e^T (flipped: dropout(x) B_e A_e): expert e's LoRA term for its rows x (the
+        loop's)."""
         r = self.r[ADAPTER]
         a = self.lora_A[ADAPTER].weight[e * r:(e + 1) * r]
         b = self.lora_B[ADAPTER].weight[:, e::self.num_experts]
-        h = self.lora_dropout[ADAPTER](x).to(dtype) @ a.to(dtype).t()
-        return (h @ b.to(dtype).t()) * self.scaling[ADAPTER]
+        first, second = (b, a) if self.flipped else (a.t(), b.t())
+        h = self.lora_dropout[ADAPTER](x).to(dtype) @ first.to(dtype)
+        return (h @ second.to(dtype)) * self.scaling[ADAPTER]
 
     def grouped(self, x: torch.Tensor, ends: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The LoRA term of every expert's rows at once (x sorted by expert, expert e's rows ending at ends[e]): two
@@ -89,7 +100,22 @@ class ExpertLoRA(torch.nn.Module, BaseTunerLayer):
         return _matmul(h.to(dtype).contiguous(), b, ends) * self.scaling[ADAPTER]
 
     def extra_repr(self) -> str:
-        return f"experts={self.num_experts}, in={self.in_features}, out={self.out_features}, r={self.r[ADAPTER]}"
+        return (f"experts={self.num_experts}, in={self.in_features}, out={self.out_features}, r={self.r[ADAPTER]}"
+                + (", flipped" if self.flipped else ""))
+
+
+def _nf4_weights(model):
+    """(experts module path, module, weight name, its NF4Experts) for every 4-bit experts weight lora_experts adapts
+    (experts.lora_modules), in the order the module registered its weights (expert_store.layouts)."""
+    for path, experts in lora_modules(model):
+        for w in expert_store.layouts(experts):
+            q = experts._modules.get(w)
+            if isinstance(q, NF4Experts):
+                yield path, experts, w, q
+
+
+def _suffix(path: str, weight: str) -> str:
+    return ".".join(path.split(".")[-2:] + [weight])
 
 
 def attach(model, r: int, alpha: float, dropout: float = 0.0, rslora: bool = False, init: bool | str = True,
@@ -97,16 +123,12 @@ def attach(model, r: int, alpha: float, dropout: float = 0.0, rslora: bool = Fal
     """An ExpertLoRA on every NF4Experts weight of the model (after get_peft_model: trainable, fp32, on the weight's
     device). Returns peft's target_parameters for them ("mlp.experts.gate_up_proj", ...)."""
     names = []
-    for path, experts in experts_modules(model):
-        for w in WEIGHTS:
-            q = experts._modules.get(w)
-            if isinstance(q, NF4Experts):
-                out, inp = q.out_in
-                q.add_module(CHILD, ExpertLoRA(q.num_experts, inp, out, r, alpha, dropout, rslora, init,
-                                               device=q.packed.device))
-                suffix = ".".join(path.split(".")[-2:] + [w])
-                if suffix not in names:
-                    names.append(suffix)
+    for path, experts, w, q in _nf4_weights(model):
+        out, inp = q.out_in
+        q.add_module(CHILD, ExpertLoRA(q.num_experts, inp, out, r, alpha, dropout, rslora, init,
+                                       device=q.packed.device, flipped=expert_store.lora_flipped(experts, w)))
+        if _suffix(path, w) not in names:
+            names.append(_suffix(path, w))
     return names
 
 
@@ -120,11 +142,12 @@ def layout(model) -> dict[str, str]:
     weight. peft nests one wrapper per targeted parameter of a module in the order the module registered them
     (transformers' experts classes: gate_up_proj or up_proj before down_proj), the last one outermost: its keys are
     "<experts>.lora_A.weight", the one before "<experts>.base_layer.lora_A.weight", and so on."""
-    prefixes = {}
-    for path, experts in experts_modules(model):
-        targeted = [w for w in WEIGHTS if isinstance(experts._modules.get(w), NF4Experts)
-                    and CHILD in experts._modules[w]._modules]
-        for depth, w in enumerate(reversed(targeted)):
+    prefixes, targeted = {}, {}
+    for path, _, w, q in _nf4_weights(model):
+        if CHILD in q._modules:
+            targeted.setdefault(path, []).append(w)
+    for path, weights in targeted.items():
+        for depth, w in enumerate(reversed(weights)):
             prefixes[f"{path}.{w}.{CHILD}."] = f"{path}{'.base_layer' * depth}."
     return prefixes
 
@@ -167,13 +190,7 @@ def to_peft_files(model, folder: str | Path) -> None:
 
 def target_parameters(model) -> list[str]:
     """peft's target_parameters for the model's ExpertLoRA weights, sorted as peft sorts them."""
-    names = set()
-    for path, experts in experts_modules(model):
-        for w in WEIGHTS:
-            q = experts._modules.get(w)
-            if isinstance(q, NF4Experts) and CHILD in q._modules:
-                names.add(".".join(path.split(".")[-2:] + [w]))
-    return sorted(names)
+    return sorted({_suffix(path, w) for path, _, w, q in _nf4_weights(model) if CHILD in q._modules})
 
 
 def load_onto(model, adapter_dir: str | Path, config) -> None:

@@ -9,8 +9,9 @@ by one of two routes:
   registered in the interface;
 - a family whose experts class is its own (`FAMILY`): Llama-4's Llama4TextExperts (3-D, x @ W layout), DBRX's
   DbrxExpertGLU (w1, v1, w2: 2-D stacks [experts x width, hidden]), JetMoE's JetMoeParallelExperts (3-D [experts,
-  out, in]: its MLP and its mixture of attention heads). The same NF4Experts, and the family's own arithmetic one
-  routed expert at a time (core/levers/family_experts.py), swapped in by class once loaded.
+  out, in]: its MLP and its mixture of attention heads). The same NF4Experts, and the family's own arithmetic in
+  grouped products (Llama-4, JetMoE: GROUPED_FAMILIES) or one routed expert at a time (DBRX)
+  (core/levers/family_experts.py), swapped in by class once loaded.
 Any other parameter holding several experts (a 3-D floating parameter named for experts, outside these) stays in
 its dtype: the estimate counts it 16-bit and the run log says so (`unrouted`).
 
@@ -34,6 +35,11 @@ FAMILY: dict[str, tuple[dict[str, bool], str]] = {
     "DbrxExpertGLU": ({"w1": False, "v1": False, "w2": True}, "moe_num_experts"),
     "JetMoeParallelExperts": ({"weight": False}, "num_experts"),
 }
+
+
+# the family experts classes that compute in grouped products on the grouped path (core/levers/family_experts.py);
+# the others compute one routed expert at a time whatever the path
+GROUPED_FAMILIES = frozenset({"Llama4TextExperts", "JetMoeParallelExperts"})
 
 
 def is_experts(module: Any) -> bool:
@@ -93,6 +99,7 @@ class Stored:
     experts: int
     rows: int
     cols: int
+    grouped: bool = True  # computed in grouped products on the grouped path (GROUPED_FAMILIES, or the interface)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -132,7 +139,8 @@ def plan(model: Any) -> Plan:
                     continue
                 shape = tuple(experts_view(value, experts).shape)
             path = f"{name}.{weight}" if name else weight
-            quantized.append(Stored(path, which, int(shape[0]), int(shape[1]), int(shape[2])))
+            grouped = which == INTERFACE or any(c.__name__ in GROUPED_FAMILIES for c in type(module).__mro__)
+            quantized.append(Stored(path, which, int(shape[0]), int(shape[1]), int(shape[2]), grouped))
     unrouted = tuple((n, int(p.numel())) for n, p in model.named_parameters()
                      if p.dim() == 3 and p.is_floating_point() and id(p) not in covered and _holds_experts(model, n))
     return Plan(tuple(quantized), unrouted)
@@ -144,13 +152,36 @@ def _holds_experts(model: Any, path: str) -> bool:
     return "expert" in path.lower() or "expert" in type(owner).__name__.lower()
 
 
+# A family's experts class whose LoRA peft cannot apply: peft's target_parameters replaces the module holding the
+# parameter by its wrapper, and DbrxExperts reads w1 / v1 / w2 as attributes of that child (`self.mlp.w1`), which the
+# wrapper does not have: an adapter saved in peft's layout would not run under peft, so lora_experts refuses it.
+NO_LORA = frozenset({"DbrxExpertGLU"})
+
+
+def lora_flipped(module: Any, weight: str) -> bool:
+    """peft's ParamWrapper reads a 3-D experts weight [experts, d1, d2] as (experts, in, out) where the module says
+    `is_transposed` (transformers' experts interface, x @ W), else as (experts, out, in). True where that is the
+    other way round from how the family computes with it (Llama-4's x @ W with no `is_transposed`): its LoRA's A
+    then holds the product's out side and B its in side (core/levers/expert_lora.py)."""
+    experts_layout = layouts(module).get(weight)
+    if experts_layout is None:
+        raise KeyError(weight)
+    return experts_layout[1] != bool(getattr(module, "is_transposed", False))
+
+
+def lora_adaptable(module: Any) -> bool:
+    """lora_experts puts LoRA on this module's experts weights: transformers' experts interface, or a family's own
+    experts class whose LoRA peft can apply (not NO_LORA)."""
+    which = route(module)
+    return which == INTERFACE or (which == FAMILY_ROUTE and not any(c.__name__ in NO_LORA
+                                                                     for c in type(module).__mro__))
+
+
 def lora_problem(model: Any) -> tuple[str, str] | None:
     """Why lora_experts cannot adapt this model's experts, from its module tree before any weight loads: ("family",
-    its experts classes) or ("dense", ""); None where it can. lora_experts is peft's target_parameters on the
-    experts interface's 3-D weights: a model without experts has nothing for it, and a family whose experts class
-    is its own (FAMILY: DBRX's 2-D stacks, JetMoE's and Llama-4's classes) is not adapted by memtune's experts path."""
+    its experts classes peft cannot apply LoRA on: NO_LORA) or ("dense", ""); None where it can."""
     own = sorted({c.__name__ for _, m in model.named_modules() if route(m) == FAMILY_ROUTE
-                  for c in type(m).__mro__ if c.__name__ in FAMILY})
+                  for c in type(m).__mro__ if c.__name__ in NO_LORA})
     if own:
         return "family", ", ".join(own)
     if not plan(model).quantized:

@@ -32,7 +32,9 @@ weights) stay 16-bit, and fp32 after the chapter's upcast.
 - LoRA on experts (`lora_experts`): on 16-bit experts, peft's `target_parameters` on the 3-D weights (peft adds its
   update to the whole 3-D tensor, a parametrization of the parameter); on 4-bit experts, which never hold that
   tensor, per-expert A/B beside each NF4Experts weight (core/levers/expert_lora.py), added to each expert's rows by
-  both forwards here (`_with_lora`, `_grouped_with_lora`), saved in peft's layout for those 3-D weights.
+  both forwards here (`_with_lora`, `_grouped_with_lora`; a family's own forwards through NF4Experts.product and
+  .grouped), saved in peft's layout for those 3-D weights. Llama-4's and JetMoE's own experts classes take it too;
+  DBRX's is refused before loading (core/levers/expert_store.py NO_LORA).
 """
 
 from __future__ import annotations
@@ -73,6 +75,12 @@ def _note(key: str, **params: Any) -> Note:
 
 def experts_modules(model) -> list[tuple[str, torch.nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if is_experts(m)]
+
+
+def lora_modules(model) -> list[tuple[str, torch.nn.Module]]:
+    """The experts modules lora_experts adapts: the interface's and the families' own that peft can wrap
+    (expert_store.lora_adaptable)."""
+    return [(n, m) for n, m in model.named_modules() if expert_store.lora_adaptable(m)]
 
 
 class NF4Experts(torch.nn.Module):
@@ -139,6 +147,15 @@ class NF4Experts(torch.nn.Module):
         import bitsandbytes as bnb
 
         return bnb.matmul_4bit(x.to(self.compute_dtype), self.packed[e].view(-1, 1).t(), quant_state=self.states[e])
+
+    def product(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        """Expert e's rows x times its weight (`linear`), plus its LoRA term where it has one."""
+        return _with_lora(self.linear(x, e), self, x, e)
+
+    def grouped(self, x: torch.Tensor, ends: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Every expert's rows of the expert-sorted x (expert e's ending at ends[e]) times its weight in grouped
+        products (`_GroupedNF4`), plus their LoRA terms where the weight has LoRA."""
+        return _grouped_with_lora(_GroupedNF4.apply(x, self, ends, dtype), self, x, ends, dtype)
 
     def dequantize(self, e: int) -> torch.Tensor:
         """Expert e's weight in its 16-bit dtype and the family's layout (what the 3-D parameter held at [e])."""
@@ -457,8 +474,8 @@ def _experts_element_size(original, classes: tuple[type, ...]):
 
 def finish(model) -> list[Note]:
     """After loading: the quantized experts compute through `path()`'s forward (a family's own experts class:
-    core/levers/family_experts.py, one expert at a time); the routing loss follows config.json. Returns the log's
-    lines (what was quantized, what stays 16-bit, what the routing loss does)."""
+    core/levers/family_experts.py, grouped where it has a grouped path); the routing loss follows config.json.
+    Returns the log's lines (what was quantized, what stays 16-bit, what the routing loss does)."""
     notes = []
     found = experts_modules(model)
     quantized = [m for _, m in found if isinstance(getattr(m, "down_proj", None), NF4Experts)]
@@ -479,9 +496,11 @@ def finish(model) -> list[Note]:
                            gib=sum(stored_bytes(m) for m in quantized) / 2**30))
     elif own:
         family_experts.use_4bit(model)
+        grouped = family_experts.set_grouped(model, path() == GROUPED)
         first = next(q for _, m in own for q in m.children() if isinstance(q, NF4Experts))
-        notes.append(_note("log.moe.experts_4bit", layers=_layers(own), experts=first.num_experts,
-                           quant=first.states[0].quant_type, gib=sum(stored_bytes(m) for _, m in own) / 2**30))
+        notes.append(_note("log.moe.experts_4bit_grouped" if grouped else "log.moe.experts_4bit", layers=_layers(own),
+                           experts=first.num_experts, quant=first.states[0].quant_type,
+                           gib=sum(stored_bytes(m) for _, m in own) / 2**30))
     elif found or family:
         every = found + family
         weight = next(p for _, m in every for p in m.parameters() if p.is_floating_point())
@@ -547,21 +566,23 @@ def summary(model) -> dict:
     """summary.json's words on a MoE model: the experts' weights peft put LoRA on (adapter_config.json's
     target_parameters), and how many experts modules were stored in 4 bits."""
     peft_config = (getattr(model, "peft_config", None) or {}).get("default")
-    found = experts_modules(model)
+    found = lora_modules(model)
     if not found:
         return {}
-    on_4bit = {".".join(n.split(".")[-2:] + [w]) for n, m in found for w in WEIGHTS
+    on_4bit = {".".join(n.split(".")[-2:] + [w]) for n, m in found for w in expert_store.layouts(m)
                if isinstance(m._modules.get(w), NF4Experts) and LORA in m._modules[w]._modules}
     return {"lora_parameters": sorted(set(getattr(peft_config, "target_parameters", None) or []) | on_4bit),
-            "experts_4bit_layers": sum(1 for _, m in found if isinstance(m._modules.get("down_proj"), NF4Experts))}
+            "experts_4bit_layers": _layers([(n, m) for n, m in found
+                                            if any(isinstance(q, NF4Experts) for q in m.children())])}
 
 
 def expert_parameters(model) -> list[str]:
-    """peft's target_parameters for LoRA on every experts module's 3-D weights ("mlp.experts.gate_up_proj", ...),
-    16-bit or 4-bit (NF4Experts)."""
+    """peft's target_parameters for LoRA on every adaptable experts module's weights ("mlp.experts.gate_up_proj",
+    Llama-4's "feed_forward.experts.down_proj", JetMoE's "mlp.input_linear.weight", ...), 16-bit (3-D) or 4-bit
+    (NF4Experts)."""
     names = []
-    for name, module in experts_modules(model):
-        for w in WEIGHTS:
+    for name, module in lora_modules(model):
+        for w in expert_store.layouts(module):
             p = module._parameters.get(w)
             if isinstance(module._modules.get(w), NF4Experts) or (p is not None and p.dim() == 3):
                 suffix = ".".join(name.split(".")[-2:] + [w])

@@ -1,8 +1,10 @@
 """4-bit experts for the families whose experts class is their own (core/levers/expert_store.py FAMILY): Llama-4,
 DBRX, JetMoE. Their weights are NF4Experts as for transformers' experts interface (each expert quantized on its own
-while loading); here is how they compute: the family's own arithmetic, one routed expert at a time through
-bitsandbytes' matmul_4bit (`NF4Experts.linear`), swapped in by class once loaded (`use_4bit`) and swapped back
-with the 16-bit weights for a merge (`restore`).
+while loading); here is how they compute: the family's own arithmetic with the 4-bit weights, swapped in by class
+once loaded (`use_4bit`) and swapped back with the 16-bit weights for a merge (`restore`). Llama-4 and JetMoE
+compute in grouped products on the grouped path (`set_grouped`, NF4Experts.grouped: nothing read back to the host)
+and one routed expert at a time on the loop (NF4Experts.product: bitsandbytes' matmul_4bit), each with the weight's
+LoRA where lora_experts put one (core/levers/expert_lora.py); DBRX, whose experts lora_experts refuses, by its loop.
 
 - Llama4TextExperts gets every expert's copy of every token, scaled by its router score (0 where not routed), and
   multiplies them all (bmm). A row of zeros gives zeros, and its gradient is zero too (SiLU(0) = 0, up(0) = 0), so
@@ -14,10 +16,11 @@ with the 16-bit weights for a merge (`restore`).
 from __future__ import annotations
 
 import functools
+import itertools
 
 import torch
 
-from core.levers.expert_store import FAMILY, layouts
+from core.levers.expert_store import FAMILY, GROUPED_FAMILIES, layouts
 
 
 def _out(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -25,8 +28,20 @@ def _out(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def _llama4_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    if getattr(self, "memtune_grouped", False):
+        return _llama4_grouped(self, hidden_states)
+    return _llama4_loop(self, hidden_states)
+
+
+def _zero_at_zero(act) -> bool:
+    """The activation maps 0 to 0 (SiLU): a row of zeros then gives zeros through the expert."""
+    return float(act(torch.zeros((), dtype=torch.float32))) == 0.0
+
+
+def _llama4_loop(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The reference: expert by expert, its routed rows found on the host (nonzero)."""
     rows = hidden_states.view(self.num_experts, -1, self.hidden_size)
-    sparse = float(self.act_fn(torch.zeros((), dtype=torch.float32))) == 0.0
+    sparse = _zero_at_zero(self.act_fn)
     parts = []
     for e in range(self.num_experts):
         x = rows[e]
@@ -37,10 +52,36 @@ def _llama4_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
                 parts.append(torch.zeros_like(x))
                 continue
             x = x[hit]
-        gate, up = self.gate_up_proj.linear(x, e).chunk(2, dim=-1)
-        y = _out(self.down_proj.linear(up * self.act_fn(gate), e), rows)
+        gate, up = self.gate_up_proj.product(x, e).chunk(2, dim=-1)
+        y = _out(self.down_proj.product(up * self.act_fn(gate), e), rows)
         parts.append(torch.zeros_like(rows[e]).index_copy(0, hit, y) if sparse else y)
     return torch.stack(parts).view(-1, self.hidden_size)
+
+
+def _llama4_grouped(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Every expert's routed rows in grouped products, nothing read back to the host. The router gives each token
+    at most top_k non-zero copies (its other experts' copies are scaled by 0), so the routed rows, sorted by expert
+    ahead of all the zero rows, are among the first tokens x top_k: those are computed, expert e's ending at ends[e]
+    (found on the device); any of them past the last end (a copy whose score is 0) is a zero row, whose result is 0
+    (SiLU(0) = 0) and is written so, its gradient zeroed."""
+    n, experts = hidden_states.shape[0], self.num_experts
+    if n < experts:
+        return _llama4_loop(self, hidden_states)
+    routed = min(n, n // experts * self.memtune_top_k)
+    dtype = self.gate_up_proj.compute_dtype
+    with torch.no_grad():
+        expert = torch.arange(n, device=hidden_states.device) // (n // experts)
+        key = expert + experts * (hidden_states == 0).all(dim=-1).to(expert.dtype)  # zero rows after every expert
+        key, order = torch.sort(key, stable=True)
+        key, order = key[:routed], order[:routed]
+        bounds = torch.arange(1, experts + 1, device=key.device, dtype=key.dtype)
+        ends = torch.searchsorted(key, bounds, out_int32=True)
+        spare = (torch.arange(routed, device=key.device) >= ends[-1])[:, None]
+    x = hidden_states[order].masked_fill(spare, 0.0)  # its backward zeroes the spare rows' gradient
+    gate, up = self.gate_up_proj.grouped(x, ends, dtype).chunk(2, dim=-1)
+    y = self.down_proj.grouped(up * self.act_fn(gate), ends, dtype).masked_fill(spare, 0.0)
+    out = hidden_states.new_zeros(hidden_states.shape)  # written in place: one buffer of every expert's rows
+    return out.index_copy_(0, order, _out(y, hidden_states))
 
 
 def _dbrx_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -64,14 +105,19 @@ def _dbrx_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
 
 
 def _jetmoe_forward(self, inputs: torch.Tensor, expert_size) -> torch.Tensor:
+    if getattr(self, "memtune_grouped", False) and inputs.shape[0]:
+        # the rows come sorted by expert, their counts already on the host (JetMoE's gate reads them back)
+        ends = torch.tensor(list(itertools.accumulate(expert_size)), dtype=torch.int32, device=inputs.device)
+        return _out(self.weight.grouped(inputs, ends, self.weight.compute_dtype), inputs)
     parts = inputs.split(expert_size, dim=0)
-    return torch.cat([_out(self.weight.linear(x, e), inputs) if x.shape[0] else inputs.new_zeros((0, self.output_size))
+    return torch.cat([_out(self.weight.product(x, e), inputs) if x.shape[0] else inputs.new_zeros((0, self.output_size))
                       for e, x in enumerate(parts)], dim=0)
 
 
 # the module whose forward computes with the 4-bit weights -> that forward (DBRX: the weights sit in its child `mlp`)
 FORWARDS = {"Llama4TextExperts": _llama4_forward, "DbrxExperts": _dbrx_forward,
             "JetMoeParallelExperts": _jetmoe_forward}
+
 
 
 @functools.cache
@@ -85,7 +131,8 @@ def _holds_4bit(module: torch.nn.Module) -> bool:
 
 def use_4bit(model) -> int:
     """Each family experts module whose weights were stored in 4 bits computes with them (its class swapped for a
-    subclass with the forward above). Returns how many modules now compute in 4 bits."""
+    subclass with the forward above; one expert at a time until `set_grouped`). Returns how many modules now
+    compute in 4 bits."""
     n = 0
     for _, module in model.named_modules():
         cls = type(module)
@@ -96,6 +143,24 @@ def use_4bit(model) -> int:
             module.__class__ = _nf4_class(cls)
             n += 1
     return n
+
+
+def set_grouped(model, grouped: bool) -> bool:
+    """The family modules computing in 4 bits take the grouped path (or the loop, the reference); Llama-4's learns
+    its MoE block's top_k, which bounds its routed rows. Returns whether any now computes grouped."""
+    any_grouped = False
+    for name, module in model.named_modules():
+        if not getattr(type(module), "memtune_nf4", False):
+            continue
+        family = type(module).__bases__[0].__name__
+        module.memtune_grouped = grouped and family in GROUPED_FAMILIES
+        if family == "Llama4TextExperts":  # its grouped rows: the routed ones, which need its block's top_k
+            parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else None
+            module.memtune_top_k = int(getattr(parent, "top_k", 0) or 0)
+            module.memtune_grouped = module.memtune_grouped and module.memtune_top_k > 0 and _zero_at_zero(
+                module.act_fn)
+        any_grouped = any_grouped or module.memtune_grouped
+    return any_grouped
 
 
 def restore(model) -> int:

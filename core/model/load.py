@@ -208,7 +208,21 @@ def load_model(cfg: _Placed, path: str | None = None):
     model.config.use_cache = False  # the KV cache is useless in training and warns with checkpointing
     model.memtune_moe_notes = moe.finish(model)  # the log's words on the experts and their routing loss
     keep_4bit_layout(model)
+    name_backbone(model)
     return model
+
+
+def name_backbone(model) -> None:
+    """TRL's fused loss head runs the backbone that `base_model_prefix` names (PreTrainedModel.base_model). Llama-4's
+    text model inherits "language_model" (the multimodal model's attribute) while its backbone is `model`, so the
+    head got the whole model's output: this instance names its own backbone (the class and its checkpoints keep
+    theirs)."""
+    from transformers import PreTrainedModel
+
+    prefix = getattr(model, "base_model_prefix", "")
+    backbone = getattr(model, "model", None)
+    if prefix and getattr(model, prefix, None) is None and isinstance(backbone, PreTrainedModel):
+        model.base_model_prefix = "model"
 
 
 def prepare_for_training(model, cfg: _Prepared):

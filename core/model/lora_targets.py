@@ -118,8 +118,10 @@ def _linear_paths(model: Any) -> list[tuple[str, tuple[int, int]]]:
     for name, module in model.named_modules():
         if module is head or not name or (wrapped and name.startswith(wrapped)):
             continue
-        if hasattr(module, "base_layer") and hasattr(module, "lora_A"):
+        if hasattr(module, "lora_A"):  # a LoRA layer's own matrices are never targets
             wrapped += (name + ".",)
+            if not hasattr(module, "base_layer"):  # LoRA beside a weight (expert_lora.ExpertLoRA): nothing wrapped
+                continue
             module = module.base_layer
         if isinstance(module, torch.nn.Linear):
             found.append((name, (module.in_features, module.out_features)))

@@ -131,8 +131,8 @@ class ModelShape:
 
     @property
     def experts_grouped(self) -> bool:
-        """Whether the 4-bit experts compute in grouped products (transformers' experts interface); a family's own
-        experts class computes one expert at a time (core/levers/family_experts.py)."""
+        """Whether the 4-bit experts compute in grouped products (transformers' experts interface, Llama-4's and
+        JetMoE's own classes); DBRX's computes one expert at a time (core/levers/family_experts.py)."""
         return self.stored.experts_grouped if self.stored is not None else True
 
     @property
@@ -265,7 +265,7 @@ class StoredCount:
     # [experts, rows, cols] of each experts weight stored in 4 bits under load_in_4bit (core/levers/expert_store.py,
     # the loader's own rule); any other weight holding several experts stays 16-bit, counted in `other`
     expert_weights: tuple[tuple[int, int, int], ...] = ()
-    experts_grouped: bool = True  # the 4-bit experts compute in grouped products (transformers' experts interface)
+    experts_grouped: bool = True  # the 4-bit experts compute in grouped products (expert_store.Stored.grouped)
     moe_layers: int = 0  # decoder layers holding experts
 
 
@@ -323,7 +323,7 @@ def _count_meta(model, config) -> tuple[StoredCount, dict[str, Any]]:
     numbers = {"mlp_inter": mlp_inter, "experts": n_experts, "expert_inter": expert_inter}
     return StoredCount(tuple(quantized), int(embed), int(head_n), int(other), int(experts), int(largest),
                        tuple(s.shape for s in store.quantized),
-                       experts_grouped=store.routes <= {expert_store.INTERFACE}, moe_layers=len(layers)), numbers
+                       experts_grouped=all(s.grouped for s in store.quantized), moe_layers=len(layers)), numbers
 
 
 def _layer_of(path: str) -> str:
