@@ -131,6 +131,8 @@ def command(v: Variant, model_dir: Path, data: Path, run_dir: Path, smoke: bool)
                     "--torch-steps", v.torch_steps, "--"]
     elif v.profile:
         cmd[1:3] = ["-m", "bench.stepprof", "--out", str(run_dir.parent / f"{run_dir.name}.steps.json"), "--"]
+    elif v.card_gib:  # the same CLI in a process that sees a smaller card
+        cmd[1:3] = ["-m", "bench.capped", "--card-gib", str(v.card_gib), "--"]
     for s in v.sets:
         cmd += ["--set", s]
     return cmd
