@@ -32,6 +32,7 @@ from core.config.slices import DataSlice, PlaceSlice, TrainerSlice
 from core.messages import Keyed, Said, said_of
 from core.runs.events import read_events
 from core.files import RefusedError, real, remove_tree, target
+from core.runs.card import heldout_scores
 from core.runs.folders import complete_checkpoints, is_memtune_run, resume_point, resume_problem, tidy_run_dir
 
 RUNNING_GRACE_S = 300.0  # without a job manager's word: events written this recently mean "maybe still running"
@@ -204,9 +205,9 @@ def run_info(run_dir: str | Path, is_running: IsRunning | None = None) -> RunInf
     info.duration_s = _number(summary.get("runtime_s"))
     info.message = str(summary.get("message", "") or "")
     info.said = said_of(summary)
-    held = summary.get("heldout") if isinstance(summary.get("heldout"), dict) else {}
-    info.heldout = _number((held.get("adapter") or {}).get("mean"))
-    info.heldout_worse = bool((held.get("verdict") or {}).get("worse"))
+    scores = heldout_scores(summary)
+    info.heldout = scores["adapter"] if scores else None
+    info.heldout_worse = bool(scores and scores["worse"])
     if info.status in ("running", "interrupted") or info.final_loss is None or info.duration_s is None:
         _fill_from_events(info, read_events(events_path))
     info.adapter_dir = _adapter(run_dir)
@@ -321,26 +322,6 @@ class Comparison:
     figures: list[tuple[str, list[Any]]]  # FIGURES: (key, value per run; None when unknown)
     heldout: list[dict[str, Any] | None] = field(default_factory=list)  # heldout_scores per run
     rewards: list[float | None] = field(default_factory=list)  # final_reward per run (GRPO runs)
-
-
-def _mean(part: Any) -> float | None:
-    return _number(part.get("mean")) if isinstance(part, dict) else None
-
-
-def heldout_scores(summary: dict[str, Any]) -> dict[str, Any] | None:
-    """A run's held-out scores as Compare shows them (summary.json's `heldout`): the base, parent and adapter means
-    (0-1; None where not scored), the scorer, where the rows came from, and the verdict (its kind, whether the
-    adapter scored lower, its key and params). None for a run without a held-out score."""
-    held = summary.get("heldout") if isinstance(summary, dict) else None
-    if not isinstance(held, dict) or _mean(held.get("adapter")) is None:
-        return None
-    verdict = held.get("verdict") if isinstance(held.get("verdict"), dict) else {}
-    return {"scorer": str(held.get("scorer", "")), "source": str(held.get("source", "")), "rows": held.get("rows"),
-            "base": _mean(held.get("base")), "parent": _mean(held.get("parent")),
-            "adapter": _mean(held.get("adapter")), "verdict": str(verdict.get("verdict", "")),
-            "worse": bool(verdict.get("worse")), "key": str(verdict.get("key", "")),
-            "params": verdict.get("params") if isinstance(verdict.get("params"), dict) else {},
-            "message": str(verdict.get("message", ""))}
 
 
 def final_reward(summary: dict[str, Any]) -> float | None:
