@@ -26,8 +26,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from core.config.settings import (DEMO_DATASET, MOVES_BASE, PACKING_STAGES, SAFE_NAME, SCHEDULERS, ConfigError,
-                                  TrainConfig)
+from core.config.settings import (CONTINUED_STAGES, DEMO_DATASET, MOVES_BASE, PACKING_STAGES, SAFE_NAME, SCHEDULERS,
+                                  ConfigError, TrainConfig)
 from core.config.slices import DataSlice, PlaceSlice, TrainerSlice
 from core.messages import Keyed, Said, said_of
 from core.runs.events import read_events
@@ -441,10 +441,9 @@ def preference_config(run_dir: str | Path, is_running: IsRunning | None = None,
 # 1e-4 (reward accuracy 97%); the SFT run's 8e-3 fell to 42/100 (reward accuracy 100%); 2e-5 and 5e-6 barely moved
 # the rewards (accuracy 56%, 46%).
 DEMO_STAGE_LR = 1e-4
-# TRL's own defaults for each stage's config (DPOConfig, KTOConfig, ORPOConfig: learning_rate, lr_scheduler_type),
-# written here because the web server imports no torch (TRL does); tests/test_heldout_run.py checks them against TRL.
-STAGE_DEFAULTS = {"dpo": (1e-6, "linear"), "kto": (1e-6, "linear"), "orpo": (1e-6, "linear"),
-                  "grpo": (1e-6, "linear")}
+# TRL's own default (learning_rate, lr_scheduler_type), the same in DPOConfig, KTOConfig, ORPOConfig and GRPOConfig,
+# written here because the web server imports no torch (TRL does); tests/test_heldout_run.py checks it against TRL.
+STAGE_SCHEDULE = (1e-6, "linear")
 # The demo's GRPO (README's CPU command, measured there): from the demo SFT adapter, the answers sampled at a
 # temperature the SFT run never answered at, rewarded for the right word (exact) and for being one lowercase word
 # (regex), 8 answers per prompt, 4 prompts per step.
@@ -457,7 +456,7 @@ DEMO_GRPO = {"learning_rate": 1e-3, "grpo_rewards": "exact:1, regex:0.5",
 def stage_schedule(cfg: DataSlice, stage: str) -> dict[str, Any]:
     """The learning rate and schedule a run continued with `stage` starts with: the demo's measured rate (DEMO_STAGE_LR),
     else TRL's default for the stage; the schedule TRL's default. Empty where none is found (the parent's stay)."""
-    default_lr, schedule = STAGE_DEFAULTS.get(stage, (None, None))
+    default_lr, schedule = STAGE_SCHEDULE if stage in CONTINUED_STAGES else (None, None)
     demo = cfg.dataset.strip() == DEMO_DATASET
     lr = (DEMO_GRPO["learning_rate"] if stage == "grpo" else DEMO_STAGE_LR) if demo else default_lr
     out: dict[str, Any] = {}
