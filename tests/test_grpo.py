@@ -210,3 +210,14 @@ def test_grpos_prompts_are_split_as_the_held_out_rows_are():
     grpo = prompt_rows(rows, tok)
     assert grpo["prompt"] == [split[0]["prompt"]] and grpo["reference"] == [split[0]["reference"].strip()]
     assert prompts_and_answers(list(rows["input_ids"]) * 3, list(rows["labels"]) * 3, tok, n=2)[-1]["row"] == 2
+
+
+def test_grpos_packing_refusal_speaks_of_sampled_answers_not_pairs():
+    from core.checks import validate
+    from core.config.settings import demo_config
+
+    problems = [p for p in validate(demo_config(stage="grpo", packing=True, per_device_train_batch_size=4))
+                if p.field == "packing"]
+    assert [p.key for p in problems] == ["problem.grpo_packing"] and "pairs" not in problems[0].message
+    dpo = [p for p in validate(demo_config(stage="dpo", packing=True)) if p.field == "packing"]
+    assert [p.key for p in dpo] == ["problem.stage_packing"]
