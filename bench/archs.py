@@ -24,7 +24,8 @@ HUB_IDS = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B", "qwen2.5-14b": "Qwen/Qwen2
            "llama-2-7b": "meta-llama/Llama-2-7b-hf",
            "llama-3.1-70b": "meta-llama/Llama-3.1-70B", "tiny-llama": "bench/tiny-llama",
            "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B", "qwen3-30b-a3b-12l": "Qwen/Qwen3-30B-A3B",
-           "qwen3-30b-a3b-24l": "Qwen/Qwen3-30B-A3B", "gpt-oss-20b": "openai/gpt-oss-20b"}
+           "qwen3-30b-a3b-24l": "Qwen/Qwen3-30B-A3B", "gpt-oss-20b": "openai/gpt-oss-20b",
+           "qwen2.5-1.5b-instruct": "Qwen/Qwen2.5-1.5B-Instruct"}
 
 ARCHS: dict[str, dict] = {
     # meta-llama/Llama-3.1-8B
@@ -55,6 +56,14 @@ ARCHS: dict[str, dict] = {
         num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
         rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=False, use_sliding_window=False,
         sliding_window=131072, max_window_layers=64, bos_token_id=151643, eos_token_id=151643,
+        initializer_range=0.02, torch_dtype="bfloat16",
+    ),
+    # Qwen/Qwen2.5-1.5B-Instruct (GRPO on a 6 GiB card: 2 KV heads of 128, tied embeddings, q/k/v biases)
+    "qwen2.5-1.5b-instruct": dict(
+        model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=True, use_sliding_window=False,
+        sliding_window=32768, max_window_layers=21, bos_token_id=151643, eos_token_id=151645,
         initializer_range=0.02, torch_dtype="bfloat16",
     ),
     # meta-llama/Llama-3.1-70B

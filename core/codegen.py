@@ -167,7 +167,7 @@ def main() -> int:
         return launcher.run_launcher(cfg)
     stop = threading.Event()  # Ctrl-C: finish the current step, save the adapter
     signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
-    result = run_training(cfg, console_sink, stop=stop)
+    result = run_training(cfg, console_sink(), stop=stop)
     print(oom_advice(cfg) if result.error_type == "oom" else result.message)  # out of memory: what would help
     if result.status == "failed":
         return 1

@@ -514,6 +514,25 @@ def count_exact(answers: list[str], rows: list[dict[str, str]] | None = None) ->
     return sum(a.strip() == r["response"].strip() for a, r in zip(answers, rows, strict=True))
 
 
+def heldout_rows(plan: Any, tokenizer: Any, dataset: str, n: int) -> tuple[list[dict[str, Any]], str]:
+    """(rows, source): the first `n` rows a held-out score answers, each {row, prompt_ids or prompt, reference}; the
+    run's score (core/train/heldout.py) and the data preview's scorer rows (core/jobs/preview.py) both take them
+    here. The plan's validation part ("validation": a held-out share, a split or validation_data), else the demo's
+    own prompts as Try it asks them ("demo": its score is the n/100 the demo states), else the training rows
+    ("train", said so on the card). `plan`: a DataPlan or PairPlan with its validation part. ([], "off") for n <= 0."""
+    from core.config.settings import DEMO_DATASET
+    from core.data.validation import samples
+
+    if n <= 0:
+        return [], "off"
+    if plan.evaluates:
+        return samples(plan.validation, tokenizer, n), "validation"
+    if dataset.strip() == DEMO_DATASET:
+        return [{"row": i, "prompt": format_prompt(tokenizer, row["instruction"], row.get("context", "")),
+                 "reference": row["response"]} for i, row in enumerate(demo_rows()[:n])], "demo"
+    return samples(plan, tokenizer, n), "train"
+
+
 def score_adapter(adapter_dir: str | Path, rows: list[dict[str, str]] | None = None) -> tuple[int, int]:
     """(exact answers, prompts): how many of `rows` (default: the demo's 100 training prompts) the adapter answers
     exactly, greedily (surrounding spaces ignored)."""

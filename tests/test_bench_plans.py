@@ -12,7 +12,8 @@ from core.config.settings import Hardware, TrainConfig, parse_overrides
 GPU = Hardware(cuda=True, bf16=True, bitsandbytes=True)
 
 
-@pytest.mark.parametrize("name", ["lean1", "lean1smoke", "compile2", "compile2smoke", "dpo1", "dpo1smoke"])
+@pytest.mark.parametrize("name", ["lean1", "lean1smoke", "compile2", "compile2smoke", "dpo1", "dpo1smoke", "grpo2",
+                                  "grpo2smoke"])
 def test_every_row_is_a_setting_the_cli_accepts(name, tmp_path):
     rows = plan(name)
     assert len({v.name for v in rows}) == len(rows)
@@ -65,3 +66,26 @@ def test_a_grpo_rows_sampling_share_is_its_steady_steps_sampling_over_the_median
     assert sampling_share(events, warm=1, steady_step_s=20.0) == {"sampling_s_median": 12.0, "sampling_share": 0.6}
     assert sampling_share([{"kind": "metrics", "step": 3, "loss": 1.0}], warm=1, steady_step_s=20.0) == {}
     assert sampling_share(events, warm=1, steady_step_s=None) == {}
+def test_grpo2_runs_grpo_after_sft_on_the_qwen_1_5b_shape_within_a_6_gib_card(tmp_path):
+    from bench.archs import HUB_IDS, parameter_count
+    from bench.product import command
+
+    sft, grpo = plan("grpo2")
+    assert (sft.sets, grpo.sets) and "stage=grpo" not in " ".join(sft.sets)
+    assert {"stage=grpo", "num_generations=4", "max_completion_length=256"} <= set(grpo.sets)
+    assert sft.arch == grpo.arch == "qwen2.5-1.5b-instruct" and HUB_IDS[grpo.arch] == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert sft.card_gib == grpo.card_gib == 6.0
+    assert abs(parameter_count(grpo.arch) / 1e9 - 1.54) < 0.01  # the model card's 1.54B (tied embeddings)
+    cmd = command(grpo, tmp_path / "model", tmp_path / "d.jsonl", tmp_path / "runs" / grpo.name, smoke=False)
+    assert cmd[1:6] == ["-m", "bench.capped", "--card-gib", "6", "--"] and "--preset" in cmd
+    assert all(v.card_gib == 0 for v in plan("grpo2smoke"))  # no cap on the CPU
+
+
+def test_a_capped_run_leaves_the_cuda_context_outside_the_allocators_share():
+    from bench.capped import allocator_fraction
+
+    gib = 2**30
+    assert allocator_fraction(6 * gib, 80 * gib, gib) == pytest.approx(5 / 80)
+    assert allocator_fraction(100 * gib, 80 * gib, gib) == 1.0
+    with pytest.raises(ValueError):
+        allocator_fraction(gib, 80 * gib, 2 * gib)

@@ -191,3 +191,45 @@ def test_the_preview_child_answers_three_validation_rows_with_their_references()
     plain = answer(demo_config().to_dict(), limit=PREVIEW_LIMIT)["heldout"]
     assert plain["source"] == "demo" and [r["reference"] for r in plain["rows"]] == [
         r["response"] for r in demo_rows()[:3]]
+
+
+def test_the_preview_shows_the_rows_the_runs_score_answers(tmp_path):
+    """One choice of rows (core.infer.heldout_rows) for the run's held-out score and the data preview's scorer rows:
+    the validation part, the demo's own prompts, else the training rows."""
+    from core.data.read import PREVIEW_LIMIT
+    from core.infer import heldout_rows
+    from core.jobs.preview import SAMPLE_CHARS, SAMPLE_ROWS, answer
+    from core.train.data import read_plan
+
+    rows_file = tmp_path / "rows.jsonl"
+    rows_file.write_text("".join(json.dumps({"instruction": f"Say {w}.", "response": w}) + "\n"
+                                 for w in ("one", "two", "three", "four")), encoding="utf-8")
+    for cfg, source in ((demo_config(validation_share=0.1), "validation"), (demo_config(), "demo"),
+                        (demo_config(dataset=str(rows_file)), "train")):
+        shown = answer(cfg.to_dict(), limit=PREVIEW_LIMIT)["heldout"]
+        plan, tokenizer, _, _ = read_plan(cfg, lambda event: None)
+        scored, where = heldout_rows(plan, tokenizer, cfg.dataset, SAMPLE_ROWS)
+        assert shown["source"] == where == source
+        assert shown["rows"] == [{"row": r["row"], "prompt": r["prompt"][-SAMPLE_CHARS:],
+                                  "reference": r["reference"][:SAMPLE_CHARS]} for r in scored]
+        assert len(shown["rows"]) == SAMPLE_ROWS
+    assert heldout_rows(plan, tokenizer, cfg.dataset, 0) == ([], "off")
+
+
+def test_every_reader_takes_the_held_out_block_as_heldout_scores_reads_it(tmp_path):
+    """History, Compare, the result card and the model card read summary.json's `heldout` through one parser: a block
+    without a numeric adapter score is no score anywhere (the result card used to format its string and mark the
+    run worse on a verdict History did not show), and a good block reads the same everywhere."""
+    from core.runs.card import _heldout
+    from core.runs.history import run_info
+    from ui import render
+
+    worse = heldout(0.42, 0.0, 1.0)
+    broken = {**worse, "adapter": {"mean": "x"}}
+    for block, shown in ((worse, True), (broken, False)):
+        summary = {"status": "completed", "steps": 1, "heldout": block}
+        info = run_info(run(tmp_path, f"r{shown}", summary, "model: m\n"))
+        assert (info.heldout is not None, info.heldout_worse) == (shown, shown)
+        assert bool(render.heldout_rows(summary, "en")) == shown and render.heldout_worse(summary) == shown
+        assert bool(_heldout(summary)) == shown and (heldout_scores(summary) is not None) == shown
+    assert "| this adapter | 42.0% |" in _heldout({"heldout": worse})

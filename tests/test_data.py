@@ -585,7 +585,7 @@ def test_run_trains_exactly_the_planned_rows_and_reports_the_counts(tmp_path, de
                           packing=packing, run_name=f"mixed-{packing}")
         plan = data.plan_rows(cfg, AutoTokenizerOf(demo_model_path), n_examples=3)
         seen = Seen()
-        result = run_training(cfg, console_sink, callbacks=[seen])
+        result = run_training(cfg, console_sink(), callbacks=[seen])
         assert result.status == "completed", result.message
         counts = plan.to_dict()
         assert counts["train_rows"] == 9 and counts["prompt_cut"] == 4 and counts["dropped_empty"] == 3

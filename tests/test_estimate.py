@@ -13,7 +13,7 @@ import pytest
 
 from core.config.checklist import ITEMS
 from core.config.settings import DEMO_MODEL, TrainConfig
-from core.estimate.predict import GIB, Estimate, FitError, estimate, fit_to_gpu, main, savings
+from core.estimate.predict import GIB, Estimate, FitError, estimate, fit_floor, fit_to_gpu, main, savings
 from core.estimate.terms import CUBLAS_WORKSPACE, layer_bytes_per_token, nf4_bytes
 from bench.validate_estimate import preset_as_run
 from core.config.presets import apply_preset
@@ -577,3 +577,47 @@ def test_fit_says_what_else_can_help_several_gpus():
         fit_to_gpu(ddp, 24 * GIB, shape=L70B)
     with pytest.raises(FitError, match="each GPU holds the whole 4-bit model before FSDP shards it"):
         fit_to_gpu(ddp.replace(distributed_strategy="fsdp"), 24 * GIB, shape=L70B)
+
+
+# --- fit a GRPO run: its sampling ------------------------------------------------------------------------------------
+QWEN15 = SHAPES["Qwen/Qwen2.5-1.5B"]
+
+
+def test_fit_lowers_grpos_sampling_when_the_batch_alone_cannot_fit_a_small_gpu(capsys):
+    """4 prompts x 16 answers of 2048 tokens hold a ~4.4 GiB KV cache: no micro-batch, checkpointing or optimizer
+    brings that under a 6 GiB card, fewer or shorter answers to the same prompts do, and Fit says which."""
+    greedy = SEED.replace(model="Qwen/Qwen2.5-1.5B", stage="grpo", num_generations=16, max_completion_length=2048,
+                          per_device_train_batch_size=4, gradient_accumulation_steps=16, max_length=512)
+    budget = 6 * GIB
+    fixed_sampling = fit_floor(greedy.replace(num_generations=2, max_completion_length=64), QWEN15)
+    assert fixed_sampling.nvml_peak <= 0.9 * budget  # fewer answers fit ...
+    batch_only = greedy.replace(per_device_train_batch_size=1, gradient_accumulation_steps=64,
+                                gradient_checkpointing=True, optim="paged_adamw_8bit")
+    assert estimate(batch_only, QWEN15).nvml_peak > 0.9 * budget  # ... and the batch alone does not
+    cfg, est = fit_to_gpu(greedy, budget, shape=QWEN15)
+    assert est.nvml_peak <= 0.9 * budget and est == estimate(cfg, QWEN15)
+    assert (cfg.num_generations, cfg.max_completion_length) != (16, 2048)
+    assert cfg.num_generations * cfg.max_completion_length < 16 * 2048
+    assert cfg.max_length == greedy.max_length  # the prompts are cut last
+    # the same 4 prompts per generation batch, in whole groups (TRL's and validate()'s rule)
+    assert cfg.effective_batch_size == 4 * cfg.num_generations
+    assert cfg.effective_batch_size % cfg.num_generations == 0
+    # the CLI says it, with the fields it changed
+    assert main(["--json", "--fit", "6", "--set", "model=Qwen/Qwen2.5-1.5B", "--set", "stage=grpo",
+                 "--set", "num_generations=16", "--set", "max_completion_length=2048",
+                 "--set", "per_device_train_batch_size=4", "--set", "gradient_accumulation_steps=16",
+                 "--set", "max_length=512"]) == 0
+    shown = json.loads(capsys.readouterr().out)["config"]
+    assert (shown["num_generations"], shown["max_completion_length"]) == (cfg.num_generations,
+                                                                         cfg.max_completion_length)
+    # SFT's fit never touches them
+    sft = greedy.replace(stage="sft")
+    assert fit_to_gpu(sft, budget, shape=QWEN15)[0].num_generations == 16
+
+
+def test_fit_failure_names_grpos_smallest_sampling():
+    huge = SEED.replace(model="Qwen/Qwen2.5-1.5B", stage="grpo", num_generations=8, max_completion_length=512,
+                        per_device_train_batch_size=1, gradient_accumulation_steps=8)
+    with pytest.raises(FitError, match=r"2 answers of up to 64 tokens per prompt") as caught:
+        fit_to_gpu(huge, 2 * GIB, shape=QWEN15)
+    assert caught.value.smallest.num_generations == 2 and caught.value.smallest.gradient_accumulation_steps == 2

@@ -191,3 +191,34 @@ def test_grpo_events_are_drawn_and_summed_up_in_the_pages_language():
     (label, text), = grpo_rows(rewards, "pt")
     assert label == "Recompensa média" and "0,370" in text and "<b>0,550</b>" in text and "exact 0,280" in text
     assert grpo_rows([(10, {"reward_accuracy": 0.5})], "en") == []  # a DPO run's rows are reward_rows'
+
+
+def test_grpos_prompts_are_split_as_the_held_out_rows_are():
+    """prompt_rows and the held-out rows share one split of a planned row (core.data.validation.prompts_and_answers):
+    the prompt its labels mask, the reference the answer it trains on; plain-text rows give none."""
+    from core.data.validation import prompts_and_answers
+    from core.demo import build_tokenizer
+    from core.train.grpo import prompt_rows
+    import datasets
+
+    tok = build_tokenizer()
+    prompt, answer = tok("Q: dog?\nA:")["input_ids"], tok(" chien")["input_ids"]
+    rows = datasets.Dataset.from_dict({"input_ids": [prompt + answer, answer],
+                                       "labels": [[-100] * len(prompt) + answer, answer]})
+    split = prompts_and_answers(rows["input_ids"], rows["labels"], tok)
+    assert [(r["row"], r["prompt_ids"]) for r in split] == [(0, prompt)]  # the plain-text row has no prompt
+    assert split[0]["prompt"] == tok.decode(prompt, skip_special_tokens=True)
+    grpo = prompt_rows(rows, tok)
+    assert grpo["prompt"] == [split[0]["prompt"]] and grpo["reference"] == [split[0]["reference"].strip()]
+    assert prompts_and_answers(list(rows["input_ids"]) * 3, list(rows["labels"]) * 3, tok, n=2)[-1]["row"] == 2
+
+
+def test_grpos_packing_refusal_speaks_of_sampled_answers_not_pairs():
+    from core.checks import validate
+    from core.config.settings import demo_config
+
+    problems = [p for p in validate(demo_config(stage="grpo", packing=True, per_device_train_batch_size=4))
+                if p.field == "packing"]
+    assert [p.key for p in problems] == ["problem.grpo_packing"] and "pairs" not in problems[0].message
+    dpo = [p for p in validate(demo_config(stage="dpo", packing=True)) if p.field == "packing"]
+    assert [p.key for p in dpo] == ["problem.stage_packing"]

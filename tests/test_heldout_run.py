@@ -88,13 +88,17 @@ def test_a_continuation_from_history_gets_the_stages_learning_rate(sft_run):
 
 
 def test_another_models_continuation_takes_trls_default_for_the_stage():
-    from trl import DPOConfig, KTOConfig
+    from trl import DPOConfig, GRPOConfig, KTOConfig
     from trl.experimental.orpo import ORPOConfig
 
-    for stage, config in (("dpo", DPOConfig), ("kto", KTOConfig), ("orpo", ORPOConfig)):
+    from core.runs.history import STAGE_SCHEDULE
+
+    for stage, config in (("dpo", DPOConfig), ("kto", KTOConfig), ("orpo", ORPOConfig), ("grpo", GRPOConfig)):
         defaults = {f.name: f.default for f in config.__dataclass_fields__.values()}
+        assert STAGE_SCHEDULE == (defaults["learning_rate"], defaults["lr_scheduler_type"])  # one default for all four
         assert stage_schedule(TrainConfig(), stage) == {"learning_rate": defaults["learning_rate"],
                                                         "lr_scheduler_type": defaults["lr_scheduler_type"]}
+    assert stage_schedule(TrainConfig(), "sft") == {}  # SFT is never a continuation's stage
 
 
 def test_kto_says_what_it_measures_and_never_nan():

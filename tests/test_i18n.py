@@ -200,8 +200,16 @@ def test_the_command_line_speaks_its_terminals_language(lang_env, words, monkeyp
     for name in ("LC_ALL", "LC_MESSAGES"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("LANG", lang_env)
-    console_sink({"kind": "log", "level": "info", **keyed("log.phase.loading", model="m")})
+    sink = console_sink()
+    monkeypatch.setenv("LANG", "ja_JP.UTF-8" if lang_env.startswith("de") else "fr_FR.UTF-8")  # read once, before
+    sink({"kind": "log", "level": "info", **keyed("log.phase.loading", model="m")})
     assert capsys.readouterr().err == f"[memtune] {words}\n"
+    reads = []
+    monkeypatch.setattr("core.train.cli.environment_language", lambda env: reads.append(1) or "en")
+    sink, events = console_sink(), [{"kind": "log", "level": "info", **keyed("log.phase.loading", model="m")}] * 3
+    for event in events:
+        sink(event)
+    assert len(reads) == 1  # once per sink, not once per event
     lang = environment_language({"LANG": lang_env})
     line = loss_line({"first_loss": 2.5, "final_loss": 1.25}, demo_config(), lang)
     english = "first loss 2.5000, last loss 1.2500"

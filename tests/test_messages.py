@@ -289,3 +289,13 @@ def test_a_reason_from_a_helper_nests_in_the_problem_and_reads_in_the_pages_lang
     assert problem.params["why"] == {"key": "output.is_file", "params": {"path": str(taken)}}
     html = problems_html([problem], "x", "fr")
     assert escape(f"{taken} est un fichier, pas un dossier") in html and "choisissez un dossier" in html
+
+
+def test_every_problem_key_is_named_by_the_code():
+    """A configuration problem's key that no code names is a translation nobody reads (in eight languages): each
+    problem.* key of en.json (its .fix goes with it) is written out in core/ or ui/."""
+    code = "\n".join(p.read_text(encoding="utf-8") for folder in ("core", "ui") for p in (ROOT / folder).rglob("*.py"))
+    unused = [k for k in STRINGS["en"] if k.startswith("problem.") and not k.endswith(".fix")
+              and f'"{k}"' not in code and f"'{k}'" not in code]
+    assert unused == []
+    assert all(k[:-len(".fix")] in STRINGS["en"] for k in STRINGS["en"] if k.startswith("problem.") and k.endswith(".fix"))

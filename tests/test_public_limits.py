@@ -328,3 +328,23 @@ def test_the_preview_and_a_public_upload_check_read_within_their_bound(public, t
     monkeypatch.setenv("MEMTUNE_PUBLIC", "1")
     said = on_upload("en", str(rows), *[getattr(demo_config(), n) for n in FIELD_NAMES])
     assert "refused" in said and "20 rows" in said["refused"]
+
+
+def test_a_python_scorer_is_refused_by_its_field_before_start(public, monkeypatch):
+    """Public mode: the held-out scorer or a GRPO reward in the user's own Python is a validation problem naming its
+    field (the run's child refused it only once started); off or unused, nothing is said."""
+    from core.runs import public as pub
+    from core.i18n import t
+
+    base = demo_config(output_dir=str(pub.public_root()))
+    assert validate(base.replace(heldout_scorer="python")) != []
+    problems = validate(base.replace(heldout_scorer="python"))
+    assert [(p.field, p.key) for p in problems] == [("heldout_scorer", "problem.public_python")]
+    assert "python" not in problems[0].params["scorers"].split(", ") and "exact" in problems[0].params["scorers"]
+    grpo = base.replace(stage="grpo", packing=False, per_device_train_batch_size=4, grpo_rewards="exact:1, python:0.5")
+    assert [(p.field, p.key) for p in validate(grpo)] == [("grpo_rewards", "problem.public_python")]
+    assert validate(base.replace(heldout_scorer="python", heldout_rows=0)) == []  # not bound: nothing to refuse
+    assert validate(grpo.replace(grpo_rewards="exact")) == []
+    monkeypatch.delenv("MEMTUNE_PUBLIC")
+    assert validate(grpo) == [] and validate(base.replace(heldout_scorer="python")) == []
+    assert "{" not in t("problem.public_python", "fr", setting="grpo_rewards", scorers="exact")

@@ -178,9 +178,10 @@ def test_fit_to_my_gpu_changes_only_the_fields_the_registry_gives_it(monkeypatch
 
 
 def test_the_page_places_every_lever_once_from_the_registry():
+    from core.estimate.predict import GENERATION_FIELDS
     from ui import handlers, layout
 
-    assert handlers.FIT_FIELDS == levers.fit_fields()
+    assert handlers.FIT_FIELDS == levers.fit_fields() + GENERATION_FIELDS  # then GRPO's sampling, which is no lever
     assert layout.GOVERNS == {i.key: levers.beside(i.key) for i in checklist.ITEMS}
     assert layout.BEYOND == levers.placed("beyond")
     assert layout.BEYOND.index("quantize_output_head") == layout.BEYOND.index("offload_embeddings") + 1

@@ -20,7 +20,7 @@ from core.config.settings import (DEMO_MODEL, LORA_TARGET_CHOICES, TrainConfig, 
 from core.jobs.manager import JobManager
 from core.jobs.view import JobView
 from ui import data, derive, handlers, history, live, render, tryexport
-from ui.fields import FIELD_NAMES, collect
+from ui.fields import FIELD_NAMES, collect, label
 from ui.form import to_values
 from ui.layout import browser_language, build_ui
 from tests.chapter import CHAPTER_FR, CHAPTER_PT
@@ -893,6 +893,30 @@ def test_fit_button_respects_the_budget(form, monkeypatch):
     assert "Already fits" in same[form.fit_note]
     pt = handlers.on_fit(form, "pt", 12, *widget_values(cfg))[form.fit_note]
     assert "Ajustado a uma placa hipotética de 12 GiB" in pt
+
+
+@pytest.mark.filterwarnings("ignore:Does not fit")
+def test_fit_lowers_grpos_answers_and_says_so(form):
+    """A GRPO run whose generation batch's cache cannot fit a 6 GiB card at any micro-batch: Fit lowers the answers
+    per prompt or their length, lists the change and says why; a 2 GiB card names the sampling it tried too."""
+    from core.estimate.predict import estimate
+
+    if derive.hardware().cuda:
+        pytest.skip("with a GPU the budget is the GPU's free memory")
+    cfg = demo_config().replace(model="Qwen/Qwen2.5-1.5B", stage="grpo", num_generations=16,
+                                max_completion_length=2048, per_device_train_batch_size=4,
+                                gradient_accumulation_steps=16, max_length=512, packing=False)
+    out = handlers.on_fit(form, "en", 6, *widget_values(cfg))
+    fitted, note = as_config(form, out), out[form.fit_note]
+    assert estimate(fitted).total_gib <= 6 * 0.9 and "mt-note-ok" in note
+    assert fitted.num_generations * fitted.max_completion_length < 16 * 2048
+    assert render.E(f"{label('num_generations', 'en')}: 16 → {fitted.num_generations}") in note
+    assert render.E(handlers.t("fit.grpo_sampling", "en", answers=fitted.num_generations,
+                               tokens=fitted.max_completion_length)) in note
+    pt = handlers.on_fit(form, "pt", 6, *widget_values(cfg))[form.fit_note]
+    assert render.E("O GRPO amostra todas as respostas") in pt
+    failed = handlers.on_fit(form, "en", 2, *widget_values(cfg))[form.fit_note]
+    assert "mt-note-error" in failed and "down to 2 answers of up to 64 tokens per prompt" in failed
 
 
 def test_a_card_out_of_range_is_said_beside_its_box_in_the_pages_language(page, form):

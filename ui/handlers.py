@@ -15,7 +15,7 @@ import gradio as gr
 
 from core.config import checklist, levers
 from core.config import presets
-from core.estimate.predict import FIT_MARGIN, fit_preset
+from core.estimate.predict import FIT_MARGIN, GENERATION_FIELDS, fit_preset
 from core.config.settings import SAFE_NAME, ConfigError, Problem, TrainConfig, demo_config, field_problems
 from core.config.slices import DataSlice, ModelSlice, PlaceSlice, StageSlice, TrainerSlice
 from core.i18n import DEFAULT_LANGUAGE, t
@@ -28,7 +28,8 @@ from ui.form import Form, Updates, apply_config, derived, read_config, values_di
 from ui.live import RUN_NOTE, busy_message, owner, read_gpus, start_run
 from ui.tryexport import free_try_model
 
-FIT_FIELDS = levers.fit_fields()  # what core.estimate.predict.fit_to_gpu may change (the registry's)
+# what core.estimate.predict.fit_to_gpu may change: the registry's levers, then GRPO's sampling
+FIT_FIELDS = levers.fit_fields() + GENERATION_FIELDS
 MARGIN_PCT = round(FIT_MARGIN * 100)  # the share of the card Fit keeps spare: said with every figure it gives
 
 
@@ -36,8 +37,8 @@ class _Processes(ModelSlice, PlaceSlice, Protocol):
     """The device and the GPU count: which of this machine's GPUs a run uses."""
 
 
-class _Fitted(DataSlice, TrainerSlice, Protocol):
-    """The batch, length, checkpointing and optimizer: what Fit to my GPU changes (levers.fit_fields)."""
+class _Fitted(DataSlice, StageSlice, TrainerSlice, Protocol):
+    """The batch, length, checkpointing and optimizer, GRPO's sampling: what Fit to my GPU changes (FIT_FIELDS)."""
 
 
 class _Planned(ModelSlice, DataSlice, StageSlice, TrainerSlice, PlaceSlice, Protocol):
@@ -168,6 +169,14 @@ def describe_changes(old: _Fitted, new: _Fitted, lang: str) -> list[str]:
             if getattr(old, n) != getattr(new, n)]
 
 
+def sampling_note(old: StageSlice, new: StageSlice, lang: str) -> str:
+    """Why Fit lowered GRPO's sampling, when it did ("" otherwise): the answers of a generation batch are sampled
+    together, so their cache is what did not fit."""
+    if all(getattr(old, n) == getattr(new, n) for n in GENERATION_FIELDS):
+        return ""
+    return "\n" + t("fit.grpo_sampling", lang, answers=new.num_generations, tokens=new.max_completion_length)
+
+
 # Where each field a failed fit advises on sits on the page (its label is ui.fields.label's).
 ADVICE_FIELD = {"upcast": ("upcast_to_fp32", ("tab.checklist", "checklist.beyond")),
                 "no_4bit": ("load_in_4bit", ("tab.checklist",)), "ddp": ("distributed_strategy", ("tab.training",))}
@@ -187,6 +196,8 @@ def fit_failure(exc: Any, where: str, lang: str) -> str:
     field, tabs = ADVICE_FIELD.get(exc.advice, (None, ()))
     advice = t(f"fit.advice.{exc.advice}", lang, field=label(field, lang) if field else "",
                where=" → ".join(t(k, lang) for k in tabs))
+    if small.stage == "grpo":  # the fewest and shortest answers were tried too
+        text += "\n" + t("fit.failed_grpo", lang, answers=small.num_generations, tokens=small.max_completion_length)
     return text + "\n" + advice
 
 
@@ -229,7 +240,7 @@ def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
         text = t("fit.unchanged", lang, gib=peak, where=where, margin=MARGIN_PCT) + per_gpu + sized
     else:
         text = (t("fit.changed", lang, gib=peak, where=where, margin=MARGIN_PCT) + per_gpu + "\n"
-                + "\n".join(f"• {c}" for c in changes) + sized)
+                + "\n".join(f"• {c}" for c in changes) + sampling_note(cfg, new, lang) + sized)
     return {**apply_config(form, new, lang), **fit_note(text, "ok"), **on_budget(form, lang, budget)}
 
 

@@ -25,6 +25,7 @@ from core.i18n import said as say_in
 from core.i18n import integer as grouped, percent as whole_percent
 from core.jobs.view import BY_SCORER, JobView
 from core.messages import SaidLine, fields_of
+from core.runs.card import heldout_scores
 from core.scoring.heldout import verdict_key
 
 NO_GPU_KEYS = ("gpu.none", "gpu.none_why")  # core.gpus.vram's "no NVIDIA GPU found": the gauge's own title says it
@@ -314,20 +315,14 @@ def grpo_rows(rewards: list[tuple[int, dict[str, float]]], lang: str = "en",
     return [(t("result.grpo_reward", lang), text)]
 
 
-def heldout_of(summary: dict[str, Any] | None) -> dict[str, Any]:
-    """summary.json's held-out score (core/train/recipe.py), or {} for a run without one."""
-    held = (summary or {}).get("heldout")
-    return held if isinstance(held, dict) and isinstance(held.get("verdict"), dict) else {}
-
-
 def heldout_worse(summary: dict[str, Any] | None) -> bool:
     """The adapter scored lower on the held-out prompts than its parent or the base model."""
-    return bool(heldout_of(summary).get("verdict", {}).get("worse"))
+    return bool((heldout_scores(summary or {}) or {}).get("worse"))
 
 
 def verdict_words(verdict: dict[str, Any], source: str | None, lang: str = "en") -> str:
-    """A held-out verdict (summary.json's heldout.verdict) in the page's language, by its key: rows the run trained
-    on are never called held-out (core.scoring.heldout.verdict_key), whatever memtune wrote the summary."""
+    """A held-out verdict (core.runs.history.heldout_scores' key, params and message) in the page's language, by its
+    key: rows the run trained on are never called held-out (core.scoring.heldout.verdict_key), whatever memtune wrote the summary."""
     if not verdict.get("key"):
         return str(verdict.get("message", ""))
     return said(verdict_key(verdict["key"], source), verdict.get("params"), lang)
@@ -336,24 +331,23 @@ def verdict_words(verdict: dict[str, Any], source: str | None, lang: str = "en")
 def heldout_rows(summary: dict[str, Any] | None, lang: str = "en", elem_id: str = "mt-heldout") -> list[tuple[str, str]]:
     """Did it help? Base · Parent · Adapter on the held-out prompts, and the verdict said plainly (a warning when
     the adapter scored lower); that the rows were training rows where the run held none out."""
-    held = heldout_of(summary)
+    held = heldout_scores(summary or {})
     if not held:
         return []
-    verdict = held["verdict"]
-    names = [("base", held.get("base")), ("parent", held.get("parent")), ("adapter", held.get("adapter"))]
+    names = [("base", held["base"]), ("parent", held["parent"]), ("adapter", held["adapter"])]
     cells = " &middot; ".join(
-        f'{E(t(f"result.heldout.{name}", lang))} <b data-score="{name}">{E(percent(part["mean"], lang))}</b>'
-        for name, part in names if isinstance(part, dict) and "mean" in part)
-    words = verdict_words(verdict, held.get("source"), lang)
-    text = (f'<span id="{E(elem_id)}" data-verdict="{E(verdict.get("verdict", ""))}">{cells}</span><br>'
-            f'<span class="{"mt-warn-text" if verdict.get("worse") else "mt-muted"}" id="{E(elem_id)}-verdict">'
+        f'{E(t(f"result.heldout.{name}", lang))} <b data-score="{name}">{E(percent(mean, lang))}</b>'
+        for name, mean in names if mean is not None)
+    words = verdict_words(held, held["source"], lang)
+    text = (f'<span id="{E(elem_id)}" data-verdict="{E(held["verdict"])}">{cells}</span><br>'
+            f'<span class="{"mt-warn-text" if held["worse"] else "mt-muted"}" id="{E(elem_id)}-verdict">'
             f'{E(words)}</span>')
     trained = {"train": "result.heldout.on_train", "demo": "result.heldout.on_demo"}.get(held.get("source"))
     if trained:  # scored on rows it trained on: never called held-out
         text += f'<br><span class="mt-muted">{E(t(trained, lang))}</span>'
-    scorer = t(f"score.name.{held.get('scorer')}", lang)
+    scorer = t(f"score.name.{held['scorer']}", lang)
     title = "result.heldout.title_trained" if trained else "result.heldout.title"
-    return [(t(title, lang, scorer=scorer, n=held.get("rows", "-")), text)]
+    return [(t(title, lang, scorer=scorer, n="-" if held["rows"] is None else held["rows"]), text)]
 
 
 def result_html(v: JobView, lang: str = "en", predicted: dict[str, float] | None = None) -> str:

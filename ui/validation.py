@@ -254,7 +254,7 @@ def heldout_cell(scores: dict[str, Any] | None, lang: str = DEFAULT_LANGUAGE) ->
     if source in ("train", "demo"):
         text += f'<br><span class="mt-muted">{E(t(f"score.source.{source}", lang))}</span>'
     if scores.get("worse"):
-        words = verdict_words({k: scores.get(k) for k in ("key", "params", "message")}, source, lang)
+        words = verdict_words(scores, source, lang)
         kind = E(str(scores.get("verdict", "")))
         text += f'<br><span class="mt-warn-text" data-worse="{kind}">&#9660; {E(words)}</span>'
     return text

@@ -722,7 +722,9 @@ def stage_problems(cfg: TrainConfig) -> list[Problem]:
     if cfg.stage == "sft":
         return p
     if cfg.packing and cfg.stage not in PACKING_STAGES:
-        p.append(Problem.of("packing", "problem.stage_packing", stage=cfg.stage))
+        # GRPO's sequences are sampled answers, not pairs: its own reason
+        p.append(Problem.of("packing", "problem.grpo_packing") if cfg.stage == "grpo" else
+                 Problem.of("packing", "problem.stage_packing", stage=cfg.stage))
     # PiSSA/OLoRA move the base weights into the adapter's start: the reference "base with the adapter off" would no
     # longer be the model, and init_adapter's weights would sit on a moved base (ORPO from scratch has no reference)
     if cfg.lora_init in MOVES_BASE and (cfg.stage != "orpo" or cfg.init_adapter.strip()):

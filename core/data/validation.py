@@ -133,20 +133,30 @@ def plan_parts(cfg: _Rows, tokenizer: Any, held: Split, fmt: str,
 
 def samples(plan: DataPlan, tokenizer: Any, n: int) -> list[dict[str, Any]]:
     """The first `n` validation rows that train, as {row, prompt_ids, prompt, reference}: the prompt exactly as the
-    row plan tokenized and cut it, the reference the answer tokens it trains on. Plain-text rows have no prompt and
-    give none. A preference stage's validation pairs (core.data.pairs.PairPlan) give their own: the prompt as TRL
-    tokenizes it, the chosen answer as the reference."""
+    row plan tokenized and cut it, the reference the answer tokens it trains on (`prompts_and_answers`). Plain-text
+    rows have no prompt and give none. A preference stage's validation pairs (core.data.pairs.PairPlan) give their
+    own: the prompt as TRL tokenizes it, the chosen answer as the reference."""
     if hasattr(plan, "prompt_samples"):  # a PairPlan (duck-typed: core.data.pairs imports this module)
         return plan.prompt_samples(tokenizer, n)
+    return prompts_and_answers(plan.input_ids, plan.labels, tokenizer, n)
+
+
+def prompts_and_answers(input_ids: Any, labels: Any, tokenizer: Any, n: int | None = None) -> list[dict[str, Any]]:
+    """Planned rows split where their labels start: {row, prompt_ids, prompt, reference}, the prompt the tokens the
+    labels mask (-100), the reference the answer tokens the row trains on, both decoded without special tokens. Rows
+    without a prompt (plain text) give none; the first `n` rows that have one (None: all). The held-out rows and
+    GRPO's prompts (core/train/grpo.py) are split here."""
+    import numpy as np
+
     out = []
-    for i, (ids, labels) in enumerate(zip(plan.input_ids, plan.labels)):
-        if len(out) >= n:
+    for i, (ids, masks) in enumerate(zip(input_ids, labels)):
+        if n is not None and len(out) >= n:
             break
-        n_prompt = int((labels == -100).sum())
+        n_prompt = int(np.count_nonzero(np.asarray(masks) == -100))
         if n_prompt == 0:
             continue
-        out.append({"row": i, "prompt_ids": [int(x) for x in ids[:n_prompt]],
-                    "prompt": tokenizer.decode([int(x) for x in ids[:n_prompt]], skip_special_tokens=True),
+        prompt = [int(x) for x in ids[:n_prompt]]
+        out.append({"row": i, "prompt_ids": prompt, "prompt": tokenizer.decode(prompt, skip_special_tokens=True),
                     "reference": tokenizer.decode([int(x) for x in ids[n_prompt:]], skip_special_tokens=True)})
     return out
 

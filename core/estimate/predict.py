@@ -258,16 +258,43 @@ def _lengths(max_length: int, floor: int = 64) -> list[int]:
 
 
 FIT_MARGIN = 0.1  # what fit_to_gpu keeps spare of the budget
+# GRPO's sampling, which Fit may lower once the micro-batch, checkpointing and optimizer are not enough: the generation
+# batch's KV cache grows with answers per prompt x answer length (core/estimate/stages.py)
+GENERATION_FIELDS = ("num_generations", "max_completion_length")
+COMPLETION_FLOOR = 64  # the shortest answer Fit cuts GRPO's to (never below the user's own)
+
+
+def generations(cfg: StageSlice) -> list[tuple[int, int]]:
+    """(num_generations, max_completion_length) Fit may try, the user's first: answers per prompt halved down to 2
+    and their length halved down to COMPLETION_FLOOR, the most sampled tokens per prompt first, and at equal tokens
+    the longer answers (a cut answer scores as a wrong one). Only the user's for a stage that samples nothing."""
+    if cfg.stage != "grpo":
+        return [(cfg.num_generations, cfg.max_completion_length)]
+    counts = _lengths(cfg.num_generations, 2)
+    lengths = _lengths(cfg.max_completion_length, min(COMPLETION_FLOOR, cfg.max_completion_length))
+    return sorted(((g, n) for g in counts for n in lengths), key=lambda c: (-c[0] * c[1], -c[1]))
+
+
+def sampled(cfg: R, answers: int, length: int) -> tuple[R, int]:
+    """cfg sampling `answers` answers of up to `length` tokens to the same prompts per generation batch, and that
+    batch's rows (what batch x accumulation must make): the effective batch itself for a stage that samples
+    nothing."""
+    effective = cfg.effective_batch_size
+    if cfg.stage != "grpo":
+        return cfg, effective
+    prompts = max(1, -(-effective // max(1, cfg.num_generations)))
+    return cfg.replace(num_generations=answers, max_completion_length=length), prompts * answers
 
 
 def fit_floor(cfg: _Run, shape: ModelShape | None = None, **kw) -> Estimate:
     """The estimate of the smallest setting fit_to_gpu may choose for cfg (batch 1, its shortest length, gradient
-    checkpointing, a paged 8-bit optimizer): when even this does not fit a budget, Fit cannot help."""
-    effective = cfg.effective_batch_size
+    checkpointing, a paged 8-bit optimizer; GRPO's fewest and shortest answers): when even this does not fit a
+    budget, Fit cannot help."""
+    small, effective = sampled(cfg, *generations(cfg)[-1])
     optim = cfg.optim if OPTIMIZERS.get(cfg.optim, (0, 0, 0))[1] else "paged_adamw_8bit"
-    return estimate(cfg.replace(max_length=_lengths(cfg.max_length)[-1], per_device_train_batch_size=1,
-                                gradient_accumulation_steps=max(1, effective), gradient_checkpointing=True,
-                                optim=optim), _resolve_shape(cfg, shape), **kw)
+    return estimate(small.replace(max_length=_lengths(cfg.max_length)[-1], per_device_train_batch_size=1,
+                                  gradient_accumulation_steps=max(1, effective), gradient_checkpointing=True,
+                                  optim=optim), _resolve_shape(cfg, shape), **kw)
 
 
 def fit_to_gpu(cfg: R, budget_bytes: int, margin: float = FIT_MARGIN, shape: ModelShape | None = None,
@@ -275,30 +302,34 @@ def fit_to_gpu(cfg: R, budget_bytes: int, margin: float = FIT_MARGIN, shape: Mod
     """The config closest to `cfg` whose predicted NVML peak fits `budget_bytes` with `margin` to spare.
 
     Changes only the micro-batch (keeping batch x accumulation via accumulation), max_length (never above the
-    user's; shortened last, since it truncates rows), gradient checkpointing and the optimizer (8-bit paged).
+    user's; shortened last, since it truncates rows), gradient checkpointing and the optimizer (8-bit paged). GRPO:
+    then its sampling (`generations`: fewer or shorter answers to the same prompts per generation batch) before
+    max_length, with a micro-batch that divides the generation batch (its groups stay whole).
     """
     shape = _resolve_shape(cfg, shape)
     limit = budget_bytes * (1.0 - margin)
-    effective = cfg.effective_batch_size
     optims = [cfg.optim] + ([] if OPTIMIZERS.get(cfg.optim, (0, 0, 0))[1] else ["paged_adamw_8bit"])
     ckpts = [cfg.gradient_checkpointing] + ([] if cfg.gradient_checkpointing else [True])
     variants = [(g, o) for g in ckpts for o in optims]
     variants.sort(key=lambda v: (v[0] != cfg.gradient_checkpointing, v[1] != cfg.optim))
     last: tuple[R, Estimate] | None = None
     for length in _lengths(cfg.max_length):
-        batches, b = [], cfg.per_device_train_batch_size
-        while b >= 1:
-            batches.append(b)
-            b //= 2
-        for b in batches:
-            for ckpt, optim in variants:
-                cand = cfg.replace(max_length=length, per_device_train_batch_size=b,
-                                   gradient_accumulation_steps=max(1, -(-effective // b)),
-                                   gradient_checkpointing=ckpt, optim=optim)
-                est = estimate(cand, shape, **kw)
-                if est.nvml_peak <= limit:
-                    return cand, est
-                last = (cand, est)
+        for answers, answer_length in generations(cfg):
+            start, effective = sampled(cfg, answers, answer_length)
+            batches, b = [], cfg.per_device_train_batch_size
+            while b >= 1:
+                if cfg.stage != "grpo" or effective % b == 0:
+                    batches.append(b)
+                b //= 2
+            for b in batches:
+                for ckpt, optim in variants:
+                    cand = start.replace(max_length=length, per_device_train_batch_size=b,
+                                         gradient_accumulation_steps=max(1, -(-effective // b)),
+                                         gradient_checkpointing=ckpt, optim=optim)
+                    est = estimate(cand, shape, **kw)
+                    if est.nvml_peak <= limit:
+                        return cand, est
+                    last = (cand, est)
     cand, est = last  # the smallest setting: batch 1, the shortest length, checkpointing, 8-bit optimizer
     streamed = _streamed_fit(cfg, budget_bytes, margin, shape, est, **kw)
     if streamed is not None:
@@ -317,7 +348,8 @@ def fit_to_gpu(cfg: R, budget_bytes: int, margin: float = FIT_MARGIN, shape: Mod
     raise FitError(
         f"Nothing fits in {budget_bytes / GIB:.1f} GiB with a {margin:.0%} margin. The smallest setting tried "
         f"(batch 1, max_length {cand.max_length}, gradient checkpointing "
-        f"{'on' if cand.gradient_checkpointing else 'off'}, {cand.optim}) needs {est.total_gib:.1f} GiB{' per GPU' if est.world_size > 1 else ''}, so a GPU with at "
+        f"{'on' if cand.gradient_checkpointing else 'off'}, {cand.optim}"
+        f"{sampling_words(cand)}) needs {est.total_gib:.1f} GiB{' per GPU' if est.world_size > 1 else ''}, so a GPU with at "
         f"least {need / GIB:.1f} GiB. {advice}", smallest=cand, smallest_gib=est.total_gib, need_gib=need / GIB,
         advice=code)
 
@@ -339,6 +371,13 @@ def _streamed_fit(cfg: R, budget_bytes: int, margin: float, shape: ModelShape, s
     est.notes.insert(0, f"nothing else fits {budget_bytes / GIB:.1f} GiB: stream_layers streams the frozen layers "
                         "from CPU memory; each step copies every layer over the link, several times slower")
     return fitted, est
+
+
+def sampling_words(cfg: StageSlice) -> str:
+    """GRPO's sampling in FitError's English ("" for a stage that samples nothing)."""
+    if cfg.stage != "grpo":
+        return ""
+    return f", {cfg.num_generations} answers of up to {cfg.max_completion_length} tokens per prompt"
 
 
 # --- the dataset's real lengths -------------------------------------------------------------------------------------
@@ -544,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         out = est.to_json()
         if args.fit is not None:
-            out["config"] = {k: getattr(cfg, k) for k in fit_fields()}  # what fit_to_gpu may change
+            out["config"] = {k: getattr(cfg, k) for k in fit_fields() + GENERATION_FIELDS}  # what fit_to_gpu may change
         print(json.dumps(out))
         return 0
     what = "4-bit " + cfg.bnb_4bit_quant_type if cfg.load_in_4bit else cfg.precision
@@ -556,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fit is not None:
         print(f"  fits {args.fit:g} GiB with: batch {cfg.per_device_train_batch_size} x accumulation "
               f"{cfg.gradient_accumulation_steps}, max_length {cfg.max_length}, checkpointing "
-              f"{cfg.gradient_checkpointing}, optim {cfg.optim}")
+              f"{cfg.gradient_checkpointing}, optim {cfg.optim}{sampling_words(cfg)}")
     return 0
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Protocol, TypeVar
 
-from core.config.settings import DEMO_DATASET, PREFERENCE_STAGES, ConfigError, Problem, TrainConfig
+from core.config.settings import PREFERENCE_STAGES, ConfigError, Problem, TrainConfig
 from core.config.slices import DataSlice, LoraSlice, Loading, ModelSlice, StageSlice, TrainerSlice
 from core.messages import Said, fields_of, words_of
 
@@ -105,34 +105,23 @@ SAMPLE_CHARS = 300  # of each prompt and reference: the preview stays small
 
 
 def heldout_sample(cfg: DataSlice, held: Any, tokenizer: Any, plan: Any) -> dict[str, Any]:
-    """The held-out scorer's preview rows: the first SAMPLE_ROWS of the validation part as the run plans them, or the
-    first training rows when nothing is held out (source "train"; "demo" for the demo, whose own prompts it scores),
-    each {row, prompt, reference}. Plain-text rows have no reference and give none."""
+    """The held-out scorer's preview rows: the first SAMPLE_ROWS the run's score answers (core.infer.heldout_rows,
+    the run's own choice of rows) with the first rows of the validation part planned as the run plans them, each
+    {row, prompt, reference} cut to SAMPLE_CHARS. Plain-text rows have no reference and give none."""
+    import dataclasses
+
     from core.data.plan import plan_rows
     from core.data.validation import val_config
+    from core.infer import heldout_rows
 
-    source, examples = "train", plan.examples
+    validation = None
     if held.val is not None and len(held.val):
         some = held.val.select(range(min(SAMPLE_ROWS, len(held.val))))
-        source, examples = "validation", plan_rows(val_config(cfg), tokenizer, some, held.val_format,
-                                                   n_examples=SAMPLE_ROWS).examples
-    elif cfg.dataset.strip() == DEMO_DATASET:
-        source = "demo"
-    rows = [{"row": ex["row"], "prompt": ex["prompt"][-SAMPLE_CHARS:],
-             "reference": answer_text(tokenizer, ex["completion"])[:SAMPLE_CHARS]}
-            for ex in examples if ex.get("reason") == "kept" and "prompt" in ex][:SAMPLE_ROWS]
-    return {"source": source, "rows": rows}
-
-
-def answer_text(tokenizer: Any, completion: str) -> str:
-    """A planned row's answer as the scorer reads its reference: without the special tokens the template ends it
-    with (the EOS the row trains on), as core.data.validation.samples decodes it."""
-    specials = [tok for tok in getattr(tokenizer, "all_special_tokens", []) if tok]
-    text, cut = completion.rstrip(), True
-    while cut:
-        cut = next((tok for tok in specials if text.endswith(tok)), None)
-        text = text[:-len(cut)].rstrip() if cut else text
-    return text
+        validation = plan_rows(val_config(cfg), tokenizer, some, held.val_format, n_examples=0)
+    rows, source = heldout_rows(dataclasses.replace(plan, validation=validation), tokenizer, cfg.dataset,
+                                SAMPLE_ROWS)
+    return {"source": source, "rows": [{"row": r["row"], "prompt": r["prompt"][-SAMPLE_CHARS:],
+                                        "reference": r["reference"][:SAMPLE_CHARS]} for r in rows]}
 
 
 def pairs(cfg: _Pairs, limit: Any, said: Phase) -> dict[str, Any]:

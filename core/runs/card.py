@@ -14,7 +14,6 @@ Paths in a card are relative: a card travels with its folder.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -36,24 +35,45 @@ def hub_id(model: str) -> str | None:
     return model if re.fullmatch(r"[\w.-]+/[\w.-]+", model) else None
 
 
-def portable_base(written: str, model: str, adapter_dir: Path) -> str:
+# a folder of the Hugging Face cache: HF_HUB_CACHE/models--owner--name/snapshots/<revision>
+HUB_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/[^/]+/?$")
+
+
+def portable_base(written: str, model: str) -> str:
     """What adapter_config.json names as the base model (peft wrote `written`, the folder it loaded): the Hub id
-    where the run's model is one, else that folder relative to the adapter folder, which the card's peft commands
-    run from; never an absolute path of this machine."""
+    where the run's model is one or that folder is a snapshot in the Hugging Face cache, which loads anywhere; else
+    the folder's absolute path, which loads wherever the adapter folder is moved or unzipped on this machine (a path
+    relative to the adapter, ../../../root/.cache/..., broke as soon as it moved)."""
     if (hub := hub_id(model)) is not None:
         return hub
-    if not Path(written).is_absolute():
-        return written
-    return os.path.relpath(written, Path(adapter_dir).resolve()).replace(os.sep, "/")
+    if (found := HUB_SNAPSHOT.search(Path(written).as_posix())) is not None:
+        return f"{found[1]}/{found[2]}"
+    return Path(written).expanduser().resolve().as_posix()  # a relative one is the training process's own cwd's
 
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _percent(score: Any) -> str | None:
-    mean = _number(score.get("mean")) if isinstance(score, dict) else None
-    return None if mean is None else f"{100 * mean:.1f}%"
+def _mean(part: Any) -> float | None:
+    return _number(part.get("mean")) if isinstance(part, dict) else None
+
+
+def heldout_scores(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """A run's held-out scores (summary.json's `heldout`), read here for every reader (History, Compare, the result
+    card, the model card): the base, parent and adapter means (0-1; None where not scored), the scorer, the rows and
+    where they came from, and the verdict (its kind, whether the adapter scored lower, its key, params and English
+    message). None for a run without a held-out score."""
+    held = summary.get("heldout") if isinstance(summary, dict) else None
+    if not isinstance(held, dict) or _mean(held.get("adapter")) is None:
+        return None
+    verdict = held.get("verdict") if isinstance(held.get("verdict"), dict) else {}
+    return {"scorer": str(held.get("scorer", "")), "source": str(held.get("source", "")), "rows": held.get("rows"),
+            "base": _mean(held.get("base")), "parent": _mean(held.get("parent")),
+            "adapter": _mean(held.get("adapter")), "verdict": str(verdict.get("verdict", "")),
+            "worse": bool(verdict.get("worse")), "key": str(verdict.get("key", "")),
+            "params": verdict.get("params") if isinstance(verdict.get("params"), dict) else {},
+            "message": str(verdict.get("message", ""))}
 
 
 def _rows(summary: dict[str, Any], cfg: Training) -> list[tuple[str, str]]:
@@ -91,20 +111,20 @@ def _rows(summary: dict[str, Any], cfg: Training) -> list[tuple[str, str]]:
 
 def _heldout(summary: dict[str, Any]) -> list[str]:
     """The held-out section's lines (none when the run scored nothing)."""
-    held = summary.get("heldout")
-    if not isinstance(held, dict) or _percent(held.get("adapter")) is None:
+    held = heldout_scores(summary)
+    if held is None:
         return []
-    trained = held.get("source") in ("train", "demo")  # no rows held out: scored on rows it trained on
+    trained = held["source"] in ("train", "demo")  # no rows held out: scored on rows it trained on
+    rows = "?" if held["rows"] is None else held["rows"]
     lines = ["## Scores on trained rows" if trained else "## Held-out scores", "",
-             f"Scorer `{held.get('scorer', '?')}` on {held.get('rows', '?')} rows the run "
+             f"Scorer `{held['scorer'] or '?'}` on {rows} rows the run "
              f"{'trained on (it held none out)' if trained else 'did not train on'}.", "",
              "| model | score |", "|---|---|"]
     for who, label in (("base", "base model"), ("parent", "starting adapter"), ("adapter", "this adapter")):
-        if (score := _percent(held.get(who))) is not None:
-            lines.append(f"| {label} | {score} |")
-    verdict = held.get("verdict") if isinstance(held.get("verdict"), dict) else {}
-    if verdict.get("message"):
-        lines += ["", f"Verdict: {verdict['message']}"]
+        if held[who] is not None:
+            lines.append(f"| {label} | {100 * held[who]:.1f}% |")
+    if held["message"]:
+        lines += ["", f"Verdict: {held['message']}"]
     return lines + [""]
 
 

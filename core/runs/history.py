@@ -26,12 +26,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from core.config.settings import (DEMO_DATASET, MOVES_BASE, PACKING_STAGES, SAFE_NAME, SCHEDULERS, ConfigError,
-                                  TrainConfig)
+from core.config.settings import (CONTINUED_STAGES, DEMO_DATASET, MOVES_BASE, PACKING_STAGES, SAFE_NAME, SCHEDULERS,
+                                  ConfigError, TrainConfig)
 from core.config.slices import DataSlice, PlaceSlice, TrainerSlice
 from core.messages import Keyed, Said, said_of
 from core.runs.events import read_events
 from core.files import RefusedError, real, remove_tree, target
+from core.runs.card import heldout_scores
 from core.runs.folders import complete_checkpoints, is_memtune_run, resume_point, resume_problem, tidy_run_dir
 
 RUNNING_GRACE_S = 300.0  # without a job manager's word: events written this recently mean "maybe still running"
@@ -204,9 +205,9 @@ def run_info(run_dir: str | Path, is_running: IsRunning | None = None) -> RunInf
     info.duration_s = _number(summary.get("runtime_s"))
     info.message = str(summary.get("message", "") or "")
     info.said = said_of(summary)
-    held = summary.get("heldout") if isinstance(summary.get("heldout"), dict) else {}
-    info.heldout = _number((held.get("adapter") or {}).get("mean"))
-    info.heldout_worse = bool((held.get("verdict") or {}).get("worse"))
+    scores = heldout_scores(summary)
+    info.heldout = scores["adapter"] if scores else None
+    info.heldout_worse = bool(scores and scores["worse"])
     if info.status in ("running", "interrupted") or info.final_loss is None or info.duration_s is None:
         _fill_from_events(info, read_events(events_path))
     info.adapter_dir = _adapter(run_dir)
@@ -321,26 +322,6 @@ class Comparison:
     figures: list[tuple[str, list[Any]]]  # FIGURES: (key, value per run; None when unknown)
     heldout: list[dict[str, Any] | None] = field(default_factory=list)  # heldout_scores per run
     rewards: list[float | None] = field(default_factory=list)  # final_reward per run (GRPO runs)
-
-
-def _mean(part: Any) -> float | None:
-    return _number(part.get("mean")) if isinstance(part, dict) else None
-
-
-def heldout_scores(summary: dict[str, Any]) -> dict[str, Any] | None:
-    """A run's held-out scores as Compare shows them (summary.json's `heldout`): the base, parent and adapter means
-    (0-1; None where not scored), the scorer, where the rows came from, and the verdict (its kind, whether the
-    adapter scored lower, its key and params). None for a run without a held-out score."""
-    held = summary.get("heldout") if isinstance(summary, dict) else None
-    if not isinstance(held, dict) or _mean(held.get("adapter")) is None:
-        return None
-    verdict = held.get("verdict") if isinstance(held.get("verdict"), dict) else {}
-    return {"scorer": str(held.get("scorer", "")), "source": str(held.get("source", "")), "rows": held.get("rows"),
-            "base": _mean(held.get("base")), "parent": _mean(held.get("parent")),
-            "adapter": _mean(held.get("adapter")), "verdict": str(verdict.get("verdict", "")),
-            "worse": bool(verdict.get("worse")), "key": str(verdict.get("key", "")),
-            "params": verdict.get("params") if isinstance(verdict.get("params"), dict) else {},
-            "message": str(verdict.get("message", ""))}
 
 
 def final_reward(summary: dict[str, Any]) -> float | None:
@@ -460,10 +441,9 @@ def preference_config(run_dir: str | Path, is_running: IsRunning | None = None,
 # 1e-4 (reward accuracy 97%); the SFT run's 8e-3 fell to 42/100 (reward accuracy 100%); 2e-5 and 5e-6 barely moved
 # the rewards (accuracy 56%, 46%).
 DEMO_STAGE_LR = 1e-4
-# TRL's own defaults for each stage's config (DPOConfig, KTOConfig, ORPOConfig: learning_rate, lr_scheduler_type),
-# written here because the web server imports no torch (TRL does); tests/test_heldout_run.py checks them against TRL.
-STAGE_DEFAULTS = {"dpo": (1e-6, "linear"), "kto": (1e-6, "linear"), "orpo": (1e-6, "linear"),
-                  "grpo": (1e-6, "linear")}
+# TRL's own default (learning_rate, lr_scheduler_type), the same in DPOConfig, KTOConfig, ORPOConfig and GRPOConfig,
+# written here because the web server imports no torch (TRL does); tests/test_heldout_run.py checks it against TRL.
+STAGE_SCHEDULE = (1e-6, "linear")
 # The demo's GRPO (README's CPU command, measured there): from the demo SFT adapter, the answers sampled at a
 # temperature the SFT run never answered at, rewarded for the right word (exact) and for being one lowercase word
 # (regex), 8 answers per prompt, 4 prompts per step.
@@ -476,7 +456,7 @@ DEMO_GRPO = {"learning_rate": 1e-3, "grpo_rewards": "exact:1, regex:0.5",
 def stage_schedule(cfg: DataSlice, stage: str) -> dict[str, Any]:
     """The learning rate and schedule a run continued with `stage` starts with: the demo's measured rate (DEMO_STAGE_LR),
     else TRL's default for the stage; the schedule TRL's default. Empty where none is found (the parent's stay)."""
-    default_lr, schedule = STAGE_DEFAULTS.get(stage, (None, None))
+    default_lr, schedule = STAGE_SCHEDULE if stage in CONTINUED_STAGES else (None, None)
     demo = cfg.dataset.strip() == DEMO_DATASET
     lr = (DEMO_GRPO["learning_rate"] if stage == "grpo" else DEMO_STAGE_LR) if demo else default_lr
     out: dict[str, Any] = {}

@@ -370,7 +370,26 @@ def public_problems(cfg: _Visited) -> list["Problem"]:
     if cfg.trust_remote_code:
         out.append(Problem.of("trust_remote_code", "problem.public_trust", why=Said("public.trust")))
     out += [p for name, kind in path_fields().items() if (p := path_problem(name, kind, getattr(cfg, name)))]
+    out += python_scorer_problems(cfg)
     return out + plan_problems(cfg)
+
+
+def python_scorer_problems(cfg: _Visited) -> list["Problem"]:
+    """Public mode: a scorer in the user's own Python (core.scoring.scorers.user_function), held-out or GRPO's reward,
+    refused by its field before Start, not first in the run's child where it would be bound."""
+    from core.config.settings import REWARD_SCORERS, Problem, reward_spec
+
+    uses = []
+    if cfg.heldout_scorer == "python" and cfg.heldout_rows > 0:
+        uses.append("heldout_scorer")
+    if cfg.stage == "grpo":
+        try:
+            if any(name == "python" for name, _ in reward_spec(cfg.grpo_rewards)):
+                uses.append("grpo_rewards")
+        except ValueError:  # rewards that cannot be read: validate()'s own problem names them
+            pass
+    builtin = ", ".join(n for n in REWARD_SCORERS if n != "python")
+    return [Problem.of(name, "problem.public_python", setting=name, scorers=builtin) for name in uses]
 
 
 FOLDER_KINDS = ("run", "adapter", "merged", "push")  # what folder_refusal's `what` may name: a public.what.* key each

@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from core.config.settings import ConfigError, Hardware, TrainConfig, demo_config, parse_overrides
 from core.config.slices import TrainerSlice
@@ -29,23 +29,30 @@ def console_language() -> str:
     return environment_language(os.environ)
 
 
-def console_sink(event: dict[str, Any]) -> None:
-    """Phase messages and log lines on stderr, in the terminal's language; the Trainer's own progress bar shows
-    steps, ETA and speed.
+def console_sink(lang: str | None = None) -> Callable[[dict[str, Any]], None]:
+    """A sink printing phase messages and log lines on stderr in `lang` (default: the terminal's, read once, here);
+    the Trainer's own progress bar shows steps, ETA and speed.
 
     Errors are not printed here: `main` prints the failure once, and the traceback stays in events.jsonl.
     """
-    kind = event["kind"]
-    if (kind == "phase" and event.get("phase") != "training") or kind == "log":
-        print(f"[memtune] {words(event, console_language())}", file=sys.stderr, flush=True)
+    lang = lang or console_language()
+
+    def sink(event: dict[str, Any]) -> None:
+        kind = event["kind"]
+        if (kind == "phase" and event.get("phase") != "training") or kind == "log":
+            print(f"[memtune] {words(event, lang)}", file=sys.stderr, flush=True)
+
+    return sink
 
 
-def console_keeping(errors: list[dict[str, Any]]):
+def console_keeping(errors: list[dict[str, Any]], lang: str | None = None):
     """console_sink, keeping the run's error events: their key and values say the failure in the terminal's language."""
+    printed = console_sink(lang)
+
     def sink(event: dict[str, Any]) -> None:
         if event["kind"] == "error":
             errors.append(event)
-        console_sink(event)
+        printed(event)
 
     return sink
 
@@ -142,7 +149,7 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
     errors: list[dict[str, Any]] = []
     try:
         # A progress bar only on a terminal: in a log file (the app's RUN/train.log, a pipe) it is kilobytes of \r.
-        result = run_training(cfg, console_keeping(errors), stop=stop, callbacks=callbacks, console=sys.stderr.isatty(),
+        result = run_training(cfg, console_keeping(errors, lang), stop=stop, callbacks=callbacks, console=sys.stderr.isatty(),
                               run_dir=args.run_dir)
     except OSError as exc:  # e.g. an output folder that cannot be created: the user's to fix, not a bug report
         what = f"{exc.strerror}: {exc.filename}" if exc.filename and exc.strerror else str(exc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from core.checks import check_planned
-from core.config.settings import DEMO_DATASET, PREFERENCE_STAGES, ConfigError, Problem, heldout_options
+from core.config.settings import PREFERENCE_STAGES, ConfigError, Problem, heldout_options
 from core.config.slices import DataSlice, Loading, ModelSlice, StageSlice, TrainerSlice, Training
 from core.data import validation
 from core.data.pairs import PairPlan, check_pairs, plan_pairs, split_pairs
@@ -28,10 +28,6 @@ from core.train.callbacks import phase
 class _Read(ModelSlice, DataSlice, StageSlice, TrainerSlice, Protocol):
     """Reading and planning the rows: their source and format, the stage's (pairs or not), the held-out part's
     seed, and the model whose tokenizer plans them."""
-
-
-class _HeldOut(DataSlice, TrainerSlice, Protocol):
-    """Which held-out prompts are scored (the dataset tells the demo's own), how many, and with what."""
 
 
 class _Announced(Loading, TrainerSlice, Protocol):
@@ -99,24 +95,6 @@ def checked(run: ResolvedRun, plan: DataPlan | PairPlan, world: int) -> None:
 def samples(plan: DataPlan | PairPlan, tokenizer: Any, cfg: TrainerSlice) -> list[dict[str, Any]]:
     """The validation rows whose answers each eval shows (eval_samples of them); none without validation rows."""
     return validation.samples(plan.validation, tokenizer, cfg.eval_samples) if plan.evaluates else []
-
-
-def heldout_rows(plan: DataPlan | PairPlan, tokenizer: Any, cfg: _HeldOut) -> tuple[list[dict[str, Any]], str]:
-    """(rows, source) the held-out score answers, each {prompt_ids or prompt, reference}: the validation part
-    ("validation": a held-out share, a split or validation_data), else the demo's own prompts ("demo": its score is
-    the n/100 the demo states), else the training rows ("train", said so on the card). ([], "off") when off."""
-    n = cfg.heldout_rows
-    if cfg.heldout_scorer == "off" or n <= 0:
-        return [], "off"
-    if plan.evaluates:
-        return validation.samples(plan.validation, tokenizer, n), "validation"
-    if cfg.dataset.strip() == DEMO_DATASET:
-        from core.demo import demo_rows
-        from core.infer import format_prompt  # Try it's prompt: the one the demo's n/100 counts with
-
-        return [{"prompt": format_prompt(tokenizer, row["instruction"], row.get("context", "")),
-                 "reference": row["response"]} for row in demo_rows()[:n]], "demo"
-    return validation.samples(plan, tokenizer, n), "train"
 
 
 def heldout_scorer(cfg: TrainerSlice) -> Any:

@@ -28,6 +28,7 @@ from transformers import TrainerCallback
 from core.config import arguments
 from core.config.settings import ConfigError, Problem, reward_options, reward_spec
 from core.config.slices import DataSlice, ModelSlice, PlaceSlice, StageSlice, TrainerSlice
+from core.data.validation import prompts_and_answers
 from core.messages import keyed
 from core.model import load as model_lib
 from core.model.resolve import adapter_dir
@@ -109,17 +110,13 @@ def rewards(cfg: StageSlice, seen: dict[str, Any] | None = None) -> tuple[list[A
 def prompt_rows(train_dataset: Any, tokenizer: Any) -> Any:
     """The plan's training rows (input_ids, labels with -100 on the prompt) as GRPOTrainer's dataset: `prompt`, the
     prompt's text (TRL tokenizes it again, with the tokenizer's special tokens), and `reference`, the answer the row
-    trains on in SFT. Rows without a prompt (plain text) have nothing to answer and are left out."""
+    trains on in SFT, split as the held-out rows are (core.data.validation.prompts_and_answers). Rows without a
+    prompt (plain text) have nothing to answer and are left out."""
     import datasets
 
-    prompts, references = [], []
-    for ids, labels in zip(train_dataset["input_ids"], train_dataset["labels"]):
-        n = sum(1 for label in labels if label == -100)
-        if n == 0:
-            continue
-        prompts.append(tokenizer.decode(ids[:n], skip_special_tokens=True))
-        references.append(tokenizer.decode(ids[n:], skip_special_tokens=True).strip())
-    return datasets.Dataset.from_dict({"prompt": prompts, "reference": references})
+    rows = prompts_and_answers(train_dataset["input_ids"], train_dataset["labels"], tokenizer)
+    return datasets.Dataset.from_dict({"prompt": [r["prompt"] for r in rows],
+                                       "reference": [r["reference"].strip() for r in rows]})
 
 
 # --- the trainer ----------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from core.files import free_memory
 from core.messages import Said, words_of
 from core.runs.events import make_event
 from core.scoring.heldout import TRAINED_SOURCES, Scored, judge, score_model, score_start
-from core.train import data
+from core.infer import heldout_rows
 from core.train.callbacks import phase
 
 HELDOUT_BATCH = 16  # held-out prompts per generate call
@@ -52,8 +52,8 @@ def scoring_tokens(cfg: _Scoring) -> int:
 
 def heldout_start(cfg: _Scoring, plan, tokenizer, model, scorer, emit) -> HeldOut | None:
     """The base model's score on the held-out rows (peft's disable_adapter) and, for a run continued from
-    init_adapter (its weights loaded), the parent's; said in the log. None when off or without rows."""
-    rows, source = data.heldout_rows(plan, tokenizer, cfg)
+    init_adapter (its weights loaded), the parent's; said in the log. None when off (no scorer) or without rows."""
+    rows, source = heldout_rows(plan, tokenizer, cfg.dataset, cfg.heldout_rows if scorer is not None else 0)
     if not rows:
         return None
     continued = cfg.stage != "sft" and bool(cfg.init_adapter.strip())
