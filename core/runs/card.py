@@ -14,6 +14,7 @@ Paths in a card are relative: a card travels with its folder.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -35,20 +36,15 @@ def hub_id(model: str) -> str | None:
     return model if re.fullmatch(r"[\w.-]+/[\w.-]+", model) else None
 
 
-# a folder of the Hugging Face cache: HF_HUB_CACHE/models--owner--name/snapshots/<revision>
-HUB_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/[^/]+/?$")
-
-
-def portable_base(written: str, model: str) -> str:
+def portable_base(written: str, model: str, adapter_dir: Path) -> str:
     """What adapter_config.json names as the base model (peft wrote `written`, the folder it loaded): the Hub id
-    where the run's model is one or that folder is a snapshot in the Hugging Face cache, which loads anywhere; else
-    the folder's absolute path, which loads wherever the adapter folder is moved or unzipped on this machine (a path
-    relative to the adapter, ../../../root/.cache/..., broke as soon as it moved)."""
+    where the run's model is one, else that folder relative to the adapter folder, which the card's peft commands
+    run from; never an absolute path of this machine."""
     if (hub := hub_id(model)) is not None:
         return hub
-    if (found := HUB_SNAPSHOT.search(Path(written).as_posix())) is not None:
-        return f"{found[1]}/{found[2]}"
-    return Path(written).expanduser().resolve().as_posix()  # a relative one is the training process's own cwd's
+    if not Path(written).is_absolute():
+        return written
+    return os.path.relpath(written, Path(adapter_dir).resolve()).replace(os.sep, "/")
 
 
 def _number(value: Any) -> float | None:

@@ -256,7 +256,7 @@ def save_adapter(model, tokenizer, config_yaml: str, run_dir: Path, summary: dic
         atomic_write_text(tmp / "memtune.yaml", config_yaml)  # the settings it trained with
         plain_mode(tmp, "*.safetensors")
         cfg = TrainConfig.from_yaml(config_yaml)  # peft's README is a blank template: the run's own card instead
-        _portable_base(tmp / "adapter_config.json", cfg.model)
+        _portable_base(tmp / "adapter_config.json", cfg.model, final)
         atomic_write_text(tmp / "README.md", model_card(summary, cfg, "adapter", base_license(cfg.model)))
         summary["adapter_bytes"] = dir_size(tmp)
         atomic_write_text(tmp / "summary.json", json.dumps(summary, indent=2))
@@ -270,14 +270,14 @@ def save_adapter(model, tokenizer, config_yaml: str, run_dir: Path, summary: dic
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _portable_base(path: Path, model: str) -> None:
-    """peft names the base by the folder it loaded from: the Hub id where there is one, else that folder's absolute
-    path (core.runs.card.portable_base). memtune itself reads memtune.yaml."""
+def _portable_base(path: Path, model: str, final: Path) -> None:
+    """peft names the base by the folder it loaded from, an absolute path of this machine: the Hub id or a path
+    relative to the adapter folder instead (core.runs.card.portable_base). memtune itself reads memtune.yaml."""
     if not path.is_file():
         return
     saved = json.loads(path.read_text(encoding="utf-8"))
     if isinstance(saved.get("base_model_name_or_path"), str):
-        saved["base_model_name_or_path"] = portable_base(saved["base_model_name_or_path"], model)
+        saved["base_model_name_or_path"] = portable_base(saved["base_model_name_or_path"], model, final)
         atomic_write_text(path, json.dumps(saved, indent=2, sort_keys=True) + "\n")
 
 
