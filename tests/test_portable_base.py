@@ -18,6 +18,11 @@ def test_hub_models_are_named_by_their_id_and_local_ones_relative(tmp_path):
     assert portable_base(str(tmp_path / "models" / "mine"), str(tmp_path / "models" / "mine"),
                          adapter) == "../../../models/mine"
     assert portable_base("already/relative", "./mine", adapter) == "already/relative"
+    # a local model id that is a folder of the Hub cache: its Hub id, which loads on any machine
+    snapshot = "/root/.cache/huggingface/hub/models--Qwen--Qwen2.5-0.5B/snapshots/abc"
+    assert portable_base(snapshot, snapshot, adapter) == "Qwen/Qwen2.5-0.5B"
+    assert portable_base(snapshot + "/", "/elsewhere", adapter) == "Qwen/Qwen2.5-0.5B"
+    assert portable_base(str(tmp_path / "models--x" / "y"), "m", adapter) == "../../../models--x/y"
 
 
 def test_a_saved_adapter_names_its_base_relative_and_still_loads(tmp_path, demo_model_path, monkeypatch):

@@ -36,12 +36,19 @@ def hub_id(model: str) -> str | None:
     return model if re.fullmatch(r"[\w.-]+/[\w.-]+", model) else None
 
 
+# a folder of the Hugging Face cache: HF_HUB_CACHE/models--owner--name/snapshots/<revision>
+HUB_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/[^/]+/?$")
+
+
 def portable_base(written: str, model: str, adapter_dir: Path) -> str:
     """What adapter_config.json names as the base model (peft wrote `written`, the folder it loaded): the Hub id
-    where the run's model is one, else that folder relative to the adapter folder, which the card's peft commands
-    run from; never an absolute path of this machine."""
+    where the run's model is one or that folder is a snapshot of the Hugging Face cache (it loads anywhere), else
+    that folder relative to the adapter folder, which the card's peft commands run from; never an absolute path of
+    this machine (a public server's folders included)."""
     if (hub := hub_id(model)) is not None:
         return hub
+    if (found := HUB_SNAPSHOT.search(Path(written).as_posix())) is not None:
+        return f"{found[1]}/{found[2]}"
     if not Path(written).is_absolute():
         return written
     return os.path.relpath(written, Path(adapter_dir).resolve()).replace(os.sep, "/")
