@@ -18,7 +18,7 @@ from pathlib import Path
 
 from core.config.settings import DEMO_VISION_DATA, cache_root
 
-VISION_VERSION = "v2"  # bump when a builder below changes, so old caches are not reused
+VISION_VERSION = "v3"  # bump when a builder below changes, so old caches are not reused
 # Qwen2-VL / Qwen2.5-VL / Qwen3-VL are not among them: their processors need torchvision (their video processor).
 FAMILIES = ("idefics3", "gemma3", "llava")
 DEMO_FAMILY = "idefics3"
@@ -28,7 +28,8 @@ SHAPES = ("circle", "square", "triangle")
 COLOURS = {"red": (220, 30, 30), "green": (30, 170, 60), "blue": (40, 70, 220), "yellow": (235, 200, 20)}
 QUESTIONS = {"shape": "What shape is this?", "colour": "What colour is the shape?"}
 IMAGE_SIZE = 56
-HELD_OUT = 8  # the last images (by their seeded order) are never trained on: the demo's held-out set
+PLACEMENTS = 6  # per shape and colour: 72 images
+HELD_OUT = 12  # the last images (by their seeded order) are never trained on: the demo's held-out set
 
 
 # --- the demo's images and rows ------------------------------------------------------------------------------------
@@ -52,15 +53,20 @@ def draw(shape: str, colour: str, size: int = IMAGE_SIZE, shift: tuple[int, int]
 
 
 def demo_items() -> list[dict[str, object]]:
-    """Every demo image as (file name, shape, colour, shift, scale): 3 shapes x 4 colours x 3 placements, in a
-    seeded order; the last HELD_OUT are the held-out images."""
+    """Every demo image as (file name, shape, colour, shift, scale): 3 shapes x 4 colours x PLACEMENTS placements
+    (each a seeded shift and size), in a seeded order; the last HELD_OUT are the held-out images."""
     import random
 
-    placements = [((0, 0), 1.0), ((-6, 4), 0.8), ((5, -5), 0.7)]
-    items = [{"file": f"{shape}-{colour}-{p}.png", "shape": shape, "colour": colour, "shift": placements[p][0],
-              "scale": placements[p][1]}
-             for shape in SHAPES for colour in COLOURS for p in range(len(placements))]
-    random.Random(7).shuffle(items)
+    rng = random.Random(7)
+    items = []
+    for shape in SHAPES:
+        for colour in COLOURS:
+            for p in range(PLACEMENTS):
+                shift = (0, 0) if p == 0 else (rng.randint(-7, 7), rng.randint(-7, 7))
+                scale = 1.0 if p == 0 else round(rng.uniform(0.6, 1.0), 2)
+                items.append({"file": f"{shape}-{colour}-{p}.png", "shape": shape, "colour": colour, "shift": shift,
+                              "scale": scale})
+    rng.shuffle(items)
     return items
 
 
@@ -142,10 +148,10 @@ def build_processor(family: str, tokenizer):
     if family == "idefics3":
         from transformers import Idefics3ImageProcessorPil, Idefics3Processor
 
-        images = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": 32},
-                                           max_image_size={"longest_edge": 32})
-        # 32 x 32 pixels in patches of 8: 16 patches, merged by scale factor 2 into 4 image tokens
-        return Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=4,
+        images = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": 64},
+                                           max_image_size={"longest_edge": 64})
+        # 64 x 64 pixels in patches of 8: 64 patches, merged by scale factor 2 into 16 image tokens
+        return Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=16,
                                  chat_template=templates.idefics3_chat_template)
     from transformers import Gemma3ImageProcessorPil, Gemma3Processor
 
@@ -184,7 +190,7 @@ def build_model(family: str, tokenizer, seed: int = 0):
             text_config=dict(model_type="llama", vocab_size=vocab, max_position_embeddings=4096,
                              tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id, **TEXT),
             vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                               image_size=32, patch_size=8),
+                               image_size=64, patch_size=8),
             scale_factor=2, image_token_id=ids("<image>"), tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id)
     else:
         from transformers import Gemma3Config, Gemma3ForConditionalGeneration as Model

@@ -108,8 +108,8 @@ def test_the_vision_demo_trains_through_the_recipe_and_scores_its_heldout_images
 
     result = run_training(demo_vision_config(max_steps=2, output_dir=str(tmp_path), heldout_rows=4))
     assert result.status == "completed", result.message
-    summary = result.summary
-    assert summary["data"]["images"] == 56 and summary["data"]["image_tokens"] == 56 * 4
+    summary, rows = result.summary, len(DEMO_VISION_DATA.read_text().splitlines())
+    assert summary["data"]["images"] == rows and summary["data"]["image_tokens"] == rows * 16  # 16 per 64 x 64 image
     assert summary["heldout"]["source"] == "validation" and summary["heldout"]["rows"] == 4
     assert (Path(result.adapter_dir) / "adapter_config.json").is_file()
     assert (Path(result.adapter_dir) / "processor_config.json").is_file()

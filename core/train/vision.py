@@ -86,8 +86,3 @@ def heldout_rows(plan, n: int) -> tuple[list[ImageRow], str]:
     if plan.heldout is not None:
         return plan.heldout.rows[:n], "validation"
     return [plan.rows[i] for i in plan.kept][:n], "train"
-
-
-def exact(answers: list[str], rows: list[ImageRow]) -> int:
-    """How many answers equal their row's reference exactly (after stripping spaces)."""
-    return sum(a == reference(r) for a, r in zip(answers, rows))
