@@ -81,11 +81,13 @@ def kbit_kwargs(cfg: ModelSlice) -> dict[str, Any] | None:
 
 
 def lora_kwargs(cfg: LoraSlice, modules: list[str] | None = None,
-                parameters: list[str] | None = None) -> dict[str, Any]:
+                parameters: list[str] | None = None, exclude: str | None = None) -> dict[str, Any]:
     """peft LoraConfig(**...); `modules`: the target names resolved for the model in hand (core/model/lora_targets.py);
-    `parameters`: MoE experts' 3-D weights for peft's target_parameters (lora_experts, core/levers/experts.py)."""
+    `parameters`: MoE experts' 3-D weights for peft's target_parameters (lora_experts, core/levers/experts.py);
+    `exclude`: peft's exclude_modules, the paths an image-text model keeps without LoRA (core/model/vision.py)."""
     return {
         **({"target_parameters": list(parameters)} if parameters else {}),
+        **({"exclude_modules": exclude} if exclude else {}),
         "r": cfg.lora_r,
         "lora_alpha": cfg.lora_alpha,
         "lora_dropout": cfg.lora_dropout,
@@ -153,6 +155,13 @@ def sft_kwargs(cfg: _Steps, output_dir: str | Path, cuda: bool, console: bool = 
             # The padding is one-token rows of their own (position 0, label -100): nothing trains on it.
             kwargs["pad_to_multiple_of"] = 8
     return kwargs
+
+
+def vision_kwargs() -> dict[str, Any]:
+    """What SFTConfig gets on top of sft_kwargs for image rows: TRL's vision collator trains the assistant's turns
+    only (its training chat template's generation marks), and rows are never packed (TRL refuses packing there)."""
+    # remove_unused_columns off: the rows are opened by the dataset's transform, from a column the collator never reads
+    return {"assistant_only_loss": True, "packing": False, "padding_free": False, "remove_unused_columns": False}
 
 
 def eval_kwargs(cfg: _Evaluated) -> dict[str, Any]:

@@ -52,6 +52,7 @@ class LoraSlice(Slice, Protocol):
     lora_dropout: float
     lora_target_modules: list[str]
     lora_experts: bool
+    lora_vision: bool
     use_dora: bool
     use_rslora: bool
     lora_init: str

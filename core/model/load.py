@@ -18,7 +18,7 @@ import torch
 
 from core.config import arguments as recipe
 from core.hub import hf_token  # the loader passes it on (core/hub.py)
-from core.config.settings import DEMO_MODEL, MOVES_BASE, ConfigError, Problem
+from core.config.settings import DEMO_MODEL, DEMO_VISION_MODEL, MOVES_BASE, ConfigError, Problem
 from core.config.slices import Loading, ModelSlice, PlaceSlice, TrainerSlice
 from core.levers import expert_store, experts as moe, variants
 from core.levers.embedding import CpuEmbedding, load_embedding_on_cpu, offload_input_embeddings
@@ -26,6 +26,7 @@ from core.levers.output_head import quantize_output_head
 from core.levers.stream_layers import attach as stream_frozen_layers, streamed_parameters
 from core.model.attention import use_varlen_attention
 from core.model import lora_targets as lt
+from core.model import vision
 from core.model.compile import compile_layers, compiles
 from core.model.nf4_cpu import keep_4bit_layout
 from core.messages import Keyed, Said, keyed, words_of
@@ -85,7 +86,7 @@ def lora_targets(cfg: Loading, path: str | None = None, model=None):
     if model is None:
         model = skeleton(cfg, path or resolve_model_path(cfg))
     try:
-        found = lt.resolve(list(cfg.lora_target_modules), lt.linear_layers(model), cfg.lora_r)
+        found = lt.resolve(list(cfg.lora_target_modules), lt.adaptable_layers(model, cfg.lora_vision), cfg.lora_r)
     except lt.TargetError as exc:
         raise ConfigError([Problem.of("lora_target_modules", "problem.lora_targets", modules=", ".join(exc.missing),
                                       model=cfg.model, linear=", ".join(exc.linear))]) from None
@@ -116,6 +117,10 @@ def resolve_model_path(cfg: ModelSlice, sink: EventSink | None = None) -> str:
         from core.demo import ensure_demo_model
 
         return str(ensure_demo_model())
+    if cfg.model == DEMO_VISION_MODEL:
+        from core.demo_vision import ensure_tiny_model
+
+        return str(ensure_tiny_model())
     local = Path(cfg.model).expanduser()
     if local.exists():
         if not (local / "config.json").is_file():
@@ -162,6 +167,18 @@ def _download(repo_id: str, sink: EventSink | None) -> str:
         raise ModelError("model.err.offline", model=repo_id, error=type(exc).__name__) from None
 
 
+def is_vision_model(cfg: ModelSlice, path: str) -> bool:
+    """An image-text-to-text model (core/model/vision.py), from its config.json."""
+    from transformers import AutoConfig
+
+    return vision.is_vision_config(AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code))
+
+
+def load_processor(cfg: ModelSlice, path: str):
+    """An image-text model's processor (its tokenizer and image processor), pad token set as load_tokenizer does."""
+    return vision.load_processor(path, cfg.trust_remote_code)
+
+
 def load_tokenizer(cfg: ModelSlice, path: str | None = None):
     from transformers import AutoTokenizer
 
@@ -199,8 +216,13 @@ def load_model(cfg: _Placed, path: str | None = None):
             if failed:  # the failed first load's copy (a whole 8B) goes before the second one
                 gc.collect()
                 torch.cuda.empty_cache()
-            with moe.while_loading(cfg, path):
-                model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            if is_vision_model(cfg, path):  # image-text: the vision side unquantized and 16-bit
+                if kwargs["quantization_config"] is not None:
+                    kwargs["quantization_config"].llm_int8_skip_modules = vision.skip_modules(skeleton(cfg, path))
+                model = vision.load(path, kwargs)
+            else:
+                with moe.while_loading(cfg, path):
+                    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
             raise ModelError("model.err.remote_code", model=cfg.model) from None
@@ -237,11 +259,16 @@ def prepare_for_training(model, cfg: _Prepared):
     experts = moe.lora_parameters(model, cfg) if cfg.lora_experts else []
     # 4-bit experts hold no 3-D parameter for peft to wrap: their LoRA is memtune's own (core/levers/expert_lora.py)
     on_4bit = bool(experts) and moe.quantized(model)
-    kbit, lora = recipe.kbit_kwargs(cfg), recipe.lora_kwargs(cfg, list(targets.modules), [] if on_4bit else experts)
+    images = vision.is_vision_config(model.config)
+    exclude = vision.exclude_pattern(model, cfg.lora_vision) if images else None
+    kbit = recipe.kbit_kwargs(cfg)
+    lora = recipe.lora_kwargs(cfg, list(targets.modules), [] if on_4bit else experts, exclude)
     if kbit is not None:
         # The chapter's recipe: peft upcasts every non-quantized parameter (embeddings, norms, lm_head) to fp32.
         # Checkpointing itself is left to the Trainer (SFTConfig), which enables it with our kwargs.
         model = prepare_model_for_kbit_training(model, **kbit)
+        if images:
+            vision.keep_vision_dtype(model, getattr(torch, recipe.dtype_name(cfg)))
     else:
         # Lean: the frozen base stays in its loaded dtype; only the LoRA weights train (in fp32, via peft).
         for param in model.parameters():

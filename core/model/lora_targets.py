@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.messages import Said
+from core.model import vision
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
@@ -130,6 +131,31 @@ def _linear_paths(model: Any) -> list[tuple[str, tuple[int, int]]]:
     return found
 
 
+def adapted_part(model: Any, lora_vision: bool = False) -> list[Any]:
+    """The parts of `model` whose linear layers LoRA may target: the whole model, or an image-text model's language
+    model (and with `lora_vision` its vision encoder too): never the vision side by accident of a shared name."""
+    if not vision.is_vision_config(getattr(model, "config", None)):
+        return [model]
+    names = [vision.language_prefix(model)] + (vision.encoder_modules(model) if lora_vision else [])
+    return [model.get_submodule(n) for n in names]
+
+
+def adaptable_layers(model: Any, lora_vision: bool = False) -> Layers:
+    """linear_layers over the parts LoRA may target (adapted_part), merged."""
+    parts = adapted_part(model, lora_vision)
+    if len(parts) == 1:
+        return linear_layers(parts[0])
+    found = Layers()
+    found.attention, found.routers = set(), set()
+    for part in parts:
+        layers = linear_layers(part)
+        for name, dims in layers.items():
+            found.setdefault(name, []).extend(dims)
+        found.attention |= layers.attention
+        found.routers |= layers.routers
+    return found
+
+
 def linear_layers(model: Any) -> Layers:
     """Target name -> (in, out) of every linear layer under the model's decoder blocks (not the output head), with
     the names inside an attention block (Layers)."""
@@ -150,10 +176,14 @@ def linear_layers(model: Any) -> Layers:
     return found
 
 
-def paths(model: Any, modules: list[str]) -> list[str]:
-    """The module paths peft adapts for target names `modules` (a name matches a path equal to it or ending in it)."""
-    return [path for path, _ in _linear_paths(model)
-            if any(path == m or path.endswith("." + m) for m in modules)]
+def paths(model: Any, modules: list[str], lora_vision: bool = False) -> list[str]:
+    """The module paths peft adapts for target names `modules` (a name matches a path equal to it or ending in it);
+    in an image-text model, those of the parts LoRA may target only (adapted_part: peft's exclude_modules)."""
+    found = [path for path, _ in _linear_paths(model) if any(path == m or path.endswith("." + m) for m in modules)]
+    if not vision.is_vision_config(getattr(model, "config", None)):
+        return found
+    parts = [vision.language_prefix(model)] + (vision.encoder_modules(model) if lora_vision else [])
+    return [path for path in found if any(path.startswith(part + ".") for part in parts)]
 
 
 def _leaf(name: str) -> str:
@@ -236,6 +266,8 @@ def skeleton(path: str, trust_remote_code: bool = False):
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     with TREE_LOCK, init_empty_weights():
+        if vision.is_vision_config(config):  # an image-text-to-text model: its own auto class
+            return vision.skeleton(config, trust_remote_code)
         return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
 
 

@@ -8,7 +8,8 @@ says (its locale key and values):
    layers, dropout, DoRA, rsLoRA), so the fresh adapter has the saved one's tensors and scaling;
 2. the family's adaptations, from config.json and the module tree on the meta device (core/model/families.py):
    rows unpacked for a stateful mixer or a model without a FlashAttention path, sdpa where varlen cannot express the
-   model (alibi, its own mask code), varlen for attention sinks on packed rows;
+   model (alibi, its own mask code), varlen for attention sinks on packed rows; image rows unpacked (TRL's vision
+   collator never packs them);
 3. compile_layers auto settled on or off (core/model/compile.py `settle`; `plan` None: left auto where only the
    data plan's step count can decide).
 The pre-flight's row check (core/train/preflight.py) runs on the loaded model, before the trainer is built; a
@@ -117,6 +118,8 @@ def resolve(cfg: TrainConfig, tree, plan=None, *, cuda: bool, world: int = 1, do
                             alpha=start["lora_alpha"], modules=", ".join(start["lora_target_modules"])),
                        level="info", logged=False, **start)  # start_from says it once the weights are in
     started = run.cfg
+    if getattr(plan, "images", False):  # TRL's vision collator pads rows apart: it refuses packing
+        run = run.then(Said("log.adapt.images_unpacked"), level="info", packing=False)
     for name, value, why in families.adaptations(started, families.traits(tree.config, tree)):
         run = run.then(why, logged=families.said(started, name, why), **{name: value})
     settled, why = regional.settle(run.cfg, tree, plan, cuda, world, run.adapted(), done_steps)

@@ -17,7 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from core.config.settings import ConfigError, Hardware, TrainConfig, demo_config, parse_overrides
+from core.config.settings import (ConfigError, Hardware, TrainConfig, demo_config, demo_vision_config,
+                                  parse_overrides)
 from core.config.slices import TrainerSlice
 from core.config.presets import PRESETS
 from core.i18n import environment_language, formatted, record_words, t, words
@@ -82,6 +83,8 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--config", help="YAML file of settings (start from --dump-config)")
     src.add_argument("--demo", action="store_true", help="train the offline demo (tiny model, shipped data)")
+    src.add_argument("--demo-vision", action="store_true", help="train the offline vision demo (tiny image-text "
+                     "model, shipped images of shapes and colours)")
     # Not exclusive with them: `--demo --dump-config` writes the demo's settings, `--config F --dump-config` F's.
     parser.add_argument("--dump-config", action="store_true", help="print the configuration as YAML instead of "
                         "training: the defaults, or those of --demo / --config, after --preset and --set")
@@ -92,10 +95,11 @@ def main(argv: list[str] | None = None, callbacks=()) -> int:
     # Internal (the app's job manager): train into exactly this folder, which it made and wrote config.yaml into.
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if not (args.config or args.demo or args.dump_config):
-        parser.error("one of the arguments --config --demo --dump-config is required")
+    if not (args.config or args.demo or args.demo_vision or args.dump_config):
+        parser.error("one of the arguments --config --demo --demo-vision --dump-config is required")
     try:
-        cfg = demo_config() if args.demo else TrainConfig.load(args.config) if args.config else TrainConfig()
+        cfg = (demo_config() if args.demo else demo_vision_config() if args.demo_vision else
+               TrainConfig.load(args.config) if args.config else TrainConfig())
         changes = parse_overrides(args.overrides)
         if args.preset:
             # A dumped file may be meant for another machine; a run here keeps CUDA-only levers off without CUDA.

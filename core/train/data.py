@@ -15,10 +15,12 @@ from core.config.settings import PREFERENCE_STAGES, ConfigError, Problem, heldou
 from core.config.slices import DataSlice, Loading, ModelSlice, StageSlice, TrainerSlice, Training
 from core.data import validation
 from core.data.pairs import PairPlan, check_pairs, plan_pairs, split_pairs
-from core.data.plan import DataError, DataPlan, check_data
+from core.data import images
+from core.data.plan import DataError, DataPlan, Naming, check_data
 from core.model import families
 from core.model import load as model_lib
 from core.model.resolve import ResolvedRun
+from core.runs.public import is_public
 from core.runs.events import EventSink, make_event
 from core.messages import words_of
 from core.scoring.scorers import bind
@@ -54,6 +56,8 @@ def read_plan(cfg: _Read, emit: EventSink) -> tuple[DataPlan | PairPlan, Any, st
     pairs = cfg.stage in PREFERENCE_STAGES
     with phase(emit, "tokenizing", "log.phase.reading", source=f"{cfg.dataset} [{cfg.dataset_split}]"):
         raw, fmt = check_pairs(cfg) if pairs else check_data(cfg)
+        if not pairs and images.has_images(raw):  # image rows: the vision run's own plan
+            return read_images(cfg, raw, emit)
         held = split_pairs(cfg, raw, fmt) if pairs else validation.split(cfg, raw, fmt)
     with phase(emit, "resolving", "log.phase.finding", model=cfg.model):
         path = model_lib.resolve_model_path(cfg, emit)
@@ -62,6 +66,27 @@ def read_plan(cfg: _Read, emit: EventSink) -> tuple[DataPlan | PairPlan, Any, st
         plan = (plan_pairs(cfg, tokenizer, raw, fmt, held) if pairs else
                 validation.plan_parts(cfg, tokenizer, held, fmt, progressed))
     return plan, tokenizer, path, model_lib.skeleton(cfg, path)
+
+
+def read_images(cfg: _Read, raw: Any, emit: EventSink) -> tuple[images.VisionPlan, Any, str, Any]:
+    """read_plan for image rows: the model must be an image-text one and the stage sft; every image checked (all
+    problems at once) before the model loads; the rows counted with the model's processor; validation_data's image
+    rows kept as the held-out images the run scores before and after training. (plan, processor, path, tree)."""
+    if cfg.stage != "sft":
+        raise DataError("data.err.images_stage", stage=cfg.stage)
+    with phase(emit, "resolving", "log.phase.finding", model=cfg.model):
+        path = model_lib.resolve_model_path(cfg, emit)
+        if not model_lib.is_vision_model(cfg, path):
+            raise DataError("data.err.images_text_model", model=cfg.model, dataset=cfg.dataset)
+        processor = model_lib.load_processor(cfg, path)
+    with phase(emit, "tokenizing", "log.phase.formatting", n=len(raw), format="messages+images"):
+        plan = images.plan_images(cfg.dataset, cfg.max_length, processor, raw, Naming(cfg.dataset).where, is_public())
+        if cfg.validation_data.strip():
+            held = cfg.replace(dataset=cfg.validation_data.strip(), dataset_split=cfg.validation_split or "train")
+            held_raw, _ = check_data(held)
+            plan.heldout = images.plan_images(held.dataset, cfg.max_length, processor, held_raw,
+                                              Naming(held.dataset).where, is_public())
+    return plan, processor, path, model_lib.skeleton(cfg, path)
 
 
 def announce(cfg: _Announced, plan: DataPlan | PairPlan, tree, emit: EventSink) -> None:

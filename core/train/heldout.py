@@ -13,8 +13,10 @@ from core.config.slices import DataSlice, StageSlice, TrainerSlice
 from core.files import free_memory
 from core.messages import Said, words_of
 from core.runs.events import make_event
-from core.scoring.heldout import TRAINED_SOURCES, Scored, judge, score_model, score_start
+from core.data.images import ImageRow
 from core.infer import heldout_rows
+from core.scoring.heldout import TRAINED_SOURCES, Scored, base_of, judge, score_model, score_start
+from core.train import vision
 from core.train.callbacks import phase
 
 HELDOUT_BATCH = 16  # held-out prompts per generate call
@@ -53,14 +55,23 @@ def scoring_tokens(cfg: _Scoring) -> int:
 def heldout_start(cfg: _Scoring, plan, tokenizer, model, scorer, emit) -> HeldOut | None:
     """The base model's score on the held-out rows (peft's disable_adapter) and, for a run continued from
     init_adapter (its weights loaded), the parent's; said in the log. None when off (no scorer) or without rows."""
-    rows, source = heldout_rows(plan, tokenizer, cfg.dataset, cfg.heldout_rows if scorer is not None else 0)
+    images = getattr(plan, "images", False)
+    wanted = cfg.heldout_rows if scorer is not None else 0
+    if images and wanted > 0:  # image rows: answered with the processor (core/train/vision.py)
+        rows, source = vision.heldout_rows(plan, wanted)
+    else:
+        rows, source = heldout_rows(plan, tokenizer, cfg.dataset, wanted)
     if not rows:
         return None
     continued = cfg.stage != "sft" and bool(cfg.init_adapter.strip())
     with phase(emit, "scoring", "log.phase.scoring", n=len(rows)):
         with torch.compiler.set_stance("force_eager"):  # as heldout_end says why
-            start = score_start(model, tokenizer, rows, scorer, continued, cfg.eval_max_new_tokens, HELDOUT_BATCH,
-                                scoring_tokens(cfg))
+            if images:
+                with base_of(model):
+                    start = {"base": vision.score(model, tokenizer, rows, scorer, cfg.eval_max_new_tokens)}
+            else:
+                start = score_start(model, tokenizer, rows, scorer, continued, cfg.eval_max_new_tokens,
+                                    HELDOUT_BATCH, scoring_tokens(cfg))
     params = dict(n=len(rows), base=100 * start["base"].mean, source={"key": f"score.source.{source}", "params": {}})
     if source in TRAINED_SOURCES:  # rows it trains on: never called held-out
         line = (Said("log.heldout.start_parent_trained", parent=100 * start["parent"].mean, **params) if continued
@@ -77,8 +88,11 @@ def heldout_end(cfg: _Scoring, held: HeldOut, model, tokenizer, emit) -> dict[st
     verdict in the log (a warning when the adapter scores lower)."""
     # eagerly (torch's own switch): compiled layers would compile again for every generated length, for the same answers
     with torch.compiler.set_stance("force_eager"):
-        adapter = score_model(model, tokenizer, held.rows, held.scorer, cfg.eval_max_new_tokens, HELDOUT_BATCH,
-                              scoring_tokens(cfg))
+        if held.rows and isinstance(held.rows[0], ImageRow):
+            adapter = vision.score(model, tokenizer, held.rows, held.scorer, cfg.eval_max_new_tokens)
+        else:
+            adapter = score_model(model, tokenizer, held.rows, held.scorer, cfg.eval_max_new_tokens, HELDOUT_BATCH,
+                                  scoring_tokens(cfg))
     base, parent = held.start["base"], held.start.get("parent")
     verdict = judge(adapter.mean, base.mean, parent.mean if parent else None, scorer=cfg.heldout_scorer,
                     n=len(held.rows), source=held.source)

@@ -114,8 +114,8 @@ def lora_landed(model, cfg: LoraSlice) -> dict[str, Any]:
     from core.levers.expert_lora import ExpertLoRA
 
     base = model.get_base_model()
-    asked = lt.resolve(cfg.lora_target_modules, lt.linear_layers(base), cfg.lora_r)
-    expected = set(lt.paths(base, asked.modules))
+    asked = lt.resolve(cfg.lora_target_modules, lt.adaptable_layers(base, cfg.lora_vision), cfg.lora_r)
+    expected = set(lt.paths(base, asked.modules, cfg.lora_vision))
     # LoRA on parameters (lora_experts: peft's target_parameters on MoE experts) wraps the experts module itself
     # (on 4-bit experts: memtune's ExpertLoRA on each experts weight, core/levers/expert_lora.py)
     by_parameter = tuple(c for c in (getattr(lora_layer, "ParamWrapper", None), ExpertLoRA) if c is not None)

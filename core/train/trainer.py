@@ -26,7 +26,7 @@ from core.levers.experts import liger_config, summary as experts_summary
 from core.model import compile as regional
 from core.model import load as model_lib
 from core.model.resolve import ResolvedRun
-from core.train import grpo, stages
+from core.train import grpo, stages, vision
 from core.train.callbacks import BarOnly, EventCallback
 from core.train.host import counted_once
 
@@ -52,6 +52,9 @@ def build_trainer(cfg: _Built, model, tokenizer, train_dataset, output_dir: Path
                   console: bool = False, eval_dataset=None, cuda: bool | None = None) -> SFTTrainer:
     if cfg.stage == "grpo":  # stages hook: TRL's GRPOTrainer on the plan's prompts, the scorers as rewards
         trainer = grpo.trainer_for(cfg, model, tokenizer, train_dataset, output_dir, callbacks, console, cuda)
+    elif vision.is_vision(train_dataset):  # image rows: TRL's vision collator, the processor as processing class
+        trainer = vision.build_trainer(cfg, model, tokenizer, train_dataset, output_dir, callbacks, console,
+                                       model_lib.use_cuda(cfg) if cuda is None else cuda)
     elif cfg.stage != "sft":  # stages hook: TRL's DPO/ORPO/KTO trainer
         trainer = stages.trainer_for(cfg, model, tokenizer, train_dataset, output_dir, callbacks, console,
                                      eval_dataset, cuda)
