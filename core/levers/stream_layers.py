@@ -22,6 +22,8 @@ the device. Same losses and gradients as without it (tests/test_stream_layers.py
 
 from __future__ import annotations
 
+import functools
+
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,32 +127,19 @@ def _pack(index: int, tensors: list[torch.Tensor], pin: bool) -> _Layer:
     return _Layer(index, pieces, offset, host)
 
 
-class _Enter(torch.autograd.Function):
-    """Identity at a layer's input: its backward runs once the layer's backward has produced its input's gradient."""
+class _OnBackward(torch.autograd.Function):
+    """Identity whose backward first calls `then()`: at a layer's output it runs before any backward node of the
+    layer (load it), at its input once the layer's backward has produced its input's gradient (let it go)."""
 
     @staticmethod
-    def forward(ctx, x, streamer, index):
-        ctx.streamer, ctx.index = streamer, index
+    def forward(ctx, x, then):
+        ctx.then = then
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.streamer.backward_done(ctx.index)
-        return grad, None, None
-
-
-class _Leave(torch.autograd.Function):
-    """Identity at a layer's output: its backward runs before any backward node of the layer."""
-
-    @staticmethod
-    def forward(ctx, x, streamer, index):
-        ctx.streamer, ctx.index = streamer, index
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.streamer.backward_start(ctx.index)
-        return grad, None, None
+        ctx.then()
+        return grad, None
 
 
 class Streamer:
@@ -262,6 +251,8 @@ class Streamer:
 
     # --- hooks ---------------------------------------------------------------------------------------------------
     def _pre_hook(self, index: int):
+        done = functools.partial(self.backward_done, index)
+
         def hook(module, args, kwargs):
             if index not in self.backward:  # a new forward pass: what a finished backward left bound goes
                 for stale in sorted(self.backward):
@@ -272,13 +263,15 @@ class Streamer:
             if not torch.is_grad_enabled():
                 return None
             if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad:
-                return (_Enter.apply(args[0], self, index), *args[1:]), kwargs
+                return (_OnBackward.apply(args[0], done), *args[1:]), kwargs
             if isinstance(kwargs.get("hidden_states"), torch.Tensor) and kwargs["hidden_states"].requires_grad:
-                return args, {**kwargs, "hidden_states": _Enter.apply(kwargs["hidden_states"], self, index)}
+                return args, {**kwargs, "hidden_states": _OnBackward.apply(kwargs["hidden_states"], done)}
             return None
         return hook
 
     def _post_hook(self, index: int):
+        start = functools.partial(self.backward_start, index)
+
         def hook(module, args, output):
             if index in self.backward:  # a recompute inside the backward pass: the backward still needs it
                 return None
@@ -286,9 +279,9 @@ class Streamer:
             if not torch.is_grad_enabled():
                 return None
             if isinstance(output, torch.Tensor) and output.requires_grad:
-                return _Leave.apply(output, self, index)
+                return _OnBackward.apply(output, start)
             if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor) and output[0].requires_grad:
-                return (_Leave.apply(output[0], self, index), *output[1:])
+                return (_OnBackward.apply(output[0], start), *output[1:])
             return None
         return hook
 
