@@ -198,3 +198,38 @@ def test_the_datasets_real_rows_size_the_estimate(tmp_path):
     found = ev.measured_images(cfg)
     assert found["image_tokens"] == 16 and found["images_per_row"] == 1
     assert 16 < found["max_row_tokens"] <= cfg.max_length
+
+
+def test_the_bench_builds_its_vision_shapes_with_their_processor_and_writes_photo_rows(tmp_path):
+    """bench/synth.py: Gemma-3-12B's shape on the meta device with its processor's token ids, and the image rows the
+    plan vision1 trains on, counted by that processor (Qwen2.5-VL's processor needs torchvision: not here)."""
+    from bench.archs import VISION_ARCHS
+    from bench.product_plans import plan
+    from bench.synth import build_vision_model, image_rows
+
+    assert {v.arch for v in plan("vision1")} == set(VISION_ARCHS) and all(v.data == "images" for v in plan("vision1"))
+    model, processor = build_vision_model("gemma-3-12b-it", "meta")
+    assert round(sum(p.numel() for p in model.parameters()) / 1e9, 2) == 12.19
+    assert model.config.image_token_id == processor.tokenizer.image_token_id
+    info = image_rows(tmp_path, n_rows=2, n_images=1, size=(320, 240))
+    row = json.loads((tmp_path / "train.jsonl").read_text().splitlines()[0])
+    assert info["rows"] == 2 and (tmp_path / row["messages"][0]["content"][0]["image"]).is_file()
+    rows = ImageRow([{"role": m["role"], "content": [{"type": p["type"], **({"text": p["text"]} if "text" in p else {})}
+                                                     for p in m["content"]]} for m in row["messages"]],
+                    [str(tmp_path / row["messages"][0]["content"][0]["image"])])
+    assert count_tokens(processor, rows)[1] == 256  # Gemma-3: 896 x 896, 256 image tokens whatever the photo
+
+
+def test_the_web_servers_shape_from_config_keys_keeps_the_vision_side_and_its_formula_count(monkeypatch):
+    """Before an inspect child has counted the model (measuring_here(False)): the vision parameters from the widths,
+    within 2% of the meta-device count, and the count noted as missing for the child."""
+    from core.estimate import measure
+
+    counted = ev.count_params(json.dumps(QWEN25_VL_7B))
+    monkeypatch.setattr(measure, "_HERE", False)
+    monkeypatch.setattr(measure, "_MEMO", {})  # this process's earlier counts: none
+    with measure.collecting() as wants:
+        shape = ModelShape.from_keys(QWEN25_VL_7B, "Qwen/Qwen2.5-VL-7B-Instruct")
+        formula = ev.vision_params(shape)
+    assert abs(formula - counted) <= 0.02 * counted
+    assert [spec["kind"] for spec in wants.missing.values()] == ["vision"]

@@ -242,6 +242,7 @@ class ModelShape:
                 attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
                 norms_per_layer=4 if model_type in ("gemma2", "gemma3", "gemma3_text") else 2,
                 attn_softcap=cfg.get("attn_logit_softcapping", 50.0 if model_type == "gemma2" else None) is not None,
+                vision_config_text=json.dumps(config, sort_keys=True) if config.get("vision_config") else "",
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ShapeError(f"config of {name or 'the model'} lacks a usable {exc} entry: it does not look like "
