@@ -31,7 +31,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from core.config.slices import DataSlice, ModelSlice, TrainerSlice
+from core.config.slices import DataSlice, ModelSlice, StageSlice, TrainerSlice
 from core.estimate import measure
 from core.estimate.terms import OFFLOAD_STASH, dtypes, upcast
 from core.model import vision as model_vision
@@ -271,18 +271,21 @@ def vision_terms(t: Any, cfg: _Seen, shape: ModelShape, seen: Images | None) -> 
                    f"vision weights, {kept / 2**30:.2f} GiB of its activations kept for backward")
 
 
-class _Counted(ModelSlice, DataSlice, Protocol):
-    """The image dataset, the model whose processor counts its rows, and the image budget it resizes to."""
+class _Counted(ModelSlice, DataSlice, StageSlice, Protocol):
+    """The image dataset, the model whose processor counts its rows, the image budget it resizes to, and the stage
+    (image rows train supervised only)."""
 
 
 def measured_images(cfg: _Counted) -> dict[str, int] | None:
     """The estimate's keywords for cfg's image dataset, its kept rows counted by the model's processor at the image
     budget (core/data/images.py plan_images): the longest row, the most image tokens and images in a row. None
-    for text rows (core/estimate/predict.py measured_row_tokens then)."""
+    for text rows and the stages that read none (core/estimate/predict.py measured_row_tokens then)."""
     from core.data import images as image_rows
     from core.data.plan import check_data
     from core.model.load import load_processor, resolve_model_path
 
+    if cfg.stage != "sft":  # preference and GRPO rows are text rows (core/train/data.py refuses images there)
+        return None
     raw, _ = check_data(cfg)
     if not image_rows.has_images(raw):
         return None
