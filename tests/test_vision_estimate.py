@@ -134,6 +134,8 @@ def test_the_estimate_holds_the_16bit_vision_weights_and_grows_with_the_rows_ima
     grown = ev.kept_bytes(vs, 2 * 32 * vs.per_token, 2, False)[0] - ev.kept_bytes(vs, 2 * 16 * vs.per_token, 2, False)[0]
     assert more.activations - few.activations == grown
     assert any("16 image tokens per row (the dataset's rows" in n for n in few.notes)
+    said = estimate(cfg.replace(lora_vision=True), shape, max_row_tokens=100, image_tokens=16).notes
+    assert any(n.startswith("lora_vision: the LoRA on the vision encoder") for n in said)  # named, not guessed
 
 
 def test_the_processor_resizes_to_the_image_budget_and_the_estimate_counts_the_same_tokens():

@@ -31,7 +31,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from core.config.slices import DataSlice, ModelSlice, StageSlice, TrainerSlice
+from core.config.slices import DataSlice, LoraSlice, ModelSlice, StageSlice, TrainerSlice
 from core.estimate import measure
 from core.estimate.terms import OFFLOAD_STASH, dtypes, upcast
 from core.model import vision as model_vision
@@ -42,8 +42,8 @@ IDEFICS3_DEFAULT_TILES = 4  # Idefics3 / SmolVLM: size.longest_edge = 4 x max_im
 FIT_FLOOR_TOKENS = 64  # Fit lowers an image's budget down to about this many image tokens, never below
 
 
-class _Seen(ModelSlice, DataSlice, TrainerSlice, Protocol):
-    """The micro-batch's rows and images, the image budget, and the step's checkpointing."""
+class _Seen(ModelSlice, LoraSlice, DataSlice, TrainerSlice, Protocol):
+    """The micro-batch's rows and images, the image budget, the step's checkpointing and LoRA on the tower."""
 
 
 @dataclass(frozen=True)
@@ -266,6 +266,9 @@ def vision_terms(t: Any, cfg: _Seen, shape: ModelShape, seen: Images | None) -> 
     where = "the dataset's rows, counted by the processor" if seen.counted else (
         f"one image at image_max_pixels {cfg.image_max_pixels}" if cfg.image_max_pixels else
         "one image at the processor's default budget")
+    if cfg.lora_vision:  # its adapters' parameters and the inputs they keep are not modelled (small beside the tower)
+        t.notes.append("lora_vision: the LoRA on the vision encoder (its parameters, their optimizer state and the "
+                       "inputs they keep) is not in this estimate")
     t.notes.append(f"images: {seen.tokens_per_row:,} image tokens per row ({where}), {seen.patches:,} patches per "
                    f"micro-batch through the {vs.depth}-layer vision tower: {weights / 2**30:.2f} GiB of 16-bit "
                    f"vision weights, {kept / 2**30:.2f} GiB of its activations kept for backward")
