@@ -235,3 +235,12 @@ def test_the_web_servers_shape_from_config_keys_keeps_the_vision_side_and_its_fo
         formula = ev.vision_params(shape)
     assert abs(formula - counted) <= 0.02 * counted
     assert [spec["kind"] for spec in wants.missing.values()] == ["vision"]
+
+
+def test_the_estimate_cli_refuses_an_image_budget_for_a_fixed_size_family_by_name(capsys):
+    from core.estimate.predict import main
+
+    folder = ensure_tiny_model("gemma3")
+    rc = main(["--set", f"model={folder}", "--set", "dataset=assets/demo_vision/train.jsonl",
+               "--set", "image_max_pixels=200704", "--data"])
+    assert rc == 2 and "resizes every image to one fixed size" in capsys.readouterr().err

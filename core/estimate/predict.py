@@ -31,6 +31,7 @@ from core.config.levers import fit_fields
 from core.config.slices import DataSlice, ModelSlice, PlaceSlice, StageSlice, TrainerSlice, Training
 from core.config.presets import PRESETS, apply_preset
 from core.model.shapes import ModelShape, ShapeError, get_shape
+from core.model.vision import ImageBudgetError
 
 
 class _Run(Training, PlaceSlice, Protocol):
@@ -602,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg, est = fit_to_gpu(cfg, int(args.fit * GIB), shape=shape, **kw)
         else:
             est = estimate(cfg, shape, **kw)
-    except (ConfigError, ShapeError, FitError, DataError) as exc:
+    except (ConfigError, ShapeError, FitError, DataError, ImageBudgetError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
