@@ -197,3 +197,32 @@ FAMILIES_41 = {
         bos_token_id=0, eos_token_id=0, torch_dtype="float16"),
 }
 ARCHS.update(FAMILIES_41)
+
+# Image-text models (bench/product_plans.py `vision1`): config.json of Qwen/Qwen2.5-VL-7B-Instruct and
+# google/gemma-3-12b-it, vision_config included (Gemma-3's text_config lists only what differs from Gemma3TextConfig's
+# defaults, as the Hub's file does). The benchmark builds them with AutoModelForImageTextToText and saves the family's
+# processor beside them (bench/synth.py vision_processor), its token ids written into the config.
+VISION_ARCHS = {
+    "qwen2.5-vl-7b": dict(
+        model_type="qwen2_5_vl", vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=128000, max_window_layers=28,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, sliding_window=32768, use_sliding_window=False, hidden_act="silu",
+        attention_dropout=0.0, tie_word_embeddings=False, initializer_range=0.02, torch_dtype="bfloat16",
+        rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]}, bos_token_id=151643, eos_token_id=151645,
+        vision_start_token_id=151652, vision_end_token_id=151653, vision_token_id=151654, image_token_id=151655,
+        video_token_id=151656,
+        vision_config=dict(depth=32, hidden_act="silu", hidden_size=1280, intermediate_size=3420, num_heads=16,
+                           in_chans=3, out_hidden_size=3584, patch_size=14, spatial_merge_size=2,
+                           spatial_patch_size=14, window_size=112, fullatt_block_indexes=[7, 15, 23, 31],
+                           tokens_per_second=2, temporal_patch_size=2)),
+    "gemma-3-12b-it": dict(
+        model_type="gemma3", boi_token_index=255999, eoi_token_index=256000, eos_token_id=[1, 106],
+        image_token_index=262144, initializer_range=0.02, mm_tokens_per_image=256, torch_dtype="bfloat16",
+        text_config=dict(model_type="gemma3_text", hidden_size=3840, intermediate_size=15360, num_attention_heads=16,
+                         num_hidden_layers=48, num_key_value_heads=8, sliding_window=1024,
+                         rope_scaling={"factor": 8.0, "rope_type": "linear"}),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=1152, image_size=896, intermediate_size=4304,
+                           num_attention_heads=16, num_hidden_layers=27, patch_size=14, vision_use_head=False)),
+}
+ARCHS.update(VISION_ARCHS)
+HUB_IDS.update({"qwen2.5-vl-7b": "Qwen/Qwen2.5-VL-7B-Instruct", "gemma-3-12b-it": "google/gemma-3-12b-it"})

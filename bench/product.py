@@ -5,7 +5,8 @@
 Per call: a model folder with random bf16 weights of the architecture (bench/archs.py) is saved with
 `save_pretrained` (in a child process, so this parent never holds GPU memory) and a dolly-format jsonl with
 lognormal lengths (bench/synth.py) is written, once, with preference pairs of the same lengths when a plan's rows read
-them (Variant.data "pairs": prompt, chosen, rejected). Then every variant runs as its own process: a script (the
+them (Variant.data "pairs": prompt, chosen, rejected), or photo-sized image rows (Variant.data "images", an image-text
+architecture saved with its processor). Then every variant runs as its own process: a script (the
 chapter's, bench/chapter_script.py, or Variant.module's) or `python -m core.train --config F --preset P --set ...`. This parent samples
 NVML every 10 ms from outside (device used memory; GPU utilisation every 100 ms) and reads tokens and times from
 the run's own events.jsonl (step events: cumulative tokens, seconds since training began).
@@ -50,11 +51,18 @@ def build_model_folder(arch: str, folder: Path, quantized: bool = False) -> None
     import torch
     from transformers import AutoModelForCausalLM
 
-    from bench.archs import hf_config
+    from bench.archs import VISION_ARCHS, hf_config
     from bench.synth import build_model, make_tokenizer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(1234)
+    if arch in VISION_ARCHS:  # an image-text model: saved with its family's processor (bench/synth.py)
+        from bench.synth import build_vision_model
+
+        model, processor = build_vision_model(arch, device)
+        model.to("cpu").save_pretrained(folder, max_shard_size="5GB")
+        processor.save_pretrained(folder)
+        return
     if quantized:
         model = build_model(arch, device, quantize=True, quant_storage=torch.bfloat16)
     else:
@@ -446,6 +454,11 @@ def main(argv=None) -> int:
     datas = {"": data, "pairs": work / "pairs.jsonl"}
     if any(v.data == "pairs" for v in variants):  # the preference rows' data (prompt, chosen, rejected)
         info["pairs"] = write_pairs(datas["pairs"], min(args.rows, PAIRS))
+    datas["images"] = work / "images" / "train.jsonl"
+    if any(v.data == "images" for v in variants):  # image rows: photo-sized PNGs with questions and answers
+        from bench.synth import image_rows
+
+        info["images"] = image_rows(datas["images"].parent)
 
     def folder(name: str) -> Path:
         """The model folder of architecture `name`, built the first time a variant needs it."""

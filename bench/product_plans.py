@@ -28,7 +28,8 @@ class Variant:
     script_args: list[str] = field(default_factory=list)  # extra arguments of a script row (the peer's settings)
     code: str = ""  # a source tree of another commit (git archive) the row runs from: bisecting a regression
     module: str = ""  # a script row's module ("": bench.chapter_script, or bench.unsloth_script with `peer`)
-    data: str = ""  # "": the call's dolly rows; "pairs": its preference pairs (bench/synth.py preference_pairs)
+    data: str = ""  # "": the call's dolly rows; "pairs": its preference pairs (bench/synth.py preference_pairs);
+    # "images": photo-sized image rows in messages format (bench/synth.py image_rows)
     card_gib: float = 0.0  # > 0: the run's CUDA allocator capped like a card of this many GiB (bench/capped.py)
 
 
@@ -691,7 +692,19 @@ def speed25(name: str) -> list[Variant]:
     return rows
 
 
+def vision1() -> list[Variant]:
+    """Image-text models at `lowest_memory`, 8 steps each (3 warm) on 1024 x 768 image rows with 20-120-word answers
+    (bench/synth.py image_rows), sized for the real rows by the estimate (--data: the processor counts each row's
+    image tokens): Qwen2.5-VL-7B's shape (about 1,000 image tokens a photo at the processor's default budget; its
+    processor needs torchvision) and Gemma-3-12B's (256 image tokens a photo, 896 x 896)."""
+    return [Variant(f"{arch}-lowest_memory", "lowest_memory", steps=8, warm=3, timeout_s=420, arch=arch,
+                    max_length=2048, data="images")
+            for arch in ("qwen2.5-vl-7b", "gemma-3-12b-it")]
+
+
 def plan(name: str) -> list[Variant]:
+    if name == "vision1":
+        return vision1()
     if name.startswith("speed25"):
         return speed25(name)
     if name.startswith("speed24"):

@@ -11,6 +11,7 @@ time, so two recipes can be compared on the same model.
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -189,3 +190,111 @@ def preference_pairs(n: int, seed: int = 0) -> tuple[list[dict], np.ndarray]:
         # word-level tokens: <bos> + the prompt's words, the answer's words + <eos> (make_tokenizer, TRL's EOS)
         sides += [2 + len(prompt.split()) + len(answer.split()) for answer in (row["response"], alt["response"])]
     return pairs, np.asarray(sides)
+
+
+# --- image-text models and image rows (bench/product_plans.py `vision1`) ---------------------------------------------
+# Each family's special tokens (its processor and chat template read them) and the config fields naming their ids.
+VISION_SPECIAL = {
+    "qwen2_5_vl": {"tokens": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                              "<|image_pad|>", "<|video_pad|>"],
+                   "ids": {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+                           "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>",
+                           "bos_token_id": "<|endoftext|>", "eos_token_id": "<|im_end|>",
+                           "pad_token_id": "<|endoftext|>"}},
+    "gemma3": {"tokens": ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>",
+                          "<end_of_image>", "<image_soft_token>"],
+               "ids": {"image_token_id": "<image_soft_token>", "boi_token_id": "<start_of_image>",
+                       "eoi_token_id": "<end_of_image>", "pad_token_id": "<pad>", "bos_token_id": "<bos>",
+                       "eos_token_id": "<end_of_turn>"}},
+}
+IMAGE_WORDS = ("photo receipt total item price chart axis label street car tree sky window person shelf product "
+               "colour red blue green left right top bottom small large number date store what which how many is "
+               "the a of in on and shows there are this image describe answer").split()
+
+
+def vision_processor(model_type: str):
+    """The family's own processor (Qwen2.5-VL: its image processor at the Hub's max_pixels 12,845,056 and its video
+    processor, which needs torchvision; Gemma-3: 896 x 896, 256 image tokens) around a byte-level BPE over
+    IMAGE_WORDS with the family's special tokens, and TRL's chat template of the family."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from trl import chat_template_utils as templates
+
+    special = VISION_SPECIAL[model_type]["tokens"]
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([" ".join(IMAGE_WORDS), "system user assistant model You are a helpful assistant."],
+                            trainer=trainers.BpeTrainer(vocab_size=600, special_tokens=special, show_progress=False,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    if model_type == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", model_max_length=131072,
+            extra_special_tokens={"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
+                                  "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>"})
+        images = Qwen2VLImageProcessor(size={"longest_edge": 12_845_056, "shortest_edge": 3136})
+        return Qwen2_5_VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(),
+                                   chat_template=templates.qwen2_5_vl_chat_template)
+    from transformers import Gemma3ImageProcessor, Gemma3Processor
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<end_of_turn>", pad_token="<pad>", model_max_length=131072,
+        extra_special_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                              "image_token": "<image_soft_token>"})
+    images = Gemma3ImageProcessor(size={"height": 896, "width": 896})
+    return Gemma3Processor(image_processor=images, tokenizer=tokenizer, image_seq_length=256,
+                           chat_template=templates.gemma3_chat_template)
+
+
+def build_vision_model(arch: str, device: str = "cpu", dtype=torch.bfloat16):
+    """(model, processor) of the image-text architecture `arch` (bench/archs.py VISION_ARCHS): random weights, the
+    processor's token ids written into the config (the shapes, vocabulary size included, stay the real ones)."""
+    from transformers import AutoModelForImageTextToText
+
+    config = hf_config(arch)
+    processor = vision_processor(config.model_type)
+    ids = processor.tokenizer.convert_tokens_to_ids
+    for name, token in VISION_SPECIAL[config.model_type]["ids"].items():
+        for holder in (config, config.get_text_config()):
+            setattr(holder, name, ids(token))
+    with torch.device(device):
+        model = AutoModelForImageTextToText.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model, processor
+
+
+def image_rows(folder, n_rows: int = 256, n_images: int = 64, size: tuple[int, int] = (1024, 768),
+               seed: int = 0) -> dict:
+    """Photo-sized PNGs (`size`, a colour gradient under noise, so they neither compress to nothing nor are all
+    alike) in folder/images, and folder/train.jsonl: `n_rows` rows in messages format, each a question about one
+    image and an answer of 20 to 120 words. What it wrote, for the call's info."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    folder = Path(folder)
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    w, h = size
+    ramp = np.linspace(0, 1, w)[None, :, None] * np.linspace(0, 1, h)[:, None, None]
+    for i in range(n_images):
+        path = folder / "images" / f"photo_{i:03d}.png"
+        if path.is_file():
+            continue
+        base = rng.uniform(0, 255, 3) * ramp + rng.uniform(0, 255, 3) * (1 - ramp)
+        noisy = np.clip(base + rng.normal(0, 12, (h, w, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(noisy).save(path)
+    words = np.array(IMAGE_WORDS)
+    lengths = []
+    with (folder / "train.jsonl").open("w", encoding="utf-8") as f:
+        for r in range(n_rows):
+            question = " ".join(rng.choice(words, int(rng.integers(6, 20))))
+            answer = " ".join(rng.choice(words, int(rng.integers(20, 121))))
+            lengths.append(len(answer.split()))
+            f.write(json.dumps({"messages": [
+                {"role": "user", "content": [{"type": "image", "image": f"images/photo_{r % n_images:03d}.png"},
+                                             {"type": "text", "text": question}]},
+                {"role": "assistant", "content": [{"type": "text", "text": answer}]}]}) + "\n")
+    return {"rows": n_rows, "images": n_images, "image_size": list(size),
+            "median_answer_words": float(np.median(lengths))}

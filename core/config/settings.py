@@ -97,6 +97,9 @@ HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")  # org/name as the Hub spells ids (co
 CONTROL_CHAR = re.compile(r"[\x00-\x1f\x7f]")  # a newline or NUL in a name: no file or Hub id has one
 
 
+IMAGE_MIN_PIXELS = 56 * 56  # the smallest image budget: Qwen2-VL's own min_pixels (4 image tokens)
+
+
 def _help(text: str, **kw: Any) -> dict[str, Any]:
     """A field's metadata: help (English; the UI's other languages are in core/locales), min/max, choices, and for
     the UI the widget kind ("slider" with `step`, "radio"; otherwise a number box, dropdown, checkbox or text box
@@ -258,6 +261,13 @@ class TrainConfig:
         "Longest training sequence in tokens; longer rows are truncated.", min=16, max=131072, widget="slider",
         step=16,
         lever=Lever("checklist", (SFT,), (TERM,), TOLD, item="short_max_length", preset=False, fit=3, speed=True)))
+    image_max_pixels: int = field(default=0, metadata=_help(
+        "Image rows: the most pixels the processor resizes each image (or each tile) to, which sets its image "
+        "tokens: Qwen2-VL / Qwen2.5-VL / Qwen3-VL take it as their max_pixels (a 1024 x 768 photo at 802,816 "
+        "pixels is about 1,000 image tokens, at 200,704 about 256), Idefics3 / SmolVLM as the longest edge (its "
+        "square root, in whole tiles). 0 keeps the processor's own. Gemma-3 (896 x 896, 256 tokens) and LLaVA "
+        "resize to a fixed size and refuse it. Fewer pixels: fewer image tokens, less memory and less detail.",
+        min=0, max=50_000_000))
     long_prompts: str = field(default="truncate_middle", metadata=_help(
         "A prompt that leaves the answer less than a quarter of max_length: truncate_middle cuts its middle "
         "(keeping the instruction and the answer header), truncate_left its start, so the answer still trains; "
@@ -664,6 +674,8 @@ def config_problems(cfg: TrainConfig, hw: Hardware | None = None) -> list[Proble
     p.extend(source_problems(cfg))
     if cfg.max_steps == 0:
         bad("max_steps", "problem.max_steps_zero")
+    if 0 < cfg.image_max_pixels < IMAGE_MIN_PIXELS:  # below one merged 28 x 28 patch: no image token left
+        bad("image_max_pixels", "problem.image_max_pixels_small", value=cfg.image_max_pixels, min=IMAGE_MIN_PIXELS)
     if cfg.run_name and not SAFE_NAME.match(cfg.run_name):
         bad("run_name", "problem.run_name", name=repr(cfg.run_name))
     if not cfg.resume_from and cfg.output_dir.strip():  # a resumed run's folder: core.checks checks it

@@ -66,6 +66,7 @@ class DataSlice(Slice, Protocol):
     dataset_split: str
     dataset_format: str
     max_length: int
+    image_max_pixels: int
     long_prompts: str
     train_turns: str
     packing: bool

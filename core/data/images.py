@@ -331,7 +331,9 @@ def count_tokens(processor: Any, row: ImageRow) -> tuple[int, int]:
     item = opened(row)
     out = processor.apply_chat_template([_filled(item)], tokenize=True, return_dict=True)
     ids = out["input_ids"][0]
-    image_id = getattr(processor, "image_token_id", None)
+    # the tokenizer's image token first: Gemma-3's processor names its begin-of-image token image_token_id, where the
+    # image's 256 tokens are the tokenizer's image_token (<image_soft_token>)
+    image_id = getattr(processor.tokenizer, "image_token_id", None) or getattr(processor, "image_token_id", None)
     return len(ids), sum(1 for t in ids if t == image_id)
 
 

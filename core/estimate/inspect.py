@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any, Callable
 
 from core.config.settings import TrainConfig
-from core.estimate import measure, preference
+from core.estimate import measure, preference, vision
 from core.estimate.known import remember_shape
 from core.estimate.predict import estimate, fit_floor, savings
 
@@ -30,6 +30,8 @@ def measure_one(spec: dict[str, Any]) -> None:
         preference.orpo_bytes_per_logit(args["dtype_name"])
     elif kind == "shape":
         remember_shape(args["model"])
+    elif kind == "vision":  # an image-text model's vision parameters (core/estimate/vision.py)
+        vision.remember_params(args["config_text"])
     else:
         raise ValueError(f"unknown measurement {kind!r}")
 

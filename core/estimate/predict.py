@@ -22,6 +22,7 @@ from typing import Any, Callable, Generic, Protocol, TypeVar
 
 from core.estimate import multi as estimate_multi
 from core.estimate import stages as stage_terms  # a preference stage's sequences per row
+from core.estimate import vision as vision_terms  # an image-text model's vision side and image tokens
 from core.config.settings import OPTIMIZERS, ConfigError, Hardware, TrainConfig, parse_overrides
 from core.data.read import DataError
 from core.estimate.known import shape_of
@@ -30,6 +31,7 @@ from core.config.levers import fit_fields
 from core.config.slices import DataSlice, ModelSlice, PlaceSlice, StageSlice, TrainerSlice, Training
 from core.config.presets import PRESETS, apply_preset
 from core.model.shapes import ModelShape, ShapeError, get_shape
+from core.model.vision import ImageBudgetError
 
 
 class _Run(Training, PlaceSlice, Protocol):
@@ -151,7 +153,7 @@ def _resolve_shape(cfg: ModelSlice, shape: ModelShape | None) -> ModelShape:
 def estimate(cfg: _Run, shape: ModelShape | None = None, *, max_row_tokens: int | None = None,
              full_logits: bool = False, liger_layers: bool | None = None, attention: str | None = None,
              equal_length_rows: bool = False, n_gpus: int | None = None, gpu_bytes: int | None = None,
-             embedding_via_gpu: bool = False) -> Estimate:
+             embedding_via_gpu: bool = False, image_tokens: int | None = None, images_per_row: int = 1) -> Estimate:
     """Predict one GPU's memory while training `cfg` (peak allocated, peak reserved and NVML peak).
 
     `max_row_tokens`: the longest row of the dataset in tokens, when known (default: rows reach max_length).
@@ -161,8 +163,14 @@ def estimate(cfg: _Run, shape: ModelShape | None = None, *, max_row_tokens: int 
     `equal_length_rows`: every row of a micro-batch has the same length, so an unpacked batch needs no padding mask.
     `n_gpus`, `gpu_bytes`: this machine's GPU count and smallest GPU, for num_gpus "all" and strategy auto
     (default: what NVML sees here).
+    `image_tokens`, `images_per_row`: an image dataset's most image tokens and images in a row, counted by the
+    processor (default: one image at the image budget; core/estimate/vision.py).
     """
     shape = _resolve_shape(cfg, shape)
+    # vision hook: the micro-batch's image tokens and patches; a lowered image budget shortens the counted rows
+    seen = vision_terms.images(cfg, shape, max_row_tokens, image_tokens, images_per_row)
+    if seen is not None:
+        max_row_tokens = seen.row_tokens
     attention = attention or getattr(cfg, "attention", None) or "sdpa"
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, not {attention!r}")
@@ -173,6 +181,7 @@ def estimate(cfg: _Run, shape: ModelShape | None = None, *, max_row_tokens: int 
     stage_terms.logits_terms(t, cfg, shape)  # stages hook: ORPO's loss holds the whole logits
     stage_terms.generation_terms(t, cfg, shape)  # stages hook: GRPO's sampling (KV cache, a decoding step's logits)
     dora_terms(t, cfg, shape)  # use_dora's magnitudes, kept outputs and norm transient (none when off)
+    vision_terms.vision_terms(t, cfg, shape, seen)  # vision hook: its 16-bit weights and the tower's activations
     lay = estimate_multi.layout(cfg, lambda: max(t.nvml_training, t.nvml_setup), n_gpus, gpu_bytes)
     estimate_multi.apply(t, cfg, shape, lay)
     notes = ([f"per GPU: {lay.world_size} processes, {lay.strategy} ({lay.reason})"] if lay.world_size > 1 else [])
@@ -261,6 +270,7 @@ FIT_MARGIN = 0.1  # what fit_to_gpu keeps spare of the budget
 # GRPO's sampling, which Fit may lower once the micro-batch, checkpointing and optimizer are not enough: the generation
 # batch's KV cache grows with answers per prompt x answer length (core/estimate/stages.py)
 GENERATION_FIELDS = ("num_generations", "max_completion_length")
+IMAGE_FIELDS = ("image_max_pixels",)  # an image-text model's image budget, which Fit may lower (vision hook)
 COMPLETION_FLOOR = 64  # the shortest answer Fit cuts GRPO's to (never below the user's own)
 
 
@@ -286,15 +296,26 @@ def sampled(cfg: R, answers: int, length: int) -> tuple[R, int]:
     return cfg.replace(num_generations=answers, max_completion_length=length), prompts * answers
 
 
+def image_steps(cfg: DataSlice, shape: ModelShape) -> list[tuple[int, int]]:
+    """(image_max_pixels, max_length) pairs fit_to_gpu tries in order: an image-text model's lower image budgets
+    first (core/estimate/vision.py budgets: an image row past max_length is dropped whole, so a smaller image
+    comes before a shorter length), then the shorter lengths at the lowest budget; a text model's lengths alone."""
+    pixels = vision_terms.budgets(cfg, shape)
+    lengths = _lengths(cfg.max_length)
+    return [(p, lengths[0]) for p in pixels] + [(pixels[-1], n) for n in lengths[1:]]
+
+
 def fit_floor(cfg: _Run, shape: ModelShape | None = None, **kw) -> Estimate:
     """The estimate of the smallest setting fit_to_gpu may choose for cfg (batch 1, its shortest length, gradient
     checkpointing, a paged 8-bit optimizer; GRPO's fewest and shortest answers): when even this does not fit a
     budget, Fit cannot help."""
+    shape = _resolve_shape(cfg, shape)
     small, effective = sampled(cfg, *generations(cfg)[-1])
     optim = cfg.optim if OPTIMIZERS.get(cfg.optim, (0, 0, 0))[1] else "paged_adamw_8bit"
     return estimate(small.replace(max_length=_lengths(cfg.max_length)[-1], per_device_train_batch_size=1,
+                                  image_max_pixels=vision_terms.budgets(cfg, shape)[-1],
                                   gradient_accumulation_steps=max(1, effective), gradient_checkpointing=True,
-                                  optim=optim), _resolve_shape(cfg, shape), **kw)
+                                  optim=optim), shape, **kw)
 
 
 def fit_to_gpu(cfg: R, budget_bytes: int, margin: float = FIT_MARGIN, shape: ModelShape | None = None,
@@ -313,7 +334,7 @@ def fit_to_gpu(cfg: R, budget_bytes: int, margin: float = FIT_MARGIN, shape: Mod
     variants = [(g, o) for g in ckpts for o in optims]
     variants.sort(key=lambda v: (v[0] != cfg.gradient_checkpointing, v[1] != cfg.optim))
     last: tuple[R, Estimate] | None = None
-    for length in _lengths(cfg.max_length):
+    for pixels, length in image_steps(cfg, shape):
         for answers, answer_length in generations(cfg):
             start, effective = sampled(cfg, answers, answer_length)
             batches, b = [], cfg.per_device_train_batch_size
@@ -323,11 +344,14 @@ def fit_to_gpu(cfg: R, budget_bytes: int, margin: float = FIT_MARGIN, shape: Mod
                 b //= 2
             for b in batches:
                 for ckpt, optim in variants:
-                    cand = start.replace(max_length=length, per_device_train_batch_size=b,
+                    cand = start.replace(max_length=length, image_max_pixels=pixels, per_device_train_batch_size=b,
                                          gradient_accumulation_steps=max(1, -(-effective // b)),
                                          gradient_checkpointing=ckpt, optim=optim)
                     est = estimate(cand, shape, **kw)
                     if est.nvml_peak <= limit:
+                        if pixels != cfg.image_max_pixels:  # say so: the images are resized smaller
+                            est.notes.insert(0, f"Fit lowered image_max_pixels to {pixels:,}: each image is "
+                                                "resized smaller, with fewer image tokens and less detail")
                         return cand, est
                     last = (cand, est)
     cand, est = last  # the smallest setting: batch 1, the shortest length, checkpointing, 8-bit optimizer
@@ -572,18 +596,20 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"preset {args.preset}: {fit.note()}", file=sys.stderr)
         cfg = cfg.replace(**changes)
         shape = get_shape(cfg.model)
-        kw = {"max_row_tokens": args.max_row_tokens or (measured_row_tokens(cfg) if args.data else None)}
+        # vision hook: an image dataset's rows and image tokens, counted by the model's processor
+        kw = (vision_terms.measured_images(cfg) if args.data and not args.max_row_tokens else None) or \
+            {"max_row_tokens": args.max_row_tokens or (measured_row_tokens(cfg) if args.data else None)}
         if args.fit is not None:
             cfg, est = fit_to_gpu(cfg, int(args.fit * GIB), shape=shape, **kw)
         else:
             est = estimate(cfg, shape, **kw)
-    except (ConfigError, ShapeError, FitError, DataError) as exc:
+    except (ConfigError, ShapeError, FitError, DataError, ImageBudgetError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         out = est.to_json()
         if args.fit is not None:
-            out["config"] = {k: getattr(cfg, k) for k in fit_fields() + GENERATION_FIELDS}  # what fit_to_gpu may change
+            out["config"] = {k: getattr(cfg, k) for k in fit_fields() + GENERATION_FIELDS + IMAGE_FIELDS}  # what fit_to_gpu may change
         print(json.dumps(out))
         return 0
     what = "4-bit " + cfg.bnb_4bit_quant_type if cfg.load_in_4bit else cfg.precision

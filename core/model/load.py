@@ -19,7 +19,7 @@ import torch
 from core.config import arguments as recipe
 from core.hub import hf_token  # the loader passes it on (core/hub.py)
 from core.config.settings import DEMO_MODEL, DEMO_VISION_MODEL, MOVES_BASE, ConfigError, Problem
-from core.config.slices import Loading, ModelSlice, PlaceSlice, TrainerSlice
+from core.config.slices import DataSlice, Loading, ModelSlice, PlaceSlice, TrainerSlice
 from core.levers import expert_store, experts as moe, variants
 from core.levers.embedding import CpuEmbedding, load_embedding_on_cpu, offload_input_embeddings
 from core.levers.output_head import quantize_output_head
@@ -174,9 +174,14 @@ def is_vision_model(cfg: ModelSlice, path: str) -> bool:
     return vision.is_vision_config(AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code))
 
 
-def load_processor(cfg: ModelSlice, path: str):
-    """An image-text model's processor (its tokenizer and image processor), pad token set as load_tokenizer does."""
-    return vision.load_processor(path, cfg.trust_remote_code)
+class _Processed(ModelSlice, DataSlice, Protocol):
+    """The model's processor and the image budget its resizing keeps to."""
+
+
+def load_processor(cfg: _Processed, path: str):
+    """An image-text model's processor (its tokenizer and image processor), its image budget (image_max_pixels)
+    applied, pad token set as load_tokenizer does."""
+    return vision.load_processor(path, cfg.trust_remote_code, cfg.image_max_pixels)
 
 
 def load_tokenizer(cfg: ModelSlice, path: str | None = None):

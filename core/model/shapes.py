@@ -27,6 +27,7 @@ from typing import Any
 
 from core.config.settings import DEMO_MODEL
 from core.model.lora_targets import TREE_LOCK
+from core.model import vision
 
 
 class ShapeError(ValueError):
@@ -59,6 +60,8 @@ class ModelShape:
     dense_mlp: bool = True  # the layers hold an nn.Linear MLP (gate/up/down); an all-MoE model's layers do not
     # the config.json text it was built from (core.estimate.measure builds one decoder layer of it); "" for a hand shape
     config_text: str = field(default="", compare=False, repr=False)
+    # an image-text model's whole config.json text (its vision_config: core/estimate/vision.py); "" for a text model
+    vision_config_text: str = field(default="", compare=False, repr=False)
 
     # --- derived sizes ------------------------------------------------------------------------------------------
     q_dim = property(lambda self: self.num_attention_heads * self.head_dim, doc="width of the query projection")
@@ -239,6 +242,7 @@ class ModelShape:
                 attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
                 norms_per_layer=4 if model_type in ("gemma2", "gemma3", "gemma3_text") else 2,
                 attn_softcap=cfg.get("attn_logit_softcapping", 50.0 if model_type == "gemma2" else None) is not None,
+                vision_config_text=json.dumps(config, sort_keys=True) if config.get("vision_config") else "",
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ShapeError(f"config of {name or 'the model'} lacks a usable {exc} entry: it does not look like "
@@ -269,8 +273,9 @@ class StoredCount:
     moe_layers: int = 0  # decoder layers holding experts
 
 
-def _count_meta(model, config) -> tuple[StoredCount, dict[str, Any]]:
-    """(the stored count, the architecture numbers read from real module shapes) of a model on the meta device."""
+def _count_meta(model, config, exclude: tuple[str, ...] = ()) -> tuple[StoredCount, dict[str, Any]]:
+    """(the stored count, the architecture numbers read from real module shapes) of a model on the meta device;
+    the modules under `exclude` (an image-text model's vision side, which its own estimate counts) left out."""
     import torch
     from transformers.pytorch_utils import Conv1D
 
@@ -285,7 +290,12 @@ def _count_meta(model, config) -> tuple[StoredCount, dict[str, Any]]:
     # (llama down_proj, gpt2 mlp.c_proj, opt fc2, bloom/falcon dense_4h_to_h)
     hidden = int(config.hidden_size)
     mlp_inter = 0
+    def outside(name: str) -> bool:
+        return not any(name == e or name.startswith(e + ".") for e in exclude)
+
     for name, module in model.named_modules():
+        if not outside(name):
+            continue
         conv = isinstance(module, Conv1D)
         if not (conv or isinstance(module, torch.nn.Linear)):
             continue
@@ -305,7 +315,7 @@ def _count_meta(model, config) -> tuple[StoredCount, dict[str, Any]]:
     routed = {s.path: s for s in store.quantized}
     expert_inter = n_experts = 0
     for name, p in model.named_parameters(remove_duplicate=True):
-        if id(p) in skip_ids:
+        if id(p) in skip_ids or not outside(name):
             continue
         other += p.numel()
         stored = routed.get(name)
@@ -367,9 +377,10 @@ def _shape_from_json(text: str) -> "ModelShape":
     values = {k: v for k, v in data.items() if k not in ("model_type", "architectures", "auto_map")}
     config = AutoConfig.for_model(data["model_type"], **values)
     text_cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    image_text = vision.is_vision_config(config)
     with TREE_LOCK, torch.device("meta"):  # the app builds trees in several threads: one at a time
-        model = AutoModelForCausalLM.from_config(config)
-    stored, numbers = _count_meta(model, text_cfg)
+        model = vision.skeleton(config) if image_text else AutoModelForCausalLM.from_config(config)
+    stored, numbers = _count_meta(model, text_cfg, tuple(vision.vision_modules(model)) if image_text else ())
     if stored.largest_expert and not _stacks_experts(str(config.model_type)):
         stored = replace(stored, largest_expert=0)
     c = text_cfg
@@ -396,7 +407,19 @@ def _shape_from_json(text: str) -> "ModelShape":
         attn_softcap=getattr(c, "attn_logit_softcapping", None) is not None, stored=stored,
         num_experts=n_experts, num_experts_per_tok=top_k if n_experts else 0,
         expert_intermediate_size=expert_inter if n_experts else 0, moe_layers=moe_layers,
-        dense_mlp=bool(numbers["mlp_inter"]), config_text=text)
+        dense_mlp=bool(numbers["mlp_inter"]), config_text=_text_config_text(text_cfg) if image_text else text,
+        vision_config_text=text if image_text else "")
+
+
+def _text_config_text(text_cfg) -> str:
+    """An image-text model's language model as a config.json text core/estimate/measure.py builds one decoder layer
+    of, where transformers has a causal LM class for its model_type (Gemma-3's, LLaVA's and Idefics3's Llama);
+    "" where it has none (Qwen2.5-VL's text model: the formula then)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if text_cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return ""
+    return json.dumps(text_cfg.to_dict(), sort_keys=True)
 
 
 def _llama(name, vocab, h, i, layers, heads, kv, head_dim, tie, max_pos, **kw) -> ModelShape:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from core.messages import Keyed
+
 LANGUAGE = ("language_model", "text_model")  # the text decoder's name (Idefics3 / SmolVLM: text_model)
 
 
@@ -57,10 +59,57 @@ def skip_modules(model: Any) -> list[str]:
     return [*vision_modules(model), "lm_head"]
 
 
-def load_processor(path: str, trust_remote_code: bool = False):
+class ImageBudgetError(Keyed, ValueError):
+    """image_max_pixels given for a processor that resizes every image to one fixed size (a keyed message)."""
+
+    def __init__(self, key: str, **params: Any) -> None:
+        super().__init__(self._keyed(key, params))
+
+
+def budget_kind(image_processor: Any) -> str:
+    """How the family's image processor takes an image budget: "pixels" (Qwen2-VL / Qwen2.5-VL / Qwen3-VL: size's
+    longest_edge is a pixel count, their max_pixels), "edge" (Idefics3 / SmolVLM: the resized longest edge, split
+    into tiles of max_image_size), or "fixed" (Gemma-3, LLaVA: one size for every image)."""
+    size = getattr(image_processor, "size", None) or {}
+    get = size.get if isinstance(size, dict) else (lambda k: getattr(size, k, None))
+    if getattr(image_processor, "merge_size", None) and get("longest_edge") and get("shortest_edge"):
+        return "pixels"
+    if get("longest_edge") and getattr(image_processor, "max_image_size", None):
+        return "edge"
+    return "fixed"
+
+
+def budget_edge(max_pixels: int, tile: int) -> int:
+    """Idefics3's longest edge for a pixel budget: the square root, in whole tiles, at least one."""
+    return max(tile, int(max_pixels ** 0.5) // tile * tile)
+
+
+def apply_image_budget(processor: Any, max_pixels: int) -> Any:
+    """The processor resizing every image within `max_pixels` (image_max_pixels; 0: as it came), as its own
+    resizing then counts the image tokens; ImageBudgetError for a family that resizes to one fixed size."""
+    if not max_pixels:
+        return processor
+    from transformers.image_processing_utils import SizeDict
+
+    images = processor.image_processor
+    kind = budget_kind(images)
+    if kind == "pixels":
+        shortest = min(int(images.size["shortest_edge"]), max_pixels)
+        images.size = SizeDict(longest_edge=max_pixels, shortest_edge=shortest)
+    elif kind == "edge":
+        images.size = SizeDict(longest_edge=budget_edge(max_pixels, int(images.max_image_size["longest_edge"])))
+    else:
+        raise ImageBudgetError("model.err.image_budget_fixed", processor=type(images).__name__,
+                               pixels=max_pixels)
+    return processor
+
+
+def load_processor(path: str, trust_remote_code: bool = False, max_pixels: int = 0):
+    """The model's processor, its image budget applied (apply_image_budget), pad token set."""
     from transformers import AutoProcessor
 
-    processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
+    processor = apply_image_budget(AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code),
+                                   max_pixels)
     tokenizer = processor.tokenizer
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
