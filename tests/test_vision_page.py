@@ -136,6 +136,7 @@ def test_try_it_with_an_image_answers_as_the_runs_heldout_scorer_in_process_and_
         child = manager.actions.try_child(str(vision_adapter))
         got = answered(child, child.ask(prompt=asked, image=image, **SETTINGS))
         assert got["status"] == "completed" and got["tuned"] == tuned and got["base"] == base, got
+        assert not list((child.folder / "requests").glob("*-image*"))  # its copy of the image, gone once read
         bad = child.folder / "not-an-image.png"
         bad.write_text("text")
         got = answered(child, child.ask(prompt=asked, image=str(bad), **SETTINGS))
