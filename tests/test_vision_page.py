@@ -154,3 +154,14 @@ def test_on_a_public_server_the_vision_demos_shipped_files_may_be_used_and_no_ot
     assert not fields & {"dataset", "validation_data"}, fields
     elsewhere = str(DEMO_VISION_DATA.parent / "images" / "circle-red-0.png")
     assert "dataset" in {p.field for p in public_problems(demo_vision_config(dataset=elsewhere))}
+
+
+def test_image_rows_all_longer_than_max_length_are_refused_in_the_preview_with_the_reason():
+    from ui.data import preview_from
+
+    cfg = demo_vision_config(max_length=20)  # each row is 34-35 tokens, 16 of them the image's: none fits
+    found = answer(cfg.to_dict(), PREVIEW_LIMIT)
+    assert found["plan"]["n_train"] == 0 and found["plan"]["refusal"]["key"] == "log.images_refusal"
+    assert {r["reason"] for r in found["rows"]} == {"dropped_long"}
+    html = preview_from(found, cfg, "en")
+    assert "Nothing would train" in html and 'data-reason="dropped_long"' in html
