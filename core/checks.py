@@ -48,23 +48,29 @@ def check(cfg: TrainConfig, hw: Hardware | None = None) -> TrainConfig:
 def rows_to_train(cfg: _Counted) -> int | None:
     """Before Start: the rows that may train (the split less its held-out part), read where that is cheap (the demo
     and local files); None where it is not (Hub data: the training child counts them) or where the rows are not what
-    trains (packing). An upper bound of what the plan keeps: the plan drops rows, never adds any."""
+    trains (packing; image rows never pack). An upper bound of what the plan keeps: the plan drops rows, never adds
+    any."""
     from core.config.settings import DEMO_DATASET, PREFERENCE_STAGES
     from core.data.read import is_local
 
     local = [v for v in (cfg.dataset, cfg.validation_data) if v.strip() and v.strip() != DEMO_DATASET]
-    if cfg.packing or not all(is_local(v.strip()) for v in local):
+    if not all(is_local(v.strip()) for v in local):
         return None
     if cfg.stage in PREFERENCE_STAGES:  # GRPO reads SFT rows (prompts and their answers)
+        if cfg.packing:
+            return None
         from core.data.pairs import check_pairs, split_pairs
 
         raw, fmt = check_pairs(cfg)
         return len(split_pairs(cfg, raw, fmt).train)
+    from core.data.images import has_images
     from core.data.plan import check_data
     from core.data.validation import split
 
     raw, fmt = check_data(cfg)
-    return len(split(cfg, raw, fmt).train)
+    if has_images(raw):  # the vision run's plan: every row, never packed, nothing held out of it (validation_data
+        return len(raw)  # is read apart), core/train/data.py read_images
+    return None if cfg.packing else len(split(cfg, raw, fmt).train)
 
 
 def check_planned(cfg: _Counted, plan, world: int) -> None:

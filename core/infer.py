@@ -97,12 +97,14 @@ def _stop_criteria(should_stop: Callable[[], bool]):
     return StoppingCriteriaList([StopFlag()])
 
 
-def generate_stream(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0,
-                    top_p: float = 0.9, seed: int = 0, stop: StopSignal = None) -> Iterator[str]:
+def generate_stream(model: Any, tokenizer: Any, prompt: Any, max_new_tokens: int = 128,
+                    temperature: float = 0.0, top_p: float = 0.9, seed: int = 0,
+                    stop: StopSignal = None) -> Iterator[str]:
     """Yield the generated text so far (without the prompt) as tokens arrive.
 
     temperature 0 decodes greedily (top_p is then unused); otherwise samples with `seed`, so the same seed gives
-    the same answer. `prompt` is used as is: format it with `format_prompt` first. `stop` (an Event, or a
+    the same answer. `prompt` is used as is: format it with `format_prompt` first (or the tensors a processor made
+    of it: image_inputs, `tokenizer` then the processor's tokenizer). `stop` (an Event, or a
     function returning True to stop) or closing the iterator ends the generation at the next token.
     """
     import torch
@@ -110,7 +112,8 @@ def generate_stream(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int
 
     if max_new_tokens < 1:
         raise InferError("infer.err.max_new_tokens")
-    inputs = tokenizer(prompt, return_tensors="pt")  # add_special_tokens as in training (TRL adds BOS the same way)
+    # add_special_tokens as in training (TRL adds BOS the same way)
+    inputs = tokenizer(prompt, return_tensors="pt") if isinstance(prompt, str) else dict(prompt)
     device = getattr(model, "device", None) or next(model.parameters()).device
     inputs = {k: v.to(device) for k, v in inputs.items()}
     streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
@@ -339,12 +342,37 @@ def _key(adapter_dir: Path) -> tuple[str, float]:
     return str(adapter_dir.resolve()), weights.stat().st_mtime if weights.is_file() else 0.0
 
 
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")  # an image-text run saves its processor
+
+
+def reads_images(adapter_dir: str | Path | None) -> bool:
+    """Whether an adapter was trained on images (its run saved the model's processor beside it): Try it then takes an
+    image. Read from the folder's file names only (the web server asks it; nothing is loaded)."""
+    return bool(adapter_dir) and any((Path(adapter_dir) / name).is_file() for name in PROCESSOR_FILES)
+
+
+def image_inputs(processor: Any, text: str, image: str | None) -> dict[str, Any]:
+    """The question (and its image, a file path) as the run's rows were formatted (core.data.images: the processor's
+    chat template, the image opened upright in RGB and resized by the processor), ready for generate_stream."""
+    from core.data.images import generation_inputs, image_problems, question
+
+    text = (text or "").strip()
+    if not text:
+        raise InferError("infer.err.empty_prompt")
+    if image:
+        problems = image_problems(str(Path(image).resolve()))
+        if problems:
+            raise InferError("infer.err.image", why=problems[0])
+    return generation_inputs(processor, question(text, image))
+
+
 @dataclass
 class Loaded:
     adapter_dir: Path
     config: TrainConfig
     model: Any  # peft.PeftModel (base + this adapter)
     tokenizer: Any
+    processor: Any = None  # an image-text model's (reads_images): its tokenizer is `tokenizer`
 
 
 class Comparer:
@@ -403,7 +431,8 @@ class Comparer:
         try:
             path = base_for(adapter_dir, cfg)
             tok_src = str(adapter_dir) if (adapter_dir / "tokenizer_config.json").is_file() else path
-            tokenizer = model_lib.load_tokenizer(cfg, tok_src)
+            processor = model_lib.load_processor(cfg, str(adapter_dir)) if reads_images(adapter_dir) else None
+            tokenizer = processor.tokenizer if processor is not None else model_lib.load_tokenizer(cfg, tok_src)
             peft_model = model_lib.load_with_adapter(cfg, adapter_dir, path)
         except model_lib.ModelError as exc:
             raise InferError(said(exc)) from None
@@ -416,7 +445,7 @@ class Comparer:
             if (problem := load_problem(exc, adapter_dir)) is not None:
                 raise problem from None
             raise
-        self._loaded = Loaded(adapter_dir, cfg, peft_model, tokenizer)
+        self._loaded = Loaded(adapter_dir, cfg, peft_model, tokenizer, processor)
         self._key = key
         return self._loaded
 
@@ -430,11 +459,14 @@ class Comparer:
 
     def compare(self, adapter_dir: str | Path, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0,
                 top_p: float = 0.9, seed: int = 0, template: bool = True,
-                stop: StopSignal = None, trust_remote_code: bool = False) -> Iterator[tuple[str, str]]:
+                stop: StopSignal = None, trust_remote_code: bool = False,
+                image: str | None = None) -> Iterator[tuple[str, str]]:
         """Yield (base answer so far, adapter answer so far): first the base streams, then base + adapter.
 
         Both use the same prompt, settings and seed, so any difference comes from the adapter. template=False
-        sends the prompt as typed (for models trained on plain text). `stop()` or the `stop` argument ends it.
+        sends the prompt as typed (for models trained on plain text). `image` (a file path): the question is about
+        it, asked as an image run's rows were (image_inputs; an image-text adapter is always templated: its
+        template places the image). `stop()` or the `stop` argument ends it.
         """
         self._acquire()
         self._stop.clear()
@@ -446,9 +478,14 @@ class Comparer:
         try:
             loaded = self._load(Path(adapter_dir), trust_remote_code)
             model, tokenizer = loaded.model, loaded.tokenizer
-            text = format_prompt(tokenizer, prompt) if template else prompt
-            if not text.strip():
-                raise InferError("infer.err.empty_prompt")
+            if loaded.processor is not None:
+                text = image_inputs(loaded.processor, prompt, image)
+            elif image:
+                raise InferError("infer.err.image_text_model", model=loaded.config.model)
+            else:
+                text = format_prompt(tokenizer, prompt) if template else prompt
+                if not text.strip():
+                    raise InferError("infer.err.empty_prompt")
             settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                             stop=halted)
             base = ""

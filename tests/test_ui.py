@@ -16,7 +16,7 @@ import app
 from core.config import checklist
 from core.codegen import cli_command, python_script
 from core.config.settings import (DEMO_MODEL, LORA_TARGET_CHOICES, TrainConfig, apply_overrides, demo_config, field_meta,
-                         field_problems)
+                         demo_vision_config, field_problems)
 from core.jobs.manager import JobManager
 from core.jobs.view import JobView
 from ui import data, derive, handlers, history, live, render, tryexport
@@ -380,6 +380,7 @@ def test_summary_and_code_follow_a_field_change(form):
 
 def test_presets_load_the_demo_and_the_chapter(form):
     assert as_config(form, handlers.on_start_from(form, "demo", "en")) == demo_config()
+    assert as_config(form, handlers.on_start_from(form, "demo_vision", "en")) == demo_vision_config()
     out = handlers.on_start_from(form, "chapter", "pt")
     assert as_config(form, out) == TrainConfig() and all(out[c] == "" for c in form.stale)
 

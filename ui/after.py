@@ -16,7 +16,7 @@ from ui.validation import build_compare, curves_frame, draw_every_series, on_com
 from ui.history import (HistoryTab, history_frame, history_open, on_history_delete, on_history_delete_yes,
                         on_history_load, on_history_prefer, on_history_refresh, on_history_resume, on_history_select)
 from ui.tryexport import (TryExportTab, adapter_dropdown, merge_into_choices, on_action_stop, on_export_adapter,
-                          on_merge, on_push, on_try, on_try_stop, on_zip, token_info)
+                          on_merge, on_push, on_try, on_try_adapter, on_try_stop, on_zip, token_info)
 
 
 @dataclass
@@ -61,8 +61,13 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
         tr.add(gr.Markdown(f"### {L('try.title')}\n{L('try.intro')}", elem_id="try-intro"),
                value=lambda lg: f"### {t('try.title', lg)}\n{t('try.intro', lg)}")
         try_adapter, try_refresh, try_remote = adapter_picker(tr, L, "try.adapter", "try")
-        prompt = tr.add(gr.Textbox(label=L("try.prompt"), placeholder=L("try.prompt_placeholder"), lines=3,
-                                   elem_id="try-prompt"), label="try.prompt", placeholder="try.prompt_placeholder")
+        with gr.Row(equal_height=True):
+            prompt = tr.add(gr.Textbox(label=L("try.prompt"), placeholder=L("try.prompt_placeholder"), lines=3,
+                                       elem_id="try-prompt", scale=3), label="try.prompt",
+                            placeholder="try.prompt_placeholder")
+            # an image-text adapter's question is about an image: shown only for one (on_try_adapter)
+            image = tr.add(gr.Image(type="filepath", label=L("try.image"), sources=["upload", "clipboard"],
+                                    elem_id="try-image", visible=False, height=180, scale=1), label="try.image")
         with gr.Row(equal_height=True):
             max_new = tr.add(gr.Slider(1, 512, value=48, step=1, label=L("try.max_new_tokens"), elem_id="try-max-new"),
                              label="try.max_new_tokens")
@@ -191,7 +196,8 @@ def build_tabs(lang0: str, tr: Any, main_tabs: gr.Tabs, lang: gr.Dropdown, outpu
     x = TryExportTab(try_note=try_note, base=base_box, tuned=tuned_box, export_note=export_note, zip_file=zip_file,
                      merge_warning=merge_warning, merge_check=merge_check, merge_dir=merge_dir, token=token,
                      merge_note=merge_note, app=app)
-    asked = [lang, try_adapter, prompt, max_new, temperature, top_p, seed, raw, try_remote]
+    try_adapter.change(on_try_adapter, inputs=[try_adapter], outputs=[image], **quiet)
+    asked = [lang, try_adapter, prompt, max_new, temperature, top_p, seed, raw, try_remote, image]
     for event in (send.click, prompt.submit):
         event(partial(on_try, x), inputs=asked, outputs=[base_box, tuned_box, try_note], show_progress="hidden")
     stop.click(partial(on_try_stop, x), inputs=[lang], outputs=[try_note], concurrency_limit=None, **quiet)

@@ -24,7 +24,7 @@ from core.runs.public import (client_address, disk_used, is_public, limits, set_
 from ui import render
 from ui.fields import collect
 from ui.form import Form, Updates, apply_config, marked, values_dict
-from ui.render_preview import error_box, preview_html
+from ui.render_preview import error_box, images_html, preview_html
 from ui.visitors import request_visitor
 
 DATA_TYPES = [".jsonl", ".json", ".csv", ".parquet", ".txt"]
@@ -132,6 +132,14 @@ def preview_from(found: dict[str, Any], cfg: _Rows, lang: str) -> str:
 
     if "error" in found:
         return error_box(t(TITLES.get(found["error"], "preview.read_error"), lang), text_of(found["words"], lang))
+    if found["stage"] == "images":
+        remember_longest(cfg, found["longest"])
+        refusal = found["plan"].get("refusal")
+        held = found.get("heldout") or {}
+        note = split_note(SimpleNamespace(mode="separate", source=held["source"], train_ids=(),
+                                          val_ids=range(held["n"])), lang) if held.get("n") else ""
+        return note + images_html(found, [text_of(w, lang) for w in found["notes"]],
+                                  text_of(refusal, lang) if refusal else "", lang)
     part = found["split"]
     held = SimpleNamespace(mode=part["mode"], source=part["source"], train_ids=range(part["train"]),
                            val_ids=range(part["val"]))

@@ -13,8 +13,8 @@ from typing import Any
 
 import gradio as gr
 
-from core.config.settings import (DEMO_DATASET, DEMO_MODEL, ConfigError, Problem, TrainConfig, coerce, field_meta,
-                         field_types)
+from core.config.settings import (DEMO_DATASET, DEMO_MODEL, DEMO_VISION_MODEL, ConfigError, Problem, TrainConfig,
+                                  coerce, field_meta, field_types)
 from core.runs.public import from_shown, path_fields
 
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(TrainConfig))
@@ -139,14 +139,14 @@ def dataset_choices(current: str = "") -> list[str]:
 
 # --- is the model there? (flagged beside the model field before Start) ---------------------------------------------
 def model_problem(model: str, timeout_s: float = 3.0) -> tuple[str, dict[str, str]] | None:
-    """None when `model` can be loaded: the demo, a local folder, a Hub id in the local cache, or one the Hub
-    knows (gated and private models included: Start then says what token is needed). Otherwise an i18n key and its
-    arguments: not on this machine and the Hub unreachable, or no such model on the Hub. Asks the Hub for at most
-    `timeout_s` seconds; never downloads."""
+    """None when `model` can be loaded: the demos' (built here), a local folder, a Hub id in the local cache, or one
+    the Hub knows (gated and private models included: Start then says what token is needed). Otherwise an i18n key
+    and its arguments: not on this machine and the Hub unreachable, or no such model on the Hub. Asks the Hub for at
+    most `timeout_s` seconds; never downloads."""
     from pathlib import Path
 
     model = (model or "").strip()
-    if not model or model == DEMO_MODEL or Path(model).expanduser().exists():
+    if not model or model in (DEMO_MODEL, DEMO_VISION_MODEL) or Path(model).expanduser().exists():
         return None  # empty: validate() says so; a local path: the engine checks its contents
     if model.startswith((".", "/", "~")) or model.count("/") > 1:
         return "model.no_folder", {"model": model}

@@ -16,7 +16,8 @@ import gradio as gr
 from core.config import checklist, levers
 from core.config import presets
 from core.estimate.predict import FIT_MARGIN, GENERATION_FIELDS, fit_preset
-from core.config.settings import SAFE_NAME, ConfigError, Problem, TrainConfig, demo_config, field_problems
+from core.config.settings import (SAFE_NAME, ConfigError, Problem, TrainConfig, demo_config, demo_vision_config,
+                                  field_problems)
 from core.config.slices import DataSlice, ModelSlice, PlaceSlice, StageSlice, TrainerSlice
 from core.i18n import DEFAULT_LANGUAGE, t
 from core.jobs.manager import JobBusy
@@ -135,8 +136,8 @@ def on_preset_lever(form: Form, lang: str, name: str, *values) -> Updates:
 
 
 def on_start_from(form: Form, kind: str, lang: str = DEFAULT_LANGUAGE) -> Updates:
-    """Demo / Chapter recipe buttons: the new settings, and the notices about the old ones cleared."""
-    cfg = demo_config() if kind == "demo" else TrainConfig()
+    """Demo / vision demo / Chapter recipe buttons: the new settings, and the notices about the old ones cleared."""
+    cfg = {"demo": demo_config, "demo_vision": demo_vision_config}.get(kind, TrainConfig)()
     return {**apply_config(form, cfg, lang), **dict.fromkeys(form.stale, "")}
 
 

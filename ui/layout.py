@@ -162,6 +162,9 @@ def build_ui(initial: Mapping[str, Any] | None = None, app: AppState | None = No
                                 with gr.Row():
                                     demo_btn = tr.add(gr.Button(L("preset.demo"), size="sm", elem_id="preset-demo"),
                                                       value="preset.demo")
+                                    vision_btn = tr.add(gr.Button(L("preset.demo_vision"), size="sm",
+                                                                  elem_id="preset-demo-vision"),
+                                                        value="preset.demo_vision")
                                     chapter_btn = tr.add(gr.Button(L("preset.chapter"), size="sm",
                                                                    elem_id="preset-chapter"), value="preset.chapter")
                                 with gr.Row():
@@ -360,8 +363,8 @@ def build_ui(initial: Mapping[str, Any] | None = None, app: AppState | None = No
                         run_notice=notice, config_notice=cfg_notice, config_list=cfg_list, start=start_btn,
                         stop=stop_btn, check_memory=check_memory, budget=budget, app=app, measuring=measuring)
             tabs = build_tabs(lang0, tr, main_tabs, lang, FIELDS["output_dir"], form, app)
-        wire_form(form, lang, budget, demo_btn, chapter_btn, refresh_btn, preview_btn, upload, save_btn, cfg_name,
-                  load_btn, fit_btn)
+        wire_form(form, lang, budget, (demo_btn, vision_btn), chapter_btn, refresh_btn, preview_btn, upload, save_btn,
+                  cfg_name, load_btn, fit_btn)
         wire_measuring(form, lang, measuring, measured)
         wire_scorer_preview(form, lang, scorer_box)
         # The saved settings, listed again each time their tab opens: the page was built once, for everybody (public
@@ -503,8 +506,8 @@ def wire_scorer_preview(form: Form, lang: Any, box: Any) -> None:
                     show_progress="hidden", queue=False)
 
 
-def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: Any, refresh_btn: Any, preview_btn: Any,
-              upload: Any, save_btn: Any, cfg_name: Any, load_btn: Any, fit_btn: Any) -> None:
+def wire_form(form: Form, lang: Any, budget: Any, demo_btns: tuple[Any, Any], chapter_btn: Any, refresh_btn: Any,
+              preview_btn: Any, upload: Any, save_btn: Any, cfg_name: Any, load_btn: Any, fit_btn: Any) -> None:
     """The settings' events: each handler bound to the form, the fields' values as its last inputs."""
     inputs, FIELDS = form.inputs, form.fields
     quiet = dict(show_progress="hidden", queue=True, **FORM_QUEUE)  # every listener below writes the form
@@ -543,7 +546,7 @@ def wire_form(form: Form, lang: Any, budget: Any, demo_btn: Any, chapter_btn: An
                   outputs=form.outputs, **typed)
     form.preset.input(partial(handlers.on_preset_lever, form), inputs=[lang, form.preset, *inputs],
                       outputs=form.outputs + form.stale, **typed)
-    for btn, kind in ((demo_btn, "demo"), (chapter_btn, "chapter")):
+    for btn, kind in ((demo_btns[0], "demo"), (demo_btns[1], "demo_vision"), (chapter_btn, "chapter")):
         btn.click(partial(handlers.on_start_from, form, kind), inputs=[lang], outputs=form.outputs + form.stale,
                   **quiet)
     refresh_btn.click(lambda m, d: (gr.update(choices=model_choices(m)), gr.update(choices=dataset_choices(d))),

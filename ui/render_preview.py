@@ -100,6 +100,38 @@ def preview_html(p: Any, lang: str = "en") -> str:
             + "".join(examples) + "</div>")
 
 
+def images_html(found: dict[str, Any], notes: list[str], refusal: str = "", lang: str = "en") -> str:
+    """Image rows' preview (core.jobs.preview.images' answer; `notes`: its notes said in `lang`): the counts, the
+    token-length histogram (`refusal`: why nothing would train, said in `lang`), and the first rows, each with its images' thumbnails, its token and image-token counts and
+    the exact text that trains, each run of image tokens one mark with its count."""
+    p = found["plan"]
+    lengths, max_length = p["lengths"], p["max_length"]
+    reasons = ["kept" if n <= max_length else "dropped_long" for n in lengths]
+    train = t("preview.train", lang, n=p["n_train"], rows=p["n_source"])
+    image_tokens = t("preview.images.per_row", lang, n=integer(max(p["image_tokens"], default=0), lang))
+    head = (f'<div class="mt-preview" id="mt-preview" data-train="{p["n_train"]}"><div class="mt-preview-head">'
+            f'<b>{E(t("preview.format", lang, format="messages+images"))}</b> &middot; <b>{E(train)}</b> &middot; '
+            f'{E(image_tokens)}</div>')
+    if refusal:
+        head += error_box(t("preview.refused", lang), refusal)
+    lines = "".join(f'<div class="mt-small">{E(n)}</div>' for n in notes)
+    rows = []
+    for r in found["rows"]:
+        label = t("preview.images.row", lang, n=r["row"], tokens=integer(r["tokens"], lang),
+                  image_tokens=integer(r["image_tokens"], lang), what=t(f"preview.one.{r['reason']}", lang))
+        thumbs = "".join(f'<img class="mt-thumb" src="{E(src)}" alt="{E(alt)}">' for i, src in enumerate(r["thumbs"])
+                         if str(src).startswith("data:image/")  # made by the child: never a link to a file
+                         and (alt := t("preview.images.alt", lang, n=r["row"], i=i + 1)))
+        text = "".join(E(part["text"]) if "text" in part else f'<span class="mt-image-tokens">'
+                       f'{E(t("preview.images.tokens", lang, n=integer(part["image_tokens"], lang)))}</span>'
+                       for part in r["text"])
+        rows.append(f'<div class="mt-example mt-image-row" data-reason="{E(r["reason"])}" data-image-tokens='
+                    f'"{int(r["image_tokens"])}"><div class="mt-ex-num">{E(label)}</div><div class="mt-thumbs">'
+                    f'{thumbs}</div><div class="mt-ex-label">{E(t("preview.images.trains", lang))}</div>'
+                    f'<pre class="mt-pre mt-completion">{text}</pre></div>')
+    return head + lines + histogram_svg(lengths, max_length, lang=lang, reasons=reasons) + "".join(rows) + "</div>"
+
+
 def error_box(title: str, message: str) -> str:
     return (f'<div class="mt-problems mt-data-error" id="mt-data-error"><b>{E(title)}</b>'
             f'<pre class="mt-pre">{E(message)}</pre></div>')

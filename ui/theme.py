@@ -143,6 +143,11 @@ CSS = """
                            color: var(--body-text-color-subdued); }
 .mt-prompt { color: var(--body-text-color-subdued); }
 .mt-completion { font-weight: 600; }
+.mt-thumbs { display: flex; gap: 6px; margin: 4px 0; }
+.mt-thumb { width: 96px; height: 96px; object-fit: contain; border: 1px solid var(--border-color-primary);
+  border-radius: 4px; image-rendering: pixelated; background: #fff; }
+.mt-image-tokens { background: var(--primary-100); color: var(--primary-800); border-radius: 4px; padding: 0 4px;
+  font-weight: 400; }
 
 /* header and language picker */
 #mt-top { align-items: flex-start !important; }

@@ -107,11 +107,15 @@ def with_progress(action: Any, progress: Any, lang: str) -> dict[str, Any]:
 
 
 def on_try(x: TryExportTab, lang: str, adapter: str | None, prompt: str, max_new_tokens: float, temperature: float,
-           top_p: float, seed: float, raw: bool, trust_remote_code: bool = False) -> Iterator[Updates]:
+           top_p: float, seed: float, raw: bool, trust_remote_code: bool = False,
+           image: str | None = None) -> Iterator[Updates]:
     """Stream the base answer and the base + adapter answer for one prompt; refusals and errors as the notice.
     An adapter trained with trust_remote_code loads only after the tab's own tick (trust_remote_code). The model
-    runs in a child process (core/jobs/actions.py), loaded once per adapter; its death is a message here."""
-    from core.infer import InferError, adapter_config, asks_remote_code
+    runs in a child process (core/jobs/actions.py), loaded once per adapter; its death is a message here. `image`
+    (the upload's file path) goes with the prompt to an image-text adapter only (the box is hidden for others); the
+    child checks it as a dataset's images are checked."""
+    from core.data.images import MAX_IMAGE_BYTES
+    from core.infer import InferError, adapter_config, asks_remote_code, reads_images
 
     manager = x.app.manager
 
@@ -135,6 +139,15 @@ def on_try(x: TryExportTab, lang: str, adapter: str | None, prompt: str, max_new
     if asks_remote_code(adapter) and not trust_remote_code:
         yield refused(t("try.remote_code_needed", lang, model=model))
         return
+    image = image if image and reads_images(adapter) else None
+    try:
+        if image and Path(image).stat().st_size > MAX_IMAGE_BYTES:
+            yield refused(t("try.image_too_large", lang, mib=round(Path(image).stat().st_size / 2**20, 1),
+                            max=MAX_IMAGE_BYTES // 2**20))
+            return
+    except OSError:
+        yield refused(t("try.image_gone", lang))
+        return
     try:
         action = manager.actions.try_child(adapter, bool(trust_remote_code), owner())
     except ActionBusy as exc:
@@ -145,7 +158,7 @@ def on_try(x: TryExportTab, lang: str, adapter: str | None, prompt: str, max_new
                                                      "try-note")}
     try:
         n = action.ask(prompt=prompt, max_new_tokens=int(max_new_tokens), temperature=float(temperature),
-                       top_p=float(top_p), seed=int(seed or 0), template=not raw)
+                       top_p=float(top_p), seed=int(seed or 0), template=not raw, image=image)
     except OSError as exc:  # its folder went with it: the child ended between the pick and the prompt
         yield refused(t("msg.error", lang, message=f"{failure(action, lang) if not action.running else exc}"), "error")
         return
@@ -172,6 +185,13 @@ def on_try(x: TryExportTab, lang: str, adapter: str | None, prompt: str, max_new
                                 "try-note")}
         return
     yield {x.base: base, x.tuned: tuned, x.try_note: note(t("try.done", lang), "ok", "try-note")}
+
+
+def on_try_adapter(adapter: str | None) -> dict:
+    """The image box beside the prompt, shown for an adapter trained on images only (core.infer.reads_images)."""
+    from core.infer import reads_images
+
+    return gr.update(visible=reads_images(adapter))
 
 
 def on_try_stop(x: TryExportTab, lang: str = DEFAULT_LANGUAGE) -> str:

@@ -354,3 +354,66 @@ def plan_images(source: str, max_length: int, processor: Any, raw: Any, where: s
     if checked.rotated:
         plan.notes.append(Said("log.images_rotated", n=checked.rotated))
     return plan
+
+
+# --- what the data preview shows of a row -------------------------------------------------------------------------
+THUMB_PX = 96  # a preview thumbnail's longest side
+THUMB_BYTES = 48 * 2**10  # a thumbnail past this (a noisy photo as PNG) is saved as JPEG instead
+
+
+def thumbnail(image: Any, px: int = THUMB_PX) -> str:
+    """A small copy of a checked image as training sees it (upright, RGB), as a data: address the page shows inline:
+    no file of the dataset is ever served, only these bytes, made here from the image the check opened."""
+    import base64
+    import io
+
+    small = load_image(image).copy()
+    small.thumbnail((px, px))
+    out = io.BytesIO()
+    small.save(out, format="PNG", optimize=True)
+    kind = "png"
+    if out.tell() > THUMB_BYTES:
+        out = io.BytesIO()
+        small.save(out, format="JPEG", quality=80)
+        kind = "jpeg"
+    return f"data:image/{kind};base64,{base64.b64encode(out.getvalue()).decode('ascii')}"
+
+
+def trained_text(processor: Any, row: ImageRow) -> list[dict[str, Any]]:
+    """The row's tokens as the collator makes them, decoded: [{"text": ...} | {"image_tokens": n}], each run of
+    image tokens (hundreds on a real model) one entry with its count, the rest the exact text around them."""
+    item = opened(row)
+    ids = list(processor.apply_chat_template([_filled(item)], tokenize=True, return_dict=True)["input_ids"][0])
+    image_id = getattr(processor, "image_token_id", None)
+    out: list[dict[str, Any]] = []
+    start = 0
+    for i in range(len(ids) + 1):
+        boundary = i == len(ids) or (i > start and (ids[i] == image_id) != (ids[start] == image_id))
+        if not boundary:
+            continue
+        if start < i:
+            out.append({"image_tokens": i - start} if ids[start] == image_id else
+                       {"text": processor.tokenizer.decode(ids[start:i], skip_special_tokens=False)})
+        start = i
+    return out
+
+
+# --- Try it: a question about one image ----------------------------------------------------------------------------
+def question(text: str, image: str | None) -> ImageRow:
+    """A user's question as a one-turn row: the image first, then the text, as the demo's and TRL's rows put them."""
+    parts = ([{"type": "image"}] if image else []) + [{"type": "text", "text": text}]
+    return ImageRow([{"role": "user", "content": parts}], [image] if image else [])
+
+
+def image_problems(path: str) -> list[Said]:
+    """What check_images would say of one image file given by its absolute path (Try it's upload): [] when good."""
+    problems: list[Said] = []
+    _open(path, None, False, 1, problems)
+    return problems
+
+
+def generation_inputs(processor: Any, row: ImageRow) -> dict[str, Any]:
+    """The row's tensors for generate: the processor's chat template with the generation prompt, its images opened
+    as training opens them (upright, RGB) and resized by the processor as in training."""
+    return processor.apply_chat_template([_filled(opened(row))], add_generation_prompt=True, tokenize=True,
+                                         return_dict=True, return_tensors="pt")

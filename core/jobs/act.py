@@ -148,6 +148,9 @@ def serve_try(p: dict[str, Any], emit: Callable[[dict], None], folder: Path) -> 
             emit(make_event("error", request=n, error_type=error_type(exc), message=str(exc), **fields_of(exc)))
             emit(make_event("answered", request=n, status="failed", base=base, tuned=tuned))
             continue
+        finally:  # the request's own copy of its image (Action.ask's), read: a long session keeps no pile of them
+            if ask.get("image") and Path(ask["image"]).parent == inbox:
+                Path(ask["image"]).unlink(missing_ok=True)
         emit(make_event("answered", request=n, status="completed", base=base, tuned=tuned))
     return {}
 

@@ -104,11 +104,17 @@ class Action(EventList):
         with self._lock:
             return next((e for e in reversed(self.events) if e.get("kind") == "done"), None)
 
-    def ask(self, **request: Any) -> int:
-        """Try it: hand the child one prompt (atomically: it never reads half a file); returns its number."""
+    def ask(self, image: str | None = None, **request: Any) -> int:
+        """Try it: hand the child one prompt (atomically: it never reads half a file); returns its number. `image`
+        (a file path) is copied into the child's folder first: the child reads its own copy, whatever becomes of the
+        page's upload."""
         n = next(self._requests)
         inbox = self.folder / "requests"
         inbox.mkdir(exist_ok=True)
+        if image:
+            kept = inbox / f"{n:06d}-image{Path(image).suffix.lower()[:8]}"
+            shutil.copyfile(image, kept)
+            request["image"] = str(kept)
         tmp = inbox / f".{n:06d}.tmp"
         tmp.write_text(json.dumps({"request": n, **request}), encoding="utf-8")
         self.emit(make_event("asked", request=n))

@@ -7,7 +7,11 @@ The answer is one of
 - {"stage": "sft", "split", "plan", "notes", "longest", "heldout"}: the plan's counts, lengths, outcomes and examples
   (each text that carries a key as its words), the run's changes for this model, the longest row in tokens (the
   estimate's), and up to three rows the held-out scorer would score (heldout_sample: the scorer's preview);
-- {"stage": "pairs", "split", "lines"}: a preference stage's run-log lines on its pairs.
+- {"stage": "pairs", "split", "lines"}: a preference stage's run-log lines on its pairs;
+- {"stage": "images", "plan", "notes", "longest", "heldout", "rows"}: image rows planned as the vision run plans them
+  (core.data.images.plan_images: the processor's own token counts), and the first rows each with its images'
+  thumbnails (data: addresses, made here from the checked images), the exact text that trains around its image
+  tokens, and its token and image-token counts.
 Every text is its words (core.messages.words_of: key and params when it has them), said in the page's language there.
 What it reads and plans is bounded by `limit` (core.data.read.PREVIEW_LIMIT, or None: the whole split).
 """
@@ -19,6 +23,7 @@ from typing import Any, Callable, Protocol, TypeVar
 
 from core.config.settings import PREFERENCE_STAGES, ConfigError, Problem, TrainConfig
 from core.config.slices import DataSlice, LoraSlice, Loading, ModelSlice, StageSlice, TrainerSlice
+from core.data.images import has_images
 from core.messages import Said, fields_of, words_of
 
 Phase = Callable[[Said, "float | None"], None]  # (what the bar says, how far: 0..1 or None)
@@ -26,8 +31,9 @@ PLAN_FIELDS = ("source", "format", "max_length", "long_prompts", "packing", "n_s
                "reasons", "n_packs", "turns")
 
 
-class _Rows(ModelSlice, LoraSlice, DataSlice, TrainerSlice, Protocol):
-    """An SFT preview's: the rows, held out and planned with the model's tokenizer, and the layers LoRA reaches."""
+class _Rows(ModelSlice, LoraSlice, DataSlice, StageSlice, TrainerSlice, Protocol):
+    """An SFT preview's: the rows, held out and planned with the model's tokenizer, and the layers LoRA reaches;
+    image rows with the model's processor, for stage sft only."""
 
 
 class _Pairs(ModelSlice, DataSlice, StageSlice, TrainerSlice, Protocol):
@@ -78,6 +84,8 @@ def sft(cfg: _Rows, limit: Any, said: Phase) -> dict[str, Any]:
         return {"error": "data", "words": failure(exc)}
     except Exception as exc:  # noqa: BLE001 - the page stays alive whatever the data holds
         return {"error": "read", "words": failure(exc)}
+    if has_images(raw):
+        return images(cfg, raw, limit)
     try:
         tokenizer = load_tokenizer(cfg)
     except TokenizerError as exc:
@@ -98,6 +106,52 @@ def sft(cfg: _Rows, limit: Any, said: Phase) -> dict[str, Any]:
         return {"error": "data", "words": failure(exc)}
     except Exception as exc:  # noqa: BLE001
         return {"error": "read", "words": failure(exc)}
+
+
+IMAGE_ROWS = 4  # image rows the preview shows, each with its thumbnails
+
+
+def images(cfg: _Rows, raw: Any, limit: Any) -> dict[str, Any]:
+    """Image rows' preview, planned as core/train/data.py's read_images plans them: an sft stage and an image-text
+    model, every image checked (all problems at once: a "data" error), every row counted by the model's processor."""
+    from core.data.images import plan_images, thumbnail, trained_text
+    from core.data.plan import DataError, Naming, check_data
+    from core.model.load import is_vision_model, load_processor, resolve_model_path
+    from core.runs.public import is_public
+
+    try:
+        if cfg.stage != "sft":
+            raise DataError("data.err.images_stage", stage=cfg.stage)
+        try:
+            path = resolve_model_path(cfg)
+            vision = is_vision_model(cfg, path)
+            processor = load_processor(cfg, path) if vision else None
+        except Exception as exc:  # noqa: BLE001 - a ModelError, an OSError, a ValueError: the model's own words
+            return {"error": "tokenizer", "words": failure(exc)}
+        if not vision:
+            raise DataError("data.err.images_text_model", model=cfg.model, dataset=cfg.dataset)
+        plan = plan_images(cfg.dataset, cfg.max_length, processor, raw, Naming(cfg.dataset).where, is_public())
+        heldout = 0
+        if cfg.validation_data.strip():
+            held = cfg.replace(dataset=cfg.validation_data.strip(), dataset_split=cfg.validation_split or "train")
+            held_raw, _ = check_data(held, limit)
+            heldout = plan_images(held.dataset, cfg.max_length, processor, held_raw, Naming(held.dataset).where,
+                                  is_public()).n_source
+    except DataError as exc:
+        return {"error": "data", "words": failure(exc)}
+    except Exception as exc:  # noqa: BLE001
+        return {"error": "read", "words": failure(exc)}
+    _, model_lines, tree = model_changes(cfg)
+    rows = [{"row": i + 1, "tokens": plan.lengths[i], "image_tokens": plan.image_tokens[i],
+             "reason": "kept" if plan.lengths[i] <= plan.max_length else "dropped_long",
+             "thumbs": [thumbnail(image) for image in row.images], "text": trained_text(processor, row)}
+            for i, row in enumerate(plan.rows[:IMAGE_ROWS])]
+    notes = [words_of(n) for n in [plan.describe(), *plan.notes]] + [lora_line(cfg, tree)] + model_lines
+    return {"stage": "images", "longest": int(plan.longest_row), "notes": notes, "rows": rows,
+            "heldout": {"n": heldout, "source": cfg.validation_data.strip()},
+            "plan": {"n_source": plan.n_source, "n_train": plan.n_train, "max_length": plan.max_length,
+                     "lengths": [int(n) for n in plan.lengths], "image_tokens": [int(n) for n in plan.image_tokens],
+                     "refusal": words_of(plan.refusal()) if plan.refusal() else None}}
 
 
 SAMPLE_ROWS = 3  # rows the held-out scorer's preview shows

@@ -266,12 +266,21 @@ def local_path_refusal(what: str, value: str) -> Said:
                                                                                     field=what)
 
 
-def dataset_problem(source: str, what: str = "dataset") -> Said | None:
-    """Public mode: data (`what`: its field) that is a local path outside the visitor's upload folder is refused."""
-    from core.config.settings import DEMO_DATASET
+def shipped(source: str) -> bool:
+    """The demos' own data: the text demo's id, or the vision demo's shipped files (read-only, in memtune's folder)."""
+    from core.config.settings import DEMO_DATASET, DEMO_VISION_DATA
 
+    if source == DEMO_DATASET:
+        return True
+    demo = DEMO_VISION_DATA.resolve()
+    return _looks_local(source) and Path(source).expanduser().resolve() in (demo, demo.with_name("heldout.jsonl"))
+
+
+def dataset_problem(source: str, what: str = "dataset") -> Said | None:
+    """Public mode: data (`what`: its field) that is a local path outside the visitor's upload folder is refused (the
+    demos' own data is not)."""
     source = (source or "").strip()
-    if not is_public() or not source or source == DEMO_DATASET:
+    if not is_public() or not source or shipped(source):
         return None
     if _looks_local(source) and not inside(source, upload_root()):
         return local_path_refusal(what, source)
