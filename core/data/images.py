@@ -414,6 +414,9 @@ def image_problems(path: str) -> list[Said]:
 
 def generation_inputs(processor: Any, row: ImageRow) -> dict[str, Any]:
     """The row's tensors for generate: the processor's chat template with the generation prompt, its images opened
-    as training opens them (upright, RGB) and resized by the processor as in training."""
-    return processor.apply_chat_template([_filled(opened(row))], add_generation_prompt=True, tokenize=True,
+    as training opens them (upright, RGB) and resized by the processor as in training; a row cut before its last
+    answer keeps only the images its remaining turns hold."""
+    item = opened(row)
+    item["images"] = item["images"][:sum(p["type"] == "image" for m in item["messages"] for p in m["content"])]
+    return processor.apply_chat_template([_filled(item)], add_generation_prompt=True, tokenize=True,
                                          return_dict=True, return_tensors="pt")

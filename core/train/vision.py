@@ -13,7 +13,7 @@ from trl import SFTConfig, SFTTrainer
 
 from core.config import arguments
 from core.config.slices import DataSlice, Loading, ModelSlice, PlaceSlice, TrainerSlice
-from core.data.images import ImageRow, opened
+from core.data.images import ImageRow, generation_inputs
 
 
 class _Configured(ModelSlice, DataSlice, TrainerSlice, PlaceSlice, Protocol):
@@ -50,18 +50,12 @@ def answer(model, processor, rows: list[ImageRow], max_new_tokens: int = 8) -> l
     """Greedy answers to each row's question (its messages before the last assistant turn), one row at a time."""
     import torch
 
-    from core.data.images import _filled
-
     answers = []
     was_training = model.training
     model.eval()
     for row in rows:
         last = max(i for i, m in enumerate(row.messages) if m["role"] == "assistant")
-        item = opened(ImageRow(row.messages[:last], row.images))
-        n_images = sum(p["type"] == "image" for m in item["messages"] for p in m["content"])
-        item["images"] = item["images"][:n_images]
-        inputs = processor.apply_chat_template([_filled(item)], add_generation_prompt=True, tokenize=True,
-                                               return_dict=True, return_tensors="pt")
+        inputs = generation_inputs(processor, ImageRow(row.messages[:last], row.images))
         with torch.no_grad():
             out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=processor.tokenizer.pad_token_id)
