@@ -179,9 +179,9 @@ def test_a_run_is_refused_by_name_before_loading_when_the_ram_cannot_hold_it(tmp
 
     monkeypatch.setattr(terms, "available_ram", lambda: 2**20)  # 1 MiB free
     result = run_training(demo_config(output_dir=str(tmp_path), run_name="r", max_steps=2, stream_layers=True))
-    assert result.status == "failed" and "stream_layers" in result.message
-    events = (tmp_path / "r" / "events.jsonl").read_text()
-    assert "problem.stream_layers_ram" in events and "loading_model" not in events
+    assert result.status == "failed" and "stream_layers" in result.message and "GiB available" in result.message
+    events = tmp_path / "r" / "events.jsonl"  # refused by validation (core.checks), before the run's folder
+    assert not events.exists() or "loading_model" not in events.read_text()
 
 
 def test_compile_auto_stays_off_when_the_layers_stream():
