@@ -34,7 +34,26 @@ def validate(cfg: TrainConfig, hw: Hardware | None = None) -> list[Problem]:
     # distributed's (field, message, fix) are English only: said as they are (problem.as_said)
     problems.extend(Problem.of(name, "problem.as_said", why=why, fix=fix)
                     for name, why, fix in distributed.problems(cfg, hw.n_gpus))
+    problems.extend(ram_problems(cfg))
     return problems
+
+
+def ram_problems(cfg: TrainConfig, available: int | None = None) -> list[Problem]:
+    """stream_layers on a machine whose available RAM (`available`, default: read now) cannot hold what the run
+    keeps there, refused before Start, naming the GiB needed and available; [] where the model's shape cannot be
+    read yet (the training child refuses it then, before loading)."""
+    if not cfg.stream_layers:
+        return []
+    from core.estimate.known import shape_of
+    from core.estimate.terms import host_memory_problem
+    from core.model.shapes import ShapeError
+
+    try:
+        shape = shape_of(cfg.model)
+    except (ShapeError, OSError, ValueError):  # an unknown or unreachable model: its own check says so
+        return []
+    problem = host_memory_problem(cfg, shape, available=available, name=cfg.model)
+    return [problem] if problem is not None else []
 
 
 def check(cfg: TrainConfig, hw: Hardware | None = None) -> TrainConfig:

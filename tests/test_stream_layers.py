@@ -162,9 +162,16 @@ def test_fit_streams_only_when_nothing_else_fits_and_says_it_costs_speed(monkeyp
         fit_to_gpu(cfg, 24 * GIB, shape=L70B)
 
 
-def test_a_run_streams_its_layers_and_its_summary_says_what_the_copies_cost(tmp_path):
+def test_a_run_streams_its_layers_and_its_summary_says_what_the_copies_cost(tmp_path, monkeypatch):
+    import json
+    import socket
+
+    from core.gpus import link
     from core.train.recipe import run_training
 
+    rates = tmp_path / "link.json"  # the link as this machine's GPU would have measured it (none here)
+    rates.write_text(json.dumps({socket.gethostname(): {"h2d_bytes_per_s": 24.5e9, "matmul_flops": 7e14}}))
+    monkeypatch.setattr(link, "cache_file", lambda: rates)
     result = run_training(demo_config(output_dir=str(tmp_path), run_name="s", max_steps=2, stream_layers=True,
                                       validation_share=0.0, heldout_scorer="off"))
     assert result.status == "completed", result.message
@@ -172,6 +179,7 @@ def test_a_run_streams_its_layers_and_its_summary_says_what_the_copies_cost(tmp_
     # the demo's 2 layers fill the 2 slots: each is copied once and stays (tests above reuse slots)
     assert part["layers"] == 2 and part["slots"] == SLOTS and part["copies"] == 2
     assert part["host_gib"] >= 0 and 0 <= part["wait_share"] < 1  # a tiny model: ~0 GiB
+    assert part["link_gb_s"] == 24.5 and part["matmul_tflops"] == 700.0  # the rates the estimate's note used
 
 
 def test_a_run_is_refused_by_name_before_loading_when_the_ram_cannot_hold_it(tmp_path, monkeypatch):
@@ -179,9 +187,9 @@ def test_a_run_is_refused_by_name_before_loading_when_the_ram_cannot_hold_it(tmp
 
     monkeypatch.setattr(terms, "available_ram", lambda: 2**20)  # 1 MiB free
     result = run_training(demo_config(output_dir=str(tmp_path), run_name="r", max_steps=2, stream_layers=True))
-    assert result.status == "failed" and "stream_layers" in result.message
-    events = (tmp_path / "r" / "events.jsonl").read_text()
-    assert "problem.stream_layers_ram" in events and "loading_model" not in events
+    assert result.status == "failed" and "stream_layers" in result.message and "GiB available" in result.message
+    events = tmp_path / "r" / "events.jsonl"  # refused by validation (core.checks), before the run's folder
+    assert not events.exists() or "loading_model" not in events.read_text()
 
 
 def test_compile_auto_stays_off_when_the_layers_stream():

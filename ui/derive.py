@@ -114,6 +114,7 @@ class Prediction(NamedTuple):
     failed: tuple[str, ...] = ()  # measurements that failed (their errors): the formula stands in, named
     changes: tuple[dict, ...] = ()  # what the resolved run changes from the settings (field, before, after, key)
     busy: bool = False  # the inspect queue was full: the formula stands in until the next change asks again
+    cpu_gib: float | None = None  # CPU memory the run needs where it keeps weights or activations there
 
 
 def inspect_base(settings: dict[str, Any], gpus: int) -> str:
@@ -175,7 +176,8 @@ def prediction(cfg: _Estimated, memory: dict[str, Any] | None = None, inspection
     with measure.collecting() as wants:
         try:
             est, saves, floor = _predicted(run, memory)
-            pred = Prediction(est.nvml_peak / 2**30, saves, world_size(est), floor)
+            pred = Prediction(est.nvml_peak / 2**30, saves, world_size(est), floor,
+                              cpu_gib=est.cpu_needed / 2**30 or None)
         except Exception:  # unknown model shape, estimator missing: the page works without a prediction
             pred = Prediction(None, {})
     failed = tuple(dict.fromkeys((*failed, *wants.failed.values())))

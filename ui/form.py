@@ -205,7 +205,8 @@ def derived(form: Form, cfg: TrainConfig | None, problems: list[Problem], lang: 
                 **{form.checks[i.key]: check_update(i, lang) for i in checks}}
     on = checklist.active(cfg)
     pred = prediction(cfg, memory, inspections(form), settings=cfg.to_dict())
-    summary = render.summary_html(cfg, problems, on, predicted_gib=pred.gib, lang=lang, gpus=pred.gpus)
+    summary = render.summary_html(cfg, problems, on, predicted_gib=pred.gib, lang=lang, gpus=pred.gpus,
+                                  cpu_gib=pred.cpu_gib)
     return {form.summary: summary + inspect_note(pred, lang),
             form.prediction: prediction_state(cfg, pred),
             **{form.checks[i.key]: check_update(i, lang, value=on[i.key]) for i in checks},

@@ -202,6 +202,29 @@ def fit_failure(exc: Any, where: str, lang: str) -> str:
     return text + "\n" + advice
 
 
+class _Streamed(ModelSlice, TrainerSlice, Protocol):
+    """The streamed model and the step that goes through it."""
+
+
+def stream_cost(cfg: _Streamed, tokens: int, lang: str) -> str:
+    """After Fit chose stream_layers: the expected slowdown from this machine's measured link, or "" where the link
+    was never measured here (core/gpus/link.py) or the model's shape cannot be read."""
+    from core.estimate.known import shape_of
+    from core.estimate.streaming import stream_speed
+    from core.model.shapes import ShapeError
+
+    try:
+        speed = stream_speed(cfg, shape_of(cfg.model), tokens)
+    except (ShapeError, OSError, ValueError):
+        return ""
+    if speed is None or speed.slowdown is None:
+        return ""
+    return " " + t("fit.streamed_speed", lang, gib=render.num(speed.copied_bytes / 2**30, 1, lang),
+                   rate=render.num(speed.link.h2d_bytes_per_s / 1e9, 1, lang),
+                   copy=render.num(speed.copy_s, 2, lang), compute=render.num(speed.compute_s, 2, lang),
+                   slowdown=render.num(speed.slowdown, 1, lang))
+
+
 def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
     """"Fit to my GPU": core.estimate.predict.fit_to_gpu on the GPU's free memory (or the hypothetical card's budget).
     With several GPUs the budget and the peak are per GPU (core.estimate.predict's figures are)."""
@@ -233,7 +256,7 @@ def on_fit(form: Form, lang: str, budget: float | None, *values) -> Updates:
         return fit_note(t("fit.unknown_model", lang, model=cfg.model) + "\n" + str(exc), "error")
     changes = describe_changes(cfg, new, lang)
     if new.stream_layers and not cfg.stream_layers:  # Fit's last resort: what it costs
-        sized = "\n" + t("fit.streamed", lang) + sized
+        sized = "\n" + t("fit.streamed", lang) + stream_cost(new, est.tokens, lang) + sized
     n = world_size(est)
     per_gpu = "\n" + t("fit.per_gpu", lang, n=n) if n > 1 else ""
     peak = render.num(est.total_gib, 1, lang)

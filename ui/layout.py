@@ -311,7 +311,7 @@ def build_ui(initial: Mapping[str, Any] | None = None, app: AppState | None = No
                                              value="fit.button")
                         fit_note = gr.HTML(elem_id="fit-notice")
                         summary = gr.HTML(render.summary_html(cfg0, validate(cfg0, hardware()), on0, predicted_gib=peak0,
-                                                              lang=lang0, gpus=pred0.gpus)
+                                                              lang=lang0, gpus=pred0.gpus, cpu_gib=pred0.cpu_gib)
                                           + inspect_note(pred0, lang0), elem_id="config-summary")
                         with gr.Row():
                             start_btn = tr.add(gr.Button(L("run.start"), variant="primary", elem_id="start-btn"),

@@ -492,8 +492,11 @@ class _Summary(ModelSlice, LoraSlice, DataSlice, TrainerSlice, Protocol):
 
 
 def summary_html(cfg: _Summary | None, problems: list[Problem], checklist_on: dict[str, bool] | None = None,
-                 predicted_gib: float | None = None, lang: str = "en", gpus: int = 1) -> str:
-    """The settings at a glance, with every problem. `gpus`: the run's processes; above 1 the peak is per GPU."""
+                 predicted_gib: float | None = None, lang: str = "en", gpus: int = 1,
+                 cpu_gib: float | None = None) -> str:
+    """The settings at a glance, with every problem. `gpus`: the run's processes; above 1 the peak is per GPU.
+    `cpu_gib`: the CPU memory the run needs, shown beside the GPU figure where it keeps weights or activations there
+    (stream_layers, the offloads)."""
     if cfg is None:
         return problems_html(problems, t("summary.unreadable", lang), lang)
     quant = (t("summary.quant", lang, type=cfg.bnb_4bit_quant_type)
@@ -521,6 +524,8 @@ def summary_html(cfg: _Summary | None, problems: list[Problem], checklist_on: di
     if predicted_gib:
         chips.append(("predicted", t("summary.predicted", lang, gib=num(predicted_gib, 1, lang))
                       + (" " + t("summary.per_gpu", lang, n=gpus) if gpus > 1 else "")))
+    if predicted_gib and cpu_gib:
+        chips.append(("cpu-memory", t("summary.cpu_memory", lang, gib=num(cpu_gib, 1, lang))))
     out = ['<div class="mt-summary" id="mt-summary">']
     if checklist_on is not None:
         n = sum(checklist_on.values())

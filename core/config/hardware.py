@@ -22,6 +22,7 @@ class Hardware:
     bnb_4bit_on_cpu: bool = True  # bitsandbytes >= 0.45 runs NF4 on the CPU
     liger: bool = False
     gpus: int = 0  # visible CUDA devices; 0 with cuda=True means "one, count not read" (tests build it by hand)
+    unified_memory: bool = False  # the GPU's memory is the host's (an integrated GPU: Jetson, GB10)
 
     @property
     def n_gpus(self) -> int:
@@ -40,6 +41,7 @@ class Hardware:
             bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None,
             liger=importlib.util.find_spec("liger_kernel") is not None,
             gpus=gpus,
+            unified_memory=bool(gpus) and "torch" in sys.modules and torch_unified(),
         )
 
 
@@ -61,6 +63,17 @@ def torch_gpus() -> tuple[int, bool]:
         return torch.cuda.device_count(), torch.cuda.is_bf16_supported(including_emulation=False)
     except Exception:  # noqa: BLE001 - a broken driver counts as no GPU; validation then says so
         return 0, False
+
+
+def torch_unified() -> bool:
+    """Whether torch's first GPU shares the host's memory (an integrated GPU: CUDA's `integrated` property). NVML
+    does not say so, so the web server assumes not; the training child, which has torch, knows."""
+    import torch
+
+    try:
+        return bool(torch.cuda.get_device_properties(0).is_integrated)
+    except Exception:  # noqa: BLE001 - no CUDA, or a property this torch lacks: a discrete GPU
+        return False
 
 
 def no_gpu_driver() -> bool:

@@ -712,7 +712,8 @@ def config_problems(cfg: TrainConfig, hw: Hardware | None = None) -> list[Proble
 
 def stream_problems(cfg: TrainConfig, hw: Hardware) -> list[Problem]:
     """stream_layers where it cannot work: a 16-bit base (the ring holds 4-bit layers), several processes (each
-    would stream its own copy; FSDP shards instead), regional compile (its graphs would hold one layer's buffers)."""
+    would stream its own copy; FSDP shards instead), regional compile (its graphs would hold one layer's buffers),
+    and where it is pointless: a GPU whose memory is the host's (unified memory) holds the model as it is."""
     if not cfg.stream_layers:
         return []
     p: list[Problem] = []
@@ -725,6 +726,8 @@ def stream_problems(cfg: TrainConfig, hw: Hardware) -> list[Problem]:
                             machines=cfg.num_machines))
     if cfg.compile_layers == "on":
         p.append(Problem.of("stream_layers", "problem.stream_layers_compile"))
+    if hw.unified_memory:  # the weights are in the GPU's memory already: streaming copies them within it
+        p.append(Problem.of("stream_layers", "problem.stream_layers_unified"))
     return p
 
 

@@ -23,10 +23,12 @@ from typing import Any, Callable, Generic, Protocol, TypeVar
 from core.estimate import multi as estimate_multi
 from core.estimate import stages as stage_terms  # a preference stage's sequences per row
 from core.estimate import vision as vision_terms  # an image-text model's vision side and image tokens
+from core.estimate import streaming
 from core.config.settings import OPTIMIZERS, ConfigError, Hardware, TrainConfig, parse_overrides
 from core.data.read import DataError
 from core.estimate.known import shape_of
-from core.estimate.terms import ATTENTIONS, CUDA_CONTEXT, GIB, dora_terms, host_memory_problem, single_gpu_terms
+from core.estimate.terms import (ATTENTIONS, CUDA_CONTEXT, GIB, HOST_BASE, dora_terms, host_memory_problem,
+                                 single_gpu_terms)
 from core.config.levers import fit_fields
 from core.config.slices import DataSlice, ModelSlice, PlaceSlice, StageSlice, TrainerSlice, Training
 from core.config.presets import PRESETS, apply_preset
@@ -114,6 +116,13 @@ class Estimate:
     def total(self) -> int:
         return self.nvml_peak
 
+    @property
+    def cpu_needed(self) -> int:
+        """CPU memory the run needs where weights or activations are kept there (terms.host_bytes: what is kept
+        and the process itself); 0 where nothing is."""
+        kept = self.cpu_offloaded + self.cpu_activations
+        return kept + HOST_BASE if kept else 0
+
     def components(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.COMPONENTS}
 
@@ -124,7 +133,8 @@ class Estimate:
                    peak_reserved_gib=round(self.peak_reserved_gib, 3), nvml_peak_gib=round(self.total_gib, 3),
                    nvml_training_gib=round(self.nvml_training / GIB, 3), tokens_per_micro_batch=self.tokens,
                    cpu_offloaded_gib=round(self.cpu_offloaded / GIB, 3),
-                   cpu_activations_gib=round(self.cpu_activations / GIB, 3), peak_phase=self.peak_phase,
+                   cpu_activations_gib=round(self.cpu_activations / GIB, 3),
+                   cpu_needed_gib=round(self.cpu_needed / GIB, 3), peak_phase=self.peak_phase,
                    world_size=self.world_size, strategy=self.strategy, notes=list(self.notes))
         return out
 
@@ -142,6 +152,8 @@ class Estimate:
             lines.append(f"  weights in CPU memory instead: {self.cpu_offloaded / GIB:.2f} GiB")
         if self.cpu_activations:
             lines.append(f"  activations waiting in CPU memory: {self.cpu_activations / GIB:.2f} GiB")
+        if self.cpu_needed:
+            lines.append(f"  CPU memory the run needs (with the process itself): {self.cpu_needed / GIB:.2f} GiB")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -186,6 +198,7 @@ def estimate(cfg: _Run, shape: ModelShape | None = None, *, max_row_tokens: int 
     estimate_multi.apply(t, cfg, shape, lay)
     notes = ([f"per GPU: {lay.world_size} processes, {lay.strategy} ({lay.reason})"] if lay.world_size > 1 else [])
     notes += t.notes + stage_terms.notes(cfg)  # stages hook: dpo/orpo's two sequences per row, the reference pass
+    notes += stream_notes(cfg, shape, t.tokens)  # stream_layers: its copies per step against compute
     nvml = max(t.nvml_training, t.nvml_setup)
     phase = "loading" if nvml > t.nvml_training else "training"
     if phase == "loading":
@@ -392,9 +405,18 @@ def _streamed_fit(cfg: R, budget_bytes: int, margin: float, shape: ModelShape, s
         fitted, est = fit_to_gpu(streamed, budget_bytes, margin, shape, **kw)
     except FitError:
         return None
+    speed = streaming.stream_speed(fitted, shape, est.tokens)
+    cost = (f"slower: steps up to {speed.slowdown:.1f}x as long (the link measured here)"
+            if speed and speed.slowdown else "several times slower")
     est.notes.insert(0, f"nothing else fits {budget_bytes / GIB:.1f} GiB: stream_layers streams the frozen layers "
-                        "from CPU memory; each step copies every layer over the link, several times slower")
+                        f"from CPU memory; each step copies every layer over the link, {cost}")
     return fitted, est
+
+
+def stream_notes(cfg: _Run, shape: ModelShape, tokens: int) -> list[str]:
+    """stream_layers' speed note (core/estimate/streaming.py): [] without it."""
+    speed = streaming.stream_speed(cfg, shape, tokens)
+    return [streaming.speed_note(speed)] if speed is not None else []
 
 
 def sampling_words(cfg: StageSlice) -> str:

@@ -23,7 +23,7 @@ from core.config.slices import DataSlice, Loading, ModelSlice, PlaceSlice, Train
 from core.levers import expert_store, experts as moe, variants
 from core.levers.embedding import CpuEmbedding, load_embedding_on_cpu, offload_input_embeddings
 from core.levers.output_head import quantize_output_head
-from core.levers.stream_layers import attach as stream_frozen_layers, streamed_parameters
+from core.levers.stream_layers import attach as stream_frozen_layers, give_back_freed, streamed_parameters
 from core.model.attention import use_varlen_attention
 from core.model import lora_targets as lt
 from core.model import vision
@@ -236,6 +236,8 @@ def load_model(cfg: _Placed, path: str | None = None):
     model.memtune_moe_notes = moe.finish(model)  # the log's words on the experts and their routing loss
     keep_4bit_layout(model)
     name_backbone(model)
+    if cfg.stream_layers:  # the loader's freed 16-bit copies go back before the layers' host copies are made
+        give_back_freed()
     return model
 
 

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from core.config.settings import ConfigError
 from core.config.slices import DataSlice, Loading, PlaceSlice, StageSlice, TrainerSlice
 from core.estimate.terms import host_memory_problem
+from core.gpus import link
 from core.model import compile as regional
 from core.model import load as model_lib
 from core.runs.events import EventSink
@@ -34,6 +35,7 @@ def load(cfg: _Loaded, path: str, emit: EventSink, cpu_eval: bool) -> tuple[Any,
         problem = host_memory_problem(cfg, get_shape(path), name=cfg.model)
         if problem is not None:
             raise ConfigError([problem])
+        link.measured()  # the host link's rate, once per machine, while the GPU is empty: the estimate's speed note
     with phase(emit, "loading_model", "log.phase.loading_4bit" if cfg.load_in_4bit else "log.phase.loading",
                model=cfg.model):
         model, trainable, compiling = model_lib.load_for_training(cfg, path, emit, cpu_eval)

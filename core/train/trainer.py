@@ -20,7 +20,7 @@ from trl import SFTConfig, SFTTrainer
 from core.config import arguments
 from core.config.slices import DataSlice, Loading, ModelSlice, PlaceSlice, StageSlice, TrainerSlice
 from core.data.plan import DataPlan
-from core.gpus import distributed, vram
+from core.gpus import distributed, link, vram
 from core.levers import stream_layers as streaming, variants
 from core.levers.experts import liger_config, summary as experts_summary
 from core.model import compile as regional
@@ -137,6 +137,10 @@ def summarize(run: ResolvedRun, trainer, output, callback: EventCallback, plan: 
     summary["resolved"] = run.as_dict()  # the config that trained, and each change from the asked one
     summary.update(stages.summary_part(cfg, trainer))  # stages hook: reward metrics ({} for sft)
     summary.update(streaming.summary_part(trainer.model, summary["train_runtime_s"]))  # stream_layers: the copies' wait
+    measured = link.cached() if "stream_layers" in summary else None
+    if measured is not None:  # the rates the estimate's slowdown used, beside the wait the run measured
+        summary["stream_layers"].update(link_gb_s=round(measured.h2d_bytes_per_s / 1e9, 2),
+                                        matmul_tflops=round(measured.matmul_flops / 1e12, 1))
     if compile_cache is not None and "compile" in summary:  # loaded or compiled, and the seconds it took
         summary["compile"]["cache"] = compile_cache.summary()
     return summary
