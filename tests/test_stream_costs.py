@@ -118,11 +118,39 @@ def test_a_gpu_sharing_the_hosts_memory_refuses_streaming_by_name():
 
 
 
-def anon_rss() -> int:
+# Run in a fresh interpreter: what glibc keeps of freed blocks depends on everything the process allocated before
+# (a test worker's earlier tests), so only a new process makes the "freed, yet still resident" start reproducible.
+PACKING = r"""
+import json, sys
+import torch
+from transformers import LlamaConfig
+from core.config.settings import demo_config
+from core.levers.stream_layers import give_back_freed
+from core.model.load import load_model, prepare_for_training, stream_layers
+from tests.helpers import tiny_model_folder
+
+def anon_rss():
     for line in open("/proc/self/status"):
         if line.startswith("RssAnon:"):
             return int(line.split()[1]) * 1024
-    raise AssertionError("no RssAnon")
+
+folder = tiny_model_folder(LlamaConfig(vocab_size=9000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                       tie_word_embeddings=False), __import__("pathlib").Path(sys.argv[1]))
+cfg = demo_config(model=str(folder), load_in_4bit=True, device="cpu", precision="bf16")
+model = prepare_for_training(load_model(cfg), cfg)
+give_back_freed()  # what loading freed: the blocks below take fresh pages
+start = anon_rss()
+freed, live = [], []
+for _ in range(2000):
+    freed.append(torch.ones(16 * 1024))
+    live.append(torch.ones(16))
+grown = anon_rss() - start
+del freed
+held = anon_rss()
+stream_layers(model, cfg.replace(stream_layers=True))
+print(json.dumps({"start": start, "grown": grown, "held": held, "after": anon_rss()}))
+"""
 
 
 @pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status") or
@@ -131,27 +159,15 @@ def test_packing_the_layers_gives_the_freed_loaded_copies_back(tmp_path):
     """Each layer's loaded tensors are freed once its host copy exists; glibc keeps freed heap blocks, so the
     process would hold the streamed weights twice. Freed blocks stand in for a big model's loaded layers here
     (64 KiB each, fragmented by small live ones so the heap cannot simply shrink): packing gives them back."""
-    from transformers import LlamaConfig
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    from core.config.settings import demo_config
-    from core.levers.stream_layers import give_back_freed
-    from core.model.load import load_model, prepare_for_training, stream_layers
-    from tests.helpers import tiny_model_folder
-
-    folder = tiny_model_folder(LlamaConfig(vocab_size=9000, hidden_size=64, intermediate_size=128,
-                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                           head_dim=16, tie_word_embeddings=False), tmp_path / "m")
-    cfg = demo_config(model=str(folder), load_in_4bit=True, device="cpu", precision="bf16")
-    model = prepare_for_training(load_model(cfg), cfg)
-    give_back_freed()  # what earlier tests freed: the blocks below take fresh pages
-    start = anon_rss()
-    freed, live = [], []
-    for _ in range(2000):
-        freed.append(torch.ones(16 * 1024))
-        live.append(torch.ones(16))
-    grown = anon_rss() - start
-    del freed
-    held = anon_rss()
-    assert grown > 64 * 2**20 and held - start > 0.8 * grown  # freed, yet still resident
-    stream_layers(model, cfg.replace(stream_layers=True))
-    assert held - anon_rss() > 0.8 * grown
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", PACKING, str(tmp_path / "m")], cwd=root, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    grown, held = got["grown"], got["held"]
+    assert grown > 64 * 2**20 and held - got["start"] > 0.8 * grown, got  # freed, yet still resident
+    assert held - got["after"] > 0.8 * grown, got
