@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from core.config.settings import DEMO_DATASET, DEMO_PAIRS
 from core.config.slices import DataSlice, ModelSlice, StageSlice, TrainerSlice
 from core.data.formats import column_values
-from core.data.plan import Naming
+from core.data.plan import Naming, WithValidation
 from core.data.read import DataError, Limit, load_raw
 from core.data.validation import Split, split, val_config
 from core.messages import Said
@@ -200,7 +200,7 @@ def _present(value: Any) -> bool:
 
 
 @dataclass
-class PairPlan:
+class PairPlan(WithValidation):
     """What a preference stage trains on, row by row; the recipe uses it where an SFT run uses a DataPlan
     (to_dict, describe, log_lines, train_dataset, refusal, evaluates)."""
 
@@ -226,19 +226,8 @@ class PairPlan:
         return self.counts["kept"] + self.counts["truncated"]
 
     @property
-    def evaluates(self) -> bool:
-        """Some validation pair is left after the plan: the run has an eval."""
-        return self.validation is not None and self.validation.n_train > 0
-
-    @property
     def longest_row(self) -> int:
         return max(self.lengths, default=0)
-
-    def validation_dict(self) -> dict[str, Any] | None:
-        """The validation part's accounting (events.jsonl's data event, summary.json["validation"]), as SFT's."""
-        if self.held is None:
-            return None
-        return {**self.held.to_dict(), **({"plan": self.validation.to_dict()} if self.validation is not None else {})}
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": self.format, "stage": self.stage, "rows_in_split": self.n_source,
@@ -254,13 +243,7 @@ class PairPlan:
 
     def log_lines(self) -> list[tuple[str, Any]]:
         """As DataPlan's: the plan, its notes, what was held out (or why nothing was), the validation pairs' plan."""
-        why = self.held.why if self.held is not None else None
-        out = [("info", line) for line in filter(None, [self.describe(), *self.notes, why])]
-        if self.validation is not None:
-            out.append(("info", self.validation.describe(validation=True)))
-            if not self.validation.n_train:
-                out.append(("warning", Said("log.val_none_fit")))
-        return out
+        return self.with_validation([self.describe(), *self.notes])
 
     def train_dataset(self) -> Any:
         import datasets

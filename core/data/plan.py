@@ -25,8 +25,35 @@ PREVIEW_CHARS = 2000  # the page gets at most the first and last this many chara
 ANSWER_SHARE = 4  # with long_prompts=truncate_*, every row keeps at least max_length // 4 answer tokens (or all)
 
 
+class WithValidation:
+    """What a DataPlan and a PairPlan share of their validation part: `held`, which rows were held out and why (a
+    core.data.validation.Split), and `validation`, the held-out rows' own plan (None: no validation rows)."""
+
+    @property
+    def evaluates(self) -> bool:
+        """Some validation row trains: the run has an eval."""
+        return self.validation is not None and self.validation.n_train > 0
+
+    def validation_dict(self) -> dict[str, Any] | None:
+        """The validation part's accounting (events.jsonl's data event, summary.json["validation"])."""
+        if self.held is None:
+            return None
+        return {**self.held.to_dict(), **({"plan": self.validation.to_dict()} if self.validation is not None else {})}
+
+    def with_validation(self, lines: list[Any]) -> list[tuple[str, Any]]:
+        """The run log's lines as (level, line): the plan's own `lines`, what was held out for validation (or why
+        nothing was) and the validation rows' own plan."""
+        why = self.held.why if self.held is not None else None
+        out = [("info", line) for line in filter(None, [*lines, why])]
+        if self.validation is not None:
+            out.append(("info", self.validation.describe(validation=True)))
+            if not self.validation.n_train:
+                out.append(("warning", Said("log.val_none_fit")))
+        return out
+
+
 @dataclass
-class DataPlan:
+class DataPlan(WithValidation):
     """What training will see, row by row: the trainer trains on exactly `train_dataset()`.
 
     `lengths`, `reasons` and `rows` describe every row with something to train on (in file order): its token
@@ -76,17 +103,6 @@ class DataPlan:
     def longest_row(self) -> int:
         return max(self.lengths, default=0)
 
-    @property
-    def evaluates(self) -> bool:
-        """Some validation row trains: the run has an eval."""
-        return self.validation is not None and self.validation.n_train > 0
-
-    def validation_dict(self) -> dict[str, Any] | None:
-        """The validation part's accounting (events.jsonl's data event, summary.json["validation"])."""
-        if self.held is None:
-            return None
-        return {**self.held.to_dict(), **({"plan": self.validation.to_dict()} if self.validation is not None else {})}
-
     def to_dict(self) -> dict[str, Any]:
         """The counts, as events.jsonl and summary.json carry them."""
         return {"format": self.format, "rows_in_split": self.n_source, "train_rows": self.n_train,
@@ -116,13 +132,7 @@ class DataPlan:
     def log_lines(self) -> list[tuple[str, Said]]:
         """The run log's lines about the data, in order, as (level, line): the plan, its conversations, its notes,
         what was held out for validation (or why nothing was) and the validation rows' own plan."""
-        why = self.held.why if self.held is not None else None
-        out = [("info", line) for line in filter(None, [self.describe(), self.describe_turns(), *self.notes, why])]
-        if self.validation is not None:
-            out.append(("info", self.validation.describe(validation=True)))
-            if not self.validation.n_train:
-                out.append(("warning", Said("log.val_none_fit")))
-        return out
+        return self.with_validation([self.describe(), self.describe_turns(), *self.notes])
 
     def train_dataset(self) -> Any:
         """Tokenized rows (input_ids, labels) for SFTTrainer: it skips its own tokenizing, and since every row is
