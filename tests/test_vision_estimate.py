@@ -244,3 +244,19 @@ def test_the_estimate_cli_refuses_an_image_budget_for_a_fixed_size_family_by_nam
     rc = main(["--set", f"model={folder}", "--set", "dataset=assets/demo_vision/train.jsonl",
                "--set", "image_max_pixels=200704", "--data"])
     assert rc == 2 and "resizes every image to one fixed size" in capsys.readouterr().err
+
+
+def test_the_vision_demo_models_shape_is_read_from_its_own_folder_in_the_server_and_in_a_child(tmp_path, monkeypatch):
+    """The page's Vision demo button: the server reads the demo model's config.json from its folder (none before a
+    child builds it, never the 'unknown shape' failure), and the inspect child's measurement of its run fails on
+    nothing."""
+    from core.config.settings import DEMO_VISION_MODEL, demo_vision_config
+    from core.estimate import known
+    from core.estimate.inspect import inspect
+
+    monkeypatch.setenv("MEMTUNE_HOME", str(tmp_path))
+    assert known.config_source(DEMO_VISION_MODEL) is None  # not built yet: a child builds it
+    built = ensure_tiny_model()
+    assert known.config_source(DEMO_VISION_MODEL) == json.loads((built / "config.json").read_text())
+    assert get_shape(DEMO_VISION_MODEL).vocab_size > 0
+    assert inspect(demo_vision_config().to_dict(), [])["failed"] == {}

@@ -14,17 +14,19 @@ import hashlib
 import json
 from typing import Any
 
-from core.config.settings import DEMO_MODEL
+from core.config.settings import DEMO_MODEL, DEMO_VISION_MODEL
 from core.estimate import measure
 from core.model import shapes
 from core.model.shapes import ModelShape, ShapeError, StoredCount, get_shape
 
 def config_source(model: str) -> dict[str, Any] | ModelShape | None:
     """What get_shape reads `model`'s shape from, without building it (core.model.shapes.config_source): None for
-    the demo model before its folder exists (a child builds it)."""
-    from core.demo import demo_model_dir  # core.demo builds with torch only when asked to
+    a demo model (text or vision) before its folder exists (a child builds it)."""
+    from core.demo import demo_model_dir  # core.demo and core.demo_vision build with torch only when asked to
+    from core.demo_vision import tiny_model_dir
 
-    return shapes.config_source(model, demo_model_dir() if (model or "").strip() == DEMO_MODEL else None)
+    demo = {DEMO_MODEL: demo_model_dir, DEMO_VISION_MODEL: tiny_model_dir}.get((model or "").strip())
+    return shapes.config_source(model, demo() if demo is not None else None)
 
 
 def shape_key(config: dict[str, Any]) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from core.config.settings import DEMO_MODEL
+from core.config.settings import DEMO_MODEL, DEMO_VISION_MODEL
 from core.model.lora_targets import TREE_LOCK
 from core.model import vision
 
@@ -541,12 +541,12 @@ def _hf_cache_config(model_id: str) -> Path | None:
 
 def config_source(model: str, demo_folder: Path | None = None) -> dict[str, Any] | ModelShape | None:
     """Where `model`'s shape comes from, without building anything: config.json's mapping (the demo model's, in
-    `demo_folder`; a local folder or file; the Hugging Face cache; memtune's CONFIGS) or the built-in table's shape.
+    `demo_folder`, the text or the vision demo's; a local folder or file; the Hugging Face cache; memtune's CONFIGS) or the built-in table's shape.
     None for the demo model before its folder exists; ShapeError naming what was tried for an unknown model."""
     model = (model or "").strip()
     if not model:
         raise ShapeError("no model given")
-    if model == DEMO_MODEL:
+    if model in (DEMO_MODEL, DEMO_VISION_MODEL):
         path = (demo_folder or Path()) / "config.json"
         return _read_json(path) if demo_folder is not None and path.is_file() else None
     local = Path(model).expanduser()
@@ -580,5 +580,9 @@ def get_shape(model: str) -> ModelShape:
         from core.demo import ensure_demo_model
 
         demo = ensure_demo_model()
+    elif model == DEMO_VISION_MODEL:
+        from core.demo_vision import ensure_tiny_model
+
+        demo = ensure_tiny_model()
     source = config_source(model, demo)
     return source if isinstance(source, ModelShape) else ModelShape.from_config(source, model)
