@@ -27,6 +27,14 @@ HUB_IDS = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B", "qwen2.5-14b": "Qwen/Qwen2
            "qwen3-30b-a3b-24l": "Qwen/Qwen3-30B-A3B", "gpt-oss-20b": "openai/gpt-oss-20b",
            "qwen2.5-1.5b-instruct": "Qwen/Qwen2.5-1.5B-Instruct"}
 
+QWEN25_14B = dict(
+    model_type="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
+    num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
+    rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=False, use_sliding_window=False,
+    sliding_window=131072, max_window_layers=48, bos_token_id=151643, eos_token_id=151643,
+    initializer_range=0.02, torch_dtype="bfloat16",
+)
+
 ARCHS: dict[str, dict] = {
     # meta-llama/Llama-3.1-8B
     "llama-3.1-8b": dict(LLAMA31, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -43,21 +51,9 @@ ARCHS: dict[str, dict] = {
         bos_token_id=1, eos_token_id=2, initializer_range=0.02, torch_dtype="float16",
     ),
     # Qwen/Qwen2.5-14B (q/k/v carry biases)
-    "qwen2.5-14b": dict(
-        model_type="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
-        num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
-        rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=False, use_sliding_window=False,
-        sliding_window=131072, max_window_layers=48, bos_token_id=151643, eos_token_id=151643,
-        initializer_range=0.02, torch_dtype="bfloat16",
-    ),
-    # Qwen/Qwen2.5-32B (as the 14B: q/k/v biases; 64 layers of 5120, MLP 27648)
-    "qwen2.5-32b": dict(
-        model_type="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
-        num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
-        rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=False, use_sliding_window=False,
-        sliding_window=131072, max_window_layers=64, bos_token_id=151643, eos_token_id=151643,
-        initializer_range=0.02, torch_dtype="bfloat16",
-    ),
+    "qwen2.5-14b": QWEN25_14B,
+    # Qwen/Qwen2.5-32B (the 14B's widths and vocabulary; 64 layers, MLP 27648)
+    "qwen2.5-32b": dict(QWEN25_14B, intermediate_size=27648, num_hidden_layers=64, max_window_layers=64),
     # Qwen/Qwen2.5-1.5B-Instruct (GRPO on a 6 GiB card: 2 KV heads of 128, tied embeddings, q/k/v biases)
     "qwen2.5-1.5b-instruct": dict(
         model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
